@@ -1,0 +1,3 @@
+"""A Kafka-native guardrail sidecar for retrieval-augmented LLM services."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,63 @@
+"""The ``guardrail`` command line (also ``python -m sidecar``).
+
+Each sub-command lives in its own module with ``register(subparsers)``; a module
+imports its heavy dependencies inside the function that runs the command, so
+``guardrail --help`` stays fast and the serving image needs no training extras.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from sidecar.exceptions import ConfigError, GuardrailError
+
+# Modules that contribute sub-commands, in the order --help lists them.
+COMMAND_MODULES: tuple[str, ...] = (
+    "sidecar.cli.run",
+    "sidecar.cli.replay",
+    "sidecar.cli.demo",
+    "sidecar.cli.topics",
+    "sidecar.cli.kafka",
+    "sidecar.cli.config",
+    "sidecar.cli.schemas",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="guardrail",
+        description="Streaming guardrail sidecar for RAG services: allow / caveat / block.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        sys.stderr.write(f"guardrail: configuration error: {exc}\n")
+        return 2
+    except GuardrailError as exc:
+        sys.stderr.write(f"guardrail: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""The sidecar's configuration: one frozen pydantic-settings model.
+
+Built once at the entry point (``Settings.load()``) and passed in; nothing else
+reads the environment. Every variable has the prefix ``GUARDRAIL_`` and nested
+sections use ``__``: ``GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS=broker:9092``.
+Units are in the names (``ttl_ms``, ``max_message_bytes``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sidecar.exceptions import ConfigError
+
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class KafkaSettings(_Section):
+    """How to reach the cluster. SASL/SSL options are for real clusters."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    client_id: str = "guardrail-sidecar"
+    group_id: str = "guardrail-sidecar"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    session_timeout_ms: int = Field(default=10_000, ge=1_000)
+    max_poll_records: int = Field(default=500, ge=1)
+    request_timeout_ms: int = Field(default=30_000, ge=1_000)
+
+    @model_validator(mode="after")
+    def _sasl_complete(self) -> Self:
+        if self.security_protocol.startswith("SASL"):
+            missing = [
+                name
+                for name, value in (
+                    ("sasl_mechanism", self.sasl_mechanism),
+                    ("sasl_username", self.sasl_username),
+                    ("sasl_password", self.sasl_password),
+                )
+                if value is None
+            ]
+            if missing:
+                raise ValueError(
+                    f"security_protocol={self.security_protocol} needs "
+                    f"{', '.join(missing)} (GUARDRAIL_KAFKA__SASL_MECHANISM, "
+                    "GUARDRAIL_KAFKA__SASL_USERNAME, GUARDRAIL_KAFKA__SASL_PASSWORD)"
+                )
+        return self
+
+
+class TopicSettings(_Section):
+    """Topic names. Retrieval and generation must be co-partitioned (same count, same key)."""
+
+    retrieval: str = "rag.retrieval"
+    generation: str = "rag.generation"
+    claims: str = "rag.claims"
+    verdicts: str = "rag.verdicts"
+    dlq: str = "rag.dlq"
+    partitions: int = Field(default=3, ge=1, le=1024)
+    replication_factor: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _names(self) -> Self:
+        names = [self.retrieval, self.generation, self.claims, self.verdicts, self.dlq]
+        for name in names:
+            if not _TOPIC_RE.match(name):
+                raise ValueError(
+                    f"topic name {name!r} is not a legal Kafka topic name "
+                    "(1-249 characters of A-Z a-z 0-9 . _ -)"
+                )
+        if len(set(names)) != len(names):
+            raise ValueError(f"topic names must be distinct, got {names}")
+        return self
+
+
+class JoinSettings(_Section):
+    """The bounded store that joins the two halves of a request by request_id."""
+
+    max_entries: int = Field(default=10_000, ge=1)
+    ttl_ms: int = Field(default=30_000, ge=1)
+    sweep_interval_ms: int = Field(default=500, ge=10)
+
+
+class LimitSettings(_Section):
+    """Input limits: anything beyond them is dead-lettered, not processed."""
+
+    max_message_bytes: int = Field(default=1_048_576, ge=1024)
+    max_json_depth: int = Field(default=32, ge=4, le=512)
+    max_hits: int = Field(default=256, ge=1)
+    max_answer_chars: int = Field(default=200_000, ge=1)
+
+
+class HttpSettings(_Section):
+    """Liveness and readiness endpoints."""
+
+    enabled: bool = True
+    host: str = "0.0.0.0"  # noqa: S104 - a pod's probes come from the kubelet, not loopback
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
+class Settings(BaseSettings):
+    """Everything the sidecar reads from its environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="GUARDRAIL_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+    )
+
+    kafka: KafkaSettings = KafkaSettings()
+    topics: TopicSettings = TopicSettings()
+    join: JoinSettings = JoinSettings()
+    limits: LimitSettings = LimitSettings()
+    http: HttpSettings = HttpSettings()
+    shutdown_grace_ms: int = Field(default=10_000, ge=0)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @classmethod
+    def load(cls, **overrides: Any) -> Settings:
+        """Read the environment (plus explicit overrides) or fail with what is wrong."""
+        try:
+            return cls(**overrides)
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc)) from None
+
+    def redacted(self) -> dict[str, Any]:
+        """A JSON-ready view with every secret replaced by ``**********``."""
+        return self.model_dump(mode="json")  # SecretStr dumps as '**********'
+
+
+def _explain(exc: ValidationError) -> str:
+    lines = ["invalid configuration:"]
+    for err in exc.errors():
+        where = "GUARDRAIL_" + "__".join(str(p).upper() for p in err["loc"] if p != "__root__")
+        got = err.get("input")
+        shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
+        lines.append(f"  {where}: {err['msg']}{shown}")
+    return "\n".join(lines)
