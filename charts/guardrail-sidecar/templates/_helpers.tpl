@@ -1,0 +1,124 @@
+{{/*
+Names and labels. Every helper here takes a root-shaped context (.Values,
+.Release, .Chart): `.` inside this chart, `.Subcharts.<name or alias>` from a
+parent chart - so an injected sidecar gets the same names as the objects this
+chart renders for it.
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "guardrail-sidecar.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name: fullnameOverride, else <release>-<name>, else the release name
+when it already contains the name. Truncated to 63 characters (DNS labels).
+*/}}
+{{- define "guardrail-sidecar.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* name-version, for the helm.sh/chart label. */}}
+{{- define "guardrail-sidecar.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Common labels. */}}
+{{- define "guardrail-sidecar.labels" -}}
+helm.sh/chart: {{ include "guardrail-sidecar.chart" . }}
+{{ include "guardrail-sidecar.selectorLabels" . }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/component: guardrail
+app.kubernetes.io/part-of: rag-guardrail
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Selector labels: immutable on a Deployment, so never add to them. */}}
+{{- define "guardrail-sidecar.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "guardrail-sidecar.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The ServiceAccount of the standalone Deployment. */}}
+{{- define "guardrail-sidecar.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "guardrail-sidecar.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The image reference: repository@digest, or repository:tag where the tag
+defaults to the appVersion and the GPU variant uses gpuTag or "<tag>-gpu".
+*/}}
+{{- define "guardrail-sidecar.image" -}}
+{{- $img := .Values.image }}
+{{- if $img.digest }}
+{{- printf "%s@%s" $img.repository $img.digest }}
+{{- else }}
+{{- $tag := default .Chart.AppVersion $img.tag | toString }}
+{{- if eq $img.variant "gpu" }}
+{{- $tag = default (printf "%s-gpu" $tag) $img.gpuTag }}
+{{- end }}
+{{- printf "%s:%s" $img.repository $tag }}
+{{- end }}
+{{- end }}
+
+{{/* The ConfigMap holding the policy, or "" when there is none. */}}
+{{- define "guardrail-sidecar.policyConfigMap" -}}
+{{- if .Values.policy.existingConfigMap }}
+{{- .Values.policy.existingConfigMap }}
+{{- else if .Values.policy.inline }}
+{{- printf "%s-policy" (include "guardrail-sidecar.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/*
+Render-time checks that JSON Schema cannot express. Included by every
+template that renders a workload, so a bad combination fails `helm template`.
+*/}}
+{{- define "guardrail-sidecar.validate" -}}
+{{- $v := .Values }}
+{{- if hasPrefix "SASL" $v.kafka.securityProtocol }}
+{{- if or (not $v.kafka.sasl.mechanism) (not $v.kafka.sasl.existingSecret) }}
+{{- fail (printf "kafka.securityProtocol=%s needs kafka.sasl.mechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512) and kafka.sasl.existingSecret (a Secret with the keys %s and %s)" $v.kafka.securityProtocol $v.kafka.sasl.usernameKey $v.kafka.sasl.passwordKey) }}
+{{- end }}
+{{- end }}
+{{- if and (or $v.kafka.ssl.caSecret $v.kafka.ssl.clientCertSecret) (not (has $v.kafka.securityProtocol (list "SSL" "SASL_SSL"))) }}
+{{- fail (printf "kafka.ssl.* is set but kafka.securityProtocol=%s does not use TLS; use SSL or SASL_SSL" $v.kafka.securityProtocol) }}
+{{- end }}
+{{- if and (eq $v.mode "standalone") $v.autoscaling.enabled }}
+{{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) }}
+{{- fail (printf "autoscaling.minReplicas (%d) must be <= autoscaling.maxReplicas (%d)" (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) }}
+{{- end }}
+{{- if gt (int $v.autoscaling.maxReplicas) (int $v.topics.partitions) }}
+{{- fail (printf "autoscaling.maxReplicas (%d) must be <= topics.partitions (%d): a consumer group gives each partition to one consumer, the rest sit idle" (int $v.autoscaling.maxReplicas) (int $v.topics.partitions)) }}
+{{- end }}
+{{- end }}
+{{- if and $v.podDisruptionBudget.enabled (eq $v.mode "standalone") }}
+{{- if eq (kindIs "invalid" $v.podDisruptionBudget.maxUnavailable) (kindIs "invalid" $v.podDisruptionBudget.minAvailable) }}
+{{- fail "podDisruptionBudget: set exactly one of maxUnavailable and minAvailable (the other null)" }}
+{{- end }}
+{{- end }}
+{{- if and $v.metrics.podMonitor.enabled (eq $v.mode "inject") (not $v.metrics.podMonitor.selector) }}
+{{- fail "metrics.podMonitor.selector is required in inject mode: the labels of the LLM pods that carry the sidecar" }}
+{{- end }}
+{{- if and $v.metrics.serviceMonitor.enabled (or (ne $v.mode "standalone") (not $v.service.enabled) (not $v.metrics.prometheus.enabled)) }}
+{{- fail "metrics.serviceMonitor needs mode=standalone, service.enabled and metrics.prometheus.enabled (use metrics.podMonitor for injected sidecars)" }}
+{{- end }}
+{{- if and $v.metrics.podMonitor.enabled (not $v.metrics.prometheus.enabled) }}
+{{- fail "metrics.podMonitor needs metrics.prometheus.enabled" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,1 @@
+"""Event contracts and their wire codec."""

@@ -1,0 +1,124 @@
+"""Bytes in, events out (and back): orjson, bounded, every failure named.
+
+``decode_input`` never lets an exception other than ``InputError`` escape, and
+every ``InputError`` carries a reason slug that ends up in the DLQ headers:
+
+  oversize, invalid-utf8, malformed-json, too-deep, not-an-object,
+  missing-schema-version, unknown-schema-version, wrong-event-type,
+  schema-violation
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Final
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from sidecar.contracts.events import (
+    SUPPORTED_SCHEMA_VERSIONS,
+    GenerationDelta,
+    GenerationFinal,
+    InputEvent,
+    RetrievalEvent,
+)
+from sidecar.exceptions import InputError
+
+
+class InputKind(StrEnum):
+    """Which input topic a message came from; decides which event types are allowed."""
+
+    RETRIEVAL = "retrieval"
+    GENERATION = "generation"
+
+
+_MODELS: Final[dict[InputKind, dict[str, type[RetrievalEvent | GenerationDelta | GenerationFinal]]]] = {
+    InputKind.RETRIEVAL: {"retrieval": RetrievalEvent},
+    InputKind.GENERATION: {"generation.delta": GenerationDelta, "generation.final": GenerationFinal},
+}
+
+
+def _depth_exceeds(obj: Any, limit: int) -> bool:
+    """True when ``obj`` nests lists/dicts deeper than ``limit`` (iterative, no recursion)."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, dict | list))
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node if isinstance(v, dict | list))
+    return False
+
+
+def _summarise(exc: ValidationError, limit: int = 3) -> str:
+    parts = []
+    for err in exc.errors()[:limit]:
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        parts.append(f"{loc}: {err['msg']}")
+    more = exc.error_count() - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def decode_input(
+    kind: InputKind, raw: bytes | None, *, max_bytes: int, max_depth: int
+) -> InputEvent:
+    """Decode one input message or raise ``InputError`` with a reason slug."""
+    if raw is None:
+        raise InputError("malformed-json", "message has no value (tombstone)")
+    if len(raw) > max_bytes:
+        raise InputError(
+            "oversize", f"message is {len(raw)} bytes, the limit is {max_bytes} (max_message_bytes)"
+        )
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as uexc:
+            raise InputError("invalid-utf8", f"message is not valid UTF-8: {uexc}") from None
+        if "depth limit" in str(exc).lower() or "recursion" in str(exc).lower():
+            raise InputError("too-deep", f"JSON nests deeper than {max_depth}") from None
+        raise InputError("malformed-json", f"not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise InputError("not-an-object", f"expected a JSON object, got {type(obj).__name__}")
+    if _depth_exceeds(obj, max_depth):
+        raise InputError("too-deep", f"JSON nests deeper than {max_depth} (max_json_depth)")
+    version = obj.get("schema_version")
+    if version is None:
+        raise InputError("missing-schema-version", "schema_version is missing")
+    if type(version) is not int or version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise InputError(
+            "unknown-schema-version",
+            f"schema_version {version!r} is not supported; supported: "
+            f"{sorted(SUPPORTED_SCHEMA_VERSIONS)}",
+        )
+    event_type = obj.get("event_type")
+    model = _MODELS[kind].get(event_type) if isinstance(event_type, str) else None
+    if model is None:
+        raise InputError(
+            "wrong-event-type",
+            f"event_type {event_type!r} is not allowed on the {kind.value} topic; "
+            f"allowed: {sorted(_MODELS[kind])}",
+        )
+    try:
+        return model.model_validate(obj)
+    except ValidationError as exc:
+        raise InputError("schema-violation", _summarise(exc)) from None
+
+
+def request_id_hint(raw: bytes | None, key: bytes | None) -> str | None:
+    """Best-effort request id for a dead letter: the Kafka key, else nothing."""
+    if key:
+        try:
+            return key.decode("utf-8")[:128]
+        except UnicodeDecodeError:
+            return None
+    return None
+
+
+def encode(event: BaseModel) -> bytes:
+    """Serialise an event with orjson (datetimes as RFC 3339)."""
+    return orjson.dumps(event.model_dump(mode="json"))

@@ -1,0 +1,317 @@
+"""Event contracts: what the LLM service writes and what the sidecar publishes.
+
+Every event carries an explicit ``schema_version`` and an ``event_type``. The
+models are the source of truth: the JSON Schemas and the AsyncAPI document in
+``schemas/`` are generated from them (``guardrail schemas export``) and a test
+fails when they drift.
+
+Input events (produced by the LLM service, keyed by ``request_id``):
+  * ``RetrievalEvent``   on ``rag.retrieval``  - what was retrieved, with raw scores;
+  * ``GenerationDelta``  on ``rag.generation`` - one streamed piece of the answer;
+  * ``GenerationFinal``  on ``rag.generation`` - the whole answer, the generator id
+    and an optional attention summary (L x H x K lookback ratios, float16, base64).
+Output events (produced by the sidecar, keyed by ``request_id``):
+  * ``ClaimVerdict``     on ``rag.claims``;
+  * ``AnswerVerdict``    on ``rag.verdicts``;
+  * ``DeadLetterRecord`` describes the headers of a ``rag.dlq`` message (its value
+    is the original bytes, untouched).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal, Self
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+SCHEMA_VERSION = 1
+"""The version this build writes. Readers accept ``SUPPORTED_SCHEMA_VERSIONS``."""
+SUPPORTED_SCHEMA_VERSIONS: frozenset[int] = frozenset({1})
+
+RequestId = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")
+]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+
+# --------------------------------------------------------------------------- input events
+
+
+class RetrievalHit(BaseModel):
+    """One retrieved chunk, in retrieval order (best first)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    chunk_id: Name
+    doc_id: Name
+    score: FiniteFloat = Field(description="Raw vector-store score (e.g. Qdrant cosine).")
+    text: Annotated[str, StringConstraints(max_length=100_000)]
+
+
+class RetrievalEvent(_Event):
+    """What the LLM service retrieved for one request."""
+
+    event_type: Literal["retrieval"] = "retrieval"
+    request_id: RequestId
+    tenant: Name
+    collection: Name
+    retriever: Name = Field(
+        default="default", description="Retriever id (embedding model + index), calibration key."
+    )
+    query: Annotated[str, StringConstraints(max_length=20_000)]
+    k: int = Field(ge=1, le=1024, description="K: how many chunks were asked for.")
+    hits: list[RetrievalHit] = Field(max_length=1024)
+    created_at: datetime | None = None
+
+    @model_validator(mode="after")
+    def _hits_within_k(self) -> Self:
+        if len(self.hits) > self.k:
+            raise ValueError(f"hits has {len(self.hits)} entries, more than k={self.k}")
+        return self
+
+
+class GenerationDelta(_Event):
+    """One streamed piece of the answer; ``seq`` counts from 0 without gaps."""
+
+    event_type: Literal["generation.delta"] = "generation.delta"
+    request_id: RequestId
+    seq: int = Field(ge=0, le=1_000_000)
+    text: Annotated[str, StringConstraints(max_length=100_000)]
+
+
+class AttentionSummary(BaseModel):
+    """The generator's chunk-wise lookback ratios: L layers x H heads x K chunks.
+
+    ``values`` is base64 of little-endian float16 in C order (layer, head, chunk).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layers: int = Field(ge=1, le=1024)
+    heads: int = Field(ge=1, le=1024)
+    chunks: int = Field(ge=1, le=1024)
+    variant: Literal["cw", "fc"] = Field(
+        default="cw", description="cw: chunk-wise lookback ratios; fc: full-context."
+    )
+    dtype: Literal["float16"] = "float16"
+    values: str = Field(description="base64 of L*H*K little-endian float16 values")
+
+    @model_validator(mode="after")
+    def _shape_matches(self) -> Self:
+        expected = self.layers * self.heads * self.chunks * 2
+        try:
+            raw = base64.b64decode(self.values, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"values is not valid base64: {exc}") from None
+        if len(raw) != expected:
+            raise ValueError(
+                f"values holds {len(raw)} bytes, shape {self.layers}x{self.heads}x{self.chunks} "
+                f"float16 needs {expected}"
+            )
+        if not np.isfinite(np.frombuffer(raw, dtype="<f2")).all():
+            raise ValueError("values contains NaN or Inf")
+        return self
+
+    def to_array(self) -> npt.NDArray[np.float32]:
+        """The summary as a float32 array of shape (L, H, K)."""
+        raw = base64.b64decode(self.values)
+        arr = np.frombuffer(raw, dtype="<f2").astype(np.float32)
+        return arr.reshape(self.layers, self.heads, self.chunks)
+
+    @classmethod
+    def from_array(cls, array: npt.ArrayLike, variant: Literal["cw", "fc"] = "cw") -> Self:
+        arr = np.asarray(array, dtype="<f2")
+        if arr.ndim != 3:
+            raise ValueError(f"attention summary must be 3-d (L, H, K), got shape {arr.shape}")
+        layers, heads, chunks = (int(d) for d in arr.shape)
+        values = base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode("ascii")
+        return cls(layers=layers, heads=heads, chunks=chunks, variant=variant, values=values)
+
+
+class GenerationFinal(_Event):
+    """The end of a generation: the whole answer and what the generator knows about it."""
+
+    event_type: Literal["generation.final"] = "generation.final"
+    request_id: RequestId
+    answer: Annotated[str, StringConstraints(max_length=200_000)]
+    generator_model: Name
+    deltas: int | None = Field(
+        default=None, ge=0, description="How many deltas were sent before this event."
+    )
+    attention: AttentionSummary | None = None
+    mean_token_logprob: FiniteFloat | None = Field(default=None, le=0.0)
+
+
+InputEvent = RetrievalEvent | GenerationDelta | GenerationFinal
+
+# --------------------------------------------------------------------------- output events
+
+
+class Decision(StrEnum):
+    ALLOW = "allow"
+    CAVEAT = "caveat"
+    BLOCK = "block"
+
+
+class ClaimLabel(StrEnum):
+    SUPPORTED = "supported"
+    UNSUPPORTED = "unsupported"
+    UNCERTAIN = "uncertain"
+    IRRELEVANT = "irrelevant"
+
+
+class SignalStatus(StrEnum):
+    OK = "ok"
+    UNAVAILABLE = "unavailable"  # configured, but this request could not be scored
+    NOT_CONFIGURED = "not-configured"  # no model or calibration loaded for it
+
+
+class Reason(BaseModel):
+    """A machine-readable reason (``code``) with a human-readable message."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    code: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64)]
+    message: str
+    signal: Literal["retrieval", "lookback", "claims", "policy", "pipeline"] = "policy"
+
+
+class RetrievalSignal(BaseModel):
+    """Conformal certification of the retrieved chunks (seed 000 section 3.2)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    status: SignalStatus
+    trusted_chunk_ids: list[str] = Field(default_factory=list)
+    m1: bool | None = None
+    m2: Probability | None = None
+    q_hat: float | None = None
+    calibration_version: str | None = None
+    calibration_key: str | None = None
+    fallback: bool = False
+    clipped_scores: int = 0
+
+
+class LookbackSignal(BaseModel):
+    """Lookback-ratio factuality (seed 000 section 3.3)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    status: SignalStatus
+    p_factual: Probability | None = None
+    model_version: str | None = None
+
+
+class ClaimsSignal(BaseModel):
+    """Claim verification summary (seeds 001, 002)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    status: SignalStatus
+    n: int = 0
+    supported: int = 0
+    unsupported: int = 0
+    uncertain: int = 0
+    irrelevant: int = 0
+    reliability: Probability | None = None
+    reliability_level: Literal["HIGH", "MEDIUM", "LOW"] | None = None
+    hallucination_rate: Probability | None = None
+    evidence_scope: Literal["trusted", "all-retrieved"] | None = None
+
+
+class Signals(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    retrieval: RetrievalSignal = RetrievalSignal(status=SignalStatus.NOT_CONFIGURED)
+    lookback: LookbackSignal = LookbackSignal(status=SignalStatus.NOT_CONFIGURED)
+    claims: ClaimsSignal = ClaimsSignal(status=SignalStatus.NOT_CONFIGURED)
+
+
+class ClaimVerdict(_Event):
+    """One claim of a streaming answer, verified as soon as its sentence completed."""
+
+    event_type: Literal["claim.verdict"] = "claim.verdict"
+    request_id: RequestId
+    idempotency_key: str
+    claim_index: int = Field(ge=0)
+    span: tuple[int, int] = Field(description="[start, end) character offsets into the answer")
+    text: str
+    label: ClaimLabel
+    score: Probability
+    evidence_chunk_ids: list[str] = Field(default_factory=list)
+    verifier_version: str
+    produced_at: datetime
+
+
+class AnswerVerdict(_Event):
+    """The decision for one answer: allow, caveat or block, with its reasons."""
+
+    event_type: Literal["answer.verdict"] = "answer.verdict"
+    request_id: RequestId
+    idempotency_key: str = Field(
+        description="Same inputs give the same key: a replay after a crash is recognisable."
+    )
+    tenant: str | None = None
+    decision: Decision
+    reasons: list[Reason]
+    policy: str = Field(description="Name and version of the policy that decided.")
+    signals: Signals = Signals()
+    confidence: Probability | None = None
+    caveat_text: str | None = None
+    rewritten_answer: str | None = None
+    model_versions: dict[str, str] = Field(default_factory=dict)
+    timings_ms: dict[str, FiniteFloat] = Field(default_factory=dict)
+    produced_at: datetime
+    sidecar_version: str
+
+
+OutputEvent = ClaimVerdict | AnswerVerdict
+
+# --------------------------------------------------------------------------- dead letters
+
+DLQ_HEADER_PREFIX = "x-dlq-"
+
+
+class DeadLetterRecord(BaseModel):
+    """What a ``rag.dlq`` message says about itself, in its headers.
+
+    The message value is the original bytes, untouched; the original key and
+    headers are kept. These fields travel as ``x-dlq-<field>`` headers.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64)]
+    detail: Annotated[str, StringConstraints(max_length=2_000)]
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    request_id: str | None = None
+    failed_at: datetime
+    sidecar_version: str
+
+    def to_headers(self) -> dict[str, str]:
+        dumped = self.model_dump(mode="json", exclude_none=True)
+        return {f"{DLQ_HEADER_PREFIX}{k.replace('_', '-')}": str(v) for k, v in dumped.items()}
+
+    @classmethod
+    def from_headers(cls, headers: dict[str, str]) -> Self:
+        fields = {
+            k[len(DLQ_HEADER_PREFIX) :].replace("-", "_"): v
+            for k, v in headers.items()
+            if k.startswith(DLQ_HEADER_PREFIX)
+        }
+        return cls.model_validate(fields)

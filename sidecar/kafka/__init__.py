@@ -1,0 +1,1 @@
+"""Kafka adapters: the FastStream app, topic admin, client security."""

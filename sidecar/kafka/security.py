@@ -1,0 +1,62 @@
+"""Client security (SASL / SSL) from settings, for FastStream and plain aiokafka."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from faststream.security import (
+    BaseSecurity,
+    SASLPlaintext,
+    SASLScram256,
+    SASLScram512,
+)
+
+from sidecar.config import KafkaSettings
+
+
+def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
+    if not kafka.security_protocol.endswith("SSL"):
+        return None
+    context = ssl.create_default_context(cafile=kafka.ssl_cafile)
+    if kafka.ssl_certfile:
+        context.load_cert_chain(kafka.ssl_certfile, kafka.ssl_keyfile)
+    return context
+
+
+def faststream_security(kafka: KafkaSettings) -> BaseSecurity | None:
+    """FastStream's security object for the configured protocol (None: plaintext)."""
+    context = ssl_context(kafka)
+    if not kafka.security_protocol.startswith("SASL"):
+        return BaseSecurity(ssl_context=context, use_ssl=True) if context else None
+    assert kafka.sasl_username is not None  # noqa: S101 - checked by KafkaSettings
+    assert kafka.sasl_password is not None  # noqa: S101
+    cls = {
+        "PLAIN": SASLPlaintext,
+        "SCRAM-SHA-256": SASLScram256,
+        "SCRAM-SHA-512": SASLScram512,
+    }[kafka.sasl_mechanism or "PLAIN"]
+    return cls(  # type: ignore[no-any-return]
+        username=kafka.sasl_username,
+        password=kafka.sasl_password.get_secret_value(),
+        use_ssl=context is not None,
+        ssl_context=context,
+    )
+
+
+def aiokafka_client_args(kafka: KafkaSettings) -> dict[str, Any]:
+    """Keyword arguments for aiokafka clients (admin, plain producers and consumers)."""
+    args: dict[str, Any] = {
+        "bootstrap_servers": kafka.bootstrap_servers,
+        "security_protocol": kafka.security_protocol,
+        "request_timeout_ms": kafka.request_timeout_ms,
+    }
+    context = ssl_context(kafka)
+    if context is not None:
+        args["ssl_context"] = context
+    if kafka.security_protocol.startswith("SASL"):
+        assert kafka.sasl_password is not None  # noqa: S101 - checked by KafkaSettings
+        args["sasl_mechanism"] = kafka.sasl_mechanism
+        args["sasl_plain_username"] = kafka.sasl_username
+        args["sasl_plain_password"] = kafka.sasl_password.get_secret_value()
+    return args

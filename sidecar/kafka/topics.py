@@ -1,0 +1,82 @@
+"""Explicit topic creation: the broker never auto-creates topics.
+
+``rag.retrieval`` and ``rag.generation`` get the same partition count (they are
+co-partitioned by request_id so one consumer sees both halves of a request).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from sidecar.config import Settings
+from sidecar.exceptions import BrokerError, ConfigError
+from sidecar.kafka.security import aiokafka_client_args
+
+DLQ_RETENTION_MS = 14 * 24 * 3600 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    config: dict[str, str]
+
+
+def topic_specs(settings: Settings) -> list[TopicSpec]:
+    t = settings.topics
+    big = str(max(1_048_576, settings.limits.max_message_bytes) + 65_536)
+    return [
+        TopicSpec(t.retrieval, t.partitions, {"max.message.bytes": big}),
+        TopicSpec(t.generation, t.partitions, {"max.message.bytes": big}),
+        TopicSpec(t.claims, t.partitions, {}),
+        TopicSpec(t.verdicts, t.partitions, {}),
+        TopicSpec(t.dlq, 1, {"max.message.bytes": big, "retention.ms": str(DLQ_RETENTION_MS)}),
+    ]
+
+
+async def create_topics(settings: Settings) -> dict[str, str]:
+    """Create the sidecar's topics; returns name -> "created" | "exists"."""
+    admin = AIOKafkaAdminClient(**aiokafka_client_args(settings.kafka))
+    try:
+        await admin.start()
+    except KafkaError as exc:
+        raise BrokerError(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {exc}") from exc
+    try:
+        specs = topic_specs(settings)
+        existing = set(await admin.list_topics())
+        result = {s.name: "exists" for s in specs if s.name in existing}
+        missing = [s for s in specs if s.name not in existing]
+        if missing:
+            try:
+                await admin.create_topics(
+                    [
+                        NewTopic(
+                            name=s.name,
+                            num_partitions=s.partitions,
+                            replication_factor=settings.topics.replication_factor,
+                            topic_configs=s.config,
+                        )
+                        for s in missing
+                    ]
+                )
+            except TopicAlreadyExistsError:
+                pass
+            result.update({s.name: "created" for s in missing})
+        await _check_copartitioned(admin, settings)
+        return result
+    finally:
+        await admin.close()
+
+
+async def _check_copartitioned(admin: AIOKafkaAdminClient, settings: Settings) -> None:
+    t = settings.topics
+    described = await admin.describe_topics([t.retrieval, t.generation])
+    counts = {d["topic"]: len(d["partitions"]) for d in described}
+    if counts.get(t.retrieval) != counts.get(t.generation):
+        raise ConfigError(
+            f"{t.retrieval} has {counts.get(t.retrieval)} partitions and {t.generation} has "
+            f"{counts.get(t.generation)}; they must be equal (co-partitioned by request_id)"
+        )

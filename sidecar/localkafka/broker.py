@@ -1,0 +1,257 @@
+"""Fetch, format, start, wait for, and stop a single-node KRaft Kafka broker."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from sidecar.exceptions import LocalKafkaError
+
+KAFKA_VERSION = "4.3.1"
+POM = Path(__file__).with_name("pom.xml")
+READY_LINE = "Kafka Server started"
+
+LOG4J2 = """\
+status = warn
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.raft.name = kafka.server.KafkaRaftServer
+logger.raft.level = INFO
+"""
+
+
+def default_home() -> Path:
+    """``$GUARDRAIL_KAFKA_HOME`` or ``./.kafka`` (git-ignored)."""
+    return Path(os.environ.get("GUARDRAIL_KAFKA_HOME", ".kafka")).resolve()
+
+
+def ensure_jars(lib_dir: Path | None = None) -> Path:
+    """Fetch the broker's jars with Maven unless they are already there."""
+    lib = (lib_dir or default_home() / "lib").resolve()
+    if (lib / f"kafka_2.13-{KAFKA_VERSION}.jar").exists():
+        return lib
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise LocalKafkaError("Maven (mvn) is not on PATH; it is needed to fetch the Kafka jars")
+    lib.mkdir(parents=True, exist_ok=True)
+    cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", f"-Dkafka.lib.dir={lib}"]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0 or not (lib / f"kafka_2.13-{KAFKA_VERSION}.jar").exists():
+        raise LocalKafkaError(
+            f"fetching Kafka {KAFKA_VERSION} jars failed (exit {result.returncode}):\n"
+            f"{result.stdout[-2000:]}{result.stderr[-2000:]}"
+        )
+    return lib
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child counts as dead
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return waited == 0
+
+
+@dataclass
+class LocalKafka:
+    """One broker instance living in ``instance_dir`` (data, logs, config, pid)."""
+
+    instance_dir: Path
+    lib_dir: Path
+    port: int = 9092
+    controller_port: int = 9093
+    heap_mb: int = 768
+    extra_properties: str = ""
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def _pid_file(self) -> Path:
+        return self.instance_dir / "broker.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.instance_dir / "logs" / "broker.out"
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(self._pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if _alive(pid) else None
+
+    def _write_config(self) -> Path:
+        (self.instance_dir / "logs").mkdir(parents=True, exist_ok=True)
+        data = self.instance_dir / "data"
+        props = f"""\
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}
+listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs={data}
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.num.partitions=1
+group.initial.rebalance.delay.ms=0
+message.max.bytes=16777216
+{self.extra_properties}
+"""
+        server = self.instance_dir / "server.properties"
+        server.write_text(props)
+        (self.instance_dir / "log4j2.properties").write_text(LOG4J2)
+        (self.instance_dir / "ports.json").write_text(
+            json.dumps({"port": self.port, "controller_port": self.controller_port})
+        )
+        return server
+
+    def _java(self, *args: str, heap_mb: int) -> list[str]:
+        java = shutil.which("java")
+        if java is None:
+            raise LocalKafkaError("java is not on PATH; Kafka needs a Java 17+ runtime")
+        return [
+            java,
+            f"-Xmx{heap_mb}m",
+            f"-Dlog4j2.configurationFile={self.instance_dir / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={self.instance_dir / 'logs'}",
+            "-cp",
+            f"{self.lib_dir}/*",
+            *args,
+        ]
+
+    def _format(self, server: Path) -> None:
+        if (self.instance_dir / "data" / "meta.properties").exists():
+            return  # formatted before: a restart keeps its data
+        cluster_id = "-"
+        while cluster_id.startswith("-"):
+            raw = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii")
+            cluster_id = raw.rstrip("=")
+        cmd = self._java(
+            "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id, "-c", str(server),
+            heap_mb=256,
+        )
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise LocalKafkaError(f"formatting the KRaft storage failed:\n{result.stdout}{result.stderr}")
+
+    def start(self, timeout_s: float = 90.0) -> None:
+        """Start the broker (formatting on first use) and wait until it serves."""
+        if self.pid() is not None:
+            if _port_open(self.port):
+                return
+            raise LocalKafkaError(f"a broker process is running from {self.instance_dir} but port {self.port} is closed")
+        for port in (self.port, self.controller_port):
+            if _port_open(port):
+                raise LocalKafkaError(f"port {port} on 127.0.0.1 is already in use by something else")
+        server = self._write_config()
+        self._format(server)
+        cmd = self._java(
+            "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Xms256m",
+            "kafka.Kafka", str(server),
+            heap_mb=self.heap_mb,
+        )
+        before = self.log_file.stat().st_size if self.log_file.exists() else 0
+        with self.log_file.open("ab") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._pid_file.write_text(str(proc.pid))
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise LocalKafkaError(
+                    f"the broker exited with code {proc.returncode} during start:\n{self._log_tail(before)}"
+                )
+            if READY_LINE in self._log_tail(before, 1_000_000) and _port_open(self.port):
+                return
+            time.sleep(0.25)
+        self.stop()
+        raise LocalKafkaError(f"the broker was not ready within {timeout_s:.0f}s:\n{self._log_tail(before)}")
+
+    def _log_tail(self, start: int = 0, limit: int = 3000) -> str:
+        try:
+            with self.log_file.open("rb") as f:
+                f.seek(start)
+                text = f.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+        return text[-limit:]
+
+    def stop(self, timeout_s: float = 30.0, *, kill: bool = False) -> bool:
+        """Stop the broker (SIGTERM, then SIGKILL after ``timeout_s``); True if one ran."""
+        pid = self.pid()
+        if pid is None:
+            self._pid_file.unlink(missing_ok=True)
+            return False
+        os.kill(pid, signal.SIGKILL if kill else signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.1)
+        self._pid_file.unlink(missing_ok=True)
+        return True
+
+    def status(self) -> dict[str, object]:
+        pid = self.pid()
+        return {
+            "running": pid is not None,
+            "pid": pid,
+            "bootstrap_servers": self.bootstrap_servers,
+            "serving": pid is not None and _port_open(self.port),
+            "instance_dir": str(self.instance_dir),
+            "kafka_version": KAFKA_VERSION,
+        }
+
+    @classmethod
+    def from_instance_dir(cls, instance_dir: Path, lib_dir: Path) -> LocalKafka:
+        """Re-attach to an instance started earlier (its ports are on disk)."""
+        ports = json.loads((instance_dir / "ports.json").read_text())
+        return cls(instance_dir, lib_dir, port=ports["port"], controller_port=ports["controller_port"])

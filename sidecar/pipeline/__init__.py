@@ -1,0 +1,1 @@
+"""The sidecar's core: join the two halves of a request, score it, decide. No I/O."""

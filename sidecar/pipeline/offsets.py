@@ -1,0 +1,79 @@
+"""Which offsets may be committed: the low-water mark of unfinished messages.
+
+A message is *pending* from the moment it is consumed until everything it
+contributes to has been published (its request's verdict, or its dead letter).
+Per topic-partition the committable offset is the smallest pending offset, or
+one past the highest offset seen when nothing is pending. Committing that and
+nothing more means a crash re-reads every message whose result was not yet
+published: at-least-once, never zero times.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+TopicPartition = tuple[str, int]
+
+
+@dataclass(slots=True)
+class _PartitionState:
+    order: deque[int] = field(default_factory=deque)  # offsets in arrival (= increasing) order
+    pending: set[int] = field(default_factory=set)
+    next_offset: int | None = None  # one past the highest offset seen
+    committed: int | None = None  # last offset handed out by ``committable``
+
+
+class OffsetTracker:
+    """Tracks pending offsets per topic-partition; pure bookkeeping, no Kafka."""
+
+    def __init__(self) -> None:
+        self._parts: dict[TopicPartition, _PartitionState] = {}
+
+    def track(self, tp: TopicPartition, offset: int) -> None:
+        """Record a freshly consumed message as pending."""
+        state = self._parts.setdefault(tp, _PartitionState())
+        if offset in state.pending:
+            return
+        state.order.append(offset)
+        state.pending.add(offset)
+        if state.next_offset is None or offset + 1 > state.next_offset:
+            state.next_offset = offset + 1
+
+    def done(self, tp: TopicPartition, offset: int) -> None:
+        """Mark a message finished: its results are published."""
+        state = self._parts.get(tp)
+        if state is not None:
+            state.pending.discard(offset)
+
+    def pending_count(self) -> int:
+        return sum(len(s.pending) for s in self._parts.values())
+
+    def low_water(self, tp: TopicPartition) -> int | None:
+        """The offset a commit for ``tp`` may carry now (``None``: nothing seen)."""
+        state = self._parts.get(tp)
+        if state is None:
+            return None
+        while state.order and state.order[0] not in state.pending:
+            state.order.popleft()
+        return state.order[0] if state.order else state.next_offset
+
+    def committable(self) -> dict[TopicPartition, int]:
+        """Offsets that moved since the last call; the caller commits exactly these."""
+        out: dict[TopicPartition, int] = {}
+        for tp, state in self._parts.items():
+            mark = self.low_water(tp)
+            if mark is not None and mark != state.committed:
+                out[tp] = mark
+        return out
+
+    def mark_committed(self, offsets: dict[TopicPartition, int]) -> None:
+        for tp, offset in offsets.items():
+            state = self._parts.get(tp)
+            if state is not None:
+                state.committed = offset
+
+    def forget(self, partitions: set[TopicPartition]) -> None:
+        """Drop revoked partitions: their new owner re-reads from the committed offset."""
+        for tp in partitions:
+            self._parts.pop(tp, None)

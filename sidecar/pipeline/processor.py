@@ -1,0 +1,326 @@
+"""One message in, a ``Step`` out: what to publish, and which inputs are then finished.
+
+The processor is the sidecar's pure core. It knows nothing of Kafka: the
+adapter hands it bytes with an ``InputRef``, publishes the step's outputs in
+order, waits for the broker to confirm them, and only then marks the step's
+``done`` references as finished so their offsets may be committed.
+
+Decisions recorded here (and tested):
+  * bad input -> dead letter (original bytes + ``x-dlq-*`` headers), never a crash;
+  * a half-request evicted by TTL or capacity -> a ``block`` verdict with reason
+    ``incomplete`` (the caller always gets an answer; the inputs stay in Kafka);
+  * an exact duplicate of an event already held -> finished without output;
+  * a conflicting duplicate -> dead letter ``duplicate-conflict``;
+  * an event for a request decided moments ago -> dead letter ``after-final``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from sidecar import __version__
+from sidecar.config import Settings
+from sidecar.contracts.codec import InputKind, decode_input, encode, request_id_hint
+from sidecar.contracts.events import (
+    AnswerVerdict,
+    DeadLetterRecord,
+    Decision,
+    GenerationDelta,
+    GenerationFinal,
+    Reason,
+    RetrievalEvent,
+    Signals,
+)
+from sidecar.exceptions import InputError
+from sidecar.pipeline.join import InputRef, JoinStore, PendingRequest
+from sidecar.policy.base import Policy
+
+IDEMPOTENCY_HEADER = "x-idempotency-key"
+MAX_DELTAS_PER_REQUEST = 100_000
+
+
+class Destination(StrEnum):
+    VERDICTS = "verdicts"
+    CLAIMS = "claims"
+    DLQ = "dlq"
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    destination: Destination
+    key: bytes | None
+    value: bytes
+    headers: dict[str, str]
+
+
+@dataclass(slots=True)
+class Step:
+    outputs: list[Output] = field(default_factory=list)
+    done: list[InputRef] = field(default_factory=list)
+
+    def extend(self, other: Step) -> None:
+        self.outputs.extend(other.outputs)
+        self.done.extend(other.done)
+
+
+@dataclass(slots=True)
+class Counters:
+    consumed: int = 0
+    verdicts: int = 0
+    dead_letters: int = 0
+    duplicates: int = 0
+    incomplete: int = 0
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+
+
+def _digest(raw: bytes) -> bytes:
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+def idempotency_key(request_id: str, *parts: bytes | None) -> str:
+    """Same request and same input bytes -> same key, across restarts and instances."""
+    h = hashlib.sha256(request_id.encode("utf-8"))
+    for part in parts:
+        h.update(b"\x00" + (part or b"-"))
+    return h.hexdigest()[:32]
+
+
+def _wall_clock() -> datetime:
+    return datetime.now(UTC)
+
+
+class Processor:
+    """Joins, decides and dead-letters. Single-threaded; the adapter serialises calls."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        policy: Policy,
+        *,
+        wall_clock: Callable[[], datetime] = _wall_clock,
+    ) -> None:
+        self._settings = settings
+        self._policy = policy
+        self._wall_clock = wall_clock
+        self.store = JoinStore(settings.join.max_entries, settings.join.ttl_ms)
+        self.counters = Counters()
+
+    # ------------------------------------------------------------------ inputs
+
+    def on_message(
+        self,
+        kind: InputKind,
+        raw: bytes | None,
+        key: bytes | None,
+        ref: InputRef,
+        now_ms: float,
+    ) -> Step:
+        """Handle one consumed message. Never raises for bad input."""
+        self.counters.consumed += 1
+        limits = self._settings.limits
+        try:
+            event = decode_input(
+                kind, raw, max_bytes=limits.max_message_bytes, max_depth=limits.max_json_depth
+            )
+            if key is not None and key != event.request_id.encode("utf-8"):
+                raise InputError(
+                    "key-mismatch",
+                    f"message key {key[:64]!r} differs from request_id {event.request_id!r}; "
+                    "input topics must be keyed by request_id",
+                )
+            if self.store.get(event.request_id) is None and self.store.was_closed(
+                event.request_id, now_ms
+            ):
+                raise InputError(
+                    "after-final",
+                    f"request {event.request_id} was already decided; "
+                    f"this {event.event_type} event arrived too late",
+                )
+        except InputError as exc:
+            return self.dead_letter(raw, key, ref, exc)
+        step = Step()
+        entry, evicted = self.store.open(event.request_id, now_ms)
+        if evicted is not None:
+            step.extend(self._incomplete(evicted, "capacity", now_ms))
+        try:
+            self._hold(entry, event, raw or b"")
+        except InputError as exc:
+            if not entry.refs:  # a fresh entry that holds nothing: do not keep it open
+                self.store.discard(entry.request_id)
+            step.extend(self.dead_letter(raw, key, ref, exc))
+            return step
+        entry.refs.append(ref)
+        if entry.complete:
+            step.extend(self._decide(entry, now_ms))
+        return step
+
+    def _hold(
+        self,
+        entry: PendingRequest,
+        event: RetrievalEvent | GenerationDelta | GenerationFinal,
+        raw: bytes,
+    ) -> None:
+        if isinstance(event, RetrievalEvent):
+            self._hold_retrieval(entry, event, raw)
+        elif isinstance(event, GenerationDelta):
+            self._hold_delta(entry, event)
+        else:
+            self._hold_final(entry, event, raw)
+
+    def _hold_retrieval(self, entry: PendingRequest, event: RetrievalEvent, raw: bytes) -> None:
+        digest = _digest(raw)
+        if entry.retrieval is not None:
+            self._duplicate(entry.retrieval_digest == digest, "retrieval", event.request_id)
+        entry.retrieval, entry.retrieval_digest = event, digest
+
+    def _hold_final(self, entry: PendingRequest, event: GenerationFinal, raw: bytes) -> None:
+        digest = _digest(raw)
+        if entry.final is not None:
+            self._duplicate(entry.final_digest == digest, "generation.final", event.request_id)
+        entry.final, entry.final_digest = event, digest
+
+    def _hold_delta(self, entry: PendingRequest, event: GenerationDelta) -> None:
+        if entry.final is not None:
+            raise InputError(
+                "after-final", f"delta seq={event.seq} arrived after the final event"
+            )
+        held = entry.deltas.get(event.seq)
+        if held is not None:
+            self._duplicate(held == event.text, f"delta seq={event.seq}", event.request_id)
+        if len(entry.deltas) >= MAX_DELTAS_PER_REQUEST:
+            raise InputError(
+                "too-many-deltas", f"more than {MAX_DELTAS_PER_REQUEST} deltas for one request"
+            )
+        entry.add_delta(event.seq, event.text)
+
+    def _duplicate(self, identical: bool, what: str, request_id: str) -> None:
+        if identical:
+            self.counters.duplicates += 1
+            raise _ExactDuplicate
+        raise InputError(
+            "duplicate-conflict",
+            f"a second {what} for request {request_id} with different content",
+        )
+
+    # ------------------------------------------------------------------ time
+
+    def on_tick(self, now_ms: float) -> Step:
+        """Expire half-requests older than the TTL into ``incomplete`` verdicts."""
+        step = Step()
+        for entry in self.store.expire(now_ms):
+            step.extend(self._incomplete(entry, "ttl", now_ms))
+        return step
+
+    def drain(self, now_ms: float) -> Step:
+        """Shutdown: every open request gets an ``incomplete`` verdict now."""
+        step = Step()
+        for entry in self.store.drain():
+            step.extend(self._incomplete(entry, "shutdown", now_ms))
+        return step
+
+    # ------------------------------------------------------------------ outputs
+
+    def _decide(self, entry: PendingRequest, now_ms: float) -> Step:
+        assert entry.retrieval is not None  # noqa: S101 - guarded by entry.complete
+        assert entry.final is not None  # noqa: S101
+        started = time.perf_counter()
+        self.store.close(entry.request_id, now_ms)
+        signals = Signals()
+        outcome = self._policy.decide(entry.retrieval, entry.final, signals)
+        key = idempotency_key(entry.request_id, entry.retrieval_digest, entry.final_digest)
+        timings = {
+            "join_wait": max(0.0, now_ms - entry.first_seen_ms),
+            "decide": (time.perf_counter() - started) * 1000.0,
+        }
+        verdict = AnswerVerdict(
+            request_id=entry.request_id,
+            idempotency_key=key,
+            tenant=entry.retrieval.tenant,
+            decision=outcome.decision,
+            reasons=outcome.reasons,
+            policy=self._policy.name,
+            signals=signals,
+            caveat_text=outcome.caveat_text,
+            rewritten_answer=outcome.rewritten_answer,
+            model_versions={"generator": entry.final.generator_model},
+            timings_ms=timings,
+            produced_at=self._wall_clock(),
+            sidecar_version=__version__,
+        )
+        return self._verdict_step(verdict, entry)
+
+    def _incomplete(self, entry: PendingRequest, why: str, now_ms: float) -> Step:
+        self.counters.incomplete += 1
+        missing = entry.missing()
+        self.store.close(entry.request_id, now_ms)
+        verdict = AnswerVerdict(
+            request_id=entry.request_id,
+            idempotency_key=idempotency_key(
+                entry.request_id, b"incomplete", entry.retrieval_digest, entry.final_digest
+            ),
+            tenant=entry.retrieval.tenant if entry.retrieval else None,
+            decision=Decision.BLOCK,
+            reasons=[
+                Reason(
+                    code="incomplete",
+                    message=(
+                        f"request evicted from the join store ({why}) before it was complete; "
+                        f"missing: {', '.join(missing) or 'nothing'}"
+                    ),
+                    signal="pipeline",
+                )
+            ],
+            policy=self._policy.name,
+            produced_at=self._wall_clock(),
+            sidecar_version=__version__,
+        )
+        return self._verdict_step(verdict, entry)
+
+    def _verdict_step(self, verdict: AnswerVerdict, entry: PendingRequest) -> Step:
+        self.counters.verdicts += 1
+        out = Output(
+            destination=Destination.VERDICTS,
+            key=verdict.request_id.encode("utf-8"),
+            value=encode(verdict),
+            headers={IDEMPOTENCY_HEADER: verdict.idempotency_key},
+        )
+        return Step(outputs=[out], done=list(entry.refs))
+
+    def dead_letter(
+        self, raw: bytes | None, key: bytes | None, ref: InputRef, exc: InputError
+    ) -> Step:
+        if isinstance(exc, _ExactDuplicate):
+            return Step(done=[ref])
+        self.counters.dead_letters += 1
+        reasons = self.counters.dead_letter_reasons
+        reasons[exc.reason] = reasons.get(exc.reason, 0) + 1
+        record = DeadLetterRecord(
+            reason=exc.reason,
+            detail=exc.detail[:2000],
+            source_topic=ref.topic,
+            source_partition=ref.partition,
+            source_offset=ref.offset,
+            request_id=request_id_hint(raw, key),
+            failed_at=self._wall_clock(),
+            sidecar_version=__version__,
+        )
+        headers = {
+            name: value.decode("utf-8", errors="replace")
+            for name, value in ref.headers
+            if not name.startswith("x-dlq-")
+        }
+        headers.update(record.to_headers())
+        out = Output(destination=Destination.DLQ, key=key, value=raw or b"", headers=headers)
+        return Step(outputs=[out], done=[ref])
+
+
+class _ExactDuplicate(InputError):
+    """An identical copy of an event already held: finished, nothing to publish."""
+
+    def __init__(self) -> None:
+        super().__init__("duplicate", "identical duplicate")

@@ -1,0 +1,38 @@
+"""A placeholder policy for a sidecar with no signals configured.
+
+It never allows: with nothing measured, the honest answer is "show it with a
+caveat". Replaced by the declarative policy engine once signals exist.
+"""
+
+from __future__ import annotations
+
+from sidecar.contracts.events import (
+    Decision,
+    GenerationFinal,
+    Reason,
+    RetrievalEvent,
+    Signals,
+)
+from sidecar.policy.base import PolicyOutcome
+
+NO_SIGNALS = Reason(
+    code="no-signals-configured",
+    message="placeholder policy: no retrieval, lookback or claim signal is configured",
+    signal="policy",
+)
+
+
+class PlaceholderPolicy:
+    """Always ``caveat`` with reason ``no-signals-configured``."""
+
+    name = "placeholder/0"
+
+    def decide(  # noqa: PLR6301 - the Policy protocol is an instance method
+        self, retrieval: RetrievalEvent, final: GenerationFinal, signals: Signals
+    ) -> PolicyOutcome:
+        del retrieval, final, signals
+        return PolicyOutcome(
+            decision=Decision.CAVEAT,
+            reasons=[NO_SIGNALS],
+            caveat_text="This answer has not been checked against its sources.",
+        )
