@@ -46,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for noisy in ("aiokafka", "faststream", "kafka"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         code: int = args.func(args)
     except ConfigError as exc:

@@ -1,0 +1,22 @@
+"""``guardrail demo``: broker + topics + sidecar + replayed events, verdicts printed."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo", help="start Kafka and the sidecar, replay sample events, print verdicts, shut down"
+    )
+    p.add_argument("--events", type=Path, help="replay this file instead of the bundled sample")
+    p.add_argument("--keep", action="store_true", help="keep the broker's data and the sidecar log")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sidecar.demo import run_demo  # noqa: PLC0415
+
+    return run_demo(args.events, keep=args.keep)

@@ -1,0 +1,33 @@
+"""``guardrail run``: the sidecar itself."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+import orjson
+
+from sidecar.config import Settings
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="run the sidecar (consume, decide, publish verdicts)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate configuration and load models, then exit without connecting to Kafka",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sidecar import runtime  # noqa: PLC0415 - keeps --help light
+
+    settings = Settings.load()
+    if args.check:
+        sys.stdout.write(orjson.dumps(runtime.check(settings)).decode() + "\n")
+        return 0
+    asyncio.run(runtime.serve(settings))
+    return 0

@@ -1,0 +1,117 @@
+"""Generate ``schemas/``: one JSON Schema per event and an AsyncAPI 3.0 document.
+
+Consumers in other languages read these; ``guardrail schemas check`` (and a
+test) fails when they drift from the pydantic models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel
+
+from sidecar import __version__
+from sidecar.config import TopicSettings
+from sidecar.contracts.events import (
+    SCHEMA_VERSION,
+    AnswerVerdict,
+    ClaimVerdict,
+    DeadLetterRecord,
+    GenerationDelta,
+    GenerationFinal,
+    RetrievalEvent,
+)
+
+MODELS: dict[str, type[BaseModel]] = {
+    "retrieval": RetrievalEvent,
+    "generation.delta": GenerationDelta,
+    "generation.final": GenerationFinal,
+    "claim.verdict": ClaimVerdict,
+    "answer.verdict": AnswerVerdict,
+    "dead-letter": DeadLetterRecord,
+}
+
+
+def _dump(obj: Any) -> str:
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode() + "\n"
+
+
+def json_schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema(mode="serialization")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"urn:guardrail-sidecar:schema:{name}:v{SCHEMA_VERSION}"
+    return schema
+
+
+def asyncapi() -> dict[str, Any]:
+    topics = TopicSettings()
+    ref = {name: {"$ref": f"./{name}.schema.json"} for name in MODELS}
+    key = {"type": "string", "description": "request_id (both input topics are co-partitioned by it)"}
+
+    def message(name: str, title: str) -> dict[str, Any]:
+        return {"name": name, "title": title, "contentType": "application/json",
+                "payload": ref[name], "bindings": {"kafka": {"key": key}}}
+
+    channels = {
+        "retrieval": {"address": topics.retrieval, "messages": {
+            "retrieval": message("retrieval", "Retrieved chunks with raw scores")}},
+        "generation": {"address": topics.generation, "messages": {
+            "delta": message("generation.delta", "A streamed piece of the answer"),
+            "final": message("generation.final", "The whole answer, optional attention summary")}},
+        "claims": {"address": topics.claims, "messages": {
+            "claimVerdict": message("claim.verdict", "One claim's verdict, mid-stream")}},
+        "verdicts": {"address": topics.verdicts, "messages": {
+            "answerVerdict": message("answer.verdict", "allow / caveat / block for one answer")}},
+        "dlq": {"address": topics.dlq, "messages": {"deadLetter": {
+            "name": "dead-letter", "title": "The original bytes; the error in x-dlq-* headers",
+            "payload": {"type": "string", "format": "binary"},
+            "headers": {"type": "object", "description": "x-dlq-<field> for each field of the record",
+                        "x-record": ref["dead-letter"]}}}},
+    }
+    def op(action: str, channel: str) -> dict[str, Any]:
+        return {"action": action, "channel": {"$ref": f"#/channels/{channel}"}}
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "RAG guardrail sidecar",
+            "version": __version__,
+            "description": "Events the LLM service writes and the verdicts the sidecar publishes. "
+            f"schema_version {SCHEMA_VERSION}.",
+        },
+        "defaultContentType": "application/json",
+        "channels": channels,
+        "operations": {
+            "consumeRetrieval": op("receive", "retrieval"),
+            "consumeGeneration": op("receive", "generation"),
+            "publishClaims": op("send", "claims"),
+            "publishVerdicts": op("send", "verdicts"),
+            "publishDeadLetters": op("send", "dlq"),
+        },
+    }
+
+
+def render() -> dict[str, str]:
+    files = {f"{name}.schema.json": _dump(json_schema(name, model)) for name, model in MODELS.items()}
+    files["asyncapi.json"] = _dump(asyncapi())
+    return files
+
+
+def write(out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in render().items():
+        path = out / name
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def stale_files(out: Path, rendered: dict[str, str]) -> list[str]:
+    stale = []
+    for name, text in rendered.items():
+        path = out / name
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            stale.append(name)
+    return stale

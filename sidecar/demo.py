@@ -1,0 +1,194 @@
+"""The demo: a real Kafka broker, the sidecar as its own process, events, verdicts.
+
+Starts a fresh single-node broker, creates the topics, starts ``guardrail run``
+as a subprocess (exactly as a pod would), waits for its readiness endpoint,
+replays the bundled recording and prints every verdict, claim verdict and dead
+letter as it arrives; then stops the sidecar with SIGTERM and the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TextIO
+
+import orjson
+from aiokafka import AIOKafkaConsumer
+
+from sidecar.config import Settings
+from sidecar.contracts.events import DLQ_HEADER_PREFIX
+from sidecar.exceptions import LocalKafkaError
+from sidecar.kafka.topics import create_topics
+from sidecar.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
+from sidecar.replay import Record, load_file, send
+
+
+def bundled_sample() -> Path:
+    return Path(str(resources.files("sidecar.samples") / "demo_events.jsonl"))
+
+
+def expected_request_ids(records: list[Record]) -> set[str]:
+    """Requests that must each get a verdict: those with a valid-looking retrieval event."""
+    ids = set()
+    for r in records:
+        if r.key is None:
+            continue
+        try:
+            obj = orjson.loads(r.value)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and obj.get("event_type") == "retrieval" and obj.get("schema_version") == 1:
+            ids.add(r.key.decode())
+    return ids
+
+
+@dataclass
+class DemoResult:
+    decisions: Counter[str] = field(default_factory=Counter)
+    dead_letters: Counter[str] = field(default_factory=Counter)
+    claims: int = 0
+    verdict_ids: set[str] = field(default_factory=set)
+
+
+def _line(out: TextIO, tag: str, text: str) -> None:
+    out.write(f"{tag:<9} {text}\n")
+    out.flush()
+
+
+async def _watch(
+    settings: Settings, expected: set[str], result: DemoResult, out: TextIO, timeout_s: float
+) -> None:
+    t = settings.topics
+    consumer = AIOKafkaConsumer(
+        t.verdicts, t.claims, t.dlq,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    deadline = time.monotonic() + timeout_s
+    quiet_since = time.monotonic()
+    try:
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=250)
+            if not batch:
+                if expected <= result.verdict_ids and time.monotonic() - quiet_since > 1.5:
+                    return
+                continue
+            quiet_since = time.monotonic()
+            for records in batch.values():
+                for m in records:
+                    _show(m.topic, m.value, dict(m.headers), settings, result, out)
+    finally:
+        await consumer.stop()
+
+
+def _show(
+    topic: str, value: bytes, headers: dict[str, bytes], settings: Settings, result: DemoResult, out: TextIO
+) -> None:
+    t = settings.topics
+    if topic == t.dlq:
+        h = {k: v.decode("utf-8", "replace") for k, v in headers.items()}
+        reason = h.get(f"{DLQ_HEADER_PREFIX}reason", "?")
+        result.dead_letters[reason] += 1
+        _line(out, "[dlq]", f"{h.get(f'{DLQ_HEADER_PREFIX}request-id', '-'):<13} {reason}: "
+              f"{h.get(f'{DLQ_HEADER_PREFIX}detail', '')[:90]}")
+        return
+    obj = orjson.loads(value)
+    if topic == t.claims:
+        result.claims += 1
+        _line(out, "[claim]", f"{obj['request_id']:<13} #{obj['claim_index']} {obj['label'].upper():<11} "
+              f"{obj['score']:.2f}  {obj['text'][:70]}")
+        return
+    result.decisions[obj["decision"]] += 1
+    result.verdict_ids.add(obj["request_id"])
+    reasons = ",".join(r["code"] for r in obj["reasons"])
+    conf = obj.get("confidence")
+    _line(out, "[verdict]", f"{obj['request_id']:<13} {obj['decision'].upper():<7} reasons={reasons}"
+          + (f" confidence={conf:.2f}" if conf is not None else "") + f"  policy={obj['policy']}")
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LocalKafkaError(f"the sidecar exited with code {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:  # noqa: S310 - loopback
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise LocalKafkaError(f"the sidecar was not ready within {timeout_s:.0f}s")
+
+
+def run_demo(sample: Path | None = None, out: TextIO = sys.stdout, keep: bool = False) -> int:
+    started = time.monotonic()
+    home = default_home()
+    lib = ensure_jars(home / "lib")
+    home.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="demo-", dir=home))
+    broker = LocalKafka(workdir / "broker", lib, port=free_port(), controller_port=free_port())
+    sidecar: subprocess.Popen[bytes] | None = None
+    try:
+        _line(out, "[demo]", f"starting Apache Kafka (KRaft, single node) on {broker.bootstrap_servers}")
+        broker.start()
+        http_port = free_port()
+        env = {
+            **os.environ,
+            "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+            "GUARDRAIL_HTTP__PORT": str(http_port),
+            "GUARDRAIL_HTTP__HOST": "127.0.0.1",
+            "GUARDRAIL_JOIN__TTL_MS": os.environ.get("GUARDRAIL_JOIN__TTL_MS", "3000"),
+        }
+        settings = Settings.load(kafka={"bootstrap_servers": broker.bootstrap_servers})
+        created = asyncio.run(create_topics(settings))
+        _line(out, "[demo]", f"topics: {', '.join(created)}")
+        log_path = workdir / "sidecar.log"
+        with log_path.open("wb") as log:
+            sidecar = subprocess.Popen(
+                [sys.executable, "-m", "sidecar", "run"], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        _wait_ready(http_port, sidecar, 60)
+        _line(out, "[demo]", f"sidecar ready (pid {sidecar.pid}, health on 127.0.0.1:{http_port})")
+        records = load_file(sample or bundled_sample(), settings)
+        expected = expected_request_ids(records)
+        result = DemoResult()
+
+        async def flow() -> None:
+            watcher = asyncio.create_task(_watch(settings, expected, result, out, 60))
+            sent = await send(settings, records)
+            _line(out, "[demo]", f"replayed {sent} messages ({len(expected)} requests + broken input)")
+            await watcher
+
+        asyncio.run(flow())
+        missing = expected - result.verdict_ids
+        _line(
+            out, "[summary]",
+            f"verdicts={sum(result.decisions.values())} {dict(result.decisions)} claims={result.claims} "
+            f"dead_letters={sum(result.dead_letters.values())} {dict(result.dead_letters)} "
+            f"missing={sorted(missing)} elapsed={time.monotonic() - started:.1f}s",
+        )
+        return 0 if not missing else 1
+    finally:
+        if sidecar is not None and sidecar.poll() is None:
+            sidecar.send_signal(signal.SIGTERM)
+            try:
+                sidecar.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                sidecar.kill()
+        broker.stop()
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,63 @@
+"""Liveness and readiness over plain HTTP (asyncio streams; no web framework).
+
+``GET /livez``  -> 200 while the event loop runs.
+``GET /readyz`` -> 200 when the broker is connected, partitions are assigned and
+                   models are loaded; 503 with the failing checks otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import orjson
+
+Check = Callable[[], dict[str, bool]]
+
+
+class HealthServer:
+    def __init__(self, host: str, port: int, readiness: Check) -> None:
+        self._host = host
+        self._port = port
+        self._readiness = readiness
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None or not self._server.sockets:
+            return self._port
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), timeout=5)
+            parts = line.decode("latin-1").split()
+            path = parts[1] if len(parts) >= 2 else "/"
+            if path.startswith("/livez"):
+                status, body = 200, {"live": True}
+            elif path.startswith("/readyz"):
+                checks = self._readiness()
+                ready = all(checks.values())
+                status, body = (200 if ready else 503), {"ready": ready, "checks": checks}
+            else:
+                status, body = 404, {"error": "not found", "paths": ["/livez", "/readyz"]}
+            payload = orjson.dumps(body)
+            reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
+            writer.write(
+                f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode("ascii")
+                + payload
+            )
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()

@@ -1,0 +1,102 @@
+"""Produce recorded events to the input topics (``guardrail replay``, the demo, tests).
+
+A replay file has one JSON object per line, either
+  * an event (it has ``event_type``): sent to the retrieval or generation topic by
+    its type, keyed by its ``request_id``; or
+  * an envelope ``{"topic": "retrieval"|"generation", "key": str, "raw": str,
+    "headers": {str: str}}``: ``raw`` is sent byte for byte (UTF-8), which is how
+    recordings carry broken input on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from sidecar.config import Settings
+from sidecar.exceptions import ConfigError
+from sidecar.kafka.security import aiokafka_client_args
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+def parse_line(line: str, settings: Settings, where: str) -> Record:
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: not a JSON object ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    topics = {"retrieval": settings.topics.retrieval, "generation": settings.topics.generation}
+    if "event_type" in obj:
+        kind = "retrieval" if obj["event_type"] == "retrieval" else "generation"
+        rid = obj.get("request_id")
+        key = rid.encode("utf-8") if isinstance(rid, str) else None
+        return Record(topics[kind], key, orjson.dumps(obj))
+    if obj.get("topic") in topics and isinstance(obj.get("raw"), str):
+        headers = [(str(k), str(v).encode("utf-8")) for k, v in (obj.get("headers") or {}).items()]
+        key = obj.get("key")
+        return Record(
+            topics[obj["topic"]],
+            key.encode("utf-8") if isinstance(key, str) else None,
+            obj["raw"].encode("utf-8"),
+            headers,
+        )
+    raise ConfigError(
+        f"{where}: a line is either an event (with event_type) or an envelope "
+        '{"topic": "retrieval"|"generation", "key": ..., "raw": "..."}'
+    )
+
+
+def load_file(path: Path, settings: Settings) -> list[Record]:
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip() and not line.lstrip().startswith("//"):
+                records.append(parse_line(line, settings, f"{path}:{n}"))
+    return records
+
+
+async def send(
+    settings: Settings, records: Iterable[Record], rate_per_s: float | None = None
+) -> int:
+    """Send records in order (idempotent producer, acks=all); returns how many."""
+    producer = AIOKafkaProducer(
+        **aiokafka_client_args(settings.kafka),
+        acks="all",
+        enable_idempotence=True,
+        max_request_size=max(1_048_576, settings.limits.max_message_bytes + 65_536),
+    )
+    await producer.start()
+    sent = 0
+    started = time.monotonic()
+    try:
+        futures: list[Any] = []
+        for record in records:
+            if rate_per_s:
+                delay = started + sent / rate_per_s - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            futures.append(
+                await producer.send(record.topic, record.value, key=record.key, headers=record.headers)
+            )
+            sent += 1
+        await producer.flush()
+        for fut in futures:
+            await fut
+    finally:
+        await producer.stop()
+    return sent
