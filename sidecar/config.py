@@ -8,6 +8,7 @@ Units are in the names (``ttl_ms``, ``max_message_bytes``).
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Literal, Self
 
@@ -133,6 +134,17 @@ class Settings(BaseSettings):
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
         """Read the environment (plus explicit overrides) or fail with what is wrong."""
+        unknown = sorted(
+            name
+            for name in os.environ
+            if name.upper().startswith("GUARDRAIL_")
+            and name.upper()[len("GUARDRAIL_") :].split("__")[0].lower() not in cls.model_fields
+        )
+        if unknown:
+            raise ConfigError(
+                f"unknown setting(s) {', '.join(unknown)}; top-level sections are "
+                + ", ".join(f"GUARDRAIL_{f.upper()}" for f in cls.model_fields)
+            )
         try:
             return cls(**overrides)
         except ValidationError as exc:

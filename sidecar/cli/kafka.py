@@ -14,7 +14,7 @@ from sidecar.localkafka.broker import LocalKafka, default_home, ensure_jars
 
 def register(sub: Any) -> None:
     p = sub.add_parser("kafka", help="fetch, start, stop the local single-node Kafka broker")
-    p.add_argument("--home", type=Path, help="state directory (default $GUARDRAIL_KAFKA_HOME or ./.kafka)")
+    p.add_argument("--home", type=Path, help="state directory (default $KAFKA_LOCAL_HOME or ./.kafka)")
     p.add_argument("--port", type=int, default=9092, help="PLAINTEXT port on 127.0.0.1")
     p.add_argument("--controller-port", type=int, default=9093, help="KRaft controller port")
     cmds = p.add_subparsers(dest="kafka_command", metavar="ACTION", required=True)

@@ -155,6 +155,10 @@ class SidecarService:
                 await self._ticker
             except asyncio.CancelledError:
                 pass
+        try:
+            await self.commit()
+        except KafkaError as exc:
+            log.warning("final commit failed (%s); the next owner re-reads", exc)
         await self.subscriber.stop()
         await self.broker.stop()
         self.state.started = False

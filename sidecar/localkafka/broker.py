@@ -11,7 +11,7 @@ import socket
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sidecar.exceptions import LocalKafkaError
@@ -34,8 +34,8 @@ logger.raft.level = INFO
 
 
 def default_home() -> Path:
-    """``$GUARDRAIL_KAFKA_HOME`` or ``./.kafka`` (git-ignored)."""
-    return Path(os.environ.get("GUARDRAIL_KAFKA_HOME", ".kafka")).resolve()
+    """``$KAFKA_LOCAL_HOME`` or ``./.kafka`` (git-ignored)."""
+    return Path(os.environ.get("KAFKA_LOCAL_HOME", ".kafka")).resolve()
 
 
 def ensure_jars(lib_dir: Path | None = None) -> Path:
@@ -94,6 +94,7 @@ class LocalKafka:
     controller_port: int = 9093
     heap_mb: int = 768
     extra_properties: str = ""
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -200,6 +201,7 @@ message.max.bytes=16777216
                 cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        self._proc = proc
         self._pid_file.write_text(str(proc.pid))
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -236,6 +238,9 @@ message.max.bytes=16777216
             os.kill(pid, signal.SIGKILL)
             while _alive(pid):
                 time.sleep(0.1)
+        if self._proc is not None:
+            self._proc.wait()
+            self._proc = None
         self._pid_file.unlink(missing_ok=True)
         return True
 

@@ -2,12 +2,12 @@
 
 The Wilson score interval (Wilson 1927; Newcombe 1998, method 3) is the interval
 recommended for rates near 0 or 1 and for small counts, where the Wald interval
-``p ± z·sqrt(p(1-p)/n)`` collapses to a point or leaves [0, 1]. For ``x``
+``p ± z*sqrt(p(1-p)/n)`` collapses to a point or leaves [0, 1]. For ``x``
 successes in ``n`` trials, ``p = x/n`` and ``z`` the standard normal quantile of
 ``1 - (1 - confidence)/2``::
 
-    centre = (p + z²/(2n)) / (1 + z²/n)
-    half   = z / (1 + z²/n) · sqrt(p(1-p)/n + z²/(4n²))
+    centre = (p + z^2/(2n)) / (1 + z^2/n)
+    half   = z / (1 + z^2/n) * sqrt(p(1-p)/n + z^2/(4n^2))
 
 Pure functions, no I/O; used by the conformal exchangeability monitor and by the
 retrieval-coverage hallucination bound (seed 003).
@@ -41,7 +41,7 @@ class ProportionInterval:
 
 
 def normal_quantile(confidence: float) -> float:
-    """Two-sided standard-normal critical value ``z`` for ``confidence`` (0.95 → 1.95996…)."""
+    """Two-sided standard-normal critical value ``z`` for ``confidence`` (0.95 -> 1.95996...)."""
     if not (0.0 < confidence < 1.0) or not math.isfinite(confidence):
         raise ConfigError(f"confidence must be in (0, 1), got {confidence!r}")
     return NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)

@@ -1,0 +1,133 @@
+"""Per-event certification of a retrieval (seed 000, eqs. 4-6).
+
+This is the function the sidecar calls for every retrieval event: it takes the
+raw vector-store scores of the K retrieved chunks, normalises them with the
+calibration's n1, n2 (clipping and counting scores outside that range),
+keeps the chunks with normalised score ``s >= 1 - q_hat`` as the trusted set C
+(eq. 4) and reports ``m1 = |C| > 0`` (eq. 5) and ``m2 = |C| / K`` (eq. 6).
+
+Pure Python on purpose: K is 5-10 and a numpy round trip would cost more
+than the arithmetic. NaN, infinite or non-numeric scores raise
+:class:`InputError` with ``reason="invalid-score"`` (the event goes to the DLQ).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sidecar.conformal.calibrator import ConformalCalibration
+from sidecar.conformal.mondrian import GLOBAL_KEY_LABEL
+from sidecar.conformal.registry import ResolvedCalibration
+from sidecar.exceptions import InputError
+
+__all__ = ["Certification", "certify"]
+
+
+@dataclass(frozen=True, slots=True)
+class Certification:
+    """The certificate of one retrieval: which chunks are trusted, and on what basis."""
+
+    trusted_indices: tuple[int, ...]
+    """Positions (in the event's order) of the chunks in C, eq. (4)."""
+    m1: bool
+    """Eq. (5): at least one trusted chunk."""
+    m2: float
+    """Eq. (6): ``|C| / K`` (0.0 for an empty retrieval)."""
+    depth: int
+    """K, the number of scores in the event."""
+    normalised_scores: tuple[float, ...]
+    alpha: float
+    q_hat: float | None
+    """The conformal quantile; ``None`` when it is +inf (``certifiable`` is False)."""
+    threshold: float | None
+    """``1 - q_hat`` on the normalised scale; ``None`` when q_hat is +inf."""
+    certifiable: bool
+    """False when the calibration is vacuous at this alpha: every chunk passes."""
+    calibration_id: str
+    calibration_key: str
+    """``tenant/collection/retriever`` of the calibration used, or ``global``."""
+    requested_key: str | None
+    fallback: bool
+    fallback_reason: str | None
+    n_clipped: int
+    """Scores outside the calibration range [n1, n2], clipped to 0 or 1."""
+
+
+def certify(
+    raw_scores: Sequence[float],
+    calibration: ResolvedCalibration | ConformalCalibration,
+    *,
+    calibration_id: str = "unversioned",
+) -> Certification:
+    """Certify one retrieval's raw scores with a resolved (or plain) calibration.
+
+    ``calibration`` is what :meth:`CalibrationRegistry.resolve` returned for the
+    event's (tenant, collection, retriever); a bare :class:`ConformalCalibration`
+    is accepted for offline use (then ``calibration_id`` names it). Raises
+    :class:`InputError` ``invalid-score`` for NaN, inf or non-numeric scores.
+    """
+    if isinstance(calibration, ResolvedCalibration):
+        cal = calibration.calibration
+        cal_id = calibration.calibration_id
+        used = calibration.used_key
+        requested: str | None = calibration.requested.label
+        reason = None if calibration.fallback_reason is None else str(calibration.fallback_reason)
+    else:
+        cal = calibration
+        cal_id = calibration_id
+        used = GLOBAL_KEY_LABEL
+        requested = None
+        reason = None
+
+    n1 = cal.n1
+    span = cal.n2 - cal.n1
+    threshold = cal.threshold
+    normalised: list[float] = []
+    trusted: list[int] = []
+    n_clipped = 0
+    for j, raw in enumerate(raw_scores):
+        if isinstance(raw, bool):
+            raise InputError("invalid-score", f"retrieval score {j} is a bool ({raw!r})")
+        try:
+            s = float(raw)
+        except (TypeError, ValueError) as exc:
+            raise InputError(
+                "invalid-score", f"retrieval score {j} is {raw!r}; scores must be finite numbers"
+            ) from exc
+        if not math.isfinite(s):
+            raise InputError(
+                "invalid-score", f"retrieval score {j} is {s!r}; scores must be finite numbers"
+            )
+        # Same operations as MinMaxNormaliser.transform: subtract, divide by the span.
+        v = (s - n1) / span
+        if v < 0.0:
+            v = 0.0
+            n_clipped += 1
+        elif v > 1.0:
+            v = 1.0
+            n_clipped += 1
+        normalised.append(v)
+        if v >= threshold:
+            trusted.append(j)
+
+    depth = len(normalised)
+    certifiable = cal.certifiable
+    return Certification(
+        trusted_indices=tuple(trusted),
+        m1=bool(trusted),
+        m2=len(trusted) / depth if depth else 0.0,
+        depth=depth,
+        normalised_scores=tuple(normalised),
+        alpha=float(cal.alpha),
+        q_hat=cal.q_hat if certifiable else None,
+        threshold=threshold if certifiable else None,
+        certifiable=certifiable,
+        calibration_id=cal_id,
+        calibration_key=used,
+        requested_key=requested,
+        fallback=reason is not None,
+        fallback_reason=reason,
+        n_clipped=n_clipped,
+    )

@@ -1,0 +1,153 @@
+"""Which calibration certifies an event of (tenant, collection, retriever).
+
+Resolution order, each outcome named in :class:`ResolvedCalibration`:
+
+1. the key has its own certifiable Mondrian calibration -> use it;
+2. the key was calibrated but had too few correct chunks for alpha (k > n) or
+   degenerate scores -> the global calibration, ``fallback_reason`` says which;
+3. the collection is calibrated but this tenant / retriever is not -> global,
+   ``unknown-key``;
+4. the collection was never calibrated -> depends on ``unknown_collection``:
+   ``fallback-global`` certifies with the global calibration (``unknown-collection``),
+   ``reject`` raises :class:`InputError` with ``reason="unknown-collection"`` so the
+   event goes to the dead-letter topic.
+
+Resolutions are cached per key; the registry is immutable after construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sidecar.conformal.artifact import CalibrationArtifact
+from sidecar.conformal.calibrator import ConformalCalibration
+from sidecar.conformal.mondrian import GLOBAL_KEY_LABEL, CalibrationKey, FallbackReason
+from sidecar.exceptions import ConfigError, InputError
+
+__all__ = ["CalibrationRegistry", "ResolvedCalibration", "UnknownCollectionPolicy"]
+
+
+class UnknownCollectionPolicy(StrEnum):
+    """What to do with an event whose collection the artifact never saw."""
+
+    FALLBACK_GLOBAL = "fallback-global"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedCalibration:
+    """The calibration chosen for a key, and why."""
+
+    calibration: ConformalCalibration
+    calibration_id: str
+    requested: CalibrationKey
+    used_key: str
+    """``tenant/collection/retriever`` of the calibration used, or ``global``."""
+    fallback_reason: FallbackReason | None
+    detail: str
+
+    @property
+    def fallback(self) -> bool:
+        """True when the global calibration stands in for the event's own key."""
+        return self.fallback_reason is not None
+
+
+class CalibrationRegistry:
+    """Resolve (tenant, collection, retriever) to the calibration that certifies it."""
+
+    def __init__(
+        self,
+        artifact: CalibrationArtifact,
+        *,
+        unknown_collection: UnknownCollectionPolicy | str = UnknownCollectionPolicy.FALLBACK_GLOBAL,
+    ) -> None:
+        try:
+            self.unknown_collection = UnknownCollectionPolicy(unknown_collection)
+        except ValueError as exc:
+            allowed = ", ".join(p.value for p in UnknownCollectionPolicy)
+            raise ConfigError(
+                f"unknown_collection must be one of {allowed}, got {unknown_collection!r}"
+            ) from exc
+        self.artifact = artifact
+        self._global = artifact.global_calibration()
+        self._own: dict[CalibrationKey, ConformalCalibration] = {}
+        self._fallback: dict[CalibrationKey, tuple[FallbackReason, str]] = {}
+        self._details: dict[CalibrationKey, str] = {}
+        self.collections: frozenset[str] = frozenset(
+            [artifact.collection, *(e.collection for e in artifact.mondrian)]
+        )
+        for entry in artifact.mondrian:
+            key = entry.key
+            self._details[key] = entry.detail
+            if entry.fallback_reason is None and entry.calibration is not None:
+                self._own[key] = entry.calibration.to_calibration()
+            else:
+                self._fallback[key] = (FallbackReason(entry.fallback_reason), entry.detail)
+        self._cache: dict[CalibrationKey, ResolvedCalibration] = {}
+
+    @property
+    def calibration_id(self) -> str:
+        """The artifact's id (retriever@collection:datahash)."""
+        return self.artifact.calibration_id
+
+    def resolve(self, tenant: str, collection: str, retriever: str) -> ResolvedCalibration:
+        """The calibration for an event's key (see the module docstring for the order).
+
+        Raises :class:`InputError` ``unknown-collection`` under the ``reject`` policy.
+        """
+        key = CalibrationKey(tenant, collection, retriever)
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        resolved = self._resolve(key)
+        self._cache[key] = resolved
+        return resolved
+
+    def _global_for(
+        self, key: CalibrationKey, reason: FallbackReason, detail: str
+    ) -> ResolvedCalibration:
+        return ResolvedCalibration(
+            calibration=self._global,
+            calibration_id=self.calibration_id,
+            requested=key,
+            used_key=GLOBAL_KEY_LABEL,
+            fallback_reason=reason,
+            detail=detail,
+        )
+
+    def _resolve(self, key: CalibrationKey) -> ResolvedCalibration:
+        own = self._own.get(key)
+        if own is not None:
+            return ResolvedCalibration(
+                calibration=own,
+                calibration_id=self.calibration_id,
+                requested=key,
+                used_key=key.label,
+                fallback_reason=None,
+                detail=self._details[key],
+            )
+        fallback = self._fallback.get(key)
+        if fallback is not None:
+            return self._global_for(key, fallback[0], fallback[1])
+        if key.collection in self.collections:
+            return self._global_for(
+                key,
+                FallbackReason.UNKNOWN_KEY,
+                f"key {key.label} was not calibrated; collection {key.collection!r} is, "
+                "so the global calibration is used",
+            )
+        known = ", ".join(sorted(self.collections))
+        if self.unknown_collection is UnknownCollectionPolicy.REJECT:
+            raise InputError(
+                "unknown-collection",
+                f"collection {key.collection!r} (key {key.label}) has no calibration in "
+                f"{self.calibration_id}; calibrated collections: {known}. Calibrate it, or "
+                "set unknown_collection='fallback-global' to certify with the global calibration",
+            )
+        return self._global_for(
+            key,
+            FallbackReason.UNKNOWN_COLLECTION,
+            f"collection {key.collection!r} was not calibrated (known: {known}); "
+            "the global calibration is used",
+        )

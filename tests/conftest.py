@@ -1,0 +1,164 @@
+"""Shared fixtures: settings and event factories, the real Kafka broker, CI guards.
+
+``--require-connected`` (used by the CI command) fails the session when no test
+marked ``connected`` ran or any was skipped: the real-broker set can never
+silently disappear.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from sidecar.config import Settings
+from sidecar.localkafka.broker import LocalKafka, ensure_jars, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+
+# ------------------------------------------------------------------ CI guard
+
+_connected: dict[str, int] = {"passed": 0, "skipped": 0, "failed": 0}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--require-connected",
+        action="store_true",
+        help="fail the run if real-broker (connected) tests were skipped or none ran",
+    )
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "connected" not in report.keywords:
+        return
+    if report.skipped:
+        _connected["skipped"] += 1
+    elif report.when == "call":
+        _connected["passed" if report.passed else "failed"] += 1
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not session.config.getoption("--require-connected"):
+        return
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    line = (
+        f"connected (real Kafka broker) tests: passed={_connected['passed']} "
+        f"failed={_connected['failed']} skipped={_connected['skipped']}"
+    )
+    if tr is not None:
+        tr.write_line(line)
+    if _connected["passed"] == 0 or _connected["skipped"] > 0:
+        if tr is not None:
+            tr.write_line("FAIL: the real-broker test set was skipped or empty")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ------------------------------------------------------------------ factories
+
+EventFactory = Callable[..., dict[str, Any]]
+
+
+@pytest.fixture
+def retrieval_event() -> EventFactory:
+    def make(request_id: str = "req-1", **overrides: Any) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "schema_version": 1,
+            "event_type": "retrieval",
+            "request_id": request_id,
+            "tenant": "acme",
+            "collection": "wiki",
+            "retriever": "qdrant-minilm-l6",
+            "query": "who wrote frankenstein",
+            "k": 2,
+            "hits": [
+                {"chunk_id": "c1", "doc_id": "d1", "score": 0.71, "text": "Mary Shelley wrote Frankenstein."},
+                {"chunk_id": "c2", "doc_id": "d2", "score": 0.33, "text": "Gothic fiction is a genre."},
+            ],
+        }
+        event.update(overrides)
+        return event
+
+    return make
+
+
+@pytest.fixture
+def final_event() -> EventFactory:
+    def make(request_id: str = "req-1", **overrides: Any) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "schema_version": 1,
+            "event_type": "generation.final",
+            "request_id": request_id,
+            "answer": "Frankenstein was written by Mary Shelley.",
+            "generator_model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        }
+        event.update(overrides)
+        return event
+
+    return make
+
+
+@pytest.fixture
+def delta_event() -> EventFactory:
+    def make(request_id: str = "req-1", seq: int = 0, text: str = "Frank") -> dict[str, Any]:
+        return {
+            "schema_version": 1,
+            "event_type": "generation.delta",
+            "request_id": request_id,
+            "seq": seq,
+            "text": text,
+        }
+
+    return make
+
+
+def dumps(event: dict[str, Any]) -> bytes:
+    return orjson.dumps(event)
+
+
+@pytest.fixture
+def settings_factory() -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        return Settings.load(**overrides)
+
+    return make
+
+
+# ------------------------------------------------------------------ the real broker
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    """A real Apache Kafka broker (KRaft, single node) for this test session.
+
+    It fails (never skips) when the broker cannot start: a missing broker is a
+    broken environment, not a reason to pass.
+    """
+    lib = ensure_jars(REPO / ".kafka" / "lib")
+    instance = tmp_path_factory.mktemp("kafka")
+    broker = LocalKafka(instance, lib, port=free_port(), controller_port=free_port())
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+        shutil.rmtree(instance, ignore_errors=True)
+
+
+@pytest.fixture
+def unique_topics() -> dict[str, str]:
+    """A uuid-suffixed topic set and group per test."""
+    suffix = uuid.uuid4().hex[:10]
+    return {
+        "retrieval": f"t.{suffix}.retrieval",
+        "generation": f"t.{suffix}.generation",
+        "claims": f"t.{suffix}.claims",
+        "verdicts": f"t.{suffix}.verdicts",
+        "dlq": f"t.{suffix}.dlq",
+        "group": f"g.{suffix}",
+    }

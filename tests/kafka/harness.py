@@ -1,0 +1,145 @@
+"""One broker test, two brokers: FastStream's in-memory TestKafkaBroker and real Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from faststream.kafka import TestKafkaBroker
+from faststream.kafka.annotations import KafkaMessage
+
+from sidecar.config import Settings
+from sidecar.kafka.app import SidecarService
+from sidecar.kafka.topics import create_topics
+from sidecar.pipeline.processor import Processor
+from sidecar.policy import PlaceholderPolicy
+
+
+@dataclass(frozen=True)
+class Msg:
+    key: bytes | None
+    value: bytes
+    headers: dict[str, bytes]
+
+
+class Harness(Protocol):
+    settings: Settings
+    service: SidecarService
+
+    async def publish(
+        self, topic: str, value: bytes, key: bytes | None, headers: dict[str, str] | None = None
+    ) -> None: ...
+
+    async def collect(self, topic: str, n: int, timeout_s: float = 20.0) -> list[Msg]: ...
+
+
+def settings_for(topics: dict[str, str], bootstrap: str = "127.0.0.1:9092", **extra: Any) -> Settings:
+    return Settings.load(
+        kafka={"bootstrap_servers": bootstrap, "group_id": topics["group"]},
+        topics={k: v for k, v in topics.items() if k != "group"},
+        join={"ttl_ms": 5000, "sweep_interval_ms": 100},
+        http={"enabled": False},
+        **extra,
+    )
+
+
+class MemoryHarness:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.service = SidecarService(settings, Processor(settings, PlaceholderPolicy()))
+        self.received: dict[str, list[Msg]] = defaultdict(list)
+        t = settings.topics
+        for topic in (t.verdicts, t.claims, t.dlq):
+            self._listen(topic)
+
+    def _listen(self, topic: str) -> None:
+        sink = self.received[topic]
+
+        async def on_output(body: Any, msg: KafkaMessage) -> None:
+            del body
+            record = msg.raw_message
+            sink.append(Msg(record.key, record.value, dict(record.headers)))
+
+        self.service.broker.subscriber(topic, decoder=_raw)(on_output)
+
+    async def publish(
+        self, topic: str, value: bytes, key: bytes | None, headers: dict[str, str] | None = None
+    ) -> None:
+        await self.service.broker.publish(value, topic=topic, key=key, headers=headers)
+
+    async def collect(self, topic: str, n: int, timeout_s: float = 20.0) -> list[Msg]:
+        deadline = time.monotonic() + timeout_s
+        while len(self.received[topic]) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return list(self.received[topic])
+
+
+async def _raw(message: Any) -> Any:
+    return message.body
+
+
+class RealHarness:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.service = SidecarService(settings, Processor(settings, PlaceholderPolicy()))
+        self.producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks="all")
+        t = settings.topics
+        self.consumer = AIOKafkaConsumer(
+            t.verdicts, t.claims, t.dlq,
+            bootstrap_servers=settings.kafka.bootstrap_servers,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        self.received: dict[str, list[Msg]] = defaultdict(list)
+
+    async def publish(
+        self, topic: str, value: bytes, key: bytes | None, headers: dict[str, str] | None = None
+    ) -> None:
+        hs = [(k, v.encode()) for k, v in (headers or {}).items()]
+        await self.producer.send_and_wait(topic, value, key=key, headers=hs)
+
+    async def collect(self, topic: str, n: int, timeout_s: float = 20.0) -> list[Msg]:
+        deadline = time.monotonic() + timeout_s
+        while len(self.received[topic]) < n and time.monotonic() < deadline:
+            batch = await self.consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                for r in records:
+                    self.received[r.topic].append(Msg(r.key, r.value, dict(r.headers)))
+        return list(self.received[topic])
+
+
+async def wait_until(predicate: Any, timeout_s: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def memory_harness(settings: Settings) -> AsyncIterator[MemoryHarness]:
+    h = MemoryHarness(settings)
+    async with TestKafkaBroker(h.service.broker):
+        yield h
+
+
+@asynccontextmanager
+async def real_harness(settings: Settings) -> AsyncIterator[RealHarness]:
+    await create_topics(settings)
+    h = RealHarness(settings)
+    await h.producer.start()
+    await h.consumer.start()
+    await h.service.start()
+    try:
+        await wait_until(lambda: h.service.ready, 30, "partition assignment")
+        yield h
+    finally:
+        await h.service.stop()
+        await h.producer.stop()
+        await h.consumer.stop()

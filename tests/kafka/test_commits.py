@@ -1,0 +1,179 @@
+"""Offsets are committed only after the verdict is published (real broker only)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from sidecar.kafka.topics import create_topics
+from sidecar.localkafka.broker import LocalKafka, free_port
+from sidecar.replay import Record, send
+from tests.conftest import EventFactory, dumps
+from tests.kafka.harness import real_harness, settings_for, wait_until
+
+pytestmark = pytest.mark.connected
+
+
+async def committed(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
+
+
+async def test_commit_waits_for_the_verdict_publish(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str],
+    retrieval_event: EventFactory, final_event: EventFactory,
+) -> None:
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    async with real_harness(settings) as h:
+        gate = asyncio.Event()
+        original = h.service.broker.publish
+
+        async def gated_publish(*args: Any, **kwargs: Any) -> Any:
+            await gate.wait()
+            return await original(*args, **kwargs)
+
+        h.service.broker.publish = gated_publish  # type: ignore[method-assign]
+        t = settings.topics
+        await h.publish(t.retrieval, dumps(retrieval_event("req-c")), b"req-c")
+        await h.publish(t.generation, dumps(final_event("req-c")), b"req-c")
+        await wait_until(lambda: h.service.tracker.pending_count() == 2, 20, "both halves consumed")
+        await asyncio.sleep(1.0)  # ten sweep ticks, each of which tries to commit
+        before = await committed(settings.kafka.bootstrap_servers, unique_topics["group"])
+        assert all(off == 0 for off in before.values()), before
+        assert await h.collect(t.verdicts, 1, timeout_s=0.5) == []
+        gate.set()
+        assert len(await h.collect(t.verdicts, 1)) == 1
+        await wait_until(lambda: h.service.tracker.pending_count() == 0, 10, "inputs finished")
+        await wait_until(lambda: h.service.state.commits > 0 and not h.service.tracker.committable(), 10, "commit")
+        after = await committed(settings.kafka.bootstrap_servers, unique_topics["group"])
+        assert sum(after.values()) == 2  # one past each input message
+
+
+# ---------------------------------------------------------------- crash and restart
+
+
+class SidecarProcess:
+    """``python -m sidecar run`` as its own process, as in a pod."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.port = free_port()
+        self.env = {**os.environ, **env, "GUARDRAIL_HTTP__PORT": str(self.port), "GUARDRAIL_HTTP__HOST": "127.0.0.1"}
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "sidecar", "run"], env=self.env, stdout=out, stderr=out)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(self.log.read_text()[-3000:])
+
+    def kill(self, sig: int) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=60)
+
+
+@pytest.fixture
+def sidecar_env(kafka_broker: LocalKafka, unique_topics: dict[str, str]) -> Iterator[dict[str, str]]:
+    t = unique_topics
+    env = {
+        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers,
+        "GUARDRAIL_KAFKA__GROUP_ID": t["group"],
+        "GUARDRAIL_TOPICS__RETRIEVAL": t["retrieval"],
+        "GUARDRAIL_TOPICS__GENERATION": t["generation"],
+        "GUARDRAIL_TOPICS__CLAIMS": t["claims"],
+        "GUARDRAIL_TOPICS__VERDICTS": t["verdicts"],
+        "GUARDRAIL_TOPICS__DLQ": t["dlq"],
+    }
+    yield env
+
+
+async def read_all(bootstrap: str, topic: str, settle_s: float = 2.0) -> list[dict[str, Any]]:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    out: list[dict[str, Any]] = []
+    quiet = time.monotonic()
+    try:
+        while time.monotonic() - quiet < settle_s:
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                quiet = time.monotonic()
+                out.extend(orjson.loads(r.value) for r in records)
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def test_kill_between_publish_and_commit_redelivers_never_loses(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], sidecar_env: dict[str, str], tmp_path: Path,
+    retrieval_event: EventFactory, final_event: EventFactory,
+) -> None:
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    await create_topics(settings)
+    t = settings.topics
+    ids = [f"req-k{i}" for i in range(6)]
+    records = []
+    for rid in ids:
+        records.append(Record(t.retrieval, rid.encode(), dumps(retrieval_event(rid))))
+        records.append(Record(t.generation, rid.encode(), dumps(final_event(rid))))
+
+    # 1st life: publishes verdicts but never reaches a commit (the sweep that commits is an hour away)
+    never_commits = SidecarProcess({**sidecar_env, "GUARDRAIL_JOIN__SWEEP_INTERVAL_MS": "3600000"}, tmp_path / "1.log")
+    never_commits.start()
+    await send(settings, records)
+    for _ in range(300):
+        if len(await read_all(kafka_broker.bootstrap_servers, t.verdicts, 0.3)) >= len(ids):
+            break
+    assert never_commits.kill(signal.SIGKILL) == -signal.SIGKILL
+    assert await committed(kafka_broker.bootstrap_servers, unique_topics["group"]) == {}
+
+    # 2nd life: re-reads from the (absent) committed offsets and publishes again
+    second = SidecarProcess(sidecar_env, tmp_path / "2.log")
+    second.start()
+    for _ in range(300):
+        if len(await read_all(kafka_broker.bootstrap_servers, t.verdicts, 0.3)) >= 2 * len(ids):
+            break
+    assert second.kill(signal.SIGTERM) == 0
+    verdicts = await read_all(kafka_broker.bootstrap_servers, t.verdicts)
+    by_id: dict[str, set[str]] = {}
+    for v in verdicts:
+        by_id.setdefault(v["request_id"], set()).add(v["idempotency_key"])
+    assert set(by_id) == set(ids)  # never zero times
+    assert len(verdicts) == 2 * len(ids)  # here exactly twice: once per life
+    assert all(len(keys) == 1 for keys in by_id.values())  # duplicates are recognisable
+
+    # the graceful stop committed everything: a 3rd life publishes nothing new
+    done = await committed(kafka_broker.bootstrap_servers, unique_topics["group"])
+    assert sum(done.values()) == len(records)
+    third = SidecarProcess(sidecar_env, tmp_path / "3.log")
+    third.start()
+    await asyncio.sleep(2.0)
+    assert third.kill(signal.SIGTERM) == 0
+    assert len(await read_all(kafka_broker.bootstrap_servers, t.verdicts)) == 2 * len(ids)

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.contracts.codec import InputKind, decode_input, encode
+from sidecar.contracts.events import AttentionSummary, GenerationFinal, RetrievalEvent
+from sidecar.exceptions import InputError
+from tests.conftest import EventFactory, dumps
+
+LIMITS: dict[str, int] = {"max_bytes": 1_048_576, "max_depth": 32}
+
+
+def reason_of(kind: InputKind, raw: bytes | None, **limits: int) -> str:
+    with pytest.raises(InputError) as info:
+        decode_input(kind, raw, **{**LIMITS, **limits})
+    return info.value.reason
+
+
+def test_valid_events_round_trip(
+    retrieval_event: EventFactory, final_event: EventFactory, delta_event: EventFactory
+) -> None:
+    r = decode_input(InputKind.RETRIEVAL, dumps(retrieval_event()), **LIMITS)
+    assert isinstance(r, RetrievalEvent)
+    assert decode_input(InputKind.RETRIEVAL, encode(r), **LIMITS) == r
+    f = decode_input(InputKind.GENERATION, dumps(final_event()), **LIMITS)
+    assert isinstance(f, GenerationFinal)
+    d = decode_input(InputKind.GENERATION, dumps(delta_event()), **LIMITS)
+    assert d.event_type == "generation.delta"
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (None, "malformed-json"),
+        (b"{", "malformed-json"),
+        (b'{"a": NaN}', "malformed-json"),
+        (b'{"score": 1e999}', "malformed-json"),
+        (b"\xff\xfe{}", "invalid-utf8"),
+        (b"[1, 2]", "not-an-object"),
+        (b'"text"', "not-an-object"),
+        (b"{}", "missing-schema-version"),
+        (b'{"schema_version": 2}', "unknown-schema-version"),
+        (b'{"schema_version": "1"}', "unknown-schema-version"),
+        (b'{"schema_version": true}', "unknown-schema-version"),
+        (b'{"schema_version": 1, "event_type": "generation.final"}', "wrong-event-type"),
+        (b'{"schema_version": 1}', "wrong-event-type"),
+        (b'{"schema_version": 1, "event_type": "retrieval"}', "schema-violation"),
+        (b"[" * 5000 + b"]" * 5000, "too-deep"),
+    ],
+)
+def test_bad_input_has_a_named_reason(raw: bytes | None, reason: str) -> None:
+    assert reason_of(InputKind.RETRIEVAL, raw) == reason
+
+
+def test_nesting_beyond_the_configured_depth_is_rejected(retrieval_event: EventFactory) -> None:
+    nested: Any = "x"
+    for _ in range(40):
+        nested = {"n": nested}
+    raw = dumps(retrieval_event(query=nested))
+    assert reason_of(InputKind.RETRIEVAL, raw) == "too-deep"
+
+
+def test_oversize_is_checked_before_parsing(retrieval_event: EventFactory) -> None:
+    raw = dumps(retrieval_event(query="x" * 5000))
+    assert reason_of(InputKind.RETRIEVAL, raw, max_bytes=4096) == "oversize"
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"request_id": ""},
+        {"request_id": "has space"},
+        {"k": 0},
+        {"k": 1},  # two hits but k=1
+        {"hits": [{"chunk_id": "c", "doc_id": "d", "score": "high", "text": ""}]},
+        {"tenant": 5},
+        {"unexpected": "field"},
+    ],
+)
+def test_schema_violations(retrieval_event: EventFactory, override: dict[str, Any]) -> None:
+    assert reason_of(InputKind.RETRIEVAL, dumps(retrieval_event(**override))) == "schema-violation"
+
+
+def test_attention_summary_shape_and_values_are_checked(final_event: EventFactory) -> None:
+    ok = AttentionSummary.from_array(np.full((2, 3, 4), 0.5))
+    event = final_event(attention=ok.model_dump())
+    decoded = decode_input(InputKind.GENERATION, dumps(event), **LIMITS)
+    assert isinstance(decoded, GenerationFinal)
+    assert decoded.attention is not None
+    np.testing.assert_allclose(decoded.attention.to_array(), 0.5)
+
+    wrong_shape = {**ok.model_dump(), "chunks": 5}
+    assert reason_of(InputKind.GENERATION, dumps(final_event(attention=wrong_shape))) == "schema-violation"
+    nan = base64.b64encode(np.full(24, np.nan, dtype="<f2").tobytes()).decode()
+    with_nan = {**ok.model_dump(), "values": nan}
+    assert reason_of(InputKind.GENERATION, dumps(final_event(attention=with_nan))) == "schema-violation"
+    not_b64 = {**ok.model_dump(), "values": "***"}
+    assert reason_of(InputKind.GENERATION, dumps(final_event(attention=not_b64))) == "schema-violation"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=2048))
+def test_fuzz_arbitrary_bytes_only_ever_raise_input_error(raw: bytes) -> None:
+    for kind in InputKind:
+        try:
+            decode_input(kind, raw, **LIMITS)
+        except InputError as exc:
+            assert exc.reason
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["schema_version", "event_type", "request_id", "hits", "k", "answer", "seq"]),
+        json_values,
+    )
+)
+def test_fuzz_json_objects_only_ever_raise_input_error(obj: dict[str, Any]) -> None:
+    raw = json.dumps(obj).encode()
+    for kind in InputKind:
+        try:
+            decode_input(kind, raw, **LIMITS)
+        except InputError as exc:
+            assert exc.reason
