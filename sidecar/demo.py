@@ -48,7 +48,11 @@ def expected_request_ids(records: list[Record]) -> set[str]:
             obj = orjson.loads(r.value)
         except orjson.JSONDecodeError:
             continue
-        if isinstance(obj, dict) and obj.get("event_type") == "retrieval" and obj.get("schema_version") == 1:
+        if (
+            isinstance(obj, dict)
+            and obj.get("event_type") == "retrieval"
+            and obj.get("schema_version") == 1
+        ):
             ids.add(r.key.decode())
     return ids
 
@@ -71,7 +75,9 @@ async def _watch(
 ) -> None:
     t = settings.topics
     consumer = AIOKafkaConsumer(
-        t.verdicts, t.claims, t.dlq,
+        t.verdicts,
+        t.claims,
+        t.dlq,
         bootstrap_servers=settings.kafka.bootstrap_servers,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
@@ -89,43 +95,71 @@ async def _watch(
             quiet_since = time.monotonic()
             for records in batch.values():
                 for m in records:
-                    _show(m.topic, m.value, dict(m.headers), settings, result, out)
+                    _show(
+                        m.topic,
+                        value=m.value,
+                        headers=dict(m.headers),
+                        settings=settings,
+                        result=result,
+                        out=out,
+                    )
     finally:
         await consumer.stop()
 
 
 def _show(
-    topic: str, value: bytes, headers: dict[str, bytes], settings: Settings, result: DemoResult, out: TextIO
+    topic: str,
+    *,
+    value: bytes,
+    headers: dict[str, bytes],
+    settings: Settings,
+    result: DemoResult,
+    out: TextIO,
 ) -> None:
     t = settings.topics
     if topic == t.dlq:
         h = {k: v.decode("utf-8", "replace") for k, v in headers.items()}
         reason = h.get(f"{DLQ_HEADER_PREFIX}reason", "?")
         result.dead_letters[reason] += 1
-        _line(out, "[dlq]", f"{h.get(f'{DLQ_HEADER_PREFIX}request-id', '-'):<13} {reason}: "
-              f"{h.get(f'{DLQ_HEADER_PREFIX}detail', '')[:90]}")
+        _line(
+            out,
+            "[dlq]",
+            f"{h.get(f'{DLQ_HEADER_PREFIX}request-id', '-'):<13} {reason}: "
+            f"{h.get(f'{DLQ_HEADER_PREFIX}detail', '')[:90]}",
+        )
         return
     obj = orjson.loads(value)
     if topic == t.claims:
         result.claims += 1
-        _line(out, "[claim]", f"{obj['request_id']:<13} #{obj['claim_index']} {obj['label'].upper():<11} "
-              f"{obj['score']:.2f}  {obj['text'][:70]}")
+        _line(
+            out,
+            "[claim]",
+            f"{obj['request_id']:<13} #{obj['claim_index']} {obj['label'].upper():<11} "
+            f"{obj['score']:.2f}  {obj['text'][:70]}",
+        )
         return
     result.decisions[obj["decision"]] += 1
     result.verdict_ids.add(obj["request_id"])
     reasons = ",".join(r["code"] for r in obj["reasons"])
     conf = obj.get("confidence")
-    _line(out, "[verdict]", f"{obj['request_id']:<13} {obj['decision'].upper():<7} reasons={reasons}"
-          + (f" confidence={conf:.2f}" if conf is not None else "") + f"  policy={obj['policy']}")
+    _line(
+        out,
+        "[verdict]",
+        f"{obj['request_id']:<13} {obj['decision'].upper():<7} reasons={reasons}"
+        + (f" confidence={conf:.2f}" if conf is not None else "")
+        + f"  policy={obj['policy']}",
+    )
 
 
 def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise LocalKafkaError(f"the sidecar exited with code {proc.returncode} before it was ready")
+            raise LocalKafkaError(
+                f"the sidecar exited with code {proc.returncode} before it was ready"
+            )
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:  # noqa: S310 - loopback
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
                 if r.status == 200:
                     return
         except OSError:
@@ -143,7 +177,11 @@ def run_demo(sample: Path | None = None, out: TextIO = sys.stdout, keep: bool = 
     broker = LocalKafka(workdir / "broker", lib, port=free_port(), controller_port=free_port())
     sidecar: subprocess.Popen[bytes] | None = None
     try:
-        _line(out, "[demo]", f"starting Apache Kafka (KRaft, single node) on {broker.bootstrap_servers}")
+        _line(
+            out,
+            "[demo]",
+            f"starting Apache Kafka (KRaft, single node) on {broker.bootstrap_servers}",
+        )
         broker.start()
         http_port = free_port()
         env = {
@@ -159,7 +197,10 @@ def run_demo(sample: Path | None = None, out: TextIO = sys.stdout, keep: bool = 
         log_path = workdir / "sidecar.log"
         with log_path.open("wb") as log:
             sidecar = subprocess.Popen(
-                [sys.executable, "-m", "sidecar", "run"], env=env, stdout=log, stderr=subprocess.STDOUT
+                [sys.executable, "-m", "sidecar", "run"],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         _wait_ready(http_port, sidecar, 60)
         _line(out, "[demo]", f"sidecar ready (pid {sidecar.pid}, health on 127.0.0.1:{http_port})")
@@ -170,14 +211,18 @@ def run_demo(sample: Path | None = None, out: TextIO = sys.stdout, keep: bool = 
         async def flow() -> None:
             watcher = asyncio.create_task(_watch(settings, expected, result, out, 60))
             sent = await send(settings, records)
-            _line(out, "[demo]", f"replayed {sent} messages ({len(expected)} requests + broken input)")
+            _line(
+                out, "[demo]", f"replayed {sent} messages ({len(expected)} requests + broken input)"
+            )
             await watcher
 
         asyncio.run(flow())
         missing = expected - result.verdict_ids
         _line(
-            out, "[summary]",
-            f"verdicts={sum(result.decisions.values())} {dict(result.decisions)} claims={result.claims} "
+            out,
+            "[summary]",
+            f"verdicts={sum(result.decisions.values())} {dict(result.decisions)} "
+            f"claims={result.claims} "
             f"dead_letters={sum(result.dead_letters.values())} {dict(result.dead_letters)} "
             f"missing={sorted(missing)} elapsed={time.monotonic() - started:.1f}s",
         )

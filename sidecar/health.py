@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -41,6 +42,7 @@ class HealthServer:
             line = await asyncio.wait_for(reader.readline(), timeout=5)
             parts = line.decode("latin-1").split()
             path = parts[1] if len(parts) >= 2 else "/"
+            body: dict[str, Any]
             if path.startswith("/livez"):
                 status, body = 200, {"live": True}
             elif path.startswith("/readyz"):

@@ -91,7 +91,9 @@ async def send(
                 if delay > 0:
                     await asyncio.sleep(delay)
             futures.append(
-                await producer.send(record.topic, record.value, key=record.key, headers=record.headers)
+                await producer.send(
+                    record.topic, record.value, key=record.key, headers=record.headers
+                )
             )
             sent += 1
         await producer.flush()

@@ -77,8 +77,18 @@ def retrieval_event() -> EventFactory:
             "query": "who wrote frankenstein",
             "k": 2,
             "hits": [
-                {"chunk_id": "c1", "doc_id": "d1", "score": 0.71, "text": "Mary Shelley wrote Frankenstein."},
-                {"chunk_id": "c2", "doc_id": "d2", "score": 0.33, "text": "Gothic fiction is a genre."},
+                {
+                    "chunk_id": "c1",
+                    "doc_id": "d1",
+                    "score": 0.71,
+                    "text": "Mary Shelley wrote Frankenstein.",
+                },
+                {
+                    "chunk_id": "c2",
+                    "doc_id": "d2",
+                    "score": 0.33,
+                    "text": "Gothic fiction is a genre.",
+                },
             ],
         }
         event.update(overrides)

@@ -14,12 +14,18 @@ from sidecar.localkafka.broker import LocalKafka, default_home, ensure_jars
 
 def register(sub: Any) -> None:
     p = sub.add_parser("kafka", help="fetch, start, stop the local single-node Kafka broker")
-    p.add_argument("--home", type=Path, help="state directory (default $KAFKA_LOCAL_HOME or ./.kafka)")
+    p.add_argument(
+        "--home", type=Path, help="state directory (default $KAFKA_LOCAL_HOME or ./.kafka)"
+    )
     p.add_argument("--port", type=int, default=9092, help="PLAINTEXT port on 127.0.0.1")
     p.add_argument("--controller-port", type=int, default=9093, help="KRaft controller port")
     cmds = p.add_subparsers(dest="kafka_command", metavar="ACTION", required=True)
-    cmds.add_parser("fetch", help="download the broker's jars from Maven Central").set_defaults(func=run)
-    cmds.add_parser("start", help="format (first time) and start; wait until ready").set_defaults(func=run)
+    cmds.add_parser("fetch", help="download the broker's jars from Maven Central").set_defaults(
+        func=run
+    )
+    cmds.add_parser("start", help="format (first time) and start; wait until ready").set_defaults(
+        func=run
+    )
     cmds.add_parser("stop", help="stop the broker").set_defaults(func=run)
     cmds.add_parser("status", help="print the broker's status as JSON").set_defaults(func=run)
 
@@ -38,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(f"Kafka broker ready on {broker.bootstrap_servers} (data in {instance})\n")
         return 0
     if not (instance / "ports.json").exists():
-        sys.stdout.write(orjson.dumps({"running": False, "instance_dir": str(instance)}).decode() + "\n")
+        sys.stdout.write(
+            orjson.dumps({"running": False, "instance_dir": str(instance)}).decode() + "\n"
+        )
         return 0 if action == "stop" else 1
     broker = LocalKafka.from_instance_dir(instance, lib)
     if action == "stop":

@@ -14,7 +14,12 @@ from sidecar.config import Settings
 def register(sub: Any) -> None:
     p = sub.add_parser("replay", help="produce recorded events (JSON lines) to the input topics")
     p.add_argument("file", type=Path, help="JSON-lines file of events or raw envelopes")
-    p.add_argument("--rate", type=float, default=None, help="messages per second (default: as fast as possible)")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="messages per second (default: as fast as possible)",
+    )
     p.add_argument("--bootstrap-servers", help="override GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS")
     p.set_defaults(func=run)
 

@@ -80,10 +80,10 @@ class CalibrationRegistry:
         for entry in artifact.mondrian:
             key = entry.key
             self._details[key] = entry.detail
-            if entry.fallback_reason is None and entry.calibration is not None:
-                self._own[key] = entry.calibration.to_calibration()
-            else:
+            if entry.fallback_reason is not None:
                 self._fallback[key] = (FallbackReason(entry.fallback_reason), entry.detail)
+            elif entry.calibration is not None:  # guaranteed by KeyEntry's validator
+                self._own[key] = entry.calibration.to_calibration()
         self._cache: dict[CalibrationKey, ResolvedCalibration] = {}
 
     @property

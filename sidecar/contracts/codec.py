@@ -33,9 +33,14 @@ class InputKind(StrEnum):
     GENERATION = "generation"
 
 
-_MODELS: Final[dict[InputKind, dict[str, type[RetrievalEvent | GenerationDelta | GenerationFinal]]]] = {
+_MODELS: Final[
+    dict[InputKind, dict[str, type[RetrievalEvent | GenerationDelta | GenerationFinal]]]
+] = {
     InputKind.RETRIEVAL: {"retrieval": RetrievalEvent},
-    InputKind.GENERATION: {"generation.delta": GenerationDelta, "generation.final": GenerationFinal},
+    InputKind.GENERATION: {
+        "generation.delta": GenerationDelta,
+        "generation.final": GenerationFinal,
+    },
 }
 
 

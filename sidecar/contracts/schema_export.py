@@ -48,30 +48,66 @@ def json_schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
 def asyncapi() -> dict[str, Any]:
     topics = TopicSettings()
     ref = {name: {"$ref": f"./{name}.schema.json"} for name in MODELS}
-    key = {"type": "string", "description": "request_id (both input topics are co-partitioned by it)"}
+    key = {
+        "type": "string",
+        "description": "request_id (both input topics are co-partitioned by it)",
+    }
 
     def message(name: str, title: str) -> dict[str, Any]:
-        return {"name": name, "title": title, "contentType": "application/json",
-                "payload": ref[name], "bindings": {"kafka": {"key": key}}}
+        return {
+            "name": name,
+            "title": title,
+            "contentType": "application/json",
+            "payload": ref[name],
+            "bindings": {"kafka": {"key": key}},
+        }
 
     channels = {
-        "retrieval": {"address": topics.retrieval, "messages": {
-            "retrieval": message("retrieval", "Retrieved chunks with raw scores")}},
-        "generation": {"address": topics.generation, "messages": {
-            "delta": message("generation.delta", "A streamed piece of the answer"),
-            "final": message("generation.final", "The whole answer, optional attention summary")}},
-        "claims": {"address": topics.claims, "messages": {
-            "claimVerdict": message("claim.verdict", "One claim's verdict, mid-stream")}},
-        "verdicts": {"address": topics.verdicts, "messages": {
-            "answerVerdict": message("answer.verdict", "allow / caveat / block for one answer")}},
-        "dlq": {"address": topics.dlq, "messages": {"deadLetter": {
-            "name": "dead-letter", "title": "The original bytes; the error in x-dlq-* headers",
-            "payload": {"type": "string", "format": "binary"},
-            "headers": {"type": "object", "description": "x-dlq-<field> for each field of the record",
-                        "x-record": ref["dead-letter"]}}}},
+        "retrieval": {
+            "address": topics.retrieval,
+            "messages": {"retrieval": message("retrieval", "Retrieved chunks with raw scores")},
+        },
+        "generation": {
+            "address": topics.generation,
+            "messages": {
+                "delta": message("generation.delta", "A streamed piece of the answer"),
+                "final": message(
+                    "generation.final", "The whole answer, optional attention summary"
+                ),
+            },
+        },
+        "claims": {
+            "address": topics.claims,
+            "messages": {
+                "claimVerdict": message("claim.verdict", "One claim's verdict, mid-stream")
+            },
+        },
+        "verdicts": {
+            "address": topics.verdicts,
+            "messages": {
+                "answerVerdict": message("answer.verdict", "allow / caveat / block for one answer")
+            },
+        },
+        "dlq": {
+            "address": topics.dlq,
+            "messages": {
+                "deadLetter": {
+                    "name": "dead-letter",
+                    "title": "The original bytes; the error in x-dlq-* headers",
+                    "payload": {"type": "string", "format": "binary"},
+                    "headers": {
+                        "type": "object",
+                        "description": "x-dlq-<field> for each field of the record",
+                        "x-record": ref["dead-letter"],
+                    },
+                }
+            },
+        },
     }
+
     def op(action: str, channel: str) -> dict[str, Any]:
         return {"action": action, "channel": {"$ref": f"#/channels/{channel}"}}
+
     return {
         "asyncapi": "3.0.0",
         "info": {
@@ -93,7 +129,9 @@ def asyncapi() -> dict[str, Any]:
 
 
 def render() -> dict[str, str]:
-    files = {f"{name}.schema.json": _dump(json_schema(name, model)) for name, model in MODELS.items()}
+    files = {
+        f"{name}.schema.json": _dump(json_schema(name, model)) for name, model in MODELS.items()
+    }
     files["asyncapi.json"] = _dump(asyncapi())
     return files
 

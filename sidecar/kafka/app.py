@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka import ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
@@ -60,9 +60,7 @@ def make_broker(settings: Settings) -> KafkaBroker:
     )
 
 
-async def _tolerant_parser(
-    record: Any, original: Callable[[Any], Awaitable[Any]]
-) -> Any:
+async def _tolerant_parser(record: Any, original: Callable[[Any], Awaitable[Any]]) -> Any:
     """FastStream's parser, but header values that are not UTF-8 do not kill the message."""
     try:
         return await original(record)
@@ -116,7 +114,10 @@ class SidecarService:
         self.tracker = OffsetTracker()
         self.state = LoopState()
         topics = settings.topics
-        self._kinds = {topics.retrieval: InputKind.RETRIEVAL, topics.generation: InputKind.GENERATION}
+        self._kinds = {
+            topics.retrieval: InputKind.RETRIEVAL,
+            topics.generation: InputKind.GENERATION,
+        }
         self._destinations = {
             Destination.VERDICTS: topics.verdicts,
             Destination.CLAIMS: topics.claims,
@@ -170,7 +171,7 @@ class SidecarService:
     # ------------------------------------------------------------------ consume
 
     async def _on_message(self, body: bytes, msg: KafkaMessage) -> None:
-        record = msg.raw_message
+        record: ConsumerRecord[bytes, bytes] = msg.raw_message
         ref = InputRef(
             topic=record.topic,
             partition=record.partition,
@@ -186,7 +187,7 @@ class SidecarService:
             step = self.processor.on_message(
                 kind, record.value, record.key, ref, time.monotonic() * 1000.0
             )
-        except Exception as exc:  # noqa: BLE001 - a bug of ours must not lose the message
+        except Exception as exc:
             log.exception("internal error on %s[%d]@%d", ref.topic, ref.partition, ref.offset)
             detail = "".join(traceback.format_exception_only(exc)).strip()
             step = self.processor.dead_letter(
@@ -201,7 +202,9 @@ class SidecarService:
             backoff = 0.1
             while True:
                 try:
-                    await self.broker.publish(out.value, topic=topic, key=out.key, headers=out.headers)
+                    await self.broker.publish(
+                        out.value, topic=topic, key=out.key, headers=out.headers
+                    )
                     break
                 except (KafkaError, TimeoutError) as exc:
                     if self._stopping.is_set():
@@ -226,7 +229,9 @@ class SidecarService:
                 return {}
             consumer = getattr(self.subscriber, "consumer", None)
             if consumer is not None and hasattr(consumer, "commit"):
-                await consumer.commit({TopicPartition(t, p): off for (t, p), off in offsets.items()})
+                await consumer.commit(
+                    {TopicPartition(t, p): off for (t, p), off in offsets.items()}
+                )
             self.tracker.mark_committed(offsets)
             self.state.commits += 1
             self.state.last_committed.update(offsets)

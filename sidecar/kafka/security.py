@@ -36,7 +36,7 @@ def faststream_security(kafka: KafkaSettings) -> BaseSecurity | None:
         "SCRAM-SHA-256": SASLScram256,
         "SCRAM-SHA-512": SASLScram512,
     }[kafka.sasl_mechanism or "PLAIN"]
-    return cls(  # type: ignore[no-any-return]
+    return cls(
         username=kafka.sasl_username,
         password=kafka.sasl_password.get_secret_value(),
         use_ssl=context is not None,

@@ -43,7 +43,9 @@ async def create_topics(settings: Settings) -> dict[str, str]:
     try:
         await admin.start()
     except KafkaError as exc:
-        raise BrokerError(f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {exc}") from exc
+        raise BrokerError(
+            f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {exc}"
+        ) from exc
     try:
         specs = topic_specs(settings)
         existing = set(await admin.list_topics())

@@ -47,7 +47,15 @@ def ensure_jars(lib_dir: Path | None = None) -> Path:
     if mvn is None:
         raise LocalKafkaError("Maven (mvn) is not on PATH; it is needed to fetch the Kafka jars")
     lib.mkdir(parents=True, exist_ok=True)
-    cmd = [mvn, "-q", "-B", "-f", str(POM), "dependency:copy-dependencies", f"-Dkafka.lib.dir={lib}"]
+    cmd = [
+        mvn,
+        "-q",
+        "-B",
+        "-f",
+        str(POM),
+        "dependency:copy-dependencies",
+        f"-Dkafka.lib.dir={lib}",
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0 or not (lib / f"kafka_2.13-{KAFKA_VERSION}.jar").exists():
         raise LocalKafkaError(
@@ -172,33 +180,53 @@ message.max.bytes=16777216
             raw = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii")
             cluster_id = raw.rstrip("=")
         cmd = self._java(
-            "kafka.tools.StorageTool", "format", "--standalone", "-t", cluster_id, "-c", str(server),
+            "kafka.tools.StorageTool",
+            "format",
+            "--standalone",
+            "-t",
+            cluster_id,
+            "-c",
+            str(server),
             heap_mb=256,
         )
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            raise LocalKafkaError(f"formatting the KRaft storage failed:\n{result.stdout}{result.stderr}")
+            raise LocalKafkaError(
+                f"formatting the KRaft storage failed:\n{result.stdout}{result.stderr}"
+            )
 
     def start(self, timeout_s: float = 90.0) -> None:
         """Start the broker (formatting on first use) and wait until it serves."""
         if self.pid() is not None:
             if _port_open(self.port):
                 return
-            raise LocalKafkaError(f"a broker process is running from {self.instance_dir} but port {self.port} is closed")
+            raise LocalKafkaError(
+                f"a broker process is running from {self.instance_dir} "
+                f"but port {self.port} is closed"
+            )
         for port in (self.port, self.controller_port):
             if _port_open(port):
-                raise LocalKafkaError(f"port {port} on 127.0.0.1 is already in use by something else")
+                raise LocalKafkaError(
+                    f"port {port} on 127.0.0.1 is already in use by something else"
+                )
         server = self._write_config()
         self._format(server)
         cmd = self._java(
-            "-server", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Xms256m",
-            "kafka.Kafka", str(server),
+            "-server",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Xms256m",
+            "kafka.Kafka",
+            str(server),
             heap_mb=self.heap_mb,
         )
         before = self.log_file.stat().st_size if self.log_file.exists() else 0
         with self.log_file.open("ab") as out:
             proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         self._proc = proc
@@ -207,13 +235,16 @@ message.max.bytes=16777216
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise LocalKafkaError(
-                    f"the broker exited with code {proc.returncode} during start:\n{self._log_tail(before)}"
+                    f"the broker exited with code {proc.returncode} during start:\n"
+                    f"{self._log_tail(before)}"
                 )
             if READY_LINE in self._log_tail(before, 1_000_000) and _port_open(self.port):
                 return
             time.sleep(0.25)
         self.stop()
-        raise LocalKafkaError(f"the broker was not ready within {timeout_s:.0f}s:\n{self._log_tail(before)}")
+        raise LocalKafkaError(
+            f"the broker was not ready within {timeout_s:.0f}s:\n{self._log_tail(before)}"
+        )
 
     def _log_tail(self, start: int = 0, limit: int = 3000) -> str:
         try:
@@ -259,4 +290,6 @@ message.max.bytes=16777216
     def from_instance_dir(cls, instance_dir: Path, lib_dir: Path) -> LocalKafka:
         """Re-attach to an instance started earlier (its ports are on disk)."""
         ports = json.loads((instance_dir / "ports.json").read_text())
-        return cls(instance_dir, lib_dir, port=ports["port"], controller_port=ports["controller_port"])
+        return cls(
+            instance_dir, lib_dir, port=ports["port"], controller_port=ports["controller_port"]
+        )

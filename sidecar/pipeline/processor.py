@@ -127,20 +127,7 @@ class Processor:
             event = decode_input(
                 kind, raw, max_bytes=limits.max_message_bytes, max_depth=limits.max_json_depth
             )
-            if key is not None and key != event.request_id.encode("utf-8"):
-                raise InputError(
-                    "key-mismatch",
-                    f"message key {key[:64]!r} differs from request_id {event.request_id!r}; "
-                    "input topics must be keyed by request_id",
-                )
-            if self.store.get(event.request_id) is None and self.store.was_closed(
-                event.request_id, now_ms
-            ):
-                raise InputError(
-                    "after-final",
-                    f"request {event.request_id} was already decided; "
-                    f"this {event.event_type} event arrived too late",
-                )
+            self._admit(event, key, now_ms)
         except InputError as exc:
             return self.dead_letter(raw, key, ref, exc)
         step = Step()
@@ -158,6 +145,28 @@ class Processor:
         if entry.complete:
             step.extend(self._decide(entry, now_ms))
         return step
+
+    def _admit(
+        self,
+        event: RetrievalEvent | GenerationDelta | GenerationFinal,
+        key: bytes | None,
+        now_ms: float,
+    ) -> None:
+        """Checks that need the message's envelope or the store, not just its body."""
+        if key is not None and key != event.request_id.encode("utf-8"):
+            raise InputError(
+                "key-mismatch",
+                f"message key {key[:64]!r} differs from request_id {event.request_id!r}; "
+                "input topics must be keyed by request_id",
+            )
+        if self.store.get(event.request_id) is None and self.store.was_closed(
+            event.request_id, now_ms
+        ):
+            raise InputError(
+                "after-final",
+                f"request {event.request_id} was already decided; "
+                f"this {event.event_type} event arrived too late",
+            )
 
     def _hold(
         self,
@@ -186,9 +195,7 @@ class Processor:
 
     def _hold_delta(self, entry: PendingRequest, event: GenerationDelta) -> None:
         if entry.final is not None:
-            raise InputError(
-                "after-final", f"delta seq={event.seq} arrived after the final event"
-            )
+            raise InputError("after-final", f"delta seq={event.seq} arrived after the final event")
         held = entry.deltas.get(event.seq)
         if held is not None:
             self._duplicate(held == event.text, f"delta seq={event.seq}", event.request_id)

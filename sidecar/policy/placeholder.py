@@ -27,7 +27,7 @@ class PlaceholderPolicy:
 
     name = "placeholder/0"
 
-    def decide(  # noqa: PLR6301 - the Policy protocol is an instance method
+    def decide(
         self, retrieval: RetrievalEvent, final: GenerationFinal, signals: Signals
     ) -> PolicyOutcome:
         del retrieval, final, signals

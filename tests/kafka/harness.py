@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from faststream.kafka import TestKafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 
@@ -39,7 +39,9 @@ class Harness(Protocol):
     async def collect(self, topic: str, n: int, timeout_s: float = 20.0) -> list[Msg]: ...
 
 
-def settings_for(topics: dict[str, str], bootstrap: str = "127.0.0.1:9092", **extra: Any) -> Settings:
+def settings_for(
+    topics: dict[str, str], bootstrap: str = "127.0.0.1:9092", **extra: Any
+) -> Settings:
     return Settings.load(
         kafka={"bootstrap_servers": bootstrap, "group_id": topics["group"]},
         topics={k: v for k, v in topics.items() if k != "group"},
@@ -63,7 +65,7 @@ class MemoryHarness:
 
         async def on_output(body: Any, msg: KafkaMessage) -> None:
             del body
-            record = msg.raw_message
+            record: ConsumerRecord[bytes, bytes] = msg.raw_message
             sink.append(Msg(record.key, record.value, dict(record.headers)))
 
         self.service.broker.subscriber(topic, decoder=_raw)(on_output)
@@ -88,10 +90,14 @@ class RealHarness:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.service = SidecarService(settings, Processor(settings, PlaceholderPolicy()))
-        self.producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks="all")
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka.bootstrap_servers, acks="all"
+        )
         t = settings.topics
         self.consumer = AIOKafkaConsumer(
-            t.verdicts, t.claims, t.dlq,
+            t.verdicts,
+            t.claims,
+            t.dlq,
             bootstrap_servers=settings.kafka.bootstrap_servers,
             auto_offset_reset="earliest",
             enable_auto_commit=False,

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.kafka.topics import create_topics
@@ -34,12 +34,16 @@ async def committed(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
         offsets = await admin.list_consumer_group_offsets(group)
     finally:
         await admin.close()
-    return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items() if meta.offset >= 0}
+    return {
+        (tp.topic, tp.partition): meta.offset for tp, meta in offsets.items() if meta.offset >= 0
+    }
 
 
 async def test_commit_waits_for_the_verdict_publish(
-    kafka_broker: LocalKafka, unique_topics: dict[str, str],
-    retrieval_event: EventFactory, final_event: EventFactory,
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
 ) -> None:
     settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
     async with real_harness(settings) as h:
@@ -62,7 +66,11 @@ async def test_commit_waits_for_the_verdict_publish(
         gate.set()
         assert len(await h.collect(t.verdicts, 1)) == 1
         await wait_until(lambda: h.service.tracker.pending_count() == 0, 10, "inputs finished")
-        await wait_until(lambda: h.service.state.commits > 0 and not h.service.tracker.committable(), 10, "commit")
+        await wait_until(
+            lambda: h.service.state.commits > 0 and not h.service.tracker.committable(),
+            10,
+            "commit",
+        )
         after = await committed(settings.kafka.bootstrap_servers, unique_topics["group"])
         assert sum(after.values()) == 2  # one past each input message
 
@@ -75,13 +83,20 @@ class SidecarProcess:
 
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self.port = free_port()
-        self.env = {**os.environ, **env, "GUARDRAIL_HTTP__PORT": str(self.port), "GUARDRAIL_HTTP__HOST": "127.0.0.1"}
+        self.env = {
+            **os.environ,
+            **env,
+            "GUARDRAIL_HTTP__PORT": str(self.port),
+            "GUARDRAIL_HTTP__HOST": "127.0.0.1",
+        }
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "sidecar", "run"], env=self.env, stdout=out, stderr=out)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "sidecar", "run"], env=self.env, stdout=out, stderr=out
+            )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text()[-3000:]
@@ -101,7 +116,9 @@ class SidecarProcess:
 
 
 @pytest.fixture
-def sidecar_env(kafka_broker: LocalKafka, unique_topics: dict[str, str]) -> Iterator[dict[str, str]]:
+def sidecar_env(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> Iterator[dict[str, str]]:
     t = unique_topics
     env = {
         "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers,
@@ -116,7 +133,9 @@ def sidecar_env(kafka_broker: LocalKafka, unique_topics: dict[str, str]) -> Iter
 
 
 async def read_all(bootstrap: str, topic: str, settle_s: float = 2.0) -> list[dict[str, Any]]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
     await consumer.start()
     out: list[dict[str, Any]] = []
     quiet = time.monotonic()
@@ -132,8 +151,12 @@ async def read_all(bootstrap: str, topic: str, settle_s: float = 2.0) -> list[di
 
 
 async def test_kill_between_publish_and_commit_redelivers_never_loses(
-    kafka_broker: LocalKafka, unique_topics: dict[str, str], sidecar_env: dict[str, str], tmp_path: Path,
-    retrieval_event: EventFactory, final_event: EventFactory,
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    sidecar_env: dict[str, str],
+    tmp_path: Path,
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
 ) -> None:
     settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
     await create_topics(settings)
@@ -144,8 +167,10 @@ async def test_kill_between_publish_and_commit_redelivers_never_loses(
         records.append(Record(t.retrieval, rid.encode(), dumps(retrieval_event(rid))))
         records.append(Record(t.generation, rid.encode(), dumps(final_event(rid))))
 
-    # 1st life: publishes verdicts but never reaches a commit (the sweep that commits is an hour away)
-    never_commits = SidecarProcess({**sidecar_env, "GUARDRAIL_JOIN__SWEEP_INTERVAL_MS": "3600000"}, tmp_path / "1.log")
+    # 1st life: publishes verdicts, never commits (the sweep that commits is an hour away)
+    never_commits = SidecarProcess(
+        {**sidecar_env, "GUARDRAIL_JOIN__SWEEP_INTERVAL_MS": "3600000"}, tmp_path / "1.log"
+    )
     never_commits.start()
     await send(settings, records)
     for _ in range(300):

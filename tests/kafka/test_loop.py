@@ -28,11 +28,16 @@ async def harness(
 
 
 async def test_request_split_across_topics_is_joined(
-    harness: Harness, retrieval_event: EventFactory, final_event: EventFactory, delta_event: EventFactory
+    harness: Harness,
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    delta_event: EventFactory,
 ) -> None:
     t = harness.settings.topics
     await harness.publish(t.retrieval, dumps(retrieval_event("req-join")), b"req-join")
-    await harness.publish(t.generation, dumps(delta_event("req-join", 0, "Frankenstein")), b"req-join")
+    await harness.publish(
+        t.generation, dumps(delta_event("req-join", 0, "Frankenstein")), b"req-join"
+    )
     await harness.publish(t.generation, dumps(final_event("req-join")), b"req-join")
     [msg] = await harness.collect(t.verdicts, 1)
     verdict = AnswerVerdict.model_validate(orjson.loads(msg.value))
@@ -46,7 +51,9 @@ async def test_malformed_message_goes_to_the_dlq_and_the_loop_continues(
     harness: Harness, retrieval_event: EventFactory, final_event: EventFactory
 ) -> None:
     t = harness.settings.topics
-    broken = b'{"schema_version": 1, "event_type": "generation.final", "request_id": "req-bad", "ans'
+    broken = (
+        b'{"schema_version": 1, "event_type": "generation.final", "request_id": "req-bad", "ans'
+    )
     await harness.publish(t.generation, broken, b"req-bad", headers={"traceparent": "00-abc"})
     await harness.publish(t.retrieval, dumps(retrieval_event("req-ok")), b"req-ok")
     await harness.publish(t.generation, dumps(final_event("req-ok")), b"req-ok")
@@ -66,6 +73,8 @@ async def test_unknown_schema_version_is_dead_lettered_not_a_crash(
     harness: Harness, retrieval_event: EventFactory
 ) -> None:
     t = harness.settings.topics
-    await harness.publish(t.retrieval, dumps(retrieval_event("req-v9", schema_version=9)), b"req-v9")
+    await harness.publish(
+        t.retrieval, dumps(retrieval_event("req-v9", schema_version=9)), b"req-v9"
+    )
     [dead] = await harness.collect(t.dlq, 1)
     assert dead.headers["x-dlq-reason"] == b"unknown-schema-version"

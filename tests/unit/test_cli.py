@@ -20,7 +20,10 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_python_dash_m_runs_the_same_cli() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "sidecar", "run", "--check"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "sidecar", "run", "--check"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     report = orjson.loads(out.stdout)
     assert report["config"] == "ok"

@@ -5,7 +5,6 @@ import json
 from typing import Any
 
 import numpy as np
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -98,12 +97,20 @@ def test_attention_summary_shape_and_values_are_checked(final_event: EventFactor
     np.testing.assert_allclose(decoded.attention.to_array(), 0.5)
 
     wrong_shape = {**ok.model_dump(), "chunks": 5}
-    assert reason_of(InputKind.GENERATION, dumps(final_event(attention=wrong_shape))) == "schema-violation"
+    assert (
+        reason_of(InputKind.GENERATION, dumps(final_event(attention=wrong_shape)))
+        == "schema-violation"
+    )
     nan = base64.b64encode(np.full(24, np.nan, dtype="<f2").tobytes()).decode()
     with_nan = {**ok.model_dump(), "values": nan}
-    assert reason_of(InputKind.GENERATION, dumps(final_event(attention=with_nan))) == "schema-violation"
+    assert (
+        reason_of(InputKind.GENERATION, dumps(final_event(attention=with_nan)))
+        == "schema-violation"
+    )
     not_b64 = {**ok.model_dump(), "values": "***"}
-    assert reason_of(InputKind.GENERATION, dumps(final_event(attention=not_b64))) == "schema-violation"
+    assert (
+        reason_of(InputKind.GENERATION, dumps(final_event(attention=not_b64))) == "schema-violation"
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -117,9 +124,14 @@ def test_fuzz_arbitrary_bytes_only_ever_raise_input_error(raw: bytes) -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=30,
 )
 
@@ -127,7 +139,9 @@ json_values = st.recursive(
 @settings(max_examples=300, deadline=None)
 @given(
     st.dictionaries(
-        st.sampled_from(["schema_version", "event_type", "request_id", "hits", "k", "answer", "seq"]),
+        st.sampled_from(
+            ["schema_version", "event_type", "request_id", "hits", "k", "answer", "seq"]
+        ),
         json_values,
     )
 )

@@ -56,7 +56,10 @@ def test_secrets_never_appear_in_config_show(monkeypatch: pytest.MonkeyPatch) ->
     s = Settings.load()
     assert "hunter2" not in repr(s) and "hunter2" not in str(s.redacted())
     out = subprocess.run(
-        [sys.executable, "-m", "sidecar", "config", "show"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "sidecar", "config", "show"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert "hunter2" not in out.stdout + out.stderr
     assert '"sasl_username": "svc"' in out.stdout
@@ -65,7 +68,10 @@ def test_secrets_never_appear_in_config_show(monkeypatch: pytest.MonkeyPatch) ->
 def test_run_fails_fast_on_bad_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GUARDRAIL_JOIN__MAX_ENTRIES", "0")
     out = subprocess.run(
-        [sys.executable, "-m", "sidecar", "run", "--check"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "sidecar", "run", "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert out.returncode == 2
     assert "GUARDRAIL_JOIN__MAX_ENTRIES" in out.stderr

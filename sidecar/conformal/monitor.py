@@ -1,0 +1,163 @@
+"""Online exchangeability monitor on mean(m1) (seed 000, Sec. 4.2).
+
+Under exchangeability, a question with a correct chunk in its top K has that
+chunk trusted with probability >= 1 - alpha (eq. 3), so the rate of retrievals with
+at least one trusted chunk, mean(m1) (eq. 5), should not fall below 1 - alpha. The
+seed shows that it does when the retriever stops ranking correct chunks into the
+top K (RB-tatqa, RB-finqa: mean(m1) of 61-76% at alpha = 0.1): the calibration no longer
+describes the traffic. The monitor keeps, per calibration key, the last
+``window`` values of m1 and their Wilson score interval
+(:func:`sidecar.stats.intervals.wilson_interval`); when the interval's *upper*
+bound falls below 1 - alpha, the shortfall is not sampling noise and the status
+says "exchangeability broken, recalibrate".
+
+The check runs after every observation; the stated confidence is per check,
+not for the whole stream, so pick a high one (the default is 0.99) and treat
+an alarm as a signal to look, not as a proof. Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from sidecar.conformal.certify import Certification
+from sidecar.conformal.quantile import as_alpha
+from sidecar.exceptions import ConfigError
+from sidecar.stats.intervals import ProportionInterval, normal_quantile, wilson_interval
+
+__all__ = ["ExchangeabilityMonitor", "MonitorState", "MonitorStatus"]
+
+
+class MonitorState(StrEnum):
+    """The monitor's verdict for one calibration key."""
+
+    WARMING_UP = "warming-up"
+    OK = "ok"
+    BROKEN = "exchangeability-broken"
+
+
+@dataclass(frozen=True, slots=True)
+class MonitorStatus:
+    """The rolling mean(m1) of one key, its Wilson interval and the verdict."""
+
+    key: str
+    calibration_id: str
+    state: MonitorState
+    changed: bool
+    """True when ``state`` differs from the previous observation's (alert on edges)."""
+    n: int
+    m1_mean: float
+    interval: ProportionInterval
+    target: float
+    """1 - alpha: the least mean(m1) exchangeability allows."""
+    message: str
+
+    @property
+    def broken(self) -> bool:
+        """True when the Wilson upper bound of mean(m1) is below 1 - alpha."""
+        return self.state is MonitorState.BROKEN
+
+
+@dataclass(slots=True)
+class _Window:
+    alpha: float
+    calibration_id: str
+    values: deque[bool] = field(default_factory=deque)
+    successes: int = 0
+    state: MonitorState = MonitorState.WARMING_UP
+
+
+class ExchangeabilityMonitor:
+    """Rolling mean(m1) per calibration key with a Wilson-interval alarm."""
+
+    def __init__(self, *, window: int = 500, confidence: float = 0.99, min_samples: int = 50):
+        if isinstance(window, bool) or window < 1:
+            raise ConfigError(f"window must be a positive number of retrievals, got {window!r}")
+        if isinstance(min_samples, bool) or not 1 <= min_samples <= window:
+            raise ConfigError(f"min_samples must be in [1, window={window}], got {min_samples!r}")
+        normal_quantile(confidence)  # validates 0 < confidence < 1
+        self.window = window
+        self.confidence = confidence
+        self.min_samples = min_samples
+        self._windows: dict[str, _Window] = {}
+        self._last: dict[str, MonitorStatus] = {}
+
+    def observe(self, certification: Certification) -> MonitorStatus:
+        """Record one certified retrieval under the key of the calibration that certified it."""
+        return self.observe_m1(
+            certification.calibration_key,
+            certification.m1,
+            certification.alpha,
+            calibration_id=certification.calibration_id,
+        )
+
+    def observe_m1(
+        self, key: str, m1: bool, alpha: float, *, calibration_id: str = ""
+    ) -> MonitorStatus:
+        """Record one m1 value for ``key``; a new alpha or calibration id restarts the window."""
+        target = float(1 - as_alpha(alpha))
+        win = self._windows.get(key)
+        if win is None or win.alpha != alpha or win.calibration_id != calibration_id:
+            win = _Window(alpha=alpha, calibration_id=calibration_id)
+            self._windows[key] = win
+        win.values.append(bool(m1))
+        win.successes += int(bool(m1))
+        if len(win.values) > self.window:
+            win.successes -= int(win.values.popleft())
+        n = len(win.values)
+        interval = wilson_interval(win.successes, n, self.confidence)
+        mean = win.successes / n
+        if n < self.min_samples:
+            state = MonitorState.WARMING_UP
+            message = (
+                f"{key}: {n} of {self.min_samples} retrievals needed before judging "
+                f"exchangeability; mean(m1)={mean:.3f}"
+            )
+        elif interval.high < target:
+            state = MonitorState.BROKEN
+            message = (
+                f"{key}: exchangeability broken, recalibrate: mean(m1)={mean:.3f} over the last "
+                f"{n} retrievals, Wilson {self.confidence:.3g} upper bound {interval.high:.3f} "
+                f"< 1 - alpha = {target:.3f}"
+            )
+        else:
+            state = MonitorState.OK
+            message = (
+                f"{key}: mean(m1)={mean:.3f} over the last {n} retrievals, Wilson "
+                f"{self.confidence:.3g} interval [{interval.low:.3f}, {interval.high:.3f}] "
+                f"reaches 1 - alpha = {target:.3f}"
+            )
+        changed = state is not win.state
+        win.state = state
+        status = MonitorStatus(
+            key=key,
+            calibration_id=calibration_id,
+            state=state,
+            changed=changed,
+            n=n,
+            m1_mean=mean,
+            interval=interval,
+            target=target,
+            message=message,
+        )
+        self._last[key] = status
+        return status
+
+    def status(self, key: str) -> MonitorStatus | None:
+        """The latest status of ``key`` (``None`` before its first observation)."""
+        return self._last.get(key)
+
+    def statuses(self) -> dict[str, MonitorStatus]:
+        """Latest status of every key seen."""
+        return dict(self._last)
+
+    def reset(self, key: str | None = None) -> None:
+        """Forget one key's window (after recalibration) or all of them."""
+        if key is None:
+            self._windows.clear()
+            self._last.clear()
+        else:
+            self._windows.pop(key, None)
+            self._last.pop(key, None)
