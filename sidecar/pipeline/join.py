@@ -12,8 +12,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from sidecar.contracts.events import GenerationFinal, RetrievalEvent
+from sidecar.contracts.events import GenerationFinal, RetrievalEvent, RetrievalSignal
+
+if TYPE_CHECKING:
+    from sidecar.pipeline.signals import ClaimSession
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,10 @@ class PendingRequest:
     next_seq: int = 0  # deltas 0..next_seq-1 are contiguous and appended to ``streamed``
     streamed: str = ""
     refs: list[InputRef] = field(default_factory=list)
+    certification: RetrievalSignal | None = None
+    claims: ClaimSession | None = None
+    claims_fed: int = 0  # characters of ``streamed`` already given to ``claims``
+    claims_published: int = 0
 
     @property
     def complete(self) -> bool:

@@ -17,6 +17,7 @@ Decisions recorded here (and tested):
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,17 +29,30 @@ from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind, decode_input, encode, request_id_hint
 from sidecar.contracts.events import (
     AnswerVerdict,
+    ClaimsSignal,
+    ClaimVerdict,
     DeadLetterRecord,
     Decision,
     GenerationDelta,
     GenerationFinal,
+    LookbackSignal,
     Reason,
     RetrievalEvent,
     Signals,
+    SignalStatus,
 )
 from sidecar.exceptions import InputError
 from sidecar.pipeline.join import InputRef, JoinStore, PendingRequest
+from sidecar.pipeline.signals import (
+    NOT_CONFIGURED_CLAIMS,
+    NOT_CONFIGURED_LOOKBACK,
+    NOT_CONFIGURED_RETRIEVAL,
+    ClaimResult,
+    SignalSuite,
+)
 from sidecar.policy.base import Policy
+
+log = logging.getLogger("sidecar.pipeline")
 
 IDEMPOTENCY_HEADER = "x-idempotency-key"
 MAX_DELTAS_PER_REQUEST = 100_000
@@ -75,6 +89,7 @@ class Counters:
     dead_letters: int = 0
     duplicates: int = 0
     incomplete: int = 0
+    claim_verdicts: int = 0
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -102,10 +117,12 @@ class Processor:
         settings: Settings,
         policy: Policy,
         *,
+        signals: SignalSuite | None = None,
         wall_clock: Callable[[], datetime] = _wall_clock,
     ) -> None:
         self._settings = settings
         self._policy = policy
+        self._signals = signals or SignalSuite()
         self._wall_clock = wall_clock
         self.store = JoinStore(settings.join.max_entries, settings.join.ttl_ms)
         self.counters = Counters()
@@ -144,6 +161,8 @@ class Processor:
         entry.refs.append(ref)
         if entry.complete:
             step.extend(self._decide(entry, now_ms))
+        else:
+            step.extend(self._stream_claims(entry))
         return step
 
     def _admit(
@@ -175,10 +194,18 @@ class Processor:
         raw: bytes,
     ) -> None:
         if isinstance(event, RetrievalEvent):
+            certification = (
+                self._signals.certifier.certify(event)
+                if self._signals.certifier is not None
+                else NOT_CONFIGURED_RETRIEVAL
+            )
             self._hold_retrieval(entry, event, raw)
+            entry.certification = certification
         elif isinstance(event, GenerationDelta):
             self._hold_delta(entry, event)
         else:
+            if self._signals.lookback is not None:
+                self._signals.lookback.check(event)
             self._hold_final(entry, event, raw)
 
     def _hold_retrieval(self, entry: PendingRequest, event: RetrievalEvent, raw: bytes) -> None:
@@ -204,6 +231,52 @@ class Processor:
                 "too-many-deltas", f"more than {MAX_DELTAS_PER_REQUEST} deltas for one request"
             )
         entry.add_delta(event.seq, event.text)
+
+    def _stream_claims(self, entry: PendingRequest) -> Step:
+        """Feed newly streamed text to the claim checker; publish completed claims."""
+        checker = self._signals.claims
+        if checker is None or entry.retrieval is None:
+            return Step()
+        if entry.claims is None:
+            entry.claims = checker.open(
+                entry.retrieval, entry.certification or NOT_CONFIGURED_RETRIEVAL
+            )
+        new_text = entry.streamed[entry.claims_fed :]
+        if not new_text:
+            return Step()
+        entry.claims_fed = len(entry.streamed)
+        try:
+            results = entry.claims.feed(new_text)
+        except Exception:
+            log.exception("streaming claim verification failed for %s", entry.request_id)
+            return Step()
+        return Step(outputs=[self._claim_output(entry, r) for r in results])
+
+    def _claim_output(self, entry: PendingRequest, result: ClaimResult) -> Output:
+        checker = self._signals.claims
+        assert checker is not None  # noqa: S101 - only called with a checker
+        self.counters.claim_verdicts += 1
+        entry.claims_published += 1
+        verdict = ClaimVerdict(
+            request_id=entry.request_id,
+            idempotency_key=idempotency_key(
+                entry.request_id, b"claim", str(result.index).encode(), result.text.encode()
+            ),
+            claim_index=result.index,
+            span=result.span,
+            text=result.text,
+            label=result.label,
+            score=result.score,
+            evidence_chunk_ids=list(result.evidence_chunk_ids),
+            verifier_version=checker.version,
+            produced_at=self._wall_clock(),
+        )
+        return Output(
+            destination=Destination.CLAIMS,
+            key=entry.request_id.encode("utf-8"),
+            value=encode(verdict),
+            headers={IDEMPOTENCY_HEADER: verdict.idempotency_key},
+        )
 
     def _duplicate(self, identical: bool, what: str, request_id: str) -> None:
         if identical:
@@ -237,12 +310,31 @@ class Processor:
         assert entry.final is not None  # noqa: S101
         started = time.perf_counter()
         self.store.close(entry.request_id, now_ms)
-        signals = Signals()
+        step = self._stream_claims(entry)
+        certification = entry.certification or NOT_CONFIGURED_RETRIEVAL
+        lookback = NOT_CONFIGURED_LOOKBACK
+        if self._signals.lookback is not None:
+            try:
+                lookback = self._signals.lookback.score(entry.final, certification)
+            except Exception:
+                log.exception("lookback scoring failed for %s", entry.request_id)
+                lookback = LookbackSignal(status=SignalStatus.UNAVAILABLE)
+        claims = NOT_CONFIGURED_CLAIMS
+        if entry.claims is not None:
+            try:
+                tail, claims = entry.claims.finish(entry.final.answer)
+                step.outputs.extend(self._claim_output(entry, r) for r in tail)
+            except Exception:
+                log.exception("claim verification failed for %s", entry.request_id)
+                claims = ClaimsSignal(status=SignalStatus.UNAVAILABLE)
+        signals = Signals(retrieval=certification, lookback=lookback, claims=claims)
+        scored = time.perf_counter()
         outcome = self._policy.decide(entry.retrieval, entry.final, signals)
         key = idempotency_key(entry.request_id, entry.retrieval_digest, entry.final_digest)
         timings = {
             "join_wait": max(0.0, now_ms - entry.first_seen_ms),
-            "decide": (time.perf_counter() - started) * 1000.0,
+            "signals": (scored - started) * 1000.0,
+            "policy": (time.perf_counter() - scored) * 1000.0,
         }
         verdict = AnswerVerdict(
             request_id=entry.request_id,
@@ -254,12 +346,13 @@ class Processor:
             signals=signals,
             caveat_text=outcome.caveat_text,
             rewritten_answer=outcome.rewritten_answer,
-            model_versions={"generator": entry.final.generator_model},
+            model_versions={"generator": entry.final.generator_model, **self._signals.versions()},
             timings_ms=timings,
             produced_at=self._wall_clock(),
             sidecar_version=__version__,
         )
-        return self._verdict_step(verdict, entry)
+        step.extend(self._verdict_step(verdict, entry))
+        return step
 
     def _incomplete(self, entry: PendingRequest, why: str, now_ms: float) -> Step:
         self.counters.incomplete += 1

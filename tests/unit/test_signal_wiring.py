@@ -1,0 +1,195 @@
+"""The processor calls the signal components at the right moments (fake components)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import orjson
+
+from sidecar.config import Settings
+from sidecar.contracts.codec import InputKind
+from sidecar.contracts.events import (
+    AnswerVerdict,
+    ClaimLabel,
+    ClaimsSignal,
+    ClaimVerdict,
+    DeadLetterRecord,
+    GenerationFinal,
+    LookbackSignal,
+    RetrievalEvent,
+    RetrievalSignal,
+    SignalStatus,
+)
+from sidecar.exceptions import InputError
+from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.processor import Destination, Processor
+from sidecar.pipeline.signals import ClaimResult, SignalSuite
+from sidecar.policy import PlaceholderPolicy
+from tests.conftest import EventFactory, dumps
+
+R, G = InputKind.RETRIEVAL, InputKind.GENERATION
+
+
+class TopCertifier:
+    version = "top/1"
+
+    def certify(self, event: RetrievalEvent) -> RetrievalSignal:  # noqa: PLR6301
+        trusted = [h.chunk_id for h in event.hits if h.score >= 0.5]
+        return RetrievalSignal(
+            status=SignalStatus.OK,
+            trusted_chunk_ids=trusted,
+            m1=bool(trusted),
+            m2=len(trusted) / event.k,
+        )
+
+
+@dataclass
+class SentenceSession:
+    """Claims = sentences; supported when a trusted chunk id was certified."""
+
+    trusted: list[str]
+    buffer: str = ""
+    offset: int = 0
+    results: list[ClaimResult] = field(default_factory=list)
+
+    def _cut(self, final: bool) -> list[ClaimResult]:
+        out = []
+        while True:
+            end = self.buffer.find(". ")
+            if end < 0:
+                if final and self.buffer.strip():
+                    end = len(self.buffer) - 1
+                else:
+                    break
+            sentence = self.buffer[: end + 1]
+            label = ClaimLabel.SUPPORTED if self.trusted else ClaimLabel.UNSUPPORTED
+            r = ClaimResult(
+                len(self.results),
+                (self.offset, self.offset + len(sentence)),
+                sentence.strip(),
+                label,
+                0.9,
+                tuple(self.trusted[:1]),
+            )
+            self.results.append(r)
+            out.append(r)
+            self.offset += end + 2
+            self.buffer = self.buffer[end + 2 :]
+        return out
+
+    def feed(self, text: str) -> list[ClaimResult]:
+        self.buffer += text
+        return self._cut(final=False)
+
+    def finish(self, answer: str) -> tuple[list[ClaimResult], ClaimsSignal]:
+        if not self.results and not self.buffer:
+            self.buffer = answer
+        tail = self._cut(final=True)
+        n = len(self.results)
+        s = sum(r.label is ClaimLabel.SUPPORTED for r in self.results)
+        return tail, ClaimsSignal(status=SignalStatus.OK, n=n, supported=s, unsupported=n - s)
+
+
+class SentenceChecker:
+    version = "sentences/1"
+
+    def open(self, retrieval: RetrievalEvent, certification: RetrievalSignal) -> SentenceSession:  # noqa: PLR6301
+        del retrieval
+        return SentenceSession(list(certification.trusted_chunk_ids))
+
+
+@dataclass
+class PickyLookback:
+    version: str = "lookback/1"
+    fail: bool = False
+
+    def check(self, final: GenerationFinal) -> None:  # noqa: PLR6301
+        if final.generator_model != "gen-a":
+            raise InputError(
+                "generator-mismatch", f"model is for gen-a, got {final.generator_model}"
+            )
+
+    def score(self, final: GenerationFinal, certification: RetrievalSignal) -> LookbackSignal:
+        del final, certification
+        if self.fail:
+            raise RuntimeError("onnx session exploded")
+        return LookbackSignal(status=SignalStatus.OK, p_factual=0.8, model_version=self.version)
+
+
+def make(
+    settings_factory: Callable[..., Settings], lookback: PickyLookback | None = None
+) -> Processor:
+    suite = SignalSuite(
+        certifier=TopCertifier(), lookback=lookback or PickyLookback(), claims=SentenceChecker()
+    )
+    return Processor(settings_factory(), PlaceholderPolicy(), signals=suite)
+
+
+def test_claims_stream_before_the_answer_verdict(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    p = make(settings_factory)
+    offsets = iter(range(100))
+
+    def feed(kind: InputKind, raw: bytes) -> list[tuple[Destination, bytes]]:
+        step = p.on_message(kind, raw, None, InputRef(kind.value, 0, next(offsets)), 0.0)
+        return [(o.destination, o.value) for o in step.outputs]
+
+    # deltas before the retrieval: nothing can be verified yet
+    assert feed(G, dumps(delta_event(seq=0, text="Mary Shelley wrote it. It was 18"))) == []
+    # the retrieval arrives: the completed first sentence is verified at once
+    [(dest, raw)] = feed(R, dumps(retrieval_event()))
+    first = ClaimVerdict.model_validate(orjson.loads(raw))
+    assert dest is Destination.CLAIMS and first.claim_index == 0
+    assert first.text == "Mary Shelley wrote it." and first.label is ClaimLabel.SUPPORTED
+    assert first.evidence_chunk_ids == ["c1"]
+    assert feed(G, dumps(delta_event(seq=1, text="18. "))) != []
+    out = feed(
+        G,
+        dumps(final_event(answer="Mary Shelley wrote it. It was 1818. ", generator_model="gen-a")),
+    )
+    assert [d for d, _ in out] == [Destination.VERDICTS]
+    verdict = AnswerVerdict.model_validate(orjson.loads(out[-1][1]))
+    assert verdict.signals.retrieval.trusted_chunk_ids == ["c1"]
+    assert verdict.signals.lookback.p_factual == 0.8
+    assert verdict.signals.claims.n == 2 and verdict.signals.claims.supported == 2
+    assert verdict.model_versions["verifier"] == "sentences/1"
+    assert p.counters.claim_verdicts == 2
+
+
+def test_unscorable_summary_is_dead_lettered_and_the_request_ends_incomplete(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    p = make(settings_factory)
+    p.on_message(R, dumps(retrieval_event()), None, InputRef("r", 0, 0), 0.0)
+    step = p.on_message(
+        G, dumps(final_event(generator_model="gen-b")), None, InputRef("g", 0, 0), 0.0
+    )
+    [out] = step.outputs
+    assert out.destination is Destination.DLQ
+    assert DeadLetterRecord.from_headers(out.headers).reason == "generator-mismatch"
+    expired = p.on_tick(10**9)
+    v = AnswerVerdict.model_validate(orjson.loads(expired.outputs[0].value))
+    assert v.reasons[0].code == "incomplete"
+
+
+def test_a_failing_signal_is_reported_unavailable_not_fatal(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    p = make(settings_factory, PickyLookback(fail=True))
+    p.on_message(R, dumps(retrieval_event()), None, InputRef("r", 0, 0), 0.0)
+    step = p.on_message(
+        G, dumps(final_event(generator_model="gen-a")), None, InputRef("g", 0, 0), 0.0
+    )
+    verdicts = [o for o in step.outputs if o.destination is Destination.VERDICTS]
+    v = AnswerVerdict.model_validate(orjson.loads(verdicts[0].value))
+    assert v.signals.lookback.status is SignalStatus.UNAVAILABLE
+    assert len(step.done) == 2
