@@ -34,7 +34,7 @@ R, G = InputKind.RETRIEVAL, InputKind.GENERATION
 class TopCertifier:
     version = "top/1"
 
-    def certify(self, event: RetrievalEvent) -> RetrievalSignal:  # noqa: PLR6301
+    def certify(self, event: RetrievalEvent) -> RetrievalSignal:
         trusted = [h.chunk_id for h in event.hits if h.score >= 0.5]
         return RetrievalSignal(
             status=SignalStatus.OK,
@@ -94,7 +94,7 @@ class SentenceSession:
 class SentenceChecker:
     version = "sentences/1"
 
-    def open(self, retrieval: RetrievalEvent, certification: RetrievalSignal) -> SentenceSession:  # noqa: PLR6301
+    def open(self, retrieval: RetrievalEvent, certification: RetrievalSignal) -> SentenceSession:
         del retrieval
         return SentenceSession(list(certification.trusted_chunk_ids))
 
@@ -104,7 +104,7 @@ class PickyLookback:
     version: str = "lookback/1"
     fail: bool = False
 
-    def check(self, final: GenerationFinal) -> None:  # noqa: PLR6301
+    def check(self, final: GenerationFinal) -> None:
         if final.generator_model != "gen-a":
             raise InputError(
                 "generator-mismatch", f"model is for gen-a, got {final.generator_model}"
