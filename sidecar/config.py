@@ -113,6 +113,12 @@ class HttpSettings(_Section):
     port: int = Field(default=8080, ge=0, le=65535)
 
 
+class MetricsSettings(_Section):
+    """Metrics export. OTLP follows the standard OTEL_* variables; Prometheus is opt-in."""
+
+    prometheus_port: int | None = Field(default=None, ge=1, le=65535)
+
+
 class Settings(BaseSettings):
     """Everything the sidecar reads from its environment."""
 
@@ -128,6 +134,7 @@ class Settings(BaseSettings):
     join: JoinSettings = JoinSettings()
     limits: LimitSettings = LimitSettings()
     http: HttpSettings = HttpSettings()
+    metrics: MetricsSettings = MetricsSettings()
     shutdown_grace_ms: int = Field(default=10_000, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

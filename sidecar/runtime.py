@@ -11,6 +11,7 @@ from sidecar.health import HealthServer
 from sidecar.kafka.app import SidecarService
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy, Policy
+from sidecar.telemetry import configure_from_env
 
 log = logging.getLogger("sidecar")
 
@@ -29,6 +30,7 @@ def check(settings: Settings) -> dict[str, object]:
 
 
 async def serve(settings: Settings) -> None:
+    shutdown_telemetry = configure_from_env(settings.metrics.prometheus_port)
     service = SidecarService(settings, Processor(settings, build_policy(settings)))
     health: HealthServer | None = None
     if settings.http.enabled:
@@ -62,4 +64,5 @@ async def serve(settings: Settings) -> None:
     finally:
         if health is not None:
             await health.stop()
+        shutdown_telemetry()
     log.info("stopped")

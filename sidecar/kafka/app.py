@@ -36,6 +36,7 @@ from sidecar.kafka.security import faststream_security
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.offsets import OffsetTracker
 from sidecar.pipeline.processor import Destination, Processor, Step
+from sidecar.telemetry import Telemetry
 
 log = logging.getLogger("sidecar.kafka")
 
@@ -107,9 +108,11 @@ class SidecarService:
         settings: Settings,
         processor: Processor,
         broker: KafkaBroker | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.processor = processor
+        self.telemetry = telemetry or Telemetry()
         self.broker = broker if broker is not None else make_broker(settings)
         self.tracker = OffsetTracker()
         self.state = LoopState()
@@ -139,6 +142,13 @@ class SidecarService:
         self._commit_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._ticker: asyncio.Task[None] | None = None
+        self.lag: dict[tuple[str, int], int] = {}
+        store = processor.store
+        self.telemetry.observe(
+            open_requests=lambda: len(store),
+            evictions=lambda: store.evictions + store.expirations,
+            lag=lambda: dict(self.lag),
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -200,17 +210,20 @@ class SidecarService:
         for out in step.outputs:
             topic = self._destinations[out.destination]
             backoff = 0.1
+            span = self.telemetry.before_publish(out)
             while True:
                 try:
                     await self.broker.publish(
                         out.value, topic=topic, key=out.key, headers=out.headers
                     )
+                    self.telemetry.after_publish(span)
                     break
                 except (KafkaError, TimeoutError) as exc:
                     if self._stopping.is_set():
                         log.warning("stopping: %s stays uncommitted and will be re-read", topic)
                         return
                     self.state.publish_retries += 1
+                    self.telemetry.publish_retries.add(1)
                     log.warning("publish to %s failed (%s); retrying in %.1fs", topic, exc, backoff)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, MAX_PUBLISH_BACKOFF_S)
@@ -237,6 +250,18 @@ class SidecarService:
             self.state.last_committed.update(offsets)
             return offsets
 
+    def _measure_lag(self) -> None:
+        consumer = getattr(self.subscriber, "consumer", None)
+        if consumer is None or not hasattr(consumer, "highwater"):
+            return
+        lag = {}
+        for topic, partition in self.state.assigned:
+            high = consumer.highwater(TopicPartition(topic, partition))
+            seen = self.tracker.next_offset((topic, partition))
+            if high is not None:
+                lag[(topic, partition)] = max(0, high - (seen or 0))
+        self.lag = lag
+
     async def on_revoked(self, revoked: set[tuple[str, int]]) -> None:
         try:
             await self.commit(only=revoked)
@@ -255,5 +280,6 @@ class SidecarService:
             try:
                 await self.emit(self.processor.on_tick(time.monotonic() * 1000.0))
                 await self.commit()
+                self._measure_lag()
             except KafkaError as exc:
                 log.warning("tick: %s (will retry)", exc)

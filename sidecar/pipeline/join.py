@@ -10,6 +10,7 @@ that arrive after their request was decided.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -40,6 +41,7 @@ class PendingRequest:
 
     request_id: str
     first_seen_ms: float
+    first_seen_ns: int = 0  # wall clock (epoch ns), for trace spans
     retrieval: RetrievalEvent | None = None
     retrieval_digest: bytes | None = None
     final: GenerationFinal | None = None
@@ -52,6 +54,14 @@ class PendingRequest:
     claims: ClaimSession | None = None
     claims_fed: int = 0  # characters of ``streamed`` already given to ``claims``
     claims_published: int = 0
+    stages: list[tuple[str, int, int]] = field(default_factory=list)  # (stage, start_ns, end_ns)
+
+    def trace_parent(self) -> tuple[tuple[str, bytes], ...]:
+        """Headers carrying the LLM service's trace context: the final's, else any input's."""
+        carriers = [
+            ref.headers for ref in self.refs if any(k == "traceparent" for k, _ in ref.headers)
+        ]
+        return carriers[-1] if carriers else ()
 
     @property
     def complete(self) -> bool:
@@ -102,7 +112,9 @@ class JoinStore:
         if len(self._open) >= self.max_entries:
             _, evicted = self._open.popitem(last=False)
             self.evictions += 1
-        entry = PendingRequest(request_id=request_id, first_seen_ms=now_ms)
+        entry = PendingRequest(
+            request_id=request_id, first_seen_ms=now_ms, first_seen_ns=time.time_ns()
+        )
         self._open[request_id] = entry
         return entry, evicted
 

@@ -49,6 +49,11 @@ class OffsetTracker:
     def pending_count(self) -> int:
         return sum(len(s.pending) for s in self._parts.values())
 
+    def next_offset(self, tp: TopicPartition) -> int | None:
+        """One past the highest offset consumed on ``tp`` (the consumer's position)."""
+        state = self._parts.get(tp)
+        return state.next_offset if state is not None else None
+
     def low_water(self, tp: TopicPartition) -> int | None:
         """The offset a commit for ``tp`` may carry now (``None``: nothing seen)."""
         state = self._parts.get(tp)

@@ -64,12 +64,32 @@ class Destination(StrEnum):
     DLQ = "dlq"
 
 
+AttributeValue = str | bool | int | float | list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    """A finished span tree to export for one output (built by the adapter, not here).
+
+    ``parent`` carries the upstream W3C trace context (the input's headers); the
+    adapter writes the new span's context into the output's headers.
+    """
+
+    name: str
+    parent: tuple[tuple[str, bytes], ...]
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, AttributeValue]
+    stages: tuple[tuple[str, int, int], ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class Output:
     destination: Destination
     key: bytes | None
     value: bytes
     headers: dict[str, str]
+    trace: TraceRecord | None = None
 
 
 @dataclass(slots=True)
@@ -194,6 +214,7 @@ class Processor:
         raw: bytes,
     ) -> None:
         if isinstance(event, RetrievalEvent):
+            t0 = time.time_ns()
             certification = (
                 self._signals.certifier.certify(event)
                 if self._signals.certifier is not None
@@ -201,6 +222,7 @@ class Processor:
             )
             self._hold_retrieval(entry, event, raw)
             entry.certification = certification
+            entry.stages.append(("certify", t0, time.time_ns()))
         elif isinstance(event, GenerationDelta):
             self._hold_delta(entry, event)
         else:
@@ -245,14 +267,18 @@ class Processor:
         if not new_text:
             return Step()
         entry.claims_fed = len(entry.streamed)
+        t0 = time.time_ns()
         try:
             results = entry.claims.feed(new_text)
         except Exception:
             log.exception("streaming claim verification failed for %s", entry.request_id)
             return Step()
-        return Step(outputs=[self._claim_output(entry, r) for r in results])
+        span = (t0, time.time_ns())
+        return Step(outputs=[self._claim_output(entry, r, span) for r in results])
 
-    def _claim_output(self, entry: PendingRequest, result: ClaimResult) -> Output:
+    def _claim_output(
+        self, entry: PendingRequest, result: ClaimResult, span_ns: tuple[int, int]
+    ) -> Output:
         checker = self._signals.claims
         assert checker is not None  # noqa: S101 - only called with a checker
         self.counters.claim_verdicts += 1
@@ -271,11 +297,25 @@ class Processor:
             verifier_version=checker.version,
             produced_at=self._wall_clock(),
         )
+        trace = TraceRecord(
+            name="sidecar.verify_claim",
+            parent=entry.trace_parent(),
+            start_ns=span_ns[0],
+            end_ns=span_ns[1],
+            attributes={
+                "request_id": entry.request_id,
+                "claim.index": result.index,
+                "claim.label": result.label.value,
+                "claim.score": result.score,
+                "verifier.version": checker.version,
+            },
+        )
         return Output(
             destination=Destination.CLAIMS,
             key=entry.request_id.encode("utf-8"),
             value=encode(verdict),
             headers={IDEMPOTENCY_HEADER: verdict.idempotency_key},
+            trace=trace,
         )
 
     def _duplicate(self, identical: bool, what: str, request_id: str) -> None:
@@ -309,27 +349,36 @@ class Processor:
         assert entry.retrieval is not None  # noqa: S101 - guarded by entry.complete
         assert entry.final is not None  # noqa: S101
         started = time.perf_counter()
+        t_join = time.time_ns()
+        entry.stages.append(("join", entry.first_seen_ns, t_join))
         self.store.close(entry.request_id, now_ms)
         step = self._stream_claims(entry)
         certification = entry.certification or NOT_CONFIGURED_RETRIEVAL
         lookback = NOT_CONFIGURED_LOOKBACK
+        t_score = time.time_ns()
         if self._signals.lookback is not None:
             try:
                 lookback = self._signals.lookback.score(entry.final, certification)
             except Exception:
                 log.exception("lookback scoring failed for %s", entry.request_id)
                 lookback = LookbackSignal(status=SignalStatus.UNAVAILABLE)
+        t_claims = time.time_ns()
+        entry.stages.append(("score", t_score, t_claims))
         claims = NOT_CONFIGURED_CLAIMS
         if entry.claims is not None:
             try:
                 tail, claims = entry.claims.finish(entry.final.answer)
-                step.outputs.extend(self._claim_output(entry, r) for r in tail)
+                span = (t_claims, time.time_ns())
+                step.outputs.extend(self._claim_output(entry, r, span) for r in tail)
             except Exception:
                 log.exception("claim verification failed for %s", entry.request_id)
                 claims = ClaimsSignal(status=SignalStatus.UNAVAILABLE)
         signals = Signals(retrieval=certification, lookback=lookback, claims=claims)
         scored = time.perf_counter()
+        t_policy = time.time_ns()
+        entry.stages.append(("verify_claims", t_claims, t_policy))
         outcome = self._policy.decide(entry.retrieval, entry.final, signals)
+        entry.stages.append(("policy", t_policy, time.time_ns()))
         key = idempotency_key(entry.request_id, entry.retrieval_digest, entry.final_digest)
         timings = {
             "join_wait": max(0.0, now_ms - entry.first_seen_ms),
@@ -383,11 +432,27 @@ class Processor:
 
     def _verdict_step(self, verdict: AnswerVerdict, entry: PendingRequest) -> Step:
         self.counters.verdicts += 1
+        trace = TraceRecord(
+            name="sidecar.request",
+            parent=entry.trace_parent(),
+            start_ns=entry.first_seen_ns,
+            end_ns=time.time_ns(),
+            attributes={
+                "request_id": verdict.request_id,
+                "tenant": verdict.tenant or "",
+                "decision": verdict.decision.value,
+                "reasons": [r.code for r in verdict.reasons],
+                "policy": verdict.policy,
+                **{f"model.{k}": v for k, v in verdict.model_versions.items()},
+            },
+            stages=tuple(entry.stages),
+        )
         out = Output(
             destination=Destination.VERDICTS,
             key=verdict.request_id.encode("utf-8"),
             value=encode(verdict),
             headers={IDEMPOTENCY_HEADER: verdict.idempotency_key},
+            trace=trace,
         )
         return Step(outputs=[out], done=list(entry.refs))
 

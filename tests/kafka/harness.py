@@ -19,6 +19,7 @@ from sidecar.kafka.app import SidecarService
 from sidecar.kafka.topics import create_topics
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
+from sidecar.telemetry import Telemetry
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,11 @@ def settings_for(
 
 
 class MemoryHarness:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, telemetry: Telemetry | None = None) -> None:
         self.settings = settings
-        self.service = SidecarService(settings, Processor(settings, PlaceholderPolicy()))
+        self.service = SidecarService(
+            settings, Processor(settings, PlaceholderPolicy()), telemetry=telemetry
+        )
         self.received: dict[str, list[Msg]] = defaultdict(list)
         t = settings.topics
         for topic in (t.verdicts, t.claims, t.dlq):
@@ -87,9 +90,11 @@ async def _raw(message: Any) -> Any:
 
 
 class RealHarness:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, telemetry: Telemetry | None = None) -> None:
         self.settings = settings
-        self.service = SidecarService(settings, Processor(settings, PlaceholderPolicy()))
+        self.service = SidecarService(
+            settings, Processor(settings, PlaceholderPolicy()), telemetry=telemetry
+        )
         self.producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka.bootstrap_servers, acks="all"
         )
@@ -129,16 +134,20 @@ async def wait_until(predicate: Any, timeout_s: float = 30.0, what: str = "condi
 
 
 @asynccontextmanager
-async def memory_harness(settings: Settings) -> AsyncIterator[MemoryHarness]:
-    h = MemoryHarness(settings)
+async def memory_harness(
+    settings: Settings, telemetry: Telemetry | None = None
+) -> AsyncIterator[MemoryHarness]:
+    h = MemoryHarness(settings, telemetry)
     async with TestKafkaBroker(h.service.broker):
         yield h
 
 
 @asynccontextmanager
-async def real_harness(settings: Settings) -> AsyncIterator[RealHarness]:
+async def real_harness(
+    settings: Settings, telemetry: Telemetry | None = None
+) -> AsyncIterator[RealHarness]:
     await create_topics(settings)
-    h = RealHarness(settings)
+    h = RealHarness(settings, telemetry)
     await h.producer.start()
     await h.consumer.start()
     await h.service.start()

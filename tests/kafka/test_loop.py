@@ -6,24 +6,37 @@ from collections.abc import AsyncIterator
 
 import orjson
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sidecar.contracts.events import AnswerVerdict, DeadLetterRecord, Decision
 from sidecar.localkafka.broker import LocalKafka
 from sidecar.pipeline.processor import IDEMPOTENCY_HEADER
+from sidecar.telemetry import Telemetry
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import Harness, memory_harness, real_harness, settings_for
 
 
+@pytest.fixture
+def spans() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
 @pytest.fixture(params=["memory", pytest.param("connected", marks=pytest.mark.connected)])
 async def harness(
-    request: pytest.FixtureRequest, unique_topics: dict[str, str]
+    request: pytest.FixtureRequest, unique_topics: dict[str, str], spans: InMemorySpanExporter
 ) -> AsyncIterator[Harness]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    telemetry = Telemetry(tracer=provider.get_tracer("test"))
     if request.param == "memory":
-        async with memory_harness(settings_for(unique_topics)) as h:
+        async with memory_harness(settings_for(unique_topics), telemetry) as h:
             yield h
     else:
         broker: LocalKafka = request.getfixturevalue("kafka_broker")
-        async with real_harness(settings_for(unique_topics, broker.bootstrap_servers)) as h:
+        settings = settings_for(unique_topics, broker.bootstrap_servers)
+        async with real_harness(settings, telemetry) as h:
             yield h
 
 
@@ -78,3 +91,32 @@ async def test_unknown_schema_version_is_dead_lettered_not_a_crash(
     )
     [dead] = await harness.collect(t.dlq, 1)
     assert dead.headers["x-dlq-reason"] == b"unknown-schema-version"
+
+
+async def test_llm_service_span_is_the_parent_and_the_verdict_carries_the_context(
+    harness: Harness,
+    spans: InMemorySpanExporter,
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    t = harness.settings.topics
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    llm_span = "00f067aa0ba902b7"
+    parent = {"traceparent": f"00-{trace_id}-{llm_span}-01"}
+    await harness.publish(t.retrieval, dumps(retrieval_event("req-tr")), b"req-tr", headers=parent)
+    await harness.publish(t.generation, dumps(final_event("req-tr")), b"req-tr", headers=parent)
+    [msg] = await harness.collect(t.verdicts, 1)
+    finished = {s.name: s for s in spans.get_finished_spans()}
+    root = finished["sidecar.request"]
+    assert format(root.context.trace_id, "032x") == trace_id
+    assert root.parent is not None and format(root.parent.span_id, "016x") == llm_span
+    assert root.attributes is not None
+    assert root.attributes["request_id"] == "req-tr"
+    assert root.attributes["decision"] == "caveat"
+    for stage in ("sidecar.join", "sidecar.certify", "sidecar.policy", "sidecar.publish"):
+        stage_parent = finished[stage].parent
+        assert stage_parent is not None
+        assert stage_parent.span_id == root.context.span_id, stage
+    onward = msg.headers["traceparent"].decode()
+    assert onward.split("-")[1] == trace_id
+    assert onward.split("-")[2] == format(root.context.span_id, "016x")
