@@ -125,6 +125,8 @@ class SidecarService:
             Destination.VERDICTS: topics.verdicts,
             Destination.CLAIMS: topics.claims,
             Destination.DLQ: topics.dlq,
+            Destination.RETRIEVAL: topics.retrieval,
+            Destination.GENERATION: topics.generation,
         }
         self.subscriber = self.broker.subscriber(
             topics.retrieval,
@@ -140,6 +142,7 @@ class SidecarService:
         )
         self.subscriber(self._on_message)
         self._commit_lock = asyncio.Lock()
+        self._handler_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
         self._ticker: asyncio.Task[None] | None = None
         self.lag: dict[tuple[str, int], int] = {}
@@ -158,18 +161,29 @@ class SidecarService:
         self.state.started = True
 
     async def stop(self) -> None:
-        """Stop consuming, publish nothing new, commit what is finished, close."""
+        """Graceful stop: pause intake, hand open requests back to the topics, commit, close.
+
+        Complete requests have had their verdicts published by the time the
+        in-flight handler returns; half-requests are re-published to the end of
+        their input topics (``Processor.handoff``) so that every consumed offset
+        can be committed: a restart neither loses nor repeats a verdict.
+        """
+        consumer = getattr(self.subscriber, "consumer", None)
+        if consumer is not None and hasattr(consumer, "pause"):
+            consumer.pause(*consumer.assignment())
         self._stopping.set()
-        if self._ticker is not None:
-            self._ticker.cancel()
+        async with self._handler_lock:
+            if self._ticker is not None:
+                self._ticker.cancel()
+                try:
+                    await self._ticker
+                except asyncio.CancelledError:
+                    pass
             try:
-                await self._ticker
-            except asyncio.CancelledError:
-                pass
-        try:
-            await self.commit()
-        except KafkaError as exc:
-            log.warning("final commit failed (%s); the next owner re-reads", exc)
+                await self.emit(self.processor.handoff(), retry=False)
+                await self.commit()
+            except KafkaError as exc:
+                log.warning("final hand-off / commit failed (%s); the next owner re-reads", exc)
         await self.subscriber.stop()
         await self.broker.stop()
         self.state.started = False
@@ -181,6 +195,12 @@ class SidecarService:
     # ------------------------------------------------------------------ consume
 
     async def _on_message(self, body: bytes, msg: KafkaMessage) -> None:
+        async with self._handler_lock:
+            if self._stopping.is_set():
+                return  # not tracked, not finished: the next owner reads it
+            await self._handle(msg)
+
+    async def _handle(self, msg: KafkaMessage) -> None:
         record: ConsumerRecord[bytes, bytes] = msg.raw_message
         ref = InputRef(
             topic=record.topic,
@@ -205,8 +225,12 @@ class SidecarService:
             )
         await self.emit(step)
 
-    async def emit(self, step: Step) -> None:
-        """Publish a step's outputs (retrying until confirmed), then finish its inputs."""
+    async def emit(self, step: Step, *, retry: bool = True) -> None:
+        """Publish a step's outputs (retrying until confirmed), then finish its inputs.
+
+        With ``retry=False`` (shutdown) a failed publish leaves the step's inputs
+        unfinished, so they stay uncommitted and are read again.
+        """
         for out in step.outputs:
             topic = self._destinations[out.destination]
             backoff = 0.1
@@ -219,7 +243,7 @@ class SidecarService:
                     self.telemetry.after_publish(span)
                     break
                 except (KafkaError, TimeoutError) as exc:
-                    if self._stopping.is_set():
+                    if not retry or self._stopping.is_set():
                         log.warning("stopping: %s stays uncommitted and will be re-read", topic)
                         return
                     self.state.publish_retries += 1

@@ -50,6 +50,7 @@ class PendingRequest:
     next_seq: int = 0  # deltas 0..next_seq-1 are contiguous and appended to ``streamed``
     streamed: str = ""
     refs: list[InputRef] = field(default_factory=list)
+    raws: list[tuple[bytes | None, bytes]] = field(default_factory=list)  # (key, value) per ref
     certification: RetrievalSignal | None = None
     claims: ClaimSession | None = None
     claims_fed: int = 0  # characters of ``streamed`` already given to ``claims``

@@ -62,6 +62,12 @@ class Destination(StrEnum):
     VERDICTS = "verdicts"
     CLAIMS = "claims"
     DLQ = "dlq"
+    # hand-off at shutdown: an open request's inputs go back to the end of their topic
+    RETRIEVAL = "retrieval"
+    GENERATION = "generation"
+
+
+HANDOFF_HEADER = "x-guardrail-handoff"
 
 
 AttributeValue = str | bool | int | float | list[str]
@@ -179,6 +185,7 @@ class Processor:
             step.extend(self.dead_letter(raw, key, ref, exc))
             return step
         entry.refs.append(ref)
+        entry.raws.append((key, raw or b""))
         if entry.complete:
             step.extend(self._decide(entry, now_ms))
         else:
@@ -336,11 +343,31 @@ class Processor:
             step.extend(self._incomplete(entry, "ttl", now_ms))
         return step
 
-    def drain(self, now_ms: float) -> Step:
-        """Shutdown: every open request gets an ``incomplete`` verdict now."""
+    def handoff(self) -> Step:
+        """Graceful shutdown: give every open request back to the topics, unchanged.
+
+        Each held input is re-published (same key, so the same partition; same
+        bytes, so the same idempotency key) to the end of its input topic and the
+        originals are finished, so every partition can be committed to its end.
+        Whoever owns the partition next completes the join: no verdict is lost and
+        none is produced twice, although half-requests are still open.
+        """
         step = Step()
         for entry in self.store.drain():
-            step.extend(self._incomplete(entry, "shutdown", now_ms))
+            for ref, (key, raw) in zip(entry.refs, entry.raws, strict=True):
+                destination = (
+                    Destination.RETRIEVAL
+                    if ref.topic == self._settings.topics.retrieval
+                    else Destination.GENERATION
+                )
+                headers = {
+                    name: value.decode("utf-8", errors="replace")
+                    for name, value in ref.headers
+                    if name != HANDOFF_HEADER
+                }
+                headers[HANDOFF_HEADER] = f"{ref.topic}:{ref.partition}:{ref.offset}"
+                step.outputs.append(Output(destination, key, raw, headers))
+            step.done.extend(entry.refs)
         return step
 
     # ------------------------------------------------------------------ outputs

@@ -202,3 +202,48 @@ async def test_kill_between_publish_and_commit_redelivers_never_loses(
     await asyncio.sleep(2.0)
     assert third.kill(signal.SIGTERM) == 0
     assert len(await read_all(kafka_broker.bootstrap_servers, t.verdicts)) == 2 * len(ids)
+
+
+async def test_sigterm_hands_half_requests_over_without_loss_or_duplicates(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    sidecar_env: dict[str, str],
+    tmp_path: Path,
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    await create_topics(settings)
+    t = settings.topics
+    complete = [f"req-c{i}" for i in range(5)]
+    halves = [f"req-h{i}" for i in range(4)]
+    records = []
+    for rid in complete:
+        records.append(Record(t.retrieval, rid.encode(), dumps(retrieval_event(rid))))
+        records.append(Record(t.generation, rid.encode(), dumps(final_event(rid))))
+    records += [Record(t.retrieval, rid.encode(), dumps(retrieval_event(rid))) for rid in halves]
+
+    first = SidecarProcess(sidecar_env, tmp_path / "1.log")
+    first.start()
+    await send(settings, records)
+    for _ in range(300):
+        if len(await read_all(kafka_broker.bootstrap_servers, t.verdicts, 0.3)) >= len(complete):
+            break
+    await asyncio.sleep(1.0)  # the half-requests are consumed and held open
+    assert first.kill(signal.SIGTERM) == 0
+    done = await committed(kafka_broker.bootstrap_servers, unique_topics["group"])
+    assert sum(done.values()) == len(records)  # everything consumed was committed
+
+    second = SidecarProcess(sidecar_env, tmp_path / "2.log")
+    second.start()
+    await send(settings, [Record(t.generation, r.encode(), dumps(final_event(r))) for r in halves])
+    for _ in range(300):
+        got = await read_all(kafka_broker.bootstrap_servers, t.verdicts, 0.3)
+        if len(got) >= len(complete) + len(halves):
+            break
+    await asyncio.sleep(1.0)
+    assert second.kill(signal.SIGTERM) == 0
+    verdicts = await read_all(kafka_broker.bootstrap_servers, t.verdicts)
+    ids = [v["request_id"] for v in verdicts]
+    assert sorted(ids) == sorted(complete + halves)  # each exactly once
+    assert all(v["decision"] == "caveat" for v in verdicts)  # joined, not incomplete
