@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup kafka-jars demo test lint typecheck unit schemas clean
+.PHONY: setup kafka-jars demo test lint typecheck helm-check clean
 
 setup: $(STAMP)
 
@@ -35,8 +35,13 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
-test: setup kafka-jars lint typecheck
+# real helm (go install, pinned) lints and renders the chart for every values file,
+# kubeconform validates the manifests offline, hadolint lints the Dockerfile
+helm-check:
+	bash scripts/helm-check.sh
+
+test: setup kafka-jars lint typecheck helm-check
 	$(BIN)/pytest --require-connected
 
 clean:
-	rm -rf $(VENV) .kafka .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .kafka .tools .mypy_cache .ruff_cache .pytest_cache

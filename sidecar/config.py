@@ -111,6 +111,31 @@ class HttpSettings(_Section):
     enabled: bool = True
     host: str = "0.0.0.0"  # noqa: S104 - a pod's probes come from the kubelet, not loopback
     port: int = Field(default=8080, ge=0, le=65535)
+    ready_requires_assignment: bool = Field(
+        default=True,
+        description="readiness also needs assigned partitions; turn off when the sidecar is "
+        "injected into an LLM pod that has more replicas than partitions",
+    )
+
+
+class ModelSettings(_Section):
+    """Where model and calibration artifacts are mounted (read-only)."""
+
+    dir: str = "models"
+
+
+class PolicySettings(_Section):
+    """The decision policy file (YAML); unset means the built-in default."""
+
+    file: str | None = None
+
+
+class QdrantSettings(_Section):
+    """Qdrant: embedded local mode unless a server URL is configured."""
+
+    url: str | None = None
+    api_key: SecretStr | None = None
+    path: str | None = Field(default=None, description="local mode storage (unset: in memory)")
 
 
 class MetricsSettings(_Section):
@@ -135,6 +160,9 @@ class Settings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     http: HttpSettings = HttpSettings()
     metrics: MetricsSettings = MetricsSettings()
+    models: ModelSettings = ModelSettings()
+    policy: PolicySettings = PolicySettings()
+    qdrant: QdrantSettings = QdrantSettings()
     shutdown_grace_ms: int = Field(default=10_000, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

@@ -39,8 +39,12 @@ async def serve(settings: Settings) -> None:
             settings.http.port,
             lambda: {
                 "broker_connected": service.state.started,
-                "partitions_assigned": bool(service.state.assigned),
                 "models_loaded": True,
+                **(
+                    {"partitions_assigned": bool(service.state.assigned)}
+                    if settings.http.ready_requires_assignment
+                    else {}
+                ),
             },
         )
         await health.start()

@@ -107,11 +107,6 @@ template that renders a workload, so a bad combination fails `helm template`.
 {{- fail (printf "autoscaling.maxReplicas (%d) must be <= topics.partitions (%d): a consumer group gives each partition to one consumer, the rest sit idle" (int $v.autoscaling.maxReplicas) (int $v.topics.partitions)) }}
 {{- end }}
 {{- end }}
-{{- if and $v.podDisruptionBudget.enabled (eq $v.mode "standalone") }}
-{{- if eq (kindIs "invalid" $v.podDisruptionBudget.maxUnavailable) (kindIs "invalid" $v.podDisruptionBudget.minAvailable) }}
-{{- fail "podDisruptionBudget: set exactly one of maxUnavailable and minAvailable (the other null)" }}
-{{- end }}
-{{- end }}
 {{- if and $v.metrics.podMonitor.enabled (eq $v.mode "inject") (not $v.metrics.podMonitor.selector) }}
 {{- fail "metrics.podMonitor.selector is required in inject mode: the labels of the LLM pods that carry the sidecar" }}
 {{- end }}

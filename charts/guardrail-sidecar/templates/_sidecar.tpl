@@ -32,7 +32,7 @@ names start with "guardrail-" so they do not clash with the LLM pod's.
 {{/* The container: a list item for `containers:` (or `initContainers:` with inject.nativeSidecar). */}}
 {{- define "guardrail-sidecar.container" -}}
 {{- include "guardrail-sidecar.validate" . }}
-{{- $v := .Values }}
+{{- $v := .Values -}}
 - name: {{ $v.containerName }}
   image: {{ include "guardrail-sidecar.image" . | quote }}
   imagePullPolicy: {{ $v.image.pullPolicy }}
@@ -108,7 +108,7 @@ Environment: GUARDRAIL_<SECTION>__<FIELD>, the sidecar's pydantic-settings
 convention. Credentials only ever come from Secrets.
 */}}
 {{- define "guardrail-sidecar.env" -}}
-{{- $v := .Values }}
+{{- $v := .Values -}}
 - name: POD_NAME
   valueFrom:
     fieldRef:
@@ -123,6 +123,11 @@ convention. Credentials only ever come from Secrets.
   value: {{ $v.shutdownGraceMs | int64 | toString | quote }}
 - name: GUARDRAIL_HTTP__PORT
   value: {{ $v.http.port | toString | quote }}
+{{- if eq $v.mode "inject" }}
+{{- /* injected into an LLM pod: more replicas than partitions must not leave pods unready */}}
+- name: GUARDRAIL_HTTP__READY_REQUIRES_ASSIGNMENT
+  value: "false"
+{{- end }}
 - name: GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS
   value: {{ $v.kafka.bootstrapServers | quote }}
 - name: GUARDRAIL_KAFKA__GROUP_ID
@@ -184,7 +189,7 @@ convention. Credentials only ever come from Secrets.
   value: {{ $v.metrics.prometheus.port | toString | quote }}
 {{- end }}
 - name: OTEL_SERVICE_NAME
-  value: {{ default (include "guardrail-sidecar.fullname" .) $v.otel.serviceName | quote }}
+  value: {{ default (include "guardrail-sidecar.name" .) $v.otel.serviceName | quote }}
 {{- $attrs := list "k8s.pod.name=$(POD_NAME)" "k8s.namespace.name=$(POD_NAMESPACE)" }}
 {{- range $key, $value := $v.otel.resourceAttributes }}
 {{- $attrs = append $attrs (printf "%s=%s" $key (toString $value)) }}
@@ -206,7 +211,7 @@ convention. Credentials only ever come from Secrets.
 
 {{/* The container's mounts. /tmp is the only writable path. */}}
 {{- define "guardrail-sidecar.volumeMounts" -}}
-{{- $v := .Values }}
+{{- $v := .Values -}}
 - name: guardrail-tmp
   mountPath: /tmp
 {{- if $v.models.volume }}
@@ -236,7 +241,7 @@ convention. Credentials only ever come from Secrets.
 
 {{/* The pod volumes the container needs: list items for `volumes:`. */}}
 {{- define "guardrail-sidecar.volumes" -}}
-{{- $v := .Values }}
+{{- $v := .Values -}}
 - name: guardrail-tmp
   emptyDir:
     {{- with $v.tmp.medium }}
@@ -269,7 +274,6 @@ convention. Credentials only ever come from Secrets.
 - name: guardrail-kafka-client
   secret:
     secretName: {{ $v.kafka.ssl.clientCertSecret }}
-    defaultMode: 0400
 {{- end }}
 {{- end }}
 
