@@ -73,6 +73,12 @@ class TopicSettings(_Section):
     dlq: str = "rag.dlq"
     partitions: int = Field(default=3, ge=1, le=1024)
     replication_factor: int = Field(default=1, ge=1)
+    max_message_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="max.message.bytes of the input and DLQ topics (and the producer's "
+        "request size): an oversize input must still fit into the DLQ untouched",
+    )
 
     @model_validator(mode="after")
     def _names(self) -> Self:

@@ -78,7 +78,7 @@ async def send(
         **aiokafka_client_args(settings.kafka),
         acks="all",
         enable_idempotence=True,
-        max_request_size=max(1_048_576, settings.limits.max_message_bytes + 65_536),
+        max_request_size=settings.topics.max_message_bytes + 65_536,
     )
     await producer.start()
     sent = 0

@@ -38,7 +38,7 @@ async def serve(settings: Settings) -> None:
             settings.http.host,
             settings.http.port,
             lambda: {
-                "broker_connected": service.state.started,
+                "broker_connected": service.state.broker_ok,
                 "models_loaded": True,
                 **(
                     {"partitions_assigned": bool(service.state.assigned)}

@@ -41,6 +41,8 @@ from sidecar.telemetry import Telemetry
 log = logging.getLogger("sidecar.kafka")
 
 MAX_PUBLISH_BACKOFF_S = 5.0
+PROBE_INTERVAL_S = 2.0
+PROBE_TIMEOUT_S = 2.0
 
 
 def make_broker(settings: Settings) -> KafkaBroker:
@@ -54,7 +56,7 @@ def make_broker(settings: Settings) -> KafkaBroker:
         allow_auto_create_topics=False,
         acks="all",
         enable_idempotence=True,
-        max_request_size=max(1_048_576, settings.limits.max_message_bytes + 65_536),
+        max_request_size=settings.topics.max_message_bytes + 65_536,
         logger=log,
         log_level=logging.DEBUG,
         graceful_timeout=settings.shutdown_grace_ms / 1000.0,
@@ -83,6 +85,7 @@ class LoopState:
     """What the health endpoint and the tests read."""
 
     started: bool = False
+    broker_ok: bool = False  # the last metadata probe (every ~2 s) reached the cluster
     assigned: set[tuple[str, int]] = field(default_factory=set)
     commits: int = 0
     last_committed: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -297,9 +300,29 @@ class SidecarService:
         if dropped:
             log.info("revoked %s: %d open requests left to their new owner", revoked, dropped)
 
+    async def _probe_broker(self) -> None:
+        consumer = getattr(self.subscriber, "consumer", None)
+        if consumer is None or not hasattr(consumer, "topics"):
+            self.state.broker_ok = self.state.started
+            return
+        try:
+            await asyncio.wait_for(consumer.topics(), timeout=PROBE_TIMEOUT_S)
+        except (KafkaError, TimeoutError) as exc:
+            if self.state.broker_ok:
+                log.warning("broker unreachable (%s); not ready until it is back", exc)
+            self.state.broker_ok = False
+        else:
+            if not self.state.broker_ok:
+                log.info("broker reachable")
+            self.state.broker_ok = True
+
     async def _tick_loop(self) -> None:
         interval = self.settings.join.sweep_interval_ms / 1000.0
+        next_probe = 0.0
         while not self._stopping.is_set():
+            if time.monotonic() >= next_probe:
+                await self._probe_broker()
+                next_probe = time.monotonic() + PROBE_INTERVAL_S
             await asyncio.sleep(interval)
             try:
                 await self.emit(self.processor.on_tick(time.monotonic() * 1000.0))

@@ -27,7 +27,7 @@ class TopicSpec:
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     t = settings.topics
-    big = str(max(1_048_576, settings.limits.max_message_bytes) + 65_536)
+    big = str(settings.topics.max_message_bytes)
     return [
         TopicSpec(t.retrieval, t.partitions, {"max.message.bytes": big}),
         TopicSpec(t.generation, t.partitions, {"max.message.bytes": big}),

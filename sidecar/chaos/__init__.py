@@ -1,0 +1,1 @@
+"""Fault injection against the real broker: crashes, broker restarts, hostile input."""

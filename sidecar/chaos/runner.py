@@ -1,0 +1,333 @@
+"""Chaos scenarios against a real broker and the sidecar as its own process.
+
+Each scenario uses fresh topics and a fresh consumer group, drives traffic,
+injects one kind of fault, then drains and counts, per request id, what came
+out: verdicts (and duplicates, recognised by request id and idempotency key)
+and dead letters. ``lost`` counts requests that never got a verdict, plus
+hostile messages that reached neither the DLQ nor a verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from sidecar.chaos.corpus import hostile_corpus, request_records
+from sidecar.chaos.process import SidecarProcess
+from sidecar.config import Settings
+from sidecar.kafka.topics import create_topics
+from sidecar.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
+from sidecar.replay import Record, send
+
+
+@dataclass
+class ScenarioResult:
+    name: str
+    sent: int = 0  # input messages produced
+    requests: int = 0  # requests that must get a verdict
+    verdicts: int = 0
+    duplicates: int = 0
+    lost: int = 0
+    dlq: int = 0
+    dlq_reasons: dict[str, int] = field(default_factory=dict)
+    peak_rss_mb: float = 0.0
+    max_lag: int = 0
+    seconds: float = 0.0
+    not_ready_during_outage: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outputs:
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    dlq_reasons: Counter[str] = field(default_factory=Counter)
+
+
+class Watch:
+    """Reads the verdict and DLQ topics and samples RSS and lag in the background."""
+
+    def __init__(
+        self, settings: Settings, sidecars: Callable[[], Iterable[SidecarProcess]]
+    ) -> None:
+        self.settings = settings
+        self.sidecars = sidecars
+        self.out = Outputs()
+        self.peak_rss_mb = 0.0
+        self.max_lag = 0
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample_rss, daemon=True)
+
+    def _sample_rss(self) -> None:
+        while not self._stop.wait(0.25):
+            for p in self.sidecars():
+                rss = p.rss_mb()
+                if rss is not None:
+                    self.peak_rss_mb = max(self.peak_rss_mb, rss)
+
+    async def run(self, until: Callable[[Outputs], bool], timeout_s: float) -> None:
+        t = self.settings.topics
+        consumer = AIOKafkaConsumer(
+            t.verdicts,
+            t.dlq,
+            bootstrap_servers=self.settings.kafka.bootstrap_servers,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            max_partition_fetch_bytes=32 * 1024 * 1024,
+            fetch_max_bytes=64 * 1024 * 1024,
+        )
+        await consumer.start()
+        self._sampler.start()
+        deadline = time.monotonic() + timeout_s
+        next_lag = 0.0
+        try:
+            while time.monotonic() < deadline and not until(self.out):
+                batch = await consumer.getmany(timeout_ms=200)
+                for records in batch.values():
+                    for m in records:
+                        if m.topic == t.dlq:
+                            headers = dict(m.headers)
+                            self.out.dlq_reasons[headers.get("x-dlq-reason", b"?").decode()] += 1
+                        else:
+                            self.out.verdicts.append(orjson.loads(m.value))
+                if time.monotonic() >= next_lag:
+                    self.max_lag = max(self.max_lag, await self._lag())
+                    next_lag = time.monotonic() + 1.0
+        finally:
+            self._stop.set()
+            await consumer.stop()
+
+    async def _lag(self) -> int:
+        s = self.settings
+        admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka.bootstrap_servers)
+        probe = AIOKafkaConsumer(bootstrap_servers=s.kafka.bootstrap_servers)
+        try:
+            await admin.start()
+            await probe.start()
+            committed = await admin.list_consumer_group_offsets(s.kafka.group_id)
+            tps = [TopicPartition(s.topics.retrieval, p) for p in range(s.topics.partitions)]
+            tps += [TopicPartition(s.topics.generation, p) for p in range(s.topics.partitions)]
+            ends = await probe.end_offsets(tps)
+            return sum(
+                max(0, end - max(0, committed[tp].offset if tp in committed else 0))
+                for tp, end in ends.items()
+            )
+        except Exception:  # noqa: BLE001 - lag is best effort while the broker is down
+            return 0
+        finally:
+            await probe.stop()
+            await admin.close()
+
+
+class Chaos:
+    """Owns the broker and runs scenarios, each on fresh topics."""
+
+    def __init__(self, workdir: Path, seed: int = 7, quick: bool = True) -> None:
+        self.workdir = workdir
+        self.rng = random.Random(seed)  # noqa: S311 - reproducible fault timing
+        self.quick = quick
+        lib = ensure_jars(default_home() / "lib")
+        self.broker = LocalKafka(
+            workdir / "broker", lib, port=free_port(), controller_port=free_port()
+        )
+        self._live: list[SidecarProcess] = []
+
+    def __enter__(self) -> Chaos:
+        self.broker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self._live:
+            if p.pid is not None:
+                p.signal(signal.SIGKILL)
+        self.broker.stop()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _settings(self) -> tuple[Settings, dict[str, str]]:
+        suffix = uuid.uuid4().hex[:8]
+        topics = {
+            n: f"chaos.{suffix}.{n}"
+            for n in ("retrieval", "generation", "claims", "verdicts", "dlq")
+        }
+        settings = Settings.load(
+            kafka={
+                "bootstrap_servers": self.broker.bootstrap_servers,
+                "group_id": f"chaos.{suffix}",
+            },
+            topics={**topics, "partitions": 3},
+        )
+        env = {
+            "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": self.broker.bootstrap_servers,
+            "GUARDRAIL_KAFKA__GROUP_ID": f"chaos.{suffix}",
+            "GUARDRAIL_JOIN__TTL_MS": "3000",
+            "GUARDRAIL_JOIN__SWEEP_INTERVAL_MS": "200",
+            **{f"GUARDRAIL_TOPICS__{n.upper()}": v for n, v in topics.items()},
+        }
+        return settings, env
+
+    def _sidecar(self, env: dict[str, str], name: str) -> SidecarProcess:
+        p = SidecarProcess(env, self.workdir / f"{name}.log")
+        self._live.append(p)
+        return p
+
+    @staticmethod
+    def _score(result: ScenarioResult, expected: set[str], out: Outputs) -> None:
+        seen: Counter[str] = Counter(v["request_id"] for v in out.verdicts)
+        keys = {(v["request_id"], v["idempotency_key"]) for v in out.verdicts}
+        result.verdicts = len(out.verdicts)
+        result.duplicates = sum(seen.values()) - len(seen)
+        if len(keys) != len(seen):
+            result.notes.append("some duplicate verdicts carry different idempotency keys")
+        result.lost += len(expected - set(seen))
+        result.dlq = sum(out.dlq_reasons.values())
+        result.dlq_reasons = dict(out.dlq_reasons)
+
+    # ------------------------------------------------------------------ scenarios
+
+    async def restarts(self, sig: signal.Signals, kills: int = 3) -> ScenarioResult:
+        """Traffic flows while the sidecar is stopped with ``sig`` at random moments."""
+        name = "sigkill-restart" if sig == signal.SIGKILL else "sigterm-restart"
+        result = ScenarioResult(name)
+        started = time.monotonic()
+        settings, env = self._settings()
+        await create_topics(settings)
+        n = 150 if self.quick else 3000
+        ids = [f"{name}-{i}" for i in range(n)]
+        records = [r for rid in ids for r in request_records(settings.topics, rid)]
+        current = [self._sidecar(env, f"{name}-0")]
+        current[0].start()
+        watch = Watch(settings, lambda: current)
+
+        async def killer() -> None:
+            span = n / 50.0  # the traffic below lasts about this long
+            for i in range(kills):
+                await asyncio.sleep(self.rng.uniform(0.2, span / kills))
+                await asyncio.to_thread(current[0].signal, sig)
+                nxt = self._sidecar(env, f"{name}-{i + 1}")
+                await asyncio.to_thread(nxt.start)
+                current[0] = nxt
+
+        expected = set(ids)
+
+        def finished(o: Outputs) -> bool:
+            done = expected <= {v["request_id"] for v in o.verdicts}
+            return done and time.monotonic() - started > n / 50.0 + 3
+
+        watcher = asyncio.create_task(watch.run(finished, 120))
+        kill_task = asyncio.create_task(killer())
+        result.sent = await send(settings, records, rate_per_s=200.0)
+        await kill_task
+        await watcher
+        await asyncio.sleep(2.0)  # late duplicates, if any
+        await asyncio.to_thread(current[0].signal, signal.SIGTERM)
+        tail = Watch(settings, lambda: [])
+        await tail.run(lambda o: False, 3.0)
+        result.requests = n
+        self._score(result, expected, tail.out)
+        result.peak_rss_mb, result.max_lag = watch.peak_rss_mb, watch.max_lag
+        result.seconds = round(time.monotonic() - started, 1)
+        return result
+
+    async def broker_restart(self) -> ScenarioResult:
+        """The broker stops mid-stream and comes back on the same data directory."""
+        result = ScenarioResult("broker-restart")
+        started = time.monotonic()
+        settings, env = self._settings()
+        await create_topics(settings)
+        n = 100 if self.quick else 2000
+        ids = [f"br-{i}" for i in range(n)]
+        half = n // 2
+        side = self._sidecar(env, "broker-restart")
+        side.start()
+        first = [r for rid in ids[:half] for r in request_records(settings.topics, rid)]
+        second = [r for rid in ids[half:] for r in request_records(settings.topics, rid)]
+        result.sent = await send(settings, first, rate_per_s=200.0)
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(self.broker.stop)
+        not_ready = False
+        for _ in range(40):  # up to 10 s of outage while watching readiness
+            await asyncio.sleep(0.25)
+            not_ready = not_ready or not side.ready()
+        await asyncio.to_thread(self.broker.start)
+        result.notes.append(f"readiness went false during the outage: {not_ready}")
+        result.not_ready_during_outage = not_ready
+        result.sent += await send(settings, second, rate_per_s=200.0)
+        watch = Watch(settings, lambda: [side])
+        expected = set(ids)
+        await watch.run(lambda o: expected <= {v["request_id"] for v in o.verdicts}, 90)
+        await asyncio.sleep(1.0)
+        await asyncio.to_thread(side.signal, signal.SIGTERM)
+        result.requests = n
+        self._score(result, expected, watch.out)
+        result.peak_rss_mb, result.max_lag = watch.peak_rss_mb, watch.max_lag
+        result.seconds = round(time.monotonic() - started, 1)
+        return result
+
+    async def bad_input(self) -> ScenarioResult:
+        """Every hostile message goes to the DLQ or yields a verdict; serving goes on."""
+        result = ScenarioResult("bad-input")
+        started = time.monotonic()
+        settings, env = self._settings()
+        await create_topics(settings)
+        side = self._sidecar(env, "bad-input")
+        side.start()
+        cases = hostile_corpus(settings.topics)
+        records: list[Record] = [r for c in cases for r in c.records]
+        valid = [f"ok-{i}" for i in range(20)]
+        records += [r for rid in valid for r in request_records(settings.topics, rid)]
+        result.sent = await send(settings, records)
+        expected = set(valid) | {c.verdict_for for c in cases if c.verdict_for}
+        want_dlq = sum(c.dead_letters for c in cases)
+        watch = Watch(settings, lambda: [side])
+        await watch.run(
+            lambda o: (
+                expected <= {v["request_id"] for v in o.verdicts}
+                and sum(o.dlq_reasons.values()) >= want_dlq
+            ),
+            60,
+        )
+        alive = side.pid is not None and side.ready()
+        result.notes.append(f"sidecar alive and ready after the corpus: {alive}")
+        if not alive:
+            result.lost += 1
+        await asyncio.to_thread(side.signal, signal.SIGTERM)
+        result.requests = len(expected)
+        self._score(result, expected, watch.out)
+        result.lost += max(0, want_dlq - result.dlq)
+        result.peak_rss_mb, result.max_lag = watch.peak_rss_mb, watch.max_lag
+        result.seconds = round(time.monotonic() - started, 1)
+        return result
+
+
+def run_chaos(quick: bool = True, seed: int = 7) -> dict[str, Any]:
+    home = default_home()
+    home.mkdir(parents=True, exist_ok=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="chaos-", dir=home) as tmp,
+        Chaos(Path(tmp), seed, quick) as chaos,
+    ):
+
+        async def all_scenarios() -> list[ScenarioResult]:
+            return [
+                await chaos.restarts(signal.SIGKILL),
+                await chaos.restarts(signal.SIGTERM),
+                await chaos.broker_restart(),
+                await chaos.bad_input(),
+            ]
+
+        results = asyncio.run(all_scenarios())
+    return {"quick": quick, "seed": seed, "scenarios": [asdict(r) for r in results]}

@@ -1,0 +1,36 @@
+"""``guardrail chaos [--quick] [--json]``: crash, broker-restart and bad-input scenarios."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "chaos",
+        help="fault-injection suite against a real broker (starts its own broker and sidecars)",
+    )
+    p.add_argument("--quick", action="store_true", help="small scale, within a few minutes")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--seed", type=int, default=7)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sidecar.chaos.runner import run_chaos  # noqa: PLC0415
+
+    report = run_chaos(quick=args.quick, seed=args.seed)
+    if args.json:
+        sys.stdout.write(orjson.dumps(report).decode() + "\n")
+    else:
+        for s in report["scenarios"]:
+            sys.stdout.write(
+                f"{s['name']:<16} sent={s['sent']:<5} verdicts={s['verdicts']:<5} "
+                f"duplicates={s['duplicates']:<4} lost={s['lost']:<3} dlq={s['dlq']:<3} "
+                f"rss={s['peak_rss_mb']:.0f}MB lag={s['max_lag']} {s['seconds']}s {s['notes']}\n"
+            )
+    return 0 if all(s["lost"] == 0 for s in report["scenarios"]) else 1

@@ -1,0 +1,32 @@
+"""The quick chaos suite, as CI runs it: real broker, sidecar processes, faults."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+pytestmark = pytest.mark.connected
+
+
+def test_chaos_quick_loses_nothing() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "chaos", "--quick", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    report = orjson.loads(out.stdout)
+    by_name = {s["name"]: s for s in report["scenarios"]}
+    assert set(by_name) == {"sigkill-restart", "sigterm-restart", "broker-restart", "bad-input"}
+    for s in report["scenarios"]:
+        assert s["lost"] == 0, s
+        assert s["verdicts"] >= s["requests"], s
+    assert by_name["sigterm-restart"]["duplicates"] == 0
+    assert by_name["broker-restart"]["not_ready_during_outage"] is True
+    bad = by_name["bad-input"]
+    assert bad["dlq"] >= 15 and {"oversize", "too-deep", "invalid-utf8"} <= set(bad["dlq_reasons"])
+    assert out.returncode == 0
