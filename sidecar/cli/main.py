@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sidecar.cli.kafka",
     "sidecar.cli.config",
     "sidecar.cli.schemas",
+    "sidecar.cli.chaos",
 )
 
 
