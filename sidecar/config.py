@@ -40,6 +40,15 @@ class KafkaSettings(_Section):
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     session_timeout_ms: int = Field(default=10_000, ge=1_000)
     max_poll_records: int = Field(default=500, ge=1)
+    batch: bool = Field(
+        default=True,
+        description="consume in batches and pipeline the publishes (false: one message and "
+        "one confirmed publish at a time, the benchmark's baseline)",
+    )
+    batch_timeout_ms: int = Field(default=5, ge=0, le=10_000)
+    fetch_max_wait_ms: int = Field(
+        default=10, ge=0, le=10_000, description="how long a fetch may wait for data (latency)"
+    )
     request_timeout_ms: int = Field(default=30_000, ge=1_000)
 
     @model_validator(mode="after")

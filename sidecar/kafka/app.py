@@ -35,7 +35,7 @@ from sidecar.exceptions import InputError
 from sidecar.kafka.security import faststream_security
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.offsets import OffsetTracker
-from sidecar.pipeline.processor import Destination, Processor, Step
+from sidecar.pipeline.processor import Destination, Output, Processor, Step
 from sidecar.telemetry import Telemetry
 
 log = logging.getLogger("sidecar.kafka")
@@ -78,6 +78,13 @@ async def _tolerant_parser(record: Any, original: Callable[[Any], Awaitable[Any]
 async def _raw_decoder(message: Any) -> Any:
     """Hand the handler the raw bytes: validation is ours, with DLQ reasons."""
     return message.body
+
+
+async def _confirmed(future: Any) -> Any:
+    """A producer future (real broker) or an immediate result (in-memory broker)."""
+    if asyncio.isfuture(future) or asyncio.iscoroutine(future):
+        return await future
+    return future
 
 
 @dataclass(slots=True)
@@ -131,19 +138,30 @@ class SidecarService:
             Destination.RETRIEVAL: topics.retrieval,
             Destination.GENERATION: topics.generation,
         }
-        self.subscriber = self.broker.subscriber(
-            topics.retrieval,
-            topics.generation,
-            group_id=settings.kafka.group_id,
-            ack_policy=AckPolicy.MANUAL,
-            auto_offset_reset=settings.kafka.auto_offset_reset,
-            max_records=settings.kafka.max_poll_records,
-            session_timeout_ms=settings.kafka.session_timeout_ms,
-            listener=_Rebalance(self),
-            parser=_tolerant_parser,
-            decoder=_raw_decoder,
-        )
-        self.subscriber(self._on_message)
+        common: dict[str, Any] = {
+            "group_id": settings.kafka.group_id,
+            "ack_policy": AckPolicy.MANUAL,
+            "auto_offset_reset": settings.kafka.auto_offset_reset,
+            "max_records": settings.kafka.max_poll_records,
+            "session_timeout_ms": settings.kafka.session_timeout_ms,
+            "fetch_max_wait_ms": settings.kafka.fetch_max_wait_ms,
+            "listener": _Rebalance(self),
+            "parser": _tolerant_parser,
+            "decoder": _raw_decoder,
+        }
+        self._pipelined = settings.kafka.batch
+        if settings.kafka.batch:
+            self.subscriber = self.broker.subscriber(
+                topics.retrieval,
+                topics.generation,
+                batch=True,
+                batch_timeout_ms=settings.kafka.batch_timeout_ms,
+                **common,
+            )
+            self.subscriber(self._on_batch)
+        else:  # the baseline: one message per handler call, one confirmed publish at a time
+            self.subscriber = self.broker.subscriber(topics.retrieval, topics.generation, **common)
+            self.subscriber(self._on_message)
         self._commit_lock = asyncio.Lock()
         self._handler_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -197,14 +215,23 @@ class SidecarService:
 
     # ------------------------------------------------------------------ consume
 
-    async def _on_message(self, body: bytes, msg: KafkaMessage) -> None:
+    async def _on_message(self, body: Any, msg: KafkaMessage) -> None:
         async with self._handler_lock:
             if self._stopping.is_set():
                 return  # not tracked, not finished: the next owner reads it
-            await self._handle(msg)
+            await self.emit(self._process(msg.raw_message))
 
-    async def _handle(self, msg: KafkaMessage) -> None:
-        record: ConsumerRecord[bytes, bytes] = msg.raw_message
+    async def _on_batch(self, body: Any, msg: KafkaMessage) -> None:
+        records: tuple[ConsumerRecord[bytes, bytes], ...] = msg.raw_message
+        async with self._handler_lock:
+            if self._stopping.is_set():
+                return
+            step = Step()
+            for record in records:
+                step.extend(self._process(record))
+            await self.emit(step)
+
+    def _process(self, record: ConsumerRecord[bytes, bytes]) -> Step:
         ref = InputRef(
             topic=record.topic,
             partition=record.partition,
@@ -214,48 +241,86 @@ class SidecarService:
         self.tracker.track(ref.tp, ref.offset)
         kind = self._kinds.get(record.topic)
         if kind is None:  # not ours (a pattern or misconfigured subscription)
-            self.tracker.done(ref.tp, ref.offset)
-            return
+            return Step(done=[ref])
         try:
-            step = self.processor.on_message(
+            return self.processor.on_message(
                 kind, record.value, record.key, ref, time.monotonic() * 1000.0
             )
         except Exception as exc:
             log.exception("internal error on %s[%d]@%d", ref.topic, ref.partition, ref.offset)
             detail = "".join(traceback.format_exception_only(exc)).strip()
-            step = self.processor.dead_letter(
+            return self.processor.dead_letter(
                 record.value, record.key, ref, InputError("internal-error", detail)
             )
-        await self.emit(step)
 
     async def emit(self, step: Step, *, retry: bool = True) -> None:
         """Publish a step's outputs (retrying until confirmed), then finish its inputs.
 
         With ``retry=False`` (shutdown) a failed publish leaves the step's inputs
-        unfinished, so they stay uncommitted and are read again.
+        unfinished, so they stay uncommitted and are read again. Pipelined (the
+        default): every output is handed to the producer first and the
+        confirmations are awaited together; what failed is retried one by one.
         """
-        for out in step.outputs:
-            topic = self._destinations[out.destination]
-            backoff = 0.1
-            span = self.telemetry.before_publish(out)
-            while True:
-                try:
-                    await self.broker.publish(
-                        out.value, topic=topic, key=out.key, headers=out.headers
-                    )
-                    self.telemetry.after_publish(span)
-                    break
-                except (KafkaError, TimeoutError) as exc:
-                    if not retry or self._stopping.is_set():
-                        log.warning("stopping: %s stays uncommitted and will be re-read", topic)
-                        return
-                    self.state.publish_retries += 1
-                    self.telemetry.publish_retries.add(1)
-                    log.warning("publish to %s failed (%s); retrying in %.1fs", topic, exc, backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, MAX_PUBLISH_BACKOFF_S)
+        pending: list[tuple[Output, Any]] = [(out, None) for out in step.outputs]
+        if self._pipelined and len(pending) > 1:
+            pending = await self._publish_pipelined(step.outputs)
+        for out, span in pending:
+            if not await self._publish_one(out, span, retry=retry):
+                return
         for ref in step.done:
             self.tracker.done(ref.tp, ref.offset)
+
+    async def _publish_pipelined(self, outputs: list[Output]) -> list[tuple[Output, Any]]:
+        """Send all, await all; returns the outputs that failed, with their open spans."""
+        sent: list[tuple[Output, Any, Any]] = []
+        failed: list[tuple[Output, Any]] = []
+        for out in outputs:
+            span = self.telemetry.before_publish(out)
+            try:
+                future = await self.broker.publish(
+                    out.value,
+                    topic=self._destinations[out.destination],
+                    key=out.key,
+                    headers=out.headers,
+                    no_confirm=True,
+                )
+            except (KafkaError, TimeoutError):
+                failed.append((out, span))
+                continue
+            sent.append((out, span, future))
+        results = await asyncio.gather(
+            *(_confirmed(future) for _, _, future in sent), return_exceptions=True
+        )
+        for (out, span, _), result in zip(sent, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, KafkaError | TimeoutError):
+                    raise result
+                failed.append((out, span))
+            else:
+                self.telemetry.after_publish(span)
+        return failed
+
+    async def _publish_one(self, out: Output, span: Any, *, retry: bool) -> bool:
+        """Publish and await confirmation, retrying with backoff; False when giving up."""
+        topic = self._destinations[out.destination]
+        backoff = 0.1
+        if span is None:
+            span = self.telemetry.before_publish(out)
+        while True:
+            try:
+                await self.broker.publish(out.value, topic=topic, key=out.key, headers=out.headers)
+            except (KafkaError, TimeoutError) as exc:
+                if not retry or self._stopping.is_set():
+                    log.warning("stopping: %s stays uncommitted and will be re-read", topic)
+                    return False
+                self.state.publish_retries += 1
+                self.telemetry.publish_retries.add(1)
+                log.warning("publish to %s failed (%s); retrying in %.1fs", topic, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_PUBLISH_BACKOFF_S)
+            else:
+                self.telemetry.after_publish(span)
+                return True
 
     # ------------------------------------------------------------------ commits
 
