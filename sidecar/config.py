@@ -139,6 +139,21 @@ class ModelSettings(_Section):
     dir: str = "models"
 
 
+class SignalSettings(_Section):
+    """Which signals run, and their artifacts (paths relative to ``models.dir``)."""
+
+    retrieval: bool = True
+    calibration: str = "conformal/nq-open-minilm.json"
+    unknown_collection: Literal["fallback-global", "reject"] = "fallback-global"
+    monitor_window: int = Field(default=500, ge=10)
+    monitor_confidence: float = Field(default=0.99, gt=0.5, lt=1.0)
+    lookback: bool = True
+    lookback_model: str = "lookback/smollm2-135m-cw"
+    lookback_mismatch: Literal["dead-letter", "unavailable"] = "dead-letter"
+    claims: bool = True
+    verifier: str = "verifier"
+
+
 class PolicySettings(_Section):
     """The decision policy file (YAML); unset means the built-in default."""
 
@@ -176,6 +191,7 @@ class Settings(BaseSettings):
     http: HttpSettings = HttpSettings()
     metrics: MetricsSettings = MetricsSettings()
     models: ModelSettings = ModelSettings()
+    signals: SignalSettings = SignalSettings()
     policy: PolicySettings = PolicySettings()
     qdrant: QdrantSettings = QdrantSettings()
     shutdown_grace_ms: int = Field(default=10_000, ge=0)

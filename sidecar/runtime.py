@@ -5,15 +5,68 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 from sidecar.config import Settings
+from sidecar.exceptions import ConfigError
 from sidecar.health import HealthServer
 from sidecar.kafka.app import SidecarService
 from sidecar.pipeline.processor import Processor
+from sidecar.pipeline.signals import SignalSuite
 from sidecar.policy import PlaceholderPolicy, Policy
 from sidecar.telemetry import configure_from_env
 
 log = logging.getLogger("sidecar")
+
+
+def _artifact(settings: Settings, relative: str, what: str, switch: str) -> Path:
+    path = Path(settings.models.dir) / relative
+    if not path.exists():
+        raise ConfigError(
+            f"{what} not found at {path} (GUARDRAIL_MODELS__DIR={settings.models.dir}); "
+            f"mount the models there, or set {switch}=false to run without this signal"
+        )
+    return path
+
+
+def build_signals(settings: Settings) -> SignalSuite:
+    """Load every enabled signal's artifact; a missing or corrupt one stops the start."""
+    sig = settings.signals
+    certifier = None
+    if sig.retrieval:
+        from sidecar.conformal import (  # noqa: PLC0415
+            CalibrationRegistry,
+            ExchangeabilityMonitor,
+            load_artifact,
+        )
+        from sidecar.conformal.signal import ConformalCertifier  # noqa: PLC0415
+
+        path = _artifact(
+            settings, sig.calibration, "the conformal calibration", "GUARDRAIL_SIGNALS__RETRIEVAL"
+        )
+        registry = CalibrationRegistry(
+            load_artifact(path), unknown_collection=sig.unknown_collection
+        )
+        monitor = ExchangeabilityMonitor(
+            window=sig.monitor_window,
+            confidence=sig.monitor_confidence,
+            min_samples=min(50, sig.monitor_window),
+        )
+        certifier = ConformalCertifier(registry, monitor)
+    return SignalSuite(certifier=certifier)
+
+
+def serving_imports_torch() -> bool:
+    """Does loading everything ``run`` loads pull torch, transformers or sklearn? (subprocess)"""
+    code = (
+        "import sys; from sidecar.config import Settings; from sidecar import runtime; "
+        "runtime.check(Settings.load()); "
+        "print(any(m in sys.modules for m in ('torch', 'transformers', 'sklearn')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.strip().endswith("True")
 
 
 def build_policy(settings: Settings) -> Policy:
@@ -25,13 +78,15 @@ def build_policy(settings: Settings) -> Policy:
 def check(settings: Settings) -> dict[str, object]:
     """Everything ``run`` would load, loaded and validated, without touching Kafka."""
     policy = build_policy(settings)
-    Processor(settings, policy)
-    return {"config": "ok", "policy": policy.name, "models": {}}
+    signals = build_signals(settings)
+    Processor(settings, policy, signals=signals)
+    return {"config": "ok", "policy": policy.name, "models": signals.versions()}
 
 
 async def serve(settings: Settings) -> None:
     shutdown_telemetry = configure_from_env(settings.metrics.prometheus_port)
-    service = SidecarService(settings, Processor(settings, build_policy(settings)))
+    signals = build_signals(settings)
+    service = SidecarService(settings, Processor(settings, build_policy(settings), signals=signals))
     health: HealthServer | None = None
     if settings.http.enabled:
         health = HealthServer(

@@ -145,9 +145,20 @@ class SweepEntry(_Model):
     n: int = Field(ge=0)
     k: int = Field(ge=1)
     q_hat: Unit | None
+    threshold: Unit | None = Field(description="normalised-score cut at this alpha")
     m1_mean: Unit
     m2_mean: Unit
     coverage: Unit | None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if (self.q_hat is None) != (self.k > self.n) or (self.q_hat is None) != (
+            self.threshold is None
+        ):
+            raise ValueError(
+                f"sweep alpha={self.alpha}: q_hat and threshold are null exactly when k > n"
+            )
+        return self
 
     @classmethod
     def from_point(cls, p: SweepPoint) -> SweepEntry:
@@ -157,6 +168,7 @@ class SweepEntry(_Model):
             n=p.n,
             k=p.k,
             q_hat=p.q_hat if math.isfinite(p.q_hat) else None,
+            threshold=p.threshold if math.isfinite(p.threshold) else None,
             m1_mean=p.m1_mean,
             m2_mean=p.m2_mean,
             coverage=p.coverage,
@@ -279,6 +291,23 @@ class CalibrationArtifact(_Model):
             n_questions=self.n_questions,
             n_chunks=self.n_chunks,
         )
+
+    def sweep_calibrations(self) -> list[ConformalCalibration]:
+        """The calibration at every alpha of ``alpha_sweep`` (same n1, n2), to re-evaluate it."""
+        return [
+            _calibration(
+                alpha=p.alpha,
+                n1=self.n1,
+                n2=self.n2,
+                n=p.n,
+                k=p.k,
+                q_hat=p.q_hat,
+                threshold=p.threshold,
+                n_questions=self.n_questions,
+                n_chunks=self.n_chunks,
+            )
+            for p in self.alpha_sweep
+        ]
 
     @property
     def global_key(self) -> CalibrationKey:

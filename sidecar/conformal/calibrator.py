@@ -341,6 +341,7 @@ class SweepPoint:
     n: int
     k: int
     q_hat: float
+    threshold: float
     m1_mean: float
     m2_mean: float
     coverage: float | None
@@ -391,6 +392,7 @@ def alpha_sweep(
                 n=cal.n,
                 k=cal.k,
                 q_hat=cal.q_hat,
+                threshold=cal.threshold,
                 m1_mean=m.m1_mean,
                 m2_mean=m.m2_mean,
                 coverage=m.coverage,

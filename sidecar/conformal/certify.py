@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Real
 
 from sidecar.conformal.calibrator import ConformalCalibration
 from sidecar.conformal.mondrian import GLOBAL_KEY_LABEL
@@ -36,7 +37,7 @@ class Certification:
     m2: float
     """Eq. (6): ``|C| / K`` (0.0 for an empty retrieval)."""
     depth: int
-    """K, the number of scores in the event."""
+    """K of eq. (6): the requested depth, or the number of scores in the event."""
     normalised_scores: tuple[float, ...]
     alpha: float
     q_hat: float | None
@@ -59,14 +60,17 @@ def certify(
     raw_scores: Sequence[float],
     calibration: ResolvedCalibration | ConformalCalibration,
     *,
+    depth: int | None = None,
     calibration_id: str = "unversioned",
 ) -> Certification:
     """Certify one retrieval's raw scores with a resolved (or plain) calibration.
 
     ``calibration`` is what :meth:`CalibrationRegistry.resolve` returned for the
     event's (tenant, collection, retriever); a bare :class:`ConformalCalibration`
-    is accepted for offline use (then ``calibration_id`` names it). Raises
-    :class:`InputError` ``invalid-score`` for NaN, inf or non-numeric scores.
+    is accepted for offline use (then ``calibration_id`` names it). ``depth`` is
+    the K of eq. (6) when the event asked for more chunks than it got (default:
+    the number of scores). Raises :class:`InputError` ``invalid-score`` for NaN,
+    inf or non-numeric scores and ``invalid-depth`` for a depth below that number.
     """
     if isinstance(calibration, ResolvedCalibration):
         cal = calibration.calibration
@@ -88,14 +92,15 @@ def certify(
     trusted: list[int] = []
     n_clipped = 0
     for j, raw in enumerate(raw_scores):
-        if isinstance(raw, bool):
-            raise InputError("invalid-score", f"retrieval score {j} is a bool ({raw!r})")
-        try:
-            s = float(raw)
-        except (TypeError, ValueError) as exc:
+        value: object = raw  # events are validated upstream, but not trusted here
+        if type(value) is float:  # the common case, checked first
+            s = value
+        elif not isinstance(value, bool) and isinstance(value, Real):
+            s = float(value)
+        else:
             raise InputError(
                 "invalid-score", f"retrieval score {j} is {raw!r}; scores must be finite numbers"
-            ) from exc
+            )
         if not math.isfinite(s):
             raise InputError(
                 "invalid-score", f"retrieval score {j} is {s!r}; scores must be finite numbers"
@@ -112,7 +117,13 @@ def certify(
         if v >= threshold:
             trusted.append(j)
 
-    depth = len(normalised)
+    if depth is None:
+        depth = len(normalised)
+    elif depth < len(normalised):
+        raise InputError(
+            "invalid-depth",
+            f"depth K={depth} is smaller than the {len(normalised)} scores of the retrieval",
+        )
     certifiable = cal.certifiable
     return Certification(
         trusted_indices=tuple(trusted),

@@ -9,7 +9,9 @@ describes the traffic. The monitor keeps, per calibration key, the last
 ``window`` values of m1 and their Wilson score interval
 (:func:`sidecar.stats.intervals.wilson_interval`); when the interval's *upper*
 bound falls below 1 - alpha, the shortfall is not sampling noise and the status
-says "exchangeability broken, recalibrate".
+says "exchangeability broken, recalibrate". The alarm then holds until the rolling
+mean(m1) itself is back at 1 - alpha (hysteresis, so it does not flap), and
+``MonitorStatus.changed`` marks the edges to alert on.
 
 The check runs after every observation; the stated confidence is per check,
 not for the whole stream, so pick a high one (the default is 0.99) and treat
@@ -72,7 +74,9 @@ class _Window:
 class ExchangeabilityMonitor:
     """Rolling mean(m1) per calibration key with a Wilson-interval alarm."""
 
-    def __init__(self, *, window: int = 500, confidence: float = 0.99, min_samples: int = 50):
+    def __init__(
+        self, *, window: int = 500, confidence: float = 0.99, min_samples: int = 50
+    ) -> None:
         if isinstance(window, bool) or window < 1:
             raise ConfigError(f"window must be a positive number of retrievals, got {window!r}")
         if isinstance(min_samples, bool) or not 1 <= min_samples <= window:
@@ -115,7 +119,9 @@ class ExchangeabilityMonitor:
                 f"{key}: {n} of {self.min_samples} retrievals needed before judging "
                 f"exchangeability; mean(m1)={mean:.3f}"
             )
-        elif interval.high < target:
+        elif interval.high < target or (win.state is MonitorState.BROKEN and mean < target):
+            # Hysteresis: once broken, the alarm holds until the rolling mean itself is back
+            # at 1 - alpha, so a window hovering at the bound does not flap.
             state = MonitorState.BROKEN
             message = (
                 f"{key}: exchangeability broken, recalibrate: mean(m1)={mean:.3f} over the last "

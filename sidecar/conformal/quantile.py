@@ -110,11 +110,12 @@ def explain_rank(alpha: Fraction, n: int, k: int) -> str:
     if k <= n:
         return (
             f"q_hat is the k={k}-th smallest of n={n} nonconformity scores "
-            f"(k = ceil((n+1)(1-alpha)), alpha={alpha})"
+            f"(k = ceil((n+1)(1-alpha)), alpha={float(alpha):g})"
         )
     return (
-        f"nothing can be certified at alpha={alpha}: k = ceil((n+1)(1-alpha)) = {k} exceeds "
-        f"n={n} calibration scores, so q_hat = +inf and every chunk passes "
+        f"nothing can be certified at alpha={float(alpha):g}: "
+        f"k = ceil((n+1)(1-alpha)) = {k} exceeds n={n} calibration scores, "
+        "so q_hat = +inf and every chunk passes "
         f"(needs n >= {min_calibration_size(alpha)} correct chunks)"
     )
 

@@ -21,13 +21,15 @@ __all__ = ["load_artifact", "save_artifact"]
 
 
 def save_artifact(artifact: CalibrationArtifact, path: str | Path) -> Path:
-    """Write the artifact as JSON, atomically (temporary file, then rename)."""
+    """Write the artifact as JSON (mode 0644), atomically (temporary file, then rename)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(artifact.dumps())
+        # mkstemp makes the file private (0600); an artifact is read by the serving user.
+        Path(tmp).chmod(0o644)
         Path(tmp).replace(target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

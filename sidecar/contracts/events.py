@@ -196,13 +196,22 @@ class RetrievalSignal(BaseModel):
 
     status: SignalStatus
     trusted_chunk_ids: list[str] = Field(default_factory=list)
-    m1: bool | None = None
-    m2: Probability | None = None
-    q_hat: float | None = None
+    m1: bool | None = Field(default=None, description="eq. 5: at least one chunk is trusted")
+    m2: Probability | None = Field(default=None, description="eq. 6: |C| / K")
+    q_hat: float | None = Field(default=None, description="None when nothing is certifiable")
+    alpha: Probability | None = None
+    certifiable: bool | None = Field(
+        default=None, description="false when k > n: no threshold exists at this alpha"
+    )
     calibration_version: str | None = None
     calibration_key: str | None = None
     fallback: bool = False
+    fallback_reason: str | None = None
     clipped_scores: int = 0
+    monitor: Literal["warming-up", "ok", "exchangeability-broken"] | None = Field(
+        default=None, description="rolling mean(m1) vs 1 - alpha (Wilson interval)"
+    )
+    m1_mean: Probability | None = None
 
 
 class LookbackSignal(BaseModel):

@@ -87,6 +87,8 @@ def _image_env(venv: Path, tmp: Path) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{_closed_port()}",
         "GUARDRAIL_HTTP__PORT": "0",
+        # the models volume the chart mounts read-only at /models
+        "GUARDRAIL_MODELS__DIR": str(ROOT / "models"),
     }
 
 

@@ -1,0 +1,50 @@
+"""The retrieval-certification signal of the sidecar (seed 000 section 3.2), pure.
+
+Implements ``sidecar.pipeline.signals.RetrievalCertifier``: resolves the event's
+calibration key (tenant, collection, retriever) in the registry, certifies the
+hits' raw scores (eqs. 4-6, depth = the event's K), feeds the exchangeability
+monitor and reports all of it as a ``RetrievalSignal``.
+"""
+
+from __future__ import annotations
+
+from sidecar.conformal.certify import certify
+from sidecar.conformal.monitor import ExchangeabilityMonitor, MonitorStatus
+from sidecar.conformal.registry import CalibrationRegistry
+from sidecar.contracts.events import RetrievalEvent, RetrievalSignal, SignalStatus
+
+
+class ConformalCertifier:
+    """Certify each retrieval event against its (Mondrian) calibration."""
+
+    def __init__(self, registry: CalibrationRegistry, monitor: ExchangeabilityMonitor) -> None:
+        self.registry = registry
+        self.monitor = monitor
+
+    @property
+    def version(self) -> str:
+        return self.registry.calibration_id
+
+    def certify(self, event: RetrievalEvent) -> RetrievalSignal:
+        resolved = self.registry.resolve(event.tenant, event.collection, event.retriever)
+        cert = certify([h.score for h in event.hits], resolved, depth=event.k)
+        status = self.monitor.observe(cert)
+        return RetrievalSignal(
+            status=SignalStatus.OK,
+            trusted_chunk_ids=[event.hits[i].chunk_id for i in cert.trusted_indices],
+            m1=cert.m1,
+            m2=cert.m2,
+            q_hat=cert.q_hat,
+            alpha=cert.alpha,
+            certifiable=cert.certifiable,
+            calibration_version=cert.calibration_id,
+            calibration_key=cert.calibration_key,
+            fallback=cert.fallback,
+            fallback_reason=cert.fallback_reason,
+            clipped_scores=cert.n_clipped,
+            monitor=status.state.value,
+            m1_mean=status.m1_mean,
+        )
+
+    def monitor_statuses(self) -> dict[str, MonitorStatus]:
+        return self.monitor.statuses()

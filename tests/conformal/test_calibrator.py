@@ -1,0 +1,152 @@
+"""fit -> calibrate -> predict on toy data worked by hand (seed 000, eqs. 2-6)."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from sidecar.conformal.calibrator import (
+    ConformalCalibration,
+    RetrievalCalibrator,
+    alpha_sweep,
+    evaluate,
+)
+from sidecar.exceptions import ConfigError, InputError, LifecycleError
+from tests.conformal.conftest import SyntheticFactory
+
+# raw = 2 + 4 * normalised, so n1 = 2, n2 = 6 and the normalised values are exact
+NORMALISED = [[1.0, 0.5, 0.125], [0.75, 0.25], [0.875, 0.625, 0.0]]
+RAW = [[2.0 + 4.0 * v for v in row] for row in NORMALISED]
+LABELS = [[True, False, False], [True, False], [False, True, False]]
+# correct chunks: normalised 1.0, 0.75, 0.625 -> nonconformity 0, 0.25, 0.375; n = 3
+
+
+def _cal(alpha: float) -> RetrievalCalibrator:
+    return RetrievalCalibrator(alpha).fit(RAW).calibrate(RAW, LABELS)
+
+
+def test_toy_calibration_by_hand() -> None:
+    c = _cal(0.5).calibration_  # k = ceil(4 * 0.5) = 2
+    assert (c.n1, c.n2, c.n, c.k) == (2.0, 6.0, 3, 2)
+    assert (c.q_hat, c.threshold) == (0.25, 0.75)
+    assert (c.n_questions, c.n_chunks) == (3, 8)
+    assert c.certifiable
+    assert c.coverage_bounds == (0.5, 0.75)
+
+    c = _cal(0.25).calibration_  # k = ceil(4 * 0.75) = 3
+    assert (c.k, c.q_hat, c.threshold) == (3, 0.375, 0.625)
+
+
+def test_too_few_correct_chunks_is_vacuous_not_an_error() -> None:
+    c = _cal(0.2).calibration_  # k = ceil(4 * 0.8) = 4 > n = 3
+    assert (c.k, c.n) == (4, 3)
+    assert not c.certifiable
+    assert c.q_hat == math.inf
+    assert c.threshold == -math.inf
+    assert "nothing can be certified at alpha=0.2" in c.explain()
+
+
+def test_predict_uses_the_threshold_inclusively_and_clips() -> None:
+    cal = _cal(0.5)  # threshold 0.75 on the normalised scale, i.e. raw 5.0
+    assert cal.predict([5.0, 3.0]).tolist() == [True, False]
+    assert cal.predict([7.0, 1.0]).tolist() == [True, False]  # clipped to 1 and 0
+    assert cal.predict([4.999]).tolist() == [False]
+
+
+def test_evaluate_by_hand() -> None:
+    m = evaluate(_cal(0.5).calibration_, RAW, LABELS)
+    # trusted per row: {0}, {0}, {0}; correct (2, 1) at 0.625 < 0.75 is missed
+    assert (m.n_correct, m.n_correct_trusted) == (3, 2)
+    assert m.coverage == pytest.approx(2 / 3)
+    assert m.m1_mean == 1.0
+    assert m.m2_mean == pytest.approx((1 / 3 + 1 / 2 + 1 / 3) / 3)
+    m = evaluate(_cal(0.25).calibration_, RAW, LABELS)
+    assert m.coverage == 1.0
+    assert m.m2_mean == pytest.approx((1 / 3 + 1 / 2 + 2 / 3) / 3)
+    m = evaluate(_cal(0.25).calibration_, [[1.0], []])
+    assert m.coverage is None
+    assert (m.m1_mean, m.m2_mean, m.n_clipped) == (0.0, 0.0, 1)
+
+
+def test_calibration_set_coverage_is_at_least_k_over_n(make_retrievals: SyntheticFactory) -> None:
+    data = make_retrievals(seed=3, n_questions=150, correct_per_question=2)
+    for alpha in (0.05, 0.1, 0.3, 0.6):
+        c = RetrievalCalibrator(alpha).fit(data.scores).calibrate(data.scores, data.labels)
+        m = evaluate(c.calibration_, data.scores, data.labels)
+        # at least the k largest correct scores are >= the k-th largest one
+        assert m.n_correct_trusted >= c.calibration_.k
+        assert m.coverage is not None
+        assert m.coverage >= 1 - alpha
+
+
+def test_lifecycle_guards() -> None:
+    cal = RetrievalCalibrator(0.1)
+    with pytest.raises(LifecycleError, match=r"fit\(scores\)"):
+        cal.predict([0.5])
+    with pytest.raises(LifecycleError, match=r"fit\(scores\)"):
+        cal.calibrate(RAW, LABELS)
+    cal.fit(RAW)
+    with pytest.raises(LifecycleError, match=r"calibrate\(scores, labels\)"):
+        cal.predict([0.5])
+    cal.calibrate(RAW, LABELS)
+    assert cal.predict([6.0]).tolist() == [True]
+    cal.fit(RAW)  # re-fitting invalidates the calibration
+    with pytest.raises(LifecycleError):
+        _ = cal.calibration_
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(ConfigError):
+        RetrievalCalibrator(0.0)
+    with pytest.raises(InputError) as info:
+        RetrievalCalibrator(0.1).fit([[0.1, math.nan]])
+    assert info.value.reason == "invalid-score"
+    with pytest.raises(InputError) as info:
+        RetrievalCalibrator(0.1).fit(RAW).calibrate(RAW, [[True], [True, False], [False] * 3])
+    assert info.value.reason == "shape-mismatch"
+
+
+def test_calibration_invariants_are_checked() -> None:
+    good = _cal(0.5).calibration_
+    with pytest.raises(ConfigError, match="k must be"):
+        ConformalCalibration(
+            alpha=good.alpha, n1=2.0, n2=6.0, n=3, k=3, q_hat=0.25, threshold=0.75,
+            n_questions=3, n_chunks=8,
+        )  # fmt: skip
+    with pytest.raises(ConfigError, match="must be \\+inf"):
+        ConformalCalibration(
+            alpha=Fraction(1, 5), n1=2.0, n2=6.0, n=3, k=4, q_hat=0.3, threshold=0.7,
+            n_questions=3, n_chunks=8,
+        )  # fmt: skip
+
+
+def test_sweep_matches_the_calibrator_at_every_alpha(make_retrievals: SyntheticFactory) -> None:
+    cal = make_retrievals(seed=1, n_questions=80)
+    test = make_retrievals(seed=2, n_questions=60)
+    alphas = [Fraction(1, 100), Fraction(1, 10), Fraction(1, 4), Fraction(9, 10)]
+    points = alpha_sweep(cal.scores, cal.labels, alphas, test.scores, test.labels)
+    for alpha, point in zip(alphas, points, strict=True):
+        c = RetrievalCalibrator(alpha).fit(cal.scores).calibrate(cal.scores, cal.labels)
+        m = evaluate(c.calibration_, test.scores, test.labels)
+        assert (point.alpha, point.k, point.q_hat) == (
+            alpha,
+            c.calibration_.k,
+            c.calibration_.q_hat,
+        )
+        assert (point.m1_mean, point.m2_mean, point.coverage) == (m.m1_mean, m.m2_mean, m.coverage)
+    # alpha = 0.01 with n = 80: k = ceil(81 * 0.99) = 81 > 80 -> everything trusted
+    assert points[0].q_hat == math.inf
+    assert (points[0].m1_mean, points[0].m2_mean) == (1.0, 1.0)
+    m1 = [p.m1_mean for p in points]
+    assert m1 == sorted(m1, reverse=True)
+
+
+def test_sweep_defaults_to_the_calibration_set(make_retrievals: SyntheticFactory) -> None:
+    cal = make_retrievals(seed=4, n_questions=50)
+    own = alpha_sweep(cal.scores, cal.labels, [0.2])
+    explicit = alpha_sweep(cal.scores, cal.labels, [0.2], cal.scores, cal.labels)
+    assert own == explicit
+    assert np.isfinite(own[0].q_hat)

@@ -1,0 +1,106 @@
+"""The per-event certificate (seed 000, eqs. 4-6)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.conformal.calibrator import ConformalCalibration, RetrievalCalibrator
+from sidecar.conformal.certify import certify
+from sidecar.conformal.mondrian import CalibrationKey, FallbackReason
+from sidecar.conformal.registry import ResolvedCalibration
+from sidecar.exceptions import InputError
+from tests.conformal.conftest import synthetic
+
+RAW = [[6.0, 4.0, 2.5], [5.0, 3.0], [5.5, 4.5, 2.0]]
+LABELS = [[True, False, False], [True, False], [False, True, False]]
+
+
+def _calibration(alpha: float = 0.5) -> ConformalCalibration:
+    # n1 = 2, n2 = 6, threshold 0.75 (raw 5.0) at alpha = 0.5; see test_calibrator
+    return RetrievalCalibrator(alpha).fit(RAW).calibrate(RAW, LABELS).calibration_
+
+
+def test_trusted_set_and_metrics() -> None:
+    cert = certify([5.5, 5.0, 4.9, 1.0, 7.0], _calibration(), calibration_id="toy")
+    assert cert.trusted_indices == (0, 1, 4)
+    assert cert.m1 is True
+    assert cert.m2 == pytest.approx(3 / 5)
+    assert cert.depth == 5
+    assert cert.n_clipped == 2  # 1.0 < n1 and 7.0 > n2
+    assert cert.normalised_scores == pytest.approx((0.875, 0.75, 0.725, 0.0, 1.0))
+    assert (cert.q_hat, cert.threshold, cert.alpha) == (0.25, 0.75, 0.5)
+    assert cert.certifiable
+    assert (cert.calibration_id, cert.calibration_key, cert.fallback) == ("toy", "global", False)
+
+
+def test_nothing_trusted() -> None:
+    cert = certify([2.0, 3.0], _calibration())
+    assert (cert.trusted_indices, cert.m1, cert.m2) == ((), False, 0.0)
+
+
+def test_empty_retrieval_and_requested_depth() -> None:
+    cert = certify([], _calibration())
+    assert (cert.m1, cert.m2, cert.depth) == (False, 0.0, 0)
+    cert = certify([6.0, 2.0], _calibration(), depth=4)  # asked for 4, got 2
+    assert cert.m2 == 0.25
+    with pytest.raises(InputError) as info:
+        certify([6.0, 2.0, 3.0], _calibration(), depth=2)
+    assert info.value.reason == "invalid-depth"
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, "0.5", None, True, [0.1]])
+def test_invalid_scores_go_to_the_dead_letter_topic(bad: Any) -> None:
+    with pytest.raises(InputError) as info:
+        certify([5.0, bad], _calibration())
+    assert info.value.reason == "invalid-score"
+    assert info.value.dead_letter
+    assert "score 1" in info.value.detail
+
+
+def test_vacuous_calibration_trusts_everything_and_says_so() -> None:
+    cal = _calibration(0.2)  # k = 4 > n = 3
+    cert = certify([2.0, 6.0, 1.0], cal)
+    assert cert.trusted_indices == (0, 1, 2)
+    assert (cert.m1, cert.m2) == (True, 1.0)
+    assert not cert.certifiable
+    assert (cert.q_hat, cert.threshold) == (None, None)
+
+
+def test_resolved_calibration_carries_key_and_fallback() -> None:
+    resolved = ResolvedCalibration(
+        calibration=_calibration(),
+        calibration_id="r@c:abc",
+        requested=CalibrationKey("t", "c", "r"),
+        used_key="global",
+        fallback_reason=FallbackReason.UNKNOWN_KEY,
+        detail="...",
+    )
+    cert = certify([5.0], resolved)
+    assert cert.calibration_id == "r@c:abc"
+    assert (cert.calibration_key, cert.requested_key) == ("global", "t/c/r")
+    assert (cert.fallback, cert.fallback_reason) == (True, "unknown-key")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    alpha=st.sampled_from([0.05, 0.1, 0.3, 0.8]),
+    scores=st.lists(st.floats(-1.0, 2.0, allow_nan=False), max_size=12),
+)
+def test_same_decisions_as_the_vectorised_calibrator(
+    seed: int, alpha: float, scores: list[float]
+) -> None:
+    data = synthetic(np.random.default_rng(seed), 30)
+    cal = RetrievalCalibrator(alpha).fit(data.scores).calibrate(data.scores, data.labels)
+    cert = certify(scores, cal.calibration_)
+    mask = cal.predict(scores).tolist()
+    assert cert.trusted_indices == tuple(j for j, t in enumerate(mask) if t)
+    normalised, clipped = cal.calibration_.normaliser.transform(scores)
+    assert list(cert.normalised_scores) == normalised.tolist()
+    assert cert.n_clipped == clipped
