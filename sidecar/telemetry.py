@@ -28,6 +28,8 @@ Metrics (meter ``guardrail.sidecar``):
   guardrail.join.open_requests  gauge
   guardrail.join.evictions      gauge (cumulative: capacity + ttl)
   guardrail.consumer.lag        gauge       topic, partition
+  guardrail.retrieval.m1_mean, .m1_wilson_low, .m1_wilson_high, .exchangeability_broken
+                                gauges      calibration_key (the rolling m1 monitor)
 """
 
 from __future__ import annotations
@@ -157,6 +159,25 @@ class Telemetry:
         self.meter.create_observable_gauge("guardrail.join.open_requests", [_one(open_requests)])
         self.meter.create_observable_gauge("guardrail.join.evictions", [_one(evictions)])
         self.meter.create_observable_gauge("guardrail.consumer.lag", [_lag])
+
+    def observe_monitor(
+        self, statuses: Callable[[], dict[str, tuple[float, float, float, bool]]]
+    ) -> None:
+        """The rolling mean(m1) monitor per calibration key: (mean, low, high, broken)."""
+
+        def _gauge(index: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
+            def read(_options: CallbackOptions) -> Iterable[Observation]:
+                return [
+                    Observation(float(values[index]), {"calibration_key": key})
+                    for key, values in statuses().items()
+                ]
+
+            return read
+
+        for index, name in enumerate(
+            ("m1_mean", "m1_wilson_low", "m1_wilson_high", "exchangeability_broken")
+        ):
+            self.meter.create_observable_gauge(f"guardrail.retrieval.{name}", [_gauge(index)])
 
     def before_publish(self, out: Output) -> tuple[Any, int] | None:
         """Open the output's span tree; inject its context into the output's headers."""

@@ -173,6 +173,15 @@ class SidecarService:
             evictions=lambda: store.evictions + store.expirations,
             lag=lambda: dict(self.lag),
         )
+        certifier = processor.signals.certifier
+        statuses = getattr(certifier, "monitor_statuses", None)
+        if statuses is not None:
+            self.telemetry.observe_monitor(
+                lambda: {
+                    key: (st.m1_mean, st.interval.low, st.interval.high, st.broken)
+                    for key, st in statuses().items()
+                }
+            )
 
     # ------------------------------------------------------------------ lifecycle
 

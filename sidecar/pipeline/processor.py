@@ -153,6 +153,10 @@ class Processor:
         self.store = JoinStore(settings.join.max_entries, settings.join.ttl_ms)
         self.counters = Counters()
 
+    @property
+    def signals(self) -> SignalSuite:
+        return self._signals
+
     # ------------------------------------------------------------------ inputs
 
     def on_message(
