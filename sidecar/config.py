@@ -139,6 +139,26 @@ class ModelSettings(_Section):
     dir: str = "models"
 
 
+class TenancySettings(_Section):
+    """Where a request's tenant comes from; it selects calibration and policy.
+
+    ``event``: the retrieval event's ``tenant`` field (trust every producer);
+    ``header``: a header set by a trusted producer or proxy (``header``), and the
+    event's field must agree; ``fixed``: this sidecar serves one tenant (e.g. per-
+    tenant topics), and events naming another are dead-lettered.
+    """
+
+    source: Literal["event", "header", "fixed"] = "event"
+    header: str = "x-tenant"
+    tenant: str | None = None
+
+    @model_validator(mode="after")
+    def _fixed_needs_tenant(self) -> Self:
+        if self.source == "fixed" and not self.tenant:
+            raise ValueError("source=fixed needs GUARDRAIL_TENANCY__TENANT")
+        return self
+
+
 class SignalSettings(_Section):
     """Which signals run, and their artifacts (paths relative to ``models.dir``)."""
 
@@ -192,6 +212,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = MetricsSettings()
     models: ModelSettings = ModelSettings()
     signals: SignalSettings = SignalSettings()
+    tenancy: TenancySettings = TenancySettings()
     policy: PolicySettings = PolicySettings()
     qdrant: QdrantSettings = QdrantSettings()
     shutdown_grace_ms: int = Field(default=10_000, ge=0)

@@ -175,6 +175,8 @@ class Processor:
                 kind, raw, max_bytes=limits.max_message_bytes, max_depth=limits.max_json_depth
             )
             self._admit(event, key, now_ms)
+            if isinstance(event, RetrievalEvent):
+                self._check_tenant(event, ref)
         except InputError as exc:
             return self.dead_letter(raw, key, ref, exc)
         step = Step()
@@ -216,6 +218,27 @@ class Processor:
                 "after-final",
                 f"request {event.request_id} was already decided; "
                 f"this {event.event_type} event arrived too late",
+            )
+
+    def _check_tenant(self, event: RetrievalEvent, ref: InputRef) -> None:
+        """The tenant selects calibration and policy: only a trusted source may name it."""
+        tenancy = self._settings.tenancy
+        if tenancy.source == "event":
+            return
+        if tenancy.source == "fixed":
+            trusted = tenancy.tenant
+        else:
+            values = [v for k, v in ref.headers if k == tenancy.header]
+            if not values:
+                raise InputError(
+                    "untrusted-tenant", f"no {tenancy.header} header; the tenant must come from it"
+                )
+            trusted = values[-1].decode("utf-8", errors="replace")
+        if event.tenant != trusted:
+            raise InputError(
+                "tenant-mismatch",
+                f"event names tenant {event.tenant!r} but the trusted {tenancy.source} "
+                f"says {trusted!r}",
             )
 
     def _hold(

@@ -169,3 +169,32 @@ def test_delta_after_the_final_of_an_open_request_is_dead_lettered(
     step = feed(G, dumps(delta_event("req-x", seq=0)))
     assert DeadLetterRecord.from_headers(step.outputs[0].headers).reason == "after-final"
     assert len(feed.processor.store) == 1
+
+
+def test_tenant_from_a_trusted_header(
+    settings_factory: Callable[..., Settings], retrieval_event: EventFactory
+) -> None:
+    p = Processor(settings_factory(tenancy={"source": "header"}), PlaceholderPolicy())
+    offsets = iter(range(10))
+
+    def reason(headers: tuple[tuple[str, bytes], ...]) -> str | None:
+        off = next(offsets)
+        event = dumps(retrieval_event(f"req-{off}"))
+        step = p.on_message(R, event, None, InputRef("r", 0, off, headers), 0)
+        return (
+            DeadLetterRecord.from_headers(step.outputs[0].headers).reason if step.outputs else None
+        )
+
+    assert reason(()) == "untrusted-tenant"
+    assert reason((("x-tenant", b"globex"),)) == "tenant-mismatch"
+    assert reason((("x-tenant", b"acme"),)) is None
+
+
+def test_fixed_tenant_rejects_other_tenants(
+    settings_factory: Callable[..., Settings], retrieval_event: EventFactory
+) -> None:
+    p = Processor(
+        settings_factory(tenancy={"source": "fixed", "tenant": "globex"}), PlaceholderPolicy()
+    )
+    step = p.on_message(R, dumps(retrieval_event()), None, InputRef("r", 0, 0), 0)
+    assert DeadLetterRecord.from_headers(step.outputs[0].headers).reason == "tenant-mismatch"
