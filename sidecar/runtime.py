@@ -84,6 +84,10 @@ def check(settings: Settings) -> dict[str, object]:
 
 
 async def serve(settings: Settings) -> None:
+    logging.getLogger().setLevel(settings.log_level)
+    if settings.log_level == "DEBUG":
+        for name in ("aiokafka", "faststream"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
     shutdown_telemetry = configure_from_env(settings.metrics.prometheus_port)
     signals = build_signals(settings)
     service = SidecarService(settings, Processor(settings, build_policy(settings), signals=signals))

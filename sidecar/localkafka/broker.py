@@ -102,6 +102,8 @@ class LocalKafka:
     controller_port: int = 9093
     heap_mb: int = 768
     extra_properties: str = ""
+    sasl_port: int | None = None  # a SASL_PLAINTEXT listener with SCRAM users, for auth tests
+    scram_users: dict[str, str] = field(default_factory=dict)
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -123,19 +125,37 @@ class LocalKafka:
             return None
         return pid if _alive(pid) else None
 
+    @property
+    def sasl_bootstrap_servers(self) -> str | None:
+        return f"127.0.0.1:{self.sasl_port}" if self.sasl_port else None
+
     def _write_config(self) -> Path:
         (self.instance_dir / "logs").mkdir(parents=True, exist_ok=True)
         data = self.instance_dir / "data"
+        listeners = (
+            f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
+        )
+        protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+        sasl = ""
+        if self.sasl_port:
+            listeners += f",SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
+            protocols += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
+            module = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            sasl = (
+                "sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512\n"
+                f"listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config={module}\n"
+                f"listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config={module}\n"
+            )
         props = f"""\
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}
-listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}
-advertised.listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}
+listeners={listeners}
+advertised.listeners={listeners}
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
-log.dirs={data}
+listener.security.protocol.map={protocols}
+{sasl}log.dirs={data}
 num.partitions=1
 auto.create.topics.enable=false
 offsets.topic.replication.factor=1
@@ -179,6 +199,10 @@ message.max.bytes=16777216
         while cluster_id.startswith("-"):
             raw = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii")
             cluster_id = raw.rstrip("=")
+        scram: list[str] = []
+        for user, password in self.scram_users.items():
+            for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+                scram += ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
         cmd = self._java(
             "kafka.tools.StorageTool",
             "format",
@@ -187,6 +211,7 @@ message.max.bytes=16777216
             cluster_id,
             "-c",
             str(server),
+            *scram,
             heap_mb=256,
         )
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)

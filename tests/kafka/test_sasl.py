@@ -1,0 +1,119 @@
+"""SASL/SCRAM against a real broker configured for it; credentials never leak."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from sidecar.chaos.process import SidecarProcess
+from sidecar.config import Settings
+from sidecar.exceptions import LocalKafkaError
+from sidecar.kafka.topics import create_topics
+from sidecar.localkafka.broker import LocalKafka, ensure_jars, free_port
+from sidecar.replay import Record, send
+from tests.conftest import REPO, EventFactory, dumps
+
+pytestmark = pytest.mark.connected
+
+USER, PASSWORD = "guardrail", "s3cret-Scram-Pa55word"
+
+
+@pytest.fixture(scope="module")
+def scram_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
+    instance = tmp_path_factory.mktemp("kafka-scram")
+    broker = LocalKafka(
+        instance,
+        ensure_jars(REPO / ".kafka" / "lib"),
+        port=free_port(),
+        controller_port=free_port(),
+        sasl_port=free_port(),
+        scram_users={USER: PASSWORD},
+    )
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+        shutil.rmtree(instance, ignore_errors=True)
+
+
+def sasl_env(broker: LocalKafka, topics: dict[str, str], password: str) -> dict[str, str]:
+    assert broker.sasl_bootstrap_servers is not None
+    return {
+        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": broker.sasl_bootstrap_servers,
+        "GUARDRAIL_KAFKA__SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "GUARDRAIL_KAFKA__SASL_MECHANISM": "SCRAM-SHA-256",
+        "GUARDRAIL_KAFKA__SASL_USERNAME": USER,
+        "GUARDRAIL_KAFKA__SASL_PASSWORD": password,
+        "GUARDRAIL_KAFKA__GROUP_ID": topics["group"],
+        "GUARDRAIL_LOG_LEVEL": "DEBUG",
+        **{
+            f"GUARDRAIL_TOPICS__{n.upper()}": topics[n]
+            for n in ("retrieval", "generation", "claims", "verdicts", "dlq")
+        },
+    }
+
+
+async def test_scram_sidecar_decides_and_never_logs_the_password(
+    scram_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    env = sasl_env(scram_broker, unique_topics, PASSWORD)
+    topics = {n: unique_topics[n] for n in ("retrieval", "generation", "claims", "verdicts", "dlq")}
+    settings = Settings.load(
+        kafka={
+            "bootstrap_servers": scram_broker.sasl_bootstrap_servers,
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_username": USER,
+            "sasl_password": PASSWORD,
+        },
+        topics=topics,
+    )
+    await create_topics(settings)  # the admin client authenticates too
+    sidecar = SidecarProcess(env, tmp_path / "sidecar.log")
+    await asyncio.to_thread(sidecar.start)
+    await send(
+        settings,
+        [
+            Record(topics["retrieval"], b"req-s", dumps(retrieval_event("req-s"))),
+            Record(topics["generation"], b"req-s", dumps(final_event("req-s"))),
+        ],
+    )
+    consumer = AIOKafkaConsumer(
+        topics["verdicts"],
+        bootstrap_servers=scram_broker.bootstrap_servers,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    try:
+        got = await asyncio.wait_for(consumer.getone(), timeout=30)
+    finally:
+        await consumer.stop()
+    assert got.key == b"req-s"
+    assert sidecar.signal(signal.SIGTERM) == 0
+    log = (tmp_path / "sidecar.log").read_text()
+    assert "DEBUG" in log and PASSWORD not in log
+
+
+def test_wrong_password_fails_at_start_without_leaking_it(
+    scram_broker: LocalKafka, unique_topics: dict[str, str], tmp_path: Path
+) -> None:
+    wrong = "not-the-Pa55word-xyz"
+    sidecar = SidecarProcess(sasl_env(scram_broker, unique_topics, wrong), tmp_path / "bad.log")
+    with pytest.raises(LocalKafkaError):
+        sidecar.start(timeout_s=45)
+    if sidecar.pid is not None:
+        sidecar.signal(signal.SIGKILL)
+    log = (tmp_path / "bad.log").read_text()
+    assert wrong not in log
+    assert "auth" in log.lower() or "sasl" in log.lower()
