@@ -312,6 +312,81 @@ class Chaos:
         result.seconds = round(time.monotonic() - started, 1)
         return result
 
+    async def soak(
+        self, minutes: float, rate: float, half_fraction: float, max_entries: int
+    ) -> ScenarioResult:
+        """Sustained load with half-requests that never complete: memory must stay flat.
+
+        A ``half_fraction`` of requests never send their final event; they sit in the
+        join store until the TTL evicts them (``block``/``incomplete`` verdicts). RSS
+        is sampled every second; the first and last minute are compared.
+        """
+        result = ScenarioResult("soak")
+        started = time.monotonic()
+        settings, env = self._settings()
+        env["GUARDRAIL_JOIN__MAX_ENTRIES"] = str(max_entries)
+        env["GUARDRAIL_JOIN__TTL_MS"] = "5000"
+        await create_topics(settings)
+        side = self._sidecar(env, "soak")
+        side.start()
+        n = int(rate * minutes * 60)
+        ids = [f"soak-{i}" for i in range(n)]
+        rss: list[tuple[float, float]] = []
+
+        def records() -> Iterable[Record]:
+            for rid in ids:
+                recs = request_records(settings.topics, rid)
+                if self.rng.random() < half_fraction:
+                    recs = recs[:-1]  # the final never comes
+                yield from recs
+
+        async def sample() -> None:
+            while True:
+                value = side.rss_mb()
+                if value is not None:
+                    rss.append((time.monotonic() - started, value))
+                await asyncio.sleep(1.0)
+
+        sampler = asyncio.create_task(sample())
+        watch = Watch(settings, lambda: [side])
+        expected = set(ids)
+        watcher = asyncio.create_task(
+            watch.run(
+                lambda o: expected <= {v["request_id"] for v in o.verdicts}, minutes * 60 + 120
+            )
+        )
+        result.sent = await send(settings, records(), rate_per_s=rate * 3.5)
+        await watcher
+        sampler.cancel()
+        await asyncio.to_thread(side.signal, signal.SIGTERM)
+        result.requests = n
+        self._score(result, expected, watch.out)
+        result.peak_rss_mb, result.max_lag = watch.peak_rss_mb, watch.max_lag
+        first = [v for t, v in rss if t <= 60] or [0.0]
+        last = [v for t, v in rss if t >= rss[-1][0] - 60] if rss else [0.0]
+        incomplete = sum(
+            1 for v in watch.out.verdicts if any(r["code"] == "incomplete" for r in v["reasons"])
+        )
+        result.notes += [
+            f"rss first minute max {max(first):.1f} MB, last minute max {max(last):.1f} MB",
+            f"incomplete verdicts (evicted half-requests): {incomplete}",
+        ]
+        result.seconds = round(time.monotonic() - started, 1)
+        return result
+
+
+def run_soak(
+    minutes: float, rate: float, half_fraction: float, max_entries: int, seed: int = 7
+) -> dict[str, Any]:
+    home = default_home()
+    home.mkdir(parents=True, exist_ok=True)
+    with (
+        tempfile.TemporaryDirectory(prefix="soak-", dir=home) as tmp,
+        Chaos(Path(tmp), seed, quick=False) as chaos,
+    ):
+        result = asyncio.run(chaos.soak(minutes, rate, half_fraction, max_entries))
+    return {"scenarios": [asdict(result)]}
+
 
 def run_chaos(quick: bool = True, seed: int = 7) -> dict[str, Any]:
     home = default_home()

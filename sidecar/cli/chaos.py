@@ -17,13 +17,21 @@ def register(sub: Any) -> None:
     p.add_argument("--quick", action="store_true", help="small scale, within a few minutes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--soak", action="store_true", help="run the long soak instead of the suite")
+    p.add_argument("--minutes", type=float, default=10.0, help="soak duration")
+    p.add_argument("--rate", type=float, default=500.0, help="soak answers per second")
+    p.add_argument("--half-fraction", type=float, default=0.1, help="requests that never finish")
+    p.add_argument("--max-entries", type=int, default=2000, help="join store bound for the soak")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecar.chaos.runner import run_chaos  # noqa: PLC0415
+    from sidecar.chaos.runner import run_chaos, run_soak  # noqa: PLC0415
 
-    report = run_chaos(quick=args.quick, seed=args.seed)
+    if args.soak:
+        report = run_soak(args.minutes, args.rate, args.half_fraction, args.max_entries, args.seed)
+    else:
+        report = run_chaos(quick=args.quick, seed=args.seed)
     if args.json:
         sys.stdout.write(orjson.dumps(report).decode() + "\n")
     else:
