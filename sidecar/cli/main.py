@@ -25,6 +25,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sidecar.cli.config",
     "sidecar.cli.schemas",
     "sidecar.cli.chaos",
+    "sidecar.cli.bench",
     "sidecar.cli.retrieval",
 )
 

@@ -1,0 +1,1 @@
+"""Benchmarks through the real broker, with per-stage microbenchmarks."""

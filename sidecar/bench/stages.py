@@ -1,0 +1,94 @@
+"""Per-stage microbenchmarks, in process: where does a request's time go?"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from sidecar.bench.e2e import LoadShape, answer_events, percentiles
+from sidecar.config import Settings
+from sidecar.contracts.codec import InputKind, decode_input, encode
+from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.processor import Processor
+from sidecar.pipeline.signals import SignalSuite
+from sidecar.policy.base import Policy
+
+
+def _time(fn: Callable[[], Any], n: int) -> dict[str, float]:
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - t0) / 1000.0)
+    out = percentiles(samples)
+    return {f"{k}_us": v for k, v in out.items()}
+
+
+def run_stages(
+    settings: Settings,
+    policy: Policy,
+    signals: SignalSuite,
+    n: int = 2000,
+    shape: LoadShape | None = None,
+) -> dict[str, Any]:
+    shape = shape or LoadShape()
+    r, ds, f = answer_events("stage-0", shape)
+    raw_r, raw_f = orjson.dumps(r), orjson.dumps(f)
+    limits = {
+        "max_bytes": settings.limits.max_message_bytes,
+        "max_depth": settings.limits.max_json_depth,
+    }
+    results: dict[str, Any] = {
+        "decode_retrieval": _time(lambda: decode_input(InputKind.RETRIEVAL, raw_r, **limits), n),
+        "decode_final": _time(lambda: decode_input(InputKind.GENERATION, raw_f, **limits), n),
+    }
+    retrieval = decode_input(InputKind.RETRIEVAL, raw_r, **limits)
+    final = decode_input(InputKind.GENERATION, raw_f, **limits)
+    if signals.certifier is not None:
+        certifier = signals.certifier
+        results["certify"] = _time(lambda: certifier.certify(retrieval), n)  # type: ignore[arg-type]
+    counter = iter(range(10**9))
+
+    def whole_request() -> None:
+        i = next(counter)
+        rid = f"stage-{i}"
+        processor.on_message(
+            InputKind.RETRIEVAL,
+            orjson.dumps({**r, "request_id": rid}),
+            None,
+            InputRef("r", 0, i),
+            0.0,
+        )
+        for d in ds:
+            processor.on_message(
+                InputKind.GENERATION,
+                orjson.dumps({**d, "request_id": rid}),
+                None,
+                InputRef("g", 0, 2 * i),
+                0.0,
+            )
+        processor.on_message(
+            InputKind.GENERATION,
+            orjson.dumps({**f, "request_id": rid}),
+            None,
+            InputRef("g", 0, 2 * i + 1),
+            0.0,
+        )
+
+    processor = Processor(settings, policy, signals=signals)
+    results["whole_request_processor"] = _time(whole_request, max(200, n // 4))
+    from sidecar.contracts.events import Signals  # noqa: PLC0415
+
+    assert retrieval.event_type == "retrieval" and final.event_type == "generation.final"  # noqa: S101
+    results["policy"] = _time(lambda: policy.decide(retrieval, final, Signals()), n)
+    step = processor.on_message(InputKind.RETRIEVAL, raw_r, None, InputRef("r", 1, 0), 0.0)
+    step = processor.on_message(InputKind.GENERATION, raw_f, None, InputRef("g", 1, 0), 0.0)
+    verdict_bytes = step.outputs[-1].value
+    from sidecar.contracts.events import AnswerVerdict  # noqa: PLC0415
+
+    verdict = AnswerVerdict.model_validate(orjson.loads(verdict_bytes))
+    results["verdict_encode"] = _time(lambda: encode(verdict), n)
+    return results

@@ -1,0 +1,44 @@
+"""``guardrail bench [--quick] [--json] [--out FILE]``: benchmarks through the real broker."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("bench", help="throughput / latency / RSS benchmarks through a real broker")
+    p.add_argument("--quick", action="store_true", help="a quarter of the full sizes")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", type=Path, default=Path("bench/results/latest.json"))
+    p.set_defaults(func=run)
+
+
+HEADLINE = (
+    "throughput_answers_per_s",
+    "p99_ms_at_500",
+    "full_path_answers_per_s",
+    "claim_p95_ms",
+    "rss_mb",
+    "startup_s",
+    "baseline_ratio",
+    "scale_out_ratio",
+    "serving_imports_torch",
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sidecar.bench.suite import run_bench  # noqa: PLC0415
+
+    report = run_bench(quick=args.quick, out=args.out)
+    if args.json:
+        sys.stdout.write(orjson.dumps(report).decode() + "\n")
+    else:
+        for key in HEADLINE:
+            sys.stdout.write(f"{key:<28} {report[key]}\n")
+        sys.stdout.write(f"full report: {args.out}\n")
+    return 0
