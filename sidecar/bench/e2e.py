@@ -19,9 +19,9 @@ import signal
 import statistics
 import time
 import uuid
-from datetime import datetime
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
