@@ -84,8 +84,11 @@ def run_stages(
 
     assert retrieval.event_type == "retrieval" and final.event_type == "generation.final"  # noqa: S101
     results["policy"] = _time(lambda: policy.decide(retrieval, final, Signals()), n)
-    step = processor.on_message(InputKind.RETRIEVAL, raw_r, None, InputRef("r", 1, 0), 0.0)
-    step = processor.on_message(InputKind.GENERATION, raw_f, None, InputRef("g", 1, 0), 0.0)
+    er, _, ef = answer_events("stage-encode", shape)
+    processor.on_message(InputKind.RETRIEVAL, orjson.dumps(er), None, InputRef("r", 1, 0), 0.0)
+    step = processor.on_message(
+        InputKind.GENERATION, orjson.dumps(ef), None, InputRef("g", 1, 0), 0.0
+    )
     verdict_bytes = step.outputs[-1].value
     from sidecar.contracts.events import AnswerVerdict  # noqa: PLC0415
 
