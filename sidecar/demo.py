@@ -140,13 +140,22 @@ def _show(
         return
     result.decisions[obj["decision"]] += 1
     result.verdict_ids.add(obj["request_id"])
-    reasons = ",".join(r["code"] for r in obj["reasons"])
+    reasons = ",".join(r["code"] for r in obj["reasons"] if not r["code"].startswith("profile."))
     conf = obj.get("confidence")
+    sig = obj["signals"]
+    extra = ""
+    if sig["retrieval"]["status"] == "ok":
+        extra += f" trusted={len(sig['retrieval']['trusted_chunk_ids'])}"
+    if sig["lookback"]["status"] == "ok":
+        extra += f" p_factual={sig['lookback']['p_factual']:.2f}"
+    if sig["claims"]["status"] == "ok":
+        extra += f" reliability={sig['claims']['reliability']}"
     _line(
         out,
         "[verdict]",
         f"{obj['request_id']:<13} {obj['decision'].upper():<7} reasons={reasons}"
         + (f" confidence={conf:.2f}" if conf is not None else "")
+        + extra
         + f"  policy={obj['policy']}",
     )
 

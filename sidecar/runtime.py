@@ -15,7 +15,7 @@ from sidecar.health import HealthServer
 from sidecar.kafka.app import SidecarService
 from sidecar.pipeline.processor import Processor
 from sidecar.pipeline.signals import SignalSuite
-from sidecar.policy import PlaceholderPolicy, Policy
+from sidecar.policy import Policy
 from sidecar.telemetry import configure_from_env
 
 log = logging.getLogger("sidecar")
@@ -69,10 +69,25 @@ def serving_imports_torch() -> bool:
     return out.stdout.strip().endswith("True")
 
 
+DEFAULT_POLICY = "policy/default.yaml"
+
+
 def build_policy(settings: Settings) -> Policy:
-    """The decision policy. Until signal models are configured: the placeholder."""
-    del settings
-    return PlaceholderPolicy()
+    """The declarative policy engine: ``GUARDRAIL_POLICY__FILE`` or the shipped default."""
+    from sidecar.policy.engine import PolicyEngine  # noqa: PLC0415
+
+    if settings.policy.file:
+        path = Path(settings.policy.file)
+        if not path.exists():
+            raise ConfigError(f"GUARDRAIL_POLICY__FILE={path} does not exist")
+    else:
+        path = Path(settings.models.dir) / DEFAULT_POLICY
+        if not path.exists():
+            raise ConfigError(
+                f"the default policy is not at {path} (GUARDRAIL_MODELS__DIR="
+                f"{settings.models.dir}); mount the models there or set GUARDRAIL_POLICY__FILE"
+            )
+    return PolicyEngine.from_file(path)
 
 
 def check(settings: Settings) -> dict[str, object]:

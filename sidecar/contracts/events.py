@@ -276,6 +276,11 @@ class AnswerVerdict(_Event):
     tenant: str | None = None
     decision: Decision
     reasons: list[Reason]
+    stage: Literal["stream", "final"] = Field(
+        default="final",
+        description="stream: strict mode blocked mid-answer; the final verdict still follows",
+    )
+    escalate: bool = Field(default=False, description="a human should look (seed 001)")
     policy: str = Field(description="Name and version of the policy that decided.")
     signals: Signals = Signals()
     confidence: Probability | None = None

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from sidecar.contracts.events import GenerationFinal, RetrievalEvent, RetrievalSignal
 
 if TYPE_CHECKING:
-    from sidecar.pipeline.signals import ClaimSession
+    from sidecar.pipeline.signals import ClaimResult, ClaimSession
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +55,8 @@ class PendingRequest:
     claims: ClaimSession | None = None
     claims_fed: int = 0  # characters of ``streamed`` already given to ``claims``
     claims_published: int = 0
+    claim_results: list[ClaimResult] = field(default_factory=list)
+    stream_blocked: bool = False
     stages: list[tuple[str, int, int]] = field(default_factory=list)  # (stage, start_ns, end_ns)
 
     def trace_parent(self) -> tuple[tuple[str, bytes], ...]:

@@ -308,7 +308,46 @@ class Processor:
             log.exception("streaming claim verification failed for %s", entry.request_id)
             return Step()
         span = (t0, time.time_ns())
-        return Step(outputs=[self._claim_output(entry, r, span) for r in results])
+        entry.claim_results.extend(results)
+        step = Step(outputs=[self._claim_output(entry, r, span) for r in results])
+        if results and not entry.stream_blocked:
+            step.outputs.extend(self._strict_check(entry))
+        return step
+
+    def _strict_check(self, entry: PendingRequest) -> list[Output]:
+        """Strict profiles: an early ``block`` verdict the moment a claim is unsupported."""
+        assert entry.retrieval is not None  # noqa: S101 - claims need the retrieval
+        outcome = self._policy.check_stream(
+            entry.retrieval, entry.claim_results, entry.certification
+        )
+        if outcome is None:
+            return []
+        entry.stream_blocked = True
+        verdict = AnswerVerdict(
+            request_id=entry.request_id,
+            idempotency_key=idempotency_key(
+                entry.request_id, b"stream", str(len(entry.claim_results)).encode()
+            ),
+            tenant=entry.retrieval.tenant,
+            decision=outcome.decision,
+            reasons=outcome.reasons,
+            stage="stream",
+            escalate=outcome.escalate,
+            policy=self._policy.name,
+            caveat_text=outcome.caveat_text,
+            rewritten_answer=outcome.rewritten_answer,
+            produced_at=self._wall_clock(),
+            sidecar_version=__version__,
+        )
+        self.counters.verdicts += 1
+        return [
+            Output(
+                destination=Destination.VERDICTS,
+                key=entry.request_id.encode("utf-8"),
+                value=encode(verdict),
+                headers={IDEMPOTENCY_HEADER: verdict.idempotency_key},
+            )
+        ]
 
     def _claim_output(
         self, entry: PendingRequest, result: ClaimResult, span_ns: tuple[int, int]
@@ -423,6 +462,7 @@ class Processor:
             try:
                 tail, claims = entry.claims.finish(entry.final.answer)
                 span = (t_claims, time.time_ns())
+                entry.claim_results.extend(tail)
                 step.outputs.extend(self._claim_output(entry, r, span) for r in tail)
             except Exception:
                 log.exception("claim verification failed for %s", entry.request_id)
@@ -431,7 +471,12 @@ class Processor:
         scored = time.perf_counter()
         t_policy = time.time_ns()
         entry.stages.append(("verify_claims", t_claims, t_policy))
-        outcome = self._policy.decide(entry.retrieval, entry.final, signals)
+        outcome = self._policy.decide(
+            entry.retrieval,
+            entry.final,
+            signals,
+            claims=entry.claim_results if entry.claims is not None else None,
+        )
         entry.stages.append(("policy", t_policy, time.time_ns()))
         key = idempotency_key(entry.request_id, entry.retrieval_digest, entry.final_digest)
         timings = {
@@ -445,6 +490,7 @@ class Processor:
             tenant=entry.retrieval.tenant,
             decision=outcome.decision,
             reasons=outcome.reasons,
+            escalate=outcome.escalate,
             policy=self._policy.name,
             signals=signals,
             caveat_text=outcome.caveat_text,

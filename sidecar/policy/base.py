@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from sidecar.contracts.events import (
     Decision,
     GenerationFinal,
     Reason,
     RetrievalEvent,
+    RetrievalSignal,
     Signals,
 )
+
+if TYPE_CHECKING:
+    from sidecar.pipeline.signals import ClaimResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +26,7 @@ class PolicyOutcome:
     caveat_text: str | None = None
     rewritten_answer: str | None = None
     extra_reasons: list[Reason] = field(default_factory=list)
+    escalate: bool = False  # seed 001 pattern 3: route to a human expert / stronger model
 
 
 class Policy(Protocol):
@@ -32,5 +38,21 @@ class Policy(Protocol):
         ...
 
     def decide(
-        self, retrieval: RetrievalEvent, final: GenerationFinal, signals: Signals
-    ) -> PolicyOutcome: ...
+        self,
+        retrieval: RetrievalEvent,
+        final: GenerationFinal,
+        signals: Signals,
+        *,
+        claims: Sequence[ClaimResult] | None = None,
+    ) -> PolicyOutcome:
+        """``claims``: the per-claim results (texts, spans, labels) for the rewrite."""
+        ...
+
+    def check_stream(
+        self,
+        retrieval: RetrievalEvent,
+        claims: Sequence[ClaimResult],
+        certification: RetrievalSignal | None = None,
+    ) -> PolicyOutcome | None:
+        """Strict mode: an outcome (block) as soon as the claims so far demand it."""
+        ...

@@ -6,13 +6,20 @@ caveat". Replaced by the declarative policy engine once signals exist.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from sidecar.contracts.events import (
     Decision,
     GenerationFinal,
     Reason,
     RetrievalEvent,
+    RetrievalSignal,
     Signals,
 )
+
+if TYPE_CHECKING:
+    from sidecar.pipeline.signals import ClaimResult
 from sidecar.policy.base import PolicyOutcome
 
 NO_SIGNALS = Reason(
@@ -28,11 +35,25 @@ class PlaceholderPolicy:
     name = "placeholder/0"
 
     def decide(
-        self, retrieval: RetrievalEvent, final: GenerationFinal, signals: Signals
+        self,
+        retrieval: RetrievalEvent,
+        final: GenerationFinal,
+        signals: Signals,
+        *,
+        claims: Sequence[ClaimResult] | None = None,
     ) -> PolicyOutcome:
-        del retrieval, final, signals
+        del retrieval, final, signals, claims
         return PolicyOutcome(
             decision=Decision.CAVEAT,
             reasons=[NO_SIGNALS],
             caveat_text="This answer has not been checked against its sources.",
         )
+
+    def check_stream(
+        self,
+        retrieval: RetrievalEvent,
+        claims: Sequence[ClaimResult],
+        certification: RetrievalSignal | None = None,
+    ) -> PolicyOutcome | None:
+        del retrieval, claims, certification
+        return None

@@ -27,7 +27,8 @@ def test_python_dash_m_runs_the_same_cli() -> None:
     )
     report = orjson.loads(out.stdout)
     assert report["config"] == "ok"
-    assert report["policy"] == "placeholder/0"
+    assert report["policy"] == "default/1"
+    assert "certifier" in report["models"]
 
 
 def test_check_does_not_import_torch() -> None:

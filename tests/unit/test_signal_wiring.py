@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import orjson
 
@@ -19,6 +20,7 @@ from sidecar.contracts.events import (
     LookbackSignal,
     RetrievalEvent,
     RetrievalSignal,
+    Signals,
     SignalStatus,
 )
 from sidecar.exceptions import InputError
@@ -26,7 +28,8 @@ from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.processor import Destination, Processor
 from sidecar.pipeline.signals import ClaimResult, SignalSuite
 from sidecar.policy import PlaceholderPolicy
-from tests.conftest import EventFactory, dumps
+from sidecar.policy.engine import PolicyEngine
+from tests.conftest import REPO, EventFactory, dumps
 
 R, G = InputKind.RETRIEVAL, InputKind.GENERATION
 
@@ -193,3 +196,74 @@ def test_a_failing_signal_is_reported_unavailable_not_fatal(
     v = AnswerVerdict.model_validate(orjson.loads(verdicts[0].value))
     assert v.signals.lookback.status is SignalStatus.UNAVAILABLE
     assert len(step.done) == 2
+
+
+def test_strict_profile_blocks_mid_stream_then_decides_at_the_end(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+    final_event: EventFactory,
+    tmp_path: Path,
+) -> None:
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(
+        (REPO / "models/policy/default.yaml")
+        .read_text()
+        .replace("default_profile: enterprise", "default_profile: medical")
+    )
+    engine = PolicyEngine.from_file(policy_file)
+    suite = SignalSuite(certifier=TopCertifier(), claims=SentenceChecker())
+    p = Processor(settings_factory(), engine, signals=suite)
+    weak_hits = [{"chunk_id": "c9", "doc_id": "d9", "score": 0.2, "text": "unrelated"}]
+    p.on_message(R, dumps(retrieval_event(hits=weak_hits, k=3)), None, InputRef("r", 0, 0), 0.0)
+    step = p.on_message(
+        G,
+        dumps(delta_event(seq=0, text="It cured everyone. And more")),
+        None,
+        InputRef("g", 0, 0),
+        0.0,
+    )
+    kinds = [o.destination for o in step.outputs]
+    assert kinds == [Destination.CLAIMS, Destination.VERDICTS]
+    early = AnswerVerdict.model_validate(orjson.loads(step.outputs[1].value))
+    assert early.stage == "stream" and early.decision.value == "block"
+    assert early.escalate is True  # the medical profile escalates every block
+    assert step.done == []  # the request is still open: its final decides
+    out = p.on_message(
+        G,
+        dumps(final_event(answer="It cured everyone. And more.", generator_model="gen-a")),
+        None,
+        InputRef("g", 0, 1),
+        0.0,
+    )
+    final = AnswerVerdict.model_validate(orjson.loads(out.outputs[-1].value))
+    assert final.stage == "final" and final.decision.value == "block"
+    assert "retrieval-no-trusted-chunk" in [r.code for r in final.reasons]
+    assert len(out.done) == 3
+
+
+def test_exchangeability_alarm_is_a_reason_on_the_verdict(
+    retrieval_event: EventFactory, final_event: EventFactory
+) -> None:
+    engine = PolicyEngine.from_file(REPO / "models/policy/default.yaml")
+    broken = RetrievalSignal(
+        status=SignalStatus.OK,
+        trusted_chunk_ids=["c1"],
+        m1=True,
+        m2=0.5,
+        alpha=0.1,
+        certifiable=True,
+        calibration_key="acme/wiki/r",
+        monitor="exchangeability-broken",
+        m1_mean=0.7,
+    )
+    retrieval = RetrievalEvent.model_validate(retrieval_event())
+    final = GenerationFinal.model_validate(final_event())
+    outcome = engine.decide(retrieval, final, Signals(retrieval=broken))
+    codes = [r.code for r in outcome.reasons]
+    assert "exchangeability-broken" in codes
+    assert outcome.decision.value in {"caveat", "block"}
+    healthy = engine.decide(
+        retrieval, final, Signals(retrieval=broken.model_copy(update={"monitor": "ok"}))
+    )
+    assert "exchangeability-broken" not in [r.code for r in healthy.reasons]

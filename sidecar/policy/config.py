@@ -1,0 +1,213 @@
+"""The declarative policy: a YAML document validated by pydantic.
+
+Named risk profiles follow seed 002's thresholds ("High-risk domain (medical,
+legal): threshold = 0.05; Enterprise knowledge base: 0.20; General Q&A:
+0.30") and seed 001's three tiers (HIGH -> answer as is, MEDIUM -> remove
+unsupported claims and add a disclaimer, LOW -> verified facts only or
+decline) and escalation pattern ("When reliability falls below a threshold,
+automatically route to a human expert"). Each profile also says what a
+missing signal means: a signal that is not configured or could not be
+computed is an explicit reason with an explicit action, never "fine".
+
+A request picks its profile by tenant, then by collection, then the default.
+Loading: :func:`load_policy` (file) / :func:`parse_policy` (text) raise
+``ConfigError`` naming every wrong field by its path and saying what is
+allowed (``profiles.medical.max_hallucination_rate: must be <= 1 (got 1.5)``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal, Self
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+
+from sidecar.exceptions import ConfigError
+
+__all__ = [
+    "Action",
+    "ClaimsRules",
+    "LookbackRules",
+    "PolicyConfig",
+    "PolicyTexts",
+    "Profile",
+    "RetrievalRules",
+    "load_policy",
+    "parse_policy",
+]
+
+Action = Literal["allow", "caveat", "block"]
+Rate = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+ProfileName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9\-]{0,31}$")]
+
+Level = Literal["HIGH", "MEDIUM", "LOW"]
+
+
+def _seed001_actions() -> dict[Level, Action]:
+    """Seed 001: HIGH -> output as is, MEDIUM -> remove unsupported + caveat, LOW -> decline."""
+    return {"HIGH": "allow", "MEDIUM": "caveat", "LOW": "block"}
+
+
+SEVERITY: Final[dict[Action, int]] = {"allow": 0, "caveat": 1, "block": 2}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RetrievalRules(_Model):
+    """Retrieval certification (seed 000 section 3.2): m1 = |C| > 0, m2 = |C| / K."""
+
+    when_no_trusted_chunk: Action = "caveat"
+    min_trusted_fraction: Rate = 0.0
+    when_low_trusted_fraction: Action = "caveat"
+    when_missing: Action = "caveat"
+    # the rolling mean(m1) fell below 1 - alpha: the coverage guarantee no longer holds
+    when_exchangeability_broken: Action = "caveat"
+
+
+class LookbackRules(_Model):
+    """Lookback-ratio p(factual) (seed 000 section 3.3)."""
+
+    block_below: Rate = 0.0
+    caveat_below: Rate = 0.5
+    when_missing: Action = "allow"
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.block_below > self.caveat_below:
+            raise ValueError(
+                f"block_below ({self.block_below}) must be <= caveat_below ({self.caveat_below})"
+            )
+        return self
+
+
+class ClaimsRules(_Model):
+    """Claim verification (seeds 001, 002)."""
+
+    reliability_actions: dict[Level, Action] = Field(default_factory=_seed001_actions)
+    caveat_on_any_unsupported: bool = False
+    when_missing: Action = "caveat"
+    when_no_claims: Action = "caveat"
+    when_untrusted_evidence: Action = "allow"
+    verified_only_from_untrusted_evidence: bool = False
+
+    @model_validator(mode="after")
+    def _all_levels(self) -> Self:
+        missing = {"HIGH", "MEDIUM", "LOW"} - set(self.reliability_actions)
+        if missing:
+            raise ValueError(
+                f"reliability_actions needs HIGH, MEDIUM and LOW; missing {sorted(missing)}"
+            )
+        return self
+
+
+class Profile(_Model):
+    """One risk profile."""
+
+    description: str = ""
+    max_hallucination_rate: Rate
+    strict: bool = False
+    escalate_below_reliability: Rate | None = None
+    escalate_on_block: bool = False
+    retrieval: RetrievalRules = RetrievalRules()
+    lookback: LookbackRules = LookbackRules()
+    claims: ClaimsRules = ClaimsRules()
+
+
+class PolicyTexts(_Model):
+    """User-facing texts (defaults are seed 001's)."""
+
+    caveat_removed: str = (
+        "Note: Some claims in the original answer could not be verified against the "
+        "retrieved context and have been removed. Please verify with primary sources "
+        "before relying on this answer."
+    )
+    caveat_unverified: str = (
+        "Note: This answer could not be fully verified against the retrieved context. "
+        "Please verify with primary sources before relying on it."
+    )
+    verified_only_caveat: str = "Answer limited to context-verified claims."
+    verified_intro: str = "Based on the retrieved context, the following can be confirmed:"
+    verified_outro: str = "Additional information could not be verified from the available context."
+    refusal: str = (
+        "The retrieved context does not contain sufficient information to reliably answer "
+        "this question. Please consult authoritative sources."
+    )
+
+
+class PolicyConfig(_Model):
+    schema_version: Literal[1] = 1
+    name: ProfileName
+    version: Annotated[str, StringConstraints(min_length=1, max_length=32)] = "1"
+    default_profile: ProfileName
+    profiles: dict[ProfileName, Profile]
+    tenants: dict[str, ProfileName] = Field(default_factory=dict)
+    collections: dict[str, ProfileName] = Field(default_factory=dict)
+    texts: PolicyTexts = PolicyTexts()
+
+    @model_validator(mode="after")
+    def _references(self) -> Self:
+        known = set(self.profiles)
+        if self.default_profile not in known:
+            raise ValueError(
+                f"default_profile {self.default_profile!r} is not a profile; "
+                f"defined: {', '.join(sorted(known)) or 'none'}"
+            )
+        for section in ("tenants", "collections"):
+            mapping: dict[str, str] = getattr(self, section)
+            for key, profile in mapping.items():
+                if profile not in known:
+                    raise ValueError(
+                        f"{section}.{key} names profile {profile!r}, which is not defined; "
+                        f"defined: {', '.join(sorted(known))}"
+                    )
+        return self
+
+    def profile_for(self, tenant: str | None, collection: str | None) -> tuple[str, Profile]:
+        """Tenant mapping first, then collection, then the default profile."""
+        name = (
+            self.tenants.get(tenant or "")
+            or self.collections.get(collection or "")
+            or self.default_profile
+        )
+        return name, self.profiles[name]
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(document)"
+        got = err.get("input")
+        shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {message}{shown}")
+    return "; ".join(lines)
+
+
+def parse_policy(text: str, source: str = "<policy>") -> PolicyConfig:
+    """Validate a policy document (YAML or JSON) or raise ``ConfigError`` saying what is wrong."""
+    try:
+        raw: Any = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: a policy must be a mapping, got {type(raw).__name__}")
+    try:
+        return PolicyConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: invalid policy: {_describe(exc)}") from None
+
+
+def load_policy(path: Path) -> PolicyConfig:
+    if not path.is_file():
+        raise ConfigError(f"policy file {path} does not exist")
+    return parse_policy(path.read_text(encoding="utf-8"), str(path))

@@ -1,0 +1,379 @@
+"""The policy engine: retrieval certification + lookback p(factual) + claim scores -> a decision.
+
+Each signal contributes *findings*: a machine-readable ``Reason`` and the
+action the request's risk profile attaches to it. The decision is the most
+severe action (allow < caveat < block); every finding is reported, also those
+whose action is ``allow`` (a missing signal is always a reason, never
+silently fine). Claims follow seed 001's tiers (HIGH -> allow, MEDIUM ->
+caveat, LOW -> block, configurable per profile) and seed 002's refusal
+threshold (hallucination rate above the profile's maximum -> block:
+medical 0.05, enterprise 0.20, general 0.30).
+
+Outcome texts (seed 001 ``make_reliability_decision``):
+
+* **caveat**: the caveat text, and when unsupported claims are known the
+  answer rewritten without them (:func:`~sidecar.policy.rewrite.remove_unsupported`);
+* **block**: the verified-facts-only answer, or the refusal when nothing is
+  verified (:func:`~sidecar.policy.rewrite.verified_only`);
+* ``escalate`` (seed 001 pattern 3) when reliability is below the profile's
+  ``escalate_below_reliability`` or, if configured, on every block.
+
+Per-claim results (texts, labels, spans) come in through ``decide(...,
+claims=...)``; without them a rewrite is impossible and the outcome says so
+(``claims-detail-unavailable``). Strict mode (seed 002: "in strict mode,
+refuses to return it"): :meth:`PolicyEngine.check_stream` blocks as soon as a
+streamed claim is unsupported under a strict profile. Pure logic: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from sidecar.contracts.events import (
+    ClaimLabel,
+    ClaimsSignal,
+    Decision,
+    GenerationFinal,
+    LookbackSignal,
+    Reason,
+    RetrievalEvent,
+    RetrievalSignal,
+    Signals,
+    SignalStatus,
+)
+from sidecar.pipeline.signals import ClaimResult
+from sidecar.policy.base import PolicyOutcome
+from sidecar.policy.config import (
+    SEVERITY,
+    Action,
+    PolicyConfig,
+    PolicyTexts,
+    Profile,
+    load_policy,
+)
+from sidecar.policy.rewrite import remove_unsupported, verified_only
+
+__all__ = ["Finding", "PolicyEngine", "evaluate_signals", "strict_outcome"]
+
+SignalName = Literal["retrieval", "lookback", "claims"]
+_DECISION = {"allow": Decision.ALLOW, "caveat": Decision.CAVEAT, "block": Decision.BLOCK}
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    action: Action
+    reason: Reason
+
+
+def _f(action: Action, code: str, message: str, signal: SignalName) -> Finding:
+    return Finding(action, Reason(code=code, message=message, signal=signal))
+
+
+def _missing(signal: SignalName, status: SignalStatus, action: Action) -> Finding:
+    word = "not-configured" if status is SignalStatus.NOT_CONFIGURED else "unavailable"
+    text = "is not configured" if word == "not-configured" else "could not be computed"
+    return _f(action, f"{signal}-{word}", f"the {signal} signal {text} for this request", signal)
+
+
+def _retrieval(sig: RetrievalSignal, profile: Profile) -> list[Finding]:
+    rules = profile.retrieval
+    if sig.status is not SignalStatus.OK:
+        return [_missing("retrieval", sig.status, rules.when_missing)]
+    out: list[Finding] = []
+    if sig.certifiable is False:
+        out.append(
+            _f(
+                rules.when_no_trusted_chunk,
+                "retrieval-not-certifiable",
+                f"no conformal threshold exists at alpha = {sig.alpha} for this calibration "
+                "(k > n): nothing is certified",
+                "retrieval",
+            )
+        )
+    elif not sig.m1 or not sig.trusted_chunk_ids:
+        out.append(
+            _f(
+                rules.when_no_trusted_chunk,
+                "retrieval-no-trusted-chunk",
+                "no retrieved chunk passed the conformal threshold (m1 = false)",
+                "retrieval",
+            )
+        )
+    elif sig.m2 is not None and sig.m2 < rules.min_trusted_fraction:
+        out.append(
+            _f(
+                rules.when_low_trusted_fraction,
+                "retrieval-low-trusted-fraction",
+                f"m2 = {sig.m2:.2f} of the retrieved chunks are trusted, "
+                f"below {rules.min_trusted_fraction:.2f}",
+                "retrieval",
+            )
+        )
+    if sig.fallback:
+        out.append(
+            _f(
+                "allow",
+                "retrieval-calibration-fallback",
+                "no calibration for this key; the global calibration was used"
+                + (f" ({sig.fallback_reason})" if sig.fallback_reason else ""),
+                "retrieval",
+            )
+        )
+    if sig.monitor == "exchangeability-broken":
+        mean = f"{sig.m1_mean:.3f}" if sig.m1_mean is not None else "?"
+        out.append(
+            _f(
+                rules.when_exchangeability_broken,
+                "exchangeability-broken",
+                f"rolling mean(m1) = {mean} is significantly below 1 - alpha for "
+                f"{sig.calibration_key}: exchangeability broken, recalibrate",
+                "retrieval",
+            )
+        )
+    return out
+
+
+def _lookback(sig: LookbackSignal, profile: Profile) -> list[Finding]:
+    rules = profile.lookback
+    if sig.status is not SignalStatus.OK or sig.p_factual is None:
+        status = SignalStatus.UNAVAILABLE if sig.status is SignalStatus.OK else sig.status
+        return [_missing("lookback", status, rules.when_missing)]
+    p = sig.p_factual
+    if p < rules.block_below:
+        return [
+            _f(
+                "block",
+                "lookback-very-low",
+                f"p(factual) = {p:.2f} < {rules.block_below}",
+                "lookback",
+            )
+        ]
+    if p < rules.caveat_below:
+        return [
+            _f("caveat", "lookback-low", f"p(factual) = {p:.2f} < {rules.caveat_below}", "lookback")
+        ]
+    return []
+
+
+def _claims(sig: ClaimsSignal, profile: Profile) -> list[Finding]:
+    rules = profile.claims
+    if sig.status is not SignalStatus.OK:
+        return [_missing("claims", sig.status, rules.when_missing)]
+    out: list[Finding] = []
+    if sig.evidence_scope == "all-retrieved":
+        out.append(
+            _f(
+                rules.when_untrusted_evidence,
+                "claims-evidence-untrusted",
+                "claims were checked against all retrieved chunks (none certified as trusted)",
+                "claims",
+            )
+        )
+    if sig.n - sig.irrelevant <= 0:
+        out.append(
+            _f(rules.when_no_claims, "claims-none", "the answer holds no checkable claim", "claims")
+        )
+        return out
+    rate = sig.hallucination_rate or 0.0
+    if rate > profile.max_hallucination_rate:
+        out.append(
+            _f(
+                "block",
+                "claims-hallucination-rate-exceeded",
+                f"hallucination rate {rate:.2f} ({sig.unsupported} of "
+                f"{sig.n - sig.irrelevant} claims unsupported) > {profile.max_hallucination_rate}",
+                "claims",
+            )
+        )
+    level = sig.reliability_level or "LOW"
+    action = rules.reliability_actions[level]
+    out.append(
+        _f(
+            action,
+            f"claims-reliability-{level.lower()}",
+            f"reliability {sig.reliability or 0.0:.2f} ({level}): {sig.supported} supported, "
+            f"{sig.uncertain} uncertain, {sig.unsupported} unsupported",
+            "claims",
+        )
+    )
+    if sig.unsupported and rules.caveat_on_any_unsupported:
+        out.append(
+            _f("caveat", "claims-unsupported-present", f"{sig.unsupported} unsupported", "claims")
+        )
+    if sig.unsupported and profile.strict:
+        out.append(
+            _f(
+                "block",
+                "strict-unsupported-claim",
+                "strict profile: an unsupported claim blocks the answer",
+                "claims",
+            )
+        )
+    return out
+
+
+def evaluate_signals(signals: Signals, profile: Profile) -> list[Finding]:
+    """All findings for one answer under ``profile`` (retrieval, lookback, claims)."""
+    return [
+        *_retrieval(signals.retrieval, profile),
+        *_lookback(signals.lookback, profile),
+        *_claims(signals.claims, profile),
+    ]
+
+
+def strict_outcome(
+    profile_name: str,
+    profile: Profile,
+    texts: PolicyTexts,
+    claims: Sequence[ClaimResult],
+    *,
+    trusted_evidence: bool,
+) -> PolicyOutcome | None:
+    """Strict mode mid-stream: BLOCK as soon as a claim is unsupported, else ``None``.
+
+    ``claims`` are the results streamed so far. The outcome carries the
+    verified facts so far as the rewritten answer (only when they were checked
+    against trusted chunks, unless the profile allows otherwise), or the refusal.
+    """
+    if not profile.strict:
+        return None
+    first = next((c for c in claims if c.label is ClaimLabel.UNSUPPORTED), None)
+    if first is None:
+        return None
+    usable = trusted_evidence or profile.claims.verified_only_from_untrusted_evidence
+    text, verified = verified_only(
+        claims if usable else (), texts.verified_intro, texts.verified_outro, texts.refusal
+    )
+    reason = Reason(
+        code="strict-unsupported-claim",
+        message=f"profile {profile_name} is strict: claim {first.index} is unsupported "
+        f"({first.text[:120]!r})",
+        signal="claims",
+    )
+    return PolicyOutcome(
+        decision=Decision.BLOCK,
+        reasons=[_profile_reason(profile_name), reason],
+        caveat_text=texts.verified_only_caveat if verified else None,
+        rewritten_answer=text,
+        escalate=profile.escalate_on_block,
+    )
+
+
+def _profile_reason(name: str) -> Reason:
+    return Reason(code=f"profile.{name}", message=f"risk profile {name}", signal="policy")
+
+
+class PolicyEngine:
+    """The declarative policy (``sidecar.policy.config``) as a ``Policy``."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self.config = config
+
+    @classmethod
+    def from_file(cls, path: Path) -> PolicyEngine:
+        """Load and validate a policy YAML file (``ConfigError`` says what is wrong)."""
+        return cls(load_policy(path))
+
+    @property
+    def name(self) -> str:
+        return f"{self.config.name}/{self.config.version}"
+
+    def profile(self, retrieval: RetrievalEvent) -> tuple[str, Profile]:
+        return self.config.profile_for(retrieval.tenant, retrieval.collection)
+
+    def check_stream(
+        self,
+        retrieval: RetrievalEvent,
+        claims: Sequence[ClaimResult],
+        certification: RetrievalSignal | None = None,
+    ) -> PolicyOutcome | None:
+        """Strict mode: call after each ``ClaimSession.feed`` with all results so far.
+
+        ``certification`` tells whether the claims were checked against trusted
+        chunks (as the claim checker decides it: status ok and trusted ids).
+        """
+        name, profile = self.profile(retrieval)
+        trusted = (
+            certification is not None
+            and certification.status is SignalStatus.OK
+            and bool(certification.trusted_chunk_ids)
+        )
+        return strict_outcome(name, profile, self.config.texts, claims, trusted_evidence=trusted)
+
+    def decide(
+        self,
+        retrieval: RetrievalEvent,
+        final: GenerationFinal,
+        signals: Signals,
+        *,
+        claims: Sequence[ClaimResult] | None = None,
+    ) -> PolicyOutcome:
+        name, profile = self.profile(retrieval)
+        texts = self.config.texts
+        findings = evaluate_signals(signals, profile)
+        action: Action = "allow"
+        for finding in findings:
+            if SEVERITY[finding.action] > SEVERITY[action]:
+                action = finding.action
+        reasons = [_profile_reason(name), *(f.reason for f in findings)]
+        if len(reasons) == 1:
+            reasons.append(Reason(code="checks-passed", message="every signal passed"))
+        sig = signals.claims
+        escalate = (
+            profile.escalate_below_reliability is not None
+            and sig.status is SignalStatus.OK
+            and sig.reliability is not None
+            and sig.reliability < profile.escalate_below_reliability
+        ) or (action == "block" and profile.escalate_on_block)
+        if escalate:
+            reasons.append(Reason(code="escalate", message="routed for human review"))
+        unsupported = sig.status is SignalStatus.OK and sig.unsupported > 0
+        if unsupported and claims is None:
+            reasons.append(
+                Reason(
+                    code="claims-detail-unavailable",
+                    message="per-claim results were not passed to the policy; no rewrite",
+                )
+            )
+        decision = _DECISION[action]
+        if decision is Decision.ALLOW:
+            return PolicyOutcome(decision, reasons, escalate=escalate)
+        if decision is Decision.CAVEAT:
+            if unsupported and claims:
+                rewritten = remove_unsupported(final.answer, claims)
+                return PolicyOutcome(
+                    decision, reasons, texts.caveat_removed, rewritten, escalate=escalate
+                )
+            return PolicyOutcome(decision, reasons, texts.caveat_unverified, escalate=escalate)
+        usable = (
+            claims is not None
+            and sig.status is SignalStatus.OK
+            and (
+                sig.evidence_scope == "trusted"
+                or profile.claims.verified_only_from_untrusted_evidence
+            )
+        )
+        text, verified = verified_only(
+            claims if usable and claims is not None else (),
+            texts.verified_intro,
+            texts.verified_outro,
+            texts.refusal,
+        )
+        reasons.append(
+            Reason(
+                code="answer-verified-only" if verified else "answer-refused",
+                message="only context-verified claims are returned"
+                if verified
+                else "nothing verifiable: the answer is replaced by a refusal",
+            )
+        )
+        return PolicyOutcome(
+            decision,
+            reasons,
+            texts.verified_only_caveat if verified else None,
+            text,
+            escalate=escalate,
+        )

@@ -1,0 +1,108 @@
+"""The policy YAML: the shipped default loads; wrong documents say what is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sidecar.cli.main import main
+from sidecar.exceptions import ConfigError
+from sidecar.policy.config import load_policy, parse_policy
+
+DEFAULT = Path(__file__).resolve().parents[2] / "models" / "policy" / "default.yaml"
+
+MINIMAL = """
+name: test
+default_profile: general
+profiles:
+  general: {max_hallucination_rate: 0.3}
+"""
+
+
+def test_the_shipped_default_has_the_seed002_profiles() -> None:
+    config = load_policy(DEFAULT)
+    rates = {name: p.max_hallucination_rate for name, p in config.profiles.items()}
+    assert rates == {"medical": 0.05, "enterprise": 0.20, "general": 0.30}
+    assert config.profiles["medical"].strict
+    assert config.default_profile == "enterprise"
+
+
+def test_profile_selection_tenant_then_collection_then_default() -> None:
+    config = parse_policy(
+        MINIMAL
+        + """
+  medical: {max_hallucination_rate: 0.05}
+  enterprise: {max_hallucination_rate: 0.2}
+tenants: {clinic: medical}
+collections: {handbook: enterprise}
+"""
+    )
+    assert config.profile_for("clinic", "handbook")[0] == "medical"
+    assert config.profile_for("acme", "handbook")[0] == "enterprise"
+    assert config.profile_for("acme", "wiki")[0] == "general"
+    assert config.profile_for(None, None)[0] == "general"
+
+
+@pytest.mark.parametrize(
+    ("patch", "expected"),
+    [
+        (
+            "  general: {max_hallucination_rate: 1.5}",
+            "profiles.general.max_hallucination_rate: Input should be less than or equal to 1 "
+            "(got 1.5)",
+        ),
+        (
+            "  general: {max_hallucination_rate: 0.3, claims: {when_missing: deny}}",
+            "profiles.general.claims.when_missing: Input should be 'allow', 'caveat' or 'block' "
+            "(got 'deny')",
+        ),
+        (
+            "  general: {max_hallucination_rate: 0.3, strictness: true}",
+            "profiles.general.strictness: Extra inputs are not permitted",
+        ),
+        (
+            "  general: {max_hallucination_rate: 0.3, lookback: {block_below: 0.6, "
+            "caveat_below: 0.4}}",
+            "block_below (0.6) must be <= caveat_below (0.4)",
+        ),
+        ("  general: {strict: true}", "profiles.general.max_hallucination_rate: Field required"),
+        (
+            "  general: {max_hallucination_rate: 0.3}\ntenants: {acme: medical}",
+            "tenants.acme names profile 'medical', which is not defined; defined: general",
+        ),
+        (
+            "  General: {max_hallucination_rate: 0.3}",
+            "profiles.General.[key]: String should match pattern",
+        ),
+    ],
+)
+def test_validation_errors_say_what_is_wrong(patch: str, expected: str) -> None:
+    text = MINIMAL.replace("  general: {max_hallucination_rate: 0.3}", patch)
+    with pytest.raises(ConfigError) as info:
+        parse_policy(text, "p.yaml")
+    assert str(info.value).startswith("p.yaml: invalid policy: ")
+    assert expected in str(info.value)
+
+
+def test_default_profile_must_exist() -> None:
+    with pytest.raises(ConfigError, match="default_profile 'medical' is not a profile"):
+        parse_policy(MINIMAL.replace("default_profile: general", "default_profile: medical"))
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("- a list", "a policy must be a mapping, got list"), ("a: [", "not valid YAML")],
+)
+def test_not_a_policy_document(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        parse_policy(text)
+
+
+def test_policy_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policy", "check", str(DEFAULT)]) == 0
+    assert "medical: max hallucination rate 0.05, strict=true" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(MINIMAL.replace("0.3", "3"), encoding="utf-8")
+    assert main(["policy", "check", str(bad)]) == 2
+    assert "max_hallucination_rate" in capsys.readouterr().err
