@@ -1,0 +1,10 @@
+"""Streaming claim verification (seeds 001, 002).
+
+Pure logic: ``sentences`` / ``segment`` (atomic claims with spans, mid-stream),
+``evidence`` (best trusted sentences per claim), ``rules`` (numbers and dates),
+``calibration`` (temperature + uncertain band), ``scores`` (reliability and
+hallucination rate), ``checker`` (the processor's ``ClaimChecker``).
+Adapters: ``verifier`` (onnxruntime + tokenizers), ``judge`` (optional LLM over
+HTTP). Offline tooling: ``datasets``, ``evaluate``, ``metrics``, ``training``
+(torch, the ``[ml]`` extra). Nothing here is imported by this ``__init__``.
+"""

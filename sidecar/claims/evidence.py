@@ -1,0 +1,188 @@
+"""Evidence selection: the best sentences of the trusted chunks for one claim.
+
+Seed 001 (Step 2, ``verify_claim``) verifies a claim against "the retrieved
+context" truncated to 3,000 characters; seed 002 against the whole context.
+A cross-encoder reads a few hundred tokens, so the sidecar first picks, per
+claim, the chunk sentences that share the most informative words with it
+(IDF-weighted overlap, numbers weighted double, light suffix stemming) and
+hands the verifier
+
+* ``window``: the top ``max_sentences`` sentences, best first (the verifier's
+  tokenizer truncates from the end), a sentence longer than ``max_chars``
+  clipped to the stretch holding most of the claim's words, and
+* ``best_chunk``: the best sentence's chunk as a whole when it fits
+  ``max_chars`` (a second pass that keeps the sentence's context).
+
+The same selection is used to build the training pairs
+(:mod:`sidecar.claims.datasets`), so the verifier is trained on what it
+sees in production. The chunk set is what the caller passes: the trusted
+chunks of the certification when there are any, else all retrieved chunks
+(the checker marks the scope). Pure logic: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from sidecar.claims.sentences import split_sentences
+
+__all__ = ["EvidenceChunk", "EvidenceIndex", "EvidenceSelection", "content_terms"]
+
+_TOKEN: Final = re.compile(r"[a-z0-9]+(?:[.,][0-9]+)*")
+_STOP: Final = frozenset(
+    """a an the and or but if of to in on at by for with from as is are was were be been being
+    it its this that these those he she they them his her their we our you your i me my which
+    who whom whose what when where why how not no do does did has have had can could will would
+    shall should may might must also than then so such there here into onto about over under
+    after before between during while all any some each other more most very just only""".split()
+)
+# Sentences in knowledge dumps are often glued: "...in Kolkata.Subhas Chandra Bose".
+_GLUED: Final = re.compile(r"(?<=[a-z0-9)\]])([.!?])(?=[A-Z][a-z])")
+
+
+def _stem(token: str) -> str:
+    for suffix in ("ing", "ed", "es", "s"):
+        if len(token) > len(suffix) + 3 and token.endswith(suffix):
+            return token[: -len(suffix)]
+    return token
+
+
+def content_terms(text: str) -> list[str]:
+    """Lower-cased, stemmed content words and numbers (commas in numbers removed)."""
+    out = []
+    for tok in _TOKEN.findall(text.lower()):
+        if tok in _STOP:
+            continue
+        if tok[0].isdigit():
+            out.append(tok.replace(",", ""))
+        elif len(tok) > 1:
+            out.append(_stem(tok))
+    return out
+
+
+def _clip(sentence: str, terms: set[str], width: int) -> str:
+    """A sentence longer than ``width``: the ``width`` characters holding most claim terms."""
+    if len(sentence) <= width:
+        return sentence
+    words = [(m.start(), m.end()) for m in re.finditer(r"\S+", sentence)]
+    hits = [bool(set(content_terms(sentence[s:e])) & terms) for s, e in words]
+    best_start, best_hits = 0, -1
+    j = 0
+    count = 0
+    for i in range(len(words)):
+        while j < len(words) and words[j][1] - words[i][0] <= width:
+            count += hits[j]
+            j += 1
+        if count > best_hits:
+            best_start, best_hits = i, count
+        count -= hits[i] if i < j else 0
+        j = max(j, i + 1)
+    start = words[best_start][0]
+    return sentence[start : start + width].rsplit(" ", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceChunk:
+    chunk_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceSelection:
+    """What the verifier reads for one claim, and which chunks it came from."""
+
+    window: str
+    chunk_ids: tuple[str, ...]
+    best_chunk: str | None
+    best_chunk_id: str | None
+    overlap: float  # share of the claim's content weight found in the window (0..1)
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    chunk: int
+    position: int
+    text: str
+    terms: frozenset[str]
+
+
+class EvidenceIndex:
+    """Sentences of a fixed chunk set, ready to be ranked against many claims."""
+
+    def __init__(
+        self,
+        chunks: Sequence[EvidenceChunk],
+        *,
+        max_sentences: int = 3,
+        max_chars: int = 450,
+    ) -> None:
+        if max_sentences < 1:
+            raise ValueError(f"max_sentences must be >= 1, got {max_sentences}")
+        if max_chars < 50:
+            raise ValueError(f"max_chars must be >= 50, got {max_chars}")
+        self.chunks = tuple(chunks)
+        self.max_sentences = max_sentences
+        self.max_chars = max_chars
+        units: list[_Unit] = []
+        for ci, chunk in enumerate(self.chunks):
+            text = _GLUED.sub(r"\1 ", chunk.text)
+            for pos, sentence in enumerate(split_sentences(text)):
+                units.append(_Unit(ci, pos, sentence.text, frozenset(content_terms(sentence.text))))
+        self._units = units
+        df: Counter[str] = Counter()
+        for unit in units:
+            df.update(unit.terms)
+        n = max(1, len(units))
+        self._idf = {t: math.log((n + 1) / (c + 1)) + 1.0 for t, c in df.items()}
+        self._default_idf = math.log(n + 1) + 1.0
+
+    def _weight(self, term: str) -> float:
+        w = self._idf.get(term, self._default_idf)
+        return 2.0 * w if term[0].isdigit() else w
+
+    def select(self, claim: str) -> EvidenceSelection:
+        """The window of best sentences for ``claim`` (empty when there are no chunks)."""
+        if not self._units:
+            return EvidenceSelection("", (), None, None, 0.0)
+        terms = set(content_terms(claim))
+        total = sum(self._weight(t) for t in terms) or 1.0
+        scored = sorted(
+            (
+                (sum(self._weight(t) for t in terms & u.terms), -k)
+                for k, u in enumerate(self._units)
+            ),
+            reverse=True,
+        )
+        chosen: list[int] = []
+        size = 0
+        for score, neg_k in scored:
+            k = -neg_k
+            if len(chosen) >= self.max_sentences or (chosen and score <= 0.0):
+                break
+            length = len(self._units[k].text) + 1
+            if chosen and size + length > self.max_chars:
+                continue
+            chosen.append(k)
+            size += length
+        best = self._units[chosen[0]]
+        # Best first: the verifier's tokenizer truncates the evidence from the end.
+        window = " ".join(_clip(self._units[k].text, terms, self.max_chars) for k in chosen)
+        window = window[: self.max_chars]
+        covered = set().union(*(self._units[k].terms for k in chosen)) & terms
+        overlap = sum(self._weight(t) for t in covered) / total
+        chunk_ids = tuple(dict.fromkeys(self.chunks[self._units[k].chunk].chunk_id for k in chosen))
+        best_chunk = self.chunks[best.chunk]
+        whole = _GLUED.sub(r"\1 ", best_chunk.text).strip()
+        fits = len(whole) <= self.max_chars and whole != window
+        return EvidenceSelection(
+            window=window,
+            chunk_ids=chunk_ids,
+            best_chunk=whole if fits else None,
+            best_chunk_id=best_chunk.chunk_id,
+            overlap=min(1.0, overlap),
+        )

@@ -1,0 +1,152 @@
+"""The rule tier: numbers, dates and named quantities must appear in the evidence.
+
+Seed 001's worked example turns on numbers ("500mg twice daily", "2000mg/day",
+"eGFR < 30" are UNSUPPORTED because no such figure is in the context) and seed
+002's on a figure ("$442 billion" is not in the context). A cross-encoder is
+weak at exact figures, so a deterministic rule runs beside it: every quantity
+of the claim must be found among the evidence's quantities, otherwise the
+claim is not supported, whatever the model says. The rule never upgrades a
+claim (a matching number does not make a claim true).
+
+What counts as a quantity:
+
+* numbers with separators, decimals, signs, ranges (``1,000``, ``3.14``,
+  ``325-650``), with a scale word (``1.5 million`` = ``1,500,000``) and
+  percentages (``1.5%``); digits inside identifiers (``HbA1c``) are not;
+* number words ``one`` .. ``twenty``, tens, ``hundred``, ``dozen``;
+* month names next to a number, and unambiguous month names on their own
+  (``May`` counts only beside a number).
+
+A claim value matches an evidence value when they are equal up to the claim's
+own precision (``1.5 million`` matches ``1,523,000``; ``1.5%`` matches
+``1.52%``, not ``1.7%``). Pure logic: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Final
+
+__all__ = ["Quantity", "RuleCheck", "check_quantities", "extract_quantities"]
+
+_SCALE: Final = {
+    "thousand": 1e3, "million": 1e6, "mn": 1e6, "billion": 1e9, "bn": 1e9, "trillion": 1e12,
+    "tn": 1e12,
+}  # fmt: skip
+_WORDS: Final = {
+    "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+    "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14,
+    "fifteen": 15, "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19,
+    "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70,
+    "eighty": 80, "ninety": 90, "hundred": 100, "dozen": 12,
+}  # fmt: skip
+_MONTHS: Final = {
+    "january": 1, "jan": 1, "february": 2, "feb": 2, "march": 3, "mar": 3, "april": 4,
+    "apr": 4, "may": 5, "june": 6, "jun": 6, "july": 7, "jul": 7, "august": 8, "aug": 8,
+    "september": 9, "sep": 9, "sept": 9, "october": 10, "oct": 10, "november": 11, "nov": 11,
+    "december": 12, "dec": 12,
+}  # fmt: skip
+_NUMBER: Final = re.compile(
+    r"(?<![A-Za-z0-9.,])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?"
+    r"(?:\s*(thousand|million|billion|trillion|bn|mn|tn)\b)?",
+    re.IGNORECASE,
+)
+_NUMBER_WORD: Final = re.compile(r"\b(" + "|".join(_WORDS) + r")\b", re.IGNORECASE)
+_MONTH: Final = re.compile(
+    r"\b(January|February|March|April|May|June|July|August|September|October|November|"
+    r"December|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept|Sep|Oct|Nov|Dec)\b\.?"
+)
+# Month abbreviations and "May"/"March" are also ordinary words: only next to a number.
+_AMBIGUOUS_MONTHS: Final = frozenset({"may", "mar", "jan", "jun", "jul", "aug", "sep", "oct"})
+
+
+@dataclass(frozen=True, slots=True)
+class Quantity:
+    """A number (``value`` with its ``precision``) or a month (``month`` 1-12)."""
+
+    surface: str
+    value: float | None = None
+    precision: float = 0.0
+    month: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RuleCheck:
+    """The claim's quantities and those the evidence does not contain."""
+
+    checked: tuple[Quantity, ...]
+    missing: tuple[Quantity, ...]
+
+    @property
+    def applies(self) -> bool:
+        return bool(self.checked)
+
+    @property
+    def contradicted(self) -> bool:
+        return bool(self.missing)
+
+    def describe(self) -> str:
+        if not self.missing:
+            return "all quantities found in the evidence"
+        return "not in the evidence: " + ", ".join(q.surface for q in self.missing)
+
+
+def _precision(integer: str, fraction: str | None, scale: float) -> float:
+    if fraction:
+        return (10.0 ** -(len(fraction) - 1)) * scale
+    return scale if scale > 1 else 1.0
+
+
+def extract_quantities(text: str) -> list[Quantity]:
+    """Numbers, number words and months of ``text``, in order of appearance."""
+    found: list[tuple[int, Quantity]] = []
+    number_spans: list[tuple[int, int]] = []
+    for m in _NUMBER.finditer(text):
+        integer, fraction = m.group(1), m.group(2)
+        scale_word = (m.group(3) or "").lower()
+        scale = _SCALE.get(scale_word, 1.0)
+        try:
+            base = Decimal(integer.replace(",", "") + (fraction or ""))
+        except InvalidOperation:  # pragma: no cover - the pattern only admits digits
+            continue
+        value = float(base) * scale
+        found.append(
+            (m.start(), Quantity(m.group(0).strip(), value, _precision(integer, fraction, scale)))
+        )
+        number_spans.append((m.start(), m.end()))
+    for m in _NUMBER_WORD.finditer(text):
+        value = float(_WORDS[m.group(1).lower()])
+        found.append((m.start(), Quantity(m.group(0), value, 1.0)))
+        number_spans.append((m.start(), m.end()))
+    for m in _MONTH.finditer(text):
+        name = m.group(1).lower()
+        if name in _AMBIGUOUS_MONTHS and not _next_to_number(m.start(), m.end(), number_spans):
+            continue
+        found.append((m.start(), Quantity(m.group(1), month=_MONTHS[name])))
+    return [q for _, q in sorted(found, key=lambda pair: pair[0])]
+
+
+def _next_to_number(start: int, end: int, spans: list[tuple[int, int]]) -> bool:
+    return any(0 <= start - e <= 2 or 0 <= s - end <= 2 for s, e in spans)
+
+
+def _matches(claim: Quantity, evidence: list[Quantity]) -> bool:
+    if claim.month is not None:
+        return any(q.month == claim.month for q in evidence)
+    assert claim.value is not None  # noqa: S101 - numbers always carry a value
+    tolerance = max(claim.precision / 2.0, abs(claim.value) * 1e-9)
+    return any(
+        q.value is not None and abs(q.value - claim.value) <= tolerance + 1e-12 for q in evidence
+    )
+
+
+def check_quantities(claim: str, evidence: str) -> RuleCheck:
+    """Which of the claim's quantities the evidence lacks (empty ``checked``: no rule)."""
+    wanted = extract_quantities(claim)
+    if not wanted:
+        return RuleCheck((), ())
+    have = extract_quantities(evidence)
+    missing = tuple(q for q in wanted if not _matches(q, have))
+    return RuleCheck(tuple(wanted), missing)

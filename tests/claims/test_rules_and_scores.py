@@ -1,0 +1,104 @@
+"""The rule tier for numbers and dates, and the seeds' scores against hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.claims.rules import check_quantities, extract_quantities
+from sidecar.claims.scores import (
+    ClaimCounts,
+    hallucination_rate,
+    reliability,
+    reliability_level,
+    summarise,
+)
+from sidecar.contracts.events import ClaimLabel, SignalStatus
+
+# Seed 001's worked example (metformin): the context and the five claims.
+CONTEXT = (
+    "Metformin reduces hepatic glucose production by activating AMPK. In clinical trials, "
+    "first-line metformin therapy reduces HbA1c by approximately 1.5%. It is generally "
+    "well-tolerated with the most common side effects being GI upset."
+)
+
+
+@pytest.mark.parametrize(
+    ("claim", "contradicted"),
+    [
+        ("Metformin works by activating AMPK to reduce hepatic glucose output.", False),
+        ("It typically reduces HbA1c by 1.5%.", False),
+        ("The standard starting dose is 500mg twice daily.", True),
+        ("Maximum dose is 2000mg/day.", True),
+        ("Should be avoided in patients with eGFR < 30.", True),
+        ("It reduces HbA1c by 1.7%.", True),
+    ],
+)
+def test_seed001_example_numbers(claim: str, contradicted: bool) -> None:
+    assert check_quantities(claim, CONTEXT).contradicted is contradicted
+
+
+def test_no_quantity_means_no_rule() -> None:
+    check = check_quantities("Metformin activates AMPK.", CONTEXT)
+    assert not check.applies and not check.contradicted
+
+
+def test_seed002_treaty_figure_and_ratification_year() -> None:
+    context = "The Treaty of Versailles was signed on June 28, 1919."
+    assert not check_quantities("The treaty was signed on 28 June 1919.", context).contradicted
+    bad = check_quantities("It imposed reparations of $442 billion, ratified in 1920.", context)
+    assert [q.surface for q in bad.missing] == ["442 billion", "1920"]
+    assert check_quantities("It was signed in July 1919.", context).describe() == (
+        "not in the evidence: July"
+    )
+
+
+def test_scales_separators_words_and_rounding() -> None:
+    assert not check_quantities("about 1.5 million people", "1,523,000 people").contradicted
+    assert check_quantities("about 1.7 million people", "1,523,000 people").contradicted
+    assert not check_quantities("three acts", "an opera in 3 acts").contradicted
+    assert not check_quantities("10,000 copies", "10000 copies were sold").contradicted
+    assert check_quantities("325-650mg", "325mg").contradicted  # 650 is missing
+
+
+def test_identifier_digits_and_may_the_verb_are_not_quantities() -> None:
+    surfaces = [q.surface for q in extract_quantities("HbA1c may fall; it may drop in May 2020")]
+    assert surfaces == ["May", "2020"]
+
+
+# ------------------------------------------------------------------ seed scores
+
+
+def counts(s: int = 0, u: int = 0, c: int = 0, i: int = 0) -> ClaimCounts:
+    return ClaimCounts(supported=s, unsupported=u, uncertain=c, irrelevant=i)
+
+
+@pytest.mark.parametrize(
+    ("c", "rel", "level", "rate"),
+    [
+        (counts(s=2, u=3), 0.40, "LOW", 0.6),  # seed 001 worked example: 2/5 -> LOW
+        (counts(s=17, u=3), 0.85, "HIGH", 0.15),  # exactly on the HIGH threshold
+        (counts(s=13, u=7), 0.65, "MEDIUM", 0.35),  # exactly on the MEDIUM threshold
+        (counts(s=6, c=2), 0.875, "HIGH", 0.0),  # (6 + 0.5*2)/8
+        (counts(s=3, u=1, c=1), 0.70, "MEDIUM", 0.2),  # (3 + 0.5)/5
+        (counts(s=4, u=1, i=1), 0.80, "MEDIUM", 0.2),  # seed 002: irrelevant left out
+        (counts(i=3), 1.0, "HIGH", 0.0),  # only irrelevant claims: seed 002 rate 0.0
+        (counts(), 1.0, "HIGH", 0.0),  # seed 001: no claims -> 1.0 / HIGH
+        (counts(u=1, c=1), 0.25, "LOW", 0.5),
+    ],
+)
+def test_reliability_and_hallucination_rate(
+    c: ClaimCounts, rel: float, level: str, rate: float
+) -> None:
+    assert reliability(c) == pytest.approx(rel)
+    assert reliability_level(c) == level
+    assert hallucination_rate(c) == pytest.approx(rate)
+
+
+def test_summarise_fills_the_claims_signal() -> None:
+    labels = [ClaimLabel.SUPPORTED] * 2 + [ClaimLabel.UNSUPPORTED] * 3
+    sig = summarise(labels, "trusted")
+    assert sig.status is SignalStatus.OK
+    assert (sig.n, sig.supported, sig.unsupported, sig.uncertain, sig.irrelevant) == (5, 2, 3, 0, 0)
+    assert sig.reliability == pytest.approx(0.4) and sig.reliability_level == "LOW"
+    assert sig.hallucination_rate == pytest.approx(0.6)
+    assert sig.evidence_scope == "trusted"
