@@ -1,0 +1,36 @@
+"""``guardrail policy check FILE``: validate a policy YAML and list its profiles."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sidecar.cli.groups import get_group
+
+__all__ = ["register", "run_check"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    group = get_group(sub, "policy", "Work with the declarative decision policy.")
+    p = group.add_parser(
+        "check",
+        help="Validate a policy file; exit 2 with what is wrong.",
+        description="Validate a policy YAML (profiles, thresholds, actions, texts).",
+    )
+    p.add_argument("file", type=Path)
+    p.set_defaults(func=run_check)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from sidecar.policy.engine import PolicyEngine  # noqa: PLC0415
+
+    engine = PolicyEngine.from_file(args.file)
+    config = engine.config
+    sys.stdout.write(f"{args.file}: ok ({engine.name}, default profile {config.default_profile})\n")
+    for name, profile in config.profiles.items():
+        sys.stdout.write(
+            f"  {name}: max hallucination rate {profile.max_hallucination_rate}, "
+            f"strict={str(profile.strict).lower()}\n"
+        )
+    return 0
