@@ -19,6 +19,7 @@ from sidecar.bench.e2e import Bench, LoadShape
 from sidecar.bench.stages import run_stages
 from sidecar.chaos.process import SidecarProcess
 from sidecar.config import Settings
+from sidecar.kafka.topics import create_topics
 from sidecar.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
 
 
@@ -56,6 +57,7 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     )
 
     _log("start to ready")
+    await create_topics(Settings.load(kafka={"bootstrap_servers": broker.bootstrap_servers}))
     startups = []
     for i in range(3):
         p = SidecarProcess(
