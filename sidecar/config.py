@@ -168,7 +168,7 @@ class SignalSettings(_Section):
     monitor_window: int = Field(default=500, ge=10)
     monitor_confidence: float = Field(default=0.99, gt=0.5, lt=1.0)
     lookback: bool = True
-    lookback_model: str = "lookback/smollm2-135m-cw"
+    lookback_model: str = "lookback/smollm2-135m-nq-cw"
     lookback_mismatch: Literal["dead-letter", "unavailable"] = "dead-letter"
     claims: bool = True
     verifier: str = "verifier"

@@ -55,7 +55,17 @@ def build_signals(settings: Settings) -> SignalSuite:
             min_samples=min(50, sig.monitor_window),
         )
         certifier = ConformalCertifier(registry, monitor)
-    return SignalSuite(certifier=certifier)
+    lookback = None
+    if sig.lookback:
+        from sidecar.lookback import OnnxLookbackScorer  # noqa: PLC0415
+
+        model_dir = _artifact(
+            settings, sig.lookback_model, "the lookback classifier", "GUARDRAIL_SIGNALS__LOOKBACK"
+        )
+        lookback = OnnxLookbackScorer.from_dir(
+            model_dir, providers="auto", on_mismatch=sig.lookback_mismatch
+        )
+    return SignalSuite(certifier=certifier, lookback=lookback)
 
 
 def serving_imports_torch() -> bool:

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sidecar.cli.bench",
     "sidecar.cli.policy",
     "sidecar.cli.retrieval",
+    "sidecar.cli.lookback",
 )
 
 

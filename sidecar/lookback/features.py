@@ -1,0 +1,121 @@
+"""The factuality classifier's input vector v (seed 000 section 3.3). Pure numpy.
+
+From an ``(L, H, K_s)`` array of time-averaged lookback ratios (eq. 9) to the
+classifier's ``L * H * K`` feature vector, in three steps:
+
+1. **select** the columns of the trusted chunks, in retrieval order
+   (:func:`select_chunks`); without a certification every column is kept;
+2. **pad** with zero columns up to the model's K (:func:`pad_chunks`): "if,
+   for a given input, less than K trusted chunks are identified, we pad v with
+   zeros at those sections, in order to assure a fixed size of L x H x K";
+3. **flatten** in C order ``(layer, head, chunk)`` and **scale per sample** to
+   [0, 1] (:func:`scale_per_sample`): ``v' = (v - min v) / (max v - min v)``
+   over the whole padded vector, padding zeros included; a constant vector maps
+   to all zeros.
+
+The full-context variant (``fc``) has ``K = 1``: ``v = [LR^{1,1}(context), ...,
+LR^{L,H}(context)]`` of size ``L x H``; selection does not apply to it.
+
+Properties the tests check: padding is the identity on a full input (so it
+never changes its score); scaling is invariant to ``v -> a * v + b`` (a > 0)
+for an unpadded input and to ``v -> a * v`` for any input (LR >= 0, so the
+padding zeros stay the minimum); every feature lies in [0, 1].
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from sidecar.exceptions import ConfigError
+
+__all__ = [
+    "SCALING",
+    "feature_matrix",
+    "feature_vector",
+    "pad_chunks",
+    "scale_per_sample",
+    "select_chunks",
+]
+
+SCALING = "per-sample-minmax"
+"""The scaling recorded in model metadata: min-max over each padded, flattened vector."""
+
+FloatArray = npt.NDArray[np.float32]
+
+
+def select_chunks(ratios: npt.ArrayLike, keep: Sequence[int] | None) -> FloatArray:
+    """The columns ``keep`` (increasing positions) of an ``(L, H, K_s)`` array; all if None."""
+    arr = np.asarray(ratios, dtype=np.float32)
+    if arr.ndim != 3:
+        raise ConfigError(f"lookback ratios must be 3-d (L, H, K), got shape {arr.shape}")
+    if keep is None:
+        return arr
+    idx = [int(i) for i in keep]
+    if any(b <= a for a, b in itertools.pairwise(idx)):
+        raise ConfigError(f"kept chunk positions must be strictly increasing, got {idx}")
+    if idx and (idx[0] < 0 or idx[-1] >= arr.shape[2]):
+        raise ConfigError(f"kept chunk positions {idx} are outside 0..{arr.shape[2] - 1}")
+    return arr[:, :, idx]
+
+
+def pad_chunks(ratios: npt.ArrayLike, k: int) -> FloatArray:
+    """``(L, H, K_s)`` -> ``(L, H, k)`` with zero columns after the given ones (``K_s <= k``)."""
+    arr = np.asarray(ratios, dtype=np.float32)
+    if arr.ndim != 3:
+        raise ConfigError(f"lookback ratios must be 3-d (L, H, K), got shape {arr.shape}")
+    if k < 1:
+        raise ConfigError(f"k must be >= 1, got {k}")
+    present = arr.shape[2]
+    if present > k:
+        raise ConfigError(f"{present} chunk columns do not fit a model for K={k}")
+    if present == k:
+        return arr
+    out = np.zeros((arr.shape[0], arr.shape[1], k), dtype=np.float32)
+    out[:, :, :present] = arr
+    return out
+
+
+def scale_per_sample(vectors: npt.ArrayLike) -> FloatArray:
+    """Min-max scale each row of a 2-d array (or a single 1-d vector) to [0, 1].
+
+    Computed in float64 and returned as float32; a row whose max equals its min
+    becomes all zeros.
+    """
+    arr = np.asarray(vectors, dtype=np.float64)
+    single = arr.ndim == 1
+    rows = arr[None, :] if single else arr
+    if rows.ndim != 2:
+        raise ConfigError(f"expected feature vectors of 1 or 2 dims, got shape {arr.shape}")
+    if not np.isfinite(rows).all():
+        raise ConfigError("feature vectors contain NaN or Inf")
+    if rows.shape[0] == 0 or rows.shape[1] == 0:
+        return rows.astype(np.float32)[0] if single else rows.astype(np.float32)
+    lo = rows.min(axis=1, keepdims=True)
+    span = rows.max(axis=1, keepdims=True) - lo
+    safe = np.where(span > 0.0, span, 1.0)
+    scaled = np.where(span > 0.0, (rows - lo) / safe, 0.0)
+    out = np.clip(scaled, 0.0, 1.0).astype(np.float32)
+    return out[0] if single else out
+
+
+def feature_vector(ratios: npt.ArrayLike, k: int, keep: Sequence[int] | None = None) -> FloatArray:
+    """Select, pad to ``k``, flatten (C order) and scale one ``(L, H, K_s)`` array."""
+    padded = pad_chunks(select_chunks(ratios, keep), k)
+    return scale_per_sample(padded.reshape(-1))
+
+
+def feature_matrix(ratios: npt.ArrayLike, k: int) -> FloatArray:
+    """``(n, L, H, K_s)`` -> ``(n, L * H * k)``: every column kept, padded and scaled."""
+    arr = np.asarray(ratios, dtype=np.float32)
+    if arr.ndim != 4:
+        raise ConfigError(f"a batch of lookback ratios must be 4-d (n, L, H, K), got {arr.shape}")
+    n, layers, heads, present = arr.shape
+    if present > k:
+        raise ConfigError(f"{present} chunk columns do not fit a model for K={k}")
+    padded = np.zeros((n, layers, heads, k), dtype=np.float32)
+    padded[..., :present] = arr
+    return scale_per_sample(padded.reshape(n, -1))

@@ -1,0 +1,317 @@
+"""Serving the lookback classifier: ``OnnxLookbackScorer`` implements ``LookbackScorer``.
+
+Per ``GenerationFinal`` event (seed 000 section 3.3):
+
+1. **check** -- the event's ``generator_model`` must equal the model's, and its
+   ``AttentionSummary`` must have the model's layers, heads and variant, and at
+   most K chunk columns (``fc``: exactly 1). A mismatch raises
+   ``InputError("generator-mismatch" | "attention-shape", ...)`` -- the event is
+   dead-lettered -- or, with ``on_mismatch="unavailable"``, ``score`` reports
+   status ``unavailable`` instead. An event without a summary is never an
+   error: it scores ``unavailable``.
+2. **select** the trusted chunks (``cw`` only). Column ``i`` of the summary is the
+   ``i``-th chunk of the generator's prompt, which is the ``i``-th hit of the
+   retrieval event (retrieval order, best first). When the certification's
+   status is ``ok``:
+
+   * with ``chunk_ids`` (the ids of the summary's columns, i.e. the retrieval
+     event's hit ids in order), the columns whose id is in
+     ``certification.trusted_chunk_ids`` are kept, in retrieval order;
+   * without them, the first ``len(trusted_chunk_ids)`` columns are kept. This
+     is exact for the project's certifier: it trusts every hit whose
+     normalised score clears one threshold, and hits are best-first, so the
+     trusted set is always a prefix of the retrieval order.
+
+   No trusted chunk keeps no column (the all-zero vector is scored). Without an
+   ``ok`` certification (not configured, unavailable) every column is kept.
+3. **pad** with zero columns to K, **flatten** in C order and **scale** per
+   sample to [0, 1] (:mod:`sidecar.lookback.features`), exactly as the trainer.
+4. **score** with onnxruntime -> ``LookbackSignal(p_factual, model_version)``.
+
+``score_many`` does steps 1-3 per request and one ONNX call for the batch (the
+Kafka adapter micro-batches concurrent requests through it).
+
+onnxruntime uses ``CPUExecutionProvider`` unless ``providers`` says otherwise;
+``providers="auto"`` adds ``CUDAExecutionProvider`` when the installed
+onnxruntime has it. Never imports torch or scikit-learn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from sidecar.contracts.events import (
+    GenerationFinal,
+    LookbackSignal,
+    RetrievalSignal,
+    SignalStatus,
+)
+from sidecar.exceptions import ArtifactError, ConfigError, InputError
+from sidecar.lookback.artifact import LookbackModelMetadata, load_metadata
+from sidecar.lookback.features import feature_vector
+
+__all__ = ["LookbackRequest", "OnnxLookbackScorer", "resolve_providers"]
+
+OnMismatch = Literal["dead-letter", "unavailable"]
+
+
+def resolve_providers(providers: Sequence[str] | Literal["auto"] | None) -> list[str]:
+    """Execution providers for onnxruntime: ``None`` -> CPU; ``"auto"`` -> CUDA if present."""
+    import onnxruntime as ort  # noqa: PLC0415 - adapter edge
+
+    available = set(ort.get_available_providers())
+    if providers is None:
+        return ["CPUExecutionProvider"]
+    if providers == "auto":
+        chosen = ["CPUExecutionProvider"]
+        if "CUDAExecutionProvider" in available:
+            chosen.insert(0, "CUDAExecutionProvider")
+        return chosen
+    wanted = list(providers)
+    missing = [p for p in wanted if p not in available]
+    if missing or not wanted:
+        raise ConfigError(
+            f"onnxruntime providers {missing or wanted} are not available; "
+            f"installed: {sorted(available)}"
+        )
+    return wanted
+
+
+@dataclass(frozen=True, slots=True)
+class LookbackRequest:
+    """One request for :meth:`OnnxLookbackScorer.score_many`."""
+
+    final: GenerationFinal
+    certification: RetrievalSignal
+    chunk_ids: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    features: npt.NDArray[np.float32] | None
+    signal: LookbackSignal | None
+
+
+class OnnxLookbackScorer:
+    """The lookback classifier of one model directory, behind ``LookbackScorer``."""
+
+    def __init__(
+        self,
+        metadata: LookbackModelMetadata,
+        onnx_bytes: bytes,
+        *,
+        providers: Sequence[str] | Literal["auto"] | None = None,
+        on_mismatch: OnMismatch = "dead-letter",
+        intra_op_threads: int = 1,
+    ) -> None:
+        import onnxruntime as ort  # noqa: PLC0415 - adapter edge
+
+        if on_mismatch not in ("dead-letter", "unavailable"):
+            raise ConfigError(
+                f"on_mismatch must be 'dead-letter' or 'unavailable', got {on_mismatch!r}"
+            )
+        if intra_op_threads < 0:
+            raise ConfigError(f"intra_op_threads must be >= 0, got {intra_op_threads}")
+        if metadata.variant == "fc" and metadata.chunks != 1:
+            raise ArtifactError(f"an fc model must have chunks=1, metadata says {metadata.chunks}")
+        self.metadata = metadata
+        self.on_mismatch: OnMismatch = on_mismatch
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = intra_op_threads
+        opts.inter_op_num_threads = 1
+        try:
+            self._session: Any = ort.InferenceSession(
+                onnx_bytes, opts, providers=resolve_providers(providers)
+            )
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise ArtifactError(f"onnxruntime cannot load the lookback model: {exc}") from exc
+        inputs = {i.name: i for i in self._session.get_inputs()}
+        outputs = {o.name for o in self._session.get_outputs()}
+        if metadata.onnx_input not in inputs or metadata.onnx_output not in outputs:
+            raise ArtifactError(
+                f"the ONNX graph has inputs {sorted(inputs)} and outputs {sorted(outputs)}; "
+                f"metadata names {metadata.onnx_input!r} -> {metadata.onnx_output!r}"
+            )
+        width = inputs[metadata.onnx_input].shape[-1]
+        if isinstance(width, int) and width != metadata.n_features:
+            raise ArtifactError(
+                f"the ONNX model takes {width} features, metadata says "
+                f"{metadata.layers}x{metadata.heads}x{metadata.chunks} = {metadata.n_features}"
+            )
+
+    @classmethod
+    def from_dir(
+        cls,
+        model_dir: str | Path,
+        *,
+        providers: Sequence[str] | Literal["auto"] | None = None,
+        on_mismatch: OnMismatch = "dead-letter",
+        intra_op_threads: int = 1,
+    ) -> OnnxLookbackScorer:
+        """Load ``model_dir/metadata.json`` and its hash-checked ``model.onnx``."""
+        metadata, onnx_bytes = load_metadata(model_dir)
+        return cls(
+            metadata,
+            onnx_bytes,
+            providers=providers,
+            on_mismatch=on_mismatch,
+            intra_op_threads=intra_op_threads,
+        )
+
+    @property
+    def version(self) -> str:
+        """``name@<onnx sha256 prefix>``."""
+        return self.metadata.version
+
+    @property
+    def providers(self) -> list[str]:
+        """The execution providers onnxruntime actually uses."""
+        return list(self._session.get_providers())
+
+    # ------------------------------------------------------------------ checks
+
+    def mismatch(self, final: GenerationFinal) -> InputError | None:
+        """Why this model cannot score ``final`` (``None``: it can, or there is no summary)."""
+        meta = self.metadata
+        if final.attention is None:
+            return None
+        if final.generator_model != meta.generator_model:
+            return InputError(
+                "generator-mismatch",
+                f"attention summary from generator {final.generator_model!r}; the lookback "
+                f"model {self.version} was trained on {meta.generator_model!r}",
+            )
+        att = final.attention
+        if att.variant != meta.variant:
+            return InputError(
+                "attention-shape",
+                f"attention summary variant {att.variant!r}; the lookback model {self.version} "
+                f"scores {meta.variant!r}",
+            )
+        if att.layers != meta.layers or att.heads != meta.heads:
+            return InputError(
+                "attention-shape",
+                f"attention summary of {att.layers} layers x {att.heads} heads; the lookback "
+                f"model {self.version} needs {meta.layers} x {meta.heads}",
+            )
+        if att.chunks > meta.chunks or (meta.variant == "fc" and att.chunks != 1):
+            allowed = "exactly 1" if meta.variant == "fc" else f"at most {meta.chunks}"
+            return InputError(
+                "attention-shape",
+                f"attention summary has {att.chunks} chunk columns; the lookback model "
+                f"{self.version} ({meta.variant}) takes {allowed}",
+            )
+        return None
+
+    def check(self, final: GenerationFinal) -> None:
+        """Raise ``InputError`` for a summary this model cannot score, in dead-letter mode."""
+        error = self.mismatch(final)
+        if error is not None and self.on_mismatch == "dead-letter":
+            raise error
+
+    # ------------------------------------------------------------------ scoring
+
+    def _unavailable(self) -> LookbackSignal:
+        return LookbackSignal(status=SignalStatus.UNAVAILABLE, model_version=self.version)
+
+    def _kept_columns(
+        self,
+        n_columns: int,
+        certification: RetrievalSignal,
+        chunk_ids: Sequence[str] | None,
+    ) -> list[int] | None:
+        """Positions of the trusted columns; ``None`` keeps all; raises ``ValueError``."""
+        if self.metadata.variant == "fc" or certification.status != SignalStatus.OK:
+            return None
+        trusted = certification.trusted_chunk_ids
+        if chunk_ids is not None:
+            if len(chunk_ids) != n_columns:
+                raise ValueError(f"{len(chunk_ids)} chunk ids for {n_columns} summary columns")
+            wanted = set(trusted)
+            return [i for i, cid in enumerate(chunk_ids) if cid in wanted]
+        if len(trusted) > n_columns:
+            raise ValueError(
+                f"{len(trusted)} trusted chunks but the summary has {n_columns} columns"
+            )
+        return list(range(len(trusted)))
+
+    def _prepare(
+        self,
+        final: GenerationFinal,
+        certification: RetrievalSignal,
+        chunk_ids: Sequence[str] | None,
+    ) -> _Prepared:
+        summary = final.attention
+        if summary is None:
+            return _Prepared(None, self._unavailable())
+        error = self.mismatch(final)
+        if error is not None:
+            if self.on_mismatch == "dead-letter":
+                raise error
+            return _Prepared(None, self._unavailable())
+        try:
+            keep = self._kept_columns(summary.chunks, certification, chunk_ids)
+        except ValueError:
+            return _Prepared(None, self._unavailable())
+        vector = feature_vector(summary.to_array(), self.metadata.chunks, keep)
+        return _Prepared(vector, None)
+
+    def _run(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+        (probs,) = self._session.run(
+            [self.metadata.onnx_output],
+            {self.metadata.onnx_input: np.ascontiguousarray(features, dtype=np.float32)},
+        )
+        return np.clip(np.asarray(probs, dtype=np.float64)[:, 1], 0.0, 1.0)
+
+    def _ok(self, p: float) -> LookbackSignal:
+        return LookbackSignal(status=SignalStatus.OK, p_factual=p, model_version=self.version)
+
+    def score(
+        self,
+        final: GenerationFinal,
+        certification: RetrievalSignal,
+        *,
+        chunk_ids: Sequence[str] | None = None,
+    ) -> LookbackSignal:
+        """p(factual) of one answer; ``chunk_ids`` = the summary's column ids, if known."""
+        prepared = self._prepare(final, certification, chunk_ids)
+        if prepared.features is None:
+            assert prepared.signal is not None  # noqa: S101 - one of the two is set
+            return prepared.signal
+        return self._ok(float(self._run(prepared.features[None, :])[0]))
+
+    def score_many(self, requests: Sequence[LookbackRequest]) -> list[LookbackSignal]:
+        """Score a batch with one ONNX call; results in request order.
+
+        A request that cannot be scored gets ``unavailable`` (or, in dead-letter
+        mode, raises its ``InputError`` -- call :meth:`check` on each event first).
+        """
+        prepared = [self._prepare(r.final, r.certification, r.chunk_ids) for r in requests]
+        rows = [p.features for p in prepared if p.features is not None]
+        probs = self._run(np.stack(rows)) if rows else np.zeros(0)
+        out: list[LookbackSignal] = []
+        j = 0
+        for p in prepared:
+            if p.features is None:
+                assert p.signal is not None  # noqa: S101
+                out.append(p.signal)
+            else:
+                out.append(self._ok(float(probs[j])))
+                j += 1
+        return out
+
+    def features(
+        self,
+        final: GenerationFinal,
+        certification: RetrievalSignal,
+        *,
+        chunk_ids: Sequence[str] | None = None,
+    ) -> npt.NDArray[np.float32] | None:
+        """The scaled feature vector this scorer would feed to ONNX (``None``: unscorable)."""
+        return self._prepare(final, certification, chunk_ids).features

@@ -1,0 +1,141 @@
+"""Padding, selection and per-sample scaling of lookback features (seed 000 sec. 3.3)."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from sidecar.exceptions import ConfigError
+from sidecar.lookback.features import (
+    feature_matrix,
+    feature_vector,
+    pad_chunks,
+    scale_per_sample,
+    select_chunks,
+)
+
+RATIO = st.floats(min_value=0.0, max_value=50.0, allow_nan=False, width=32)
+
+
+@st.composite
+def ratios(draw: st.DrawFn, max_k: int = 4) -> npt.NDArray[np.float32]:
+    layers = draw(st.integers(1, 4))
+    heads = draw(st.integers(1, 3))
+    k = draw(st.integers(1, max_k))
+    return draw(hnp.arrays(np.float32, (layers, heads, k), elements=RATIO))
+
+
+def _logit(x: npt.NDArray[np.float32], seed: int) -> float:
+    w = np.random.default_rng(seed).normal(size=x.size)
+    return float(w @ x.astype(np.float64) + 0.3)
+
+
+@given(ratios())
+def test_padding_never_changes_a_full_input(arr: npt.NDArray[np.float32]) -> None:
+    k = arr.shape[2]
+    assert np.array_equal(pad_chunks(arr, k), arr)
+    v = feature_vector(arr, k)
+    assert np.array_equal(v, scale_per_sample(arr.reshape(-1)))
+    # The score of a full input is the same whether or not it went through padding.
+    assert _logit(v, 1) == _logit(feature_vector(pad_chunks(arr, k), k), 1)
+
+
+@given(ratios(max_k=3), st.integers(0, 3))
+def test_padding_appends_zero_columns(arr: npt.NDArray[np.float32], extra: int) -> None:
+    k = arr.shape[2] + extra
+    padded = pad_chunks(arr, k)
+    assert padded.shape == (*arr.shape[:2], k)
+    assert np.array_equal(padded[:, :, : arr.shape[2]], arr)
+    assert not padded[:, :, arr.shape[2] :].any()
+
+
+@given(ratios(), st.floats(0.01, 100.0), st.floats(-5.0, 5.0))
+def test_scaling_is_affine_invariant_for_full_inputs(
+    arr: npt.NDArray[np.float32], a: float, b: float
+) -> None:
+    spread = float(arr.max() - arr.min())
+    assume(spread == 0.0 or spread >= 0.5)  # float32 rounding of a*v+b stays far below 2e-5
+    k = arr.shape[2]
+    base = feature_vector(arr, k)
+    moved = feature_vector(arr.astype(np.float64) * a + b, k)
+    np.testing.assert_allclose(moved, base, atol=2e-5)
+
+
+@given(ratios(max_k=2), st.floats(0.01, 100.0))
+def test_scaling_is_scale_invariant_with_padding(arr: npt.NDArray[np.float32], a: float) -> None:
+    assume(float(arr.max()) == 0.0 or float(arr.max()) >= 1e-3)
+    k = arr.shape[2] + 2
+    np.testing.assert_allclose(
+        feature_vector(arr.astype(np.float64) * a, k), feature_vector(arr, k), atol=2e-5
+    )
+
+
+@given(hnp.arrays(np.float64, (5, 7), elements=st.floats(-1e3, 1e3)))
+def test_scaled_rows_lie_in_unit_interval(rows: npt.NDArray[np.float64]) -> None:
+    out = scale_per_sample(rows)
+    assert out.dtype == np.float32
+    assert out.shape == rows.shape
+    assert (out >= 0.0).all()
+    assert (out <= 1.0).all()
+    for row, scaled in zip(rows, out, strict=True):
+        if row.max() > row.min():
+            assert scaled.min() == 0.0
+            assert scaled.max() == 1.0
+        else:
+            assert not scaled.any()
+
+
+@settings(max_examples=50)
+@given(ratios(max_k=4), st.data())
+def test_selection_then_padding_matches_manual_layout(
+    arr: npt.NDArray[np.float32], data: st.DataObject
+) -> None:
+    k = arr.shape[2]
+    keep = sorted(data.draw(st.sets(st.integers(0, k - 1))))
+    expected = np.zeros_like(arr)
+    expected[:, :, : len(keep)] = arr[:, :, keep]
+    np.testing.assert_array_equal(
+        feature_vector(arr, k, keep), scale_per_sample(expected.reshape(-1))
+    )
+
+
+def test_feature_matrix_equals_rowwise_vectors() -> None:
+    rng = np.random.default_rng(0)
+    batch = rng.uniform(0, 3, size=(6, 3, 2, 2)).astype(np.float32)
+    matrix = feature_matrix(batch, 3)
+    assert matrix.shape == (6, 3 * 2 * 3)
+    for row, arr in zip(matrix, batch, strict=True):
+        np.testing.assert_array_equal(row, feature_vector(arr, 3))
+
+
+def test_flattening_is_c_order_layer_head_chunk() -> None:
+    arr = np.arange(2 * 3 * 2, dtype=np.float32).reshape(2, 3, 2)
+    v = feature_vector(arr, 2)
+    assert v[1] > v[0]  # chunk varies fastest
+    np.testing.assert_allclose(v * 11.0, arr.reshape(-1), atol=1e-5)
+
+
+def test_constant_and_empty_inputs() -> None:
+    assert not feature_vector(np.full((2, 2, 3), 4.0), 3).any()
+    assert not feature_vector(np.ones((2, 2, 3)), 3, keep=[]).any()
+    assert scale_per_sample(np.zeros((0, 4))).shape == (0, 4)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: pad_chunks(np.zeros((2, 2, 4)), 3), "do not fit"),
+        (lambda: pad_chunks(np.zeros((2, 2)), 3), "3-d"),
+        (lambda: select_chunks(np.zeros((2, 2, 3)), [2, 1]), "increasing"),
+        (lambda: select_chunks(np.zeros((2, 2, 3)), [0, 3]), "outside"),
+        (lambda: scale_per_sample(np.array([[1.0, np.nan]])), "NaN"),
+        (lambda: feature_matrix(np.zeros((2, 2, 3)), 3), "4-d"),
+    ],
+)
+def test_bad_inputs_raise_config_error(call: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        call()  # type: ignore[operator]

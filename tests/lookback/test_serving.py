@@ -1,0 +1,178 @@
+"""The serving path: OnnxLookbackScorer against the trainer, checks, trusted-chunk padding."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from sidecar.contracts.events import (
+    AttentionSummary,
+    GenerationFinal,
+    RetrievalSignal,
+    SignalStatus,
+)
+from sidecar.exceptions import InputError
+from sidecar.lookback.dataset import load_dataset
+from sidecar.lookback.features import feature_vector
+from sidecar.lookback.serving import LookbackRequest, OnnxLookbackScorer
+from sidecar.lookback.training import LookbackClassifier, split_by_question
+from sidecar.pipeline.signals import LookbackScorer
+from tests.lookback.conftest import GENERATOR, HEADS, LAYERS, K, synthetic_rows
+
+NO_CERT = RetrievalSignal(status=SignalStatus.NOT_CONFIGURED)
+
+
+def final(array: np.ndarray, *, variant: str = "cw", generator: str = GENERATOR) -> GenerationFinal:
+    return GenerationFinal(
+        request_id="r-1",
+        answer="an answer",
+        generator_model=generator,
+        attention=AttentionSummary.from_array(array, variant=variant),  # type: ignore[arg-type]
+    )
+
+
+def trusted(*ids: str) -> RetrievalSignal:
+    return RetrievalSignal(status=SignalStatus.OK, trusted_chunk_ids=list(ids), m1=bool(ids))
+
+
+def test_scorer_satisfies_the_pipeline_protocol(cw_model: Path) -> None:
+    scorer: LookbackScorer = OnnxLookbackScorer.from_dir(cw_model)
+    assert scorer.version.startswith("tiny-cw@")
+
+
+def test_serving_scores_recorded_summaries_like_the_trainer(
+    cw_model: Path, dataset_dir: Path
+) -> None:
+    """Refit the trainer's model (same data, split, seed) and compare on held-out rows."""
+    data = load_dataset(dataset_dir)
+    train = split_by_question(data.rows.qid, 0.6, 0)
+    clf = LookbackClassifier(chunks=K, seed=0).fit(
+        data.rows.cw[train].astype(np.float32), data.rows.label[train]
+    )
+    scorer = OnnxLookbackScorer.from_dir(cw_model)
+    held_out = data.rows.cw[~train][:25]
+    expected = clf.predict_proba(held_out.astype(np.float32))
+    got = [scorer.score(final(row), NO_CERT).p_factual for row in held_out]
+    np.testing.assert_allclose(np.array(got, dtype=np.float64), expected, atol=1e-5)
+
+
+def test_serving_equals_the_exported_logistic_regression(cw_model: Path) -> None:
+    """p = sigmoid(w . v + b) with the ONNX file's own weights, computed in numpy."""
+    graph = onnx.load(str(cw_model / "model.onnx")).graph
+    (node,) = [n for n in graph.node if n.op_type == "LinearClassifier"]
+    attrs = {a.name: a for a in node.attribute}
+    # Binary classifiers store two rows (class 0 = -w, class 1 = w) and a logistic transform.
+    coef = np.array(attrs["coefficients"].floats, dtype=np.float64).reshape(2, -1)[1]
+    intercept = np.array(attrs["intercepts"].floats, dtype=np.float64)[1:]
+    assert attrs["post_transform"].s == b"LOGISTIC"
+    assert coef.size == LAYERS * HEADS * K
+    scorer = OnnxLookbackScorer.from_dir(cw_model)
+    for row in synthetic_rows(10, seed=7).cw:
+        v = feature_vector(row.astype(np.float32), K).astype(np.float64)
+        p = 1.0 / (1.0 + np.exp(-(coef.ravel() @ v + intercept.ravel()[0])))
+        signal = scorer.score(final(row), NO_CERT)
+        assert signal.status == SignalStatus.OK
+        assert signal.p_factual == pytest.approx(p, abs=1e-5)
+        assert signal.model_version == scorer.version
+
+
+def test_score_many_equals_score(cw_model: Path) -> None:
+    scorer = OnnxLookbackScorer.from_dir(cw_model)
+    rows = synthetic_rows(9, seed=3).cw
+    requests = [
+        LookbackRequest(final(r), trusted("a", "b") if i % 2 else NO_CERT)
+        for i, r in enumerate(rows)
+    ]
+    requests.append(LookbackRequest(final(rows[0], generator="other/model"), NO_CERT))
+    scorer_soft = OnnxLookbackScorer.from_dir(cw_model, on_mismatch="unavailable")
+    batch = scorer_soft.score_many(requests)
+    single = [scorer_soft.score(r.final, r.certification) for r in requests]
+    assert [s.status for s in batch] == [SignalStatus.OK] * 9 + [SignalStatus.UNAVAILABLE]
+    for a, b in zip(batch, single, strict=True):
+        assert a.status == b.status
+        if a.p_factual is not None:
+            assert a.p_factual == pytest.approx(b.p_factual, abs=1e-6)
+    assert scorer.score_many([]) == []
+
+
+def test_trusted_chunks_select_columns_then_pad(cw_model: Path) -> None:
+    scorer = OnnxLookbackScorer.from_dir(cw_model)
+    row = synthetic_rows(1, seed=5).cw[0].astype(np.float32)
+    ids = ("c1", "c2", "c3")
+    prefix = scorer.features(final(row), trusted("c1", "c2"))
+    explicit = scorer.features(final(row), trusted("c2", "c1"), chunk_ids=ids)
+    manual = feature_vector(np.concatenate([row[:, :, :2], np.zeros((LAYERS, HEADS, 1))], 2), K)
+    assert prefix is not None
+    np.testing.assert_array_equal(prefix, manual)
+    np.testing.assert_array_equal(explicit, manual)
+    # A non-prefix trusted set keeps retrieval order: columns 1 and 3, then zeros.
+    gap = scorer.features(final(row), trusted("c3", "c1"), chunk_ids=ids)
+    np.testing.assert_array_equal(gap, feature_vector(row, K, keep=[0, 2]))
+    # Without an ok certification every column counts; a full summary is not padded.
+    np.testing.assert_array_equal(scorer.features(final(row), NO_CERT), feature_vector(row, K))
+    # Fewer chunks than K in the summary: zero padding, same as the trainer's.
+    short = row[:, :, :2]
+    np.testing.assert_array_equal(scorer.features(final(short), NO_CERT), manual)
+    # Inconsistent certification: unavailable, not an exception.
+    assert scorer.score(final(row), trusted("a", "b", "c", "d")).status == "unavailable"
+    assert scorer.score(final(row), trusted("c1"), chunk_ids=ids[:2]).status == "unavailable"
+    # No trusted chunk: the all-zero vector is still scored.
+    assert scorer.score(final(row), trusted()).status == SignalStatus.OK
+
+
+@pytest.mark.parametrize(
+    ("event", "reason"),
+    [
+        (lambda: final(np.ones((LAYERS, HEADS, K)), generator="other/model"), "generator-mismatch"),
+        (lambda: final(np.ones((LAYERS + 1, HEADS, K))), "attention-shape"),
+        (lambda: final(np.ones((LAYERS, HEADS - 1, K))), "attention-shape"),
+        (lambda: final(np.ones((LAYERS, HEADS, K + 1))), "attention-shape"),
+        (lambda: final(np.ones((LAYERS, HEADS, 1)), variant="fc"), "attention-shape"),
+    ],
+)
+def test_mismatch_raises_input_error_or_reports_unavailable(
+    cw_model: Path, event: object, reason: str
+) -> None:
+    ev: GenerationFinal = event()  # type: ignore[operator]
+    strict = OnnxLookbackScorer.from_dir(cw_model)
+    with pytest.raises(InputError) as info:
+        strict.check(ev)
+    assert info.value.reason == reason
+    assert info.value.dead_letter
+    with pytest.raises(InputError):
+        strict.score(ev, NO_CERT)
+    soft = OnnxLookbackScorer.from_dir(cw_model, on_mismatch="unavailable")
+    soft.check(ev)
+    assert soft.score(ev, NO_CERT).status == SignalStatus.UNAVAILABLE
+
+
+def test_missing_summary_is_unavailable_not_an_error(cw_model: Path) -> None:
+    scorer = OnnxLookbackScorer.from_dir(cw_model)
+    ev = GenerationFinal(request_id="r", answer="x", generator_model=GENERATOR)
+    scorer.check(ev)
+    assert scorer.score(ev, NO_CERT).status == SignalStatus.UNAVAILABLE
+
+
+def test_fc_model_scores_fc_summaries_only(fc_model: Path) -> None:
+    scorer = OnnxLookbackScorer.from_dir(fc_model)
+    fc = synthetic_rows(1, seed=2).fc[0][:, :, None]
+    signal = scorer.score(final(fc, variant="fc"), trusted())  # certification is irrelevant
+    assert signal.status == SignalStatus.OK
+    assert signal.p_factual == scorer.score(final(fc, variant="fc"), NO_CERT).p_factual
+    with pytest.raises(InputError, match="variant 'cw'"):
+        scorer.check(final(np.ones((LAYERS, HEADS, 1))))
+
+
+def test_serving_imports_neither_torch_nor_sklearn(cw_model: Path) -> None:
+    code = (
+        "import sys; from sidecar.lookback.serving import OnnxLookbackScorer; "
+        f"OnnxLookbackScorer.from_dir({str(cw_model)!r}); "
+        "bad = [m for m in ('torch', 'transformers', 'sklearn', 'skl2onnx') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
