@@ -27,6 +27,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer
 
 from sidecar.config import Settings
+from sidecar.contracts.codec import encode
 from sidecar.contracts.events import DLQ_HEADER_PREFIX
 from sidecar.exceptions import LocalKafkaError
 from sidecar.kafka.topics import create_topics
@@ -177,7 +178,42 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> N
     raise LocalKafkaError(f"the sidecar was not ready within {timeout_s:.0f}s")
 
 
-def run_demo(sample: Path | None = None, out: TextIO = sys.stdout, keep: bool = False) -> int:
+def real_records(settings: Settings, questions: Path, n: int, out: TextIO) -> list[Record]:
+    """Events from the real RAG loop: Qdrant + MiniLM retrieval, SmolLM2 with the summariser."""
+    from sidecar.generator.service import demo_requests  # noqa: PLC0415 - the ml extra
+
+    _line(
+        out,
+        "[demo]",
+        f"real generator: SmolLM2-135M answers {n} held-out questions from {questions}",
+    )
+    records = []
+    for req in demo_requests(questions, n=n, threads=1):
+        key = req.request_id.encode()
+        for event in req.events:
+            topic = (
+                settings.topics.retrieval
+                if event.event_type == "retrieval"
+                else settings.topics.generation
+            )
+            records.append(Record(topic, key, encode(event)))
+        gold = "/".join(req.gold_answers[:2])
+        _line(
+            out,
+            "[answer]",
+            f"{req.request_id:<13} {req.final.answer.strip()[:70]!r} gold={gold!r} "
+            f"correct={req.correct}",
+        )
+    return records
+
+
+def run_demo(
+    sample: Path | None = None,
+    out: TextIO = sys.stdout,
+    keep: bool = False,
+    real: int = 0,
+    questions: Path | None = None,
+) -> int:
     started = time.monotonic()
     home = default_home()
     lib = ensure_jars(home / "lib")
@@ -213,7 +249,11 @@ def run_demo(sample: Path | None = None, out: TextIO = sys.stdout, keep: bool = 
             )
         _wait_ready(http_port, sidecar, 60)
         _line(out, "[demo]", f"sidecar ready (pid {sidecar.pid}, health on 127.0.0.1:{http_port})")
-        records = load_file(sample or bundled_sample(), settings)
+        if real:
+            path = questions or Path("../shared/data/nq-open/nq-open-oracle.dev.jsonl.gz")
+            records = real_records(settings, path, real, out)
+        else:
+            records = load_file(sample or bundled_sample(), settings)
         expected = expected_request_ids(records)
         result = DemoResult()
 
