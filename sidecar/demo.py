@@ -261,7 +261,7 @@ def run_demo(
             watcher = asyncio.create_task(_watch(settings, expected, result, out, 60))
             sent = await send(settings, records)
             _line(
-                out, "[demo]", f"replayed {sent} messages ({len(expected)} requests + broken input)"
+                out, "[demo]", f"replayed {sent} messages for {len(expected)} requests"
             )
             await watcher
 
