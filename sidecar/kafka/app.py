@@ -235,10 +235,21 @@ class SidecarService:
         async with self._handler_lock:
             if self._stopping.is_set():
                 return
-            step = Step()
+            items = []
             for record in records:
-                step.extend(self._process(record))
-            await self.emit(step)
+                ref = InputRef(
+                    topic=record.topic,
+                    partition=record.partition,
+                    offset=record.offset,
+                    headers=tuple(record.headers or ()),
+                )
+                self.tracker.track(ref.tp, ref.offset)
+                kind = self._kinds.get(record.topic)
+                if kind is None:  # not ours (a pattern or misconfigured subscription)
+                    self.tracker.done(ref.tp, ref.offset)
+                    continue
+                items.append((kind, record.value, record.key, ref))
+            await self.emit(self.processor.on_batch(items, time.monotonic() * 1000.0))
 
     def _process(self, record: ConsumerRecord[bytes, bytes]) -> Step:
         ref = InputRef(

@@ -306,6 +306,12 @@ class OnnxLookbackScorer:
                 j += 1
         return out
 
+    def score_batch(
+        self, items: Sequence[tuple[GenerationFinal, RetrievalSignal]]
+    ) -> list[LookbackSignal]:
+        """The processor's micro-batch entry point (``LookbackScorer.score_batch``)."""
+        return self.score_many([LookbackRequest(final, cert) for final, cert in items])
+
     def features(
         self,
         final: GenerationFinal,

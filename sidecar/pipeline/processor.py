@@ -19,7 +19,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -152,12 +153,59 @@ class Processor:
         self._wall_clock = wall_clock
         self.store = JoinStore(settings.join.max_entries, settings.join.ttl_ms)
         self.counters = Counters()
+        self._deferred: list[PendingRequest] | None = None  # completed within ``on_batch``
 
     @property
     def signals(self) -> SignalSuite:
         return self._signals
 
     # ------------------------------------------------------------------ inputs
+
+    def on_batch(
+        self,
+        items: Sequence[tuple[InputKind, bytes | None, bytes | None, InputRef]],
+        now_ms: float,
+    ) -> Step:
+        """Handle a consumed batch; answers it completes are scored together.
+
+        The lookback model runs once for every answer completed in the batch
+        (micro-batching across concurrent requests); decisions follow in
+        completion order.
+        """
+        self._deferred = []
+        try:
+            step = Step()
+            for kind, raw, key, ref in items:
+                try:
+                    step.extend(self.on_message(kind, raw, key, ref, now_ms))
+                except Exception as exc:  # a bug of ours must not lose the message
+                    log.exception(
+                        "internal error on %s[%d]@%d", ref.topic, ref.partition, ref.offset
+                    )
+                    detail = "".join(traceback.format_exception_only(exc)).strip()
+                    step.extend(
+                        self.dead_letter(raw, key, ref, InputError("internal-error", detail))
+                    )
+            deferred, self._deferred = self._deferred, None
+        finally:
+            self._deferred = None
+        if not deferred:
+            return step
+        scores: list[LookbackSignal | None] = [None] * len(deferred)
+        lookback = self._signals.lookback
+        if lookback is not None:
+            pairs = [
+                (e.final, e.certification or NOT_CONFIGURED_RETRIEVAL)
+                for e in deferred
+                if e.final is not None
+            ]
+            try:
+                scores[:] = lookback.score_batch(pairs)
+            except Exception:
+                log.exception("batched lookback scoring failed; scoring one by one")
+        for entry, score in zip(deferred, scores, strict=True):
+            step.extend(self._decide(entry, now_ms, lookback=score))
+        return step
 
     def on_message(
         self,
@@ -192,7 +240,10 @@ class Processor:
             return step
         entry.refs.append(ref)
         entry.raws.append((key, raw or b""))
-        if entry.complete:
+        if entry.complete and self._deferred is not None:
+            if entry not in self._deferred:
+                self._deferred.append(entry)
+        elif entry.complete:
             step.extend(self._decide(entry, now_ms))
         else:
             step.extend(self._stream_claims(entry))
@@ -438,7 +489,9 @@ class Processor:
 
     # ------------------------------------------------------------------ outputs
 
-    def _decide(self, entry: PendingRequest, now_ms: float) -> Step:
+    def _decide(
+        self, entry: PendingRequest, now_ms: float, lookback: LookbackSignal | None = None
+    ) -> Step:
         assert entry.retrieval is not None  # noqa: S101 - guarded by entry.complete
         assert entry.final is not None  # noqa: S101
         started = time.perf_counter()
@@ -447,9 +500,12 @@ class Processor:
         self.store.close(entry.request_id, now_ms)
         step = self._stream_claims(entry)
         certification = entry.certification or NOT_CONFIGURED_RETRIEVAL
-        lookback = NOT_CONFIGURED_LOOKBACK
         t_score = time.time_ns()
-        if self._signals.lookback is not None:
+        if lookback is not None:
+            pass  # scored with the rest of its batch
+        elif self._signals.lookback is None:
+            lookback = NOT_CONFIGURED_LOOKBACK
+        else:
             try:
                 lookback = self._signals.lookback.score(entry.final, certification)
             except Exception:

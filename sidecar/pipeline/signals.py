@@ -18,6 +18,7 @@ configured is reported as ``not-configured``, never silently treated as fine.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -61,6 +62,12 @@ class LookbackScorer(Protocol):
         ...
 
     def score(self, final: GenerationFinal, certification: RetrievalSignal) -> LookbackSignal: ...
+
+    def score_batch(
+        self, items: Sequence[tuple[GenerationFinal, RetrievalSignal]]
+    ) -> list[LookbackSignal]:
+        """Score the answers completed in one consumed batch with one model call."""
+        ...
 
 
 class ClaimSession(Protocol):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
+import pytest
 
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
@@ -118,6 +119,11 @@ class PickyLookback:
         if self.fail:
             raise RuntimeError("onnx session exploded")
         return LookbackSignal(status=SignalStatus.OK, p_factual=0.8, model_version=self.version)
+
+    def score_batch(
+        self, items: Sequence[tuple[GenerationFinal, RetrievalSignal]]
+    ) -> list[LookbackSignal]:
+        return [self.score(final, cert) for final, cert in items]
 
 
 def make(
@@ -267,3 +273,59 @@ def test_exchangeability_alarm_is_a_reason_on_the_verdict(
         retrieval, final, Signals(retrieval=broken.model_copy(update={"monitor": "ok"}))
     )
     assert "exchangeability-broken" not in [r.code for r in healthy.reasons]
+
+
+@dataclass
+class CountingLookback(PickyLookback):
+    batches: list[int] = field(default_factory=list)
+
+    def score_batch(
+        self, items: Sequence[tuple[GenerationFinal, RetrievalSignal]]
+    ) -> list[LookbackSignal]:
+        self.batches.append(len(items))
+        return [
+            LookbackSignal(
+                status=SignalStatus.OK, p_factual=0.1 * (i + 1), model_version=self.version
+            )
+            for i in range(len(items))
+        ]
+
+
+def test_answers_completed_in_one_batch_are_scored_in_one_call(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    scorer = CountingLookback()
+    p = Processor(settings_factory(), PlaceholderPolicy(), signals=SignalSuite(lookback=scorer))
+    items = []
+    for i in range(3):
+        rid = f"req-b{i}"
+        items.append((R, dumps(retrieval_event(rid)), None, InputRef("r", 0, i)))
+        items.append(
+            (G, dumps(final_event(rid, generator_model="gen-a")), None, InputRef("g", 0, i))
+        )
+    items.append((G, b"{broken", None, InputRef("g", 0, 99)))
+    step = p.on_batch(items, 0.0)
+    assert scorer.batches == [3]
+    verdicts = [
+        AnswerVerdict.model_validate(orjson.loads(o.value))
+        for o in step.outputs
+        if o.destination is Destination.VERDICTS
+    ]
+    assert [v.request_id for v in verdicts] == ["req-b0", "req-b1", "req-b2"]
+    assert [v.signals.lookback.p_factual for v in verdicts] == pytest.approx([0.1, 0.2, 0.3])
+    assert [o.destination for o in step.outputs].count(Destination.DLQ) == 1
+    assert len(step.done) == 7
+    # outside a batch the same processor scores one at a time
+    p.on_message(R, dumps(retrieval_event("req-solo")), None, InputRef("r", 0, 9), 0.0)
+    solo = p.on_message(
+        G, dumps(final_event("req-solo", generator_model="gen-a")), None, InputRef("g", 0, 9), 0.0
+    )
+    assert (
+        AnswerVerdict.model_validate(
+            orjson.loads(solo.outputs[-1].value)
+        ).signals.lookback.p_factual
+        == 0.8
+    )
+    assert scorer.batches == [3]
