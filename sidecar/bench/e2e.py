@@ -25,12 +25,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from sidecar.chaos.corpus import delta, final, retrieval
 from sidecar.chaos.process import SidecarProcess
 from sidecar.config import Settings
+from sidecar.contracts.events import AttentionSummary
 from sidecar.kafka.topics import create_topics
 from sidecar.localkafka.broker import LocalKafka
 
@@ -43,6 +45,10 @@ class LoadShape:
     deltas: int = 2
     claims: int = 0  # sentences in the answer (each a claim); 0 = one short sentence
     payload_chars: int = 200  # characters of text per chunk
+    # an attention summary like SmolLM2-135M's (30 layers x 9 heads), one column per
+    # chunk up to the shipped lookback model's K, so the ONNX scorer runs end to end
+    attention: tuple[int, int, int] | None = (30, 9, 3)
+    generator_model: str = "HuggingFaceTB/SmolLM2-135M-Instruct@Q4_1"
 
 
 @dataclass
@@ -89,7 +95,13 @@ def answer_events(
     size = -(-n_sentences // groups)  # contiguous groups, so claim order = answer order
     pieces = ["".join(sentences[j * size : (j + 1) * size]) for j in range(groups)]
     deltas = [delta(rid, i, p) for i, p in enumerate(pieces) if p]
-    return r, deltas, final(rid, "".join(sentences))
+    extra: dict[str, Any] = {"generator_model": shape.generator_model}
+    if shape.attention is not None:
+        layers, heads, chunks = shape.attention
+        rng = np.random.default_rng(abs(hash(rid)) % 2**32)
+        values = rng.uniform(0.0, 1.0, size=(layers, heads, min(chunks, shape.k)))
+        extra["attention"] = AttentionSummary.from_array(values).model_dump()
+    return r, deltas, final(rid, "".join(sentences), **extra)
 
 
 def _proc_cpu_s(pid: int) -> float:

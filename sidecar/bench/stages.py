@@ -50,6 +50,16 @@ def run_stages(
     if signals.certifier is not None:
         certifier = signals.certifier
         results["certify"] = _time(lambda: certifier.certify(retrieval), n)  # type: ignore[arg-type]
+    if signals.lookback is not None and final.event_type == "generation.final":
+        scorer = signals.lookback
+        cert = signals.certifier.certify(retrieval) if signals.certifier is not None else None  # type: ignore[arg-type]
+        from sidecar.pipeline.signals import NOT_CONFIGURED_RETRIEVAL  # noqa: PLC0415
+
+        c = cert or NOT_CONFIGURED_RETRIEVAL
+        results["lookback_single"] = _time(lambda: scorer.score(final, c), n)
+        batch = [(final, c)] * 32
+        per_batch = _time(lambda: scorer.score_batch(batch), max(50, n // 32))
+        results["lookback_batched_per_answer"] = {k: round(v / 32, 2) for k, v in per_batch.items()}
     counter = iter(range(10**9))
 
     def whole_request() -> None:
