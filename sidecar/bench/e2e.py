@@ -41,13 +41,13 @@ from sidecar.localkafka.broker import LocalKafka
 class LoadShape:
     """What one answer looks like on the wire."""
 
-    k: int = 5
+    k: int = 3  # the shipped lookback model's K (its summaries have one column per chunk)
     deltas: int = 2
     claims: int = 0  # sentences in the answer (each a claim); 0 = one short sentence
     payload_chars: int = 200  # characters of text per chunk
-    # an attention summary like SmolLM2-135M's (30 layers x 9 heads), one column per
-    # chunk up to the shipped lookback model's K, so the ONNX scorer runs end to end
-    attention: tuple[int, int, int] | None = (30, 9, 3)
+    # an attention summary like SmolLM2-135M's (30 layers x 9 heads x one column per
+    # chunk), so the ONNX lookback scorer runs end to end; None: no summary
+    attention: tuple[int, int] | None = (30, 9)
     generator_model: str = "HuggingFaceTB/SmolLM2-135M-Instruct@Q4_1"
 
 
@@ -97,9 +97,9 @@ def answer_events(
     deltas = [delta(rid, i, p) for i, p in enumerate(pieces) if p]
     extra: dict[str, Any] = {"generator_model": shape.generator_model}
     if shape.attention is not None:
-        layers, heads, chunks = shape.attention
+        layers, heads = shape.attention
         rng = np.random.default_rng(abs(hash(rid)) % 2**32)
-        values = rng.uniform(0.0, 1.0, size=(layers, heads, min(chunks, shape.k)))
+        values = rng.uniform(0.0, 1.0, size=(layers, heads, shape.k))
         extra["attention"] = AttentionSummary.from_array(values).model_dump()
     return r, deltas, final(rid, "".join(sentences), **extra)
 

@@ -43,7 +43,7 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     _log("fast path open loop at 500 answers/s")
     runs["fast_500"] = await fast.open_loop("o500", 500, 20 * scale, LoadShape())
     full = Bench(broker, workdir)
-    claims_shape = LoadShape(k=5, deltas=5, claims=5)
+    claims_shape = LoadShape(k=5, deltas=5, claims=5, attention=None)
     _log("full path drain (5 claims per answer, K=5)")
     runs["full_drain"] = await full.drain("full", int(2000 * scale), claims_shape)
     _log("full path open loop at 50 answers/s")

@@ -35,6 +35,7 @@ def retrieval(
             for i in range(k)
         ],
     }
+    event["hits"].sort(key=lambda h: -h["score"])  # best first, as a vector store returns them
     event.update(over)
     return event
 
