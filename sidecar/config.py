@@ -170,7 +170,9 @@ class SignalSettings(_Section):
     lookback: bool = True
     lookback_model: str = "lookback/smollm2-135m-nq-cw"
     lookback_mismatch: Literal["dead-letter", "unavailable"] = "dead-letter"
-    claims: bool = True
+    # off by default: the shipped verifier labels most claims "uncertain" (models/verifier
+    # card), which the default policy turns into blocks; enable it to try claim streaming
+    claims: bool = False
     verifier: str = "verifier"
 
 

@@ -65,7 +65,15 @@ def build_signals(settings: Settings) -> SignalSuite:
         lookback = OnnxLookbackScorer.from_dir(
             model_dir, providers="auto", on_mismatch=sig.lookback_mismatch
         )
-    return SignalSuite(certifier=certifier, lookback=lookback)
+    claims = None
+    if sig.claims:
+        from sidecar.claims.verifier import load_claim_checker  # noqa: PLC0415
+
+        verifier_dir = _artifact(
+            settings, sig.verifier, "the claim verifier", "GUARDRAIL_SIGNALS__CLAIMS"
+        )
+        claims = load_claim_checker(verifier_dir, threads=1, judge=None)
+    return SignalSuite(certifier=certifier, lookback=lookback, claims=claims)
 
 
 def serving_imports_torch() -> bool:

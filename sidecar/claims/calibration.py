@@ -6,8 +6,16 @@ Seed 001 has three verification labels (SUPPORTED, UNSUPPORTED, UNCERTAIN:
 binary classifier (supported or not); ``uncertain`` is a *calibrated band* of
 its supported-probability:
 
-1. temperature scaling (one scalar ``T``, fitted on the validation split by
-   minimising the negative log-likelihood): ``p = sigmoid(logit / T)``;
+1. Platt scaling with one extra input, fitted on the validation split by
+   logistic regression (Newton's method, small L2)::
+
+       p = sigmoid(logit_scale * logit + coverage_weight * coverage + bias)
+
+   where ``coverage`` (:func:`coverage`) is the share of the claim's content
+   words and numbers found in the evidence text. On held-out HaluEval pairs
+   lexical coverage alone ranks declarative claims better than the small
+   CPU-trained cross-encoder, and the two together better than either; with
+   ``coverage_weight = 0`` this is plain temperature scaling;
 2. ``supported_from`` = the smallest threshold at which the validation
    precision of "supported" reaches ``target_precision``; ``unsupported_below``
    = the largest threshold at which the precision of "unsupported" (p below it)
@@ -20,17 +28,17 @@ seed 002's prompt). Pure numpy.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from sidecar.claims.evidence import content_terms
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import ConfigError
 
-__all__ = ["Band", "fit_band", "fit_temperature", "sigmoid"]
+__all__ = ["Band", "Platt", "coverage", "fit_band", "fit_platt", "sigmoid"]
 
 
 def sigmoid(x: npt.ArrayLike) -> npt.NDArray[np.float64]:
@@ -38,29 +46,55 @@ def sigmoid(x: npt.ArrayLike) -> npt.NDArray[np.float64]:
     return np.asarray(0.5 * (1.0 + np.tanh(0.5 * arr)), dtype=np.float64)
 
 
-def _nll(logits: npt.NDArray[np.float64], labels: npt.NDArray[np.float64], t: float) -> float:
-    p = np.clip(sigmoid(logits / t), 1e-7, 1 - 1e-7)
-    return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
+def coverage(claim: str, evidence: str) -> float:
+    """Share of the claim's content terms found in the evidence (numbers count twice)."""
+    terms = set(content_terms(claim))
+    if not terms:
+        return 1.0
+    have = set(content_terms(evidence))
+    weight = {t: 2.0 if t[0].isdigit() else 1.0 for t in terms}
+    return sum(w for t, w in weight.items() if t in have) / sum(weight.values())
 
 
-def fit_temperature(logits: Sequence[float], labels: Sequence[int]) -> float:
-    """The temperature minimising validation NLL (golden-section search on log T)."""
+@dataclass(frozen=True, slots=True)
+class Platt:
+    """``p = sigmoid(logit_scale * logit + coverage_weight * coverage + bias)``."""
+
+    logit_scale: float = 1.0
+    coverage_weight: float = 0.0
+    bias: float = 0.0
+
+    def probability(
+        self, logits: npt.ArrayLike, coverages: npt.ArrayLike
+    ) -> npt.NDArray[np.float64]:
+        z = np.asarray(logits, dtype=np.float64)
+        c = np.asarray(coverages, dtype=np.float64)
+        return sigmoid(self.logit_scale * z + self.coverage_weight * c + self.bias)
+
+
+def fit_platt(
+    logits: Sequence[float], coverages: Sequence[float], labels: Sequence[int], l2: float = 1e-2
+) -> Platt:
+    """Logistic regression of the label on (logit, coverage): Newton's method, L2 on weights."""
     if len(logits) < 10 or len(set(labels)) < 2:
         raise ConfigError(
-            f"temperature scaling needs >= 10 validation pairs of both classes, got {len(logits)}"
+            f"calibration needs >= 10 validation pairs of both classes, got {len(logits)}"
         )
-    z = np.asarray(logits, dtype=np.float64)
+    x = np.column_stack(
+        [np.asarray(logits, float), np.asarray(coverages, float), np.ones(len(logits))]
+    )
     y = np.asarray(labels, dtype=np.float64)
-    lo, hi = math.log(0.05), math.log(20.0)
-    g = (math.sqrt(5) - 1) / 2
-    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    for _ in range(80):
-        if _nll(z, y, math.exp(a)) < _nll(z, y, math.exp(b)):
-            hi = b
-        else:
-            lo = a
-        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-    return math.exp((lo + hi) / 2)
+    w = np.array([1.0, 0.0, 0.0])
+    ridge = np.diag([l2, l2, 0.0]) * len(y)
+    for _ in range(50):
+        p = sigmoid(x @ w)
+        grad = x.T @ (p - y) + ridge @ w
+        hess = (x * (p * (1 - p))[:, None]).T @ x + ridge + 1e-9 * np.eye(3)
+        step = np.linalg.solve(hess, grad)
+        w = w - step
+        if float(np.max(np.abs(step))) < 1e-8:
+            break
+    return Platt(logit_scale=float(w[0]), coverage_weight=float(w[1]), bias=float(w[2]))
 
 
 @dataclass(frozen=True, slots=True)

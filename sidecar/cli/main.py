@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sidecar.cli.schemas",
     "sidecar.cli.chaos",
     "sidecar.cli.bench",
+    "sidecar.cli.claims",
     "sidecar.cli.policy",
     "sidecar.cli.retrieval",
     "sidecar.cli.lookback",

@@ -73,7 +73,9 @@ class MinMaxNormaliser:
         NaN entries (used as padding by callers) pass through as NaN and are not counted.
         """
         values = np.asarray(scores, dtype=np.float64)
-        out = (values - self.n1) / self.span
+        # a tiny calibration span can push far-away scores past float64: +/-inf, then clipped
+        with np.errstate(over="ignore"):
+            out = (values - self.n1) / self.span
         outside = (out < 0.0) | (out > 1.0)
         n_clipped = int(np.count_nonzero(outside))
         if n_clipped:

@@ -531,7 +531,11 @@ class Processor:
             entry.retrieval,
             entry.final,
             signals,
-            claims=entry.claim_results if entry.claims is not None else None,
+            claims=(
+                getattr(entry.claims, "results", entry.claim_results)
+                if entry.claims is not None
+                else None
+            ),
         )
         entry.stages.append(("policy", t_policy, time.time_ns()))
         key = idempotency_key(entry.request_id, entry.retrieval_digest, entry.final_digest)

@@ -62,7 +62,7 @@ def test_scalar_path_rejects_bad_scores(bad: object) -> None:
     assert info.value.reason == "invalid-score"
 
 
-finite = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False)
+finite = st.floats(-1e3, 1e3, allow_nan=False, allow_infinity=False, allow_subnormal=False)
 
 
 @settings(max_examples=200, deadline=None)

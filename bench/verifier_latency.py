@@ -1,0 +1,105 @@
+"""CPU latency of the claim verifier per claim (not a timed test): writes JSON.
+
+Measures, for the shipped ONNX verifier (int8) and optionally an fp32 export
+of the same architecture (``--fp32-dir``: a directory written by the
+trainer's ``export``; weights do not change the cost):
+
+* per-pair latency of ``OnnxVerifier.probabilities`` at batch size 1, and per
+  pair at batch size 8;
+* per-claim latency of the whole claim check (evidence selection over K = 5
+  chunks + rule tier + verifier on up to two evidence views), which is what
+  the sidecar spends on each claim of a streamed answer.
+
+Usage::
+
+    python bench/verifier_latency.py --model models/verifier --out bench/verifier_latency.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from sidecar.claims.checker import ClaimScorer
+from sidecar.claims.datasets import QARecord, read_halueval_qa, split_of
+from sidecar.claims.evidence import EvidenceChunk
+from sidecar.claims.segment import Claim
+from sidecar.claims.verifier import OnnxVerifier
+
+
+def _percentiles(samples_ms: list[float]) -> dict[str, float]:
+    ordered = sorted(samples_ms)
+    return {
+        "n": len(ordered),
+        "mean_ms": round(statistics.fmean(ordered), 3),
+        "p50_ms": round(ordered[len(ordered) // 2], 3),
+        "p95_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))], 3),
+    }
+
+
+def measure(verifier: OnnxVerifier, records: list[QARecord]) -> dict[str, object]:
+    scorer = ClaimScorer(verifier)
+    pairs = [(f"{r.question} {r.right_answer}.", r.knowledge) for r in records]
+    verifier.probabilities(pairs[:4])  # warm-up
+    single = []
+    for pair in pairs:
+        started = time.perf_counter()
+        verifier.probabilities([pair])
+        single.append((time.perf_counter() - started) * 1000.0)
+    batched = []
+    for k in range(0, len(pairs) - 7, 8):
+        started = time.perf_counter()
+        verifier.probabilities(pairs[k : k + 8])
+        batched.append((time.perf_counter() - started) * 1000.0 / 8)
+    per_claim = []
+    for k, record in enumerate(records):
+        chunks = [EvidenceChunk("gold", record.knowledge)] + [
+            EvidenceChunk(f"d{j}", records[(k + j) % len(records)].knowledge) for j in range(1, 5)
+        ]
+        claim = Claim(0, record.hallucinated_answer, (0, 1), (0, 1))
+        started = time.perf_counter()
+        scorer.check([claim], scorer.index(chunks))
+        per_claim.append((time.perf_counter() - started) * 1000.0)
+    return {
+        "model": verifier.version,
+        "onnx_file": verifier.artifact.onnx_file,
+        "pair_batch1": _percentiles(single),
+        "pair_batch8_per_pair": _percentiles(batched),
+        "claim_check_k5": _percentiles(per_claim),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--model", type=Path, default=Path("models/verifier"))
+    parser.add_argument("--fp32-dir", type=Path, default=None, help="an fp32 export to compare")
+    parser.add_argument("--data", type=Path, default=Path("../shared/data/halueval/qa_data.json"))
+    parser.add_argument("--n", type=int, default=100, help="claims to time")
+    parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
+    parser.add_argument("--out", type=Path, default=Path("bench/verifier_latency.json"))
+    args = parser.parse_args()
+
+    records = [r for r in read_halueval_qa(args.data) if split_of(r.question) == "test"][: args.n]
+    result: dict[str, object] = {
+        "threads": args.threads,
+        "max_length": OnnxVerifier.load(args.model).artifact.max_length,
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "note": "a shared 2-core machine under other load: compare runs on one host only",
+        "int8": measure(OnnxVerifier.load(args.model, threads=args.threads), records),
+    }
+    if args.fp32_dir is not None:
+        fp32 = OnnxVerifier.load(args.fp32_dir, threads=args.threads, onnx_file="model.onnx")
+        result["fp32"] = measure(fp32, records)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""The streaming claim checker the processor plugs in (``ClaimChecker`` protocol).
+
+Per answer (seed 001 "Claim Extraction Pipeline", seed 002 "Pipeline"):
+
+1. :class:`~sidecar.claims.segment.ClaimSegmenter` cuts each completed
+   sentence of the stream into atomic claims with spans into the answer;
+2. evidence is chosen per claim from the **trusted** chunks of the retrieval
+   certification (seed 000 section 3.2) when it has any, else from all
+   retrieved chunks, and the scope is reported (``evidence_scope``);
+3. the verifier (:class:`PairScorer`, in production the ONNX cross-encoder)
+   scores the claim against the best sentences and against the best chunk;
+   the higher calibrated p(supported) counts and the band gives the label;
+4. the rule tier (:mod:`sidecar.claims.rules`) makes a claim whose number,
+   date or quantity is not in the evidence ``unsupported``;
+5. optionally, claims still ``uncertain`` go to the LLM judge
+   (:mod:`sidecar.claims.judge`) off the stream; its answers refine the labels
+   at ``finish`` if they arrive in time;
+6. ``finish`` returns the remaining claims and the ``ClaimsSignal`` with the
+   seeds' scores (:mod:`sidecar.claims.scores`).
+
+``ClaimResult.score`` is the final p(supported): the verifier's calibrated
+probability, capped at ``RULE_CAP`` when the rule tier contradicts it, or the
+judge's label mapped to 0.9 / 0.5 / 0.1. All results of an answer stay
+available as :attr:`VerifierClaimSession.results` (the policy's rewrite needs
+the claim texts and labels, not just the counts).
+
+No I/O here: the verifier and the judge are injected.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Final, Literal, Protocol
+
+from sidecar.claims.calibration import Band
+from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
+from sidecar.claims.judge import JudgeBudget, JudgeRunner, JudgeVerdict
+from sidecar.claims.rules import check_quantities
+from sidecar.claims.scores import summarise
+from sidecar.claims.segment import Claim, ClaimSegmenter
+from sidecar.contracts.events import (
+    ClaimLabel,
+    ClaimsSignal,
+    RetrievalEvent,
+    RetrievalSignal,
+    SignalStatus,
+)
+from sidecar.pipeline.signals import ClaimResult
+
+__all__ = [
+    "RULE_CAP",
+    "ClaimCheck",
+    "ClaimScorer",
+    "PairScorer",
+    "VerifierClaimChecker",
+    "VerifierClaimSession",
+    "evidence_chunks",
+]
+
+RULE_CAP: Final = 0.05
+_JUDGE_SCORE: Final = {
+    ClaimLabel.SUPPORTED: 0.9,
+    ClaimLabel.UNCERTAIN: 0.5,
+    ClaimLabel.UNSUPPORTED: 0.1,
+}
+Tier = Literal["verifier", "rule", "judge", "no-evidence"]
+Scope = Literal["trusted", "all-retrieved"]
+
+
+class PairScorer(Protocol):
+    """Calibrated p(supported) for (claim, evidence) pairs, and the band that labels it."""
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def band(self) -> Band: ...
+
+    def probabilities(self, pairs: Sequence[tuple[str, str]]) -> list[float]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimCheck:
+    """A verified claim with how it was decided (for audit, seed 001 pattern 4)."""
+
+    claim: Claim
+    label: ClaimLabel
+    score: float
+    verifier_p: float
+    evidence_chunk_ids: tuple[str, ...]
+    tier: Tier
+    detail: str = ""
+
+    def result(self) -> ClaimResult:
+        return ClaimResult(
+            index=self.claim.index,
+            span=self.claim.span,
+            text=self.claim.text,
+            label=self.label,
+            score=min(1.0, max(0.0, self.score)),
+            evidence_chunk_ids=self.evidence_chunk_ids,
+        )
+
+
+class ClaimScorer:
+    """Evidence selection + verifier + rule tier for claims against a chunk set."""
+
+    def __init__(
+        self,
+        verifier: PairScorer,
+        *,
+        rules: bool = True,
+        max_sentences: int = 3,
+        max_chars: int = 450,
+    ) -> None:
+        self.verifier = verifier
+        self.rules = rules
+        self.max_sentences = max_sentences
+        self.max_chars = max_chars
+
+    def index(self, chunks: Sequence[EvidenceChunk]) -> EvidenceIndex:
+        return EvidenceIndex(chunks, max_sentences=self.max_sentences, max_chars=self.max_chars)
+
+    def check(self, claims: Sequence[Claim], index: EvidenceIndex) -> list[ClaimCheck]:
+        """Label every claim (one batched verifier call for all of them)."""
+        if not claims:
+            return []
+        if not index.chunks:
+            return [
+                ClaimCheck(c, ClaimLabel.UNSUPPORTED, 0.0, 0.0, (), "no-evidence", "no chunks")
+                for c in claims
+            ]
+        selections = [index.select(c.text) for c in claims]
+        pairs: list[tuple[str, str]] = []
+        owners: list[int] = []
+        for k, (claim, sel) in enumerate(zip(claims, selections, strict=True)):
+            pairs.append((claim.text, sel.window))
+            owners.append(k)
+            if sel.best_chunk is not None:
+                pairs.append((claim.text, sel.best_chunk))
+                owners.append(k)
+        probs = self.verifier.probabilities(pairs)
+        best = [0.0] * len(claims)
+        for k, p in zip(owners, probs, strict=True):
+            best[k] = max(best[k], p)
+        all_text = "\n".join(chunk.text for chunk in index.chunks)
+        band = self.verifier.band
+        out: list[ClaimCheck] = []
+        for claim, sel, p in zip(claims, selections, best, strict=True):
+            label = band.label(p)
+            ids = sel.chunk_ids
+            if self.rules:
+                rule = check_quantities(claim.text, all_text)
+                if rule.contradicted:
+                    out.append(
+                        ClaimCheck(
+                            claim, ClaimLabel.UNSUPPORTED, min(p, RULE_CAP), p, ids, "rule",
+                            rule.describe(),
+                        )
+                    )  # fmt: skip
+                    continue
+            out.append(ClaimCheck(claim, label, p, p, ids, "verifier"))
+        return out
+
+
+def evidence_chunks(
+    retrieval: RetrievalEvent, certification: RetrievalSignal
+) -> tuple[list[EvidenceChunk], Scope]:
+    """The trusted chunks when the certification has any, else all retrieved ones."""
+    trusted = set(certification.trusted_chunk_ids)
+    if certification.status is SignalStatus.OK and trusted:
+        chunks = [
+            EvidenceChunk(h.chunk_id, h.text) for h in retrieval.hits if h.chunk_id in trusted
+        ]
+        if chunks:
+            return chunks, "trusted"
+    return [EvidenceChunk(h.chunk_id, h.text) for h in retrieval.hits], "all-retrieved"
+
+
+class VerifierClaimSession:
+    """One answer's claims: ``feed`` streamed text, ``finish`` with the final answer."""
+
+    def __init__(
+        self,
+        scorer: ClaimScorer,
+        chunks: Sequence[EvidenceChunk],
+        scope: Scope,
+        *,
+        judge: JudgeRunner | None = None,
+        judge_labels: frozenset[ClaimLabel] = frozenset({ClaimLabel.UNCERTAIN}),
+    ) -> None:
+        self._scorer = scorer
+        self._index = scorer.index(chunks)
+        self.scope: Scope = scope
+        self._segmenter = ClaimSegmenter()
+        self._checks: list[ClaimCheck] = []
+        self._judge = judge
+        self._judge_labels = judge_labels
+        self._budget: JudgeBudget | None = judge.budget() if judge is not None else None
+        self._pending: dict[int, tuple[Future[JudgeVerdict], float]] = {}
+        self._finished = False
+
+    @property
+    def results(self) -> tuple[ClaimResult, ...]:
+        """Every claim of the answer so far, with its current label."""
+        return tuple(c.result() for c in self._checks)
+
+    @property
+    def checks(self) -> tuple[ClaimCheck, ...]:
+        return tuple(self._checks)
+
+    def _verify(self, claims: Sequence[Claim]) -> list[ClaimResult]:
+        checks = self._scorer.check(claims, self._index)
+        self._checks.extend(checks)
+        self._ask_judge(checks)
+        return [c.result() for c in checks]
+
+    def _ask_judge(self, checks: Sequence[ClaimCheck]) -> None:
+        if self._judge is None or self._budget is None:
+            return
+        for check in checks:
+            if check.label not in self._judge_labels or check.tier != "verifier":
+                continue
+            context = self._index.select(check.claim.text)
+            evidence = context.best_chunk or context.window
+            future = self._judge.submit(check.claim.text, evidence, self._budget)
+            if future is not None:
+                deadline = time.monotonic() + self._judge.config.timeout_s
+                self._pending[check.claim.index] = (future, deadline)
+
+    def _apply_judge(self) -> None:
+        if self._judge is None:
+            return
+        position = {c.claim.index: k for k, c in enumerate(self._checks)}
+        for index, (future, deadline) in self._pending.items():
+            verdict = self._judge.collect(future, deadline)
+            if verdict is None:
+                continue
+            k = position[index]
+            old = self._checks[k]
+            score = _JUDGE_SCORE.get(verdict.label, old.score)
+            self._checks[k] = replace(
+                old, label=verdict.label, score=score, tier="judge", detail="LLM judge"
+            )
+        self._pending.clear()
+
+    def feed(self, text: str) -> list[ClaimResult]:
+        return self._verify(self._segmenter.feed(text))
+
+    def finish(self, answer: str) -> tuple[list[ClaimResult], ClaimsSignal]:
+        if self._finished:
+            raise RuntimeError("finish() called twice on one claim session")
+        self._finished = True
+        tail_claims = self._segmenter.finish(answer)
+        self._verify(tail_claims)
+        self._apply_judge()
+        tail_index = {c.index for c in tail_claims}
+        tail = [c.result() for c in self._checks if c.claim.index in tail_index]
+        signal = summarise((c.label for c in self._checks), self.scope)
+        return tail, signal
+
+
+class VerifierClaimChecker:
+    """``ClaimChecker`` for the processor: one :class:`VerifierClaimSession` per answer."""
+
+    def __init__(
+        self,
+        scorer: ClaimScorer,
+        *,
+        judge: JudgeRunner | None = None,
+        judge_labels: frozenset[ClaimLabel] = frozenset({ClaimLabel.UNCERTAIN}),
+    ) -> None:
+        self._scorer = scorer
+        self._judge = judge
+        self._judge_labels = judge_labels
+
+    @property
+    def version(self) -> str:
+        suffix = "+judge" if self._judge is not None else ""
+        rules = "+rules" if self._scorer.rules else ""
+        return f"{self._scorer.verifier.version}{rules}{suffix}"
+
+    def open(
+        self, retrieval: RetrievalEvent, certification: RetrievalSignal
+    ) -> VerifierClaimSession:
+        chunks, scope = evidence_chunks(retrieval, certification)
+        return VerifierClaimSession(
+            self._scorer, chunks, scope, judge=self._judge, judge_labels=self._judge_labels
+        )
+
+    def close(self) -> None:
+        if self._judge is not None:
+            self._judge.close()

@@ -1,0 +1,270 @@
+"""An optional LLM judge for claims the verifier cannot decide (OpenAI-compatible HTTP).
+
+The seeds verify every claim with an LLM (seed 001 ``verify_claim``: SUPPORTED /
+UNSUPPORTED / UNCERTAIN; seed 002 ``_verify_claim``: verified /
+partially_verified / unverified / irrelevant) at N extra calls per answer
+(seed 001 "LLM Call Budget"; seed 002 "LLM Call Overhead"). The sidecar runs
+its own verifier on every claim and asks an LLM only about claims the
+verifier labels ``uncertain`` (configurable), with the seeds' prompts and
+labels, and never lets the LLM hold up the stream:
+
+* calls run on a small thread pool; ``ClaimSession.feed`` never waits for
+  them (claim verdicts stream with the verifier's label) and ``finish``
+  waits at most ``timeout_s`` from each call's submission;
+* a per-answer budget (``max_calls_per_answer``) caps the cost;
+* a circuit breaker stops calling for ``cooldown_s`` after
+  ``failure_threshold`` consecutive failures (timeouts, HTTP errors, bad JSON);
+* a call that fails or is late leaves the verifier's label in place.
+
+HTTP is the standard library (``urllib``), so the serving image needs nothing
+more. The API key (from the settings' secret) is sent as a Bearer token and
+kept out of ``repr`` and logs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from sidecar.contracts.events import ClaimLabel
+from sidecar.exceptions import ConfigError
+
+__all__ = [
+    "SEED001_PROMPT",
+    "SEED002_PROMPT",
+    "HttpJudge",
+    "JudgeBudget",
+    "JudgeConfig",
+    "JudgeRunner",
+    "JudgeVerdict",
+    "parse_label",
+]
+
+log = logging.getLogger(__name__)
+
+PromptStyle = Literal["seed001", "seed002"]
+
+SEED001_PROMPT: Final = (
+    "Verify if the given claim is supported by the provided context.\n\n"
+    "SUPPORTED: The claim is directly stated or clearly follows from the context.\n"
+    "UNSUPPORTED: The claim makes an assertion not in the context "
+    "(hallucination risk — the model may be using prior knowledge).\n"
+    "UNCERTAIN: The context partially addresses the claim but is ambiguous.\n\n"
+    'Return JSON: {"status": "SUPPORTED|UNSUPPORTED|UNCERTAIN", '
+    '"evidence": "relevant quote from context or empty string", '
+    '"reasoning": "brief explanation"}'
+)
+"""Seed 001, Step 2 (``verify_claim``), verbatim."""
+
+SEED002_PROMPT: Final = (
+    "Verify if the claim is supported by the context. "
+    'Return JSON: {"status": "verified"} or {"status": "partially_verified"} '
+    'or {"status": "unverified"} or {"status": "irrelevant"}\n\n'
+    "verified: directly supported by context text\n"
+    "partially_verified: partially supported, some details not confirmed\n"
+    "unverified: contradicts or not found in context\n"
+    "irrelevant: claim is about general knowledge, not specific to the question"
+)
+"""Seed 002, Claim Verification (``_verify_claim``), verbatim."""
+
+_LABELS: Final = {
+    "supported": ClaimLabel.SUPPORTED,
+    "verified": ClaimLabel.SUPPORTED,
+    "unsupported": ClaimLabel.UNSUPPORTED,
+    "unverified": ClaimLabel.UNSUPPORTED,
+    "uncertain": ClaimLabel.UNCERTAIN,
+    "partially_verified": ClaimLabel.UNCERTAIN,
+    "irrelevant": ClaimLabel.IRRELEVANT,
+}
+
+
+def parse_label(content: str) -> ClaimLabel | None:
+    """The label of a judge reply (``{"status": ...}``); ``None`` when unusable."""
+    text = content.strip()
+    if text.startswith("```"):
+        text = text.strip("`").removeprefix("json").strip()
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    status = obj.get("status") if isinstance(obj, dict) else None
+    if not isinstance(status, str):
+        return None
+    return _LABELS.get(status.strip().lower())
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeConfig:
+    """Where the judge is and how much of it an answer may use."""
+
+    endpoint: str  # base URL of an OpenAI-compatible API, e.g. http://llm:8000/v1
+    model: str
+    prompt: PromptStyle = "seed002"
+    timeout_s: float = 2.0
+    max_calls_per_answer: int = 3
+    failure_threshold: int = 3
+    cooldown_s: float = 30.0
+    max_workers: int = 4
+    api_key: str | None = field(default=None, repr=False)  # sent as a Bearer token, never logged
+    context_chars: int = 3000  # seed 001 truncates the context to 3,000 characters
+
+    def __post_init__(self) -> None:
+        if not self.endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"judge endpoint must be an http(s) URL, got {self.endpoint!r}")
+        if not 0.0 < self.timeout_s <= 60.0:
+            raise ConfigError(f"judge timeout_s must be in (0, 60], got {self.timeout_s}")
+        if self.max_calls_per_answer < 0:
+            raise ConfigError(f"max_calls_per_answer must be >= 0, got {self.max_calls_per_answer}")
+        if self.failure_threshold < 1 or self.max_workers < 1:
+            raise ConfigError("failure_threshold and max_workers must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class JudgeVerdict:
+    label: ClaimLabel
+    latency_ms: float
+
+
+class HttpJudge:
+    """One blocking chat-completions call per claim (run it through :class:`JudgeRunner`)."""
+
+    def __init__(self, config: JudgeConfig) -> None:
+        self.config = config
+        self._url = config.endpoint.rstrip("/") + "/chat/completions"
+
+    def messages(self, claim: str, context: str) -> list[dict[str, str]]:
+        ctx = context[: self.config.context_chars]
+        if self.config.prompt == "seed001":
+            user = (
+                f"Claim to verify: {claim}\n\nContext:\n{ctx}\n\n"
+                "Is this claim supported by the context?"
+            )
+            return [
+                {"role": "system", "content": SEED001_PROMPT},
+                {"role": "user", "content": user},
+            ]
+        user = f"Claim: {claim}\n\nContext: {ctx}"
+        return [{"role": "system", "content": SEED002_PROMPT}, {"role": "user", "content": user}]
+
+    def __call__(self, claim: str, context: str) -> ClaimLabel:
+        body = {
+            "model": self.config.model,
+            "messages": self.messages(claim, context),
+            "temperature": 0,
+            "response_format": {"type": "json_object"},
+        }
+        headers = {"Content-Type": "application/json"}
+        if self.config.api_key:
+            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        request = urllib.request.Request(  # noqa: S310 - the URL scheme is checked in the config
+            self._url, data=json.dumps(body).encode("utf-8"), headers=headers, method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=self.config.timeout_s) as response:  # noqa: S310
+            payload: Any = json.loads(response.read().decode("utf-8"))
+        content = payload["choices"][0]["message"]["content"]
+        label = parse_label(str(content))
+        if label is None:
+            raise ValueError(f"judge reply has no usable status: {str(content)[:200]!r}")
+        return label
+
+
+@dataclass
+class JudgeBudget:
+    """Calls left for one answer."""
+
+    remaining: int
+
+
+@dataclass
+class JudgeRunner:
+    """Runs judge calls off the stream: thread pool, per-answer budget, circuit breaker."""
+
+    config: JudgeConfig
+    call: Callable[[str, str], ClaimLabel] | None = None
+    clock: Callable[[], float] = time.monotonic
+    _pool: ThreadPoolExecutor = field(init=False, repr=False)
+    _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
+    _failures: int = field(init=False, default=0)
+    _open_until: float = field(init=False, default=0.0)
+    _pending: int = field(init=False, default=0)
+    stats: dict[str, int] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.call is None:
+            self.call = HttpJudge(self.config)
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.config.max_workers, thread_name_prefix="claim-judge"
+        )
+        self.stats = {"calls": 0, "ok": 0, "failed": 0, "late": 0, "skipped": 0}
+
+    def budget(self) -> JudgeBudget:
+        return JudgeBudget(self.config.max_calls_per_answer)
+
+    @property
+    def open(self) -> bool:
+        """Whether the breaker is open (no calls until the cool-down ends)."""
+        with self._lock:
+            return self.clock() < self._open_until
+
+    def submit(self, claim: str, context: str, budget: JudgeBudget) -> Future[JudgeVerdict] | None:
+        """Start a call, or ``None`` (budget spent, breaker open, pool saturated)."""
+        with self._lock:
+            saturated = self._pending >= 2 * self.config.max_workers
+            if budget.remaining <= 0 or self.clock() < self._open_until or saturated:
+                self.stats["skipped"] += 1
+                return None
+            budget.remaining -= 1
+            self._pending += 1
+            self.stats["calls"] += 1
+        return self._pool.submit(self._run, claim, context)
+
+    def _run(self, claim: str, context: str) -> JudgeVerdict:
+        started = time.perf_counter()
+        assert self.call is not None  # noqa: S101 - set in __post_init__
+        try:
+            label = self.call(claim, context)
+        except (OSError, urllib.error.URLError, ValueError, KeyError, IndexError, TypeError):
+            self._record(ok=False)
+            raise
+        finally:
+            with self._lock:
+                self._pending -= 1
+        self._record(ok=True)
+        return JudgeVerdict(label, (time.perf_counter() - started) * 1000.0)
+
+    def _record(self, ok: bool) -> None:
+        with self._lock:
+            if ok:
+                self._failures = 0
+                self.stats["ok"] += 1
+                return
+            self._failures += 1
+            self.stats["failed"] += 1
+            if self._failures >= self.config.failure_threshold:
+                self._open_until = self.clock() + self.config.cooldown_s
+                self._failures = 0
+                log.warning("LLM judge failing; not calling it for %.0f s", self.config.cooldown_s)
+
+    def collect(self, future: Future[JudgeVerdict], deadline: float) -> JudgeVerdict | None:
+        """The verdict if it arrives before ``deadline`` (``time.monotonic``), else ``None``."""
+        done, _ = wait([future], timeout=max(0.0, deadline - time.monotonic()))
+        if not done:
+            with self._lock:
+                self.stats["late"] += 1
+            return None
+        exc = future.exception()
+        if exc is not None:
+            log.debug("LLM judge call failed: %s", type(exc).__name__)
+            return None
+        return future.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

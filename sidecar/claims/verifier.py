@@ -1,0 +1,211 @@
+"""Serving the claim verifier: onnxruntime + the Rust ``tokenizers`` package, no torch.
+
+The cross-encoder (MiniLM-L6 + a linear head, trained by
+:mod:`sidecar.claims.training`) reads ``[CLS] claim [SEP] evidence [SEP]`` and
+returns one logit for "the evidence supports the claim" (seed 001, Step 2:
+SUPPORTED / UNSUPPORTED / UNCERTAIN; seed 002: verified / unverified). The
+artifact directory holds::
+
+    verifier.json      metadata (sha256 of the ONNX file, calibration, band, metrics)
+    model.int8.onnx    (or model.onnx) the exported network
+    tokenizer.json     the WordPiece tokenizer, read by ``tokenizers``
+    MODEL_CARD.md      data, split, metrics, how to reproduce
+
+:class:`OnnxVerifier` checks the file against the metadata (``ArtifactError``
+on a mismatch) and turns logits into calibrated probabilities
+``sigmoid(a * logit + b * coverage + c)`` (:mod:`sidecar.claims.calibration`).
+Runtime dependencies: ``onnxruntime`` and ``tokenizers``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import ValidationError
+
+from sidecar.claims.artifact import VerifierArtifact
+from sidecar.claims.calibration import Band, Platt, coverage
+from sidecar.exceptions import ArtifactError, ConfigError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from sidecar.claims.checker import VerifierClaimChecker
+    from sidecar.claims.judge import JudgeConfig
+
+__all__ = [
+    "METADATA_FILE",
+    "OnnxVerifier",
+    "PairEncoder",
+    "file_sha256",
+    "load_artifact",
+    "load_claim_checker",
+]
+
+METADATA_FILE = "verifier.json"
+BATCH = 32
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _import_tokenizers() -> Any:
+    try:
+        import tokenizers  # noqa: PLC0415 - optional runtime dependency, imported on use
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ConfigError(
+            "the claim verifier needs the 'tokenizers' package: pip install 'tokenizers>=0.20'"
+        ) from exc
+    return tokenizers
+
+
+class PairEncoder:
+    """(claim, evidence) pairs to BERT inputs, exactly as in training."""
+
+    def __init__(self, tokenizer: Tokenizer, max_length: int) -> None:
+        self.max_length = max_length
+        self._tok = tokenizer
+        self._tok.no_padding()
+        self._tok.enable_truncation(max_length=max_length, strategy="longest_first")
+        self._tok.enable_padding(pad_id=0, pad_token="[PAD]")  # noqa: S106 - a token, not a secret
+
+    @classmethod
+    def from_file(cls, path: Path, max_length: int) -> PairEncoder:
+        tokenizers = _import_tokenizers()
+        if not path.is_file():
+            raise ArtifactError(f"tokenizer file {path} is missing")
+        return cls(tokenizers.Tokenizer.from_file(str(path)), max_length)
+
+    def encode(self, pairs: Sequence[tuple[str, str]]) -> dict[str, npt.NDArray[np.int64]]:
+        encodings = self._tok.encode_batch([(c, e or " ") for c, e in pairs])
+        return {
+            "input_ids": np.asarray([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.asarray([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.asarray([e.type_ids for e in encodings], dtype=np.int64),
+        }
+
+
+def load_artifact(model_dir: Path) -> VerifierArtifact:
+    path = model_dir / METADATA_FILE
+    if not path.is_file():
+        raise ArtifactError(
+            f"no verifier metadata at {path}; train one with: guardrail train verifier --out DIR"
+        )
+    try:
+        return VerifierArtifact.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        raise ArtifactError(f"{path} is not a valid verifier artifact: {exc}") from None
+
+
+class OnnxVerifier:
+    """Calibrated p(supported) for (claim, evidence) pairs from the ONNX cross-encoder."""
+
+    def __init__(
+        self,
+        artifact: VerifierArtifact,
+        session: Any,
+        encoder: PairEncoder,
+        *,
+        calibration: Platt | None = None,
+        band: Band | None = None,
+    ) -> None:
+        self.artifact = artifact
+        self._session = session
+        self._encoder = encoder
+        self.calibration = calibration or artifact.platt
+        self._band = band or artifact.band
+        self._inputs = {i.name for i in session.get_inputs()}
+        missing = set(artifact.inputs) - self._inputs
+        if missing:
+            raise ArtifactError(f"the ONNX model lacks inputs {sorted(missing)}")
+
+    @property
+    def version(self) -> str:
+        return self.artifact.version
+
+    @property
+    def band(self) -> Band:
+        return self._band
+
+    @classmethod
+    def load(
+        cls,
+        model_dir: Path,
+        *,
+        threads: int = 0,
+        providers: Sequence[str] = ("CPUExecutionProvider",),
+        onnx_file: str | None = None,
+        calibration: Platt | None = None,
+        band: Band | None = None,
+    ) -> OnnxVerifier:
+        """Load ``model_dir``.
+
+        ``onnx_file``, ``calibration`` and ``band`` override the metadata (training
+        uses them to evaluate the fp32 and int8 twins with their own calibration).
+        """
+        import onnxruntime as ort  # noqa: PLC0415 - the adapter's own dependency
+
+        artifact = load_artifact(model_dir)
+        name = onnx_file or artifact.onnx_file
+        path = model_dir / name
+        if not path.is_file():
+            raise ArtifactError(f"ONNX file {path} named by {METADATA_FILE} is missing")
+        if onnx_file is None and file_sha256(path) != artifact.onnx_sha256:
+            raise ArtifactError(
+                f"{path} does not match the sha256 in {METADATA_FILE}: the files are out of step"
+            )
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(path), sess_options=options, providers=list(providers))
+        encoder = PairEncoder.from_file(model_dir / artifact.tokenizer_file, artifact.max_length)
+        return cls(artifact, session, encoder, calibration=calibration, band=band)
+
+    def logits(self, pairs: Sequence[tuple[str, str]]) -> npt.NDArray[np.float64]:
+        out: list[npt.NDArray[np.float64]] = []
+        for k in range(0, len(pairs), BATCH):
+            feed = self._encoder.encode(pairs[k : k + BATCH])
+            feed = {name: arr for name, arr in feed.items() if name in self._inputs}
+            (logit,) = self._session.run(["logits"], feed)
+            out.append(np.asarray(logit, dtype=np.float64).reshape(-1))
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.float64)
+
+    def probabilities(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        """Calibrated p(supported) per pair (logit and lexical coverage, Platt scaling)."""
+        if not pairs:
+            return []
+        covered = [coverage(claim, evidence) for claim, evidence in pairs]
+        return [float(p) for p in self.calibration.probability(self.logits(pairs), covered)]
+
+
+def load_claim_checker(
+    model_dir: Path,
+    *,
+    judge: JudgeConfig | None = None,
+    threads: int = 1,
+    rules: bool = True,
+) -> VerifierClaimChecker:
+    """The processor's ``ClaimChecker`` from a verifier directory (+ an optional LLM judge)."""
+    from sidecar.claims.checker import ClaimScorer, VerifierClaimChecker  # noqa: PLC0415
+    from sidecar.claims.judge import JudgeRunner  # noqa: PLC0415
+
+    verifier = OnnxVerifier.load(model_dir, threads=threads)
+    artifact = verifier.artifact
+    scorer = ClaimScorer(
+        verifier,
+        rules=rules,
+        max_sentences=artifact.evidence_max_sentences,
+        max_chars=artifact.evidence_max_chars,
+    )
+    runner = JudgeRunner(judge) if judge is not None else None
+    return VerifierClaimChecker(scorer, judge=runner)

@@ -1,0 +1,148 @@
+"""``guardrail train verifier`` and ``guardrail eval claims`` (seeds 001, 002).
+
+train: build the length-balanced pairs from HaluEval QA and NQ-open, fine-tune
+the MiniLM cross-encoder, calibrate its uncertain band, export ONNX (fp32 and
+int8) and write ``verifier.json`` + ``MODEL_CARD.md`` into ``--out``.
+
+eval: run the sidecar's claim check (segmentation, evidence selection, rule
+tier, verifier) over a HaluEval file and print detection metrics for the
+hallucinated candidates (n, accuracy, AUROC, F1, plus the AUROC of candidate
+length alone). For ``halueval-qa`` the default ``--split test`` keeps only
+questions of the verifier's held-out split (never trained on).
+
+Heavy imports (torch, onnxruntime) happen inside the run functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from sidecar.cli.groups import get_group
+from sidecar.exceptions import ConfigError
+
+__all__ = ["register", "run_eval", "run_train"]
+
+log = logging.getLogger(__name__)
+
+DATA_DIR = Path("../shared/data")
+DEFAULT_HALUEVAL = DATA_DIR / "halueval" / "qa_data.json"
+DEFAULT_NQ = DATA_DIR / "nq-open" / "nq-open-oracle.dev.jsonl.gz"
+DEFAULT_MODEL = Path("models/verifier")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``train verifier`` and ``eval claims``."""
+    train = get_group(sub, "train", "Train a guardrail model from local data.")
+    p = train.add_parser(
+        "verifier",
+        help="Train the claim verifier (MiniLM cross-encoder) and export it to ONNX.",
+        description=(
+            "Fine-tune the MiniLM-L6 cross-encoder on length-balanced HaluEval QA + NQ-open "
+            "pairs, calibrate the uncertain band, export ONNX fp32 + int8 and write the model card."
+        ),
+    )
+    p.add_argument("--out", type=Path, default=DEFAULT_MODEL, help="artifact directory")
+    p.add_argument("--halueval", type=Path, default=DEFAULT_HALUEVAL, help="HaluEval qa_data.json")
+    p.add_argument(
+        "--nq", type=Path, default=DEFAULT_NQ, help="NQ-open oracle dev file ('none' to skip)"
+    )
+    p.add_argument(
+        "--limit", type=int, default=1000, help="HaluEval training records (default 1000)"
+    )
+    p.add_argument("--val-limit", type=int, default=300, help="validation records (default 300)")
+    p.add_argument("--test-limit", type=int, default=600, help="test records for the card")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.set_defaults(func=run_train)
+
+    evaluate = get_group(sub, "eval", "Evaluate a guardrail signal on held-out data.")
+    e = evaluate.add_parser(
+        "claims",
+        help="Detect HaluEval hallucinations with the claim check (segment + rules + verifier).",
+        description=(
+            "Score the right and the hallucinated candidate of every HaluEval item with the "
+            "sidecar's claim check; report n, accuracy, AUROC, F1 and length-only AUROC."
+        ),
+    )
+    e.add_argument("--data", type=Path, required=True, help="HaluEval file, one JSON per line")
+    e.add_argument(
+        "--format",
+        required=True,
+        choices=["halueval-qa", "halueval-summarization", "halueval-dialogue"],
+    )
+    e.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="verifier directory")
+    e.add_argument("--limit", type=int, default=None, help="items (lines) to read at most")
+    e.add_argument(
+        "--split",
+        choices=["test", "all"],
+        default=None,
+        help="halueval-qa: only held-out questions (default test); other formats: all",
+    )
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.set_defaults(func=run_eval)
+
+
+def _existing(path: Path, flag: str) -> Path:
+    if not path.is_file():
+        raise ConfigError(f"{flag} {path} does not exist (pass {flag} PATH)")
+    return path
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from sidecar.claims.training import TrainConfig, minilm_dir, train_verifier  # noqa: PLC0415
+
+    nq = None if str(args.nq).lower() == "none" else _existing(args.nq, "--nq")
+    config = TrainConfig(
+        halueval_path=_existing(args.halueval, "--halueval"),
+        nq_path=nq,
+        base_model_dir=minilm_dir(),
+        limit=args.limit,
+        val_limit=args.val_limit,
+        test_limit=args.test_limit,
+        max_steps=args.max_steps,
+        seed=args.seed,
+        threads=args.threads,
+    )
+    artifact = train_verifier(config, args.out)
+    summary = {
+        "version": artifact.version,
+        "onnx_file": artifact.onnx_file,
+        "metrics": {k: v for k, v in artifact.metrics.items() if k != "training"},
+    }
+    sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from sidecar.claims.checker import ClaimScorer  # noqa: PLC0415
+    from sidecar.claims.evaluate import (  # noqa: PLC0415
+        evaluate_items,
+        held_out,
+        read_items,
+        score_item,
+    )
+    from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
+
+    split = args.split or ("test" if args.format == "halueval-qa" else "all")
+    verifier = OnnxVerifier.load(args.model)
+    scorer = ClaimScorer(verifier)
+    items = [
+        item
+        for group, item in read_items(_existing(args.data, "--data"), args.format, args.limit)
+        if split == "all" or held_out(group)
+    ]
+    if not items:
+        raise ConfigError(f"no items in {args.data} for split {split!r}")
+    report = evaluate_items(items, lambda item: score_item(scorer, item))
+    out = {"format": args.format, "split": split, "verifier": verifier.version, **report}
+    if args.json:
+        sys.stdout.write(json.dumps(out) + "\n")
+    else:
+        for key, value in out.items():
+            sys.stdout.write(f"{key:>14}: {value}\n")
+    return 0

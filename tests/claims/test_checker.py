@@ -1,0 +1,151 @@
+"""The streaming ClaimChecker: evidence scope, rule tier, labels, the processor contract."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+
+from sidecar.claims.checker import ClaimScorer, VerifierClaimChecker, evidence_chunks
+from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
+from sidecar.config import Settings
+from sidecar.contracts.codec import InputKind
+from sidecar.contracts.events import (
+    AnswerVerdict,
+    ClaimLabel,
+    ClaimVerdict,
+    RetrievalSignal,
+    SignalStatus,
+)
+from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.processor import Destination, Processor
+from sidecar.pipeline.signals import ClaimChecker, ClaimSession, SignalSuite
+from sidecar.policy.config import load_policy
+from sidecar.policy.engine import PolicyEngine
+from tests.claims.conftest import REPO, LexicalVerifier, RetrievalFactory
+from tests.conftest import EventFactory, dumps
+
+AMPK = "Metformin reduces hepatic glucose production by activating AMPK."
+HBA1C = "In clinical trials, metformin therapy reduces HbA1c by approximately 1.5%."
+GENRE = "Gothic fiction is a genre of literature."
+
+
+def certified(*trusted: str) -> RetrievalSignal:
+    return RetrievalSignal(
+        status=SignalStatus.OK, trusted_chunk_ids=list(trusted), m1=bool(trusted), m2=0.5
+    )
+
+
+def test_it_implements_the_processor_protocols(
+    lexical: LexicalVerifier, retrieval: RetrievalFactory
+) -> None:
+    checker: ClaimChecker = VerifierClaimChecker(ClaimScorer(lexical))
+    session: ClaimSession = checker.open(retrieval(AMPK), certified("c0"))
+    assert session.feed("") == []
+    assert checker.version == "lexical/1+rules"
+
+
+def test_trusted_chunks_are_the_evidence_when_certified(retrieval: RetrievalFactory) -> None:
+    event = retrieval(AMPK, GENRE)
+    chunks, scope = evidence_chunks(event, certified("c1"))
+    assert scope == "trusted" and [c.chunk_id for c in chunks] == ["c1"]
+    chunks, scope = evidence_chunks(event, certified())
+    assert scope == "all-retrieved" and len(chunks) == 2
+    not_ok = RetrievalSignal(status=SignalStatus.UNAVAILABLE)
+    assert evidence_chunks(event, not_ok)[1] == "all-retrieved"
+
+
+def test_streamed_claims_are_labelled_and_summarised(
+    lexical: LexicalVerifier, retrieval: RetrievalFactory
+) -> None:
+    checker = VerifierClaimChecker(ClaimScorer(lexical))
+    session = checker.open(retrieval(AMPK, HBA1C, GENRE), certified("c0", "c1"))
+    answer = (
+        "Metformin activates AMPK. It reduces HbA1c by 1.5%. "
+        "The starting dose is 500mg twice daily. Is it safe?"
+    )
+    first = session.feed(answer[:40])
+    assert [r.text for r in first] == ["Metformin activates AMPK."]
+    assert first[0].label is ClaimLabel.SUPPORTED and first[0].evidence_chunk_ids[0] == "c0"
+    more = session.feed(answer[40:])
+    tail, signal = session.finish(answer)
+    results = session.results
+    assert [r.index for r in results] == [0, 1, 2]
+    assert [r.label for r in results] == [
+        ClaimLabel.SUPPORTED,
+        ClaimLabel.SUPPORTED,
+        ClaimLabel.UNSUPPORTED,  # 500 is not in the evidence: the rule tier
+    ]
+    assert {r.index for r in first + more + tail} == {0, 1, 2}
+    assert session.checks[2].tier == "rule" and results[2].score <= 0.05
+    assert (signal.n, signal.supported, signal.unsupported) == (3, 2, 1)
+    assert signal.evidence_scope == "trusted"
+    assert signal.reliability_level == "MEDIUM"  # 2/3
+    for r in results:
+        assert answer[r.span[0] : r.span[1]].rstrip(".").lower() in r.text.lower()
+
+
+def test_a_number_from_an_untrusted_chunk_does_not_count(
+    lexical: LexicalVerifier, retrieval: RetrievalFactory
+) -> None:
+    checker = VerifierClaimChecker(ClaimScorer(lexical))
+    session = checker.open(retrieval(AMPK, HBA1C), certified("c0"))
+    _, signal = session.finish("Metformin reduces HbA1c by 1.5%.")
+    assert signal.unsupported == 1
+
+
+def test_without_chunks_every_claim_is_unsupported(
+    lexical: LexicalVerifier, retrieval: RetrievalFactory
+) -> None:
+    session = VerifierClaimChecker(ClaimScorer(lexical)).open(retrieval(), certified())
+    _, signal = session.finish("Paris is the capital of France.")
+    assert signal.unsupported == 1 and signal.evidence_scope == "all-retrieved"
+
+
+def test_evidence_selection_prefers_overlapping_sentences() -> None:
+    index = EvidenceIndex(
+        [EvidenceChunk("a", f"{GENRE} {AMPK}"), EvidenceChunk("b", HBA1C)], max_sentences=1
+    )
+    sel = index.select("HbA1c falls by 1.5% with metformin.")
+    assert sel.window == HBA1C and sel.chunk_ids == ("b",)
+    assert sel.overlap > 0.5
+    long = EvidenceIndex([EvidenceChunk("x", "word " * 200 + "AMPK is activated.")], max_chars=60)
+    assert "AMPK" in long.select("AMPK activation").window
+
+
+def test_the_processor_publishes_claim_verdicts_and_a_policy_decision(
+    lexical: LexicalVerifier,
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    engine = PolicyEngine(load_policy(REPO / "models" / "policy" / "default.yaml"))
+    suite = SignalSuite(claims=VerifierClaimChecker(ClaimScorer(lexical)))
+    p = Processor(settings_factory(), engine, signals=suite)
+    kinds = iter(range(100))
+
+    def feed(kind: InputKind, raw: bytes) -> list[tuple[Destination, bytes]]:
+        step = p.on_message(kind, raw, None, InputRef(kind.value, 0, next(kinds)), 0.0)
+        return [(o.destination, o.value) for o in step.outputs]
+
+    feed(InputKind.RETRIEVAL, dumps(retrieval_event()))
+    out = feed(InputKind.GENERATION, dumps(delta_event(seq=0, text="Mary Shelley wrote Frank")))
+    assert out == []
+    out = feed(InputKind.GENERATION, dumps(delta_event(seq=1, text="enstein. It was 1818. ")))
+    verdicts = [ClaimVerdict.model_validate(orjson.loads(v)) for _, v in out]
+    assert [(v.text, v.label) for v in verdicts] == [
+        ("Mary Shelley wrote Frankenstein.", ClaimLabel.SUPPORTED),
+        ("It was 1818.", ClaimLabel.UNSUPPORTED),
+    ]
+    answer = "Mary Shelley wrote Frankenstein. It was 1818. "
+    [(dest, raw)] = feed(InputKind.GENERATION, dumps(final_event(answer=answer)))
+    verdict = AnswerVerdict.model_validate(orjson.loads(raw))
+    assert dest is Destination.VERDICTS
+    assert verdict.signals.claims.n == 2 and verdict.signals.claims.unsupported == 1
+    assert verdict.policy == "default/1"
+    codes = [r.code for r in verdict.reasons]
+    # no certifier: evidence is all retrieved chunks, and that is said
+    assert "retrieval-not-configured" in codes and "claims-evidence-untrusted" in codes
+    assert "claims-hallucination-rate-exceeded" in codes  # 1/2 > 0.20 (enterprise)
+    assert verdict.decision.value == "block"

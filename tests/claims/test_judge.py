@@ -1,0 +1,201 @@
+"""The optional LLM judge never holds up the stream (stub server on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from sidecar.claims.checker import ClaimScorer, VerifierClaimChecker
+from sidecar.claims.judge import (
+    SEED001_PROMPT,
+    SEED002_PROMPT,
+    JudgeConfig,
+    JudgeRunner,
+    parse_label,
+)
+from sidecar.contracts.events import ClaimLabel, RetrievalSignal, SignalStatus
+from sidecar.exceptions import ConfigError
+from tests.claims.conftest import LexicalVerifier, RetrievalFactory
+
+EVIDENCE = "Metformin reduces hepatic glucose production by activating AMPK."
+# content words: metformin, lowers, glucose, production -> 3 of 4 found: p = 0.75, uncertain
+UNCERTAIN_CLAIM = "Metformin lowers glucose production."
+
+
+@dataclass
+class Stub:
+    mode: str = "verified"  # verified | slow | error | garbage
+    delay_s: float = 1.0
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            del format, args
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            stub.bodies.append(json.loads(self.rfile.read(length)))
+            if stub.mode == "slow":
+                time.sleep(stub.delay_s)
+            if stub.mode == "error":
+                self.send_response(500)
+                self.end_headers()
+                return
+            content = "not json" if stub.mode == "garbage" else json.dumps({"status": stub.mode})
+            body = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (timeout): exactly what is being tested
+
+    return Handler
+
+
+@pytest.fixture
+def stub() -> Iterator[tuple[Stub, str]]:
+    state = Stub()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state, f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def trusted() -> RetrievalSignal:
+    return RetrievalSignal(status=SignalStatus.OK, trusted_chunk_ids=["c0"], m1=True, m2=1.0)
+
+
+def run_answer(
+    endpoint: str, retrieval: RetrievalFactory, *, timeout_s: float = 0.3, **kw: Any
+) -> tuple[list[ClaimLabel], float, JudgeRunner]:
+    runner = JudgeRunner(JudgeConfig(endpoint=endpoint, model="stub", timeout_s=timeout_s, **kw))
+    checker = VerifierClaimChecker(ClaimScorer(LexicalVerifier()), judge=runner)
+    session = checker.open(retrieval(EVIDENCE), trusted())
+    started = time.monotonic()
+    streamed = session.feed(UNCERTAIN_CLAIM + " ")
+    feed_s = time.monotonic() - started
+    assert [r.label for r in streamed] == [ClaimLabel.UNCERTAIN]  # never waits in feed
+    assert feed_s < 0.2
+    session.finish(UNCERTAIN_CLAIM)
+    elapsed = time.monotonic() - started
+    return [r.label for r in session.results], elapsed, runner
+
+
+def test_a_verdict_in_time_refines_the_label(
+    stub: tuple[Stub, str], retrieval: RetrievalFactory
+) -> None:
+    state, url = stub
+    labels, _, runner = run_answer(url, retrieval, timeout_s=5.0)
+    runner.close()
+    assert labels == [ClaimLabel.SUPPORTED]  # the stub says "verified" (seed 002)
+    [body] = state.bodies
+    assert body["messages"][0]["content"] == SEED002_PROMPT
+    assert UNCERTAIN_CLAIM in body["messages"][1]["content"]
+    assert body["model"] == "stub" and body["temperature"] == 0
+
+
+def test_a_slow_judge_falls_back_within_the_timeout(
+    stub: tuple[Stub, str], retrieval: RetrievalFactory
+) -> None:
+    state, url = stub
+    state.mode, state.delay_s = "slow", 1.5
+    labels, elapsed, runner = run_answer(url, retrieval, timeout_s=0.3)
+    runner.close()
+    assert labels == [ClaimLabel.UNCERTAIN]  # the verifier's label stands
+    assert elapsed < 1.0
+    # the socket timeout and the collection deadline are both timeout_s: either may fire first
+    assert runner.stats["late"] + runner.stats["failed"] == 1
+
+
+def test_a_failing_judge_falls_back_and_the_breaker_opens(
+    stub: tuple[Stub, str], retrieval: RetrievalFactory
+) -> None:
+    state, url = stub
+    state.mode = "error"
+    labels, elapsed, runner = run_answer(url, retrieval, failure_threshold=1, cooldown_s=60)
+    assert labels == [ClaimLabel.UNCERTAIN] and elapsed < 1.0
+    assert runner.stats["failed"] == 1 and runner.open
+    # the next answer on the same runner does not call the judge at all
+    session = VerifierClaimChecker(ClaimScorer(LexicalVerifier()), judge=runner).open(
+        retrieval(EVIDENCE), trusted()
+    )
+    started = time.monotonic()
+    session.finish(UNCERTAIN_CLAIM)
+    assert time.monotonic() - started < 0.2
+    assert [r.label for r in session.results] == [ClaimLabel.UNCERTAIN]
+    assert runner.stats["skipped"] == 1 and len(state.bodies) == 1
+    runner.close()
+
+
+def test_an_unreadable_reply_and_a_closed_port_fall_back(
+    stub: tuple[Stub, str], retrieval: RetrievalFactory
+) -> None:
+    state, url = stub
+    state.mode = "garbage"
+    labels, _, runner = run_answer(url, retrieval, timeout_s=2.0)
+    runner.close()
+    assert labels == [ClaimLabel.UNCERTAIN] and runner.stats["failed"] == 1
+    labels, elapsed, runner = run_answer("http://127.0.0.1:9/v1", retrieval, timeout_s=0.5)
+    runner.close()
+    assert labels == [ClaimLabel.UNCERTAIN] and elapsed < 1.5
+
+
+def test_the_per_answer_budget_caps_calls(
+    stub: tuple[Stub, str], retrieval: RetrievalFactory
+) -> None:
+    state, url = stub
+    runner = JudgeRunner(
+        JudgeConfig(endpoint=url, model="stub", prompt="seed001", max_calls_per_answer=2)
+    )
+    session = VerifierClaimChecker(ClaimScorer(LexicalVerifier()), judge=runner).open(
+        retrieval(EVIDENCE), trusted()
+    )
+    session.finish(" ".join([UNCERTAIN_CLAIM] * 4))
+    runner.close()
+    assert len(state.bodies) == 2 and runner.stats["skipped"] == 2
+    assert state.bodies[0]["messages"][0]["content"] == SEED001_PROMPT
+    # the seed 001 reply "verified" is no seed 001 label... but maps all the same
+    assert [r.label for r in session.results].count(ClaimLabel.SUPPORTED) == 2
+
+
+@pytest.mark.parametrize(
+    ("reply", "label"),
+    [
+        ('{"status": "SUPPORTED", "evidence": "x"}', ClaimLabel.SUPPORTED),
+        ('{"status": "UNCERTAIN"}', ClaimLabel.UNCERTAIN),
+        ('{"status": "unverified"}', ClaimLabel.UNSUPPORTED),
+        ('{"status": "partially_verified"}', ClaimLabel.UNCERTAIN),
+        ('{"status": "irrelevant"}', ClaimLabel.IRRELEVANT),
+        ('```json\n{"status": "verified"}\n```', ClaimLabel.SUPPORTED),
+        ('{"status": "maybe"}', None),
+        ("[]", None),
+        ("no json", None),
+    ],
+)
+def test_parse_label(reply: str, label: ClaimLabel | None) -> None:
+    assert parse_label(reply) is label
+
+
+def test_config_is_checked() -> None:
+    with pytest.raises(ConfigError, match="http"):
+        JudgeConfig(endpoint="ftp://x", model="m")
+    with pytest.raises(ConfigError, match="timeout_s"):
+        JudgeConfig(endpoint="http://x", model="m", timeout_s=0)
