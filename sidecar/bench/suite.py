@@ -42,7 +42,7 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     runs["baseline_drain"] = await baseline.drain("base", int(4000 * scale), LoadShape())
     _log("fast path open loop at 500 answers/s")
     runs["fast_500"] = await fast.open_loop("o500", 500, 20 * scale, LoadShape())
-    full = Bench(broker, workdir)
+    full = Bench(broker, workdir, {"GUARDRAIL_SIGNALS__CLAIMS": "true"})
     claims_shape = LoadShape(k=5, deltas=5, claims=5, attention=None)
     _log("full path drain (5 claims per answer, K=5)")
     runs["full_drain"] = await full.drain("full", int(2000 * scale), claims_shape)
