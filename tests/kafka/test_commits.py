@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,8 +14,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
+from sidecar.chaos.process import SidecarProcess
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka, free_port
+from sidecar.localkafka.broker import LocalKafka
 from sidecar.replay import Record, send
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import real_harness, settings_for, wait_until
@@ -76,43 +73,6 @@ async def test_commit_waits_for_the_verdict_publish(
 
 
 # ---------------------------------------------------------------- crash and restart
-
-
-class SidecarProcess:
-    """``python -m sidecar run`` as its own process, as in a pod."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.port = free_port()
-        self.env = {
-            **os.environ,
-            **env,
-            "GUARDRAIL_HTTP__PORT": str(self.port),
-            "GUARDRAIL_HTTP__HOST": "127.0.0.1",
-        }
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sidecar", "run"], env=self.env, stdout=out, stderr=out
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(self.log.read_text()[-3000:])
-
-    def kill(self, sig: int) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        return self.proc.wait(timeout=60)
 
 
 @pytest.fixture
@@ -176,7 +136,7 @@ async def test_kill_between_publish_and_commit_redelivers_never_loses(
     for _ in range(300):
         if len(await read_all(kafka_broker.bootstrap_servers, t.verdicts, 0.3)) >= len(ids):
             break
-    assert never_commits.kill(signal.SIGKILL) == -signal.SIGKILL
+    assert never_commits.signal(signal.SIGKILL) == -signal.SIGKILL
     assert await committed(kafka_broker.bootstrap_servers, unique_topics["group"]) == {}
 
     # 2nd life: re-reads from the (absent) committed offsets and publishes again
@@ -185,7 +145,7 @@ async def test_kill_between_publish_and_commit_redelivers_never_loses(
     for _ in range(300):
         if len(await read_all(kafka_broker.bootstrap_servers, t.verdicts, 0.3)) >= 2 * len(ids):
             break
-    assert second.kill(signal.SIGTERM) == 0
+    assert second.signal(signal.SIGTERM) == 0
     verdicts = await read_all(kafka_broker.bootstrap_servers, t.verdicts)
     by_id: dict[str, set[str]] = {}
     for v in verdicts:
@@ -200,7 +160,7 @@ async def test_kill_between_publish_and_commit_redelivers_never_loses(
     third = SidecarProcess(sidecar_env, tmp_path / "3.log")
     third.start()
     await asyncio.sleep(2.0)
-    assert third.kill(signal.SIGTERM) == 0
+    assert third.signal(signal.SIGTERM) == 0
     assert len(await read_all(kafka_broker.bootstrap_servers, t.verdicts)) == 2 * len(ids)
 
 
@@ -230,7 +190,7 @@ async def test_sigterm_hands_half_requests_over_without_loss_or_duplicates(
         if len(await read_all(kafka_broker.bootstrap_servers, t.verdicts, 0.3)) >= len(complete):
             break
     await asyncio.sleep(1.0)  # the half-requests are consumed and held open
-    assert first.kill(signal.SIGTERM) == 0
+    assert first.signal(signal.SIGTERM) == 0
     done = await committed(kafka_broker.bootstrap_servers, unique_topics["group"])
     assert sum(done.values()) == len(records)  # everything consumed was committed
 
@@ -242,7 +202,7 @@ async def test_sigterm_hands_half_requests_over_without_loss_or_duplicates(
         if len(got) >= len(complete) + len(halves):
             break
     await asyncio.sleep(1.0)
-    assert second.kill(signal.SIGTERM) == 0
+    assert second.signal(signal.SIGTERM) == 0
     verdicts = await read_all(kafka_broker.bootstrap_servers, t.verdicts)
     ids = [v["request_id"] for v in verdicts]
     assert sorted(ids) == sorted(complete + halves)  # each exactly once
