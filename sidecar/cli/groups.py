@@ -9,10 +9,31 @@ action afterwards, so the order of ``COMMAND_MODULES`` does not matter.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from sidecar.exceptions import ConfigError
 
-__all__ = ["get_group"]
+__all__ = ["add_rag_runtime_args", "get_group", "progress_enabled"]
+
+
+def add_rag_runtime_args(p: argparse.ArgumentParser) -> None:
+    """Where Qdrant lives, torch threads and progress bars: shared by the RAG-loop commands."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--qdrant-path", type=Path, help="embedded Qdrant on disk (reused)")
+    where.add_argument("--qdrant-url", help="Qdrant server URL (default: embedded, in memory)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="tqdm progress bars (default: when stderr is a terminal)",
+    )
+
+
+def progress_enabled(args: argparse.Namespace) -> bool:
+    """``--progress`` / ``--no-progress``, else progress bars only on a terminal."""
+    return bool(args.progress) if args.progress is not None else sys.stderr.isatty()
 
 
 def get_group(

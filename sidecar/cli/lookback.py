@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sidecar.cli.groups import get_group
+from sidecar.cli.groups import add_rag_runtime_args, get_group, progress_enabled
 from sidecar.exceptions import ConfigError
 
 __all__ = ["register", "run_dataset", "run_eval", "run_train"]
@@ -137,20 +137,7 @@ def _rag_args(p: argparse.ArgumentParser, *, part_default: str, required: bool =
         f"eval: held out for 'eval lookback'; default {part_default})",
     )
     p.add_argument("--limit", type=int, help="only the first N questions of the part")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--qdrant-path", type=Path, help="embedded Qdrant on disk (reused)")
-    where.add_argument("--qdrant-url", help="Qdrant server URL (default: embedded, in memory)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
-    p.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="tqdm progress bars (default: when stderr is a terminal)",
-    )
-
-
-def _progress(args: argparse.Namespace) -> bool:
-    return bool(args.progress) if args.progress is not None else sys.stderr.isatty()
+    add_rag_runtime_args(p)
 
 
 def _questions(args: argparse.Namespace) -> list[Any]:
@@ -175,7 +162,7 @@ def _loop(args: argparse.Namespace) -> Any:
         qdrant_path=args.qdrant_path,
         qdrant_url=args.qdrant_url,
         threads=args.threads,
-        progress=_progress(args),
+        progress=progress_enabled(args),
     )
 
 
@@ -188,7 +175,7 @@ def run_dataset(args: argparse.Namespace) -> int:
     loop = _loop(args)
     writer = ShardWriter(args.out, dataset_meta(loop, args.questions, args.part))
     report = build_dataset(
-        loop, questions, writer, shard_size=args.shard_size, progress=_progress(args)
+        loop, questions, writer, shard_size=args.shard_size, progress=progress_enabled(args)
     )
     summary = {"out": str(args.out), "questions": len(questions), **report.as_dict()}
     sys.stdout.write(json.dumps(summary) + "\n")
@@ -241,7 +228,7 @@ def run_eval(args: argparse.Namespace) -> int:
             questions=_questions(args),
             part=args.part,
             records_out=args.records,
-            progress=_progress(args),
+            progress=progress_enabled(args),
         )
     if args.json:
         payload: Any = results[0] if len(results) == 1 else results

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sidecar.cli.groups import get_group
+from sidecar.cli.groups import add_rag_runtime_args, get_group, progress_enabled
 from sidecar.exceptions import ArtifactError, ConfigError
 
 if TYPE_CHECKING:
@@ -147,25 +147,12 @@ def _data_args(
         "eval: the artifact's)",
     )
     p.add_argument("--max-questions", type=int, help="use only the first N questions of the part")
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--qdrant-path", type=Path, help="embedded Qdrant on disk (reused)")
-    where.add_argument("--qdrant-url", help="Qdrant server URL (default: embedded, in memory)")
     p.add_argument("--device", default="cpu", help="torch device for the embedder (cpu, cuda)")
     p.add_argument("--batch-size", type=int, default=64, help="embedding batch size")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
-    p.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="tqdm progress bars (default: when stderr is a terminal)",
-    )
+    add_rag_runtime_args(p)
 
 
 # ------------------------------------------------------------------ shared steps
-
-
-def _progress(args: argparse.Namespace) -> bool:
-    return bool(args.progress) if args.progress is not None else sys.stderr.isatty()
 
 
 def _embedder(args: argparse.Namespace) -> MiniLMEmbedder:
@@ -248,7 +235,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     seed = DEFAULT_SPLIT_SEED if args.split_seed is None else args.split_seed
     cal_fraction = DEFAULT_CAL_FRACTION if args.cal_fraction is None else args.cal_fraction
     key = CalibrationKey(args.tenant, args.collection, args.retriever)
-    progress = _progress(args)
+    progress = progress_enabled(args)
 
     records, questions, questions_sha = _questions(args, seed=seed, cal_fraction=cal_fraction)
     corpus = _corpus(args, args.chunk_words)
@@ -451,7 +438,7 @@ def run_eval(args: argparse.Namespace) -> int:
         else (prov.cal_fraction if prov else DEFAULT_CAL_FRACTION)
     )
     chunk_words = args.chunk_words or artifact.chunk_words or DEFAULT_CHUNK_WORDS
-    progress = _progress(args)
+    progress = progress_enabled(args)
 
     records, questions, questions_sha = _questions(args, seed=seed, cal_fraction=cal_fraction)
     _check_disjoint(args, artifact, records, questions, questions_sha)
