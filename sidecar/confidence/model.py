@@ -1,0 +1,414 @@
+"""The calibrated-confidence forecaster the sidecar serves (CalibRAG's forecasting function).
+
+It estimates P(answer correct | the request's signals) from retrieval scores, the
+conformal certification (m1, m2), the lookback classifier, the claim verifier,
+the generator's token log-probabilities and the answer length::
+
+    x  = features(values)                          (None -> training mean, indicator = 1)
+    z  = (x - mean) / scale                        (standardisation of the fit part)
+    s  = w . z + b                                 (L2-penalised logistic regression)
+    p  = calibrator(s)                             (Platt or isotonic, chosen by CV NLL)
+
+The signals come in optional groups (a request may have no lookback score, no
+claims, no log-probabilities or no certification); each group has a
+``<group>_missing`` indicator that is 1 when any of its values is ``None``, and
+every ``None`` is replaced by its training mean. A signal outside every group
+(retrieval scores, answer length) is expected on every request; if it is
+``None`` anyway it is imputed the same way but has no indicator.
+
+Which signals and groups a model reads is its :class:`FeatureSpec`, stored in
+the model file; :data:`ANSWER_SPEC` (:data:`FEATURES`) is the answer-level one,
+and other forecasters (per-chunk) bring their own spec.
+
+The model file is JSON, format ``confidence-model/1``, with a sha256 over the
+parameters (checked on load) and the training metadata. numpy + pydantic only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from sidecar.confidence.calibration import Calibrator, CalibratorDict, calibrator_from_dict
+from sidecar.confidence.errors import ConfidenceDataError
+from sidecar.confidence.logistic import FloatArray
+from sidecar.exceptions import ArtifactError
+
+__all__ = [
+    "ANSWER_SPEC",
+    "FEATURES",
+    "MISSING_GROUPS",
+    "MODEL_FORMAT",
+    "PARAMETER_FIELDS",
+    "SIGNALS",
+    "ConfidenceModel",
+    "ConfidenceTraining",
+    "FeatureSpec",
+    "FeatureValues",
+    "feature_matrix",
+    "feature_vector",
+    "params_sha256",
+]
+
+MODEL_FORMAT: Final = "confidence-model/1"
+
+FeatureValues = Mapping[str, float | None]
+
+
+def _signal_value(name: str, value: object) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfidenceDataError(
+            f"feature {name!r} must be a finite number or None, got {value!r}"
+        )
+    return float(value)
+
+
+class FeatureSpec(BaseModel):
+    """The signals a model reads, in input order, and its missing-value indicator groups.
+
+    The model input is ``signals + tuple(missing_groups)``: each indicator name maps
+    to the signals it covers (a signal belongs to at most one group).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    signals: tuple[str, ...] = Field(min_length=1)
+    missing_groups: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FeatureSpec:
+        names = self.names
+        if len(set(names)) != len(names):
+            raise ValueError(f"feature names must be unique, got {list(names)}")
+        grouped: list[str] = [m for members in self.missing_groups.values() for m in members]
+        if len(set(grouped)) != len(grouped):
+            raise ValueError("a signal may belong to at most one missing group")
+        for indicator, members in self.missing_groups.items():
+            unknown = [m for m in members if m not in self.signals]
+            if not members or unknown:
+                raise ValueError(
+                    f"missing group {indicator!r} must list known signals, got {list(members)}"
+                )
+        return self
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The model input: the signals, then one indicator per group."""
+        return self.signals + tuple(self.missing_groups)
+
+    def vector(self, values: FeatureValues) -> FloatArray:
+        """The input before imputation: ``len(names)`` floats, NaN where a value is None.
+
+        A signal absent from ``values`` counts as ``None``; an indicator is 1.0 when
+        any signal of its group is None. Unknown names or a non-finite value raise
+        :class:`ConfidenceDataError`.
+        """
+        unknown = sorted(set(values) - set(self.signals))
+        if unknown:
+            raise ConfidenceDataError(f"unknown features {unknown}; allowed: {list(self.signals)}")
+        x = np.full(len(self.names), np.nan, dtype=np.float64)
+        for i, name in enumerate(self.signals):
+            value = values.get(name)
+            if value is not None:
+                x[i] = _signal_value(name, value)
+        index = {name: i for i, name in enumerate(self.signals)}
+        for j, members in enumerate(self.missing_groups.values(), start=len(self.signals)):
+            x[j] = float(any(np.isnan(x[index[m]]) for m in members))
+        return x
+
+    def matrix(self, values_list: Sequence[FeatureValues]) -> FloatArray:
+        """:meth:`vector` of each row, stacked: shape ``(n, len(names))``."""
+        if not values_list:
+            return np.empty((0, len(self.names)), dtype=np.float64)
+        return np.vstack([self.vector(v) for v in values_list])
+
+    def mismatch(self, feature_names: object, missing_groups: object) -> str | None:
+        """How a model's stored features differ from this spec, or None when they match."""
+        if not isinstance(feature_names, list | tuple):
+            return f"feature_names must be a list, got {type(feature_names).__name__}"
+        got = [str(n) for n in feature_names]
+        if tuple(got) != self.names:
+            missing = [n for n in self.names if n not in got]
+            extra = [n for n in got if n not in self.names]
+            detail = f"missing {missing}, unexpected {extra}" if missing or extra else "order"
+            return f"the model's features differ ({detail}); expected {list(self.names)}"
+        groups = missing_groups if isinstance(missing_groups, Mapping) else None
+        expected = {k: list(v) for k, v in self.missing_groups.items()}
+        if groups is None or {str(k): list(v) for k, v in groups.items()} != expected:
+            return f"the model's missing groups are {missing_groups!r}, expected {expected}"
+        return None
+
+
+SIGNALS: Final[tuple[str, ...]] = (
+    "retrieval_top_score",
+    "retrieval_margin",
+    "retrieval_mean_score",
+    "m1",
+    "m2",
+    "lookback_p",
+    "claims_reliability",
+    "claims_hallucination_rate",
+    "mean_token_logprob",
+    "answer_words_log1p",
+)
+"""The answer-level signals a caller supplies, in model-input order."""
+
+MISSING_GROUPS: Final[Mapping[str, tuple[str, ...]]] = {
+    "lookback_missing": ("lookback_p",),
+    "claims_missing": ("claims_reliability", "claims_hallucination_rate"),
+    "logprob_missing": ("mean_token_logprob",),
+    "certification_missing": ("m1", "m2"),
+}
+"""Indicator name -> the optional answer-level signals it covers."""
+
+ANSWER_SPEC: Final = FeatureSpec(signals=SIGNALS, missing_groups=dict(MISSING_GROUPS))
+"""The answer-level forecaster's features (the default everywhere)."""
+
+FEATURES: Final[tuple[str, ...]] = ANSWER_SPEC.names
+"""The answer-level model input: the signals, then one missing indicator per optional group."""
+
+
+def feature_vector(values: FeatureValues, spec: FeatureSpec = ANSWER_SPEC) -> FloatArray:
+    """``spec.vector(values)``: NaN for each None, indicators set (:meth:`FeatureSpec.vector`)."""
+    return spec.vector(values)
+
+
+def feature_matrix(
+    values_list: Sequence[FeatureValues], spec: FeatureSpec = ANSWER_SPEC
+) -> FloatArray:
+    """``spec.matrix(values_list)``: shape ``(n, len(spec.names))``."""
+    return spec.matrix(values_list)
+
+
+PARAMETER_FIELDS: Final = (
+    "feature_names",
+    "missing_groups",
+    "imputation_means",
+    "standardisation_mean",
+    "standardisation_scale",
+    "coefficients",
+    "intercept",
+    "calibrator",
+)
+"""The fields :func:`params_sha256` covers: everything ``predict`` reads."""
+
+
+def _canonical(value: object) -> object:
+    """Numbers as floats, sequences as lists, mappings as dicts (so 0 and 0.0 hash alike)."""
+    if isinstance(value, bool | str):
+        return value
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    raise ConfidenceDataError(f"cannot hash a {type(value).__name__} parameter")
+
+
+def params_sha256(params: Mapping[str, object]) -> str:
+    """sha256 of the :data:`PARAMETER_FIELDS` of ``params`` as canonical JSON.
+
+    Canonical: sorted keys, no spaces, numbers as floats written by ``repr``
+    (exact round trip), NaN and infinity refused.
+    """
+    payload = {name: _canonical(params[name]) for name in PARAMETER_FIELDS}
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class ConfidenceTraining(BaseModel):
+    """How the model was fit, and its cross-validated metrics on the calibration part."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n: int = Field(ge=2)
+    positives: int = Field(ge=1)
+    seed: int
+    fit_fraction: float = Field(gt=0.0, lt=1.0)
+    l2: float = Field(gt=0.0)
+    folds: int = Field(ge=2)
+    n_fit: int = Field(ge=1)
+    n_calibration: int = Field(ge=1)
+    calibration_choice: dict[str, str | float | int]
+    data_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    metrics: dict[str, float]
+    estimator: str = "L2 logistic regression (Newton/IRLS, numpy) + Platt|isotonic calibrator"
+
+
+class ConfidenceModel(BaseModel):
+    """A fitted forecaster: JSON file format ``confidence-model/1``.
+
+    ``predict`` gives calibrated probabilities (that an answer is correct, for the
+    answer-level spec); build one with
+    :func:`sidecar.confidence.training.fit_confidence_model` and reload it with
+    :meth:`load`, which checks the format, the features against the caller's spec
+    and the parameter sha256.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: Literal["confidence-model/1"] = MODEL_FORMAT
+    version: str = Field(pattern=r"^confidence@[0-9a-f]{12}$")
+    feature_names: tuple[str, ...]
+    missing_groups: dict[str, tuple[str, ...]]
+    imputation_means: tuple[float, ...]
+    standardisation_mean: tuple[float, ...]
+    standardisation_scale: tuple[float, ...]
+    coefficients: tuple[float, ...]
+    intercept: float
+    calibrator: CalibratorDict
+    training: ConfidenceTraining
+    params_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    created_at: datetime
+
+    _spec: FeatureSpec = PrivateAttr()
+    _calibrator: Calibrator = PrivateAttr()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ConfidenceModel:
+        d = len(self.feature_names)
+        signals = self.feature_names[: d - len(self.missing_groups)]
+        spec = FeatureSpec(signals=signals, missing_groups=self.missing_groups)
+        if spec.names != self.feature_names:
+            raise ValueError(
+                f"feature_names must be the signals then the indicators {list(self.missing_groups)}"
+                f", got {list(self.feature_names)}"
+            )
+        for name in (
+            "imputation_means",
+            "standardisation_mean",
+            "standardisation_scale",
+            "coefficients",
+        ):
+            if len(getattr(self, name)) != d:
+                raise ValueError(f"{name} has {len(getattr(self, name))} values, expected {d}")
+        if not all(math.isfinite(v) and v > 0.0 for v in self.standardisation_scale):
+            raise ValueError("standardisation_scale values must be finite and > 0")
+        digest = params_sha256({name: getattr(self, name) for name in PARAMETER_FIELDS})
+        if digest != self.params_sha256:
+            raise ValueError(
+                f"parameter sha256 is {digest[:12]}..., the model says "
+                f"{self.params_sha256[:12]}...: the parameters were changed after training"
+            )
+        if self.version != f"confidence@{digest[:12]}":
+            raise ValueError(f"version must be confidence@{digest[:12]}, got {self.version!r}")
+        self._spec = spec
+        return self
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Rebuild the calibrator once (isotonic thresholds are validated here)."""
+        try:
+            self._calibrator = calibrator_from_dict(self.calibrator)
+        except ArtifactError as exc:
+            raise ValueError(str(exc)) from exc
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        imputation_means: Sequence[float],
+        standardisation_mean: Sequence[float],
+        standardisation_scale: Sequence[float],
+        coefficients: Sequence[float],
+        intercept: float,
+        calibrator: Calibrator,
+        training: ConfidenceTraining,
+        spec: FeatureSpec = ANSWER_SPEC,
+        created_at: datetime | None = None,
+    ) -> ConfidenceModel:
+        """A model over ``spec`` with its sha256 and version filled in."""
+        params: dict[str, Any] = {
+            "feature_names": spec.names,
+            "missing_groups": dict(spec.missing_groups),
+            "imputation_means": tuple(float(v) for v in imputation_means),
+            "standardisation_mean": tuple(float(v) for v in standardisation_mean),
+            "standardisation_scale": tuple(float(v) for v in standardisation_scale),
+            "coefficients": tuple(float(v) for v in coefficients),
+            "intercept": float(intercept),
+            "calibrator": calibrator.to_dict(),
+        }
+        digest = params_sha256(params)
+        return cls(
+            **params,
+            version=f"confidence@{digest[:12]}",
+            training=training,
+            params_sha256=digest,
+            created_at=created_at or datetime.now(UTC),
+        )
+
+    @property
+    def spec(self) -> FeatureSpec:
+        """The signals and missing groups this model reads."""
+        return self._spec
+
+    @property
+    def method(self) -> str:
+        """``"platt"`` or ``"isotonic"``: the calibrator in use."""
+        return self._calibrator.method
+
+    def features(self, values_list: Sequence[FeatureValues]) -> FloatArray:
+        """Model input ``(n, len(feature_names))``: ``spec.matrix``, each NaN -> training mean."""
+        x = self._spec.matrix(values_list)
+        return np.where(np.isnan(x), np.asarray(self.imputation_means, dtype=np.float64), x)
+
+    def raw_scores(self, values_list: Sequence[FeatureValues]) -> FloatArray:
+        """The uncalibrated forecast score ``s = w . (x - mean)/scale + b`` per row."""
+        mean = np.asarray(self.standardisation_mean, dtype=np.float64)
+        scale = np.asarray(self.standardisation_scale, dtype=np.float64)
+        z = (self.features(values_list) - mean) / scale
+        scores: FloatArray = z @ np.asarray(self.coefficients, dtype=np.float64) + self.intercept
+        return scores
+
+    def predict(self, values_list: Sequence[FeatureValues]) -> FloatArray:
+        """Calibrated probability per row: ``calibrator(raw_scores)``."""
+        return self._calibrator.predict(self.raw_scores(values_list))
+
+    def predict_one(self, values: FeatureValues) -> float:
+        """Calibrated probability of one row."""
+        return float(self.predict([values])[0])
+
+    def save(self, path: str | Path) -> Path:
+        """Write the model as JSON (via a temporary file, then an atomic rename)."""
+        target = Path(path)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(self.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        tmp.replace(target)
+        return target
+
+    @classmethod
+    def load(cls, path: str | Path, spec: FeatureSpec = ANSWER_SPEC) -> ConfidenceModel:
+        """Read a model file that must read ``spec``'s features.
+
+        :class:`ArtifactError` when the file is unreadable, has another format,
+        other features or missing groups than ``spec``, or a parameter sha256 that
+        does not match its parameters.
+        """
+        source = Path(path)
+        try:
+            raw = json.loads(source.read_text("utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ArtifactError(f"cannot read confidence model {source}: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ArtifactError(f"{source} is not a confidence model (not a JSON object)")
+        if raw.get("format") != MODEL_FORMAT:
+            raise ArtifactError(
+                f"{source} has format {raw.get('format')!r}, expected {MODEL_FORMAT!r}"
+            )
+        problem = spec.mismatch(raw.get("feature_names"), raw.get("missing_groups"))
+        if problem is not None:
+            raise ArtifactError(f"{source}: {problem}")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            raise ArtifactError(f"{source} is not a valid confidence model: {exc}") from exc
