@@ -80,6 +80,11 @@ class TopicSettings(_Section):
     claims: str = "rag.claims"
     verdicts: str = "rag.verdicts"
     dlq: str = "rag.dlq"
+    feedback: str = Field(
+        default="rag.feedback",
+        description="labelled outcomes (consumed); co-partitioned with the inputs by request_id",
+    )
+    reports: str = Field(default="rag.reports", description="periodic coverage-bound reports")
     partitions: int = Field(default=3, ge=1, le=1024)
     replication_factor: int = Field(default=1, ge=1)
     max_message_bytes: int = Field(
@@ -91,7 +96,15 @@ class TopicSettings(_Section):
 
     @model_validator(mode="after")
     def _names(self) -> Self:
-        names = [self.retrieval, self.generation, self.claims, self.verdicts, self.dlq]
+        names = [
+            self.retrieval,
+            self.generation,
+            self.claims,
+            self.verdicts,
+            self.dlq,
+            self.feedback,
+            self.reports,
+        ]
         for name in names:
             if not _TOPIC_RE.match(name):
                 raise ValueError(
@@ -174,6 +187,30 @@ class SignalSettings(_Section):
     # card), which the default policy turns into blocks; enable it to try claim streaming
     claims: bool = False
     verifier: str = "verifier"
+    confidence: bool = True
+    confidence_model: str = "confidence/smollm2-135m-nq"
+    retrieve_again_tau: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="advise retrieve_again when the best chunk forecast is below this "
+        "(unset: the threshold chosen when the chunk forecaster was fitted)",
+    )
+
+
+class CoverageSettings(_Section):
+    """The fleet-level coverage bound of seed 003 (per calibration key)."""
+
+    window: int = Field(default=10_000, ge=10, description="recent requests the bound covers")
+    report_interval_s: float = Field(
+        default=60.0, gt=0.0, description="how often a coverage.report event is published"
+    )
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0, description="Wilson level")
+    probe_file: str | None = Field(
+        default=None,
+        description="leakage probe result ('guardrail probe leakage'); sets delta. Unset: "
+        "delta is estimated from feedback on uncovered requests",
+    )
 
 
 class PolicySettings(_Section):
@@ -217,6 +254,7 @@ class Settings(BaseSettings):
     tenancy: TenancySettings = TenancySettings()
     policy: PolicySettings = PolicySettings()
     qdrant: QdrantSettings = QdrantSettings()
+    coverage: CoverageSettings = CoverageSettings()
     shutdown_grace_ms: int = Field(default=10_000, ge=0)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

@@ -151,6 +151,8 @@ def _show(
         extra += f" p_factual={sig['lookback']['p_factual']:.2f}"
     if sig["claims"]["status"] == "ok":
         extra += f" reliability={sig['claims']['reliability']}"
+    if obj.get("advice"):
+        extra += f" advice=retrieve_again(best forecast {obj['advice']['best_forecast']:.2f})"
     _line(
         out,
         "[verdict]",
@@ -260,9 +262,7 @@ def run_demo(
         async def flow() -> None:
             watcher = asyncio.create_task(_watch(settings, expected, result, out, 60))
             sent = await send(settings, records)
-            _line(
-                out, "[demo]", f"replayed {sent} messages for {len(expected)} requests"
-            )
+            _line(out, "[demo]", f"replayed {sent} messages for {len(expected)} requests")
             await watcher
 
         asyncio.run(flow())

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sidecar.config import Settings
 from sidecar.exceptions import ConfigError
@@ -17,6 +18,9 @@ from sidecar.pipeline.processor import Processor
 from sidecar.pipeline.signals import SignalSuite
 from sidecar.policy import Policy
 from sidecar.telemetry import configure_from_env
+
+if TYPE_CHECKING:
+    from sidecar.confidence.fleet import CoverageMonitor
 
 log = logging.getLogger("sidecar")
 
@@ -73,7 +77,43 @@ def build_signals(settings: Settings) -> SignalSuite:
             settings, sig.verifier, "the claim verifier", "GUARDRAIL_SIGNALS__CLAIMS"
         )
         claims = load_claim_checker(verifier_dir, threads=1, judge=None)
-    return SignalSuite(certifier=certifier, lookback=lookback, claims=claims)
+    confidence = None
+    if sig.confidence:
+        from sidecar.confidence.scorer import CalibratedConfidenceScorer  # noqa: PLC0415
+
+        confidence_dir = _artifact(
+            settings,
+            sig.confidence_model,
+            "the calibrated-confidence model",
+            "GUARDRAIL_SIGNALS__CONFIDENCE",
+        )
+        confidence = CalibratedConfidenceScorer.from_dir(confidence_dir, tau=sig.retrieve_again_tau)
+    return SignalSuite(
+        certifier=certifier,
+        lookback=lookback,
+        claims=claims,
+        confidence=confidence,
+        coverage=build_coverage(settings),
+    )
+
+
+def build_coverage(settings: Settings) -> CoverageMonitor:
+    """The fleet coverage-bound monitor, with the leakage probe's delta when configured."""
+    from sidecar.confidence.fleet import CoverageMonitor  # noqa: PLC0415
+
+    cov = settings.coverage
+    probe = None
+    if cov.probe_file:
+        from sidecar.report.probe import load_probe  # noqa: PLC0415
+
+        result = load_probe(Path(cov.probe_file))
+        probe = (result.trials, result.errors)
+    return CoverageMonitor(
+        window=cov.window,
+        report_interval_s=cov.report_interval_s,
+        confidence=cov.confidence,
+        probe=probe,
+    )
 
 
 def serving_imports_torch() -> bool:

@@ -179,6 +179,45 @@ class Telemetry:
         ):
             self.meter.create_observable_gauge(f"guardrail.retrieval.{name}", [_gauge(index)])
 
+    def observe_coverage(self, reports: Callable[[], dict[str, dict[str, float | None]]]) -> None:
+        """The seed-003 coverage bound per calibration key (the latest values of each quantity).
+
+        ``reports()`` maps a calibration key to named values (``coverage``,
+        ``coverage_low``, ``epsilon``, ``delta``, ``bound``, ``bound_high``,
+        ``measured_hallucination``, ``violated``, ...); each name becomes the gauge
+        ``guardrail.coverage.<name>``; a value that is ``None`` is not reported.
+        """
+        names = (
+            "coverage",
+            "coverage_low",
+            "coverage_high",
+            "epsilon",
+            "epsilon_high",
+            "delta",
+            "delta_high",
+            "bound",
+            "bound_low",
+            "bound_high",
+            "measured_hallucination",
+            "measured_hallucination_low",
+            "measured_hallucination_high",
+            "violated",
+            "window_requests",
+        )
+
+        def _gauge(name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+            def read(_options: CallbackOptions) -> Iterable[Observation]:
+                return [
+                    Observation(float(value), {"calibration_key": key})
+                    for key, values in reports().items()
+                    if (value := values.get(name)) is not None
+                ]
+
+            return read
+
+        for name in names:
+            self.meter.create_observable_gauge(f"guardrail.coverage.{name}", [_gauge(name)])
+
     def before_publish(self, out: Output) -> tuple[Any, int] | None:
         """Open the output's span tree; inject its context into the output's headers."""
         record = out.trace

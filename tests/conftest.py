@@ -170,5 +170,7 @@ def unique_topics() -> dict[str, str]:
         "claims": f"t.{suffix}.claims",
         "verdicts": f"t.{suffix}.verdicts",
         "dlq": f"t.{suffix}.dlq",
+        "feedback": f"t.{suffix}.feedback",
+        "reports": f"t.{suffix}.reports",
         "group": f"g.{suffix}",
     }

@@ -125,7 +125,7 @@ class Bench:
         suffix = uuid.uuid4().hex[:8]
         topics = {
             n: f"bench.{suffix}.{n}"
-            for n in ("retrieval", "generation", "claims", "verdicts", "dlq")
+            for n in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
         }
         settings = Settings.load(
             kafka={

@@ -161,7 +161,7 @@ class Chaos:
         suffix = uuid.uuid4().hex[:8]
         topics = {
             n: f"chaos.{suffix}.{n}"
-            for n in ("retrieval", "generation", "claims", "verdicts", "dlq")
+            for n in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
         }
         settings = Settings.load(
             kafka={

@@ -30,6 +30,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sidecar.cli.policy",
     "sidecar.cli.retrieval",
     "sidecar.cli.lookback",
+    "sidecar.cli.report",
+    "sidecar.cli.probe",
 )
 
 

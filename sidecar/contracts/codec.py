@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from sidecar.contracts.events import (
     SUPPORTED_SCHEMA_VERSIONS,
+    FeedbackEvent,
     GenerationDelta,
     GenerationFinal,
     InputEvent,
@@ -31,16 +32,21 @@ class InputKind(StrEnum):
 
     RETRIEVAL = "retrieval"
     GENERATION = "generation"
+    FEEDBACK = "feedback"
 
 
 _MODELS: Final[
-    dict[InputKind, dict[str, type[RetrievalEvent | GenerationDelta | GenerationFinal]]]
+    dict[
+        InputKind,
+        dict[str, type[RetrievalEvent | GenerationDelta | GenerationFinal | FeedbackEvent]],
+    ]
 ] = {
     InputKind.RETRIEVAL: {"retrieval": RetrievalEvent},
     InputKind.GENERATION: {
         "generation.delta": GenerationDelta,
         "generation.final": GenerationFinal,
     },
+    InputKind.FEEDBACK: {"feedback": FeedbackEvent},
 }
 
 
@@ -69,7 +75,7 @@ def _summarise(exc: ValidationError, limit: int = 3) -> str:
 
 def decode_input(
     kind: InputKind, raw: bytes | None, *, max_bytes: int, max_depth: int
-) -> InputEvent:
+) -> InputEvent | FeedbackEvent:
     """Decode one input message or raise ``InputError`` with a reason slug."""
     if raw is None:
         raise InputError("malformed-json", "message has no value (tombstone)")

@@ -155,6 +155,25 @@ class GenerationFinal(_Event):
     mean_token_logprob: FiniteFloat | None = Field(default=None, le=0.0)
 
 
+class FeedbackEvent(_Event):
+    """A labelled outcome for an answered request (``rag.feedback``, keyed by request_id).
+
+    Whoever learns whether an answer was right (a user's thumbs, a reviewer, an
+    offline grader) publishes it; the sidecar folds it into the fleet coverage
+    bound, and ``guardrail train confidence --from-kafka`` refits the calibrated
+    confidence on verdicts joined with feedback.
+    """
+
+    event_type: Literal["feedback"] = "feedback"
+    request_id: RequestId
+    correct: bool = Field(description="was the answer correct?")
+    abstained: bool = Field(
+        default=False, description="the generator declined to answer (not a hallucination)"
+    )
+    source: Name = Field(description="who labelled it: user, reviewer, grader, ...")
+    created_at: datetime | None = None
+
+
 InputEvent = RetrievalEvent | GenerationDelta | GenerationFinal
 
 # --------------------------------------------------------------------------- output events
@@ -249,6 +268,32 @@ class Signals(BaseModel):
     claims: ClaimsSignal = ClaimsSignal(status=SignalStatus.NOT_CONFIGURED)
 
 
+class ChunkForecast(BaseModel):
+    """A trusted chunk ranked by the forecast that it helps a correct answer (seed 004)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    chunk_id: str
+    p_useful: Probability
+    retrieval_rank: int = Field(ge=0, description="0-based position in the retrieval order")
+
+
+class RetrieveAgain(BaseModel):
+    """Advice to the LLM service: retrieve once more with a reformulated query (seed 004).
+
+    The sidecar only advises, once per request; reformulating and retrieving
+    (Stage 3) is the LLM service's job.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    action: Literal["retrieve_again"] = "retrieve_again"
+    best_forecast: Probability
+    tau: Probability
+    hint: str
+    missing_terms: list[str] = Field(default_factory=list)
+
+
 class ClaimVerdict(_Event):
     """One claim of a streaming answer, verified as soon as its sentence completed."""
 
@@ -283,7 +328,19 @@ class AnswerVerdict(_Event):
     escalate: bool = Field(default=False, description="a human should look (seed 001)")
     policy: str = Field(description="Name and version of the policy that decided.")
     signals: Signals = Signals()
-    confidence: Probability | None = None
+    confidence: Probability | None = Field(
+        default=None,
+        description="calibrated probability that the answer is correct (seed 004); "
+        "null when no confidence model is configured or the request was incomplete",
+    )
+    confidence_features: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="the signal values the confidence was computed from (null: missing)",
+    )
+    chunk_forecast: list[ChunkForecast] = Field(
+        default_factory=list, description="trusted chunks, most useful first"
+    )
+    advice: RetrieveAgain | None = None
     caveat_text: str | None = None
     rewritten_answer: str | None = None
     model_versions: dict[str, str] = Field(default_factory=dict)
@@ -292,7 +349,43 @@ class AnswerVerdict(_Event):
     sidecar_version: str
 
 
-OutputEvent = ClaimVerdict | AnswerVerdict
+class BoundEstimate(BaseModel):
+    """A proportion with its Wilson interval; ``None`` when nothing was observed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    value: Probability | None
+    low: Probability | None
+    high: Probability | None
+    successes: int = Field(ge=0)
+    trials: int = Field(ge=0)
+
+
+class CoverageReport(_Event):
+    """Fleet-level coverage bound for one calibration key (seed 003), published periodically.
+
+    H <= c * epsilon + (1 - c) * delta, with Wilson intervals propagated to the
+    bound's ends, compared with the hallucination rate measured from feedback.
+    """
+
+    event_type: Literal["coverage.report"] = "coverage.report"
+    calibration_key: str
+    window_requests: int = Field(ge=0)
+    coverage: BoundEstimate
+    epsilon: BoundEstimate
+    delta: BoundEstimate
+    delta_source: Literal["probe", "labelled-uncovered", "none"]
+    bound: Probability | None
+    bound_low: Probability | None
+    bound_high: Probability | None
+    measured_hallucination: BoundEstimate
+    status: Literal["holds", "violated", "insufficient-data"]
+    confidence_level: Probability
+    produced_at: datetime
+    sidecar_version: str
+
+
+OutputEvent = ClaimVerdict | AnswerVerdict | CoverageReport
 
 # --------------------------------------------------------------------------- dead letters
 

@@ -18,7 +18,9 @@ from sidecar.contracts.events import (
     SCHEMA_VERSION,
     AnswerVerdict,
     ClaimVerdict,
+    CoverageReport,
     DeadLetterRecord,
+    FeedbackEvent,
     GenerationDelta,
     GenerationFinal,
     RetrievalEvent,
@@ -31,6 +33,8 @@ MODELS: dict[str, type[BaseModel]] = {
     "claim.verdict": ClaimVerdict,
     "answer.verdict": AnswerVerdict,
     "dead-letter": DeadLetterRecord,
+    "feedback": FeedbackEvent,
+    "coverage.report": CoverageReport,
 }
 
 
@@ -88,6 +92,20 @@ def asyncapi() -> dict[str, Any]:
                 "answerVerdict": message("answer.verdict", "allow / caveat / block for one answer")
             },
         },
+        "feedback": {
+            "address": topics.feedback,
+            "messages": {
+                "feedback": message("feedback", "Whether an answered request was correct")
+            },
+        },
+        "reports": {
+            "address": topics.reports,
+            "messages": {
+                "coverageReport": message(
+                    "coverage.report", "Fleet coverage bound per calibration key (periodic)"
+                )
+            },
+        },
         "dlq": {
             "address": topics.dlq,
             "messages": {
@@ -121,6 +139,8 @@ def asyncapi() -> dict[str, Any]:
         "operations": {
             "consumeRetrieval": op("receive", "retrieval"),
             "consumeGeneration": op("receive", "generation"),
+            "consumeFeedback": op("receive", "feedback"),
+            "publishReports": op("send", "reports"),
             "publishClaims": op("send", "claims"),
             "publishVerdicts": op("send", "verdicts"),
             "publishDeadLetters": op("send", "dlq"),

@@ -130,11 +130,13 @@ class SidecarService:
         self._kinds = {
             topics.retrieval: InputKind.RETRIEVAL,
             topics.generation: InputKind.GENERATION,
+            topics.feedback: InputKind.FEEDBACK,
         }
         self._destinations = {
             Destination.VERDICTS: topics.verdicts,
             Destination.CLAIMS: topics.claims,
             Destination.DLQ: topics.dlq,
+            Destination.REPORTS: topics.reports,
             Destination.RETRIEVAL: topics.retrieval,
             Destination.GENERATION: topics.generation,
         }
@@ -154,13 +156,16 @@ class SidecarService:
             self.subscriber = self.broker.subscriber(
                 topics.retrieval,
                 topics.generation,
+                topics.feedback,
                 batch=True,
                 batch_timeout_ms=settings.kafka.batch_timeout_ms,
                 **common,
             )
             self.subscriber(self._on_batch)
         else:  # the baseline: one message per handler call, one confirmed publish at a time
-            self.subscriber = self.broker.subscriber(topics.retrieval, topics.generation, **common)
+            self.subscriber = self.broker.subscriber(
+                topics.retrieval, topics.generation, topics.feedback, **common
+            )
             self.subscriber(self._on_message)
         self._commit_lock = asyncio.Lock()
         self._handler_lock = asyncio.Lock()
@@ -182,6 +187,10 @@ class SidecarService:
                     for key, st in statuses().items()
                 }
             )
+        coverage = processor.signals.coverage
+        gauges = getattr(coverage, "gauge_values", None)
+        if gauges is not None:
+            self.telemetry.observe_coverage(gauges)
 
     # ------------------------------------------------------------------ lifecycle
 

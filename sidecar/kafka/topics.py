@@ -33,6 +33,8 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(t.generation, t.partitions, {"max.message.bytes": big}),
         TopicSpec(t.claims, t.partitions, {}),
         TopicSpec(t.verdicts, t.partitions, {}),
+        TopicSpec(t.feedback, t.partitions, {}),
+        TopicSpec(t.reports, 1, {}),
         TopicSpec(t.dlq, 1, {"max.message.bytes": big, "retention.ms": str(DLQ_RETENTION_MS)}),
     ]
 
@@ -75,10 +77,12 @@ async def create_topics(settings: Settings) -> dict[str, str]:
 
 async def _check_copartitioned(admin: AIOKafkaAdminClient, settings: Settings) -> None:
     t = settings.topics
-    described = await admin.describe_topics([t.retrieval, t.generation])
+    names = [t.retrieval, t.generation, t.feedback]
+    described = await admin.describe_topics(names)
     counts = {d["topic"]: len(d["partitions"]) for d in described}
-    if counts.get(t.retrieval) != counts.get(t.generation):
+    if len({counts.get(n) for n in names}) != 1:
+        shown = ", ".join(f"{n} has {counts.get(n)}" for n in names)
         raise ConfigError(
-            f"{t.retrieval} has {counts.get(t.retrieval)} partitions and {t.generation} has "
-            f"{counts.get(t.generation)}; they must be equal (co-partitioned by request_id)"
+            f"partition counts differ ({shown}); they must be equal (co-partitioned by "
+            "request_id, so one sidecar sees a request's events and its feedback)"
         )

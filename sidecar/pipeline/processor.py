@@ -34,6 +34,7 @@ from sidecar.contracts.events import (
     ClaimVerdict,
     DeadLetterRecord,
     Decision,
+    FeedbackEvent,
     GenerationDelta,
     GenerationFinal,
     LookbackSignal,
@@ -49,6 +50,7 @@ from sidecar.pipeline.signals import (
     NOT_CONFIGURED_LOOKBACK,
     NOT_CONFIGURED_RETRIEVAL,
     ClaimResult,
+    ConfidenceResult,
     SignalSuite,
 )
 from sidecar.policy.base import Policy
@@ -63,6 +65,7 @@ class Destination(StrEnum):
     VERDICTS = "verdicts"
     CLAIMS = "claims"
     DLQ = "dlq"
+    REPORTS = "reports"
     # hand-off at shutdown: an open request's inputs go back to the end of their topic
     RETRIEVAL = "retrieval"
     GENERATION = "generation"
@@ -117,6 +120,9 @@ class Counters:
     duplicates: int = 0
     incomplete: int = 0
     claim_verdicts: int = 0
+    feedback: int = 0
+    feedback_unmatched: int = 0
+    reports: int = 0
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
 
 
@@ -222,6 +228,8 @@ class Processor:
             event = decode_input(
                 kind, raw, max_bytes=limits.max_message_bytes, max_depth=limits.max_json_depth
             )
+            if isinstance(event, FeedbackEvent):
+                return self._feedback(event, key, ref)
             self._admit(event, key, now_ms)
             if isinstance(event, RetrievalEvent):
                 self._check_tenant(event, ref)
@@ -270,6 +278,20 @@ class Processor:
                 f"request {event.request_id} was already decided; "
                 f"this {event.event_type} event arrived too late",
             )
+
+    def _feedback(self, event: FeedbackEvent, key: bytes | None, ref: InputRef) -> Step:
+        """A labelled outcome: folded into the coverage bound; nothing is published."""
+        if key is not None and key != event.request_id.encode("utf-8"):
+            raise InputError(
+                "key-mismatch",
+                f"message key {key[:64]!r} differs from request_id {event.request_id!r}; "
+                "the feedback topic must be keyed by request_id",
+            )
+        self.counters.feedback += 1
+        coverage = self._signals.coverage
+        if coverage is None or not coverage.observe_feedback(event):
+            self.counters.feedback_unmatched += 1
+        return Step(done=[ref])
 
     def _check_tenant(self, event: RetrievalEvent, ref: InputRef) -> None:
         """The tenant selects calibration and policy: only a trusted source may name it."""
@@ -458,6 +480,18 @@ class Processor:
         step = Step()
         for entry in self.store.expire(now_ms):
             step.extend(self._incomplete(entry, "ttl", now_ms))
+        coverage = self._signals.coverage
+        if coverage is not None:
+            for report in coverage.due_reports(now_ms):
+                self.counters.reports += 1
+                step.outputs.append(
+                    Output(
+                        destination=Destination.REPORTS,
+                        key=report.calibration_key.encode("utf-8"),
+                        value=encode(report),
+                        headers={},
+                    )
+                )
         return step
 
     def handoff(self) -> Step:
@@ -524,6 +558,7 @@ class Processor:
                 log.exception("claim verification failed for %s", entry.request_id)
                 claims = ClaimsSignal(status=SignalStatus.UNAVAILABLE)
         signals = Signals(retrieval=certification, lookback=lookback, claims=claims)
+        confidence = self._confidence(entry, signals)
         scored = time.perf_counter()
         t_policy = time.time_ns()
         entry.stages.append(("verify_claims", t_claims, t_policy))
@@ -553,6 +588,10 @@ class Processor:
             escalate=outcome.escalate,
             policy=self._policy.name,
             signals=signals,
+            confidence=confidence.p_correct if confidence else None,
+            confidence_features=confidence.features if confidence else {},
+            chunk_forecast=list(confidence.chunk_forecast) if confidence else [],
+            advice=confidence.advice if confidence else None,
             caveat_text=outcome.caveat_text,
             rewritten_answer=outcome.rewritten_answer,
             model_versions={"generator": entry.final.generator_model, **self._signals.versions()},
@@ -560,8 +599,22 @@ class Processor:
             produced_at=self._wall_clock(),
             sidecar_version=__version__,
         )
+        if self._signals.coverage is not None:
+            self._signals.coverage.observe_verdict(verdict)
         step.extend(self._verdict_step(verdict, entry))
         return step
+
+    def _confidence(self, entry: PendingRequest, signals: Signals) -> ConfidenceResult | None:
+        scorer = self._signals.confidence
+        if scorer is None:
+            return None
+        assert entry.retrieval is not None  # noqa: S101 - only called by _decide
+        assert entry.final is not None  # noqa: S101
+        try:
+            return scorer.score(entry.retrieval, entry.final, signals)
+        except Exception:
+            log.exception("confidence scoring failed for %s", entry.request_id)
+            return None
 
     def _incomplete(self, entry: PendingRequest, why: str, now_ms: float) -> Step:
         self.counters.incomplete += 1

@@ -23,12 +23,18 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sidecar.contracts.events import (
+    AnswerVerdict,
+    ChunkForecast,
     ClaimLabel,
     ClaimsSignal,
+    CoverageReport,
+    FeedbackEvent,
     GenerationFinal,
     LookbackSignal,
     RetrievalEvent,
     RetrievalSignal,
+    RetrieveAgain,
+    Signals,
     SignalStatus,
 )
 
@@ -88,12 +94,47 @@ class ClaimChecker(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class ConfidenceResult:
+    """The calibrated confidence of one answer, its chunk ranking and any advice (seed 004)."""
+
+    p_correct: float | None
+    features: dict[str, float | None]
+    chunk_forecast: tuple[ChunkForecast, ...] = ()
+    advice: RetrieveAgain | None = None
+
+
+class ConfidenceScorer(Protocol):
+    @property
+    def version(self) -> str: ...
+
+    def score(
+        self, retrieval: RetrievalEvent, final: GenerationFinal, signals: Signals
+    ) -> ConfidenceResult: ...
+
+
+class CoverageObserver(Protocol):
+    """Fleet-level coverage bookkeeping (seed 003): verdicts in, feedback in, reports out."""
+
+    def observe_verdict(self, verdict: AnswerVerdict) -> None: ...
+
+    def observe_feedback(self, feedback: FeedbackEvent) -> bool:
+        """Fold a label in; ``False`` when its request is unknown (too old, another instance)."""
+        ...
+
+    def due_reports(self, now_ms: float) -> list[CoverageReport]:
+        """Reports to publish now (one per calibration key), or none before the interval."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
 class SignalSuite:
     """The configured signal components; ``None`` means not configured."""
 
     certifier: RetrievalCertifier | None = None
     lookback: LookbackScorer | None = None
     claims: ClaimChecker | None = None
+    confidence: ConfidenceScorer | None = None
+    coverage: CoverageObserver | None = None
 
     def versions(self) -> dict[str, str]:
         out = {}
@@ -101,6 +142,7 @@ class SignalSuite:
             ("certifier", self.certifier),
             ("lookback", self.lookback),
             ("verifier", self.claims),
+            ("confidence", self.confidence),
         ):
             if part is not None:
                 out[name] = part.version

@@ -93,5 +93,5 @@ def test_chart_topic_names_follow_kafka_rules_like_the_settings() -> None:
         assert legal.match(name)
     for name in ("", "a" * 250, "has space", "slash/topic"):
         assert not legal.match(name)
-    for key in ("retrieval", "generation", "claims", "verdicts", "dlq"):
+    for key in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports"):
         assert topics[key]["pattern"] == topics["verdicts"]["pattern"]

@@ -88,6 +88,8 @@ def sidecar_env(
         "GUARDRAIL_TOPICS__CLAIMS": t["claims"],
         "GUARDRAIL_TOPICS__VERDICTS": t["verdicts"],
         "GUARDRAIL_TOPICS__DLQ": t["dlq"],
+        "GUARDRAIL_TOPICS__FEEDBACK": t["feedback"],
+        "GUARDRAIL_TOPICS__REPORTS": t["reports"],
     }
     yield env
 

@@ -78,7 +78,7 @@ async def test_spans_reach_an_otlp_receiver_with_the_llm_span_as_parent(
         "GUARDRAIL_KAFKA__GROUP_ID": unique_topics["group"],
         **{
             f"GUARDRAIL_TOPICS__{n.upper()}": unique_topics[n]
-            for n in ("retrieval", "generation", "claims", "verdicts", "dlq")
+            for n in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
         },
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
         "OTEL_BSP_SCHEDULE_DELAY": "200",

@@ -55,7 +55,7 @@ def sasl_env(broker: LocalKafka, topics: dict[str, str], password: str) -> dict[
         "GUARDRAIL_LOG_LEVEL": "DEBUG",
         **{
             f"GUARDRAIL_TOPICS__{n.upper()}": topics[n]
-            for n in ("retrieval", "generation", "claims", "verdicts", "dlq")
+            for n in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
         },
     }
 
@@ -68,7 +68,10 @@ async def test_scram_sidecar_decides_and_never_logs_the_password(
     final_event: EventFactory,
 ) -> None:
     env = sasl_env(scram_broker, unique_topics, PASSWORD)
-    topics = {n: unique_topics[n] for n in ("retrieval", "generation", "claims", "verdicts", "dlq")}
+    topics = {
+        n: unique_topics[n]
+        for n in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
+    }
     settings = Settings.load(
         kafka={
             "bootstrap_servers": scram_broker.sasl_bootstrap_servers,

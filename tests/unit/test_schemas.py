@@ -62,4 +62,12 @@ def test_asyncapi_names_every_topic() -> None:
     doc = json.loads((REPO / "schemas" / "asyncapi.json").read_text())
     t = Settings.load().topics
     addresses = {c["address"] for c in doc["channels"].values()}
-    assert addresses == {t.retrieval, t.generation, t.claims, t.verdicts, t.dlq}
+    assert addresses == {
+        t.retrieval,
+        t.generation,
+        t.claims,
+        t.verdicts,
+        t.dlq,
+        t.feedback,
+        t.reports,
+    }

@@ -174,6 +174,10 @@ convention. Credentials only ever come from Secrets.
   value: {{ $v.topics.verdicts | quote }}
 - name: GUARDRAIL_TOPICS__DLQ
   value: {{ $v.topics.dlq | quote }}
+- name: GUARDRAIL_TOPICS__FEEDBACK
+  value: {{ $v.topics.feedback | quote }}
+- name: GUARDRAIL_TOPICS__REPORTS
+  value: {{ $v.topics.reports | quote }}
 {{- with $v.qdrant.url }}
 - name: GUARDRAIL_QDRANT__URL
   value: {{ . | quote }}

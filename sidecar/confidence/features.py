@@ -1,0 +1,129 @@
+"""What the calibrated confidence and the chunk forecast see of a request.
+
+Answer features (one row per answer) come from the events and the signals the
+sidecar already computed; a value that does not exist for this request (a
+signal not configured or unavailable) is ``None``, which the model imputes and
+flags, so a missing signal never reads as a good one.
+
+Chunk features (one row per retrieved chunk) follow seed 004's Stage 2: the
+forecaster sees the query-chunk relation through the retriever's score, its
+gap to the best hit, the retrieval rank, whether conformal certification
+trusted the chunk, and, when the generator sent a chunk-wise attention
+summary, the share of the answer's lookback attention that went to the chunk.
+
+Pure Python + numpy: this module is on the serving path.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Final
+
+import numpy as np
+
+from sidecar.confidence.model import SIGNALS, FeatureSpec
+from sidecar.contracts.events import GenerationFinal, RetrievalEvent, Signals, SignalStatus
+
+__all__ = [
+    "ANSWER_FEATURES",
+    "CHUNK_FEATURES",
+    "CHUNK_SPEC",
+    "answer_features",
+    "chunk_features",
+    "missing_terms",
+]
+
+ANSWER_FEATURES: Final = SIGNALS
+"""The answer model's signals (:data:`sidecar.confidence.model.SIGNALS`)."""
+CHUNK_FEATURES: Final = (
+    "score",
+    "gap_to_top",
+    "inverse_rank",
+    "trusted",
+    "attention_share",
+)
+CHUNK_SPEC: Final = FeatureSpec(
+    signals=CHUNK_FEATURES,
+    missing_groups={"trusted_missing": ("trusted",), "attention_missing": ("attention_share",)},
+)
+"""The chunk forecaster's input: the chunk features, then their missing indicators."""
+
+_STOPWORDS: Final = frozenset(
+    "a an and are as at be by did do does for from had has have how in is it its of on or "
+    "the to was were what when where which who whom whose why will with".split()
+)
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def answer_features(
+    retrieval: RetrievalEvent, final: GenerationFinal, signals: Signals
+) -> dict[str, float | None]:
+    """The answer-level feature values of one request (``None``: missing)."""
+    scores = sorted((h.score for h in retrieval.hits), reverse=True)
+    cert, lookback, claims = signals.retrieval, signals.lookback, signals.claims
+    certified = cert.status is SignalStatus.OK and cert.m1 is not None
+    claims_ok = claims.status is SignalStatus.OK and claims.n > 0
+    words = len(final.answer.split())
+    return {
+        "retrieval_top_score": scores[0] if scores else None,
+        "retrieval_margin": (scores[0] - scores[1])
+        if len(scores) > 1
+        else (0.0 if scores else None),
+        "retrieval_mean_score": float(np.mean(scores)) if scores else None,
+        "m1": (1.0 if cert.m1 else 0.0) if certified else None,
+        "m2": cert.m2 if certified else None,
+        "lookback_p": lookback.p_factual if lookback.status is SignalStatus.OK else None,
+        "claims_reliability": claims.reliability if claims_ok else None,
+        "claims_hallucination_rate": claims.hallucination_rate if claims_ok else None,
+        "mean_token_logprob": final.mean_token_logprob,
+        "answer_words_log1p": math.log1p(words),
+    }
+
+
+def _attention_shares(final: GenerationFinal, n_hits: int) -> list[float | None]:
+    att = final.attention
+    if att is None or att.variant != "cw" or att.chunks != n_hits or n_hits == 0:
+        return [None] * n_hits
+    per_chunk = att.to_array().mean(axis=(0, 1)).astype(np.float64)
+    total = float(per_chunk.sum())
+    if not math.isfinite(total) or total <= 0.0:
+        return [None] * n_hits
+    return [float(v / total) for v in per_chunk]
+
+
+def chunk_features(
+    retrieval: RetrievalEvent, final: GenerationFinal | None, trusted_ids: Sequence[str] | None
+) -> list[dict[str, float | None]]:
+    """One feature row per hit, in retrieval order.
+
+    ``trusted_ids`` is the certified set, or ``None`` when certification did not
+    run (the ``trusted`` feature is then missing, not zero).
+    """
+    hits = retrieval.hits
+    if not hits:
+        return []
+    top = max(h.score for h in hits)
+    shares = _attention_shares(final, len(hits)) if final is not None else [None] * len(hits)
+    trusted = set(trusted_ids) if trusted_ids is not None else None
+    return [
+        {
+            "score": h.score,
+            "gap_to_top": top - h.score,
+            "inverse_rank": 1.0 / (i + 1),
+            "trusted": None if trusted is None else float(h.chunk_id in trusted),
+            "attention_share": shares[i],
+        }
+        for i, h in enumerate(hits)
+    ]
+
+
+def missing_terms(query: str, texts: Sequence[str], limit: int = 5) -> list[str]:
+    """Content words of ``query`` that appear in none of ``texts`` (a reformulation hint)."""
+    seen = {w for t in texts for w in _WORD.findall(t.lower())}
+    out: list[str] = []
+    for word in _WORD.findall(query.lower()):
+        if len(word) > 2 and word not in _STOPWORDS and word not in seen and word not in out:
+            out.append(word)
+    return out[:limit]

@@ -1,0 +1,161 @@
+"""The fleet-level coverage bound inside the sidecar (seed 003).
+
+Every final verdict counts as one request of its calibration key, covered when
+conformal certification trusted at least one chunk (m1). Feedback events
+(``rag.feedback``) label requests this instance decided recently; the label's
+request must still be in the bounded memory of recent verdicts (same size as
+the window), otherwise it is counted as unmatched. Every
+``report_interval_s`` the monitor turns each key's window into a
+``coverage.report`` event; the latest values also back the
+``guardrail.coverage.*`` gauges.
+
+The leakage delta comes from a probe file (``guardrail probe leakage``) when one
+is configured, else from feedback on uncovered requests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from sidecar import __version__
+from sidecar.confidence.bound import BoundReport, CoverageTracker
+from sidecar.contracts.events import AnswerVerdict, BoundEstimate, CoverageReport, FeedbackEvent
+from sidecar.stats.intervals import ProportionInterval
+
+__all__ = ["UNCERTIFIED_KEY", "CoverageMonitor"]
+
+UNCERTIFIED_KEY = "uncertified"
+"""Requests without a calibration key (certification off or unavailable)."""
+
+
+def _estimate(ci: ProportionInterval) -> BoundEstimate:
+    if ci.trials == 0:
+        return BoundEstimate(value=None, low=None, high=None, successes=0, trials=0)
+    return BoundEstimate(
+        value=ci.estimate, low=ci.low, high=ci.high, successes=ci.successes, trials=ci.trials
+    )
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+class CoverageMonitor:
+    """Verdicts and feedback in, periodic ``CoverageReport`` events and gauge values out."""
+
+    def __init__(
+        self,
+        *,
+        window: int = 10_000,
+        report_interval_s: float = 60.0,
+        confidence: float = 0.95,
+        probe: tuple[int, int] | None = None,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.tracker = CoverageTracker(window=window, confidence=confidence)
+        if probe is not None:
+            self.tracker.set_probe(None, *probe)
+        self._recent: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+        self._capacity = window
+        self._interval_ms = report_interval_s * 1000.0
+        self._next_ms: float | None = None
+        self._confidence = confidence
+        self._wall_clock = wall_clock
+        self._latest: dict[str, BoundReport] = {}
+
+    def observe_verdict(self, verdict: AnswerVerdict) -> None:
+        """Count a final verdict as a request of its calibration key."""
+        if verdict.stage != "final":
+            return
+        cert = verdict.signals.retrieval
+        if cert.m1 is None:
+            return  # not certified: coverage is unknown, not zero
+        key = cert.calibration_key or UNCERTIFIED_KEY
+        self.tracker.observe_request(key, cert.m1)
+        self._recent[verdict.request_id] = (key, cert.m1)
+        self._recent.move_to_end(verdict.request_id)
+        while len(self._recent) > self._capacity:
+            self._recent.popitem(last=False)
+
+    def observe_feedback(self, feedback: FeedbackEvent) -> bool:
+        """Label a recent request; ``False`` when it is unknown here."""
+        seen = self._recent.get(feedback.request_id)
+        if seen is None:
+            return False
+        key, covered = seen
+        self.tracker.observe_label(
+            key, covered=covered, correct=feedback.correct, abstained=feedback.abstained
+        )
+        return True
+
+    def due_reports(self, now_ms: float) -> list[CoverageReport]:
+        """One report per key once every interval (the first interval starts at the first call)."""
+        if self._next_ms is None:
+            self._next_ms = now_ms + self._interval_ms
+            return []
+        if now_ms < self._next_ms:
+            return []
+        self._next_ms = now_ms + self._interval_ms
+        return self.reports()
+
+    def reports(self) -> list[CoverageReport]:
+        """The current report of every key seen."""
+        out = []
+        for key in self.tracker.keys():
+            report = self.tracker.report(key)
+            self._latest[key] = report
+            out.append(self._event(key, report))
+        return out
+
+    def _event(self, key: str, r: BoundReport) -> CoverageReport:
+        ok = r.status != "insufficient-data"
+        return CoverageReport(
+            calibration_key=key,
+            window_requests=r.coverage.trials,
+            coverage=_estimate(r.coverage),
+            epsilon=_estimate(r.eps),
+            delta=_estimate(r.delta),
+            delta_source=r.delta_source,
+            bound=_finite(r.bound) if ok else None,
+            bound_low=r.bound_low if ok else None,
+            bound_high=r.bound_high if ok else None,
+            measured_hallucination=_estimate(r.measured),
+            status=r.status,
+            confidence_level=self._confidence,
+            produced_at=self._wall_clock(),
+            sidecar_version=__version__,
+        )
+
+    def gauge_values(self) -> dict[str, dict[str, float | None]]:
+        """The latest report's numbers per key, for the ``guardrail.coverage.*`` gauges."""
+        out: dict[str, dict[str, float | None]] = {}
+        for key in self.tracker.keys():
+            r = self.tracker.report(key)
+            ok = r.status != "insufficient-data"
+
+            def v(ci: ProportionInterval, part: str) -> float | None:
+                if ci.trials == 0:
+                    return None
+                return _finite(ci.estimate) if part == "value" else getattr(ci, part)
+
+            out[key] = {
+                "coverage": v(r.coverage, "value"),
+                "coverage_low": v(r.coverage, "low"),
+                "coverage_high": v(r.coverage, "high"),
+                "epsilon": v(r.eps, "value"),
+                "epsilon_high": v(r.eps, "high"),
+                "delta": v(r.delta, "value"),
+                "delta_high": v(r.delta, "high"),
+                "bound": _finite(r.bound) if ok else None,
+                "bound_low": r.bound_low if ok else None,
+                "bound_high": r.bound_high if ok else None,
+                "measured_hallucination": v(r.measured, "value"),
+                "measured_hallucination_low": v(r.measured, "low"),
+                "measured_hallucination_high": v(r.measured, "high"),
+                "violated": float(r.status == "violated"),
+                "window_requests": float(r.coverage.trials),
+            }
+        return out

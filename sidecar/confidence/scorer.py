@@ -1,0 +1,130 @@
+"""The sidecar's confidence component: calibrated p(correct), chunk forecast, retrieve-again advice.
+
+Loads a model directory written by ``guardrail train confidence``
+(``answer.json``, ``chunks.json``, ``card.json``) and, for each decided request:
+
+* computes the answer features from the events and the signals and serves the
+  calibrated probability that the answer is correct (seed 004's forecasting
+  function, fitted on labelled outcomes);
+* forecasts, for each trusted chunk (every retrieved chunk when certification
+  did not run), the probability that it supports a correct answer, and ranks
+  the chunks by it (Stage 2);
+* when the best forecast is below tau (or nothing is trusted), advises
+  ``retrieve_again`` once, with a reformulation hint (Stage 3 is the LLM
+  service's job).
+
+numpy + pydantic only: this is on the serving path.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sidecar.confidence.features import (
+    CHUNK_SPEC,
+    answer_features,
+    chunk_features,
+    missing_terms,
+)
+from sidecar.confidence.model import ConfidenceModel
+from sidecar.contracts.events import (
+    ChunkForecast,
+    GenerationFinal,
+    RetrievalEvent,
+    RetrieveAgain,
+    Signals,
+    SignalStatus,
+)
+from sidecar.exceptions import ArtifactError
+from sidecar.pipeline.signals import ConfidenceResult
+
+__all__ = ["ANSWER_FILE", "CARD_FILE", "CHUNKS_FILE", "CalibratedConfidenceScorer"]
+
+ANSWER_FILE = "answer.json"
+CHUNKS_FILE = "chunks.json"
+CARD_FILE = "card.json"
+
+
+class CalibratedConfidenceScorer:
+    """Plain-number models (JSON) evaluated with numpy; no scikit-learn at run time."""
+
+    def __init__(self, answer: ConfidenceModel, chunks: ConfidenceModel, *, tau: float) -> None:
+        if not 0.0 <= tau <= 1.0:
+            raise ArtifactError(f"retrieve-again tau must be in [0, 1], got {tau}")
+        self.answer = answer
+        self.chunks = chunks
+        self.tau = tau
+
+    @classmethod
+    def from_dir(cls, path: Path, *, tau: float | None = None) -> CalibratedConfidenceScorer:
+        """Load ``answer.json``, ``chunks.json`` and the card's tau (unless ``tau`` overrides)."""
+        for name in (ANSWER_FILE, CHUNKS_FILE, CARD_FILE):
+            if not (path / name).exists():
+                raise ArtifactError(
+                    f"{path / name} is missing; a confidence model directory holds "
+                    f"{ANSWER_FILE}, {CHUNKS_FILE} and {CARD_FILE} ('guardrail train confidence')"
+                )
+        try:
+            card = json.loads((path / CARD_FILE).read_text(encoding="utf-8"))
+            card_tau = float(card["retrieve_again"]["tau"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ArtifactError(f"{path / CARD_FILE} has no retrieve_again.tau: {exc}") from None
+        return cls(
+            ConfidenceModel.load(path / ANSWER_FILE),
+            ConfidenceModel.load(path / CHUNKS_FILE, spec=CHUNK_SPEC),
+            tau=card_tau if tau is None else tau,
+        )
+
+    @property
+    def version(self) -> str:
+        return f"{self.answer.version}+{self.chunks.version}"
+
+    def score(
+        self, retrieval: RetrievalEvent, final: GenerationFinal, signals: Signals
+    ) -> ConfidenceResult:
+        features = answer_features(retrieval, final, signals)
+        p_correct = float(self.answer.predict_one(features))
+        cert = signals.retrieval
+        certified = cert.status is SignalStatus.OK
+        trusted = cert.trusted_chunk_ids if certified else None
+        rows = chunk_features(retrieval, final, trusted)
+        candidates = [i for i, row in enumerate(rows) if trusted is None or row["trusted"] == 1.0]
+        forecasts: list[ChunkForecast] = []
+        if candidates:
+            probs = self.chunks.predict([rows[i] for i in candidates])
+            forecasts = sorted(
+                (
+                    ChunkForecast(
+                        chunk_id=retrieval.hits[i].chunk_id,
+                        p_useful=float(p),
+                        retrieval_rank=i,
+                    )
+                    for i, p in zip(candidates, probs, strict=True)
+                ),
+                key=lambda f: -f.p_useful,
+            )
+        best = forecasts[0].p_useful if forecasts else 0.0
+        advice = None
+        if retrieval.hits and (not forecasts or best < self.tau):
+            missing = missing_terms(retrieval.query, [h.text for h in retrieval.hits])
+            why = (
+                f"the best chunk forecast {best:.2f} is below tau {self.tau:.2f}"
+                if forecasts
+                else "no retrieved chunk was trusted"
+            )
+            hint = f"{why}: retrieve again with a reformulated query"
+            hint += (
+                f" that keeps the terms the chunks miss ({', '.join(missing)})"
+                if missing
+                else " naming the entity, place or time period explicitly"
+            )
+            advice = RetrieveAgain(
+                best_forecast=best, tau=self.tau, hint=hint, missing_terms=missing
+            )
+        return ConfidenceResult(
+            p_correct=p_correct,
+            features=features,
+            chunk_forecast=tuple(forecasts),
+            advice=advice,
+        )

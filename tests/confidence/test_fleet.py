@@ -1,0 +1,253 @@
+"""The in-sidecar coverage monitor: verdicts and feedback in, coverage.report events out."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Literal
+
+import pytest
+
+from sidecar import __version__
+from sidecar.confidence.fleet import UNCERTIFIED_KEY, CoverageMonitor
+from sidecar.contracts.codec import encode
+from sidecar.contracts.events import (
+    AnswerVerdict,
+    BoundEstimate,
+    CoverageReport,
+    Decision,
+    FeedbackEvent,
+    RetrievalSignal,
+    Signals,
+    SignalStatus,
+)
+from sidecar.stats.intervals import wilson_interval
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def verdict(
+    request_id: str,
+    m1: bool | None,
+    key: str | None = "acme/wiki",
+    stage: Literal["stream", "final"] = "final",
+) -> AnswerVerdict:
+    status = SignalStatus.OK if m1 is not None else SignalStatus.NOT_CONFIGURED
+    return AnswerVerdict(
+        request_id=request_id,
+        idempotency_key=f"k-{request_id}",
+        decision=Decision.ALLOW,
+        reasons=[],
+        stage=stage,
+        policy="test",
+        signals=Signals(retrieval=RetrievalSignal(status=status, m1=m1, calibration_key=key)),
+        produced_at=NOW,
+        sidecar_version="test",
+    )
+
+
+def feedback(request_id: str, correct: bool, abstained: bool = False) -> FeedbackEvent:
+    return FeedbackEvent(
+        request_id=request_id, correct=correct, abstained=abstained, source="grader"
+    )
+
+
+def monitor(
+    *,
+    window: int = 10_000,
+    report_interval_s: float = 60.0,
+    confidence: float = 0.95,
+    probe: tuple[int, int] | None = None,
+) -> CoverageMonitor:
+    return CoverageMonitor(
+        window=window,
+        report_interval_s=report_interval_s,
+        confidence=confidence,
+        probe=probe,
+        wall_clock=lambda: NOW,
+    )
+
+
+def estimate(successes: int, trials: int, confidence: float = 0.95) -> BoundEstimate:
+    ci = wilson_interval(successes, trials, confidence)
+    return BoundEstimate(
+        value=successes / trials, low=ci.low, high=ci.high, successes=successes, trials=trials
+    )
+
+
+# ------------------------------------------------------------------ verdicts
+
+
+def test_only_final_certified_verdicts_count() -> None:
+    m = monitor()
+    m.observe_verdict(verdict("a", True))
+    m.observe_verdict(verdict("b", False))
+    m.observe_verdict(verdict("c", None))  # certification off: coverage unknown, not zero
+    m.observe_verdict(verdict("d", True, stage="stream"))  # a strict early block
+    counts = m.tracker.counts("acme/wiki")
+    assert (counts.requests, counts.covered) == (2, 1)
+    assert m.tracker.keys() == ["acme/wiki"]
+    assert not m.observe_feedback(feedback("c", True))
+    assert not m.observe_feedback(feedback("d", True))
+
+
+def test_requests_are_counted_per_calibration_key() -> None:
+    m = monitor()
+    m.observe_verdict(verdict("a", True, key="acme/wiki"))
+    m.observe_verdict(verdict("b", True, key="globex/docs"))
+    m.observe_verdict(verdict("c", False, key="globex/docs"))
+    m.observe_verdict(verdict("d", False, key=None))
+    assert m.tracker.keys() == sorted(["acme/wiki", "globex/docs", UNCERTIFIED_KEY])
+    assert m.tracker.counts("globex/docs").requests == 2
+    assert m.tracker.counts("globex/docs").covered == 1
+    assert m.tracker.counts(UNCERTIFIED_KEY).covered == 0
+
+
+# ------------------------------------------------------------------ feedback
+
+
+def test_feedback_labels_a_recent_request_with_its_own_coverage() -> None:
+    m = monitor()
+    m.observe_verdict(verdict("cov-ok", True))
+    m.observe_verdict(verdict("cov-bad", True))
+    m.observe_verdict(verdict("unc-bad", False))
+    m.observe_verdict(verdict("unc-abst", False))
+    assert m.observe_feedback(feedback("cov-ok", True))
+    assert m.observe_feedback(feedback("cov-bad", False))
+    assert m.observe_feedback(feedback("unc-bad", False))
+    assert m.observe_feedback(feedback("unc-abst", False, abstained=True))
+    assert not m.observe_feedback(feedback("never-seen", False))
+    c = m.tracker.counts("acme/wiki")
+    assert (c.labelled_covered, c.errors_covered) == (2, 1)
+    assert (c.labelled_uncovered, c.errors_uncovered) == (2, 1)  # an abstention is no error
+
+
+def test_recent_memory_is_bounded_by_the_window() -> None:
+    m = monitor(window=3)
+    for i in range(4):
+        m.observe_verdict(verdict(f"r{i}", True))
+    assert not m.observe_feedback(feedback("r0", True))  # pushed out by r3
+    assert all(m.observe_feedback(feedback(f"r{i}", True)) for i in (1, 2, 3))
+    # across keys: the memory is one bounded map, not one per key
+    m.observe_verdict(verdict("x", True, key="other"))
+    assert not m.observe_feedback(feedback("r1", True))
+
+
+def test_a_repeated_verdict_refreshes_its_place_in_memory() -> None:
+    m = monitor(window=2)
+    m.observe_verdict(verdict("a", True))
+    m.observe_verdict(verdict("b", True))
+    m.observe_verdict(verdict("a", True))  # seen again: now the newest
+    m.observe_verdict(verdict("c", True))  # evicts b, not a
+    assert m.observe_feedback(feedback("a", True))
+    assert not m.observe_feedback(feedback("b", True))
+
+
+# ------------------------------------------------------------------ reports
+
+
+def test_reports_are_due_once_per_interval_from_the_first_call() -> None:
+    m = monitor(report_interval_s=2.0)
+    m.observe_verdict(verdict("a", True))
+    assert m.due_reports(1_000.0) == []  # the first call starts the clock
+    assert m.due_reports(2_999.0) == []
+    first = m.due_reports(3_000.0)
+    assert [r.calibration_key for r in first] == ["acme/wiki"]
+    assert m.due_reports(4_999.0) == []
+    m.observe_verdict(verdict("b", False, key="globex/docs"))
+    second = m.due_reports(5_000.0)
+    assert [r.calibration_key for r in second] == ["acme/wiki", "globex/docs"]
+
+
+def test_no_keys_no_reports() -> None:
+    m = monitor(report_interval_s=0.001)
+    m.due_reports(0.0)
+    assert m.due_reports(10.0) == []
+
+
+def test_report_numbers_by_hand() -> None:
+    m = monitor(report_interval_s=1.0, confidence=0.9)
+    covered = ["c1", "c2", "c3"]
+    for rid in covered:
+        m.observe_verdict(verdict(rid, True))
+    m.observe_verdict(verdict("u1", False))
+    m.observe_feedback(feedback("c1", True))
+    m.observe_feedback(feedback("c2", False))
+    m.observe_feedback(feedback("u1", False))
+    [report] = m.reports()
+    assert report.calibration_key == "acme/wiki"
+    assert report.window_requests == 4
+    assert report.coverage == estimate(3, 4, 0.9)
+    assert report.epsilon == estimate(1, 2, 0.9)
+    assert report.delta == estimate(1, 1, 0.9)
+    assert report.delta_source == "labelled-uncovered"
+    assert report.measured_hallucination == estimate(2, 3, 0.9)
+    # H* = c eps + (1 - c) delta = .75 * .5 + .25 * 1
+    assert report.bound == pytest.approx(0.625)
+    assert report.bound_low is not None and report.bound_high is not None
+    assert report.bound_low <= 0.625 <= report.bound_high
+    assert report.status == "holds"
+    assert report.confidence_level == 0.9
+    assert report.produced_at == NOW
+    assert report.sidecar_version == __version__
+    json.loads(encode(report))  # serialisable: no NaN reaches the wire
+
+
+def test_without_labels_the_report_is_insufficient_data() -> None:
+    m = monitor()
+    m.observe_verdict(verdict("a", True))
+    [report] = m.reports()
+    assert report.window_requests == 1
+    assert report.status == "insufficient-data"
+    assert report.bound is None and report.bound_low is None and report.bound_high is None
+    assert report.epsilon == BoundEstimate(value=None, low=None, high=None, successes=0, trials=0)
+    assert report.delta_source == "none"
+    CoverageReport.model_validate_json(encode(report))
+
+
+def test_probe_delta_is_used_when_given() -> None:
+    m = monitor(probe=(200, 10))
+    m.observe_verdict(verdict("a", True))
+    m.observe_verdict(verdict("b", False))
+    m.observe_feedback(feedback("a", True))
+    m.observe_feedback(feedback("b", False))  # labelled uncovered: ignored for delta
+    [report] = m.reports()
+    assert report.delta_source == "probe"
+    assert report.delta == estimate(10, 200)
+    assert report.status == "holds"
+    # H* = .5 * 0 + .5 * .05
+    assert report.bound == pytest.approx(0.025)
+
+
+def test_gauge_values_follow_the_window() -> None:
+    m = monitor(probe=(100, 5))
+    assert m.gauge_values() == {}
+    for rid, m1 in (("a", True), ("b", True), ("c", False), ("d", True)):
+        m.observe_verdict(verdict(rid, m1))
+    m.observe_feedback(feedback("a", False))
+    values = m.gauge_values()["acme/wiki"]
+    assert values["window_requests"] == 4.0
+    assert values["coverage"] == 0.75
+    assert values["epsilon"] == 1.0
+    assert values["delta"] == 0.05
+    assert values["measured_hallucination"] == 1.0
+    assert values["bound"] == pytest.approx(0.75 * 1.0 + 0.25 * 0.05)
+    assert values["violated"] == 0.0
+    ci = wilson_interval(3, 4)
+    assert values["coverage_low"] == ci.low and values["coverage_high"] == ci.high
+
+
+def test_gauges_are_none_where_nothing_was_observed_and_flag_violation() -> None:
+    m = monitor(probe=(1000, 0))  # the probe says the generator never leaks
+    for i in range(40):
+        m.observe_verdict(verdict(f"r{i}", i < 20))
+        m.observe_feedback(feedback(f"r{i}", False))  # yet every answer was wrong
+    values = m.gauge_values()["acme/wiki"]
+    assert values["violated"] == 1.0
+    [report] = m.reports()
+    assert report.status == "violated"
+    empty = monitor()
+    empty.observe_verdict(verdict("a", True))
+    none = empty.gauge_values()["acme/wiki"]
+    assert none["epsilon"] is None and none["delta"] is None and none["bound"] is None
+    assert none["measured_hallucination"] is None and none["violated"] == 0.0

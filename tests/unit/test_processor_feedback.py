@@ -1,0 +1,403 @@
+"""Feedback events, coverage reports and the calibrated confidence inside the processor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+
+from sidecar.confidence.fleet import CoverageMonitor
+from sidecar.confidence.scorer import CalibratedConfidenceScorer
+from sidecar.config import Settings
+from sidecar.contracts.codec import InputKind
+from sidecar.contracts.events import (
+    AnswerVerdict,
+    ChunkForecast,
+    CoverageReport,
+    DeadLetterRecord,
+    Decision,
+    GenerationFinal,
+    RetrievalEvent,
+    RetrievalSignal,
+    RetrieveAgain,
+    Signals,
+    SignalStatus,
+)
+from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.processor import Destination, Processor, Step
+from sidecar.pipeline.signals import ConfidenceResult, ConfidenceScorer, SignalSuite
+from sidecar.policy import PlaceholderPolicy
+from tests.confidence.factories import fit_models
+from tests.conftest import EventFactory, dumps
+
+R, G, F = InputKind.RETRIEVAL, InputKind.GENERATION, InputKind.FEEDBACK
+FIXED = datetime(2026, 1, 1, tzinfo=UTC)
+KEY = "acme/wiki"
+
+
+class KeyedCertifier:
+    """Trusts hits scoring >= 0.5, under one calibration key."""
+
+    version = "keyed/1"
+
+    def certify(self, event: RetrievalEvent) -> RetrievalSignal:
+        trusted = [h.chunk_id for h in event.hits if h.score >= 0.5]
+        return RetrievalSignal(
+            status=SignalStatus.OK,
+            trusted_chunk_ids=trusted,
+            m1=bool(trusted),
+            m2=len(trusted) / event.k,
+            calibration_key=KEY,
+        )
+
+
+FIXED_RESULT = ConfidenceResult(
+    p_correct=0.42,
+    features={"retrieval_top_score": 0.71, "lookback_p": None},
+    chunk_forecast=(ChunkForecast(chunk_id="c1", p_useful=0.6, retrieval_rank=0),),
+    advice=RetrieveAgain(best_forecast=0.6, tau=0.7, hint="try again", missing_terms=["x"]),
+)
+
+
+@dataclass
+class StubScorer:
+    version: str = "stub-confidence/1"
+    fail: bool = False
+    calls: int = 0
+
+    def score(
+        self, retrieval: RetrievalEvent, final: GenerationFinal, signals: Signals
+    ) -> ConfidenceResult:
+        del retrieval, final, signals
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("confidence model exploded")
+        return FIXED_RESULT
+
+
+class Feed:
+    """Feeds a processor with consecutive offsets per topic."""
+
+    def __init__(self, processor: Processor) -> None:
+        self.processor = processor
+        self.offsets: dict[str, int] = {}
+
+    def ref(self, kind: InputKind) -> InputRef:
+        topic = f"rag.{kind.value}"
+        off = self.offsets.get(topic, 0)
+        self.offsets[topic] = off + 1
+        return InputRef(topic, 0, off)
+
+    def __call__(
+        self, kind: InputKind, raw: bytes | None, now_ms: float = 0.0, key: bytes | None = None
+    ) -> Step:
+        return self.processor.on_message(kind, raw, key, self.ref(kind), now_ms)
+
+
+def make_feed(
+    settings_factory: Callable[..., Settings],
+    *,
+    coverage: CoverageMonitor | None = None,
+    confidence: ConfidenceScorer | None = None,
+) -> Feed:
+    suite = SignalSuite(certifier=KeyedCertifier(), coverage=coverage, confidence=confidence)
+    settings = settings_factory(join={"max_entries": 10, "ttl_ms": 1000})
+    return Feed(Processor(settings, PlaceholderPolicy(), signals=suite, wall_clock=lambda: FIXED))
+
+
+def feedback_event(request_id: str = "req-1", **overrides: Any) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "schema_version": 1,
+        "event_type": "feedback",
+        "request_id": request_id,
+        "correct": False,
+        "source": "reviewer",
+    }
+    event.update(overrides)
+    return event
+
+
+def verdict_of(step: Step) -> AnswerVerdict:
+    [out] = [o for o in step.outputs if o.destination is Destination.VERDICTS]
+    return AnswerVerdict.model_validate(orjson.loads(out.value))
+
+
+def dlq_reason(step: Step) -> str:
+    [out] = step.outputs
+    assert out.destination is Destination.DLQ
+    return DeadLetterRecord.from_headers(out.headers).reason
+
+
+def decide(
+    feed: Feed,
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    request_id: str,
+    *,
+    covered: bool = True,
+    now_ms: float = 0.0,
+) -> AnswerVerdict:
+    hits = None if covered else [{"chunk_id": "c9", "doc_id": "d9", "score": 0.1, "text": "no"}]
+    overrides = {} if hits is None else {"hits": hits}
+    feed(R, dumps(retrieval_event(request_id, **overrides)), now_ms, request_id.encode())
+    return verdict_of(feed(G, dumps(final_event(request_id)), now_ms, request_id.encode()))
+
+
+# ------------------------------------------------------------------ feedback
+
+
+def test_feedback_finishes_its_input_and_publishes_nothing(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    feed = make_feed(settings_factory)
+    step = feed(F, dumps(feedback_event()), key=b"req-1")
+    assert step.outputs == []
+    assert step.done == [InputRef("rag.feedback", 0, 0)]
+    c = feed.processor.counters
+    assert (c.consumed, c.feedback, c.feedback_unmatched, c.dead_letters) == (1, 1, 1, 0)
+    assert len(feed.processor.store) == 0  # feedback never opens a join entry
+
+
+def test_feedback_for_a_decided_request_labels_the_coverage_bound(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    monitor = CoverageMonitor()
+    feed = make_feed(settings_factory, coverage=monitor)
+    assert decide(feed, retrieval_event, final_event, "req-a").signals.retrieval.m1 is True
+    assert (
+        decide(feed, retrieval_event, final_event, "req-b", covered=False).signals.retrieval.m1
+        is False
+    )
+    assert feed(F, dumps(feedback_event("req-a", correct=False)), key=b"req-a").outputs == []
+    feed(F, dumps(feedback_event("req-b", correct=True)), key=b"req-b")
+    feed(F, dumps(feedback_event("req-unknown")), key=b"req-unknown")
+    counts = monitor.tracker.counts(KEY)
+    assert (counts.requests, counts.covered) == (2, 1)
+    assert (counts.labelled_covered, counts.errors_covered) == (1, 1)
+    assert (counts.labelled_uncovered, counts.errors_uncovered) == (1, 0)
+    assert feed.processor.counters.feedback == 3
+    assert feed.processor.counters.feedback_unmatched == 1
+
+
+def test_feedback_before_the_decision_is_unmatched_and_does_not_disturb_the_join(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    feed = make_feed(settings_factory, coverage=CoverageMonitor())
+    feed(R, dumps(retrieval_event("req-x")), key=b"req-x")
+    step = feed(F, dumps(feedback_event("req-x")), key=b"req-x")
+    assert step.outputs == [] and len(step.done) == 1
+    assert feed.processor.counters.feedback_unmatched == 1
+    v = verdict_of(feed(G, dumps(final_event("req-x")), key=b"req-x"))
+    assert v.request_id == "req-x"
+    # feedback after the decision is not "after-final": it is what feedback is for
+    late = feed(F, dumps(feedback_event("req-x")), now_ms=10, key=b"req-x")
+    assert late.outputs == []
+    assert feed.processor.counters.feedback_unmatched == 1
+
+
+def test_feedback_with_a_mismatching_key_is_dead_lettered(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    feed = make_feed(settings_factory, coverage=CoverageMonitor())
+    raw = dumps(feedback_event("req-1"))
+    step = feed(F, raw, key=b"req-2")
+    assert dlq_reason(step) == "key-mismatch"
+    [out] = step.outputs
+    assert out.value == raw and out.key == b"req-2"
+    assert DeadLetterRecord.from_headers(out.headers).source_topic == "rag.feedback"
+    assert step.done == [InputRef("rag.feedback", 0, 0)]
+    c = feed.processor.counters
+    assert (c.feedback, c.feedback_unmatched, c.dead_letters) == (0, 0, 1)
+    assert c.dead_letter_reasons == {"key-mismatch": 1}
+
+
+def test_feedback_without_a_key_is_accepted(settings_factory: Callable[..., Settings]) -> None:
+    feed = make_feed(settings_factory)
+    assert feed(F, dumps(feedback_event()), key=None).outputs == []
+    assert feed.processor.counters.feedback == 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "raw", "reason"),
+    [
+        (F, b'{"schema_version": 1, "event_type": "feedb', "malformed-json"),
+        (F, None, "malformed-json"),
+        (
+            F,
+            dumps({k: v for k, v in feedback_event().items() if k != "source"}),
+            "schema-violation",
+        ),
+        (F, dumps(feedback_event(correct=None)), "schema-violation"),
+        (F, dumps(feedback_event(extra_field=1)), "schema-violation"),
+        (F, dumps(feedback_event(schema_version=2)), "unknown-schema-version"),
+        (F, dumps(feedback_event(event_type="retrieval")), "wrong-event-type"),
+        (R, dumps(feedback_event()), "wrong-event-type"),
+        (G, dumps(feedback_event()), "wrong-event-type"),
+    ],
+    ids=[
+        "broken-json",
+        "tombstone",
+        "no-source",
+        "null-label",
+        "unknown-field",
+        "schema-v2",
+        "retrieval-on-feedback-topic",
+        "feedback-on-retrieval-topic",
+        "feedback-on-generation-topic",
+    ],
+)
+def test_malformed_feedback_is_dead_lettered(
+    settings_factory: Callable[..., Settings], kind: InputKind, raw: bytes | None, reason: str
+) -> None:
+    feed = make_feed(settings_factory, coverage=CoverageMonitor())
+    step = feed(kind, raw, key=b"req-1")
+    assert dlq_reason(step) == reason
+    assert len(step.done) == 1
+    assert feed.processor.counters.feedback == 0
+
+
+def test_feedback_inside_a_batch(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    monitor = CoverageMonitor()
+    feed = make_feed(settings_factory, coverage=monitor)
+    p = feed.processor
+    items = [
+        (R, dumps(retrieval_event("req-b")), b"req-b", feed.ref(R)),
+        (G, dumps(final_event("req-b")), b"req-b", feed.ref(G)),
+        (F, dumps(feedback_event("req-old")), b"req-old", feed.ref(F)),
+        (F, dumps(feedback_event("req-b")), b"wrong", feed.ref(F)),
+    ]
+    step = p.on_batch(items, 0.0)
+    assert [o.destination for o in step.outputs] == [Destination.DLQ, Destination.VERDICTS]
+    assert len(step.done) == 4
+    assert (p.counters.feedback, p.counters.feedback_unmatched) == (1, 1)
+
+
+# ------------------------------------------------------------------ coverage reports
+
+
+def test_on_tick_publishes_coverage_reports_on_the_reports_destination(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    monitor = CoverageMonitor(report_interval_s=1.0, wall_clock=lambda: FIXED)
+    feed = make_feed(settings_factory, coverage=monitor)
+    assert feed.processor.on_tick(0.0).outputs == []  # the first tick starts the interval
+    decide(feed, retrieval_event, final_event, "req-a", now_ms=100.0)
+    decide(feed, retrieval_event, final_event, "req-b", covered=False, now_ms=100.0)
+    decide(feed, retrieval_event, final_event, "req-c", now_ms=100.0)
+    feed(F, dumps(feedback_event("req-a", correct=True)), key=b"req-a")
+    feed(F, dumps(feedback_event("req-b", correct=False)), key=b"req-b")
+    assert feed.processor.on_tick(999.0).outputs == []
+    step = feed.processor.on_tick(1000.0)
+    [out] = step.outputs
+    assert out.destination is Destination.REPORTS
+    assert out.key == KEY.encode()
+    assert step.done == []
+    report = CoverageReport.model_validate(orjson.loads(out.value))
+    assert report.calibration_key == KEY
+    assert report.window_requests == 3
+    assert (report.coverage.successes, report.coverage.trials) == (2, 3)
+    assert (report.epsilon.successes, report.epsilon.trials) == (0, 1)
+    assert (report.delta.successes, report.delta.trials) == (1, 1)
+    assert report.delta_source == "labelled-uncovered"
+    assert report.produced_at == FIXED
+    assert feed.processor.counters.reports == 1
+    assert feed.processor.on_tick(1500.0).outputs == []
+    assert len(feed.processor.on_tick(2000.0).outputs) == 1
+    assert feed.processor.counters.reports == 2
+
+
+def test_incomplete_verdicts_do_not_count_as_requests(
+    settings_factory: Callable[..., Settings], retrieval_event: EventFactory
+) -> None:
+    monitor = CoverageMonitor(report_interval_s=1.0)
+    feed = make_feed(settings_factory, coverage=monitor)
+    feed(R, dumps(retrieval_event("req-half")), 0.0)
+    step = feed.processor.on_tick(1000.0)  # TTL: block "incomplete"
+    v = verdict_of(step)
+    assert v.decision is Decision.BLOCK and v.confidence is None
+    assert monitor.tracker.keys() == []
+    assert [o.destination for o in step.outputs] == [Destination.VERDICTS]
+
+
+# ------------------------------------------------------------------ confidence on verdicts
+
+
+def test_verdicts_carry_the_confidence_result(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    scorer = StubScorer()
+    feed = make_feed(settings_factory, confidence=scorer)
+    v = decide(feed, retrieval_event, final_event, "req-1")
+    assert v.confidence == 0.42
+    assert v.confidence_features == {"retrieval_top_score": 0.71, "lookback_p": None}
+    assert v.chunk_forecast == list(FIXED_RESULT.chunk_forecast)
+    assert v.advice == FIXED_RESULT.advice
+    assert v.model_versions["confidence"] == "stub-confidence/1"
+    assert scorer.calls == 1
+
+
+def test_without_a_scorer_the_verdict_has_no_confidence(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    v = decide(make_feed(settings_factory), retrieval_event, final_event, "req-1")
+    assert v.confidence is None and v.confidence_features == {}
+    assert v.chunk_forecast == [] and v.advice is None
+    assert "confidence" not in v.model_versions
+
+
+def test_a_failing_scorer_gives_no_confidence_never_a_crash(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    scorer = StubScorer(fail=True)
+    feed = make_feed(settings_factory, confidence=scorer)
+    feed(R, dumps(retrieval_event("req-1")))
+    step = feed(G, dumps(final_event("req-1")))
+    assert [o.destination for o in step.outputs] == [Destination.VERDICTS]
+    assert len(step.done) == 2
+    v = verdict_of(step)
+    assert scorer.calls == 1
+    assert v.confidence is None and v.confidence_features == {}
+    assert v.chunk_forecast == [] and v.advice is None
+    assert v.decision is Decision.CAVEAT  # the policy still decides
+    assert feed.processor.counters.dead_letters == 0
+
+
+def test_verdicts_carry_the_calibrated_scorer_output(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    scorer = CalibratedConfidenceScorer(*fit_models(), tau=0.99)
+    feed = make_feed(settings_factory, confidence=scorer)
+    v = decide(feed, retrieval_event, final_event, "req-1")
+    expected = scorer.score(
+        RetrievalEvent.model_validate(retrieval_event("req-1")),
+        GenerationFinal.model_validate(final_event("req-1")),
+        v.signals,
+    )
+    assert v.confidence == pytest.approx(expected.p_correct)
+    assert v.confidence_features == expected.features
+    # only c1 (score .71) is trusted by the certifier; c2 (.33) is not ranked
+    assert [f.chunk_id for f in v.chunk_forecast] == ["c1"]
+    assert v.advice is not None and v.advice.tau == 0.99
+    assert v.model_versions["confidence"] == scorer.version
