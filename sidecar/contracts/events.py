@@ -205,7 +205,9 @@ class Reason(BaseModel):
 
     code: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64)]
     message: str
-    signal: Literal["retrieval", "lookback", "claims", "policy", "pipeline"] = "policy"
+    signal: Literal["retrieval", "lookback", "claims", "confidence", "policy", "pipeline"] = (
+        "policy"
+    )
 
 
 class RetrievalSignal(BaseModel):

@@ -571,6 +571,7 @@ class Processor:
                 if entry.claims is not None
                 else None
             ),
+            confidence=confidence.p_correct if confidence else None,
         )
         entry.stages.append(("policy", t_policy, time.time_ns()))
         key = idempotency_key(entry.request_id, entry.retrieval_digest, entry.final_digest)

@@ -44,8 +44,10 @@ class Policy(Protocol):
         signals: Signals,
         *,
         claims: Sequence[ClaimResult] | None = None,
+        confidence: float | None = None,
     ) -> PolicyOutcome:
-        """``claims``: the per-claim results (texts, spans, labels) for the rewrite."""
+        """``claims``: the per-claim results (texts, spans, labels) for the rewrite;
+        ``confidence``: the calibrated p(correct), ``None`` when not configured."""
         ...
 
     def check_stream(

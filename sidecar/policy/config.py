@@ -35,6 +35,7 @@ from sidecar.exceptions import ConfigError
 __all__ = [
     "Action",
     "ClaimsRules",
+    "ConfidenceRules",
     "LookbackRules",
     "PolicyConfig",
     "PolicyTexts",
@@ -110,6 +111,25 @@ class ClaimsRules(_Model):
         return self
 
 
+class ConfidenceRules(_Model):
+    """The calibrated probability that the answer is correct (seed 004).
+
+    Both thresholds default to 0 (the rule never fires); a profile opts in.
+    """
+
+    block_below: Rate = 0.0
+    caveat_below: Rate = 0.0
+    when_missing: Action = "allow"
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.block_below > self.caveat_below:
+            raise ValueError(
+                f"block_below ({self.block_below}) must be <= caveat_below ({self.caveat_below})"
+            )
+        return self
+
+
 class Profile(_Model):
     """One risk profile."""
 
@@ -121,6 +141,7 @@ class Profile(_Model):
     retrieval: RetrievalRules = RetrievalRules()
     lookback: LookbackRules = LookbackRules()
     claims: ClaimsRules = ClaimsRules()
+    confidence: ConfidenceRules = ConfidenceRules()
 
 
 class PolicyTexts(_Model):

@@ -58,7 +58,7 @@ from sidecar.policy.rewrite import remove_unsupported, verified_only
 
 __all__ = ["Finding", "PolicyEngine", "evaluate_signals", "strict_outcome"]
 
-SignalName = Literal["retrieval", "lookback", "claims"]
+SignalName = Literal["retrieval", "lookback", "claims", "confidence"]
 _DECISION = {"allow": Decision.ALLOW, "caveat": Decision.CAVEAT, "block": Decision.BLOCK}
 
 
@@ -215,12 +215,30 @@ def _claims(sig: ClaimsSignal, profile: Profile) -> list[Finding]:
     return out
 
 
-def evaluate_signals(signals: Signals, profile: Profile) -> list[Finding]:
-    """All findings for one answer under ``profile`` (retrieval, lookback, claims)."""
+def _confidence(confidence: float | None, profile: Profile) -> list[Finding]:
+    rules = profile.confidence
+    if rules.block_below == 0.0 and rules.caveat_below == 0.0:
+        return []  # the profile does not use the calibrated confidence
+    if confidence is None:
+        return [_missing("confidence", SignalStatus.NOT_CONFIGURED, rules.when_missing)]
+    if confidence < rules.block_below:
+        message = f"calibrated p(correct) = {confidence:.2f} < {rules.block_below}"
+        return [_f("block", "confidence-very-low", message, "confidence")]
+    if confidence < rules.caveat_below:
+        message = f"calibrated p(correct) = {confidence:.2f} < {rules.caveat_below}"
+        return [_f("caveat", "confidence-low", message, "confidence")]
+    return []
+
+
+def evaluate_signals(
+    signals: Signals, profile: Profile, confidence: float | None = None
+) -> list[Finding]:
+    """All findings for one answer under ``profile`` (retrieval, lookback, claims, confidence)."""
     return [
         *_retrieval(signals.retrieval, profile),
         *_lookback(signals.lookback, profile),
         *_claims(signals.claims, profile),
+        *_confidence(confidence, profile),
     ]
 
 
@@ -310,10 +328,11 @@ class PolicyEngine:
         signals: Signals,
         *,
         claims: Sequence[ClaimResult] | None = None,
+        confidence: float | None = None,
     ) -> PolicyOutcome:
         name, profile = self.profile(retrieval)
         texts = self.config.texts
-        findings = evaluate_signals(signals, profile)
+        findings = evaluate_signals(signals, profile, confidence)
         action: Action = "allow"
         for finding in findings:
             if SEVERITY[finding.action] > SEVERITY[action]:

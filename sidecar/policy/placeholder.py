@@ -41,8 +41,9 @@ class PlaceholderPolicy:
         signals: Signals,
         *,
         claims: Sequence[ClaimResult] | None = None,
+        confidence: float | None = None,
     ) -> PolicyOutcome:
-        del retrieval, final, signals, claims
+        del retrieval, final, signals, claims, confidence
         return PolicyOutcome(
             decision=Decision.CAVEAT,
             reasons=[NO_SIGNALS],

@@ -23,7 +23,7 @@ from sidecar.contracts.events import (
 )
 from sidecar.pipeline.signals import ClaimResult
 from sidecar.policy.base import PolicyOutcome
-from sidecar.policy.config import load_policy
+from sidecar.policy.config import ConfidenceRules, load_policy
 from sidecar.policy.engine import PolicyEngine
 from sidecar.policy.rewrite import remove_unsupported, verified_only
 
@@ -88,12 +88,14 @@ def decide(
     retrieval_signal: RetrievalSignal = CERTIFIED,
     lookback: LookbackSignal = FACTUAL,
     scope: str = "trusted",
+    confidence: float | None = 0.9,
 ) -> tuple[Decision, list[str], PolicyOutcome]:
     outcome = engine.decide(
         retrieval(tenant),
         final(answer),
         signals(labels, retrieval_signal=retrieval_signal, lookback=lookback, scope=scope),
         claims=results(answer, labels),
+        confidence=confidence,
     )
     return outcome.decision, [r.code for r in outcome.reasons], outcome
 
@@ -103,6 +105,55 @@ def tenant_engine() -> PolicyEngine:
     config = load_policy(DEFAULT)
     tenants = {"clinic": "medical", "corp": "enterprise", "web": "general"}
     return PolicyEngine(config.model_copy(update={"tenants": tenants}))
+
+
+@pytest.mark.parametrize(
+    ("tenant", "confidence", "expected", "code"),
+    [
+        ("clinic", 0.10, Decision.BLOCK, "confidence-very-low"),
+        ("clinic", 0.50, Decision.CAVEAT, "confidence-low"),
+        ("clinic", None, Decision.CAVEAT, "confidence-not-configured"),
+        ("corp", 0.05, Decision.BLOCK, "confidence-very-low"),
+        ("corp", 0.25, Decision.CAVEAT, "confidence-low"),
+        ("corp", None, Decision.ALLOW, "confidence-not-configured"),
+        ("web", 0.01, Decision.CAVEAT, "confidence-low"),
+    ],
+)
+def test_calibrated_confidence_thresholds_per_profile(
+    tenant_engine: PolicyEngine,
+    tenant: str,
+    confidence: float | None,
+    expected: Decision,
+    code: str,
+) -> None:
+    answer = "Metformin activates AMPK. It reduces HbA1c by 1.5%."
+    decision, codes, _ = decide(tenant_engine, tenant, answer, [S, S], confidence=confidence)
+    assert decision is expected, codes
+    assert code in codes
+
+
+def test_confidence_above_the_thresholds_adds_no_reason(tenant_engine: PolicyEngine) -> None:
+    answer = "Metformin activates AMPK."
+    for tenant in ("clinic", "corp", "web"):
+        _, codes, _ = decide(tenant_engine, tenant, answer, [S], confidence=0.61)
+        assert not [c for c in codes if c.startswith("confidence")], (tenant, codes)
+
+
+def test_a_profile_without_confidence_thresholds_ignores_it() -> None:
+    config = load_policy(DEFAULT)
+    plain = config.profiles["general"].model_copy(update={"confidence": ConfidenceRules()})
+    engine = PolicyEngine(
+        config.model_copy(
+            update={"profiles": {**config.profiles, "general": plain}, "default_profile": "general"}
+        )
+    )
+    _, codes, _ = decide(engine, "anyone", "Metformin activates AMPK.", [S], confidence=None)
+    assert not [c for c in codes if c.startswith("confidence")], codes
+
+
+def test_confidence_thresholds_must_be_ordered() -> None:
+    with pytest.raises(ValueError, match="block_below"):
+        ConfidenceRules(block_below=0.5, caveat_below=0.2)
 
 
 def test_all_supported_is_allowed_in_every_profile(tenant_engine: PolicyEngine) -> None:
