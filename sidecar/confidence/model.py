@@ -37,7 +37,12 @@ from typing import Any, Final, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from sidecar.confidence.calibration import Calibrator, CalibratorDict, calibrator_from_dict
+from sidecar.confidence.calibration import (
+    Calibrator,
+    CalibratorDict,
+    PlattCalibrator,
+    calibrator_from_dict,
+)
 from sidecar.confidence.errors import ConfidenceDataError
 from sidecar.confidence.logistic import FloatArray
 from sidecar.exceptions import ArtifactError
@@ -274,6 +279,9 @@ class ConfidenceModel(BaseModel):
 
     _spec: FeatureSpec = PrivateAttr()
     _calibrator: Calibrator = PrivateAttr()
+    _signal_terms: tuple[tuple[str, float, float, float, float], ...] = PrivateAttr()
+    _indicator_terms: tuple[tuple[tuple[str, ...], float, float, float], ...] = PrivateAttr()
+    _signal_names: frozenset[str] = PrivateAttr()
 
     @model_validator(mode="after")
     def _consistent(self) -> ConfidenceModel:
@@ -304,6 +312,26 @@ class ConfidenceModel(BaseModel):
         if self.version != f"confidence@{digest[:12]}":
             raise ValueError(f"version must be confidence@{digest[:12]}, got {self.version!r}")
         self._spec = spec
+        # One request at a time is the serving path: plain floats beat numpy at 14 features.
+        n_signals = len(self.feature_names) - len(self.missing_groups)
+        rows = list(
+            zip(
+                self.feature_names,
+                self.imputation_means,
+                self.standardisation_mean,
+                self.standardisation_scale,
+                self.coefficients,
+                strict=True,
+            )
+        )
+        self._signal_terms = tuple(rows[:n_signals])
+        self._indicator_terms = tuple(
+            (members, mu, sd, w)
+            for members, (_, _, mu, sd, w) in zip(
+                self.missing_groups.values(), rows[n_signals:], strict=True
+            )
+        )
+        self._signal_names = frozenset(self.feature_names[:n_signals])
         return self
 
     def model_post_init(self, context: Any, /) -> None:
@@ -375,8 +403,27 @@ class ConfidenceModel(BaseModel):
         return self._calibrator.predict(self.raw_scores(values_list))
 
     def predict_one(self, values: FeatureValues) -> float:
-        """Calibrated probability of one row."""
-        return float(self.predict([values])[0])
+        """Calibrated probability of one row: :meth:`predict` in plain floats (same result)."""
+        if not self._signal_names.issuperset(values):
+            self._spec.vector(values)  # raises the ConfidenceDataError naming the unknown keys
+        score = self.intercept
+        missing: set[str] = set()
+        for name, imputed, mu, sd, w in self._signal_terms:
+            value = values.get(name)
+            if value is None:
+                missing.add(name)
+                x = imputed
+            else:
+                x = _signal_value(name, value)
+            score += w * (x - mu) / sd
+        for members, mu, sd, w in self._indicator_terms:
+            indicator = 1.0 if any(m in missing for m in members) else 0.0
+            score += w * (indicator - mu) / sd
+        calibrator = self._calibrator
+        if isinstance(calibrator, PlattCalibrator):
+            z = calibrator.a * score + calibrator.b
+            return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+        return float(calibrator.predict(np.asarray([score]))[0])
 
     def save(self, path: str | Path) -> Path:
         """Write the model as JSON (via a temporary file, then an atomic rename)."""

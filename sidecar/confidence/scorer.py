@@ -92,7 +92,7 @@ class CalibratedConfidenceScorer:
         candidates = [i for i, row in enumerate(rows) if trusted is None or row["trusted"] == 1.0]
         forecasts: list[ChunkForecast] = []
         if candidates:
-            probs = self.chunks.predict([rows[i] for i in candidates])
+            probs = [self.chunks.predict_one(rows[i]) for i in candidates]
             forecasts = sorted(
                 (
                     ChunkForecast(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from sidecar.confidence.calibration import PlattCalibrator
+from sidecar.confidence.calibration import PlattCalibrator, fit_calibrator
 from sidecar.confidence.errors import ConfidenceDataError
 from sidecar.confidence.metrics import ece
 from sidecar.confidence.model import (
@@ -282,3 +282,29 @@ def test_bad_feature_specs(
     with pytest.raises(ValidationError, match=message):
         FeatureSpec(signals=signals, missing_groups=groups)
     assert ANSWER_SPEC.names == FEATURES
+
+
+@pytest.mark.parametrize("method", ["platt", "isotonic"])
+def test_predict_one_is_predict_in_plain_floats(model: ConfidenceModel, method: str) -> None:
+    """The serving path (one request, plain floats) gives exactly the vectorised result."""
+    rows, labels = make_rows(400, seed=11)
+    scores = model.raw_scores(rows)
+    calibrator = fit_calibrator(method, scores, labels)  # type: ignore[arg-type]
+    variant = ConfidenceModel.create(
+        imputation_means=model.imputation_means,
+        standardisation_mean=model.standardisation_mean,
+        standardisation_scale=model.standardisation_scale,
+        coefficients=model.coefficients,
+        intercept=model.intercept,
+        calibrator=calibrator,
+        training=model.training,
+    )
+    assert variant.method == method
+    batch = variant.predict(rows)
+    one = np.asarray([variant.predict_one(r) for r in rows])
+    np.testing.assert_allclose(one, batch, rtol=0, atol=1e-12)
+    assert len(set(np.round(one, 6))) > 5  # the rows really differ (not a constant model)
+    with pytest.raises(ConfidenceDataError, match="unknown features"):
+        variant.predict_one({**full_row(), "bogus": 1.0})
+    with pytest.raises(ConfidenceDataError, match="finite"):
+        variant.predict_one({**full_row(), "lookback_p": math.nan})
