@@ -18,17 +18,18 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import orjson
 from aiokafka import AIOKafkaConsumer
 
 from sidecar.config import Settings
 from sidecar.contracts.codec import encode
-from sidecar.contracts.events import DLQ_HEADER_PREFIX
+from sidecar.contracts.events import DLQ_HEADER_PREFIX, FeedbackEvent
 from sidecar.exceptions import LocalKafkaError
 from sidecar.kafka.topics import create_topics
 from sidecar.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
@@ -64,6 +65,81 @@ class DemoResult:
     dead_letters: Counter[str] = field(default_factory=Counter)
     claims: int = 0
     verdict_ids: set[str] = field(default_factory=set)
+    coverage: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+DEMO_PROBE = Path("models/confidence/report/leakage-probe.json")
+"""The shipped leakage probe of SmolLM2 (seed 003's delta) when run from a checkout."""
+
+
+async def _flow(
+    settings: Settings,
+    records: list[Record],
+    *,
+    feedback: list[Record],
+    expected: set[str],
+    result: DemoResult,
+    out: TextIO,
+) -> None:
+    """Replay, print verdicts as they come; then send the labels and print the coverage bound."""
+    watcher = asyncio.create_task(_watch(settings, expected, result, out, 60))
+    sent = await send(settings, records)
+    _line(out, "[demo]", f"replayed {sent} messages for {len(expected)} requests")
+    await watcher
+    if feedback:
+        # labels arrive after the verdicts, as they would from users or reviewers
+        await send(settings, feedback)
+        _line(out, "[demo]", f"sent {len(feedback)} feedback labels to {settings.topics.feedback}")
+        await _watch(
+            settings,
+            expected,
+            result,
+            out,
+            20,
+            done=lambda: _labelled(result) >= len(feedback),
+            topics=(settings.topics.reports,),
+        )
+    for report in result.coverage.values():
+        _line(out, "[coverage]", _coverage_line(report))
+
+
+def _sidecar_env(broker: LocalKafka, http_port: int, *, claims: bool) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+        "GUARDRAIL_HTTP__PORT": str(http_port),
+        "GUARDRAIL_HTTP__HOST": "127.0.0.1",
+        "GUARDRAIL_JOIN__TTL_MS": os.environ.get("GUARDRAIL_JOIN__TTL_MS", "3000"),
+        "GUARDRAIL_COVERAGE__REPORT_INTERVAL_S": "1",
+    }
+    if claims:
+        env["GUARDRAIL_SIGNALS__CLAIMS"] = "true"
+    if DEMO_PROBE.exists() and "GUARDRAIL_COVERAGE__PROBE_FILE" not in env:
+        env["GUARDRAIL_COVERAGE__PROBE_FILE"] = str(DEMO_PROBE)
+    return env
+
+
+def _labelled(result: DemoResult) -> int:
+    return sum(int(r["measured_hallucination"]["trials"]) for r in result.coverage.values())
+
+
+def _ci(est: dict[str, Any]) -> str:
+    if est["value"] is None:
+        return "n/a"
+    return f"{est['value']:.2f} [{est['low']:.2f}, {est['high']:.2f}]"
+
+
+def _coverage_line(r: dict[str, Any]) -> str:
+    bound = (
+        "n/a"
+        if r["bound"] is None
+        else f"{r['bound']:.2f} [{r['bound_low']:.2f}, {r['bound_high']:.2f}]"
+    )
+    return (
+        f"{r['calibration_key']}: requests={r['window_requests']} c={_ci(r['coverage'])} "
+        f"eps={_ci(r['epsilon'])} delta={_ci(r['delta'])} ({r['delta_source']}) "
+        f"bound H<={bound} measured H={_ci(r['measured_hallucination'])} -> {r['status']}"
+    )
 
 
 def _line(out: TextIO, tag: str, text: str) -> None:
@@ -72,13 +148,18 @@ def _line(out: TextIO, tag: str, text: str) -> None:
 
 
 async def _watch(
-    settings: Settings, expected: set[str], result: DemoResult, out: TextIO, timeout_s: float
+    settings: Settings,
+    expected: set[str],
+    result: DemoResult,
+    out: TextIO,
+    timeout_s: float,
+    *,
+    done: Callable[[], bool] | None = None,
+    topics: tuple[str, ...] | None = None,
 ) -> None:
     t = settings.topics
     consumer = AIOKafkaConsumer(
-        t.verdicts,
-        t.claims,
-        t.dlq,
+        *(topics or (t.verdicts, t.claims, t.dlq, t.reports)),
         bootstrap_servers=settings.kafka.bootstrap_servers,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
@@ -89,21 +170,26 @@ async def _watch(
     try:
         while time.monotonic() < deadline:
             batch = await consumer.getmany(timeout_ms=250)
-            if not batch:
-                if expected <= result.verdict_ids and time.monotonic() - quiet_since > 1.5:
-                    return
-                continue
-            quiet_since = time.monotonic()
-            for records in batch.values():
-                for m in records:
-                    _show(
-                        m.topic,
-                        value=m.value,
-                        headers=dict(m.headers),
-                        settings=settings,
-                        result=result,
-                        out=out,
-                    )
+            # across topics, print in production order (a request's claim verdicts are
+            # published before its answer verdict; equal timestamps: claims first)
+            ordered = sorted(
+                (m for records in batch.values() for m in records),
+                key=lambda m: (m.timestamp, m.topic != t.claims),
+            )
+            for m in ordered:
+                if m.topic != t.reports:  # reports keep coming; they do not count as traffic
+                    quiet_since = time.monotonic()
+                _show(
+                    m.topic,
+                    value=m.value,
+                    headers=dict(m.headers),
+                    settings=settings,
+                    result=result,
+                    out=out,
+                )
+            finished = done() if done is not None else expected <= result.verdict_ids
+            if finished and time.monotonic() - quiet_since > 1.5:
+                return
     finally:
         await consumer.stop()
 
@@ -130,6 +216,9 @@ def _show(
         )
         return
     obj = orjson.loads(value)
+    if topic == t.reports:
+        result.coverage[obj["calibration_key"]] = obj
+        return
     if topic == t.claims:
         result.claims += 1
         _line(
@@ -199,6 +288,10 @@ def real_records(settings: Settings, questions: Path, n: int, out: TextIO) -> li
                 else settings.topics.generation
             )
             records.append(Record(topic, key, encode(event)))
+        label = FeedbackEvent(
+            request_id=req.request_id, correct=req.correct, source="nq-open-label"
+        )
+        records.append(Record(settings.topics.feedback, key, encode(label)))
         gold = "/".join(req.gold_answers[:2])
         _line(
             out,
@@ -212,9 +305,11 @@ def real_records(settings: Settings, questions: Path, n: int, out: TextIO) -> li
 def run_demo(
     sample: Path | None = None,
     out: TextIO = sys.stdout,
+    *,
     keep: bool = False,
     real: int = 0,
     questions: Path | None = None,
+    claims: bool = False,
 ) -> int:
     started = time.monotonic()
     home = default_home()
@@ -231,13 +326,7 @@ def run_demo(
         )
         broker.start()
         http_port = free_port()
-        env = {
-            **os.environ,
-            "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap_servers,
-            "GUARDRAIL_HTTP__PORT": str(http_port),
-            "GUARDRAIL_HTTP__HOST": "127.0.0.1",
-            "GUARDRAIL_JOIN__TTL_MS": os.environ.get("GUARDRAIL_JOIN__TTL_MS", "3000"),
-        }
+        env = _sidecar_env(broker, http_port, claims=claims)
         settings = Settings.load(kafka={"bootstrap_servers": broker.bootstrap_servers})
         created = asyncio.run(create_topics(settings))
         _line(out, "[demo]", f"topics: {', '.join(created)}")
@@ -257,15 +346,13 @@ def run_demo(
         else:
             records = load_file(sample or bundled_sample(), settings)
         expected = expected_request_ids(records)
+        feedback = [r for r in records if r.topic == settings.topics.feedback]
+        records = [r for r in records if r.topic != settings.topics.feedback]
         result = DemoResult()
 
-        async def flow() -> None:
-            watcher = asyncio.create_task(_watch(settings, expected, result, out, 60))
-            sent = await send(settings, records)
-            _line(out, "[demo]", f"replayed {sent} messages for {len(expected)} requests")
-            await watcher
-
-        asyncio.run(flow())
+        asyncio.run(
+            _flow(settings, records, feedback=feedback, expected=expected, result=result, out=out)
+        )
         missing = expected - result.verdict_ids
         _line(
             out,

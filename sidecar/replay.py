@@ -1,9 +1,9 @@
 """Produce recorded events to the input topics (``guardrail replay``, the demo, tests).
 
 A replay file has one JSON object per line, either
-  * an event (it has ``event_type``): sent to the retrieval or generation topic by
-    its type, keyed by its ``request_id``; or
-  * an envelope ``{"topic": "retrieval"|"generation", "key": str, "raw": str,
+  * an event (it has ``event_type``): sent to the retrieval, generation or feedback
+    topic by its type, keyed by its ``request_id``; or
+  * an envelope ``{"topic": "retrieval"|"generation"|"feedback", "key": str, "raw": str,
     "headers": {str: str}}``: ``raw`` is sent byte for byte (UTF-8), which is how
     recordings carry broken input on purpose.
 """
@@ -40,9 +40,13 @@ def parse_line(line: str, settings: Settings, where: str) -> Record:
         raise ConfigError(f"{where}: not a JSON object ({exc})") from None
     if not isinstance(obj, dict):
         raise ConfigError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    topics = {"retrieval": settings.topics.retrieval, "generation": settings.topics.generation}
+    topics = {
+        "retrieval": settings.topics.retrieval,
+        "generation": settings.topics.generation,
+        "feedback": settings.topics.feedback,
+    }
     if "event_type" in obj:
-        kind = "retrieval" if obj["event_type"] == "retrieval" else "generation"
+        kind = obj["event_type"] if obj["event_type"] in ("retrieval", "feedback") else "generation"
         rid = obj.get("request_id")
         key = rid.encode("utf-8") if isinstance(rid, str) else None
         return Record(topics[kind], key, orjson.dumps(obj))
@@ -57,7 +61,7 @@ def parse_line(line: str, settings: Settings, where: str) -> Record:
         )
     raise ConfigError(
         f"{where}: a line is either an event (with event_type) or an envelope "
-        '{"topic": "retrieval"|"generation", "key": ..., "raw": "..."}'
+        '{"topic": "retrieval"|"generation"|"feedback", "key": ..., "raw": "..."}'
     )
 
 

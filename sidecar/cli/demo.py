@@ -22,10 +22,18 @@ def register(sub: Any) -> None:
         "attention summariser) answers N held-out NQ-open questions (needs the ml extra)",
     )
     p.add_argument("--questions", type=Path, help="NQ-open file for --real")
+    p.add_argument(
+        "--claims",
+        action="store_true",
+        help="turn claim verification on (GUARDRAIL_SIGNALS__CLAIMS=true): claim verdicts "
+        "stream before each answer verdict",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from sidecar.demo import run_demo  # noqa: PLC0415
 
-    return run_demo(args.events, keep=args.keep, real=args.real, questions=args.questions)
+    return run_demo(
+        args.events, keep=args.keep, real=args.real, questions=args.questions, claims=args.claims
+    )

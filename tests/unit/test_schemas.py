@@ -48,8 +48,17 @@ def test_bundled_demo_recording_is_well_formed() -> None:
     settings = Settings.load()
     records = load_file(bundled_sample(), settings)
     valid = 0
+    kinds = {
+        settings.topics.retrieval: InputKind.RETRIEVAL,
+        settings.topics.generation: InputKind.GENERATION,
+        settings.topics.feedback: InputKind.FEEDBACK,
+    }
+    feedback = [r for r in records if r.topic == settings.topics.feedback]
+    assert len(feedback) == 3  # the demo's reviewer labels go to the feedback topic
+    for r in feedback:
+        decode_input(InputKind.FEEDBACK, r.value, max_bytes=10**6, max_depth=32)
     for r in records:
-        kind = InputKind.RETRIEVAL if r.topic == settings.topics.retrieval else InputKind.GENERATION
+        kind = kinds[r.topic]
         try:
             decode_input(kind, r.value, max_bytes=10**6, max_depth=32)
             valid += 1
