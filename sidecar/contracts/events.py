@@ -333,7 +333,8 @@ class AnswerVerdict(_Event):
     confidence: Probability | None = Field(
         default=None,
         description="calibrated probability that the answer is correct (seed 004); "
-        "null when no confidence model is configured or the request was incomplete",
+        "null when no confidence model is configured, the request was incomplete, or on "
+        "a strict-mode stream verdict (the answer is not finished)",
     )
     confidence_features: dict[str, float | None] = Field(
         default_factory=dict,
