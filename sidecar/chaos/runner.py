@@ -5,6 +5,11 @@ injects one kind of fault, then drains and counts, per request id, what came
 out: verdicts (and duplicates, recognised by request id and idempotency key)
 and dead letters. ``lost`` counts requests that never got a verdict, plus
 hostile messages that reached neither the DLQ nor a verdict.
+
+The broker has one extra listener behind a throttling proxy (``proxy.py``): only
+the network-stall scenario's sidecar bootstraps there; every other client (the
+load generator, the watcher, the other scenarios' sidecars) uses the direct
+PLAINTEXT listener and never crosses the proxy.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,10 +33,30 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.chaos.corpus import hostile_corpus, request_records
 from sidecar.chaos.process import SidecarProcess
+from sidecar.chaos.proxy import ProxyStats, ThrottlingProxy
 from sidecar.config import Settings
+from sidecar.exceptions import ConfigError
 from sidecar.kafka.topics import create_topics
 from sidecar.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
 from sidecar.replay import Record, send
+
+# network-stall: the sidecar's link to the broker turns slow, stops, then comes back.
+STALL_LATENCY_MS = 50.0  # added to every chunk, both directions
+STALL_RATE_BYTES_PER_S = 256 * 1024  # per direction, all of the sidecar's connections together
+STALL_S = 12.0
+STALL_RATE_PER_S = 25.0  # requests per second, sent straight to the broker all along
+# The sidecar's defaults (request timeout 30 s, session timeout 10 s) admit no stall that
+# times requests out yet keeps the group member. This scenario's sidecar gets a 5 s request
+# timeout, so the requests caught by the 12 s stall time out: aiokafka closes the
+# connection, reconnects through the proxy (the new connection's handshake times out too,
+# then succeeds after the resume) and retries; the idempotent producer retries its batch
+# (a batch that expired would go back through the sidecar's own publish retry). The session
+# timeout goes to 30 s, above the stall plus a heartbeat interval (3 s) plus the reconnect,
+# so the group keeps its member: no rebalance, the recovery is the reconnect path alone.
+# The join TTL is the default 30 s (the suite's 3 s would evict requests split by the stall).
+STALL_REQUEST_TIMEOUT_MS = 5_000
+STALL_SESSION_TIMEOUT_MS = 30_000
+STALL_JOIN_TTL_MS = 30_000
 
 
 @dataclass
@@ -47,7 +72,10 @@ class ScenarioResult:
     peak_rss_mb: float = 0.0
     max_lag: int = 0
     seconds: float = 0.0
+    key_conflicts: int = 0  # request ids whose verdicts carry more than one idempotency key
     not_ready_during_outage: bool | None = None
+    ready_after_outage: bool | None = None
+    recovery_s: float | None = None  # from the end of the fault to the last verdict
     notes: list[str] = field(default_factory=list)
 
 
@@ -55,6 +83,7 @@ class ScenarioResult:
 class Outputs:
     verdicts: list[dict[str, Any]] = field(default_factory=list)
     dlq_reasons: Counter[str] = field(default_factory=Counter)
+    last_verdict_at: float = 0.0  # time.monotonic() when the latest verdict was read
 
 
 class Watch:
@@ -103,6 +132,7 @@ class Watch:
                             self.out.dlq_reasons[headers.get("x-dlq-reason", b"?").decode()] += 1
                         else:
                             self.out.verdicts.append(orjson.loads(m.value))
+                            self.out.last_verdict_at = time.monotonic()
                 if time.monotonic() >= next_lag:
                     self.max_lag = max(self.max_lag, await self._lag())
                     next_lag = time.monotonic() + 1.0
@@ -132,6 +162,72 @@ class Watch:
             await admin.close()
 
 
+async def _readiness_becomes(
+    side: SidecarProcess, ready: bool, within_s: float, every_s: float = 0.25
+) -> float | None:
+    """Seconds until ``/readyz`` says ``ready``, polled; None if not within ``within_s``."""
+    since = time.monotonic()
+    while (elapsed := time.monotonic() - since) < within_s:
+        if await asyncio.to_thread(side.ready) == ready:
+            return elapsed
+        await asyncio.sleep(every_s)
+    return None
+
+
+@dataclass
+class _StallTimeline:
+    """The network-stall scenario's fault sequence and what was seen along it."""
+
+    slow_s: float
+    stall_s: float
+    ready_before: bool = False
+    went_down: float | None = None  # seconds into the stall when /readyz turned false
+    came_back: float | None = None  # seconds after the resume when /readyz turned true
+    proxy: list[ProxyStats] = field(default_factory=list)  # slow start, stall, resume
+
+    async def run(self, proxy: ThrottlingProxy, side: SidecarProcess) -> float:
+        """Slow phase, stall, resume; returns ``time.monotonic()`` at the resume."""
+        self.proxy.append(proxy.stats())
+        await asyncio.sleep(self.slow_s)
+        self.ready_before = await asyncio.to_thread(side.ready)
+        self.proxy.append(proxy.stats())
+        proxy.stall()
+        stalled_at = time.monotonic()
+        self.went_down = await _readiness_becomes(side, False, within_s=self.stall_s)
+        await asyncio.sleep(max(0.0, stalled_at + self.stall_s - time.monotonic()))
+        self.proxy.append(proxy.stats())
+        proxy.resume()
+        resumed_at = time.monotonic()
+        self.came_back = await _readiness_becomes(side, True, within_s=30.0)
+        return resumed_at
+
+    def notes(self, sidecar_log: str) -> list[str]:
+        slow_from, at_stall, at_resume = self.proxy
+        carried = {
+            d: round((at_stall.bytes[d] - slow_from.bytes[d]) / self.slow_s / 1024, 1)
+            for d in at_stall.bytes
+        }
+        down = f"{self.went_down:.1f} s into the stall" if self.went_down is not None else "never"
+        back = (
+            f"{self.came_back:.1f} s after the resume"
+            if self.came_back is not None
+            else "not within 30 s"
+        )
+        return [
+            f"link: +{STALL_LATENCY_MS:.0f} ms per chunk, cap {STALL_RATE_BYTES_PER_S // 1024} "
+            f"KiB/s per direction; the {self.slow_s:.0f} s slow phase carried {carried} KiB/s",
+            f"stall {self.stall_s:.0f} s; sidecar request timeout {STALL_REQUEST_TIMEOUT_MS} ms, "
+            f"session timeout {STALL_SESSION_TIMEOUT_MS} ms; ready before the stall: "
+            f"{self.ready_before}",
+            f"readiness false: {down}; ready again: {back}",
+            "connections opened through the proxy during the stall (reconnects): "
+            f"{at_resume.connections - at_stall.connections} (in all: {at_resume.connections})",
+            f"sidecar log: {sidecar_log.count('RequestTimedOutError')} request timeouts, "
+            f"{sidecar_log.count('marking coordinator dead')} coordinator losses, "
+            f"{sidecar_log.count('retrying in')} publish retries of its own",
+        ]
+
+
 class Chaos:
     """Owns the broker and runs scenarios, each on fresh topics."""
 
@@ -140,20 +236,35 @@ class Chaos:
         self.rng = random.Random(seed)  # noqa: S311 - reproducible fault timing
         self.quick = quick
         lib = ensure_jars(default_home() / "lib")
+        proxied = free_port()
+        self.proxy = ThrottlingProxy(upstream_port=proxied)
         self.broker = LocalKafka(
-            workdir / "broker", lib, port=free_port(), controller_port=free_port()
+            workdir / "broker",
+            lib,
+            port=free_port(),
+            controller_port=free_port(),
+            proxied_port=proxied,
+            proxied_advertised_port=self.proxy.port,
         )
         self._live: list[SidecarProcess] = []
 
     def __enter__(self) -> Chaos:
-        self.broker.start()
+        self.proxy.start()
+        try:
+            self.broker.start()
+        except BaseException:
+            self.proxy.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for p in self._live:
-            if p.pid is not None:
-                p.signal(signal.SIGKILL)
-        self.broker.stop()
+        try:
+            for p in self._live:
+                if p.pid is not None:
+                    p.signal(signal.SIGKILL)
+            self.broker.stop()
+        finally:
+            self.proxy.close()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -190,7 +301,9 @@ class Chaos:
         keys = {(v["request_id"], v["idempotency_key"]) for v in out.verdicts}
         result.verdicts = len(out.verdicts)
         result.duplicates = sum(seen.values()) - len(seen)
-        if len(keys) != len(seen):
+        keys_per_request = Counter(rid for rid, _ in keys)
+        result.key_conflicts = sum(1 for n in keys_per_request.values() if n > 1)
+        if result.key_conflicts:
             result.notes.append("some duplicate verdicts carry different idempotency keys")
         result.lost += len(expected - set(seen))
         result.dlq = sum(out.dlq_reasons.values())
@@ -274,6 +387,69 @@ class Chaos:
         result.requests = n
         self._score(result, expected, watch.out)
         result.peak_rss_mb, result.max_lag = watch.peak_rss_mb, watch.max_lag
+        result.seconds = round(time.monotonic() - started, 1)
+        return result
+
+    async def network_stall(self, stall_s: float = STALL_S) -> ScenarioResult:
+        """The sidecar's network turns slow (latency, a bandwidth cap), stalls, then recovers.
+
+        Only the sidecar crosses the proxy (it bootstraps on the broker's PROXIED
+        listener); the load generator and the watcher go straight to the broker,
+        so input keeps arriving during the stall and the lag builds up. Readiness
+        is polled throughout; ``recovery_s`` is from the resume to the last verdict.
+        """
+        result = ScenarioResult("network-stall")
+        started = time.monotonic()
+        settings, env = self._settings()
+        proxied = self.broker.proxied_bootstrap_servers
+        assert proxied is not None  # noqa: S101 - Chaos builds its broker with the listener
+        env |= {
+            "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": proxied,
+            "GUARDRAIL_KAFKA__REQUEST_TIMEOUT_MS": str(STALL_REQUEST_TIMEOUT_MS),
+            "GUARDRAIL_KAFKA__SESSION_TIMEOUT_MS": str(STALL_SESSION_TIMEOUT_MS),
+            "GUARDRAIL_JOIN__TTL_MS": str(STALL_JOIN_TTL_MS),
+        }
+        await create_topics(settings)
+        line = _StallTimeline(slow_s=10.0 if self.quick else 60.0, stall_s=stall_s)
+        n = int(STALL_RATE_PER_S * (line.slow_s + stall_s))
+        ids = [f"stall-{i}" for i in range(n)]
+        records = [r for rid in ids for r in request_records(settings.topics, rid)]
+        expected = set(ids)
+        side = self._sidecar(env, "network-stall")
+        proxy = self.proxy
+        proxy.set_latency(STALL_LATENCY_MS)
+        proxy.set_rate(STALL_RATE_BYTES_PER_S)
+        try:
+            await asyncio.to_thread(side.start)
+            watch = Watch(settings, lambda: [side])
+            watcher = asyncio.create_task(
+                watch.run(
+                    lambda o: expected <= {v["request_id"] for v in o.verdicts},
+                    line.slow_s + stall_s + 90,
+                )
+            )
+            sender = asyncio.create_task(
+                send(settings, records, rate_per_s=STALL_RATE_PER_S * len(records) / n)
+            )
+            resumed_at = await line.run(proxy, side)
+            result.sent = await sender
+            await watcher
+            if expected <= {v["request_id"] for v in watch.out.verdicts}:
+                result.recovery_s = round(max(0.0, watch.out.last_verdict_at - resumed_at), 1)
+            await asyncio.sleep(2.0)  # late duplicates, if any
+            await asyncio.to_thread(side.signal, signal.SIGTERM)
+        finally:
+            proxy.resume()
+            proxy.set_latency(0)
+            proxy.set_rate(None)
+        tail = Watch(settings, lambda: [])
+        await tail.run(lambda o: False, 3.0)
+        result.requests = n
+        self._score(result, expected, tail.out)
+        result.not_ready_during_outage = line.went_down is not None
+        result.ready_after_outage = line.came_back is not None
+        result.peak_rss_mb, result.max_lag = watch.peak_rss_mb, watch.max_lag
+        result.notes += line.notes(side.tail(100_000_000))
         result.seconds = round(time.monotonic() - started, 1)
         return result
 
@@ -388,21 +564,35 @@ def run_soak(
     return {"scenarios": [asdict(result)]}
 
 
-def run_chaos(quick: bool = True, seed: int = 7) -> dict[str, Any]:
+SCENARIOS = ("sigkill-restart", "sigterm-restart", "broker-restart", "bad-input", "network-stall")
+
+
+def run_chaos(
+    quick: bool = True, seed: int = 7, only: Iterable[str] | None = None
+) -> dict[str, Any]:
+    """The suite (``SCENARIOS``, in that order), or the named subset of it."""
+    chosen = set(SCENARIOS if only is None else only)
+    unknown = chosen - set(SCENARIOS)
+    if unknown:
+        raise ConfigError(
+            f"unknown chaos scenario(s) {sorted(unknown)}; known: {', '.join(SCENARIOS)}"
+        )
     home = default_home()
     home.mkdir(parents=True, exist_ok=True)
     with (
         tempfile.TemporaryDirectory(prefix="chaos-", dir=home) as tmp,
         Chaos(Path(tmp), seed, quick) as chaos,
     ):
+        scenarios: dict[str, Callable[[], Awaitable[ScenarioResult]]] = {
+            "sigkill-restart": lambda: chaos.restarts(signal.SIGKILL),
+            "sigterm-restart": lambda: chaos.restarts(signal.SIGTERM),
+            "broker-restart": chaos.broker_restart,
+            "bad-input": chaos.bad_input,
+            "network-stall": chaos.network_stall,
+        }
 
         async def all_scenarios() -> list[ScenarioResult]:
-            return [
-                await chaos.restarts(signal.SIGKILL),
-                await chaos.restarts(signal.SIGTERM),
-                await chaos.broker_restart(),
-                await chaos.bad_input(),
-            ]
+            return [await scenarios[name]() for name in SCENARIOS if name in chosen]
 
         results = asyncio.run(all_scenarios())
     return {"quick": quick, "seed": seed, "scenarios": [asdict(r) for r in results]}

@@ -1,4 +1,8 @@
-"""``guardrail chaos [--quick] [--json]``: crash, broker-restart and bad-input scenarios."""
+"""``guardrail chaos [--quick] [--json] [--only NAME]``: the fault-injection suite.
+
+Scenarios: sidecar crashes (SIGKILL / SIGTERM), a broker restart, hostile input,
+and a slow then stalled network between the sidecar and the broker.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +21,13 @@ def register(sub: Any) -> None:
     p.add_argument("--quick", action="store_true", help="small scale, within a few minutes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        help="run only this scenario (repeatable): sigkill-restart, sigterm-restart, "
+        "broker-restart, bad-input, network-stall",
+    )
     p.add_argument("--soak", action="store_true", help="run the long soak instead of the suite")
     p.add_argument("--minutes", type=float, default=10.0, help="soak duration")
     p.add_argument("--rate", type=float, default=500.0, help="soak answers per second")
@@ -31,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.soak:
         report = run_soak(args.minutes, args.rate, args.half_fraction, args.max_entries, args.seed)
     else:
-        report = run_chaos(quick=args.quick, seed=args.seed)
+        report = run_chaos(quick=args.quick, seed=args.seed, only=args.only)
     if args.json:
         sys.stdout.write(orjson.dumps(report).decode() + "\n")
     else:

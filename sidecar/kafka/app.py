@@ -16,6 +16,7 @@ handler would stay pending forever and stall the partition's commits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import traceback
@@ -410,13 +411,25 @@ class SidecarService:
                 log.info("broker reachable")
             self.state.broker_ok = True
 
+    async def _probe_loop(self) -> None:
+        """Readiness follows the broker on its own clock: a commit that aiokafka retries
+        through a network stall must not freeze the probe (and /readyz with it)."""
+        while not self._stopping.is_set():
+            await self._probe_broker()
+            await asyncio.sleep(PROBE_INTERVAL_S)
+
     async def _tick_loop(self) -> None:
         interval = self.settings.join.sweep_interval_ms / 1000.0
-        next_probe = 0.0
+        prober = asyncio.create_task(self._probe_loop(), name="sidecar-broker-probe")
+        try:
+            await self._ticks(interval)
+        finally:
+            prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await prober
+
+    async def _ticks(self, interval: float) -> None:
         while not self._stopping.is_set():
-            if time.monotonic() >= next_probe:
-                await self._probe_broker()
-                next_probe = time.monotonic() + PROBE_INTERVAL_S
             await asyncio.sleep(interval)
             try:
                 await self.emit(self.processor.on_tick(time.monotonic() * 1000.0))

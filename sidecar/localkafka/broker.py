@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sidecar.exceptions import LocalKafkaError
+from sidecar.exceptions import ConfigError, LocalKafkaError
 
 KAFKA_VERSION = "4.3.1"
 POM = Path(__file__).with_name("pom.xml")
@@ -104,7 +104,20 @@ class LocalKafka:
     extra_properties: str = ""
     sasl_port: int | None = None  # a SASL_PLAINTEXT listener with SCRAM users, for auth tests
     scram_users: dict[str, str] = field(default_factory=dict)
+    # A PROXIED listener (plaintext) bound on ``proxied_port`` but advertised at
+    # ``proxied_advertised_port``, where a proxy forwards to it: clients that bootstrap
+    # there are sent back to the proxy by the metadata, so all their traffic crosses it.
+    # PLAINTEXT (clients that must not be slowed, inter-broker) and CONTROLLER are unchanged.
+    proxied_port: int | None = None
+    proxied_advertised_port: int | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if (self.proxied_port is None) != (self.proxied_advertised_port is None):
+            raise ConfigError(
+                "proxied_port and proxied_advertised_port go together (the listener's own port "
+                f"and the proxy's), got {self.proxied_port} and {self.proxied_advertised_port}"
+            )
 
     @property
     def bootstrap_servers(self) -> str:
@@ -129,6 +142,12 @@ class LocalKafka:
     def sasl_bootstrap_servers(self) -> str | None:
         return f"127.0.0.1:{self.sasl_port}" if self.sasl_port else None
 
+    @property
+    def proxied_bootstrap_servers(self) -> str | None:
+        """The proxy's address: clients bootstrapping here stay behind the proxy."""
+        port = self.proxied_advertised_port
+        return f"127.0.0.1:{port}" if port else None
+
     def _write_config(self) -> Path:
         (self.instance_dir / "logs").mkdir(parents=True, exist_ok=True)
         data = self.instance_dir / "data"
@@ -136,9 +155,15 @@ class LocalKafka:
             f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}"
         )
         protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+        advertised = listeners
+        if self.proxied_port is not None:
+            listeners += f",PROXIED://127.0.0.1:{self.proxied_port}"
+            advertised += f",PROXIED://127.0.0.1:{self.proxied_advertised_port}"
+            protocols += ",PROXIED:PLAINTEXT"
         sasl = ""
         if self.sasl_port:
             listeners += f",SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
+            advertised += f",SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}"
             protocols += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
             module = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
             sasl = (
@@ -151,7 +176,7 @@ process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}
 listeners={listeners}
-advertised.listeners={listeners}
+advertised.listeners={advertised}
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map={protocols}
@@ -173,9 +198,11 @@ message.max.bytes=16777216
         server = self.instance_dir / "server.properties"
         server.write_text(props)
         (self.instance_dir / "log4j2.properties").write_text(LOG4J2)
-        (self.instance_dir / "ports.json").write_text(
-            json.dumps({"port": self.port, "controller_port": self.controller_port})
-        )
+        ports = {"port": self.port, "controller_port": self.controller_port}
+        if self.proxied_port is not None and self.proxied_advertised_port is not None:
+            ports["proxied_port"] = self.proxied_port
+            ports["proxied_advertised_port"] = self.proxied_advertised_port
+        (self.instance_dir / "ports.json").write_text(json.dumps(ports))
         return server
 
     def _java(self, *args: str, heap_mb: int) -> list[str]:
@@ -229,8 +256,8 @@ message.max.bytes=16777216
                 f"a broker process is running from {self.instance_dir} "
                 f"but port {self.port} is closed"
             )
-        for port in (self.port, self.controller_port):
-            if _port_open(port):
+        for port in (self.port, self.controller_port, self.proxied_port):
+            if port is not None and _port_open(port):
                 raise LocalKafkaError(
                     f"port {port} on 127.0.0.1 is already in use by something else"
                 )
@@ -316,5 +343,10 @@ message.max.bytes=16777216
         """Re-attach to an instance started earlier (its ports are on disk)."""
         ports = json.loads((instance_dir / "ports.json").read_text())
         return cls(
-            instance_dir, lib_dir, port=ports["port"], controller_port=ports["controller_port"]
+            instance_dir,
+            lib_dir,
+            port=ports["port"],
+            controller_port=ports["controller_port"],
+            proxied_port=ports.get("proxied_port"),
+            proxied_advertised_port=ports.get("proxied_advertised_port"),
         )

@@ -21,12 +21,20 @@ def test_chaos_quick_loses_nothing() -> None:
     )
     report = orjson.loads(out.stdout)
     by_name = {s["name"]: s for s in report["scenarios"]}
-    assert set(by_name) == {"sigkill-restart", "sigterm-restart", "broker-restart", "bad-input"}
+    assert set(by_name) == {
+        "sigkill-restart",
+        "sigterm-restart",
+        "broker-restart",
+        "bad-input",
+        "network-stall",
+    }
     for s in report["scenarios"]:
         assert s["lost"] == 0, s
         assert s["verdicts"] >= s["requests"], s
     assert by_name["sigterm-restart"]["duplicates"] == 0
     assert by_name["broker-restart"]["not_ready_during_outage"] is True
+    stall = by_name["network-stall"]
+    assert stall["not_ready_during_outage"] is True and stall["ready_after_outage"] is True
     bad = by_name["bad-input"]
     assert bad["dlq"] >= 15 and {"oversize", "too-deep", "invalid-utf8"} <= set(bad["dlq_reasons"])
     assert out.returncode == 0
