@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from sidecar.cli.groups import get_group, progress_enabled
 from sidecar.cli.lookback import _loop, _questions, _rag_args
@@ -51,14 +52,8 @@ def run_outcomes(args: argparse.Namespace) -> int:
         default_processor_factory,
     )
 
-    if args.offset < 0:
-        raise ConfigError(f"--offset must be >= 0, got {args.offset}")
-    limit = args.limit
-    args.limit = None if limit is None else args.offset + limit
-    questions = _questions(args)[args.offset :]
-    if not questions:
-        raise ConfigError("no questions left after --offset")
-    settings = Settings()
+    questions = _offset_questions(args)
+    settings = Settings.load()
     loop = _loop(args)
     rows = list(
         collect_rows(
@@ -78,6 +73,18 @@ def run_outcomes(args: argparse.Namespace) -> int:
     }
     sys.stdout.write(json.dumps(summary) + "\n")
     return 0
+
+
+def _offset_questions(args: argparse.Namespace) -> list[Any]:
+    """The part's questions after ``--offset``, at most ``--limit`` of them."""
+    if args.offset < 0:
+        raise ConfigError(f"--offset must be >= 0, got {args.offset}")
+    if args.limit is not None:
+        args.limit += args.offset  # _questions cuts the part at --limit
+    questions = _questions(args)[args.offset :]
+    if not questions:
+        raise ConfigError("no questions left after --offset")
+    return questions
 
 
 def register_eval_train(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -150,9 +157,7 @@ def run_report(args: argparse.Namespace) -> int:
     else:
         if args.questions is None or args.corpus is None:
             raise ConfigError("eval report needs --rows, or --questions and --corpus")
-        limit = args.limit
-        args.limit = None if limit is None else args.offset + limit
-        questions = _questions(args)[args.offset :]
+        questions = _offset_questions(args)
         rows_file = args.out / ROWS_FILE
         list(collect_rows(_loop(args), questions, factory, rows_file, progress=progress))
         wanted = {q.index for q in questions}
