@@ -16,6 +16,9 @@ model is available offline (data README), so it is trained here:
 * **data**: :mod:`sidecar.claims.datasets` - HaluEval QA and NQ-open pairs
   built so that length does not predict the label (length-only AUROC of the
   training mixture is recorded in the artifact); split by question hash;
+  optionally in-domain pairs from the sidecar's own outcome rows (SmolLM2
+  answers to NQ-open, :mod:`sidecar.claims.outcomes`; ``--outcomes``,
+  ``--lookback``, ``--holdout``), 80 % added to training, 20 % to validation;
 * **lifecycle**: :meth:`VerifierTrainer.fit` (binary cross-entropy, AdamW,
   linear warm-up/decay, embeddings and the lowest ``freeze_layers`` layers
   frozen to fit a CPU budget) -> :meth:`~VerifierTrainer.export`
@@ -61,9 +64,17 @@ from sidecar.claims.datasets import (
     length_auroc,
     read_halueval_qa,
     read_nq_open,
+    split_of,
 )
 from sidecar.claims.evaluate import evaluate_pairs
 from sidecar.claims.metrics import auroc
+from sidecar.claims.outcomes import (
+    OutcomeRecord,
+    outcome_pairs,
+    read_lookback,
+    read_outcome_rows,
+    trust_cutoff,
+)
 from sidecar.claims.verifier import METADATA_FILE, OnnxVerifier, PairEncoder, file_sha256
 from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError
 
@@ -130,6 +141,14 @@ class TrainConfig:
     target_precision: float = 0.8
     int8_tolerance: float = 0.01
     threads: int = 2
+    # In-domain pairs (sidecar.claims.outcomes): report rows and lookback shard dirs
+    # (fit part only), and rows whose questions are held out of every pair (eval part).
+    outcomes: tuple[Path, ...] = ()
+    lookback: tuple[Path, ...] = ()
+    holdout: tuple[Path, ...] = ()
+    outcomes_val_fraction: float = 0.2
+    outcomes_repeat: int = 1  # in-domain training pairs are seen this many times per epoch
+    chunk_words: int = 64
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
@@ -138,6 +157,8 @@ class TrainConfig:
             raise ConfigError(
                 f"freeze_layers must be in 0..6 (MiniLM-L6), got {self.freeze_layers}"
             )
+        if self.outcomes_repeat < 1:
+            raise ConfigError(f"outcomes_repeat must be >= 1, got {self.outcomes_repeat}")
         if self.batch_size < 2:
             raise ConfigError(f"batch_size must be >= 2, got {self.batch_size}")
 
@@ -420,8 +441,10 @@ class VerifierTrainer:
     ) -> VerifierArtifact:
         sha = file_sha256(onnx_path)
         cfg = self.config
-        sources = ["halueval/qa_data.json"] + (
-            ["nq-open/nq-open-oracle.dev.jsonl.gz"] if cfg.nq_path else []
+        sources = (
+            ["halueval/qa_data.json"]
+            + (["nq-open/nq-open-oracle.dev.jsonl.gz"] if cfg.nq_path else [])
+            + [str(p) for p in (*cfg.outcomes, *cfg.lookback)]
         )
         return VerifierArtifact(
             version=f"minilm-ce-{sha[:12]}",
@@ -486,6 +509,8 @@ def train_verifier(config: TrainConfig, out_dir: Path) -> VerifierArtifact:
         raise ConfigError(f"HaluEval QA file not found: {config.halueval_path}")
     qa = read_halueval_qa(config.halueval_path)
     nq = read_nq_open(config.nq_path) if config.nq_path is not None else []
+    held = {r.question.strip().lower() for p in config.holdout for r in read_outcome_rows(p)}
+    nq = [r for r in nq if r.question.strip().lower() not in held]
     limit_nq = None if config.limit is None else max(1, config.limit // 4)
     train = build_training_pairs(
         qa, nq, "train", seed=config.seed, limit_qa=config.limit, limit_nq=limit_nq
@@ -499,6 +524,9 @@ def train_verifier(config: TrainConfig, out_dir: Path) -> VerifierArtifact:
         limit_nq=config.val_limit // 4,
     )
     sets = build_eval_sets(qa, nq, split="test", seed=config.seed + 2, limit=config.test_limit)
+    outcomes = _outcome_split(config, held)
+    train = _mix(train, outcomes["train"] * config.outcomes_repeat, config.seed)
+    val = [*val, *outcomes["val"]]
     log.info(
         "pairs: train %d (length AUROC %.3f), val %d, test %s",
         len(train), length_auroc(train), len(val), {k: len(v) for k, v in sets.items()},
@@ -522,6 +550,13 @@ def train_verifier(config: TrainConfig, out_dir: Path) -> VerifierArtifact:
             "config": json.dumps({k: str(v) for k, v in asdict(config).items()}),
         },
     }
+    if config.outcomes or config.lookback:
+        metrics["outcomes"] = {
+            "train_pairs": len(outcomes["train"]),
+            "val_pairs": len(outcomes["val"]),
+            "length_auroc_train": round(length_auroc(outcomes["train"]), 4),
+            **{f"claims_{k}": v for k, v in sorted(outcome_counts(outcomes["train"]).items())},
+        }
     shipped = out_dir / (INT8_FILE if ship_int8 else FP32_FILE)
     artifact = trainer.artifact(shipped, metrics)
     _write_metadata(out_dir, artifact)
@@ -529,6 +564,54 @@ def train_verifier(config: TrainConfig, out_dir: Path) -> VerifierArtifact:
         fp32_path.unlink()  # 90 MB: not shipped (the card keeps its numbers)
     (out_dir / CARD_FILE).write_text(render_card(artifact, config, sets), encoding="utf-8")
     return artifact
+
+
+def outcome_counts(pairs: Sequence[Pair]) -> dict[str, int]:
+    """Pairs per kind."""
+    counts: dict[str, int] = {}
+    for p in pairs:
+        counts[p.kind] = counts.get(p.kind, 0) + 1
+    return counts
+
+
+def _outcome_split(config: TrainConfig, held: set[str]) -> dict[str, list[Pair]]:
+    """In-domain pairs of the fit rows / lookback shards, split by question hash."""
+    records: list[OutcomeRecord] = []
+    for path in config.outcomes:
+        records.extend(r for r in read_outcome_rows(path) if r.question.strip().lower() not in held)
+    if config.lookback:
+        if not config.outcomes or config.nq_path is None:
+            raise ConfigError("lookback shards need --outcomes rows (trust cut-off) and --nq")
+        from sidecar.retrieval.workflow import load_corpus  # noqa: PLC0415
+
+        corpus = load_corpus([config.nq_path], config.chunk_words)
+        texts = {c.chunk_id: c.text for c in corpus.chunks}
+        cutoff = trust_cutoff(config.outcomes[0])
+        for path in config.lookback:
+            records.extend(read_lookback(path, texts, cutoff, exclude=held))
+    seen: set[str] = set()
+    unique = []
+    for r in records:
+        key = r.question.strip().lower()
+        if key not in seen:
+            seen.add(key)
+            unique.append(r)
+    frac = config.outcomes_val_fraction
+    parts: dict[str, list[Pair]] = {"train": [], "val": []}
+    for part, seed in (("train", config.seed), ("val", config.seed + 1)):
+        chosen = [
+            r for r in unique if (split_of(r.question, frac, 0.0) == "val") == (part == "val")
+        ]
+        pairs, counts = outcome_pairs(chosen, seed=seed)
+        log.info("outcome pairs %s: %d %s", part, len(pairs), counts)
+        parts[part] = pairs
+    return parts
+
+
+def _mix(base: Sequence[Pair], extra: Sequence[Pair], seed: int) -> list[Pair]:
+    out = [*base, *extra]
+    random.Random(seed).shuffle(out)  # noqa: S311 - data order, not cryptography
+    return out
 
 
 def int8_holds(
@@ -579,6 +662,38 @@ def render_card(
     parity = m.get("parity", {})
     limit = "all" if config.limit is None else str(config.limit)
     limit_flag = "" if config.limit is None else f" --limit {config.limit}"
+    outcome_flags = "".join(
+        f" \\\n    {flag} {' '.join(str(p) for p in paths)}"
+        for flag, paths in (
+            ("--outcomes", config.outcomes),
+            ("--lookback", config.lookback),
+            ("--holdout", config.holdout),
+        )
+        if paths
+    )
+    extra = m.get("outcomes")
+    in_domain = (
+        ""
+        if extra is None
+        else f"""- **In-domain pairs** (`sidecar.claims.outcomes`): SmolLM2-135M answers to
+  NQ-open questions of the *fit* part ({", ".join(str(p) for p in config.outcomes)}
+  rows; {", ".join(str(p) for p in config.lookback) or "no"} lookback shards, chunk
+  texts from the rebuilt corpus, trusted = raw score at or above the rows' cut-off),
+  segmented by the production segmenter, evidence selected by the production selector
+  from the trusted chunks (window and best chunk). A claim of a correct answer (NQ-open
+  label) containing a gold answer string is supported; a claim of a wrong answer that
+  carries answer content (a content word not in the question) is unsupported; claims
+  restating the question and claims of correct answers without the gold string are
+  dropped. Wrong and correct claims are subsampled to equal counts per 16-character
+  length bin, and each correct claim gets an answer-swap negative (its gold answer
+  replaced by another question's answer of the same word count). Questions of
+  {", ".join(str(p) for p in config.holdout) or "no rows"} (the held-out eval part) are
+  excluded from every pair, NQ gold-passage pairs included. 80 % train / 20 %
+  validation by question hash (calibration and band use the validation part too).
+  Train pairs: {extra.get("train_pairs")} (length-only AUROC
+  **{extra.get("length_auroc_train")}**), validation pairs {extra.get("val_pairs")}.
+"""
+    )
     return f"""# Claim verifier: MiniLM-L6 cross-encoder (`{artifact.version}`)
 
 Labels a (claim, evidence) pair **supported / uncertain / unsupported** for the
@@ -624,7 +739,7 @@ unverified). Serving: `sidecar.claims.verifier.OnnxVerifier` (onnxruntime +
   **{artifact.data.length_auroc_train}**.
 - Evidence for every pair is chosen by the production evidence selector
   (`sidecar.claims.evidence`: best 3 sentences by IDF-weighted overlap).
-
+{in_domain}
 ## Held-out results (test split)
 AUROC / acc.: supported vs not from the calibrated p (threshold 0.5); F1 hal.:
 F1 of flagging the unsupported class; len. AUROC: claim length alone (~0.5
@@ -658,7 +773,7 @@ Training: {training.get("steps")} steps, batch {config.batch_size}, lr
 ```
 guardrail train verifier --out models/verifier{limit_flag} \\
     --halueval ../shared/data/halueval/qa_data.json \\
-    --nq ../shared/data/nq-open/nq-open-oracle.dev.jsonl.gz
+    --nq ../shared/data/nq-open/nq-open-oracle.dev.jsonl.gz{outcome_flags}
 guardrail eval claims --data ../shared/data/halueval/qa_data.json --format halueval-qa --json
 ```
 

@@ -3,6 +3,9 @@
 train: build the length-balanced pairs from HaluEval QA and NQ-open, fine-tune
 the MiniLM cross-encoder, calibrate its uncertain band, export ONNX (fp32 and
 int8) and write ``verifier.json`` + ``MODEL_CARD.md`` into ``--out``.
+``--outcomes DIR`` / ``--lookback DIR`` add in-domain pairs from report rows and
+lookback shards (fit part only); ``--holdout DIR`` keeps the questions of those
+rows (the eval part) out of every pair.
 
 eval: run the sidecar's claim check (segmentation, evidence selection, rule
 tier, verifier) over a HaluEval file and print detection metrics for the
@@ -58,6 +61,33 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument(
+        "--outcomes",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="report rows (dir with rows.jsonl) of the FIT part: in-domain pairs",
+    )
+    p.add_argument(
+        "--lookback",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="lookback shard dirs of the FIT part (chunk texts from --nq's corpus)",
+    )
+    p.add_argument(
+        "--outcomes-repeat",
+        type=int,
+        default=1,
+        help="repeat the in-domain training pairs this many times (default 1)",
+    )
+    p.add_argument(
+        "--holdout",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="report rows whose questions are kept out of every training/validation pair",
+    )
     p.set_defaults(func=run_train)
 
     evaluate = get_group(sub, "eval", "Evaluate a guardrail signal on held-out data.")
@@ -107,6 +137,10 @@ def run_train(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         seed=args.seed,
         threads=args.threads,
+        outcomes=tuple(args.outcomes),
+        lookback=tuple(args.lookback),
+        holdout=tuple(args.holdout),
+        outcomes_repeat=args.outcomes_repeat,
     )
     artifact = train_verifier(config, args.out)
     summary = {
