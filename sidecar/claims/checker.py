@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Final, Literal, Protocol
 
 from sidecar.claims.calibration import Band
-from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex, EvidenceSelection
+from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
 from sidecar.claims.judge import JudgeBudget, JudgeRunner, JudgeVerdict
 from sidecar.claims.rules import check_quantities
 from sidecar.claims.scores import summarise
@@ -126,42 +126,6 @@ class ClaimScorer:
 
     def check(self, claims: Sequence[Claim], index: EvidenceIndex) -> list[ClaimCheck]:
         """Label every claim (one batched verifier call for all of them)."""
-        return self.check_many([(claims, index)])[0]
-
-    def check_many(
-        self, items: Sequence[tuple[Sequence[Claim], EvidenceIndex]]
-    ) -> list[list[ClaimCheck]]:
-        """:meth:`check` for several answers at once: one verifier call for all their claims."""
-        pairs: list[tuple[str, str]] = []
-        owners: list[tuple[int, int]] = []
-        selections: list[list[EvidenceSelection]] = []
-        for i, (claims, index) in enumerate(items):
-            chosen = [index.select(c.text) for c in claims] if index.chunks else []
-            selections.append(chosen)
-            if not chosen:
-                continue  # no evidence: labelled without the verifier
-            for k, (claim, sel) in enumerate(zip(claims, chosen, strict=True)):
-                pairs.append((claim.text, sel.window))
-                owners.append((i, k))
-                if sel.best_chunk is not None:
-                    pairs.append((claim.text, sel.best_chunk))
-                    owners.append((i, k))
-        probs = self.verifier.probabilities(pairs) if pairs else []
-        best = [[0.0] * len(claims) for claims, _ in items]
-        for (i, k), p in zip(owners, probs, strict=True):
-            best[i][k] = max(best[i][k], p)
-        return [
-            self._label(claims, index, chosen, scores)
-            for (claims, index), chosen, scores in zip(items, selections, best, strict=True)
-        ]
-
-    def _label(
-        self,
-        claims: Sequence[Claim],
-        index: EvidenceIndex,
-        selections: Sequence[EvidenceSelection],
-        best: Sequence[float],
-    ) -> list[ClaimCheck]:
         if not claims:
             return []
         if not index.chunks:
@@ -169,6 +133,19 @@ class ClaimScorer:
                 ClaimCheck(c, ClaimLabel.UNSUPPORTED, 0.0, 0.0, (), "no-evidence", "no chunks")
                 for c in claims
             ]
+        selections = [index.select(c.text) for c in claims]
+        pairs: list[tuple[str, str]] = []
+        owners: list[int] = []
+        for k, (claim, sel) in enumerate(zip(claims, selections, strict=True)):
+            pairs.append((claim.text, sel.window))
+            owners.append(k)
+            if sel.best_chunk is not None:
+                pairs.append((claim.text, sel.best_chunk))
+                owners.append(k)
+        probs = self.verifier.probabilities(pairs)
+        best = [0.0] * len(claims)
+        for k, p in zip(owners, probs, strict=True):
+            best[k] = max(best[k], p)
         all_text = "\n".join(chunk.text for chunk in index.chunks)
         band = self.verifier.band
         out: list[ClaimCheck] = []
@@ -236,18 +213,7 @@ class VerifierClaimSession:
         return tuple(self._checks)
 
     def _verify(self, claims: Sequence[Claim]) -> list[ClaimResult]:
-        return self.absorb(self._scorer.check(claims, self._index))
-
-    def segment(self, text: str) -> list[Claim]:
-        """The claims that ``text`` (newly streamed) completes, not yet verified."""
-        return self._segmenter.feed(text)
-
-    @property
-    def index(self) -> EvidenceIndex:
-        return self._index
-
-    def absorb(self, checks: Sequence[ClaimCheck]) -> list[ClaimResult]:
-        """Keep checks made for this answer's claims (by :meth:`ClaimScorer.check_many`)."""
+        checks = self._scorer.check(claims, self._index)
         self._checks.extend(checks)
         self._ask_judge(checks)
         return [c.result() for c in checks]
@@ -324,16 +290,6 @@ class VerifierClaimChecker:
         return VerifierClaimSession(
             self._scorer, chunks, scope, judge=self._judge, judge_labels=self._judge_labels
         )
-
-    def verify_many(
-        self, items: Sequence[tuple[VerifierClaimSession, str]]
-    ) -> list[list[ClaimResult]]:
-        """``feed`` for several answers' new text with one verifier call (a consumed batch)."""
-        claims = [session.segment(text) for session, text in items]
-        checks = self._scorer.check_many(
-            [(c, session.index) for (session, _), c in zip(items, claims, strict=True)]
-        )
-        return [session.absorb(found) for (session, _), found in zip(items, checks, strict=True)]
 
     def close(self) -> None:
         if self._judge is not None:

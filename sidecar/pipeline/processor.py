@@ -160,9 +160,6 @@ class Processor:
         self.store = JoinStore(settings.join.max_entries, settings.join.ttl_ms)
         self.counters = Counters()
         self._deferred: list[PendingRequest] | None = None  # completed within ``on_batch``
-        # requests with newly streamed text within ``on_batch``: their new claims are
-        # verified together at the end of the batch (one verifier call across requests)
-        self._streamed: dict[str, PendingRequest] | None = None
 
     @property
     def signals(self) -> SignalSuite:
@@ -182,7 +179,6 @@ class Processor:
         completion order.
         """
         self._deferred = []
-        self._streamed = {}
         try:
             step = Step()
             for kind, raw, key, ref in items:
@@ -197,12 +193,8 @@ class Processor:
                         self.dead_letter(raw, key, ref, InputError("internal-error", detail))
                     )
             deferred, self._deferred = self._deferred, None
-            streamed, self._streamed = self._streamed, None
         finally:
             self._deferred = None
-            self._streamed = None
-        if streamed:
-            step.extend(self._stream_claims_batch(list(streamed.values())))
         if not deferred:
             return step
         scores: list[LookbackSignal | None] = [None] * len(deferred)
@@ -256,14 +248,12 @@ class Processor:
             return step
         entry.refs.append(ref)
         entry.raws.append((key, raw or b""))
-        if self._streamed is not None and self._signals.claims is not None:
-            self._streamed[entry.request_id] = entry
         if entry.complete and self._deferred is not None:
             if entry not in self._deferred:
                 self._deferred.append(entry)
         elif entry.complete:
             step.extend(self._decide(entry, now_ms))
-        elif self._streamed is None:
+        else:
             step.extend(self._stream_claims(entry))
         return step
 
@@ -395,46 +385,6 @@ class Processor:
         step = Step(outputs=[self._claim_output(entry, r, span) for r in results])
         if results and not entry.stream_blocked:
             step.outputs.extend(self._strict_check(entry))
-        return step
-
-    def _stream_claims_batch(self, entries: Sequence[PendingRequest]) -> Step:
-        """``_stream_claims`` for every request with new text in a consumed batch, with one
-        verifier call across them when the checker can (``verify_many``)."""
-        checker = self._signals.claims
-        verify_many = getattr(checker, "verify_many", None)
-        live = [e for e in entries if self.store.get(e.request_id) is e]  # not evicted meanwhile
-        if checker is None or verify_many is None:
-            step = Step()
-            for entry in live:
-                step.extend(self._stream_claims(entry))
-            return step
-        work: list[tuple[PendingRequest, str]] = []
-        for entry in live:
-            if entry.retrieval is None:
-                continue
-            if entry.claims is None:
-                entry.claims = checker.open(
-                    entry.retrieval, entry.certification or NOT_CONFIGURED_RETRIEVAL
-                )
-            new_text = entry.streamed[entry.claims_fed :]
-            if new_text:
-                entry.claims_fed = len(entry.streamed)
-                work.append((entry, new_text))
-        if not work:
-            return Step()
-        t0 = time.time_ns()
-        try:
-            per_entry: list[list[ClaimResult]] = verify_many([(e.claims, t) for e, t in work])
-        except Exception:
-            log.exception("batched claim verification failed for %d requests", len(work))
-            return Step()
-        span = (t0, time.time_ns())
-        step = Step()
-        for (entry, _), results in zip(work, per_entry, strict=True):
-            entry.claim_results.extend(results)
-            step.outputs.extend(self._claim_output(entry, r, span) for r in results)
-            if results and not entry.stream_blocked:
-                step.outputs.extend(self._strict_check(entry))
         return step
 
     def _strict_check(self, entry: PendingRequest) -> list[Output]:

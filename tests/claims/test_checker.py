@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import orjson
 
@@ -149,50 +149,3 @@ def test_the_processor_publishes_claim_verdicts_and_a_policy_decision(
     assert "retrieval-not-configured" in codes and "claims-evidence-untrusted" in codes
     assert "claims-hallucination-rate-exceeded" in codes  # 1/2 > 0.20 (enterprise)
     assert verdict.decision.value == "block"
-
-
-def test_a_consumed_batch_verifies_the_claims_of_all_its_requests_in_one_call(
-    settings_factory: Callable[..., Settings],
-    retrieval_event: EventFactory,
-    delta_event: EventFactory,
-) -> None:
-    """Streaming claims of several requests in one batch: one verifier call, same labels."""
-    engine = PolicyEngine(load_policy(REPO / "models" / "policy" / "default.yaml"))
-    calls: list[int] = []
-
-    class Counting(LexicalVerifier):
-        def probabilities(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
-            calls.append(len(pairs))
-            return super().probabilities(pairs)
-
-    def stream(batched: bool) -> tuple[list[tuple[str, str, ClaimLabel]], list[int]]:
-        calls.clear()
-        suite = SignalSuite(claims=VerifierClaimChecker(ClaimScorer(Counting())))
-        p = Processor(settings_factory(), engine, signals=suite)
-        items = []
-        texts = ("Mary Shelley wrote ", "Frankenstein. It was 1818. ")
-        for n, rid in enumerate(("req-a", "req-b", "req-c")):
-            items.append((InputKind.RETRIEVAL, dumps(retrieval_event(rid)), 10 * n))
-            for seq, text in enumerate(texts):
-                delta = dumps(delta_event(rid, seq=seq, text=text))
-                items.append((InputKind.GENERATION, delta, 10 * n + 1 + seq))
-        refs = [(k, raw, None, InputRef(k.value, 0, off)) for k, raw, off in items]
-        if batched:
-            step = p.on_batch(refs, 0.0)
-            outputs = step.outputs
-        else:
-            outputs = [o for r in refs for o in p.on_message(*r, 0.0).outputs]
-        verdicts = [
-            ClaimVerdict.model_validate(orjson.loads(o.value))
-            for o in outputs
-            if o.destination is Destination.CLAIMS
-        ]
-        return [(v.request_id, v.text, v.label) for v in verdicts], list(calls)
-
-    one_by_one, single_calls = stream(batched=False)
-    together, batch_calls = stream(batched=True)
-    assert len(single_calls) == 3  # one verifier call per request's completed sentences
-    assert len(batch_calls) == 1 and batch_calls[0] == sum(single_calls)
-    assert sorted(together) == sorted(one_by_one)
-    assert {rid for rid, _, _ in together} == {"req-a", "req-b", "req-c"}
-    assert ("req-b", "It was 1818.", ClaimLabel.UNSUPPORTED) in together
