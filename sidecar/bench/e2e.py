@@ -64,6 +64,7 @@ class RunResult:
     rss_mb: float = 0.0
     cpu_s: float = 0.0
     max_lag: int = 0
+    incomplete: int = 0  # verdicts for requests evicted by the join TTL (not fully processed)
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -181,10 +182,13 @@ class Bench:
         cpu0 = {s.pid: _proc_cpu_s(s.pid) for s in sidecars if s.pid}
         times: list[float] = []
         rss = 0.0
+        incomplete = 0
 
         def on_verdict(obj: dict[str, Any], now: float) -> None:
+            nonlocal incomplete
             del now  # the sidecar's own production time is what counts here
             times.append(datetime.fromisoformat(obj["produced_at"]).timestamp())
+            incomplete += any(r["code"] == "incomplete" for r in obj["reasons"])
 
         async def sample() -> None:
             nonlocal rss
@@ -214,6 +218,7 @@ class Bench:
             throughput_answers_per_s=round((len(times) - 1) / seconds, 1) if seconds > 0 else 0.0,
             rss_mb=round(rss, 1),
             cpu_s=round(cpu, 2),
+            incomplete=incomplete,
         )
 
     async def open_loop(
@@ -230,10 +235,13 @@ class Bench:
         sentence_sent: dict[tuple[str, int], float] = {}
         latencies: list[float] = []
         claim_latencies: list[float] = []
+        incomplete = 0
 
         last_verdict = [0.0]
 
         def on_verdict(obj: dict[str, Any], now: float) -> None:
+            nonlocal incomplete
+            incomplete += any(r["code"] == "incomplete" for r in obj["reasons"])
             sent = final_sent.get(obj["request_id"])
             if sent is not None:
                 latencies.append((now - sent) * 1000.0)
@@ -296,6 +304,7 @@ class Bench:
             claim_latency_ms=percentiles(claim_latencies),
             rss_mb=round(rss, 1),
             cpu_s=round(cpu, 2),
+            incomplete=incomplete,
         )
 
     @staticmethod

@@ -120,7 +120,7 @@ def test_a_slow_judge_falls_back_within_the_timeout(
     labels, elapsed, runner = run_answer(url, retrieval, timeout_s=0.3)
     runner.close()
     assert labels == [ClaimLabel.UNCERTAIN]  # the verifier's label stands
-    assert elapsed < 1.0
+    assert elapsed < state.delay_s  # the answer did not wait for the slow judge
     # the socket timeout and the collection deadline are both timeout_s: either may fire first
     assert runner.stats["late"] + runner.stats["failed"] == 1
 
