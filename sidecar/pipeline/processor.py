@@ -138,6 +138,16 @@ def idempotency_key(request_id: str, *parts: bytes | None) -> str:
     return h.hexdigest()[:32]
 
 
+def _check_key(key: bytes | None, request_id: str, where: str) -> None:
+    """Every topic the sidecar reads is keyed by request_id (co-partitioning relies on it)."""
+    if key is not None and key != request_id.encode("utf-8"):
+        raise InputError(
+            "key-mismatch",
+            f"message key {key[:64]!r} differs from request_id {request_id!r}; "
+            f"{where} must be keyed by request_id",
+        )
+
+
 def _wall_clock() -> datetime:
     return datetime.now(UTC)
 
@@ -264,12 +274,7 @@ class Processor:
         now_ms: float,
     ) -> None:
         """Checks that need the message's envelope or the store, not just its body."""
-        if key is not None and key != event.request_id.encode("utf-8"):
-            raise InputError(
-                "key-mismatch",
-                f"message key {key[:64]!r} differs from request_id {event.request_id!r}; "
-                "input topics must be keyed by request_id",
-            )
+        _check_key(key, event.request_id, "input topics")
         if self.store.get(event.request_id) is None and self.store.was_closed(
             event.request_id, now_ms
         ):
@@ -281,12 +286,7 @@ class Processor:
 
     def _feedback(self, event: FeedbackEvent, key: bytes | None, ref: InputRef) -> Step:
         """A labelled outcome: folded into the coverage bound; nothing is published."""
-        if key is not None and key != event.request_id.encode("utf-8"):
-            raise InputError(
-                "key-mismatch",
-                f"message key {key[:64]!r} differs from request_id {event.request_id!r}; "
-                "the feedback topic must be keyed by request_id",
-            )
+        _check_key(key, event.request_id, "the feedback topic")
         self.counters.feedback += 1
         coverage = self._signals.coverage
         if coverage is None or not coverage.observe_feedback(event):

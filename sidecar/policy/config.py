@@ -75,11 +75,11 @@ class RetrievalRules(_Model):
     when_exchangeability_broken: Action = "caveat"
 
 
-class LookbackRules(_Model):
-    """Lookback-ratio p(factual) (seed 000 section 3.3)."""
+class _ThresholdRules(_Model):
+    """A probability signal: block below one threshold, caveat below another."""
 
     block_below: Rate = 0.0
-    caveat_below: Rate = 0.5
+    caveat_below: Rate = 0.0
     when_missing: Action = "allow"
 
     @model_validator(mode="after")
@@ -89,6 +89,12 @@ class LookbackRules(_Model):
                 f"block_below ({self.block_below}) must be <= caveat_below ({self.caveat_below})"
             )
         return self
+
+
+class LookbackRules(_ThresholdRules):
+    """Lookback-ratio p(factual) (seed 000 section 3.3)."""
+
+    caveat_below: Rate = 0.5
 
 
 class ClaimsRules(_Model):
@@ -111,23 +117,11 @@ class ClaimsRules(_Model):
         return self
 
 
-class ConfidenceRules(_Model):
+class ConfidenceRules(_ThresholdRules):
     """The calibrated probability that the answer is correct (seed 004).
 
     Both thresholds default to 0 (the rule never fires); a profile opts in.
     """
-
-    block_below: Rate = 0.0
-    caveat_below: Rate = 0.0
-    when_missing: Action = "allow"
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Self:
-        if self.block_below > self.caveat_below:
-            raise ValueError(
-                f"block_below ({self.block_below}) must be <= caveat_below ({self.caveat_below})"
-            )
-        return self
 
 
 class Profile(_Model):

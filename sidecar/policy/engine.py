@@ -49,6 +49,8 @@ from sidecar.policy.base import PolicyOutcome
 from sidecar.policy.config import (
     SEVERITY,
     Action,
+    ConfidenceRules,
+    LookbackRules,
     PolicyConfig,
     PolicyTexts,
     Profile,
@@ -141,20 +143,20 @@ def _lookback(sig: LookbackSignal, profile: Profile) -> list[Finding]:
     if sig.status is not SignalStatus.OK or sig.p_factual is None:
         status = SignalStatus.UNAVAILABLE if sig.status is SignalStatus.OK else sig.status
         return [_missing("lookback", status, rules.when_missing)]
-    p = sig.p_factual
+    return _thresholds(sig.p_factual, rules, "lookback", "p(factual)")
+
+
+def _thresholds(
+    p: float, rules: LookbackRules | ConfidenceRules, signal: SignalName, name: str
+) -> list[Finding]:
+    """``<signal>-very-low`` (block) below ``block_below``, ``<signal>-low`` (caveat) below
+    ``caveat_below``, nothing otherwise."""
     if p < rules.block_below:
         return [
-            _f(
-                "block",
-                "lookback-very-low",
-                f"p(factual) = {p:.2f} < {rules.block_below}",
-                "lookback",
-            )
+            _f("block", f"{signal}-very-low", f"{name} = {p:.2f} < {rules.block_below}", signal)
         ]
     if p < rules.caveat_below:
-        return [
-            _f("caveat", "lookback-low", f"p(factual) = {p:.2f} < {rules.caveat_below}", "lookback")
-        ]
+        return [_f("caveat", f"{signal}-low", f"{name} = {p:.2f} < {rules.caveat_below}", signal)]
     return []
 
 
@@ -221,13 +223,7 @@ def _confidence(confidence: float | None, profile: Profile) -> list[Finding]:
         return []  # the profile does not use the calibrated confidence
     if confidence is None:
         return [_missing("confidence", SignalStatus.NOT_CONFIGURED, rules.when_missing)]
-    if confidence < rules.block_below:
-        message = f"calibrated p(correct) = {confidence:.2f} < {rules.block_below}"
-        return [_f("block", "confidence-very-low", message, "confidence")]
-    if confidence < rules.caveat_below:
-        message = f"calibrated p(correct) = {confidence:.2f} < {rules.caveat_below}"
-        return [_f("caveat", "confidence-low", message, "confidence")]
-    return []
+    return _thresholds(confidence, rules, "confidence", "calibrated p(correct)")
 
 
 def evaluate_signals(
