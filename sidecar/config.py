@@ -50,6 +50,13 @@ class KafkaSettings(_Section):
         default=10, ge=0, le=10_000, description="how long a fetch may wait for data (latency)"
     )
     request_timeout_ms: int = Field(default=30_000, ge=1_000)
+    align_slack_ms: int = Field(
+        default=1_000,
+        ge=0,
+        description="while catching up, pause the input partition whose record timestamps run "
+        "this far ahead of its co-partition's (the join store then holds whole requests, not "
+        "half-requests it must evict); 0 disables",
+    )
 
     @model_validator(mode="after")
     def _sasl_complete(self) -> Self:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
@@ -34,6 +34,7 @@ from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.exceptions import InputError
 from sidecar.kafka.security import faststream_security
+from sidecar.pipeline.flow import InputAligner
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.offsets import OffsetTracker
 from sidecar.pipeline.processor import Destination, Output, Processor, Step
@@ -98,6 +99,8 @@ class LoopState:
     commits: int = 0
     last_committed: dict[tuple[str, int], int] = field(default_factory=dict)
     publish_retries: int = 0
+    flow_paused: frozenset[tuple[str, int]] = frozenset()  # paused by the input aligner
+    flow_pauses: int = 0
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -153,6 +156,10 @@ class SidecarService:
             "decoder": _raw_decoder,
         }
         self._pipelined = settings.kafka.batch
+        slack = settings.kafka.align_slack_ms
+        self.aligner = (
+            InputAligner(topics.retrieval, topics.generation, slack) if slack > 0 else None
+        )
         if settings.kafka.batch:
             self.subscriber = self.broker.subscriber(
                 topics.retrieval,
@@ -238,7 +245,11 @@ class SidecarService:
         async with self._handler_lock:
             if self._stopping.is_set():
                 return  # not tracked, not finished: the next owner reads it
-            await self.emit(self._process(msg.raw_message))
+            record: ConsumerRecord[bytes, bytes] = msg.raw_message
+            if self.aligner is not None:
+                self.aligner.observe(record.topic, record.partition, record.timestamp)
+            await self.emit(self._process(record))
+            await self.align()
 
     async def _on_batch(self, body: Any, msg: KafkaMessage) -> None:
         records: tuple[ConsumerRecord[bytes, bytes], ...] = msg.raw_message
@@ -254,12 +265,15 @@ class SidecarService:
                     headers=tuple(record.headers or ()),
                 )
                 self.tracker.track(ref.tp, ref.offset)
+                if self.aligner is not None:
+                    self.aligner.observe(record.topic, record.partition, record.timestamp)
                 kind = self._kinds.get(record.topic)
                 if kind is None:  # not ours (a pattern or misconfigured subscription)
                     self.tracker.done(ref.tp, ref.offset)
                     continue
                 items.append((kind, record.value, record.key, ref))
             await self.emit(self.processor.on_batch(items, time.monotonic() * 1000.0))
+            await self.align()
 
     def _process(self, record: ConsumerRecord[bytes, bytes]) -> Step:
         ref = InputRef(
@@ -372,17 +386,43 @@ class SidecarService:
             self.state.last_committed.update(offsets)
             return offsets
 
-    def _measure_lag(self) -> None:
+    async def _measure_lag(self) -> None:
         consumer = getattr(self.subscriber, "consumer", None)
         if consumer is None or not hasattr(consumer, "highwater"):
             return
-        lag = {}
-        for topic, partition in self.state.assigned:
-            high = consumer.highwater(TopicPartition(topic, partition))
-            seen = self.tracker.next_offset((topic, partition))
-            if high is not None:
-                lag[(topic, partition)] = max(0, high - (seen or 0))
-        self.lag = lag
+        self.lag = {tp: await self._backlog(consumer, tp) for tp in self.state.assigned}
+
+    async def _backlog(self, consumer: Any, tp: tuple[str, int]) -> int:
+        """Records of ``tp`` in Kafka that this consumer has not handed out yet (0: unknown)."""
+        part = TopicPartition(*tp)
+        try:
+            high = consumer.highwater(part)
+            if high is None:  # not fetched yet: no fetch response, no position to wait for
+                return 0
+            seen = self.tracker.next_offset(tp)
+            position = seen if seen is not None else await consumer.position(part)
+        except (AssertionError, IllegalStateError):  # revoked meanwhile
+            return 0
+        return max(0, int(high) - int(position))
+
+    async def align(self) -> None:
+        """Pause / resume input partitions so that co-partitions stay aligned in time."""
+        consumer = getattr(self.subscriber, "consumer", None)
+        if self.aligner is None or consumer is None or not hasattr(consumer, "pause"):
+            return
+        if self._stopping.is_set():  # stop() paused everything; nothing resumes now
+            return
+        assigned = self.state.assigned
+        backlog = {tp: await self._backlog(consumer, tp) for tp in assigned}
+        store = self.processor.store
+        pressure = 2 * len(store) >= store.max_entries
+        decision = self.aligner.decide(assigned, lambda tp: backlog.get(tp, 0), pressure=pressure)
+        if decision.pause:
+            consumer.pause(*(TopicPartition(*tp) for tp in decision.pause))
+        if decision.resume:
+            consumer.resume(*(TopicPartition(*tp) for tp in decision.resume))
+        self.state.flow_paused = self.aligner.paused
+        self.state.flow_pauses = self.aligner.pauses
 
     async def on_revoked(self, revoked: set[tuple[str, int]]) -> None:
         try:
@@ -391,6 +431,8 @@ class SidecarService:
             log.warning("commit before revocation failed (%s); the new owner re-reads", exc)
         dropped = self.processor.store.drop_partitions(revoked)
         self.tracker.forget(revoked)
+        if self.aligner is not None:
+            self.aligner.forget(revoked)
         self.state.assigned -= revoked
         if dropped:
             log.info("revoked %s: %d open requests left to their new owner", revoked, dropped)
@@ -434,6 +476,7 @@ class SidecarService:
             try:
                 await self.emit(self.processor.on_tick(time.monotonic() * 1000.0))
                 await self.commit()
-                self._measure_lag()
+                await self._measure_lag()
+                await self.align()
             except KafkaError as exc:
                 log.warning("tick: %s (will retry)", exc)

@@ -1,0 +1,142 @@
+"""Catching up on a backlog: the join store holds whole requests, not half-requests.
+
+A pre-filled backlog (the sidecar was down while the LLM service kept writing)
+is drained by a sidecar with a small join store. Without input alignment the
+consumer reads ahead on one input topic and the store evicts half-requests by
+capacity as ``incomplete`` although their other half is in Kafka; with it
+(``kafka.align_slack_ms``, the default) every request gets its full verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from sidecar.config import Settings
+from sidecar.kafka.app import SidecarService
+from sidecar.kafka.topics import create_topics
+from sidecar.localkafka.broker import LocalKafka
+from sidecar.pipeline.processor import Processor
+from sidecar.policy import PlaceholderPolicy
+from tests.conftest import EventFactory
+from tests.kafka.harness import wait_until
+
+pytestmark = pytest.mark.connected
+
+REQUESTS = 1500
+STORE = 300  # open requests the join may hold: a fifth of the backlog ...
+POLL = 50  # ... and several consumed batches (the production ratio: 10,000 vs 500)
+
+
+async def _prefill(
+    settings: Settings, retrieval_event: EventFactory, final_event: EventFactory
+) -> None:
+    """REQUESTS requests, each written as the service would: retrieval, then the answer."""
+    t = settings.topics
+    padding = "Background text of a retrieved chunk. " * 40  # retrievals outweigh answers
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, linger_ms=5)
+    await producer.start()
+    try:
+        for i in range(REQUESTS):
+            rid = f"req-{i}"
+            hits = [
+                {"chunk_id": f"c{j}", "doc_id": "d", "score": 0.7 - j / 10, "text": padding}
+                for j in range(3)
+            ]
+            retrieval = retrieval_event(rid, hits=hits, k=3)
+            await producer.send(t.retrieval, orjson.dumps(retrieval), key=rid.encode())
+            await producer.send(t.generation, orjson.dumps(final_event(rid)), key=rid.encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def _verdicts(settings: Settings, n: int, timeout_s: float) -> list[dict[str, Any]]:
+    """Verdicts until ``n`` distinct requests have one (an evicted request may get two)."""
+    consumer = AIOKafkaConsumer(
+        settings.topics.verdicts,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    out: list[dict[str, Any]] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            while len({v["request_id"] for v in out}) < n:
+                batch = await consumer.getmany(timeout_ms=200)
+                out.extend(orjson.loads(r.value) for rs in batch.values() for r in rs)
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def _drain(
+    kafka_broker: LocalKafka,
+    topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    slack_ms: int,
+) -> tuple[list[dict[str, Any]], SidecarService]:
+    settings = Settings.load(
+        kafka={
+            "bootstrap_servers": kafka_broker.bootstrap_servers,
+            "group_id": topics["group"],
+            "align_slack_ms": slack_ms,
+            "max_poll_records": POLL,
+        },
+        topics={**{k: v for k, v in topics.items() if k != "group"}, "partitions": 3},
+        join={"max_entries": STORE, "ttl_ms": 120_000, "sweep_interval_ms": 100},
+        http={"enabled": False},
+    )
+    await create_topics(settings)
+    await _prefill(settings, retrieval_event, final_event)
+    service = SidecarService(settings, Processor(settings, PlaceholderPolicy()))
+    await service.start()
+    try:
+        await wait_until(lambda: service.ready, 30, "partition assignment")
+        verdicts = await _verdicts(settings, REQUESTS, timeout_s=120)
+    finally:
+        await service.stop()
+    return verdicts, service
+
+
+def _incomplete(verdicts: list[dict[str, Any]]) -> int:
+    return sum(any(r["code"] == "incomplete" for r in v["reasons"]) for v in verdicts)
+
+
+async def test_backlog_drains_with_whole_requests_when_inputs_are_aligned(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    verdicts, service = await _drain(
+        kafka_broker, unique_topics, retrieval_event, final_event, slack_ms=1000
+    )
+    expected = sorted(f"req-{i}" for i in range(REQUESTS))
+    assert sorted(v["request_id"] for v in verdicts) == expected  # one each, none twice
+    assert _incomplete(verdicts) == 0
+    assert service.processor.store.evictions == 0
+    assert service.state.flow_pauses > 0  # the aligner did the work, not luck
+    assert service.state.flow_paused == frozenset()  # nothing stays paused after the drain
+
+
+async def test_without_alignment_the_same_backlog_loses_half_requests_to_capacity(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """The control: the test above would fail without the aligner."""
+    verdicts, service = await _drain(
+        kafka_broker, unique_topics, retrieval_event, final_event, slack_ms=0
+    )
+    assert len({v["request_id"] for v in verdicts}) == REQUESTS  # still no request without one
+    assert service.processor.store.evictions > STORE
+    assert _incomplete(verdicts) > REQUESTS // 10
+    assert service.state.flow_pauses == 0

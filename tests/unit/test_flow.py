@@ -1,0 +1,131 @@
+"""Input alignment: which co-partition the consumer pauses while it catches up."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.pipeline.flow import FlowDecision, InputAligner
+
+R, G = "rag.retrieval", "rag.generation"
+PAIRS = {(R, 0), (G, 0), (R, 1), (G, 1)}
+
+
+def backlog_of(**lag: int) -> dict[tuple[str, int], int]:
+    """``r0=5, g1=2`` -> {(R, 0): 5, (G, 1): 2}."""
+    topic = {"r": R, "g": G}
+    return {(topic[name[0]], int(name[1:])): n for name, n in lag.items()}
+
+
+def decide(aligner: InputAligner, **lag: int) -> FlowDecision:
+    table = backlog_of(**lag)
+    return aligner.decide(PAIRS, lambda tp: table.get(tp, 0))
+
+
+def test_the_side_ahead_in_time_pauses_while_its_partner_has_a_backlog() -> None:
+    a = InputAligner(R, G, slack_ms=1000)
+    a.observe(R, 0, 10_000)
+    a.observe(G, 0, 8_500)  # generation[0] is 1.5 s behind and has records to read
+    d = decide(a, g0=40)
+    assert d.pause == {(R, 0)}
+    assert not d.resume
+    assert a.paused == {(R, 0)}
+    assert a.pauses == 1
+    # nothing changes while the gap stays over half the slack (hysteresis) ...
+    a.observe(G, 0, 9_400)
+    assert not decide(a, g0=20)
+    # ... and the partition resumes once the partner is within half the slack
+    a.observe(G, 0, 9_600)
+    d = decide(a, g0=10)
+    assert d.resume == {(R, 0)}
+    assert not d.pause
+    assert a.paused == frozenset()
+
+
+def test_generation_ahead_pauses_generation() -> None:
+    a = InputAligner(R, G, slack_ms=500)
+    a.observe(G, 1, 5_000)
+    a.observe(R, 1, 1_000)
+    assert decide(a, r1=3).pause == {(G, 1)}
+
+
+def test_a_caught_up_partner_never_holds_the_other_side() -> None:
+    """A request whose other half never comes must not stall its partition."""
+    a = InputAligner(R, G, slack_ms=1000)
+    a.observe(R, 0, 60_000)
+    a.observe(G, 0, 1_000)
+    assert not decide(a)  # generation[0] has nothing left to read: no pause
+    assert decide(a, g0=1).pause == {(R, 0)}
+    assert decide(a, g0=0).resume == {(R, 0)}  # partner drained: resume at once
+
+
+def test_a_partner_with_a_backlog_and_nothing_consumed_is_behind() -> None:
+    a = InputAligner(R, G, slack_ms=1000)
+    a.observe(R, 0, 5)
+    assert decide(a, g0=100).pause == {(R, 0)}
+
+
+def test_within_the_slack_nothing_pauses() -> None:
+    a = InputAligner(R, G, slack_ms=1000)
+    a.observe(R, 0, 2_000)
+    a.observe(G, 0, 1_000)  # exactly the slack: not beyond it
+    assert not decide(a, g0=10, r0=10)
+
+
+def test_partitions_are_independent() -> None:
+    a = InputAligner(R, G, slack_ms=100)
+    a.observe(R, 0, 1_000)
+    a.observe(G, 0, 0)
+    a.observe(R, 1, 0)
+    a.observe(G, 1, 1_000)
+    d = decide(a, g0=1, r1=1)
+    assert d.pause == {(R, 0), (G, 1)}
+
+
+def test_only_assigned_pairs_count_and_revoked_state_is_forgotten() -> None:
+    a = InputAligner(R, G, slack_ms=100)
+    a.observe(R, 0, 1_000)
+    a.observe(G, 0, 0)
+    assert decide(a, g0=5).pause == {(R, 0)}
+    # generation[0] went to another instance: the pair is incomplete here, no decision
+    d = a.decide({(R, 0)}, lambda tp: 5)
+    assert d.resume == {(R, 0)}
+    a.forget({(R, 0), (G, 0)})
+    assert a.paused == frozenset()
+    assert not decide(a, g0=5)  # nothing consumed on either side any more
+    # a partition this consumer lost while paused leaves the paused set without a resume
+    a.observe(R, 1, 1_000)
+    a.observe(G, 1, 0)
+    assert decide(a, g1=5).pause == {(R, 1)}
+    assert not a.decide({(R, 0), (G, 0)}, lambda tp: 5)
+    assert a.paused == frozenset()
+
+
+def test_observe_ignores_other_topics_and_missing_timestamps() -> None:
+    a = InputAligner(R, G, slack_ms=100)
+    a.observe("rag.feedback", 0, 10_000)
+    a.observe(R, 0, None)
+    a.observe(R, 0, -1)  # Kafka's "no timestamp"
+    a.observe(G, 0, 0)
+    assert not decide(a, g0=5)  # retrieval[0] has no clock: feedback and bad stamps are ignored
+    a.observe(R, 0, 500)
+    a.observe(R, 0, 200)  # older records do not move the clock back
+    assert decide(a, g0=5).pause == {(R, 0)}
+
+
+@pytest.mark.parametrize(("left", "right", "slack"), [(R, R, 100), (R, G, 0), (R, G, -5)])
+def test_invalid_construction(left: str, right: str, slack: int) -> None:
+    with pytest.raises(ValueError, match=r"differ|positive"):
+        InputAligner(left, right, slack_ms=slack)
+
+
+def test_under_pressure_any_lead_pauses_the_leading_side() -> None:
+    """A burst packs many requests into the slack: a filling store shrinks it to zero."""
+    a = InputAligner(R, G, slack_ms=1000)
+    a.observe(R, 0, 1_300)
+    a.observe(G, 0, 1_000)
+    assert not decide(a, g0=10)
+    d = a.decide(PAIRS, lambda tp: 10 if tp == (G, 0) else 0, pressure=True)
+    assert d.pause == {(R, 0)}
+    a.observe(G, 0, 1_300)  # caught up exactly: no lead left
+    d = a.decide(PAIRS, lambda tp: 10 if tp == (G, 0) else 0, pressure=True)
+    assert d.resume == {(R, 0)}
