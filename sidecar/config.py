@@ -263,6 +263,12 @@ class Settings(BaseSettings):
     qdrant: QdrantSettings = QdrantSettings()
     coverage: CoverageSettings = CoverageSettings()
     shutdown_grace_ms: int = Field(default=10_000, ge=0)
+    gc_freeze: bool = Field(
+        default=True,
+        description="move everything loaded at start (models, calibrations, imports) out of "
+        "the cyclic garbage collector's reach: full collections then scan only request-time "
+        "objects (about 40 ms -> under 1 ms per pause on this machine)",
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import subprocess
@@ -156,6 +157,20 @@ def check(settings: Settings) -> dict[str, object]:
     return {"config": "ok", "policy": policy.name, "models": signals.versions()}
 
 
+def freeze_startup_objects() -> int:
+    """Collect once, then exempt every object alive now from later cyclic collections.
+
+    The models, calibrations and imported modules are ~70,000 tracked objects;
+    a full (generation 2) collection walks them all, ~40 ms on this machine,
+    and at 500 answers/s one happens every few seconds: a latency tail made of
+    garbage collector pauses. Frozen, they are never scanned again (they live
+    as long as the process anyway). Returns how many objects were frozen.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 async def serve(settings: Settings) -> None:
     logging.getLogger().setLevel(settings.log_level)
     if settings.log_level == "DEBUG":
@@ -181,6 +196,8 @@ async def serve(settings: Settings) -> None:
         )
         await health.start()
         log.info("health endpoints on %s:%d", settings.http.host, health.port)
+    if settings.gc_freeze:
+        freeze_startup_objects()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
