@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.bench.e2e import Bench, LoadShape
+from sidecar.bench.profile import profile_requests
 from sidecar.bench.stages import run_stages
 from sidecar.chaos.process import SidecarProcess
 from sidecar.config import Settings
@@ -72,6 +73,20 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     settings = Settings.load()
     _log("stages in isolation")
     stages = run_stages(settings, runtime.build_policy(settings), runtime.build_signals(settings))
+    _log("profiles: whole requests through the processor (fast path, claim path)")
+    claim_settings = Settings.load(signals={"claims": True})
+    profiles = {
+        "fast_path": profile_requests(
+            settings, runtime.build_policy(settings), runtime.build_signals(settings), n=1000
+        ),
+        "claim_path": profile_requests(
+            claim_settings,
+            runtime.build_policy(claim_settings),
+            runtime.build_signals(claim_settings),
+            n=100,
+            shape=claims_shape,
+        ),
+    }
     res = {k: asdict(v) for k, v in runs.items()}
     return {
         "throughput_answers_per_s": runs["fast_drain"].throughput_answers_per_s,
@@ -95,6 +110,7 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
         "quick": quick,
         "runs": res,
         "stages": stages,
+        "profiles": profiles,
     }
 
 

@@ -2,7 +2,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from sidecar.bench.e2e import LoadShape, answer_events, percentiles
+from sidecar.bench.profile import package_of, profile_requests
 from sidecar.bench.stages import run_stages
 from sidecar.config import Settings
 from sidecar.pipeline.signals import SignalSuite
@@ -35,3 +38,26 @@ def test_stage_benchmarks_run_and_report_microseconds(
         "verdict_encode",
     ):
         assert out[stage]["p50_us"] > 0, stage
+
+
+def test_package_of_names_the_library_or_ours() -> None:
+    site = "/x/.venv/lib/python3.11/site-packages"
+    assert package_of(f"{site}/onnxruntime/capi/session.py") == "onnxruntime"
+    assert package_of("/work/main/sidecar/claims/evidence.py") == "sidecar"
+    assert package_of("<built-in>") == "builtins"
+    assert package_of("/usr/lib/python3.11/asyncio/events.py") == "stdlib"
+
+
+def test_profile_attributes_self_time_to_functions(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    """Whole requests under the sampling profiler: shares sum to one, our code shows up."""
+    out = profile_requests(settings_factory(), PlaceholderPolicy(), SignalSuite(), n=200, top=5)
+    assert out["requests"] == 200
+    assert out["claims_on"] is False
+    assert sum(out["by_package"].values()) == pytest.approx(1.0, abs=0.01)
+    assert "sidecar" in out["by_package"]
+    rows = out["top_self_time"]
+    assert 1 <= len(rows) <= 5
+    assert [r["share"] for r in rows] == sorted((r["share"] for r in rows), reverse=True)
+    assert all(r["ms_per_request"] >= 0 and ":" in r["where"] for r in rows)
