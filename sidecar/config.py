@@ -194,6 +194,9 @@ class SignalSettings(_Section):
     # card), which the default policy turns into blocks; enable it to try claim streaming
     claims: bool = False
     verifier: str = "verifier"
+    verifier_threads: int = Field(
+        default=1, ge=1, le=64, description="onnxruntime intra-op threads for the claim verifier"
+    )
     confidence: bool = True
     confidence_model: str = "confidence/smollm2-135m-nq"
     retrieve_again_tau: float | None = Field(
@@ -234,6 +237,41 @@ class QdrantSettings(_Section):
     path: str | None = Field(default=None, description="local mode storage (unset: in memory)")
 
 
+class JudgeSettings(_Section):
+    """An optional LLM judge (OpenAI-compatible chat completions) for uncertain claims.
+
+    Off unless ``endpoint`` is set; needs the claim check on
+    (``GUARDRAIL_SIGNALS__CLAIMS=true``). The stream never waits for it beyond
+    ``timeout_s`` per call (sidecar.claims.judge).
+    """
+
+    endpoint: str | None = Field(default=None, description="base URL, e.g. http://llm:8000/v1")
+    model: str | None = None
+    api_key: SecretStr | None = None
+    prompt: Literal["seed001", "seed002"] = "seed002"
+    timeout_s: float = Field(default=2.0, gt=0.0, le=60.0)
+    max_calls_per_answer: int = Field(default=3, ge=0, le=100)
+    failure_threshold: int = Field(default=3, ge=1)
+    cooldown_s: float = Field(default=30.0, ge=0.0)
+    max_workers: int = Field(default=4, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _complete(self) -> Self:
+        if self.endpoint is None:
+            return self
+        if not self.endpoint.startswith(("http://", "https://")):
+            raise ValueError(
+                f"judge endpoint must be an http(s) URL, got {self.endpoint!r} "
+                "(GUARDRAIL_JUDGE__ENDPOINT)"
+            )
+        if not self.model:
+            raise ValueError(
+                "a judge endpoint needs a model name (GUARDRAIL_JUDGE__MODEL), "
+                "e.g. the served model's id"
+            )
+        return self
+
+
 class MetricsSettings(_Section):
     """Metrics export. OTLP follows the standard OTEL_* variables; Prometheus is opt-in."""
 
@@ -262,6 +300,7 @@ class Settings(BaseSettings):
     policy: PolicySettings = PolicySettings()
     qdrant: QdrantSettings = QdrantSettings()
     coverage: CoverageSettings = CoverageSettings()
+    judge: JudgeSettings = JudgeSettings()
     shutdown_grace_ms: int = Field(default=10_000, ge=0)
     gc_freeze: bool = Field(
         default=True,

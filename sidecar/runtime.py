@@ -21,6 +21,7 @@ from sidecar.policy import Policy
 from sidecar.telemetry import configure_from_env
 
 if TYPE_CHECKING:
+    from sidecar.claims.judge import JudgeConfig
     from sidecar.confidence.fleet import CoverageMonitor
 
 log = logging.getLogger("sidecar")
@@ -77,7 +78,15 @@ def build_signals(settings: Settings) -> SignalSuite:
         verifier_dir = _artifact(
             settings, sig.verifier, "the claim verifier", "GUARDRAIL_SIGNALS__CLAIMS"
         )
-        claims = load_claim_checker(verifier_dir, threads=1, judge=None)
+        claims = load_claim_checker(
+            verifier_dir, threads=sig.verifier_threads, judge=_judge_config(settings)
+        )
+    elif settings.judge.endpoint is not None:
+        raise ConfigError(
+            "GUARDRAIL_JUDGE__ENDPOINT is set but the claim check is off: the judge only "
+            "refines the verifier's claim labels; set GUARDRAIL_SIGNALS__CLAIMS=true or unset "
+            "the endpoint"
+        )
     confidence = None
     if sig.confidence:
         from sidecar.confidence.scorer import CalibratedConfidenceScorer  # noqa: PLC0415
@@ -95,6 +104,25 @@ def build_signals(settings: Settings) -> SignalSuite:
         claims=claims,
         confidence=confidence,
         coverage=build_coverage(settings),
+    )
+
+
+def _judge_config(settings: Settings) -> JudgeConfig | None:
+    judge = settings.judge
+    if judge.endpoint is None or judge.model is None:
+        return None
+    from sidecar.claims.judge import JudgeConfig  # noqa: PLC0415
+
+    return JudgeConfig(
+        endpoint=judge.endpoint,
+        model=judge.model,
+        prompt=judge.prompt,
+        timeout_s=judge.timeout_s,
+        max_calls_per_answer=judge.max_calls_per_answer,
+        failure_threshold=judge.failure_threshold,
+        cooldown_s=judge.cooldown_s,
+        max_workers=judge.max_workers,
+        api_key=judge.api_key.get_secret_value() if judge.api_key is not None else None,
     )
 
 

@@ -1,0 +1,75 @@
+"""The optional LLM judge is configured from the environment (GUARDRAIL_JUDGE__*)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar import runtime
+from sidecar.claims.checker import VerifierClaimChecker
+from sidecar.config import Settings
+from sidecar.exceptions import ConfigError
+
+
+def test_the_judge_is_off_by_default() -> None:
+    settings = Settings.load(signals={"claims": True})
+    assert settings.judge.endpoint is None
+    checker = runtime.build_signals(settings).claims
+    assert isinstance(checker, VerifierClaimChecker)
+    assert not checker.version.endswith("+judge")
+
+
+def test_judge_settings_reach_the_claim_checker(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "GUARDRAIL_SIGNALS__CLAIMS": "true",
+        "GUARDRAIL_SIGNALS__VERIFIER_THREADS": "2",
+        "GUARDRAIL_JUDGE__ENDPOINT": "http://127.0.0.1:9/v1",
+        "GUARDRAIL_JUDGE__MODEL": "judge-7b",
+        "GUARDRAIL_JUDGE__API_KEY": "sk-very-secret",
+        "GUARDRAIL_JUDGE__TIMEOUT_S": "0.5",
+        "GUARDRAIL_JUDGE__MAX_CALLS_PER_ANSWER": "2",
+        "GUARDRAIL_JUDGE__PROMPT": "seed001",
+    }.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings.load()
+    assert "sk-very-secret" not in str(settings.redacted())
+    checker = runtime.build_signals(settings).claims
+    assert isinstance(checker, VerifierClaimChecker)
+    assert checker.version.endswith("+judge")
+    judge = checker._judge  # the wiring is what is under test
+    assert judge is not None
+    config = judge.config
+    assert (config.endpoint, config.model, config.prompt) == (
+        "http://127.0.0.1:9/v1",
+        "judge-7b",
+        "seed001",
+    )
+    assert (config.timeout_s, config.max_calls_per_answer) == (0.5, 2)
+    assert config.api_key == "sk-very-secret"
+    assert "sk-very-secret" not in repr(config)
+    checker.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"GUARDRAIL_JUDGE__ENDPOINT": "http://llm:8000/v1"}, "GUARDRAIL_JUDGE__MODEL"),
+        (
+            {"GUARDRAIL_JUDGE__ENDPOINT": "llm:8000", "GUARDRAIL_JUDGE__MODEL": "m"},
+            "http(s) URL",
+        ),
+        ({"GUARDRAIL_JUDGE__TIMEOUT_S": "0"}, "GUARDRAIL_JUDGE__TIMEOUT_S"),
+    ],
+)
+def test_bad_judge_settings_fail_at_load(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        Settings.load()
+
+
+def test_a_judge_without_the_claim_check_fails_fast() -> None:
+    settings = Settings.load(judge={"endpoint": "http://llm:8000/v1", "model": "m"})
+    with pytest.raises(ConfigError, match="GUARDRAIL_SIGNALS__CLAIMS=true"):
+        runtime.build_signals(settings)
