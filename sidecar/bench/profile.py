@@ -50,13 +50,24 @@ def package_of(file_path: str) -> str:
     return "stdlib"
 
 
-def _walk(frame: Any, into: dict[tuple[str, str, int], float]) -> None:
+def _walk(frame: Any, into: dict[tuple[str, str, int], float], parent: Any = None) -> None:
+    """Self time per (function, file, line); built-ins are charged to their caller's file.
+
+    A C extension's time (``InferenceSession.run``, a tokenizer) shows up as a
+    built-in frame with no file: naming the Python frame that called it says
+    whose it is (``onnxruntime/.../onnxruntime_inference_collection.py``).
+    """
     for child in frame.children:
-        _walk(child, into)
+        _walk(child, into, frame)
     if frame.is_synthetic:
         return
-    key = (frame.function or "?", frame.file_path or "?", frame.line_no or 0)
-    into[key] += frame.total_self_time
+    function, path, line = frame.function or "?", frame.file_path or "?", frame.line_no or 0
+    if path.startswith("<") and parent is not None and parent.file_path:
+        if function.startswith("pybind11"):  # pybind11's mangled class name, then the method
+            function = function.rsplit(".", 1)[-1]
+        function = f"{function} (from {parent.function})"
+        path, line = parent.file_path, parent.line_no or 0
+    into[(function, path, line)] += frame.total_self_time
 
 
 def profile_requests(
