@@ -1,8 +1,8 @@
 """The verifier artifact's metadata (``verifier.json``): a versioned pydantic document.
 
 It says what the ONNX file is (base model, inputs, max length, quantisation,
-sha256), how its logit becomes a label (Platt scaling with lexical coverage,
-the uncertain band; see
+sha256, whether the first segment carries the user's question), how its logit
+becomes a label (Platt scaling with lexical coverage, the uncertain band; see
 :mod:`sidecar.claims.calibration`), what it was trained on (sources, split
 rule, counts, a hash of the training pairs, seed) and how well it does on
 held-out data (the model card's numbers). The serving adapter refuses a file
@@ -59,6 +59,9 @@ class VerifierArtifact(_Model):
     supported_from: float = Field(ge=0.0, le=1.0)
     evidence_max_sentences: int = Field(default=3, ge=1)
     evidence_max_chars: int = Field(default=450, ge=50)
+    # The network reads "question [SEP] claim" as its first segment (False: the claim alone;
+    # artifacts written before the flag existed read the claim alone).
+    question_in_input: bool = False
     data: VerifierData
     metrics: dict[str, dict[str, float | int | str]] = Field(default_factory=dict)
     created_at: datetime

@@ -4,12 +4,15 @@ Per answer (seed 001 "Claim Extraction Pipeline", seed 002 "Pipeline"):
 
 1. :class:`~sidecar.claims.segment.ClaimSegmenter` cuts each completed
    sentence of the stream into atomic claims with spans into the answer;
-2. evidence is chosen per claim from the **trusted** chunks of the retrieval
+2. evidence is chosen per claim (and the user's question, the retrieval
+   event's ``query``) from the **trusted** chunks of the retrieval
    certification (seed 000 section 3.2) when it has any, else from all
    retrieved chunks, and the scope is reported (``evidence_scope``);
-3. the verifier (:class:`PairScorer`, in production the ONNX cross-encoder)
-   scores the claim against the best sentences and against the best chunk;
-   the higher calibrated p(supported) counts and the band gives the label;
+3. the verifier (:class:`PairScorer`, in production the ONNX cross-encoder,
+   which reads the question too when its artifact says so) scores the claim
+   against the best sentences (and, with ``best_chunk=True``, also against
+   the best chunk, the higher calibrated p(supported) counting); the band
+   gives the label;
 4. the rule tier (:mod:`sidecar.claims.rules`) makes a claim whose number,
    date or quantity is not in the evidence ``unsupported``;
 5. optionally, claims still ``uncertain`` go to the LLM judge
@@ -79,7 +82,9 @@ class PairScorer(Protocol):
     @property
     def band(self) -> Band: ...
 
-    def probabilities(self, pairs: Sequence[tuple[str, str]]) -> list[float]: ...
+    def probabilities(
+        self, pairs: Sequence[tuple[str, str]], questions: Sequence[str] | None = None
+    ) -> list[float]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +111,12 @@ class ClaimCheck:
 
 
 class ClaimScorer:
-    """Evidence selection + verifier + rule tier for claims against a chunk set."""
+    """Evidence selection + verifier + rule tier for claims against a chunk set.
+
+    One verifier pair per claim (the window of best sentences) by default;
+    ``best_chunk=True`` adds a second pair against the best sentence's whole
+    chunk when it fits (the higher probability counts), at twice the cost.
+    """
 
     def __init__(
         self,
@@ -115,17 +125,25 @@ class ClaimScorer:
         rules: bool = True,
         max_sentences: int = 3,
         max_chars: int = 450,
+        best_chunk: bool = False,
     ) -> None:
         self.verifier = verifier
         self.rules = rules
         self.max_sentences = max_sentences
         self.max_chars = max_chars
+        self.best_chunk = best_chunk
 
     def index(self, chunks: Sequence[EvidenceChunk]) -> EvidenceIndex:
         return EvidenceIndex(chunks, max_sentences=self.max_sentences, max_chars=self.max_chars)
 
-    def check(self, claims: Sequence[Claim], index: EvidenceIndex) -> list[ClaimCheck]:
-        """Label every claim (one batched verifier call for all of them)."""
+    def check(
+        self, claims: Sequence[Claim], index: EvidenceIndex, question: str = ""
+    ) -> list[ClaimCheck]:
+        """Label every claim (one batched verifier call for all of them).
+
+        ``question``: the user's question the answer replies to ("" when
+        unknown); it steers evidence selection and goes to the verifier.
+        """
         if not claims:
             return []
         if not index.chunks:
@@ -133,16 +151,16 @@ class ClaimScorer:
                 ClaimCheck(c, ClaimLabel.UNSUPPORTED, 0.0, 0.0, (), "no-evidence", "no chunks")
                 for c in claims
             ]
-        selections = [index.select(c.text) for c in claims]
+        selections = [index.select(c.text, question) for c in claims]
         pairs: list[tuple[str, str]] = []
         owners: list[int] = []
         for k, (claim, sel) in enumerate(zip(claims, selections, strict=True)):
             pairs.append((claim.text, sel.window))
             owners.append(k)
-            if sel.best_chunk is not None:
+            if self.best_chunk and sel.best_chunk is not None:
                 pairs.append((claim.text, sel.best_chunk))
                 owners.append(k)
-        probs = self.verifier.probabilities(pairs)
+        probs = self.verifier.probabilities(pairs, [question] * len(pairs))
         best = [0.0] * len(claims)
         for k, p in zip(owners, probs, strict=True):
             best[k] = max(best[k], p)
@@ -189,12 +207,14 @@ class VerifierClaimSession:
         chunks: Sequence[EvidenceChunk],
         scope: Scope,
         *,
+        question: str = "",
         judge: JudgeRunner | None = None,
         judge_labels: frozenset[ClaimLabel] = frozenset({ClaimLabel.UNCERTAIN}),
     ) -> None:
         self._scorer = scorer
         self._index = scorer.index(chunks)
         self.scope: Scope = scope
+        self.question = question
         self._segmenter = ClaimSegmenter()
         self._checks: list[ClaimCheck] = []
         self._judge = judge
@@ -213,7 +233,7 @@ class VerifierClaimSession:
         return tuple(self._checks)
 
     def _verify(self, claims: Sequence[Claim]) -> list[ClaimResult]:
-        checks = self._scorer.check(claims, self._index)
+        checks = self._scorer.check(claims, self._index, self.question)
         self._checks.extend(checks)
         self._ask_judge(checks)
         return [c.result() for c in checks]
@@ -224,7 +244,7 @@ class VerifierClaimSession:
         for check in checks:
             if check.label not in self._judge_labels or check.tier != "verifier":
                 continue
-            context = self._index.select(check.claim.text)
+            context = self._index.select(check.claim.text, self.question)
             evidence = context.best_chunk or context.window
             future = self._judge.submit(check.claim.text, evidence, self._budget)
             if future is not None:
@@ -278,6 +298,11 @@ class VerifierClaimChecker:
         self._judge_labels = judge_labels
 
     @property
+    def scorer(self) -> ClaimScorer:
+        """Evidence selection + verifier + rules (the benchmark times its stages)."""
+        return self._scorer
+
+    @property
     def version(self) -> str:
         suffix = "+judge" if self._judge is not None else ""
         rules = "+rules" if self._scorer.rules else ""
@@ -288,7 +313,12 @@ class VerifierClaimChecker:
     ) -> VerifierClaimSession:
         chunks, scope = evidence_chunks(retrieval, certification)
         return VerifierClaimSession(
-            self._scorer, chunks, scope, judge=self._judge, judge_labels=self._judge_labels
+            self._scorer,
+            chunks,
+            scope,
+            question=retrieval.query,
+            judge=self._judge,
+            judge_labels=self._judge_labels,
         )
 
     def close(self) -> None:

@@ -21,7 +21,8 @@ kind                label  claim / evidence
 ==================  =====  ==============================================================
 
 The evidence is always what :class:`~sidecar.claims.evidence.EvidenceIndex`
-selects for the claim, as in production. Records are split by a hash of the
+selects for the claim and its question, as in production; every pair keeps
+its question (``Pair.question``) for verifiers that read it. Records are split by a hash of the
 question (train / val / test), so no question is in two splits. The
 ``natural`` set (``qa-right`` vs the raw ``"question hallucinated_answer"``)
 keeps the artefact on purpose, to show it (its length-only AUROC is high).
@@ -107,6 +108,7 @@ class Pair:
     kind: str
     source: str
     group: str  # the question it came from (pairs of one group stay in one split)
+    question: str = ""  # the user question the claim answers ("" when unknown)
 
 
 # --------------------------------------------------------------------------- reading
@@ -227,9 +229,9 @@ def _inside(a: str, b: str) -> bool:
     return a in b or b in a
 
 
-def _evidence(claim: str, texts: Sequence[str], chunk_id: str = "k") -> str:
-    index = EvidenceIndex([EvidenceChunk(chunk_id, t) for t in texts])
-    return index.select(claim).window
+def _evidence(claim: str, texts: Sequence[str], question: str = "") -> str:
+    index = EvidenceIndex([EvidenceChunk("k", t) for t in texts])
+    return index.select(claim, question).window
 
 
 def _qa_claim(question: str, answer: str) -> str:
@@ -249,8 +251,16 @@ def length_auroc(pairs: Sequence[Pair]) -> float:
 class _Builder:
     """Pair builders sharing a seeded RNG and pools of answers / entities from other records."""
 
-    def __init__(self, seed: int, answer_pool: Sequence[str], entity_pool: Sequence[str]) -> None:
+    def __init__(
+        self,
+        seed: int,
+        answer_pool: Sequence[str],
+        entity_pool: Sequence[str],
+        *,
+        question_aware: bool = True,
+    ) -> None:
         self.rng = random.Random(seed)  # noqa: S311 - data sampling, not cryptography
+        self.question_aware = question_aware
         by_len: dict[int, list[str]] = defaultdict(list)
         for a in answer_pool:
             by_len[_words(a)].append(a)
@@ -309,6 +319,14 @@ class _Builder:
             return None
         return sentence.replace(target, replacement, 1)
 
+    def pair(
+        self, claim: str, texts: Sequence[str], label: int, kind: str, *, source: str, question: str
+    ) -> Pair:
+        """A pair whose evidence the production selector picks (with the question if aware)."""
+        asked = question if self.question_aware else ""
+        ev = _evidence(claim, texts, asked)
+        return Pair(claim, ev, label, kind, source, question, question)
+
     def sentence_pairs(self, texts: Sequence[str], source: str, group: str) -> list[Pair]:
         """One sentence: ``sent-in`` (+) and ``sent-out`` or ``sent-swap`` (-)."""
         sentences = [s.text for t in texts for s in split_sentences(_fix(t)) if _words(s.text) >= 6]
@@ -316,21 +334,20 @@ class _Builder:
             return []
         claim = self.rng.choice(sentences)
         whole = [_fix(t) for t in texts]
-        out = [Pair(claim, _evidence(claim, whole), 1, "sent-in", source, group)]
+        out = [self.pair(claim, whole, 1, "sent-in", source=source, question=group)]
         rest = [s for t in whole for s in (x.text for x in split_sentences(t)) if s != claim]
         use_out = len(rest) >= 1 and self.rng.random() < 0.5
         if use_out:
             out.append(
-                Pair(claim, _evidence(claim, [" ".join(rest)]), 0, "sent-out", source, group)
+                self.pair(claim, [" ".join(rest)], 0, "sent-out", source=source, question=group)
             )
         else:
             swapped = self.swap(claim, " ".join(whole))
             if swapped is not None and swapped != claim:
-                ev = _evidence(swapped, whole)
-                out.append(Pair(swapped, ev, 0, "sent-swap", source, group))
+                out.append(self.pair(swapped, whole, 0, "sent-swap", source=source, question=group))
             elif rest:
                 out.append(
-                    Pair(claim, _evidence(claim, [" ".join(rest)]), 0, "sent-out", source, group)
+                    self.pair(claim, [" ".join(rest)], 0, "sent-out", source=source, question=group)
                 )
         return out
 
@@ -355,33 +372,34 @@ def declarative_right(record: QARecord) -> str | None:
 
 
 def qa_pairs(record: QARecord, builder: _Builder, *, natural: bool = False) -> list[Pair]:
-    group = record.question
-    k = _fix(record.knowledge)
+    q = record.question
+    k = [_fix(record.knowledge)]
     out: list[Pair] = []
-    right_claim = _qa_claim(record.question, record.right_answer)
-    out.append(Pair(right_claim, _evidence(right_claim, [k]), 1, "qa-right", "halueval-qa", group))
+    right_claim = _qa_claim(q, record.right_answer)
+    out.append(builder.pair(right_claim, k, 1, "qa-right", source="halueval-qa", question=q))
     if natural:
-        hall_claim = _qa_claim(record.question, record.hallucinated_answer)
+        hall_claim = _qa_claim(q, record.hallucinated_answer)
         out.append(
-            Pair(hall_claim, _evidence(hall_claim, [k]), 0, "qa-hallucinated", "halueval-qa", group)
+            builder.pair(hall_claim, k, 0, "qa-hallucinated", source="halueval-qa", question=q)
         )
         return out
-    wrong = builder.distractor(record.right_answer, k, record.question)
+    wrong = builder.distractor(record.right_answer, k[0], q)
     if wrong is not None:
-        claim = _qa_claim(record.question, wrong[0])
-        out.append(Pair(claim, _evidence(claim, [k]), 0, wrong[1], "halueval-qa", group))
+        claim = _qa_claim(q, wrong[0])
+        out.append(builder.pair(claim, k, 0, wrong[1], source="halueval-qa", question=q))
     return out
 
 
-def decl_pairs(record: QARecord) -> list[Pair]:
+def decl_pairs(record: QARecord, builder: _Builder) -> list[Pair]:
     positive = declarative_right(record)
     if positive is None:
         return []
-    k = _fix(record.knowledge)
+    k = [_fix(record.knowledge)]
     hall = record.hallucinated_answer.strip()
+    q = record.question
     return [
-        Pair(positive, _evidence(positive, [k]), 1, "decl-right", "halueval-qa", record.question),
-        Pair(hall, _evidence(hall, [k]), 0, "decl-hallucinated", "halueval-qa", record.question),
+        builder.pair(positive, k, 1, "decl-right", source="halueval-qa", question=q),
+        builder.pair(hall, k, 0, "decl-hallucinated", source="halueval-qa", question=q),
     ]
 
 
@@ -393,11 +411,13 @@ def nq_pairs(record: NQRecord, builder: _Builder) -> list[Pair]:
     if answer is not None:
         question = record.question.strip().rstrip("?") + "?"
         claim = _qa_claim(question[0].upper() + question[1:], answer)
-        out.append(Pair(claim, _evidence(claim, [passage]), 1, "qa-right", "nq-open", group))
+        out.append(builder.pair(claim, [passage], 1, "qa-right", source="nq-open", question=group))
         wrong = builder.distractor(answer, passage, record.question)
         if wrong is not None:
             wclaim = _qa_claim(question[0].upper() + question[1:], wrong[0])
-            out.append(Pair(wclaim, _evidence(wclaim, [passage]), 0, wrong[1], "nq-open", group))
+            out.append(
+                builder.pair(wclaim, [passage], 0, wrong[1], source="nq-open", question=group)
+            )
     out.extend(builder.sentence_pairs([passage], "nq-open", group))
     return out
 
@@ -418,18 +438,24 @@ def build_training_pairs(
     seed: int = 0,
     limit_qa: int | None = None,
     limit_nq: int | None = None,
+    question_aware: bool = True,
 ) -> list[Pair]:
-    """The training (or validation) mixture of ``split``, shuffled with ``seed``."""
+    """The training (or validation) mixture of ``split``, shuffled with ``seed``.
+
+    ``question_aware``: evidence is selected with the question as well as the
+    claim (:meth:`~sidecar.claims.evidence.EvidenceIndex.select`), as the
+    checker does when the retrieval event carries the user's query.
+    """
     qa_all = list(qa)
     nq_all = list(nq)
     answers, ents = _pools(qa_all, nq_all)
-    builder = _Builder(seed, answers, ents)
+    builder = _Builder(seed, answers, ents, question_aware=question_aware)
     qa_rows = [r for r in qa_all if split_of(r.question) == split][:limit_qa]
     nq_rows = [r for r in nq_all if split_of(r.question) == split][:limit_nq]
     pairs: list[Pair] = []
     for r in qa_rows:
         pairs.extend(qa_pairs(r, builder))
-        pairs.extend(decl_pairs(r))
+        pairs.extend(decl_pairs(r, builder))
         pairs.extend(builder.sentence_pairs([r.knowledge], "halueval-qa", r.question))
     for n in nq_rows:
         pairs.extend(nq_pairs(n, builder))
@@ -444,20 +470,21 @@ def build_eval_sets(
     split: Split = "test",
     seed: int = 1,
     limit: int | None = None,
+    question_aware: bool = True,
 ) -> dict[str, list[Pair]]:
     """Held-out sets: ``natural`` (raw HaluEval, length artefact kept), two length-matched
     sets and ``sentences`` (knowledge / passage sentences in, out, swapped)."""
     qa_all = list(qa)
     nq_all = list(nq)
     answers, ents = _pools(qa_all, nq_all)
-    builder = _Builder(seed, answers, ents)
+    builder = _Builder(seed, answers, ents, question_aware=question_aware)
     rows = [r for r in qa_all if split_of(r.question) == split][:limit]
     nq_rows = [r for r in nq_all if split_of(r.question) == split][:limit]
     sets: dict[str, list[Pair]] = {name: [] for name in EVAL_SETS}
     for r in rows:
         sets["natural"].extend(qa_pairs(r, builder, natural=True))
         sets["length-matched-qa"].extend(qa_pairs(r, builder))
-        sets["length-matched-decl"].extend(decl_pairs(r))
+        sets["length-matched-decl"].extend(decl_pairs(r, builder))
         sets["sentences"].extend(builder.sentence_pairs([r.knowledge], "halueval-qa", r.question))
     for n in nq_rows:
         sets["sentences"].extend(builder.sentence_pairs([n.passage], "nq-open", n.question))

@@ -73,12 +73,15 @@ def _rounded(x: float) -> float:
 
 
 def evaluate_pairs(
-    probabilities: Callable[[Sequence[tuple[str, str]]], list[float]],
+    probabilities: Callable[[Sequence[tuple[str, str]], Sequence[str]], list[float]],
     pairs: Sequence[Pair],
     band: Band,
 ) -> dict[str, float | int | str]:
-    """The verifier's numbers on one pair set (label 1 = supported)."""
-    probs = probabilities([(p.claim, p.evidence) for p in pairs])
+    """The verifier's numbers on one pair set (label 1 = supported).
+
+    ``probabilities`` gets the (claim, evidence) texts and each pair's question.
+    """
+    probs = probabilities([(p.claim, p.evidence) for p in pairs], [p.question for p in pairs])
     labels = [p.label for p in pairs]
     support = binary_report(probs, labels, threshold=0.5)
     halluc = binary_report([1 - q for q in probs], [1 - y for y in labels], threshold=0.5)
@@ -178,8 +181,10 @@ def score_item(scorer: ClaimScorer, item: EvalItem) -> list[tuple[ClaimLabel, fl
     """Labels and scores of one benchmark candidate, checked like a streamed answer.
 
     QA answers are read with their question ("question answer."), as in
-    training; summaries and responses are cut into claims by the segmenter
-    (the whole candidate is one claim when the segmenter finds none).
+    training, and the question goes to the scorer (evidence selection, and
+    the verifier when it reads questions); summaries and responses are cut
+    into claims by the segmenter (the whole candidate is one claim when the
+    segmenter finds none).
     """
     whole = (0, len(item.candidate))
     if item.prefix is not None:
@@ -188,7 +193,8 @@ def score_item(scorer: ClaimScorer, item: EvalItem) -> list[tuple[ClaimLabel, fl
         claims = [Claim(0, text, whole, whole)]
     else:
         claims = segment_claims(item.candidate) or [Claim(0, item.candidate.strip(), whole, whole)]
-    checks = scorer.check(claims, scorer.index([EvidenceChunk("context", item.context)]))
+    index = scorer.index([EvidenceChunk("context", item.context)])
+    checks = scorer.check(claims, index, item.prefix or "")
     return [(c.label, c.score) for c in checks]
 
 

@@ -4,7 +4,8 @@ Seed 001 (Step 2, ``verify_claim``) verifies a claim against "the retrieved
 context" truncated to 3,000 characters; seed 002 against the whole context.
 A cross-encoder reads a few hundred tokens, so the sidecar first picks, per
 claim, the chunk sentences that share the most informative words with it
-(IDF-weighted overlap, numbers weighted double, light suffix stemming) and
+(IDF-weighted overlap, numbers weighted double, light suffix stemming; the
+user's question, when known, counts too: :meth:`EvidenceIndex.select`) and
 hands the verifier
 
 * ``window``: the top ``max_sentences`` sentences, best first (the verifier's
@@ -145,15 +146,28 @@ class EvidenceIndex:
         w = self._idf.get(term, self._default_idf)
         return 2.0 * w if term[0].isdigit() else w
 
-    def select(self, claim: str) -> EvidenceSelection:
-        """The window of best sentences for ``claim`` (empty when there are no chunks)."""
+    def select(self, claim: str, question: str = "") -> EvidenceSelection:
+        """The window of best sentences for ``claim`` (empty when there are no chunks).
+
+        ``question`` (the user's question the answer replies to, may be empty)
+        adds its terms to the ranking: a sentence scores the weight of the
+        claim's terms it holds plus the weight of the question's terms it holds.
+        A claim naming a wrong answer then does not pull in the sentence that
+        merely mentions that name ahead of the sentence answering the question.
+        ``overlap`` stays the share of the *claim's* weight found in the window.
+        """
         if not self._units:
             return EvidenceSelection("", (), None, None, 0.0)
         terms = set(content_terms(claim))
+        asked = set(content_terms(question)) if question else set()
         total = sum(self._weight(t) for t in terms) or 1.0
         scored = sorted(
             (
-                (sum(self._weight(t) for t in terms & u.terms), -k)
+                (
+                    sum(self._weight(t) for t in terms & u.terms)
+                    + sum(self._weight(t) for t in asked & u.terms),
+                    -k,
+                )
                 for k, u in enumerate(self._units)
             ),
             reverse=True,
@@ -171,7 +185,7 @@ class EvidenceIndex:
             size += length
         best = self._units[chosen[0]]
         # Best first: the verifier's tokenizer truncates the evidence from the end.
-        window = " ".join(_clip(self._units[k].text, terms, self.max_chars) for k in chosen)
+        window = " ".join(_clip(self._units[k].text, terms | asked, self.max_chars) for k in chosen)
         window = window[: self.max_chars]
         covered = set().union(*(self._units[k].terms for k in chosen)) & terms
         overlap = sum(self._weight(t) for t in covered) / total

@@ -242,11 +242,11 @@ def labelled_claims(records: Sequence[OutcomeRecord]) -> tuple[list[_Labelled], 
 
 def _pairs(item: _Labelled, claim: str, label: int, kind: str) -> list[Pair]:
     index = EvidenceIndex(item.record.chunks)
-    sel = index.select(claim)
     group = item.record.question
-    out = [Pair(claim, sel.window, label, kind, SOURCE, group)]
+    sel = index.select(claim, group)
+    out = [Pair(claim, sel.window, label, kind, SOURCE, group, group)]
     if sel.best_chunk is not None:
-        out.append(Pair(claim, sel.best_chunk, label, kind, SOURCE, group))
+        out.append(Pair(claim, sel.best_chunk, label, kind, SOURCE, group, group))
     return out
 
 

@@ -1,10 +1,11 @@
 """Serving the claim verifier: onnxruntime + the Rust ``tokenizers`` package, no torch.
 
 The cross-encoder (MiniLM-L6 + a linear head, trained by
-:mod:`sidecar.claims.training`) reads ``[CLS] claim [SEP] evidence [SEP]`` and
-returns one logit for "the evidence supports the claim" (seed 001, Step 2:
-SUPPORTED / UNSUPPORTED / UNCERTAIN; seed 002: verified / unverified). The
-artifact directory holds::
+:mod:`sidecar.claims.training`) reads ``[CLS] claim [SEP] evidence [SEP]`` (or,
+when the artifact says ``question_in_input``, ``[CLS] question [SEP] claim
+[SEP] evidence [SEP]``, see :func:`first_segment`) and returns one logit for
+"the evidence supports the claim" (seed 001, Step 2: SUPPORTED / UNSUPPORTED /
+UNCERTAIN; seed 002: verified / unverified). The artifact directory holds::
 
     verifier.json      metadata (sha256 of the ONNX file, calibration, band, metrics)
     model.int8.onnx    (or model.onnx) the exported network
@@ -43,12 +44,29 @@ __all__ = [
     "OnnxVerifier",
     "PairEncoder",
     "file_sha256",
+    "first_segment",
     "load_artifact",
     "load_claim_checker",
 ]
 
 METADATA_FILE = "verifier.json"
 BATCH = 32
+QUESTION_SEPARATOR = " [SEP] "
+
+
+def first_segment(claim: str, question: str, *, question_in_input: bool) -> str:
+    """The network's first segment: ``question [SEP] claim``, or the claim alone.
+
+    The claim alone when the model was not trained with the question or the
+    question is empty (training drops the question from some pairs, so the
+    claim-only input is one the network has seen). ``[SEP]`` is a special
+    token of the tokenizer, so the question and the claim are split by the
+    same token that splits the claim from the evidence; both keep segment id 0.
+    """
+    q = " ".join(question.split())
+    if not question_in_input or not q:
+        return claim
+    return f"{q}{QUESTION_SEPARATOR}{claim}"
 
 
 def file_sha256(path: Path) -> str:
@@ -137,6 +155,23 @@ class OnnxVerifier:
     def band(self) -> Band:
         return self._band
 
+    @property
+    def question_in_input(self) -> bool:
+        return self.artifact.question_in_input
+
+    def inputs(
+        self, pairs: Sequence[tuple[str, str]], questions: Sequence[str] | None = None
+    ) -> list[tuple[str, str]]:
+        """The (first segment, evidence) texts the network reads, as in training."""
+        if questions is None or not self.question_in_input:
+            return list(pairs)
+        if len(questions) != len(pairs):
+            raise ValueError(f"{len(questions)} questions for {len(pairs)} pairs")
+        return [
+            (first_segment(c, q, question_in_input=True), e)
+            for (c, e), q in zip(pairs, questions, strict=True)
+        ]
+
     @classmethod
     def load(
         cls,
@@ -171,21 +206,33 @@ class OnnxVerifier:
         encoder = PairEncoder.from_file(model_dir / artifact.tokenizer_file, artifact.max_length)
         return cls(artifact, session, encoder, calibration=calibration, band=band)
 
-    def logits(self, pairs: Sequence[tuple[str, str]]) -> npt.NDArray[np.float64]:
+    def logits(
+        self, pairs: Sequence[tuple[str, str]], questions: Sequence[str] | None = None
+    ) -> npt.NDArray[np.float64]:
+        """Raw logits; ``questions`` (one per pair) are read when the artifact says so."""
+        texts = self.inputs(pairs, questions)
         out: list[npt.NDArray[np.float64]] = []
-        for k in range(0, len(pairs), BATCH):
-            feed = self._encoder.encode(pairs[k : k + BATCH])
+        for k in range(0, len(texts), BATCH):
+            feed = self._encoder.encode(texts[k : k + BATCH])
             feed = {name: arr for name, arr in feed.items() if name in self._inputs}
             (logit,) = self._session.run(["logits"], feed)
             out.append(np.asarray(logit, dtype=np.float64).reshape(-1))
         return np.concatenate(out) if out else np.zeros(0, dtype=np.float64)
 
-    def probabilities(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
-        """Calibrated p(supported) per pair (logit and lexical coverage, Platt scaling)."""
+    def probabilities(
+        self, pairs: Sequence[tuple[str, str]], questions: Sequence[str] | None = None
+    ) -> list[float]:
+        """Calibrated p(supported) per pair (logit and lexical coverage, Platt scaling).
+
+        ``questions``: the user question of each pair ("" when unknown); the
+        network reads it only when the artifact's ``question_in_input`` is set.
+        Coverage is always of the claim alone.
+        """
         if not pairs:
             return []
         covered = [coverage(claim, evidence) for claim, evidence in pairs]
-        return [float(p) for p in self.calibration.probability(self.logits(pairs), covered)]
+        z = self.logits(pairs, questions)
+        return [float(p) for p in self.calibration.probability(z, covered)]
 
 
 def load_claim_checker(
@@ -194,8 +241,13 @@ def load_claim_checker(
     judge: JudgeConfig | None = None,
     threads: int = 1,
     rules: bool = True,
+    best_chunk: bool = False,
 ) -> VerifierClaimChecker:
-    """The processor's ``ClaimChecker`` from a verifier directory (+ an optional LLM judge)."""
+    """The processor's ``ClaimChecker`` from a verifier directory (+ an optional LLM judge).
+
+    ``best_chunk``: also score each claim against its best chunk (two verifier
+    pairs per claim instead of one; see :class:`~sidecar.claims.checker.ClaimScorer`).
+    """
     from sidecar.claims.checker import ClaimScorer, VerifierClaimChecker  # noqa: PLC0415
     from sidecar.claims.judge import JudgeRunner  # noqa: PLC0415
 
@@ -206,6 +258,7 @@ def load_claim_checker(
         rules=rules,
         max_sentences=artifact.evidence_max_sentences,
         max_chars=artifact.evidence_max_chars,
+        best_chunk=best_chunk,
     )
     runner = JudgeRunner(judge) if judge is not None else None
     return VerifierClaimChecker(scorer, judge=runner)

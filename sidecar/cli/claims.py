@@ -54,13 +54,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--nq", type=Path, default=DEFAULT_NQ, help="NQ-open oracle dev file ('none' to skip)"
     )
     p.add_argument(
-        "--limit", type=int, default=1000, help="HaluEval training records (default 1000)"
+        "--limit",
+        type=int,
+        default=1000,
+        help="HaluEval training records (default 1000; 0: the whole train split)",
     )
     p.add_argument("--val-limit", type=int, default=300, help="validation records (default 300)")
     p.add_argument("--test-limit", type=int, default=600, help="test records for the card")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the training pairs")
+    p.add_argument(
+        "--freeze-layers",
+        type=int,
+        default=2,
+        help="lowest encoder layers kept frozen, with the embeddings (default 2)",
+    )
+    p.add_argument(
+        "--question-in-input",
+        action="store_true",
+        help="the network reads 'question [SEP] claim' (recorded in verifier.json)",
+    )
     p.add_argument(
         "--outcomes",
         type=Path,
@@ -113,6 +128,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=None,
         help="halueval-qa: only held-out questions (default test); other formats: all",
     )
+    e.add_argument(
+        "--best-chunk",
+        action="store_true",
+        help="also score each claim against its best chunk (two verifier pairs per claim)",
+    )
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.set_defaults(func=run_eval)
 
@@ -131,12 +151,15 @@ def run_train(args: argparse.Namespace) -> int:
         halueval_path=_existing(args.halueval, "--halueval"),
         nq_path=nq,
         base_model_dir=minilm_dir(),
-        limit=args.limit,
+        limit=None if args.limit == 0 else args.limit,
         val_limit=args.val_limit,
         test_limit=args.test_limit,
         max_steps=args.max_steps,
         seed=args.seed,
         threads=args.threads,
+        epochs=args.epochs,
+        freeze_layers=args.freeze_layers,
+        question_in_input=args.question_in_input,
         outcomes=tuple(args.outcomes),
         lookback=tuple(args.lookback),
         holdout=tuple(args.holdout),
@@ -164,7 +187,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     split = args.split or ("test" if args.format == "halueval-qa" else "all")
     verifier = OnnxVerifier.load(args.model)
-    scorer = ClaimScorer(verifier)
+    scorer = ClaimScorer(verifier, best_chunk=args.best_chunk)
     items = [
         item
         for group, item in read_items(_existing(args.data, "--data"), args.format, args.limit)
@@ -173,7 +196,13 @@ def run_eval(args: argparse.Namespace) -> int:
     if not items:
         raise ConfigError(f"no items in {args.data} for split {split!r}")
     report = evaluate_items(items, lambda item: score_item(scorer, item))
-    out = {"format": args.format, "split": split, "verifier": verifier.version, **report}
+    out = {
+        "format": args.format,
+        "split": split,
+        "verifier": verifier.version,
+        "pairs_per_claim": 2 if args.best_chunk else 1,
+        **report,
+    }
     if args.json:
         sys.stdout.write(json.dumps(out) + "\n")
     else:

@@ -23,9 +23,13 @@ class LexicalVerifier:
     version: str = "lexical/1"
     band: Band = field(default_factory=lambda: Band(0.4, 0.8))
     calls: list[tuple[str, str]] = field(default_factory=list)
+    questions: list[str] = field(default_factory=list)
 
-    def probabilities(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+    def probabilities(
+        self, pairs: Sequence[tuple[str, str]], questions: Sequence[str] | None = None
+    ) -> list[float]:
         self.calls.extend(pairs)
+        self.questions.extend(questions if questions is not None else [""] * len(pairs))
         out = []
         for claim, evidence in pairs:
             terms = set(content_terms(claim))

@@ -8,6 +8,7 @@ import orjson
 
 from sidecar.claims.checker import ClaimScorer, VerifierClaimChecker, evidence_chunks
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
+from sidecar.claims.segment import segment_claims
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import (
@@ -111,6 +112,40 @@ def test_evidence_selection_prefers_overlapping_sentences() -> None:
     assert sel.overlap > 0.5
     long = EvidenceIndex([EvidenceChunk("x", "word " * 200 + "AMPK is activated.")], max_chars=60)
     assert "AMPK" in long.select("AMPK activation").window
+
+
+def test_evidence_selection_ranks_by_the_question_too() -> None:
+    premiere = "Steven Spielberg attended the premiere in Los Angeles."
+    answer = "Inception was directed by Christopher Nolan."
+    index = EvidenceIndex([EvidenceChunk("a", f"{premiere} {answer}")], max_sentences=1)
+    claim = "Steven Spielberg directed the film."
+    alone = index.select(claim)
+    assert alone.window == premiere  # the wrong name pulls in the sentence that mentions it
+    asked = index.select(claim, "Who directed Inception?")
+    assert asked.window == answer  # the sentence answering the question wins
+    assert index.select(claim, "").window == premiere  # empty question: claim alone
+    assert asked.overlap < alone.overlap  # overlap is still the claim's own coverage
+
+
+def test_the_question_reaches_selection_and_verifier_one_pair_per_claim(
+    lexical: LexicalVerifier, retrieval: RetrievalFactory
+) -> None:
+    event = retrieval(f"{GENRE} {AMPK}", HBA1C).model_copy(
+        update={"query": "How does metformin work?"}
+    )
+    session = VerifierClaimChecker(ClaimScorer(lexical)).open(event, certified())
+    assert session.question == "How does metformin work?"
+    session.finish("Metformin activates AMPK. Metformin reduces HbA1c.")
+    assert len(lexical.calls) == 2  # one (claim, window) pair per claim by default
+    assert lexical.questions == ["How does metformin work?"] * 2
+
+
+def test_the_best_chunk_pair_is_optional(lexical: LexicalVerifier) -> None:
+    scorer = ClaimScorer(lexical, best_chunk=True, max_sentences=1)
+    index = scorer.index([EvidenceChunk("a", f"{GENRE} {AMPK}")])
+    (check,) = scorer.check(segment_claims("Metformin activates AMPK."), index, "q?")
+    assert len(lexical.calls) == 2 and lexical.calls[1][1] == f"{GENRE} {AMPK}"
+    assert lexical.questions == ["q?", "q?"] and check.verifier_p == 1.0
 
 
 def test_the_processor_publishes_claim_verdicts_and_a_policy_decision(

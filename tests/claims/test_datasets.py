@@ -47,6 +47,18 @@ def test_the_raw_benchmark_leaks_length_and_the_balanced_sets_do_not() -> None:
     assert {"qa-right", "decl-right", "decl-hallucinated", "sent-in"} <= kinds
 
 
+def test_every_pair_keeps_its_question_and_selection_can_ignore_it() -> None:
+    records = read_halueval_qa(SLICE)
+    train = build_training_pairs(records, [], "test", seed=0)
+    assert train and all(p.question == p.group and p.question for p in train)
+    aware = build_eval_sets(records, split="test", seed=1)
+    blind = build_eval_sets(records, split="test", seed=1, question_aware=False)
+    for name in aware:  # same claims and labels; only the evidence ranking may differ
+        assert [(p.claim, p.label) for p in aware[name]] == [
+            (p.claim, p.label) for p in blind[name]
+        ]
+
+
 def test_declarative_positive_from_a_hallucinated_answer() -> None:
     record = QARecord(
         knowledge="Taxi Driver is a 1976 film directed by Martin Scorsese.",

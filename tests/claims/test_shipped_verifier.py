@@ -43,6 +43,7 @@ def test_the_artifact_describes_itself() -> None:
     assert (MODEL / "MODEL_CARD.md").is_file()
     assert 0.0 < artifact.unsupported_below <= artifact.supported_from < 1.0
     assert abs((artifact.data.length_auroc_train or 0.0) - 0.5) < 0.05
+    assert artifact.question_in_input  # the network reads "question [SEP] claim"
 
 
 def test_accuracy_on_length_matched_held_out_pairs(verifier: OnnxVerifier) -> None:
@@ -50,11 +51,11 @@ def test_accuracy_on_length_matched_held_out_pairs(verifier: OnnxVerifier) -> No
     pairs = sets["length-matched-qa"] + sets["length-matched-decl"] + sets["sentences"]
     assert abs(length_auroc(pairs) - 0.5) < 0.1  # length says nothing here
     pooled = evaluate_pairs(verifier.probabilities, pairs, verifier.band)
-    assert float(pooled["auroc"]) >= 0.65, pooled  # measured 0.71 on this slice
-    assert float(pooled["accuracy"]) >= 0.60, pooled  # measured 0.65
+    assert float(pooled["auroc"]) >= 0.70, pooled  # measured 0.76 on this slice
+    assert float(pooled["accuracy"]) >= 0.63, pooled  # measured 0.69
     sentences = evaluate_pairs(verifier.probabilities, sets["sentences"], verifier.band)
-    assert float(sentences["auroc"]) >= 0.80, sentences  # measured 0.88
-    assert float(sentences["accuracy_decided"]) >= 0.85, sentences  # measured 0.94
+    assert float(sentences["auroc"]) >= 0.80, sentences  # measured 0.90
+    assert float(sentences["accuracy_decided"]) >= 0.80, sentences  # measured 0.88
 
 
 def test_eval_claims_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

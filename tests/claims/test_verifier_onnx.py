@@ -8,6 +8,7 @@ seconds; the shipped model's own parity numbers are in its card.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +23,18 @@ from sidecar.claims.training import (  # noqa: E402
     CrossEncoder,
     TrainConfig,
     VerifierTrainer,
+    _drop_questions,
+    _tensors,
+    claim_tokens,
     minilm_dir,
 )
-from sidecar.claims.verifier import METADATA_FILE, OnnxVerifier, PairEncoder  # noqa: E402
+from sidecar.claims.verifier import (  # noqa: E402
+    METADATA_FILE,
+    OnnxVerifier,
+    PairEncoder,
+    first_segment,
+    load_artifact,
+)
 from sidecar.exceptions import ArtifactError, LifecycleError  # noqa: E402
 
 PAIRS = [
@@ -125,3 +135,81 @@ def test_calibration_on_exported_files(exported: tuple[VerifierTrainer, Path]) -
     platt, band = calibrated.calibrations["model.onnx"]
     assert platt.coverage_weight > 0  # coverage separates these pairs
     assert band.unsupported_below <= band.supported_from
+
+
+def _copy(out: Path, dest: Path, **changes: object) -> dict[str, object]:
+    """The exported artifact in ``dest`` with its metadata changed (``None`` drops a key)."""
+    for name in ("model.onnx", "tokenizer.json"):
+        (dest / name).write_bytes((out / name).read_bytes())
+    meta: dict[str, object] = json.loads((out / METADATA_FILE).read_text(encoding="utf-8"))
+    for key, value in changes.items():
+        if value is None:
+            meta.pop(key, None)
+        else:
+            meta[key] = value
+    (dest / METADATA_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    return meta
+
+
+def test_an_artifact_without_the_question_flag_reads_the_claim_alone(
+    exported: tuple[VerifierTrainer, Path], tmp_path: Path
+) -> None:
+    _, out = exported
+    meta = _copy(out, tmp_path, question_in_input=None)
+    assert "question_in_input" not in meta  # written before the flag existed
+    assert load_artifact(tmp_path).question_in_input is False
+    onnx = OnnxVerifier.load(tmp_path)
+    questions = ["Who wrote it?"] * len(PAIRS)
+    assert onnx.inputs(PAIRS, questions) == PAIRS
+    assert np.array_equal(onnx.logits(PAIRS, questions), onnx.logits(PAIRS))
+
+
+def test_the_question_flag_builds_the_first_segment_as_training_does(
+    exported: tuple[VerifierTrainer, Path], tmp_path: Path
+) -> None:
+    trainer, out = exported
+    _copy(out, tmp_path, question_in_input=True)
+    onnx = OnnxVerifier.load(tmp_path)
+    assert onnx.question_in_input
+    questions = ["Who  wrote\nit?", "", "Where is Paris?", "Why?"]
+    joined = [
+        (first_segment(c, q, question_in_input=True), e)
+        for (c, e), q in zip(PAIRS, questions, strict=True)
+    ]
+    assert joined[0][0] == f"Who wrote it? [SEP] {PAIRS[0][0]}" and joined[1] == PAIRS[1]
+    assert onnx.inputs(PAIRS, questions) == joined
+    assert np.allclose(onnx.logits(PAIRS, questions), onnx.logits(joined), atol=1e-6)
+    assert not np.allclose(onnx.logits(PAIRS, questions), onnx.logits(PAIRS))
+    with pytest.raises(ValueError, match="1 questions for 4 pairs"):
+        onnx.inputs(PAIRS, ["q"])
+    # Training encodes the pairs the same way (torch side of the same network).
+    pairs = [Pair(c, e, 1, "x", "x", q, q) for (c, e), q in zip(PAIRS, questions, strict=True)]
+    encoder = PairEncoder.from_file(minilm_dir() / "tokenizer.json", 64)
+    feed = _tensors(encoder, pairs, question_in_input=True)
+    assert np.array_equal(feed["input_ids"].numpy(), encoder.encode(joined)["input_ids"])
+    qin = VerifierTrainer(replace(trainer.config, question_in_input=True), model=trainer.model)
+    qin.encoder = encoder
+    assert np.allclose(qin.logits(PAIRS, questions), onnx.logits(PAIRS, questions), atol=1e-4)
+
+
+def test_some_training_pairs_go_without_their_question() -> None:
+    pairs = [Pair("c", "e", 1, "x", "x", "g", "Who?") for _ in range(1000)]
+    dropped = _drop_questions(pairs, 0.1, seed=0)
+    share = sum(1 for p in dropped if not p.question) / len(pairs)
+    assert 0.07 < share < 0.13
+    assert _drop_questions(pairs, 0.1, seed=0) == dropped  # seeded
+
+
+def test_the_question_is_not_pooled_as_part_of_the_claim() -> None:
+    encoder = PairEncoder.from_file(minilm_dir() / "tokenizer.json", 64)
+    ids = {"paris": 3000, "france": 2605}
+    assert all(encoder.encode([(w, "x")])["input_ids"][0][1] == i for w, i in ids.items())
+    with_q = _tensors(
+        encoder, [Pair("Paris", "France", 1, "x", "x", "g", "Where?")], question_in_input=True
+    )
+    without = _tensors(
+        encoder, [Pair("Paris", "France", 1, "x", "x", "g", "")], question_in_input=True
+    )
+    # [CLS] where ? [SEP] paris [SEP] france [SEP]  /  [CLS] paris [SEP] france [SEP]
+    assert claim_tokens(**with_q, sep_token_id=102).tolist() == [[0, 0, 0, 0, 1, 1, 0, 0]]
+    assert claim_tokens(**without, sep_token_id=102).tolist() == [[1, 1, 1, 0, 0]]
