@@ -50,12 +50,21 @@ class KafkaSettings(_Section):
         default=10, ge=0, le=10_000, description="how long a fetch may wait for data (latency)"
     )
     request_timeout_ms: int = Field(default=30_000, ge=1_000)
+    max_partition_fetch_bytes: int = Field(
+        default=131_072,
+        ge=1_024,
+        description="bytes one fetch may return per partition: small enough that a catch-up "
+        "drains the partitions in turns rather than one whole partition after another "
+        "(a half-request must not wait behind another partition's backlog)",
+    )
+    align_inputs: bool = Field(
+        default=True,
+        description="while catching up on a backlog, pause the input partition whose record "
+        "timestamps lead its co-partition's, so the join store holds whole requests rather "
+        "than half-requests it must evict (sidecar/pipeline/flow.py)",
+    )
     align_slack_ms: int = Field(
-        default=1_000,
-        ge=0,
-        description="while catching up, pause the input partition whose record timestamps run "
-        "this far ahead of its co-partition's (the join store then holds whole requests, not "
-        "half-requests it must evict); 0 disables",
+        default=0, ge=0, description="lead in event time tolerated before pausing (0: level)"
     )
 
     @model_validator(mode="after")

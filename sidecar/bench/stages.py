@@ -13,7 +13,7 @@ from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind, decode_input, encode
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.processor import Processor
-from sidecar.pipeline.signals import SignalSuite
+from sidecar.pipeline.signals import ClaimChecker, SignalSuite
 from sidecar.policy.base import Policy
 
 
@@ -25,6 +25,51 @@ def _time(fn: Callable[[], Any], n: int) -> dict[str, float]:
         samples.append((time.perf_counter_ns() - t0) / 1000.0)
     out = percentiles(samples)
     return {f"{k}_us": v for k, v in out.items()}
+
+
+def run_claim_stages(
+    checker: ClaimChecker, n: int = 100, shape: LoadShape | None = None
+) -> dict[str, Any]:
+    """The claim path's stages: segmentation, evidence selection, the verifier per claim.
+
+    ``verifier_single_claim``: one claim per verifier call (a sentence completed
+    alone); ``verifier_batched_per_claim``: all of an answer's claims in one
+    call, divided by their number. Both include evidence selection and the rule
+    tier (``ClaimScorer.check``); ``evidence_select`` alone is also shown.
+    """
+    from sidecar.claims.checker import VerifierClaimChecker, evidence_chunks  # noqa: PLC0415
+    from sidecar.claims.segment import ClaimSegmenter  # noqa: PLC0415
+    from sidecar.contracts.events import RetrievalEvent, RetrievalSignal, SignalStatus  # noqa: PLC0415
+
+    if not isinstance(checker, VerifierClaimChecker):
+        return {}
+    shape = shape or LoadShape(k=5, deltas=5, claims=5, attention=None)
+    r, deltas, final = answer_events("stage-claims", shape)
+    texts = [d["text"] for d in deltas]
+
+    def segment() -> list[Any]:
+        seg = ClaimSegmenter()
+        out = [c for t in texts for c in seg.feed(t)]
+        return out + seg.finish(final["answer"])
+
+    claims = segment()
+    retrieval = RetrievalEvent.model_validate(r)
+    trusted = RetrievalSignal(
+        status=SignalStatus.OK, trusted_chunk_ids=[h.chunk_id for h in retrieval.hits]
+    )
+    chunks, _ = evidence_chunks(retrieval, trusted)
+    scorer = checker.scorer
+    index = scorer.index(chunks)
+    per_answer = _time(lambda: scorer.check(claims, index, retrieval.query), n)
+    return {
+        "claims_per_answer": len(claims),
+        "claim_segmentation_per_answer": _time(segment, n),
+        "evidence_select": _time(lambda: index.select(claims[0].text), n),
+        "verifier_single_claim": _time(lambda: scorer.check(claims[:1], index, retrieval.query), n),
+        "verifier_batched_per_claim": {
+            k: round(v / max(1, len(claims)), 2) for k, v in per_answer.items()
+        },
+    }
 
 
 def run_stages(

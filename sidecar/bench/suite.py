@@ -17,7 +17,7 @@ from typing import Any
 
 from sidecar.bench.e2e import Bench, LoadShape
 from sidecar.bench.profile import profile_requests
-from sidecar.bench.stages import run_stages
+from sidecar.bench.stages import run_claim_stages, run_stages
 from sidecar.chaos.process import SidecarProcess
 from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
@@ -73,8 +73,11 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     settings = Settings.load()
     _log("stages in isolation")
     stages = run_stages(settings, runtime.build_policy(settings), runtime.build_signals(settings))
-    _log("profiles: whole requests through the processor (fast path, claim path)")
     claim_settings = Settings.load(signals={"claims": True})
+    claim_signals = runtime.build_signals(claim_settings)
+    if claim_signals.claims is not None:
+        stages["claims"] = run_claim_stages(claim_signals.claims, shape=claims_shape)
+    _log("profiles: whole requests through the processor (fast path, claim path)")
     profiles = {
         "fast_path": profile_requests(
             settings, runtime.build_policy(settings), runtime.build_signals(settings), n=1000
@@ -82,7 +85,7 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
         "claim_path": profile_requests(
             claim_settings,
             runtime.build_policy(claim_settings),
-            runtime.build_signals(claim_settings),
+            claim_signals,
             n=100,
             shape=claims_shape,
         ),

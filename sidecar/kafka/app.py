@@ -151,14 +151,21 @@ class SidecarService:
             "max_records": settings.kafka.max_poll_records,
             "session_timeout_ms": settings.kafka.session_timeout_ms,
             "fetch_max_wait_ms": settings.kafka.fetch_max_wait_ms,
+            "max_partition_fetch_bytes": settings.kafka.max_partition_fetch_bytes,
             "listener": _Rebalance(self),
             "parser": _tolerant_parser,
             "decoder": _raw_decoder,
         }
         self._pipelined = settings.kafka.batch
-        slack = settings.kafka.align_slack_ms
         self.aligner = (
-            InputAligner(topics.retrieval, topics.generation, slack) if slack > 0 else None
+            InputAligner(
+                topics.retrieval,
+                topics.generation,
+                slack_ms=settings.kafka.align_slack_ms,
+                min_backlog=settings.kafka.max_poll_records,
+            )
+            if settings.kafka.align_inputs
+            else None
         )
         if settings.kafka.batch:
             self.subscriber = self.broker.subscriber(
@@ -414,9 +421,7 @@ class SidecarService:
             return
         assigned = self.state.assigned
         backlog = {tp: await self._backlog(consumer, tp) for tp in assigned}
-        store = self.processor.store
-        pressure = 2 * len(store) >= store.max_entries
-        decision = self.aligner.decide(assigned, lambda tp: backlog.get(tp, 0), pressure=pressure)
+        decision = self.aligner.decide(assigned, lambda tp: backlog.get(tp, 0))
         if decision.pause:
             consumer.pause(*(TopicPartition(*tp) for tp in decision.pause))
         if decision.resume:

@@ -1,32 +1,32 @@
-"""Flow control for the join: keep co-partitioned inputs aligned in event time.
+"""Flow control for the join: keep co-partitioned inputs level in event time.
 
 A request's retrieval event and generation events share a key, so they sit in
 the same partition number of ``rag.retrieval`` and ``rag.generation``. While
 the consumer is caught up that is all the join needs. While it catches up on a
 backlog (after an outage, a rebalance, a slow period) nothing keeps the two
 topics in step: the fetcher may read ten thousand retrievals of partition p
-before the generations of the same requests, the join store fills with
-half-requests, and the store evicts them by capacity as ``incomplete`` although
-their other half is sitting in Kafka.
+before the generations of the same requests; the join store fills with
+half-requests, evicts them by capacity, or they outlive the TTL while a slow
+signal (the claim verifier) works through the other topic, and they come out
+``incomplete`` although their other half is sitting in Kafka.
 
 :class:`InputAligner` decides, per partition number, which side to pause: the
-side whose consumed record timestamps run more than ``slack_ms`` ahead of the
-other side's, *while the other side still has a backlog* (records in Kafka
-not yet consumed). It resumes it once the gap is back under half the slack
-(hysteresis: pausing drops the fetcher's read-ahead) or the other side has
-nothing left to read. A side is never paused against a partner that is caught
-up, so a request whose other half never comes cannot stall a partition: the
-join's TTL deals with it as before.
-
-Event-time slack alone does not bound the store: a backlog produced in a
-burst packs many requests into one second. So once the join store is more
-than half full (``pressure``), any lead at all pauses the side that leads;
-the timestamps still decide which side that is, so the side that completes
-requests keeps going.
+side whose consumed record timestamps lead the other side's by more than
+``slack_ms`` (default 0: level), *while the other side is at least
+``min_backlog`` records behind* (the service uses one consumed batch, so a
+live stream's few records in flight never cause a pause). It resumes it once
+the other side has caught up to within half the slack or has less than that
+backlog left. A retrieval is written before its answer's final event, so
+with both sides level every request's retrieval has been read by the time its
+final event is: the store holds about (request rate x generation time) open
+requests, as when caught up, instead of the whole backlog. A side is never
+held for a partner that has (almost) nothing left to read, so a request whose
+other half never comes cannot stall a partition; the join's TTL deals with it
+as before.
 
 Event time is the record timestamp (producer create time or broker append
-time). With timestamps that do not follow production order across the two
-topics, alignment is only as good as the timestamps; the join's capacity
+time); with timestamps that do not follow production order across the two
+topics, alignment is only as good as the timestamps, and the join's capacity
 eviction remains the backstop. Pure bookkeeping, no Kafka here: the service
 applies the decisions with ``consumer.pause`` / ``consumer.resume``.
 """
@@ -55,14 +55,17 @@ class FlowDecision:
 class InputAligner:
     """Pause the side of a co-partitioned topic pair that runs ahead in event time."""
 
-    def __init__(self, left: str, right: str, slack_ms: int) -> None:
+    def __init__(self, left: str, right: str, slack_ms: int = 0, min_backlog: int = 1) -> None:
         if left == right:
             raise ValueError("the aligned topics must differ")
-        if slack_ms <= 0:
-            raise ValueError("slack_ms must be positive (0 disables alignment in the config)")
+        if slack_ms < 0:
+            raise ValueError(f"slack_ms must be >= 0, got {slack_ms}")
+        if min_backlog < 1:
+            raise ValueError(f"min_backlog must be >= 1, got {min_backlog}")
         self.left = left
         self.right = right
         self.slack_ms = slack_ms
+        self.min_backlog = min_backlog
         self._seen: dict[TopicPartition, int] = {}  # highest record timestamp consumed
         self._paused: set[TopicPartition] = set()
         self.pauses = 0  # how many times a partition was paused (a counter for telemetry)
@@ -86,17 +89,12 @@ class InputAligner:
             self._paused.discard(tp)
 
     def decide(
-        self,
-        assigned: Iterable[TopicPartition],
-        backlog: Callable[[TopicPartition], int],
-        *,
-        pressure: bool = False,
+        self, assigned: Iterable[TopicPartition], backlog: Callable[[TopicPartition], int]
     ) -> FlowDecision:
-        """The pauses and resumes that make the assigned pairs aligned.
+        """The pauses and resumes that keep the assigned pairs level.
 
         ``backlog(tp)`` is how many records of ``tp`` are in Kafka and not yet
-        consumed (0 when unknown); ``pressure``: the join store is filling up, so
-        the slack shrinks to nothing. Partitions not assigned any more are dropped
+        consumed (0 when unknown). Partitions not assigned any more are dropped
         from the paused set without a resume (the consumer forgot them).
         """
         assigned = set(assigned)
@@ -106,7 +104,7 @@ class InputAligner:
             p for topic, p in assigned if topic == self.right
         }
         for p in partitions:
-            ahead = self._ahead(p, backlog, 0 if pressure else self.slack_ms)
+            ahead = self._ahead(p, backlog)
             if ahead is not None:
                 want.add(ahead)
         pause = frozenset(want - self._paused)
@@ -116,16 +114,16 @@ class InputAligner:
         return FlowDecision(pause, resume)
 
     def _ahead(
-        self, partition: int, backlog: Callable[[TopicPartition], int], slack_ms: int
+        self, partition: int, backlog: Callable[[TopicPartition], int]
     ) -> TopicPartition | None:
         """The side of ``partition`` to keep paused, if any."""
         left, right = (self.left, partition), (self.right, partition)
         for side, other in ((left, right), (right, left)):
-            if backlog(other) <= 0 or side not in self._seen:
+            if backlog(other) < self.min_backlog or side not in self._seen:
                 continue
             # a partner with a backlog but nothing consumed yet is behind by definition
             gap = self._seen[side] - self._seen.get(other, -(1 << 62))
-            limit = slack_ms // 2 if side in self._paused else slack_ms
+            limit = self.slack_ms // 2 if side in self._paused else self.slack_ms
             if gap > limit:
                 return side
         return None

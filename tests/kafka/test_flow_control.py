@@ -4,7 +4,7 @@ A pre-filled backlog (the sidecar was down while the LLM service kept writing)
 is drained by a sidecar with a small join store. Without input alignment the
 consumer reads ahead on one input topic and the store evicts half-requests by
 capacity as ``incomplete`` although their other half is in Kafka; with it
-(``kafka.align_slack_ms``, the default) every request gets its full verdict.
+(``kafka.align_inputs``, the default) every request gets its full verdict.
 """
 
 from __future__ import annotations
@@ -80,13 +80,14 @@ async def _drain(
     topics: dict[str, str],
     retrieval_event: EventFactory,
     final_event: EventFactory,
-    slack_ms: int,
+    *,
+    align: bool,
 ) -> tuple[list[dict[str, Any]], SidecarService]:
     settings = Settings.load(
         kafka={
             "bootstrap_servers": kafka_broker.bootstrap_servers,
             "group_id": topics["group"],
-            "align_slack_ms": slack_ms,
+            "align_inputs": align,
             "max_poll_records": POLL,
         },
         topics={**{k: v for k, v in topics.items() if k != "group"}, "partitions": 3},
@@ -116,7 +117,7 @@ async def test_backlog_drains_with_whole_requests_when_inputs_are_aligned(
     final_event: EventFactory,
 ) -> None:
     verdicts, service = await _drain(
-        kafka_broker, unique_topics, retrieval_event, final_event, slack_ms=1000
+        kafka_broker, unique_topics, retrieval_event, final_event, align=True
     )
     expected = sorted(f"req-{i}" for i in range(REQUESTS))
     assert sorted(v["request_id"] for v in verdicts) == expected  # one each, none twice
@@ -134,7 +135,7 @@ async def test_without_alignment_the_same_backlog_loses_half_requests_to_capacit
 ) -> None:
     """The control: the test above would fail without the aligner."""
     verdicts, service = await _drain(
-        kafka_broker, unique_topics, retrieval_event, final_event, slack_ms=0
+        kafka_broker, unique_topics, retrieval_event, final_event, align=False
     )
     assert len({v["request_id"] for v in verdicts}) == REQUESTS  # still no request without one
     assert service.processor.store.evictions > STORE

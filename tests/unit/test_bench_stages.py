@@ -4,9 +4,10 @@ from collections.abc import Callable
 
 import pytest
 
+from sidecar import runtime
 from sidecar.bench.e2e import LoadShape, answer_events, percentiles
 from sidecar.bench.profile import package_of, profile_requests
-from sidecar.bench.stages import run_stages
+from sidecar.bench.stages import run_claim_stages, run_stages
 from sidecar.config import Settings
 from sidecar.pipeline.signals import SignalSuite
 from sidecar.policy import PlaceholderPolicy
@@ -61,3 +62,18 @@ def test_profile_attributes_self_time_to_functions(
     assert 1 <= len(rows) <= 5
     assert [r["share"] for r in rows] == sorted((r["share"] for r in rows), reverse=True)
     assert all(r["ms_per_request"] >= 0 and ":" in r["where"] for r in rows)
+
+
+def test_claim_stages_time_segmentation_selection_and_the_verifier() -> None:
+    checker = runtime.build_signals(Settings.load(signals={"claims": True})).claims
+    assert checker is not None
+    out = run_claim_stages(checker, n=5)
+    assert out["claims_per_answer"] == 5  # the bench answer has five one-fact sentences
+    for stage in (
+        "claim_segmentation_per_answer",
+        "evidence_select",
+        "verifier_single_claim",
+        "verifier_batched_per_claim",
+    ):
+        assert out[stage]["p50_us"] > 0, stage
+    assert run_claim_stages(object(), n=5) == {}  # type: ignore[arg-type]  # not a verifier

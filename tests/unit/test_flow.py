@@ -112,20 +112,29 @@ def test_observe_ignores_other_topics_and_missing_timestamps() -> None:
     assert decide(a, g0=5).pause == {(R, 0)}
 
 
-@pytest.mark.parametrize(("left", "right", "slack"), [(R, R, 100), (R, G, 0), (R, G, -5)])
-def test_invalid_construction(left: str, right: str, slack: int) -> None:
-    with pytest.raises(ValueError, match=r"differ|positive"):
-        InputAligner(left, right, slack_ms=slack)
+@pytest.mark.parametrize(
+    ("left", "right", "slack", "backlog"), [(R, R, 100, 1), (R, G, -5, 1), (R, G, 0, 0)]
+)
+def test_invalid_construction(left: str, right: str, slack: int, backlog: int) -> None:
+    with pytest.raises(ValueError, match=r"differ|slack_ms|min_backlog"):
+        InputAligner(left, right, slack_ms=slack, min_backlog=backlog)
 
 
-def test_under_pressure_any_lead_pauses_the_leading_side() -> None:
-    """A burst packs many requests into the slack: a filling store shrinks it to zero."""
-    a = InputAligner(R, G, slack_ms=1000)
+def test_by_default_any_lead_pauses_the_leading_side_until_level() -> None:
+    """A burst packs a whole backlog into a second: the default keeps the sides level."""
+    a = InputAligner(R, G)
+    a.observe(R, 0, 1_001)
+    a.observe(G, 0, 1_000)
+    assert decide(a, g0=10).pause == {(R, 0)}
+    a.observe(G, 0, 1_001)  # level: resume
+    assert decide(a, g0=10).resume == {(R, 0)}
+
+
+def test_a_partner_must_be_a_batch_behind() -> None:
+    """A live stream's few records in flight never cause a pause."""
+    a = InputAligner(R, G, min_backlog=50)
     a.observe(R, 0, 1_300)
     a.observe(G, 0, 1_000)
-    assert not decide(a, g0=10)
-    d = a.decide(PAIRS, lambda tp: 10 if tp == (G, 0) else 0, pressure=True)
-    assert d.pause == {(R, 0)}
-    a.observe(G, 0, 1_300)  # caught up exactly: no lead left
-    d = a.decide(PAIRS, lambda tp: 10 if tp == (G, 0) else 0, pressure=True)
-    assert d.resume == {(R, 0)}
+    assert not decide(a, g0=49)
+    assert decide(a, g0=50).pause == {(R, 0)}
+    assert decide(a, g0=49).resume == {(R, 0)}
