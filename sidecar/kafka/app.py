@@ -393,11 +393,13 @@ class SidecarService:
             self.state.last_committed.update(offsets)
             return offsets
 
-    async def _measure_lag(self) -> None:
+    async def _measure_lag(self) -> dict[tuple[str, int], int]:
+        """Records per assigned partition not consumed yet: the lag gauge, the aligner's input."""
         consumer = getattr(self.subscriber, "consumer", None)
         if consumer is None or not hasattr(consumer, "highwater"):
-            return
+            return {}
         self.lag = {tp: await self._backlog(consumer, tp) for tp in self.state.assigned}
+        return self.lag
 
     async def _backlog(self, consumer: Any, tp: tuple[str, int]) -> int:
         """Records of ``tp`` in Kafka that this consumer has not handed out yet (0: unknown)."""
@@ -412,16 +414,18 @@ class SidecarService:
             return 0
         return max(0, int(high) - int(position))
 
-    async def align(self) -> None:
-        """Pause / resume input partitions so that co-partitions stay aligned in time."""
+    async def align(self, backlog: dict[tuple[str, int], int] | None = None) -> None:
+        """Pause / resume input partitions so that co-partitions stay aligned in time.
+
+        ``backlog``: the lag just measured, if the caller has it (else measured here).
+        """
         consumer = getattr(self.subscriber, "consumer", None)
         if self.aligner is None or consumer is None or not hasattr(consumer, "pause"):
             return
         if self._stopping.is_set():  # stop() paused everything; nothing resumes now
             return
-        assigned = self.state.assigned
-        backlog = {tp: await self._backlog(consumer, tp) for tp in assigned}
-        decision = self.aligner.decide(assigned, lambda tp: backlog.get(tp, 0))
+        lag = backlog if backlog is not None else await self._measure_lag()
+        decision = self.aligner.decide(self.state.assigned, lambda tp: lag.get(tp, 0))
         if decision.pause:
             consumer.pause(*(TopicPartition(*tp) for tp in decision.pause))
         if decision.resume:
@@ -481,7 +485,6 @@ class SidecarService:
             try:
                 await self.emit(self.processor.on_tick(time.monotonic() * 1000.0))
                 await self.commit()
-                await self._measure_lag()
-                await self.align()
+                await self.align(await self._measure_lag())
             except KafkaError as exc:
                 log.warning("tick: %s (will retry)", exc)
