@@ -23,7 +23,6 @@ dialogue_history, right_response, hallucinated_response``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from sidecar.claims.calibration import Band
 from sidecar.claims.checker import ClaimScorer
 from sidecar.claims.datasets import Pair, split_of
 from sidecar.claims.evidence import EvidenceChunk
+from sidecar.claims.jsonl import iter_json_objects
 from sidecar.claims.metrics import auroc, binary_report
 from sidecar.claims.segment import Claim, segment_claims
 from sidecar.contracts.events import ClaimLabel
@@ -117,36 +117,27 @@ def read_items(path: Path, fmt: Format, limit: int | None = None) -> Iterator[tu
     """``(group, item)`` per candidate: two items per line (right, hallucinated)."""
     context_f, right_f, hall_f, extra_f = _FIELDS[fmt]
     count = 0
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError("malformed-json", f"{path}:{lineno}: {exc.msg}") from None
-            if not isinstance(obj, dict):
-                raise InputError("schema-violation", f"{path}:{lineno}: expected an object")
-            need = [f for f in (context_f, right_f, hall_f, extra_f) if f is not None]
-            missing = [f for f in need if not isinstance(obj.get(f), str)]
-            if missing:
-                raise InputError(
-                    "schema-violation",
-                    f"{path}:{lineno}: format {fmt} needs string fields {', '.join(need)}; "
-                    f"missing or not a string: {', '.join(missing)}",
-                )
-            context = str(obj[context_f])
-            prefix: str | None = None
-            if fmt == "halueval-qa":
-                prefix = str(obj["question"])
-            elif fmt == "halueval-dialogue":
-                context = f"{context}\n{obj['dialogue_history']}"
-            group = prefix or context[:200]
-            yield group, EvalItem(context, prefix, str(obj[right_f]), 0)
-            yield group, EvalItem(context, prefix, str(obj[hall_f]), 1)
-            count += 1
-            if limit is not None and count >= limit:
-                return
+    for lineno, obj in iter_json_objects(path):
+        need = [f for f in (context_f, right_f, hall_f, extra_f) if f is not None]
+        missing = [f for f in need if not isinstance(obj.get(f), str)]
+        if missing:
+            raise InputError(
+                "schema-violation",
+                f"{path}:{lineno}: format {fmt} needs string fields {', '.join(need)}; "
+                f"missing or not a string: {', '.join(missing)}",
+            )
+        context = str(obj[context_f])
+        prefix: str | None = None
+        if fmt == "halueval-qa":
+            prefix = str(obj["question"])
+        elif fmt == "halueval-dialogue":
+            context = f"{context}\n{obj['dialogue_history']}"
+        group = prefix or context[:200]
+        yield group, EvalItem(context, prefix, str(obj[right_f]), 0)
+        yield group, EvalItem(context, prefix, str(obj[hall_f]), 1)
+        count += 1
+        if limit is not None and count >= limit:
+            return
 
 
 def evaluate_items(

@@ -44,8 +44,6 @@ Reading is offline tooling (never serving); pair building is pure.
 
 from __future__ import annotations
 
-import gzip
-import json
 import random
 import re
 from collections import defaultdict
@@ -56,6 +54,7 @@ from typing import Any, Final
 
 from sidecar.claims.datasets import Pair
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex, content_terms
+from sidecar.claims.jsonl import iter_json_objects
 from sidecar.claims.segment import segment_claims
 from sidecar.exceptions import InputError
 from sidecar.lookback.labels import normalize_answer
@@ -98,20 +97,7 @@ def _rows_path(path: Path) -> Path:
 
 
 def _load_jsonl(path: Path) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError("malformed-json", f"{path}:{lineno}: {exc.msg}") from None
-            if not isinstance(obj, dict):
-                raise InputError("schema-violation", f"{path}:{lineno}: expected an object")
-            out.append(obj)
-    return out
+    return [obj for _, obj in iter_json_objects(path)]
 
 
 def read_outcome_rows(path: Path) -> list[OutcomeRecord]:
