@@ -100,6 +100,18 @@ def _load_jsonl(path: Path) -> list[dict[str, Any]]:
     return [obj for _, obj in iter_json_objects(path)]
 
 
+def _record(row: dict[str, Any], chunks: Sequence[EvidenceChunk]) -> OutcomeRecord:
+    """An outcome row's question, answers and label with the evidence chosen for it."""
+    return OutcomeRecord(
+        qid=int(row["qid"]),
+        question=str(row["question"]),
+        answers=tuple(str(a) for a in row["answers"]),
+        answer=str(row["answer"]),
+        correct=bool(row["correct"]),
+        chunks=tuple(chunks),
+    )
+
+
 def read_outcome_rows(path: Path) -> list[OutcomeRecord]:
     """Report rows: evidence = the trusted hits of the row's certification, else all hits."""
     out: list[OutcomeRecord] = []
@@ -109,16 +121,8 @@ def read_outcome_rows(path: Path) -> list[OutcomeRecord]:
         trusted = set(signal.get("trusted_chunk_ids") or [])
         ok = signal.get("status") == "ok"
         chosen = [h for h in hits if ok and h["chunk_id"] in trusted] or list(hits)
-        out.append(
-            OutcomeRecord(
-                qid=int(row["qid"]),
-                question=str(row["question"]),
-                answers=tuple(str(a) for a in row["answers"]),
-                answer=str(row["answer"]),
-                correct=bool(row["correct"]),
-                chunks=tuple(EvidenceChunk(str(h["chunk_id"]), str(h["text"])) for h in chosen),
-            )
-        )
+        chunks = [EvidenceChunk(str(h["chunk_id"]), str(h["text"])) for h in chosen]
+        out.append(_record(row, chunks))
     return out
 
 
@@ -155,16 +159,7 @@ def read_lookback(
                 raise InputError("schema-violation", f"{path}: unknown chunk ids {missing[:3]}")
             scored = list(zip(ids, (float(s) for s in row["scores"]), strict=True))
             chosen = [c for c, s in scored if s >= cutoff] or ids
-            out.append(
-                OutcomeRecord(
-                    qid=int(row["qid"]),
-                    question=str(row["question"]),
-                    answers=tuple(str(a) for a in row["answers"]),
-                    answer=str(row["answer"]),
-                    correct=bool(row["correct"]),
-                    chunks=tuple(EvidenceChunk(c, texts[c]) for c in chosen),
-                )
-            )
+            out.append(_record(row, [EvidenceChunk(c, texts[c]) for c in chosen]))
     return out
 
 
