@@ -20,13 +20,10 @@ from collections import defaultdict
 from pathlib import PurePath
 from typing import Any
 
-import orjson
-
 from sidecar.bench.e2e import LoadShape, answer_events
+from sidecar.bench.stages import request_items
 from sidecar.config import Settings
-from sidecar.contracts.codec import InputKind
 from sidecar.exceptions import ConfigError
-from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.processor import Processor
 from sidecar.pipeline.signals import SignalSuite
 from sidecar.policy.base import Policy
@@ -92,15 +89,8 @@ def profile_requests(
     profiler = Profiler(interval=0.001)
     t0 = time.perf_counter()
     profiler.start()
-    for i, (r, deltas, final) in enumerate(events):
-        key = r["request_id"].encode()
-        items = [(InputKind.RETRIEVAL, orjson.dumps(r), key, InputRef("r", 0, i))]
-        items += [
-            (InputKind.GENERATION, orjson.dumps(d), key, InputRef("g", 0, 10 * i + k))
-            for k, d in enumerate(deltas)
-        ]
-        items.append((InputKind.GENERATION, orjson.dumps(final), key, InputRef("g", 0, 10 * i + 9)))
-        processor.on_batch(items, 0.0)
+    for i, events_i in enumerate(events):
+        processor.on_batch(request_items(events_i, events_i[0]["request_id"], i), 0.0)
     session = profiler.stop()
     wall = time.perf_counter() - t0
     root = session.root_frame()

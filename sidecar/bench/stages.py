@@ -16,6 +16,33 @@ from sidecar.pipeline.processor import Processor
 from sidecar.pipeline.signals import ClaimChecker, SignalSuite
 from sidecar.policy.base import Policy
 
+Events = tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]
+Item = tuple[InputKind, bytes, bytes, InputRef]
+
+
+def request_items(events: Events, rid: str, index: int) -> list[Item]:
+    """One request's input messages as the processor takes them (``rid`` replaces the id).
+
+    Offsets are distinct per message: request ``index`` owns a block of
+    generation offsets (its deltas, then its final event).
+    """
+    retrieval, deltas, final = events
+    key = rid.encode()
+    block = len(deltas) + 1
+
+    def encoded(event: dict[str, Any]) -> bytes:
+        return orjson.dumps({**event, "request_id": rid})
+
+    items: list[Item] = [(InputKind.RETRIEVAL, encoded(retrieval), key, InputRef("r", 0, index))]
+    items += [
+        (InputKind.GENERATION, encoded(d), key, InputRef("g", 0, block * index + k))
+        for k, d in enumerate(deltas)
+    ]
+    items.append(
+        (InputKind.GENERATION, encoded(final), key, InputRef("g", 0, block * index + block - 1))
+    )
+    return items
+
 
 def _time(fn: Callable[[], Any], n: int) -> dict[str, float]:
     samples = []
@@ -109,29 +136,8 @@ def run_stages(
 
     def whole_request() -> None:
         i = next(counter)
-        rid = f"stage-{i}"
-        processor.on_message(
-            InputKind.RETRIEVAL,
-            orjson.dumps({**r, "request_id": rid}),
-            None,
-            InputRef("r", 0, i),
-            0.0,
-        )
-        for d in ds:
-            processor.on_message(
-                InputKind.GENERATION,
-                orjson.dumps({**d, "request_id": rid}),
-                None,
-                InputRef("g", 0, 2 * i),
-                0.0,
-            )
-        processor.on_message(
-            InputKind.GENERATION,
-            orjson.dumps({**f, "request_id": rid}),
-            None,
-            InputRef("g", 0, 2 * i + 1),
-            0.0,
-        )
+        for kind, value, key, ref in request_items((r, ds, f), f"stage-{i}", i):
+            processor.on_message(kind, value, key, ref, 0.0)
 
     processor = Processor(settings, policy, signals=signals)
     results["whole_request_processor"] = _time(whole_request, max(200, n // 4))
