@@ -27,9 +27,6 @@ from sidecar.config import Settings
 from sidecar.contracts.events import (
     AnswerVerdict,
     CoverageReport,
-    RetrievalEvent,
-    RetrievalSignal,
-    SignalStatus,
 )
 from sidecar.kafka.app import SidecarService
 from sidecar.kafka.read import read_topics
@@ -39,26 +36,11 @@ from sidecar.pipeline.processor import Processor
 from sidecar.pipeline.signals import SignalSuite
 from sidecar.policy import PlaceholderPolicy
 from tests.conftest import EventFactory, dumps
+from tests.fakes import ThresholdCertifier
 from tests.kafka.harness import Msg, settings_for, wait_until
 
 KEY = "acme/wiki"
 REPORT_INTERVAL_S = 0.2
-
-
-class KeyedCertifier:
-    """Trusts hits scoring >= 0.5, under one calibration key."""
-
-    version = "keyed/1"
-
-    def certify(self, event: RetrievalEvent) -> RetrievalSignal:
-        trusted = [h.chunk_id for h in event.hits if h.score >= 0.5]
-        return RetrievalSignal(
-            status=SignalStatus.OK,
-            trusted_chunk_ids=trusted,
-            m1=bool(trusted),
-            m2=len(trusted) / event.k,
-            calibration_key=KEY,
-        )
 
 
 def topics_with_feedback(topics: dict[str, str]) -> dict[str, str]:
@@ -68,7 +50,7 @@ def topics_with_feedback(topics: dict[str, str]) -> dict[str, str]:
 
 def coverage_processor(settings: Settings) -> tuple[Processor, CoverageMonitor]:
     monitor = CoverageMonitor(report_interval_s=REPORT_INTERVAL_S)
-    suite = SignalSuite(certifier=KeyedCertifier(), coverage=monitor)
+    suite = SignalSuite(certifier=ThresholdCertifier(calibration_key=KEY), coverage=monitor)
     return Processor(settings, PlaceholderPolicy(), signals=suite), monitor
 
 

@@ -22,10 +22,8 @@ from sidecar.contracts.events import (
     Decision,
     GenerationFinal,
     RetrievalEvent,
-    RetrievalSignal,
     RetrieveAgain,
     Signals,
-    SignalStatus,
 )
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.processor import Destination, Processor, Step
@@ -33,26 +31,11 @@ from sidecar.pipeline.signals import ConfidenceResult, ConfidenceScorer, SignalS
 from sidecar.policy import PlaceholderPolicy
 from tests.confidence.factories import fit_models
 from tests.conftest import EventFactory, dumps
+from tests.fakes import ThresholdCertifier
 
 R, G, F = InputKind.RETRIEVAL, InputKind.GENERATION, InputKind.FEEDBACK
 FIXED = datetime(2026, 1, 1, tzinfo=UTC)
 KEY = "acme/wiki"
-
-
-class KeyedCertifier:
-    """Trusts hits scoring >= 0.5, under one calibration key."""
-
-    version = "keyed/1"
-
-    def certify(self, event: RetrievalEvent) -> RetrievalSignal:
-        trusted = [h.chunk_id for h in event.hits if h.score >= 0.5]
-        return RetrievalSignal(
-            status=SignalStatus.OK,
-            trusted_chunk_ids=trusted,
-            m1=bool(trusted),
-            m2=len(trusted) / event.k,
-            calibration_key=KEY,
-        )
 
 
 FIXED_RESULT = ConfidenceResult(
@@ -104,7 +87,9 @@ def make_feed(
     coverage: CoverageMonitor | None = None,
     confidence: ConfidenceScorer | None = None,
 ) -> Feed:
-    suite = SignalSuite(certifier=KeyedCertifier(), coverage=coverage, confidence=confidence)
+    suite = SignalSuite(
+        certifier=ThresholdCertifier(calibration_key=KEY), coverage=coverage, confidence=confidence
+    )
     settings = settings_factory(join={"max_entries": 10, "ttl_ms": 1000})
     return Feed(Processor(settings, PlaceholderPolicy(), signals=suite, wall_clock=lambda: FIXED))
 

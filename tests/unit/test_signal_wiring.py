@@ -31,21 +31,9 @@ from sidecar.pipeline.signals import ClaimResult, SignalSuite
 from sidecar.policy import PlaceholderPolicy
 from sidecar.policy.engine import PolicyEngine
 from tests.conftest import REPO, EventFactory, dumps
+from tests.fakes import ThresholdCertifier
 
 R, G = InputKind.RETRIEVAL, InputKind.GENERATION
-
-
-class TopCertifier:
-    version = "top/1"
-
-    def certify(self, event: RetrievalEvent) -> RetrievalSignal:
-        trusted = [h.chunk_id for h in event.hits if h.score >= 0.5]
-        return RetrievalSignal(
-            status=SignalStatus.OK,
-            trusted_chunk_ids=trusted,
-            m1=bool(trusted),
-            m2=len(trusted) / event.k,
-        )
 
 
 @dataclass
@@ -130,7 +118,9 @@ def make(
     settings_factory: Callable[..., Settings], lookback: PickyLookback | None = None
 ) -> Processor:
     suite = SignalSuite(
-        certifier=TopCertifier(), lookback=lookback or PickyLookback(), claims=SentenceChecker()
+        certifier=ThresholdCertifier(),
+        lookback=lookback or PickyLookback(),
+        claims=SentenceChecker(),
     )
     return Processor(settings_factory(), PlaceholderPolicy(), signals=suite)
 
@@ -218,7 +208,7 @@ def test_strict_profile_blocks_mid_stream_then_decides_at_the_end(
         .replace("default_profile: enterprise", "default_profile: medical")
     )
     engine = PolicyEngine.from_file(policy_file)
-    suite = SignalSuite(certifier=TopCertifier(), claims=SentenceChecker())
+    suite = SignalSuite(certifier=ThresholdCertifier(), claims=SentenceChecker())
     p = Processor(settings_factory(), engine, signals=suite)
     weak_hits = [{"chunk_id": "c9", "doc_id": "d9", "score": 0.2, "text": "unrelated"}]
     p.on_message(R, dumps(retrieval_event(hits=weak_hits, k=3)), None, InputRef("r", 0, 0), 0.0)
