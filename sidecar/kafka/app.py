@@ -99,8 +99,6 @@ class LoopState:
     commits: int = 0
     last_committed: dict[tuple[str, int], int] = field(default_factory=dict)
     publish_retries: int = 0
-    flow_paused: frozenset[tuple[str, int]] = frozenset()  # paused by the input aligner
-    flow_pauses: int = 0
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -430,8 +428,6 @@ class SidecarService:
             consumer.pause(*(TopicPartition(*tp) for tp in decision.pause))
         if decision.resume:
             consumer.resume(*(TopicPartition(*tp) for tp in decision.resume))
-        self.state.flow_paused = self.aligner.paused
-        self.state.flow_pauses = self.aligner.pauses
 
     async def on_revoked(self, revoked: set[tuple[str, int]]) -> None:
         try:
