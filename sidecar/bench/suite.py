@@ -72,19 +72,18 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
         await asyncio.to_thread(p.signal, 15)
     settings = Settings.load()
     _log("stages in isolation")
-    stages = run_stages(settings, runtime.build_policy(settings), runtime.build_signals(settings))
+    policy, signals = runtime.build_policy(settings), runtime.build_signals(settings)
+    stages = run_stages(settings, policy, signals)
     claim_settings = Settings.load(signals={"claims": True})
     claim_signals = runtime.build_signals(claim_settings)
     if claim_signals.claims is not None:
         stages["claims"] = run_claim_stages(claim_signals.claims, shape=claims_shape)
     _log("profiles: whole requests through the processor (fast path, claim path)")
     profiles = {
-        "fast_path": profile_requests(
-            settings, runtime.build_policy(settings), runtime.build_signals(settings), n=1000
-        ),
+        "fast_path": profile_requests(settings, policy, signals, n=1000),
         "claim_path": profile_requests(
             claim_settings,
-            runtime.build_policy(claim_settings),
+            policy,  # the policy file does not depend on which signals run
             claim_signals,
             n=100,
             shape=claims_shape,
