@@ -15,8 +15,8 @@ from sidecar.config import Settings
 from sidecar.exceptions import ConfigError
 from sidecar.health import HealthServer
 from sidecar.kafka.app import SidecarService
+from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
-from sidecar.pipeline.signals import SignalSuite
 from sidecar.policy import Policy
 from sidecar.telemetry import configure_from_env
 

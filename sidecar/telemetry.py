@@ -45,7 +45,7 @@ from opentelemetry.propagate import extract, inject
 from opentelemetry.trace import Tracer
 
 from sidecar import __version__
-from sidecar.pipeline.processor import Destination, Output, TraceRecord
+from sidecar.pipeline.outputs import Destination, Output, TraceRecord
 
 SCOPE = "guardrail.sidecar"
 

@@ -24,9 +24,8 @@ from sidecar.bench.e2e import LoadShape, answer_events
 from sidecar.bench.stages import request_items
 from sidecar.config import Settings
 from sidecar.exceptions import ConfigError
+from sidecar.pipeline.ports import Policy, SignalSuite
 from sidecar.pipeline.processor import Processor
-from sidecar.pipeline.signals import SignalSuite
-from sidecar.policy.base import Policy
 
 __all__ = ["package_of", "profile_requests"]
 

@@ -12,9 +12,8 @@ from sidecar.bench.e2e import LoadShape, answer_events, percentiles
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind, decode_input, encode
 from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.ports import ClaimChecker, Policy, SignalSuite
 from sidecar.pipeline.processor import Processor
-from sidecar.pipeline.signals import ClaimChecker, SignalSuite
-from sidecar.policy.base import Policy
 
 Events = tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]
 Item = tuple[InputKind, bytes, bytes, InputRef]
@@ -125,7 +124,7 @@ def run_stages(
     if signals.lookback is not None and final.event_type == "generation.final":
         scorer = signals.lookback
         cert = signals.certifier.certify(retrieval) if signals.certifier is not None else None  # type: ignore[arg-type]
-        from sidecar.pipeline.signals import NOT_CONFIGURED_RETRIEVAL  # noqa: PLC0415
+        from sidecar.pipeline.ports import NOT_CONFIGURED_RETRIEVAL  # noqa: PLC0415
 
         c = cert or NOT_CONFIGURED_RETRIEVAL
         results["lookback_single"] = _time(lambda: scorer.score(final, c), n)

@@ -51,7 +51,7 @@ from sidecar.contracts.events import (
     RetrievalSignal,
     SignalStatus,
 )
-from sidecar.pipeline.signals import ClaimResult
+from sidecar.pipeline.ports import ClaimResult
 
 __all__ = [
     "RULE_CAP",

@@ -37,7 +37,7 @@ from sidecar.contracts.events import (
     SignalStatus,
 )
 from sidecar.exceptions import ArtifactError
-from sidecar.pipeline.signals import ConfidenceResult
+from sidecar.pipeline.ports import ConfidenceResult
 
 __all__ = ["ANSWER_FILE", "CARD_FILE", "CHUNKS_FILE", "CalibratedConfidenceScorer"]
 

@@ -1,6 +1,6 @@
 """The retrieval-certification signal of the sidecar (seed 000 section 3.2), pure.
 
-Implements ``sidecar.pipeline.signals.RetrievalCertifier``: resolves the event's
+Implements ``sidecar.pipeline.ports.RetrievalCertifier``: resolves the event's
 calibration key (tenant, collection, retriever) in the registry, certifies the
 hits' raw scores (eqs. 4-6, depth = the event's K), feeds the exchangeability
 monitor and reports all of it as a ``RetrievalSignal``.

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,12 +31,12 @@ from faststream.kafka.annotations import KafkaMessage
 
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
-from sidecar.exceptions import InputError
 from sidecar.kafka.security import faststream_security
 from sidecar.pipeline.flow import InputAligner
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.offsets import OffsetTracker
-from sidecar.pipeline.processor import Destination, Output, Processor, Step
+from sidecar.pipeline.outputs import Destination, Output, Step
+from sidecar.pipeline.processor import Processor
 from sidecar.telemetry import Telemetry
 
 log = logging.getLogger("sidecar.kafka")
@@ -139,8 +138,6 @@ class SidecarService:
             Destination.CLAIMS: topics.claims,
             Destination.DLQ: topics.dlq,
             Destination.REPORTS: topics.reports,
-            Destination.RETRIEVAL: topics.retrieval,
-            Destination.GENERATION: topics.generation,
         }
         common: dict[str, Any] = {
             "group_id": settings.kafka.group_id,
@@ -213,12 +210,13 @@ class SidecarService:
         self.state.started = True
 
     async def stop(self) -> None:
-        """Graceful stop: pause intake, hand open requests back to the topics, commit, close.
+        """Graceful stop: pause intake, finish what is complete, commit the low watermark.
 
         Complete requests have had their verdicts published by the time the
-        in-flight handler returns; half-requests are re-published to the end of
-        their input topics (``Processor.handoff``) so that every consumed offset
-        can be committed: a restart neither loses nor repeats a verdict.
+        in-flight handler returns. Half-requests keep their offsets pending, so
+        the committed position stays at or below their first input: whoever
+        owns the partition next re-reads them and completes the join. The
+        sidecar never writes into the LLM service's topics.
         """
         consumer = getattr(self.subscriber, "consumer", None)
         if consumer is not None and hasattr(consumer, "pause"):
@@ -232,10 +230,9 @@ class SidecarService:
                 except asyncio.CancelledError:
                     pass
             try:
-                await self.emit(self.processor.handoff(), retry=False)
                 await self.commit()
             except KafkaError as exc:
-                log.warning("final hand-off / commit failed (%s); the next owner re-reads", exc)
+                log.warning("final commit failed (%s); the next owner re-reads", exc)
         await self.subscriber.stop()
         await self.broker.stop()
         self.state.started = False
@@ -247,20 +244,16 @@ class SidecarService:
     # ------------------------------------------------------------------ consume
 
     async def _on_message(self, body: Any, msg: KafkaMessage) -> None:
+        await self._handle((msg.raw_message,))
+
+    async def _on_batch(self, body: Any, msg: KafkaMessage) -> None:
+        await self._handle(msg.raw_message)
+
+    async def _handle(self, records: tuple[ConsumerRecord[bytes, bytes], ...]) -> None:
+        """Both subscriptions (batch and one-by-one) take this one path."""
         async with self._handler_lock:
             if self._stopping.is_set():
                 return  # not tracked, not finished: the next owner reads it
-            record: ConsumerRecord[bytes, bytes] = msg.raw_message
-            if self.aligner is not None:
-                self.aligner.observe(record.topic, record.partition, record.timestamp)
-            await self.emit(self._process(record))
-            await self.align()
-
-    async def _on_batch(self, body: Any, msg: KafkaMessage) -> None:
-        records: tuple[ConsumerRecord[bytes, bytes], ...] = msg.raw_message
-        async with self._handler_lock:
-            if self._stopping.is_set():
-                return
             items = []
             for record in records:
                 ref = InputRef(
@@ -279,28 +272,6 @@ class SidecarService:
                 items.append((kind, record.value, record.key, ref))
             await self.emit(self.processor.on_batch(items, time.monotonic() * 1000.0))
             await self.align()
-
-    def _process(self, record: ConsumerRecord[bytes, bytes]) -> Step:
-        ref = InputRef(
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            headers=tuple(record.headers or ()),
-        )
-        self.tracker.track(ref.tp, ref.offset)
-        kind = self._kinds.get(record.topic)
-        if kind is None:  # not ours (a pattern or misconfigured subscription)
-            return Step(done=[ref])
-        try:
-            return self.processor.on_message(
-                kind, record.value, record.key, ref, time.monotonic() * 1000.0
-            )
-        except Exception as exc:
-            log.exception("internal error on %s[%d]@%d", ref.topic, ref.partition, ref.offset)
-            detail = "".join(traceback.format_exception_only(exc)).strip()
-            return self.processor.dead_letter(
-                record.value, record.key, ref, InputError("internal-error", detail)
-            )
 
     async def emit(self, step: Step, *, retry: bool = True) -> None:
         """Publish a step's outputs (retrying until confirmed), then finish its inputs.

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from sidecar.contracts.events import GenerationFinal, RetrievalEvent, RetrievalSignal
 
 if TYPE_CHECKING:
-    from sidecar.pipeline.signals import ClaimResult, ClaimSession
+    from sidecar.pipeline.ports import ClaimResult, ClaimSession
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,8 +44,7 @@ from sidecar.contracts.events import (
     Signals,
     SignalStatus,
 )
-from sidecar.pipeline.signals import ClaimResult
-from sidecar.policy.base import PolicyOutcome
+from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
 from sidecar.policy.config import (
     SEVERITY,
     Action,

@@ -19,8 +19,8 @@ from sidecar.contracts.events import (
 )
 
 if TYPE_CHECKING:
-    from sidecar.pipeline.signals import ClaimResult
-from sidecar.policy.base import PolicyOutcome
+    from sidecar.pipeline.ports import ClaimResult
+from sidecar.pipeline.ports import PolicyOutcome
 
 NO_SIGNALS = Reason(
     code="no-signals-configured",

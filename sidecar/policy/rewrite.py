@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from sidecar.claims.sentences import split_sentences
 from sidecar.contracts.events import ClaimLabel
-from sidecar.pipeline.signals import ClaimResult
+from sidecar.pipeline.ports import ClaimResult
 
 __all__ = ["remove_unsupported", "verified_only"]
 

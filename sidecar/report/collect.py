@@ -31,7 +31,8 @@ from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import GenerationDelta, GenerationFinal, RetrievalEvent
 from sidecar.lookback.labels import normalize_answer
 from sidecar.pipeline.join import InputRef
-from sidecar.pipeline.processor import Destination, Processor
+from sidecar.pipeline.outputs import Destination
+from sidecar.pipeline.processor import Processor
 from sidecar.retrieval.corpus import QARecord
 
 if TYPE_CHECKING:  # the RAG loop imports torch

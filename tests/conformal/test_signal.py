@@ -11,7 +11,8 @@ from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import AnswerVerdict, DeadLetterRecord, SignalStatus
 from sidecar.pipeline.join import InputRef
-from sidecar.pipeline.processor import Destination, Processor
+from sidecar.pipeline.outputs import Destination
+from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from sidecar.runtime import build_signals
 from tests.conftest import REPO, EventFactory, dumps

@@ -32,8 +32,8 @@ from sidecar.kafka.app import SidecarService
 from sidecar.kafka.read import read_topics
 from sidecar.kafka.topics import create_topics
 from sidecar.localkafka.broker import LocalKafka
+from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
-from sidecar.pipeline.signals import SignalSuite
 from sidecar.policy import PlaceholderPolicy
 from tests.conftest import EventFactory, dumps
 from tests.fakes import ThresholdCertifier

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from sidecar.contracts.events import AnswerVerdict, DeadLetterRecord, Decision
 from sidecar.localkafka.broker import LocalKafka
-from sidecar.pipeline.processor import IDEMPOTENCY_HEADER
+from sidecar.pipeline.outputs import IDEMPOTENCY_HEADER
 from sidecar.telemetry import Telemetry
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import Harness, memory_harness, real_harness, settings_for

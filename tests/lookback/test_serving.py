@@ -21,7 +21,7 @@ from sidecar.lookback.dataset import load_dataset
 from sidecar.lookback.features import feature_vector
 from sidecar.lookback.serving import LookbackRequest, OnnxLookbackScorer
 from sidecar.lookback.training import LookbackClassifier, split_by_question
-from sidecar.pipeline.signals import LookbackScorer
+from sidecar.pipeline.ports import LookbackScorer
 from tests.lookback.conftest import GENERATOR, HEADS, LAYERS, K, synthetic_rows
 
 NO_CERT = RetrievalSignal(status=SignalStatus.NOT_CONFIGURED)

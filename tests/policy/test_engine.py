@@ -21,8 +21,7 @@ from sidecar.contracts.events import (
     Signals,
     SignalStatus,
 )
-from sidecar.pipeline.signals import ClaimResult
-from sidecar.policy.base import PolicyOutcome
+from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
 from sidecar.policy.config import ConfidenceRules, load_policy
 from sidecar.policy.engine import PolicyEngine
 from sidecar.policy.rewrite import remove_unsupported, verified_only

@@ -9,7 +9,7 @@ from sidecar.bench.e2e import LoadShape, answer_events, percentiles
 from sidecar.bench.profile import package_of, profile_requests
 from sidecar.bench.stages import run_claim_stages, run_stages
 from sidecar.config import Settings
-from sidecar.pipeline.signals import SignalSuite
+from sidecar.pipeline.ports import SignalSuite
 from sidecar.policy import PlaceholderPolicy
 
 

@@ -10,7 +10,8 @@ from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import AnswerVerdict, DeadLetterRecord, Decision
 from sidecar.pipeline.join import InputRef
-from sidecar.pipeline.processor import IDEMPOTENCY_HEADER, Destination, Processor, Step
+from sidecar.pipeline.outputs import IDEMPOTENCY_HEADER, Destination, Step
+from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from tests.conftest import EventFactory, dumps
 

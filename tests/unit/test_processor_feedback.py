@@ -26,8 +26,9 @@ from sidecar.contracts.events import (
     Signals,
 )
 from sidecar.pipeline.join import InputRef
-from sidecar.pipeline.processor import Destination, Processor, Step
-from sidecar.pipeline.signals import ConfidenceResult, ConfidenceScorer, SignalSuite
+from sidecar.pipeline.outputs import Destination, Step
+from sidecar.pipeline.ports import ConfidenceResult, ConfidenceScorer, SignalSuite
+from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from tests.confidence.factories import fit_models
 from tests.conftest import EventFactory, dumps

@@ -26,8 +26,9 @@ from sidecar.contracts.events import (
 )
 from sidecar.exceptions import InputError
 from sidecar.pipeline.join import InputRef
-from sidecar.pipeline.processor import Destination, Processor
-from sidecar.pipeline.signals import ClaimResult, SignalSuite
+from sidecar.pipeline.outputs import Destination
+from sidecar.pipeline.ports import ClaimResult, SignalSuite
+from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from sidecar.policy.engine import PolicyEngine
 from tests.conftest import REPO, EventFactory, dumps
@@ -307,15 +308,58 @@ def test_answers_completed_in_one_batch_are_scored_in_one_call(
     assert [v.signals.lookback.p_factual for v in verdicts] == pytest.approx([0.1, 0.2, 0.3])
     assert [o.destination for o in step.outputs].count(Destination.DLQ) == 1
     assert len(step.done) == 7
-    # outside a batch the same processor scores one at a time
+    # a single message takes the same path: a batch of one
     p.on_message(R, dumps(retrieval_event("req-solo")), None, InputRef("r", 0, 9), 0.0)
     solo = p.on_message(
         G, dumps(final_event("req-solo", generator_model="gen-a")), None, InputRef("g", 0, 9), 0.0
     )
-    assert (
-        AnswerVerdict.model_validate(
-            orjson.loads(solo.outputs[-1].value)
-        ).signals.lookback.p_factual
-        == 0.8
+    assert AnswerVerdict.model_validate(
+        orjson.loads(solo.outputs[-1].value)
+    ).signals.lookback.p_factual == pytest.approx(0.1)
+    assert scorer.batches == [3, 1]
+
+
+@dataclass
+class FailingBatchLookback(CountingLookback):
+    """The batch call fails; one request's own score is poison (not finite), another raises."""
+
+    def score_batch(
+        self, items: Sequence[tuple[GenerationFinal, RetrievalSignal]]
+    ) -> list[LookbackSignal]:
+        raise RuntimeError("batch kernel failed")
+
+    def score(self, final: GenerationFinal, certification: RetrievalSignal) -> LookbackSignal:
+        if final.request_id == "req-raise":
+            raise RuntimeError("this one is broken")
+        return super().score(final, certification)
+
+
+def test_a_failing_signal_costs_only_its_own_request(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    p = Processor(
+        settings_factory(),
+        PlaceholderPolicy(),
+        signals=SignalSuite(lookback=FailingBatchLookback()),
     )
-    assert scorer.batches == [3]
+    items = []
+    for i, rid in enumerate(["req-ok", "req-raise", "req-ok2"]):
+        items.append((R, dumps(retrieval_event(rid)), None, InputRef("r", 0, i)))
+        items.append(
+            (G, dumps(final_event(rid, generator_model="gen-a")), None, InputRef("g", 0, i))
+        )
+    step = p.on_batch(items, 0.0)
+    verdicts = {
+        v.request_id: v
+        for v in (
+            AnswerVerdict.model_validate(orjson.loads(o.value))
+            for o in step.outputs
+            if o.destination is Destination.VERDICTS
+        )
+    }
+    assert set(verdicts) == {"req-ok", "req-raise", "req-ok2"}
+    assert verdicts["req-raise"].signals.lookback.status is SignalStatus.UNAVAILABLE
+    assert verdicts["req-ok"].signals.lookback.status is SignalStatus.OK
+    assert len(step.done) == 6

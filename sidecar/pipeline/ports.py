@@ -1,6 +1,8 @@
-"""Where the three signals plug into the processor.
+"""The core's ports: where the signals and the policy plug into the processor.
 
-Each signal is a small component behind a protocol; the processor calls them
+The pipeline owns these protocols; ``policy/`` and the signal packages
+implement them (they import ``pipeline``, never the reverse). Each signal is a
+small component behind a protocol; the processor calls them
 at fixed points of a request's life and knows nothing of their internals:
 
 * ``RetrievalCertifier.certify``  when the retrieval event arrives (seed 000 section 3.2);
@@ -19,7 +21,7 @@ configured is reported as ``not-configured``, never silently treated as fine.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from sidecar.contracts.events import (
@@ -28,9 +30,11 @@ from sidecar.contracts.events import (
     ClaimLabel,
     ClaimsSignal,
     CoverageReport,
+    Decision,
     FeedbackEvent,
     GenerationFinal,
     LookbackSignal,
+    Reason,
     RetrievalEvent,
     RetrievalSignal,
     RetrieveAgain,
@@ -77,6 +81,11 @@ class LookbackScorer(Protocol):
 
 
 class ClaimSession(Protocol):
+    @property
+    def results(self) -> Sequence[ClaimResult]:
+        """Every result of the answer so far (streamed and final), in claim order."""
+        ...
+
     def feed(self, text: str) -> list[ClaimResult]:
         """Newly streamed text; returns results for claims whose sentence completed."""
         ...
@@ -152,3 +161,47 @@ class SignalSuite:
 NOT_CONFIGURED_RETRIEVAL = RetrievalSignal(status=SignalStatus.NOT_CONFIGURED)
 NOT_CONFIGURED_LOOKBACK = LookbackSignal(status=SignalStatus.NOT_CONFIGURED)
 NOT_CONFIGURED_CLAIMS = ClaimsSignal(status=SignalStatus.NOT_CONFIGURED)
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyOutcome:
+    decision: Decision
+    reasons: list[Reason]
+    caveat_text: str | None = None
+    rewritten_answer: str | None = None
+    extra_reasons: list[Reason] = field(default_factory=list)
+    escalate: bool = False  # route to a human expert or a stronger model
+
+
+class Policy(Protocol):
+    """Decides one complete answer from its events and signals."""
+
+    @property
+    def name(self) -> str:
+        """Name and version, carried in every verdict."""
+        ...
+
+    def decide(
+        self,
+        retrieval: RetrievalEvent,
+        final: GenerationFinal,
+        signals: Signals,
+        *,
+        claims: Sequence[ClaimResult] | None = None,
+        confidence: float | None = None,
+    ) -> PolicyOutcome:
+        """``claims``: the per-claim results (texts, spans, labels) for the rewrite;
+        ``confidence``: the calibrated p(correct), ``None`` when not configured."""
+        ...
+
+    def check_stream(
+        self,
+        retrieval: RetrievalEvent,
+        claims: Sequence[ClaimResult],
+        certification: RetrievalSignal | None = None,
+    ) -> PolicyOutcome | None:
+        """Strict mode: an outcome (block) as soon as the claims so far demand it."""
+        ...

@@ -1,0 +1,174 @@
+"""Scoring complete requests: lookback, claims, confidence — one path for one or many.
+
+``Scoring.score(entries)`` scores every request completed in a consumed batch
+(a single message is a batch of one): the lookback model runs once for all of
+them, then each request's claims are finished and its confidence computed.
+``Scoring.stream(entry)`` verifies newly streamed text while the answer is
+still being written.
+
+Every signal is guarded on its own: a component that raises, or returns a
+value that is not finite, makes that signal ``unavailable`` for that request
+(logged with the reason) — never a lost batch, never another request's
+problem.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sidecar.contracts.events import (
+    ClaimsSignal,
+    GenerationFinal,
+    LookbackSignal,
+    RetrievalSignal,
+    Signals,
+    SignalStatus,
+)
+from sidecar.pipeline.join import PendingRequest
+from sidecar.pipeline.ports import (
+    NOT_CONFIGURED_CLAIMS,
+    NOT_CONFIGURED_LOOKBACK,
+    NOT_CONFIGURED_RETRIEVAL,
+    ClaimResult,
+    ConfidenceResult,
+    SignalSuite,
+)
+
+log = logging.getLogger("sidecar.pipeline")
+
+UNAVAILABLE_LOOKBACK = LookbackSignal(status=SignalStatus.UNAVAILABLE)
+UNAVAILABLE_CLAIMS = ClaimsSignal(status=SignalStatus.UNAVAILABLE)
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """One complete request's signals, ready for the policy."""
+
+    signals: Signals
+    confidence: ConfidenceResult | None
+    final_claims: tuple[ClaimResult, ...]  # verified at the final event (not streamed before)
+    claims_span_ns: tuple[int, int]
+
+
+def _finite(value: float | None) -> bool:
+    return value is None or math.isfinite(value)
+
+
+def _confidence_is_finite(result: ConfidenceResult) -> bool:
+    return (
+        _finite(result.p_correct)
+        and all(_finite(v) for v in result.features.values())
+        and all(math.isfinite(c.p_useful) for c in result.chunk_forecast)
+    )
+
+
+class Scoring:
+    """Runs the configured signals over complete requests."""
+
+    def __init__(self, signals: SignalSuite, *, clock_ns: Callable[[], int]) -> None:
+        self.signals = signals
+        self._clock_ns = clock_ns
+
+    def stream(self, entry: PendingRequest) -> tuple[list[ClaimResult], tuple[int, int]]:
+        """Feed newly streamed text to the claim checker; the claims it completed."""
+        checker = self.signals.claims
+        if checker is None or entry.retrieval is None:
+            return [], (0, 0)
+        if entry.claims is None:
+            entry.claims = checker.open(
+                entry.retrieval, entry.certification or NOT_CONFIGURED_RETRIEVAL
+            )
+        new_text = entry.streamed[entry.claims_fed :]
+        if not new_text:
+            return [], (0, 0)
+        entry.claims_fed = len(entry.streamed)
+        t0 = self._clock_ns()
+        try:
+            results = entry.claims.feed(new_text)
+        except Exception:  # one request's verifier failure must not cost the batch
+            log.exception("streaming claim verification failed for %s", entry.request_id)
+            return [], (0, 0)
+        entry.claim_results.extend(results)
+        return results, (t0, self._clock_ns())
+
+    def score(self, entries: Sequence[PendingRequest]) -> list[Scored]:
+        """Score complete requests (``retrieval`` and ``final`` held), in order."""
+        t0 = self._clock_ns()
+        lookbacks = self._lookback(entries)
+        t1 = self._clock_ns()
+        scored = []
+        for entry, lookback in zip(entries, lookbacks, strict=True):
+            entry.stages.append(("score", t0, t1))
+            scored.append(self._score_one(entry, lookback))
+        return scored
+
+    def _lookback(self, entries: Sequence[PendingRequest]) -> list[LookbackSignal]:
+        scorer = self.signals.lookback
+        if scorer is None:
+            return [NOT_CONFIGURED_LOOKBACK] * len(entries)
+        pairs = [(_final(e), e.certification or NOT_CONFIGURED_RETRIEVAL) for e in entries]
+        try:
+            return [_checked_lookback(s) for s in scorer.score_batch(pairs)]
+        except Exception:
+            log.warning("batched lookback scoring failed; scoring one by one", exc_info=True)
+        out = []
+        for entry, (final, certification) in zip(entries, pairs, strict=True):
+            try:
+                out.append(_checked_lookback(scorer.score(final, certification)))
+            except Exception:
+                log.exception("lookback scoring failed for %s", entry.request_id)
+                out.append(UNAVAILABLE_LOOKBACK)
+        return out
+
+    def _score_one(self, entry: PendingRequest, lookback: LookbackSignal) -> Scored:
+        certification: RetrievalSignal = entry.certification or NOT_CONFIGURED_RETRIEVAL
+        t_claims = self._clock_ns()
+        claims = NOT_CONFIGURED_CLAIMS
+        tail: list[ClaimResult] = []
+        if entry.claims is not None:
+            try:
+                tail, claims = entry.claims.finish(_final(entry).answer)
+            except Exception:
+                log.exception("claim verification failed for %s", entry.request_id)
+                claims = UNAVAILABLE_CLAIMS
+            entry.claim_results.extend(tail)
+        span = (t_claims, self._clock_ns())
+        entry.stages.append(("verify_claims", *span))
+        signals = Signals(retrieval=certification, lookback=lookback, claims=claims)
+        return Scored(
+            signals=signals,
+            confidence=self._confidence(entry, signals),
+            final_claims=tuple(tail),
+            claims_span_ns=span,
+        )
+
+    def _confidence(self, entry: PendingRequest, signals: Signals) -> ConfidenceResult | None:
+        scorer = self.signals.confidence
+        if scorer is None or entry.retrieval is None:
+            return None
+        try:
+            result = scorer.score(entry.retrieval, _final(entry), signals)
+        except Exception:
+            log.exception("confidence scoring failed for %s", entry.request_id)
+            return None
+        if not _confidence_is_finite(result):
+            log.warning("confidence for %s is not finite; left out", entry.request_id)
+            return None
+        return result
+
+
+def _final(entry: PendingRequest) -> GenerationFinal:
+    final = entry.final
+    if final is None:  # callers score complete requests only
+        raise AssertionError(f"request {entry.request_id} has no final event")
+    return final
+
+
+def _checked_lookback(signal: LookbackSignal) -> LookbackSignal:
+    """A probability that is not finite is no score (the contract also rejects it)."""
+    if signal.p_factual is not None and not math.isfinite(signal.p_factual):
+        return UNAVAILABLE_LOOKBACK
+    return signal
