@@ -181,7 +181,6 @@ def rendering(name: str, helm: Path, example_chart: Path) -> list[dict[str, Any]
 class Workload:
     """A pod template of the rendering and its guardrail container."""
 
-    kind: str
     name: str
     pod: dict[str, Any]
     container: dict[str, Any]
@@ -211,7 +210,7 @@ def guardrail_workloads(manifests: list[dict[str, Any]]) -> list[Workload]:
         for container in pod.get("initContainers", []) + pod.get("containers", []):
             names = {e["name"] for e in container.get("env", [])}
             if "GUARDRAIL_MODELS__DIR" in names:
-                found.append(Workload(name.split("/")[0], name, pod, container))
+                found.append(Workload(name, pod, container))
     return found
 
 
@@ -279,11 +278,10 @@ def test_the_models_check_fails_when_image_and_chart_disagree(tmp_path: Path) ->
         "volumeMounts": [{"name": "guardrail-tmp", "mountPath": POD_TMP}],
     }
     with pytest.raises(AssertionError, match="leaves /models empty"):
-        models_source(Dockerfile.read(empty), Workload("Deployment", "Deployment/x", {}, container))
+        models_source(Dockerfile.read(empty), Workload("Deployment/x", {}, container))
     mounted = container | {"volumeMounts": [{"name": "guardrail-models", "mountPath": "/models"}]}
-    assert models_source(
-        Dockerfile.read(empty), Workload("Deployment", "Deployment/x", {}, mounted)
-    ) == ("volume guardrail-models")
+    source = models_source(Dockerfile.read(empty), Workload("Deployment/x", {}, mounted))
+    assert source == "volume guardrail-models"
 
 
 # --------------------------------------------------------------- the pod itself
