@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.config import Settings, kubernetes_service_links
@@ -190,6 +190,7 @@ _PORTS = st.lists(
 )
 
 
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(
     suffix=_DNS_LABEL,
     ip=st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6)).map(str),
