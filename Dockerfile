@@ -3,14 +3,17 @@
 # The guardrail sidecar's runtime image: the project's wheel and its runtime
 # dependencies only (no torch, no transformers, no training extras).
 #
-#   docker build -t guardrail-sidecar:0.1.0 .                                  # CPU
+#   docker build -t guardrail-sidecar:0.1.0 .                                  # CPU, models/ baked in
 #   docker build -t guardrail-sidecar:0.1.0-gpu --build-arg VARIANT=gpu .      # CUDA
-#   docker build --build-arg BAKE_MODELS=true -t ... .                          # models/ baked in
+#   docker build --build-arg BAKE_MODELS=false -t ... .                         # an empty /models
 #
 # Runs as uid 10001 on a read-only root filesystem: the only writable path it
 # needs is /tmp (an emptyDir in Kubernetes; `docker run --read-only --tmpfs /tmp`).
-# Models: a read-only volume mounted at /models (the Helm chart's models.volume),
-# or baked in at build time with BAKE_MODELS=true.
+# Models: the default build bakes the repository's models/ into /models, which
+# is where the Helm chart's default values read them (models.dir=/models, no
+# models.volume); tests/deploy/test_kubernetes_start.py keeps the two in step.
+# With a read-only volume at /models (the chart's models.volume, e.g.
+# helm/values-prod.yaml's PVC) build with BAKE_MODELS=false: an empty mount point.
 #
 # GPU variant: the `gpu` extra (onnxruntime-gpu) replaces onnxruntime, and the
 # CUDA / cuDNN user-space libraries come as NVIDIA's wheels from PyPI
@@ -24,7 +27,7 @@
 
 ARG PYTHON_IMAGE=python:3.11-slim
 ARG VARIANT=cpu
-ARG BAKE_MODELS=false
+ARG BAKE_MODELS=true
 
 # ---------------------------------------------------------------- builder
 FROM ${PYTHON_IMAGE} AS builder
@@ -68,12 +71,11 @@ RUN set -eux; \
     /opt/venv/bin/guardrail --help >/dev/null
 
 # ------------------------------------------------------------------ models
-# Models are mounted at /models by default (a read-only volume). To bake them
-# into the image instead: --build-arg BAKE_MODELS=true [--build-arg
-# MODELS_SRC=<dir in the build context, default models>] - and let that
-# directory through .dockerignore. BuildKit builds only the selected stage, so
-# the default build does not need the directory to exist (the legacy builder
-# builds every stage: use BuildKit).
+# Baked into /models by default (BAKE_MODELS=true) from MODELS_SRC (a directory
+# in the build context, default models; let it through .dockerignore).
+# --build-arg BAKE_MODELS=false leaves an empty /models for a read-only volume;
+# BuildKit then builds only that stage, so MODELS_SRC need not exist (the legacy
+# builder builds every stage: use BuildKit).
 FROM ${PYTHON_IMAGE} AS models-false
 RUN mkdir /models
 

@@ -30,7 +30,7 @@ NAMESPACE="rag"
 
 cd "$ROOT"
 tools_init
-go_tool helm helm.sh/helm/v3/cmd/helm helm.sh/helm/v3 "$HELM_VERSION"
+helm_tool
 go_tool kubeconform github.com/yannh/kubeconform/cmd/kubeconform github.com/yannh/kubeconform "$KUBECONFORM_VERSION"
 py_tools
 crd_schemas

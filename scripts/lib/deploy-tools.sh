@@ -52,6 +52,11 @@ go_tool() {
   log "built $bin in $((SECONDS - start))s"
 }
 
+# The pinned helm in .tools/bin (scripts/helm-check.sh; tests/deploy reuse it).
+helm_tool() {
+  go_tool helm helm.sh/helm/v3/cmd/helm helm.sh/helm/v3 "$HELM_VERSION"
+}
+
 # A private virtualenv with the pinned PyPI tools; a stamp file records what
 # is installed so a second run does not touch pip.
 py_tools() {

@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import logging
+import re
 import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sidecar.config import Settings
+from sidecar.config import Settings, kubernetes_service_links
 from sidecar.exceptions import ConfigError
+from tests.deploy.kubelet import ServicePort, service_link_env
 
 
 def test_defaults_are_valid() -> None:
@@ -75,3 +80,144 @@ def test_run_fails_fast_on_bad_configuration(monkeypatch: pytest.MonkeyPatch) ->
     )
     assert out.returncode == 2
     assert "GUARDRAIL_JOIN__MAX_ENTRIES" in out.stderr
+
+
+# ------------------------------------------------- Kubernetes service links (#14)
+# What the kubelet injected in the user's report: `helm upgrade --install
+# guardrail charts/guardrail-sidecar` creates the Service guardrail-guardrail-sidecar.
+REPORTED_LINKS = {
+    "GUARDRAIL_GUARDRAIL_SIDECAR_SERVICE_HOST": "10.96.12.34",
+    "GUARDRAIL_GUARDRAIL_SIDECAR_SERVICE_PORT": "8080",
+    "GUARDRAIL_GUARDRAIL_SIDECAR_SERVICE_PORT_HTTP": "8080",
+    "GUARDRAIL_GUARDRAIL_SIDECAR_SERVICE_PORT_METRICS": "9464",
+    "GUARDRAIL_GUARDRAIL_SIDECAR_PORT": "tcp://10.96.12.34:8080",
+    "GUARDRAIL_GUARDRAIL_SIDECAR_PORT_8080_TCP": "tcp://10.96.12.34:8080",
+    "GUARDRAIL_GUARDRAIL_SIDECAR_PORT_8080_TCP_PROTO": "tcp",
+    "GUARDRAIL_GUARDRAIL_SIDECAR_PORT_8080_TCP_PORT": "8080",
+    "GUARDRAIL_GUARDRAIL_SIDECAR_PORT_8080_TCP_ADDR": "10.96.12.34",
+    "GUARDRAIL_GUARDRAIL_SIDECAR_PORT_9464_TCP": "tcp://10.96.12.34:9464",
+    "GUARDRAIL_GUARDRAIL_SIDECAR_PORT_9464_TCP_PROTO": "tcp",
+    "GUARDRAIL_GUARDRAIL_SIDECAR_PORT_9464_TCP_PORT": "9464",
+    "GUARDRAIL_GUARDRAIL_SIDECAR_PORT_9464_TCP_ADDR": "10.96.12.34",
+}
+SETTINGS = set(Settings.model_fields)
+
+
+def test_the_kubelet_helper_writes_the_reported_variables() -> None:
+    ports = [ServicePort(8080, "http"), ServicePort(9464, "metrics")]
+    assert service_link_env("guardrail-guardrail-sidecar", "10.96.12.34", ports) == REPORTED_LINKS
+
+
+def test_service_links_are_ignored_and_real_port_settings_still_parsed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A Service named exactly "guardrail" (an LLM team's), over IPv6 and UDP.
+    own = service_link_env("guardrail", "fd00:10:96::7", [ServicePort(53, "dns", "UDP")])
+    assert own["GUARDRAIL_PORT"] == "udp://[fd00:10:96::7]:53"
+    for k, v in (REPORTED_LINKS | own).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("GUARDRAIL_HTTP__PORT", "9000")
+    monkeypatch.setenv("GUARDRAIL_METRICS__PROMETHEUS_PORT", "9465")
+    with caplog.at_level(logging.INFO, logger="sidecar.config"):
+        s = Settings.load()
+    assert s.http.port == 9000
+    assert s.metrics.prometheus_port == 9465
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert f"ignoring {len(REPORTED_LINKS) + len(own)} Kubernetes service-link" in logged
+    assert "GUARDRAIL_GUARDRAIL_SIDECAR_PORT_9464_TCP_ADDR" in logged
+    assert "GUARDRAIL_HTTP__PORT" not in logged
+
+
+@pytest.mark.parametrize(
+    ("extra", "refused"),
+    [
+        # a typo of a real setting, with or without service links around
+        ({"GUARDRAIL_JOIN__TTL": "5"}, "GUARDRAIL_JOIN__TTL"),
+        # the "__" forgotten: looks like <SVC>_PORT, but the value is no link URL
+        ({"GUARDRAIL_HTTP_PORT": "9000"}, "GUARDRAIL_HTTP_PORT"),
+        ({"GUARDRAIL_METRICS_PROMETHEUS_PORT": "9464"}, "GUARDRAIL_METRICS_PROMETHEUS_PORT"),
+        # link-shaped, but no <SVC>_SERVICE_HOST of that family
+        ({"GUARDRAIL_QDRANT_PORT": "tcp://10.96.12.34:6333"}, "GUARDRAIL_QDRANT_PORT"),
+        ({"GUARDRAIL_QDRANT_SERVICE_PORT": "6333"}, "GUARDRAIL_QDRANT_SERVICE_PORT"),
+        # <SVC>_SERVICE_HOST that is not an IP address
+        ({"GUARDRAIL_QDRANT_SERVICE_HOST": "qdrant.rag.svc"}, "GUARDRAIL_QDRANT_SERVICE_HOST"),
+        # values the kubelet would not write for that family
+        ({"GUARDRAIL_GUARDRAIL_SIDECAR_PORT_8080_TCP_ADDR": "10.0.0.1"}, "_8080_TCP_ADDR"),
+        ({"GUARDRAIL_GUARDRAIL_SIDECAR_PORT_8080_TCP_PORT": "8081"}, "_8080_TCP_PORT"),
+        ({"GUARDRAIL_GUARDRAIL_SIDECAR_PORT_8080_TCP_PROTO": "udp"}, "_8080_TCP_PROTO"),
+        ({"GUARDRAIL_GUARDRAIL_SIDECAR_PORT": "http://10.96.12.34:8080"}, "SIDECAR_PORT"),
+        ({"GUARDRAIL_GUARDRAIL_SIDECAR_SERVICE_PORT_HTTP": "http"}, "SERVICE_PORT_HTTP"),
+    ],
+)
+def test_typos_are_still_refused_among_service_links(
+    monkeypatch: pytest.MonkeyPatch, extra: dict[str, str], refused: str
+) -> None:
+    for k, v in (REPORTED_LINKS | extra).items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError) as info:
+        Settings.load()
+    message = str(info.value)
+    assert refused in message
+    # only the bad variable is named, never the genuine links beside it
+    named = {k for k in REPORTED_LINKS if re.search(rf"\b{k}\b", message)}
+    assert named <= set(extra), message
+
+
+def test_a_link_shaped_typo_points_at_enable_service_links(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GUARDRAIL_HTTP_PORT", "9000")
+    with pytest.raises(ConfigError, match="enableServiceLinks: false"):
+        Settings.load()
+    monkeypatch.delenv("GUARDRAIL_HTTP_PORT")
+    monkeypatch.setenv("GUARDRAIL_NOT_A_SETTING", "1")
+    with pytest.raises(ConfigError) as info:
+        Settings.load()
+    assert "enableServiceLinks" not in str(info.value)
+
+
+_DNS_LABEL = st.from_regex(r"\A[a-z]([a-z0-9]|-(?=[a-z0-9])){0,40}\Z")
+_PORTS = st.lists(
+    st.builds(
+        ServicePort,
+        port=st.integers(1, 65535),
+        name=st.one_of(st.just(""), st.from_regex(r"\A[a-z]([a-z0-9]|-(?=[a-z0-9])){0,13}\Z")),
+        protocol=st.sampled_from(["TCP", "UDP", "SCTP"]),
+    ),
+    min_size=1,
+    max_size=4,
+    unique_by=lambda p: (p.port, p.protocol),
+)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    suffix=_DNS_LABEL,
+    ip=st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6)).map(str),
+    ports=_PORTS,
+)
+def test_every_guardrail_service_family_is_recognised(
+    suffix: str, ip: str, ports: list[ServicePort]
+) -> None:
+    env = service_link_env(f"guardrail-{suffix}", ip, ports)
+    real = {
+        "GUARDRAIL_HTTP__PORT": "8080",
+        "GUARDRAIL_METRICS__PROMETHEUS_PORT": "9464",
+        "GUARDRAIL_LOG_LEVEL": "INFO",
+        "GUARDRAIL_HTTP_PORT": "8080",  # a typo: never a link
+    }
+    assert kubernetes_service_links(env | real, SETTINGS) == set(env)
+
+
+def test_a_top_level_setting_is_never_taken_for_a_link() -> None:
+    # No setting of today ends like a link; were one added (say x_port), a Service
+    # named guardrail-x must not hide it from validation.
+    env = {"GUARDRAIL_X_SERVICE_HOST": "10.0.0.1", "GUARDRAIL_X_PORT": "tcp://10.0.0.1:80"}
+    assert kubernetes_service_links(env, SETTINGS) == set(env)
+    assert kubernetes_service_links(env, SETTINGS | {"x_port"}) == {"GUARDRAIL_X_SERVICE_HOST"}
+
+
+def test_a_name_with_the_section_delimiter_is_always_a_setting() -> None:
+    # GUARDRAIL_HTTP__PORT is the health port, whatever else looks like a family around it.
+    env = {"GUARDRAIL_HTTP__SERVICE_HOST": "10.0.0.1", "GUARDRAIL_HTTP__PORT": "tcp://10.0.0.1:80"}
+    assert kubernetes_service_links(env, SETTINGS) == set()

@@ -16,6 +16,7 @@ does any LLM service chart that injects the guardrail into its pods:
   metadata:
     annotations: {{- include "guardrail-sidecar.podAnnotations" $g | nindent 8 }}
   spec:
+    enableServiceLinks: false   # no GUARDRAIL_<SERVICE>_* variables from the kubelet
     containers:
       - name: llm
         ...

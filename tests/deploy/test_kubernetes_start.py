@@ -1,0 +1,492 @@
+"""The sidecar starts in the pods the Helm chart renders (issue #14).
+
+Rendered with the real, pinned ``helm`` (built into ``.tools/`` by
+``scripts/lib/deploy-tools.sh``, as ``make helm-check`` does), then started
+the way the kubelet would start the container, as far as a test can:
+
+* the environment is the image's ``ENV`` (read from the Dockerfile), then the
+  kubelet's service-link variables for every Service of the rendering plus an
+  LLM team's own ``guardrail-llm`` Service (as if ``enableServiceLinks`` were
+  left on, e.g. by a parent chart in inject mode), then the container's rendered
+  ``env`` with ``fieldRef`` / ``secretKeyRef`` filled in and ``$(VAR)`` expanded;
+* the filesystem: every volume mount of the container becomes a directory -
+  the ``/tmp`` emptyDir writable, the models (a PVC, or what the Dockerfile's
+  default build bakes into the image when no volume is mounted) and ConfigMaps
+  read-only copies - and the container paths in the environment point at them;
+  the working directory is the image's ``WORKDIR`` (``/tmp``), HOME the image's;
+* the user: the pod's ``runAsUser`` (10001) through ``setpriv`` when the tests
+  run as root, otherwise the (already non-root) test user.
+
+Not emulated: the read-only root filesystem (the interpreter and the project
+are the test's, not the image's; ``test_runtime_image.py`` checks that
+``run --check`` writes nothing into the installed venv), dropped capabilities
+and seccomp, the image's own interpreter and venv, Secrets' real contents
+(credentials are placeholders; ``run --check`` connects to nothing).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy.dockerfile import Dockerfile
+from tests.deploy.kubelet import services_env
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "guardrail-sidecar"
+EXAMPLE = ROOT / "helm" / "example-llm-service"
+DOCKERFILE = ROOT / "Dockerfile"
+KUBE_VERSION = "1.31.0"
+NAMESPACE = "rag"
+# The first run builds helm with `go install` (minutes); later runs reuse it.
+HELM_BUILD_TIMEOUT_S = 900
+RUN_TIMEOUT_S = 120
+POD_TMP = "/tmp"  # noqa: S108 - the container's path (an emptyDir), not the host's
+
+# A Service of the namespace that is not the chart's: an LLM team's own.
+LLM_TEAM_SERVICE: dict[str, Any] = {
+    "kind": "Service",
+    "metadata": {"name": "guardrail-llm"},
+    "spec": {
+        "ports": [
+            {"name": "http", "port": 8000, "protocol": "TCP"},
+            {"name": "grpc", "port": 9000},
+        ]
+    },
+}
+# Present in every pod, enableServiceLinks or not (the default namespace's API server).
+KUBERNETES_SERVICE: dict[str, Any] = {
+    "kind": "Service",
+    "metadata": {"name": "kubernetes"},
+    "spec": {"ports": [{"name": "https", "port": 443}]},
+}
+
+
+# ------------------------------------------------------------------- rendering
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The pinned helm binary, built by scripts/lib/deploy-tools.sh when missing."""
+    built = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'source "$1" && tools_init && helm_tool >&2 && command -v helm',
+            "helm-tool",
+            str(ROOT / "scripts" / "lib" / "deploy-tools.sh"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=HELM_BUILD_TIMEOUT_S,
+        check=False,
+    )
+    assert built.returncode == 0, (
+        "could not build the pinned helm (needs Go and the Go module proxy, as "
+        f"`make helm-check` does):\n{built.stderr[-3000:]}"
+    )
+    return Path(built.stdout.strip().splitlines()[-1])
+
+
+def _helm_env() -> dict[str, str]:
+    tools = ROOT / ".tools" / "helm-home"
+    return os.environ | {
+        "HELM_CACHE_HOME": str(tools / "cache"),
+        "HELM_CONFIG_HOME": str(tools / "config"),
+        "HELM_DATA_HOME": str(tools / "data"),
+    }
+
+
+def render(helm: Path, chart: Path, *args: str) -> list[dict[str, Any]]:
+    release = "llm" if chart.name == EXAMPLE.name else "guardrail"
+    out = subprocess.run(
+        [
+            str(helm),
+            "template",
+            release,
+            str(chart),
+            "-n",
+            NAMESPACE,
+            "--kube-version",
+            KUBE_VERSION,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=_helm_env(),
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert out.returncode == 0, f"helm template {chart.name} {args} failed:\n{out.stderr}"
+    return [m for m in yaml.safe_load_all(out.stdout) if m]
+
+
+@pytest.fixture(scope="session")
+def example_chart(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """helm/example-llm-service with its dependency built, in a copy (the tree stays clean)."""
+    root = tmp_path_factory.mktemp("charts")
+    shutil.copytree(CHART, root / "charts" / CHART.name)
+    example = root / "helm" / EXAMPLE.name
+    shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns("charts"))
+    built = subprocess.run(
+        [str(helm), "dependency", "build", "--skip-refresh", str(example)],
+        capture_output=True,
+        text=True,
+        env=_helm_env(),
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    return example
+
+
+# name -> (chart, helm arguments); "example" is the LLM chart injecting the sidecar.
+RENDERINGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "chart-defaults": ("chart", ()),
+    "values-dev": ("chart", ("-f", str(ROOT / "helm" / "values-dev.yaml"))),
+    "values-prod": ("chart", ("-f", str(ROOT / "helm" / "values-prod.yaml"))),
+    "values-prod+gpu": (
+        "chart",
+        (
+            "-f",
+            str(ROOT / "helm" / "values-prod.yaml"),
+            "-f",
+            str(ROOT / "helm" / "values-gpu.yaml"),
+        ),
+    ),
+    "ci-inject": ("chart", ("-f", str(CHART / "ci" / "inject-values.yaml"))),
+    "ci-mtls": ("chart", ("-f", str(CHART / "ci" / "mtls-values.yaml"))),
+    "example-llm-service": ("example", ()),
+}
+
+
+def rendering(name: str, helm: Path, example_chart: Path) -> list[dict[str, Any]]:
+    chart, args = RENDERINGS[name]
+    return render(helm, example_chart if chart == "example" else CHART, *args)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A pod template of the rendering and its guardrail container."""
+
+    name: str
+    pod: dict[str, Any]
+    container: dict[str, Any]
+
+
+def pod_specs(manifests: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    specs = []
+    for m in manifests:
+        kind = m["kind"]
+        if kind == "Pod":
+            specs.append((f"Pod/{m['metadata']['name']}", m["spec"]))
+        elif kind in {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job"}:
+            specs.append((f"{kind}/{m['metadata']['name']}", m["spec"]["template"]["spec"]))
+        elif kind == "CronJob":
+            specs.append(
+                (
+                    f"{kind}/{m['metadata']['name']}",
+                    m["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+                )
+            )
+    return specs
+
+
+def guardrail_workloads(manifests: list[dict[str, Any]]) -> list[Workload]:
+    found = []
+    for name, pod in pod_specs(manifests):
+        for container in pod.get("initContainers", []) + pod.get("containers", []):
+            names = {e["name"] for e in container.get("env", [])}
+            if "GUARDRAIL_MODELS__DIR" in names:
+                found.append(Workload(name, pod, container))
+    return found
+
+
+# --------------------------------------------------------------- service links
+
+
+@pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + RUN_TIMEOUT_S)
+@pytest.mark.parametrize("name", sorted(RENDERINGS))
+def test_every_pod_spec_turns_service_links_off(name: str, helm: Path, example_chart: Path) -> None:
+    specs = pod_specs(rendering(name, helm, example_chart))
+    if name != "ci-inject":  # inject mode renders only the helm test pod here
+        assert any(n.startswith("Deployment/") for n, _ in specs), "no Deployment rendered"
+    assert specs, "no pod rendered"
+    on = [n for n, pod in specs if pod.get("enableServiceLinks") is not False]
+    assert not on, (
+        f"{on} leave enableServiceLinks on: every Service guardrail-... would become "
+        "GUARDRAIL_* variables"
+    )
+
+
+# ---------------------------------------------------------- image <-> chart models
+
+
+def models_source(dockerfile: Dockerfile, workload: Workload) -> str:
+    """Where the container's models come from: a volume, or the image's own directory."""
+    models_dir = _env_value(workload.container, "GUARDRAIL_MODELS__DIR")
+    mounts = {
+        m["mountPath"].rstrip("/"): m["name"] for m in workload.container.get("volumeMounts", [])
+    }
+    if models_dir.rstrip("/") in mounts:
+        return f"volume {mounts[models_dir.rstrip('/')]}"
+    baked = dockerfile.baked_source(models_dir)
+    assert baked is not None, (
+        f"{workload.name} reads its models from {models_dir} inside the image (no volume mounted "
+        f"there: models.volume is empty), but the Dockerfile's default build "
+        f"(BAKE_MODELS={dockerfile.global_args.get('BAKE_MODELS')}) leaves {models_dir} empty: "
+        "bake the models by default or mount a volume by default"
+    )
+    assert (ROOT / baked).is_dir(), (
+        f"the Dockerfile bakes {baked}/, which is not in the build context"
+    )
+    return f"image:{baked}"
+
+
+@pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + RUN_TIMEOUT_S)
+@pytest.mark.parametrize("name", ["chart-defaults", "values-dev", "example-llm-service"])
+def test_default_image_holds_the_models_the_chart_expects(
+    name: str, helm: Path, example_chart: Path
+) -> None:
+    dockerfile = Dockerfile.read(DOCKERFILE)
+    workloads = guardrail_workloads(rendering(name, helm, example_chart))
+    assert workloads, "no guardrail container rendered"
+    for workload in workloads:
+        assert models_source(dockerfile, workload) == "image:models", workload.name
+
+
+def test_the_models_check_fails_when_image_and_chart_disagree(tmp_path: Path) -> None:
+    # The same Dockerfile with the models stage switched off, as it was before #14.
+    empty = tmp_path / "Dockerfile"
+    empty.write_text(
+        re.sub(r"(?m)^ARG BAKE_MODELS=\w+$", "ARG BAKE_MODELS=false", DOCKERFILE.read_text())
+    )
+    container = {
+        "env": [{"name": "GUARDRAIL_MODELS__DIR", "value": "/models"}],
+        "volumeMounts": [{"name": "guardrail-tmp", "mountPath": POD_TMP}],
+    }
+    with pytest.raises(AssertionError, match="leaves /models empty"):
+        models_source(Dockerfile.read(empty), Workload("Deployment/x", {}, container))
+    mounted = container | {"volumeMounts": [{"name": "guardrail-models", "mountPath": "/models"}]}
+    source = models_source(Dockerfile.read(empty), Workload("Deployment/x", {}, mounted))
+    assert source == "volume guardrail-models"
+
+
+# --------------------------------------------------------------- the pod itself
+
+
+def _env_value(container: Mapping[str, Any], name: str) -> str:
+    values = [e.get("value") for e in container.get("env", []) if e["name"] == name]
+    assert len(values) == 1 and isinstance(values[0], str), f"{name} is not set once with a value"
+    return values[0]
+
+
+_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def container_env(workload: Workload, base: Mapping[str, str]) -> dict[str, str]:
+    """The container's env as the kubelet resolves it (on top of ``base``)."""
+    env = dict(base)
+    pod_name = f"{workload.name.split('/')[1]}-5d9c7b8f6-x2x7q"
+    for item in workload.container.get("env", []):
+        if "value" in item:
+            # $(VAR) refers to variables defined before (the service links included)
+            value = _REF.sub(lambda m: env.get(m.group(1), m.group(0)), item["value"])
+        elif "fieldRef" in item.get("valueFrom", {}):
+            path = item["valueFrom"]["fieldRef"]["fieldPath"]
+            value = {"metadata.name": pod_name, "metadata.namespace": NAMESPACE}[path]
+        elif "secretKeyRef" in item.get("valueFrom", {}):
+            ref = item["valueFrom"]["secretKeyRef"]
+            value = f"placeholder-{ref['name']}-{ref['key']}"
+        else:
+            raise AssertionError(f"env {item} is not modelled by this test")
+        env[item["name"]] = value
+    assert not workload.container.get("envFrom"), "envFrom is not modelled by this test"
+    return env
+
+
+def _read_only(path: Path) -> None:
+    for p in [path, *path.rglob("*")]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+
+
+def _writable(path: Path) -> None:
+    for p in [path, *path.rglob("*")]:
+        p.chmod(p.stat().st_mode | stat.S_IWUSR)
+
+
+@dataclass(frozen=True)
+class PodUser:
+    uid: int
+    gid: int
+    argv_prefix: tuple[str, ...]
+
+
+def pod_user(workload: Workload, dockerfile: Dockerfile) -> PodUser:
+    context = workload.pod.get("securityContext", {}) | workload.container.get(
+        "securityContext", {}
+    )
+    image_user = (dockerfile.runtime_user() or "0:0").split(":")
+    uid = int(context.get("runAsUser", image_user[0]))
+    gid = int(context.get("runAsGroup", image_user[-1]))
+    if os.geteuid() == 0 and uid != 0 and shutil.which("setpriv"):
+        return PodUser(uid, gid, ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"))
+    # Not root: already a non-root user, and read-only copies stay read-only.
+    return PodUser(os.geteuid(), os.getegid(), ())
+
+
+@pytest.fixture
+def pod_root() -> Iterator[Path]:
+    """The pod's filesystem: a directory any uid can traverse (tmp_path is 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="guardrail-pod-"))
+    root.chmod(0o755)
+    yield root
+    _writable(root)
+    shutil.rmtree(root)
+
+
+def build_filesystem(
+    root: Path,
+    workload: Workload,
+    manifests: list[dict[str, Any]],
+    dockerfile: Dockerfile,
+    user: PodUser,
+) -> dict[str, Path]:
+    """Container path -> host directory, for every mount and the image's models."""
+    volumes = {v["name"]: v for v in workload.pod.get("volumes", [])}
+    config_maps = {m["metadata"]["name"]: m for m in manifests if m["kind"] == "ConfigMap"}
+    models_dir = _env_value(workload.container, "GUARDRAIL_MODELS__DIR").rstrip("/")
+    paths: dict[str, Path] = {}
+    for mount in workload.container.get("volumeMounts", []):
+        target = mount["mountPath"].rstrip("/")
+        host = root / target.lstrip("/")
+        volume = volumes[mount["name"]]
+        if "emptyDir" in volume:
+            host.mkdir(parents=True)
+            os.chown(host, user.uid, user.gid)  # fsGroup: the pod's user owns it
+        elif target == models_dir:  # a PVC / ConfigMap / image volume holding the models
+            shutil.copytree(ROOT / "models", host)
+        elif "configMap" in volume:
+            # the chart's own (policy.inline), else an existing one (values-prod:
+            # guardrail-policy), assumed to hold the shipped default policy
+            cm = config_maps.get(volume["configMap"]["name"])
+            host.mkdir(parents=True)
+            for item in volume["configMap"].get("items", []):
+                data = (
+                    cm["data"][item["key"]]
+                    if cm
+                    else (ROOT / "models/policy/default.yaml").read_text()
+                )
+                (host / item["path"]).write_text(data)
+        elif "secret" in volume:
+            host.mkdir(parents=True)  # TLS material: placeholders, run --check connects to nothing
+            for item in volume["secret"].get(
+                "items", [{"key": k, "path": k} for k in ("tls.crt", "tls.key")]
+            ):
+                (host / item["path"]).write_text("placeholder\n")
+        else:
+            raise AssertionError(f"volume {volume} is not modelled by this test")
+        if mount.get("readOnly"):
+            _read_only(host)
+        paths[target] = host
+    if models_dir not in paths:  # the image's own directory
+        host = root / models_dir.lstrip("/")
+        baked = dockerfile.baked_source(models_dir)
+        if baked is None:
+            host.mkdir(parents=True)
+        else:
+            shutil.copytree(ROOT / baked, host)
+        _read_only(host)
+        paths[models_dir] = host
+    return paths
+
+
+def namespace_services_env(manifests: list[dict[str, Any]]) -> dict[str, str]:
+    return services_env([*manifests, LLM_TEAM_SERVICE, KUBERNETES_SERVICE])
+
+
+def pod_environment(
+    workload: Workload,
+    manifests: list[dict[str, Any]],
+    dockerfile: Dockerfile,
+    paths: Mapping[str, Path],
+) -> dict[str, str]:
+    image = dockerfile.runtime_env()
+    image["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.defpath}"
+    env = container_env(workload, image | namespace_services_env(manifests))
+    # container paths -> the emulated filesystem (longest mount first)
+    for name, value in env.items():
+        for target in sorted(paths, key=len, reverse=True):
+            if value == target or value.startswith(f"{target}/"):
+                env[name] = str(paths[target]) + value[len(target) :]
+                break
+    # the project under test instead of the image's venv
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def start(
+    workload: Workload, env: Mapping[str, str], user: PodUser, cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    args = list(workload.container.get("args", []))
+    assert args[:1] == ["run"], f"{workload.name} does not run the sidecar: {args}"
+    if "--check" not in args:
+        args.append("--check")
+    return subprocess.run(
+        [*user.argv_prefix, sys.executable, "-m", "sidecar", *args],
+        env=dict(env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+
+
+@pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 4 * RUN_TIMEOUT_S)
+@pytest.mark.parametrize(
+    "name", ["chart-defaults", "values-prod", "values-dev", "example-llm-service"]
+)
+def test_the_rendered_pod_starts_beside_service_links(
+    name: str, helm: Path, example_chart: Path, pod_root: Path
+) -> None:
+    manifests = rendering(name, helm, example_chart)
+    dockerfile = Dockerfile.read(DOCKERFILE)
+    workloads = guardrail_workloads(manifests)
+    assert workloads, "no guardrail container rendered"
+    for i, workload in enumerate(workloads):
+        user = pod_user(workload, dockerfile)
+        paths = build_filesystem(pod_root / str(i), workload, manifests, dockerfile, user)
+        env = pod_environment(workload, manifests, dockerfile, paths)
+        links = [k for k in namespace_services_env(manifests) if k.startswith("GUARDRAIL_")]
+        assert any(k.startswith("GUARDRAIL_LLM_") for k in links), (
+            "the LLM team's Service is missing"
+        )
+        if name != "example-llm-service":  # the chart's own Service (standalone mode)
+            assert "GUARDRAIL_GUARDRAIL_SIDECAR_SERVICE_HOST" in env
+
+        ok = start(workload, env, user, cwd=paths[POD_TMP])
+        assert ok.returncode == 0, (
+            f"{workload.name} as uid {user.uid}: guardrail run --check exited {ok.returncode}\n"
+            f"stdout:\n{ok.stdout}\nstderr:\n{ok.stderr[-4000:]}"
+        )
+        assert '"config":"ok"' in ok.stdout
+        assert f"ignoring {len(links)} Kubernetes service-link variable(s)" in ok.stderr, ok.stderr[
+            -4000:
+        ]
+
+        typo = start(workload, env | {"GUARDRAIL_JOIN__TTL": "5"}, user, cwd=paths[POD_TMP])
+        assert typo.returncode == 2, typo.stderr[-4000:]  # the configuration-error exit code
+        assert "GUARDRAIL_JOIN__TTL" in typo.stderr
