@@ -144,6 +144,20 @@ class JoinSettings(_Section):
     max_entries: int = Field(default=10_000, ge=1)
     ttl_ms: int = Field(default=30_000, ge=1)
     sweep_interval_ms: int = Field(default=500, ge=10)
+    max_bytes: int = Field(
+        default=268_435_456,
+        ge=65_536,
+        description="bytes all open requests may hold together (raw inputs); the oldest "
+        "request is evicted (block / incomplete, counted) to stay under it",
+    )
+    decided_memory_ms: int = Field(
+        default=600_000,
+        ge=1,
+        description="how long a decided request id is remembered, so that a late or re-sent "
+        "event is dead-lettered (after-final) instead of opening the request again; keep it "
+        "well above ttl_ms",
+    )
+    decided_max_entries: int = Field(default=200_000, ge=1)
 
 
 class LimitSettings(_Section):
@@ -153,6 +167,12 @@ class LimitSettings(_Section):
     max_json_depth: int = Field(default=32, ge=4, le=512)
     max_hits: int = Field(default=256, ge=1)
     max_answer_chars: int = Field(default=200_000, ge=1)
+    max_request_bytes: int = Field(
+        default=4_194_304,
+        ge=1024,
+        description="raw bytes one request may hold (its retrieval, deltas and final); the "
+        "event that would cross it is dead-lettered (request-too-large)",
+    )
 
 
 class HttpSettings(_Section):

@@ -29,7 +29,7 @@ window of traffic. Pure stdlib (no numpy), no I/O.
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
@@ -200,7 +200,8 @@ class _Window:
     """One key's recent requests (covered?) and labels (covered?, hallucinated?)."""
 
     requests: deque[bool] = field(default_factory=deque)
-    labels: deque[tuple[bool, bool]] = field(default_factory=deque)
+    labels: OrderedDict[object, tuple[bool, bool]] = field(default_factory=OrderedDict)
+    unnamed: int = 0  # ids for labels that name no request
     covered: int = 0
     labelled: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
     errors: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
@@ -242,18 +243,41 @@ class CoverageTracker:
             win.covered -= int(win.requests.popleft())
 
     def observe_label(
-        self, key: str, covered: bool, correct: bool, abstained: bool = False
-    ) -> None:
-        """Count one labelled answer; it is an error when wrong and not abstained."""
+        self,
+        key: str,
+        covered: bool,
+        correct: bool,
+        abstained: bool = False,
+        *,
+        label_id: str | None = None,
+    ) -> bool:
+        """Count one labelled answer; it is an error when wrong and not abstained.
+
+        ``label_id`` (the request id): one label per request — a second label for
+        the same id replaces the first (the last wins) and returns True.
+        """
         win = self._get(key)
         entry = (bool(covered), not correct and not abstained)
-        win.labels.append(entry)
+        name: object = label_id
+        if label_id is None:
+            win.unnamed += 1
+            name = win.unnamed
+        replaced = win.labels.pop(name, None)
+        if replaced is not None:
+            self._forget(win, replaced)
+        win.labels[name] = entry
         win.labelled[entry[0]] += 1
         win.errors[entry[0]] += int(entry[1])
         if len(win.labels) > self.window:
-            old_covered, old_error = win.labels.popleft()
-            win.labelled[old_covered] -= 1
-            win.errors[old_covered] -= int(old_error)
+            _, oldest = win.labels.popitem(last=False)
+            self._forget(win, oldest)
+        return replaced is not None
+
+    @staticmethod
+    def _forget(win: _Window, label: tuple[bool, bool]) -> None:
+        covered, error = label
+        win.labelled[covered] -= 1
+        win.errors[covered] -= int(error)
 
     def set_probe(self, key: str | None, trials: int, errors: int) -> None:
         """Leakage-probe counts for ``key``, or the default for all keys when ``key`` is None."""

@@ -19,13 +19,23 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
+from enum import IntEnum
 
 from sidecar import __version__
 from sidecar.confidence.bound import BoundReport, CoverageTracker
 from sidecar.contracts.events import AnswerVerdict, BoundEstimate, CoverageReport, FeedbackEvent
 from sidecar.stats.intervals import ProportionInterval
 
-__all__ = ["UNCERTIFIED_KEY", "CoverageMonitor"]
+__all__ = ["UNCERTIFIED_KEY", "CoverageMonitor", "FeedbackOutcome"]
+
+
+class FeedbackOutcome(IntEnum):
+    """What became of a label (falsy when it was not counted)."""
+
+    UNKNOWN = 0  # no verdict of this instance within the window: not counted
+    MATCHED = 1  # the request's first label
+    REPLACED = 2  # a later label for the same request: the last wins
+
 
 UNCERTIFIED_KEY = "uncertified"
 """Requests without a calibration key (certification off or unavailable)."""
@@ -58,7 +68,7 @@ class CoverageMonitor:
         self.tracker = CoverageTracker(window=window, confidence=confidence)
         if probe is not None:
             self.tracker.set_probe(None, *probe)
-        self._recent: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+        self._recent: OrderedDict[str, tuple[str, bool]] = OrderedDict()  # request key ->
         self._capacity = window
         self._interval_ms = report_interval_s * 1000.0
         self._next_ms: float | None = None
@@ -66,8 +76,12 @@ class CoverageMonitor:
         self._wall_clock = wall_clock
         self._latest: dict[str, BoundReport] = {}
 
-    def observe_verdict(self, verdict: AnswerVerdict) -> None:
-        """Count a final verdict as a request of its calibration key."""
+    def observe_verdict(self, verdict: AnswerVerdict, request_key: str | None = None) -> None:
+        """Count a final verdict as a request of its calibration key.
+
+        ``request_key``: the request's key in the join store (scoped by the
+        trusted tenant); feedback must name the same key to label it.
+        """
         if verdict.stage != "final":
             return
         cert = verdict.signals.retrieval
@@ -75,21 +89,29 @@ class CoverageMonitor:
             return  # not certified: coverage is unknown, not zero
         key = cert.calibration_key or UNCERTIFIED_KEY
         self.tracker.observe_request(key, cert.m1)
-        self._recent[verdict.request_id] = (key, cert.m1)
-        self._recent.move_to_end(verdict.request_id)
+        name = request_key or verdict.request_id
+        self._recent[name] = (key, cert.m1)
+        self._recent.move_to_end(name)
         while len(self._recent) > self._capacity:
             self._recent.popitem(last=False)
 
-    def observe_feedback(self, feedback: FeedbackEvent) -> bool:
-        """Label a recent request; ``False`` when it is unknown here."""
-        seen = self._recent.get(feedback.request_id)
+    def observe_feedback(
+        self, feedback: FeedbackEvent, request_key: str | None = None
+    ) -> FeedbackOutcome:
+        """Label a recent request (one label per request, the last wins)."""
+        name = request_key or feedback.request_id
+        seen = self._recent.get(name)
         if seen is None:
-            return False
+            return FeedbackOutcome.UNKNOWN
         key, covered = seen
-        self.tracker.observe_label(
-            key, covered=covered, correct=feedback.correct, abstained=feedback.abstained
+        replaced = self.tracker.observe_label(
+            key,
+            covered=covered,
+            correct=feedback.correct,
+            abstained=feedback.abstained,
+            label_id=name,
         )
-        return True
+        return FeedbackOutcome.REPLACED if replaced else FeedbackOutcome.MATCHED
 
     def due_reports(self, now_ms: float) -> list[CoverageReport]:
         """One report per key once every interval (the first interval starts at the first call)."""

@@ -26,6 +26,13 @@ from sidecar.exceptions import InputError
 __all__ = ["Certification", "certify"]
 
 
+OUT_OF_RANGE_SPANS = 1.0
+"""A raw score further than this many calibration spans (n2 - n1) below n1 or above n2
+is rejected (``score-out-of-range``) rather than clipped and trusted: a retriever whose
+scores drift that far is not the retriever that was calibrated, and a finite-but-absurd
+score (1e308) is an attack, not a chunk."""
+
+
 @dataclass(frozen=True, slots=True)
 class Certification:
     """The certificate of one retrieval: which chunks are trusted, and on what basis."""
@@ -92,21 +99,7 @@ def certify(
     trusted: list[int] = []
     n_clipped = 0
     for j, raw in enumerate(raw_scores):
-        value: object = raw  # events are validated upstream, but not trusted here
-        if type(value) is float:  # the common case, checked first
-            s = value
-        elif not isinstance(value, bool) and isinstance(value, Real):
-            s = float(value)
-        else:
-            raise InputError(
-                "invalid-score", f"retrieval score {j} is {raw!r}; scores must be finite numbers"
-            )
-        if not math.isfinite(s):
-            raise InputError(
-                "invalid-score", f"retrieval score {j} is {s!r}; scores must be finite numbers"
-            )
-        # Same operations as MinMaxNormaliser.transform: subtract, divide by the span.
-        v = (s - n1) / span
+        v = _normalised(j, raw, n1, cal.n2, span)
         if v < 0.0:
             v = 0.0
             n_clipped += 1
@@ -142,3 +135,30 @@ def certify(
         fallback_reason=reason,
         n_clipped=n_clipped,
     )
+
+
+def _normalised(j: int, raw: object, n1: float, n2: float, span: float) -> float:
+    """Score ``j`` normalised (not yet clipped); rejects non-numbers and absurd values."""
+    value: object = raw  # events are validated upstream, but not trusted here
+    if type(value) is float:  # the common case, checked first
+        s = value
+    elif not isinstance(value, bool) and isinstance(value, Real):
+        s = float(value)
+    else:
+        raise InputError(
+            "invalid-score", f"retrieval score {j} is {raw!r}; scores must be finite numbers"
+        )
+    if not math.isfinite(s):
+        raise InputError(
+            "invalid-score", f"retrieval score {j} is {s!r}; scores must be finite numbers"
+        )
+    # Same operations as MinMaxNormaliser.transform: subtract, divide by the span.
+    v = (s - n1) / span
+    if not -OUT_OF_RANGE_SPANS <= v <= 1.0 + OUT_OF_RANGE_SPANS:
+        raise InputError(
+            "score-out-of-range",
+            f"retrieval score {j} is {s!r}, more than {OUT_OF_RANGE_SPANS:g} calibration "
+            f"span(s) outside the calibrated range [{n1:.6g}, {n2:.6g}]: not a score "
+            "this retriever produces; it is not trusted",
+        )
+    return v

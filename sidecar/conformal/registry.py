@@ -12,11 +12,13 @@ Resolution order, each outcome named in :class:`ResolvedCalibration`:
    ``reject`` raises :class:`InputError` with ``reason="unknown-collection"`` so the
    event goes to the dead-letter topic.
 
-Resolutions are cached per key; the registry is immutable after construction.
+Resolutions are cached per key in an LRU of ``MAX_CACHED_KEYS``; the registry is
+immutable after construction.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -26,6 +28,10 @@ from sidecar.conformal.mondrian import GLOBAL_KEY_LABEL, CalibrationKey, Fallbac
 from sidecar.exceptions import ConfigError, InputError
 
 __all__ = ["CalibrationRegistry", "ResolvedCalibration", "UnknownCollectionPolicy"]
+
+
+MAX_CACHED_KEYS = 4096
+"""Resolved (tenant, collection, retriever) keys kept; a producer that invents keys evicts."""
 
 
 class UnknownCollectionPolicy(StrEnum):
@@ -84,7 +90,9 @@ class CalibrationRegistry:
                 self._fallback[key] = (FallbackReason(entry.fallback_reason), entry.detail)
             elif entry.calibration is not None:  # guaranteed by KeyEntry's validator
                 self._own[key] = entry.calibration.to_calibration()
-        self._cache: dict[CalibrationKey, ResolvedCalibration] = {}
+        # keys come from events (tenant names included): an LRU, never unbounded
+        self._cache: OrderedDict[CalibrationKey, ResolvedCalibration] = OrderedDict()
+        self.cache_evictions = 0
 
     @property
     def calibration_id(self) -> str:
@@ -99,9 +107,13 @@ class CalibrationRegistry:
         key = CalibrationKey(tenant, collection, retriever)
         cached = self._cache.get(key)
         if cached is not None:
+            self._cache.move_to_end(key)
             return cached
         resolved = self._resolve(key)
         self._cache[key] = resolved
+        if len(self._cache) > MAX_CACHED_KEYS:
+            self._cache.popitem(last=False)
+            self.cache_evictions += 1
         return resolved
 
     def _global_for(

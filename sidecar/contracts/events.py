@@ -34,7 +34,13 @@ SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS: frozenset[int] = frozenset({1})
 
 RequestId = Annotated[
-    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:\-]+$")
+    str,
+    StringConstraints(
+        min_length=1,
+        max_length=128,
+        # at least one letter or digit: "." and ".." are path tricks, not request ids
+        pattern=r"^[A-Za-z0-9._:\-]*[A-Za-z0-9][A-Za-z0-9._:\-]*$",
+    ),
 ]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]

@@ -8,9 +8,15 @@ raises for bad input:
 * ``Rejected``  the message goes to the dead-letter topic with the error's reason;
 * ``Labelled``  a feedback event (not joined; the processor folds it in).
 
-What an event needs checked on arrival happens here as well: the retrieval
-event is certified (an unknown collection may be rejected), the final event's
-attention summary is checked against the lookback model.
+What an event needs checked on arrival happens here as well: the limits
+(hits, answer length, bytes per request), the retrieval event's certification
+(an unknown collection or an absurd score may be rejected), the final event's
+attention summary against the lookback model.
+
+Tenancy: when the tenant comes from a trusted header (or is fixed), every
+event — retrieval, delta, final, feedback — is checked against it and the
+request is held under ``tenant/request_id``: one tenant's events can never
+complete, decide or label another tenant's request.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ JoinedEvent = RetrievalEvent | GenerationDelta | GenerationFinal
 @dataclass(frozen=True, slots=True)
 class Held:
     entry: PendingRequest
-    evicted: PendingRequest | None = None  # made room for this request (capacity)
+    evicted: tuple[PendingRequest, ...] = ()  # made room for this request (count or bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +56,13 @@ class Duplicate:
 @dataclass(frozen=True, slots=True)
 class Rejected:
     error: InputError
-    evicted: PendingRequest | None = None
+    evicted: tuple[PendingRequest, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class Labelled:
     feedback: FeedbackEvent
+    tenant: str | None  # the trusted tenant (None: tenancy comes from the events)
 
 
 Admission = Held | Duplicate | Rejected | Labelled
@@ -103,57 +110,94 @@ class Intake:
                 max_bytes=self._limits.max_message_bytes,
                 max_depth=self._limits.max_json_depth,
             )
+            tenant = self._trusted_tenant(ref)
             if isinstance(event, FeedbackEvent):
                 check_key(key, event.request_id, "the feedback topic")
-                return Labelled(event)
+                return Labelled(event, tenant)
             check_key(key, event.request_id, "input topics")
-            self._check_not_decided(event, now_ms)
-            if isinstance(event, RetrievalEvent):
-                self._check_tenant(event, ref)
+            self._check_limits(event)
+            self._check_tenant(event, tenant)
+            store_key = self.store_key(event.request_id, tenant)
+            self._check_not_decided(event, store_key, now_ms)
         except InputError as exc:
             return Rejected(exc)
-        entry, evicted = self.store.open(event.request_id, now_ms)
+        entry, evicted = self.store.open(
+            store_key, now_ms, request_id=event.request_id, tenant=tenant
+        )
+        evictions: tuple[PendingRequest, ...] = (evicted,) if evicted is not None else ()
+        size = len(raw or b"")
         try:
+            self._check_request_bytes(entry, size)
             identical = self._hold(entry, event, raw or b"")
         except InputError as exc:
             if not entry.refs:  # a fresh entry that holds nothing: do not keep it open
-                self.store.discard(entry.request_id)
-            return Rejected(exc, evicted)
+                self.store.discard(store_key)
+            return Rejected(exc, evictions)
         if identical:
             return Duplicate()
         entry.refs.append(ref)
-        entry.raws.append((key, raw or b""))
-        return Held(entry, evicted)
+        evictions += tuple(self.store.hold_bytes(entry, size))
+        return Held(entry, evictions)
 
-    def _check_not_decided(self, event: JoinedEvent, now_ms: float) -> None:
-        if self.store.get(event.request_id) is None and self.store.was_closed(
-            event.request_id, now_ms
-        ):
+    def store_key(self, request_id: str, tenant: str | None) -> str:
+        """Request ids are scoped by the trusted tenant (when there is one)."""
+        return request_id if tenant is None else f"{tenant}/{request_id}"
+
+    def _trusted_tenant(self, ref: InputRef) -> str | None:
+        """The tenant a trusted source names for this message; None when events name it."""
+        tenancy = self._tenancy
+        if tenancy.source == "event":
+            return None
+        if tenancy.source == "fixed":
+            return tenancy.tenant
+        values = [v for k, v in ref.headers if k == tenancy.header]
+        if not values:
+            raise InputError(
+                "untrusted-tenant", f"no {tenancy.header} header; the tenant must come from it"
+            )
+        try:
+            return values[-1].decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError(
+                "untrusted-tenant", f"the {tenancy.header} header is not valid UTF-8"
+            ) from None
+
+    def _check_tenant(self, event: JoinedEvent, tenant: str | None) -> None:
+        if isinstance(event, RetrievalEvent) and tenant is not None and event.tenant != tenant:
+            raise InputError(
+                "tenant-mismatch",
+                f"event names tenant {event.tenant!r} but the trusted "
+                f"{self._tenancy.source} says {tenant!r}",
+            )
+
+    def _check_request_bytes(self, entry: PendingRequest, size: int) -> None:
+        if entry.bytes_held + size > self._limits.max_request_bytes:
+            raise InputError(
+                "request-too-large",
+                f"request {entry.request_id} would hold {entry.bytes_held + size} bytes, "
+                f"the limit is {self._limits.max_request_bytes} (max_request_bytes)",
+            )
+
+    def _check_limits(self, event: JoinedEvent) -> None:
+        limits = self._limits
+        if isinstance(event, RetrievalEvent) and len(event.hits) > limits.max_hits:
+            raise InputError(
+                "too-many-hits",
+                f"{len(event.hits)} hits, the limit is {limits.max_hits} (max_hits)",
+            )
+        if isinstance(event, GenerationFinal) and len(event.answer) > limits.max_answer_chars:
+            raise InputError(
+                "answer-too-long",
+                f"the answer has {len(event.answer)} characters, the limit is "
+                f"{limits.max_answer_chars} (max_answer_chars)",
+            )
+
+    def _check_not_decided(self, event: JoinedEvent, store_key: str, now_ms: float) -> None:
+        if self.store.get(store_key) is None and self.store.was_closed(store_key, now_ms):
             raise InputError(
                 "after-final",
                 f"request {event.request_id} was already decided; "
                 f"this {event.event_type} event arrived too late",
-            )
-
-    def _check_tenant(self, event: RetrievalEvent, ref: InputRef) -> None:
-        """The tenant selects calibration and policy: only a trusted source may name it."""
-        tenancy = self._tenancy
-        if tenancy.source == "event":
-            return
-        if tenancy.source == "fixed":
-            trusted = tenancy.tenant
-        else:
-            values = [v for k, v in ref.headers if k == tenancy.header]
-            if not values:
-                raise InputError(
-                    "untrusted-tenant", f"no {tenancy.header} header; the tenant must come from it"
-                )
-            trusted = values[-1].decode("utf-8", errors="replace")
-        if event.tenant != trusted:
-            raise InputError(
-                "tenant-mismatch",
-                f"event names tenant {event.tenant!r} but the trusted {tenancy.source} "
-                f"says {trusted!r}",
             )
 
     # ------------------------------------------------------------------ holding
@@ -192,12 +236,19 @@ class Intake:
     def _hold_delta(self, entry: PendingRequest, event: GenerationDelta) -> bool:
         if entry.final is not None:
             raise InputError("after-final", f"delta seq={event.seq} arrived after the final event")
-        held = entry.deltas.get(event.seq)
-        if held is not None:
-            return _same(held == event.text, f"delta seq={event.seq}", event.request_id)
+        same = entry.same_delta(event.seq, event.text)
+        if same is not None:
+            return _same(same, f"delta seq={event.seq}", event.request_id)
         if len(entry.deltas) >= MAX_DELTAS_PER_REQUEST:
             raise InputError(
                 "too-many-deltas", f"more than {MAX_DELTAS_PER_REQUEST} deltas for one request"
+            )
+        streamed = len(entry.streamed) + len(event.text)
+        if streamed > self._limits.max_answer_chars:
+            raise InputError(
+                "answer-too-long",
+                f"the streamed answer would have {streamed} characters, the limit is "
+                f"{self._limits.max_answer_chars} (max_answer_chars)",
             )
         entry.add_delta(event.seq, event.text)
         return False

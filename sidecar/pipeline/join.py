@@ -1,21 +1,32 @@
 """The bounded store that joins the two halves of a request by ``request_id``.
 
-Bounded twice: at most ``max_entries`` open requests (the oldest is evicted to
-make room) and at most ``ttl_ms`` from a request's first event to its
-completion (expired ones are swept). Evicted half-requests are returned to the
-caller, which turns them into ``block`` / ``incomplete`` verdicts, so nothing
-is dropped silently. A short memory of completed request ids catches events
-that arrive after their request was decided.
+Bounded three times: at most ``max_entries`` open requests and ``max_bytes``
+of held input bytes (the oldest request is evicted to make room), and at most
+``ttl_ms`` from a request's first event to its completion (expired ones are
+swept). Evicted half-requests are returned to the caller, which turns them
+into ``block`` / ``incomplete`` verdicts, so nothing is dropped silently. A
+bounded memory of decided request ids (longer than the TTL) catches events that
+arrive after their request was decided.
+
+Requests are stored under a *key*: the request id, scoped by the trusted
+tenant when tenancy comes from a header or is fixed, so that one tenant's
+events can never join another tenant's request.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sidecar.contracts.events import GenerationFinal, RetrievalEvent, RetrievalSignal
+from sidecar.contracts.events import (
+    FeedbackEvent,
+    GenerationFinal,
+    RetrievalEvent,
+    RetrievalSignal,
+)
 
 if TYPE_CHECKING:
     from sidecar.pipeline.ports import ClaimResult, ClaimSession
@@ -42,21 +53,24 @@ class PendingRequest:
     request_id: str
     first_seen_ms: float
     first_seen_ns: int = 0  # wall clock (epoch ns), for trace spans
+    key: str = ""  # the store key (request id, scoped by the trusted tenant); "" = request_id
+    tenant: str | None = None  # the trusted tenant, when tenancy is not taken from the event
+    bytes_held: int = 0  # raw input bytes of this request (the store's byte budget)
     retrieval: RetrievalEvent | None = None
     retrieval_digest: bytes | None = None
     final: GenerationFinal | None = None
     final_digest: bytes | None = None
-    deltas: dict[int, str] = field(default_factory=dict)
+    deltas: dict[int, str | bytes] = field(default_factory=dict)  # digest once appended
     next_seq: int = 0  # deltas 0..next_seq-1 are contiguous and appended to ``streamed``
     streamed: str = ""
     refs: list[InputRef] = field(default_factory=list)
-    raws: list[tuple[bytes | None, bytes]] = field(default_factory=list)  # (key, value) per ref
     certification: RetrievalSignal | None = None
     claims: ClaimSession | None = None
     claims_fed: int = 0  # characters of ``streamed`` already given to ``claims``
     claims_published: int = 0
     claim_results: list[ClaimResult] = field(default_factory=list)
     stream_blocked: bool = False
+    early_label: FeedbackEvent | None = None  # feedback that came before the verdict
     stages: list[tuple[str, int, int]] = field(default_factory=list)  # (stage, start_ns, end_ns)
 
     def trace_parent(self) -> tuple[tuple[str, bytes], ...]:
@@ -70,12 +84,30 @@ class PendingRequest:
     def complete(self) -> bool:
         return self.retrieval is not None and self.final is not None
 
+    @property
+    def store_key(self) -> str:
+        return self.key or self.request_id
+
+    def same_delta(self, seq: int, text: str) -> bool | None:
+        """``None``: no delta ``seq`` held; else whether ``text`` is identical to it."""
+        held = self.deltas.get(seq)
+        if held is None:
+            return None
+        return held == text if isinstance(held, str) else held == _text_digest(text)
+
     def add_delta(self, seq: int, text: str) -> str:
-        """Store a delta; returns the newly contiguous text (may be empty)."""
+        """Store a delta; returns the newly contiguous text (may be empty).
+
+        Once appended to ``streamed`` a delta is kept only as a digest (for
+        duplicate checks): its text is held once, not twice.
+        """
         self.deltas[seq] = text
         grown: list[str] = []
         while self.next_seq in self.deltas:
-            grown.append(self.deltas[self.next_seq])
+            held = self.deltas[self.next_seq]
+            assert isinstance(held, str)  # noqa: S101 - only not-yet-appended deltas are text
+            grown.append(held)
+            self.deltas[self.next_seq] = _text_digest(held)
             self.next_seq += 1
         new_text = "".join(grown)
         self.streamed += new_text
@@ -89,85 +121,132 @@ class PendingRequest:
         ]
 
 
-class JoinStore:
-    """Open requests in first-seen order, plus recently completed ids."""
+def _text_digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
-    def __init__(self, max_entries: int, ttl_ms: float) -> None:
+
+class JoinStore:
+    """Open requests in first-seen order, plus recently decided keys."""
+
+    def __init__(
+        self,
+        max_entries: int,
+        ttl_ms: float,
+        *,
+        max_bytes: int | None = None,
+        decided_memory_ms: float | None = None,
+        decided_max_entries: int | None = None,
+    ) -> None:
         self.max_entries = max_entries
         self.ttl_ms = ttl_ms
+        self.max_bytes = max_bytes
+        self.decided_memory_ms = max(decided_memory_ms or ttl_ms, ttl_ms)
+        self.decided_max_entries = max(decided_max_entries or max_entries, max_entries)
         self._open: OrderedDict[str, PendingRequest] = OrderedDict()
         self._done: OrderedDict[str, float] = OrderedDict()
+        self.bytes_held = 0
         self.evictions = 0
+        self.byte_evictions = 0
         self.expirations = 0
 
     def __len__(self) -> int:
         return len(self._open)
 
-    def get(self, request_id: str) -> PendingRequest | None:
-        return self._open.get(request_id)
+    def get(self, key: str) -> PendingRequest | None:
+        return self._open.get(key)
 
-    def open(self, request_id: str, now_ms: float) -> tuple[PendingRequest, PendingRequest | None]:
-        """Return the entry for ``request_id`` (new if needed) and what was evicted for it."""
-        entry = self._open.get(request_id)
+    def open(
+        self,
+        key: str,
+        now_ms: float,
+        *,
+        request_id: str | None = None,
+        tenant: str | None = None,
+    ) -> tuple[PendingRequest, PendingRequest | None]:
+        """Return the entry for ``key`` (new if needed) and what was evicted for it."""
+        entry = self._open.get(key)
         if entry is not None:
             return entry, None
         evicted = None
         if len(self._open) >= self.max_entries:
-            _, evicted = self._open.popitem(last=False)
+            evicted = self._pop_oldest()
             self.evictions += 1
         entry = PendingRequest(
-            request_id=request_id, first_seen_ms=now_ms, first_seen_ns=time.time_ns()
+            request_id=request_id or key,
+            first_seen_ms=now_ms,
+            first_seen_ns=time.time_ns(),
+            key=key,
+            tenant=tenant,
         )
-        self._open[request_id] = entry
+        self._open[key] = entry
         return entry, evicted
 
-    def discard(self, request_id: str) -> None:
-        """Forget an open request without remembering it as decided."""
-        self._open.pop(request_id, None)
+    def hold_bytes(self, entry: PendingRequest, size: int) -> list[PendingRequest]:
+        """Account ``size`` more bytes to ``entry``; returns the requests evicted for room."""
+        entry.bytes_held += size
+        self.bytes_held += size
+        evicted: list[PendingRequest] = []
+        while (
+            self.max_bytes is not None
+            and self.bytes_held > self.max_bytes
+            and self._open
+            and next(iter(self._open.values())) is not entry
+        ):
+            evicted.append(self._pop_oldest())
+            self.byte_evictions += 1
+        return evicted
 
-    def close(self, request_id: str, now_ms: float) -> PendingRequest | None:
+    def _pop_oldest(self) -> PendingRequest:
+        _, entry = self._open.popitem(last=False)
+        self.bytes_held -= entry.bytes_held
+        return entry
+
+    def _remove(self, key: str) -> PendingRequest | None:
+        entry = self._open.pop(key, None)
+        if entry is not None:
+            self.bytes_held -= entry.bytes_held
+        return entry
+
+    def discard(self, key: str) -> None:
+        """Forget an open request without remembering it as decided."""
+        self._remove(key)
+
+    def close(self, key: str, now_ms: float) -> PendingRequest | None:
         """Remove a request (it has been decided) and remember that it was."""
-        entry = self._open.pop(request_id, None)
-        self._done[request_id] = now_ms
-        self._done.move_to_end(request_id)
-        while len(self._done) > self.max_entries:
+        entry = self._remove(key)
+        self._done[key] = now_ms
+        self._done.move_to_end(key)
+        while len(self._done) > self.decided_max_entries:
             self._done.popitem(last=False)
         return entry
 
-    def was_closed(self, request_id: str, now_ms: float) -> bool:
-        closed_at = self._done.get(request_id)
-        return closed_at is not None and now_ms - closed_at <= self.ttl_ms
+    def was_closed(self, key: str, now_ms: float) -> bool:
+        closed_at = self._done.get(key)
+        return closed_at is not None and now_ms - closed_at <= self.decided_memory_ms
 
     def expire(self, now_ms: float) -> list[PendingRequest]:
         """Remove and return every open request older than the TTL."""
         expired: list[PendingRequest] = []
         while self._open:
-            request_id, entry = next(iter(self._open.items()))
+            entry = next(iter(self._open.values()))
             if now_ms - entry.first_seen_ms < self.ttl_ms:
                 break
-            del self._open[request_id]
-            expired.append(entry)
+            expired.append(self._pop_oldest())
         self.expirations += len(expired)
         while self._done:
-            request_id, closed_at = next(iter(self._done.items()))
-            if now_ms - closed_at <= self.ttl_ms:
+            key, closed_at = next(iter(self._done.items()))
+            if now_ms - closed_at <= self.decided_memory_ms:
                 break
-            del self._done[request_id]
+            del self._done[key]
         return expired
 
     def drop_partitions(self, partitions: set[tuple[str, int]]) -> int:
         """Forget open requests with any input on revoked partitions; returns how many."""
         doomed = [
-            rid
-            for rid, entry in self._open.items()
+            key
+            for key, entry in self._open.items()
             if any(ref.tp in partitions for ref in entry.refs)
         ]
-        for rid in doomed:
-            del self._open[rid]
+        for key in doomed:
+            self._remove(key)
         return len(doomed)
-
-    def drain(self) -> list[PendingRequest]:
-        """Remove and return all open requests (shutdown)."""
-        entries = list(self._open.values())
-        self._open.clear()
-        return entries

@@ -134,7 +134,7 @@ def incomplete_verdict(
     return AnswerVerdict(
         request_id=entry.request_id,
         idempotency_key=incomplete_key(entry),
-        tenant=entry.retrieval.tenant if entry.retrieval else None,
+        tenant=entry.retrieval.tenant if entry.retrieval else entry.tenant,
         decision=Decision.BLOCK,
         reasons=[
             Reason(
@@ -161,7 +161,7 @@ def failed_verdict(
         idempotency_key=idempotency_key(
             entry.request_id, b"failed", entry.retrieval_digest, entry.final_digest
         ),
-        tenant=entry.retrieval.tenant if entry.retrieval else None,
+        tenant=entry.retrieval.tenant if entry.retrieval else entry.tenant,
         decision=Decision.BLOCK,
         reasons=[
             Reason(
@@ -189,7 +189,7 @@ def stream_block_output(
     verdict = AnswerVerdict(
         request_id=entry.request_id,
         idempotency_key=idempotency_key(entry.request_id, b"stream", str(claims_so_far).encode()),
-        tenant=entry.retrieval.tenant if entry.retrieval else None,
+        tenant=entry.retrieval.tenant if entry.retrieval else entry.tenant,
         decision=outcome.decision,
         reasons=outcome.reasons,
         stage="stream",

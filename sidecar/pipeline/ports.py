@@ -122,12 +122,17 @@ class ConfidenceScorer(Protocol):
 
 
 class CoverageObserver(Protocol):
-    """Fleet-level coverage bookkeeping (seed 003): verdicts in, feedback in, reports out."""
+    """Fleet-level coverage bookkeeping (seed 003): verdicts in, feedback in, reports out.
 
-    def observe_verdict(self, verdict: AnswerVerdict) -> None: ...
+    ``request_key`` is the request's key in the join store (scoped by the trusted
+    tenant), so a label can only reach a request of its own tenant.
+    """
 
-    def observe_feedback(self, feedback: FeedbackEvent) -> bool:
-        """Fold a label in; ``False`` when its request is unknown (too old, another instance)."""
+    def observe_verdict(self, verdict: AnswerVerdict, request_key: str | None = None) -> None: ...
+
+    def observe_feedback(self, feedback: FeedbackEvent, request_key: str | None = None) -> int:
+        """Fold a label in: 0 when its request is unknown here (too old, another instance),
+        1 for the request's first label, 2 when it replaced an earlier one."""
         ...
 
     def due_reports(self, now_ms: float) -> list[CoverageReport]:

@@ -56,6 +56,8 @@ class Counters:
     claim_verdicts: int = 0
     feedback: int = 0
     feedback_unmatched: int = 0
+    feedback_replaced: int = 0
+    feedback_early: int = 0
     reports: int = 0
     internal_errors: int = 0
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
@@ -84,7 +86,14 @@ class Processor:
         self._policy = policy
         self._wall_clock = wall_clock
         self._clock_ns = clock_ns
-        self.store = JoinStore(settings.join.max_entries, settings.join.ttl_ms)
+        join = settings.join
+        self.store = JoinStore(
+            join.max_entries,
+            join.ttl_ms,
+            max_bytes=join.max_bytes,
+            decided_memory_ms=join.decided_memory_ms,
+            decided_max_entries=join.decided_max_entries,
+        )
         self.counters = Counters()
         self.scoring = Scoring(signals or SignalSuite(), clock_ns=clock_ns)
         self.intake = Intake(
@@ -129,31 +138,48 @@ class Processor:
         kind, raw, key, ref = item
         admission = self.intake.admit(kind, raw, key, ref, now_ms)
         match admission:
-            case Labelled(feedback):
-                step.extend(self._feedback(feedback, ref))
+            case Labelled(feedback, tenant):
+                step.extend(self._feedback(feedback, tenant, ref))
             case Duplicate():
                 self.counters.duplicates += 1
                 step.done.append(ref)
             case Rejected(error, evicted):
-                if evicted is not None:
-                    step.extend(self._incomplete(evicted, "capacity", now_ms))
+                for old in evicted:
+                    step.extend(self._incomplete(old, "capacity", now_ms))
                 step.extend(self.dead_letter(raw, key, ref, error))
             case Held(entry, evicted):
-                if evicted is not None:
-                    step.extend(self._incomplete(evicted, "capacity", now_ms))
+                for old in evicted:
+                    step.extend(self._incomplete(old, "capacity", now_ms))
                 if entry.complete:
                     if entry not in completed:
                         completed.append(entry)
                 else:
                     step.outputs.extend(self._stream(entry))
 
-    def _feedback(self, event: FeedbackEvent, ref: InputRef) -> Step:
-        """A labelled outcome: folded into the coverage bound; nothing is published."""
+    def _feedback(self, event: FeedbackEvent, tenant: str | None, ref: InputRef) -> Step:
+        """A labelled outcome: folded into the coverage bound; nothing is published.
+
+        One label per request (the last wins); a label for a request still open
+        here waits for its verdict; a label for a request this instance did not
+        decide within the window is counted as unmatched.
+        """
         self.counters.feedback += 1
-        coverage = self.signals.coverage
-        if coverage is None or not coverage.observe_feedback(event):
-            self.counters.feedback_unmatched += 1
+        request_key = self.intake.store_key(event.request_id, tenant)
+        open_entry = self.store.get(request_key)
+        if open_entry is not None:
+            self.counters.feedback_early += 1
+            open_entry.early_label = event
+        else:
+            self._label(event, request_key)
         return Step(done=[ref])
+
+    def _label(self, event: FeedbackEvent, request_key: str) -> None:
+        coverage = self.signals.coverage
+        outcome = coverage.observe_feedback(event, request_key) if coverage is not None else 0
+        if outcome == 0:
+            self.counters.feedback_unmatched += 1
+        elif outcome == 2:
+            self.counters.feedback_replaced += 1
 
     def _stream(self, entry: PendingRequest) -> list[outputs.Output]:
         """Claim verdicts for newly completed sentences, and a strict-mode block if due."""
@@ -202,7 +228,7 @@ class Processor:
         started_ns = self._clock_ns()
         for entry in entries:
             entry.stages.append(("join", entry.first_seen_ns, started_ns))
-            self.store.close(entry.request_id, now_ms)
+            self.store.close(entry.store_key, now_ms)
             try:
                 step.outputs.extend(self._stream(entry))
             except Exception:
@@ -266,7 +292,9 @@ class Processor:
             sidecar_version=__version__,
         )
         if self.signals.coverage is not None:
-            self.signals.coverage.observe_verdict(verdict)
+            self.signals.coverage.observe_verdict(verdict, entry.store_key)
+            if entry.early_label is not None:
+                self._label(entry.early_label, entry.store_key)
         self.counters.verdicts += 1
         step.extend(outputs.verdict_output(verdict, entry, self._clock_ns()))
         return step
@@ -282,7 +310,7 @@ class Processor:
     def _incomplete(self, entry: PendingRequest, why: str, now_ms: float) -> Step:
         self.counters.incomplete += 1
         self.counters.verdicts += 1
-        self.store.close(entry.request_id, now_ms)
+        self.store.close(entry.store_key, now_ms)
         verdict = outputs.incomplete_verdict(
             entry, why, policy=self._policy.name, produced_at=self._wall_clock()
         )

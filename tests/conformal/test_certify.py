@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.conformal.calibrator import ConformalCalibration, RetrievalCalibrator
-from sidecar.conformal.certify import certify
+from sidecar.conformal.certify import OUT_OF_RANGE_SPANS, certify
 from sidecar.conformal.mondrian import CalibrationKey, FallbackReason
 from sidecar.conformal.registry import ResolvedCalibration
 from sidecar.exceptions import InputError
@@ -98,9 +98,26 @@ def test_same_decisions_as_the_vectorised_calibrator(
 ) -> None:
     data = synthetic(np.random.default_rng(seed), 30)
     cal = RetrievalCalibrator(alpha).fit(data.scores).calibrate(data.scores, data.labels)
+    n1, n2 = cal.calibration_.n1, cal.calibration_.n2
+    margin = OUT_OF_RANGE_SPANS * (n2 - n1)
+    if any(not n1 - margin <= s <= n2 + margin for s in scores):
+        with pytest.raises(InputError) as err:
+            certify(scores, cal.calibration_)
+        assert err.value.reason == "score-out-of-range"
+        return
     cert = certify(scores, cal.calibration_)
     mask = cal.predict(scores).tolist()
     assert cert.trusted_indices == tuple(j for j, t in enumerate(mask) if t)
     normalised, clipped = cal.calibration_.normaliser.transform(scores)
     assert list(cert.normalised_scores) == normalised.tolist()
     assert cert.n_clipped == clipped
+
+
+@pytest.mark.parametrize("score", [1e308, -1e308, 1e300, 10.0, -5.0])
+def test_absurd_but_finite_scores_are_rejected_not_trusted(score: float) -> None:
+    data = synthetic(np.random.default_rng(0), 30)
+    cal = RetrievalCalibrator(0.1).fit(data.scores).calibrate(data.scores, data.labels)
+    with pytest.raises(InputError) as err:
+        certify([0.5, score], cal.calibration_)
+    assert err.value.reason == "score-out-of-range"
+    assert "not trusted" in err.value.detail

@@ -171,22 +171,56 @@ def test_feedback_for_a_decided_request_labels_the_coverage_bound(
     assert feed.processor.counters.feedback_unmatched == 1
 
 
-def test_feedback_before_the_decision_is_unmatched_and_does_not_disturb_the_join(
+def test_feedback_before_the_decision_waits_for_it_and_does_not_disturb_the_join(
     settings_factory: Callable[..., Settings],
     retrieval_event: EventFactory,
     final_event: EventFactory,
 ) -> None:
-    feed = make_feed(settings_factory, coverage=CoverageMonitor())
+    coverage = CoverageMonitor()
+    feed = make_feed(settings_factory, coverage=coverage)
     feed(R, dumps(retrieval_event("req-x")), key=b"req-x")
     step = feed(F, dumps(feedback_event("req-x")), key=b"req-x")
     assert step.outputs == [] and len(step.done) == 1
-    assert feed.processor.counters.feedback_unmatched == 1
+    counters = feed.processor.counters
+    assert (counters.feedback_early, counters.feedback_unmatched) == (1, 0)
+    assert (
+        coverage.tracker.counts(KEY).labelled_covered
+        + coverage.tracker.counts(KEY).labelled_uncovered
+        == 0
+    )
     v = verdict_of(feed(G, dumps(final_event("req-x")), key=b"req-x"))
     assert v.request_id == "req-x"
-    # feedback after the decision is not "after-final": it is what feedback is for
-    late = feed(F, dumps(feedback_event("req-x")), now_ms=10, key=b"req-x")
+    # the held label is counted once the verdict exists
+    counts = coverage.tracker.counts(KEY)
+    assert counts.labelled_covered + counts.labelled_uncovered == 1
+    # feedback after the decision is not "after-final": it is what feedback is for;
+    # a second label for the same request replaces the first (one label per request)
+    late = feed(F, dumps(feedback_event("req-x", correct=True)), now_ms=10, key=b"req-x")
     assert late.outputs == []
-    assert feed.processor.counters.feedback_unmatched == 1
+    assert (counters.feedback_unmatched, counters.feedback_replaced) == (0, 1)
+    counts = coverage.tracker.counts(KEY)
+    assert counts.labelled_covered + counts.labelled_uncovered == 1
+    assert counts.errors_covered + counts.errors_uncovered == 0  # the last label wins
+
+
+def test_a_flood_of_labels_for_one_request_counts_as_one(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    coverage = CoverageMonitor(window=100)
+    feed = make_feed(settings_factory, coverage=coverage)
+    for i in range(5):
+        rid = f"req-{i}"
+        feed(R, dumps(retrieval_event(rid)), key=rid.encode())
+        feed(G, dumps(final_event(rid)), key=rid.encode())
+        feed(F, dumps(feedback_event(rid, correct=True)), key=rid.encode())
+    for _ in range(1000):  # a sloppy or hostile reviewer repeats one label
+        feed(F, dumps(feedback_event("req-0", correct=False)), key=b"req-0")
+    counts = coverage.tracker.counts(KEY)
+    assert counts.labelled_covered + counts.labelled_uncovered == 5  # genuine labels kept
+    assert counts.errors_covered + counts.errors_uncovered == 1
+    assert feed.processor.counters.feedback_replaced == 1000
 
 
 def test_feedback_with_a_mismatching_key_is_dead_lettered(
