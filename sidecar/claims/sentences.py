@@ -223,7 +223,8 @@ class SentenceSplitter:
         i = self._scan
         while True:
             limit = self._start + self._cap
-            found = _INTERESTING.search(self._buf, i - self._base)
+            # only up to the limit: past it the unit is cut whatever follows
+            found = _INTERESTING.search(self._buf, i - self._base, limit + 1 - self._base)
             if found is None:
                 if n > limit:
                     i = self._cut(out)
@@ -240,7 +241,7 @@ class SentenceSplitter:
                 self._line_blank = True
                 i += 1
                 continue
-            j = self._run_end(i)
+            j = self._run_end(i, limit)
             if j > limit:
                 i = self._cut(out)
                 continue
@@ -264,17 +265,21 @@ class SentenceSplitter:
         if sentence is not None:
             out.append(sentence)
 
-    def _run_end(self, i: int) -> int:
-        """End of the terminator run at ``i`` with its closers (resumed where it was left)."""
+    def _run_end(self, i: int, limit: int) -> int:
+        """End of the terminator run at ``i`` with its closers (resumed where it was left).
+
+        Looks no further than ``limit + 1``: a run that reaches it ends the unit past the limit.
+        """
         buf, base = self._buf, self._base
+        stop = limit + 1 - base
         if self._run is not None and self._run[0] == i:
             _, t_end, c_end = self._run
             if c_end == t_end:  # no closer yet: the terminators may still grow
-                t_end = _span_end(_TERMINATORS, buf, t_end - base) + base
+                t_end = _span_end(_TERMINATORS, buf, t_end - base, stop) + base
                 c_end = t_end
         else:
-            t_end = c_end = _span_end(_TERMINATORS, buf, i - base) + base
-        c_end = _span_end(_CLOSERS, buf, c_end - base) + base
+            t_end = c_end = _span_end(_TERMINATORS, buf, i - base, stop) + base
+        c_end = _span_end(_CLOSERS, buf, c_end - base, stop) + base
         self._run = (i, t_end, c_end)
         return c_end
 
