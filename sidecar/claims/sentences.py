@@ -126,7 +126,7 @@ class Sentence:
     end: int
     text: str
     kind: SentenceKind
-    raw: str = ""
+    raw: str
 
 
 def _classify(raw: str, line_start: bool) -> tuple[int, SentenceKind]:

@@ -42,8 +42,8 @@ ADVERSARIAL: dict[str, Callable[[int], str]] = {
     "clause-chain": lambda n: "Paris is big" + ", and Lyon is old" * (n // 17) + ".",
 }
 BASE_CHARS = 10_000
-MAX_BASE_CHARS = 320_000
-MIN_CPU_S = 0.01  # a floor for measurement precision, not an expected duration
+MAX_BASE_CHARS = 80_000
+MIN_CPU_S = 0.005  # a floor for measurement precision, not an expected duration
 GROWTH = 8
 MAX_RATIO = 16.0
 
