@@ -24,8 +24,9 @@ from sidecar.contracts.events import (
     SignalStatus,
 )
 from sidecar.pipeline.join import InputRef
-from sidecar.pipeline.processor import Destination, Processor
-from sidecar.pipeline.signals import SignalSuite
+from sidecar.pipeline.outputs import Destination
+from sidecar.pipeline.ports import SignalSuite
+from sidecar.pipeline.processor import Processor
 from sidecar.policy.config import load_policy
 from sidecar.policy.engine import PolicyEngine
 from tests.claims.conftest import REPO, LexicalVerifier, RetrievalFactory
