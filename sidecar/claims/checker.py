@@ -59,6 +59,7 @@ from sidecar.contracts.events import (
     RetrievalSignal,
     SignalStatus,
 )
+from sidecar.exceptions import LifecycleError
 from sidecar.pipeline.ports import ClaimResult
 
 __all__ = [
@@ -289,7 +290,7 @@ class VerifierClaimSession:
 
     def finish(self, answer: str) -> tuple[list[ClaimResult], ClaimsSignal]:
         if self._finished:
-            raise RuntimeError("finish() called twice on one claim session")
+            raise LifecycleError("finish() called twice on one claim session")
         self._finished = True
         segmenter = self._segmenter
         tail_claims = segmenter.finish(answer)

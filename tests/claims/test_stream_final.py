@@ -23,6 +23,7 @@ from sidecar.contracts.events import (
     Signals,
     SignalStatus,
 )
+from sidecar.exceptions import LifecycleError
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination
 from sidecar.pipeline.ports import SignalSuite
@@ -142,6 +143,8 @@ def test_no_mismatch_means_no_flag_and_the_same_results(
     _, signal = session.finish(answer)
     assert not signal.stream_mismatch and signal.superseded_claims == []
     assert [r.index for r in session.results] == [0, 1] and session.superseded == ()
+    with pytest.raises(LifecycleError):
+        session.finish(answer)
 
 
 def test_the_rewrite_uses_spans_into_the_final_answer(
