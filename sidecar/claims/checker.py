@@ -21,6 +21,14 @@ Per answer (seed 001 "Claim Extraction Pipeline", seed 002 "Pipeline"):
 6. ``finish`` returns the remaining claims and the ``ClaimsSignal`` with the
    seeds' scores (:mod:`sidecar.claims.scores`).
 
+The final answer is what gets verified. When it is not the streamed text
+continued (``ClaimsSignal.stream_mismatch``), its claims whose sentence was
+verified identically from the stream keep that verdict (and index), the
+others are verified at ``finish``; streamed claims it no longer holds leave
+:attr:`VerifierClaimSession.results` and the summary and are listed in
+``ClaimsSignal.superseded_claims``. Claims past the segmenter's per-answer
+limit are counted in ``ClaimsSignal.unchecked``, never verified.
+
 ``ClaimResult.score`` is the final p(supported): the verifier's calibrated
 probability, capped at ``RULE_CAP`` when the rule tier contradicts it, or the
 judge's label mapped to 0.9 / 0.5 / 0.1. All results of an answer stay
@@ -51,6 +59,7 @@ from sidecar.contracts.events import (
     RetrievalSignal,
     SignalStatus,
 )
+from sidecar.exceptions import LifecycleError
 from sidecar.pipeline.ports import ClaimResult
 
 __all__ = [
@@ -221,12 +230,21 @@ class VerifierClaimSession:
         self._judge_labels = judge_labels
         self._budget: JudgeBudget | None = judge.budget() if judge is not None else None
         self._pending: dict[int, tuple[Future[JudgeVerdict], float]] = {}
+        self._superseded: tuple[ClaimCheck, ...] = ()
         self._finished = False
 
     @property
     def results(self) -> tuple[ClaimResult, ...]:
-        """Every claim of the answer so far, with its current label."""
+        """Every claim of the answer so far, with its current label.
+
+        After ``finish``: the final answer's claims, spans into the final answer.
+        """
         return tuple(c.result() for c in self._checks)
+
+    @property
+    def superseded(self) -> tuple[ClaimResult, ...]:
+        """Claims verified from the stream that the final answer no longer holds."""
+        return tuple(c.result() for c in self._superseded)
 
     @property
     def checks(self) -> tuple[ClaimCheck, ...]:
@@ -272,14 +290,25 @@ class VerifierClaimSession:
 
     def finish(self, answer: str) -> tuple[list[ClaimResult], ClaimsSignal]:
         if self._finished:
-            raise RuntimeError("finish() called twice on one claim session")
+            raise LifecycleError("finish() called twice on one claim session")
         self._finished = True
-        tail_claims = self._segmenter.finish(answer)
+        segmenter = self._segmenter
+        tail_claims = segmenter.finish(answer)
         self._verify(tail_claims)
         self._apply_judge()
+        by_index = {c.claim.index: c for c in self._checks}
+        self._superseded = tuple(by_index[k] for k in segmenter.superseded)
+        # the final answer's claims, in its order, with spans into it
+        self._checks = [replace(by_index[c.index], claim=c) for c in segmenter.claims]
         tail_index = {c.index for c in tail_claims}
         tail = [c.result() for c in self._checks if c.claim.index in tail_index]
-        signal = summarise((c.label for c in self._checks), self.scope)
+        signal = summarise((c.label for c in self._checks), self.scope).model_copy(
+            update={
+                "stream_mismatch": segmenter.mismatch,
+                "superseded_claims": list(segmenter.superseded),
+                "unchecked": segmenter.unchecked,
+            }
+        )
         return tail, signal
 
 

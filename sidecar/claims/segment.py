@@ -8,14 +8,22 @@ needs it per sentence, mid-stream, in microseconds, so it is rule-based:
 
 1. sentences come from :class:`~sidecar.claims.sentences.SentenceSplitter`
    (robust to deltas that split words, lists, abbreviations, decimals);
-2. questions, headings, list intros ("... are:"), pleasantries ("I hope this
-   helps.") and pure opinions ("I think ...", "In my opinion ...") are dropped;
-3. a meta prefix ("Based on the context, ", "According to the documents, ")
-   is skipped (the span starts after it);
-4. coordinated clauses are split: at ``;`` and at ", and / , but / , while /
+2. questions, headings and list intros ("... are:") are dropped;
+3. discourse prefixes are skipped, never the sentence behind them (the span
+   starts after them): pleasantries ("Certainly, ", "Of course ", "Sure, ",
+   "Great question! ", "Thanks for asking, "), meta prefixes ("Based on the
+   context, ", "According to the documents, ") and hedges ("I think (that)",
+   "I believe", "In my opinion, ", "I'm not sure, but "): "I think X" is a
+   hedged claim of X, so X is verified. "Thanks to the treaty, ..." is no
+   pleasantry ("thanks to" is a cause) and stays whole;
+4. what remains is dropped only when it holds nothing checkable: a closing
+   formula ("I hope this helps.", "Let me know if ...", "Feel free to ...",
+   "Thank you.", "Please consult a doctor."), an evaluation of nothing
+   ("This is great."), or fewer than two words ("Sure!", "Of course.");
+5. coordinated clauses are split: at ``;`` and at ", and / , but / , while /
    , whereas / , although / , yet / , so" when both sides carry a verb, and at
    " and <verb>" (verb-phrase coordination: "Aspirin reduces fever and is
-   effective for pain") where the second claim gets the subject copied:
+   effective for pain") where each later claim gets the subject copied:
    "Aspirin is effective for pain". Numbers, dates and names stay with the
    clause they occur in because splits happen only at clause boundaries, never
    at a bare comma ("June 28, 1919", "1,000", "Paris, France").
@@ -25,51 +33,139 @@ Each :class:`Claim` has ``span = [start, end)`` into the whole answer, so
 only in ``text``), and ``sentence`` = the span of the sentence it came from
 (the policy rewrites answers sentence by sentence, seed 001).
 
-Limitations (documented, tested where they matter): no coreference ("It
-reduces ..." stays "It reduces ..."), relative clauses are not split, a line
-break always ends a unit. The optional LLM judge can re-check such claims.
+Limits. Work is linear in the answer's length however the deltas cut it (no
+unit is longer than :data:`~sidecar.claims.sentences.MAX_UNIT_CHARS`, every
+pattern is anchored or cannot backtrack, clause splitting counts words and
+verbs with prefix sums). At most :data:`MAX_CLAIMS_PER_ANSWER` claims of an
+answer are returned for verification; the ones after them are still counted
+(:attr:`ClaimSegmenter.unchecked`), and the claim signal reports them so the
+policy can say so (reason ``claims-over-limit``) instead of treating the rest
+of the answer as checked.
+
+Final answer versus stream (:meth:`ClaimSegmenter.finish`): when the final
+answer does not extend the streamed text, the final answer is segmented
+afresh; a claim of it whose sentence was already cut identically from the
+stream keeps that claim's index (its verdict was published and stands, its
+spans now point into the final answer); the others get new indices and are
+returned for verification; streamed claims the final answer no longer holds
+are listed in :attr:`ClaimSegmenter.superseded` (their published verdicts
+no longer count).
+
+Other limitations (documented, tested where they matter): no coreference
+("It reduces ..." stays "It reduces ..."), relative clauses are not split, a
+line break always ends a unit, a rhetorical question or a line ending in ":"
+is never a claim. The optional LLM judge can re-check such claims.
 Pure logic: no I/O.
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
+from collections import deque
 from dataclasses import dataclass
+from itertools import accumulate, pairwise
 from typing import Final
 
 from sidecar.claims.sentences import Sentence, SentenceSplitter
+from sidecar.exceptions import ConfigError, LifecycleError
 
-__all__ = ["Claim", "ClaimSegmenter", "claims_of_sentence", "segment_claims"]
+__all__ = [
+    "MAX_CLAIMS_PER_ANSWER",
+    "Claim",
+    "ClaimSegmenter",
+    "claims_of_sentence",
+    "content_start",
+    "segment_claims",
+]
 
-_OPINION: Final = re.compile(
-    r"^(?:i\s+(?:think|believe|feel|guess|suppose|hope|would\s+say|personally)|"
-    r"in\s+my\s+(?:opinion|view|experience)|personally|imho|it\s+seems\s+to\s+me|"
-    r"hopefully|i'm\s+(?:not\s+sure|happy|glad)|i\s+am\s+(?:not\s+sure|happy|glad)|"
-    r"let\s+me\s+know|feel\s+free|thank|thanks|sure|certainly|of\s+course|great\s+question|"
-    r"good\s+question|i\s+hope|please\s+(?:note|let|consult|verify|check))\b",
+MAX_CLAIMS_PER_ANSWER: Final = 100
+"""Claims of one answer that are verified; later ones are counted as unchecked.
+
+A long RAG answer holds a few dozen claims; the limit bounds the verifier's
+work per answer (one model call per claim) against answers built to stall it."""
+
+_APOS = "['\u2019]"
+# Sentence adverbs: skipped when followed by a comma or by a space.
+_ADVERB: Final = (
+    r"of\s+course|certainly|surely|absolutely|definitely|indeed|hopefully|personally|"
+    r"honestly|frankly"
+)
+# Interjections and meta prefixes: skipped only before punctuation ("No one knows" stays).
+_INTERJECTION: Final = (
+    r"sure|yes|yeah|yep|no|nope|well|okay|ok|alright|right|great|hi|hello|hey|"
+    r"(?:great|good|excellent|interesting)\s+question|"
+    r"thanks?(?:\s+you)?(?:\s+(?:so|very)\s+much)?"
+    r"(?:\s+for\s+(?:asking|the\s+question|your\s+question|reaching\s+out))?|"
+    r"in\s+my\s+(?:opinion|view|experience|understanding)|imho|"
+    r"in\s+(?:summary|short|brief|conclusion)|to\s+summari[sz]e|overall|that\s+said|"
+    r"as\s+far\s+as\s+i\s+know|to\s+(?:my|the\s+best\s+of\s+my)\s+knowledge|"
+    r"if\s+i\s+recall\s+correctly|to\s+be\s+honest|"
+    r"(?:based\s+on|according\s+to|from|per)\s+(?:the\s+)?"
+    r"(?:provided\s+|given\s+|retrieved\s+|available\s+)?"
+    r"(?:context|documents?|information|sources?|passages?|text|data)"
+)
+# Hedges: "I think (that) X" is a hedged claim of X.
+_HEDGE: Final = (
+    r"i\s+(?:(?:really|strongly|personally|honestly|do)\s+)?"
+    r"(?:think|believe|feel|guess|suppose|reckon|assume|would\s+say)|"
+    rf"i{_APOS}d\s+say|it\s+seems\s+to\s+me|"
+    rf"(?:i\s+am|i{_APOS}m)\s+(?:(?:fairly|pretty|quite|very|almost|not)\s+)?"
+    r"(?:entirely\s+|completely\s+)?(?:sure|certain|confident|positive)"
+)
+_PUNCT_AFTER: Final = r"\s*+(?:[,:;!\u2014\u2013]|-(?=\s))\s*+"
+_PREFIX: Final = re.compile(
+    rf"(?:(?:{_ADVERB})\b(?:{_PUNCT_AFTER}|\s++)"
+    rf"|(?:{_INTERJECTION})\b{_PUNCT_AFTER}"
+    rf"|(?:{_HEDGE})\b(?:\s*+,\s*+(?:but\s+|and\s+)?|\s++)(?:that\s+)?)",
+    re.IGNORECASE,
+)
+_MAX_PREFIXES: Final = 6
+_REST: Final = r"\b[^,;:]*+"  # the rest of a formula: anything but a clause break
+# A whole sentence that asserts nothing checkable (after any prefix was skipped).
+_FORMULA: Final = re.compile(
+    r"(?:"
+    r"(?:i\s+)?hope\s+(?:this|that|it|the\s+above|my\s+answer|this\s+information|"
+    r"the\s+information)\s+(?:helps|helped|is\s+helpful|was\s+helpful|"
+    r"answers\s+your\s+question|clarifies(?:\s+things)?)(?:\s+you)?"
+    rf"|(?:please\s+)?let\s+me\s+know{_REST}"
+    rf"|(?:please\s+)?feel\s+free\s+to{_REST}"
+    rf"|(?:please\s+)?(?:do\s+not|don{_APOS}t)\s+hesitate\s+to{_REST}"
+    rf"|(?:i\s+am|i{_APOS}m)\s+(?:always\s+)?(?:happy|glad)\s+to\s+(?:help|assist){_REST}"
+    rf"|(?:i\s+am|i{_APOS}m)\s+(?:happy|glad)\s+you\s+asked"
+    rf"|happy\s+to\s+help{_REST}"
+    rf"|i{_APOS}d\s+be\s+(?:happy|glad)\s+to\s+(?:help|assist|explain){_REST}"
+    rf"|here(?:{_APOS}s|\s+is|\s+are)\s+(?:the\s+|a\s+|an\s+|some\s+)?(?:answer|summary|"
+    r"information|details|overview|explanation|what\s+i\s+found)"
+    rf"|(?:is\s+there\s+)?anything\s+else{_REST}"
+    rf"|you{_APOS}re\s+welcome|good\s+luck{_REST}"
+    r"|have\s+a\s+(?:nice|great|good|wonderful)\s+(?:day|time|trip|week)"
+    rf"|thanks?(?:\s+you)?(?:\s+(?:so|very)\s+much)?(?:\s+for{_REST})?"
+    r"|(?:great|good|excellent|interesting)\s+question"
+    r"|please\s+(?:consult|verify|check|contact|see|ask|refer\s+to|talk\s+to|"
+    rf"speak\s+(?:to|with)){_REST}"
+    rf"|(?:i\s+am|i{_APOS}m)\s+not\s+(?:sure|certain)|i\s+(?:do\s+not|don{_APOS}t)\s+know"
+    rf"|(?:{_ADVERB}|{_INTERJECTION}|{_HEDGE})(?:\s+(?:so|not))?"
+    r")[\s.!?\u2026\"'\u201d\u2019)]*+",
     re.IGNORECASE,
 )
 # "This is great.", "That sounds wonderful." - an evaluation of nothing checkable.
 _PURE_EVALUATION: Final = re.compile(
-    r"^(?:this|that|it|these|those)\s+(?:is|was|are|were|seems?|sounds?|looks?)\s+"
+    r"(?:this|that|it|these|those)\s+(?:is|was|are|were|seems?|sounds?|looks?)\s+"
     r"(?:(?:very|really|quite|so|truly|pretty)\s+)?"
     r"(?:great|amazing|interesting|wonderful|awful|terrible|fascinating|good|bad|nice|"
-    r"important|beautiful|impressive|exciting|remarkable|helpful|useful)[.!]?$",
-    re.IGNORECASE,
-)
-_META_PREFIX: Final = re.compile(
-    r"^(?:(?:based\s+on|according\s+to|from|per)\s+(?:the\s+)?(?:provided\s+|given\s+|retrieved\s+"
-    r"|available\s+)?(?:context|documents?|information|sources?|passages?|text|data)"
-    r"|in\s+(?:summary|short|conclusion)|to\s+summari[sz]e|overall|yes|no|indeed)\s*,\s*",
+    r"important|beautiful|impressive|exciting|remarkable|helpful|useful)[.!]?",
     re.IGNORECASE,
 )
 _CLAUSE_SPLIT: Final = re.compile(
-    r";\s+|,\s+(?=(?:and|but|while|whereas|although|though|yet|so)\s)", re.IGNORECASE
+    r";\s++|,\s++(?=(?:and|but|while|whereas|although|though|yet|so)\s)", re.IGNORECASE
 )
 _CONJ_HEAD: Final = re.compile(
-    r"^(?:and|but|while|whereas|although|though|yet|so)\s+(?:also\s+)?", re.IGNORECASE
+    r"(?:and|but|while|whereas|although|though|yet|so)\s++(?:also\s+)?", re.IGNORECASE
 )
-_VP_AND: Final = re.compile(r"\s+and\s+(?=(?:also\s+)?([A-Za-z]+)\b)")
+# " and <verb>": a match starts only right after a non-space, so a long blank
+# run is crossed once, not once per position.
+_VP_AND: Final = re.compile(r"(?<=\S)\s++and\s++(?=(?:also\s+)?([A-Za-z]+)\b)")
 _WORD: Final = re.compile(r"[A-Za-z][A-Za-z'\u2019\-]*|\d[\d,.]*")
 
 _AUX: Final = frozenset(
@@ -133,13 +229,51 @@ def _words(text: str) -> int:
     return len(_WORD.findall(text))
 
 
-def _drop(sentence: Sentence) -> bool:
-    if sentence.kind in ("question", "heading", "intro"):
-        return True
-    text = sentence.text.strip()
-    if _OPINION.match(text) or _PURE_EVALUATION.match(text):
-        return True
-    return _words(text) < 2
+class _Tokens:
+    """Word and verb counts of any ``body[a:b]`` in O(log n), from one tokenisation."""
+
+    def __init__(self, body: str) -> None:
+        matches = list(_WORD.finditer(body))
+        self._starts = [m.start() for m in matches]
+        verbs = (1 if _is_verb(m.group(0)) else 0 for m in matches)
+        self._verbs = [0, *accumulate(verbs)]
+        self._semicolons = [k for k, c in enumerate(body) if c == ";"]
+        self._length = len(body)
+
+    def _range(self, a: int, b: int) -> tuple[int, int]:
+        return bisect_left(self._starts, a), bisect_left(self._starts, b)
+
+    def words(self, a: int, b: int) -> int:
+        lo, hi = self._range(a, b)
+        return hi - lo
+
+    def has_verb(self, a: int, b: int) -> bool:
+        lo, hi = self._range(a, b)
+        return self._verbs[hi] > self._verbs[lo]
+
+    def clause_end(self, a: int) -> int:
+        """The next ``;`` at or after ``a`` (the end of the text when there is none)."""
+        k = bisect_left(self._semicolons, a)
+        return self._semicolons[k] if k < len(self._semicolons) else self._length
+
+
+def content_start(raw: str) -> int:
+    """Where the checkable content of a sentence starts: after its discourse prefixes."""
+    pos = 0
+    for _ in range(_MAX_PREFIXES):
+        found = _PREFIX.match(raw, pos)
+        if found is None or found.end() == pos:
+            break
+        pos = found.end()
+    return pos
+
+
+def _nothing_checkable(body: str) -> bool:
+    return (
+        _FORMULA.fullmatch(body) is not None
+        or _PURE_EVALUATION.fullmatch(body) is not None
+        or _words(body) < 2
+    )
 
 
 def _trim(text: str, start: int, end: int) -> tuple[int, int]:
@@ -151,59 +285,63 @@ def _trim(text: str, start: int, end: int) -> tuple[int, int]:
     return start, end
 
 
-def _pieces(answer: str, start: int, end: int) -> list[tuple[int, int, str | None]]:
-    """Clause spans of one sentence: ``(start, end, copied_subject)``."""
-    body = answer[start:end]
+def _pieces(body: str) -> list[tuple[int, int, str | None]]:
+    """Clause spans of one sentence body: ``(start, end, copied_subject)``."""
+    tokens = _Tokens(body)
     cuts = [0]
     for m in _CLAUSE_SPLIT.finditer(body):
-        left, right = body[cuts[-1] : m.start()], body[m.end() :]
-        if _has_verb(left) and _has_verb(right.split(";")[0]) and _words(left) >= _MIN_CLAIM_WORDS:
+        left_ok = tokens.has_verb(cuts[-1], m.start())
+        if not left_ok or tokens.words(cuts[-1], m.start()) < _MIN_CLAIM_WORDS:
+            continue
+        if tokens.has_verb(m.end(), tokens.clause_end(m.end())):
             cuts.append(m.end())
-    spans = [(cuts[k], cuts[k + 1] if k + 1 < len(cuts) else len(body)) for k in range(len(cuts))]
+    bounds = [*cuts, len(body)]
     out: list[tuple[int, int, str | None]] = []
-    for s, e in spans:
-        head = _CONJ_HEAD.match(body[s:e])
-        out.extend(_split_vp(body, s + (head.end() if head is not None else 0), e))
-    return [(start + s, start + e, subj) for s, e, subj in out]
+    for s, e in pairwise(bounds):
+        head = _CONJ_HEAD.match(body, s, e)
+        out.extend(_split_vp(body, head.end() if head is not None else s, e, tokens))
+    return out
 
 
-def _split_vp(body: str, s: int, e: int) -> list[tuple[int, int, str | None]]:
-    """Split "<subject> <verb ...> and <verb ...>" into two claims sharing the subject."""
-    part = body[s:e]
-    subject = _subject(part)
-    for m in _VP_AND.finditer(part):
-        if not _is_verb(m.group(1)) or subject is None:
+def _split_vp(body: str, s: int, e: int, tokens: _Tokens) -> list[tuple[int, int, str | None]]:
+    """Split "<subject> <verb ...> and <verb ...> ..." into claims sharing the subject."""
+    subject = _subject(body[s:e])
+    if subject is None:
+        return [(s, e, None)]
+    out: list[tuple[int, int, str | None]] = []
+    current, copied = s, None
+    for m in _VP_AND.finditer(body, s, e):
+        if not _is_verb(m.group(1)):
             continue
-        left = part[: m.start()]
-        if not _has_verb(left) or _words(left) < _MIN_CLAIM_WORDS:
+        left_ok = tokens.has_verb(current, m.start())
+        if not left_ok or tokens.words(current, m.start()) < _MIN_CLAIM_WORDS:
             continue
-        right_start = s + m.end()
-        rest = _split_vp(body, right_start, e)
-        first = rest[0]
-        return [(s, s + m.start(), None), (first[0], first[1], subject), *rest[1:]]
-    return [(s, e, None)]
+        out.append((current, m.start(), copied))
+        current, copied = m.end(), subject
+    out.append((current, e, copied))
+    return out
 
 
-def claims_of_sentence(answer: str, sentence: Sentence, first_index: int) -> list[Claim]:
-    """The atomic claims of one completed sentence of ``answer``."""
-    if _drop(sentence):
+def claims_of_sentence(sentence: Sentence, first_index: int) -> list[Claim]:
+    """The atomic claims of one completed sentence (spans into the whole answer)."""
+    if sentence.kind in ("question", "heading", "intro"):
         return []
-    start, end = sentence.start, sentence.end
-    meta = _META_PREFIX.match(answer[start:end])
-    if meta is not None and _words(answer[start + meta.end() : end]) >= _MIN_CLAIM_WORDS:
-        start += meta.end()
-    claims: list[Claim] = []
-    pieces = _pieces(answer, start, end)
+    raw = sentence.raw
+    offset = content_start(raw)
+    if _nothing_checkable(raw[offset:]):
+        return []
     merged: list[tuple[int, int, str | None]] = []
-    for raw_s, raw_e, subj in pieces:
-        s, e = _trim(answer, raw_s, raw_e)
-        if merged and _words(answer[s:e]) < _MIN_CLAIM_WORDS:
+    for raw_s, raw_e, subj in _pieces(raw[offset:]):
+        s, e = _trim(raw, offset + raw_s, offset + raw_e)
+        if merged and _words(raw[s:e]) < _MIN_CLAIM_WORDS:
             ps, _, psubj = merged[-1]
             merged[-1] = (ps, e, psubj)  # too short to stand alone: keep with the previous
         elif s < e:
             merged.append((s, e, subj))
+    claims: list[Claim] = []
+    base = sentence.start
     for s, e, subj in merged:
-        own = answer[s:e]
+        own = raw[s:e]
         text = _clean(f"{subj} {own}" if subj else own)
         if _words(text) < 2 or not any(c.isalpha() for c in text):
             continue
@@ -211,7 +349,7 @@ def claims_of_sentence(answer: str, sentence: Sentence, first_index: int) -> lis
             Claim(
                 index=first_index + len(claims),
                 text=text,
-                span=(s, e),
+                span=(base + s, base + e),
                 sentence=(sentence.start, sentence.end),
             )
         )
@@ -229,46 +367,137 @@ def _clean(text: str) -> str:
     return text
 
 
+# A claim's identity across the stream and the final answer: the sentence's own
+# characters, the claim's span inside it, and its text.
+_Key = tuple[str, int, int, str]
+
+
+def _key(sentence: Sentence, claim: Claim) -> _Key:
+    return (
+        sentence.raw,
+        claim.span[0] - sentence.start,
+        claim.span[1] - sentence.start,
+        claim.text,
+    )
+
+
+class _Cutter:
+    """Sentences -> claims with indices from ``next_index``, at most ``room`` of them."""
+
+    def __init__(self, max_claims: int) -> None:
+        self.splitter = SentenceSplitter()
+        self.claims: list[Claim] = []
+        self.keys: list[_Key] = []
+        self.unchecked = 0
+        self._max = max_claims
+
+    def take(self, sentences: list[Sentence], next_index: int) -> list[Claim]:
+        out: list[Claim] = []
+        for sentence in sentences:
+            found = claims_of_sentence(sentence, next_index + len(out))
+            room = self._max - len(self.claims)
+            if len(found) > room:
+                self.unchecked += len(found) - room
+                found = found[:room]
+            self.claims.extend(found)
+            self.keys.extend(_key(sentence, c) for c in found)
+            out.extend(found)
+        return out
+
+
 class ClaimSegmenter:
     """Streaming claims: ``feed`` deltas, ``finish`` with the final answer.
 
     Claim indices count from 0 over the whole answer; each claim is returned
-    exactly once. If the final answer does not extend the streamed text (a
-    delta was lost), claims already returned stay and the rest is cut from the
-    final answer, starting at the last completed sentence.
+    exactly once. After ``finish``: :attr:`claims` are the final answer's
+    claims (spans into it), :attr:`mismatch` says whether the final answer
+    differed from the streamed text, :attr:`superseded` lists the indices of
+    streamed claims it no longer holds, :attr:`unchecked` counts claims past
+    ``max_claims`` (never returned).
     """
 
-    def __init__(self) -> None:
-        self._splitter = SentenceSplitter()
-        self._count = 0
+    def __init__(self, max_claims: int = MAX_CLAIMS_PER_ANSWER) -> None:
+        if max_claims < 1:
+            raise ConfigError(f"max_claims must be >= 1, got {max_claims}")
+        self._max = max_claims
+        self._stream = _Cutter(max_claims)
+        self._next_index = 0
+        self._final: list[Claim] | None = None
+        self.unchecked = 0
         self.mismatch = False
+        self.superseded: tuple[int, ...] = ()
 
     @property
     def text(self) -> str:
-        return self._splitter.text
+        """The streamed text so far."""
+        return self._stream.splitter.text
 
-    def _claims(self, sentences: list[Sentence]) -> list[Claim]:
-        out: list[Claim] = []
-        for sentence in sentences:
-            found = claims_of_sentence(self._splitter.text, sentence, self._count)
-            self._count += len(found)
-            out.extend(found)
+    @property
+    def claims(self) -> tuple[Claim, ...]:
+        """The answer's claims: streamed so far, or after ``finish`` the final answer's."""
+        return tuple(self._stream.claims if self._final is None else self._final)
+
+    def _take(self, sentences: list[Sentence]) -> list[Claim]:
+        out = self._stream.take(sentences, self._next_index)
+        self._next_index += len(out)
+        self.unchecked = self._stream.unchecked
         return out
 
     def feed(self, delta: str) -> list[Claim]:
-        return self._claims(self._splitter.feed(delta))
+        if self._final is not None:
+            raise LifecycleError("feed() after finish(): the claim segmenter is closed")
+        return self._take(self._stream.splitter.feed(delta))
 
     def finish(self, answer: str | None = None) -> list[Claim]:
-        if answer is not None and answer != self._splitter.text:
-            if answer.startswith(self._splitter.text):
-                rest = self._claims(self._splitter.feed(answer[len(self._splitter.text) :]))
-                return rest + self._claims(self._splitter.finish())
-            self.mismatch = True
-            self._splitter.replace_text(answer)
-        return self._claims(self._splitter.feed("") + self._splitter.finish())
+        """The remaining claims to verify; ``answer`` is the final answer when known."""
+        if self._final is not None:
+            raise LifecycleError("finish() called twice on one claim segmenter")
+        splitter = self._stream.splitter
+        if answer is None or _extends(answer, splitter):
+            rest = answer[splitter.length :] if answer is not None else ""
+            out = self._take(splitter.feed(rest)) if rest else []
+            out += self._take(splitter.finish())
+            self._final = list(self._stream.claims)
+            return out
+        self.mismatch = True
+        return self._refit(answer)
+
+    def _refit(self, answer: str) -> list[Claim]:
+        """The final answer differs from the stream: its claims, reusing identical ones."""
+        fresh = _Cutter(self._max)
+        fresh.take(fresh.splitter.feed(answer) + fresh.splitter.finish(), 0)
+        streamed: dict[_Key, deque[Claim]] = {}
+        for key, claim in zip(self._stream.keys, self._stream.claims, strict=True):
+            streamed.setdefault(key, deque()).append(claim)
+        final: list[Claim] = []
+        new: list[Claim] = []
+        kept: set[int] = set()
+        for key, claim in zip(fresh.keys, fresh.claims, strict=True):
+            same = streamed.get(key)
+            if same:
+                old = same.popleft()
+                kept.add(old.index)
+                final.append(Claim(old.index, claim.text, claim.span, claim.sentence))
+            else:
+                made = Claim(self._next_index, claim.text, claim.span, claim.sentence)
+                self._next_index += 1
+                new.append(made)
+                final.append(made)
+        self.superseded = tuple(c.index for c in self._stream.claims if c.index not in kept)
+        self.unchecked = fresh.unchecked
+        self._final = final
+        return new
 
 
-def segment_claims(answer: str) -> list[Claim]:
-    """All claims of a complete answer."""
-    segmenter = ClaimSegmenter()
+def _extends(answer: str, splitter: SentenceSplitter) -> bool:
+    """Is ``answer`` the streamed text, continued (or with only trailing blanks dropped)?"""
+    if len(answer) >= splitter.length:
+        return answer.startswith(splitter.text)
+    streamed = splitter.text
+    return streamed.startswith(answer) and streamed[len(answer) :].isspace()
+
+
+def segment_claims(answer: str, max_claims: int = MAX_CLAIMS_PER_ANSWER) -> list[Claim]:
+    """All claims of a complete answer (at most ``max_claims``)."""
+    segmenter = ClaimSegmenter(max_claims)
     return segmenter.feed(answer) + segmenter.finish()

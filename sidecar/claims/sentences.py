@@ -15,9 +15,20 @@ character is a digit, never whitespace), a numbered-list marker (``1. Item``),
 an initial (``J. K. Rowling``) or an abbreviation (``Dr.``, ``e.g.``, ``U.S.``,
 ``Inc.``). Abbreviations that may also end a sentence (``U.S.``, ``etc.``,
 ``Inc.``) end it only when the next word is a typical sentence opener
-(``The``, ``It``, ``However`` ...) or a line break follows; until that word is
-complete the decision waits, so deltas that split a word anywhere give the
-same sentences as the whole text at once.
+(``The``, ``It``, ``However`` ...), a line break follows, or more than
+``MAX_GAP_CHARS`` of blank space follows; until that word is complete the
+decision waits, so deltas that split a word anywhere give the same sentences
+as the whole text at once.
+
+Cost: linear in the length of the text, however it is cut into deltas. Every
+decision looks at most a bounded distance back (``_MAX_WORD_CHARS``) and
+ahead (``MAX_GAP_CHARS`` + the longest opener); a decision that waits for
+more text is re-taken at bounded cost; and no unit grows past
+``MAX_UNIT_CHARS``: a sentence longer than that is cut at its last whitespace
+in the second half of the window (or hard at the limit when there is none),
+and the rest continues as the next unit. The splitter only keeps the current
+unit as a working buffer, so appending a delta costs the delta plus at most
+one unit. The cut depends on the text alone, never on the deltas.
 
 Pure logic: no I/O, no third-party imports.
 """
@@ -28,12 +39,34 @@ import re
 from dataclasses import dataclass
 from typing import Final, Literal
 
-__all__ = ["Sentence", "SentenceKind", "SentenceSplitter", "split_sentences"]
+from sidecar.exceptions import ConfigError, LifecycleError
+
+__all__ = [
+    "MAX_GAP_CHARS",
+    "MAX_UNIT_CHARS",
+    "Sentence",
+    "SentenceKind",
+    "SentenceSplitter",
+    "split_sentences",
+]
 
 SentenceKind = Literal["statement", "question", "exclamation", "list-item", "heading", "intro"]
 
-_TERMINATORS: Final = frozenset(".!?…")
-_CLOSERS: Final = frozenset("\"'\u201d\u2019)]\u00bb")
+MAX_UNIT_CHARS: Final = 1_000
+"""The longest unit (sentence, list item, line) in characters; longer ones are cut.
+
+About the most a 256-token verifier input holds; a real sentence is far shorter."""
+MAX_GAP_CHARS: Final = 64
+"""Blank space after an ambiguous abbreviation (``U.S.``) longer than this ends the sentence."""
+
+_TERMINATOR_CHARS: Final = ".!?\u2026"
+_CLOSER_CHARS: Final = "\"'\u201d\u2019)]\u00bb"
+_INTERESTING: Final = re.compile(r"[\n.!?\u2026]")
+_TERMINATORS: Final = re.compile(r"[.!?\u2026]*")
+_CLOSERS: Final = re.compile(r"[\"'\u201d\u2019)\]\u00bb]*")
+_SPACES: Final = re.compile(r"[ \t]*")
+_GAP: Final = re.compile(r"[^\S\n]*")
+_ALL_SPACE: Final = re.compile(r"\s*")
 # Abbreviations (lower case, without the final dot) that never end a sentence.
 _NEVER_END: Final = frozenset(
     {
@@ -59,21 +92,41 @@ _OPENERS: Final = frozenset(
         "although", "if", "because", "so", "then", "today", "during", "both", "each",
     }
 )  # fmt: skip
-_ACRONYM = re.compile(r"^(?:[A-Za-z]\.)+[A-Za-z]$")
-_LIST_MARKER = re.compile(r"^[ \t]*(?:[-*+•‣◦▪\u2013]|\d{1,3}[.)]|[A-Za-z][)]|\(\w{1,3}\))[ \t]+")
-_NUMBERED = re.compile(r"^[ \t]*(?:\d{1,3}|[A-Za-z]|[ivxIVX]{1,4})$")
-_HEADING = re.compile(r"^[ \t]*(?:#{1,6}[ \t]|\*\*[^*]+\*\*:?[ \t]*$|[A-Z][^.!?]{0,60}:[ \t]*$)")
-_EMPHASIS = re.compile(r"\*\*|__|`")
+_LONGEST_OPENER: Final = max(len(w) for w in _OPENERS)
+_OPENER_WORD: Final = re.compile(rf"(?:[^\W_]|['\u2019\-]){{0,{_LONGEST_OPENER + 1}}}")
+# A word before a full stop longer than this is no abbreviation, initial or marker.
+_MAX_WORD_CHARS: Final = 32
+_MIN_UNIT_CHARS: Final = 2 * (MAX_GAP_CHARS + _LONGEST_OPENER + _MAX_WORD_CHARS)
+_ACRONYM: Final = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]")
+_MARKER_WORD: Final = re.compile(r"\d{1,3}|[A-Za-z]|[ivxIVX]{1,4}")
+_LIST_MARKER: Final = re.compile(
+    r"[ \t]*+(?:[-*+•‣◦▪\u2013]|\d{1,3}[.)]|[A-Za-z][)]|\(\w{1,3}\))[ \t]+"
+)
+_HEADING: Final = re.compile(
+    r"[ \t]*+(?:#{1,6}[ \t]|\*\*[^*]++\*\*:?[ \t]*$|[A-Z][^.!?]{0,60}:[ \t]*$)"
+)
+_EMPHASIS: Final = re.compile(r"\*\*|__|`")
+
+
+def _span_end(pattern: re.Pattern[str], text: str, pos: int, endpos: int | None = None) -> int:
+    """Where ``pattern`` (one that may match empty) stops matching from ``pos``."""
+    found = pattern.match(text, pos) if endpos is None else pattern.match(text, pos, endpos)
+    return found.end() if found is not None else pos
 
 
 @dataclass(frozen=True, slots=True)
 class Sentence:
-    """One completed sentence: ``[start, end)`` in the whole text, list markers excluded."""
+    """One completed sentence: ``[start, end)`` in the whole text, list markers excluded.
+
+    ``raw`` is the text's own characters ``text_fed[start:end]``; ``text`` is
+    the same without emphasis marks (``**``, ``__``, backticks).
+    """
 
     start: int
     end: int
     text: str
     kind: SentenceKind
+    raw: str
 
 
 def _classify(raw: str, line_start: bool) -> tuple[int, SentenceKind]:
@@ -91,7 +144,7 @@ def _classify(raw: str, line_start: bool) -> tuple[int, SentenceKind]:
                 kind = "intro"
             return marker.end(), kind
     body = raw.rstrip()
-    if body.endswith("?") or body.endswith('?"') or body.endswith("?)"):
+    if body.endswith(("?", '?"', "?)")):
         return 0, "question"
     if body.endswith(":"):
         return 0, "intro"
@@ -105,28 +158,46 @@ class SentenceSplitter:
 
     ``feed`` and ``finish`` return the newly completed sentences, with offsets
     into the concatenation of everything fed. The result does not depend on
-    how the text was cut into pieces.
+    how the text was cut into pieces, and the work is linear in its length.
     """
 
-    def __init__(self) -> None:
-        self._text = ""
-        self._start = 0  # where the next sentence starts (may point at whitespace)
+    def __init__(self, max_unit_chars: int = MAX_UNIT_CHARS) -> None:
+        if max_unit_chars < _MIN_UNIT_CHARS:
+            raise ConfigError(
+                f"max_unit_chars must be >= {_MIN_UNIT_CHARS} (twice the look-around of one "
+                f"boundary decision), got {max_unit_chars}"
+            )
+        self._cap = max_unit_chars
+        self._parts: list[str] = []  # everything fed, joined only when ``text`` is read
+        self._buf = ""  # the text from ``_base`` on: the current unit and what follows
+        self._base = 0
+        self._length = 0
+        self._start = 0  # where the next unit starts (may point at whitespace)
+        self._line_blank = True  # only whitespace between the last line break and ``_start``
         self._scan = 0  # the first character not yet examined as a boundary
+        self._run: tuple[int, int, int] | None = None  # (start, end of terminators, end of closers)
         self._finished = False
 
     @property
     def text(self) -> str:
-        return self._text
+        """Everything fed so far (joined once per read; read it at the end)."""
+        if len(self._parts) > 1:
+            self._parts = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
 
     @property
-    def consumed(self) -> int:
-        """Characters up to the end of the last completed sentence (whitespace skipped)."""
-        return self._start
+    def length(self) -> int:
+        """How many characters were fed."""
+        return self._length
 
     def feed(self, piece: str) -> list[Sentence]:
         if self._finished:
-            raise ValueError("feed() after finish(): the splitter is closed")
-        self._text += piece
+            raise LifecycleError("feed() after finish(): the splitter is closed")
+        if not piece:
+            return []
+        self._parts.append(piece)
+        self._length += len(piece)
+        self._buf += piece
         return self._drain(final=False)
 
     def finish(self) -> list[Sentence]:
@@ -135,124 +206,168 @@ class SentenceSplitter:
             return []
         self._finished = True
         out = self._drain(final=True)
-        tail = self._emit(self._start, len(self._text))
+        tail = self._emit(self._start, self._length)
         if tail is not None:
             out.append(tail)
-        self._start = self._scan = len(self._text)
+        self._start = self._scan = self._length
         return out
-
-    def replace_text(self, text: str) -> None:
-        """Continue on ``text`` (the final answer) instead of what was fed.
-
-        Used when the final answer is not an extension of the streamed text:
-        completed sentences stay as they were, scanning resumes at the last
-        completed boundary (clamped to the new text).
-        """
-        self._text = text
-        self._start = min(self._start, len(text))
-        self._scan = self._start
 
     # ------------------------------------------------------------------ scanning
 
+    def _at(self, i: int) -> str:
+        return self._buf[i - self._base]
+
     def _drain(self, final: bool) -> list[Sentence]:
         out: list[Sentence] = []
-        text = self._text
+        n = self._length
         i = self._scan
-        n = len(text)
-        while i < n:
-            ch = text[i]
-            if ch == "\n":
-                sentence = self._emit(self._start, i)
-                if sentence is not None:
-                    out.append(sentence)
+        while True:
+            limit = self._start + self._cap
+            # only up to the limit: past it the unit is cut whatever follows
+            found = _INTERESTING.search(self._buf, i - self._base, limit + 1 - self._base)
+            if found is None:
+                if n > limit:
+                    i = self._cut(out)
+                    continue
+                i = n
+                break
+            i = found.start() + self._base
+            if self._buf[found.start()] == "\n":
+                if i > limit:
+                    i = self._cut(out)
+                    continue
+                self._append(out, self._emit(self._start, i))
                 self._start = i + 1
+                self._line_blank = True
                 i += 1
                 continue
-            if ch not in _TERMINATORS:
-                i += 1
+            j = self._run_end(i, limit)
+            if j > limit:
+                i = self._cut(out)
                 continue
-            j = i
-            while j < n and text[j] in _TERMINATORS:
-                j += 1
-            while j < n and text[j] in _CLOSERS:
-                j += 1
             if j >= n and not final:
                 break  # the character after the run decides: wait for it
             decision = self._is_boundary(i, j, final)
             if decision is None:
                 break  # needs the next word, which is still incomplete
+            self._run = None
             if decision:
-                sentence = self._emit(self._start, j)
-                if sentence is not None:
-                    out.append(sentence)
+                self._append(out, self._emit(self._start, j))
                 self._start = j
+                self._line_blank = False
             i = j
         self._scan = i
+        self._compact()
         return out
+
+    @staticmethod
+    def _append(out: list[Sentence], sentence: Sentence | None) -> None:
+        if sentence is not None:
+            out.append(sentence)
+
+    def _run_end(self, i: int, limit: int) -> int:
+        """End of the terminator run at ``i`` with its closers (resumed where it was left).
+
+        Looks no further than ``limit + 1``: a run that reaches it ends the unit past the limit.
+        """
+        buf, base = self._buf, self._base
+        stop = limit + 1 - base
+        if self._run is not None and self._run[0] == i:
+            _, t_end, c_end = self._run
+            if c_end == t_end:  # no closer yet: the terminators may still grow
+                t_end = _span_end(_TERMINATORS, buf, t_end - base, stop) + base
+                c_end = t_end
+        else:
+            t_end = c_end = _span_end(_TERMINATORS, buf, i - base, stop) + base
+        c_end = _span_end(_CLOSERS, buf, c_end - base, stop) + base
+        self._run = (i, t_end, c_end)
+        return c_end
+
+    def _cut(self, out: list[Sentence]) -> int:
+        """The unit reached ``MAX_UNIT_CHARS`` without a boundary: cut it, return the new scan."""
+        start = self._start
+        limit = start + self._cap
+        window = self._buf[start - self._base + self._cap // 2 : limit - self._base]
+        at = max(window.rfind(c) for c in " \t\u00a0\u3000")
+        cut = start + self._cap // 2 + at if at >= 0 else limit
+        self._append(out, self._emit(start, cut))
+        self._start = cut
+        self._line_blank = False
+        self._run = None
+        return cut
+
+    def _compact(self) -> None:
+        """Drop what lies before the current unit from the working buffer."""
+        drop = self._start - self._base
+        if drop > 0:
+            self._buf = self._buf[drop:]
+            self._base = self._start
 
     def _is_boundary(self, i: int, j: int, final: bool) -> bool | None:
         """Is the terminator run ``text[i:j]`` a sentence end? ``None``: not known yet."""
-        text = self._text
-        if j < len(text) and not text[j].isspace():
+        if j < self._length and not self._at(j).isspace():
             return False  # "3.14", "e.g.,", "U.S.-based", "?!x"
-        if text[i:j] != ".":
+        if j - i != 1 or self._at(i) != ".":
             return True  # "!", "?", "...", "?!" and 'said "no."' end a sentence
         return self._full_stop_ends(i, j, final)
 
+    def _word_before(self, i: int) -> tuple[int, str] | None:
+        """The word ending at ``i`` (at most ``_MAX_WORD_CHARS``), ``None`` when longer."""
+        buf, base = self._buf, self._base
+        floor = max(self._start, i - _MAX_WORD_CHARS - 1)
+        k = i
+        while k > floor and not buf[k - 1 - base].isspace():
+            k -= 1
+        if k == floor and k > self._start and not buf[k - 1 - base].isspace():
+            return None
+        return k, buf[k - base : i - base]
+
     def _full_stop_ends(self, i: int, j: int, final: bool) -> bool | None:
         """A single full stop at ``i`` followed by whitespace: abbreviation, marker or end?"""
-        text = self._text
-        word_start = i
-        while word_start > 0 and not text[word_start - 1].isspace():
-            word_start -= 1
-        word = text[word_start:i].lstrip("\"'\u201c\u2018([")
-        line_start = text.rfind("\n", 0, i) + 1
-        if not text[line_start:i].strip() or _NUMBERED.match(text[line_start:i]):
-            return False  # a numbered-list marker "1. " (or a lone dot)
+        found = self._word_before(i)
+        if found is None:
+            return True  # a long word: no abbreviation
+        word_start, raw = found
+        if (not raw or _MARKER_WORD.fullmatch(raw)) and self._line_blank:
+            blank = _ALL_SPACE.match(self._buf, self._start - self._base, word_start - self._base)
+            if blank is not None and blank.end() + self._base == word_start:
+                return False  # a numbered-list marker "1. " (or a lone dot)
+        word = raw.lstrip("\"'\u201c\u2018([")
         lower = word.lower()
         if len(word) == 1 and word.isupper():
             return False  # an initial: "J. K. Rowling"
         if lower in _NEVER_END:
             return self._newline_follows(j)
-        if lower in _MAY_END or _ACRONYM.match(word):
+        if lower in _MAY_END or _ACRONYM.fullmatch(word):
             return self._opener_follows(j, final)
         return True
 
     def _newline_follows(self, j: int) -> bool:
-        k = j
-        text = self._text
-        while k < len(text) and text[k] in " \t":
-            k += 1
-        return k < len(text) and text[k] == "\n"
+        k = _span_end(_SPACES, self._buf, j - self._base) + self._base
+        return k < self._length and self._at(k) == "\n"
 
     def _opener_follows(self, j: int, final: bool) -> bool | None:
-        text = self._text
-        k = j
-        while k < len(text) and text[k].isspace():
-            if text[k] == "\n":
-                return True
-            k += 1
-        if k >= len(text):
+        base = self._base
+        gap = _span_end(_GAP, self._buf, j - base, j - base + MAX_GAP_CHARS + 1) + base
+        if gap - j > MAX_GAP_CHARS:
+            return True  # a wide blank gap separates like a line break
+        if gap < self._length and self._at(gap) == "\n":
+            return True
+        if gap >= self._length:
             return True if final else None
-        end = k
-        while end < len(text) and (text[end].isalnum() or text[end] in "'\u2019-"):
-            end += 1
-        if end >= len(text) and not final:
+        end = _span_end(_OPENER_WORD, self._buf, gap - base) + base
+        if end - gap > _LONGEST_OPENER:
+            return False  # longer than any opener: "Thames", not "The"
+        if end >= self._length and not final:
             return None  # the next word may still grow: "Th" -> "The" or "Thames"
-        word = text[k:end]
+        word = self._buf[gap - base : end - base]
         return word[:1].isupper() and word.lower() in _OPENERS
 
     def _emit(self, start: int, end: int) -> Sentence | None:
-        raw = self._text[start:end]
-        stripped_left = len(raw) - len(raw.lstrip())
-        line_start = (
-            start + stripped_left == 0
-            or self._text[
-                self._text.rfind("\n", 0, start + stripped_left) + 1 : start + stripped_left
-            ].strip()
-            == ""
-        )
-        body = raw[stripped_left:]
+        raw = self._buf[start - self._base : end - self._base]
+        body = raw.lstrip()
+        stripped_left = len(raw) - len(body)
+        line_start = self._line_blank
         marker, kind = _classify(body, line_start)
         body = body[marker:]
         lead = len(body) - len(body.lstrip())
@@ -260,7 +375,9 @@ class SentenceSplitter:
         if not body or not any(c.isalnum() for c in body):
             return None
         s = start + stripped_left + marker + lead
-        return Sentence(start=s, end=s + len(body), text=_EMPHASIS.sub("", body), kind=kind)
+        return Sentence(
+            start=s, end=s + len(body), text=_EMPHASIS.sub("", body), kind=kind, raw=body
+        )
 
 
 def split_sentences(text: str) -> list[Sentence]:

@@ -266,6 +266,22 @@ class ClaimsSignal(BaseModel):
     reliability_level: Literal["HIGH", "MEDIUM", "LOW"] | None = None
     hallucination_rate: Probability | None = None
     evidence_scope: Literal["trusted", "all-retrieved"] | None = None
+    stream_mismatch: bool = Field(
+        default=False,
+        description="The final answer is not the streamed deltas' text: the final answer was "
+        "verified (policy reason stream-final-mismatch).",
+    )
+    superseded_claims: list[int] = Field(
+        default_factory=list,
+        description="claim_index of ClaimVerdicts published from the stream whose sentence the "
+        "final answer no longer holds; they are not counted in n or the scores.",
+    )
+    unchecked: int = Field(
+        default=0,
+        ge=0,
+        description="Claims past the per-answer limit: counted, not verified, not in n "
+        "(policy reason claims-over-limit).",
+    )
 
 
 class Signals(BaseModel):

@@ -18,6 +18,18 @@ Outcome texts (seed 001 ``make_reliability_decision``):
 * ``escalate`` (seed 001 pattern 3) when reliability is below the profile's
   ``escalate_below_reliability`` or, if configured, on every block.
 
+Two claim findings do not come from the labels:
+
+* ``stream-final-mismatch`` (caveat in every profile): the final answer is not
+  the text the deltas streamed. The final answer was verified; the claim
+  verdicts published for streamed sentences it no longer holds are listed
+  in ``ClaimsSignal.superseded_claims`` and not counted. Whoever watched the
+  stream saw text this verdict does not judge.
+* ``claims-over-limit`` (the profile's ``claims.when_missing``): the answer
+  holds more claims than the sidecar verifies per answer
+  (``sidecar.claims.segment.MAX_CLAIMS_PER_ANSWER``); the rest is counted in
+  ``ClaimsSignal.unchecked`` and unverified, like a partly missing signal.
+
 Per-claim results (texts, labels, spans) come in through ``decide(...,
 claims=...)``; without them a rewrite is impossible and the outcome says so
 (``claims-detail-unavailable``). Strict mode (seed 002: "in strict mode,
@@ -170,6 +182,29 @@ def _claims(sig: ClaimsSignal, profile: Profile) -> list[Finding]:
                 rules.when_untrusted_evidence,
                 "claims-evidence-untrusted",
                 "claims were checked against all retrieved chunks (none certified as trusted)",
+                "claims",
+            )
+        )
+    if sig.stream_mismatch:
+        out.append(
+            _f(
+                "caveat",
+                "stream-final-mismatch",
+                "the final answer differs from the streamed text; the final answer was verified"
+                + (
+                    f" and {len(sig.superseded_claims)} streamed claim verdict(s) no longer apply"
+                    if sig.superseded_claims
+                    else ""
+                ),
+                "claims",
+            )
+        )
+    if sig.unchecked:
+        out.append(
+            _f(
+                rules.when_missing,
+                "claims-over-limit",
+                f"{sig.unchecked} claim(s) past the per-answer limit were not verified",
                 "claims",
             )
         )

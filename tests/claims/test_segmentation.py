@@ -141,15 +141,16 @@ def test_numbers_dates_and_name_lists_stay_in_one_claim() -> None:
     ]
 
 
-def test_questions_opinions_and_pleasantries_are_dropped() -> None:
+def test_questions_evaluations_and_pleasantries_are_dropped_hedged_claims_are_kept() -> None:
     answer = (
         "Sure! Is the drug safe? I think it is great. In my opinion, it works. "
         "This is amazing. Based on the context, the drug was approved in 2019. "
         "I hope this helps. Let me know if you need more."
     )
-    assert [c.text for c in segment_claims(answer)] == ["The drug was approved in 2019."]
-    [claim] = segment_claims(answer)
-    assert answer[claim.span[0] : claim.span[1]] == "the drug was approved in 2019."
+    claims = segment_claims(answer)
+    # "In my opinion, it works." is a hedged claim of "it works": verified, not dropped
+    assert [c.text for c in claims] == ["It works.", "The drug was approved in 2019."]
+    assert answer[claims[1].span[0] : claims[1].span[1]] == "the drug was approved in 2019."
 
 
 def test_semicolons_split_independent_clauses() -> None:

@@ -1,0 +1,226 @@
+"""Segmentation cannot be stalled: linear work on adversarial text, bounded units and claims.
+
+Timings are never compared with a number of seconds: each case compares the
+best of three runs on 8x the text with the best of three on 1x, in CPU time
+of this process (another process busy on the same cores does not count).
+Linear work gives a ratio near 8, quadratic work near 64; the bound is 16.
+The 1x text is doubled until one run takes at least ``MIN_CPU_S``, so that
+timer resolution and per-call overhead do not decide the ratio.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import time
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.claims.segment import MAX_CLAIMS_PER_ANSWER, ClaimSegmenter, segment_claims
+from sidecar.claims.sentences import MAX_UNIT_CHARS, Sentence, SentenceSplitter, split_sentences
+from sidecar.exceptions import ConfigError, LifecycleError
+
+# name -> a text of about ``n`` characters that stresses one part of the segmenter
+ADVERSARIAL: dict[str, Callable[[int], str]] = {
+    "comma-and": lambda n: "x" + ", and y" * (n // 7) + ".",  # the reported 56 KB answer
+    "semicolons": lambda n: "x" + "; y" * (n // 3) + ".",
+    "full-stops": lambda n: "." * n,
+    "mr": lambda n: "Mr. " * (n // 4),  # a full stop that never ends a sentence
+    "us-the": lambda n: "It is in the U.S. The " * (n // 22),  # waits for the next word
+    "us-blank": lambda n: "Made in the U.S." + " " * n + "The end.",
+    "no-punctuation": lambda n: "word " * (n // 5),
+    "one-long-word": lambda n: "x" * n,
+    "unicode": lambda n: "Fact\u2026 \u00abquoted\u00bb! \u201cyes.\u201d " * (n // 24),
+    "newlines": lambda n: "a\n\n" * (n // 3),
+    "blank-run": lambda n: "a" + " " * n + "b and is c.",
+    "verb-chain": lambda n: "Aspirin is good" + " and also is good" * (n // 17) + ".",
+    "exclamations": lambda n: "! " * (n // 2),
+    "list-markers": lambda n: "1. " * (n // 3),
+    "clause-chain": lambda n: "Paris is big" + ", and Lyon is old" * (n // 17) + ".",
+}
+BASE_CHARS = 10_000
+MAX_BASE_CHARS = 80_000
+MIN_CPU_S = 0.005  # a floor for measurement precision, not an expected duration
+GROWTH = 8
+MAX_RATIO = 16.0
+
+
+def _cuts(text: str, seed: int = 3) -> list[str]:
+    """``text`` in deltas of 1 to 8 characters (as a token stream would cut it)."""
+    rng = random.Random(seed)
+    pieces: list[str] = []
+    k = 0
+    while k < len(text):
+        step = rng.randint(1, 8)
+        pieces.append(text[k : k + step])
+        k += step
+    return pieces
+
+
+def _whole(text: str) -> Callable[[], object]:
+    return lambda: segment_claims(text)
+
+
+def _streamed(text: str) -> Callable[[], object]:
+    pieces = _cuts(text)
+
+    def run() -> object:
+        segmenter = ClaimSegmenter()
+        for piece in pieces:
+            segmenter.feed(piece)
+        return segmenter.finish(text)
+
+    return run
+
+
+def _best_of(run: Callable[[], object], k: int = 3) -> float:
+    best = float("inf")
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(k):
+            t0 = time.process_time()
+            run()
+            best = min(best, time.process_time() - t0)
+    finally:
+        gc.enable()
+    return best
+
+
+@pytest.mark.parametrize("mode", [_whole, _streamed], ids=["whole", "streamed"])
+@pytest.mark.parametrize("name", sorted(ADVERSARIAL))
+def test_work_grows_linearly_with_adversarial_text(
+    name: str, mode: Callable[[str], Callable[[], object]]
+) -> None:
+    make = ADVERSARIAL[name]
+    n = BASE_CHARS
+    small = make(n)
+    t_small = _best_of(mode(small))
+    while t_small < MIN_CPU_S and n < MAX_BASE_CHARS:
+        n *= 2
+        small = make(n)
+        t_small = _best_of(mode(small))
+    large = make(n * GROWTH)
+    t_large = _best_of(mode(large))
+    ratio = t_large / t_small
+    length_ratio = len(large) / len(small)
+    assert ratio < MAX_RATIO * length_ratio / GROWTH, (
+        f"{name}: {len(small)} chars {t_small * 1e3:.1f} ms, "
+        f"{len(large)} chars {t_large * 1e3:.1f} ms, ratio {ratio:.1f}"
+    )
+
+
+def test_the_reported_answer_is_cut_into_bounded_units_and_capped_claims() -> None:
+    answer = "x" + ", and y" * 8000 + "."
+    segmenter = ClaimSegmenter()
+    claims = segmenter.feed(answer) + segmenter.finish(answer)
+    assert 0 < len(claims) <= MAX_CLAIMS_PER_ANSWER
+    assert all(c.span[1] - c.span[0] <= MAX_UNIT_CHARS for c in claims)
+    assert [c.index for c in claims] == list(range(len(claims)))
+    # nothing is silently lost: the answer's claims past the cap are counted
+    units = split_sentences(answer)
+    assert len(units) >= len(answer) // MAX_UNIT_CHARS
+    assert len(claims) + segmenter.unchecked >= len(units)
+
+
+def test_claims_past_the_cap_are_counted_not_returned() -> None:
+    answer = " ".join(f"City {k} is in country {k}." for k in range(30))
+    segmenter = ClaimSegmenter(max_claims=10)
+    streamed = segmenter.feed(answer[:200])
+    streamed += segmenter.feed(answer[200:])
+    streamed += segmenter.finish(answer)
+    assert [c.index for c in streamed] == list(range(10))
+    assert segmenter.unchecked == 20
+    assert len(segmenter.claims) == 10
+    assert len(segment_claims(answer, max_claims=10)) == 10
+
+
+def test_a_long_sentence_is_cut_at_whitespace_within_the_limit() -> None:
+    text = "The list goes on " + "and on " * 400 + "until it ends."
+    units = split_sentences(text)
+    assert len(units) > 1
+    for unit in units:
+        assert unit.end - unit.start <= MAX_UNIT_CHARS
+        assert text[unit.start : unit.end] == unit.raw
+    # cut at a space, never inside a word, while there are spaces
+    assert all(text[u.end] == " " for u in units[:-1])
+    assert "".join(u.raw + " " for u in units).split() == text.split()
+
+
+def test_limits_are_checked() -> None:
+    with pytest.raises(ConfigError, match="max_unit_chars must be >="):
+        SentenceSplitter(max_unit_chars=10)
+    with pytest.raises(ConfigError, match="max_claims must be >= 1"):
+        ClaimSegmenter(max_claims=0)
+    splitter = SentenceSplitter()
+    splitter.finish()
+    with pytest.raises(LifecycleError):
+        splitter.feed("more")
+    segmenter = ClaimSegmenter()
+    segmenter.finish("Done.")
+    with pytest.raises(LifecycleError):
+        segmenter.finish("Done.")
+    with pytest.raises(LifecycleError):
+        segmenter.feed("more")
+
+
+# Text from the characters and words that make boundary decisions hard.
+_ATOMS = st.sampled_from(
+    [
+        ".", ". ", "!", "?", "\u2026", "...", "\n", " ", "  ", "\t", ",", ";", ":", '"', ")",
+        "\u201d", "a", "x", "The", "It", "the", "Mr.", "U.S.", "Dr.", "etc.", "J.", "1.",
+        "3.14", " and ", ", and ", " is ", "was", "Sure, ", "I think ", "- ", "**", "#",
+        "Paris", "Thames", "\u00a0",
+    ]
+)  # fmt: skip
+_TEXTS = st.lists(_ATOMS, max_size=400).map("".join)
+_SMALL_UNIT = 216  # the smallest allowed, so that short texts reach the cut
+
+
+def _stream(text: str, cuts: list[int], max_unit_chars: int) -> list[Sentence]:
+    splitter = SentenceSplitter(max_unit_chars)
+    out: list[Sentence] = []
+    last = 0
+    for cut in [*sorted({c for c in cuts if 0 < c < len(text)}), len(text)]:
+        out += splitter.feed(text[last:cut])
+        last = cut
+    return out + splitter.finish()
+
+
+@settings(max_examples=150, deadline=None)
+@given(_TEXTS, st.lists(st.integers(min_value=1, max_value=2_000), max_size=40))
+def test_units_do_not_depend_on_deltas_and_stay_bounded(text: str, cuts: list[int]) -> None:
+    whole = _stream(text, [], _SMALL_UNIT)
+    assert _stream(text, cuts, _SMALL_UNIT) == whole
+    previous_end = 0
+    for unit in whole:
+        assert previous_end <= unit.start < unit.end <= len(text)
+        assert text[unit.start : unit.end] == unit.raw
+        assert unit.end - unit.start <= _SMALL_UNIT
+        assert unit.raw == unit.raw.strip() and any(c.isalnum() for c in unit.raw)
+        previous_end = unit.end
+
+
+@settings(max_examples=100, deadline=None)
+@given(_TEXTS, st.lists(st.integers(min_value=1, max_value=2_000), max_size=40))
+def test_claims_do_not_depend_on_deltas_and_point_into_the_answer(
+    text: str, cuts: list[int]
+) -> None:
+    segmenter = ClaimSegmenter(max_claims=5)
+    streamed = []
+    last = 0
+    for cut in [*sorted({c for c in cuts if 0 < c < len(text)}), len(text)]:
+        streamed += segmenter.feed(text[last:cut])
+        last = cut
+    streamed += segmenter.finish(text)
+    assert streamed == segment_claims(text, max_claims=5)
+    assert [c.index for c in streamed] == list(range(len(streamed)))
+    assert len(streamed) <= 5 and (segmenter.unchecked == 0 or len(streamed) == 5)
+    for claim in streamed:
+        s0, s1 = claim.sentence
+        assert s0 <= claim.span[0] < claim.span[1] <= s1 <= len(text)
+        assert text[claim.span[0] : claim.span[1]].strip()
+    assert not segmenter.mismatch and segmenter.superseded == ()

@@ -1,0 +1,255 @@
+"""The final answer is what gets verified, and a stream that differs from it is surfaced."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+import pytest
+
+from sidecar.claims.checker import ClaimScorer, VerifierClaimChecker, VerifierClaimSession
+from sidecar.claims.segment import ClaimSegmenter, segment_claims
+from sidecar.config import Settings
+from sidecar.contracts.codec import InputKind
+from sidecar.contracts.events import (
+    AnswerVerdict,
+    ClaimsSignal,
+    ClaimVerdict,
+    Decision,
+    GenerationFinal,
+    RetrievalEvent,
+    RetrievalHit,
+    RetrievalSignal,
+    Signals,
+    SignalStatus,
+)
+from sidecar.exceptions import LifecycleError
+from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.outputs import Destination
+from sidecar.pipeline.ports import SignalSuite
+from sidecar.pipeline.processor import Processor
+from sidecar.policy.config import load_policy
+from sidecar.policy.engine import PolicyEngine
+from tests.claims.conftest import REPO, LexicalVerifier, RetrievalFactory
+from tests.conftest import EventFactory, dumps
+
+EVIDENCE = "Paris is the capital of France. Berlin is the capital of Germany."
+CERTIFIED = RetrievalSignal(status=SignalStatus.OK, trusted_chunk_ids=["c0"], m1=True, m2=1.0)
+POLICY = REPO / "models" / "policy" / "default.yaml"
+
+
+def _stream(segmenter: ClaimSegmenter, text: str, step: int = 5) -> list[str]:
+    out = []
+    for k in range(0, len(text), step):
+        out += [c.text for c in segmenter.feed(text[k : k + step])]
+    return out
+
+
+def test_a_different_final_answer_is_segmented_afresh_and_reuses_identical_claims() -> None:
+    streamed = "Paris is in France. Rome is in Spain. Berlin is in Germany. "
+    final = "Paris is in France. Rome is in Italy. Berlin is in Germany."
+    seg = ClaimSegmenter()
+    assert _stream(seg, streamed) == [
+        "Paris is in France.",
+        "Rome is in Spain.",
+        "Berlin is in Germany.",
+    ]
+    tail = seg.finish(final)
+    assert seg.mismatch
+    # only the sentence the stream did not verify identically is new
+    assert [(c.index, c.text) for c in tail] == [(3, "Rome is in Italy.")]
+    assert [(c.index, c.text) for c in seg.claims] == [
+        (0, "Paris is in France."),
+        (3, "Rome is in Italy."),
+        (2, "Berlin is in Germany."),
+    ]
+    assert seg.superseded == (1,)
+    for claim in seg.claims:  # spans point into the final answer
+        assert final[claim.span[0] : claim.span[1]] == claim.text
+
+
+def test_identical_sentences_at_other_offsets_keep_their_verdicts_with_new_spans() -> None:
+    seg = ClaimSegmenter()
+    _stream(seg, "Paris is in France. Berlin is in Germany. ")
+    final = "In short, Paris is in France. Berlin is in Germany."
+    tail = seg.finish(final)
+    # the first sentence changed ("In short, " is skipped, but its characters differ)
+    assert seg.mismatch and seg.superseded == (0,)
+    assert [c.text for c in tail] == ["Paris is in France."]
+    assert [c.index for c in seg.claims] == [2, 1]
+    assert final[seg.claims[1].span[0] : seg.claims[1].span[1]] == "Berlin is in Germany."
+
+
+@pytest.mark.parametrize(
+    ("streamed", "final"),
+    [
+        ("Paris is in France. Berlin is", "Paris is in France. Berlin is in Germany."),
+        (
+            "Paris is in France. Berlin is in Germany.  \n",
+            "Paris is in France. Berlin is in Germany.",
+        ),
+        ("Paris is in France. ", "Paris is in France. "),
+        ("", "Paris is in France."),
+    ],
+    ids=["continued", "trailing-blanks", "equal", "no-deltas"],
+)
+def test_a_final_answer_that_extends_the_stream_is_no_mismatch(streamed: str, final: str) -> None:
+    seg = ClaimSegmenter()
+    first = _stream(seg, streamed)
+    tail = [c.text for c in seg.finish(final)]
+    assert not seg.mismatch and seg.superseded == ()
+    assert first + tail == [c.text for c in segment_claims(final)]
+
+
+def test_a_final_answer_shorter_than_the_stream_supersedes_what_it_dropped() -> None:
+    seg = ClaimSegmenter()
+    _stream(seg, "Paris is in France. Rome is in Spain. More")
+    assert seg.finish("Paris is in France.") == []
+    assert seg.mismatch and seg.superseded == (1,)
+    assert [c.index for c in seg.claims] == [0]
+
+
+def _session(lexical: LexicalVerifier, retrieval: RetrievalFactory) -> VerifierClaimSession:
+    return VerifierClaimChecker(ClaimScorer(lexical)).open(retrieval(EVIDENCE), CERTIFIED)
+
+
+def test_the_session_verifies_the_final_answer_and_counts_only_its_claims(
+    lexical: LexicalVerifier, retrieval: RetrievalFactory
+) -> None:
+    streamed = "Paris is the capital of France. Berlin is the capital of Spain. "
+    final = "Paris is the capital of France. Berlin is the capital of Germany."
+    session = _session(lexical, retrieval)
+    published = session.feed(streamed)
+    assert [r.index for r in published] == [0, 1]
+    calls_before = len(lexical.calls)
+    tail, signal = session.finish(final)
+    # one new verifier pair: the identical first sentence is not verified again
+    assert len(lexical.calls) == calls_before + 1
+    assert [(r.index, r.text) for r in tail] == [(2, "Berlin is the capital of Germany.")]
+    assert [r.index for r in session.results] == [0, 2]
+    assert [r.index for r in session.superseded] == [1]
+    for r in session.results:
+        assert final[r.span[0] : r.span[1]] == r.text
+    assert signal.stream_mismatch and signal.superseded_claims == [1]
+    assert signal.n == 2 and signal.unsupported == 0 and signal.unchecked == 0
+
+
+def test_no_mismatch_means_no_flag_and_the_same_results(
+    lexical: LexicalVerifier, retrieval: RetrievalFactory
+) -> None:
+    session = _session(lexical, retrieval)
+    answer = "Paris is the capital of France. Berlin is the capital of Germany."
+    session.feed(answer[:40])
+    _, signal = session.finish(answer)
+    assert not signal.stream_mismatch and signal.superseded_claims == []
+    assert [r.index for r in session.results] == [0, 1] and session.superseded == ()
+    with pytest.raises(LifecycleError):
+        session.finish(answer)
+
+
+def test_the_rewrite_uses_spans_into_the_final_answer(
+    lexical: LexicalVerifier, retrieval: RetrievalFactory
+) -> None:
+    """Streamed spans applied to a different final answer garbled the verified-only text."""
+    session = _session(lexical, retrieval)
+    session.feed("Lyon is big. Paris is the capital of France. ")
+    final = "Paris is the capital of France. Lyon is the capital of 1234 towns."
+    _, signal = session.finish(final)
+    assert signal.unsupported == 1  # 1234 is not in the evidence: the rule tier
+    outcome = PolicyEngine(load_policy(POLICY)).decide(
+        retrieval(EVIDENCE),
+        GenerationFinal(request_id="req-1", answer=final, generator_model="gen"),
+        Signals(retrieval=CERTIFIED, claims=signal),
+        claims=session.results,
+    )
+    assert outcome.decision is not Decision.ALLOW
+    assert outcome.rewritten_answer is not None
+    assert "Paris is the capital of France." in outcome.rewritten_answer
+    assert "1234" not in outcome.rewritten_answer
+
+
+def _codes_and_decision(signal: ClaimsSignal, profile: str) -> tuple[list[str], Decision]:
+    config = load_policy(POLICY).model_copy(update={"default_profile": profile})
+    outcome = PolicyEngine(config).decide(
+        retrieval_event_for_policy(),
+        GenerationFinal(request_id="req-1", answer="Paris is in France.", generator_model="g"),
+        Signals(retrieval=CERTIFIED, claims=signal),
+        claims=[],
+    )
+    return [r.code for r in outcome.reasons], outcome.decision
+
+
+def retrieval_event_for_policy() -> RetrievalEvent:
+    return RetrievalEvent(
+        request_id="req-1", tenant="acme", collection="docs", query="q", k=1,
+        hits=[RetrievalHit(chunk_id="c0", doc_id="d0", score=0.9, text=EVIDENCE)],
+    )  # fmt: skip
+
+
+ALL_SUPPORTED = ClaimsSignal(
+    status=SignalStatus.OK,
+    n=2,
+    supported=2,
+    reliability=1.0,
+    reliability_level="HIGH",
+    hallucination_rate=0.0,
+    evidence_scope="trusted",
+)
+
+
+def test_the_policy_turns_the_mismatch_into_a_caveat_reason() -> None:
+    codes, decision = _codes_and_decision(ALL_SUPPORTED, "general")
+    assert "stream-final-mismatch" not in codes and decision is Decision.ALLOW
+    flagged = ALL_SUPPORTED.model_copy(update={"stream_mismatch": True, "superseded_claims": [1]})
+    codes, decision = _codes_and_decision(flagged, "general")
+    assert "stream-final-mismatch" in codes and decision is Decision.CAVEAT
+
+
+@pytest.mark.parametrize(("profile", "expected"), [("general", "caveat"), ("medical", "block")])
+def test_unchecked_claims_are_a_reason_with_the_profiles_missing_signal_action(
+    profile: str, expected: str
+) -> None:
+    codes, _ = _codes_and_decision(ALL_SUPPORTED, profile)
+    assert "claims-over-limit" not in codes
+    codes, decision = _codes_and_decision(
+        ALL_SUPPORTED.model_copy(update={"unchecked": 7}), profile
+    )
+    assert "claims-over-limit" in codes
+    assert decision.value == expected
+
+
+def test_the_processor_publishes_the_new_claims_and_the_mismatch(
+    lexical: LexicalVerifier,
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    suite = SignalSuite(claims=VerifierClaimChecker(ClaimScorer(lexical)))
+    p = Processor(settings_factory(), PolicyEngine(load_policy(POLICY)), signals=suite)
+    offsets = iter(range(100))
+
+    def feed(kind: InputKind, raw: bytes) -> list[tuple[Destination, bytes]]:
+        step = p.on_message(kind, raw, None, InputRef(kind.value, 0, next(offsets)), 0.0)
+        return [(o.destination, o.value) for o in step.outputs]
+
+    feed(InputKind.RETRIEVAL, dumps(retrieval_event()))
+    out = feed(
+        InputKind.GENERATION,
+        dumps(delta_event(seq=0, text="Mary Shelley wrote Frankenstein. It was 1818. ")),
+    )
+    streamed = [ClaimVerdict.model_validate(orjson.loads(v)) for _, v in out]
+    assert [v.claim_index for v in streamed] == [0, 1]
+    answer = "Mary Shelley wrote Frankenstein. It was published in 1818."
+    out = feed(InputKind.GENERATION, dumps(final_event(answer=answer)))
+    claims = [
+        ClaimVerdict.model_validate(orjson.loads(v)) for d, v in out if d is Destination.CLAIMS
+    ]
+    [verdict] = [
+        AnswerVerdict.model_validate(orjson.loads(v)) for d, v in out if d is Destination.VERDICTS
+    ]
+    assert [(c.claim_index, c.text) for c in claims] == [(2, "It was published in 1818.")]
+    signal = verdict.signals.claims
+    assert signal.stream_mismatch and signal.superseded_claims == [1] and signal.n == 2
+    assert "stream-final-mismatch" in [r.code for r in verdict.reasons]
+    assert verdict.decision is not Decision.ALLOW
