@@ -243,7 +243,7 @@ class Intake:
             raise InputError(
                 "too-many-deltas", f"more than {MAX_DELTAS_PER_REQUEST} deltas for one request"
             )
-        streamed = len(entry.streamed) + len(event.text)
+        streamed = entry.streamed_chars + len(event.text)
         if streamed > self._limits.max_answer_chars:
             raise InputError(
                 "answer-too-long",

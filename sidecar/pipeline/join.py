@@ -61,12 +61,13 @@ class PendingRequest:
     final: GenerationFinal | None = None
     final_digest: bytes | None = None
     deltas: dict[int, str | bytes] = field(default_factory=dict)  # digest once appended
-    next_seq: int = 0  # deltas 0..next_seq-1 are contiguous and appended to ``streamed``
-    streamed: str = ""
+    next_seq: int = 0  # deltas 0..next_seq-1 are contiguous and appended to the stream
+    parts: list[str] = field(default_factory=list)  # the contiguous stream, piece by piece
+    streamed_chars: int = 0
     refs: list[InputRef] = field(default_factory=list)
     certification: RetrievalSignal | None = None
     claims: ClaimSession | None = None
-    claims_fed: int = 0  # characters of ``streamed`` already given to ``claims``
+    claims_fed: int = 0  # pieces of ``parts`` already given to ``claims``
     claims_published: int = 0
     claim_results: list[ClaimResult] = field(default_factory=list)
     stream_blocked: bool = False
@@ -110,7 +111,20 @@ class PendingRequest:
             self.deltas[self.next_seq] = _text_digest(held)
             self.next_seq += 1
         new_text = "".join(grown)
-        self.streamed += new_text
+        if new_text:  # pieces, not one growing string: appending stays linear
+            self.parts.append(new_text)
+            self.streamed_chars += len(new_text)
+        return new_text
+
+    @property
+    def streamed(self) -> str:
+        """The contiguous streamed text so far."""
+        return "".join(self.parts)
+
+    def take_unfed(self) -> str:
+        """Streamed text not yet given to the claim checker (and mark it given)."""
+        new_text = "".join(self.parts[self.claims_fed :])
+        self.claims_fed = len(self.parts)
         return new_text
 
     def missing(self) -> list[str]:

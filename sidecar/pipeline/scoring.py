@@ -81,10 +81,9 @@ class Scoring:
             entry.claims = checker.open(
                 entry.retrieval, entry.certification or NOT_CONFIGURED_RETRIEVAL
             )
-        new_text = entry.streamed[entry.claims_fed :]
+        new_text = entry.take_unfed()
         if not new_text:
             return [], (0, 0)
-        entry.claims_fed = len(entry.streamed)
         t0 = self._clock_ns()
         try:
             results = entry.claims.feed(new_text)
