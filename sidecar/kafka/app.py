@@ -33,6 +33,7 @@ from faststream.kafka.annotations import KafkaMessage
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.kafka.assignor import co_partition_assignor, split_pairs
+from sidecar.kafka.cut import KeyIndex
 from sidecar.kafka.security import faststream_security
 from sidecar.kafka.topics import format_counts, partition_count_problem
 from sidecar.pipeline.flow import InputAligner
@@ -151,6 +152,7 @@ class SidecarService:
         self.telemetry = telemetry or Telemetry()
         self.broker = broker if broker is not None else make_broker(settings)
         self.tracker = OffsetTracker()
+        self.keys = KeyIndex((settings.topics.retrieval, settings.topics.generation))
         self.state = LoopState()
         topics = settings.topics
         self._kinds = {
@@ -176,7 +178,7 @@ class SidecarService:
             "fetch_max_wait_ms": settings.kafka.fetch_max_wait_ms,
             "max_partition_fetch_bytes": settings.kafka.max_partition_fetch_bytes,
             "listener": _Rebalance(self),
-            "parser": _tolerant_parser,
+            "parser": self._indexing_parser,
             "decoder": _raw_decoder,
         }
         self._pipelined = settings.kafka.batch
@@ -264,6 +266,16 @@ class SidecarService:
         await self.subscriber.stop()
         await self.broker.stop()
         self.state.started = False
+
+    async def _indexing_parser(
+        self, message: Any, original: Callable[[Any], Awaitable[Any]]
+    ) -> Any:
+        """Note each record's key for the commit cut, then FastStream's (tolerant) parser."""
+        for record in message if isinstance(message, tuple) else (message,):
+            self.keys.note(
+                record.topic, record.partition, record.offset, getattr(record, "key", None)
+            )
+        return await _tolerant_parser(message, original)
 
     @property
     def ready(self) -> bool:
@@ -392,21 +404,34 @@ class SidecarService:
     # ------------------------------------------------------------------ commits
 
     async def commit(self, only: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
-        """Commit the low-water mark of every partition that moved."""
+        """Commit, for every partition that moved, its low-water mark lowered to a cut that
+        tears no request apart across the joined topics (``sidecar/kafka/cut.py``)."""
         async with self._commit_lock:
-            offsets = self.tracker.committable()
+            moved = self.tracker.committable()
             if only is not None:
-                offsets = {tp: off for tp, off in offsets.items() if tp in only}
-            if not offsets:
+                moved = {tp: off for tp, off in moved.items() if tp in only}
+            if not moved:
                 return {}
+            low = {
+                tp: mark
+                for tp in self.keys.partners(moved)
+                if (only is None or tp in only) and (mark := self.tracker.low_water(tp)) is not None
+            }
+            offsets = {
+                tp: off
+                for tp, off in self.keys.cut(low).items()
+                if self.state.last_committed.get(tp) != off
+            }
             consumer = getattr(self.subscriber, "consumer", None)
-            if consumer is not None and hasattr(consumer, "commit"):
+            if offsets and consumer is not None and hasattr(consumer, "commit"):
                 await consumer.commit(
                     {TopicPartition(t, p): off for (t, p), off in offsets.items()}
                 )
-            self.tracker.mark_committed(offsets)
-            self.state.commits += 1
-            self.state.last_committed.update(offsets)
+            self.tracker.mark_committed(moved)
+            self.keys.committed(offsets)
+            if offsets:
+                self.state.commits += 1
+                self.state.last_committed.update(offsets)
             return offsets
 
     async def _measure_lag(self) -> dict[tuple[str, int], int]:
@@ -454,6 +479,9 @@ class SidecarService:
             log.warning("commit before revocation failed (%s); the new owner re-reads", exc)
         dropped = self.processor.store.drop_partitions(revoked)
         self.tracker.forget(revoked)
+        self.keys.forget(revoked)
+        for tp in revoked:
+            self.state.last_committed.pop(tp, None)
         if self.aligner is not None:
             self.aligner.forget(revoked)
         self.state.assigned -= revoked
