@@ -271,7 +271,7 @@ class SidecarService:
         self, message: Any, original: Callable[[Any], Awaitable[Any]]
     ) -> Any:
         """Note each record's key for the commit cut, then FastStream's (tolerant) parser."""
-        for record in message if isinstance(message, tuple) else (message,):
+        for record in message if isinstance(message, tuple | list) else (message,):
             self.keys.note(
                 record.topic, record.partition, record.offset, getattr(record, "key", None)
             )
