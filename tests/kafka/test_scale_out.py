@@ -15,8 +15,11 @@ says the assignor fixes it can fail.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -27,6 +30,7 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 
 from sidecar.chaos.corpus import request_records
@@ -35,7 +39,7 @@ from sidecar.config import Settings
 from sidecar.kafka.app import SidecarService
 from sidecar.kafka.assignor import co_partition_assignor
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka
+from sidecar.localkafka.broker import LocalKafka, free_port
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from sidecar.replay import Record, send
@@ -266,3 +270,67 @@ async def test_round_robin_tears_requests_apart_and_the_co_partition_assignor_do
     finally:
         for s in services:
             await s.stop()
+
+
+# ---------------------------------------------------------------- start-up refusals
+
+
+def _run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", "run"],
+        env={**os.environ, **env, "GUARDRAIL_HTTP__ENABLED": "false"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _error_lines(out: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in out.stderr.splitlines() if line.startswith("guardrail:")]
+
+
+async def test_run_refuses_missing_topics_and_unequal_partition_counts(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions=3)
+    t = settings.topics
+    env = _env(settings)
+
+    missing = await asyncio.to_thread(_run, env)
+    assert missing.returncode == 2, missing.stderr
+    (line,) = _error_lines(missing)
+    assert "configuration error" in line and t.retrieval in line and t.reports in line
+    assert "Traceback" not in missing.stderr
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap_servers)
+    await admin.start()
+    try:
+        counts = {t.retrieval: 3, t.generation: 2, t.feedback: 3}
+        names = (t.claims, t.verdicts, t.dlq, t.reports)
+        await admin.create_topics(
+            [NewTopic(name, counts.get(name, 1), 1) for name in (*counts, *names)]
+        )
+    finally:
+        await admin.close()
+    unequal = await asyncio.to_thread(_run, env)
+    assert unequal.returncode == 2, unequal.stderr
+    (line,) = _error_lines(unequal)
+    assert "partition counts differ" in line
+    for name, n in counts.items():  # each input topic's count is named
+        assert f"{name} has {n}" in line
+    assert "Traceback" not in unequal.stderr
+
+
+def test_run_with_a_wrong_bootstrap_server_ends_in_one_line() -> None:
+    env = {
+        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+        "GUARDRAIL_KAFKA__REQUEST_TIMEOUT_MS": "3000",
+    }
+    started = time.monotonic()
+    out = _run(env)
+    assert out.returncode == 1, out.stderr
+    (line,) = _error_lines(out)
+    assert "cannot reach Kafka at 127.0.0.1:" in line
+    assert "Traceback" not in out.stderr
+    assert time.monotonic() - started < 30  # bounded by the request timeout, plus the start
