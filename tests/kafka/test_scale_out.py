@@ -334,3 +334,41 @@ def test_run_with_a_wrong_bootstrap_server_ends_in_one_line() -> None:
     assert "cannot reach Kafka at 127.0.0.1:" in line
     assert "Traceback" not in out.stderr
     assert time.monotonic() - started < 30  # bounded by the request timeout, plus the start
+
+
+async def test_static_membership_joins_and_decides_on_the_real_broker(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    base = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions=3)
+    await create_topics(base)
+    services = [
+        _service(
+            base.model_copy(
+                update={"kafka": base.kafka.model_copy(update={"group_instance_id": f"pod-{i}"})}
+            ),
+            co_partition_assignor(),
+        )
+        for i in range(2)
+    ]
+    for s in services:
+        await s.start()
+    try:
+        await wait_until(
+            lambda: (
+                sum(len(s.state.assigned) for s in services) == 9 and all(s.ready for s in services)
+            ),
+            30,
+            "both static members assigned, co-partitioned",
+        )
+        ids = [f"st-{i}" for i in range(20)]
+        seen = Seen()
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(watch(base, seen, stop))
+        await send(base, interleaved(base, ids))
+        await wait_until(lambda: set(seen.count) >= set(ids), 30, "a verdict for every request")
+        stop.set()
+        await watcher
+        assert not seen.incomplete and seen.duplicates == 0
+    finally:
+        for s in services:
+            await s.stop()
