@@ -72,6 +72,22 @@ class KafkaSettings(_Section):
     align_slack_ms: int = Field(
         default=0, ge=0, description="lead in event time tolerated before pausing (0: level)"
     )
+    group_instance_id: str | None = Field(
+        default=None,
+        description="static group membership (KIP-345): a stable id per instance, e.g. the pod "
+        "name (the chart sets it from metadata.name when kafka.staticMembership is on). A "
+        "restart within session_timeout_ms then keeps the partitions without a rebalance; an "
+        "instance that is gone for good holds them until the session times out",
+    )
+
+    @model_validator(mode="after")
+    def _instance_id_legal(self) -> Self:
+        if self.group_instance_id is not None and not _TOPIC_RE.match(self.group_instance_id):
+            raise ValueError(
+                f"group_instance_id {self.group_instance_id!r} is not a legal Kafka id "
+                "(1-249 characters of A-Z a-z 0-9 . _ -); unset it for dynamic membership"
+            )
+        return self
 
     @model_validator(mode="after")
     def _sasl_complete(self) -> Self:

@@ -15,6 +15,7 @@ from sidecar.config import Settings
 from sidecar.exceptions import ConfigError
 from sidecar.health import HealthServer
 from sidecar.kafka.app import SidecarService
+from sidecar.kafka.topics import format_counts, verify_topics
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import Policy
@@ -204,6 +205,8 @@ async def serve(settings: Settings) -> None:
     if settings.log_level == "DEBUG":
         for name in ("aiokafka", "faststream"):
             logging.getLogger(name).setLevel(logging.DEBUG)
+    counts = await verify_topics(settings)  # before anything slow: a wrong layout fails fast
+    log.info("input topics: %s", format_counts(counts))
     shutdown_telemetry = configure_from_env(settings.metrics.prometheus_port)
     signals = build_signals(settings)
     service = SidecarService(settings, Processor(settings, build_policy(settings), signals=signals))
@@ -215,6 +218,7 @@ async def serve(settings: Settings) -> None:
             lambda: {
                 "broker_connected": service.state.broker_ok,
                 "models_loaded": True,
+                "inputs_co_partitioned": not service.state.split and service.state.topics_ok,
                 **(
                     {"partitions_assigned": bool(service.state.assigned)}
                     if settings.http.ready_requires_assignment

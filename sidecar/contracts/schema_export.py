@@ -49,12 +49,25 @@ def json_schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
     return schema
 
 
+# What every producer of the input topics must do: the sidecar's group assignment puts
+# partition p of every input topic on one member, which joins a request only if its
+# events landed on the same partition number of each topic.
+INPUT_PARTITIONING = (
+    "Key every record with its request_id and partition with Kafka's default murmur2 "
+    "partitioner (murmur2 of the key modulo the partition count, as the Java client and "
+    "aiokafka do); the input topics (retrieval, generation, feedback) must have equal "
+    "partition counts. librdkafka-based clients (confluent-kafka, kcat, node-rdkafka, "
+    "...) default to `consistent_random` (CRC32), which sends a request's events to "
+    "different partition numbers: set `partitioner=murmur2_random` there."
+)
+
+
 def asyncapi() -> dict[str, Any]:
     topics = TopicSettings()
     ref = {name: {"$ref": f"./{name}.schema.json"} for name in MODELS}
     key = {
         "type": "string",
-        "description": "request_id (both input topics are co-partitioned by it)",
+        "description": "request_id (the input topics are co-partitioned by it: murmur2)",
     }
 
     def message(name: str, title: str) -> dict[str, Any]:
@@ -69,10 +82,12 @@ def asyncapi() -> dict[str, Any]:
     channels = {
         "retrieval": {
             "address": topics.retrieval,
+            "description": INPUT_PARTITIONING,
             "messages": {"retrieval": message("retrieval", "Retrieved chunks with raw scores")},
         },
         "generation": {
             "address": topics.generation,
+            "description": INPUT_PARTITIONING,
             "messages": {
                 "delta": message("generation.delta", "A streamed piece of the answer"),
                 "final": message(
@@ -94,6 +109,7 @@ def asyncapi() -> dict[str, Any]:
         },
         "feedback": {
             "address": topics.feedback,
+            "description": INPUT_PARTITIONING,
             "messages": {
                 "feedback": message("feedback", "Whether an answered request was correct")
             },
@@ -132,7 +148,8 @@ def asyncapi() -> dict[str, Any]:
             "title": "RAG guardrail sidecar",
             "version": __version__,
             "description": "Events the LLM service writes and the verdicts the sidecar publishes. "
-            f"schema_version {SCHEMA_VERSION}.",
+            f"schema_version {SCHEMA_VERSION}. Producers of the input topics: "
+            + INPUT_PARTITIONING,
         },
         "defaultContentType": "application/json",
         "channels": channels,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.errors import IllegalStateError, KafkaError
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
@@ -31,7 +32,10 @@ from faststream.kafka.annotations import KafkaMessage
 
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
+from sidecar.kafka.assignor import co_partition_assignor, split_pairs
+from sidecar.kafka.cut import KeyIndex
 from sidecar.kafka.security import faststream_security
+from sidecar.kafka.topics import format_counts, partition_count_problem
 from sidecar.pipeline.flow import InputAligner
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.offsets import OffsetTracker
@@ -81,6 +85,19 @@ async def _raw_decoder(message: Any) -> Any:
     return message.body
 
 
+async def _cluster_metadata(consumer: Any) -> Any:
+    """A fresh cluster metadata snapshot (None: a consumer without a client, in memory).
+
+    ``AIOKafkaConsumer.topics()`` fetches exactly this and keeps only the names;
+    the partition counts are what the probe needs.
+    """
+    client = getattr(consumer, "_client", None)
+    if client is None or not hasattr(client, "fetch_all_metadata"):
+        await consumer.topics()
+        return None
+    return await client.fetch_all_metadata()
+
+
 async def _confirmed(future: Any) -> Any:
     """A producer future (real broker) or an immediate result (in-memory broker)."""
     if asyncio.isfuture(future) or asyncio.iscoroutine(future):
@@ -95,6 +112,12 @@ class LoopState:
     started: bool = False
     broker_ok: bool = False  # the last metadata probe (every ~2 s) reached the cluster
     assigned: set[tuple[str, int]] = field(default_factory=set)
+    # what the last assignment tears apart (a partition number held on one input topic
+    # but not on another), one line each; non-empty: not ready
+    split: list[str] = field(default_factory=list)
+    # the input topics exist with equal partition counts, as at start (the probe checks)
+    topics_ok: bool = True
+    input_partitions: dict[str, int] = field(default_factory=dict)  # as the last probe saw them
     commits: int = 0
     last_committed: dict[tuple[str, int], int] = field(default_factory=dict)
     publish_retries: int = 0
@@ -108,7 +131,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._service.on_revoked({(tp.topic, tp.partition) for tp in revoked})
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._service.state.assigned = {(tp.topic, tp.partition) for tp in assigned}
+        self._service.on_assigned({(tp.topic, tp.partition) for tp in assigned})
 
 
 class SidecarService:
@@ -120,12 +143,16 @@ class SidecarService:
         processor: Processor,
         broker: KafkaBroker | None = None,
         telemetry: Telemetry | None = None,
+        assignor: type[AbstractPartitionAssignor] | None = None,
     ) -> None:
+        """``assignor``: the group's partition assignment strategy (default: a fresh
+        ``CoPartitionAssignor``; tests pass aiokafka's round-robin as the control)."""
         self.settings = settings
         self.processor = processor
         self.telemetry = telemetry or Telemetry()
         self.broker = broker if broker is not None else make_broker(settings)
         self.tracker = OffsetTracker()
+        self.keys = KeyIndex((settings.topics.retrieval, settings.topics.generation))
         self.state = LoopState()
         topics = settings.topics
         self._kinds = {
@@ -139,8 +166,11 @@ class SidecarService:
             Destination.DLQ: topics.dlq,
             Destination.REPORTS: topics.reports,
         }
+        self._inputs = (topics.retrieval, topics.generation, topics.feedback)
         common: dict[str, Any] = {
             "group_id": settings.kafka.group_id,
+            "group_instance_id": settings.kafka.group_instance_id,
+            "partition_assignment_strategy": (assignor or co_partition_assignor(),),
             "ack_policy": AckPolicy.MANUAL,
             "auto_offset_reset": settings.kafka.auto_offset_reset,
             "max_records": settings.kafka.max_poll_records,
@@ -148,7 +178,7 @@ class SidecarService:
             "fetch_max_wait_ms": settings.kafka.fetch_max_wait_ms,
             "max_partition_fetch_bytes": settings.kafka.max_partition_fetch_bytes,
             "listener": _Rebalance(self),
-            "parser": _tolerant_parser,
+            "parser": self._indexing_parser,
             "decoder": _raw_decoder,
         }
         self._pipelined = settings.kafka.batch
@@ -237,9 +267,38 @@ class SidecarService:
         await self.broker.stop()
         self.state.started = False
 
+    async def _indexing_parser(
+        self, message: Any, original: Callable[[Any], Awaitable[Any]]
+    ) -> Any:
+        """Note each record's key for the commit cut, then FastStream's (tolerant) parser."""
+        for record in message if isinstance(message, tuple | list) else (message,):
+            self.keys.note(
+                record.topic, record.partition, record.offset, getattr(record, "key", None)
+            )
+        return await _tolerant_parser(message, original)
+
     @property
     def ready(self) -> bool:
-        return self.state.started and bool(self.state.assigned)
+        state = self.state
+        return state.started and bool(state.assigned) and not state.split and state.topics_ok
+
+    def on_assigned(self, assigned: set[tuple[str, int]]) -> None:
+        """A new assignment: check that it keeps every partition number's inputs together."""
+        self.state.assigned = assigned
+        consumer = getattr(self.subscriber, "consumer", None)
+        counts: dict[str, int] | None = None
+        if consumer is not None and hasattr(consumer, "partitions_for_topic"):
+            known = {t: consumer.partitions_for_topic(t) for t in self._inputs}
+            counts = {t: len(parts) for t, parts in known.items() if parts is not None}
+        self.state.split = split_pairs(assigned, self._inputs, counts)
+        for problem in self.state.split:
+            log.error(
+                "assignment splits co-partitioned inputs: this member %s (group %s: every "
+                "member must use the %s assignor); not ready",
+                problem,
+                self.settings.kafka.group_id,
+                "guardrail-copartition",
+            )
 
     # ------------------------------------------------------------------ consume
 
@@ -345,21 +404,34 @@ class SidecarService:
     # ------------------------------------------------------------------ commits
 
     async def commit(self, only: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
-        """Commit the low-water mark of every partition that moved."""
+        """Commit, for every partition that moved, its low-water mark lowered to a cut that
+        tears no request apart across the joined topics (``sidecar/kafka/cut.py``)."""
         async with self._commit_lock:
-            offsets = self.tracker.committable()
+            moved = self.tracker.committable()
             if only is not None:
-                offsets = {tp: off for tp, off in offsets.items() if tp in only}
-            if not offsets:
+                moved = {tp: off for tp, off in moved.items() if tp in only}
+            if not moved:
                 return {}
+            low = {
+                tp: mark
+                for tp in self.keys.partners(moved)
+                if (only is None or tp in only) and (mark := self.tracker.low_water(tp)) is not None
+            }
+            offsets = {
+                tp: off
+                for tp, off in self.keys.cut(low).items()
+                if self.state.last_committed.get(tp) != off
+            }
             consumer = getattr(self.subscriber, "consumer", None)
-            if consumer is not None and hasattr(consumer, "commit"):
+            if offsets and consumer is not None and hasattr(consumer, "commit"):
                 await consumer.commit(
                     {TopicPartition(t, p): off for (t, p), off in offsets.items()}
                 )
-            self.tracker.mark_committed(offsets)
-            self.state.commits += 1
-            self.state.last_committed.update(offsets)
+            self.tracker.mark_committed(moved)
+            self.keys.committed(offsets)
+            if offsets:
+                self.state.commits += 1
+                self.state.last_committed.update(offsets)
             return offsets
 
     async def _measure_lag(self) -> dict[tuple[str, int], int]:
@@ -407,6 +479,9 @@ class SidecarService:
             log.warning("commit before revocation failed (%s); the new owner re-reads", exc)
         dropped = self.processor.store.drop_partitions(revoked)
         self.tracker.forget(revoked)
+        self.keys.forget(revoked)
+        for tp in revoked:
+            self.state.last_committed.pop(tp, None)
         if self.aligner is not None:
             self.aligner.forget(revoked)
         self.state.assigned -= revoked
@@ -419,7 +494,7 @@ class SidecarService:
             self.state.broker_ok = self.state.started
             return
         try:
-            await asyncio.wait_for(consumer.topics(), timeout=PROBE_TIMEOUT_S)
+            cluster = await asyncio.wait_for(_cluster_metadata(consumer), timeout=PROBE_TIMEOUT_S)
         except (KafkaError, TimeoutError) as exc:
             if self.state.broker_ok:
                 log.warning("broker unreachable (%s); not ready until it is back", exc)
@@ -428,6 +503,26 @@ class SidecarService:
             if not self.state.broker_ok:
                 log.info("broker reachable")
             self.state.broker_ok = True
+            if cluster is not None:
+                self._check_partition_counts(cluster)
+
+    def _check_partition_counts(self, cluster: Any) -> None:
+        """Readiness follows the input topics: all present, equal partition counts."""
+        counts = {t: cluster.partitions_for_topic(t) for t in self._inputs}
+        seen = {t: len(parts) for t, parts in counts.items() if parts is not None}
+        problem = partition_count_problem(self._inputs, seen)
+        first = not self.state.input_partitions
+        if problem is None and not first and seen != self.state.input_partitions:
+            problem = (
+                f"partition counts changed from {format_counts(self.state.input_partitions)} to "
+                f"{format_counts(seen)}; keys now hash to other partitions (restart the group)"
+            )
+        ok = problem is None
+        if not ok and (self.state.topics_ok or seen != self.state.input_partitions):
+            log.error("input topics: %s; not ready", problem)
+        if first and ok:
+            self.state.input_partitions = seen
+        self.state.topics_ok = ok
 
     async def _probe_loop(self) -> None:
         """Readiness follows the broker on its own clock: a commit that aiokafka retries

@@ -1,11 +1,13 @@
-"""Explicit topic creation: the broker never auto-creates topics.
+"""Explicit topic creation, and the check ``guardrail run`` makes before consuming.
 
-``rag.retrieval`` and ``rag.generation`` get the same partition count (they are
-co-partitioned by request_id so one consumer sees both halves of a request).
+The broker never auto-creates topics. ``rag.retrieval``, ``rag.generation``
+and ``rag.feedback`` get the same partition count (they are co-partitioned by
+request_id so one consumer sees both halves of a request and its feedback).
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -16,6 +18,7 @@ from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka.security import aiokafka_client_args
 
 DLQ_RETENTION_MS = 14 * 24 * 3600 * 1000
+SETTLE_S = 5.0  # how long a freshly created topic may take to show its partitions
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +79,105 @@ async def create_topics(settings: Settings) -> dict[str, str]:
 
 
 async def _check_copartitioned(admin: AIOKafkaAdminClient, settings: Settings) -> None:
+    problem = partition_count_problem(input_topics(settings), await _counts_of(admin, settings))
+    if problem is not None:
+        raise ConfigError(f"{problem} (one sidecar must see a request's events and its feedback)")
+
+
+def input_topics(settings: Settings) -> tuple[str, ...]:
+    """The topics the sidecar reads, co-partitioned by request_id."""
     t = settings.topics
-    names = [t.retrieval, t.generation, t.feedback]
-    described = await admin.describe_topics(names)
-    counts = {d["topic"]: len(d["partitions"]) for d in described}
-    if len({counts.get(n) for n in names}) != 1:
-        shown = ", ".join(f"{n} has {counts.get(n)}" for n in names)
-        raise ConfigError(
-            f"partition counts differ ({shown}); they must be equal (co-partitioned by "
-            "request_id, so one sidecar sees a request's events and its feedback)"
+    return (t.retrieval, t.generation, t.feedback)
+
+
+def output_topics(settings: Settings) -> tuple[str, ...]:
+    t = settings.topics
+    return (t.verdicts, t.claims, t.dlq, t.reports)
+
+
+def format_counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{topic} has {n}" for topic, n in counts.items())
+
+
+def partition_count_problem(topics: tuple[str, ...], counts: dict[str, int]) -> str | None:
+    """What is wrong with the input topics' partition counts, in one line (None: nothing)."""
+    missing = [t for t in topics if t not in counts]
+    if missing:
+        return f"input topic(s) {', '.join(missing)} missing"
+    if len(set(counts.values())) > 1:
+        return (
+            f"the input topics' partition counts differ ({format_counts(counts)}); they must be "
+            "equal: keys are hashed to partition numbers and partition p of every input topic "
+            "goes to one member"
         )
+    return None
+
+
+async def _counts_of(
+    admin: AIOKafkaAdminClient, settings: Settings, existing: set[str] | None = None
+) -> dict[str, int]:
+    """Partition counts of the input topics (of those in ``existing``, when given).
+
+    A topic created moments ago may answer without its partitions yet (leader
+    not available): asked again for up to ``SETTLE_S``.
+    """
+    names = [t for t in input_topics(settings) if existing is None or t in existing]
+    if not names:
+        return {}
+    deadline = asyncio.get_running_loop().time() + SETTLE_S
+    while True:
+        described = await admin.describe_topics(names)
+        settled = all(d.get("error_code", 0) == 0 and d["partitions"] for d in described)
+        if settled or asyncio.get_running_loop().time() > deadline:
+            return {d["topic"]: len(d["partitions"]) for d in described}
+        await asyncio.sleep(0.2)
+
+
+async def verify_topics(settings: Settings) -> dict[str, int]:
+    """Refuse to serve on a topic layout the join cannot work with; returns the input counts.
+
+    Every input topic (retrieval, generation, feedback) and output topic
+    (verdicts, claims, dlq, reports) must exist, and the input topics must have
+    equal partition counts. Waits at most the request timeout for the broker.
+    """
+    kafka = settings.kafka
+    timeout_s = kafka.request_timeout_ms / 1000.0
+    admin = AIOKafkaAdminClient(**aiokafka_client_args(kafka))
+    try:
+        await asyncio.wait_for(admin.start(), timeout=timeout_s)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        await admin.close()
+        detail = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+        raise BrokerError(
+            f"cannot reach Kafka at {kafka.bootstrap_servers} within {timeout_s:g} s "
+            f"(GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS, __REQUEST_TIMEOUT_MS): {detail}"
+        ) from None
+    try:
+        existing, counts = await _layout(admin, settings, timeout_s)
+    finally:
+        await admin.close()
+    missing = [t for t in (*input_topics(settings), *output_topics(settings)) if t not in existing]
+    if missing:
+        raise ConfigError(
+            f"topic(s) {', '.join(missing)} do not exist on {kafka.bootstrap_servers}; "
+            "create them first (`guardrail topics create`; the sidecar never auto-creates)"
+        )
+    problem = partition_count_problem(input_topics(settings), counts)
+    if problem is not None:
+        raise ConfigError(problem)
+    return counts
+
+
+async def _layout(
+    admin: AIOKafkaAdminClient, settings: Settings, timeout_s: float
+) -> tuple[set[str], dict[str, int]]:
+    """The topic names on the cluster and the input topics' partition counts."""
+    try:
+        existing = set(await asyncio.wait_for(admin.list_topics(), timeout=timeout_s))
+        counts = await asyncio.wait_for(_counts_of(admin, settings, existing), timeout=timeout_s)
+    except (KafkaError, TimeoutError) as exc:
+        raise BrokerError(
+            f"could not read topic metadata from {settings.kafka.bootstrap_servers}: "
+            f"{(str(exc).splitlines() or [''])[0] or type(exc).__name__}"
+        ) from None
+    return existing, counts

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from faststream.kafka import TestKafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 
@@ -123,6 +123,21 @@ class RealHarness:
                 for r in records:
                     self.received[r.topic].append(Msg(r.key, r.value, dict(r.headers)))
         return list(self.received[topic])
+
+
+async def end_offsets(
+    bootstrap: str, topics: list[str], partitions: int
+) -> dict[tuple[str, int], int]:
+    """One past the last record of partitions ``0..partitions-1`` of every topic."""
+    probe = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await probe.start()
+    try:
+        ends = await probe.end_offsets(
+            [TopicPartition(topic, p) for topic in topics for p in range(partitions)]
+        )
+    finally:
+        await probe.stop()
+    return {(tp.topic, tp.partition): off for tp, off in ends.items()}
 
 
 async def wait_until(predicate: Any, timeout_s: float = 30.0, what: str = "condition") -> None:

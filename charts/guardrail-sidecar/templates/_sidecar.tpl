@@ -133,6 +133,13 @@ convention. Credentials only ever come from Secrets.
   value: {{ $v.kafka.bootstrapServers | quote }}
 - name: GUARDRAIL_KAFKA__GROUP_ID
   value: {{ $v.kafka.groupId | quote }}
+{{- if $v.kafka.staticMembership }}
+{{- /* static membership (KIP-345): the pod name is a stable, unique group.instance.id */}}
+- name: GUARDRAIL_KAFKA__GROUP_INSTANCE_ID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- end }}
 {{- with $v.kafka.clientId }}
 - name: GUARDRAIL_KAFKA__CLIENT_ID
   value: {{ . | quote }}

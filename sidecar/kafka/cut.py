@@ -1,0 +1,89 @@
+"""Commit a cut that tears no request apart across co-partitioned input topics.
+
+Each input partition commits its low-water mark: the oldest offset still
+pending (a half-request held open). Taken partition by partition, those marks
+can cut a *decided* request in two: a long request H holds ``retrieval[p]``
+back at its retrieval event, while a shorter request R that started after H
+and finished before it has its retrieval above that mark and its generation
+events below ``generation[p]``'s mark. Whoever re-reads from the committed
+offsets (after a crash, a rebalance or a stop) then sees R's retrieval without
+its generation and evicts it as ``incomplete``: a wrong second verdict.
+
+``KeyIndex`` remembers the key (the request id) of every uncommitted offset on
+the joined topics and lowers the marks of one partition number until no key
+has records on both sides of the cut: whatever is re-read is re-read whole, and
+a decided request that is re-read is decided again with the same idempotency
+key. Pure bookkeeping, no Kafka.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+TopicPartition = tuple[str, int]
+
+
+class KeyIndex:
+    """Key per uncommitted offset of the joined topics' partitions."""
+
+    def __init__(self, joined: Sequence[str]) -> None:
+        self._joined = tuple(joined)
+        self._keys: dict[TopicPartition, dict[int, bytes]] = {}
+
+    def note(self, topic: str, partition: int, offset: int, key: bytes | None) -> None:
+        if key is not None and topic in self._joined:
+            self._keys.setdefault((topic, partition), {})[offset] = key
+
+    def __len__(self) -> int:
+        return sum(len(keys) for keys in self._keys.values())
+
+    def partners(self, tps: Iterable[TopicPartition]) -> set[TopicPartition]:
+        """``tps`` and, for each joined one, the same partition number of every joined topic."""
+        out = set(tps)
+        out |= {(t, p) for (topic, p) in out if topic in self._joined for t in self._joined}
+        return out
+
+    def cut(self, low_water: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """The offsets to commit: ``low_water`` lowered until no key straddles a cut.
+
+        Only the marks of joined topics move, never below an offset this index
+        knows (nothing below the last commit is known), so a cut never goes
+        behind what was committed before.
+        """
+        out = dict(low_water)
+        numbers = {p for (t, p) in out if t in self._joined}
+        for p in numbers:
+            tps = [(t, p) for t in self._joined if (t, p) in out]
+            marks = {tp: out[tp] for tp in tps}
+            while True:
+                above = {
+                    key
+                    for tp in tps
+                    for offset, key in self._keys.get(tp, {}).items()
+                    if offset >= marks[tp]
+                }
+                lowered = False
+                for tp in tps:
+                    below = [
+                        offset
+                        for offset, key in self._keys.get(tp, {}).items()
+                        if offset < marks[tp] and key in above
+                    ]
+                    if below:
+                        marks[tp] = min(below)
+                        lowered = True
+                if not lowered:
+                    break
+            out.update(marks)
+        return out
+
+    def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Forget the keys below what was just committed: they are never re-read."""
+        for tp, mark in offsets.items():
+            keys = self._keys.get(tp)
+            if keys:
+                self._keys[tp] = {o: k for o, k in keys.items() if o >= mark}
+
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
+        for tp in tps:
+            self._keys.pop(tp, None)

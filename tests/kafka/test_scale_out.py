@@ -1,0 +1,374 @@
+"""Several sidecars in one consumer group: the join stays together (real broker only).
+
+Requests flow through N ``guardrail run`` processes sharing a group over P
+partitions (P odd or larger than N: where aiokafka's default round-robin
+assignor tears ``retrieval[p]`` and ``generation[p]`` apart). One instance is
+killed (SIGKILL) or stopped (SIGTERM) mid-load; every request must still get a
+verdict, none ``incomplete`` (both halves are in Kafka), repeats only with the
+same idempotency key, and the sidecar never writes into its input topics.
+
+The control runs two in-process services with aiokafka's round-robin assignor:
+the split must show (each half evicted on its own member), so the test that
+says the assignor fixes it can fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+
+from sidecar.chaos.corpus import request_records
+from sidecar.chaos.process import SidecarProcess
+from sidecar.config import Settings
+from sidecar.kafka.app import SidecarService
+from sidecar.kafka.assignor import co_partition_assignor
+from sidecar.kafka.topics import create_topics
+from sidecar.localkafka.broker import LocalKafka, free_port
+from sidecar.pipeline.processor import Processor
+from sidecar.policy import PlaceholderPolicy
+from sidecar.replay import Record, send
+from tests.kafka.harness import end_offsets, wait_until
+
+pytestmark = pytest.mark.connected
+
+TTL_MS = 3_000  # a torn request is evicted (``incomplete``) after this
+SESSION_TIMEOUT_MS = 6_000  # the broker's group.min.session.timeout.ms: a killed member's end
+
+
+def _settings(bootstrap: str, topics: dict[str, str], partitions: int) -> Settings:
+    return Settings.load(
+        kafka={"bootstrap_servers": bootstrap, "group_id": topics["group"]},
+        topics={**{k: v for k, v in topics.items() if k != "group"}, "partitions": partitions},
+        join={"ttl_ms": TTL_MS, "sweep_interval_ms": 200},
+        http={"enabled": False},
+    )
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    t = settings.topics
+    return {
+        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+        "GUARDRAIL_KAFKA__GROUP_ID": settings.kafka.group_id,
+        "GUARDRAIL_KAFKA__SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
+        "GUARDRAIL_JOIN__TTL_MS": str(TTL_MS),
+        "GUARDRAIL_JOIN__SWEEP_INTERVAL_MS": "200",
+        **{
+            f"GUARDRAIL_TOPICS__{name.upper()}": getattr(t, name)
+            for name in ("retrieval", "generation", "claims", "verdicts", "dlq")
+        },
+        "GUARDRAIL_TOPICS__FEEDBACK": t.feedback,
+        "GUARDRAIL_TOPICS__REPORTS": t.reports,
+    }
+
+
+def interleaved(settings: Settings, ids: list[str], seed: int = 14) -> list[Record]:
+    """Whole requests, several open at once and of different lengths, as a busy LLM service
+    writes them: request i's retrieval at step i, its deltas and final spread over the next
+    1 to 12 steps (a long answer started early finishes after short ones started later)."""
+    rng = random.Random(seed)
+    timed: list[tuple[float, int, Record]] = []
+    for i, rid in enumerate(ids):
+        records = request_records(settings.topics, rid)
+        length = rng.uniform(1.0, 12.0)
+        steps = len(records) - 1
+        for j, record in enumerate(records):
+            timed.append((i + length * j / steps, len(timed), record))
+    return [record for _, _, record in sorted(timed, key=lambda x: (x[0], x[1]))]
+
+
+@dataclass
+class Seen:
+    """What came out on the verdict topic, per request."""
+
+    keys: dict[str, set[str]] = field(default_factory=dict)
+    count: Counter[str] = field(default_factory=Counter)
+    incomplete: set[str] = field(default_factory=set)
+    first_at: dict[str, float] = field(default_factory=dict)
+    last_at: float = 0.0
+
+    def add(self, verdict: dict[str, Any], now: float) -> None:
+        rid = verdict["request_id"]
+        self.keys.setdefault(rid, set()).add(verdict["idempotency_key"])
+        self.count[rid] += 1
+        self.first_at.setdefault(rid, now)
+        self.last_at = now
+        if any(r["code"] == "incomplete" for r in verdict["reasons"]):
+            self.incomplete.add(rid)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(self.count.values()) - len(self.count)
+
+
+async def watch(settings: Settings, seen: Seen, stop: asyncio.Event) -> None:
+    consumer = AIOKafkaConsumer(
+        settings.topics.verdicts,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=100)
+            now = time.monotonic()
+            for records in batch.values():
+                for r in records:
+                    seen.add(orjson.loads(r.value), now)
+    finally:
+        await consumer.stop()
+
+
+@pytest.fixture
+def fleet() -> Iterator[list[SidecarProcess]]:
+    live: list[SidecarProcess] = []
+    yield live
+    for p in live:
+        if p.pid is not None:
+            p.signal(signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("instances", "partitions", "sig"),
+    [
+        (2, 3, signal.SIGKILL),
+        (2, 3, signal.SIGTERM),
+        (3, 5, signal.SIGKILL),
+        (3, 5, signal.SIGTERM),
+    ],
+    ids=["2x3-sigkill", "2x3-sigterm", "3x5-sigkill", "3x5-sigterm"],
+)
+async def test_an_instance_lost_mid_load_loses_no_request_and_tears_none(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    fleet: list[SidecarProcess],
+    instances: int,
+    partitions: int,
+    sig: signal.Signals,
+) -> None:
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions)
+    await create_topics(settings)
+    t = settings.topics
+    env = _env(settings)
+    fleet += [SidecarProcess(env, tmp_path / f"sidecar-{i}.log") for i in range(instances)]
+    await asyncio.gather(*(asyncio.to_thread(p.start) for p in fleet))
+    # every /readyz is 200 once the last member joined: each holds whole partition numbers
+    await wait_until(lambda: all(p.ready() for p in fleet), 30, "every instance ready")
+
+    n = 300
+    ids = [f"so-{i}" for i in range(n)]
+    records = interleaved(settings, ids)
+    rate = len(records) / 6.0  # six seconds of traffic
+    seen = Seen()
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch(settings, seen, stop))
+    sending_at = time.monotonic()
+    sender = asyncio.create_task(send(settings, records, rate_per_s=rate))
+    await asyncio.sleep(2.5)
+    fault_at = time.monotonic()
+    code = await asyncio.to_thread(fleet[0].signal, sig)
+    assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL), fleet[0].tail()
+    assert await sender == len(records)
+    sent = await end_offsets(
+        settings.kafka.bootstrap_servers, [t.retrieval, t.generation], partitions
+    )
+    assert sum(sent.values()) == len(records)
+
+    await wait_until(lambda: set(seen.count) >= set(ids), 45, "a verdict for every request")
+    # send() paces record k at sending_at + k / rate: a request is whole once its last is out
+    whole_at = {r.key.decode(): sending_at + k / rate for k, r in enumerate(records) if r.key}
+    latency = sorted(seen.first_at[rid] - whole_at[rid] for rid in ids)
+    await asyncio.sleep(2.0)  # late repeats, if any
+    stop.set()
+    await watcher
+
+    survivors = fleet[1:]
+    assert all(p.ready() for p in survivors), [p.tail() for p in survivors]
+    ends = await end_offsets(
+        settings.kafka.bootstrap_servers, [t.retrieval, t.generation], partitions
+    )
+    assert ends == sent  # no sidecar wrote into an input topic
+    assert set(seen.count) == set(ids)  # every request decided
+    assert not seen.incomplete  # both halves were in Kafka: none torn apart
+    assert all(len(keys) == 1 for keys in seen.keys.values())  # repeats carry the same key
+    print(  # the measurement the report quotes (pytest -s)
+        f"\n{instances} instances x {partitions} partitions, {sig.name}: {n} requests, "
+        f"{sum(seen.count.values())} verdicts, {seen.duplicates} duplicates "
+        f"(same key), {len(seen.incomplete)} incomplete; verdict latency median "
+        f"{latency[len(latency) // 2]:.2f} s, worst {latency[-1]:.1f} s (the recovery); last "
+        f"verdict {seen.last_at - fault_at:.1f} s after the fault"
+    )
+
+
+# ---------------------------------------------------------------- the control, in process
+
+
+def _service(settings: Settings, assignor: Any) -> SidecarService:
+    return SidecarService(settings, Processor(settings, PlaceholderPolicy()), assignor=assignor)
+
+
+@pytest.mark.parametrize("assignor", ["roundrobin", "copartition"])
+async def test_round_robin_tears_requests_apart_and_the_co_partition_assignor_does_not(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], assignor: str
+) -> None:
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions=3)
+    await create_topics(settings)
+    strategy = RoundRobinPartitionAssignor if assignor == "roundrobin" else None
+    services = [_service(settings, strategy or co_partition_assignor()) for _ in range(2)]
+    for s in services:
+        await s.start()
+    try:
+        await wait_until(
+            lambda: (
+                all(s.state.assigned for s in services)
+                and sum(len(s.state.assigned) for s in services) == 9
+            ),  # 3 input topics x 3
+            30,
+            "both members assigned",
+        )
+        n = 100
+        ids = [f"rr-{i}" for i in range(n)]
+        seen = Seen()
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(watch(settings, seen, stop))
+        await send(settings, interleaved(settings, ids))
+        await wait_until(lambda: set(seen.count) >= set(ids), 30, "a verdict for every request")
+        await asyncio.sleep(1.0)
+        stop.set()
+        await watcher
+        splits = [problem for s in services for problem in s.state.split]
+        if assignor == "roundrobin":
+            # each member holds halves whose partners went to the other: not ready, said so
+            assert splits and not any(s.ready for s in services)
+            assert len(seen.incomplete) == n  # every request torn: each half evicted alone
+            assert seen.duplicates >= n  # two verdicts (one per half), both incomplete
+        else:
+            assert not splits and all(s.ready for s in services)
+            assert not seen.incomplete and seen.duplicates == 0
+        print(  # the measurement the report quotes (pytest -s)
+            f"\n{assignor}, 2 members x 3 partitions: {n} requests, "
+            f"{sum(seen.count.values())} verdicts, {len(seen.incomplete)} incomplete; "
+            f"split: {splits}"
+        )
+    finally:
+        for s in services:
+            await s.stop()
+
+
+# ---------------------------------------------------------------- start-up refusals
+
+
+def _run(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", "run"],
+        env={**os.environ, **env, "GUARDRAIL_HTTP__ENABLED": "false"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _error_lines(out: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in out.stderr.splitlines() if line.startswith("guardrail:")]
+
+
+async def test_run_refuses_missing_topics_and_unequal_partition_counts(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions=3)
+    t = settings.topics
+    env = _env(settings)
+
+    missing = await asyncio.to_thread(_run, env)
+    assert missing.returncode == 2, missing.stderr
+    (line,) = _error_lines(missing)
+    assert "configuration error" in line and t.retrieval in line and t.reports in line
+    assert "Traceback" not in missing.stderr
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap_servers)
+    await admin.start()
+    try:
+        counts = {t.retrieval: 3, t.generation: 2, t.feedback: 3}
+        names = (t.claims, t.verdicts, t.dlq, t.reports)
+        await admin.create_topics(
+            [NewTopic(name, counts.get(name, 1), 1) for name in (*counts, *names)]
+        )
+    finally:
+        await admin.close()
+    unequal = await asyncio.to_thread(_run, env)
+    assert unequal.returncode == 2, unequal.stderr
+    (line,) = _error_lines(unequal)
+    assert "partition counts differ" in line
+    for name, n in counts.items():  # each input topic's count is named
+        assert f"{name} has {n}" in line
+    assert "Traceback" not in unequal.stderr
+
+
+def test_run_with_a_wrong_bootstrap_server_ends_in_one_line() -> None:
+    env = {
+        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+        "GUARDRAIL_KAFKA__REQUEST_TIMEOUT_MS": "3000",
+    }
+    started = time.monotonic()
+    out = _run(env)
+    assert out.returncode == 1, out.stderr
+    (line,) = _error_lines(out)
+    assert "cannot reach Kafka at 127.0.0.1:" in line
+    assert "Traceback" not in out.stderr
+    assert time.monotonic() - started < 30  # bounded by the request timeout, plus the start
+
+
+async def test_static_membership_joins_and_decides_on_the_real_broker(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    base = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions=3)
+    await create_topics(base)
+    services = [
+        _service(
+            base.model_copy(
+                update={"kafka": base.kafka.model_copy(update={"group_instance_id": f"pod-{i}"})}
+            ),
+            co_partition_assignor(),
+        )
+        for i in range(2)
+    ]
+    for s in services:
+        await s.start()
+    try:
+        await wait_until(
+            lambda: (
+                sum(len(s.state.assigned) for s in services) == 9 and all(s.ready for s in services)
+            ),
+            30,
+            "both static members assigned, co-partitioned",
+        )
+        ids = [f"st-{i}" for i in range(20)]
+        seen = Seen()
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(watch(base, seen, stop))
+        await send(base, interleaved(base, ids))
+        await wait_until(lambda: set(seen.count) >= set(ids), 30, "a verdict for every request")
+        stop.set()
+        await watcher
+        assert not seen.incomplete and seen.duplicates == 0
+    finally:
+        for s in services:
+            await s.stop()
