@@ -31,7 +31,8 @@ def test_chaos_quick_loses_nothing() -> None:
     for s in report["scenarios"]:
         assert s["lost"] == 0, s
         assert s["verdicts"] >= s["requests"], s
-    assert by_name["sigterm-restart"]["duplicates"] == 0
+    # a graceful stop commits the low watermark: re-read verdicts repeat with the same key
+    assert by_name["sigterm-restart"]["key_conflicts"] == 0
     assert by_name["broker-restart"]["not_ready_during_outage"] is True
     stall = by_name["network-stall"]
     assert stall["not_ready_during_outage"] is True and stall["ready_after_outage"] is True
