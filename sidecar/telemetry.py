@@ -28,6 +28,9 @@ Metrics (meter ``guardrail.sidecar``):
   guardrail.join.open_requests  gauge
   guardrail.join.evictions      gauge (cumulative: capacity + ttl)
   guardrail.consumer.lag        gauge       topic, partition
+  guardrail.join.partition_mismatch, .byte_evictions, guardrail.feedback.unmatched,
+  .replaced, .early, guardrail.pipeline.internal_errors
+                                counters (cumulative, observed at collection)
   guardrail.retrieval.m1_mean, .m1_wilson_low, .m1_wilson_high, .exchangeability_broken
                                 gauges      calibration_key (the rolling m1 monitor)
 """
@@ -159,6 +162,15 @@ class Telemetry:
         self.meter.create_observable_gauge("guardrail.join.open_requests", [_one(open_requests)])
         self.meter.create_observable_gauge("guardrail.join.evictions", [_one(evictions)])
         self.meter.create_observable_gauge("guardrail.consumer.lag", [_lag])
+
+    def observe_counts(self, counts: Callable[[], dict[str, int]]) -> None:
+        """Cumulative counts kept by the pipeline, as observable counters ``guardrail.<name>``."""
+        for name in counts():
+
+            def _count(_options: CallbackOptions, name: str = name) -> Iterable[Observation]:
+                return [Observation(counts().get(name, 0))]
+
+            self.meter.create_observable_counter(f"guardrail.{name}", [_count])
 
     def observe_monitor(
         self, statuses: Callable[[], dict[str, tuple[float, float, float, bool]]]

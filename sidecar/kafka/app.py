@@ -218,6 +218,17 @@ class SidecarService:
             evictions=lambda: store.evictions + store.expirations,
             lag=lambda: dict(self.lag),
         )
+        counters = processor.counters
+        self.telemetry.observe_counts(
+            lambda: {
+                "join.partition_mismatch": processor.intake.partition_mismatches,
+                "join.byte_evictions": store.byte_evictions,
+                "feedback.unmatched": counters.feedback_unmatched,
+                "feedback.replaced": counters.feedback_replaced,
+                "feedback.early": counters.feedback_early,
+                "pipeline.internal_errors": counters.internal_errors,
+            }
+        )
         certifier = processor.signals.certifier
         statuses = getattr(certifier, "monitor_statuses", None)
         if statuses is not None:

@@ -22,6 +22,7 @@ complete, decide or label another tenant's request.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,8 @@ from sidecar.contracts.events import (
 from sidecar.exceptions import InputError
 from sidecar.pipeline.join import InputRef, JoinStore, PendingRequest
 from sidecar.pipeline.ports import NOT_CONFIGURED_RETRIEVAL, SignalSuite
+
+log = logging.getLogger("sidecar.pipeline")
 
 MAX_DELTAS_PER_REQUEST = 100_000
 
@@ -99,6 +102,7 @@ class Intake:
         self._limits = limits
         self._tenancy = tenancy
         self._clock_ns = clock_ns
+        self.partition_mismatches = 0
 
     def admit(
         self, kind: InputKind, raw: bytes | None, key: bytes | None, ref: InputRef, now_ms: float
@@ -135,9 +139,29 @@ class Intake:
             return Rejected(exc, evictions)
         if identical:
             return Duplicate()
+        self._check_partitions(entry, ref)
         entry.refs.append(ref)
         evictions += tuple(self.store.hold_bytes(entry, size))
         return Held(entry, evictions)
+
+    def _check_partitions(self, entry: PendingRequest, ref: InputRef) -> None:
+        """Both halves of a request on different partition numbers: mixed partitioners."""
+        if not entry.refs or all(r.partition == ref.partition for r in entry.refs):
+            return
+        self.partition_mismatches += 1
+        if self.partition_mismatches == 1:
+            other = next(r for r in entry.refs if r.partition != ref.partition)
+            log.warning(
+                "request %s arrived on %s[%d] and %s[%d]: its producers do not partition the "
+                "same way; every producer must use Kafka's murmur2 partitioner on key = "
+                "request_id (librdkafka: partitioner=murmur2_random). Counted in "
+                "guardrail.join.partition_mismatch; warned once.",
+                entry.request_id,
+                other.topic,
+                other.partition,
+                ref.topic,
+                ref.partition,
+            )
 
     def store_key(self, request_id: str, tenant: str | None) -> str:
         """Request ids are scoped by the trusted tenant (when there is one)."""

@@ -1,0 +1,153 @@
+"""Intake under hostile input: limits, byte budgets, tenancy, late re-sends, partitioners."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from sidecar.config import Settings
+from sidecar.contracts.codec import InputKind
+from sidecar.contracts.events import AnswerVerdict
+from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.outputs import Destination, Step
+from sidecar.pipeline.processor import Processor
+from sidecar.policy import PlaceholderPolicy
+from tests.conftest import EventFactory, dumps
+
+R, G = InputKind.RETRIEVAL, InputKind.GENERATION
+
+
+def processor(settings_factory: Callable[..., Settings], **sections: Any) -> Processor:
+    return Processor(settings_factory(**sections), PlaceholderPolicy())
+
+
+def ref(topic: str, offset: int, partition: int = 0, **headers: str) -> InputRef:
+    return InputRef(
+        topic,
+        partition,
+        offset,
+        tuple((k.replace("_", "-"), v.encode()) for k, v in headers.items()),
+    )
+
+
+def reasons(step: Step) -> list[str]:
+    return [o.headers["x-dlq-reason"] for o in step.outputs if o.destination is Destination.DLQ]
+
+
+def verdicts(step: Step) -> list[AnswerVerdict]:
+    return [
+        AnswerVerdict.model_validate(orjson.loads(o.value))
+        for o in step.outputs
+        if o.destination is Destination.VERDICTS
+    ]
+
+
+def test_limits_are_enforced(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    delta_event: EventFactory,
+) -> None:
+    p = processor(settings_factory, limits={"max_hits": 1, "max_answer_chars": 50})
+    step = p.on_message(R, dumps(retrieval_event("req-1")), None, ref("r", 0), 0.0)
+    assert reasons(step) == ["too-many-hits"]  # the factory's event has two hits
+    long_final = dumps(final_event("req-2", answer="x" * 51))
+    assert reasons(p.on_message(G, long_final, None, ref("g", 0), 0.0)) == ["answer-too-long"]
+    for seq in range(2):
+        ok = p.on_message(G, dumps(delta_event("req-3", seq, "y" * 25)), None, ref("g", 1 + seq), 0)
+        assert reasons(ok) == []
+    crossing = p.on_message(G, dumps(delta_event("req-3", 2, "y")), None, ref("g", 3), 0.0)
+    assert reasons(crossing) == ["answer-too-long"]
+    assert all(len(s.done) == 1 for s in (step, crossing))  # finished, not held
+
+
+def test_one_request_cannot_hold_more_than_its_byte_budget(
+    settings_factory: Callable[..., Settings], delta_event: EventFactory
+) -> None:
+    p = processor(settings_factory, limits={"max_request_bytes": 4096})
+    outcomes = [
+        reasons(p.on_message(G, dumps(delta_event("req-1", i, "z" * 900)), None, ref("g", i), 0))
+        for i in range(8)
+    ]
+    assert outcomes[:3] == [[], [], []]
+    assert ["request-too-large"] in outcomes
+    entry = p.store.get("req-1")
+    assert entry is not None and entry.bytes_held <= 4096
+
+
+def test_the_join_store_evicts_the_oldest_to_stay_under_its_byte_budget(
+    settings_factory: Callable[..., Settings], retrieval_event: EventFactory
+) -> None:
+    p = processor(settings_factory, join={"max_bytes": 65_536, "max_entries": 1000})
+    big = "w" * 20_000
+    evicted: list[AnswerVerdict] = []
+    for i in range(10):
+        event = retrieval_event(f"req-{i}")
+        event["hits"][0]["text"] = big
+        evicted += verdicts(p.on_message(R, dumps(event), None, ref("r", i), 0.0))
+    assert p.store.bytes_held <= 65_536
+    assert p.store.byte_evictions == len(evicted) > 0
+    assert [v.request_id for v in evicted] == [f"req-{i}" for i in range(len(evicted))]
+    assert all(v.reasons[0].code == "incomplete" for v in evicted)
+
+
+def test_a_late_resend_after_the_ttl_is_dead_lettered_not_decided_again(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    p = processor(settings_factory, join={"ttl_ms": 1000, "decided_memory_ms": 60_000})
+    p.on_message(R, dumps(retrieval_event("req-1")), None, ref("r", 0), 0.0)
+    [first] = verdicts(p.on_message(G, dumps(final_event("req-1")), None, ref("g", 0), 10.0))
+    p.on_tick(5_000.0)  # well past the TTL
+    late = p.on_message(G, dumps(final_event("req-1")), None, ref("g", 1), 5_000.0)
+    assert reasons(late) == ["after-final"] and verdicts(late) == []
+    assert first.request_id == "req-1"
+
+
+def test_header_tenancy_scopes_requests_and_checks_every_event(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    delta_event: EventFactory,
+) -> None:
+    p = processor(settings_factory, tenancy={"source": "header", "header": "x-tenant"})
+    injected = dumps(final_event("req-b", answer="INJECTED"))
+    assert p.on_message(G, injected, None, ref("g", 0, x_tenant="a"), 0.0).outputs == []
+    p.on_message(R, dumps(retrieval_event("req-b", tenant="b")), None, ref("r", 0, x_tenant="b"), 0)
+    honest = dumps(final_event("req-b"))
+    [v] = verdicts(p.on_message(G, honest, None, ref("g", 1, x_tenant="b"), 0.0))
+    assert v.tenant == "b"
+    assert p.store.get("a/req-b") is not None  # A's half waits in A's name
+    no_header = p.on_message(G, dumps(delta_event("req-c", 0, "x")), None, ref("g", 2), 0.0)
+    assert reasons(no_header) == ["untrusted-tenant"]
+    mismatch = dumps(retrieval_event("req-d", tenant="b"))
+    assert reasons(p.on_message(R, mismatch, None, ref("r", 1, x_tenant="a"), 0.0)) == [
+        "tenant-mismatch"
+    ]
+    [expired] = verdicts(p.on_tick(10_000_000.0))
+    assert (expired.request_id, expired.tenant) == ("req-b", "a")
+
+
+def test_halves_on_different_partition_numbers_are_counted(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    p = processor(settings_factory)
+    p.on_message(R, dumps(retrieval_event("req-1")), None, ref("r", 0, partition=1), 0.0)
+    p.on_message(G, dumps(final_event("req-1")), None, ref("g", 0, partition=2), 0.0)
+    p.on_message(R, dumps(retrieval_event("req-2")), None, ref("r", 1, partition=1), 0.0)
+    p.on_message(G, dumps(final_event("req-2")), None, ref("g", 1, partition=1), 0.0)
+    assert p.intake.partition_mismatches == 1
+
+
+def test_request_ids_without_a_letter_or_digit_are_refused(
+    settings_factory: Callable[..., Settings], retrieval_event: EventFactory
+) -> None:
+    p = processor(settings_factory)
+    for i, rid in enumerate(["..", ".", "-:-"]):
+        step = p.on_message(R, dumps(retrieval_event(rid)), None, ref("r", i), 0.0)
+        assert reasons(step) == ["schema-violation"]
