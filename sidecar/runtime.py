@@ -134,7 +134,7 @@ def build_coverage(settings: Settings) -> CoverageMonitor:
     cov = settings.coverage
     probe = None
     if cov.probe_file:
-        from sidecar.report.probe import load_probe  # noqa: PLC0415
+        from sidecar.confidence.probe_result import load_probe  # noqa: PLC0415
 
         result = load_probe(Path(cov.probe_file))
         probe = (result.trials, result.errors)
