@@ -27,7 +27,10 @@ verified identically from the stream keep that verdict (and index), the
 others are verified at ``finish``; streamed claims it no longer holds leave
 :attr:`VerifierClaimSession.results` and the summary and are listed in
 ``ClaimsSignal.superseded_claims``. Claims past the segmenter's per-answer
-limit are counted in ``ClaimsSignal.unchecked``, never verified.
+limit, and claims that come after the answer's verification time budget
+(``DEFAULT_ANSWER_BUDGET_S``) was spent, are counted in
+``ClaimsSignal.unchecked``, never verified: one huge answer cannot hold the
+sidecar for long.
 
 ``ClaimResult.score`` is the final p(supported): the verifier's calibrated
 probability, capped at ``RULE_CAP`` when the rule tier contradicts it, or the
@@ -41,7 +44,7 @@ No I/O here: the verifier and the judge are injected.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Final, Literal, Protocol
@@ -73,6 +76,9 @@ __all__ = [
 ]
 
 RULE_CAP: Final = 0.05
+DEFAULT_ANSWER_BUDGET_S: Final = 2.0
+"""Verifier time one answer may use; claims that come later are counted ``unchecked``."""
+
 _JUDGE_SCORE: Final = {
     ClaimLabel.SUPPORTED: 0.9,
     ClaimLabel.UNCERTAIN: 0.5,
@@ -219,8 +225,14 @@ class VerifierClaimSession:
         question: str = "",
         judge: JudgeRunner | None = None,
         judge_labels: frozenset[ClaimLabel] = frozenset({ClaimLabel.UNCERTAIN}),
+        answer_budget_s: float = DEFAULT_ANSWER_BUDGET_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._scorer = scorer
+        self._budget_s = answer_budget_s
+        self._clock = clock
+        self._spent_s = 0.0
+        self.over_budget = 0  # claims left unverified because the answer's budget was spent
         self._index = scorer.index(chunks)
         self.scope: Scope = scope
         self.question = question
@@ -251,7 +263,15 @@ class VerifierClaimSession:
         return tuple(self._checks)
 
     def _verify(self, claims: Sequence[Claim]) -> list[ClaimResult]:
+        """Verify ``claims`` while the answer's time budget lasts; the rest stay unchecked."""
+        if not claims:
+            return []
+        if self._spent_s >= self._budget_s:
+            self.over_budget += len(claims)
+            return []
+        started = self._clock()
         checks = self._scorer.check(claims, self._index, self.question)
+        self._spent_s += self._clock() - started
         self._checks.extend(checks)
         self._ask_judge(checks)
         return [c.result() for c in checks]
@@ -297,16 +317,18 @@ class VerifierClaimSession:
         self._verify(tail_claims)
         self._apply_judge()
         by_index = {c.claim.index: c for c in self._checks}
-        self._superseded = tuple(by_index[k] for k in segmenter.superseded)
-        # the final answer's claims, in its order, with spans into it
-        self._checks = [replace(by_index[c.index], claim=c) for c in segmenter.claims]
+        self._superseded = tuple(by_index[k] for k in segmenter.superseded if k in by_index)
+        # the final answer's claims, in its order, with spans into it (verified ones only)
+        self._checks = [
+            replace(by_index[c.index], claim=c) for c in segmenter.claims if c.index in by_index
+        ]
         tail_index = {c.index for c in tail_claims}
         tail = [c.result() for c in self._checks if c.claim.index in tail_index]
         signal = summarise((c.label for c in self._checks), self.scope).model_copy(
             update={
                 "stream_mismatch": segmenter.mismatch,
                 "superseded_claims": list(segmenter.superseded),
-                "unchecked": segmenter.unchecked,
+                "unchecked": segmenter.unchecked + self.over_budget,
             }
         )
         return tail, signal
@@ -321,10 +343,12 @@ class VerifierClaimChecker:
         *,
         judge: JudgeRunner | None = None,
         judge_labels: frozenset[ClaimLabel] = frozenset({ClaimLabel.UNCERTAIN}),
+        answer_budget_s: float = DEFAULT_ANSWER_BUDGET_S,
     ) -> None:
         self._scorer = scorer
         self._judge = judge
         self._judge_labels = judge_labels
+        self._answer_budget_s = answer_budget_s
 
     @property
     def scorer(self) -> ClaimScorer:
@@ -348,6 +372,7 @@ class VerifierClaimChecker:
             question=retrieval.query,
             judge=self._judge,
             judge_labels=self._judge_labels,
+            answer_budget_s=self._answer_budget_s,
         )
 
     def close(self) -> None:

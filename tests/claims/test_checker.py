@@ -6,7 +6,12 @@ from collections.abc import Callable
 
 import orjson
 
-from sidecar.claims.checker import ClaimScorer, VerifierClaimChecker, evidence_chunks
+from sidecar.claims.checker import (
+    ClaimScorer,
+    VerifierClaimChecker,
+    VerifierClaimSession,
+    evidence_chunks,
+)
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
 from sidecar.claims.segment import segment_claims
 from sidecar.config import Settings
@@ -185,3 +190,23 @@ def test_the_processor_publishes_claim_verdicts_and_a_policy_decision(
     assert "retrieval-not-configured" in codes and "claims-evidence-untrusted" in codes
     assert "claims-hallucination-rate-exceeded" in codes  # 1/2 > 0.20 (enterprise)
     assert verdict.decision.value == "block"
+
+
+def test_claims_after_the_answer_budget_are_unchecked_not_verified() -> None:
+    ticks = iter(float(i) for i in range(1000))  # every verifier call "takes" 1 s
+    session = VerifierClaimSession(
+        ClaimScorer(LexicalVerifier()),
+        [EvidenceChunk("c1", "Mary Shelley wrote Frankenstein. It was published in 1818.")],
+        "trusted",
+        answer_budget_s=1.5,
+        clock=lambda: next(ticks),
+    )
+    first = session.feed("Mary Shelley wrote Frankenstein. ")
+    second = session.feed("It was published in 1818. ")
+    third = session.feed("Frankenstein is a novel. ")
+    _, signal = session.finish(
+        "Mary Shelley wrote Frankenstein. It was published in 1818. Frankenstein is a novel."
+    )
+    assert (len(first), len(second), third) == (1, 1, [])
+    assert session.over_budget == 1 and signal.unchecked == 1
+    assert signal.n == 2  # only what was verified is summarised
