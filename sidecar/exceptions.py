@@ -3,7 +3,9 @@
 Callers never parse message text: they look at the class and its flags.
 ``retriable`` says whether the same operation may succeed when tried again
 (a broker that is briefly away); ``dead_letter`` says whether the input that
-caused it belongs in the dead-letter topic (bad data, not a bug of ours).
+caused it belongs in the dead-letter topic (bad data, not a bug of ours);
+``fatal`` says that no retry can help: the process should stop being live and be
+restarted with the cause in its log (an authorisation or configuration error).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ class GuardrailError(Exception):
 
     retriable: bool = False
     dead_letter: bool = False
+    fatal: bool = False
 
 
 class ConfigError(GuardrailError):
@@ -48,6 +51,38 @@ class BrokerError(GuardrailError):
     """The Kafka broker could not be reached or refused an operation."""
 
     retriable = True
+
+
+class RecordTooLargeError(BrokerError):
+    """One record can never be published as it is (larger than the topic or request limit).
+
+    Retrying the same bytes cannot succeed: the record goes to the dead-letter
+    topic instead, cut down to fit (``x-dlq-truncated``).
+    """
+
+    retriable = False
+    dead_letter = True
+
+    def __init__(self, topic: str, detail: str) -> None:
+        super().__init__(f"a record for {topic} is too large: {detail}")
+        self.topic = topic
+        self.detail = detail
+
+
+class BrokerAccessError(BrokerError):
+    """The cluster refuses this client for good: authorisation, a missing topic, a broken producer.
+
+    Nothing the loop can retry fixes it; readiness and liveness go false so that
+    the pod restarts with the cause (``topic`` and the broker's error) in its log.
+    """
+
+    retriable = False
+    fatal = True
+
+    def __init__(self, topic: str, detail: str) -> None:
+        super().__init__(f"cannot publish to {topic}: {detail}")
+        self.topic = topic
+        self.detail = detail
 
 
 class LocalKafkaError(GuardrailError):

@@ -234,7 +234,8 @@ class Telemetry:
         """Open the output's span tree; inject its context into the output's headers."""
         record = out.trace
         if out.destination is Destination.DLQ:
-            self.dead_letters.add(1, {"reason": out.headers.get("x-dlq-reason", "unknown")})
+            reason = out.header("x-dlq-reason") or b"unknown"
+            self.dead_letters.add(1, {"reason": reason.decode("utf-8", errors="replace")})
         if record is None:
             return None
         self._count(out, record)
@@ -248,7 +249,9 @@ class Telemetry:
             self.stage_ms.record((end - start) / 1e6, {"stage": stage})
         carrier: dict[str, str] = {}
         inject(carrier, context=ctx)
-        out.headers.update(carrier)
+        out.headers[:] = [(k, v) for k, v in out.headers if k not in carrier] + [
+            (k, v.encode("utf-8")) for k, v in carrier.items()
+        ]
         publish = self.tracer.start_span("sidecar.publish", context=ctx)
         return (span, publish), record.end_ns
 

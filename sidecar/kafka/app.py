@@ -10,42 +10,88 @@ zero times, and a replayed verdict carries the same idempotency key.
 
 FastStream's own parsing is bypassed where it could fail before our handler
 runs (header decoding, JSON body decoding): a message that never reached the
-handler would stay pending forever and stall the partition's commits.
+handler would never be tracked, and a later commit could pass over it.
+
+Outputs go to the broker's aiokafka producer directly, with header values as
+bytes (FastStream's ``publish`` takes text only). Publish errors are decided by
+kind (``classify``): retriable ones are retried with capped, jittered backoff
+while ``LoopState.publishing`` turns false after ``publish_stall_s``; a record too
+large for its topic goes to the DLQ cut down to fit (``fit_dead_letter``), never
+retried as it is; an authorisation or configuration error makes the loop not
+live (``LoopState.fatal``), with one log line naming the topic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
-from aiokafka import ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
-from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    ClusterAuthorizationFailedError,
+    IllegalStateError,
+    InvalidTopicError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
+    ProducerFenced,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    UnknownTopicOrPartitionError,
+)
+from aiokafka.errors import RecordTooLargeError as KafkaRecordTooLargeError
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
+from sidecar.exceptions import (
+    BrokerAccessError,
+    BrokerError,
+    GuardrailError,
+    InputError,
+    RecordTooLargeError,
+)
 from sidecar.kafka.assignor import co_partition_assignor, split_pairs
 from sidecar.kafka.cut import KeyIndex
-from sidecar.kafka.security import faststream_security
+from sidecar.kafka.security import aiokafka_client_args, faststream_security
 from sidecar.kafka.topics import format_counts, partition_count_problem
 from sidecar.pipeline.flow import InputAligner
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.offsets import OffsetTracker
-from sidecar.pipeline.outputs import Destination, Output, Step
+from sidecar.pipeline.outputs import (
+    Destination,
+    Output,
+    Step,
+    fit_dead_letter,
+    record_size,
+    undeliverable_output,
+)
 from sidecar.pipeline.processor import Processor
 from sidecar.telemetry import Telemetry
 
 log = logging.getLogger("sidecar.kafka")
 
 MAX_PUBLISH_BACKOFF_S = 5.0
+FIRST_PUBLISH_BACKOFF_S = 0.1
+PUBLISH_STALL_S = 10.0  # publishing failing this long: not ready (the loop keeps retrying)
+UNKNOWN_TOPIC_FATAL_S = 30.0  # a destination topic missing this long: not live either
+REQUEST_SIZE_MARGIN_BYTES = 65_536  # the producer's max_request_size over max_message_bytes
+MIN_DLQ_BYTES = 1_024  # a DLQ topic that refuses a dead letter this small is misconfigured
 PROBE_INTERVAL_S = 2.0
 PROBE_TIMEOUT_S = 2.0
 
@@ -61,7 +107,7 @@ def make_broker(settings: Settings) -> KafkaBroker:
         allow_auto_create_topics=False,
         acks="all",
         enable_idempotence=True,
-        max_request_size=settings.topics.max_message_bytes + 65_536,
+        max_request_size=settings.topics.max_message_bytes + REQUEST_SIZE_MARGIN_BYTES,
         logger=log,
         log_level=logging.DEBUG,
         graceful_timeout=settings.shutdown_grace_ms / 1000.0,
@@ -69,15 +115,33 @@ def make_broker(settings: Settings) -> KafkaBroker:
 
 
 async def _tolerant_parser(record: Any, original: Callable[[Any], Awaitable[Any]]) -> Any:
-    """FastStream's parser, but header values that are not UTF-8 do not kill the message."""
+    """FastStream's parser, but header values that are not UTF-8 do not kill the message.
+
+    ``record`` is one consumer record or, in batch mode, a tuple of them. FastStream
+    decodes every header value as UTF-8; when one is not, it parses copies whose
+    header values are made text, and the handler still gets the consumer's own
+    records (``raw_message``), header bytes untouched: nothing here mutates them.
+    """
     try:
         return await original(record)
     except UnicodeDecodeError:
-        record.headers = [
-            (name, value.decode("utf-8", errors="replace").encode("utf-8"))
-            for name, value in record.headers
-        ]
-        return await original(record)
+        pass
+    if isinstance(record, tuple | list):
+        message = await original(tuple(_text_headers(r) for r in record))
+    else:
+        message = await original(_text_headers(record))
+    message.raw_message = record
+    return message
+
+
+def _text_headers(record: Any) -> Any:
+    """A shallow copy of ``record`` whose header values decode as UTF-8 (for FastStream only)."""
+    clone = copy.copy(record)
+    clone.headers = [
+        (name, value.decode("utf-8", errors="replace").encode("utf-8"))
+        for name, value in record.headers or ()
+    ]
+    return clone
 
 
 async def _raw_decoder(message: Any) -> Any:
@@ -105,6 +169,43 @@ async def _confirmed(future: Any) -> Any:
     return future
 
 
+_TOO_LARGE = (MessageSizeTooLargeError, KafkaRecordTooLargeError)
+_NO_ACCESS = (
+    TopicAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    SaslAuthenticationFailed,
+    AuthenticationFailedError,
+    InvalidTopicError,
+    OutOfOrderSequenceNumber,  # the idempotent producer is broken for good
+    ProducerFenced,
+)
+
+
+def classify(exc: BaseException, topic: str) -> BrokerError:
+    """A failed publish to ``topic`` as the kind the loop branches on (flags, not text).
+
+    ``RecordTooLargeError`` (``dead_letter``): this record alone can never go out as
+    it is. ``BrokerAccessError`` (``fatal``): authorisation or configuration, or a
+    producer that cannot recover. Anything else is retriable (``BrokerError``):
+    aiokafka's own ``retriable`` errors, timeouts, a broker that is away.
+    """
+    if isinstance(exc, BrokerError):
+        return exc
+    name = type(exc).__name__
+    if isinstance(exc, _TOO_LARGE):
+        return RecordTooLargeError(topic, f"{name}: {exc}")
+    if isinstance(exc, _NO_ACCESS):
+        return BrokerAccessError(topic, f"{name}: {exc}")
+    return BrokerError(f"publish to {topic} failed: {name}: {exc}")
+
+
+def backoff_delay(attempt: int, rng: random.Random) -> float:
+    """Seconds before retry ``attempt`` (0-based): capped exponential, jittered in [1/2, 1]."""
+    ceiling = min(MAX_PUBLISH_BACKOFF_S, FIRST_PUBLISH_BACKOFF_S * 2.0 ** min(attempt, 32))
+    return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
+
+
 @dataclass(slots=True)
 class LoopState:
     """What the health endpoint and the tests read."""
@@ -121,6 +222,24 @@ class LoopState:
     commits: int = 0
     last_committed: dict[tuple[str, int], int] = field(default_factory=dict)
     publish_retries: int = 0
+    truncated_dead_letters: int = 0
+    undeliverable_outputs: int = 0  # outputs too large for their topic, dead-lettered instead
+    publish_failing_since: float | None = None  # monotonic s: the output being retried first failed
+    publish_stall_s: float = PUBLISH_STALL_S
+    fatal: str | None = None  # why no retry can help (authorisation, configuration)
+
+    @property
+    def publishing(self) -> bool:
+        """For readiness: false while publishing has failed for ``publish_stall_s`` or fatally."""
+        if self.fatal is not None:
+            return False
+        since = self.publish_failing_since
+        return since is None or time.monotonic() - since < self.publish_stall_s
+
+    @property
+    def live(self) -> bool:
+        """For liveness: false after a fatal publish error (a restart with the cause logged)."""
+        return self.fatal is None
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -167,6 +286,12 @@ class SidecarService:
             Destination.REPORTS: topics.reports,
         }
         self._inputs = (topics.retrieval, topics.generation, topics.feedback)
+        # bytes one record may take per destination: the producer's request limit, the
+        # DLQ topic's max.message.bytes; lowered to each topic's own setting at start
+        request_limit = topics.max_message_bytes + REQUEST_SIZE_MARGIN_BYTES
+        self.limits = {d: request_limit for d in Destination}
+        self.limits[Destination.DLQ] = topics.max_message_bytes
+        self._rng = random.Random()  # noqa: S311 - backoff jitter (instances out of step)
         common: dict[str, Any] = {
             "group_id": settings.kafka.group_id,
             "group_instance_id": settings.kafka.group_instance_id,
@@ -247,6 +372,7 @@ class SidecarService:
 
     async def start(self) -> None:
         await self.broker.start()
+        await self._read_topic_limits()
         self._ticker = asyncio.create_task(self._tick_loop(), name="sidecar-ticker")
         self.state.started = True
 
@@ -350,15 +476,68 @@ class SidecarService:
         unfinished, so they stay uncommitted and are read again. Pipelined (the
         default): every output is handed to the producer first and the
         confirmations are awaited together; what failed is retried one by one.
+        An output too large for its topic is replaced by a dead letter that fits.
         """
-        pending: list[tuple[Output, Any]] = [(out, None) for out in step.outputs]
+        outputs = [self._fitted(out) for out in step.outputs]
+        pending: list[tuple[Output, Any]] = [(out, None) for out in outputs]
         if self._pipelined and len(pending) > 1:
-            pending = await self._publish_pipelined(step.outputs)
+            pending = await self._publish_pipelined(outputs)
         for out, span in pending:
             if not await self._publish_one(out, span, retry=retry):
                 return
         for ref in step.done:
             self.tracker.done(ref.tp, ref.offset)
+
+    async def send_output(self, out: Output) -> Any:
+        """Hand one output to the producer; returns what confirms it (a future or a result).
+
+        The real broker gets the record through its aiokafka producer, header
+        values as bytes. FastStream's in-memory test broker only carries text
+        header values: there they are decoded (the in-memory path cannot carry
+        bytes that are not UTF-8; the real-broker tests check those).
+        """
+        topic = self._destinations[out.destination]
+        producer = self._producer()
+        if producer is not None:
+            return await producer.send(topic, out.value, key=out.key, headers=list(out.headers))
+        text = {name: value.decode("utf-8", errors="replace") for name, value in out.headers}
+        return await self.broker.publish(
+            out.value, topic=topic, key=out.key, headers=text, no_confirm=True
+        )
+
+    def _producer(self) -> AIOKafkaProducer | None:
+        """The broker's aiokafka producer once started; ``None`` in memory (TestKafkaBroker)."""
+        state = getattr(self.broker.config.producer, "_producer", None)
+        producer = getattr(state, "producer", None) if state else None
+        return producer if isinstance(producer, AIOKafkaProducer) else None
+
+    def _fitted(self, out: Output, limit: int | None = None, why: str = "") -> Output:
+        """``out`` if it fits its destination, else a dead letter (cut down to fit the DLQ)."""
+        topic = self._destinations[out.destination]
+        size = record_size(out.key, out.value, out.headers)
+        if out.destination is not Destination.DLQ:
+            if size <= self.limits[out.destination]:
+                return out
+            why = f"{size} bytes with headers exceed the {self.limits[out.destination]}-byte limit"
+            out = self._undeliverable(out, RecordTooLargeError(topic, why))
+            size = record_size(out.key, out.value, out.headers)
+        dlq = self._destinations[Destination.DLQ]
+        limit = min(limit or self.limits[Destination.DLQ], self.limits[Destination.DLQ])
+        why = why or (
+            f"{size} bytes with headers exceed the {limit}-byte limit of {dlq} (max.message.bytes)"
+        )
+        fitted = fit_dead_letter(out, limit, why)
+        if fitted is not out:
+            self.state.truncated_dead_letters += 1
+            log.warning("dead letter for %s truncated: %s", dlq, why)
+        return fitted
+
+    def _undeliverable(self, out: Output, error: RecordTooLargeError) -> Output:
+        self.state.undeliverable_outputs += 1
+        topic = self._destinations[out.destination]
+        log.error("an output for %s can never be published (%s); dead-lettered", topic, error)
+        reason = InputError("output-too-large", str(error))
+        return undeliverable_output(out, topic, reason, failed_at=datetime.now(UTC))
 
     async def _publish_pipelined(self, outputs: list[Output]) -> list[tuple[Output, Any]]:
         """Send all, await all; returns the outputs that failed, with their open spans."""
@@ -367,13 +546,7 @@ class SidecarService:
         for out in outputs:
             span = self.telemetry.before_publish(out)
             try:
-                future = await self.broker.publish(
-                    out.value,
-                    topic=self._destinations[out.destination],
-                    key=out.key,
-                    headers=out.headers,
-                    no_confirm=True,
-                )
+                future = await self.send_output(out)
             except (KafkaError, TimeoutError):
                 failed.append((out, span))
                 continue
@@ -391,26 +564,97 @@ class SidecarService:
         return failed
 
     async def _publish_one(self, out: Output, span: Any, *, retry: bool) -> bool:
-        """Publish and await confirmation, retrying with backoff; False when giving up."""
+        """Publish and await confirmation; False when giving up (stopping, or ``retry=False``).
+
+        Retriable errors: retried with capped, jittered backoff; ``state.publishing``
+        turns false once they last ``publish_stall_s``. Too large: the output is
+        replaced by a dead letter that fits (smaller each time the broker refuses
+        one). Fatal (authorisation, configuration): logged once, ``state.live``
+        false; the loop keeps retrying at the longest backoff until it is restarted.
+        """
         topic = self._destinations[out.destination]
-        backoff = 0.1
         if span is None:
             span = self.telemetry.before_publish(out)
+        attempt = 0
         while True:
             try:
-                await self.broker.publish(out.value, topic=topic, key=out.key, headers=out.headers)
-            except (KafkaError, TimeoutError) as exc:
+                await _confirmed(await self.send_output(out))
+            except (KafkaError, TimeoutError, GuardrailError) as exc:
+                error = classify(exc, topic)
+                if error.dead_letter:
+                    try:
+                        out = self._smaller(out, error)
+                    except BrokerAccessError as refused:
+                        error = refused
+                    else:
+                        continue
                 if not retry or self._stopping.is_set():
                     log.warning("stopping: %s stays uncommitted and will be re-read", topic)
                     return False
+                self._failing(error, exc, topic)
+                delay = backoff_delay(attempt, self._rng)
+                attempt += 1
                 self.state.publish_retries += 1
                 self.telemetry.publish_retries.add(1)
-                log.warning("publish to %s failed (%s); retrying in %.1fs", topic, exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_PUBLISH_BACKOFF_S)
+                log.warning("publish to %s failed (%s); retrying in %.2fs", topic, error, delay)
+                await asyncio.sleep(delay)
             else:
+                self.state.publish_failing_since = None
                 self.telemetry.after_publish(span)
                 return True
+
+    def _smaller(self, out: Output, error: GuardrailError) -> Output:
+        """After a too-large refusal: the dead letter to try instead (half the size, at most)."""
+        size = record_size(out.key, out.value, out.headers)
+        if out.destination is not Destination.DLQ:
+            assert isinstance(error, RecordTooLargeError)  # noqa: S101 - dead_letter errors
+            return self._fitted(self._undeliverable(out, error))
+        if size // 2 < MIN_DLQ_BYTES:
+            dlq = self._destinations[Destination.DLQ]
+            raise BrokerAccessError(
+                dlq, f"refuses a dead letter of {size} bytes; check its max.message.bytes"
+            ) from error
+        return self._fitted(out, size // 2, f"refused by the broker at {size} bytes: {error}")
+
+    def _failing(self, error: BrokerError, exc: BaseException, topic: str) -> None:
+        """Book a failed attempt: readiness after ``publish_stall_s``; liveness if fatal."""
+        now = time.monotonic()
+        if self.state.publish_failing_since is None:
+            self.state.publish_failing_since = now
+        persisted = now - self.state.publish_failing_since
+        missing = isinstance(exc, UnknownTopicOrPartitionError)
+        if missing and persisted >= UNKNOWN_TOPIC_FATAL_S:
+            error = BrokerAccessError(topic, f"the topic does not exist (for {persisted:.0f}s)")
+        if error.fatal and self.state.fatal is None:
+            self.state.fatal = str(error)
+            log.error("FATAL %s; not live until restarted", error)
+
+    async def _read_topic_limits(self) -> None:
+        """Lower ``limits`` to each output topic's own ``max.message.bytes`` (real broker)."""
+        if self._producer() is None:
+            return
+        names = {topic: dest for dest, topic in self._destinations.items()}
+        admin = AIOKafkaAdminClient(**aiokafka_client_args(self.settings.kafka))
+        try:
+            await admin.start()
+            responses = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic) for topic in names]
+            )
+        except KafkaError as exc:
+            log.warning("cannot read the output topics' max.message.bytes (%s)", exc)
+            return
+        finally:
+            await admin.close()
+        for response in responses:
+            for resource in response.resources:
+                error_code, _message, _type, topic, entries = resource[:5]
+                if error_code != 0 or topic not in names:
+                    continue
+                for entry in entries:
+                    if entry[0] == "max.message.bytes" and str(entry[1]).isdigit():
+                        dest = names[topic]
+                        self.limits[dest] = min(self.limits[dest], int(entry[1]))
+        log.info("record limits per output topic: %s", self.limits)
 
     # ------------------------------------------------------------------ commits
 

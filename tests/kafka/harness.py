@@ -41,11 +41,16 @@ class Harness(Protocol):
 
 
 def settings_for(
-    topics: dict[str, str], bootstrap: str = "127.0.0.1:9092", **extra: Any
+    names: dict[str, str], bootstrap: str = "127.0.0.1:9092", **extra: Any
 ) -> Settings:
+    """Test settings; ``kafka=`` / ``topics=`` in ``extra`` add to (not replace) those sections."""
     return Settings.load(
-        kafka={"bootstrap_servers": bootstrap, "group_id": topics["group"]},
-        topics={k: v for k, v in topics.items() if k != "group"},
+        kafka={
+            "bootstrap_servers": bootstrap,
+            "group_id": names["group"],
+            **extra.pop("kafka", {}),
+        },
+        topics={**{k: v for k, v in names.items() if k != "group"}, **extra.pop("topics", {})},
         join={"ttl_ms": 5000, "sweep_interval_ms": 100},
         http={"enabled": False},
         **extra,

@@ -66,7 +66,7 @@ def test_two_halves_join_in_either_order(
         ("rag.generation", 0),
     }
     assert step2.outputs[0].key == b"req-1"
-    assert step2.outputs[0].headers[IDEMPOTENCY_HEADER] == v.idempotency_key
+    assert step2.outputs[0].header(IDEMPOTENCY_HEADER) == v.idempotency_key.encode()
 
 
 def test_deltas_are_held_until_the_verdict_and_finished_with_it(
