@@ -39,7 +39,8 @@ from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
 IDEMPOTENCY_HEADER = "x-idempotency-key"
 MAX_DLQ_DETAIL_CHARS = 2_000
 MAX_DLQ_KEY_BYTES = 1_024  # a truncated dead letter keeps at most this much of its key
-MAX_DLQ_NOTE_BYTES = 512  # x-dlq-truncated-reason / x-dlq-dropped-headers, each
+MAX_DLQ_NOTE_BYTES = 256  # x-dlq-truncated-reason
+MAX_DLQ_DROPPED_BYTES = 128  # x-dlq-dropped-headers (the names, comma-separated)
 # Kafka's record batch v2 framing: a 61-byte batch header; per record at most 36 bytes of
 # varints and attributes; per header at most 10 bytes of length varints (KIP-98 format).
 BATCH_OVERHEAD_BYTES = 61
@@ -378,10 +379,10 @@ def fit_dead_letter(out: Output, max_bytes: int, why: str) -> Output:
         (dlq_header("truncated"), b"true"),
         (dlq_header("original_size"), str(len(out.value)).encode("ascii")),
         (dlq_header("original_sha256"), hashlib.sha256(out.value).hexdigest().encode("ascii")),
-        (dlq_header("truncated_reason"), _note(why)),
+        (dlq_header("truncated_reason"), _note(why, MAX_DLQ_NOTE_BYTES)),
     ]
     dropped_name = dlq_header("dropped_headers")
-    reserve = HEADER_OVERHEAD_BYTES + len(dropped_name) + MAX_DLQ_NOTE_BYTES
+    reserve = HEADER_OVERHEAD_BYTES + len(dropped_name) + MAX_DLQ_DROPPED_BYTES
     own = _fit_detail(own, max_bytes - reserve - record_size(key, b"", marks), out)
     fixed = record_size(key, b"", own + marks) + reserve
     header_budget = (max_bytes - fixed) // 2
@@ -395,7 +396,7 @@ def fit_dead_letter(out: Output, max_bytes: int, why: str) -> Output:
         else:
             dropped.append(name)
     if dropped:
-        marks.append((dropped_name, _note(",".join(dropped))))
+        marks.append((dropped_name, _note(",".join(dropped), MAX_DLQ_DROPPED_BYTES)))
     headers = kept + own + marks
     room = max_bytes - record_size(key, b"", headers)
     return Output(
@@ -407,8 +408,9 @@ def fit_dead_letter(out: Output, max_bytes: int, why: str) -> Output:
     )
 
 
-def _note(text: str) -> bytes:
-    return text.encode("utf-8")[:MAX_DLQ_NOTE_BYTES].decode("utf-8", errors="ignore").encode()
+def _note(text: str, limit: int) -> bytes:
+    """``text`` as UTF-8, at most ``limit`` bytes, never ending in half a character."""
+    return text.encode("utf-8")[:limit].decode("utf-8", errors="ignore").encode("utf-8")
 
 
 def _fit_detail(own: list[Header], budget: int, out: Output) -> list[Header]:

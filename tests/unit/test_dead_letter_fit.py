@@ -1,0 +1,133 @@
+"""Dead letters that fit their topic: the truncation builder at, below and above the limit."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+
+import pytest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.contracts.events import DeadLetterRecord
+from sidecar.exceptions import InputError, RecordTooLargeError
+from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.outputs import (
+    BATCH_OVERHEAD_BYTES,
+    Destination,
+    Output,
+    dead_letter_output,
+    fit_dead_letter,
+    record_size,
+)
+
+LIMIT = 8_192
+FAILED_AT = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+BINARY = b"\xff\xfe\x00\xc3("
+
+
+def dead_letter(value: bytes, headers: tuple[tuple[str, bytes], ...] = ()) -> Output:
+    ref = InputRef(topic="rag.generation", partition=2, offset=41, headers=headers)
+    error = InputError("malformed-json", "not valid JSON: unexpected end of data")
+    return dead_letter_output(value, b"req-7", ref, error, failed_at=FAILED_AT)
+
+
+def sized(total: int, headers: tuple[tuple[str, bytes], ...] = ()) -> Output:
+    """A dead letter whose ``record_size`` is exactly ``total``."""
+    skeleton = dead_letter(b"", headers)
+    out = dead_letter(b"v" * (total - record_size(skeleton.key, b"", skeleton.headers)), headers)
+    assert record_size(out.key, out.value, out.headers) == total
+    return out
+
+
+@pytest.mark.parametrize("delta", [-1, 0])
+def test_a_dead_letter_at_or_below_the_limit_is_untouched(delta: int) -> None:
+    out = sized(LIMIT + delta, (("traceparent", b"00-abc"), ("x-binary", BINARY)))
+    assert fit_dead_letter(out, LIMIT, "why") is out
+
+
+def test_one_byte_over_the_limit_is_truncated_and_says_so() -> None:
+    headers = (("traceparent", b"00-abc"), ("x-binary", BINARY))
+    out = sized(LIMIT + 1, headers)
+    fitted = fit_dead_letter(out, LIMIT, "8193 bytes exceed the 8192-byte limit")
+    assert record_size(fitted.key, fitted.value, fitted.headers) <= LIMIT
+    assert out.value.startswith(fitted.value)
+    assert len(fitted.value) < len(out.value)
+    assert fitted.key == out.key
+    assert fitted.destination is Destination.DLQ
+    record = DeadLetterRecord.from_headers(fitted.headers)
+    assert record.truncated is True
+    assert record.original_size == len(out.value)
+    assert record.original_sha256 == hashlib.sha256(out.value).hexdigest()
+    assert record.truncated_reason == "8193 bytes exceed the 8192-byte limit"
+    assert record.reason == "malformed-json"
+    assert record.source_offset == 41
+    assert record.dropped_headers is None
+    # the original headers, byte for byte, first and in order
+    assert fitted.headers[:2] == list(headers)
+    assert fitted.header("x-dlq-truncated") == b"true"
+
+
+def test_a_header_too_large_for_the_budget_is_dropped_and_named() -> None:
+    blob = b"\xff" * (2 * LIMIT)
+    out = dead_letter(b'{"a": ', (("traceparent", b"00-abc"), ("x-blob", blob), ("k", b"v")))
+    fitted = fit_dead_letter(out, LIMIT, "too large")
+    assert record_size(fitted.key, fitted.value, fitted.headers) <= LIMIT
+    assert fitted.header("x-blob") is None
+    assert fitted.header("traceparent") == b"00-abc"
+    assert fitted.header("k") == b"v"  # the headers after a dropped one still get their turn
+    assert fitted.value == b'{"a": '  # the value was small: kept whole
+    assert DeadLetterRecord.from_headers(fitted.headers).dropped_headers == "x-blob"
+
+
+def test_a_limit_below_the_dead_letters_own_headers_cuts_the_detail_then_gives_up() -> None:
+    long_detail = InputError("malformed-json", "d" * 2_000)
+    ref = InputRef(topic="rag.generation", partition=0, offset=1)
+    out = dead_letter_output(b"x" * 4_000, b"k", ref, long_detail, failed_at=FAILED_AT)
+    fitted = fit_dead_letter(out, 1_024, "small topic")
+    assert record_size(fitted.key, fitted.value, fitted.headers) <= 1_024
+    detail = fitted.header("x-dlq-detail")
+    assert detail is not None and 0 < len(detail) < 2_000
+    with pytest.raises(RecordTooLargeError) as caught:
+        fit_dead_letter(out, 200, "absurd topic")
+    assert caught.value.dead_letter and not caught.value.retriable
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    value=st.binary(max_size=20_000),
+    headers=st.lists(
+        st.tuples(st.text(min_size=1, max_size=20), st.binary(max_size=6_000)), max_size=6
+    ),
+    limit=st.integers(min_value=1_024, max_value=24_000),
+)
+def test_a_fitted_dead_letter_never_exceeds_the_limit(
+    value: bytes, headers: list[tuple[str, bytes]], limit: int
+) -> None:
+    out = dead_letter(value, tuple(headers))
+    fitted = fit_dead_letter(out, limit, "property")
+    assert record_size(fitted.key, fitted.value, fitted.headers) <= limit
+    assert out.value.startswith(fitted.value)
+    assert fitted.header("x-dlq-reason") == b"malformed-json"
+    kept = [h for h in fitted.headers if not h[0].startswith("x-dlq-")]
+    assert all(h in headers for h in kept)  # original headers are kept whole or not at all
+    if fitted is not out:
+        assert fitted.header("x-dlq-original-size") == str(len(value)).encode()
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(
+    key=st.none() | st.binary(max_size=300),
+    value=st.binary(max_size=70_000),
+    headers=st.lists(st.tuples(st.text(max_size=30), st.binary(max_size=3_000)), max_size=8),
+)
+def test_record_size_bounds_aiokafkas_own_estimate(
+    key: bytes | None, value: bytes, headers: list[tuple[str, bytes]]
+) -> None:
+    """The broker sees a batch; aiokafka estimates it; ours is never below that estimate."""
+    estimate = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers)
+    assert estimate <= record_size(key, value, headers)
+    assert record_size(key, value, headers) - estimate <= BATCH_OVERHEAD_BYTES + 10 * (
+        len(headers) + 4
+    )
