@@ -9,7 +9,7 @@ import orjson
 
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
-from sidecar.contracts.events import AnswerVerdict
+from sidecar.contracts.events import AnswerVerdict, DeadLetterRecord
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination, Step
 from sidecar.pipeline.processor import Processor
@@ -33,7 +33,11 @@ def ref(topic: str, offset: int, partition: int = 0, **headers: str) -> InputRef
 
 
 def reasons(step: Step) -> list[str]:
-    return [o.headers["x-dlq-reason"] for o in step.outputs if o.destination is Destination.DLQ]
+    return [
+        DeadLetterRecord.from_headers(o.headers).reason
+        for o in step.outputs
+        if o.destination is Destination.DLQ
+    ]
 
 
 def verdicts(step: Step) -> list[AnswerVerdict]:
