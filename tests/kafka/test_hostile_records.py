@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import signal
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -20,6 +22,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from sidecar.chaos.process import SidecarProcess
 from sidecar.config import Settings
 from sidecar.contracts.events import AnswerVerdict, Decision
 from sidecar.kafka.topics import create_topics
@@ -27,6 +30,7 @@ from sidecar.localkafka.broker import LocalKafka
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import Msg, RealHarness, real_harness, settings_for, wait_until
 from tests.kafka.test_commits import committed
+from tests.kafka.test_hostile import read
 
 pytestmark = pytest.mark.connected
 
@@ -242,3 +246,60 @@ async def test_a_dlq_topic_smaller_than_configured_still_takes_a_truncated_dead_
             "req-s1",
         ]
         await all_committed(h, settings, 1 + len(later))
+
+
+async def test_a_killed_sidecar_process_re_reads_the_hostile_records_and_does_not_wedge(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """As reported: a real sidecar process, killed before it commits, restarted."""
+    bootstrap = kafka_broker.bootstrap_servers
+    settings = settings_for(unique_topics, bootstrap, topics={"max_message_bytes": TOPIC_LIMIT})
+    await create_topics(settings)
+    t = settings.topics
+    env = {
+        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
+        "GUARDRAIL_KAFKA__GROUP_ID": unique_topics["group"],
+        "GUARDRAIL_TOPICS__MAX_MESSAGE_BYTES": str(TOPIC_LIMIT),
+        **{f"GUARDRAIL_TOPICS__{k.upper()}": v for k, v in unique_topics.items() if k != "group"},
+    }
+    oversize = b'{"request_id": "req-big", "pad": "' + b"x" * (TOPIC_LIMIT - 250)
+    records = [(t.generation, b"req-big", oversize, [("x-binary", NOT_UTF8)])]
+    records += requests(settings, ["req-p0", "req-p1"], retrieval_event, final_event)
+    topic, key, value, _ = records[-1]
+    records[-1] = (topic, key, value, [("x-binary", NOT_UTF8)])
+
+    # 1st life: answers and dead-letters, never commits (its commit sweep is an hour away)
+    never_commits = SidecarProcess(
+        {**env, "GUARDRAIL_JOIN__SWEEP_INTERVAL_MS": "3600000"}, tmp_path / "1.log"
+    )
+    never_commits.start()
+    await produce(settings, records)
+    for _ in range(100):
+        if len(await read(bootstrap, t.verdicts, 0.3)) >= 2 and await read(bootstrap, t.dlq, 0.3):
+            break
+    assert never_commits.signal(signal.SIGKILL) == -signal.SIGKILL
+    assert await committed(bootstrap, unique_topics["group"]) == {}
+
+    # 2nd life: re-reads all of it, cuts the dead letter again, answers a new request
+    second = SidecarProcess(env, tmp_path / "2.log")
+    second.start()
+    await produce(settings, requests(settings, ["req-p2"], retrieval_event, final_event))
+    for _ in range(100):
+        got = {orjson.loads(r.value)["request_id"] for r in await read(bootstrap, t.verdicts, 0.3)}
+        if got >= {"req-p0", "req-p1", "req-p2"}:
+            break
+    assert second.signal(signal.SIGTERM) == 0
+    assert got == {"req-p0", "req-p1", "req-p2"}, second.tail()
+    dead = await read(bootstrap, t.dlq)
+    assert len(dead) == 2  # once per life, the same truncated dead letter
+    for record in dead:
+        headers = dict(record.headers)
+        assert headers["x-dlq-truncated"] == b"true"
+        assert headers["x-binary"] == NOT_UTF8
+        assert headers["x-dlq-original-sha256"] == hashlib.sha256(oversize).hexdigest().encode()
+    done = await committed(bootstrap, unique_topics["group"])
+    assert sum(done.values()) == len(records) + 2
