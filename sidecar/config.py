@@ -52,6 +52,11 @@ class KafkaSettings(_Section):
         "one confirmed publish at a time, the benchmark's baseline)",
     )
     batch_timeout_ms: int = Field(default=5, ge=0, le=10_000)
+    processing_thread: bool = Field(
+        default=True,
+        description="run the processor (segmentation, verifier, lookback) on a worker thread "
+        "so that the event loop keeps the group's heartbeats and the health probes answering",
+    )
     fetch_max_wait_ms: int = Field(
         default=10, ge=0, le=10_000, description="how long a fetch may wait for data (latency)"
     )

@@ -1,6 +1,7 @@
 """Liveness and readiness over plain HTTP (asyncio streams; no web framework).
 
-``GET /livez``  -> 200 while the event loop runs.
+``GET /livez``  -> 200 while the event loop runs and nothing fatal happened (a
+                   publish error that retrying cannot fix: the pod should restart).
 ``GET /readyz`` -> 200 when the broker is connected, partitions are assigned and
                    models are loaded; 503 with the failing checks otherwise.
 """
@@ -17,10 +18,13 @@ Check = Callable[[], dict[str, bool]]
 
 
 class HealthServer:
-    def __init__(self, host: str, port: int, readiness: Check) -> None:
+    def __init__(
+        self, host: str, port: int, readiness: Check, liveness: Check | None = None
+    ) -> None:
         self._host = host
         self._port = port
         self._readiness = readiness
+        self._liveness = liveness
         self._server: asyncio.Server | None = None
 
     @property
@@ -44,7 +48,9 @@ class HealthServer:
             path = parts[1] if len(parts) >= 2 else "/"
             body: dict[str, Any]
             if path.startswith("/livez"):
-                status, body = 200, {"live": True}
+                checks = self._liveness() if self._liveness is not None else {}
+                live = all(checks.values())
+                status, body = (200 if live else 503), {"live": live, "checks": checks}
             elif path.startswith("/readyz"):
                 checks = self._readiness()
                 ready = all(checks.values())

@@ -219,12 +219,14 @@ async def serve(settings: Settings) -> None:
                 "broker_connected": service.state.broker_ok,
                 "models_loaded": True,
                 "inputs_co_partitioned": not service.state.split and service.state.topics_ok,
+                "publishing": service.state.publishing,
                 **(
                     {"partitions_assigned": bool(service.state.assigned)}
                     if settings.http.ready_requires_assignment
                     else {}
                 ),
             },
+            lambda: {"no_fatal_publish_error": service.state.live},
         )
         await health.start()
         log.info("health endpoints on %s:%d", settings.http.host, health.port)

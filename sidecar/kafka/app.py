@@ -30,9 +30,10 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaProducer, ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -85,6 +86,8 @@ from sidecar.pipeline.processor import Processor
 from sidecar.telemetry import Telemetry
 
 log = logging.getLogger("sidecar.kafka")
+
+_T = TypeVar("_T")
 
 MAX_PUBLISH_BACKOFF_S = 5.0
 FIRST_PUBLISH_BACKOFF_S = 0.1
@@ -334,6 +337,13 @@ class SidecarService:
             self.subscriber(self._on_message)
         self._commit_lock = asyncio.Lock()
         self._handler_lock = asyncio.Lock()
+        # the processor's CPU-bound work (segmentation, the verifier, lookback batches)
+        # runs on one worker thread: the event loop keeps heartbeats and probes going
+        self._worker = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="guardrail-processor")
+            if settings.kafka.processing_thread
+            else None
+        )
         self._stopping = asyncio.Event()
         self._ticker: asyncio.Task[None] | None = None
         self.lag: dict[tuple[str, int], int] = {}
@@ -402,6 +412,8 @@ class SidecarService:
                 log.warning("final commit failed (%s); the next owner re-reads", exc)
         await self.subscriber.stop()
         await self.broker.stop()
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
         self.state.started = False
 
     async def _indexing_parser(
@@ -466,8 +478,15 @@ class SidecarService:
                     self.tracker.done(ref.tp, ref.offset)
                     continue
                 items.append((kind, record.value, record.key, ref))
-            await self.emit(self.processor.on_batch(items, time.monotonic() * 1000.0))
+            step = await self._in_worker(self.processor.on_batch, items, time.monotonic() * 1000.0)
+            await self.emit(step)
             await self.align()
+
+    async def _in_worker(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run a processor call on the worker thread (one at a time, in order)."""
+        if self._worker is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     async def emit(self, step: Step, *, retry: bool = True) -> None:
         """Publish a step's outputs (retrying until confirmed), then finish its inputs.
@@ -732,7 +751,7 @@ class SidecarService:
             await self.commit(only=revoked)
         except KafkaError as exc:
             log.warning("commit before revocation failed (%s); the new owner re-reads", exc)
-        dropped = self.processor.store.drop_partitions(revoked)
+        dropped = await self._in_worker(self.processor.store.drop_partitions, revoked)
         self.tracker.forget(revoked)
         self.keys.forget(revoked)
         for tp in revoked:
@@ -800,7 +819,8 @@ class SidecarService:
         while not self._stopping.is_set():
             await asyncio.sleep(interval)
             try:
-                await self.emit(self.processor.on_tick(time.monotonic() * 1000.0))
+                step = await self._in_worker(self.processor.on_tick, time.monotonic() * 1000.0)
+                await self.emit(step)
                 await self.commit()
                 await self.align(await self._measure_lag())
             except KafkaError as exc:

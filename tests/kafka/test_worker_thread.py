@@ -1,0 +1,92 @@
+"""CPU-bound scoring runs off the event loop: heartbeats and probes keep their turn."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+from faststream.kafka import TestKafkaBroker
+
+from sidecar.contracts.events import GenerationFinal, LookbackSignal, RetrievalSignal, SignalStatus
+from sidecar.kafka.app import SidecarService
+from sidecar.pipeline.ports import SignalSuite
+from sidecar.pipeline.processor import Processor
+from sidecar.policy import PlaceholderPolicy
+from tests.conftest import EventFactory, dumps
+from tests.kafka.harness import settings_for
+
+BUSY_S = 0.6
+
+
+@dataclass
+class BusyLookback:
+    """A scorer that holds the CPU (and the GIL, as pure-Python work does) for a while."""
+
+    version: str = "busy/1"
+
+    def check(self, final: GenerationFinal) -> None:
+        del final
+
+    def score(self, final: GenerationFinal, certification: RetrievalSignal) -> LookbackSignal:
+        return self.score_batch([(final, certification)])[0]
+
+    def score_batch(
+        self, items: Sequence[tuple[GenerationFinal, RetrievalSignal]]
+    ) -> list[LookbackSignal]:
+        deadline = time.perf_counter() + BUSY_S
+        while time.perf_counter() < deadline:
+            sum(range(1000))
+        return [
+            LookbackSignal(status=SignalStatus.OK, p_factual=0.5, model_version=self.version)
+        ] * len(items)
+
+
+async def _ticks_while_deciding(
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    processing_thread: bool,
+) -> int:
+    settings = settings_for(unique_topics, kafka={"processing_thread": processing_thread})
+    processor = Processor(
+        settings, PlaceholderPolicy(), signals=SignalSuite(lookback=BusyLookback())
+    )
+    service = SidecarService(settings, processor)
+    ticks = 0
+
+    async def ticker() -> None:  # stands in for heartbeats and /livez
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+
+    t = settings.topics
+    async with TestKafkaBroker(service.broker) as broker:
+        await broker.publish(dumps(retrieval_event("req-1")), topic=t.retrieval, key=b"req-1")
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        ticks = 0
+        await broker.publish(dumps(final_event("req-1")), topic=t.generation, key=b"req-1")
+        task.cancel()
+    assert processor.counters.verdicts == 1
+    return ticks
+
+
+@pytest.mark.parametrize("processing_thread", [True, False])
+async def test_the_event_loop_keeps_running_while_a_request_is_scored(
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    processing_thread: bool,
+) -> None:
+    ticks = await _ticks_while_deciding(
+        unique_topics, retrieval_event, final_event, processing_thread
+    )
+    if processing_thread:
+        # ~30 ticks of 20 ms fit in 0.6 s; the GIL is shared, so allow a wide margin
+        assert ticks >= 5, ticks
+    else:  # the control: the loop was held for the whole scoring
+        assert ticks <= 1, ticks
