@@ -304,7 +304,11 @@ class JudgeSettings(_Section):
     endpoint: str | None = Field(default=None, description="base URL, e.g. http://llm:8000/v1")
     model: str | None = None
     api_key: SecretStr | None = None
-    prompt: Literal["seed001", "seed002"] = "seed002"
+    prompt: Literal["three-way", "four-way"] = Field(
+        default="four-way",
+        description="four-way: verified / partially verified / unverified / irrelevant; "
+        "three-way: supported / unsupported / uncertain",
+    )
     timeout_s: float = Field(default=2.0, gt=0.0, le=60.0)
     max_calls_per_answer: int = Field(default=3, ge=0, le=100)
     failure_threshold: int = Field(default=3, ge=1)

@@ -38,8 +38,8 @@ from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import ConfigError
 
 __all__ = [
-    "SEED001_PROMPT",
-    "SEED002_PROMPT",
+    "FOUR_WAY_PROMPT",
+    "THREE_WAY_PROMPT",
     "HttpJudge",
     "JudgeBudget",
     "JudgeConfig",
@@ -50,9 +50,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PromptStyle = Literal["seed001", "seed002"]
+PromptStyle = Literal["three-way", "four-way"]
+"""three-way: supported / unsupported / uncertain; four-way: verified / partially verified /
+unverified / irrelevant (both mapped onto the claim labels by :func:`parse_label`)."""
 
-SEED001_PROMPT: Final = (
+THREE_WAY_PROMPT: Final = (
     "Verify if the given claim is supported by the provided context.\n\n"
     "SUPPORTED: The claim is directly stated or clearly follows from the context.\n"
     "UNSUPPORTED: The claim makes an assertion not in the context "
@@ -64,7 +66,7 @@ SEED001_PROMPT: Final = (
 )
 """Seed 001, Step 2 (``verify_claim``), verbatim."""
 
-SEED002_PROMPT: Final = (
+FOUR_WAY_PROMPT: Final = (
     "Verify if the claim is supported by the context. "
     'Return JSON: {"status": "verified"} or {"status": "partially_verified"} '
     'or {"status": "unverified"} or {"status": "irrelevant"}\n\n'
@@ -107,7 +109,7 @@ class JudgeConfig:
 
     endpoint: str  # base URL of an OpenAI-compatible API, e.g. http://llm:8000/v1
     model: str
-    prompt: PromptStyle = "seed002"
+    prompt: PromptStyle = "four-way"
     timeout_s: float = 2.0
     max_calls_per_answer: int = 3
     failure_threshold: int = 3
@@ -142,17 +144,17 @@ class HttpJudge:
 
     def messages(self, claim: str, context: str) -> list[dict[str, str]]:
         ctx = context[: self.config.context_chars]
-        if self.config.prompt == "seed001":
+        if self.config.prompt == "three-way":
             user = (
                 f"Claim to verify: {claim}\n\nContext:\n{ctx}\n\n"
                 "Is this claim supported by the context?"
             )
             return [
-                {"role": "system", "content": SEED001_PROMPT},
+                {"role": "system", "content": THREE_WAY_PROMPT},
                 {"role": "user", "content": user},
             ]
         user = f"Claim: {claim}\n\nContext: {ctx}"
-        return [{"role": "system", "content": SEED002_PROMPT}, {"role": "user", "content": user}]
+        return [{"role": "system", "content": FOUR_WAY_PROMPT}, {"role": "user", "content": user}]
 
     def __call__(self, claim: str, context: str) -> ClaimLabel:
         body = {

@@ -14,8 +14,8 @@ import pytest
 
 from sidecar.claims.checker import ClaimScorer, VerifierClaimChecker
 from sidecar.claims.judge import (
-    SEED001_PROMPT,
-    SEED002_PROMPT,
+    FOUR_WAY_PROMPT,
+    THREE_WAY_PROMPT,
     JudgeConfig,
     JudgeRunner,
     parse_label,
@@ -107,7 +107,7 @@ def test_a_verdict_in_time_refines_the_label(
     runner.close()
     assert labels == [ClaimLabel.SUPPORTED]  # the stub says "verified" (seed 002)
     [body] = state.bodies
-    assert body["messages"][0]["content"] == SEED002_PROMPT
+    assert body["messages"][0]["content"] == FOUR_WAY_PROMPT
     assert UNCERTAIN_CLAIM in body["messages"][1]["content"]
     assert body["model"] == "stub" and body["temperature"] == 0
 
@@ -163,7 +163,7 @@ def test_the_per_answer_budget_caps_calls(
 ) -> None:
     state, url = stub
     runner = JudgeRunner(
-        JudgeConfig(endpoint=url, model="stub", prompt="seed001", max_calls_per_answer=2)
+        JudgeConfig(endpoint=url, model="stub", prompt="three-way", max_calls_per_answer=2)
     )
     session = VerifierClaimChecker(ClaimScorer(LexicalVerifier()), judge=runner).open(
         retrieval(EVIDENCE), trusted()
@@ -171,7 +171,7 @@ def test_the_per_answer_budget_caps_calls(
     session.finish(" ".join([UNCERTAIN_CLAIM] * 4))
     runner.close()
     assert len(state.bodies) == 2 and runner.stats["skipped"] == 2
-    assert state.bodies[0]["messages"][0]["content"] == SEED001_PROMPT
+    assert state.bodies[0]["messages"][0]["content"] == THREE_WAY_PROMPT
     # the seed 001 reply "verified" is no seed 001 label... but maps all the same
     assert [r.label for r in session.results].count(ClaimLabel.SUPPORTED) == 2
 

@@ -27,7 +27,7 @@ def test_judge_settings_reach_the_claim_checker(monkeypatch: pytest.MonkeyPatch)
         "GUARDRAIL_JUDGE__API_KEY": "sk-very-secret",
         "GUARDRAIL_JUDGE__TIMEOUT_S": "0.5",
         "GUARDRAIL_JUDGE__MAX_CALLS_PER_ANSWER": "2",
-        "GUARDRAIL_JUDGE__PROMPT": "seed001",
+        "GUARDRAIL_JUDGE__PROMPT": "three-way",
     }.items():
         monkeypatch.setenv(name, value)
     settings = Settings.load()
@@ -41,7 +41,7 @@ def test_judge_settings_reach_the_claim_checker(monkeypatch: pytest.MonkeyPatch)
     assert (config.endpoint, config.model, config.prompt) == (
         "http://127.0.0.1:9/v1",
         "judge-7b",
-        "seed001",
+        "three-way",
     )
     assert (config.timeout_s, config.max_calls_per_answer) == (0.5, 2)
     assert config.api_key == "sk-very-secret"
