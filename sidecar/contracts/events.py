@@ -224,8 +224,16 @@ class RetrievalSignal(BaseModel):
 
     status: SignalStatus
     trusted_chunk_ids: list[str] = Field(default_factory=list)
-    m1: bool | None = Field(default=None, description="eq. 5: at least one chunk is trusted")
-    m2: Probability | None = Field(default=None, description="eq. 6: |C| / K")
+    m1: bool | None = Field(
+        default=None,
+        description="any trusted chunk: at least one retrieved chunk is in the trusted set C "
+        "(m1 in docs/methods.md)",
+    )
+    m2: Probability | None = Field(
+        default=None,
+        description="trusted fraction: |C| / K, the share of the K requested chunks that are "
+        "trusted (m2 in docs/methods.md)",
+    )
     q_hat: float | None = Field(default=None, description="None when nothing is certifiable")
     alpha: Probability | None = None
     certifiable: bool | None = Field(
