@@ -13,6 +13,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from sidecar import __version__
 from sidecar.exceptions import ConfigError, GuardrailError
 
 # Modules that contribute sub-commands, in the order --help lists them.
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="guardrail",
         description="Streaming guardrail sidecar for RAG services: allow / caveat / block.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
