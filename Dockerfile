@@ -29,45 +29,86 @@ ARG PYTHON_IMAGE=python:3.11-slim
 ARG VARIANT=cpu
 ARG BAKE_MODELS=true
 
-# ---------------------------------------------------------------- builder
-FROM ${PYTHON_IMAGE} AS builder
+# Layers, from the least to the most often changed: the runtime dependencies
+# (keyed by the dependency list alone), the models, then the project's own code
+# (a few hundred kB). A change to sidecar/ rebuilds only the last layer; a change
+# to pyproject.toml that leaves [project.dependencies] alone reinstalls nothing.
+#
+# The base needs python3 (3.11) with venv/ensurepip and nothing else: the
+# public python:3.11-slim, or any Debian-like image with Python 3.11
+# (scripts/image.sh builds such a base locally with debootstrap).
+
+# ------------------------------------------------------------ requirements
+# The runtime dependencies (and the build backend) as plain requirement files,
+# read from pyproject.toml. Only this stage sees pyproject.toml: the next
+# stage copies the extracted lists, and its cache is keyed by their content.
+FROM ${PYTHON_IMAGE} AS requirements
+ARG VARIANT
+COPY pyproject.toml /src/pyproject.toml
+RUN python3 -c 'import sys, tomllib; \
+p = tomllib.load(open("/src/pyproject.toml", "rb")); variant = sys.argv[1]; \
+variant in ("cpu", "gpu") or sys.exit(f"VARIANT must be cpu or gpu, got {variant!r}"); \
+extra = p["project"]["optional-dependencies"]["gpu"] if variant == "gpu" else []; \
+open("/runtime.txt", "w").write("\n".join(p["project"]["dependencies"] + extra) + "\n"); \
+open("/build.txt", "w").write("\n".join(p["build-system"]["requires"]) + "\n")' "${VARIANT}"
+
+# -------------------------------------------------------------------- deps
+# /opt/venv with the runtime dependencies only. It has no pip of its own: a
+# separate build venv (/opt/build: pip and the build backend) installs into it.
+# pip compiles the .pyc files now, so the read-only image never writes bytecode.
+# GPU: onnxruntime (a base dependency) and onnxruntime-gpu install the same
+# package directory, so both are removed and the GPU build alone is
+# reinstalled, with NVIDIA's CUDA/cuDNN wheels, whose library directories are
+# recorded for the dynamic linker. Finally the serving path must not have
+# dragged in the training / generator stack.
+FROM ${PYTHON_IMAGE} AS deps
 ARG VARIANT
 ARG ORT_GPU_REQUIREMENT="onnxruntime-gpu[cuda,cudnn]"
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore \
     PYTHONDONTWRITEBYTECODE=1
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-WORKDIR /src
-# Only the packaging inputs: a change to models/ or the chart does not
-# invalidate the dependency layer.
-COPY pyproject.toml README.md ./
-COPY sidecar/ sidecar/
-# The venv has no pip of its own: the builder's pip installs into it.
-# `pip install /src` builds the project's wheel and installs it with the runtime
-# dependencies only; pip compiles the .pyc files now, so the read-only image
-# never writes bytecode. GPU: onnxruntime (a base dependency) and
-# onnxruntime-gpu install the same package directory, so both are removed and
-# the GPU build alone is reinstalled, with NVIDIA's CUDA/cuDNN wheels, whose
-# library directories are recorded for the dynamic linker. Finally the serving
-# path must not have dragged in the training / generator stack.
-RUN set -eux; \
-    case "${VARIANT}" in cpu|gpu) ;; *) echo "VARIANT must be cpu or gpu, got '${VARIANT}'" >&2; exit 1;; esac; \
-    python -m venv --without-pip /opt/venv; \
-    pip_venv() { python -m pip --python /opt/venv/bin/python "$@"; }; \
+COPY --from=requirements /runtime.txt /build.txt /requirements/
+RUN --mount=type=cache,id=guardrail-pip,target=/root/.cache/pip \
+    set -eux; \
+    python3 -m venv /opt/build; \
+    /opt/build/bin/pip install --requirement /requirements/build.txt; \
+    python3 -m venv --without-pip /opt/venv; \
+    pip_venv() { /opt/build/bin/pip --python /opt/venv/bin/python "$@"; }; \
+    pip_venv install --requirement /requirements/runtime.txt; \
     if [ "${VARIANT}" = "gpu" ]; then \
-      pip_venv install "/src[gpu]"; \
       ort_version="$(pip_venv show onnxruntime-gpu | sed -n 's/^Version: //p')"; \
       pip_venv uninstall --yes onnxruntime onnxruntime-gpu; \
       pip_venv install "${ORT_GPU_REQUIREMENT}==${ort_version}"; \
       find /opt/venv -path '*/site-packages/nvidia/*' -type d -name lib | sort >/opt/venv/nvidia-libs.conf; \
     else \
-      pip_venv install /src; \
       : >/opt/venv/nvidia-libs.conf; \
     fi; \
     if pip_venv show torch transformers scikit-learn >/dev/null 2>&1; then \
       echo "torch / transformers / scikit-learn ended up in the runtime venv" >&2; exit 1; \
-    fi; \
+    fi
+
+# ----------------------------------------------------------------- project
+# The project's wheel, built by the build venv and installed into /opt/venv
+# without dependencies (`pip check` proves they are all there); then its files
+# alone - the package, its dist-info, the `guardrail` script - are collected in
+# /project, the runtime's last layer.
+FROM deps AS project
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+WORKDIR /
+COPY pyproject.toml README.md /src/
+COPY sidecar/ /src/sidecar/
+RUN set -eux; \
+    pip_venv() { /opt/build/bin/pip --python /opt/venv/bin/python "$@"; }; \
+    /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels /src; \
+    pip_venv install --no-cache-dir --no-deps /wheels/*.whl; \
+    pip_venv check; \
+    site="$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"; \
+    mkdir /project; \
+    pip_venv show --files rag-guardrail-sidecar | sed '1,/^Files:/d' \
+      | while read -r f; do realpath -m --relative-to=/ "${site}/${f}"; done \
+      | xargs cp --parents --preserve=mode,timestamps --target-directory=/project; \
+    test -x /project/opt/venv/bin/guardrail; \
     /opt/venv/bin/guardrail --help >/dev/null
 
 # ------------------------------------------------------------------ models
@@ -75,7 +116,9 @@ RUN set -eux; \
 # in the build context, default models; let it through .dockerignore).
 # --build-arg BAKE_MODELS=false leaves an empty /models for a read-only volume;
 # BuildKit then builds only that stage, so MODELS_SRC need not exist (the legacy
-# builder builds every stage: use BuildKit).
+# builder builds every stage: use BuildKit). Podman/buildah does not see the
+# stage named through the build arg: build with --skip-unused-stages=false
+# (scripts/image.sh does).
 FROM ${PYTHON_IMAGE} AS models-false
 RUN mkdir /models
 
@@ -109,12 +152,14 @@ RUN groupadd --system --gid 10001 guardrail \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin guardrail
 
-COPY --from=builder /opt/venv /opt/venv
-# /models: an empty mount point, or the baked artifacts.
-COPY --from=models /models /models
+COPY --from=deps /opt/venv /opt/venv
 # GPU variant: let the dynamic linker find the CUDA / cuDNN libraries shipped
 # as wheels (an empty file, and a no-op, for the CPU variant).
 RUN cp /opt/venv/nvidia-libs.conf /etc/ld.so.conf.d/zz-guardrail-nvidia.conf && ldconfig
+# /models: an empty mount point, or the baked artifacts.
+COPY --from=models /models /models
+# The project itself: the only layer a code change rebuilds.
+COPY --from=project /project/ /
 
 USER 10001:10001
 WORKDIR /tmp

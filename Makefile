@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup kafka-jars demo test lint typecheck helm-check clean
+.PHONY: setup kafka-jars demo test lint typecheck helm-check image image-check clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,15 @@ typecheck: setup
 # kubeconform validates the manifests offline, hadolint lints the Dockerfile
 helm-check:
 	bash scripts/helm-check.sh
+
+# The container image, built and run for real with rootful podman (scripts/image.sh;
+# installs podman, runc and debootstrap from Debian's packages when missing). A
+# manual check, not part of `make test`: see the README's "Container image".
+image:
+	bash scripts/image.sh build
+
+image-check: setup kafka-jars
+	bash scripts/image.sh check
 
 test: setup kafka-jars lint typecheck helm-check
 	$(BIN)/pytest --require-connected
