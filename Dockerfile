@@ -7,6 +7,9 @@
 #   docker build -t guardrail-sidecar:0.1.0-gpu --build-arg VARIANT=gpu .      # CUDA
 #   docker build --build-arg BAKE_MODELS=false -t ... .                         # an empty /models
 #
+# Without a Docker engine or a registry: `make image` builds it with podman on a
+# local Debian base (scripts/image.sh); `make image-check` runs it as the chart does.
+#
 # Runs as uid 10001 on a read-only root filesystem: the only writable path it
 # needs is /tmp (an emptyDir in Kubernetes; `docker run --read-only --tmpfs /tmp`).
 # Models: the default build bakes the repository's models/ into /models, which

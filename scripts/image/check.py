@@ -163,7 +163,9 @@ def env_options(env: Mapping[str, str]) -> list[str]:
 
 
 def check_version(image: str, version: str) -> None:
-    out = podman("run", "--rm", "--network=none", image, "--version").strip()
+    out = podman(
+        "run", "--rm", "--network=none", "--health-interval=disable", image, "--version"
+    ).strip()
     expect(out == f"guardrail {version}", f"guardrail --version in the image: {out!r}")
     label = podman(
         "image",
@@ -180,6 +182,7 @@ def check_inventory(image: str) -> None:
         "run",
         "--rm",
         "--network=none",
+        "--health-interval=disable",
         "--entrypoint=python",
         image,
         "-c",
