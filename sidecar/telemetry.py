@@ -1,60 +1,110 @@
-"""OpenTelemetry at the edge: spans from the processor's trace records, and metrics.
+"""OpenTelemetry at the edge: messaging spans around the Kafka loop, and metrics.
 
-Tracing is configured by the standard ``OTEL_*`` variables: with
-``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set,
-spans go to that OTLP/HTTP receiver; without it the API's no-op tracer is used
-and a span costs a function call. ``OTEL_SDK_DISABLED=true`` turns everything off.
-W3C trace context is read from the input messages' headers (the LLM service's
-span becomes the parent) and written into the headers of every claim and answer
-verdict, so downstream apps continue the trace.
+Configured by the SDK's standard ``OTEL_*`` variables. With
+``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_ENDPOINT``)
+set, spans (and metrics) go to that OTLP receiver over ``OTEL_EXPORTER_OTLP_PROTOCOL``
+(or the per-signal ``..._TRACES_PROTOCOL``): ``grpc`` (port 4317) or
+``http/protobuf`` (port 4318, the default); any other value stops the process at
+start. ``OTEL_TRACES_SAMPLER`` / ``_ARG``, ``OTEL_BSP_*``, ``OTEL_RESOURCE_ATTRIBUTES``
+are read by the SDK itself; ``OTEL_TRACES_EXPORTER=none`` or ``OTEL_SDK_DISABLED=true``
+turn tracing off. Without an endpoint the API's no-op tracer is used (a span costs a
+function call).
 
-Spans (all children of the LLM service's span when it sent ``traceparent``):
-  sidecar.request         one per answer verdict; attributes request_id, tenant,
-                          decision, reasons, policy, model.*; children:
-    sidecar.join          first event of the request -> both halves present
-    sidecar.certify       conformal certification of the retrieval event
-    sidecar.score         lookback-ratio scoring
-    sidecar.verify_claims claim verification of the answer's tail
-    sidecar.policy        the decision
-    sidecar.publish       producing the verdict until the broker confirmed it
-  sidecar.verify_claim    one per claim verdict streamed mid-answer
+Spans follow the messaging semantic conventions (attributes ``messaging.*``; the
+sidecar's own are ``guardrail.*``):
+  process <topic>        CONSUMER, one per handled poll (a batch, or one record);
+                         messaging.system=kafka, messaging.operation.type=process,
+                         messaging.destination.name (when the batch has one topic),
+                         messaging.consumer.group.name; for one record also the
+                         partition, messaging.kafka.offset, messaging.kafka.message.key;
+                         a link to the producer context (``traceparent``) of each record.
+  guardrail.request      INTERNAL, one per answer verdict, a child of the LLM service's
+                         span (the inputs' ``traceparent``), linked to the consumer span
+                         that completed it; children, one per stage:
+    guardrail.join / .certify / .score / .verify_claims / .policy
+    send rag.verdicts    PRODUCER, until the broker confirmed the record (partition and
+                         offset set then); the verdict's headers carry ITS context.
+  guardrail.verify_claim INTERNAL per streamed claim verdict, with its ``send rag.claims``.
+  send <topic>           PRODUCER for every other output (dead letters, reports), a
+                         child of the consumer span; their headers are left as they are
+                         (a dead letter keeps the input's own trace context).
 
-Metrics (meter ``guardrail.sidecar``):
-  guardrail.verdicts            counter     decision, reason
-  guardrail.claim_verdicts      counter     label
-  guardrail.dead_letters        counter     reason
-  guardrail.stage.duration      histogram   stage (ms)
+The Kafka client instrumentation (``opentelemetry-instrumentation-aiokafka``) is not
+used: it wraps ``AIOKafkaProducer.send`` (a span that ends when the record is queued,
+not confirmed, parented to whatever context is current) and the fetch calls (consumer
+spans that end before the record is processed), and it pins the SDK's contrib
+packages to another release. The loop's own points (handled poll, confirmed publish)
+are where the spans belong.
+
+Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
+  guardrail.verdicts            counter   decision, profile, stage   [guardrail_verdicts_total]
+                                          once per answer verdict (stage: stream | final)
+  guardrail.verdict.reasons     counter   reason, decision   [guardrail_verdict_reasons_total]
+  guardrail.claim_verdicts      counter   label
+  guardrail.dead_letters        counter   reason
+  guardrail.stage.duration      histogram stage, seconds, buckets 50 us .. 5 s
+                                          [guardrail_stage_duration_seconds_bucket]
+                                          (join, certify, score, verify_claims, policy, publish)
   guardrail.publish.retries     counter
+  guardrail.join.evictions      counter (observed: capacity + ttl)
   guardrail.join.open_requests  gauge
-  guardrail.join.evictions      gauge (cumulative: capacity + ttl)
-  guardrail.consumer.lag        gauge       topic, partition
+  guardrail.consumer.lag        gauge     topic, partition
   guardrail.join.partition_mismatch, .byte_evictions, guardrail.feedback.unmatched,
   .replaced, .early, guardrail.pipeline.internal_errors
                                 counters (cumulative, observed at collection)
   guardrail.retrieval.m1_mean, .m1_wilson_low, .m1_wilson_high, .exchangeability_broken
-                                gauges      calibration_key (the rolling m1 monitor)
+                                gauges    calibration_key (the rolling m1 monitor)
+  guardrail.coverage.*          gauges    calibration_key (the seed-003 coverage bound)
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.propagate import extract, inject
-from opentelemetry.trace import Tracer
+from opentelemetry.trace import Link, Span, SpanKind, Tracer
+from opentelemetry.util.types import AttributeValue
 
 from sidecar import __version__
+from sidecar.exceptions import ConfigError
 from sidecar.pipeline.outputs import Destination, Output, TraceRecord
 
 SCOPE = "guardrail.sidecar"
+PROTOCOLS = ("grpc", "http/protobuf")
+# explicit histogram boundaries (seconds): the fast path takes ~0.5 ms, a slow
+# verification seconds; 50 us .. 5 s, about 2.5 per decade
+DURATION_BUCKETS_S = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+)
+MESSAGING_SYSTEM = "kafka"
 
 
 def _enabled(signal: str) -> bool:
     if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return False
+    if os.environ.get(f"OTEL_{signal}_EXPORTER", "").lower() == "none":
         return False
     return bool(
         os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -62,31 +112,72 @@ def _enabled(signal: str) -> bool:
     )
 
 
-def configure_from_env(prometheus_port: int | None = None) -> Callable[[], None]:
-    """Install SDK providers when the environment asks for them; returns a shutdown hook."""
-    hooks: list[Callable[[], Any]] = []
-    if _enabled("TRACES"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
-            OTLPSpanExporter,
+def otlp_protocol(signal: str) -> str:
+    """The OTLP protocol for ``signal`` (TRACES or METRICS), as the SDK's variables say."""
+    name = f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL"
+    value = os.environ.get(name) or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    protocol = (value or "http/protobuf").strip().lower()
+    if protocol not in PROTOCOLS:
+        where = name if os.environ.get(name) else "OTEL_EXPORTER_OTLP_PROTOCOL"
+        raise ConfigError(f"{where} must be one of {', '.join(PROTOCOLS)}, got {value!r}")
+    return protocol
+
+
+def _span_exporter() -> Any:
+    if otlp_protocol("TRACES") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # noqa: PLC0415
+            OTLPSpanExporter as GrpcSpanExporter,
         )
+
+        return GrpcSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
+        OTLPSpanExporter as HttpSpanExporter,
+    )
+
+    return HttpSpanExporter()
+
+
+def _metric_exporter() -> Any:
+    if otlp_protocol("METRICS") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # noqa: PLC0415
+            OTLPMetricExporter as GrpcMetricExporter,
+        )
+
+        return GrpcMetricExporter()
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # noqa: PLC0415
+        OTLPMetricExporter as HttpMetricExporter,
+    )
+
+    return HttpMetricExporter()
+
+
+def configure_from_env(prometheus_port: int | None = None) -> Callable[[], None]:
+    """Install SDK providers when the environment asks for them; returns a shutdown hook.
+
+    Raises ``ConfigError`` for an OTLP protocol other than grpc or http/protobuf.
+    The sampler (``OTEL_TRACES_SAMPLER``) and the batch processor (``OTEL_BSP_*``)
+    are configured by the SDK from the environment.
+    """
+    hooks: list[Callable[[], Any]] = []
+    tracing, metering = _enabled("TRACES"), _enabled("METRICS")
+    span_exporter = _span_exporter() if tracing else None
+    metric_exporter = _metric_exporter() if metering else None
+    if span_exporter is not None:
         from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
         from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
         from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
 
         provider = TracerProvider(resource=_resource(Resource))
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(span_exporter))
         trace.set_tracer_provider(provider)
         hooks.append(provider.shutdown)
     readers: list[Any] = []
-    if _enabled("METRICS"):
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # noqa: PLC0415
-            OTLPMetricExporter,
-        )
+    if metric_exporter is not None:
         from opentelemetry.sdk.metrics.export import (  # noqa: PLC0415
             PeriodicExportingMetricReader,
         )
 
-        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+        readers.append(PeriodicExportingMetricReader(metric_exporter))
     if prometheus_port:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415
         from prometheus_client import start_http_server  # noqa: PLC0415
@@ -117,12 +208,51 @@ def _resource(resource_cls: Any) -> Any:
     )
 
 
-def _carrier(headers: Iterable[tuple[str, bytes]]) -> dict[str, str]:
-    return {k: v.decode("utf-8", errors="replace") for k, v in headers}
+def _carrier(headers: Iterable[tuple[str, bytes | str]]) -> dict[str, str]:
+    """W3C trace context headers as text (the in-memory test broker hands text values)."""
+    return {
+        k: v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v for k, v in headers
+    }
+
+
+class ConsumedRecord(Protocol):
+    """What a consumer span reads of a Kafka record (aiokafka's ``ConsumerRecord``)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
+
+
+def _record_attributes(record: ConsumedRecord) -> dict[str, AttributeValue]:
+    attributes: dict[str, AttributeValue] = {
+        "messaging.destination.name": record.topic,
+        "messaging.destination.partition.id": str(record.partition),
+        "messaging.kafka.offset": record.offset,
+    }
+    if record.key is not None:
+        attributes["messaging.kafka.message.key"] = record.key.decode("utf-8", errors="replace")
+    return attributes
+
+
+@dataclass(slots=True)
+class PublishHandle:
+    """The open spans of one output between handing it to the producer and its confirmation."""
+
+    producer: Span
+    request: Span | None
+    request_end_ns: int
+    started_ns: int
 
 
 class Telemetry:
-    """Turns trace records into spans and keeps the sidecar's instruments."""
+    """Opens the loop's messaging spans, exports the processor's trace records, counts."""
 
     def __init__(
         self,
@@ -132,18 +262,30 @@ class Telemetry:
         self.tracer = tracer or trace.get_tracer(SCOPE, __version__)
         self.meter = meter or metrics.get_meter(SCOPE, __version__)
         self.verdicts = self.meter.create_counter(
-            "guardrail.verdicts", description="answer verdicts"
+            "guardrail.verdicts",
+            unit="{verdict}",
+            description="answer verdicts, one per verdict (stage: stream or final)",
+        )
+        self.verdict_reasons = self.meter.create_counter(
+            "guardrail.verdict.reasons",
+            unit="{reason}",
+            description="reasons given by answer verdicts, one per reason",
         )
         self.claims = self.meter.create_counter(
-            "guardrail.claim_verdicts", description="claim verdicts"
+            "guardrail.claim_verdicts", unit="{verdict}", description="claim verdicts"
         )
         self.dead_letters = self.meter.create_counter(
-            "guardrail.dead_letters", description="DLQ messages"
+            "guardrail.dead_letters", unit="{message}", description="DLQ messages"
         )
-        self.stage_ms = self.meter.create_histogram(
-            "guardrail.stage.duration", unit="ms", description="per-stage latency"
+        self.stage_duration = self.meter.create_histogram(
+            "guardrail.stage.duration",
+            unit="s",
+            description="per-stage latency of a request (publish: until the broker confirmed)",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
         )
-        self.publish_retries = self.meter.create_counter("guardrail.publish.retries")
+        self.publish_retries = self.meter.create_counter(
+            "guardrail.publish.retries", unit="{retry}"
+        )
 
     def observe(
         self,
@@ -151,7 +293,11 @@ class Telemetry:
         evictions: Callable[[], int],
         lag: Callable[[], dict[tuple[str, int], int]],
     ) -> None:
-        """Register the observable gauges (read at collection time, not per message)."""
+        """Register the observable instruments (read at collection time, not per message).
+
+        ``evictions`` is cumulative (an observable counter); open requests and the
+        consumer lag are gauges.
+        """
 
         def _one(fn: Callable[[], int]) -> Callable[[CallbackOptions], Iterable[Observation]]:
             return lambda _options: [Observation(fn())]
@@ -159,9 +305,104 @@ class Telemetry:
         def _lag(_options: CallbackOptions) -> Iterable[Observation]:
             return [Observation(v, {"topic": t, "partition": p}) for (t, p), v in lag().items()]
 
-        self.meter.create_observable_gauge("guardrail.join.open_requests", [_one(open_requests)])
-        self.meter.create_observable_gauge("guardrail.join.evictions", [_one(evictions)])
-        self.meter.create_observable_gauge("guardrail.consumer.lag", [_lag])
+        self.meter.create_observable_gauge(
+            "guardrail.join.open_requests", [_one(open_requests)], unit="{request}"
+        )
+        self.meter.create_observable_counter(
+            "guardrail.join.evictions", [_one(evictions)], unit="{request}"
+        )
+        self.meter.create_observable_gauge("guardrail.consumer.lag", [_lag], unit="{message}")
+
+    @contextmanager
+    def consuming(self, records: Sequence[ConsumedRecord], group: str) -> Iterator[Span]:
+        """The CONSUMER span of one handled poll; current while the block runs.
+
+        Linked to each record's producer context (its ``traceparent``); a lone
+        record's producer context is also its parent.
+        """
+        topics = sorted({r.topic for r in records})
+        attributes: dict[str, AttributeValue] = {
+            "messaging.system": MESSAGING_SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.consumer.group.name": group,
+        }
+        if len(topics) == 1:
+            attributes["messaging.destination.name"] = topics[0]
+        if len(records) == 1:
+            attributes.update(_record_attributes(records[0]))
+        else:
+            attributes["messaging.batch.message_count"] = len(records)
+        links = []
+        for record in records:
+            carrier = _carrier(record.headers or ())
+            context = trace.get_current_span(extract(carrier)).get_span_context()
+            if context.is_valid:
+                links.append(Link(context, _record_attributes(record)))
+        parent = extract(_carrier(records[0].headers or ())) if len(records) == 1 else None
+        name = f"process {topics[0]}" if len(topics) == 1 else "process"
+        with self.tracer.start_as_current_span(
+            name, context=parent, kind=SpanKind.CONSUMER, attributes=attributes, links=links
+        ) as span:
+            yield span
+
+    def before_publish(self, out: Output, topic: str) -> PublishHandle:
+        """Open the output's spans (PRODUCER ``send <topic>``); traced outputs' headers
+        get the PRODUCER span's context."""
+        if out.destination is Destination.DLQ:
+            reason = out.header("x-dlq-reason") or b"unknown"
+            self.dead_letters.add(1, {"reason": reason.decode("utf-8", errors="replace")})
+        producing: dict[str, AttributeValue] = {
+            "messaging.system": MESSAGING_SYSTEM,
+            "messaging.destination.name": topic,
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "send",
+        }
+        if out.key is not None:
+            producing["messaging.kafka.message.key"] = out.key.decode("utf-8", errors="replace")
+        record = out.trace
+        now = time.time_ns()
+        if record is None:  # a child of the consumer span, if any; headers untouched
+            producer = self.tracer.start_span(
+                f"send {topic}", kind=SpanKind.PRODUCER, attributes=producing
+            )
+            return PublishHandle(producer, None, now, now)
+        self._count(out, record)
+        parent = extract(_carrier(record.parent))
+        consumer = trace.get_current_span().get_span_context()
+        request = self.tracer.start_span(
+            record.name,
+            context=parent,
+            start_time=record.start_ns,
+            attributes=record.attributes,
+            links=[Link(consumer)] if consumer.is_valid else None,
+        )
+        ctx = trace.set_span_in_context(request, parent)
+        for stage, start, end in record.stages:
+            self.tracer.start_span(f"guardrail.{stage}", context=ctx, start_time=start).end(end)
+            self.stage_duration.record((end - start) / 1e9, {"stage": stage})
+        producer = self.tracer.start_span(
+            f"send {topic}", context=ctx, kind=SpanKind.PRODUCER, attributes=producing
+        )
+        carrier: dict[str, str] = {}
+        inject(carrier, context=trace.set_span_in_context(producer, ctx))
+        out.headers[:] = [(k, v) for k, v in out.headers if k not in carrier] + [
+            (k, v.encode("utf-8")) for k, v in carrier.items()
+        ]
+        return PublishHandle(producer, request, record.end_ns, now)
+
+    def after_publish(self, handle: PublishHandle, metadata: Any = None) -> None:
+        """The broker confirmed the record (``metadata``: aiokafka's ``RecordMetadata``)."""
+        now = time.time_ns()
+        partition, offset = getattr(metadata, "partition", None), getattr(metadata, "offset", None)
+        if isinstance(partition, int):
+            handle.producer.set_attribute("messaging.destination.partition.id", str(partition))
+        if isinstance(offset, int):
+            handle.producer.set_attribute("messaging.kafka.offset", offset)
+        handle.producer.end(now)
+        if handle.request is not None:
+            self.stage_duration.record((now - handle.started_ns) / 1e9, {"stage": "publish"})
+            handle.request.end(max(handle.request_end_ns, now))
 
     def observe_counts(self, counts: Callable[[], dict[str, int]]) -> None:
         """Cumulative counts kept by the pipeline, as observable counters ``guardrail.<name>``."""
@@ -230,44 +471,20 @@ class Telemetry:
         for name in names:
             self.meter.create_observable_gauge(f"guardrail.coverage.{name}", [_gauge(name)])
 
-    def before_publish(self, out: Output) -> tuple[Any, int] | None:
-        """Open the output's span tree; inject its context into the output's headers."""
-        record = out.trace
-        if out.destination is Destination.DLQ:
-            reason = out.header("x-dlq-reason") or b"unknown"
-            self.dead_letters.add(1, {"reason": reason.decode("utf-8", errors="replace")})
-        if record is None:
-            return None
-        self._count(out, record)
-        parent = extract(_carrier(record.parent))
-        span = self.tracer.start_span(
-            record.name, context=parent, start_time=record.start_ns, attributes=record.attributes
-        )
-        ctx = trace.set_span_in_context(span, parent)
-        for stage, start, end in record.stages:
-            self.tracer.start_span(f"sidecar.{stage}", context=ctx, start_time=start).end(end)
-            self.stage_ms.record((end - start) / 1e6, {"stage": stage})
-        carrier: dict[str, str] = {}
-        inject(carrier, context=ctx)
-        out.headers[:] = [(k, v) for k, v in out.headers if k not in carrier] + [
-            (k, v.encode("utf-8")) for k, v in carrier.items()
-        ]
-        publish = self.tracer.start_span("sidecar.publish", context=ctx)
-        return (span, publish), record.end_ns
-
-    def after_publish(self, handle: tuple[Any, int] | None) -> None:
-        if handle is None:
-            return
-        (span, publish), end_ns = handle
-        now = time.time_ns()
-        publish.end(now)
-        span.end(max(end_ns, now))
-
     def _count(self, out: Output, record: TraceRecord) -> None:
         attrs = record.attributes
         if out.destination is Destination.VERDICTS:
-            reasons = attrs.get("reasons", [])
+            decision = str(attrs.get("guardrail.decision"))
+            self.verdicts.add(
+                1,
+                {
+                    "decision": decision,
+                    "profile": str(attrs.get("guardrail.profile", "none")),
+                    "stage": str(attrs.get("guardrail.stage", "final")),
+                },
+            )
+            reasons = attrs.get("guardrail.reasons", [])
             for reason in reasons if isinstance(reasons, list) else [str(reasons)]:
-                self.verdicts.add(1, {"decision": str(attrs.get("decision")), "reason": reason})
+                self.verdict_reasons.add(1, {"reason": reason, "decision": decision})
         elif out.destination is Destination.CLAIMS:
-            self.claims.add(1, {"label": str(attrs.get("claim.label"))})
+            self.claims.add(1, {"label": str(attrs.get("guardrail.claim.label"))})

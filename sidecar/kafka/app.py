@@ -462,25 +462,30 @@ class SidecarService:
         async with self._handler_lock:
             if self._stopping.is_set():
                 return  # not tracked, not finished: the next owner reads it
-            items = []
-            for record in records:
-                ref = InputRef(
-                    topic=record.topic,
-                    partition=record.partition,
-                    offset=record.offset,
-                    headers=tuple(record.headers or ()),
-                )
-                self.tracker.track(ref.tp, ref.offset)
-                if self.aligner is not None:
-                    self.aligner.observe(record.topic, record.partition, record.timestamp)
-                kind = self._kinds.get(record.topic)
-                if kind is None:  # not ours (a pattern or misconfigured subscription)
-                    self.tracker.done(ref.tp, ref.offset)
-                    continue
-                items.append((kind, record.value, record.key, ref))
-            step = await self._in_worker(self.processor.on_batch, items, time.monotonic() * 1000.0)
-            await self.emit(step)
-            await self.align()
+            with self.telemetry.consuming(records, self.settings.kafka.group_id):
+                await self._process(records)
+
+    async def _process(self, records: tuple[ConsumerRecord[bytes, bytes], ...]) -> None:
+        """One handled poll, inside its CONSUMER span (``_handle`` holds the lock)."""
+        items = []
+        for record in records:
+            ref = InputRef(
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                headers=tuple(record.headers or ()),
+            )
+            self.tracker.track(ref.tp, ref.offset)
+            if self.aligner is not None:
+                self.aligner.observe(record.topic, record.partition, record.timestamp)
+            kind = self._kinds.get(record.topic)
+            if kind is None:  # not ours (a pattern or misconfigured subscription)
+                self.tracker.done(ref.tp, ref.offset)
+                continue
+            items.append((kind, record.value, record.key, ref))
+        step = await self._in_worker(self.processor.on_batch, items, time.monotonic() * 1000.0)
+        await self.emit(step)
+        await self.align()
 
     async def _in_worker(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run a processor call on the worker thread (one at a time, in order)."""
@@ -563,7 +568,7 @@ class SidecarService:
         sent: list[tuple[Output, Any, Any]] = []
         failed: list[tuple[Output, Any]] = []
         for out in outputs:
-            span = self.telemetry.before_publish(out)
+            span = self.telemetry.before_publish(out, self._destinations[out.destination])
             try:
                 future = await self.send_output(out)
             except (KafkaError, TimeoutError):
@@ -579,7 +584,7 @@ class SidecarService:
                     raise result
                 failed.append((out, span))
             else:
-                self.telemetry.after_publish(span)
+                self.telemetry.after_publish(span, result)
         return failed
 
     async def _publish_one(self, out: Output, span: Any, *, retry: bool) -> bool:
@@ -593,11 +598,11 @@ class SidecarService:
         """
         topic = self._destinations[out.destination]
         if span is None:
-            span = self.telemetry.before_publish(out)
+            span = self.telemetry.before_publish(out, topic)
         attempt = 0
         while True:
             try:
-                await _confirmed(await self.send_output(out))
+                metadata = await _confirmed(await self.send_output(out))
             except (KafkaError, TimeoutError, GuardrailError) as exc:
                 error = classify(exc, topic)
                 if error.dead_letter:
@@ -619,7 +624,7 @@ class SidecarService:
                 await asyncio.sleep(delay)
             else:
                 self.state.publish_failing_since = None
-                self.telemetry.after_publish(span)
+                self.telemetry.after_publish(span, metadata)
                 return True
 
     def _smaller(self, out: Output, error: GuardrailError) -> Output:

@@ -15,6 +15,7 @@ cut down by ``fit_dead_letter`` instead of being retried forever.
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,6 +38,8 @@ from sidecar.pipeline.join import InputRef, PendingRequest
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
 
 IDEMPOTENCY_HEADER = "x-idempotency-key"
+# the policy names the risk profile that decided as a reason ``profile.<name>``
+PROFILE_REASON_PREFIX = "profile."
 MAX_DLQ_DETAIL_CHARS = 2_000
 MAX_DLQ_KEY_BYTES = 1_024  # a truncated dead letter keeps at most this much of its key
 MAX_DLQ_NOTE_BYTES = 256  # x-dlq-truncated-reason
@@ -127,21 +130,39 @@ def incomplete_key(entry: PendingRequest) -> str:
     )
 
 
+def verdict_attributes(verdict: AnswerVerdict) -> dict[str, AttributeValue]:
+    """The verdict's trace attributes (``guardrail.*``), which its metrics are counted from.
+
+    ``guardrail.profile``: the risk profile that decided, taken from the policy's
+    ``profile.<name>`` reason (``none``: no profile decided, e.g. an incomplete
+    request); ``guardrail.reasons`` are the other reasons' codes.
+    """
+    codes = [r.code for r in verdict.reasons]
+    profiles = [c.removeprefix(PROFILE_REASON_PREFIX) for c in codes if _is_profile(c)]
+    return {
+        "guardrail.request_id": verdict.request_id,
+        "guardrail.tenant": verdict.tenant or "",
+        "guardrail.decision": verdict.decision.value,
+        "guardrail.stage": verdict.stage,
+        "guardrail.profile": profiles[0] if profiles else "none",
+        "guardrail.reasons": [c for c in codes if not _is_profile(c)],
+        "guardrail.policy": verdict.policy,
+        **{f"guardrail.model.{k}": v for k, v in verdict.model_versions.items()},
+    }
+
+
+def _is_profile(code: str) -> bool:
+    return code.startswith(PROFILE_REASON_PREFIX)
+
+
 def verdict_output(verdict: AnswerVerdict, entry: PendingRequest, end_ns: int) -> Step:
     """A final (or incomplete) verdict; publishing it finishes every input of the request."""
     trace = TraceRecord(
-        name="sidecar.request",
+        name="guardrail.request",
         parent=entry.trace_parent(),
         start_ns=entry.first_seen_ns,
         end_ns=end_ns,
-        attributes={
-            "request_id": verdict.request_id,
-            "tenant": verdict.tenant or "",
-            "decision": verdict.decision.value,
-            "reasons": [r.code for r in verdict.reasons],
-            "policy": verdict.policy,
-            **{f"model.{k}": v for k, v in verdict.model_versions.items()},
-        },
+        attributes=verdict_attributes(verdict),
         stages=tuple(entry.stages),
     )
     out = Output(
@@ -233,6 +254,13 @@ def stream_block_output(
         key=entry.request_id.encode("utf-8"),
         value=encode(verdict),
         headers=utf8_headers({IDEMPOTENCY_HEADER: verdict.idempotency_key}),
+        trace=TraceRecord(
+            name="guardrail.stream_block",
+            parent=entry.trace_parent(),
+            start_ns=entry.first_seen_ns,
+            end_ns=time.time_ns(),
+            attributes=verdict_attributes(verdict),
+        ),
     )
 
 
@@ -262,16 +290,16 @@ def claim_outputs(
             produced_at=produced_at,
         )
         trace = TraceRecord(
-            name="sidecar.verify_claim",
+            name="guardrail.verify_claim",
             parent=entry.trace_parent(),
             start_ns=span_ns[0],
             end_ns=span_ns[1],
             attributes={
-                "request_id": entry.request_id,
-                "claim.index": result.index,
-                "claim.label": result.label.value,
-                "claim.score": result.score,
-                "verifier.version": verifier_version,
+                "guardrail.request_id": entry.request_id,
+                "guardrail.claim.index": result.index,
+                "guardrail.claim.label": result.label.value,
+                "guardrail.claim.score": result.score,
+                "guardrail.verifier.version": verifier_version,
             },
         )
         outputs.append(

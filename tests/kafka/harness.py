@@ -17,6 +17,7 @@ from faststream.kafka.annotations import KafkaMessage
 from sidecar.config import Settings
 from sidecar.kafka.app import SidecarService
 from sidecar.kafka.topics import create_topics
+from sidecar.pipeline.ports import Policy
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from sidecar.telemetry import Telemetry
@@ -58,10 +59,15 @@ def settings_for(
 
 
 class MemoryHarness:
-    def __init__(self, settings: Settings, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        telemetry: Telemetry | None = None,
+        policy: Policy | None = None,
+    ) -> None:
         self.settings = settings
         self.service = SidecarService(
-            settings, Processor(settings, PlaceholderPolicy()), telemetry=telemetry
+            settings, Processor(settings, policy or PlaceholderPolicy()), telemetry=telemetry
         )
         self.received: dict[str, list[Msg]] = defaultdict(list)
         t = settings.topics
@@ -95,10 +101,15 @@ async def _raw(message: Any) -> Any:
 
 
 class RealHarness:
-    def __init__(self, settings: Settings, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        telemetry: Telemetry | None = None,
+        policy: Policy | None = None,
+    ) -> None:
         self.settings = settings
         self.service = SidecarService(
-            settings, Processor(settings, PlaceholderPolicy()), telemetry=telemetry
+            settings, Processor(settings, policy or PlaceholderPolicy()), telemetry=telemetry
         )
         self.producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka.bootstrap_servers, acks="all"
@@ -155,19 +166,19 @@ async def wait_until(predicate: Any, timeout_s: float = 30.0, what: str = "condi
 
 @asynccontextmanager
 async def memory_harness(
-    settings: Settings, telemetry: Telemetry | None = None
+    settings: Settings, telemetry: Telemetry | None = None, policy: Policy | None = None
 ) -> AsyncIterator[MemoryHarness]:
-    h = MemoryHarness(settings, telemetry)
+    h = MemoryHarness(settings, telemetry, policy)
     async with TestKafkaBroker(h.service.broker):
         yield h
 
 
 @asynccontextmanager
 async def real_harness(
-    settings: Settings, telemetry: Telemetry | None = None
+    settings: Settings, telemetry: Telemetry | None = None, policy: Policy | None = None
 ) -> AsyncIterator[RealHarness]:
     await create_topics(settings)
-    h = RealHarness(settings, telemetry)
+    h = RealHarness(settings, telemetry, policy)
     await h.producer.start()
     await h.consumer.start()
     await h.service.start()

@@ -107,16 +107,17 @@ async def test_llm_service_span_is_the_parent_and_the_verdict_carries_the_contex
     await harness.publish(t.generation, dumps(final_event("req-tr")), b"req-tr", headers=parent)
     [msg] = await harness.collect(t.verdicts, 1)
     finished = {s.name: s for s in spans.get_finished_spans()}
-    root = finished["sidecar.request"]
+    root = finished["guardrail.request"]
     assert format(root.context.trace_id, "032x") == trace_id
     assert root.parent is not None and format(root.parent.span_id, "016x") == llm_span
     assert root.attributes is not None
-    assert root.attributes["request_id"] == "req-tr"
-    assert root.attributes["decision"] == "caveat"
-    for stage in ("sidecar.join", "sidecar.certify", "sidecar.policy", "sidecar.publish"):
+    assert root.attributes["guardrail.request_id"] == "req-tr"
+    assert root.attributes["guardrail.decision"] == "caveat"
+    for stage in ("guardrail.join", "guardrail.certify", "guardrail.policy"):
         stage_parent = finished[stage].parent
         assert stage_parent is not None
         assert stage_parent.span_id == root.context.span_id, stage
     onward = msg.headers["traceparent"].decode()
     assert onward.split("-")[1] == trace_id
-    assert onward.split("-")[2] == format(root.context.span_id, "016x")
+    # the verdict carries its PRODUCER span's context (a child of the request span)
+    assert onward.split("-")[2] != format(root.context.span_id, "016x")

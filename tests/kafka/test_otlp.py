@@ -1,7 +1,8 @@
-"""The sidecar process exports its spans over OTLP/HTTP to a receiver on loopback.
+"""The sidecar process exports its spans over OTLP to a receiver on loopback.
 
-The receiver is a small OTLP/HTTP endpoint (POST /v1/traces, protobuf) that
-decodes what the OpenTelemetry SDK's exporter sends, as a collector would.
+Two receivers, as a collector has: OTLP/HTTP (POST /v1/traces, protobuf) and OTLP/gRPC
+(the TraceService from ``opentelemetry-proto`` served by ``grpcio``). The sidecar
+picks the protocol from ``OTEL_EXPORTER_OTLP_PROTOCOL``, as the chart sets it.
 """
 
 from __future__ import annotations
@@ -10,12 +11,19 @@ import asyncio
 import signal
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 from sidecar.chaos.process import SidecarProcess
 from sidecar.kafka.topics import create_topics
@@ -27,12 +35,35 @@ from tests.kafka.harness import settings_for, wait_until
 pytestmark = pytest.mark.connected
 
 
-class Receiver(ThreadingHTTPServer):
+class HttpReceiver(ThreadingHTTPServer):
     spans: list[Any]
 
 
+@dataclass
+class Receiver:
+    """An OTLP receiver on loopback: the exporter's protocol and endpoint, the spans it got."""
+
+    protocol: str
+    endpoint: str = ""
+    spans: list[Any] = field(default_factory=list)
+
+
+class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, spans: list[Any]) -> None:
+        self.spans = spans
+
+    def Export(
+        self, request: ExportTraceServiceRequest, context: Any
+    ) -> ExportTraceServiceResponse:
+        del context
+        for rs in request.resource_spans:
+            for ss in rs.scope_spans:
+                self.spans.extend(ss.spans)
+        return ExportTraceServiceResponse()
+
+
 class _Handler(BaseHTTPRequestHandler):
-    server: Receiver
+    server: HttpReceiver
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
@@ -51,15 +82,29 @@ class _Handler(BaseHTTPRequestHandler):
         del format, args
 
 
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    server = Receiver(("127.0.0.1", 0), _Handler)
-    server.spans = []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+@pytest.fixture(params=["http/protobuf", "grpc"])
+def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
+    got = Receiver(request.param)
+    if got.protocol == "grpc":
+        server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        service = _TraceService(got.spans)
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            service, server
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        got.endpoint = f"http://127.0.0.1:{port}"
+        yield got
+        server.stop(grace=None)
+        return
+    http = HttpReceiver(("127.0.0.1", 0), _Handler)
+    http.spans = got.spans
+    thread = threading.Thread(target=http.serve_forever, daemon=True)
     thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    got.endpoint = f"http://127.0.0.1:{http.server_address[1]}"
+    yield got
+    http.shutdown()
+    http.server_close()
 
 
 async def test_spans_reach_an_otlp_receiver_with_the_llm_span_as_parent(
@@ -80,7 +125,8 @@ async def test_spans_reach_an_otlp_receiver_with_the_llm_span_as_parent(
             f"GUARDRAIL_TOPICS__{n.upper()}": unique_topics[n]
             for n in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
         },
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{receiver.server_address[1]}",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": receiver.protocol,
         "OTEL_BSP_SCHEDULE_DELAY": "200",
         "OTEL_SERVICE_NAME": "guardrail-test",
     }
@@ -96,16 +142,16 @@ async def test_spans_reach_an_otlp_receiver_with_the_llm_span_as_parent(
         ],
     )
     await wait_until(
-        lambda: any(s.name == "sidecar.publish" for s in receiver.spans), 30, "exported spans"
+        lambda: any(s.name.startswith("send ") for s in receiver.spans), 30, "exported spans"
     )
     assert sidecar.signal(signal.SIGTERM) == 0
     spans = {s.name: s for s in receiver.spans}
-    root = spans["sidecar.request"]
+    root = spans["guardrail.request"]
     assert root.trace_id.hex() == trace_id
     assert root.parent_span_id.hex() == llm_span
     attributes = {a.key: a.value.string_value for a in root.attributes}
-    assert attributes["request_id"] == "req-otlp"
-    assert attributes["decision"] in {"allow", "caveat", "block"}
-    assert attributes["policy"] == "default/1"
-    for child in ("sidecar.join", "sidecar.certify", "sidecar.policy", "sidecar.publish"):
+    assert attributes["guardrail.request_id"] == "req-otlp"
+    assert attributes["guardrail.decision"] in {"allow", "caveat", "block"}
+    assert attributes["guardrail.policy"] == "default/1"
+    for child in ("guardrail.join", "guardrail.certify", "guardrail.policy", f"send {t.verdicts}"):
         assert spans[child].parent_span_id == root.span_id, child

@@ -4,6 +4,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -14,14 +15,17 @@ from sidecar.contracts.events import (
     AnswerVerdict,
     Decision,
     FeedbackEvent,
+    Reason,
     RetrievalSignal,
     Signals,
     SignalStatus,
 )
+from sidecar.exceptions import ConfigError
 from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.outputs import Destination, Output, TraceRecord, verdict_attributes
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
-from sidecar.telemetry import Telemetry
+from sidecar.telemetry import DURATION_BUCKETS_S, Telemetry, configure_from_env, otlp_protocol
 from tests.conftest import EventFactory, dumps
 
 
@@ -34,6 +38,18 @@ def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
             for m in sm.metrics:
                 out[m.name] = list(m.data.data_points)
     return out
+
+
+def instruments(reader: InMemoryMetricReader) -> dict[str, tuple[str, str]]:
+    """Each metric's unit and point kind (Sum, Gauge, Histogram)."""
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {
+        m.name: (m.unit or "", type(m.data).__name__)
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
 
 
 def test_verdicts_dead_letters_stages_and_gauges_are_counted(
@@ -56,18 +72,27 @@ def test_verdicts_dead_letters_stages_and_gauges_are_counted(
     ]
     for step in steps:
         for out in step.outputs:
-            telemetry.after_publish(telemetry.before_publish(out))
+            telemetry.after_publish(telemetry.before_publish(out, "rag.out"))
     got = points(reader)
     [verdict] = got["guardrail.verdicts"]
     assert verdict.value == 1
-    assert dict(verdict.attributes) == {"decision": "caveat", "reason": "no-signals-configured"}
+    assert dict(verdict.attributes) == {"decision": "caveat", "profile": "none", "stage": "final"}
+    [reason] = got["guardrail.verdict.reasons"]
+    assert dict(reason.attributes) == {"reason": "no-signals-configured", "decision": "caveat"}
+    assert reason.value == 1
     [dead] = got["guardrail.dead_letters"]
     assert dict(dead.attributes) == {"reason": "malformed-json"} and dead.value == 1
-    stages = {dict(p.attributes)["stage"] for p in got["guardrail.stage.duration"]}
-    assert {"join", "certify", "score", "policy"} <= stages
+    stages = {dict(p.attributes)["stage"]: p for p in got["guardrail.stage.duration"]}
+    assert {"join", "certify", "score", "policy", "publish"} <= set(stages)
+    assert tuple(stages["policy"].explicit_bounds) == DURATION_BUCKETS_S
     assert got["guardrail.join.evictions"][0].value == 7
     assert got["guardrail.consumer.lag"][0].value == 3
     assert got["guardrail.join.open_requests"][0].value == 0
+    kinds = instruments(reader)
+    assert kinds["guardrail.stage.duration"] == ("s", "Histogram")
+    assert kinds["guardrail.join.evictions"] == ("{request}", "Sum")  # cumulative: a counter
+    assert kinds["guardrail.join.open_requests"][1] == "Gauge"
+    assert kinds["guardrail.consumer.lag"][1] == "Gauge"
 
 
 def test_coverage_bound_gauges_follow_the_monitor() -> None:
@@ -103,3 +128,74 @@ def test_coverage_bound_gauges_follow_the_monitor() -> None:
     assert abs(bound - (0.75 / 3 + 0.25 * 0.2)) < 1e-12
     assert got["guardrail.coverage.violated"][0].value == 0.0
     assert got["guardrail.coverage.window_requests"][0].value == 4
+
+
+@pytest.mark.parametrize(
+    ("env", "traces", "metrics"),
+    [
+        ({}, "http/protobuf", "http/protobuf"),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "grpc", "grpc"),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+                "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf",
+            },
+            "grpc",
+            "http/protobuf",
+        ),
+    ],
+)
+def test_the_otlp_protocol_follows_the_sdk_variables(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], traces: str, metrics: str
+) -> None:
+    for name in ("", "TRACES_", "METRICS_"):
+        monkeypatch.delenv(f"OTEL_EXPORTER_OTLP_{name}PROTOCOL", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert (otlp_protocol("TRACES"), otlp_protocol("METRICS")) == (traces, metrics)
+
+
+def test_an_unknown_otlp_protocol_fails_at_start_naming_what_is_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
+    with pytest.raises(
+        ConfigError,
+        match=r"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL must be one of grpc, http/protobuf, "
+        r"got 'http/json'",
+    ):
+        configure_from_env()
+
+
+def test_a_verdict_is_counted_once_whatever_its_reasons(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    """An allow with no reason and a caveat with three each count once in guardrail.verdicts."""
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(meter=MeterProvider(metric_readers=[reader]).get_meter("t"))
+    made = {
+        Decision.ALLOW: ["profile.lenient"],
+        Decision.CAVEAT: ["profile.strict", "a", "b", "c"],
+    }
+    for decision, codes in made.items():
+        verdict = AnswerVerdict(
+            request_id="r",
+            idempotency_key="k",
+            decision=decision,
+            reasons=[Reason(code=c, message=c) for c in codes],
+            policy="p/1",
+            produced_at=datetime(2026, 1, 1, tzinfo=UTC),
+            sidecar_version="0",
+        )
+        record = TraceRecord("guardrail.request", (), 0, 1, verdict_attributes(verdict))
+        out = Output(Destination.VERDICTS, b"r", b"{}", [], trace=record)
+        telemetry.after_publish(telemetry.before_publish(out, "rag.verdicts"))
+    got = points(reader)
+    verdicts = {
+        (p.attributes["decision"], p.attributes["profile"]): p.value
+        for p in got["guardrail.verdicts"]
+    }
+    assert verdicts == {("allow", "lenient"): 1, ("caveat", "strict"): 1}
+    reasons = {p.attributes["reason"]: p.value for p in got["guardrail.verdict.reasons"]}
+    assert reasons == {"a": 1, "b": 1, "c": 1}

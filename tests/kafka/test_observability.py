@@ -1,0 +1,275 @@
+"""Telemetry a dashboard can trust: scraped counters equal what was published, and a
+verdict's trace follows the messaging conventions (in memory and on the real broker)."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import orjson
+import pytest
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar.contracts.events import (
+    AnswerVerdict,
+    Decision,
+    GenerationFinal,
+    Reason,
+    RetrievalEvent,
+    RetrievalSignal,
+    Signals,
+)
+from sidecar.localkafka.broker import LocalKafka
+from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
+from sidecar.telemetry import Telemetry
+from tests.conftest import EventFactory, dumps
+from tests.kafka.harness import Harness, memory_harness, real_harness, settings_for
+
+
+class MixPolicy:
+    """Decides from the answer's first word; names the tenant as the risk profile.
+
+    ``allow`` gives no reason besides the profile, ``caveat`` two, ``block`` one:
+    a verdict counted once per reason would not add up to the verdicts published.
+    """
+
+    name = "mix/1"
+    reasons: dict[Decision, tuple[str, ...]] = {  # noqa: RUF012 - read only
+        Decision.ALLOW: (),
+        Decision.CAVEAT: ("weak-retrieval", "claims-unsupported"),
+        Decision.BLOCK: ("claims-unsupported",),
+    }
+
+    def decide(
+        self,
+        retrieval: RetrievalEvent,
+        final: GenerationFinal,
+        signals: Signals,
+        *,
+        claims: Sequence[ClaimResult] | None = None,
+        confidence: float | None = None,
+    ) -> PolicyOutcome:
+        del signals, claims, confidence
+        decision = Decision(final.answer.split()[0])
+        profile = Reason(code=f"profile.{retrieval.tenant}", message="risk profile")
+        return PolicyOutcome(
+            decision=decision,
+            reasons=[profile, *(Reason(code=c, message=c) for c in self.reasons[decision])],
+        )
+
+    def check_stream(
+        self,
+        retrieval: RetrievalEvent,
+        claims: Sequence[ClaimResult],
+        certification: RetrievalSignal | None = None,
+    ) -> PolicyOutcome | None:
+        del retrieval, claims, certification
+        return None
+
+
+@pytest.fixture
+def scrape() -> Iterator[tuple[Telemetry, str]]:
+    """A Telemetry whose meter is read by the real Prometheus exporter, served over HTTP."""
+    registry = CollectorRegistry()
+    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)
+    yield Telemetry(meter=provider.get_meter("test")), f"http://127.0.0.1:{server.server_port}/"
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+    provider.shutdown()
+
+
+def scraped(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Sample name -> (labels, value), from one Prometheus scrape."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+@pytest.mark.connected
+async def test_scraped_counters_equal_the_published_mix(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    scrape: tuple[Telemetry, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    telemetry, url = scrape
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    mix = [("allow", "acme")] * 4 + [("caveat", "acme")] * 3 + [("block", "globex")] * 2
+    expired = 2  # retrieval only: evicted at the TTL, answered block / incomplete
+    async with real_harness(settings, telemetry, MixPolicy()) as h:
+        t = settings.topics
+        for i, (decision, tenant) in enumerate(mix):
+            rid = f"req-{i}"
+            await h.publish(t.retrieval, dumps(retrieval_event(rid, tenant=tenant)), rid.encode())
+            answer = f"{decision} Frankenstein was written by Mary Shelley."
+            await h.publish(t.generation, dumps(final_event(rid, answer=answer)), rid.encode())
+        for i in range(expired):
+            await h.publish(t.retrieval, dumps(retrieval_event(f"lone-{i}")), f"lone-{i}".encode())
+        await h.publish(t.generation, b"{", b"broken")
+        got = await h.collect(t.verdicts, len(mix) + expired, timeout_s=30)
+        await h.collect(t.dlq, 1)
+    published = Counter(
+        (v.decision.value, v.tenant if v.reasons[0].code.startswith("profile.") else "none")
+        for v in (AnswerVerdict.model_validate(orjson.loads(m.value)) for m in got)
+    )
+    assert sum(published.values()) == len(mix) + expired
+    metrics = scraped(url)
+    verdicts = {
+        (labels["decision"], labels["profile"], labels["stage"]): value
+        for labels, value in metrics["guardrail_verdicts_total"]
+    }
+    assert verdicts == {
+        ("allow", "acme", "final"): 4,
+        ("caveat", "acme", "final"): 3,
+        ("block", "globex", "final"): 2,
+        ("block", "none", "final"): expired,
+    }
+    assert verdicts == {(d, p, "final"): n for (d, p), n in published.items()}
+    reasons = {
+        (labels["reason"], labels["decision"]): value
+        for labels, value in metrics["guardrail_verdict_reasons_total"]
+    }
+    assert reasons == {
+        ("weak-retrieval", "caveat"): 3,
+        ("claims-unsupported", "caveat"): 3,
+        ("claims-unsupported", "block"): 2,
+        ("incomplete", "block"): expired,
+    }
+    dead = {labels["reason"]: v for labels, v in metrics["guardrail_dead_letters_total"]}
+    assert dead == {"malformed-json": 1}
+    counts = {
+        labels["stage"]: value
+        for labels, value in metrics["guardrail_stage_duration_seconds_count"]
+    }
+    assert counts["policy"] == len(mix)
+    assert counts["publish"] == len(mix) + expired
+    bounds = {
+        float(labels["le"])
+        for labels, _ in metrics["guardrail_stage_duration_seconds_bucket"]
+        if labels["stage"] == "policy"
+    }
+    assert min(bounds) == pytest.approx(50e-6) and 5.0 in bounds
+    [(_, evictions)] = metrics["guardrail_join_evictions_total"]
+    assert evictions == expired
+
+
+@pytest.fixture
+def spans() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture(params=["memory", pytest.param("connected", marks=pytest.mark.connected)])
+async def harness(
+    request: pytest.FixtureRequest, unique_topics: dict[str, str], spans: InMemorySpanExporter
+) -> AsyncIterator[Harness]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    telemetry = Telemetry(tracer=provider.get_tracer("test"))
+    if request.param == "memory":
+        async with memory_harness(settings_for(unique_topics), telemetry) as h:
+            yield h
+    else:
+        broker: LocalKafka = request.getfixturevalue("kafka_broker")
+        settings = settings_for(unique_topics, broker.bootstrap_servers)
+        async with real_harness(settings, telemetry) as h:
+            yield h
+
+
+def _hex(span_id: int) -> str:
+    return format(span_id, "016x")
+
+
+async def test_a_verdicts_trace_follows_the_messaging_conventions(
+    harness: Harness,
+    spans: InMemorySpanExporter,
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    t = harness.settings.topics
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    sent_retrieval, sent_final = "00f067aa0ba902b7", "53995c3f42cd8ad8"
+    await harness.publish(
+        t.retrieval,
+        dumps(retrieval_event("req-tr")),
+        b"req-tr",
+        headers={"traceparent": f"00-{trace_id}-{sent_retrieval}-01"},
+    )
+    await harness.publish(
+        t.generation,
+        dumps(final_event("req-tr")),
+        b"req-tr",
+        headers={"traceparent": f"00-{trace_id}-{sent_final}-01"},
+    )
+    [msg] = await harness.collect(t.verdicts, 1)
+    producer = await _wait_for(spans, f"send {t.verdicts}")
+    finished = spans.get_finished_spans()
+    by_name = {s.name: s for s in finished}
+
+    consumers = [s for s in finished if s.kind is SpanKind.CONSUMER]
+    assert {s.name for s in consumers} <= {f"process {t.retrieval}", f"process {t.generation}"}
+    linked: dict[str, dict[str, Any]] = {}
+    for span in consumers:
+        attributes = dict(span.attributes or {})
+        assert attributes["messaging.system"] == "kafka"
+        assert attributes["messaging.operation.type"] == "process"
+        assert attributes["messaging.consumer.group.name"] == harness.settings.kafka.group_id
+        assert attributes["messaging.destination.name"] in {t.retrieval, t.generation}
+        for link in span.links:
+            linked[_hex(link.context.span_id)] = dict(link.attributes or {})
+    assert {sent_retrieval, sent_final} <= set(linked)  # each record's producer context
+    assert linked[sent_final]["messaging.destination.name"] == t.generation
+    assert linked[sent_final]["messaging.kafka.message.key"] == "req-tr"
+    assert int(linked[sent_final]["messaging.kafka.offset"]) >= 0
+    assert "messaging.destination.partition.id" in linked[sent_final]
+
+    request = by_name["guardrail.request"]
+    assert request.kind is SpanKind.INTERNAL
+    assert format(request.context.trace_id, "032x") == trace_id
+    assert request.parent is not None and _hex(request.parent.span_id) == sent_final
+    consumer_ids = {s.context.span_id for s in consumers}
+    assert {link.context.span_id for link in request.links} & consumer_ids
+    attributes = dict(request.attributes or {})
+    assert attributes["guardrail.request_id"] == "req-tr"
+    assert attributes["guardrail.decision"] == "caveat"
+    assert attributes["guardrail.stage"] == "final"
+    for stage in ("guardrail.join", "guardrail.certify", "guardrail.policy"):
+        parent = by_name[stage].parent
+        assert parent is not None and parent.span_id == request.context.span_id, stage
+
+    assert producer.kind is SpanKind.PRODUCER
+    assert producer.parent is not None and producer.parent.span_id == request.context.span_id
+    sent = dict(producer.attributes or {})
+    assert sent["messaging.system"] == "kafka"
+    assert sent["messaging.operation.type"] == "send"
+    assert sent["messaging.destination.name"] == t.verdicts
+    assert sent["messaging.kafka.message.key"] == "req-tr"
+    onward = msg.headers["traceparent"].decode().split("-")
+    assert onward[1] == trace_id
+    assert onward[2] == _hex(producer.context.span_id)  # the PRODUCER span, not the request
+
+
+async def _wait_for(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
+    """The verdict can be read before its confirmation ended the producer span."""
+    for _ in range(200):
+        found = [s for s in spans.get_finished_spans() if s.name == name]
+        if found:
+            return found[0]
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"no finished span {name!r}")
