@@ -1,0 +1,77 @@
+"""The chart's Grafana dashboard queries metrics the sidecar really exposes to Prometheus."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar.telemetry import Telemetry
+
+DASHBOARD = (
+    Path(__file__).resolve().parents[2]
+    / "charts"
+    / "guardrail-sidecar"
+    / "dashboards"
+    / "guardrail-sidecar.json"
+)
+_METRIC = re.compile(r"\bguardrail_[a-z0-9_]+")
+
+
+def exposed_sample_names() -> set[str]:
+    """Every sample name the real Prometheus exporter writes for the sidecar's instruments."""
+    registry = CollectorRegistry()
+    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
+    telemetry = Telemetry(meter=provider.get_meter("test"))
+    telemetry.verdicts.add(1, {"decision": "allow", "profile": "p", "stage": "final"})
+    telemetry.verdict_reasons.add(1, {"reason": "r", "decision": "caveat"})
+    telemetry.dead_letters.add(1, {"reason": "malformed-json"})
+    telemetry.claims.add(1, {"label": "supported"})
+    telemetry.stage_duration.record(0.0005, {"stage": "policy"})
+    telemetry.publish_retries.add(1)
+    telemetry.observe(lambda: 1, lambda: 1, lambda: {("rag.generation", 0): 1})
+    telemetry.observe_monitor(lambda: {"k": (0.9, 0.8, 0.95, False)})
+    telemetry.observe_coverage(
+        lambda: {"k": {"coverage": 0.9, "bound": 0.1, "measured_hallucination": 0.05}}
+    )
+    text = generate_latest(registry).decode()
+    provider.shutdown()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def panels() -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = json.loads(DASHBOARD.read_text())["panels"]
+    return found
+
+
+def test_every_queried_metric_is_exposed() -> None:
+    exposed = exposed_sample_names()
+    queried = {
+        name
+        for panel in panels()
+        for target in panel["targets"]
+        for name in _METRIC.findall(target["expr"])
+    }
+    assert queried, "the dashboard queries no guardrail_* metric"
+    assert queried - exposed == set(), f"exposed: {sorted(exposed)}"
+
+
+def test_the_dashboard_shows_what_an_operator_needs() -> None:
+    exprs = " ".join(t["expr"] for p in panels() for t in p["targets"])
+    for needed in (
+        "guardrail_verdicts_total",  # verdict mix
+        "guardrail_verdict_reasons_total",  # reasons
+        "histogram_quantile(0.95, sum by (le, stage) (rate(guardrail_stage_duration_seconds_bucket",
+        "guardrail_consumer_lag",
+        "guardrail_dead_letters_total",
+        "guardrail_coverage_bound",
+    ):
+        assert needed in exprs, needed
+    ids = [p["id"] for p in panels()]
+    assert len(ids) == len(set(ids))
