@@ -151,6 +151,9 @@ class Processor:
                 for old in evicted:
                     step.extend(self._incomplete(old, "capacity", now_ms))
                 if entry.complete:
+                    # decided from now on: out of the store, so that nothing later in this
+                    # batch can evict it (an incomplete verdict beside its real one)
+                    self.store.close(entry.store_key, now_ms)
                     if entry not in completed:
                         completed.append(entry)
                 else:
@@ -228,7 +231,6 @@ class Processor:
         started_ns = self._clock_ns()
         for entry in entries:
             entry.stages.append(("join", entry.first_seen_ns, started_ns))
-            self.store.close(entry.store_key, now_ms)
             try:
                 step.outputs.extend(self._stream(entry))
             except Exception:

@@ -155,3 +155,21 @@ def test_request_ids_without_a_letter_or_digit_are_refused(
     for i, rid in enumerate(["..", ".", "-:-"]):
         step = p.on_message(R, dumps(retrieval_event(rid)), None, ref("r", i), 0.0)
         assert reasons(step) == ["schema-violation"]
+
+
+def test_a_request_completed_early_in_a_batch_cannot_be_evicted_later_in_it(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    p = processor(settings_factory, join={"max_entries": 2})
+    items = [
+        (R, dumps(retrieval_event("req-a")), None, ref("r", 0)),
+        (G, dumps(final_event("req-a")), None, ref("g", 0)),  # complete, decided at batch end
+        (R, dumps(retrieval_event("req-b")), None, ref("r", 1)),
+        (R, dumps(retrieval_event("req-c")), None, ref("r", 2)),  # the store is full again
+    ]
+    step = p.on_batch(items, 0.0)
+    decided = verdicts(step)
+    assert [v.request_id for v in decided] == ["req-a"]
+    assert decided[0].reasons == [] or decided[0].reasons[0].code != "incomplete"
