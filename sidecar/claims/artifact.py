@@ -5,9 +5,11 @@ sha256, whether the first segment carries the user's question), how its logit
 becomes a label (Platt scaling with lexical coverage, the uncertain band; see
 :mod:`sidecar.claims.calibration`), what it was trained on (sources, split
 rule, counts, a hash of the training pairs, seed) and how well it does on
-held-out data (the model card's numbers). The serving adapter refuses a file
-whose sha256 differs from the document. Parsing is pure; reading the file is
-in :mod:`sidecar.claims.verifier`.
+held-out data (the model card's numbers), and the golden outputs: a few
+(claim, evidence, question) inputs with the logits the export computed
+(:mod:`sidecar.golden`). The serving adapter refuses a file whose sha256
+differs from the document, or whose golden logits drift on this CPU. Parsing
+is pure; reading the file is in :mod:`sidecar.claims.verifier`.
 """
 
 from __future__ import annotations
@@ -18,8 +20,16 @@ from typing import Annotated, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from sidecar.claims.calibration import Band, Platt
+from sidecar.golden import GoldenOutputs
 
-__all__ = ["ARTIFACT_KIND", "SCHEMA_VERSION", "VerifierArtifact", "VerifierData"]
+__all__ = [
+    "ARTIFACT_KIND",
+    "GOLDEN_INPUTS",
+    "SCHEMA_VERSION",
+    "GoldenPair",
+    "VerifierArtifact",
+    "VerifierData",
+]
 
 SCHEMA_VERSION: Final = 1
 ARTIFACT_KIND: Final = "claim-verifier"
@@ -39,6 +49,59 @@ class VerifierData(_Model):
     pairs_sha256: Sha256
     length_auroc_train: float | None = None
     seed: int
+
+
+class GoldenPair(_Model):
+    """A golden input of the verifier: what :meth:`OnnxVerifier.logits` reads for one pair."""
+
+    claim: str
+    evidence: str
+    question: str = ""
+
+
+_LONG_EVIDENCE = (
+    "Frankenstein; or, The Modern Prometheus is an 1818 novel written by English author Mary "
+    "Shelley. Frankenstein tells the story of Victor Frankenstein, a young scientist who creates "
+    "a sapient creature in an unorthodox scientific experiment. Shelley started writing the "
+    "story when she was 18, and the first edition was published anonymously in London on 1 "
+    "January 1818, when she was 20. Her name first appeared in the second edition, which was "
+    "published in Paris in 1821. Shelley travelled through Europe in 1814, journeying along the "
+    "river Rhine in Germany, and stopping in Gernsheim, which is 17 kilometres away from "
+    "Frankenstein Castle, where, about a century earlier, an alchemist had engaged in "
+    "experiments. She then journeyed to the region of Geneva, Switzerland, where much of the "
+    "story takes place."
+)
+
+# Fixed inputs for the golden logits: supported and unsupported claims, with and without the
+# question, one whose evidence is truncated to max_length, and an empty evidence.
+GOLDEN_INPUTS: Final = (
+    GoldenPair(
+        claim="Mary Shelley wrote Frankenstein.",
+        evidence="Frankenstein; or, The Modern Prometheus is an 1818 novel written by English "
+        "author Mary Shelley.",
+        question="who wrote the novel frankenstein",
+    ),
+    GoldenPair(
+        claim="Frankenstein was first published in 1823.",
+        evidence=_LONG_EVIDENCE,
+        question="when was frankenstein first published",
+    ),
+    GoldenPair(
+        claim="Her name first appeared in the second edition, published in Paris in 1821.",
+        evidence=_LONG_EVIDENCE,
+    ),
+    GoldenPair(
+        claim="The Eiffel Tower stands in Berlin.",
+        evidence="The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in "
+        "Paris, France. It is named after the engineer Gustave Eiffel.",
+        question="where is the eiffel tower",
+    ),
+    GoldenPair(
+        claim="Water boils at 100 °C at sea level.",
+        evidence="At standard atmospheric pressure, water boils at 100 degrees Celsius (212 °F).",
+    ),
+    GoldenPair(claim="The treaty was signed by 12 countries.", evidence=""),
+)
 
 
 class VerifierArtifact(_Model):
@@ -64,6 +127,9 @@ class VerifierArtifact(_Model):
     question_in_input: bool = False
     data: VerifierData
     metrics: dict[str, dict[str, float | int | str]] = Field(default_factory=dict)
+    # The logits of GOLDEN_INPUTS-like pairs at export, checked when the model is loaded
+    # (None: an artifact written before golden outputs existed; it loads with a warning).
+    golden: GoldenOutputs[GoldenPair] | None = None
     created_at: datetime
 
     @property

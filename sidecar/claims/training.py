@@ -76,11 +76,12 @@ from sidecar.claims.outcomes import (
     trust_cutoff,
 )
 from sidecar.claims.verifier import (
-    METADATA_FILE,
     OnnxVerifier,
     PairEncoder,
     file_sha256,
     first_segment,
+    record_verifier_golden,
+    save_artifact,
 )
 from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError
 
@@ -515,7 +516,7 @@ class VerifierTrainer:
             + (["nq-open/nq-open-oracle.dev.jsonl.gz"] if cfg.nq_path else [])
             + [str(p) for p in (*cfg.outcomes, *cfg.lookback)]
         )
-        return VerifierArtifact(
+        artifact = VerifierArtifact(
             version=f"minilm-ce-{sha[:12]}",
             base_model=BASE_MODEL,
             onnx_file=onnx_path.name,
@@ -542,12 +543,13 @@ class VerifierTrainer:
             metrics=metrics,
             created_at=datetime.now(UTC),
         )
+        # The file's logits on the golden inputs, recomputed by every load (sidecar.golden).
+        written = OnnxVerifier.from_files(artifact, onnx_path, onnx_path.parent / TOKENIZER_FILE)
+        return artifact.model_copy(update={"golden": record_verifier_golden(written)})
 
 
 def _write_metadata(out_dir: Path, artifact: VerifierArtifact) -> None:
-    (out_dir / METADATA_FILE).write_text(
-        artifact.model_dump_json(indent=2) + "\n", encoding="utf-8"
-    )
+    save_artifact(out_dir, artifact)
 
 
 def _evaluate(

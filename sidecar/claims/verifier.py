@@ -13,7 +13,9 @@ UNCERTAIN; seed 002: verified / unverified). The artifact directory holds::
     MODEL_CARD.md      data, split, metrics, how to reproduce
 
 :class:`OnnxVerifier` checks the file against the metadata (``ArtifactError``
-on a mismatch) and turns logits into calibrated probabilities
+on a mismatch), runs the artifact's golden inputs and refuses to serve
+(``ConfigError``) when their logits drift past the artifact's tolerance on
+this CPU (:mod:`sidecar.golden`), and turns logits into calibrated probabilities
 ``sigmoid(a * logit + b * coverage + c)`` (:mod:`sidecar.claims.calibration`).
 Runtime dependencies: ``onnxruntime`` and ``tokenizers``.
 """
@@ -21,6 +23,7 @@ Runtime dependencies: ``onnxruntime`` and ``tokenizers``.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,9 +32,10 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import ValidationError
 
-from sidecar.claims.artifact import VerifierArtifact
+from sidecar.claims.artifact import GOLDEN_INPUTS, GoldenPair, VerifierArtifact
 from sidecar.claims.calibration import Band, Platt, coverage
 from sidecar.exceptions import ArtifactError, ConfigError
+from sidecar.golden import GoldenOutputs, record_golden
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -40,6 +44,7 @@ if TYPE_CHECKING:
     from sidecar.claims.judge import JudgeConfig
 
 __all__ = [
+    "GOLDEN_LOGIT_TOLERANCE",
     "METADATA_FILE",
     "OnnxVerifier",
     "PairEncoder",
@@ -47,9 +52,17 @@ __all__ = [
     "first_segment",
     "load_artifact",
     "load_claim_checker",
+    "record_verifier_golden",
+    "save_artifact",
 ]
 
+log = logging.getLogger(__name__)
+
 METADATA_FILE = "verifier.json"
+# Max |logit - golden logit| a verifier may show at load (one pair at a time and as one batch).
+# Chosen from measured drift across instruction sets, threads and batching with headroom: the
+# numbers are in models/verifier/MODEL_CARD.md ("Same outputs on every x86 CPU").
+GOLDEN_LOGIT_TOLERANCE = 1e-3
 BATCH = 32
 QUESTION_SEPARATOR = " [SEP] "
 
@@ -125,6 +138,13 @@ def load_artifact(model_dir: Path) -> VerifierArtifact:
         raise ArtifactError(f"{path} is not a valid verifier artifact: {exc}") from None
 
 
+def save_artifact(model_dir: Path, artifact: VerifierArtifact) -> Path:
+    """Write ``model_dir/verifier.json`` (the ONNX file is written by the export)."""
+    path = model_dir / METADATA_FILE
+    path.write_text(artifact.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return path
+
+
 class OnnxVerifier:
     """Calibrated p(supported) for (claim, evidence) pairs from the ONNX cross-encoder."""
 
@@ -182,11 +202,14 @@ class OnnxVerifier:
         onnx_file: str | None = None,
         calibration: Platt | None = None,
         band: Band | None = None,
+        check_golden: bool = True,
     ) -> OnnxVerifier:
-        """Load ``model_dir``.
+        """Load ``model_dir``; ``ConfigError`` when its golden logits drift on this CPU.
 
         ``onnx_file``, ``calibration`` and ``band`` override the metadata (training
-        uses them to evaluate the fp32 and int8 twins with their own calibration).
+        uses them to evaluate the fp32 and int8 twins with their own calibration;
+        the golden outputs are those of the artifact's own file, so another file
+        is not checked). ``check_golden=False``: do not run them (to record new ones).
         """
         import onnxruntime as ort  # noqa: PLC0415 - the adapter's own dependency
 
@@ -204,7 +227,48 @@ class OnnxVerifier:
         options.inter_op_num_threads = 1
         session = ort.InferenceSession(str(path), sess_options=options, providers=list(providers))
         encoder = PairEncoder.from_file(model_dir / artifact.tokenizer_file, artifact.max_length)
-        return cls(artifact, session, encoder, calibration=calibration, band=band)
+        verifier = cls(artifact, session, encoder, calibration=calibration, band=band)
+        if check_golden and onnx_file in (None, artifact.onnx_file):
+            verifier.check_golden(str(path))
+        return verifier
+
+    @classmethod
+    def from_files(
+        cls, artifact: VerifierArtifact, onnx_path: Path, tokenizer_path: Path
+    ) -> OnnxVerifier:
+        """One CPU thread over explicit files (the export's own check of what it wrote)."""
+        import onnxruntime as ort  # noqa: PLC0415 - the adapter's own dependency
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        session = ort.InferenceSession(
+            str(onnx_path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        return cls(artifact, session, PairEncoder.from_file(tokenizer_path, artifact.max_length))
+
+    def golden_logits(self, cases: Sequence[GoldenPair]) -> list[float]:
+        """Logits of ``cases`` one pair at a time, then of all of them as one batch."""
+        pairs = [(c.claim, c.evidence) for c in cases]
+        questions = [c.question for c in cases]
+        single = [float(self.logits([p], [q])[0]) for p, q in zip(pairs, questions, strict=True)]
+        return single + [float(z) for z in self.logits(pairs, questions)]
+
+    def check_golden(self, where: str) -> float | None:
+        """The max drift of the artifact's golden logits; ``ConfigError`` past its tolerance."""
+        golden = self.artifact.golden
+        if golden is None:
+            log.warning(
+                "claim verifier %s (%s) has no golden outputs: its outputs on this CPU are not "
+                "checked; add them with: guardrail golden record <model dir>",
+                self.version,
+                where,
+            )
+            return None
+        drift = golden.check(
+            self.golden_logits(golden.inputs), model=f"claim verifier {self.version} ({where})"
+        )
+        log.info("claim verifier %s: golden logits within %.2g of export", self.version, drift)
+        return drift
 
     def logits(
         self, pairs: Sequence[tuple[str, str]], questions: Sequence[str] | None = None
@@ -233,6 +297,16 @@ class OnnxVerifier:
         covered = [coverage(claim, evidence) for claim, evidence in pairs]
         z = self.logits(pairs, questions)
         return [float(p) for p in self.calibration.probability(z, covered)]
+
+
+def record_verifier_golden(
+    verifier: OnnxVerifier,
+    cases: Sequence[GoldenPair] = GOLDEN_INPUTS,
+    tolerance: float = GOLDEN_LOGIT_TOLERANCE,
+) -> GoldenOutputs[GoldenPair]:
+    """Golden logits of ``cases`` computed by ``verifier`` now (one pair at a time)."""
+    logits = verifier.golden_logits(cases)[: len(cases)]
+    return record_golden(list(cases), logits, output="logit", tolerance=tolerance)
 
 
 def load_claim_checker(

@@ -33,6 +33,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sidecar.cli.lookback",
     "sidecar.cli.report",
     "sidecar.cli.probe",
+    "sidecar.cli.golden",
 )
 
 

@@ -403,7 +403,11 @@ class ConfidenceModel(BaseModel):
         return self._calibrator.predict(self.raw_scores(values_list))
 
     def predict_one(self, values: FeatureValues) -> float:
-        """Calibrated probability of one row: :meth:`predict` in plain floats (same result)."""
+        """Calibrated probability of one row: :meth:`predict` in plain floats.
+
+        The same result up to float rounding (sums in another order than numpy's
+        vectorised dot product: within 1e-12, not always bit-identical).
+        """
         if not self._signal_names.issuperset(values):
             self._spec.vector(values)  # raises the ConfidenceDataError naming the unknown keys
         score = self.intercept

@@ -5,10 +5,13 @@ the generator model id, L, H, K and the variant (checked against every
 ``GenerationFinal`` event's ``AttentionSummary``), the padding and scaling
 convention (:mod:`sidecar.lookback.features`), the ONNX input / output names,
 the sha256 of the ONNX bytes (checked on load), the training data hash, split
-and metrics. ``version`` = ``<name>@<first 12 hex of the ONNX sha256>`` is what
-verdicts report as the lookback model version.
+and metrics, and golden outputs: a few feature vectors with the p(factual) the
+export computed, which the scorer recomputes at load (:mod:`sidecar.golden`).
+``version`` = ``<name>@<first 12 hex of the ONNX sha256>`` is what verdicts
+report as the lookback model version; golden outputs live in this JSON, not in
+the ONNX file, so adding them leaves the sha256 and the version unchanged.
 
-Pure pydantic and hashlib: no onnxruntime, no scikit-learn.
+Pure pydantic, hashlib and numpy: no onnxruntime, no scikit-learn.
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Final, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from sidecar.exceptions import ArtifactError
+from sidecar.golden import GoldenOutputs
+from sidecar.lookback.features import feature_vector
 
 __all__ = [
+    "GOLDEN_CASES",
+    "GOLDEN_DECIMALS",
+    "GOLDEN_TOLERANCE",
     "METADATA_FILE",
     "MODEL_FORMAT",
     "ONNX_FILE",
@@ -30,7 +39,9 @@ __all__ = [
     "LookbackMetrics",
     "LookbackModelMetadata",
     "LookbackTraining",
+    "golden_features",
     "load_metadata",
+    "save_metadata",
 ]
 
 MODEL_FORMAT: Final = "lookback-classifier/1"
@@ -40,6 +51,31 @@ PADDING = (
     "cw: keep the trusted chunks' columns in retrieval order (all columns without an ok "
     "certification), then zero columns up to K; fc: none (K = 1)"
 )
+# Max |p(factual) - golden p(factual)| at load (one vector at a time and as one batch). Chosen
+# from measured drift across instruction sets, threads and batching with headroom; the numbers
+# are in models/lookback/README.md ("Same outputs on every x86 CPU").
+GOLDEN_TOLERANCE = 1e-5
+GOLDEN_CASES = 5
+GOLDEN_DECIMALS = 4  # golden inputs are stored rounded, so JSON holds them exactly as read
+
+
+def golden_features(
+    layers: int, heads: int, chunks: int, cases: int = GOLDEN_CASES, seed: int = 0
+) -> list[list[float]]:
+    """Fixed feature vectors for golden outputs, built as the scorer builds served ones.
+
+    Case ``i`` has lookback ratios for ``min(i, chunks)`` trusted chunks (seeded
+    gamma draws), padded and scaled by :func:`~sidecar.lookback.features.feature_vector`:
+    case 0 is the all-zero vector of an answer without a trusted chunk. Values are
+    rounded to :data:`GOLDEN_DECIMALS` decimals, so the JSON holds them exactly.
+    """
+    rng = np.random.default_rng(seed)
+    out: list[list[float]] = []
+    for i in range(cases):
+        ratios = rng.gamma(2.0, 0.5, size=(layers, heads, min(i, chunks)))
+        vector = feature_vector(ratios, chunks)
+        out.append([round(float(v), GOLDEN_DECIMALS) for v in vector])
+    return out
 
 
 class LookbackMetrics(BaseModel):
@@ -110,6 +146,9 @@ class LookbackModelMetadata(BaseModel):
     onnx_opset: int
     training: LookbackTraining
     metrics: LookbackMetrics
+    # p(factual) of golden feature vectors at export, checked when the scorer loads
+    # (None: a model written before golden outputs existed; it loads with a warning).
+    golden: GoldenOutputs[list[float]] | None = None
     created_at: datetime
 
     @property
@@ -144,3 +183,10 @@ def load_metadata(model_dir: str | Path) -> tuple[LookbackModelMetadata, bytes]:
             "the model file was changed after training"
         )
     return meta, data
+
+
+def save_metadata(model_dir: str | Path, metadata: LookbackModelMetadata) -> Path:
+    """Write ``model_dir/metadata.json`` (the ONNX file is written by its producer)."""
+    path = Path(model_dir) / METADATA_FILE
+    path.write_text(metadata.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return path

@@ -31,6 +31,11 @@ Per ``GenerationFinal`` event (seed 000 section 3.3):
 ``score_many`` does steps 1-3 per request and one ONNX call for the batch (the
 Kafka adapter micro-batches concurrent requests through it).
 
+At load the scorer recomputes the metadata's golden outputs (fixed feature
+vectors, one at a time and as one batch) with its own session and refuses to
+serve (``ConfigError`` naming this CPU's features and the drift) when they
+moved past the metadata's tolerance (:mod:`sidecar.golden`).
+
 onnxruntime uses ``CPUExecutionProvider`` unless ``providers`` says otherwise;
 ``providers="auto"`` adds ``CUDAExecutionProvider`` when the installed
 onnxruntime has it. Never imports torch or scikit-learn.
@@ -38,6 +43,7 @@ onnxruntime has it. Never imports torch or scikit-learn.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,10 +59,18 @@ from sidecar.contracts.events import (
     SignalStatus,
 )
 from sidecar.exceptions import ArtifactError, ConfigError, InputError
-from sidecar.lookback.artifact import LookbackModelMetadata, load_metadata
+from sidecar.golden import GoldenOutputs, record_golden
+from sidecar.lookback.artifact import (
+    GOLDEN_TOLERANCE,
+    LookbackModelMetadata,
+    golden_features,
+    load_metadata,
+)
 from sidecar.lookback.features import feature_vector
 
-__all__ = ["LookbackRequest", "OnnxLookbackScorer", "resolve_providers"]
+__all__ = ["LookbackRequest", "OnnxLookbackScorer", "record_lookback_golden", "resolve_providers"]
+
+log = logging.getLogger(__name__)
 
 OnMismatch = Literal["dead-letter", "unavailable"]
 
@@ -109,7 +123,12 @@ class OnnxLookbackScorer:
         providers: Sequence[str] | Literal["auto"] | None = None,
         on_mismatch: OnMismatch = "dead-letter",
         intra_op_threads: int = 1,
+        check_golden: bool = True,
     ) -> None:
+        """``ConfigError`` when the metadata's golden outputs drift on this CPU.
+
+        ``check_golden=False`` skips them (the export computing new ones).
+        """
         import onnxruntime as ort  # noqa: PLC0415 - adapter edge
 
         if on_mismatch not in ("dead-letter", "unavailable"):
@@ -144,6 +163,8 @@ class OnnxLookbackScorer:
                 f"the ONNX model takes {width} features, metadata says "
                 f"{metadata.layers}x{metadata.heads}x{metadata.chunks} = {metadata.n_features}"
             )
+        if check_golden:
+            self.check_golden()
 
     @classmethod
     def from_dir(
@@ -153,8 +174,12 @@ class OnnxLookbackScorer:
         providers: Sequence[str] | Literal["auto"] | None = None,
         on_mismatch: OnMismatch = "dead-letter",
         intra_op_threads: int = 1,
+        check_golden: bool = True,
     ) -> OnnxLookbackScorer:
-        """Load ``model_dir/metadata.json`` and its hash-checked ``model.onnx``."""
+        """Load ``model_dir/metadata.json`` and its hash-checked ``model.onnx``.
+
+        ``ConfigError`` when its golden outputs drift on this CPU (see ``__init__``).
+        """
         metadata, onnx_bytes = load_metadata(model_dir)
         return cls(
             metadata,
@@ -162,7 +187,30 @@ class OnnxLookbackScorer:
             providers=providers,
             on_mismatch=on_mismatch,
             intra_op_threads=intra_op_threads,
+            check_golden=check_golden,
         )
+
+    def golden_outputs(self, cases: Sequence[Sequence[float]]) -> list[float]:
+        """p(factual) of ``cases`` one vector at a time, then of all of them as one batch."""
+        rows = np.asarray(cases, dtype=np.float32).reshape(len(cases), -1)
+        single = [float(self._run(row[None, :])[0]) for row in rows]
+        return single + [float(p) for p in self._run(rows)]
+
+    def check_golden(self) -> float | None:
+        """The max drift of the golden outputs; ``ConfigError`` past the metadata's tolerance."""
+        golden = self.metadata.golden
+        if golden is None:
+            log.warning(
+                "lookback model %s has no golden outputs: its outputs on this CPU are not "
+                "checked; add them with: guardrail golden record <model dir>",
+                self.version,
+            )
+            return None
+        drift = golden.check(
+            self.golden_outputs(golden.inputs), model=f"lookback model {self.version}"
+        )
+        log.info("lookback model %s: golden outputs within %.2g of export", self.version, drift)
+        return drift
 
     @property
     def version(self) -> str:
@@ -321,3 +369,13 @@ class OnnxLookbackScorer:
     ) -> npt.NDArray[np.float32] | None:
         """The scaled feature vector this scorer would feed to ONNX (``None``: unscorable)."""
         return self._prepare(final, certification, chunk_ids).features
+
+
+def record_lookback_golden(
+    scorer: OnnxLookbackScorer, tolerance: float = GOLDEN_TOLERANCE
+) -> GoldenOutputs[list[float]]:
+    """Golden p(factual) of :func:`~sidecar.lookback.artifact.golden_features` computed now."""
+    meta = scorer.metadata
+    cases = golden_features(meta.layers, meta.heads, meta.chunks)
+    outputs = scorer.golden_outputs(cases)[: len(cases)]
+    return record_golden(cases, outputs, output="p_factual", tolerance=tolerance)

@@ -7,7 +7,9 @@ on the padded, per-sample scaled vectors of :mod:`sidecar.lookback.features`,
 evaluated by train and test AUROC on a 3:2 split *by question* (no question on
 both sides). The fitted model is exported with skl2onnx (probabilities as a
 plain ``(n, 2)`` tensor, ZipMap disabled) and checked against scikit-learn on
-the held-out rows (max abs difference <= 1e-5) before anything is written.
+the held-out rows (max abs difference <= 1e-5) before anything is written; the
+metadata then gets the golden outputs the serving scorer recomputes at load
+(:func:`~sidecar.lookback.serving.record_lookback_golden`).
 
 This module is the only one of :mod:`sidecar.lookback` that imports scikit-learn
 (the ``train`` extra); the serving path reads the ONNX file with onnxruntime.
@@ -26,11 +28,11 @@ import numpy.typing as npt
 
 from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError
 from sidecar.lookback.artifact import (
-    METADATA_FILE,
     ONNX_FILE,
     LookbackMetrics,
     LookbackModelMetadata,
     LookbackTraining,
+    save_metadata,
 )
 from sidecar.lookback.dataset import LookbackDataset, load_dataset
 from sidecar.lookback.features import feature_matrix
@@ -247,10 +249,17 @@ def train_and_export(
         metrics=metrics,
         created_at=datetime.now(UTC).replace(microsecond=0),
     )
+    from sidecar.lookback.serving import (  # noqa: PLC0415 - onnxruntime, as above
+        OnnxLookbackScorer,
+        record_lookback_golden,
+    )
+
+    scorer = OnnxLookbackScorer(metadata, onnx_bytes, check_golden=False)
+    metadata = metadata.model_copy(update={"golden": record_lookback_golden(scorer)})
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / ONNX_FILE).write_bytes(onnx_bytes)
-    (out / METADATA_FILE).write_text(metadata.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    save_metadata(out, metadata)
     log.info(
         "lookback %s: train AUROC %.3f, test AUROC %.3f (n=%d, parity %.1e)",
         variant,

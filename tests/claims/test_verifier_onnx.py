@@ -12,11 +12,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import onnx
+import onnx.numpy_helper
 import pytest
 
 torch = pytest.importorskip("torch", reason="the [ml] extra (torch) exports the verifier")
 transformers = pytest.importorskip("transformers", reason="the [ml] extra exports the verifier")
 
+from sidecar.claims.artifact import GOLDEN_INPUTS  # noqa: E402
 from sidecar.claims.calibration import Band, Platt  # noqa: E402
 from sidecar.claims.datasets import Pair  # noqa: E402
 from sidecar.claims.training import (  # noqa: E402
@@ -29,13 +32,16 @@ from sidecar.claims.training import (  # noqa: E402
     minilm_dir,
 )
 from sidecar.claims.verifier import (  # noqa: E402
+    GOLDEN_LOGIT_TOLERANCE,
     METADATA_FILE,
     OnnxVerifier,
     PairEncoder,
+    file_sha256,
     first_segment,
     load_artifact,
 )
-from sidecar.exceptions import ArtifactError, LifecycleError  # noqa: E402
+from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError  # noqa: E402
+from sidecar.golden import describe_cpu  # noqa: E402
 
 PAIRS = [
     ("Metformin activates AMPK.", "Metformin reduces glucose output by activating AMPK."),
@@ -169,7 +175,10 @@ def test_the_question_flag_builds_the_first_segment_as_training_does(
 ) -> None:
     trainer, out = exported
     _copy(out, tmp_path, question_in_input=True)
-    onnx = OnnxVerifier.load(tmp_path)
+    # The flag changes what the network reads, so the golden logits (recorded without it) fail.
+    with pytest.raises(ConfigError, match="golden inputs"):
+        OnnxVerifier.load(tmp_path)
+    onnx = OnnxVerifier.load(tmp_path, check_golden=False)
     assert onnx.question_in_input
     questions = ["Who  wrote\nit?", "", "Where is Paris?", "Why?"]
     joined = [
@@ -213,3 +222,58 @@ def test_the_question_is_not_pooled_as_part_of_the_claim() -> None:
     # [CLS] where ? [SEP] paris [SEP] france [SEP]  /  [CLS] paris [SEP] france [SEP]
     assert claim_tokens(**with_q, sep_token_id=102).tolist() == [[0, 0, 0, 0, 1, 1, 0, 0]]
     assert claim_tokens(**without, sep_token_id=102).tolist() == [[1, 1, 1, 0, 0]]
+
+
+# ------------------------------------------------------------------ golden outputs
+
+
+def test_the_export_records_golden_logits_that_the_load_checks(
+    exported: tuple[VerifierTrainer, Path],
+) -> None:
+    trainer, out = exported
+    golden = load_artifact(out).golden
+    assert golden is not None and golden.output == "logit"
+    assert golden.tolerance == GOLDEN_LOGIT_TOLERANCE
+    assert golden.inputs == list(GOLDEN_INPUTS) and golden.recorded_on == describe_cpu()
+    verifier = OnnxVerifier.load(out)  # checks them
+    drift = verifier.check_golden(str(out))
+    assert drift is not None and drift <= golden.tolerance
+    # The references are the torch model's logits (fp32 file, one pair at a time) ...
+    pairs = [(c.claim, c.evidence) for c in GOLDEN_INPUTS]
+    np.testing.assert_allclose(golden.references, trainer.logits(pairs), atol=1e-4)
+    assert len({round(z, 4) for z in golden.references}) == len(GOLDEN_INPUTS)
+    # ... and one golden pair is longer than max_length, so truncation is covered.
+    long = GOLDEN_INPUTS[1]
+    assert verifier._encoder.encode([(long.claim, long.evidence)])["input_ids"].shape[1] == 64
+
+
+def test_a_drifted_golden_logit_refuses_to_load(
+    exported: tuple[VerifierTrainer, Path], tmp_path: Path
+) -> None:
+    _, out = exported
+    golden = json.loads((out / METADATA_FILE).read_text(encoding="utf-8"))["golden"]
+    golden["cases"][3]["output"] -= 2 * golden["tolerance"]
+    _copy(out, tmp_path, golden=golden)
+    with pytest.raises(ConfigError, match="logit moved by up to") as info:
+        OnnxVerifier.load(tmp_path)
+    assert describe_cpu() in str(info.value) and "claim verifier minilm-ce-" in str(info.value)
+    unchecked = OnnxVerifier.load(tmp_path, check_golden=False)  # to record new ones
+    with pytest.raises(ConfigError, match="more than the allowed"):
+        unchecked.check_golden("here")
+
+
+def test_a_changed_model_with_a_matching_sha256_refuses_to_load(
+    exported: tuple[VerifierTrainer, Path], tmp_path: Path
+) -> None:
+    """A re-export that changed the network (here its head bias) but kept the golden logits."""
+    _, out = exported
+    model = onnx.load(str(out / "model.onnx"))
+    (bias,) = [i for i in model.graph.initializer if i.name == "head.bias"]
+    bias.CopyFrom(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(bias) + 0.01, bias.name))
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    (tmp_path / "tokenizer.json").write_bytes((out / "tokenizer.json").read_bytes())
+    meta = json.loads((out / METADATA_FILE).read_text(encoding="utf-8"))
+    meta["onnx_sha256"] = file_sha256(tmp_path / "model.onnx")
+    (tmp_path / METADATA_FILE).write_text(json.dumps(meta), encoding="utf-8")
+    with pytest.raises(ConfigError, match="computes other outputs on this CPU than at export"):
+        OnnxVerifier.load(tmp_path)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +19,9 @@ from sidecar.contracts.events import (
     RetrievalSignal,
     SignalStatus,
 )
-from sidecar.exceptions import InputError
+from sidecar.exceptions import ConfigError, InputError
+from sidecar.golden import describe_cpu
+from sidecar.lookback.artifact import GOLDEN_CASES, GOLDEN_TOLERANCE, golden_features, load_metadata
 from sidecar.lookback.dataset import load_dataset
 from sidecar.lookback.features import feature_vector
 from sidecar.lookback.serving import LookbackRequest, OnnxLookbackScorer
@@ -163,7 +168,8 @@ def test_fc_model_scores_fc_summaries_only(fc_model: Path) -> None:
     fc = synthetic_rows(1, seed=2).fc[0][:, :, None]
     signal = scorer.score(final(fc, variant="fc"), trusted())  # certification is irrelevant
     assert signal.status == SignalStatus.OK
-    assert signal.p_factual == scorer.score(final(fc, variant="fc"), NO_CERT).p_factual
+    again = scorer.score(final(fc, variant="fc"), NO_CERT).p_factual
+    assert signal.p_factual == pytest.approx(again, rel=0, abs=1e-9)
     with pytest.raises(InputError, match="variant 'cw'"):
         scorer.check(final(np.ones((LAYERS, HEADS, 1))))
 
@@ -176,3 +182,80 @@ def test_serving_imports_neither_torch_nor_sklearn(cw_model: Path) -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+# ------------------------------------------------------------------ golden outputs
+
+
+def _copy_model(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for name in ("model.onnx", "metadata.json"):
+        (dst / name).write_bytes((src / name).read_bytes())
+    return dst
+
+
+@pytest.mark.parametrize("variant", ["cw", "fc"])
+def test_the_export_writes_golden_outputs_the_scorer_checks_at_load(
+    variant: str, cw_model: Path, fc_model: Path
+) -> None:
+    model = cw_model if variant == "cw" else fc_model
+    meta = load_metadata(model)[0]
+    golden = meta.golden
+    assert golden is not None and golden.output == "p_factual"
+    assert golden.tolerance == GOLDEN_TOLERANCE and len(golden.cases) == GOLDEN_CASES
+    assert golden.recorded_on == describe_cpu()
+    assert golden.inputs == golden_features(meta.layers, meta.heads, meta.chunks)
+    assert golden.inputs[0] == [0.0] * meta.n_features  # no trusted chunk: all zeros
+    assert len({tuple(x) for x in golden.inputs}) > 1  # the cases really differ
+    scorer = OnnxLookbackScorer.from_dir(model)
+    drift = scorer.check_golden()
+    assert drift is not None and drift <= golden.tolerance
+    # The references are what serving computes for those vectors, one at a time.
+    for case in golden.cases:
+        served = scorer._run(np.asarray([case.input], dtype=np.float32))[0]
+        assert served == pytest.approx(case.output, abs=golden.tolerance)
+
+
+def test_a_drifted_golden_output_refuses_to_load(cw_model: Path, tmp_path: Path) -> None:
+    model = _copy_model(cw_model, tmp_path / "m")
+    meta = json.loads((model / "metadata.json").read_text("utf-8"))
+    meta["golden"]["cases"][2]["output"] += 3 * meta["golden"]["tolerance"]
+    (model / "metadata.json").write_text(json.dumps(meta), encoding="utf-8")
+    with pytest.raises(ConfigError, match="p_factual moved by up to") as info:
+        OnnxLookbackScorer.from_dir(model)
+    assert describe_cpu() in str(info.value) and "tiny-cw@" in str(info.value)
+    unchecked = OnnxLookbackScorer.from_dir(model, check_golden=False)  # to record new ones
+    with pytest.raises(ConfigError, match="more than the allowed"):
+        unchecked.check_golden()
+
+
+def test_a_changed_model_with_a_matching_sha256_refuses_to_load(
+    cw_model: Path, tmp_path: Path
+) -> None:
+    """The sha256 says the file is the one the JSON names; the golden outputs say it still
+    computes what it computed at export (here: other weights, as a bad re-export would)."""
+    model = _copy_model(cw_model, tmp_path / "m")
+    graph = onnx.load(str(model / "model.onnx"))
+    (node,) = [n for n in graph.graph.node if n.op_type == "LinearClassifier"]
+    (intercepts,) = [a for a in node.attribute if a.name == "intercepts"]
+    intercepts.floats[:] = [x + 0.5 * (1 if k else -1) for k, x in enumerate(intercepts.floats)]
+    data = graph.SerializeToString()
+    (model / "model.onnx").write_bytes(data)
+    meta = json.loads((model / "metadata.json").read_text("utf-8"))
+    meta["onnx_sha256"] = hashlib.sha256(data).hexdigest()
+    (model / "metadata.json").write_text(json.dumps(meta), encoding="utf-8")
+    with pytest.raises(ConfigError, match="computes other outputs on this CPU than at export"):
+        OnnxLookbackScorer.from_dir(model)
+
+
+def test_a_model_without_golden_outputs_loads_with_a_warning(
+    cw_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = _copy_model(cw_model, tmp_path / "m")
+    meta = json.loads((model / "metadata.json").read_text("utf-8"))
+    del meta["golden"]
+    (model / "metadata.json").write_text(json.dumps(meta), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, logger="sidecar.lookback.serving"):
+        scorer = OnnxLookbackScorer.from_dir(model)
+    assert scorer.check_golden() is None
+    assert "has no golden outputs" in caplog.text and "guardrail golden record" in caplog.text
