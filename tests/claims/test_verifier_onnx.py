@@ -277,3 +277,23 @@ def test_a_changed_model_with_a_matching_sha256_refuses_to_load(
     (tmp_path / METADATA_FILE).write_text(json.dumps(meta), encoding="utf-8")
     with pytest.raises(ConfigError, match="computes other outputs on this CPU than at export"):
         OnnxVerifier.load(tmp_path)
+
+
+def test_the_int8_file_computes_in_fp32_so_a_logit_does_not_depend_on_its_batch(
+    exported: tuple[VerifierTrainer, Path],
+) -> None:
+    """Dynamic u8 x s8 products change with the CPU and with the batch's activation range
+    (sidecar.claims.quantization); the exported int8 file keeps int8 weights, computes in fp32."""
+    trainer, out = exported
+    graph = onnx.load(str(out / "model.int8.onnx")).graph
+    ops = {n.op_type for n in graph.node}
+    assert not ops & {"MatMulInteger", "DynamicQuantizeLinear"}
+    int8_weights = [i for i in graph.initializer if i.data_type == onnx.TensorProto.INT8]
+    # Q, K, V, output and two feed-forward matrices per layer; the head (1 x 131) stays fp32
+    assert len(int8_weights) == 2 * 6 and not any("head" in i.name for i in int8_weights)
+    int8 = OnnxVerifier.load(out, onnx_file="model.int8.onnx")
+    batch = int8.logits(PAIRS)
+    one_by_one = np.array([int8.logits([p])[0] for p in PAIRS])
+    np.testing.assert_allclose(one_by_one, batch, rtol=0, atol=1e-5)
+    assert np.max(np.abs(batch - trainer.logits(PAIRS))) < 0.1  # int8 weights, close to fp32
+    assert load_artifact(out).quantization == "none"  # the fixture's artifact names model.onnx
