@@ -38,12 +38,24 @@ def test_the_slice_is_held_out() -> None:
 
 def test_the_artifact_describes_itself() -> None:
     artifact = load_artifact(MODEL)
-    assert artifact.onnx_file == "model.int8.onnx" and artifact.quantization == "int8-dynamic"
+    # int8 weights computed in fp32: the same logits on every x86 CPU (sidecar.claims.quantization)
+    assert artifact.onnx_file == "model.int8.onnx" and artifact.quantization == "int8-weights"
     assert (MODEL / artifact.onnx_file).stat().st_size < 30_000_000
     assert (MODEL / "MODEL_CARD.md").is_file()
     assert 0.0 < artifact.unsupported_below <= artifact.supported_from < 1.0
     assert abs((artifact.data.length_auroc_train or 0.0) - 0.5) < 0.05
     assert artifact.question_in_input  # the network reads "question [SEP] claim"
+    assert artifact.golden is not None and len(artifact.golden.cases) >= 5
+
+
+def test_the_golden_logits_hold_on_this_cpu(verifier: OnnxVerifier) -> None:
+    """The load checked them (it raises past the tolerance); they are the file's own logits."""
+    golden = verifier.artifact.golden
+    assert golden is not None and golden.output == "logit"
+    drift = verifier.check_golden("models/verifier")
+    assert drift is not None and drift <= golden.tolerance
+    single = verifier.golden_logits(golden.inputs)[: len(golden.cases)]
+    assert single == pytest.approx(golden.references, rel=0, abs=golden.tolerance)
 
 
 def test_accuracy_on_length_matched_held_out_pairs(verifier: OnnxVerifier) -> None:
@@ -52,10 +64,10 @@ def test_accuracy_on_length_matched_held_out_pairs(verifier: OnnxVerifier) -> No
     assert abs(length_auroc(pairs) - 0.5) < 0.1  # length says nothing here
     pooled = evaluate_pairs(verifier.probabilities, pairs, verifier.band)
     assert float(pooled["auroc"]) >= 0.70, pooled  # measured 0.76 on this slice
-    assert float(pooled["accuracy"]) >= 0.63, pooled  # measured 0.69
+    assert float(pooled["accuracy"]) >= 0.63, pooled  # measured 0.68 (on any x86 CPU)
     sentences = evaluate_pairs(verifier.probabilities, sets["sentences"], verifier.band)
     assert float(sentences["auroc"]) >= 0.80, sentences  # measured 0.90
-    assert float(sentences["accuracy_decided"]) >= 0.80, sentences  # measured 0.88
+    assert float(sentences["accuracy_decided"]) >= 0.80, sentences  # measured 0.87
 
 
 def test_eval_claims_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
