@@ -26,6 +26,7 @@ def test_chaos_quick_loses_nothing() -> None:
         "sigterm-restart",
         "broker-restart",
         "bad-input",
+        "hostile",
         "network-stall",
     }
     for s in report["scenarios"]:
@@ -38,4 +39,23 @@ def test_chaos_quick_loses_nothing() -> None:
     assert stall["not_ready_during_outage"] is True and stall["ready_after_outage"] is True
     bad = by_name["bad-input"]
     assert bad["dlq"] >= 15 and {"oversize", "too-deep", "invalid-utf8"} <= set(bad["dlq_reasons"])
+    # issue #20: every generated hostile record is dead-lettered with its reason or answered,
+    # every ordinary request gets exactly one verdict, and the sidecar never goes quiet with
+    # input pending for longer than the join TTL + a sweep + 2 s (sidecar/chaos/progress.py:
+    # up to the TTL a held half-request legitimately publishes nothing)
+    hostile = by_name["hostile"]
+    assert hostile["lost"] == 0, hostile
+    assert hostile["wedged_s"] == 0, hostile
+    assert hostile["unexpected"] == 0, hostile
+    assert hostile["duplicates"] == 0, hostile
+    assert {
+        "score-out-of-range",
+        "too-many-hits",
+        "answer-too-long",
+        "request-too-large",
+        "oversize",
+        "untrusted-tenant",
+        "tenant-mismatch",
+        "after-final",
+    } <= set(hostile["dlq_reasons"]), hostile["dlq_reasons"]
     assert out.returncode == 0
