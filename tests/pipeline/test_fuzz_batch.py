@@ -332,7 +332,7 @@ def _config(tenancy: str) -> Settings:
 
 @pytest.mark.parametrize("tenancy", ["event", "header"])
 @settings(
-    max_examples=120,
+    max_examples=100,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
