@@ -189,7 +189,7 @@ class HostileFactory:
     def _attention(self, values: np.ndarray[Any, Any]) -> dict[str, Any]:
         shape = self.attention
         assert shape is not None  # noqa: S101 - callers check
-        arr = np.broadcast_to(values, (shape.layers, shape.heads, shape.chunks)).astype("<f2")
+        arr = np.resize(values, (shape.layers, shape.heads, shape.chunks)).astype("<f2")
         return {
             "layers": shape.layers,
             "heads": shape.heads,
