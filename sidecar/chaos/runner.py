@@ -314,7 +314,14 @@ class _Tracked:
         result.verdicts = len(out.verdicts)
         result.dlq = sum(out.dlq_reasons.values())
         result.dlq_reasons = dict(out.dlq_reasons)
+        why = Counter(
+            "capacity" if "(capacity)" in r["message"] else "ttl"
+            for v in out.verdicts
+            for r in v["reasons"]
+            if r["code"] == "incomplete"
+        )
         result.notes += [
+            f"incomplete verdicts by eviction: {dict(why)} (capacity: count or byte budget)",
             f"ordinary requests: {len(self.ordinary_ids)}, without "
             f"{'exactly one' if exactly_one else 'a'} verdict: {ordinary_lost}",
             f"hostile records: {len(self.hostile)} in {len(hostile.by_case)} cases, "
@@ -973,6 +980,11 @@ def _memory(rss: list[tuple[float, float]], baseline: float, plan: SoakPlan) -> 
         "first_minute_max_mb": round(first, 1),
         "last_minute_max_mb": round(last, 1),
         "peak_mb": round(peak, 1),
+        "per_minute_max_mb": [
+            round(max(v for t, v in rss if m * 60 <= t < (m + 1) * 60), 1)
+            for m in range(int(end // 60) + 1)
+            if any(m * 60 <= t < (m + 1) * 60 for t, _ in rss)
+        ],
         "samples": len(rss),
         "within_budget": peak <= budget,
     }
