@@ -1,11 +1,10 @@
-"""A request completed early in a batch, then evicted for room later in the same batch.
+"""A request completed early in a batch must not be evicted for room later in that batch.
 
-``Processor.on_batch`` closes completed requests only when it decides them, after
-the whole batch is admitted. Until then a completed request is still open in the
-join store, the oldest one, and a new request later in the batch that needs its
-slot (``max_entries``) or its bytes (``max_bytes``) evicts it: the request then
-gets a ``block``/``incomplete`` verdict *and* its decided verdict, and its inputs
-are finished twice. Found by ``test_fuzz_batch.py`` with ``max_entries=2``.
+Were a completed request left open in the join store until the batch is decided,
+a new request later in the batch that needs its slot (``max_entries``) or its
+bytes (``max_bytes``) would evict it: a ``block``/``incomplete`` verdict *and*
+the decided verdict, and its inputs finished twice (found by
+``test_fuzz_batch.py`` with ``max_entries=2``).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from __future__ import annotations
 from collections import Counter
 
 import orjson
-import pytest
 
 from sidecar.chaos.corpus import final, retrieval
 from sidecar.config import Settings
@@ -24,9 +22,6 @@ from sidecar.pipeline.processor import BatchItem, Processor
 from sidecar.policy import PlaceholderPolicy
 
 
-@pytest.mark.xfail(
-    strict=True, reason="pipeline bug: completed requests stay evictable until the batch ends"
-)
 def test_a_request_completed_then_evicted_in_the_same_batch_gets_one_verdict() -> None:
     processor = Processor(Settings.load(join={"max_entries": 4}), PlaceholderPolicy())
     batch: list[BatchItem] = [

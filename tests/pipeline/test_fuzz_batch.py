@@ -60,7 +60,11 @@ LIMITS = {
     "max_answer_chars": 300,
     "max_request_bytes": 6000,
 }
-JOIN = {"max_entries": 4, "ttl_ms": 1000, "max_bytes": 65_536}
+JOIN = {
+    "max_entries": 2,  # evictions within a batch
+    "ttl_ms": 1000,
+    "max_bytes": 65_536,
+}
 TOPICS = {k: f"rag.{k.value}" for k in InputKind}
 _META = orjson.loads(  # the shipped lookback model's summary shape and generator
     (REPO / "models" / SignalSettings().lookback_model / "metadata.json").read_bytes()
