@@ -42,7 +42,7 @@ _SIDE = {-1: "-under", 0: "-at", 1: "-over"}  # request ids allow no "+"
 class Outcome(StrEnum):
     DLQ = "dlq"  # dead-lettered (with one of ``reasons`` when they are given)
     ANSWER = "answer"  # not dead-lettered; its request gets a verdict
-    EITHER = "either"  # dead-lettered or answered: both are right
+    EITHER = "either"  # answered, or dead-lettered (with one of ``reasons`` when given)
     CONSUME = "consume"  # a label: finished without an output of its own (committed)
     # exactly one of its request's ONE_OF records is dead-lettered, the others are answered:
     # which one crosses a per-request budget depends on the order the two topics are read in
@@ -426,18 +426,19 @@ class HostileFactory:
         yield self._pair(
             "request-id-newline", rid, self._ret(rid), None, bad="retrieval", reasons=schema
         )
+        # A second retrieval: the final is on the other topic and may be read before it,
+        # completing the request; the second copy is then a late re-send (after-final).
         rid = f"{p}dup"
-        ret = self._ret(rid)
-        yield self._pair("duplicate-identical", rid, ret, None, outcome=Outcome.ANSWER) * 2 + (
-            self._pair("duplicate-identical", rid, None, self._fin(rid), outcome=Outcome.ANSWER)
-        )
+        [ret, fin] = self._pair("duplicate-identical", rid, self._ret(rid), self._fin(rid))
+        late = frozenset({"after-final"})
+        yield [ret, replace(ret, outcome=Outcome.EITHER, reasons=late), fin]
         rid = f"{p}conflict"
-        group = self._pair("duplicate-conflicting", rid, self._ret(rid), self._fin(rid))
-        other = self._ret(rid, query="another question")
-        yield group[:1] + self._pair(
-            "duplicate-conflicting", rid, other, None, bad="retrieval",
-            reasons=["duplicate-conflict"],
-        ) + group[1:]  # fmt: skip
+        [ret, fin] = self._pair("duplicate-conflicting", rid, self._ret(rid), self._fin(rid))
+        other = self._pair(
+            "duplicate-conflicting", rid, self._ret(rid, query="another question"), None,
+            bad="retrieval", reasons=["duplicate-conflict", "after-final"],
+        )  # fmt: skip
+        yield [ret, *other, fin]
         rid = f"{p}key"
         yield [
             HostileRecord(
@@ -631,4 +632,6 @@ def _wrong(h: HostileRecord, reason: str | None, *, answered: bool) -> str | Non
             return "a verdict"
         case Outcome.CONSUME if reason is not None:
             return f"consumed, got dead letter {reason}"
+        case Outcome.EITHER if reason is not None and h.reasons and reason not in h.reasons:
+            return f"a verdict or dead letter {sorted(h.reasons)}, got {reason}"
     return None
