@@ -103,6 +103,36 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=[],
         help="report rows whose questions are kept out of every training/validation pair",
     )
+    mixture = p.add_argument_group(
+        "the whole mixture, resumable (with --work-dir)",
+        "All sources of --data-dir (HaluEval QA, summarization, dialogue, NQ-open, SummEdits, "
+        "Factcheck-GPT, BEGIN) split by document / claim, length matched, evidence cut to "
+        "windows; checkpoints every --checkpoint-every steps in --work-dir (outside the repo).",
+    )
+    mixture.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="corpus cache + checkpoints, e.g. ~/.cache/guardrail/verifier-train",
+    )
+    mixture.add_argument("--data-dir", type=Path, default=DATA_DIR, help="the shared data folder")
+    mixture.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint"
+    )
+    mixture.add_argument("--max-length", type=int, default=128, help="tokens per pair")
+    mixture.add_argument("--batch-size", type=int, default=16)
+    mixture.add_argument("--window-chars", type=int, default=900, help="evidence window size")
+    mixture.add_argument("--checkpoint-every", type=int, default=200, help="steps")
+    mixture.add_argument(
+        "--stop-after", type=int, default=None, help="leave after this global step (resumable)"
+    )
+    mixture.add_argument(
+        "--cap",
+        action="append",
+        default=[],
+        metavar="SOURCE=N",
+        help="at most N training pairs from SOURCE (repeatable), e.g. halueval-qa=12000",
+    )
     p.set_defaults(func=run_train)
 
     evaluate = get_group(sub, "eval", "Evaluate a guardrail signal on held-out data.")
@@ -143,9 +173,21 @@ def _existing(path: Path, flag: str) -> Path:
     return path
 
 
+def _caps(values: list[str]) -> tuple[tuple[str, int], ...]:
+    out = []
+    for value in values:
+        name, _, count = value.partition("=")
+        if not count.isdigit():
+            raise ConfigError(f"--cap takes SOURCE=N with N a whole number, got {value!r}")
+        out.append((name, int(count)))
+    return tuple(out)
+
+
 def run_train(args: argparse.Namespace) -> int:
     from sidecar.claims.training import TrainConfig, minilm_dir, train_verifier  # noqa: PLC0415
 
+    if args.work_dir is not None:
+        return _run_fit_on_corpus(args)
     nq = None if str(args.nq).lower() == "none" else _existing(args.nq, "--nq")
     config = TrainConfig(
         halueval_path=_existing(args.halueval, "--halueval"),
@@ -172,6 +214,41 @@ def run_train(args: argparse.Namespace) -> int:
         "metrics": {k: v for k, v in artifact.metrics.items() if k != "training"},
     }
     sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+def _run_fit_on_corpus(args: argparse.Namespace) -> int:
+    from sidecar.claims.datasets import CorpusConfig  # noqa: PLC0415
+    from sidecar.claims.training import TrainConfig, fit_on_corpus, minilm_dir  # noqa: PLC0415
+
+    work_dir = args.work_dir.expanduser().resolve()
+    corpus = CorpusConfig(
+        data_dir=args.data_dir,
+        seed=args.seed,
+        window_chars=args.window_chars,
+        train_caps=_caps(args.cap),
+    )
+    config = TrainConfig(
+        halueval_path=args.data_dir / "halueval" / "qa_data.json",
+        nq_path=args.data_dir / "nq-open" / "nq-open-oracle.dev.jsonl.gz",
+        base_model_dir=minilm_dir(),
+        limit=None,
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        max_steps=args.max_steps,
+        seed=args.seed,
+        threads=args.threads,
+        epochs=args.epochs,
+        freeze_layers=args.freeze_layers,
+        question_in_input=True,
+        work_dir=work_dir,
+        checkpoint_every=args.checkpoint_every,
+        stop_after=args.stop_after,
+    )
+    trainer = fit_on_corpus(config, corpus, resume=args.resume)
+    last = trainer.history[-1] if trainer.history else {}
+    summary = {"work_dir": str(work_dir), "steps": trainer.steps, **last}
+    sys.stdout.write(json.dumps(summary) + "\n")
     return 0
 
 
