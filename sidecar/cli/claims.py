@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from sidecar.cli.groups import get_group
@@ -144,11 +145,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "sidecar's claim check; report n, accuracy, AUROC, F1 and length-only AUROC."
         ),
     )
-    e.add_argument("--data", type=Path, required=True, help="HaluEval file, one JSON per line")
+    e.add_argument(
+        "--data", type=Path, required=True, help="HaluEval or pairs file, one JSON per line"
+    )
     e.add_argument(
         "--format",
         required=True,
-        choices=["halueval-qa", "halueval-summarization", "halueval-dialogue"],
+        choices=["pairs", "halueval-qa", "halueval-summarization", "halueval-dialogue"],
+        help="pairs: {evidence, claim, label 1|0 (1 = supported), question?, id?} per line",
     )
     e.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="verifier directory")
     e.add_argument("--limit", type=int, default=None, help="items (lines) to read at most")
@@ -262,6 +266,8 @@ def run_eval(args: argparse.Namespace) -> int:
     )
     from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
 
+    if args.format == "pairs":
+        return _run_eval_pairs(args)
     split = args.split or ("test" if args.format == "halueval-qa" else "all")
     verifier = OnnxVerifier.load(args.model)
     scorer = ClaimScorer(verifier, best_chunk=args.best_chunk)
@@ -280,9 +286,39 @@ def run_eval(args: argparse.Namespace) -> int:
         "pairs_per_claim": 2 if args.best_chunk else 1,
         **report,
     }
-    if args.json:
+    _print(out, as_json=args.json)
+    return 0
+
+
+def _run_eval_pairs(args: argparse.Namespace) -> int:
+    from sidecar.claims.evaluate import pair_report, read_pair_items, score_pair_items  # noqa: PLC0415
+    from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
+
+    items = read_pair_items(_existing(args.data, "--data"), args.limit)
+    if not items:
+        raise ConfigError(f"no pairs in {args.data}")
+    verifier = OnnxVerifier.load(args.model)
+    artifact = verifier.artifact
+    probs = score_pair_items(
+        verifier,
+        items,
+        max_windows=artifact.evidence_max_windows,
+        window_chars=artifact.evidence_max_chars,
+    )
+    out = {
+        "format": "pairs",
+        "verifier": verifier.version,
+        "max_windows": artifact.evidence_max_windows,
+        "window_chars": artifact.evidence_max_chars,
+        **pair_report(probs, items, verifier.band),
+    }
+    _print(out, as_json=args.json)
+    return 0
+
+
+def _print(out: Mapping[str, object], *, as_json: bool) -> None:
+    if as_json:
         sys.stdout.write(json.dumps(out) + "\n")
     else:
         for key, value in out.items():
-            sys.stdout.write(f"{key:>14}: {value}\n")
-    return 0
+            sys.stdout.write(f"{key:>17}: {value}\n")
