@@ -177,6 +177,11 @@ class TrainConfig:
     keep_checkpoints: int = 2
     stop_after: int | None = None  # leave the loop after this global step (a checkpoint is written)
     monitor_pairs: int = 256  # validation pairs scored at each checkpoint (log only)
+    # Serving settings the artifact records (the corpus path: long-evidence windows and
+    # coverage of the answer's own words; the QA-only path keeps the selector's window).
+    window_chars: int | None = None
+    max_windows: int = 1
+    coverage_excludes_question: bool = False
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
@@ -484,6 +489,8 @@ class VerifierTrainer:
     train_length_auroc: float | None = None
     steps: int = 0
     monitor: list[Pair] = field(default_factory=list)  # validation pairs scored at checkpoints
+    data_sources: list[str] = field(default_factory=list)  # the corpus path names its own
+    split_rule: str = ""
     validation: list[dict[str, float]] = field(default_factory=list)
 
     def _require(self, what: str, ok: bool, before: str) -> None:
@@ -705,7 +712,8 @@ class VerifierTrainer:
         texts = [(p.claim, p.evidence) for p in pairs]
         questions = [p.question for p in pairs]
         labels = [p.label for p in pairs]
-        covered = [coverage(c, e) for c, e in texts]
+        asked = questions if self.config.coverage_excludes_question else [""] * len(pairs)
+        covered = [coverage(c, e, q) for (c, e), q in zip(texts, asked, strict=True)]
         for name in (FP32_FILE, INT8_FILE):
             z = OnnxVerifier.load(self.out_dir, onnx_file=name).logits(texts, questions)
             platt = fit_platt(z.tolist(), covered, labels)
@@ -734,7 +742,7 @@ class VerifierTrainer:
     ) -> VerifierArtifact:
         sha = file_sha256(onnx_path)
         cfg = self.config
-        sources = (
+        sources = self.data_sources or (
             ["halueval/qa_data.json"]
             + (["nq-open/nq-open-oracle.dev.jsonl.gz"] if cfg.nq_path else [])
             + [str(p) for p in (*cfg.outcomes, *cfg.lookback)]
@@ -749,6 +757,10 @@ class VerifierTrainer:
             max_length=cfg.max_length,
             inputs=INPUTS,
             question_in_input=cfg.question_in_input,
+            coverage_excludes_question=cfg.coverage_excludes_question,
+            evidence_max_windows=cfg.max_windows,
+            evidence_max_chars=450 if cfg.window_chars is None else cfg.window_chars,
+            evidence_max_sentences=3 if cfg.window_chars is None else 12,
             logit_scale=platt.logit_scale,
             coverage_weight=platt.coverage_weight,
             bias=platt.bias,
@@ -756,7 +768,8 @@ class VerifierTrainer:
             supported_from=band.supported_from,
             data=VerifierData(
                 sources=sources,
-                split_rule="sha256(lower(question)) -> test 10% / val 10% / train 80%",
+                split_rule=self.split_rule
+                or "sha256(lower(question)) -> test 10% / val 10% / train 80%",
                 n_train=self.n_train,
                 n_val=self.n_val,
                 pairs_sha256=self.train_sha256,
@@ -1162,3 +1175,235 @@ def fit_on_corpus(
     rng = random.Random(config.seed)  # noqa: S311 - a monitoring slice, not cryptography
     trainer.monitor = rng.sample(corpus.val, min(config.monitor_pairs, len(corpus.val)))
     return trainer.fit(corpus.train, resume=resume)
+
+
+def _sample(pairs: Sequence[Pair], limit: int | None, seed: int) -> list[Pair]:
+    if limit is None or len(pairs) <= limit:
+        return list(pairs)
+    return random.Random(seed).sample(list(pairs), limit)  # noqa: S311 - an eval subsample
+
+
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """Probabilities already computed, in the shape ``evaluate_pairs`` calls."""
+
+    probs: list[float]
+
+    def __call__(self, pairs: Sequence[tuple[str, str]], questions: Sequence[str]) -> list[float]:
+        return self.probs
+
+
+def _score_sets(
+    verifier: OnnxVerifier, sets: dict[str, list[Pair]]
+) -> dict[str, dict[str, float | int | str]]:
+    """Each set scored once (logits, coverage): calibrated numbers + the baselines beside them."""
+    out: dict[str, dict[str, float | int | str]] = {}
+    for name, pairs in sets.items():
+        if not pairs:
+            continue
+        started = time.perf_counter()
+        texts = [(p.claim, p.evidence) for p in pairs]
+        questions = [p.question for p in pairs]
+        z = verifier.logits(texts, questions)
+        covered = verifier.coverages(texts, questions)
+        probs = [float(x) for x in verifier.calibration.probability(z, covered)]
+        row = evaluate_pairs(_Fixed(probs), pairs, verifier.band)
+        labels = [p.label for p in pairs]
+        row["auroc_logit_only"] = round(auroc([float(x) for x in z], labels), 4)
+        row["auroc_coverage_only"] = round(auroc(covered, labels), 4)
+        row["seconds"] = round(time.perf_counter() - started, 1)
+        out[name] = row
+    return out
+
+
+def export_from_checkpoint(
+    config: TrainConfig,
+    out_dir: Path,
+    *,
+    checkpoint: Path | None = None,
+    calibration_pairs: int = 2000,
+    test_limit: int | None = 800,
+    compare: Path | None = None,
+    command: str = "",
+) -> VerifierArtifact:
+    """A checkpoint of the corpus run -> ONNX (fp32, int8) -> calibrate -> held-out sets -> card.
+
+    Calibration and band: a seeded sample of ``calibration_pairs`` validation
+    pairs. Held-out: every test set of the corpus (at most ``test_limit`` pairs
+    each, seeded), for fp32, int8 and, with ``compare``, another verifier
+    directory (the shipped one) scored on the same pairs through its own
+    input settings. Writes ``out_dir`` (never the shipped directory unless
+    asked to) with ``verifier.json`` and ``MODEL_CARD.md``. The network's
+    settings (max length, seed, batch ...) come from the checkpoint, the
+    window size from the corpus manifest, so they cannot differ from training.
+    """
+    work_dir = config.work_dir
+    if work_dir is None:
+        raise ConfigError("export needs the work_dir of the training run")
+    corpus = read_corpus(work_dir / "corpus")
+    saved = Checkpoints(work_dir / "checkpoints")
+    path = checkpoint or saved.latest()
+    if path is None:
+        raise ArtifactError(f"no checkpoint under {saved.folder}: train first")
+    state = saved.load(path)
+    if state["pairs_sha256"] != pairs_sha256(corpus.train):
+        raise ConfigError(f"{path} was not trained on the corpus in {work_dir}/corpus")
+    trained = state["fingerprint"]
+    config = replace(
+        config,
+        seed=int(trained["seed"]),
+        batch_size=int(trained["batch_size"]),
+        epochs=int(trained["epochs"]),
+        learning_rate=float(trained["learning_rate"]),
+        head_learning_rate=float(trained["head_learning_rate"]),
+        freeze_layers=int(trained["freeze_layers"]),
+        max_length=int(trained["max_length"]),
+        question_in_input=trained["question_in_input"] == "True",
+        question_dropout=float(trained["question_dropout"]),
+        window_chars=int(corpus.manifest["window_chars"]),  # type: ignore[call-overload]
+        coverage_excludes_question=True,
+    )
+    recorded = work_dir / "command.txt"
+    command = command or (
+        recorded.read_text(encoding="utf-8").strip() if recorded.is_file() else ""
+    )
+    trainer = VerifierTrainer(config)
+    trainer.encoder = PairEncoder.from_file(
+        config.base_model_dir / TOKENIZER_FILE, config.max_length
+    )
+    bert = BertModel.from_pretrained(str(config.base_model_dir), add_pooling_layer=False)
+    model = CrossEncoder(bert)
+    model.load_state_dict(state["model"])
+    trainer.model = model.eval()
+    trainer.steps = int(state["step"])
+    trainer.history = list(state["history"])
+    trainer.n_train = len(corpus.train)
+    trainer.train_sha256 = str(state["pairs_sha256"])
+    trainer.train_length_auroc = length_auroc(corpus.train)
+    trainer.data_sources = sorted(dict(corpus.manifest["files_sha256"]))  # type: ignore[call-overload]
+    trainer.split_rule = str(corpus.manifest["split_rule"])
+    fp32_path = trainer.export(out_dir)
+    val = _sample(corpus.val, calibration_pairs, config.seed)
+    trainer.calibrate(val)
+    sets = {
+        name: _sample(pairs, test_limit, config.seed + 3) for name, pairs in corpus.test.items()
+    }
+    scored = {}
+    for name in (FP32_FILE, INT8_FILE):
+        platt, band = trainer.calibrations[name]
+        twin = OnnxVerifier.load(out_dir, onnx_file=name, calibration=platt, band=band)
+        scored[name] = _score_sets(twin, sets)
+    fp32, int8 = scored[FP32_FILE], scored[INT8_FILE]
+    ship_int8 = int8_holds(fp32, int8, config.int8_tolerance)
+    metrics: dict[str, dict[str, float | int | str]] = {
+        **{f"fp32/{k}": v for k, v in fp32.items()},
+        **{f"int8/{k}": v for k, v in int8.items()},
+        "parity": _parity(trainer, out_dir, val[:64]),
+        "training": {
+            "steps": trainer.steps,
+            "total_steps": int(state["fingerprint"]["total_steps"]),
+            "checkpoint": path.name,
+            "seconds": round(trainer.history[-1]["seconds"], 1) if trainer.history else 0.0,
+            "final_loss": round(trainer.history[-1]["loss"], 4) if trainer.history else 0.0,
+            "shipped": "int8" if ship_int8 else "fp32",
+            "command": command,
+            "config": json.dumps({k: str(v) for k, v in asdict(config).items()}),
+        },
+    }
+    if compare is not None:
+        other = OnnxVerifier.load(compare)
+        previous = _score_sets(other, sets)
+        metrics.update(
+            {f"compare/{k}": {**v, "verifier": other.version} for k, v in previous.items()}
+        )
+    shipped = out_dir / (INT8_FILE if ship_int8 else FP32_FILE)
+    artifact = trainer.artifact(shipped, metrics)
+    _write_metadata(out_dir, artifact)
+    if ship_int8:
+        fp32_path.unlink()
+    (out_dir / CARD_FILE).write_text(
+        render_corpus_card(artifact, config, corpus.manifest, sets), encoding="utf-8"
+    )
+    return artifact
+
+
+def render_corpus_card(
+    artifact: VerifierArtifact,
+    config: TrainConfig,
+    manifest: dict[str, Any],
+    sets: dict[str, list[Pair]],
+) -> str:
+    """The model card of a corpus-trained verifier: data hashes, steps, held-out vs baselines."""
+    m = artifact.metrics
+    prec = "int8" if artifact.onnx_file == INT8_FILE else "fp32"
+    rows = []
+    for name in sets:
+        r = m.get(f"{prec}/{name}")
+        if r is None:
+            continue
+        other = m.get(f"compare/{name}", {})
+        rows.append(
+            f"| {name} | {r['n']} | {r['auroc']} | {r['accuracy']} | {r['length_auroc']} | "
+            f"{r['auroc_coverage_only']} | {r['auroc_logit_only']} | {r['uncertain_share']} | "
+            f"{r['accuracy_decided']} | {other.get('auroc', '-')} | {other.get('accuracy', '-')} |"
+        )
+    training = m.get("training", {})
+    parity = m.get("parity", {})
+    files = manifest.get("files_sha256", {})
+    hashes = "\n".join(f"  - `{k}`: `{v}`" for k, v in files.items())
+    train = manifest.get("train", {})
+    compare_name = next((v.get("verifier") for k, v in m.items() if k.startswith("compare/")), None)
+    return f"""# Claim verifier: MiniLM-L6 cross-encoder on the whole mixture (`{artifact.version}`)
+
+Labels a (claim, evidence) pair **supported / uncertain / unsupported**. Serving:
+`sidecar.claims.verifier.OnnxVerifier` (onnxruntime + `tokenizers`, no torch).
+
+## Model and input
+- Base: {artifact.base_model}; reads `[CLS] question [SEP] claim [SEP] evidence [SEP]`
+  (the question when known; {config.question_dropout:.0%} of the non-QA training pairs
+  without it; a QA claim is the bare answer), max {artifact.max_length} tokens.
+- Long evidence: the claim is scored against up to {artifact.evidence_max_windows} window(s)
+  of at most {artifact.evidence_max_chars} characters (`EvidenceIndex.windows`: each
+  claim sentence's best evidence sentences in turn, best first); the best window wins.
+  Training pairs read the best window.
+- Calibration: p = sigmoid({artifact.logit_scale:.4f} * logit + {artifact.coverage_weight:.4f}
+  * coverage + {artifact.bias:.4f}), coverage = share of the claim's content words not in the
+  question found in the window; **uncertain** = p in [{artifact.unsupported_below},
+  {artifact.supported_from}). Shipped file `{artifact.onnx_file}` ({artifact.quantization}),
+  sha256 `{artifact.onnx_sha256}`.
+
+## Data (`sidecar.claims.datasets.build_corpus`)
+- Sources and their sha256:
+{hashes}
+- Split: {manifest.get("split_rule")}. Every split length matched per source.
+- Training pairs: {train.get("n")} (sha256 `{train.get("sha256")}`), caps per source
+  {manifest.get("train_caps")}; **length-only AUROC {train.get("length_auroc")}, overlap-only
+  AUROC {train.get("overlap_auroc")}** of the training mixture.
+- Validation (calibration, band): {artifact.data.n_val} pairs, seeded sample.
+
+## Held-out results (test split, {prec} as shipped)
+AUROC / acc.: supported vs not, calibrated p at 0.5; len.: AUROC of claim length alone;
+overlap: AUROC of lexical coverage alone; logit: the network alone; unc. / acc. dec.:
+share in the uncertain band and accuracy on the rest; {compare_name or "compare"}: the
+previous verifier on the same pairs (its own input settings).
+
+| set | n | AUROC | acc. | len. | overlap | logit | unc. | acc. dec. | prev. AUROC | prev. acc. |
+|---|---|---|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+ONNX parity on {parity.get("pairs", 0)} validation pairs (max |logit| difference vs torch):
+fp32 {parity.get("max_abs_logit_diff_model.onnx")}, int8
+{parity.get("max_abs_logit_diff_model.int8.onnx")}.
+
+## Training
+{training.get("steps")} of {training.get("total_steps")} planned steps (checkpoint
+`{training.get("checkpoint")}`), batch {config.batch_size}, lr {config.learning_rate} (head
+{config.head_learning_rate}), embeddings + lowest {config.freeze_layers} layers frozen,
+seed {config.seed}, {training.get("seconds")} s of training on CPU ({config.threads} threads).
+
+## Reproduce
+```
+{training.get("command") or "guardrail train verifier --work-dir DIR ... (see verifier.json)"}
+```
+Created {artifact.created_at.isoformat()}.
+"""

@@ -49,7 +49,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "pairs, calibrate the uncertain band, export ONNX fp32 + int8 and write the model card."
         ),
     )
-    p.add_argument("--out", type=Path, default=DEFAULT_MODEL, help="artifact directory")
+    p.add_argument(
+        "--out", type=Path, default=None, help=f"artifact directory (default {DEFAULT_MODEL})"
+    )
     p.add_argument("--halueval", type=Path, default=DEFAULT_HALUEVAL, help="HaluEval qa_data.json")
     p.add_argument(
         "--nq", type=Path, default=DEFAULT_NQ, help="NQ-open oracle dev file ('none' to skip)"
@@ -126,6 +128,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mixture.add_argument("--checkpoint-every", type=int, default=200, help="steps")
     mixture.add_argument(
         "--stop-after", type=int, default=None, help="leave after this global step (resumable)"
+    )
+    mixture.add_argument(
+        "--export",
+        action="store_true",
+        help="export the newest checkpoint of --work-dir (ONNX, calibration, held-out sets, "
+        "card) into --out instead of training",
+    )
+    mixture.add_argument("--checkpoint", type=Path, default=None, help="export this checkpoint")
+    mixture.add_argument(
+        "--calibration-pairs", type=int, default=2000, help="validation pairs for calibration"
+    )
+    mixture.add_argument(
+        "--compare",
+        type=Path,
+        default=None,
+        help="score this verifier directory (e.g. models/verifier) on the same held-out pairs",
+    )
+    mixture.add_argument(
+        "--max-windows", type=int, default=3, help="evidence windows per claim when served"
     )
     mixture.add_argument(
         "--cap",
@@ -211,7 +232,7 @@ def run_train(args: argparse.Namespace) -> int:
         holdout=tuple(args.holdout),
         outcomes_repeat=args.outcomes_repeat,
     )
-    artifact = train_verifier(config, args.out)
+    artifact = train_verifier(config, args.out or DEFAULT_MODEL)
     summary = {
         "version": artifact.version,
         "onnx_file": artifact.onnx_file,
@@ -223,7 +244,12 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _run_fit_on_corpus(args: argparse.Namespace) -> int:
     from sidecar.claims.datasets import CorpusConfig  # noqa: PLC0415
-    from sidecar.claims.training import TrainConfig, fit_on_corpus, minilm_dir  # noqa: PLC0415
+    from sidecar.claims.training import (  # noqa: PLC0415
+        TrainConfig,
+        export_from_checkpoint,
+        fit_on_corpus,
+        minilm_dir,
+    )
 
     work_dir = args.work_dir.expanduser().resolve()
     corpus = CorpusConfig(
@@ -248,7 +274,27 @@ def _run_fit_on_corpus(args: argparse.Namespace) -> int:
         work_dir=work_dir,
         checkpoint_every=args.checkpoint_every,
         stop_after=args.stop_after,
+        max_windows=args.max_windows,
+        coverage_excludes_question=True,
     )
+    if args.export:
+        if args.out is None:
+            raise ConfigError(
+                "--export needs --out DIR (the shipped models/verifier is never a default)"
+            )
+        artifact = export_from_checkpoint(
+            config,
+            args.out,
+            checkpoint=args.checkpoint,
+            calibration_pairs=args.calibration_pairs,
+            test_limit=args.test_limit,
+            compare=args.compare,
+        )
+        rows = {k: v for k, v in artifact.metrics.items() if k != "training"}
+        sys.stdout.write(json.dumps({"version": artifact.version, "metrics": rows}) + "\n")
+        return 0
+    work_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / "command.txt").write_text(" ".join(["guardrail", *sys.argv[1:]]) + "\n")
     trainer = fit_on_corpus(config, corpus, resume=args.resume)
     last = trainer.history[-1] if trainer.history else {}
     summary = {"work_dir": str(work_dir), "steps": trainer.steps, **last}

@@ -1,4 +1,5 @@
-"""Resumable verifier training: a killed run continues exactly where its checkpoint left off.
+"""Resumable verifier training: a killed run continues exactly where its checkpoint left off,
+and one command turns a checkpoint into a served artifact with its card.
 
 A tiny randomly initialised BERT (2 layers, 32 wide) saved like the MiniLM
 folder (config, safetensors, tokenizer.json) goes through the same
@@ -16,8 +17,21 @@ import pytest
 torch = pytest.importorskip("torch", reason="the [ml] extra (torch) trains the verifier")
 transformers = pytest.importorskip("transformers", reason="the [ml] extra trains the verifier")
 
-from sidecar.claims.datasets import Pair  # noqa: E402
-from sidecar.claims.training import Checkpoints, TrainConfig, VerifierTrainer, minilm_dir  # noqa: E402
+from sidecar.claims.datasets import (  # noqa: E402
+    Corpus,
+    Pair,
+    baselines,
+    pairs_digest,
+    write_corpus,
+)
+from sidecar.claims.training import (  # noqa: E402
+    Checkpoints,
+    TrainConfig,
+    VerifierTrainer,
+    export_from_checkpoint,
+    minilm_dir,
+)
+from sidecar.claims.verifier import OnnxVerifier  # noqa: E402
 from sidecar.exceptions import ConfigError  # noqa: E402
 
 FACTS = [
@@ -115,3 +129,33 @@ def test_resume_refuses_other_pairs_or_settings(tiny_base: Path, tmp_path: Path)
         VerifierTrainer(_config(tiny_base, tmp_path, batch_size=2)).fit(pairs, resume=True)
     with pytest.raises(ConfigError, match="needs a work_dir"):
         VerifierTrainer(_config(tiny_base, tmp_path, work_dir=None)).fit(pairs, resume=True)
+
+
+def test_one_command_exports_a_checkpoint_with_its_card(tiny_base: Path, tmp_path: Path) -> None:
+    pairs = _pairs()
+    manifest: dict[str, object] = {
+        "seed": 0,
+        "window_chars": 300,
+        "split_rule": "by group",
+        "files_sha256": {"toy": "0" * 64},
+        "train": {**baselines(pairs), "sha256": pairs_digest(pairs)},
+        "test": {"toy": baselines(pairs)},
+    }
+    write_corpus(Corpus(pairs, pairs, {"toy": pairs}, manifest), tmp_path / "corpus")
+    VerifierTrainer(_config(tiny_base, tmp_path, stop_after=4)).fit(pairs)
+    (tmp_path / "command.txt").write_text("guardrail train verifier --work-dir W\n")
+    out = tmp_path / "out"
+    artifact = export_from_checkpoint(
+        _config(tiny_base, tmp_path, max_windows=2, max_length=16), out, calibration_pairs=30
+    )
+    assert artifact.max_length == 48  # from the checkpoint, not from the export's settings
+    assert artifact.evidence_max_windows == 2 and artifact.evidence_max_chars == 300
+    assert artifact.coverage_excludes_question and artifact.question_in_input
+    assert artifact.metrics["training"]["steps"] == 4
+    assert {"fp32/toy", "int8/toy", "parity"} <= artifact.metrics.keys()
+    card = (out / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert "| toy | 40 |" in card and "guardrail train verifier --work-dir W" in card
+    loaded = OnnxVerifier.load(out)
+    assert loaded.version == artifact.version
+    probs = loaded.window_probabilities(["Paris is in France."], [["Paris is in France.", "x"]])
+    assert len(probs) == 1 and 0.0 < probs[0] < 1.0
