@@ -124,6 +124,12 @@ class VerifierArtifact(_Model):
     supported_from: float = Field(ge=0.0, le=1.0)
     evidence_max_sentences: int = Field(default=3, ge=1)
     evidence_max_chars: int = Field(default=450, ge=50)
+    # Long evidence: the claim is scored against up to this many windows of
+    # evidence_max_chars each (EvidenceIndex.windows), the best window wins.
+    evidence_max_windows: int = Field(default=1, ge=1)
+    # Coverage counts only the claim's terms the question does not state
+    # (artifacts written before the flag existed count them all).
+    coverage_excludes_question: bool = False
     # The network reads "question [SEP] claim" as its first segment (False: the claim alone;
     # artifacts written before the flag existed read the claim alone).
     question_in_input: bool = False

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from sidecar.claims.evidence import content_terms
+from sidecar.claims.evidence import content_terms, uncovered_terms
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import ConfigError
 
@@ -46,9 +46,13 @@ def sigmoid(x: npt.ArrayLike) -> npt.NDArray[np.float64]:
     return np.asarray(0.5 * (1.0 + np.tanh(0.5 * arr)), dtype=np.float64)
 
 
-def coverage(claim: str, evidence: str) -> float:
-    """Share of the claim's content terms found in the evidence (numbers count twice)."""
-    terms = set(content_terms(claim))
+def coverage(claim: str, evidence: str, question: str = "") -> float:
+    """Share of the claim's content terms found in the evidence (numbers count twice).
+
+    With ``question``, only the terms the question does not already state
+    count (:func:`~sidecar.claims.evidence.uncovered_terms`): what the answer adds.
+    """
+    terms = set(uncovered_terms(claim, question))
     if not terms:
         return 1.0
     have = set(content_terms(evidence))

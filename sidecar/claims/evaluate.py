@@ -15,6 +15,15 @@ Two levels:
   detected-hallucinated when any claim is unsupported (seed 002: one
   unverified claim already raises the hallucination rate above 0).
 
+Generic labelled pairs (``--format pairs``, :func:`read_pair_items`): one JSON
+object a line ``{"evidence", "claim", "label": 1|0, "question"?, "id"?}``
+(label 1 = the evidence supports the claim); each claim is scored against its
+evidence windows as served (:func:`score_pair_items`) and
+:func:`pair_report` gives accuracy / precision / recall / F1 at the served
+threshold (the artifact's ``supported_from``: a claim counts as supported
+only when the sidecar would label it so), balanced accuracy, AUROC, ECE and
+the AUROC of claim length alone.
+
 Readers of the three HaluEval formats live here too (one JSON object a line):
 QA ``knowledge, question, right_answer, hallucinated_answer``; summarization
 ``document, right_summary, hallucinated_summary``; dialogue ``knowledge,
@@ -26,14 +35,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 from sidecar.claims.calibration import Band
 from sidecar.claims.checker import ClaimScorer
 from sidecar.claims.datasets import Pair, split_of
-from sidecar.claims.evidence import EvidenceChunk
+from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
 from sidecar.claims.jsonl import iter_json_objects
-from sidecar.claims.metrics import auroc, binary_report
+from sidecar.claims.metrics import (
+    auroc,
+    balanced_accuracy,
+    binary_report,
+    expected_calibration_error,
+)
 from sidecar.claims.segment import Claim, segment_claims
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import InputError
@@ -42,11 +56,15 @@ __all__ = [
     "FORMATS",
     "EvalItem",
     "Format",
+    "PairItem",
     "evaluate_items",
     "evaluate_pairs",
     "held_out",
+    "pair_report",
     "read_items",
+    "read_pair_items",
     "score_item",
+    "score_pair_items",
 ]
 
 Format = Literal["halueval-qa", "halueval-summarization", "halueval-dialogue"]
@@ -171,17 +189,15 @@ def evaluate_items(
 def score_item(scorer: ClaimScorer, item: EvalItem) -> list[tuple[ClaimLabel, float]]:
     """Labels and scores of one benchmark candidate, checked like a streamed answer.
 
-    QA answers are read with their question ("question answer."), as in
-    training, and the question goes to the scorer (evidence selection, and
-    the verifier when it reads questions); summaries and responses are cut
-    into claims by the segmenter (the whole candidate is one claim when the
-    segmenter finds none).
+    A QA answer is one claim, the answer itself, and its question goes to the
+    scorer (evidence selection, and the network reads ``question [SEP]
+    answer`` when the artifact says so), as in training; summaries and
+    responses are cut into claims by the segmenter (the whole candidate is
+    one claim when the segmenter finds none).
     """
     whole = (0, len(item.candidate))
     if item.prefix is not None:
-        text = f"{item.prefix.strip()} {item.candidate.strip()}"
-        text = text if text.endswith((".", "!", "?")) else text + "."
-        claims = [Claim(0, text, whole, whole)]
+        claims = [Claim(0, " ".join(item.candidate.split()), whole, whole)]
     else:
         claims = segment_claims(item.candidate) or [Claim(0, item.candidate.strip(), whole, whole)]
     index = scorer.index([EvidenceChunk("context", item.context)])
@@ -192,3 +208,116 @@ def score_item(scorer: ClaimScorer, item: EvalItem) -> list[tuple[ClaimLabel, fl
 def held_out(group: str) -> bool:
     """Whether an item's question is in the verifier's test split (never trained on)."""
     return split_of(group) == "test"
+
+
+# --------------------------------------------------------------------------- generic pairs
+
+
+@dataclass(frozen=True, slots=True)
+class PairItem:
+    """One labelled pair of a ``--format pairs`` file (label 1 = supported)."""
+
+    claim: str
+    evidence: str
+    label: int
+    question: str = ""
+    item_id: str = ""
+
+
+def read_pair_items(path: Path, limit: int | None = None) -> list[PairItem]:
+    """``{"evidence": str, "claim": str, "label": 1|0, "question"?: str, "id"?: str|int}`` lines."""
+    out: list[PairItem] = []
+    for lineno, obj in iter_json_objects(path):
+        bad = [f for f in ("evidence", "claim") if not isinstance(obj.get(f), str)]
+        label = obj.get("label")
+        if label not in (0, 1) or isinstance(label, bool):
+            bad.append("label (1 or 0)")
+        question = obj.get("question", "")
+        if question is None:
+            question = ""
+        if not isinstance(question, str):
+            bad.append("question (a string when present)")
+        item_id = obj.get("id", "")
+        if not isinstance(item_id, (str, int)) or isinstance(item_id, bool):
+            bad.append("id (a string or integer when present)")
+        if bad:
+            raise InputError(
+                "schema-violation",
+                f"{path}:{lineno}: format pairs needs evidence (string), claim (string), "
+                f"label (1 or 0), optional question and id; wrong or missing: {', '.join(bad)}",
+            )
+        out.append(
+            PairItem(
+                str(obj["claim"]), str(obj["evidence"]), int(str(label)), question, str(item_id)
+            )
+        )
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+class WindowScorer(Protocol):
+    """What :func:`score_pair_items` needs of a verifier (``OnnxVerifier`` has it)."""
+
+    def window_probabilities(
+        self,
+        claims: Sequence[str],
+        windows: Sequence[Sequence[str]],
+        questions: Sequence[str] | None = None,
+    ) -> list[float]: ...
+
+
+def score_pair_items(
+    verifier: WindowScorer,
+    items: Sequence[PairItem],
+    *,
+    max_windows: int,
+    window_chars: int,
+) -> list[float]:
+    """p(supported) per item: its claim against up to ``max_windows`` windows of its evidence."""
+    windows = [
+        EvidenceIndex([EvidenceChunk("evidence", item.evidence)]).windows(
+            item.claim, item.question, max_windows=max_windows, max_chars=window_chars
+        )
+        for item in items
+    ]
+    return verifier.window_probabilities(
+        [item.claim for item in items], windows, [item.question for item in items]
+    )
+
+
+def pair_report(
+    probs: Sequence[float], items: Sequence[PairItem], band: Band
+) -> dict[str, float | int]:
+    """Detection numbers for labelled pairs at the served threshold (``band.supported_from``).
+
+    Positive = supported. ``uncertain_share`` / ``accuracy_decided``: the
+    share the band leaves uncertain and the accuracy on the rest.
+    """
+    labels = [item.label for item in items]
+    threshold = band.supported_from
+    report = binary_report(probs, labels, threshold=threshold)
+    decided = [
+        (p >= band.supported_from, y)
+        for p, y in zip(probs, labels, strict=True)
+        if p >= band.supported_from or p < band.unsupported_below
+    ]
+    return {
+        "n": len(items),
+        "supported": sum(labels),
+        "threshold": _rounded(threshold),
+        "accuracy": _rounded(report.accuracy),
+        "balanced_accuracy": _rounded(balanced_accuracy(probs, labels, threshold)),
+        "precision": _rounded(report.precision),
+        "recall": _rounded(report.recall),
+        "f1": _rounded(report.f1),
+        "auroc": _rounded(report.auroc),
+        "ece": _rounded(expected_calibration_error(probs, labels)),
+        "length_auroc": _rounded(
+            auroc([float(len(item.claim)) for item in items], [1 - y for y in labels])
+        ),
+        "uncertain_share": _rounded(1 - len(decided) / len(items)) if items else 0.0,
+        "accuracy_decided": _rounded(sum(1 for d, y in decided if d == (y == 1)) / len(decided))
+        if decided
+        else 0.0,
+    }

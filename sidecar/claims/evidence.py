@@ -14,6 +14,14 @@ hands the verifier
 * ``best_chunk``: the best sentence's chunk as a whole when it fits
   ``max_chars`` (a second pass that keeps the sentence's context).
 
+Long evidence (a document, a cited page) holds far more than one window:
+:meth:`EvidenceIndex.windows` packs the ranked sentences into up to
+``max_windows`` windows of ``max_chars`` each (the per-claim budget), where
+each sentence of a multi-sentence claim gets its best evidence sentence
+before any gets its second (an alignment-style selection: every part of the
+claim is looked up). The verifier scores the claim against every window and
+the best window wins.
+
 The same selection is used to build the training pairs
 (:mod:`sidecar.claims.datasets`), so the verifier is trained on what it
 sees in production. The chunk set is what the caller passes: the trusted
@@ -32,7 +40,13 @@ from typing import Final
 
 from sidecar.claims.sentences import split_sentences
 
-__all__ = ["EvidenceChunk", "EvidenceIndex", "EvidenceSelection", "content_terms"]
+__all__ = [
+    "EvidenceChunk",
+    "EvidenceIndex",
+    "EvidenceSelection",
+    "content_terms",
+    "uncovered_terms",
+]
 
 _TOKEN: Final = re.compile(r"[a-z0-9]+(?:[.,][0-9]+)*")
 _STOP: Final = frozenset(
@@ -64,6 +78,22 @@ def content_terms(text: str) -> list[str]:
         elif len(tok) > 1:
             out.append(_stem(tok))
     return out
+
+
+def uncovered_terms(claim: str, question: str = "") -> list[str]:
+    """The claim's content terms that the question does not already state.
+
+    A claim that restates the question ("Who directed Taxi Driver? ... directed
+    Taxi Driver") would otherwise look covered by any evidence about the
+    question; only what the answer adds counts. All terms when every one is
+    in the question (a claim that only repeats the question keeps its words).
+    """
+    terms = content_terms(claim)
+    if not question:
+        return terms
+    asked = set(content_terms(question))
+    new = [t for t in terms if t not in asked]
+    return new or terms
 
 
 def _clip(sentence: str, terms: set[str], width: int) -> str:
@@ -200,3 +230,61 @@ class EvidenceIndex:
             best_chunk_id=best_chunk.chunk_id,
             overlap=min(1.0, overlap),
         )
+
+    def windows(
+        self, claim: str, question: str = "", *, max_windows: int = 1, max_chars: int = 900
+    ) -> tuple[str, ...]:
+        """Up to ``max_windows`` evidence windows of at most ``max_chars`` each, best first.
+
+        Every sentence of the claim ranks the evidence sentences by the weight
+        of its terms (and the question's) they hold; the ranked lists are
+        merged in turns (each claim sentence's best, then each one's second
+        ...), so a summary claim gets evidence for all its parts, not only for
+        its longest. The merged list is packed into windows in that order
+        (best first inside a window: the tokenizer truncates from the end); a
+        sentence that does not fit the window starts the next one. Sentences
+        sharing no term with the claim or the question are never used; when
+        none shares one, the first window is the start of the evidence.
+        """
+        if max_windows < 1:
+            raise ValueError(f"max_windows must be >= 1, got {max_windows}")
+        if max_chars < 50:
+            raise ValueError(f"max_chars must be >= 50, got {max_chars}")
+        if not self._units:
+            return ()
+        asked = set(content_terms(question)) if question else set()
+        parts = [set(content_terms(s.text)) for s in split_sentences(_GLUED.sub(r"\1 ", claim))]
+        parts = [p for p in parts if p] or [set(content_terms(claim))]
+        asked_score = [sum(self._weight(t) for t in asked & u.terms) for u in self._units]
+        rankings = []
+        for terms in parts:
+            scored = [
+                (sum(self._weight(t) for t in terms & u.terms) + asked_score[k], -k)
+                for k, u in enumerate(self._units)
+            ]
+            rankings.append([-nk for score, nk in sorted(scored, reverse=True) if score > 0.0])
+        order: list[int] = []
+        seen: set[int] = set()
+        for rank in range(max((len(r) for r in rankings), default=0)):
+            for ranking in rankings:
+                if rank < len(ranking) and ranking[rank] not in seen:
+                    seen.add(ranking[rank])
+                    order.append(ranking[rank])
+        if not order:
+            order = list(range(len(self._units)))
+        all_terms = set().union(*parts) | asked
+        out: list[str] = []
+        current: list[str] = []
+        size = 0
+        for k in order:
+            text = _clip(self._units[k].text, all_terms, max_chars)
+            if current and size + len(text) + 1 > max_chars:
+                out.append(" ".join(current))
+                if len(out) >= max_windows:
+                    return tuple(out)
+                current, size = [], 0
+            current.append(text)
+            size += len(text) + 1
+        if current and len(out) < max_windows:
+            out.append(" ".join(current))
+        return tuple(out)

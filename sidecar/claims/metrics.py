@@ -12,7 +12,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["BinaryReport", "auroc", "binary_report", "expected_calibration_error"]
+__all__ = [
+    "BinaryReport",
+    "auroc",
+    "balanced_accuracy",
+    "binary_report",
+    "expected_calibration_error",
+]
 
 
 def auroc(scores: Sequence[float], labels: Sequence[int]) -> float:
@@ -107,3 +113,18 @@ def binary_report(
         auroc=auroc(scores, labels),
         threshold=threshold,
     )
+
+
+def balanced_accuracy(scores: Sequence[float], labels: Sequence[int], threshold: float) -> float:
+    """Mean of the recall of each class at ``threshold`` (score >= threshold is positive).
+
+    Unlike accuracy it does not reward always answering the majority class;
+    NaN when one class is absent.
+    """
+    if len(scores) != len(labels):
+        raise ValueError(f"scores ({len(scores)}) and labels ({len(labels)}) differ in length")
+    pos = [s >= threshold for s, y in zip(scores, labels, strict=True) if y == 1]
+    neg = [s < threshold for s, y in zip(scores, labels, strict=True) if y != 1]
+    if not pos or not neg:
+        return math.nan
+    return (sum(pos) / len(pos) + sum(neg) / len(neg)) / 2.0

@@ -55,17 +55,23 @@ from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
+from tqdm import tqdm
 
 from sidecar.claims.artifact import VerifierArtifact, VerifierData
 from sidecar.claims.calibration import Band, Platt, coverage, fit_band, fit_platt
 from sidecar.claims.datasets import (
+    Corpus,
+    CorpusConfig,
     Pair,
+    build_corpus,
     build_eval_sets,
     build_training_pairs,
     length_auroc,
+    read_corpus,
     read_halueval_qa,
     read_nq_open,
     split_of,
+    write_corpus,
 )
 from sidecar.claims.evaluate import evaluate_pairs
 from sidecar.claims.metrics import auroc
@@ -98,10 +104,13 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
     ) from _exc
 
 __all__ = [
+    "Checkpoints",
     "CrossEncoder",
     "TrainConfig",
     "VerifierTrainer",
     "claim_tokens",
+    "fit_on_corpus",
+    "load_or_build_corpus",
     "minilm_dir",
     "train_verifier",
 ]
@@ -165,6 +174,18 @@ class TrainConfig:
     # question_dropout of the training pairs go without it, so an empty question is seen too.
     question_in_input: bool = False
     question_dropout: float = 0.1
+    # Resumable training (sidecar.claims.datasets corpus; checkpoints outside the repo):
+    # every checkpoint_every steps, model + optimizer + scheduler + RNG + data position.
+    work_dir: Path | None = None
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2
+    stop_after: int | None = None  # leave the loop after this global step (a checkpoint is written)
+    monitor_pairs: int = 256  # validation pairs scored at each checkpoint (log only)
+    # Serving settings the artifact records (the corpus path: long-evidence windows and
+    # coverage of the answer's own words; the QA-only path keeps the selector's window).
+    window_chars: int | None = None
+    max_windows: int = 1
+    coverage_excludes_question: bool = False
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
@@ -181,6 +202,12 @@ class TrainConfig:
             raise ConfigError(f"question_dropout must be in [0, 1), got {self.question_dropout}")
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
+        if self.checkpoint_every < 1:
+            raise ConfigError(f"checkpoint_every must be >= 1 step, got {self.checkpoint_every}")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if not 16 <= self.max_length <= 512:
+            raise ConfigError(f"max_length must be in 16..512 tokens, got {self.max_length}")
 
 
 def _mean(hidden: Any, mask: Any) -> Any:
@@ -308,9 +335,17 @@ def _tensors(
 
 
 def _drop_questions(pairs: Sequence[Pair], fraction: float, seed: int) -> list[Pair]:
-    """``fraction`` of the pairs (seeded) without their question."""
+    """``fraction`` of the pairs (seeded) without their question.
+
+    Bare QA answers (kinds ``qa-*``: "Martin Scorsese") keep it: without the
+    question, a distractor named in the evidence would be as supported as
+    the right answer.
+    """
     rng = random.Random(seed)  # noqa: S311 - data sampling, not cryptography
-    return [replace(p, question="") if rng.random() < fraction else p for p in pairs]
+    return [
+        replace(p, question="") if rng.random() < fraction and not p.kind.startswith("qa-") else p
+        for p in pairs
+    ]
 
 
 def pairs_sha256(pairs: Sequence[Pair]) -> str:
@@ -318,6 +353,128 @@ def pairs_sha256(pairs: Sequence[Pair]) -> str:
     for p in pairs:
         h.update(json.dumps([p.claim, p.evidence, p.label]).encode("utf-8"))
     return h.hexdigest()
+
+
+def _fingerprint(cfg: TrainConfig, total_steps: int) -> dict[str, str]:
+    """The settings a resumed run must share with the run that wrote the checkpoint."""
+    names = (
+        "seed", "batch_size", "epochs", "max_steps", "learning_rate", "head_learning_rate",
+        "freeze_layers", "warmup_fraction", "max_length", "question_in_input", "question_dropout",
+    )  # fmt: skip
+    return {name: str(getattr(cfg, name)) for name in names} | {"total_steps": str(total_steps)}
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One training run: the network, its optimizer and schedule, and the batch plan."""
+
+    model: CrossEncoder
+    optim: Any
+    sched: Any
+    plan: list[list[Pair]]
+    pairs_sha256: str
+    fingerprint: dict[str, str]
+
+
+class Checkpoints:
+    """``step-NNNNNNN.pt`` files in one folder: written atomically, the newest ``keep`` kept.
+
+    A checkpoint holds the model, optimizer and scheduler states, the RNG
+    states (torch, numpy, Python), the step (the position in the seeded batch
+    plan), the sha256 of the training pairs, the settings fingerprint and the
+    loss history; ``progress.json`` beside them says where training stands.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.history: list[dict[str, float]] = []
+        self.validation: list[dict[str, float]] = []
+
+    def all(self) -> list[Path]:
+        return sorted(self.folder.glob("step-*.pt"))
+
+    def latest(self) -> Path | None:
+        found = self.all()
+        return found[-1] if found else None
+
+    def save(
+        self,
+        run: _Run,
+        step: int,
+        *,
+        history: list[dict[str, float]],
+        validation: list[dict[str, float]],
+        keep: int,
+    ) -> Path:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        state = {
+            "step": step,
+            "pairs_sha256": run.pairs_sha256,
+            "fingerprint": run.fingerprint,
+            "model": run.model.state_dict(),
+            "optimizer": run.optim.state_dict(),
+            "scheduler": run.sched.state_dict(),
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "numpy": np.random.get_state(),
+                "python": random.getstate(),
+            },
+            "history": history,
+            "validation": validation,
+        }
+        path = self.folder / f"step-{step:07d}.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        tmp.replace(path)
+        for old in self.all()[:-keep]:
+            old.unlink()
+        progress = {
+            "step": step,
+            "total_steps": len(run.plan),
+            "checkpoint": str(path),
+            "loss": history[-1]["loss"] if history else None,
+            "seconds": history[-1]["seconds"] if history else None,
+            "validation": validation[-1] if validation else None,
+            "written_at": datetime.now(UTC).isoformat(),
+        }
+        (self.folder / "progress.json").write_text(json.dumps(progress, indent=2), encoding="utf-8")
+        return path
+
+    def load(self, path: Path | None = None) -> dict[str, Any]:
+        """The newest checkpoint (or ``path``) as saved."""
+        path = path or self.latest()
+        if path is None:
+            raise ArtifactError(f"no checkpoint under {self.folder}")
+        state: dict[str, Any] = torch.load(
+            path, map_location="cpu", weights_only=False
+        )  # our own file
+        return state
+
+    def restore(self, run: _Run) -> int:
+        """Load the newest checkpoint into the objects; the step to continue from."""
+        state = self.load()
+        if state["pairs_sha256"] != run.pairs_sha256:
+            raise ConfigError(
+                f"the checkpoints under {self.folder} were trained on other pairs "
+                f"(sha256 {state['pairs_sha256'][:12]}..., now {run.pairs_sha256[:12]}...): "
+                "use the same corpus or another work dir"
+            )
+        changed = {
+            k: (v, run.fingerprint.get(k)) for k, v in state["fingerprint"].items()
+            if run.fingerprint.get(k) != v
+        }  # fmt: skip
+        if changed:
+            detail = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
+            raise ConfigError(f"resume needs the settings of the checkpoint; changed: {detail}")
+        run.model.load_state_dict(state["model"])
+        run.optim.load_state_dict(state["optimizer"])
+        run.sched.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        np.random.set_state(state["rng"]["numpy"])
+        random.setstate(state["rng"]["python"])
+        self.history = list(state["history"])
+        self.validation = list(state["validation"])
+        return int(state["step"])
 
 
 @dataclass
@@ -335,6 +492,10 @@ class VerifierTrainer:
     train_sha256: str = ""
     train_length_auroc: float | None = None
     steps: int = 0
+    monitor: list[Pair] = field(default_factory=list)  # validation pairs scored at checkpoints
+    data_sources: list[str] = field(default_factory=list)  # the corpus path names its own
+    split_rule: str = ""
+    validation: list[dict[str, float]] = field(default_factory=list)
 
     def _require(self, what: str, ok: bool, before: str) -> None:
         if not ok:
@@ -342,17 +503,52 @@ class VerifierTrainer:
 
     # ------------------------------------------------------------------ fit
 
-    def fit(self, pairs: Sequence[Pair]) -> VerifierTrainer:
+    def fit(self, pairs: Sequence[Pair], *, resume: bool = False) -> VerifierTrainer:
+        """Train on ``pairs``: ``epochs`` passes, or ``max_steps`` steps.
+
+        With ``config.work_dir`` a checkpoint (model, optimizer, scheduler, RNG
+        states, the step = the data position in the seeded batch plan, the
+        pairs' sha256) is written under it every ``checkpoint_every`` steps;
+        ``resume=True`` continues from the newest one exactly where it left
+        off (same batches, same dropout masks), after checking that it was
+        made from the same pairs and settings.
+        """
         cfg = self.config
         if len(pairs) < cfg.batch_size:
             raise ConfigError(f"need at least {cfg.batch_size} training pairs, got {len(pairs)}")
+        if resume and cfg.work_dir is None:
+            raise ConfigError("resume needs a work_dir holding the checkpoints")
+        run = self._prepare(pairs)
+        checkpoints = None if cfg.work_dir is None else Checkpoints(cfg.work_dir / "checkpoints")
+        start = 0
+        if resume and checkpoints is not None and checkpoints.latest() is not None:
+            start = checkpoints.restore(run)
+            self.history, self.validation = checkpoints.history, checkpoints.validation
+            log.info("resumed at step %d of %d", start, len(run.plan))
+        else:
+            assert self.encoder is not None  # noqa: S101 - set by _prepare
+            run.model.eval()
+            first = [p for b in run.plan[:4] for p in b]
+            qin = cfg.question_in_input
+            run.model.centre(**_tensors(self.encoder, first, question_in_input=qin))
+        end = self._loop(run, start, checkpoints)
+        run.model.eval()
+        self.model = run.model
+        self.steps = end
+        self.n_train = len(pairs)
+        self.train_sha256 = run.pairs_sha256
+        self.train_length_auroc = length_auroc(pairs)
+        return self
+
+    def _prepare(self, pairs: Sequence[Pair]) -> _Run:
+        """Seeds, the network (frozen layers), AdamW, the warm-up/decay schedule, the plan."""
+        cfg = self.config
         _seed_everything(cfg.seed)
         torch.set_num_threads(cfg.threads)
         self.encoder = PairEncoder.from_file(cfg.base_model_dir / TOKENIZER_FILE, cfg.max_length)
         bert = BertModel.from_pretrained(str(cfg.base_model_dir), add_pooling_layer=False)
         model = CrossEncoder(bert)
-        frozen = [bert.embeddings, *bert.encoder.layer[: cfg.freeze_layers]]
-        for module in frozen:
+        for module in [bert.embeddings, *bert.encoder.layer[: cfg.freeze_layers]]:
             for param in module.parameters():
                 param.requires_grad = False
         body = [p for n, p in model.named_parameters() if p.requires_grad and "head" not in n]
@@ -364,6 +560,7 @@ class VerifierTrainer:
             weight_decay=0.01,
         )
         rng = random.Random(cfg.seed)  # noqa: S311 - batch order, not cryptography
+        sha = pairs_sha256(pairs)
         if cfg.question_in_input:
             pairs = _drop_questions(pairs, cfg.question_dropout, cfg.seed)
         plan = [b for _ in range(cfg.epochs) for b in _batches(pairs, cfg.batch_size, rng)]
@@ -378,37 +575,71 @@ class VerifierTrainer:
             return max(0.0, (total - step) / max(1, total - warmup))
 
         sched = torch.optim.lr_scheduler.LambdaLR(optim, schedule)
-        model.eval()
-        qin = cfg.question_in_input
-        model.centre(
-            **_tensors(self.encoder, [p for b in plan[:4] for p in b], question_in_input=qin)
-        )
+        return _Run(model, optim, sched, plan, sha, _fingerprint(cfg, total))
+
+    def _loop(self, run: _Run, start: int, checkpoints: Checkpoints | None) -> int:
+        """Steps ``start..`` of the plan (checkpoints, progress bar); the step reached."""
+        cfg = self.config
+        assert self.encoder is not None  # noqa: S101 - set by _prepare
+        total = len(run.plan)
         loss_fn = nn.BCEWithLogitsLoss()
-        model.train()
-        started = time.monotonic()
-        running = 0.0
-        for step, batch in enumerate(plan):
-            feed = _tensors(self.encoder, batch, question_in_input=qin)
-            target = torch.tensor([float(p.label) for p in batch])
-            loss = loss_fn(model(**feed), target)
-            optim.zero_grad()
+        run.model.train()
+        started = time.monotonic() - (self.history[-1]["seconds"] if self.history else 0.0)
+        running = self.history[-1]["loss"] if self.history else 0.0
+        per_epoch = max(1, total // cfg.epochs)
+        bar = tqdm(
+            total=total, initial=start, unit="step", mininterval=30.0, smoothing=0.05,
+            disable=checkpoints is None, ascii=True,
+        )  # fmt: skip
+        done = start
+        for step in range(start, total):
+            batch = run.plan[step]
+            feed = _tensors(self.encoder, batch, question_in_input=cfg.question_in_input)
+            loss = loss_fn(run.model(**feed), torch.tensor([float(p.label) for p in batch]))
+            run.optim.zero_grad()
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optim.step()
-            sched.step()
+            torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)
+            run.optim.step()
+            run.sched.step()
             value = float(loss.detach())
-            running = 0.9 * running + 0.1 * value if step else value
-            if step % 20 == 0 or step == total - 1:
+            running = 0.98 * running + 0.02 * value if step else value
+            done = step + 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{running:.4f}", epoch=f"{done / per_epoch:.2f}", refresh=False)
+            if done % 20 == 0 or done == total:
                 elapsed = time.monotonic() - started
-                log.info("step %d/%d loss %.4f (%.0f s)", step + 1, total, running, elapsed)
-                self.history.append({"step": step + 1, "loss": running, "seconds": elapsed})
+                log.info("step %d/%d loss %.4f (%.0f s)", done, total, running, elapsed)
+                self.history.append({"step": done, "loss": running, "seconds": elapsed})
+            stopping = cfg.stop_after is not None and done >= cfg.stop_after
+            due = done % cfg.checkpoint_every == 0 or done == total
+            if checkpoints is not None and (due or stopping):
+                if due:
+                    self._monitor(run.model, done)
+                    run.model.train()
+                checkpoints.save(
+                    run, done, history=self.history, validation=self.validation,
+                    keep=cfg.keep_checkpoints,
+                )  # fmt: skip
+            if stopping:
+                break
+        bar.close()
+        return done
+
+    def _monitor(self, model: CrossEncoder, step: int) -> None:
+        """AUROC on a fixed slice of validation pairs, for the log (never used to pick)."""
+        if not self.monitor or self.encoder is None:
+            return
         model.eval()
-        self.model = model
-        self.steps = total
-        self.n_train = len(pairs)
-        self.train_sha256 = pairs_sha256(pairs)
-        self.train_length_auroc = length_auroc(pairs)
-        return self
+        pairs = list(self.monitor)
+        qin = self.config.question_in_input
+        scores: list[float] = []
+        with torch.no_grad():
+            for k in range(0, len(pairs), 32):
+                feed = _tensors(self.encoder, pairs[k : k + 32], question_in_input=qin)
+                scores.extend(model(**feed).tolist())
+        value = auroc(scores, [p.label for p in pairs])
+        log.info("step %d: validation AUROC %.4f on %d pairs", step, value, len(pairs))
+        self.validation.append({"step": float(step), "auroc": value})
 
     def logits(
         self, pairs: Sequence[tuple[str, str]], questions: Sequence[str] | None = None
@@ -493,7 +724,8 @@ class VerifierTrainer:
         texts = [(p.claim, p.evidence) for p in pairs]
         questions = [p.question for p in pairs]
         labels = [p.label for p in pairs]
-        covered = [coverage(c, e) for c, e in texts]
+        asked = questions if self.config.coverage_excludes_question else [""] * len(pairs)
+        covered = [coverage(c, e, q) for (c, e), q in zip(texts, asked, strict=True)]
         for name in (FP32_FILE, INT8_FILE):
             z = OnnxVerifier.load(self.out_dir, onnx_file=name).logits(texts, questions)
             platt = fit_platt(z.tolist(), covered, labels)
@@ -522,7 +754,7 @@ class VerifierTrainer:
     ) -> VerifierArtifact:
         sha = file_sha256(onnx_path)
         cfg = self.config
-        sources = (
+        sources = self.data_sources or (
             ["halueval/qa_data.json"]
             + (["nq-open/nq-open-oracle.dev.jsonl.gz"] if cfg.nq_path else [])
             + [str(p) for p in (*cfg.outcomes, *cfg.lookback)]
@@ -537,6 +769,10 @@ class VerifierTrainer:
             max_length=cfg.max_length,
             inputs=INPUTS,
             question_in_input=cfg.question_in_input,
+            coverage_excludes_question=cfg.coverage_excludes_question,
+            evidence_max_windows=cfg.max_windows,
+            evidence_max_chars=450 if cfg.window_chars is None else cfg.window_chars,
+            evidence_max_sentences=3 if cfg.window_chars is None else 12,
             logit_scale=platt.logit_scale,
             coverage_weight=platt.coverage_weight,
             bias=platt.bias,
@@ -544,7 +780,8 @@ class VerifierTrainer:
             supported_from=band.supported_from,
             data=VerifierData(
                 sources=sources,
-                split_rule="sha256(lower(question)) -> test 10% / val 10% / train 80%",
+                split_rule=self.split_rule
+                or "sha256(lower(question)) -> test 10% / val 10% / train 80%",
                 n_train=self.n_train,
                 n_val=self.n_val,
                 pairs_sha256=self.train_sha256,
@@ -906,4 +1143,280 @@ guardrail eval claims --data ../shared/data/halueval/qa_data.json --format halue
 - The claim format "question + answer" is used for QA; claims produced from
   streamed answers are declarative sentences (covered by the decl/sentence pairs).
 - Created {artifact.created_at.isoformat()}.
+"""
+
+
+def load_or_build_corpus(corpus_config: CorpusConfig, work_dir: Path) -> Corpus:
+    """The corpus cached in ``work_dir/corpus`` (built once; checked against its settings)."""
+    folder = work_dir / "corpus"
+    wanted = {
+        "seed": corpus_config.seed,
+        "window_chars": corpus_config.window_chars,
+        "qa_limit": corpus_config.qa_limit,
+        "train_caps": dict(corpus_config.train_caps),
+    }
+    if (folder / "manifest.json").is_file():
+        corpus = read_corpus(folder)
+        have = {k: corpus.manifest.get(k) for k in wanted}
+        if have != wanted:
+            raise ConfigError(
+                f"the corpus in {folder} was built with {have}, this run asks for {wanted}: "
+                "use the same settings or another --work-dir"
+            )
+        return corpus
+    started = time.monotonic()
+    corpus = build_corpus(corpus_config)
+    write_corpus(corpus, folder)
+    log.info("corpus built in %.0f s: %s", time.monotonic() - started, corpus.manifest["train"])
+    return corpus
+
+
+def fit_on_corpus(
+    config: TrainConfig, corpus_config: CorpusConfig, *, resume: bool = False
+) -> VerifierTrainer:
+    """Fit on the whole mixture (:func:`~sidecar.claims.datasets.build_corpus`), resumably.
+
+    Checkpoints go to ``config.work_dir/checkpoints``; the corpus is cached in
+    ``config.work_dir/corpus``. A fixed seeded slice of the validation pairs
+    is scored at every checkpoint for the log.
+    """
+    if config.work_dir is None:
+        raise ConfigError("training on the corpus needs a work_dir (checkpoints, corpus cache)")
+    corpus = load_or_build_corpus(corpus_config, config.work_dir)
+    log.info("train pairs %s", corpus.manifest["train"])
+    trainer = VerifierTrainer(config)
+    rng = random.Random(config.seed)  # noqa: S311 - a monitoring slice, not cryptography
+    trainer.monitor = rng.sample(corpus.val, min(config.monitor_pairs, len(corpus.val)))
+    return trainer.fit(corpus.train, resume=resume)
+
+
+def _sample(pairs: Sequence[Pair], limit: int | None, seed: int) -> list[Pair]:
+    if limit is None or len(pairs) <= limit:
+        return list(pairs)
+    return random.Random(seed).sample(list(pairs), limit)  # noqa: S311 - an eval subsample
+
+
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """Probabilities already computed, in the shape ``evaluate_pairs`` calls."""
+
+    probs: list[float]
+
+    def __call__(self, pairs: Sequence[tuple[str, str]], questions: Sequence[str]) -> list[float]:
+        return self.probs
+
+
+def _score_sets(
+    verifier: OnnxVerifier, sets: dict[str, list[Pair]]
+) -> dict[str, dict[str, float | int | str]]:
+    """Each set scored once (logits, coverage): calibrated numbers + the baselines beside them."""
+    out: dict[str, dict[str, float | int | str]] = {}
+    for name, pairs in sets.items():
+        if not pairs:
+            continue
+        started = time.perf_counter()
+        texts = [(p.claim, p.evidence) for p in pairs]
+        questions = [p.question for p in pairs]
+        z = verifier.logits(texts, questions)
+        covered = verifier.coverages(texts, questions)
+        probs = [float(x) for x in verifier.calibration.probability(z, covered)]
+        row = evaluate_pairs(_Fixed(probs), pairs, verifier.band)
+        labels = [p.label for p in pairs]
+        row["auroc_logit_only"] = round(auroc([float(x) for x in z], labels), 4)
+        row["auroc_coverage_only"] = round(auroc(covered, labels), 4)
+        row["seconds"] = round(time.perf_counter() - started, 1)
+        out[name] = row
+    return out
+
+
+def export_from_checkpoint(
+    config: TrainConfig,
+    out_dir: Path,
+    *,
+    checkpoint: Path | None = None,
+    calibration_pairs: int = 2000,
+    test_limit: int | None = 800,
+    compare: Path | None = None,
+    command: str = "",
+) -> VerifierArtifact:
+    """A checkpoint of the corpus run -> ONNX (fp32, int8) -> calibrate -> held-out sets -> card.
+
+    Calibration and band: a seeded sample of ``calibration_pairs`` validation
+    pairs. Held-out: every test set of the corpus (at most ``test_limit`` pairs
+    each, seeded), for fp32, int8 and, with ``compare``, another verifier
+    directory (the shipped one) scored on the same pairs through its own
+    input settings. Writes ``out_dir`` (never the shipped directory unless
+    asked to) with ``verifier.json`` and ``MODEL_CARD.md``. The network's
+    settings (max length, seed, batch ...) come from the checkpoint, the
+    window size from the corpus manifest, so they cannot differ from training.
+    """
+    work_dir = config.work_dir
+    if work_dir is None:
+        raise ConfigError("export needs the work_dir of the training run")
+    corpus = read_corpus(work_dir / "corpus")
+    saved = Checkpoints(work_dir / "checkpoints")
+    path = checkpoint or saved.latest()
+    if path is None:
+        raise ArtifactError(f"no checkpoint under {saved.folder}: train first")
+    state = saved.load(path)
+    if state["pairs_sha256"] != pairs_sha256(corpus.train):
+        raise ConfigError(f"{path} was not trained on the corpus in {work_dir}/corpus")
+    trained = state["fingerprint"]
+    config = replace(
+        config,
+        seed=int(trained["seed"]),
+        batch_size=int(trained["batch_size"]),
+        epochs=int(trained["epochs"]),
+        learning_rate=float(trained["learning_rate"]),
+        head_learning_rate=float(trained["head_learning_rate"]),
+        freeze_layers=int(trained["freeze_layers"]),
+        max_length=int(trained["max_length"]),
+        question_in_input=trained["question_in_input"] == "True",
+        question_dropout=float(trained["question_dropout"]),
+        window_chars=int(corpus.manifest["window_chars"]),  # type: ignore[call-overload]
+        coverage_excludes_question=True,
+    )
+    recorded = work_dir / "command.txt"
+    command = command or (
+        recorded.read_text(encoding="utf-8").strip() if recorded.is_file() else ""
+    )
+    trainer = VerifierTrainer(config)
+    trainer.encoder = PairEncoder.from_file(
+        config.base_model_dir / TOKENIZER_FILE, config.max_length
+    )
+    bert = BertModel.from_pretrained(str(config.base_model_dir), add_pooling_layer=False)
+    model = CrossEncoder(bert)
+    model.load_state_dict(state["model"])
+    trainer.model = model.eval()
+    trainer.steps = int(state["step"])
+    trainer.history = list(state["history"])
+    trainer.n_train = len(corpus.train)
+    trainer.train_sha256 = str(state["pairs_sha256"])
+    trainer.train_length_auroc = length_auroc(corpus.train)
+    trainer.data_sources = sorted(dict(corpus.manifest["files_sha256"]))  # type: ignore[call-overload]
+    trainer.split_rule = str(corpus.manifest["split_rule"])
+    fp32_path = trainer.export(out_dir)
+    val = _sample(corpus.val, calibration_pairs, config.seed)
+    trainer.calibrate(val)
+    sets = {
+        name: _sample(pairs, test_limit, config.seed + 3) for name, pairs in corpus.test.items()
+    }
+    scored = {}
+    for name in (FP32_FILE, INT8_FILE):
+        platt, band = trainer.calibrations[name]
+        twin = OnnxVerifier.load(out_dir, onnx_file=name, calibration=platt, band=band)
+        scored[name] = _score_sets(twin, sets)
+    fp32, int8 = scored[FP32_FILE], scored[INT8_FILE]
+    ship_int8 = int8_holds(fp32, int8, config.int8_tolerance)
+    metrics: dict[str, dict[str, float | int | str]] = {
+        **{f"fp32/{k}": v for k, v in fp32.items()},
+        **{f"int8/{k}": v for k, v in int8.items()},
+        "parity": _parity(trainer, out_dir, val[:64]),
+        "training": {
+            "steps": trainer.steps,
+            "total_steps": int(state["fingerprint"]["total_steps"]),
+            "checkpoint": path.name,
+            "seconds": round(trainer.history[-1]["seconds"], 1) if trainer.history else 0.0,
+            "final_loss": round(trainer.history[-1]["loss"], 4) if trainer.history else 0.0,
+            "shipped": "int8" if ship_int8 else "fp32",
+            "command": command,
+            "config": json.dumps({k: str(v) for k, v in asdict(config).items()}),
+        },
+    }
+    if compare is not None:
+        other = OnnxVerifier.load(compare)
+        previous = _score_sets(other, sets)
+        metrics.update(
+            {f"compare/{k}": {**v, "verifier": other.version} for k, v in previous.items()}
+        )
+    shipped = out_dir / (INT8_FILE if ship_int8 else FP32_FILE)
+    artifact = trainer.artifact(shipped, metrics)
+    _write_metadata(out_dir, artifact)
+    if ship_int8:
+        fp32_path.unlink()
+    (out_dir / CARD_FILE).write_text(
+        render_corpus_card(artifact, config, corpus.manifest, sets), encoding="utf-8"
+    )
+    return artifact
+
+
+def render_corpus_card(
+    artifact: VerifierArtifact,
+    config: TrainConfig,
+    manifest: dict[str, Any],
+    sets: dict[str, list[Pair]],
+) -> str:
+    """The model card of a corpus-trained verifier: data hashes, steps, held-out vs baselines."""
+    m = artifact.metrics
+    prec = "int8" if artifact.onnx_file == INT8_FILE else "fp32"
+    rows = []
+    for name in sets:
+        r = m.get(f"{prec}/{name}")
+        if r is None:
+            continue
+        other = m.get(f"compare/{name}", {})
+        rows.append(
+            f"| {name} | {r['n']} | {r['auroc']} | {r['accuracy']} | {r['length_auroc']} | "
+            f"{r['auroc_coverage_only']} | {r['auroc_logit_only']} | {r['uncertain_share']} | "
+            f"{r['accuracy_decided']} | {other.get('auroc', '-')} | {other.get('accuracy', '-')} |"
+        )
+    training = m.get("training", {})
+    parity = m.get("parity", {})
+    files = manifest.get("files_sha256", {})
+    hashes = "\n".join(f"  - `{k}`: `{v}`" for k, v in files.items())
+    train = manifest.get("train", {})
+    compare_name = next((v.get("verifier") for k, v in m.items() if k.startswith("compare/")), None)
+    return f"""# Claim verifier: MiniLM-L6 cross-encoder on the whole mixture (`{artifact.version}`)
+
+Labels a (claim, evidence) pair **supported / uncertain / unsupported**. Serving:
+`sidecar.claims.verifier.OnnxVerifier` (onnxruntime + `tokenizers`, no torch).
+
+## Model and input
+- Base: {artifact.base_model}; reads `[CLS] question [SEP] claim [SEP] evidence [SEP]`
+  (the question when known; {config.question_dropout:.0%} of the non-QA training pairs
+  without it; a QA claim is the bare answer), max {artifact.max_length} tokens.
+- Long evidence: the claim is scored against up to {artifact.evidence_max_windows} window(s)
+  of at most {artifact.evidence_max_chars} characters (`EvidenceIndex.windows`: each
+  claim sentence's best evidence sentences in turn, best first); the best window wins.
+  Training pairs read the best window.
+- Calibration: p = sigmoid({artifact.logit_scale:.4f} * logit + {artifact.coverage_weight:.4f}
+  * coverage + {artifact.bias:.4f}), coverage = share of the claim's content words not in the
+  question found in the window; **uncertain** = p in [{artifact.unsupported_below},
+  {artifact.supported_from}). Shipped file `{artifact.onnx_file}` ({artifact.quantization}),
+  sha256 `{artifact.onnx_sha256}`.
+
+## Data (`sidecar.claims.datasets.build_corpus`)
+- Sources and their sha256:
+{hashes}
+- Split: {manifest.get("split_rule")}. Every split length matched per source.
+- Training pairs: {train.get("n")} (sha256 `{train.get("sha256")}`), caps per source
+  {manifest.get("train_caps")}; **length-only AUROC {train.get("length_auroc")}, overlap-only
+  AUROC {train.get("overlap_auroc")}** of the training mixture.
+- Validation (calibration, band): {artifact.data.n_val} pairs, seeded sample.
+
+## Held-out results (test split, {prec} as shipped)
+AUROC / acc.: supported vs not, calibrated p at 0.5; len.: AUROC of claim length alone;
+overlap: AUROC of lexical coverage alone; logit: the network alone; unc. / acc. dec.:
+share in the uncertain band and accuracy on the rest; {compare_name or "compare"}: the
+previous verifier on the same pairs (its own input settings).
+
+| set | n | AUROC | acc. | len. | overlap | logit | unc. | acc. dec. | prev. AUROC | prev. acc. |
+|---|---|---|---|---|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+ONNX parity on {parity.get("pairs", 0)} validation pairs (max |logit| difference vs torch):
+fp32 {parity.get("max_abs_logit_diff_model.onnx")}, int8
+{parity.get("max_abs_logit_diff_model.int8.onnx")}.
+
+## Training
+{training.get("steps")} of {training.get("total_steps")} planned steps (checkpoint
+`{training.get("checkpoint")}`), batch {config.batch_size}, lr {config.learning_rate} (head
+{config.head_learning_rate}), embeddings + lowest {config.freeze_layers} layers frozen,
+seed {config.seed}, {training.get("seconds")} s of training on CPU ({config.threads} threads).
+
+## Reproduce
+```
+{training.get("command") or "guardrail train verifier --work-dir DIR ... (see verifier.json)"}
+```
+Created {artifact.created_at.isoformat()}.
 """

@@ -294,9 +294,57 @@ class OnnxVerifier:
         """
         if not pairs:
             return []
-        covered = [coverage(claim, evidence) for claim, evidence in pairs]
+        covered = self.coverages(pairs, questions)
         z = self.logits(pairs, questions)
         return [float(p) for p in self.calibration.probability(z, covered)]
+
+    def coverages(
+        self, pairs: Sequence[tuple[str, str]], questions: Sequence[str] | None = None
+    ) -> list[float]:
+        """Lexical coverage per pair; without the question's terms when the artifact says so."""
+        if questions is None or not self.artifact.coverage_excludes_question:
+            return [coverage(claim, evidence) for claim, evidence in pairs]
+        return [
+            coverage(claim, evidence, question)
+            for (claim, evidence), question in zip(pairs, questions, strict=True)
+        ]
+
+    def window_probabilities(
+        self,
+        claims: Sequence[str],
+        windows: Sequence[Sequence[str]],
+        questions: Sequence[str] | None = None,
+    ) -> list[float]:
+        """p(supported) per claim scored against its evidence windows: the best window wins.
+
+        ``windows[k]`` are claim k's windows (:meth:`EvidenceIndex.windows
+        <sidecar.claims.evidence.EvidenceIndex.windows>`, at most
+        ``artifact.evidence_max_windows``); all pairs go through the network in
+        one batched call; the window with the highest logit gives the claim its
+        logit and its coverage. A claim without windows gets 0.
+        """
+        if len(windows) != len(claims):
+            raise ValueError(f"{len(windows)} window lists for {len(claims)} claims")
+        asked = list(questions) if questions is not None else [""] * len(claims)
+        pairs = [(c, w) for c, ws in zip(claims, windows, strict=True) for w in ws]
+        owners = [k for k, ws in enumerate(windows) for _ in ws]
+        flat_q = [asked[k] for k in owners]
+        z = self.logits(pairs, flat_q if questions is not None else None)
+        best: dict[int, int] = {}
+        for i, k in enumerate(owners):
+            if k not in best or z[i] > z[best[k]]:
+                best[k] = i
+        out = [0.0] * len(claims)
+        if best:
+            chosen = [best[k] for k in sorted(best)]
+            covered = self.coverages(
+                [pairs[i] for i in chosen],
+                [flat_q[i] for i in chosen] if questions is not None else None,
+            )
+            probs = self.calibration.probability(z[chosen], covered)
+            for k, p in zip(sorted(best), probs, strict=True):
+                out[k] = float(p)
+        return out
 
 
 def record_verifier_golden(

@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from sidecar.cli.groups import get_group
@@ -48,7 +49,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "pairs, calibrate the uncertain band, export ONNX fp32 + int8 and write the model card."
         ),
     )
-    p.add_argument("--out", type=Path, default=DEFAULT_MODEL, help="artifact directory")
+    p.add_argument(
+        "--out", type=Path, default=None, help=f"artifact directory (default {DEFAULT_MODEL})"
+    )
     p.add_argument("--halueval", type=Path, default=DEFAULT_HALUEVAL, help="HaluEval qa_data.json")
     p.add_argument(
         "--nq", type=Path, default=DEFAULT_NQ, help="NQ-open oracle dev file ('none' to skip)"
@@ -103,6 +106,55 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=[],
         help="report rows whose questions are kept out of every training/validation pair",
     )
+    mixture = p.add_argument_group(
+        "the whole mixture, resumable (with --work-dir)",
+        "All sources of --data-dir (HaluEval QA, summarization, dialogue, NQ-open, SummEdits, "
+        "Factcheck-GPT, BEGIN) split by document / claim, length matched, evidence cut to "
+        "windows; checkpoints every --checkpoint-every steps in --work-dir (outside the repo).",
+    )
+    mixture.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="corpus cache + checkpoints, e.g. ~/.cache/guardrail/verifier-train",
+    )
+    mixture.add_argument("--data-dir", type=Path, default=DATA_DIR, help="the shared data folder")
+    mixture.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint"
+    )
+    mixture.add_argument("--max-length", type=int, default=128, help="tokens per pair")
+    mixture.add_argument("--batch-size", type=int, default=16)
+    mixture.add_argument("--window-chars", type=int, default=900, help="evidence window size")
+    mixture.add_argument("--checkpoint-every", type=int, default=200, help="steps")
+    mixture.add_argument(
+        "--stop-after", type=int, default=None, help="leave after this global step (resumable)"
+    )
+    mixture.add_argument(
+        "--export",
+        action="store_true",
+        help="export the newest checkpoint of --work-dir (ONNX, calibration, held-out sets, "
+        "card) into --out instead of training",
+    )
+    mixture.add_argument("--checkpoint", type=Path, default=None, help="export this checkpoint")
+    mixture.add_argument(
+        "--calibration-pairs", type=int, default=2000, help="validation pairs for calibration"
+    )
+    mixture.add_argument(
+        "--compare",
+        type=Path,
+        default=None,
+        help="score this verifier directory (e.g. models/verifier) on the same held-out pairs",
+    )
+    mixture.add_argument(
+        "--max-windows", type=int, default=3, help="evidence windows per claim when served"
+    )
+    mixture.add_argument(
+        "--cap",
+        action="append",
+        default=[],
+        metavar="SOURCE=N",
+        help="at most N training pairs from SOURCE (repeatable), e.g. halueval-qa=12000",
+    )
     p.set_defaults(func=run_train)
 
     evaluate = get_group(sub, "eval", "Evaluate a guardrail signal on held-out data.")
@@ -114,11 +166,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "sidecar's claim check; report n, accuracy, AUROC, F1 and length-only AUROC."
         ),
     )
-    e.add_argument("--data", type=Path, required=True, help="HaluEval file, one JSON per line")
+    e.add_argument(
+        "--data", type=Path, required=True, help="HaluEval or pairs file, one JSON per line"
+    )
     e.add_argument(
         "--format",
         required=True,
-        choices=["halueval-qa", "halueval-summarization", "halueval-dialogue"],
+        choices=["pairs", "halueval-qa", "halueval-summarization", "halueval-dialogue"],
+        help="pairs: {evidence, claim, label 1|0 (1 = supported), question?, id?} per line",
     )
     e.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="verifier directory")
     e.add_argument("--limit", type=int, default=None, help="items (lines) to read at most")
@@ -143,9 +198,21 @@ def _existing(path: Path, flag: str) -> Path:
     return path
 
 
+def _caps(values: list[str]) -> tuple[tuple[str, int], ...]:
+    out = []
+    for value in values:
+        name, _, count = value.partition("=")
+        if not count.isdigit():
+            raise ConfigError(f"--cap takes SOURCE=N with N a whole number, got {value!r}")
+        out.append((name, int(count)))
+    return tuple(out)
+
+
 def run_train(args: argparse.Namespace) -> int:
     from sidecar.claims.training import TrainConfig, minilm_dir, train_verifier  # noqa: PLC0415
 
+    if args.work_dir is not None:
+        return _run_fit_on_corpus(args)
     nq = None if str(args.nq).lower() == "none" else _existing(args.nq, "--nq")
     config = TrainConfig(
         halueval_path=_existing(args.halueval, "--halueval"),
@@ -165,13 +232,73 @@ def run_train(args: argparse.Namespace) -> int:
         holdout=tuple(args.holdout),
         outcomes_repeat=args.outcomes_repeat,
     )
-    artifact = train_verifier(config, args.out)
+    artifact = train_verifier(config, args.out or DEFAULT_MODEL)
     summary = {
         "version": artifact.version,
         "onnx_file": artifact.onnx_file,
         "metrics": {k: v for k, v in artifact.metrics.items() if k != "training"},
     }
     sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+def _run_fit_on_corpus(args: argparse.Namespace) -> int:
+    from sidecar.claims.datasets import CorpusConfig  # noqa: PLC0415
+    from sidecar.claims.training import (  # noqa: PLC0415
+        TrainConfig,
+        export_from_checkpoint,
+        fit_on_corpus,
+        minilm_dir,
+    )
+
+    work_dir = args.work_dir.expanduser().resolve()
+    corpus = CorpusConfig(
+        data_dir=args.data_dir,
+        seed=args.seed,
+        window_chars=args.window_chars,
+        train_caps=_caps(args.cap),
+    )
+    config = TrainConfig(
+        halueval_path=args.data_dir / "halueval" / "qa_data.json",
+        nq_path=args.data_dir / "nq-open" / "nq-open-oracle.dev.jsonl.gz",
+        base_model_dir=minilm_dir(),
+        limit=None,
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        max_steps=args.max_steps,
+        seed=args.seed,
+        threads=args.threads,
+        epochs=args.epochs,
+        freeze_layers=args.freeze_layers,
+        question_in_input=True,
+        work_dir=work_dir,
+        checkpoint_every=args.checkpoint_every,
+        stop_after=args.stop_after,
+        max_windows=args.max_windows,
+        coverage_excludes_question=True,
+    )
+    if args.export:
+        if args.out is None:
+            raise ConfigError(
+                "--export needs --out DIR (the shipped models/verifier is never a default)"
+            )
+        artifact = export_from_checkpoint(
+            config,
+            args.out,
+            checkpoint=args.checkpoint,
+            calibration_pairs=args.calibration_pairs,
+            test_limit=args.test_limit,
+            compare=args.compare,
+        )
+        rows = {k: v for k, v in artifact.metrics.items() if k != "training"}
+        sys.stdout.write(json.dumps({"version": artifact.version, "metrics": rows}) + "\n")
+        return 0
+    work_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / "command.txt").write_text(" ".join(["guardrail", *sys.argv[1:]]) + "\n")
+    trainer = fit_on_corpus(config, corpus, resume=args.resume)
+    last = trainer.history[-1] if trainer.history else {}
+    summary = {"work_dir": str(work_dir), "steps": trainer.steps, **last}
+    sys.stdout.write(json.dumps(summary) + "\n")
     return 0
 
 
@@ -185,6 +312,8 @@ def run_eval(args: argparse.Namespace) -> int:
     )
     from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
 
+    if args.format == "pairs":
+        return _run_eval_pairs(args)
     split = args.split or ("test" if args.format == "halueval-qa" else "all")
     verifier = OnnxVerifier.load(args.model)
     scorer = ClaimScorer(verifier, best_chunk=args.best_chunk)
@@ -203,9 +332,39 @@ def run_eval(args: argparse.Namespace) -> int:
         "pairs_per_claim": 2 if args.best_chunk else 1,
         **report,
     }
-    if args.json:
+    _print(out, as_json=args.json)
+    return 0
+
+
+def _run_eval_pairs(args: argparse.Namespace) -> int:
+    from sidecar.claims.evaluate import pair_report, read_pair_items, score_pair_items  # noqa: PLC0415
+    from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
+
+    items = read_pair_items(_existing(args.data, "--data"), args.limit)
+    if not items:
+        raise ConfigError(f"no pairs in {args.data}")
+    verifier = OnnxVerifier.load(args.model)
+    artifact = verifier.artifact
+    probs = score_pair_items(
+        verifier,
+        items,
+        max_windows=artifact.evidence_max_windows,
+        window_chars=artifact.evidence_max_chars,
+    )
+    out = {
+        "format": "pairs",
+        "verifier": verifier.version,
+        "max_windows": artifact.evidence_max_windows,
+        "window_chars": artifact.evidence_max_chars,
+        **pair_report(probs, items, verifier.band),
+    }
+    _print(out, as_json=args.json)
+    return 0
+
+
+def _print(out: Mapping[str, object], *, as_json: bool) -> None:
+    if as_json:
         sys.stdout.write(json.dumps(out) + "\n")
     else:
         for key, value in out.items():
-            sys.stdout.write(f"{key:>14}: {value}\n")
-    return 0
+            sys.stdout.write(f"{key:>17}: {value}\n")

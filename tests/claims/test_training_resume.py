@@ -1,0 +1,161 @@
+"""Resumable verifier training: a killed run continues exactly where its checkpoint left off,
+and one command turns a checkpoint into a served artifact with its card.
+
+A tiny randomly initialised BERT (2 layers, 32 wide) saved like the MiniLM
+folder (config, safetensors, tokenizer.json) goes through the same
+``VerifierTrainer.fit`` as the real run, so the test takes seconds.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the [ml] extra (torch) trains the verifier")
+transformers = pytest.importorskip("transformers", reason="the [ml] extra trains the verifier")
+
+from sidecar.claims.datasets import (  # noqa: E402
+    Corpus,
+    Pair,
+    baselines,
+    pairs_digest,
+    write_corpus,
+)
+from sidecar.claims.training import (  # noqa: E402
+    Checkpoints,
+    TrainConfig,
+    VerifierTrainer,
+    export_from_checkpoint,
+    minilm_dir,
+)
+from sidecar.claims.verifier import OnnxVerifier  # noqa: E402
+from sidecar.exceptions import ConfigError  # noqa: E402
+
+FACTS = [
+    ("Paris is the capital of France.", "Paris is the capital and largest city of France."),
+    ("The treaty was signed in 1919.", "The Treaty of Versailles was signed on June 28, 1919."),
+    ("Metformin activates AMPK.", "Metformin lowers glucose output by activating AMPK."),
+    ("Nolan directed Inception.", "Inception is a 2010 film directed by Christopher Nolan."),
+    ("The river is 300 km long.", "The river flows for 300 km before reaching the sea."),
+]
+
+
+def _pairs() -> list[Pair]:
+    out = []
+    for k, (claim, evidence) in enumerate(FACTS * 4):
+        other = FACTS[(k + 1) % len(FACTS)][1]
+        q = "Which?" if k % 2 else ""
+        out.append(Pair(claim, evidence, 1, "sent-in", "test", f"g{k}", q))
+        out.append(Pair(claim, other, 0, "sent-out", "test", f"g{k}", q))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    tiny = transformers.BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    transformers.BertModel(tiny, add_pooling_layer=False).save_pretrained(folder)
+    shutil.copyfile(minilm_dir() / "tokenizer.json", folder / "tokenizer.json")
+    return folder
+
+
+def _config(base: Path, work: Path, **changes: object) -> TrainConfig:
+    config = TrainConfig(
+        halueval_path=work / "unused.json",
+        nq_path=None,
+        base_model_dir=base,
+        max_length=48,
+        batch_size=4,
+        epochs=2,
+        freeze_layers=0,
+        threads=1,
+        question_in_input=True,
+        work_dir=work,
+        checkpoint_every=3,
+        keep_checkpoints=5,
+    )
+    return replace(config, **changes)  # type: ignore[arg-type]
+
+
+def _weights(trainer: VerifierTrainer) -> dict[str, object]:
+    assert trainer.model is not None
+    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+def test_a_killed_run_resumes_to_the_same_weights(tiny_base: Path, tmp_path: Path) -> None:
+    pairs = _pairs()
+    straight = VerifierTrainer(_config(tiny_base, tmp_path / "a")).fit(pairs)
+    assert straight.steps == 20  # 40 pairs / batch 4 x 2 epochs
+    reference = _weights(straight)
+
+    first = VerifierTrainer(_config(tiny_base, tmp_path / "b", stop_after=7)).fit(pairs)
+    assert first.steps == 7
+    saved = Checkpoints(tmp_path / "b" / "checkpoints")
+    assert [p.name for p in saved.all()] == [
+        "step-0000003.pt",
+        "step-0000006.pt",
+        "step-0000007.pt",
+    ]
+    saved.all()[-1].unlink()  # killed after step 7, before its checkpoint was written
+    resumed = VerifierTrainer(_config(tiny_base, tmp_path / "b")).fit(pairs, resume=True)
+    assert resumed.steps == 20
+    after = _weights(resumed)
+    assert after.keys() == reference.keys()
+    for name, value in reference.items():
+        assert torch.allclose(after[name], value, atol=1e-6), name
+    # the untouched weights really moved, so equality is not trivially true
+    untrained = VerifierTrainer(_config(tiny_base, tmp_path / "c", stop_after=1)).fit(pairs)
+    moved = _weights(untrained)["head.weight"]
+    assert not torch.allclose(moved, reference["head.weight"], atol=1e-4)
+
+
+def test_resume_refuses_other_pairs_or_settings(tiny_base: Path, tmp_path: Path) -> None:
+    pairs = _pairs()
+    VerifierTrainer(_config(tiny_base, tmp_path, stop_after=3)).fit(pairs)
+    with pytest.raises(ConfigError, match="trained on other pairs"):
+        VerifierTrainer(_config(tiny_base, tmp_path)).fit(pairs[:-2], resume=True)
+    with pytest.raises(ConfigError, match="changed: batch_size 4 -> 2"):
+        VerifierTrainer(_config(tiny_base, tmp_path, batch_size=2)).fit(pairs, resume=True)
+    with pytest.raises(ConfigError, match="needs a work_dir"):
+        VerifierTrainer(_config(tiny_base, tmp_path, work_dir=None)).fit(pairs, resume=True)
+
+
+def test_one_command_exports_a_checkpoint_with_its_card(tiny_base: Path, tmp_path: Path) -> None:
+    pairs = _pairs()
+    manifest: dict[str, object] = {
+        "seed": 0,
+        "window_chars": 300,
+        "split_rule": "by group",
+        "files_sha256": {"toy": "0" * 64},
+        "train": {**baselines(pairs), "sha256": pairs_digest(pairs)},
+        "test": {"toy": baselines(pairs)},
+    }
+    write_corpus(Corpus(pairs, pairs, {"toy": pairs}, manifest), tmp_path / "corpus")
+    VerifierTrainer(_config(tiny_base, tmp_path, stop_after=4)).fit(pairs)
+    (tmp_path / "command.txt").write_text("guardrail train verifier --work-dir W\n")
+    out = tmp_path / "out"
+    artifact = export_from_checkpoint(
+        _config(tiny_base, tmp_path, max_windows=2, max_length=16), out, calibration_pairs=30
+    )
+    assert artifact.max_length == 48  # from the checkpoint, not from the export's settings
+    assert artifact.evidence_max_windows == 2 and artifact.evidence_max_chars == 300
+    assert artifact.coverage_excludes_question and artifact.question_in_input
+    assert artifact.metrics["training"]["steps"] == 4
+    assert {"fp32/toy", "int8/toy", "parity"} <= artifact.metrics.keys()
+    card = (out / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert "| toy | 40 |" in card and "guardrail train verifier --work-dir W" in card
+    loaded = OnnxVerifier.load(out)
+    assert loaded.version == artifact.version
+    probs = loaded.window_probabilities(["Paris is in France."], [["Paris is in France.", "x"]])
+    assert len(probs) == 1 and 0.0 < probs[0] < 1.0
