@@ -175,7 +175,23 @@ def build_policy(settings: Settings) -> Policy:
                 f"the default policy is not at {path} (GUARDRAIL_MODELS__DIR="
                 f"{settings.models.dir}); mount the models there or set GUARDRAIL_POLICY__FILE"
             )
-    return PolicyEngine.from_file(path)
+    return PolicyEngine.from_file(path, models=_served_models(settings))
+
+
+def _served_models(settings: Settings) -> dict[str, str]:
+    """Versions a policy's allow certificates are checked against (the confidence model)."""
+    sig = settings.signals
+    if not sig.confidence:
+        return {}
+    from sidecar.confidence.scorer import CalibratedConfidenceScorer  # noqa: PLC0415
+
+    path = _artifact(
+        settings,
+        sig.confidence_model,
+        "the calibrated-confidence model",
+        "GUARDRAIL_SIGNALS__CONFIDENCE",
+    )
+    return {"confidence": CalibratedConfidenceScorer.from_dir(path).version}
 
 
 def check(settings: Settings) -> dict[str, object]:

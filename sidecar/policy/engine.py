@@ -39,11 +39,12 @@ streamed claim is unsupported under a strict profile. Pure logic: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from sidecar.confidence.certify_allow import CertificateTracker
 from sidecar.contracts.events import (
     ClaimLabel,
     ClaimsSignal,
@@ -57,6 +58,7 @@ from sidecar.contracts.events import (
     SignalStatus,
 )
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
+from sidecar.policy.certified import CertifiedAllow, load_certificates
 from sidecar.policy.config import (
     SEVERITY,
     Action,
@@ -315,15 +317,36 @@ def _profile_reason(name: str) -> Reason:
 
 
 class PolicyEngine:
-    """The declarative policy (``sidecar.policy.config``) as a ``Policy``."""
+    """The declarative policy (``sidecar.policy.config``) as a ``Policy``.
 
-    def __init__(self, config: PolicyConfig) -> None:
+    Profiles with ``allow: {certified: FILE}`` load their certificate
+    (:mod:`sidecar.policy.certified`; relative to ``base_dir``, the policy
+    file's folder) and check it against ``models`` (the served model versions;
+    ``None`` skips that check, e.g. ``guardrail policy check``).
+    """
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        *,
+        base_dir: Path | None = None,
+        models: Mapping[str, str] | None = None,
+    ) -> None:
         self.config = config
+        self.certified: dict[str, CertifiedAllow] = load_certificates(config, base_dir, models)
+        self.certificates = CertificateTracker()
+        self.attach_certificates(self.certificates)
 
     @classmethod
-    def from_file(cls, path: Path) -> PolicyEngine:
+    def from_file(cls, path: Path, *, models: Mapping[str, str] | None = None) -> PolicyEngine:
         """Load and validate a policy YAML file (``ConfigError`` says what is wrong)."""
-        return cls(load_policy(path))
+        return cls(load_policy(path), base_dir=path.parent, models=models)
+
+    def attach_certificates(self, tracker: CertificateTracker) -> None:
+        """Re-test the certificates with ``tracker`` (the coverage monitor's, fed by feedback)."""
+        for entry in self.certified.values():
+            tracker.register(entry.certificate.key, entry.certificate.risk, entry.certificate.delta)
+        self.certificates = tracker
 
     @property
     def name(self) -> str:
@@ -361,8 +384,33 @@ class PolicyEngine:
         confidence: float | None = None,
     ) -> PolicyOutcome:
         name, profile = self.profile(retrieval)
-        texts = self.config.texts
         findings = evaluate_signals(signals, profile, confidence)
+        entry = self.certified.get(name)
+        certified = None
+        if entry is not None:
+            certified = entry.decide(retrieval, confidence, self.certificates)
+            findings.append(Finding(certified.action, certified.reason))
+        outcome = self._outcome(
+            name, profile, findings, final=final, signals=signals, claims=claims
+        )
+        if certified is not None and certified.in_force and entry is not None:
+            cert = entry.certificate
+            return replace(
+                outcome, certified_risk=cert.risk, certified_delta=cert.delta, certificate=cert.key
+            )
+        return outcome
+
+    def _outcome(
+        self,
+        name: str,
+        profile: Profile,
+        findings: list[Finding],
+        *,
+        final: GenerationFinal,
+        signals: Signals,
+        claims: Sequence[ClaimResult] | None,
+    ) -> PolicyOutcome:
+        texts = self.config.texts
         action: Action = "allow"
         for finding in findings:
             if SEVERITY[finding.action] > SEVERITY[action]:
