@@ -97,7 +97,8 @@ def register_eval_train(sub: argparse._SubParsersAction[argparse.ArgumentParser]
             "Run the RAG loop (Qdrant + MiniLM + SmolLM2) on held-out questions (resumable rows "
             "in OUT/rows.jsonl; --rows reuses recorded ones), replay them through the sidecar "
             "as configured by GUARDRAIL_* settings, and write OUT/report.json and PNG plots: "
-            "reliability diagram, AUROC per signal, decision mix, m1/m2 vs alpha, coverage bound."
+            "reliability diagram, risk-coverage curve (certified allow), AUROC per signal, "
+            "decision mix, m1/m2 vs alpha, coverage bound."
         ),
     )
     _rag_args(e, part_default="eval", required=False)
@@ -190,7 +191,10 @@ def run_report(args: argparse.Namespace) -> int:
             "ece",
             "brier",
             "nll",
+            "allow_rate",
             "error_rate_allowed",
+            "error_rate_allowed_interval",
+            "certified_risk",
             "block_rate",
             "caveat_rate",
         )
