@@ -179,10 +179,22 @@ def build_policy(settings: Settings) -> Policy:
 
 
 def _served_models(settings: Settings) -> dict[str, str]:
-    """Versions a policy's allow certificates are checked against (the confidence model)."""
+    """What a policy's allow certificates are checked against: the confidence model's
+    version and the enabled signals (a certificate fitted with claims off is not one
+    for claims on)."""
     sig = settings.signals
+    enabled = [
+        name
+        for name, on in (
+            ("certifier", sig.retrieval),
+            ("lookback", sig.lookback),
+            ("verifier", sig.claims),
+            ("confidence", sig.confidence),
+        )
+        if on
+    ]
     if not sig.confidence:
-        return {}
+        return {"signals": ",".join(enabled)}
     from sidecar.confidence.scorer import CalibratedConfidenceScorer  # noqa: PLC0415
 
     path = _artifact(
@@ -191,7 +203,8 @@ def _served_models(settings: Settings) -> dict[str, str]:
         "the calibrated-confidence model",
         "GUARDRAIL_SIGNALS__CONFIDENCE",
     )
-    return {"confidence": CalibratedConfidenceScorer.from_dir(path).version}
+    version = CalibratedConfidenceScorer.from_dir(path).version
+    return {"confidence": version, "signals": ",".join(enabled)}
 
 
 def check(settings: Settings) -> dict[str, object]:

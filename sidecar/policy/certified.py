@@ -38,6 +38,10 @@ from sidecar.policy.config import Action, AllowRules, PolicyConfig, Profile
 __all__ = ["Certified", "CertifiedAllow", "load_certificates", "request_key"]
 
 
+SIGNAL_MODELS = ("certifier", "lookback", "verifier", "confidence")
+"""Signal components named in a verdict's ``model_versions`` (the generator is not one)."""
+
+
 def request_key(retrieval: RetrievalEvent) -> str:
     """The calibration key of a request: ``tenant/collection/retriever``."""
     return f"{retrieval.tenant}/{retrieval.collection}/{retrieval.retriever}"
@@ -177,6 +181,16 @@ def _check(
                 f"{where}: fitted on confidence model {cert.confidence_model}, the sidecar "
                 f"serves {served_model}; refit it with guardrail calibrate policy"
             )
+        served_signals = models.get("signals")
+        if served_signals is not None:
+            fitted = sorted(set(cert.model_versions) & set(SIGNAL_MODELS))
+            served = sorted(s for s in served_signals.split(",") if s)
+            if fitted != served:
+                raise ConfigError(
+                    f"{where}: fitted with the signals {', '.join(fitted) or 'none'}, the sidecar "
+                    f"serves {', '.join(served) or 'none'} (the confidence depends on them); "
+                    "refit it with the served GUARDRAIL_SIGNALS__*"
+                )
 
 
 def load_certificates(

@@ -214,6 +214,17 @@ def test_a_certificate_for_another_model_version_is_refused(tmp_path: Path) -> N
         engine(tmp_path, models={})
 
 
+def test_a_certificate_fitted_with_other_signals_is_refused(tmp_path: Path) -> None:
+    cert = certificate().model_copy(
+        update={"model_versions": {"generator": "g", "lookback": "l", "confidence": MODEL}}
+    )
+    engine(tmp_path, cert, models={"confidence": MODEL, "signals": "confidence,lookback"})
+    with pytest.raises(ConfigError, match="fitted with the signals confidence, lookback, the si"):
+        engine(
+            tmp_path, cert, models={"confidence": MODEL, "signals": "confidence,lookback,verifier"}
+        )
+
+
 def test_a_certificate_for_another_key_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="routes to profile 'general', not 'certified'"):
         engine(tmp_path, certificate(key="default/other/qdrant-minilm-l6"))
