@@ -13,6 +13,12 @@ saying what is wrong:
 * when it was fitted for a profile, it is this profile and its other rules are
   unchanged (their sha256).
 
+A certificate fitted with other signals than the served ones (claims on vs
+off: the confidence depends on them), or with the confidence off, loads but
+does not apply: a warning at load, and every answer of its profile gets reason
+``certificate-not-applicable`` with the ``below`` action, so the default policy
+still starts with claim verification switched on.
+
 While serving, a request of another calibration key than the certificate's is
 not certified (reason ``certificate-key-mismatch``, the profile's ``below``
 action), and a certificate the online re-test found broken
@@ -22,6 +28,7 @@ allow for its key (reason ``certificate-violated``). Pure logic after loading.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +43,8 @@ from sidecar.exceptions import ArtifactError, ConfigError
 from sidecar.policy.config import Action, AllowRules, PolicyConfig, Profile
 
 __all__ = ["Certified", "CertifiedAllow", "load_certificates", "request_key"]
+
+log = logging.getLogger(__name__)
 
 
 SIGNAL_MODELS = ("certifier", "lookback", "verifier", "confidence")
@@ -64,6 +73,7 @@ class CertifiedAllow:
     rules: AllowRules
     certificate: AllowCertificate
     path: Path
+    inactive: str | None = None  # why the certificate does not apply to the served signals
 
     @property
     def threshold(self) -> float:
@@ -77,6 +87,15 @@ class CertifiedAllow:
         cert = self.certificate
         key = request_key(retrieval)
         terms = f"risk {cert.risk:g}, delta {cert.delta:g}"
+        if self.inactive is not None:
+            return Certified(
+                self.rules.below,
+                _reason(
+                    "certificate-not-applicable",
+                    f"the certificate of profile {self.profile} does not apply: {self.inactive}",
+                ),
+                in_force=False,
+            )
         if key != cert.key:
             return Certified(
                 self.rules.below,
@@ -136,7 +155,9 @@ def _reason(code: str, message: str) -> Reason:
 
 def _check(
     entry: CertifiedAllow, config: PolicyConfig, profile: Profile, models: Mapping[str, str] | None
-) -> None:
+) -> str | None:
+    """Raise ``ConfigError`` for a certificate that must not load; return why it does not
+    apply to the served signals (it loads, but certifies nothing here), else None."""
     cert, path, name = entry.certificate, entry.path, entry.profile
     where = f"profiles.{name}.allow.certified ({path})"
     if not cert.certified or cert.threshold is None:
@@ -169,28 +190,29 @@ def _check(
                 f"{where}: the profile's rules changed since the certificate was fitted "
                 "(rules sha256 differs); refit it with guardrail calibrate policy"
             )
-    if models is not None:
-        served_model = models.get("confidence")
-        if served_model is None:
-            raise ConfigError(
-                f"{where}: a certified allow needs the calibrated confidence, which is off "
-                "(GUARDRAIL_SIGNALS__CONFIDENCE=false)"
+    if models is None:
+        return None
+    served_model = models.get("confidence")
+    if served_model is None:
+        return (
+            "a certified allow needs the calibrated confidence, which is off "
+            "(GUARDRAIL_SIGNALS__CONFIDENCE=false)"
+        )
+    if served_model != cert.confidence_model:
+        raise ConfigError(
+            f"{where}: fitted on confidence model {cert.confidence_model}, the sidecar "
+            f"serves {served_model}; refit it with guardrail calibrate policy"
+        )
+    served_signals = models.get("signals")
+    if served_signals is not None:
+        fitted = sorted(set(cert.model_versions) & set(SIGNAL_MODELS))
+        enabled = sorted(s for s in served_signals.split(",") if s)
+        if fitted != enabled:
+            return (
+                f"fitted with the signals {', '.join(fitted) or 'none'}, the sidecar serves "
+                f"{', '.join(enabled) or 'none'} (the confidence depends on them)"
             )
-        if served_model != cert.confidence_model:
-            raise ConfigError(
-                f"{where}: fitted on confidence model {cert.confidence_model}, the sidecar "
-                f"serves {served_model}; refit it with guardrail calibrate policy"
-            )
-        served_signals = models.get("signals")
-        if served_signals is not None:
-            fitted = sorted(set(cert.model_versions) & set(SIGNAL_MODELS))
-            served = sorted(s for s in served_signals.split(",") if s)
-            if fitted != served:
-                raise ConfigError(
-                    f"{where}: fitted with the signals {', '.join(fitted) or 'none'}, the sidecar "
-                    f"serves {', '.join(served) or 'none'} (the confidence depends on them); "
-                    "refit it with the served GUARDRAIL_SIGNALS__*"
-                )
+    return None
 
 
 def load_certificates(
@@ -216,7 +238,10 @@ def load_certificates(
         except ArtifactError as exc:
             raise ConfigError(f"profiles.{name}.allow.certified: {exc}") from None
         entry = CertifiedAllow(name, rules, certificate, path)
-        _check(entry, config, profile, models)
+        inactive = _check(entry, config, profile, models)
+        if inactive is not None:
+            log.warning("profiles.%s.allow.certified (%s) does not apply: %s", name, path, inactive)
+            entry = CertifiedAllow(name, rules, certificate, path, inactive=inactive)
         if certificate.key in keys:
             raise ConfigError(
                 f"profiles {keys[certificate.key]!r} and {name!r} both certify {certificate.key}; "

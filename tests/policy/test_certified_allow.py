@@ -210,19 +210,21 @@ def test_other_profiles_are_unchanged(tmp_path: Path) -> None:
 def test_a_certificate_for_another_model_version_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="fitted on confidence model confidence@old"):
         engine(tmp_path, certificate(model="confidence@old"))
-    with pytest.raises(ConfigError, match="confidence, which is off"):
-        engine(tmp_path, models={})
 
 
-def test_a_certificate_fitted_with_other_signals_is_refused(tmp_path: Path) -> None:
+def test_a_certificate_fitted_with_other_signals_does_not_apply(tmp_path: Path) -> None:
     cert = certificate().model_copy(
         update={"model_versions": {"generator": "g", "lookback": "l", "confidence": MODEL}}
     )
-    engine(tmp_path, cert, models={"confidence": MODEL, "signals": "confidence,lookback"})
-    with pytest.raises(ConfigError, match="fitted with the signals confidence, lookback, the si"):
-        engine(
-            tmp_path, cert, models={"confidence": MODEL, "signals": "confidence,lookback,verifier"}
-        )
+    same = engine(tmp_path, cert, models={"confidence": MODEL, "signals": "confidence,lookback"})
+    assert same.decide(retrieval(), FINAL, SIGNALS, confidence=0.9).decision is Decision.ALLOW
+    claims_on = {"confidence": MODEL, "signals": "confidence,lookback,verifier"}
+    for models in (claims_on, {}):  # claims switched on; the confidence switched off
+        policy = engine(tmp_path, cert, models=models)  # loads (the default policy must start)
+        outcome = policy.decide(retrieval(), FINAL, SIGNALS, confidence=0.9)
+        assert outcome.decision is Decision.CAVEAT
+        assert "certificate-not-applicable" in codes(outcome)
+        assert outcome.certified_risk is None
 
 
 def test_a_certificate_for_another_key_is_refused(tmp_path: Path) -> None:
