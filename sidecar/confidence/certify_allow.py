@@ -20,8 +20,8 @@ Thresholds at the strict end that allow fewer than ``min_testable(risk, delta)``
 answers cannot be rejected even with no error (``(1 - risk)^m > delta``), and
 those that allow barely more would stop the walk at once by chance; the walk
 starts at the first threshold allowing :func:`start_size` answers (enough to
-reject at half the risk; a prefix of the grid decided by the unlabelled
-confidences only, never by labels). The statistical test in
+reject at half the risk) and at least ``START_SHARE`` of them: a prefix of the
+grid decided by the unlabelled confidences only, never by labels. The statistical test in
 ``tests/confidence/test_certify_allow.py`` checks the guarantee with this rule
 over 1,000 simulated calibration draws.
 
@@ -80,6 +80,8 @@ CERTIFICATE_FORMAT: Final = "allow-certificate/1"
 PROCEDURE: Final = "ltt-fixed-sequence-binomial"
 DEFAULT_GRID: tuple[float, ...] = tuple(round(i / 100, 2) for i in range(99, -1, -1))
 """Thresholds 0.99, 0.98, ..., 0.00: fixed before any data is seen, strictest first."""
+START_SHARE = 0.05
+"""The walk starts where at least this share of the calibration answers is allowed."""
 RISK_RESOLUTION = 0.005
 """Step of the scan for the smallest certifiable risk."""
 
@@ -203,14 +205,20 @@ def learn_then_test(
 ) -> LttResult:
     """Fixed-sequence Learn-then-Test of ``P(wrong | confidence >= t) <= risk`` down ``grid``.
 
-    Thresholds allowing fewer than ``min_allowed`` answers (default
-    :func:`start_size`) are skipped as untestable; the walk starts after them.
+    Thresholds allowing fewer than ``min_allowed`` answers are skipped as
+    untestable; the walk starts after them. Default: :func:`start_size`, and at
+    least ``START_SHARE`` of the answers (a few answers at the very top decide
+    nothing about a threshold worth using, and two unlucky ones there would end
+    the walk at every risk).
     """
     risk, delta = _check_level("risk", risk), _check_level("delta", delta)
     thresholds = _check_grid(grid)
     p, y = _as_arrays(confidence, correct)
     wrong = ~y
-    need = start_size(risk, delta) if min_allowed is None else min_allowed
+    if min_allowed is None:
+        need = max(start_size(risk, delta), math.ceil(START_SHARE * p.size))
+    else:
+        need = min_allowed
     if isinstance(need, bool) or need < 1:
         raise ConfigError(f"min_allowed must be a positive number of answers, got {need!r}")
     steps: list[TestedThreshold] = []

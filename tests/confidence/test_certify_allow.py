@@ -28,11 +28,13 @@ import pytest
 
 from sidecar.confidence.certify_allow import (
     DEFAULT_GRID,
+    START_SHARE,
     AllowCertificate,
     CertificateTracker,
     learn_then_test,
     min_testable,
     smallest_certifiable_risk,
+    start_size,
 )
 from sidecar.confidence.errors import ConfidenceDataError
 from sidecar.exceptions import ConfigError
@@ -124,12 +126,23 @@ def test_walk_never_tests_past_the_first_failure() -> None:
 def test_untestable_prefix_is_skipped_not_failed() -> None:
     need = min_testable(RISK, DELTA)
     assert (1 - RISK) ** need <= DELTA < (1 - RISK) ** (need - 1)
-    conf = np.array([0.97] * (need - 1) + [0.6] * 200)
-    correct = np.ones(conf.size, dtype=int)
+    start = start_size(RISK, DELTA)
+    assert start >= need
+    # rejecting at half the risk: floor(start * risk / 2) errors pass, one size less does not
+    assert binomial_cdf(math.floor(start * RISK / 2), start, RISK) <= DELTA
+    assert binomial_cdf(math.floor((start - 1) * RISK / 2), start - 1, RISK) > DELTA
+    # two wrong answers at the very top do not end the walk: they are below the start size
+    conf = np.array([0.97] * 2 + [0.6] * 400)
+    correct = np.array([0] * 2 + [1] * 400)
     result = learn_then_test(conf, correct, risk=RISK, delta=DELTA)
     untestable = [s for s in result.steps if s.outcome == "untestable"]
-    assert untestable and all(s.allowed < need for s in untestable)
+    first = next(s for s in result.steps if s.outcome != "untestable")
+    assert untestable and all(s.allowed <= 2 for s in untestable)
+    assert first.allowed >= max(start, math.ceil(START_SHARE * conf.size))
     assert result.threshold == pytest.approx(0.0)
+    # the same two answers tested first (a start of 1) end the walk at once
+    strict = learn_then_test(conf, correct, risk=RISK, delta=DELTA, min_allowed=1)
+    assert not strict.certified and strict.tested == 1
 
 
 def test_nothing_certifiable_reports_the_smallest_certifiable_risk() -> None:
