@@ -240,6 +240,8 @@ def _show(
         extra += f" p_factual={sig['lookback']['p_factual']:.2f}"
     if sig["claims"]["status"] == "ok":
         extra += f" reliability={sig['claims']['reliability']}"
+    if obj.get("certified_risk") is not None:
+        extra += f" certified_risk={obj['certified_risk']:g} (delta {obj['certified_delta']:g})"
     if obj.get("advice"):
         extra += f" advice=retrieve_again(best forecast {obj['advice']['best_forecast']:.2f})"
     _line(
