@@ -175,7 +175,9 @@ def build_policy(settings: Settings) -> Policy:
                 f"the default policy is not at {path} (GUARDRAIL_MODELS__DIR="
                 f"{settings.models.dir}); mount the models there or set GUARDRAIL_POLICY__FILE"
             )
-    return PolicyEngine.from_file(path, models=_served_models(settings))
+    # a policy mounted elsewhere (a ConfigMap) still finds the shipped certificates
+    shipped = Path(settings.models.dir) / Path(DEFAULT_POLICY).parent
+    return PolicyEngine.from_file(path, models=_served_models(settings), search=[shipped])
 
 
 def _served_models(settings: Settings) -> dict[str, str]:

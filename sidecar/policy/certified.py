@@ -29,7 +29,7 @@ allow for its key (reason ``certificate-violated``). Pure logic after loading.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,24 +215,39 @@ def _check(
     return None
 
 
+def _resolve(name: str, certified: str, base_dirs: Sequence[Path]) -> Path:
+    path = Path(certified)
+    if path.is_absolute():
+        return path
+    if not base_dirs:
+        raise ConfigError(
+            f"profiles.{name}.allow.certified is relative ({path}) and the policy was "
+            "not read from a file; give an absolute path"
+        )
+    for base in base_dirs:
+        if (base / path).is_file():
+            return base / path
+    return base_dirs[0] / path  # missing: load_certificate says so, naming the first place
+
+
 def load_certificates(
-    config: PolicyConfig, base_dir: Path | None, models: Mapping[str, str] | None = None
+    config: PolicyConfig,
+    base_dirs: Sequence[Path] = (),
+    models: Mapping[str, str] | None = None,
 ) -> dict[str, CertifiedAllow]:
-    """Every profile's certificate, checked; ``models``: the served versions (None: unchecked)."""
+    """Every profile's certificate, checked; ``models``: the served versions (None: unchecked).
+
+    A relative certificate path is looked up in ``base_dirs`` in order (the policy
+    file's folder first, then the models' ``policy/`` folder: a policy mounted from
+    a ConfigMap still finds the shipped certificates).
+    """
     out: dict[str, CertifiedAllow] = {}
     keys: dict[str, str] = {}
     for name, profile in config.profiles.items():
         rules = profile.allow
         if rules is None:
             continue
-        path = Path(rules.certified)
-        if not path.is_absolute():
-            if base_dir is None:
-                raise ConfigError(
-                    f"profiles.{name}.allow.certified is relative ({path}) and the policy was "
-                    "not read from a file; give an absolute path"
-                )
-            path = base_dir / path
+        path = _resolve(name, rules.certified, base_dirs)
         try:
             certificate = load_certificate(path)
         except ArtifactError as exc:

@@ -30,6 +30,14 @@ Two claim findings do not come from the labels:
   (``sidecar.claims.segment.MAX_CLAIMS_PER_ANSWER``); the rest is counted in
   ``ClaimsSignal.unchecked`` and unverified, like a partly missing signal.
 
+Certified allow (``allow: {certified: FILE}`` in a profile;
+:mod:`sidecar.policy.certified`): an answer is allowed only when its calibrated
+confidence reaches the threshold a certificate from ``guardrail calibrate
+policy`` certified; the outcome then carries the certificate's risk and delta.
+Below the threshold, for another calibration key, or while the online re-test
+finds the certificate broken (``certificate-violated``), the profile's action
+applies instead.
+
 Per-claim results (texts, labels, spans) come in through ``decide(...,
 claims=...)``; without them a rewrite is impossible and the outcome says so
 (``claims-detail-unavailable``). Strict mode (seed 002: "in strict mode,
@@ -321,8 +329,9 @@ class PolicyEngine:
 
     Profiles with ``allow: {certified: FILE}`` load their certificate
     (:mod:`sidecar.policy.certified`; relative to ``base_dir``, the policy
-    file's folder) and check it against ``models`` (the served model versions;
-    ``None`` skips that check, e.g. ``guardrail policy check``).
+    file's folder, then to the ``search`` folders) and check it against
+    ``models`` (the served model versions; ``None`` skips that check, e.g.
+    ``guardrail policy check``).
     """
 
     def __init__(
@@ -331,16 +340,27 @@ class PolicyEngine:
         *,
         base_dir: Path | None = None,
         models: Mapping[str, str] | None = None,
+        search: Sequence[Path] = (),
     ) -> None:
         self.config = config
-        self.certified: dict[str, CertifiedAllow] = load_certificates(config, base_dir, models)
+        dirs = [*([base_dir] if base_dir is not None else []), *search]
+        self.certified: dict[str, CertifiedAllow] = load_certificates(config, dirs, models)
         self.certificates = CertificateTracker()
         self.attach_certificates(self.certificates)
 
     @classmethod
-    def from_file(cls, path: Path, *, models: Mapping[str, str] | None = None) -> PolicyEngine:
-        """Load and validate a policy YAML file (``ConfigError`` says what is wrong)."""
-        return cls(load_policy(path), base_dir=path.parent, models=models)
+    def from_file(
+        cls,
+        path: Path,
+        *,
+        models: Mapping[str, str] | None = None,
+        search: Sequence[Path] = (),
+    ) -> PolicyEngine:
+        """Load and validate a policy YAML file (``ConfigError`` says what is wrong).
+
+        Relative certificate paths: the file's folder first, then ``search``.
+        """
+        return cls(load_policy(path), base_dir=path.parent, models=models, search=search)
 
     def attach_certificates(self, tracker: CertificateTracker) -> None:
         """Re-test the certificates with ``tracker`` (the coverage monitor's, fed by feedback)."""

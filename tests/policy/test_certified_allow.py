@@ -332,3 +332,21 @@ def test_processor_re_tests_the_certificate_on_feedback(
     assert (report.certificate.errors, report.certificate.labelled) == (15, 20)
     assert report.certificate.error_low is not None and report.certificate.error_low > 0.2
     assert monitor.gauge_values()[key]["certificate_violated"] == 1.0
+
+
+def test_a_policy_mounted_elsewhere_finds_the_shipped_certificate(tmp_path: Path) -> None:
+    shipped = tmp_path / "models" / "policy"
+    (shipped / "certs").mkdir(parents=True)
+    (shipped / "certs" / "nq.json").write_text(certificate().model_dump_json(), encoding="utf-8")
+    mounted = tmp_path / "configmap"
+    mounted.mkdir()
+    (mounted / "policy.yaml").write_text(POLICY.replace("BELOW", "caveat"), encoding="utf-8")
+    with pytest.raises(ConfigError, match="does not exist"):
+        PolicyEngine.from_file(mounted / "policy.yaml")
+    policy = PolicyEngine.from_file(mounted / "policy.yaml", search=[shipped])
+    assert policy.certified["certified"].path == shipped / "certs" / "nq.json"
+    # the policy's own folder wins
+    (mounted / "certs").mkdir()
+    (mounted / "certs" / "nq.json").write_text(certificate().model_dump_json(), encoding="utf-8")
+    own = PolicyEngine.from_file(mounted / "policy.yaml", search=[shipped])
+    assert own.certified["certified"].path == mounted / "certs" / "nq.json"
