@@ -215,15 +215,13 @@ def _check(
     return None
 
 
-def _resolve(name: str, certified: str, base_dirs: Sequence[Path]) -> Path:
+def _resolve(certified: str, base_dirs: Sequence[Path]) -> Path | None:
+    """The certificate's path; None: relative, and the policy was not read from a file."""
     path = Path(certified)
     if path.is_absolute():
         return path
     if not base_dirs:
-        raise ConfigError(
-            f"profiles.{name}.allow.certified is relative ({path}) and the policy was "
-            "not read from a file; give an absolute path"
-        )
+        return None
     for base in base_dirs:
         if (base / path).is_file():
             return base / path
@@ -239,7 +237,9 @@ def load_certificates(
 
     A relative certificate path is looked up in ``base_dirs`` in order (the policy
     file's folder first, then the models' ``policy/`` folder: a policy mounted from
-    a ConfigMap still finds the shipped certificates).
+    a ConfigMap still finds the shipped certificates). Without any (a policy built
+    in code, not read from a file) the profile has no certified allow and its
+    answers get the ``below`` action (reason ``certificate-not-applicable``).
     """
     out: dict[str, CertifiedAllow] = {}
     keys: dict[str, str] = {}
@@ -247,7 +247,15 @@ def load_certificates(
         rules = profile.allow
         if rules is None:
             continue
-        path = _resolve(name, rules.certified, base_dirs)
+        path = _resolve(rules.certified, base_dirs)
+        if path is None:
+            log.warning(
+                "profiles.%s.allow.certified (%s) is relative and the policy was not read from "
+                "a file: the certified allow is off",
+                name,
+                rules.certified,
+            )
+            continue
         try:
             certificate = load_certificate(path)
         except ArtifactError as exc:

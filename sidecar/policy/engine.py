@@ -410,6 +410,16 @@ class PolicyEngine:
         if entry is not None:
             certified = entry.decide(retrieval, confidence, self.certificates)
             findings.append(Finding(certified.action, certified.reason))
+        elif profile.allow is not None:  # never an uncertified allow under a certified profile
+            findings.append(
+                _f(
+                    profile.allow.below,
+                    "certificate-not-applicable",
+                    f"the certificate of profile {name} was not loaded (a policy not read from "
+                    "a file cannot resolve its relative path)",
+                    "confidence",
+                )
+            )
         outcome = self._outcome(
             name, profile, findings, final=final, signals=signals, claims=claims
         )

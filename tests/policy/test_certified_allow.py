@@ -350,3 +350,12 @@ def test_a_policy_mounted_elsewhere_finds_the_shipped_certificate(tmp_path: Path
     (mounted / "certs" / "nq.json").write_text(certificate().model_dump_json(), encoding="utf-8")
     own = PolicyEngine.from_file(mounted / "policy.yaml", search=[shipped])
     assert own.certified["certified"].path == mounted / "certs" / "nq.json"
+
+
+def test_a_policy_built_in_code_never_allows_uncertified(tmp_path: Path) -> None:
+    del tmp_path
+    policy = PolicyEngine(parse_policy(POLICY.replace("BELOW", "block")))  # no folder to look in
+    assert policy.certified == {}
+    outcome = policy.decide(retrieval(), FINAL, SIGNALS, confidence=0.99)
+    assert outcome.decision is Decision.BLOCK
+    assert "certificate-not-applicable" in codes(outcome)
