@@ -359,3 +359,15 @@ def test_a_policy_built_in_code_never_allows_uncertified(tmp_path: Path) -> None
     outcome = policy.decide(retrieval(), FINAL, SIGNALS, confidence=0.99)
     assert outcome.decision is Decision.BLOCK
     assert "certificate-not-applicable" in codes(outcome)
+
+
+def test_the_runtime_checks_certificates_against_the_served_models() -> None:
+    from sidecar.runtime import _served_models
+
+    repo = Path(__file__).resolve().parents[2] / "models"
+    served = _served_models(Settings.load(models={"dir": str(repo)}, signals={"claims": True}))
+    card = (repo / "confidence" / "smollm2-135m-nq" / "card.json").read_text(encoding="utf-8")
+    assert served["confidence"] in card
+    assert served["signals"] == "certifier,lookback,verifier,confidence"
+    off = _served_models(Settings.load(models={"dir": str(repo)}, signals={"confidence": False}))
+    assert off == {"signals": "certifier,lookback"}
