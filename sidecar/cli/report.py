@@ -105,6 +105,14 @@ def register_eval_train(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     e.add_argument("--offset", type=int, default=0, help="skip the first N questions of the part")
     e.add_argument("--rows", type=Path, nargs="+", help="recorded outcome rows (skip the RAG loop)")
     e.add_argument("--probe", type=Path, help="leakage probe result ('guardrail probe leakage')")
+    e.add_argument(
+        "--certificate",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="allow certificates ('guardrail calibrate policy') to state in the report, also "
+        "those that certify nothing (with the smallest certifiable risk)",
+    )
     e.add_argument("--out", type=Path, required=True, help="output directory")
     e.add_argument("--json", action="store_true", help="print the headline numbers as JSON")
     e.set_defaults(func=run_report)
@@ -178,6 +186,14 @@ def run_report(args: argparse.Namespace) -> int:
         probe=probe,
         bound_confidence=settings.coverage.confidence,
     )
+    if args.certificate:
+        from sidecar.confidence.certify_allow import load_certificate  # noqa: PLC0415
+
+        report["certified_allow"]["certificates"] = [
+            {"file": str(path), "summary": cert.summary(), **cert.model_dump(mode="json")}
+            for path in args.certificate
+            for cert in [load_certificate(path)]
+        ]
     args.out.mkdir(parents=True, exist_ok=True)
     plots = write_plots(report, args.out)
     report["plots"] = [p.name for p in plots]
@@ -200,6 +216,8 @@ def run_report(args: argparse.Namespace) -> int:
         )
     }
     headline["coverage_bound_status"] = report["coverage_bound"]["status"]
+    if report["certified_allow"].get("certificates"):
+        headline["certificates"] = [c["summary"] for c in report["certified_allow"]["certificates"]]
     if args.json:
         sys.stdout.write(json.dumps(headline) + "\n")
     else:
@@ -209,6 +227,8 @@ def run_report(args: argparse.Namespace) -> int:
             )
             + f"\nwrote {args.out / 'report.json'} and {len(plots)} plots\n"
         )
+        for cert in report["certified_allow"].get("certificates", []):
+            sys.stdout.write(f"certificate {cert['file']} ({cert['key']}): {cert['summary']}\n")
     return 0
 
 
