@@ -195,9 +195,7 @@ def run_calibrate_policy(args: argparse.Namespace) -> int:
         )
     qids, conf, correct = _eligible(replayed, profile)
     result = learn_then_test(conf, correct, risk=args.risk, delta=args.delta)
-    smallest = (
-        None if result.certified else smallest_certifiable_risk(conf, correct, delta=args.delta)
-    )
+    smallest = smallest_certifiable_risk(conf, correct, delta=args.delta)
     certificate = AllowCertificate.from_result(
         result,
         key=key,

@@ -380,10 +380,16 @@ class AllowCertificate(BaseModel):
             )
         if self.threshold is None:  # certified implies a threshold (checked by the model)
             raise ConfigError("a certified certificate needs a threshold")
+        smallest = (
+            f" (smallest certifiable risk {self.smallest_certifiable_risk:g})"
+            if self.smallest_certifiable_risk is not None
+            else ""
+        )
         return (
             f"allow when confidence >= {self.threshold:g}: P(wrong | allowed) <= {self.risk:g} "
-            f"with probability >= {1 - self.delta:g}; of the {self.n_rows} calibration answers it "
-            f"allows {self.allowed} ({self.allow_rate:.1%}), {self.errors_allowed} of them wrong"
+            f"with probability >= {1 - self.delta:g}{smallest}; of the {self.n_rows} calibration "
+            f"answers it allows {self.allowed} ({self.allow_rate:.1%}), {self.errors_allowed} of "
+            "them wrong"
         )
 
 
