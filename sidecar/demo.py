@@ -135,10 +135,19 @@ def _coverage_line(r: dict[str, Any]) -> str:
         if r["bound"] is None
         else f"{r['bound']:.2f} [{r['bound_low']:.2f}, {r['bound_high']:.2f}]"
     )
+    cert = r.get("certificate")
+    certificate = ""
+    if cert is not None and cert["labelled"]:
+        certificate = (
+            f"; certified allow: {cert['errors']}/{cert['labelled']} labelled allows wrong "
+            f"[{cert['error_low']:.2f}, {cert['error_high']:.2f}] vs risk {cert['risk']:g} "
+            f"-> {cert['status']}"
+        )
     return (
         f"{r['calibration_key']}: requests={r['window_requests']} c={_ci(r['coverage'])} "
         f"eps={_ci(r['epsilon'])} delta={_ci(r['delta'])} ({r['delta_source']}) "
         f"bound H<={bound} measured H={_ci(r['measured_hallucination'])} -> {r['status']}"
+        + certificate
     )
 
 
@@ -240,6 +249,8 @@ def _show(
         extra += f" p_factual={sig['lookback']['p_factual']:.2f}"
     if sig["claims"]["status"] == "ok":
         extra += f" reliability={sig['claims']['reliability']}"
+    if obj.get("certified_risk") is not None:
+        extra += f" certified_risk={obj['certified_risk']:g} (delta {obj['certified_delta']:g})"
     if obj.get("advice"):
         extra += f" advice=retrieve_again(best forecast {obj['advice']['best_forecast']:.2f})"
     _line(

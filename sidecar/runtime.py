@@ -175,7 +175,38 @@ def build_policy(settings: Settings) -> Policy:
                 f"the default policy is not at {path} (GUARDRAIL_MODELS__DIR="
                 f"{settings.models.dir}); mount the models there or set GUARDRAIL_POLICY__FILE"
             )
-    return PolicyEngine.from_file(path)
+    # a policy mounted elsewhere (a ConfigMap) still finds the shipped certificates
+    shipped = Path(settings.models.dir) / Path(DEFAULT_POLICY).parent
+    return PolicyEngine.from_file(path, models=_served_models(settings), search=[shipped])
+
+
+def _served_models(settings: Settings) -> dict[str, str]:
+    """What a policy's allow certificates are checked against: the confidence model's
+    version and the enabled signals (a certificate fitted with claims off is not one
+    for claims on)."""
+    sig = settings.signals
+    enabled = [
+        name
+        for name, on in (
+            ("certifier", sig.retrieval),
+            ("lookback", sig.lookback),
+            ("verifier", sig.claims),
+            ("confidence", sig.confidence),
+        )
+        if on
+    ]
+    if not sig.confidence:
+        return {"signals": ",".join(enabled)}
+    from sidecar.confidence.scorer import CalibratedConfidenceScorer  # noqa: PLC0415
+
+    path = _artifact(
+        settings,
+        sig.confidence_model,
+        "the calibrated-confidence model",
+        "GUARDRAIL_SIGNALS__CONFIDENCE",
+    )
+    version = CalibratedConfidenceScorer.from_dir(path).version
+    return {"confidence": version, "signals": ",".join(enabled)}
 
 
 def check(settings: Settings) -> dict[str, object]:

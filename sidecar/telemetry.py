@@ -456,6 +456,10 @@ class Telemetry:
             "measured_hallucination_high",
             "violated",
             "window_requests",
+            "certificate_violated",  # certified allow re-tested on feedback (1: broken)
+            "certificate_error",
+            "certificate_error_high",
+            "certificate_labelled",
         )
 
         def _gauge(name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:

@@ -32,6 +32,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sidecar.cli.retrieval",
     "sidecar.cli.lookback",
     "sidecar.cli.report",
+    "sidecar.cli.certify",
     "sidecar.cli.probe",
     "sidecar.cli.golden",
 )

@@ -29,8 +29,16 @@ def run_check(args: argparse.Namespace) -> int:
     config = engine.config
     sys.stdout.write(f"{args.file}: ok ({engine.name}, default profile {config.default_profile})\n")
     for name, profile in config.profiles.items():
+        certified = engine.certified.get(name)
+        allow = ""
+        if certified is not None:
+            cert = certified.certificate
+            allow = (
+                f", certified allow at confidence >= {cert.threshold:g} "
+                f"(risk {cert.risk:g}, delta {cert.delta:g}, {cert.key})"
+            )
         sys.stdout.write(
             f"  {name}: max hallucination rate {profile.max_hallucination_rate}, "
-            f"strict={str(profile.strict).lower()}\n"
+            f"strict={str(profile.strict).lower()}{allow}\n"
         )
     return 0

@@ -97,13 +97,22 @@ def register_eval_train(sub: argparse._SubParsersAction[argparse.ArgumentParser]
             "Run the RAG loop (Qdrant + MiniLM + SmolLM2) on held-out questions (resumable rows "
             "in OUT/rows.jsonl; --rows reuses recorded ones), replay them through the sidecar "
             "as configured by GUARDRAIL_* settings, and write OUT/report.json and PNG plots: "
-            "reliability diagram, AUROC per signal, decision mix, m1/m2 vs alpha, coverage bound."
+            "reliability diagram, risk-coverage curve (certified allow), AUROC per signal, "
+            "decision mix, m1/m2 vs alpha, coverage bound."
         ),
     )
     _rag_args(e, part_default="eval", required=False)
     e.add_argument("--offset", type=int, default=0, help="skip the first N questions of the part")
     e.add_argument("--rows", type=Path, nargs="+", help="recorded outcome rows (skip the RAG loop)")
     e.add_argument("--probe", type=Path, help="leakage probe result ('guardrail probe leakage')")
+    e.add_argument(
+        "--certificate",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="allow certificates ('guardrail calibrate policy') to state in the report, also "
+        "those that certify nothing (with the smallest certifiable risk)",
+    )
     e.add_argument("--out", type=Path, required=True, help="output directory")
     e.add_argument("--json", action="store_true", help="print the headline numbers as JSON")
     e.set_defaults(func=run_report)
@@ -177,6 +186,14 @@ def run_report(args: argparse.Namespace) -> int:
         probe=probe,
         bound_confidence=settings.coverage.confidence,
     )
+    if args.certificate:
+        from sidecar.confidence.certify_allow import load_certificate  # noqa: PLC0415
+
+        report["certified_allow"]["certificates"] = [
+            {"file": str(path), "summary": cert.summary(), **cert.model_dump(mode="json")}
+            for path in args.certificate
+            for cert in [load_certificate(path)]
+        ]
     args.out.mkdir(parents=True, exist_ok=True)
     plots = write_plots(report, args.out)
     report["plots"] = [p.name for p in plots]
@@ -190,12 +207,17 @@ def run_report(args: argparse.Namespace) -> int:
             "ece",
             "brier",
             "nll",
+            "allow_rate",
             "error_rate_allowed",
+            "error_rate_allowed_interval",
+            "certified_risk",
             "block_rate",
             "caveat_rate",
         )
     }
     headline["coverage_bound_status"] = report["coverage_bound"]["status"]
+    if report["certified_allow"].get("certificates"):
+        headline["certificates"] = [c["summary"] for c in report["certified_allow"]["certificates"]]
     if args.json:
         sys.stdout.write(json.dumps(headline) + "\n")
     else:
@@ -205,6 +227,8 @@ def run_report(args: argparse.Namespace) -> int:
             )
             + f"\nwrote {args.out / 'report.json'} and {len(plots)} plots\n"
         )
+        for cert in report["certified_allow"].get("certificates", []):
+            sys.stdout.write(f"certificate {cert['file']} ({cert['key']}): {cert['summary']}\n")
     return 0
 
 

@@ -11,6 +11,14 @@ the window), otherwise it is counted as unmatched. Every
 
 The leakage delta comes from a probe file (``guardrail probe leakage``) when one
 is configured, else from feedback on uncovered requests.
+
+Certified allow: a final ``allow`` taken under an allow certificate
+(``AnswerVerdict.certificate``) is remembered too; its label feeds the
+:class:`~sidecar.confidence.certify_allow.CertificateTracker` of that key,
+which re-tests the certificate on the window (Clopper-Pearson interval of the
+error among allowed answers). The policy reads the same tracker, so a broken
+certificate withdraws the allow (reason ``certificate-violated``); the report
+carries the re-test and the gauges ``guardrail.coverage.certificate_*``.
 """
 
 from __future__ import annotations
@@ -23,7 +31,15 @@ from enum import IntEnum
 
 from sidecar import __version__
 from sidecar.confidence.bound import BoundReport, CoverageTracker
-from sidecar.contracts.events import AnswerVerdict, BoundEstimate, CoverageReport, FeedbackEvent
+from sidecar.confidence.certify_allow import CertificateCheck, CertificateTracker
+from sidecar.contracts.events import (
+    AnswerVerdict,
+    BoundEstimate,
+    CertificateStatus,
+    CoverageReport,
+    Decision,
+    FeedbackEvent,
+)
 from sidecar.stats.intervals import ProportionInterval
 
 __all__ = ["UNCERTIFIED_KEY", "CoverageMonitor", "FeedbackOutcome"]
@@ -53,6 +69,19 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _certificate_status(check: CertificateCheck) -> CertificateStatus:
+    return CertificateStatus(
+        risk=check.risk,
+        delta=check.delta,
+        labelled=check.labelled,
+        errors=check.errors,
+        error_rate=check.error_rate,
+        error_low=check.error_low,
+        error_high=check.error_high,
+        status=check.status,
+    )
+
+
 class CoverageMonitor:
     """Verdicts and feedback in, periodic ``CoverageReport`` events and gauge values out."""
 
@@ -69,6 +98,9 @@ class CoverageMonitor:
         if probe is not None:
             self.tracker.set_probe(None, *probe)
         self._recent: OrderedDict[str, tuple[str, bool]] = OrderedDict()  # request key ->
+        # request key -> certificate key, for final allows taken under a certificate
+        self._certified: OrderedDict[str, str] = OrderedDict()
+        self.certificates = CertificateTracker(window=window, confidence=confidence)
         self._capacity = window
         self._interval_ms = report_interval_s * 1000.0
         self._next_ms: float | None = None
@@ -84,12 +116,17 @@ class CoverageMonitor:
         """
         if verdict.stage != "final":
             return
+        name = request_key or verdict.request_id
+        if verdict.certificate is not None and verdict.decision is Decision.ALLOW:
+            self._certified[name] = verdict.certificate
+            self._certified.move_to_end(name)
+            while len(self._certified) > self._capacity:
+                self._certified.popitem(last=False)
         cert = verdict.signals.retrieval
         if cert.m1 is None:
             return  # not certified: coverage is unknown, not zero
         key = cert.calibration_key or UNCERTIFIED_KEY
         self.tracker.observe_request(key, cert.m1)
-        name = request_key or verdict.request_id
         self._recent[name] = (key, cert.m1)
         self._recent.move_to_end(name)
         while len(self._recent) > self._capacity:
@@ -98,11 +135,23 @@ class CoverageMonitor:
     def observe_feedback(
         self, feedback: FeedbackEvent, request_key: str | None = None
     ) -> FeedbackOutcome:
-        """Label a recent request (one label per request, the last wins)."""
+        """Label a recent request (one label per request, the last wins).
+
+        A certified allow's label also re-tests its certificate (an error is a
+        wrong answer, as in the calibration labels).
+        """
         name = request_key or feedback.request_id
+        certificate = self._certified.get(name)
+        cert_replaced = False
+        if certificate is not None:
+            cert_replaced = self.certificates.observe_label(
+                certificate, name, wrong=not feedback.correct
+            )
         seen = self._recent.get(name)
         if seen is None:
-            return FeedbackOutcome.UNKNOWN
+            if certificate is None:
+                return FeedbackOutcome.UNKNOWN
+            return FeedbackOutcome.REPLACED if cert_replaced else FeedbackOutcome.MATCHED
         key, covered = seen
         replaced = self.tracker.observe_label(
             key,
@@ -123,10 +172,14 @@ class CoverageMonitor:
         self._next_ms = now_ms + self._interval_ms
         return self.reports()
 
+    def _keys(self) -> list[str]:
+        """Keys with traffic, and keys with a certificate."""
+        return sorted({*self.tracker.keys(), *self.certificates.keys()})
+
     def reports(self) -> list[CoverageReport]:
-        """The current report of every key seen."""
+        """The current report of every key seen (and of every certified key)."""
         out = []
-        for key in self.tracker.keys():
+        for key in self._keys():
             report = self.tracker.report(key)
             self._latest[key] = report
             out.append(self._event(key, report))
@@ -147,6 +200,9 @@ class CoverageMonitor:
             measured_hallucination=_estimate(r.measured),
             status=r.status,
             confidence_level=self._confidence,
+            certificate=_certificate_status(self.certificates.check(key))
+            if key in self.certificates.keys()
+            else None,
             produced_at=self._wall_clock(),
             sidecar_version=__version__,
         )
@@ -154,7 +210,7 @@ class CoverageMonitor:
     def gauge_values(self) -> dict[str, dict[str, float | None]]:
         """The latest report's numbers per key, for the ``guardrail.coverage.*`` gauges."""
         out: dict[str, dict[str, float | None]] = {}
-        for key in self.tracker.keys():
+        for key in self._keys():
             r = self.tracker.report(key)
             ok = r.status != "insufficient-data"
 
@@ -180,4 +236,14 @@ class CoverageMonitor:
                 "violated": float(r.status == "violated"),
                 "window_requests": float(r.coverage.trials),
             }
+            if key in self.certificates.keys():
+                check = self.certificates.check(key)
+                out[key].update(
+                    {
+                        "certificate_violated": float(check.status == "violated"),
+                        "certificate_error": check.error_rate,
+                        "certificate_error_high": check.error_high,
+                        "certificate_labelled": float(check.labelled),
+                    }
+                )
         return out

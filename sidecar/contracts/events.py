@@ -375,6 +375,23 @@ class AnswerVerdict(_Event):
         default_factory=list, description="trusted chunks, most useful first"
     )
     advice: RetrieveAgain | None = None
+    certified_risk: Probability | None = Field(
+        default=None,
+        description="certified allow: the decision was taken under an allow certificate "
+        "('guardrail calibrate policy'), which promises that among the answers its profile "
+        "allows for this calibration key at most this share are wrong, with probability >= "
+        "1 - certified_delta over the calibration draw. A promise about the population of "
+        "allowed answers, not about this answer; null when no certificate was in force",
+    )
+    certified_delta: Probability | None = Field(
+        default=None,
+        description="the certificate's delta: the probability that its calibration draw was "
+        "unlucky and the risk bound does not hold",
+    )
+    certificate: str | None = Field(
+        default=None,
+        description="calibration key (tenant/collection/retriever) of the certificate in force",
+    )
     caveat_text: str | None = None
     rewritten_answer: str | None = None
     model_versions: dict[str, str] = Field(default_factory=dict)
@@ -393,6 +410,28 @@ class BoundEstimate(BaseModel):
     high: Probability | None
     successes: int = Field(ge=0)
     trials: int = Field(ge=0)
+
+
+class CertificateStatus(BaseModel):
+    """The allow certificate of a calibration key, re-tested on feedback labels.
+
+    The labels of answers allowed under the certificate in the sliding window:
+    the error among them with its Clopper-Pearson interval. ``violated``: even
+    the low end is above the certified risk (policy reason
+    ``certificate-violated``, allow withdrawn); ``holds``: not violated
+    (``error_high <= risk`` also confirms it); ``insufficient-data``: no labels.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    risk: Probability
+    delta: Probability
+    labelled: int = Field(ge=0)
+    errors: int = Field(ge=0)
+    error_rate: Probability | None
+    error_low: Probability | None
+    error_high: Probability | None
+    status: Literal["holds", "violated", "insufficient-data"]
 
 
 class CoverageReport(_Event):
@@ -415,6 +454,9 @@ class CoverageReport(_Event):
     measured_hallucination: BoundEstimate
     status: Literal["holds", "violated", "insufficient-data"]
     confidence_level: Probability
+    certificate: CertificateStatus | None = Field(
+        default=None, description="the key's allow certificate re-tested on feedback, if any"
+    )
     produced_at: datetime
     sidecar_version: str
 

@@ -179,6 +179,10 @@ class PolicyOutcome:
     rewritten_answer: str | None = None
     extra_reasons: list[Reason] = field(default_factory=list)
     escalate: bool = False  # route to a human expert or a stronger model
+    # certified allow: the certificate the decision was taken under (risk, delta, its key)
+    certified_risk: float | None = None
+    certified_delta: float | None = None
+    certificate: str | None = None
 
 
 class Policy(Protocol):

@@ -103,6 +103,11 @@ class Processor:
             tenancy=settings.tenancy,
             clock_ns=clock_ns,
         )
+        # certified allow: the policy's certificates are re-tested on the monitor's feedback
+        attach = getattr(policy, "attach_certificates", None)
+        tracker = getattr(self.signals.coverage, "certificates", None)
+        if attach is not None and tracker is not None:
+            attach(tracker)
 
     @property
     def signals(self) -> SignalSuite:
@@ -282,6 +287,9 @@ class Processor:
             confidence_features=confidence.features if confidence else {},
             chunk_forecast=list(confidence.chunk_forecast) if confidence else [],
             advice=confidence.advice if confidence else None,
+            certified_risk=outcome.certified_risk,
+            certified_delta=outcome.certified_delta,
+            certificate=outcome.certificate,
             caveat_text=outcome.caveat_text,
             rewritten_answer=outcome.rewritten_answer,
             model_versions={"generator": final.generator_model, **self.signals.versions()},

@@ -17,6 +17,8 @@ allowed (``profiles.medical.max_hallucination_rate: must be <= 1 (got 1.5)``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal, Self
 
@@ -34,6 +36,7 @@ from sidecar.exceptions import ConfigError
 
 __all__ = [
     "Action",
+    "AllowRules",
     "ClaimsRules",
     "ConfidenceRules",
     "LookbackRules",
@@ -124,6 +127,22 @@ class ConfidenceRules(_ThresholdRules):
     """
 
 
+class AllowRules(_Model):
+    """Certified allow (``guardrail calibrate policy``): allow only at or above a certified
+    confidence threshold.
+
+    ``certified`` is the certificate file, relative to the policy file. An answer
+    whose calibrated confidence is below the certified threshold gets ``below``;
+    while the online re-test finds the certificate broken every answer of its key
+    gets ``when_violated`` (reason ``certificate-violated``); a request of another
+    calibration key than the certificate's, or without a confidence, gets ``below``.
+    """
+
+    certified: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+    below: Literal["caveat", "block"] = "caveat"
+    when_violated: Literal["caveat", "block"] = "caveat"
+
+
 class Profile(_Model):
     """One risk profile."""
 
@@ -136,6 +155,12 @@ class Profile(_Model):
     lookback: LookbackRules = LookbackRules()
     claims: ClaimsRules = ClaimsRules()
     confidence: ConfidenceRules = ConfidenceRules()
+    allow: AllowRules | None = None
+
+    def rules_sha256(self) -> str:
+        """sha256 of the rules a certificate's scope depends on (all but ``allow``, texts)."""
+        rules = self.model_dump(mode="json", exclude={"allow", "description"})
+        return hashlib.sha256(json.dumps(rules, sort_keys=True).encode()).hexdigest()
 
 
 class PolicyTexts(_Model):

@@ -30,6 +30,14 @@ Two claim findings do not come from the labels:
   (``sidecar.claims.segment.MAX_CLAIMS_PER_ANSWER``); the rest is counted in
   ``ClaimsSignal.unchecked`` and unverified, like a partly missing signal.
 
+Certified allow (``allow: {certified: FILE}`` in a profile;
+:mod:`sidecar.policy.certified`): an answer is allowed only when its calibrated
+confidence reaches the threshold a certificate from ``guardrail calibrate
+policy`` certified; the outcome then carries the certificate's risk and delta.
+Below the threshold, for another calibration key, or while the online re-test
+finds the certificate broken (``certificate-violated``), the profile's action
+applies instead.
+
 Per-claim results (texts, labels, spans) come in through ``decide(...,
 claims=...)``; without them a rewrite is impossible and the outcome says so
 (``claims-detail-unavailable``). Strict mode (seed 002: "in strict mode,
@@ -39,11 +47,12 @@ streamed claim is unsupported under a strict profile. Pure logic: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+from sidecar.confidence.certify_allow import CertificateTracker
 from sidecar.contracts.events import (
     ClaimLabel,
     ClaimsSignal,
@@ -57,6 +66,7 @@ from sidecar.contracts.events import (
     SignalStatus,
 )
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
+from sidecar.policy.certified import CertifiedAllow, load_certificates
 from sidecar.policy.config import (
     SEVERITY,
     Action,
@@ -315,15 +325,48 @@ def _profile_reason(name: str) -> Reason:
 
 
 class PolicyEngine:
-    """The declarative policy (``sidecar.policy.config``) as a ``Policy``."""
+    """The declarative policy (``sidecar.policy.config``) as a ``Policy``.
 
-    def __init__(self, config: PolicyConfig) -> None:
+    Profiles with ``allow: {certified: FILE}`` load their certificate
+    (:mod:`sidecar.policy.certified`; relative to ``base_dir``, the policy
+    file's folder, then to the ``search`` folders) and check it against
+    ``models`` (the served model versions; ``None`` skips that check, e.g.
+    ``guardrail policy check``).
+    """
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        *,
+        base_dir: Path | None = None,
+        models: Mapping[str, str] | None = None,
+        search: Sequence[Path] = (),
+    ) -> None:
         self.config = config
+        dirs = [*([base_dir] if base_dir is not None else []), *search]
+        self.certified: dict[str, CertifiedAllow] = load_certificates(config, dirs, models)
+        self.certificates = CertificateTracker()
+        self.attach_certificates(self.certificates)
 
     @classmethod
-    def from_file(cls, path: Path) -> PolicyEngine:
-        """Load and validate a policy YAML file (``ConfigError`` says what is wrong)."""
-        return cls(load_policy(path))
+    def from_file(
+        cls,
+        path: Path,
+        *,
+        models: Mapping[str, str] | None = None,
+        search: Sequence[Path] = (),
+    ) -> PolicyEngine:
+        """Load and validate a policy YAML file (``ConfigError`` says what is wrong).
+
+        Relative certificate paths: the file's folder first, then ``search``.
+        """
+        return cls(load_policy(path), base_dir=path.parent, models=models, search=search)
+
+    def attach_certificates(self, tracker: CertificateTracker) -> None:
+        """Re-test the certificates with ``tracker`` (the coverage monitor's, fed by feedback)."""
+        for entry in self.certified.values():
+            tracker.register(entry.certificate.key, entry.certificate.risk, entry.certificate.delta)
+        self.certificates = tracker
 
     @property
     def name(self) -> str:
@@ -361,8 +404,43 @@ class PolicyEngine:
         confidence: float | None = None,
     ) -> PolicyOutcome:
         name, profile = self.profile(retrieval)
-        texts = self.config.texts
         findings = evaluate_signals(signals, profile, confidence)
+        entry = self.certified.get(name)
+        certified = None
+        if entry is not None:
+            certified = entry.decide(retrieval, confidence, self.certificates)
+            findings.append(Finding(certified.action, certified.reason))
+        elif profile.allow is not None:  # never an uncertified allow under a certified profile
+            findings.append(
+                _f(
+                    profile.allow.below,
+                    "certificate-not-applicable",
+                    f"the certificate of profile {name} was not loaded (a policy not read from "
+                    "a file cannot resolve its relative path)",
+                    "confidence",
+                )
+            )
+        outcome = self._outcome(
+            name, profile, findings, final=final, signals=signals, claims=claims
+        )
+        if certified is not None and certified.in_force and entry is not None:
+            cert = entry.certificate
+            return replace(
+                outcome, certified_risk=cert.risk, certified_delta=cert.delta, certificate=cert.key
+            )
+        return outcome
+
+    def _outcome(
+        self,
+        name: str,
+        profile: Profile,
+        findings: list[Finding],
+        *,
+        final: GenerationFinal,
+        signals: Signals,
+        claims: Sequence[ClaimResult] | None,
+    ) -> PolicyOutcome:
+        texts = self.config.texts
         action: Action = "allow"
         for finding in findings:
             if SEVERITY[finding.action] > SEVERITY[action]:

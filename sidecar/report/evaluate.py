@@ -6,8 +6,12 @@ builds it, so the report measures what the sidecar would publish today. It
 computes, for detecting wrong answers: the AUROC of every signal and of the
 calibrated confidence; ECE, Brier and NLL of the confidence (seed 004,
 appendix A.3.1); the allow / caveat / block mix with the error rate in each
-bucket; the retrieve-again advice; m1/m2 means against alpha (seed 000); and
-the coverage bound of seed 003 against the measured hallucination rate.
+bucket; the retrieve-again advice; m1/m2 means against alpha (seed 000); the
+coverage bound of seed 003 against the measured hallucination rate; and the
+certified allow: the allow rate, the error among allowed answers with its 95 %
+Clopper-Pearson interval against the certified risk the verdicts carry, and the
+risk-coverage curve (error among allowed vs allow rate over confidence
+thresholds).
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from typing import Any
 import numpy as np
 
 from sidecar.confidence.bound import CoverageCounts, coverage_bound
+from sidecar.confidence.certify_allow import DEFAULT_GRID
 from sidecar.confidence.metrics import brier, ece, nll, reliability_bins
 from sidecar.lookback.metrics import auroc
 from sidecar.pipeline.processor import Processor
 from sidecar.report.collect import process_events, row_events
 from sidecar.report.probe import LeakageProbeResult, is_abstention
+from sidecar.stats.binomial import clopper_pearson
 
 __all__ = ["Replayed", "build_report", "replay_rows", "write_plots"]
 
@@ -151,6 +157,58 @@ def _bound(
     return coverage_bound(counts, confidence=confidence).to_dict()
 
 
+def _certified_allow(replayed: Sequence[Replayed], confidence: float = 0.95) -> dict[str, Any]:
+    """Allow rate, error among allowed (Clopper-Pearson), certified risk, risk-coverage curve."""
+    n = len(replayed)
+    allowed = [r for r in replayed if r.verdict["decision"] == "allow"]
+    wrong = sum(1 for r in allowed if not r.correct)
+    low, high = clopper_pearson(wrong, len(allowed), confidence)
+    risks = sorted(
+        {float(v) for r in replayed if (v := r.verdict.get("certified_risk")) is not None}
+    )
+    deltas = sorted(
+        {float(v) for r in replayed if (v := r.verdict.get("certified_delta")) is not None}
+    )
+    certified_risk = risks[0] if len(risks) == 1 else None
+    within = None
+    if certified_risk is not None and allowed:
+        # within the certified risk up to the interval: the low end does not exceed it
+        within = low <= certified_risk
+    curve = []
+    scored = [
+        (float(p), r.correct) for r in replayed if (p := r.verdict.get("confidence")) is not None
+    ]
+    for t in DEFAULT_GRID:
+        kept = [c for p, c in scored if p >= t]
+        if kept:
+            errors = sum(1 for c in kept if not c)
+            curve.append(
+                {
+                    "threshold": t,
+                    "allow_rate": len(kept) / n,
+                    "allowed": len(kept),
+                    "error_rate_allowed": errors / len(kept),
+                }
+            )
+    return {
+        "allow_rate": len(allowed) / n,
+        "allowed": len(allowed),
+        "errors_allowed": wrong,
+        "error_rate_allowed": wrong / len(allowed) if allowed else None,
+        "error_rate_allowed_low": low if allowed else None,
+        "error_rate_allowed_high": high if allowed else None,
+        "interval": f"Clopper-Pearson {confidence:.0%}",
+        "certified_risk": certified_risk,
+        "certified_risks": risks,
+        "certified_delta": deltas[0] if len(deltas) == 1 else None,
+        "certified_answers": sum(
+            1 for r in replayed if r.verdict.get("certified_risk") is not None
+        ),
+        "within_certified_risk": within,
+        "risk_coverage": curve,
+    }
+
+
 def build_report(
     replayed: Sequence[Replayed],
     *,
@@ -196,19 +254,27 @@ def build_report(
         for f in r.verdict.get("chunk_forecast") or []:
             chunk_scores.append(float(f["p_useful"]))
             chunk_labels.append(int(bearing.get(f["chunk_id"], False)))
+    certified = _certified_allow(replayed)
     report: dict[str, Any] = {
         "n": n,
         "accuracy": float(np.mean(correct)),
+        "allow_rate": certified["allow_rate"],
         "auroc": signals["confidence"]["auroc"],
         "ece": calibration.get("ece"),
         "brier": calibration.get("brier"),
         "nll": calibration.get("nll"),
         "error_rate_allowed": decisions["allow"]["error_rate"],
+        "error_rate_allowed_interval": [
+            certified["error_rate_allowed_low"],
+            certified["error_rate_allowed_high"],
+        ],
+        "certified_risk": certified["certified_risk"],
         "block_rate": decisions["block"]["share"],
         "caveat_rate": decisions["caveat"]["share"],
         "signals": signals,
         "calibration": calibration,
         "decisions": decisions,
+        "certified_allow": certified,
         "retrieve_again": {
             "advised": len(advised),
             "share": len(advised) / n,
@@ -278,6 +344,7 @@ def write_plots(report: dict[str, Any], out: Path) -> list[Path]:
     written: list[Path] = []
     for name, plot in (
         ("reliability.png", _plot_reliability),
+        ("risk_coverage.png", _plot_risk_coverage),
         ("auroc.png", _plot_auroc),
         ("decisions.png", _plot_decisions),
         ("alpha_sweep.png", _plot_alpha_sweep),
@@ -323,6 +390,47 @@ def _plot_reliability(plt: Any, report: dict[str, Any]) -> Any:
     )
     hx.set_xlabel("predicted probability of a correct answer")
     hx.set_ylabel("answers")
+    return fig
+
+
+def _plot_risk_coverage(plt: Any, report: dict[str, Any]) -> Any:
+    """Error among allowed vs allow rate over confidence thresholds; the policy's point marked."""
+    cert = report["certified_allow"]
+    curve = cert["risk_coverage"]
+    if not curve:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 4.0))
+    ax.plot(
+        [c["allow_rate"] for c in curve],
+        [c["error_rate_allowed"] for c in curve],
+        "-",
+        label="allow when confidence >= t",
+    )
+    if cert["certified_risk"] is not None:
+        ax.axhline(
+            cert["certified_risk"],
+            ls="--",
+            c="tab:red",
+            lw=1,
+            label=f"certified risk {cert['certified_risk']:g} (delta {cert['certified_delta']:g})",
+        )
+    if cert["error_rate_allowed"] is not None:
+        err = cert["error_rate_allowed"]
+        ax.errorbar(
+            [cert["allow_rate"]],
+            [err],
+            yerr=[[err - cert["error_rate_allowed_low"]], [cert["error_rate_allowed_high"] - err]],
+            fmt="o",
+            c="tab:red",
+            capsize=5,
+            label=f"policy's allows ({cert['allowed']}), {cert['interval']}",
+        )
+    ax.set_xlabel("allow rate")
+    ax.set_ylabel("error among allowed answers")
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(f"Risk-coverage (n={report['n']})", fontsize=9)
     return fig
 
 

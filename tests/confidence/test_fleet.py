@@ -9,7 +9,7 @@ from typing import Literal
 import pytest
 
 from sidecar import __version__
-from sidecar.confidence.fleet import UNCERTIFIED_KEY, CoverageMonitor
+from sidecar.confidence.fleet import UNCERTIFIED_KEY, CoverageMonitor, FeedbackOutcome
 from sidecar.contracts.codec import encode
 from sidecar.contracts.events import (
     AnswerVerdict,
@@ -251,3 +251,40 @@ def test_gauges_are_none_where_nothing_was_observed_and_flag_violation() -> None
     none = empty.gauge_values()["acme/wiki"]
     assert none["epsilon"] is None and none["delta"] is None and none["bound"] is None
     assert none["measured_hallucination"] is None and none["violated"] == 0.0
+
+
+# ------------------------------------------------------------------ certified allow
+
+
+def test_only_final_certified_allows_re_test_the_certificate() -> None:
+    m = monitor(window=10)
+    m.certificates.register("acme/wiki/r", 0.2, 0.1)
+
+    def certified(request_id: str, decision: Decision, stage: Literal["stream", "final"]) -> None:
+        v = verdict(request_id, m1=True, stage=stage).model_copy(
+            update={"decision": decision, "certificate": "acme/wiki/r", "certified_risk": 0.2}
+        )
+        m.observe_verdict(v)
+
+    certified("a", Decision.ALLOW, "final")
+    certified("b", Decision.CAVEAT, "final")  # below the threshold: not an allowed answer
+    certified("c", Decision.ALLOW, "stream")
+    for rid in ("a", "b", "c"):
+        m.observe_feedback(feedback(rid, correct=False))
+    check = m.certificates.check("acme/wiki/r")
+    assert (check.labelled, check.errors) == (1, 1)
+    # a certified key gets a report even without coverage traffic of its own
+    reports = {r.calibration_key: r for r in m.reports()}
+    assert reports["acme/wiki/r"].certificate is not None
+    assert reports["acme/wiki"].certificate is None
+    assert m.gauge_values()["acme/wiki/r"]["certificate_labelled"] == 1.0
+
+
+def test_a_certified_allow_without_coverage_still_counts_its_label() -> None:
+    m = monitor()
+    m.certificates.register("acme/wiki/r", 0.2, 0.1)
+    v = verdict("x", m1=None).model_copy(update={"certificate": "acme/wiki/r"})
+    m.observe_verdict(v)
+    assert m.observe_feedback(feedback("x", correct=True)) is FeedbackOutcome.MATCHED
+    assert m.observe_feedback(feedback("x", correct=False)) is FeedbackOutcome.REPLACED
+    assert m.certificates.check("acme/wiki/r").errors == 1

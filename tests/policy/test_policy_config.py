@@ -23,9 +23,23 @@ profiles:
 def test_the_shipped_default_has_the_seed002_profiles() -> None:
     config = load_policy(DEFAULT)
     rates = {name: p.max_hallucination_rate for name, p in config.profiles.items()}
-    assert rates == {"medical": 0.05, "enterprise": 0.20, "general": 0.30}
+    assert rates == {"medical": 0.05, "enterprise": 0.20, "general": 0.30, "nq-open": 0.30}
     assert config.profiles["medical"].strict
     assert config.default_profile == "enterprise"
+
+
+def test_the_shipped_nq_open_profile_uses_its_certificate() -> None:
+    from sidecar.policy.engine import PolicyEngine
+
+    engine = PolicyEngine.from_file(DEFAULT)
+    assert engine.config.collections == {"nq-open": "nq-open"}
+    cert = engine.certified["nq-open"].certificate
+    assert cert.certified and cert.key == "default/nq-open/qdrant-minilm-l6"
+    assert cert.scope is not None and cert.scope.profile == "nq-open"
+    # the profile decides as fitted: the error among the calibration answers it allows
+    # is below the certified risk (Learn then Test rejected H0 there)
+    assert cert.error_rate_allowed is not None and cert.error_rate_allowed < cert.risk
+    assert cert.allowed > 0 and cert.p_value is not None and cert.p_value <= cert.delta
 
 
 def test_profile_selection_tenant_then_collection_then_default() -> None:

@@ -295,7 +295,13 @@ def test_write_plots_writes_png_files(tmp_path: Path) -> None:
     written = write_plots(report, tmp_path / "plots")
     names = sorted(p.name for p in written)
     # no alpha sweep without a calibration file
-    assert names == ["auroc.png", "coverage_bound.png", "decisions.png", "reliability.png"]
+    assert names == [
+        "auroc.png",
+        "coverage_bound.png",
+        "decisions.png",
+        "reliability.png",
+        "risk_coverage.png",
+    ]
     for path in written:
         assert path.parent == tmp_path / "plots"
         data = path.read_bytes()
@@ -309,6 +315,7 @@ def test_write_plots_skips_what_the_report_lacks(tmp_path: Path) -> None:
         for i in range(3)
     ]
     written = write_plots(build_report(rows), tmp_path)
-    # no calibration, no AUROC (one class), no bound (no uncovered labels, no probe)
+    # no calibration, no AUROC (one class), no bound (no uncovered labels, no probe),
+    # no risk-coverage curve (no confidence)
     assert [p.name for p in written] == ["decisions.png"]
     assert written[0].read_bytes().startswith(PNG_MAGIC)

@@ -54,7 +54,7 @@ def test_bundled_demo_recording_is_well_formed() -> None:
         settings.topics.feedback: InputKind.FEEDBACK,
     }
     feedback = [r for r in records if r.topic == settings.topics.feedback]
-    assert len(feedback) == 3  # the demo's reviewer labels go to the feedback topic
+    assert len(feedback) == 4  # the demo's labels go to the feedback topic
     for r in feedback:
         decode_input(InputKind.FEEDBACK, r.value, max_bytes=10**6, max_depth=32)
     for r in records:

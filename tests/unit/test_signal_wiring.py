@@ -208,7 +208,8 @@ def test_strict_profile_blocks_mid_stream_then_decides_at_the_end(
         .read_text()
         .replace("default_profile: enterprise", "default_profile: medical")
     )
-    engine = PolicyEngine.from_file(policy_file)
+    # the copy's relative certificate paths resolve in the shipped policy folder
+    engine = PolicyEngine.from_file(policy_file, search=[REPO / "models/policy"])
     suite = SignalSuite(certifier=ThresholdCertifier(), claims=SentenceChecker())
     p = Processor(settings_factory(), engine, signals=suite)
     weak_hits = [{"chunk_id": "c9", "doc_id": "d9", "score": 0.2, "text": "unrelated"}]

@@ -1,0 +1,275 @@
+"""Certified allow in the policy: load each profile's certificate, check it, decide with it.
+
+A profile with ``allow: {certified: FILE}`` allows an answer only when its
+calibrated confidence is at or above the certificate's threshold
+(:mod:`sidecar.confidence.certify_allow`); the verdict then carries the
+certificate's risk and delta. Checked once, at load, with a ``ConfigError``
+saying what is wrong:
+
+* the file is a certificate that certifies something (else: the smallest
+  certifiable risk, and the command to refit);
+* its calibration key is one this profile serves (tenant / collection routing);
+* the confidence model it was fitted on is the one being served;
+* when it was fitted for a profile, it is this profile and its other rules are
+  unchanged (their sha256).
+
+A certificate fitted with other signals than the served ones (claims on vs
+off: the confidence depends on them), or with the confidence off, loads but
+does not apply: a warning at load, and every answer of its profile gets reason
+``certificate-not-applicable`` with the ``below`` action, so the default policy
+still starts with claim verification switched on.
+
+While serving, a request of another calibration key than the certificate's is
+not certified (reason ``certificate-key-mismatch``, the profile's ``below``
+action), and a certificate the online re-test found broken
+(:class:`~sidecar.confidence.certify_allow.CertificateTracker`) withdraws the
+allow for its key (reason ``certificate-violated``). Pure logic after loading.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sidecar.confidence.certify_allow import (
+    AllowCertificate,
+    CertificateTracker,
+    load_certificate,
+)
+from sidecar.contracts.events import Reason, RetrievalEvent
+from sidecar.exceptions import ArtifactError, ConfigError
+from sidecar.policy.config import Action, AllowRules, PolicyConfig, Profile
+
+__all__ = ["Certified", "CertifiedAllow", "load_certificates", "request_key"]
+
+log = logging.getLogger(__name__)
+
+
+SIGNAL_MODELS = ("certifier", "lookback", "verifier", "confidence")
+"""Signal components named in a verdict's ``model_versions`` (the generator is not one)."""
+
+
+def request_key(retrieval: RetrievalEvent) -> str:
+    """The calibration key of a request: ``tenant/collection/retriever``."""
+    return f"{retrieval.tenant}/{retrieval.collection}/{retrieval.retriever}"
+
+
+@dataclass(frozen=True, slots=True)
+class Certified:
+    """What the certified-allow rule concluded for one answer."""
+
+    action: Action
+    reason: Reason
+    in_force: bool  # the decision was taken under the certificate (its risk goes in the verdict)
+
+
+@dataclass(frozen=True, slots=True)
+class CertifiedAllow:
+    """One profile's certificate and its rules."""
+
+    profile: str
+    rules: AllowRules
+    certificate: AllowCertificate
+    path: Path
+    inactive: str | None = None  # why the certificate does not apply to the served signals
+
+    @property
+    def threshold(self) -> float:
+        if self.certificate.threshold is None:  # refused at load; keeps mypy honest
+            raise ConfigError(f"{self.path} certifies nothing")
+        return self.certificate.threshold
+
+    def decide(
+        self, retrieval: RetrievalEvent, confidence: float | None, tracker: CertificateTracker
+    ) -> Certified:
+        cert = self.certificate
+        key = request_key(retrieval)
+        terms = f"risk {cert.risk:g}, delta {cert.delta:g}"
+        if self.inactive is not None:
+            return Certified(
+                self.rules.below,
+                _reason(
+                    "certificate-not-applicable",
+                    f"the certificate of profile {self.profile} does not apply: {self.inactive}",
+                ),
+                in_force=False,
+            )
+        if key != cert.key:
+            return Certified(
+                self.rules.below,
+                _reason(
+                    "certificate-key-mismatch",
+                    f"the certificate of profile {self.profile} is for {cert.key}, this request "
+                    f"is {key}: no certified allow",
+                ),
+                in_force=False,
+            )
+        if tracker.violated(key):
+            check = tracker.check(key)
+            return Certified(
+                self.rules.when_violated,
+                _reason(
+                    "certificate-violated",
+                    f"re-tested on {check.labelled} labelled allowed answers, the error among "
+                    f"allowed ({check.errors}/{check.labelled}) is significantly above the "
+                    f"certified {cert.risk:g}: recalibrate (guardrail calibrate policy)",
+                ),
+                in_force=False,
+            )
+        if confidence is None:
+            return Certified(
+                self.rules.below,
+                _reason(
+                    "certificate-no-confidence",
+                    "no calibrated confidence for this answer: it cannot be certified",
+                ),
+                in_force=True,
+            )
+        if confidence < self.threshold:
+            return Certified(
+                self.rules.below,
+                _reason(
+                    "confidence-below-certified",
+                    f"calibrated p(correct) = {confidence:.2f} < certified threshold "
+                    f"{self.threshold:g} ({terms})",
+                ),
+                in_force=True,
+            )
+        return Certified(
+            "allow",
+            _reason(
+                "certified-allow",
+                f"calibrated p(correct) = {confidence:.2f} >= {self.threshold:g}: among answers "
+                f"allowed at this threshold at most {cert.risk:g} are wrong, with probability "
+                f">= {1 - cert.delta:g} (n = {cert.n})",
+            ),
+            in_force=True,
+        )
+
+
+def _reason(code: str, message: str) -> Reason:
+    return Reason(code=code, message=message, signal="confidence")
+
+
+def _check(
+    entry: CertifiedAllow, config: PolicyConfig, profile: Profile, models: Mapping[str, str] | None
+) -> str | None:
+    """Raise ``ConfigError`` for a certificate that must not load; return why it does not
+    apply to the served signals (it loads, but certifies nothing here), else None."""
+    cert, path, name = entry.certificate, entry.path, entry.profile
+    where = f"profiles.{name}.allow.certified ({path})"
+    if not cert.certified or cert.threshold is None:
+        smallest = cert.smallest_certifiable_risk
+        hint = (
+            f"the smallest certifiable risk is {smallest:g}: refit with --risk {smallest:g} or "
+            "collect more labels"
+            if smallest is not None
+            else "no risk below 1 is certifiable with these labels"
+        )
+        raise ConfigError(
+            f"{where}: certifies nothing at risk {cert.risk:g} with {cert.n} labels; {hint}"
+        )
+    parts = cert.key.split("/")
+    if len(parts) != 3:
+        raise ConfigError(f"{where}: key must be tenant/collection/retriever, got {cert.key!r}")
+    served, _ = config.profile_for(parts[0], parts[1])
+    if served != name:
+        raise ConfigError(
+            f"{where}: the certificate is for {cert.key}, which this policy routes to profile "
+            f"{served!r}, not {name!r}; map its tenant or collection to {name!r}"
+        )
+    if cert.scope is not None:
+        if cert.scope.profile != name:
+            raise ConfigError(
+                f"{where}: fitted for the rules of profile {cert.scope.profile!r}, used by {name!r}"
+            )
+        if cert.scope.rules_sha256 != profile.rules_sha256():
+            raise ConfigError(
+                f"{where}: the profile's rules changed since the certificate was fitted "
+                "(rules sha256 differs); refit it with guardrail calibrate policy"
+            )
+    if models is None:
+        return None
+    served_model = models.get("confidence")
+    if served_model is None:
+        return (
+            "a certified allow needs the calibrated confidence, which is off "
+            "(GUARDRAIL_SIGNALS__CONFIDENCE=false)"
+        )
+    if served_model != cert.confidence_model:
+        raise ConfigError(
+            f"{where}: fitted on confidence model {cert.confidence_model}, the sidecar "
+            f"serves {served_model}; refit it with guardrail calibrate policy"
+        )
+    served_signals = models.get("signals")
+    if served_signals is not None:
+        fitted = sorted(set(cert.model_versions) & set(SIGNAL_MODELS))
+        enabled = sorted(s for s in served_signals.split(",") if s)
+        if fitted != enabled:
+            return (
+                f"fitted with the signals {', '.join(fitted) or 'none'}, the sidecar serves "
+                f"{', '.join(enabled) or 'none'} (the confidence depends on them)"
+            )
+    return None
+
+
+def _resolve(certified: str, base_dirs: Sequence[Path]) -> Path | None:
+    """The certificate's path; None: relative, and the policy was not read from a file."""
+    path = Path(certified)
+    if path.is_absolute():
+        return path
+    if not base_dirs:
+        return None
+    for base in base_dirs:
+        if (base / path).is_file():
+            return base / path
+    return base_dirs[0] / path  # missing: load_certificate says so, naming the first place
+
+
+def load_certificates(
+    config: PolicyConfig,
+    base_dirs: Sequence[Path] = (),
+    models: Mapping[str, str] | None = None,
+) -> dict[str, CertifiedAllow]:
+    """Every profile's certificate, checked; ``models``: the served versions (None: unchecked).
+
+    A relative certificate path is looked up in ``base_dirs`` in order (the policy
+    file's folder first, then the models' ``policy/`` folder: a policy mounted from
+    a ConfigMap still finds the shipped certificates). Without any (a policy built
+    in code, not read from a file) the profile has no certified allow and its
+    answers get the ``below`` action (reason ``certificate-not-applicable``).
+    """
+    out: dict[str, CertifiedAllow] = {}
+    keys: dict[str, str] = {}
+    for name, profile in config.profiles.items():
+        rules = profile.allow
+        if rules is None:
+            continue
+        path = _resolve(rules.certified, base_dirs)
+        if path is None:
+            log.warning(
+                "profiles.%s.allow.certified (%s) is relative and the policy was not read from "
+                "a file: the certified allow is off",
+                name,
+                rules.certified,
+            )
+            continue
+        try:
+            certificate = load_certificate(path)
+        except ArtifactError as exc:
+            raise ConfigError(f"profiles.{name}.allow.certified: {exc}") from None
+        entry = CertifiedAllow(name, rules, certificate, path)
+        inactive = _check(entry, config, profile, models)
+        if inactive is not None:
+            log.warning("profiles.%s.allow.certified (%s) does not apply: %s", name, path, inactive)
+            entry = CertifiedAllow(name, rules, certificate, path, inactive=inactive)
+        if certificate.key in keys:
+            raise ConfigError(
+                f"profiles {keys[certificate.key]!r} and {name!r} both certify {certificate.key}; "
+                "one key has one certificate"
+            )
+        keys[certificate.key] = name
+        out[name] = entry
+    return out

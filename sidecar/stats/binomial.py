@@ -1,0 +1,84 @@
+"""Exact binomial tails and the Clopper-Pearson interval, in log space (stdlib only).
+
+``binomial_cdf(k, n, p) = P(X <= k)`` for ``X ~ Binomial(n, p)`` is summed as
+``exp(logsumexp_i [lgamma(n+1) - lgamma(i+1) - lgamma(n-i+1) + i log p + (n-i) log(1-p)])``
+so that it stays accurate for thousands of trials and tiny tails. The
+Clopper-Pearson (1934) interval inverts it: the upper end at level ``1 - a`` is
+the ``p`` with ``P(X <= x) = a`` (two-sided: ``a = (1 - confidence) / 2``), the
+lower end the ``p`` with ``P(X >= x) = a``; both found by bisection (the tails
+are monotone in ``p``). No scipy: the serving path re-tests certificates with it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sidecar.exceptions import ConfigError
+
+__all__ = ["binomial_cdf", "clopper_pearson", "clopper_pearson_upper"]
+
+_BISECTIONS = 60  # 2^-60: far below any probability a report prints
+
+
+def _check_counts(k: int, n: int) -> None:
+    if isinstance(k, bool) or isinstance(n, bool) or n < 0 or k < 0 or k > n:
+        raise ConfigError(f"need integers 0 <= k <= n, got k={k!r}, n={n!r}")
+
+
+def binomial_cdf(k: int, n: int, p: float) -> float:
+    """``P(X <= k)`` for ``X ~ Binomial(n, p)``; 1 when ``k >= n``."""
+    if not 0.0 <= p <= 1.0:
+        raise ConfigError(f"p must be in [0, 1], got {p!r}")
+    if n < 0 or isinstance(n, bool):
+        raise ConfigError(f"n must be an integer >= 0, got {n!r}")
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    if p == 0.0:
+        return 1.0
+    if p == 1.0:
+        return 0.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    base = math.lgamma(n + 1)
+    terms = [
+        base - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q
+        for i in range(k + 1)
+    ]
+    top = max(terms)
+    return min(1.0, math.exp(top) * math.fsum(math.exp(t - top) for t in terms))
+
+
+def clopper_pearson_upper(k: int, n: int, level: float) -> float:
+    """One-sided upper bound: the ``p`` with ``P(X <= k | p) = 1 - level`` (1 when ``k = n``)."""
+    _check_counts(k, n)
+    if not 0.0 < level < 1.0:
+        raise ConfigError(f"level must be in (0, 1), got {level!r}")
+    if k == n:
+        return 1.0
+    tail = 1.0 - level
+    lo, hi = k / n, 1.0
+    for _ in range(_BISECTIONS):
+        mid = (lo + hi) / 2.0
+        if binomial_cdf(k, n, mid) > tail:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Two-sided exact interval ``(low, high)`` for ``k`` successes in ``n`` trials.
+
+    With no trials it is the whole of ``[0, 1]``.
+    """
+    _check_counts(k, n)
+    if not 0.0 < confidence < 1.0:
+        raise ConfigError(f"confidence must be in (0, 1), got {confidence!r}")
+    if n == 0:
+        return 0.0, 1.0
+    one_sided = 1.0 - (1.0 - confidence) / 2.0
+    high = clopper_pearson_upper(k, n, one_sided)
+    # the lower end for k is 1 - (the upper end for n - k failures)
+    low = 0.0 if k == 0 else 1.0 - clopper_pearson_upper(n - k, n, one_sided)
+    return low, high
