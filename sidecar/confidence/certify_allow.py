@@ -444,9 +444,12 @@ class CertificateCheck:
 class CertificateTracker:
     """Per certificate key: a sliding window of labels on certified-allowed answers.
 
-    One label per request (the last wins). ``check(key)`` re-tests the
-    certificate; ``violated(key)`` is what the policy reads to withdraw the
-    certified allow. Not thread-safe (one event loop owns it).
+    One label per request (the last wins). ``violated(key)`` is what the policy
+    reads to withdraw the certified allow: one exact binomial tail per label
+    (the Clopper-Pearson low end is above the risk iff ``P(Binomial(n, risk) >=
+    errors) < (1 - confidence) / 2``). ``check(key)`` adds the interval for
+    reports and gauges, computed once per change. Not thread-safe (one event
+    loop owns it).
     """
 
     def __init__(self, *, window: int = 10_000, confidence: float = 0.95) -> None:
@@ -456,7 +459,9 @@ class CertificateTracker:
         self.confidence = _check_level("confidence", confidence)
         self._terms: dict[str, tuple[float, float]] = {}
         self._labels: dict[str, OrderedDict[str, bool]] = {}
+        self._errors: dict[str, int] = {}
         self._violated: dict[str, bool] = {}
+        self._checks: dict[str, CertificateCheck] = {}
 
     def register(self, key: str, risk: float, delta: float) -> None:
         """Track the certificate of ``key`` (a second register with other terms is an error)."""
@@ -469,6 +474,7 @@ class CertificateTracker:
             )
         self._terms[key] = terms
         self._labels.setdefault(key, OrderedDict())
+        self._errors.setdefault(key, 0)
 
     def keys(self) -> list[str]:
         return sorted(self._terms)
@@ -478,25 +484,37 @@ class CertificateTracker:
         labels = self._labels.get(key)
         if labels is None:
             return False  # not a tracked certificate
-        replaced = labels.pop(request, None) is not None
+        old = labels.pop(request, None)
+        errors = self._errors[key] - int(bool(old)) + int(bool(wrong))
         labels[request] = bool(wrong)
         while len(labels) > self.window:
-            labels.popitem(last=False)
-        self._violated[key] = self.check(key).status == "violated"
-        return replaced
+            _, dropped = labels.popitem(last=False)
+            errors -= int(dropped)
+        self._errors[key] = errors
+        self._checks.pop(key, None)
+        n, risk = len(labels), self._terms[key][0]
+        tail = 1.0 - binomial_cdf(errors - 1, n, risk)  # P(X >= errors | risk)
+        self._violated[key] = errors > 0 and tail < (1.0 - self.confidence) / 2.0
+        return old is not None
 
     def violated(self, key: str) -> bool:
         return self._violated.get(key, False)
 
     def check(self, key: str) -> CertificateCheck:
+        cached = self._checks.get(key)
+        if cached is not None:
+            return cached
         risk, delta = self._terms[key]
-        labels = self._labels[key]
-        n = len(labels)
-        errors = sum(labels.values())
+        n, errors = len(self._labels[key]), self._errors[key]
         if n == 0:
-            return CertificateCheck(
+            result = CertificateCheck(
                 key, risk, delta, 0, 0, None, None, "insufficient-data", self.confidence
             )
-        low, high = clopper_pearson(errors, n, self.confidence)
-        status: CheckStatus = "violated" if low > risk else "holds"
-        return CertificateCheck(key, risk, delta, n, errors, low, high, status, self.confidence)
+        else:
+            low, high = clopper_pearson(errors, n, self.confidence)
+            status: CheckStatus = "violated" if self.violated(key) else "holds"
+            result = CertificateCheck(
+                key, risk, delta, n, errors, low, high, status, self.confidence
+            )
+        self._checks[key] = result
+        return result

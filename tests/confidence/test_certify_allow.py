@@ -252,3 +252,25 @@ def test_tracker_last_label_wins_and_unknown_keys_are_ignored() -> None:
     assert tracker.observe_label("other", "a", wrong=True) is False
     with pytest.raises(ConfigError, match="one key has one certificate"):
         tracker.register("k", 0.3, DELTA)
+
+
+def test_tracker_status_agrees_with_the_interval_and_is_fast_on_a_full_window() -> None:
+    import time
+
+    tracker = CertificateTracker(window=10_000, confidence=0.95)
+    tracker.register("k", RISK, DELTA)
+    rng = np.random.default_rng(5)
+    for i, wrong in enumerate(rng.random(10_000) < 0.21):
+        tracker.observe_label("k", f"r{i}", wrong=bool(wrong))
+        if i % 997 == 0:  # the cheap one-tail status is the interval's verdict
+            check = tracker.check("k")
+            assert check.error_low is not None
+            assert (check.status == "violated") == (check.error_low > RISK)
+    started = time.perf_counter()
+    for i in range(100):
+        tracker.observe_label("k", f"late{i}", wrong=i % 3 == 0)
+    per_label_ms = (time.perf_counter() - started) * 1000 / 100
+    assert per_label_ms < 20  # one vectorised binomial tail per label, not an interval
+    check = tracker.check("k")
+    assert check.labelled == 10_000
+    assert check.status == ("violated" if check.error_low and check.error_low > RISK else "holds")
