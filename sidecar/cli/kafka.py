@@ -9,8 +9,6 @@ from typing import Any
 
 import orjson
 
-from sidecar.localkafka.broker import LocalKafka, default_home, ensure_jars
-
 
 def register(sub: Any) -> None:
     p = sub.add_parser("kafka", help="fetch, start, stop the local single-node Kafka broker")
@@ -31,6 +29,13 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the local broker is lab tooling: imported when this command runs, not by `guardrail run`
+    from sidecar.localkafka.broker import (  # noqa: PLC0415
+        LocalKafka,
+        default_home,
+        ensure_jars,
+    )
+
     home: Path = (args.home or default_home()).resolve()
     action = args.kafka_command
     lib = ensure_jars(home / "lib") if action in {"fetch", "start"} else home / "lib"

@@ -26,6 +26,7 @@ import sys
 from sidecar.config import Settings
 from sidecar import runtime
 import sidecar.cli.main, sidecar.cli.run, sidecar.kafka.app, sidecar.health
+sidecar.cli.main.build_parser()  # `guardrail run` builds the whole command line first
 runtime.check(Settings.load())
 print("\\n".join(sorted(sys.modules)))
 """
