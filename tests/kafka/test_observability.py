@@ -223,14 +223,19 @@ async def test_a_verdicts_trace_follows_the_messaging_conventions(
     by_name = {s.name: s for s in finished}
 
     consumers = [s for s in finished if s.kind is SpanKind.CONSUMER]
-    assert {s.name for s in consumers} <= {f"process {t.retrieval}", f"process {t.generation}"}
+    # one poll may hold records of both topics: then the span names no destination (semconv)
+    names = {f"process {t.retrieval}", f"process {t.generation}", "process"}
+    assert {s.name for s in consumers} <= names
     linked: dict[str, dict[str, Any]] = {}
     for span in consumers:
         attributes = dict(span.attributes or {})
         assert attributes["messaging.system"] == "kafka"
         assert attributes["messaging.operation.type"] == "process"
         assert attributes["messaging.consumer.group.name"] == harness.settings.kafka.group_id
-        assert attributes["messaging.destination.name"] in {t.retrieval, t.generation}
+        if span.name == "process":
+            assert "messaging.destination.name" not in attributes
+        else:
+            assert attributes["messaging.destination.name"] in {t.retrieval, t.generation}
         for link in span.links:
             linked[_hex(link.context.span_id)] = dict(link.attributes or {})
     assert {sent_retrieval, sent_final} <= set(linked)  # each record's producer context
