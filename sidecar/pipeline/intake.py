@@ -141,6 +141,8 @@ class Intake:
             return Duplicate()
         self._check_partitions(entry, ref)
         entry.refs.append(ref)
+        if isinstance(event, GenerationFinal):
+            entry.final_headers = ref.headers
         evictions += tuple(self.store.hold_bytes(entry, size))
         return Held(entry, evictions)
 

@@ -72,10 +72,13 @@ class PendingRequest:
     claim_results: list[ClaimResult] = field(default_factory=list)
     stream_blocked: bool = False
     early_label: FeedbackEvent | None = None  # feedback that came before the verdict
+    final_headers: tuple[tuple[str, bytes], ...] = ()  # the final event's (trace context)
     stages: list[tuple[str, int, int]] = field(default_factory=list)  # (stage, start_ns, end_ns)
 
     def trace_parent(self) -> tuple[tuple[str, bytes], ...]:
         """Headers carrying the LLM service's trace context: the final's, else any input's."""
+        if any(k == "traceparent" for k, _ in self.final_headers):
+            return self.final_headers
         carriers = [
             ref.headers for ref in self.refs if any(k == "traceparent" for k, _ in ref.headers)
         ]

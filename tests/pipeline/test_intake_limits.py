@@ -173,3 +173,20 @@ def test_a_request_completed_early_in_a_batch_cannot_be_evicted_later_in_it(
     decided = verdicts(step)
     assert [v.request_id for v in decided] == ["req-a"]
     assert decided[0].reasons == [] or decided[0].reasons[0].code != "incomplete"
+
+
+def test_the_request_span_follows_the_final_events_trace_whatever_the_arrival_order(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    p = processor(settings_factory)
+    final_tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-53995c3f42cd8ad8-01"
+    retrieval_tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    p.on_message(G, dumps(final_event("req-1")), None, ref("g", 0, traceparent=final_tp), 0.0)
+    step = p.on_message(
+        R, dumps(retrieval_event("req-1")), None, ref("r", 0, traceparent=retrieval_tp), 0.0
+    )
+    [out] = [o for o in step.outputs if o.destination is Destination.VERDICTS]
+    assert out.trace is not None
+    assert dict(out.trace.parent)["traceparent"] == final_tp.encode()
