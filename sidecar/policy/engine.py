@@ -65,6 +65,7 @@ from sidecar.contracts.events import (
     Signals,
     SignalStatus,
 )
+from sidecar.pipeline.outputs import PROFILE_REASON_PREFIX
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
 from sidecar.policy.certified import CertifiedAllow, load_certificates
 from sidecar.policy.config import (
@@ -321,7 +322,9 @@ def strict_outcome(
 
 
 def _profile_reason(name: str) -> Reason:
-    return Reason(code=f"profile.{name}", message=f"risk profile {name}", signal="policy")
+    return Reason(
+        code=f"{PROFILE_REASON_PREFIX}{name}", message=f"risk profile {name}", signal="policy"
+    )
 
 
 class PolicyEngine:
