@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from typing import Final, Literal, Protocol
 
 from sidecar.claims.calibration import Band
-from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
+from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex, EvidenceSelection
 from sidecar.claims.judge import JudgeBudget, JudgeRunner, JudgeVerdict
 from sidecar.claims.rules import check_quantities
 from sidecar.claims.scores import summarise
@@ -101,6 +101,15 @@ class PairScorer(Protocol):
         self, pairs: Sequence[tuple[str, str]], questions: Sequence[str] | None = None
     ) -> list[float]: ...
 
+    def window_probabilities(
+        self,
+        claims: Sequence[str],
+        windows: Sequence[Sequence[str]],
+        questions: Sequence[str] | None = None,
+    ) -> list[float]:
+        """p(supported) per claim against its evidence windows, the best window winning."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimCheck:
@@ -141,12 +150,16 @@ class ClaimScorer:
         max_sentences: int = 3,
         max_chars: int = 450,
         best_chunk: bool = False,
+        max_windows: int = 1,
     ) -> None:
+        if max_windows < 1:
+            raise ValueError(f"max_windows must be >= 1, got {max_windows}")
         self.verifier = verifier
         self.rules = rules
         self.max_sentences = max_sentences
         self.max_chars = max_chars
         self.best_chunk = best_chunk
+        self.max_windows = max_windows
 
     def index(self, chunks: Sequence[EvidenceChunk]) -> EvidenceIndex:
         return EvidenceIndex(chunks, max_sentences=self.max_sentences, max_chars=self.max_chars)
@@ -167,18 +180,10 @@ class ClaimScorer:
                 for c in claims
             ]
         selections = [index.select(c.text, question) for c in claims]
-        pairs: list[tuple[str, str]] = []
-        owners: list[int] = []
-        for k, (claim, sel) in enumerate(zip(claims, selections, strict=True)):
-            pairs.append((claim.text, sel.window))
-            owners.append(k)
-            if self.best_chunk and sel.best_chunk is not None:
-                pairs.append((claim.text, sel.best_chunk))
-                owners.append(k)
-        probs = self.verifier.probabilities(pairs, [question] * len(pairs))
-        best = [0.0] * len(claims)
-        for k, p in zip(owners, probs, strict=True):
-            best[k] = max(best[k], p)
+        if self.max_windows > 1:
+            best = self._windowed(claims, index, question)
+        else:
+            best = self._selected(claims, selections, question)
         all_text = "\n".join(chunk.text for chunk in index.chunks)
         band = self.verifier.band
         out: list[ClaimCheck] = []
@@ -197,6 +202,41 @@ class ClaimScorer:
                     continue
             out.append(ClaimCheck(claim, label, p, p, ids, "verifier"))
         return out
+
+    def _selected(
+        self, claims: Sequence[Claim], selections: Sequence[EvidenceSelection], question: str
+    ) -> list[float]:
+        """One pair per claim (its window of best sentences), plus its best chunk if asked."""
+        pairs: list[tuple[str, str]] = []
+        owners: list[int] = []
+        for k, (claim, sel) in enumerate(zip(claims, selections, strict=True)):
+            pairs.append((claim.text, sel.window))
+            owners.append(k)
+            if self.best_chunk and sel.best_chunk is not None:
+                pairs.append((claim.text, sel.best_chunk))
+                owners.append(k)
+        probs = self.verifier.probabilities(pairs, [question] * len(pairs))
+        best = [0.0] * len(claims)
+        for k, p in zip(owners, probs, strict=True):
+            best[k] = max(best[k], p)
+        return best
+
+    def _windowed(
+        self, claims: Sequence[Claim], index: EvidenceIndex, question: str
+    ) -> list[float]:
+        """Every claim against up to ``max_windows`` evidence windows; the best window wins.
+
+        The same scoring ``guardrail eval claims --format pairs`` measures
+        (:meth:`EvidenceIndex.windows` then one batched verifier call).
+        """
+        windows = [
+            index.windows(
+                c.text, question, max_windows=self.max_windows, max_chars=self.max_chars
+            )
+            for c in claims
+        ]
+        texts = [c.text for c in claims]
+        return self.verifier.window_probabilities(texts, windows, [question] * len(claims))
 
 
 def evidence_chunks(

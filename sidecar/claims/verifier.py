@@ -381,6 +381,7 @@ def load_claim_checker(
         max_sentences=artifact.evidence_max_sentences,
         max_chars=artifact.evidence_max_chars,
         best_chunk=best_chunk,
+        max_windows=artifact.evidence_max_windows,
     )
     runner = JudgeRunner(judge) if judge is not None else None
     return VerifierClaimChecker(scorer, judge=runner)

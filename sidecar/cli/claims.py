@@ -316,7 +316,14 @@ def run_eval(args: argparse.Namespace) -> int:
         return _run_eval_pairs(args)
     split = args.split or ("test" if args.format == "halueval-qa" else "all")
     verifier = OnnxVerifier.load(args.model)
-    scorer = ClaimScorer(verifier, best_chunk=args.best_chunk)
+    served = verifier.artifact
+    scorer = ClaimScorer(
+        verifier,
+        best_chunk=args.best_chunk,
+        max_sentences=served.evidence_max_sentences,
+        max_chars=served.evidence_max_chars,
+        max_windows=served.evidence_max_windows,
+    )
     items = [
         item
         for group, item in read_items(_existing(args.data, "--data"), args.format, args.limit)

@@ -37,6 +37,19 @@ class LexicalVerifier:
             out.append(len(terms & have) / len(terms) if terms else 0.0)
         return out
 
+    def window_probabilities(
+        self,
+        claims: Sequence[str],
+        windows: Sequence[Sequence[str]],
+        questions: Sequence[str] | None = None,
+    ) -> list[float]:
+        asked = list(questions) if questions is not None else [""] * len(claims)
+        out = []
+        for claim, found, question in zip(claims, windows, asked, strict=True):
+            probs = self.probabilities([(claim, w) for w in found], [question] * len(found))
+            out.append(max(probs, default=0.0))
+        return out
+
 
 @pytest.fixture
 def lexical() -> LexicalVerifier:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import orjson
+import pytest
 
 from sidecar.claims.checker import (
     ClaimScorer,
@@ -152,6 +154,41 @@ def test_the_best_chunk_pair_is_optional(lexical: LexicalVerifier) -> None:
     (check,) = scorer.check(segment_claims("Metformin activates AMPK."), index, "q?")
     assert len(lexical.calls) == 2 and lexical.calls[1][1] == f"{GENRE} {AMPK}"
     assert lexical.questions == ["q?", "q?"] and check.verifier_p == 1.0
+
+
+@dataclass
+class KeywordVerifier(LexicalVerifier):
+    """Supports a claim only from evidence that holds ``keyword`` (a stand-in for meaning)."""
+
+    keyword: str = "through"
+
+    def probabilities(
+        self, pairs: Sequence[tuple[str, str]], questions: Sequence[str] | None = None
+    ) -> list[float]:
+        self.calls.extend(pairs)
+        return [0.9 if self.keyword in evidence else 0.2 for _, evidence in pairs]
+
+
+def test_a_claim_is_scored_against_several_windows_and_the_best_one_wins() -> None:
+    # The sentence sharing most words with the claim ranks first but does not
+    # support it; the one that does ranks second, outside a 60-character window.
+    first = "Metformin activates AMPK in many tissues except liver."
+    second = "Metformin acts through AMPK."
+    chunks = [EvidenceChunk("a", f"{first} {second}")]
+    claim = segment_claims("Metformin activates AMPK in the liver.")
+    one = ClaimScorer(KeywordVerifier(), max_chars=60, max_windows=1)
+    four = ClaimScorer(KeywordVerifier(), max_chars=60, max_windows=4)
+    windows = four.index(chunks).windows(claim[0].text, "q?", max_windows=4, max_chars=60)
+    assert windows == (first, second)
+    (single,) = one.check(claim, one.index(chunks), "q?")
+    (several,) = four.check(claim, four.index(chunks), "q?")
+    assert single.verifier_p == 0.2 and several.verifier_p == 0.9
+    assert several.label is ClaimLabel.SUPPORTED
+
+
+def test_the_window_count_must_be_positive(lexical: LexicalVerifier) -> None:
+    with pytest.raises(ValueError, match="max_windows must be >= 1"):
+        ClaimScorer(lexical, max_windows=0)
 
 
 def test_the_processor_publishes_claim_verdicts_and_a_policy_decision(
