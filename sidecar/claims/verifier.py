@@ -1,7 +1,7 @@
 """Serving the claim verifier: onnxruntime + the Rust ``tokenizers`` package, no torch.
 
 The cross-encoder (MiniLM-L6 + a linear head, trained by
-:mod:`sidecar.claims.training`) reads ``[CLS] claim [SEP] evidence [SEP]`` (or,
+:mod:`sidecar.lab.verifier.training`) reads ``[CLS] claim [SEP] evidence [SEP]`` (or,
 when the artifact says ``question_in_input``, ``[CLS] question [SEP] claim
 [SEP] evidence [SEP]``, see :func:`first_segment`) and returns one logit for
 "the evidence supports the claim" (seed 001, Step 2: SUPPORTED / UNSUPPORTED /

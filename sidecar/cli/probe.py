@@ -3,7 +3,7 @@
 Runs the RAG loop (Qdrant + MiniLM + SmolLM2) on questions whose context has
 every gold passage and every answer-bearing chunk removed, and measures delta,
 the rate of confident wrong answers, with a Wilson 95% interval
-(:mod:`sidecar.report.probe`). Heavy imports happen inside the run function.
+(:mod:`sidecar.lab.report.probe`). Heavy imports happen inside the run function.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run_leakage(args: argparse.Namespace) -> int:
     """``guardrail probe leakage``."""
-    from sidecar.report.probe import run_leakage_probe, write_probe  # noqa: PLC0415
-    from sidecar.retrieval.corpus import sha256_file  # noqa: PLC0415
+    from sidecar.lab.report.probe import run_leakage_probe, write_probe  # noqa: PLC0415
+    from sidecar.lab.retrieval.corpus import sha256_file  # noqa: PLC0415
 
     if args.candidates < args.k:
         raise ConfigError(f"--candidates must be >= --k ({args.k}), got {args.candidates}")

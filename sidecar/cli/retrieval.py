@@ -13,7 +13,7 @@ compare with eq. 3), mean(m1), mean(m2) and q_hat, and optionally plots
 mean(m1), mean(m2) against alpha (seed Fig. 4).
 
 Calibration and test questions come from one file through a deterministic split
-(:mod:`sidecar.retrieval.split`); eval refuses a split that overlaps the
+(:mod:`sidecar.lab.retrieval.split`); eval refuses a split that overlaps the
 artifact's calibration questions. Heavy imports happen inside the run functions.
 """
 
@@ -34,9 +34,9 @@ from sidecar.exceptions import ArtifactError, ConfigError
 if TYPE_CHECKING:
     from sidecar.conformal.artifact import CalibrationArtifact
     from sidecar.conformal.registry import ResolvedCalibration
-    from sidecar.retrieval.corpus import QARecord
-    from sidecar.retrieval.embedder import MiniLMEmbedder
-    from sidecar.retrieval.workflow import Corpus
+    from sidecar.lab.retrieval.corpus import QARecord
+    from sidecar.lab.retrieval.embedder import MiniLMEmbedder
+    from sidecar.lab.retrieval.workflow import Corpus
 
 __all__ = ["register", "run_calibrate", "run_eval"]
 
@@ -156,7 +156,7 @@ def _data_args(
 
 
 def _embedder(args: argparse.Namespace) -> MiniLMEmbedder:
-    from sidecar.retrieval.embedder import MiniLMEmbedder  # noqa: PLC0415
+    from sidecar.lab.retrieval.embedder import MiniLMEmbedder  # noqa: PLC0415
 
     return MiniLMEmbedder(device=args.device, batch_size=args.batch_size, num_threads=args.threads)
 
@@ -164,8 +164,8 @@ def _embedder(args: argparse.Namespace) -> MiniLMEmbedder:
 def _questions(
     args: argparse.Namespace, *, seed: int, cal_fraction: float
 ) -> tuple[list[QARecord], list[QARecord], str]:
-    from sidecar.retrieval.corpus import load_questions, sha256_file  # noqa: PLC0415
-    from sidecar.retrieval.split import select_split  # noqa: PLC0415
+    from sidecar.lab.retrieval.corpus import load_questions, sha256_file  # noqa: PLC0415
+    from sidecar.lab.retrieval.split import select_split  # noqa: PLC0415
 
     records = load_questions(args.questions)
     chosen = select_split(
@@ -181,7 +181,7 @@ def _questions(
 
 
 def _corpus(args: argparse.Namespace, chunk_words: int) -> Corpus:
-    from sidecar.retrieval.workflow import load_corpus  # noqa: PLC0415
+    from sidecar.lab.retrieval.workflow import load_corpus  # noqa: PLC0415
 
     corpus = load_corpus(args.corpus, chunk_words)
     log.info(
@@ -218,11 +218,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     """``guardrail calibrate retrieval``: write the calibration artifact."""
     from sidecar.conformal.artifact import Provenance, build_artifact  # noqa: PLC0415
     from sidecar.conformal.calibrator import alpha_sweep, default_alpha_grid  # noqa: PLC0415
-    from sidecar.conformal.labels import check_beta  # noqa: PLC0415
     from sidecar.conformal.mondrian import CalibrationKey, MondrianCalibrator  # noqa: PLC0415
     from sidecar.conformal.quantile import as_alpha  # noqa: PLC0415
     from sidecar.conformal.storage import save_artifact  # noqa: PLC0415
-    from sidecar.retrieval.workflow import (  # noqa: PLC0415
+    from sidecar.lab.conformal.labels import check_beta  # noqa: PLC0415
+    from sidecar.lab.retrieval.workflow import (  # noqa: PLC0415
         calibration_data_hash,
         open_index,
         retrieve,
@@ -345,7 +345,7 @@ def _check_disjoint(
     chosen: list[QARecord],
     questions_sha: str,
 ) -> None:
-    from sidecar.retrieval.split import select_split  # noqa: PLC0415
+    from sidecar.lab.retrieval.split import select_split  # noqa: PLC0415
 
     prov = artifact.provenance
     if prov is None or prov.questions_sha256 != questions_sha:
@@ -423,7 +423,7 @@ def run_eval(args: argparse.Namespace) -> int:
     """``guardrail eval retrieval``: certify held-out retrievals and report the metrics."""
     from sidecar.conformal.registry import CalibrationRegistry  # noqa: PLC0415
     from sidecar.conformal.storage import load_artifact  # noqa: PLC0415
-    from sidecar.retrieval.workflow import open_index, retrieve  # noqa: PLC0415
+    from sidecar.lab.retrieval.workflow import open_index, retrieve  # noqa: PLC0415
 
     artifact = load_artifact(args.calibration)
     prov = artifact.provenance

@@ -21,16 +21,6 @@ transformers = pytest.importorskip("transformers", reason="the [ml] extra export
 
 from sidecar.claims.artifact import GOLDEN_INPUTS  # noqa: E402
 from sidecar.claims.calibration import Band, Platt  # noqa: E402
-from sidecar.claims.datasets import Pair  # noqa: E402
-from sidecar.claims.training import (  # noqa: E402
-    CrossEncoder,
-    TrainConfig,
-    VerifierTrainer,
-    _drop_questions,
-    _tensors,
-    claim_tokens,
-    minilm_dir,
-)
 from sidecar.claims.verifier import (  # noqa: E402
     GOLDEN_LOGIT_TOLERANCE,
     METADATA_FILE,
@@ -42,6 +32,16 @@ from sidecar.claims.verifier import (  # noqa: E402
 )
 from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError  # noqa: E402
 from sidecar.golden import describe_cpu  # noqa: E402
+from sidecar.lab.verifier.datasets import Pair  # noqa: E402
+from sidecar.lab.verifier.training import (  # noqa: E402
+    CrossEncoder,
+    TrainConfig,
+    VerifierTrainer,
+    _drop_questions,
+    _tensors,
+    claim_tokens,
+    minilm_dir,
+)
 
 PAIRS = [
     ("Metformin activates AMPK.", "Metformin reduces glucose output by activating AMPK."),
@@ -283,7 +283,8 @@ def test_the_int8_file_computes_in_fp32_so_a_logit_does_not_depend_on_its_batch(
     exported: tuple[VerifierTrainer, Path],
 ) -> None:
     """Dynamic u8 x s8 products change with the CPU and with the batch's activation range
-    (sidecar.claims.quantization); the exported int8 file keeps int8 weights, computes in fp32."""
+    (sidecar.lab.verifier.quantization); the exported int8 file keeps int8 weights and computes
+    in fp32."""
     trainer, out = exported
     graph = onnx.load(str(out / "model.int8.onnx")).graph
     ops = {n.op_type for n in graph.node}
