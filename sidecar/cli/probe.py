@@ -16,6 +16,7 @@ from pathlib import Path
 from sidecar.cli.groups import get_group, progress_enabled
 from sidecar.cli.lookback import _loop, _questions, _rag_args
 from sidecar.exceptions import ConfigError
+from sidecar.hashing import sha256_file
 
 __all__ = ["register", "run_leakage"]
 
@@ -55,7 +56,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_leakage(args: argparse.Namespace) -> int:
     """``guardrail probe leakage``."""
     from sidecar.lab.report.probe import run_leakage_probe, write_probe  # noqa: PLC0415
-    from sidecar.lab.retrieval.corpus import sha256_file  # noqa: PLC0415
 
     if args.candidates < args.k:
         raise ConfigError(f"--candidates must be >= --k ({args.k}), got {args.candidates}")

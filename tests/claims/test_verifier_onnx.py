@@ -26,12 +26,12 @@ from sidecar.claims.verifier import (  # noqa: E402
     METADATA_FILE,
     OnnxVerifier,
     PairEncoder,
-    file_sha256,
     first_segment,
     load_artifact,
 )
 from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError  # noqa: E402
 from sidecar.golden import describe_cpu  # noqa: E402
+from sidecar.hashing import sha256_file  # noqa: E402
 from sidecar.lab.verifier.datasets import Pair  # noqa: E402
 from sidecar.lab.verifier.training import (  # noqa: E402
     CrossEncoder,
@@ -273,7 +273,7 @@ def test_a_changed_model_with_a_matching_sha256_refuses_to_load(
     onnx.save(model, str(tmp_path / "model.onnx"))
     (tmp_path / "tokenizer.json").write_bytes((out / "tokenizer.json").read_bytes())
     meta = json.loads((out / METADATA_FILE).read_text(encoding="utf-8"))
-    meta["onnx_sha256"] = file_sha256(tmp_path / "model.onnx")
+    meta["onnx_sha256"] = sha256_file(tmp_path / "model.onnx")
     (tmp_path / METADATA_FILE).write_text(json.dumps(meta), encoding="utf-8")
     with pytest.raises(ConfigError, match="computes other outputs on this CPU than at export"):
         OnnxVerifier.load(tmp_path)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sidecar.hashing import sha256_file
 from sidecar.lab.generator.prompt import PROMPT_TEMPLATE_VERSION
 from sidecar.lab.generator.rag import RagAnswer, RagLoop
 from sidecar.lab.lookback.dataset import (
@@ -26,7 +27,7 @@ from sidecar.lab.lookback.dataset import (
     ShardRows,
     ShardWriter,
 )
-from sidecar.lab.retrieval.corpus import QARecord, sha256_file
+from sidecar.lab.retrieval.corpus import QARecord
 
 __all__ = ["STEP_CONVENTION", "BuildReport", "build_dataset", "dataset_meta"]
 

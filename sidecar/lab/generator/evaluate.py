@@ -19,8 +19,9 @@ import numpy as np
 
 from sidecar.contracts.events import GenerationFinal
 from sidecar.exceptions import ConfigError
+from sidecar.hashing import sha256_file
 from sidecar.lab.lookback.evaluation import NO_CERTIFICATION, check_disjoint, report
-from sidecar.lab.retrieval.corpus import QARecord, sha256_file
+from sidecar.lab.retrieval.corpus import QARecord
 from sidecar.lookback.serving import OnnxLookbackScorer
 
 if TYPE_CHECKING:  # the RAG loop imports torch

@@ -36,7 +36,6 @@ __all__ = [
     "load_questions",
     "make_doc_id",
     "read_jsonl",
-    "sha256_file",
     "split_words",
 ]
 
@@ -77,15 +76,6 @@ def make_doc_id(title: str, text: str) -> str:
     """``title#<first 16 hex of sha256(text)>``: the document id of a passage."""
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
     return f"{title}#{digest}"
-
-
-def sha256_file(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    h = hashlib.sha256()
-    with Path(path).open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sidecar.hashing import sha256_file
 from sidecar.lab.conformal.labels import GroundTruth, label_chunks
 from sidecar.lab.retrieval.corpus import (
     Chunk,
@@ -23,7 +24,6 @@ from sidecar.lab.retrieval.corpus import (
     chunk_passages,
     corpus_fingerprint,
     load_passages,
-    sha256_file,
 )
 from sidecar.lab.retrieval.embedder import Embedder
 from sidecar.lab.retrieval.qdrant import Hit, QdrantIndex

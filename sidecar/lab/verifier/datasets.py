@@ -53,6 +53,7 @@ from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
 from sidecar.claims.metrics import auroc
 from sidecar.claims.sentences import split_sentences
 from sidecar.exceptions import ConfigError, InputError
+from sidecar.hashing import sha256_tree
 
 __all__ = [
     "EVAL_SETS",
@@ -845,16 +846,6 @@ class Corpus:
     manifest: dict[str, object]
 
 
-def _sha256_path(path: Path) -> str:
-    """sha256 of a file, or of a folder's files (relative names and contents, sorted)."""
-    digest = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    for f in files:
-        digest.update(str(f.relative_to(path) if f != path else f.name).encode("utf-8"))
-        digest.update(hashlib.sha256(f.read_bytes()).digest())
-    return digest.hexdigest()
-
-
 def _read_source(name: str, path: Path) -> list[Pair]:
     if name == "halueval-summarization":
         return read_halueval_summarization(path)
@@ -932,7 +923,7 @@ def build_corpus(config: CorpusConfig) -> Corpus:
         "split_rule": "sha256(lower(group)) -> test 10% / val 10% / train 80%; group = question "
         "(QA, NQ), document (summaries, SummEdits), knowledge (dialogue, BEGIN), claim "
         "(Factcheck-GPT)",
-        "files_sha256": {name: _sha256_path(path) for name, path in files.items()},
+        "files_sha256": {name: sha256_tree(path) for name, path in files.items()},
         "pairs_per_split": counts,
         "train": {**baselines(train), "sha256": pairs_digest(train)},
         "train_by_source": {s: baselines([p for p in train if p.source == s]) for s in ALL_SOURCES},

@@ -63,12 +63,12 @@ from sidecar.claims.metrics import auroc
 from sidecar.claims.verifier import (
     OnnxVerifier,
     PairEncoder,
-    file_sha256,
     first_segment,
     record_verifier_golden,
     save_artifact,
 )
 from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError
+from sidecar.hashing import sha256_file
 from sidecar.lab.verifier.datasets import (
     Corpus,
     CorpusConfig,
@@ -752,7 +752,7 @@ class VerifierTrainer:
         band: Band,
         metrics: dict[str, dict[str, float | int | str]],
     ) -> VerifierArtifact:
-        sha = file_sha256(onnx_path)
+        sha = sha256_file(onnx_path)
         cfg = self.config
         sources = self.data_sources or (
             ["halueval/qa_data.json"]
