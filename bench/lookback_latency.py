@@ -29,7 +29,7 @@ from sidecar.contracts.events import (
     RetrievalSignal,
     SignalStatus,
 )
-from sidecar.lookback.dataset import load_dataset
+from sidecar.lab.lookback.dataset import load_dataset
 from sidecar.lookback.serving import LookbackRequest, OnnxLookbackScorer
 
 

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from sidecar.config import Settings
-from sidecar.localkafka.broker import LocalKafka, ensure_jars, free_port
+from sidecar.lab.localkafka.broker import LocalKafka, ensure_jars, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

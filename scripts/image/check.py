@@ -49,11 +49,11 @@ from aiokafka import AIOKafkaConsumer
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind, decode_input
 from sidecar.contracts.events import DLQ_HEADER_PREFIX
-from sidecar.demo import bundled_sample, expected_request_ids
 from sidecar.exceptions import InputError
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
-from sidecar.replay import Record, load_file, send
+from sidecar.lab.demo import bundled_sample, expected_request_ids
+from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
+from sidecar.lab.replay import Record, load_file, send
 from tests.deploy.test_kubernetes_start import Workload, container_env, guardrail_workloads
 from tests.deploy.test_runtime_image import FORBIDDEN_DISTRIBUTIONS, FORBIDDEN_MODULES
 

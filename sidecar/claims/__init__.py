@@ -5,6 +5,6 @@ Pure logic: ``sentences`` / ``segment`` (atomic claims with spans, mid-stream),
 ``calibration`` (temperature + uncertain band), ``scores`` (reliability and
 hallucination rate), ``checker`` (the processor's ``ClaimChecker``).
 Adapters: ``verifier`` (onnxruntime + tokenizers), ``judge`` (optional LLM over
-HTTP). Offline tooling: ``datasets``, ``evaluate``, ``metrics``, ``training``
-(torch, the ``[ml]`` extra). Nothing here is imported by this ``__init__``.
+HTTP). The verifier's data, training and evaluation are the lab's
+(:mod:`sidecar.lab.verifier`). Nothing here is imported by this ``__init__``.
 """

@@ -111,7 +111,7 @@ class VerifierArtifact(_Model):
     base_model: str
     onnx_file: str
     onnx_sha256: Sha256
-    # int8-weights: int8 weights computed in fp32 (sidecar.claims.quantization); int8-dynamic:
+    # int8-weights: int8 weights computed in fp32 (sidecar.lab.verifier.quantization); int8-dynamic:
     # u8 x s8 integer products, whose outputs depend on the CPU (artifacts before that).
     quantization: Literal["none", "int8-weights", "int8-dynamic"]
     tokenizer_file: str

@@ -23,7 +23,7 @@ claim is looked up). The verifier scores the claim against every window and
 the best window wins.
 
 The same selection is used to build the training pairs
-(:mod:`sidecar.claims.datasets`), so the verifier is trained on what it
+(:mod:`sidecar.lab.verifier.datasets`), so the verifier is trained on what it
 sees in production. The chunk set is what the caller passes: the trusted
 chunks of the certification when there are any, else all retrieved chunks
 (the checker marks the scope). Pure logic: no I/O.

@@ -1,7 +1,7 @@
 """Serving the claim verifier: onnxruntime + the Rust ``tokenizers`` package, no torch.
 
 The cross-encoder (MiniLM-L6 + a linear head, trained by
-:mod:`sidecar.claims.training`) reads ``[CLS] claim [SEP] evidence [SEP]`` (or,
+:mod:`sidecar.lab.verifier.training`) reads ``[CLS] claim [SEP] evidence [SEP]`` (or,
 when the artifact says ``question_in_input``, ``[CLS] question [SEP] claim
 [SEP] evidence [SEP]``, see :func:`first_segment`) and returns one logit for
 "the evidence supports the claim" (seed 001, Step 2: SUPPORTED / UNSUPPORTED /
@@ -22,7 +22,6 @@ Runtime dependencies: ``onnxruntime`` and ``tokenizers``.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from sidecar.claims.artifact import GOLDEN_INPUTS, GoldenPair, VerifierArtifact
 from sidecar.claims.calibration import Band, Platt, coverage
 from sidecar.exceptions import ArtifactError, ConfigError
 from sidecar.golden import GoldenOutputs, record_golden
+from sidecar.hashing import sha256_file
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -48,7 +48,6 @@ __all__ = [
     "METADATA_FILE",
     "OnnxVerifier",
     "PairEncoder",
-    "file_sha256",
     "first_segment",
     "load_artifact",
     "load_claim_checker",
@@ -80,14 +79,6 @@ def first_segment(claim: str, question: str, *, question_in_input: bool) -> str:
     if not question_in_input or not q:
         return claim
     return f"{q}{QUESTION_SEPARATOR}{claim}"
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _import_tokenizers() -> Any:
@@ -218,7 +209,7 @@ class OnnxVerifier:
         path = model_dir / name
         if not path.is_file():
             raise ArtifactError(f"ONNX file {path} named by {METADATA_FILE} is missing")
-        if onnx_file is None and file_sha256(path) != artifact.onnx_sha256:
+        if onnx_file is None and sha256_file(path) != artifact.onnx_sha256:
             raise ArtifactError(
                 f"{path} does not match the sha256 in {METADATA_FILE}: the files are out of step"
             )

@@ -32,7 +32,7 @@ HEADLINE = (
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecar.bench.suite import run_bench  # noqa: PLC0415
+    from sidecar.lab.bench.suite import run_bench  # noqa: PLC0415
 
     report = run_bench(quick=args.quick, out=args.out)
     if args.json:

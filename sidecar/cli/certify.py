@@ -26,8 +26,8 @@ from sidecar.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from sidecar.config import Settings
+    from sidecar.lab.report.evaluate import Replayed
     from sidecar.policy.config import PolicyConfig, Profile
-    from sidecar.report.evaluate import Replayed
 
 __all__ = ["register", "run_calibrate_policy"]
 
@@ -156,10 +156,10 @@ def run_calibrate_policy(args: argparse.Namespace) -> int:
         smallest_certifiable_risk,
     )
     from sidecar.config import Settings  # noqa: PLC0415
+    from sidecar.lab.report.collect import load_rows  # noqa: PLC0415
+    from sidecar.lab.report.evaluate import replay_rows  # noqa: PLC0415
     from sidecar.pipeline.processor import Processor  # noqa: PLC0415
     from sidecar.policy.engine import PolicyEngine  # noqa: PLC0415
-    from sidecar.report.collect import load_rows  # noqa: PLC0415
-    from sidecar.report.evaluate import replay_rows  # noqa: PLC0415
     from sidecar.runtime import build_signals  # noqa: PLC0415
 
     for name in ("risk", "delta"):

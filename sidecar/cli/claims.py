@@ -209,7 +209,7 @@ def _caps(values: list[str]) -> tuple[tuple[str, int], ...]:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from sidecar.claims.training import TrainConfig, minilm_dir, train_verifier  # noqa: PLC0415
+    from sidecar.lab.verifier.training import TrainConfig, minilm_dir, train_verifier  # noqa: PLC0415
 
     if args.work_dir is not None:
         return _run_fit_on_corpus(args)
@@ -243,8 +243,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _run_fit_on_corpus(args: argparse.Namespace) -> int:
-    from sidecar.claims.datasets import CorpusConfig  # noqa: PLC0415
-    from sidecar.claims.training import (  # noqa: PLC0415
+    from sidecar.lab.verifier.datasets import CorpusConfig  # noqa: PLC0415
+    from sidecar.lab.verifier.training import (  # noqa: PLC0415
         TrainConfig,
         export_from_checkpoint,
         fit_on_corpus,
@@ -304,13 +304,13 @@ def _run_fit_on_corpus(args: argparse.Namespace) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     from sidecar.claims.checker import ClaimScorer  # noqa: PLC0415
-    from sidecar.claims.evaluate import (  # noqa: PLC0415
+    from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
+    from sidecar.lab.verifier.evaluate import (  # noqa: PLC0415
         evaluate_items,
         held_out,
         read_items,
         score_item,
     )
-    from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
 
     if args.format == "pairs":
         return _run_eval_pairs(args)
@@ -344,8 +344,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_eval_pairs(args: argparse.Namespace) -> int:
-    from sidecar.claims.evaluate import pair_report, read_pair_items, score_pair_items  # noqa: PLC0415
     from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
+    from sidecar.lab.verifier.evaluate import pair_report, read_pair_items, score_pair_items  # noqa: PLC0415
 
     items = read_pair_items(_existing(args.data, "--data"), args.limit)
     if not items:

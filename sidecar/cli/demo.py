@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecar.demo import run_demo  # noqa: PLC0415
+    from sidecar.lab.demo import run_demo  # noqa: PLC0415
 
     return run_demo(
         args.events, keep=args.keep, real=args.real, questions=args.questions, claims=args.claims

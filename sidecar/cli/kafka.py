@@ -30,7 +30,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # the local broker is lab tooling: imported when this command runs, not by `guardrail run`
-    from sidecar.localkafka.broker import (  # noqa: PLC0415
+    from sidecar.lab.localkafka.broker import (  # noqa: PLC0415
         LocalKafka,
         default_home,
         ensure_jars,

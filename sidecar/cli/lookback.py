@@ -141,8 +141,8 @@ def _rag_args(p: argparse.ArgumentParser, *, part_default: str, required: bool =
 
 
 def _questions(args: argparse.Namespace) -> list[Any]:
-    from sidecar.lookback.dataset import select_part  # noqa: PLC0415
-    from sidecar.retrieval.corpus import load_questions  # noqa: PLC0415
+    from sidecar.lab.lookback.dataset import select_part  # noqa: PLC0415
+    from sidecar.lab.retrieval.corpus import load_questions  # noqa: PLC0415
 
     records = load_questions(args.questions)
     chosen = select_part(records, args.part, limit=args.limit)
@@ -152,7 +152,7 @@ def _questions(args: argparse.Namespace) -> list[Any]:
 
 
 def _loop(args: argparse.Namespace) -> Any:
-    from sidecar.generator.rag import open_rag_loop  # noqa: PLC0415
+    from sidecar.lab.generator.rag import open_rag_loop  # noqa: PLC0415
 
     return open_rag_loop(
         args.corpus,
@@ -168,8 +168,8 @@ def _loop(args: argparse.Namespace) -> Any:
 
 def run_dataset(args: argparse.Namespace) -> int:
     """``guardrail dataset lookback``."""
-    from sidecar.generator.dataset import build_dataset, dataset_meta  # noqa: PLC0415
-    from sidecar.lookback.dataset import ShardWriter  # noqa: PLC0415
+    from sidecar.lab.generator.dataset import build_dataset, dataset_meta  # noqa: PLC0415
+    from sidecar.lab.lookback.dataset import ShardWriter  # noqa: PLC0415
 
     questions = _questions(args)
     loop = _loop(args)
@@ -184,7 +184,7 @@ def run_dataset(args: argparse.Namespace) -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     """``guardrail train lookback``."""
-    from sidecar.lookback.training import train_and_export  # noqa: PLC0415
+    from sidecar.lab.lookback.training import train_and_export  # noqa: PLC0415
 
     name = args.name or args.out.name
     card = train_and_export(
@@ -213,13 +213,13 @@ def run_eval(args: argparse.Namespace) -> int:
     models: list[Path] = args.model
     results: list[dict[str, Any]]
     if args.data is not None:
-        from sidecar.lookback.evaluation import evaluate_recorded  # noqa: PLC0415
+        from sidecar.lab.lookback.evaluation import evaluate_recorded  # noqa: PLC0415
 
         results = evaluate_recorded(models, args.data)
     else:
         if args.questions is None or args.corpus is None:
             raise ConfigError("eval lookback needs --data, or --questions and --corpus")
-        from sidecar.generator.evaluate import evaluate_live  # noqa: PLC0415
+        from sidecar.lab.generator.evaluate import evaluate_live  # noqa: PLC0415
 
         results = evaluate_live(
             models,

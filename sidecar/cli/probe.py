@@ -3,7 +3,7 @@
 Runs the RAG loop (Qdrant + MiniLM + SmolLM2) on questions whose context has
 every gold passage and every answer-bearing chunk removed, and measures delta,
 the rate of confident wrong answers, with a Wilson 95% interval
-(:mod:`sidecar.report.probe`). Heavy imports happen inside the run function.
+(:mod:`sidecar.lab.report.probe`). Heavy imports happen inside the run function.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from sidecar.cli.groups import get_group, progress_enabled
 from sidecar.cli.lookback import _loop, _questions, _rag_args
 from sidecar.exceptions import ConfigError
+from sidecar.hashing import sha256_file
 
 __all__ = ["register", "run_leakage"]
 
@@ -54,8 +55,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run_leakage(args: argparse.Namespace) -> int:
     """``guardrail probe leakage``."""
-    from sidecar.report.probe import run_leakage_probe, write_probe  # noqa: PLC0415
-    from sidecar.retrieval.corpus import sha256_file  # noqa: PLC0415
+    from sidecar.lab.report.probe import run_leakage_probe, write_probe  # noqa: PLC0415
 
     if args.candidates < args.k:
         raise ConfigError(f"--candidates must be >= --k ({args.k}), got {args.candidates}")

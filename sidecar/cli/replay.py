@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecar.replay import load_file, send  # noqa: PLC0415
+    from sidecar.lab.replay import load_file, send  # noqa: PLC0415
 
     overrides: dict[str, Any] = {}
     if args.bootstrap_servers:

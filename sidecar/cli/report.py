@@ -1,6 +1,6 @@
 """``guardrail dataset outcomes``, ``guardrail train confidence``, ``guardrail eval report``.
 
-Outcome rows (see :mod:`sidecar.report.collect`): the real RAG loop through the
+Outcome rows (see :mod:`sidecar.lab.report.collect`): the real RAG loop through the
 sidecar, one labelled row per question. ``train confidence`` fits the
 calibrated confidence and the chunk forecast on them (or on verdicts joined
 with the feedback topic); ``eval report`` replays held-out rows through the
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run_outcomes(args: argparse.Namespace) -> int:
     """``guardrail dataset outcomes``."""
     from sidecar.config import Settings  # noqa: PLC0415
-    from sidecar.report.collect import (  # noqa: PLC0415
+    from sidecar.lab.report.collect import (  # noqa: PLC0415
         ROWS_FILE,
         collect_rows,
         default_processor_factory,
@@ -149,14 +149,14 @@ def register_eval_train(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 def run_report(args: argparse.Namespace) -> int:
     """``guardrail eval report``."""
     from sidecar.config import Settings  # noqa: PLC0415
-    from sidecar.report.collect import (  # noqa: PLC0415
+    from sidecar.lab.report.collect import (  # noqa: PLC0415
         ROWS_FILE,
         collect_rows,
         default_processor_factory,
         load_rows,
     )
-    from sidecar.report.evaluate import build_report, replay_rows, write_plots  # noqa: PLC0415
-    from sidecar.report.probe import load_probe  # noqa: PLC0415
+    from sidecar.lab.report.evaluate import build_report, replay_rows, write_plots  # noqa: PLC0415
+    from sidecar.lab.report.probe import load_probe  # noqa: PLC0415
 
     settings = Settings.load()
     factory = default_processor_factory(settings)
@@ -235,7 +235,7 @@ def run_report(args: argparse.Namespace) -> int:
 def run_train_confidence(args: argparse.Namespace) -> int:
     """``guardrail train confidence``."""
     from sidecar.config import Settings  # noqa: PLC0415
-    from sidecar.report.train import train_from_kafka, train_from_rows  # noqa: PLC0415
+    from sidecar.lab.confidence.recipe import train_from_kafka, train_from_rows  # noqa: PLC0415
 
     settings = Settings.load()
     if args.from_kafka:

@@ -6,12 +6,12 @@
   cross-validated NLL;
 - :mod:`~sidecar.confidence.model` -- the served forecaster ``ConfidenceModel``
   (file format ``confidence-model/1``) and its ``FeatureSpec`` (answer-level by default);
-- :mod:`~sidecar.confidence.training` -- ``fit_confidence_model`` (fit, then calibrate on
-  a disjoint part; imports :mod:`sidecar.lookback.metrics`, so it is not imported here);
 - :mod:`~sidecar.confidence.bound` -- ``H <= c * eps + (1 - c) * delta`` (seed 003) with
   Wilson intervals, and the rolling per-key ``CoverageTracker``.
 
-Serving needs numpy and pydantic only: no scikit-learn, scipy or torch.
+The model's fit (fit, then calibrate on a disjoint part) is the lab's
+(:mod:`sidecar.lab.confidence`). Serving needs numpy and pydantic only: no scikit-learn,
+scipy or torch.
 """
 
 from sidecar.confidence.bound import BoundReport, CoverageCounts, CoverageTracker, coverage_bound

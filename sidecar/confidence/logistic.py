@@ -1,7 +1,7 @@
 """Binary logistic regression by Newton's method (IRLS), in numpy.
 
 Shared by Platt scaling (:mod:`sidecar.confidence.calibration`, one feature and
-smoothed targets) and the forecaster (:mod:`sidecar.confidence.training`). With
+smoothed targets) and the forecaster (:mod:`sidecar.lab.confidence.training`). With
 design matrix ``X`` (the intercept is a column of ones), soft targets ``t`` in
 [0, 1] and a per-coefficient ridge ``lambda_j >= 0`` the objective is::
 

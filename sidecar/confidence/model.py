@@ -256,7 +256,7 @@ class ConfidenceModel(BaseModel):
 
     ``predict`` gives calibrated probabilities (that an answer is correct, for the
     answer-level spec); build one with
-    :func:`sidecar.confidence.training.fit_confidence_model` and reload it with
+    :func:`sidecar.lab.confidence.training.fit_confidence_model` and reload it with
     :meth:`load`, which checks the format, the features against the caller's spec
     and the parameter sha256.
     """

@@ -1,6 +1,6 @@
 """The leakage-probe result: the artifact that gives the coverage bound its delta.
 
-Written by ``guardrail probe leakage`` (the lab, ``sidecar/report/probe.py``) and
+Written by ``guardrail probe leakage`` (the lab, ``sidecar/lab/report/probe.py``) and
 read by the serving sidecar, which only needs this file: the format, its
 validation and :func:`load_probe`.
 """

@@ -4,7 +4,6 @@ Pure logic (numpy and pydantic only; no Qdrant, ONNX or Kafka):
 
 - :mod:`~sidecar.conformal.quantile` -- the exact order statistic q_hat (eq. 2);
 - :mod:`~sidecar.conformal.normalise` -- global min-max normalisation;
-- :mod:`~sidecar.conformal.rouge`, :mod:`~sidecar.conformal.labels` -- ground truth (eq. 1);
 - :mod:`~sidecar.conformal.calibrator` -- fit -> calibrate -> predict, metrics, alpha-sweep;
 - :mod:`~sidecar.conformal.mondrian` -- per (tenant, collection, retriever) calibration;
 - :mod:`~sidecar.conformal.artifact`, :mod:`~sidecar.conformal.registry` -- the versioned
@@ -12,7 +11,8 @@ Pure logic (numpy and pydantic only; no Qdrant, ONNX or Kafka):
 - :mod:`~sidecar.conformal.certify` -- the per-event certificate (eqs. 4-6);
 - :mod:`~sidecar.conformal.monitor` -- rolling mean(m1) with a Wilson-interval alarm.
 
-:mod:`~sidecar.conformal.storage` is the one module that touches files.
+:mod:`~sidecar.conformal.storage` is the one module that touches files. The ground truth
+(eq. 1) and the calibration recipe are fit-time only: :mod:`sidecar.lab.conformal`.
 """
 
 from sidecar.conformal.artifact import CalibrationArtifact, build_artifact
@@ -25,7 +25,6 @@ from sidecar.conformal.calibrator import (
     evaluate,
 )
 from sidecar.conformal.certify import Certification, certify
-from sidecar.conformal.labels import GroundTruth, label_chunks
 from sidecar.conformal.mondrian import (
     CalibrationKey,
     FallbackReason,
@@ -49,7 +48,6 @@ __all__ = [
     "ConformalCalibration",
     "ExchangeabilityMonitor",
     "FallbackReason",
-    "GroundTruth",
     "MondrianCalibration",
     "MondrianCalibrator",
     "MonitorState",
@@ -65,7 +63,6 @@ __all__ = [
     "certify",
     "conformal_quantile",
     "evaluate",
-    "label_chunks",
     "load_artifact",
     "order_statistic_rank",
     "save_artifact",

@@ -1,20 +1,15 @@
-"""Lookback-ratio factuality (seed 000 sections 3.3 and 4.3): features, training, serving.
+"""Lookback-ratio factuality (seed 000 sections 3.3 and 4.3): features, artifact, serving.
 
 - :mod:`~sidecar.lookback.features` -- select trusted chunks, zero-pad to L x H x K,
   per-sample [0, 1] scaling (pure numpy);
-- :mod:`~sidecar.lookback.labels` -- NQ-open answer normalisation and correctness;
 - :mod:`~sidecar.lookback.metrics` -- AUROC without scikit-learn;
-- :mod:`~sidecar.lookback.dataset` -- the resumable on-disk dataset and the fit / eval
-  question split;
 - :mod:`~sidecar.lookback.artifact` -- ``metadata.json`` of a model directory;
-- :mod:`~sidecar.lookback.training` -- logistic regression, ONNX export, parity check
-  (scikit-learn and skl2onnx: the ``train`` extra; not imported here);
 - :mod:`~sidecar.lookback.serving` -- ``OnnxLookbackScorer``, the sidecar's
-  ``LookbackScorer`` (onnxruntime, imported when a scorer is built);
-- :mod:`~sidecar.lookback.evaluation` -- held-out AUROC through the serving path.
+  ``LookbackScorer`` (onnxruntime, imported when a scorer is built).
 
-The attention summaries themselves are computed on the generator side
-(:mod:`sidecar.generator.lookback`); nothing here imports torch.
+The dataset, training (logistic regression, ONNX export, parity check) and evaluation are
+the lab's (:mod:`sidecar.lab.lookback`); the attention summaries themselves are computed on
+the generator side (:mod:`sidecar.lab.generator.lookback`); nothing here imports torch.
 """
 
 from sidecar.lookback.artifact import LookbackModelMetadata, load_metadata

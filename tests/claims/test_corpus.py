@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from sidecar.claims.calibration import coverage
-from sidecar.claims.datasets import (
+from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex, uncovered_terms
+from sidecar.exceptions import InputError
+from sidecar.lab.verifier.datasets import (
     Pair,
     altered_copies,
     baselines,
@@ -27,8 +29,6 @@ from sidecar.claims.datasets import (
     windowed,
     write_pairs,
 )
-from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex, uncovered_terms
-from sidecar.exceptions import InputError
 
 DOC = (
     "The council approved a new park in 2021. The park lies on the east bank of the river. "

@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.claims.calibration import Band, coverage, fit_band, fit_platt
-from sidecar.claims.datasets import (
+from sidecar.claims.metrics import auroc, binary_report
+from sidecar.contracts.events import ClaimLabel
+from sidecar.exceptions import ConfigError, InputError
+from sidecar.lab.verifier.datasets import (
     QARecord,
     build_eval_sets,
     build_training_pairs,
@@ -18,9 +21,6 @@ from sidecar.claims.datasets import (
     read_nq_open,
     split_of,
 )
-from sidecar.claims.metrics import auroc, binary_report
-from sidecar.contracts.events import ClaimLabel
-from sidecar.exceptions import ConfigError, InputError
 from tests.claims.conftest import DATA
 
 SLICE = DATA / "halueval_qa_test_slice.jsonl"

@@ -1,4 +1,4 @@
-"""In-domain verifier pairs from report rows (sidecar.claims.outcomes)."""
+"""In-domain verifier pairs from report rows (sidecar.lab.verifier.outcomes)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from sidecar.claims.datasets import length_auroc
 from sidecar.claims.evidence import EvidenceChunk
-from sidecar.claims.outcomes import (
+from sidecar.exceptions import InputError
+from sidecar.lab.verifier.datasets import length_auroc
+from sidecar.lab.verifier.outcomes import (
     OutcomeRecord,
     gold_in,
     labelled_claims,
@@ -19,7 +20,6 @@ from sidecar.claims.outcomes import (
     read_outcome_rows,
     trust_cutoff,
 )
-from sidecar.exceptions import InputError
 
 PASSAGE = (
     "The Eiffel Tower was completed in 1889 in Paris. It was designed by the engineering "

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.claims.checker import ClaimScorer
-from sidecar.claims.datasets import build_eval_sets, length_auroc, read_halueval_qa, split_of
-from sidecar.claims.evaluate import evaluate_pairs
 from sidecar.claims.verifier import OnnxVerifier, load_artifact
 from sidecar.cli.main import main
+from sidecar.lab.verifier.datasets import build_eval_sets, length_auroc, read_halueval_qa, split_of
+from sidecar.lab.verifier.evaluate import evaluate_pairs
 from tests.claims.conftest import DATA, REPO
 
 MODEL = REPO / "models" / "verifier"
@@ -38,7 +38,8 @@ def test_the_slice_is_held_out() -> None:
 
 def test_the_artifact_describes_itself() -> None:
     artifact = load_artifact(MODEL)
-    # int8 weights computed in fp32: the same logits on every x86 CPU (sidecar.claims.quantization)
+    # int8 weights computed in fp32: the same logits on every x86 CPU
+    # (sidecar.lab.verifier.quantization)
     assert artifact.onnx_file == "model.int8.onnx" and artifact.quantization == "int8-weights"
     assert (MODEL / artifact.onnx_file).stat().st_size < 30_000_000
     assert (MODEL / "MODEL_CARD.md").is_file()

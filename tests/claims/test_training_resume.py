@@ -17,22 +17,22 @@ import pytest
 torch = pytest.importorskip("torch", reason="the [ml] extra (torch) trains the verifier")
 transformers = pytest.importorskip("transformers", reason="the [ml] extra trains the verifier")
 
-from sidecar.claims.datasets import (  # noqa: E402
+from sidecar.claims.verifier import OnnxVerifier  # noqa: E402
+from sidecar.exceptions import ConfigError  # noqa: E402
+from sidecar.lab.verifier.datasets import (  # noqa: E402
     Corpus,
     Pair,
     baselines,
     pairs_digest,
     write_corpus,
 )
-from sidecar.claims.training import (  # noqa: E402
+from sidecar.lab.verifier.training import (  # noqa: E402
     Checkpoints,
     TrainConfig,
     VerifierTrainer,
     export_from_checkpoint,
     minilm_dir,
 )
-from sidecar.claims.verifier import OnnxVerifier  # noqa: E402
-from sidecar.exceptions import ConfigError  # noqa: E402
 
 FACTS = [
     ("Paris is the capital of France.", "Paris is the capital and largest city of France."),

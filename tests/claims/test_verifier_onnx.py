@@ -21,8 +21,19 @@ transformers = pytest.importorskip("transformers", reason="the [ml] extra export
 
 from sidecar.claims.artifact import GOLDEN_INPUTS  # noqa: E402
 from sidecar.claims.calibration import Band, Platt  # noqa: E402
-from sidecar.claims.datasets import Pair  # noqa: E402
-from sidecar.claims.training import (  # noqa: E402
+from sidecar.claims.verifier import (  # noqa: E402
+    GOLDEN_LOGIT_TOLERANCE,
+    METADATA_FILE,
+    OnnxVerifier,
+    PairEncoder,
+    first_segment,
+    load_artifact,
+)
+from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError  # noqa: E402
+from sidecar.golden import describe_cpu  # noqa: E402
+from sidecar.hashing import sha256_file  # noqa: E402
+from sidecar.lab.verifier.datasets import Pair  # noqa: E402
+from sidecar.lab.verifier.training import (  # noqa: E402
     CrossEncoder,
     TrainConfig,
     VerifierTrainer,
@@ -31,17 +42,6 @@ from sidecar.claims.training import (  # noqa: E402
     claim_tokens,
     minilm_dir,
 )
-from sidecar.claims.verifier import (  # noqa: E402
-    GOLDEN_LOGIT_TOLERANCE,
-    METADATA_FILE,
-    OnnxVerifier,
-    PairEncoder,
-    file_sha256,
-    first_segment,
-    load_artifact,
-)
-from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError  # noqa: E402
-from sidecar.golden import describe_cpu  # noqa: E402
 
 PAIRS = [
     ("Metformin activates AMPK.", "Metformin reduces glucose output by activating AMPK."),
@@ -273,7 +273,7 @@ def test_a_changed_model_with_a_matching_sha256_refuses_to_load(
     onnx.save(model, str(tmp_path / "model.onnx"))
     (tmp_path / "tokenizer.json").write_bytes((out / "tokenizer.json").read_bytes())
     meta = json.loads((out / METADATA_FILE).read_text(encoding="utf-8"))
-    meta["onnx_sha256"] = file_sha256(tmp_path / "model.onnx")
+    meta["onnx_sha256"] = sha256_file(tmp_path / "model.onnx")
     (tmp_path / METADATA_FILE).write_text(json.dumps(meta), encoding="utf-8")
     with pytest.raises(ConfigError, match="computes other outputs on this CPU than at export"):
         OnnxVerifier.load(tmp_path)
@@ -283,7 +283,8 @@ def test_the_int8_file_computes_in_fp32_so_a_logit_does_not_depend_on_its_batch(
     exported: tuple[VerifierTrainer, Path],
 ) -> None:
     """Dynamic u8 x s8 products change with the CPU and with the batch's activation range
-    (sidecar.claims.quantization); the exported int8 file keeps int8 weights, computes in fp32."""
+    (sidecar.lab.verifier.quantization); the exported int8 file keeps int8 weights and computes
+    in fp32."""
     trainer, out = exported
     graph = onnx.load(str(out / "model.int8.onnx")).graph
     ops = {n.op_type for n in graph.node}

@@ -12,7 +12,7 @@ import numpy as np
 from sidecar.confidence.features import CHUNK_SPEC
 from sidecar.confidence.model import ANSWER_SPEC, ConfidenceModel, FeatureValues
 from sidecar.confidence.scorer import ANSWER_FILE, CARD_FILE, CHUNKS_FILE
-from sidecar.confidence.training import fit_confidence_model
+from sidecar.lab.confidence.training import fit_confidence_model
 
 
 def answer_rows(n: int = 300, seed: int = 0) -> tuple[list[FeatureValues], list[int]]:

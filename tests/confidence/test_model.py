@@ -24,8 +24,8 @@ from sidecar.confidence.model import (
     FeatureValues,
     feature_vector,
 )
-from sidecar.confidence.training import fit_confidence_model, stratified_split
 from sidecar.exceptions import ArtifactError, ConfigError
+from sidecar.lab.confidence.training import fit_confidence_model, stratified_split
 from sidecar.lookback.metrics import auroc
 
 

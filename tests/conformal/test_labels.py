@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.conformal.labels import label_chunks
-from sidecar.conformal.rouge import rouge_l
 from sidecar.exceptions import ConfigError, InputError
+from sidecar.lab.conformal.labels import label_chunks
+from sidecar.lab.conformal.rouge import rouge_l
 
 DOCS = [["d1", "d2", "d1"], ["d3", "d1"]]
 GOLD = [{"d1"}, {"d3"}]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.conformal.rouge import lcs_length, rouge_l, rouge_l_max, tokenize
+from sidecar.lab.conformal.rouge import lcs_length, rouge_l, rouge_l_max, tokenize
 
 
 def test_lin_2004_example() -> None:

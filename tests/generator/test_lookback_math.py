@@ -17,8 +17,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from sidecar.exceptions import ConfigError
-from sidecar.generator.lookback import LookbackSummariser, LookbackTrace, step_ratios
-from sidecar.generator.prompt import SegmentedPrompt, segment
+from sidecar.lab.generator.lookback import LookbackSummariser, LookbackTrace, step_ratios
+from sidecar.lab.generator.prompt import SegmentedPrompt, segment
 
 VOCAB = 97
 EOS = 96

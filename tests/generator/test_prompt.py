@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.exceptions import ConfigError
-from sidecar.generator.prompt import PromptChunk, SegmentedPrompt, build_prompt, segment
+from sidecar.lab.generator.prompt import PromptChunk, SegmentedPrompt, build_prompt, segment
 
 
 def encode(text: str) -> list[int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sidecar.generator.service import stream_deltas
+from sidecar.lab.generator.service import stream_deltas
 
 PIECES = {1: " The", 2: " caf", 3: "\xc3", 4: "\xa9", 5: " is", 6: " open."}
 

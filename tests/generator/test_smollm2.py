@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 
 from sidecar.contracts.events import RetrievalSignal, SignalStatus
-from sidecar.generator.prompt import PromptChunk
-from sidecar.generator.rag import RagAnswer
-from sidecar.generator.service import events_for
-from sidecar.generator.smollm2 import (
+from sidecar.lab.generator.prompt import PromptChunk
+from sidecar.lab.generator.rag import RagAnswer
+from sidecar.lab.generator.service import events_for
+from sidecar.lab.generator.smollm2 import (
     SMOLLM2_GENERATOR_ID,
     GeneratedAnswer,
     TextGenerator,
     load_smollm2,
 )
+from sidecar.lab.retrieval.corpus import QARecord
+from sidecar.lab.retrieval.qdrant import Hit
 from sidecar.lookback.serving import OnnxLookbackScorer
-from sidecar.retrieval.corpus import QARecord
-from sidecar.retrieval.qdrant import Hit
 from tests.generator.test_lookback_math import reference
 
 pytestmark = pytest.mark.slow

@@ -41,7 +41,7 @@ def test_chaos_quick_loses_nothing() -> None:
     assert bad["dlq"] >= 15 and {"oversize", "too-deep", "invalid-utf8"} <= set(bad["dlq_reasons"])
     # issue #20: every generated hostile record is dead-lettered with its reason or answered,
     # every ordinary request gets exactly one verdict, and the sidecar never goes quiet with
-    # input pending for longer than the join TTL + a sweep + 2 s (sidecar/chaos/progress.py:
+    # input pending for longer than the join TTL + a sweep + 2 s (sidecar/lab/chaos/progress.py:
     # up to the TTL a held half-request legitimately publishes nothing)
     hostile = by_name["hostile"]
     assert hostile["lost"] == 0, hostile

@@ -14,10 +14,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from sidecar.chaos.process import SidecarProcess
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka
-from sidecar.replay import Record, send
+from sidecar.lab.chaos.process import SidecarProcess
+from sidecar.lab.localkafka.broker import LocalKafka
+from sidecar.lab.replay import Record, send
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import real_harness, settings_for, wait_until
 

@@ -31,7 +31,7 @@ from sidecar.contracts.events import (
 from sidecar.kafka.app import SidecarService
 from sidecar.kafka.read import read_topics
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka
+from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy

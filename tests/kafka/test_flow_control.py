@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from sidecar.config import Settings
 from sidecar.kafka.app import SidecarService
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka
+from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from tests.conftest import EventFactory

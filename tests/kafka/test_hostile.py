@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from sidecar.chaos.process import SidecarProcess
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka
+from sidecar.lab.chaos.process import SidecarProcess
+from sidecar.lab.localkafka.broker import LocalKafka
+from sidecar.lab.replay import Record, send
 from sidecar.pipeline.outputs import idempotency_key
-from sidecar.replay import Record, send
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import settings_for
 from tests.kafka.test_commits import committed

@@ -20,10 +20,10 @@ from typing import Any
 import orjson
 import pytest
 
-from sidecar.chaos.process import SidecarProcess
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka
-from sidecar.replay import Record, send
+from sidecar.lab.chaos.process import SidecarProcess
+from sidecar.lab.localkafka.broker import LocalKafka
+from sidecar.lab.replay import Record, send
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import settings_for
 from tests.kafka.test_hostile import env, read, wait_for_verdicts  # noqa: F401 - env: a fixture

@@ -22,11 +22,11 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from sidecar.chaos.process import SidecarProcess
 from sidecar.config import Settings
 from sidecar.contracts.events import AnswerVerdict, Decision
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka
+from sidecar.lab.chaos.process import SidecarProcess
+from sidecar.lab.localkafka.broker import LocalKafka
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import Msg, RealHarness, real_harness, settings_for, wait_until
 from tests.kafka.test_commits import committed

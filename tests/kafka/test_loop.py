@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sidecar.contracts.events import AnswerVerdict, DeadLetterRecord, Decision
-from sidecar.localkafka.broker import LocalKafka
+from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.outputs import IDEMPOTENCY_HEADER
 from sidecar.telemetry import Telemetry
 from tests.conftest import EventFactory, dumps

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from sidecar.chaos.runner import Chaos
+from sidecar.lab.chaos.runner import Chaos
 
 pytestmark = pytest.mark.connected
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.chaos.proxy import ThrottlingProxy
 from sidecar.exceptions import ConfigError
-from sidecar.localkafka.broker import LocalKafka, free_port
+from sidecar.lab.chaos.proxy import ThrottlingProxy
+from sidecar.lab.localkafka.broker import LocalKafka, free_port
 
 
 class Upstream:

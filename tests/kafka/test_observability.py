@@ -29,7 +29,7 @@ from sidecar.contracts.events import (
     RetrievalSignal,
     Signals,
 )
-from sidecar.localkafka.broker import LocalKafka
+from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
 from sidecar.telemetry import Telemetry
 from tests.conftest import EventFactory, dumps

@@ -25,10 +25,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from sidecar.chaos.process import SidecarProcess
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka
-from sidecar.replay import Record, send
+from sidecar.lab.chaos.process import SidecarProcess
+from sidecar.lab.localkafka.broker import LocalKafka
+from sidecar.lab.replay import Record, send
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import settings_for, wait_until
 

@@ -16,7 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from sidecar.contracts.events import DeadLetterRecord
 from sidecar.kafka.app import PUBLISH_STALL_S
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka
+from sidecar.lab.localkafka.broker import LocalKafka
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import real_harness, settings_for, wait_until
 

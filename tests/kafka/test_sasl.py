@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from sidecar.chaos.process import SidecarProcess
 from sidecar.config import Settings
 from sidecar.exceptions import LocalKafkaError
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka, ensure_jars, free_port
-from sidecar.replay import Record, send
+from sidecar.lab.chaos.process import SidecarProcess
+from sidecar.lab.localkafka.broker import LocalKafka, ensure_jars, free_port
+from sidecar.lab.replay import Record, send
 from tests.conftest import REPO, EventFactory, dumps
 
 pytestmark = pytest.mark.connected

@@ -33,16 +33,16 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 
-from sidecar.chaos.corpus import request_records
-from sidecar.chaos.process import SidecarProcess
 from sidecar.config import Settings
 from sidecar.kafka.app import SidecarService
 from sidecar.kafka.assignor import co_partition_assignor
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka, free_port
+from sidecar.lab.chaos.corpus import request_records
+from sidecar.lab.chaos.process import SidecarProcess
+from sidecar.lab.localkafka.broker import LocalKafka, free_port
+from sidecar.lab.replay import Record, send
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
-from sidecar.replay import Record, send
 from tests.kafka.harness import end_offsets, wait_until
 
 pytestmark = pytest.mark.connected

@@ -16,9 +16,9 @@ from sidecar.contracts.codec import encode
 from sidecar.contracts.events import AnswerVerdict, Decision, FeedbackEvent
 from sidecar.exceptions import ConfigError
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka
-from sidecar.replay import Record, send
-from sidecar.report.train import ANSWER_FILE, CARD_FILE, CHUNKS_FILE, train_from_kafka
+from sidecar.lab.confidence.recipe import ANSWER_FILE, CARD_FILE, CHUNKS_FILE, train_from_kafka
+from sidecar.lab.localkafka.broker import LocalKafka
+from sidecar.lab.replay import Record, send
 from tests.kafka.harness import settings_for
 
 pytestmark = pytest.mark.connected

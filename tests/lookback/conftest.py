@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sidecar.lookback.dataset import LookbackDatasetMeta, ShardRows, ShardWriter
+from sidecar.lab.lookback.dataset import LookbackDatasetMeta, ShardRows, ShardWriter
 
 GENERATOR = "test/tiny-generator"
 LAYERS, HEADS, K = 4, 3, 3
@@ -74,7 +74,7 @@ def dataset_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def cw_model(dataset_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from sidecar.lookback.training import train_and_export
+    from sidecar.lab.lookback.training import train_and_export
 
     out = tmp_path_factory.mktemp("models") / "tiny-cw"
     train_and_export(dataset_dir, out, variant="cw", name="tiny-cw")
@@ -83,7 +83,7 @@ def cw_model(dataset_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 @pytest.fixture(scope="session")
 def fc_model(dataset_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from sidecar.lookback.training import train_and_export
+    from sidecar.lab.lookback.training import train_and_export
 
     out = tmp_path_factory.mktemp("models") / "tiny-fc"
     train_and_export(dataset_dir, out, variant="fc", name="tiny-fc")

@@ -9,7 +9,7 @@ import pytest
 
 from sidecar.cli.main import main
 from sidecar.exceptions import ConfigError
-from sidecar.lookback.evaluation import check_disjoint
+from sidecar.lab.lookback.evaluation import check_disjoint
 from sidecar.lookback.serving import OnnxLookbackScorer
 from tests.lookback.conftest import write_dataset
 

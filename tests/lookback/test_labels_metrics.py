@@ -11,7 +11,7 @@ from hypothesis.extra import numpy as hnp
 from sklearn.metrics import roc_auc_score
 
 from sidecar.exceptions import ConfigError
-from sidecar.lookback.labels import is_correct, normalize_answer
+from sidecar.lab.answers import is_correct, normalize_answer
 from sidecar.lookback.metrics import auroc
 
 

@@ -21,11 +21,11 @@ from sidecar.contracts.events import (
 )
 from sidecar.exceptions import ConfigError, InputError
 from sidecar.golden import describe_cpu
+from sidecar.lab.lookback.dataset import load_dataset
+from sidecar.lab.lookback.training import LookbackClassifier, split_by_question
 from sidecar.lookback.artifact import GOLDEN_CASES, GOLDEN_TOLERANCE, golden_features, load_metadata
-from sidecar.lookback.dataset import load_dataset
 from sidecar.lookback.features import feature_vector
 from sidecar.lookback.serving import LookbackRequest, OnnxLookbackScorer
-from sidecar.lookback.training import LookbackClassifier, split_by_question
 from sidecar.pipeline.ports import LookbackScorer
 from tests.lookback.conftest import GENERATOR, HEADS, LAYERS, K, synthetic_rows
 

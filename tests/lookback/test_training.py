@@ -12,14 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError
-from sidecar.lookback.artifact import load_metadata
-from sidecar.lookback.dataset import ShardWriter, load_dataset
-from sidecar.lookback.training import (
+from sidecar.lab.lookback.dataset import ShardWriter, load_dataset
+from sidecar.lab.lookback.training import (
     PARITY_TOLERANCE,
     LookbackClassifier,
     onnx_probabilities,
     split_by_question,
 )
+from sidecar.lookback.artifact import load_metadata
 from tests.lookback.conftest import HEADS, LAYERS, K, make_meta, synthetic_rows
 
 

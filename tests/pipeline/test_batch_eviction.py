@@ -13,9 +13,9 @@ from collections import Counter
 
 import orjson
 
-from sidecar.chaos.corpus import final, retrieval
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
+from sidecar.lab.chaos.corpus import final, retrieval
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination
 from sidecar.pipeline.processor import BatchItem, Processor

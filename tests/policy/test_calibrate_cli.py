@@ -9,8 +9,8 @@ import pytest
 from sidecar.cli.certify import _eligible, _select
 from sidecar.cli.main import build_parser
 from sidecar.exceptions import ConfigError
+from sidecar.lab.report.evaluate import Replayed
 from sidecar.policy.config import parse_policy
-from sidecar.report.evaluate import Replayed
 
 POLICY = """
 schema_version: 1

@@ -18,7 +18,7 @@ import tests.kafka.test_feedback_reports as loops
 from sidecar.confidence.fleet import CoverageMonitor
 from sidecar.config import Settings
 from sidecar.contracts.events import AnswerVerdict, CoverageReport, Decision
-from sidecar.localkafka.broker import LocalKafka
+from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy.config import parse_policy

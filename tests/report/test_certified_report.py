@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sidecar.report.evaluate import Replayed, build_report
+from sidecar.lab.report.evaluate import Replayed, build_report
 from sidecar.stats.binomial import clopper_pearson
 from tests.report.test_train_evaluate import six_rows
 

@@ -12,7 +12,7 @@ import numpy.typing as npt
 import pytest
 
 from sidecar.exceptions import ConfigError
-from sidecar.report.probe import (
+from sidecar.lab.report.probe import (
     MAX_EXAMPLES,
     PROBE_FORMAT,
     answer_free_context,
@@ -22,8 +22,8 @@ from sidecar.report.probe import (
     run_leakage_probe,
     write_probe,
 )
-from sidecar.retrieval.corpus import QARecord
-from sidecar.retrieval.qdrant import Hit
+from sidecar.lab.retrieval.corpus import QARecord
+from sidecar.lab.retrieval.qdrant import Hit
 from sidecar.stats.intervals import wilson_interval
 
 GOLD_DOC = "Paris#gold"
@@ -113,7 +113,7 @@ class FakeIndex:
 
 @dataclass
 class FakeLoop:
-    """A :class:`~sidecar.report.probe.ProbeLoop` answering from a script keyed by question id."""
+    """A :class:`~sidecar.lab.report.probe.ProbeLoop` answering from a script keyed by question."""
 
     rows: list[list[Hit]]
     script: dict[int, str]

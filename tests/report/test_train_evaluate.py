@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from sidecar.confidence.bound import CoverageCounts, coverage_bound
-from sidecar.report.evaluate import Replayed, build_report, write_plots
-from sidecar.report.probe import LeakageProbeResult
-from sidecar.report.train import TAU_GRID, _claim_variants, choose_tau
+from sidecar.lab.confidence.recipe import TAU_GRID, _claim_variants, choose_tau
+from sidecar.lab.report.evaluate import Replayed, build_report, write_plots
+from sidecar.lab.report.probe import LeakageProbeResult
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from sidecar.retrieval.embedder import MiniLMEmbedder
+from sidecar.lab.retrieval.embedder import MiniLMEmbedder
 
 REPO = Path(__file__).resolve().parents[2]
 NQ_DEV = REPO.parent / "shared" / "data" / "nq-open" / "nq-open-oracle.dev.jsonl.gz"

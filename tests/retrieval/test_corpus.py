@@ -8,14 +8,14 @@ import hashlib
 import pytest
 
 from sidecar.exceptions import ConfigError, InputError
-from sidecar.retrieval.corpus import (
+from sidecar.lab.retrieval.corpus import (
     chunk_passages,
     load_passages,
     load_questions,
     make_doc_id,
     split_words,
 )
-from sidecar.retrieval.split import select_split, split_indices
+from sidecar.lab.retrieval.split import select_split, split_indices
 from tests.retrieval.conftest import WriteRecords, record
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sidecar.exceptions import ConfigError
-from sidecar.retrieval.embedder import MiniLMEmbedder, minilm_model_dir
+from sidecar.lab.retrieval.embedder import MiniLMEmbedder, minilm_model_dir
 
 
 def test_weights_come_from_the_package_directory() -> None:
@@ -48,8 +48,9 @@ def test_import_guard_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_serving_modules_do_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "import sidecar.conformal, sidecar.stats, sidecar.retrieval.qdrant\n"
-        "import sidecar.retrieval.workflow, sidecar.retrieval.embedder, sidecar.cli.retrieval\n"
+        "import sidecar.conformal, sidecar.stats, sidecar.lab.retrieval.qdrant\n"
+        "import sidecar.lab.retrieval.workflow, sidecar.lab.retrieval.embedder\n"
+        "import sidecar.cli.retrieval\n"
         "heavy = ('torch', 'transformers', 'sklearn', 'matplotlib')\n"
         "bad = [m for m in heavy if m in sys.modules]\n"
         "assert not bad, bad\n"

@@ -20,10 +20,10 @@ from sidecar.conformal.calibrator import RetrievalCalibrator, evaluate
 from sidecar.conformal.certify import certify
 from sidecar.conformal.registry import CalibrationRegistry
 from sidecar.conformal.storage import load_artifact
-from sidecar.retrieval.corpus import load_questions
-from sidecar.retrieval.embedder import MINILM_MODEL_ID, MiniLMEmbedder
-from sidecar.retrieval.split import select_split
-from sidecar.retrieval.workflow import load_corpus, open_index, retrieve
+from sidecar.lab.retrieval.corpus import load_questions
+from sidecar.lab.retrieval.embedder import MINILM_MODEL_ID, MiniLMEmbedder
+from sidecar.lab.retrieval.split import select_split
+from sidecar.lab.retrieval.workflow import load_corpus, open_index, retrieve
 from tests.retrieval.conftest import NQ_DEV
 
 

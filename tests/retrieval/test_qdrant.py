@@ -9,9 +9,9 @@ import numpy.typing as npt
 import pytest
 
 from sidecar.exceptions import ConfigError, InputError
-from sidecar.retrieval.corpus import Chunk, load_questions
-from sidecar.retrieval.qdrant import QdrantIndex
-from sidecar.retrieval.workflow import load_corpus, open_index, retrieve
+from sidecar.lab.retrieval.corpus import Chunk, load_questions
+from sidecar.lab.retrieval.qdrant import QdrantIndex
+from sidecar.lab.retrieval.workflow import load_corpus, open_index, retrieve
 from tests.retrieval.conftest import HashingEmbedder, WriteRecords, record
 
 

@@ -13,9 +13,10 @@ import pytest
 from sidecar.conformal.quantile import order_statistic_rank
 from sidecar.conformal.registry import CalibrationRegistry
 from sidecar.conformal.storage import load_artifact
-from sidecar.retrieval.corpus import load_questions, sha256_file
-from sidecar.retrieval.split import select_split
-from sidecar.retrieval.workflow import calibration_data_hash, load_corpus
+from sidecar.hashing import sha256_file
+from sidecar.lab.retrieval.corpus import load_questions
+from sidecar.lab.retrieval.split import select_split
+from sidecar.lab.retrieval.workflow import calibration_data_hash, load_corpus
 from tests.retrieval.conftest import REPO
 
 SHIPPED = REPO / "models" / "conformal" / "nq-open-minilm.json"

@@ -5,10 +5,10 @@ from collections.abc import Callable
 import pytest
 
 from sidecar import runtime
-from sidecar.bench.e2e import LoadShape, answer_events, percentiles
-from sidecar.bench.profile import package_of, profile_requests
-from sidecar.bench.stages import run_claim_stages, run_stages
 from sidecar.config import Settings
+from sidecar.lab.bench.e2e import LoadShape, answer_events, percentiles
+from sidecar.lab.bench.profile import package_of, profile_requests
+from sidecar.lab.bench.stages import run_claim_stages, run_stages
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.policy import PlaceholderPolicy
 

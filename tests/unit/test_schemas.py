@@ -10,8 +10,8 @@ import pytest
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind, decode_input
 from sidecar.contracts.schema_export import render, stale_files
-from sidecar.demo import bundled_sample
-from sidecar.replay import load_file
+from sidecar.lab.demo import bundled_sample
+from sidecar.lab.replay import load_file
 from tests.conftest import REPO, EventFactory
 
 

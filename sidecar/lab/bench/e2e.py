@@ -1,0 +1,377 @@
+"""End-to-end benchmarks: real broker, sidecar processes, open-loop load.
+
+* **drain throughput** (``sustained``): N requests are produced before the
+  sidecar starts; the sidecar then reads and decides them as fast as it can.
+  Throughput = (N - 1) / (last - first verdict ``produced_at``), the sidecars'
+  own clock. No load generator competes with the sidecar for CPU while it drains.
+* **open-loop latency**: requests are produced on a fixed schedule (answers per
+  second) whatever the sidecar does; latency = time the verdict is consumed -
+  time its generation-final event was handed to the producer.
+* **claim latency**: for claim verdicts, time consumed - time the delta that
+  completed the claim's sentence was handed to the producer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from sidecar.config import Settings
+from sidecar.contracts.events import AttentionSummary
+from sidecar.kafka.topics import create_topics
+from sidecar.lab.chaos.corpus import delta, final, retrieval
+from sidecar.lab.chaos.process import SidecarProcess
+from sidecar.lab.localkafka.broker import LocalKafka
+
+
+@dataclass
+class LoadShape:
+    """What one answer looks like on the wire."""
+
+    k: int = 3  # the shipped lookback model's K (its summaries have one column per chunk)
+    deltas: int = 2
+    claims: int = 0  # sentences in the answer (each a claim); 0 = one short sentence
+    payload_chars: int = 200  # characters of text per chunk
+    # an attention summary like SmolLM2-135M's (30 layers x 9 heads x one column per
+    # chunk), so the ONNX lookback scorer runs end to end; None: no summary
+    attention: tuple[int, int] | None = (30, 9)
+    generator_model: str = "HuggingFaceTB/SmolLM2-135M-Instruct@Q4_1"
+
+
+@dataclass
+class RunResult:
+    name: str
+    config: dict[str, Any]
+    requests: int
+    verdicts: int
+    seconds: float
+    throughput_answers_per_s: float
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    claim_latency_ms: dict[str, float] = field(default_factory=dict)
+    rss_mb: float = 0.0
+    cpu_s: float = 0.0
+    max_lag: int = 0
+    incomplete: int = 0  # verdicts for requests evicted by the join TTL (not fully processed)
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    return {
+        "p50": pick(0.50),
+        "p95": pick(0.95),
+        "p99": pick(0.99),
+        "max": round(ordered[-1], 2),
+        "mean": round(statistics.fmean(ordered), 2),
+    }
+
+
+def answer_events(
+    rid: str, shape: LoadShape
+) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any]]:
+    r = retrieval(rid, shape.k)
+    for hit in r["hits"]:
+        hit["text"] = (hit["text"] + " ") * max(1, shape.payload_chars // max(1, len(hit["text"])))
+    n_sentences = max(1, shape.claims)
+    sentences = [f"The value {i} of {rid} is {1000 + i}. " for i in range(n_sentences)]
+    groups = max(1, min(shape.deltas, n_sentences))
+    size = -(-n_sentences // groups)  # contiguous groups, so claim order = answer order
+    pieces = ["".join(sentences[j * size : (j + 1) * size]) for j in range(groups)]
+    deltas = [delta(rid, i, p) for i, p in enumerate(pieces) if p]
+    extra: dict[str, Any] = {"generator_model": shape.generator_model}
+    if shape.attention is not None:
+        layers, heads = shape.attention
+        rng = np.random.default_rng(abs(hash(rid)) % 2**32)
+        values = rng.uniform(0.0, 1.0, size=(layers, heads, shape.k))
+        extra["attention"] = AttentionSummary.from_array(values).model_dump()
+    return r, deltas, final(rid, "".join(sentences), **extra)
+
+
+def _proc_cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class Bench:
+    def __init__(
+        self, broker: LocalKafka, workdir: Path, extra_env: dict[str, str] | None = None
+    ) -> None:
+        self.broker = broker
+        self.workdir = workdir
+        self.extra_env = extra_env or {}
+
+    def _setup(self, partitions: int) -> tuple[Settings, dict[str, str]]:
+        suffix = uuid.uuid4().hex[:8]
+        topics = {
+            n: f"bench.{suffix}.{n}"
+            for n in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
+        }
+        settings = Settings.load(
+            kafka={
+                "bootstrap_servers": self.broker.bootstrap_servers,
+                "group_id": f"bench.{suffix}",
+            },
+            topics={**topics, "partitions": partitions},
+        )
+        env = {
+            "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": self.broker.bootstrap_servers,
+            "GUARDRAIL_KAFKA__GROUP_ID": f"bench.{suffix}",
+            "GUARDRAIL_TOPICS__PARTITIONS": str(partitions),
+            "GUARDRAIL_LOG_LEVEL": "WARNING",
+            **{f"GUARDRAIL_TOPICS__{n.upper()}": v for n, v in topics.items()},
+            **self.extra_env,
+        }
+        return settings, env
+
+    async def _producer(self, settings: Settings) -> AIOKafkaProducer:
+        p = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka.bootstrap_servers,
+            acks=1,
+            linger_ms=2,
+            max_batch_size=256 * 1024,
+            max_request_size=settings.topics.max_message_bytes,
+        )
+        await p.start()
+        return p
+
+    async def drain(
+        self, name: str, n: int, shape: LoadShape, partitions: int = 3, instances: int = 1
+    ) -> RunResult:
+        """Pre-fill N requests, start the sidecar(s), time the drain."""
+        settings, env = self._setup(partitions)
+        await create_topics(settings)
+        producer = await self._producer(settings)
+        t = settings.topics
+        try:
+            for i in range(n):
+                rid = f"{name}-{i}"
+                r, ds, f = answer_events(rid, shape)
+                key = rid.encode()
+                await producer.send(t.retrieval, orjson.dumps(r), key=key)
+                for d in ds:
+                    await producer.send(t.generation, orjson.dumps(d), key=key)
+                await producer.send(t.generation, orjson.dumps(f), key=key)
+            await producer.flush()
+        finally:
+            await producer.stop()
+        sidecars = [SidecarProcess(env, self.workdir / f"{name}-{j}.log") for j in range(instances)]
+        for s in sidecars:
+            await asyncio.to_thread(s.start)
+        cpu0 = {s.pid: _proc_cpu_s(s.pid) for s in sidecars if s.pid}
+        times: list[float] = []
+        rss = 0.0
+        incomplete = 0
+
+        def on_verdict(obj: dict[str, Any], now: float) -> None:
+            nonlocal incomplete
+            del now  # the sidecar's own production time is what counts here
+            times.append(datetime.fromisoformat(obj["produced_at"]).timestamp())
+            incomplete += any(r["code"] == "incomplete" for r in obj["reasons"])
+
+        async def sample() -> None:
+            nonlocal rss
+            while len(times) < n:
+                rss = max(rss, *(s.rss_mb() or 0.0 for s in sidecars))
+                await asyncio.sleep(0.25)
+
+        sampler = asyncio.create_task(sample())
+        await self._consume(settings, t.verdicts, n, on_verdict, timeout_s=max(120.0, n / 50))
+        sampler.cancel()
+        cpu = sum(_proc_cpu_s(pid) - c0 for pid, c0 in cpu0.items())
+        for s in sidecars:
+            await asyncio.to_thread(s.signal, signal.SIGTERM)
+        times.sort()
+        seconds = (times[-1] - times[0]) if len(times) > 1 else 0.0
+        return RunResult(
+            name=name,
+            config={
+                "mode": "drain",
+                **asdict(shape),
+                "partitions": partitions,
+                "instances": instances,
+            },
+            requests=n,
+            verdicts=len(times),
+            seconds=round(seconds, 3),
+            throughput_answers_per_s=round((len(times) - 1) / seconds, 1) if seconds > 0 else 0.0,
+            rss_mb=round(rss, 1),
+            cpu_s=round(cpu, 2),
+            incomplete=incomplete,
+        )
+
+    async def open_loop(
+        self, name: str, rate: float, duration_s: float, shape: LoadShape, partitions: int = 3
+    ) -> RunResult:
+        """Produce at a fixed rate while the sidecar runs; latency per verdict (and claim)."""
+        settings, env = self._setup(partitions)
+        await create_topics(settings)
+        sidecar = SidecarProcess(env, self.workdir / f"{name}.log")
+        await asyncio.to_thread(sidecar.start)
+        t = settings.topics
+        n = int(rate * duration_s)
+        final_sent: dict[str, float] = {}
+        sentence_sent: dict[tuple[str, int], float] = {}
+        latencies: list[float] = []
+        claim_latencies: list[float] = []
+        incomplete = 0
+
+        last_verdict = [0.0]
+
+        def on_verdict(obj: dict[str, Any], now: float) -> None:
+            nonlocal incomplete
+            incomplete += any(r["code"] == "incomplete" for r in obj["reasons"])
+            sent = final_sent.get(obj["request_id"])
+            if sent is not None:
+                latencies.append((now - sent) * 1000.0)
+                last_verdict[0] = now
+
+        def on_claim(obj: dict[str, Any], now: float) -> None:
+            sent = sentence_sent.get((obj["request_id"], obj["claim_index"]))
+            if sent is not None:
+                claim_latencies.append((now - sent) * 1000.0)
+
+        producer = await self._producer(settings)
+        consumers = [
+            asyncio.create_task(
+                self._consume(settings, t.verdicts, n, on_verdict, timeout_s=duration_s + 60)
+            )
+        ]
+        if shape.claims:
+            consumers.append(
+                asyncio.create_task(
+                    self._consume(
+                        settings, t.claims, n * shape.claims, on_claim, timeout_s=duration_s + 15
+                    )
+                )
+            )
+        await asyncio.sleep(1.0)  # consumers assigned before the load starts
+        cpu0 = _proc_cpu_s(sidecar.pid or 0)
+        start = time.monotonic()
+        try:
+            rss = await self._produce_at_rate(
+                producer,
+                settings=settings,
+                name=name,
+                n=n,
+                rate=rate,
+                shape=shape,
+                sidecar=sidecar,
+                final_sent=final_sent,
+                sentence_sent=sentence_sent,
+            )
+            await asyncio.gather(*consumers)
+        finally:
+            await producer.stop()
+        elapsed = (last_verdict[0] or time.monotonic()) - start
+        cpu = _proc_cpu_s(sidecar.pid or 0) - cpu0
+        await asyncio.to_thread(sidecar.signal, signal.SIGTERM)
+        return RunResult(
+            name=name,
+            config={
+                "mode": "open-loop",
+                "rate_answers_per_s": rate,
+                "duration_s": duration_s,
+                **asdict(shape),
+                "partitions": partitions,
+            },
+            requests=n,
+            verdicts=len(latencies),
+            seconds=round(elapsed, 2),
+            throughput_answers_per_s=round(len(latencies) / elapsed, 1),
+            latency_ms=percentiles(latencies),
+            claim_latency_ms=percentiles(claim_latencies),
+            rss_mb=round(rss, 1),
+            cpu_s=round(cpu, 2),
+            incomplete=incomplete,
+        )
+
+    @staticmethod
+    async def _produce_at_rate(
+        producer: AIOKafkaProducer,
+        *,
+        settings: Settings,
+        name: str,
+        n: int,
+        rate: float,
+        shape: LoadShape,
+        sidecar: SidecarProcess,
+        final_sent: dict[str, float],
+        sentence_sent: dict[tuple[str, int], float],
+    ) -> float:
+        """Open loop: request i is due at start + i / rate, whatever the sidecar does."""
+        t = settings.topics
+        rss = 0.0
+        start = time.monotonic()
+        for i in range(n):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            rid = f"{name}-{i}"
+            r, ds, f = answer_events(rid, shape)
+            key = rid.encode()
+            await producer.send(t.retrieval, orjson.dumps(r), key=key)
+            claim = 0
+            for d in ds:
+                now = time.monotonic()
+                for _ in range(d["text"].count(". ")):
+                    sentence_sent[(rid, claim)] = now
+                    claim += 1
+                await producer.send(t.generation, orjson.dumps(d), key=key)
+            final_sent[rid] = time.monotonic()
+            await producer.send(t.generation, orjson.dumps(f), key=key)
+            if i % 50 == 0:
+                rss = max(rss, sidecar.rss_mb() or 0.0)
+        await producer.flush()
+        return rss
+
+    async def _consume(
+        self,
+        settings: Settings,
+        topic: str,
+        n: int,
+        on: Callable[[dict[str, Any], float], None],
+        timeout_s: float,
+    ) -> int:
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=settings.kafka.bootstrap_servers,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=5,
+        )
+        await consumer.start()
+        seen = 0
+        deadline = time.monotonic() + timeout_s
+        try:
+            while seen < n and time.monotonic() < deadline:
+                batch = await consumer.getmany(timeout_ms=100, max_records=5000)
+                now = time.monotonic()
+                for records in batch.values():
+                    for m in records:
+                        on(orjson.loads(m.value), now)
+                        seen += 1
+        finally:
+            await consumer.stop()
+        return seen

@@ -1,0 +1,144 @@
+"""``guardrail bench``: the whole benchmark, one JSON object.
+
+Runs on the machine it is given; on 2 cores the load generator, the broker and
+the sidecar share the CPU, which the JSON records (``cpu_count``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sidecar.config import Settings
+from sidecar.kafka.topics import create_topics
+from sidecar.lab.bench.e2e import Bench, LoadShape
+from sidecar.lab.bench.profile import profile_requests
+from sidecar.lab.bench.stages import run_claim_stages, run_stages
+from sidecar.lab.chaos.process import SidecarProcess
+from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
+
+
+def _log(msg: str) -> None:
+    sys.stderr.write(f"[bench] {msg}\n")
+    sys.stderr.flush()
+
+
+async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, Any]:
+    from sidecar import runtime  # noqa: PLC0415
+
+    scale = 0.25 if quick else 1.0
+    runs: dict[str, Any] = {}
+    fast = Bench(broker, workdir, {"GUARDRAIL_SIGNALS__CLAIMS": "false"})
+    baseline = Bench(broker, workdir, {**fast.extra_env, "GUARDRAIL_KAFKA__BATCH": "false"})
+
+    _log("fast path drain (batched, pipelined)")
+    runs["fast_drain"] = await fast.drain("fast", int(20000 * scale), LoadShape())
+    _log("baseline drain (one message, one confirmed publish at a time)")
+    runs["baseline_drain"] = await baseline.drain("base", int(4000 * scale), LoadShape())
+    _log("fast path open loop at 500 answers/s")
+    runs["fast_500"] = await fast.open_loop("o500", 500, 20 * scale, LoadShape())
+    full = Bench(broker, workdir, {"GUARDRAIL_SIGNALS__CLAIMS": "true"})
+    claims_shape = LoadShape(k=5, deltas=5, claims=5, attention=None)
+    _log("full path drain (5 claims per answer, K=5)")
+    runs["full_drain"] = await full.drain("full", int(2000 * scale), claims_shape)
+    _log("full path open loop at 50 answers/s")
+    runs["full_50"] = await full.open_loop("f50", 50, 20 * scale, claims_shape)
+    # 3 partitions (odd): two instances split them 2 + 1, which the co-partitioning
+    # assignor must do without tearing a request apart (0 incomplete)
+    _log("scale-out: 3 partitions, one instance then two")
+    runs["scale_1"] = await fast.drain(
+        "s1", int(12000 * scale), LoadShape(), partitions=3, instances=1
+    )
+    runs["scale_2"] = await fast.drain(
+        "s2", int(12000 * scale), LoadShape(), partitions=3, instances=2
+    )
+
+    _log("start to ready")
+    await create_topics(Settings.load(kafka={"bootstrap_servers": broker.bootstrap_servers}))
+    startups = []
+    for i in range(3):
+        p = SidecarProcess(
+            {"GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap_servers},
+            workdir / f"start-{i}.log",
+        )
+        t0 = time.monotonic()
+        await asyncio.to_thread(p.start)
+        startups.append(time.monotonic() - t0)
+        rss = p.rss_mb()
+        await asyncio.to_thread(p.signal, 15)
+    settings = Settings.load()
+    _log("stages in isolation")
+    policy, signals = runtime.build_policy(settings), runtime.build_signals(settings)
+    stages = run_stages(settings, policy, signals)
+    claim_settings = Settings.load(signals={"claims": True})
+    claim_signals = runtime.build_signals(claim_settings)
+    if claim_signals.claims is not None:
+        stages["claims"] = run_claim_stages(claim_signals.claims, shape=claims_shape)
+    _log("profiles: whole requests through the processor (fast path, claim path)")
+    profiles = {
+        "fast_path": profile_requests(settings, policy, signals, n=1000),
+        "claim_path": profile_requests(
+            claim_settings,
+            policy,  # the policy file does not depend on which signals run
+            claim_signals,
+            n=100,
+            shape=claims_shape,
+        ),
+    }
+    res = {k: asdict(v) for k, v in runs.items()}
+    return {
+        "throughput_answers_per_s": runs["fast_drain"].throughput_answers_per_s,
+        "p99_ms_at_500": runs["fast_500"].latency_ms.get("p99"),
+        "full_path_answers_per_s": runs["full_drain"].throughput_answers_per_s,
+        "claim_p95_ms": runs["full_50"].claim_latency_ms.get("p95"),
+        "rss_mb": max(runs["fast_drain"].rss_mb, runs["full_drain"].rss_mb, rss or 0.0),
+        "startup_s": round(min(startups), 2),
+        "baseline_ratio": round(
+            runs["fast_drain"].throughput_answers_per_s
+            / max(1e-9, runs["baseline_drain"].throughput_answers_per_s),
+            2,
+        ),
+        "scale_out_ratio": round(
+            runs["scale_2"].throughput_answers_per_s
+            / max(1e-9, runs["scale_1"].throughput_answers_per_s),
+            2,
+        ),
+        "scale_out_incomplete": runs["scale_2"].incomplete,
+        "serving_imports_torch": runtime.serving_imports_torch(),
+        "cpu_count": os.cpu_count(),
+        "quick": quick,
+        "runs": res,
+        "stages": stages,
+        "profiles": profiles,
+    }
+
+
+def run_bench(quick: bool = False, out: Path | None = None) -> dict[str, Any]:
+    home = default_home()
+    home.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-", dir=home) as tmp:
+        workdir = Path(tmp)
+        broker = LocalKafka(
+            workdir / "broker",
+            ensure_jars(home / "lib"),
+            port=free_port(),
+            controller_port=free_port(),
+            heap_mb=1024,
+        )
+        broker.start()
+        try:
+            report = asyncio.run(_suite(broker, workdir, quick))
+        finally:
+            broker.stop()
+    if out is not None:
+        import orjson  # noqa: PLC0415
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    return report

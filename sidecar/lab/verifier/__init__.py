@@ -1,0 +1,1 @@
+"""Fit side of the claim verifier served by :mod:`sidecar.claims`: data, training, evaluation."""
