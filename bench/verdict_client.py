@@ -8,7 +8,7 @@ the broker's append time, and the wait overhead of one request is the time
 from that append to the moment its awaiting caller woke up (same host, same
 clock). Written as JSON; nothing here asserts a timing.
 
-    python -m bench.verdict_client [--requests 1000] [--replicas 3] [--out PATH]
+    python -m bench.verdict_client [--requests 1000] [--replicas 3] [--rate 0] [--out PATH]
 """
 
 from __future__ import annotations
@@ -76,8 +76,13 @@ async def create_append_time_verdicts(bootstrap: str, topic: str, partitions: in
 
 
 async def one_request(
-    publisher: GuardrailPublisher, verdicts: VerdictClient, request_id: str, timeout_s: float
+    publisher: GuardrailPublisher,
+    verdicts: VerdictClient,
+    request_id: str,
+    timeout_s: float,
+    delay_s: float = 0.0,
 ) -> VerdictResult:
+    await asyncio.sleep(delay_s)
     await publisher.retrieval(
         request_id, "who wrote frankenstein", HITS, tenant="acme", collection="wiki"
     )
@@ -94,10 +99,13 @@ async def run_replicas(
     requests: int = 1000,
     replicas: int = 3,
     timeout_s: float = 120.0,
+    rate: float = 0.0,
 ) -> tuple[list[list[VerdictResult]], list[VerdictClient]]:
     """Send ``requests`` requests, split over ``replicas`` publisher + VerdictClient pairs.
 
-    Returns each replica's results (its own requests only) and its (stopped) client.
+    ``rate`` > 0 paces the starts (requests per second over all replicas); 0 starts
+    them all at once. Returns each replica's results (its own requests only) and its
+    (stopped) client.
     """
     publishers = [
         GuardrailPublisher(
@@ -121,7 +129,13 @@ async def run_replicas(
             *(
                 asyncio.gather(
                     *(
-                        one_request(publishers[r], clients[r], f"r{r}-{run}-{i}", timeout_s)
+                        one_request(
+                            publishers[r],
+                            clients[r],
+                            f"r{r}-{run}-{i}",
+                            timeout_s,
+                            i / rate if rate > 0 else 0.0,
+                        )
                         for i in range(r, requests, replicas)
                     )
                 )
@@ -193,7 +207,11 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
         proc.start()
         started = time.monotonic()
         per_replica, clients = await run_replicas(
-            broker.bootstrap_servers, topics, requests=args.requests, replicas=args.replicas
+            broker.bootstrap_servers,
+            topics,
+            requests=args.requests,
+            replicas=args.replicas,
+            rate=args.rate,
         )
         summary = summarise(per_replica, clients, time.monotonic() - started)
     finally:
@@ -201,13 +219,19 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             proc.signal(15)
         broker.stop()
         shutil.rmtree(home, ignore_errors=True)
-    return summary | {"cpu_count": os.cpu_count(), "python": platform.python_version()}
+    return summary | {
+        "rate_per_s": args.rate or "all at once",
+        "cpu_count": os.cpu_count(),
+        "load_average_1m_after": os.getloadavg()[0],
+        "python": platform.python_version(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=0.0, help="requests/s; 0: all at once")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
     summary = asyncio.run(_main(args))

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
@@ -45,14 +45,14 @@ E = TypeVar("E", RetrievalEvent, GenerationDelta, GenerationFinal)
 
 
 @dataclass(frozen=True, slots=True)
-class OutgoingRecord:
+class OutgoingRecord(Generic[E]):
     """One event ready to send: where, under which key, with which headers."""
 
     topic: str
     key: bytes
     value: bytes
     headers: tuple[Header, ...]
-    event: ClientEvent
+    event: E
 
 
 @dataclass(slots=True)
@@ -136,7 +136,7 @@ class EventBuilder:
         retriever: str = "default",
         k: int | None = None,
         created_at: datetime | None = None,
-    ) -> OutgoingRecord:
+    ) -> OutgoingRecord[RetrievalEvent]:
         """What was retrieved (best first); ``k`` defaults to ``len(hits)``."""
         hit_fields = [h.model_dump() if isinstance(h, RetrievalHit) else dict(h) for h in hits]
         event = _validated(
@@ -157,7 +157,7 @@ class EventBuilder:
             self._state(request_id).tenant = tenant
         return self._record(self.retrieval_topic, event, tenant)
 
-    def delta(self, request_id: str, text: str) -> OutgoingRecord:
+    def delta(self, request_id: str, text: str) -> OutgoingRecord[GenerationDelta]:
         """The next streamed piece of the answer (``seq`` is counted here)."""
         with self._lock:
             state = self._state(request_id)
@@ -178,7 +178,7 @@ class EventBuilder:
         attention: AttentionSummary | Any | None = None,
         logprob: float | None = None,
         generator_model: str | None = None,
-    ) -> OutgoingRecord:
+    ) -> OutgoingRecord[GenerationFinal]:
         """The whole answer; ``attention`` is an ``AttentionSummary`` or an (L, H, K) array."""
         if attention is not None and not isinstance(attention, AttentionSummary):
             try:
@@ -216,7 +216,7 @@ class EventBuilder:
                 )
         return state
 
-    def _record(self, topic: str, event: ClientEvent, tenant: str | None) -> OutgoingRecord:
+    def _record(self, topic: str, event: E, tenant: str | None) -> OutgoingRecord[E]:
         headers = self._headers()
         if tenant is not None and self.tenant_header:
             headers.append((self.tenant_header, tenant.encode("utf-8")))

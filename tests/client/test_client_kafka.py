@@ -206,3 +206,25 @@ async def test_a_sidecar_that_stops_gives_timeouts_and_its_late_verdict_is_still
         start_sidecar()  # the group resumes from its committed offsets and decides it
         late = await verdicts.verdict("while-down", timeout=60)
         assert late.from_sidecar and late.verdict is not None
+
+
+async def test_claims_stream_the_requests_claim_verdicts_and_end_after_its_verdict(
+    client_settings: Settings, start_sidecar: SidecarFactory
+) -> None:
+    settings = client_settings
+    start_sidecar(GUARDRAIL_SIGNALS__CLAIMS="true")
+    answer = "Frankenstein was written by Mary Shelley. It is a gothic novel."
+    async with publisher(settings) as pub, verdict_client(settings, timeout_s=60) as verdicts:
+        await pub.retrieval("claims-1", QUERY, HITS, tenant="acme", collection="wiki")
+        await pub.delta("claims-1", "Frankenstein was written by Mary Shelley. ")
+        await pub.delta("claims-1", "It is a gothic novel.")
+        await pub.final("claims-1", answer)
+        claims = [c async for c in verdicts.claims("claims-1")]
+        result = await verdicts.verdict("claims-1")  # already here: from the recent cache
+    assert result.from_sidecar and result.verdict is not None
+    counted = result.verdict.signals.claims
+    assert counted.status == "ok" and counted.n >= 1
+    assert len(claims) == counted.n + len(counted.superseded_claims)
+    assert all(c.request_id == "claims-1" for c in claims)
+    assert sorted(c.claim_index for c in claims) == list(range(len(claims)))
+    assert {c.text for c in claims} <= {answer[c.span[0] : c.span[1]] for c in claims}
