@@ -29,7 +29,7 @@ demo: setup kafka-jars
 	$(BIN)/guardrail demo
 
 lint: setup
-	$(BIN)/ruff check sidecar tests
+	$(BIN)/ruff check sidecar guardrail_client tests bench
 	$(BIN)/guardrail schemas check
 
 typecheck: setup

@@ -1,0 +1,55 @@
+"""The LLM service's side of the guardrail: publish a request's events, wait for its verdict.
+
+Depends on aiokafka, pydantic and the sidecar's contracts only (never the
+sidecar's serving modules, FastStream, onnxruntime or torch)::
+
+    async with GuardrailPublisher(BOOTSTRAP, generator_model="my-llm") as pub, \\
+            VerdictClient(BOOTSTRAP, on_timeout="allow") as verdicts:
+        await pub.retrieval(rid, query, hits, tenant="acme", collection="wiki")
+        await pub.final(rid, answer)
+        result = await verdicts.verdict(rid, timeout=2.0)
+"""
+
+from guardrail_client.events import EventBuilder, OutgoingRecord, trace_headers
+from guardrail_client.exceptions import (
+    ClientError,
+    ClientNotStartedError,
+    InvalidEventError,
+    PartitionerWarning,
+    VerdictTimeoutError,
+)
+from guardrail_client.keys import partition_for, request_key
+from guardrail_client.publisher import GuardrailPublisher, PublisherStats
+from guardrail_client.sync import SyncGuardrailPublisher
+from guardrail_client.verdicts import OnTimeout, VerdictClient, VerdictResult
+from sidecar.contracts.events import (
+    AnswerVerdict,
+    AttentionSummary,
+    ClaimVerdict,
+    Decision,
+    RetrievalHit,
+)
+
+__all__ = [
+    "AnswerVerdict",
+    "AttentionSummary",
+    "ClaimVerdict",
+    "ClientError",
+    "ClientNotStartedError",
+    "Decision",
+    "EventBuilder",
+    "GuardrailPublisher",
+    "InvalidEventError",
+    "OnTimeout",
+    "OutgoingRecord",
+    "PartitionerWarning",
+    "PublisherStats",
+    "RetrievalHit",
+    "SyncGuardrailPublisher",
+    "VerdictClient",
+    "VerdictResult",
+    "VerdictTimeoutError",
+    "partition_for",
+    "request_key",
+    "trace_headers",
+]

@@ -1,0 +1,229 @@
+"""Building the LLM service's events: contract models, per-request sequence numbers, headers.
+
+No Kafka here: ``EventBuilder`` turns a call such as ``delta(request_id, text)``
+into a validated contract event and the record that carries it (topic, key,
+value, headers). It is thread-safe, so the sync publisher builds on the
+caller's thread and only hands finished records to its loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import ValidationError
+
+from guardrail_client.exceptions import InvalidEventError
+from guardrail_client.keys import request_key
+from sidecar.contracts.codec import encode
+from sidecar.contracts.events import (
+    AttentionSummary,
+    GenerationDelta,
+    GenerationFinal,
+    RetrievalEvent,
+    RetrievalHit,
+)
+
+try:  # OpenTelemetry is optional: without it no trace context travels
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _PROPAGATOR: TraceContextTextMapPropagator | None = TraceContextTextMapPropagator()
+except ImportError:  # pragma: no cover - opentelemetry-api is installed with the client extra
+    _PROPAGATOR = None
+
+log = logging.getLogger("guardrail_client")
+
+Header = tuple[str, bytes]
+ClientEvent = RetrievalEvent | GenerationDelta | GenerationFinal
+HitLike = RetrievalHit | Mapping[str, Any]
+E = TypeVar("E", RetrievalEvent, GenerationDelta, GenerationFinal)
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingRecord(Generic[E]):
+    """One event ready to send: where, under which key, with which headers."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    headers: tuple[Header, ...]
+    event: E
+
+
+@dataclass(slots=True)
+class _OpenRequest:
+    next_seq: int = 0
+    tenant: str | None = None
+
+
+def trace_headers() -> list[Header]:
+    """The current OpenTelemetry context as W3C ``traceparent`` (and ``tracestate``) headers.
+
+    Empty when there is no valid current span (or OpenTelemetry is not installed).
+    """
+    if _PROPAGATOR is None:
+        return []
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return [(name, value.encode("ascii")) for name, value in sorted(carrier.items())]
+
+
+def _summarise(exc: ValidationError, limit: int = 3) -> str:
+    parts = []
+    for err in exc.errors()[:limit]:
+        loc = ".".join(str(p) for p in err["loc"]) or "<root>"
+        parts.append(f"{loc}: {err['msg']}")
+    more = exc.error_count() - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+def _validated(model: type[E], event_type: str, fields: dict[str, Any]) -> E:
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        raise InvalidEventError(event_type, _summarise(exc)) from None
+
+
+class EventBuilder:
+    """Contract events for one LLM service, with each open request's delta count.
+
+    ``delta`` numbers a request's pieces from 0 without gaps (as the sidecar
+    requires) and ``final`` reports how many there were, then forgets the
+    request. The tenant named by ``retrieval`` travels as the ``tenant_header``
+    on all the request's events (the sidecar's ``tenancy.source=header`` reads
+    it); at most ``max_open_requests`` requests are remembered, the oldest
+    forgotten first (a request that never got its final).
+    """
+
+    def __init__(
+        self,
+        *,
+        retrieval_topic: str,
+        generation_topic: str,
+        generator_model: str,
+        tenant_header: str | None = "x-tenant",
+        max_open_requests: int = 100_000,
+        headers: Callable[[], list[Header]] = trace_headers,
+    ) -> None:
+        if max_open_requests < 1:
+            raise ValueError(f"max_open_requests must be >= 1, got {max_open_requests}")
+        self.retrieval_topic = retrieval_topic
+        self.generation_topic = generation_topic
+        self.generator_model = generator_model
+        self.tenant_header = tenant_header
+        self.max_open_requests = max_open_requests
+        self._headers = headers
+        self._open: OrderedDict[str, _OpenRequest] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @property
+    def open_requests(self) -> int:
+        return len(self._open)
+
+    def retrieval(
+        self,
+        request_id: str,
+        query: str,
+        hits: Sequence[HitLike],
+        *,
+        tenant: str,
+        collection: str,
+        retriever: str = "default",
+        k: int | None = None,
+        created_at: datetime | None = None,
+    ) -> OutgoingRecord[RetrievalEvent]:
+        """What was retrieved (best first); ``k`` defaults to ``len(hits)``."""
+        hit_fields = [h.model_dump() if isinstance(h, RetrievalHit) else dict(h) for h in hits]
+        event = _validated(
+            RetrievalEvent,
+            "retrieval",
+            {
+                "request_id": request_id,
+                "tenant": tenant,
+                "collection": collection,
+                "retriever": retriever,
+                "query": query,
+                "k": len(hit_fields) if k is None else k,
+                "hits": hit_fields,
+                "created_at": created_at,
+            },
+        )
+        with self._lock:
+            self._state(request_id).tenant = tenant
+        return self._record(self.retrieval_topic, event, tenant)
+
+    def delta(self, request_id: str, text: str) -> OutgoingRecord[GenerationDelta]:
+        """The next streamed piece of the answer (``seq`` is counted here)."""
+        with self._lock:
+            state = self._state(request_id)
+            event = _validated(
+                GenerationDelta,
+                "generation.delta",
+                {"request_id": request_id, "seq": state.next_seq, "text": text},
+            )
+            state.next_seq += 1
+            tenant = state.tenant
+        return self._record(self.generation_topic, event, tenant)
+
+    def final(
+        self,
+        request_id: str,
+        answer: str,
+        *,
+        attention: AttentionSummary | Any | None = None,
+        logprob: float | None = None,
+        generator_model: str | None = None,
+    ) -> OutgoingRecord[GenerationFinal]:
+        """The whole answer; ``attention`` is an ``AttentionSummary`` or an (L, H, K) array."""
+        if attention is not None and not isinstance(attention, AttentionSummary):
+            try:
+                attention = AttentionSummary.from_array(attention)
+            except (ValueError, ValidationError) as exc:
+                raise InvalidEventError("generation.final", f"attention: {exc}") from None
+        with self._lock:
+            state = self._open.get(request_id, _OpenRequest())
+            event = _validated(
+                GenerationFinal,
+                "generation.final",
+                {
+                    "request_id": request_id,
+                    "answer": answer,
+                    "generator_model": generator_model or self.generator_model,
+                    "deltas": state.next_seq,
+                    "attention": attention,
+                    "mean_token_logprob": logprob,
+                },
+            )
+            self._open.pop(request_id, None)
+        return self._record(self.generation_topic, event, state.tenant)
+
+    def _state(self, request_id: str) -> _OpenRequest:
+        state = self._open.get(request_id)
+        if state is None:
+            state = self._open[request_id] = _OpenRequest()
+            if len(self._open) > self.max_open_requests:
+                forgotten, _ = self._open.popitem(last=False)
+                log.warning(
+                    "forgot open request %s: more than %d requests without a final "
+                    "(max_open_requests); a later delta of it restarts at seq 0",
+                    forgotten,
+                    self.max_open_requests,
+                )
+        return state
+
+    def _record(self, topic: str, event: E, tenant: str | None) -> OutgoingRecord[E]:
+        headers = self._headers()
+        if tenant is not None and self.tenant_header:
+            headers.append((self.tenant_header, tenant.encode("utf-8")))
+        return OutgoingRecord(
+            topic=topic,
+            key=request_key(event.request_id),
+            value=encode(event),
+            headers=tuple(headers),
+            event=event,
+        )

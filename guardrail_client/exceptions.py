@@ -1,0 +1,55 @@
+"""The client's errors and warnings, under the project's one root exception."""
+
+from __future__ import annotations
+
+from sidecar.exceptions import GuardrailError
+
+
+class ClientError(GuardrailError):
+    """Root of every error the guardrail client raises on purpose."""
+
+
+class InvalidEventError(ClientError):
+    """An event the caller asked to publish breaks the contract; it was not sent.
+
+    A caller's bug, not the sidecar's input: it is raised at the call site so
+    that it never reaches Kafka (where the sidecar would dead-letter it).
+    """
+
+    def __init__(self, event_type: str, detail: str) -> None:
+        super().__init__(f"{event_type} event breaks the contract: {detail}")
+        self.event_type = event_type
+        self.detail = detail
+
+
+class ClientNotStartedError(ClientError):
+    """A publisher or verdict client was used before ``start()`` (or after ``stop()``)."""
+
+
+class VerdictTimeoutError(ClientError):
+    """No verdict came within the timeout and ``on_timeout="raise"`` was chosen.
+
+    ``source`` says why: ``timeout`` (nothing arrived in time: the sidecar is
+    down, lagging, or the events never reached Kafka) or ``unavailable`` (this
+    client's own consumer is not running).
+    """
+
+    retriable = True
+
+    def __init__(self, request_id: str, source: str, waited_s: float) -> None:
+        super().__init__(
+            f"no verdict for request {request_id!r} after {waited_s:.3f}s ({source}); "
+            "on_timeout='raise' was chosen (allowed: 'allow', 'block', 'raise')"
+        )
+        self.request_id = request_id
+        self.source = source
+        self.waited_s = waited_s
+
+
+class PartitionerWarning(UserWarning):
+    """The producer was given a partitioner other than Kafka's murmur2 default.
+
+    The sidecar needs a request's retrieval and generation events on the same
+    partition number of the two (co-partitioned) topics, as every Kafka client
+    that hashes the key with murmur2 puts them.
+    """

@@ -1,0 +1,259 @@
+"""``GuardrailPublisher``: the LLM service's events onto Kafka without blocking its event loop.
+
+A call (``retrieval``, ``delta``, ``final``) validates and builds the event on
+the spot (a contract violation raises ``InvalidEventError`` there and nothing
+is sent), then puts the record on a bounded in-memory queue and returns. One
+background task hands the queue to aiokafka's producer, which batches per
+partition (``linger_ms``). When Kafka is away the queue fills; further events
+are dropped and counted (``stats.dropped``) rather than stalling requests: the
+verdict then never comes and the ``VerdictClient``'s ``on_timeout`` decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from guardrail_client.events import EventBuilder, HitLike, OutgoingRecord
+from guardrail_client.exceptions import ClientNotStartedError, PartitionerWarning
+from guardrail_client.keys import is_murmur2_partitioner
+from sidecar.contracts.events import (
+    AttentionSummary,
+    GenerationDelta,
+    GenerationFinal,
+    RetrievalEvent,
+)
+from sidecar.exceptions import BrokerError
+
+log = logging.getLogger("guardrail_client")
+
+
+@dataclass(slots=True)
+class PublisherStats:
+    """What happened to the events handed to the publisher."""
+
+    queued: int = 0
+    delivered: int = 0
+    failed: int = 0  # the broker refused or the delivery timed out
+    dropped: int = 0  # the queue was full (Kafka away or too slow)
+
+
+def check_partitioner(producer_options: dict[str, Any]) -> None:
+    """Warn when a partitioner other than murmur2 (Kafka's default) is configured."""
+    partitioner = producer_options.get("partitioner")
+    if partitioner is not None and not is_murmur2_partitioner(partitioner):
+        warnings.warn(
+            f"partitioner {partitioner!r} is not Kafka's murmur2 default: a request's retrieval "
+            "and generation events may land on different partitions and the sidecar can only "
+            "join them within one partition (they would be dead-lettered or time out)",
+            PartitionerWarning,
+            stacklevel=3,
+        )
+
+
+class GuardrailPublisher:
+    """Async publisher of the LLM service's events (``async with GuardrailPublisher(...)``).
+
+    ``producer_options`` go to ``AIOKafkaProducer`` (security settings, ``acks``,
+    ``compression_type``); records are keyed by request id and partitioned by
+    murmur2, as the sidecar's co-partitioned join needs. Each event carries the
+    caller's current OpenTelemetry context as a ``traceparent`` header.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        generator_model: str,
+        retrieval_topic: str = "rag.retrieval",
+        generation_topic: str = "rag.generation",
+        tenant_header: str | None = "x-tenant",
+        linger_ms: int = 5,
+        max_queued_events: int = 10_000,
+        max_open_requests: int = 100_000,
+        **producer_options: Any,
+    ) -> None:
+        if max_queued_events < 1:
+            raise ValueError(f"max_queued_events must be >= 1, got {max_queued_events}")
+        check_partitioner(producer_options)
+        self.builder = EventBuilder(
+            retrieval_topic=retrieval_topic,
+            generation_topic=generation_topic,
+            generator_model=generator_model,
+            tenant_header=tenant_header,
+            max_open_requests=max_open_requests,
+        )
+        self.stats = PublisherStats()
+        self._producer_args: dict[str, Any] = {
+            "bootstrap_servers": bootstrap_servers,
+            "linger_ms": linger_ms,
+            "acks": "all",
+            **producer_options,
+        }
+        self._max_queued = max_queued_events
+        self._producer: AIOKafkaProducer | None = None
+        self._queue: asyncio.Queue[OutgoingRecord[Any]] | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Future[Any]] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        producer = AIOKafkaProducer(**self._producer_args)
+        try:
+            await producer.start()
+        except KafkaError as exc:
+            await producer.stop()
+            raise BrokerError(
+                f"cannot reach Kafka at {self._producer_args['bootstrap_servers']}: {exc}"
+            ) from exc
+        self._producer = producer
+        self._queue = asyncio.Queue(self._max_queued)
+        self._drain_task = asyncio.create_task(self._drain(), name="guardrail-publisher")
+
+    async def stop(self, flush_timeout_s: float = 10.0) -> None:
+        """Deliver what is queued (up to ``flush_timeout_s``), then close the producer."""
+        if self._producer is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await self.flush(flush_timeout_s)
+        if self._drain_task is not None:
+            self._drain_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain_task
+        await self._producer.stop()
+        self._producer = self._queue = self._drain_task = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ events
+
+    async def retrieval(
+        self,
+        request_id: str,
+        query: str,
+        hits: Sequence[HitLike],
+        *,
+        tenant: str,
+        collection: str,
+        retriever: str = "default",
+        k: int | None = None,
+        created_at: datetime | None = None,
+    ) -> RetrievalEvent:
+        """Queue the retrieval event (hits best first: ``RetrievalHit`` or mappings)."""
+        record = self.builder.retrieval(
+            request_id,
+            query,
+            hits,
+            tenant=tenant,
+            collection=collection,
+            retriever=retriever,
+            k=k,
+            created_at=created_at,
+        )
+        self.enqueue(record)
+        return record.event
+
+    async def delta(self, request_id: str, text: str) -> GenerationDelta:
+        """Queue the next streamed piece of the answer."""
+        record = self.builder.delta(request_id, text)
+        self.enqueue(record)
+        return record.event
+
+    async def final(
+        self,
+        request_id: str,
+        answer: str,
+        *,
+        attention: AttentionSummary | Any | None = None,
+        logprob: float | None = None,
+        generator_model: str | None = None,
+    ) -> GenerationFinal:
+        """Queue the final event: the whole answer, its attention summary and mean logprob."""
+        record = self.builder.final(
+            request_id,
+            answer,
+            attention=attention,
+            logprob=logprob,
+            generator_model=generator_model,
+        )
+        self.enqueue(record)
+        return record.event
+
+    def enqueue(self, record: OutgoingRecord[Any]) -> None:
+        """Queue a built record; never waits. Called on the publisher's own loop only."""
+        if self._queue is None:
+            raise ClientNotStartedError("GuardrailPublisher used before start() or after stop()")
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            self.stats.dropped += 1
+            if self.stats.dropped == 1 or self.stats.dropped % 1000 == 0:
+                log.warning(
+                    "dropped %d events so far: %d queued (max_queued_events), Kafka is away "
+                    "or slower than the service; their verdicts will time out",
+                    self.stats.dropped,
+                    self._max_queued,
+                )
+            return
+        self.stats.queued += 1
+
+    async def flush(self, timeout_s: float = 10.0) -> None:
+        """Wait until every queued event is delivered (or failed); ``TimeoutError`` after."""
+        if self._queue is None or self._producer is None:
+            raise ClientNotStartedError("GuardrailPublisher used before start() or after stop()")
+        async with asyncio.timeout(timeout_s):
+            await self._queue.join()
+            await self._producer.flush()
+            if self._pending:
+                await asyncio.wait(set(self._pending))
+
+    # ------------------------------------------------------------------ the drain task
+
+    async def _drain(self) -> None:
+        assert self._queue is not None and self._producer is not None  # noqa: S101 - started
+        queue, producer = self._queue, self._producer
+        while True:
+            record = await queue.get()
+            try:
+                future = await producer.send(
+                    record.topic, record.value, key=record.key, headers=list(record.headers)
+                )
+            except KafkaError as exc:
+                self.stats.failed += 1
+                log.warning("could not send %s: %s", record.event.event_type, exc)
+            else:
+                self._pending.add(future)
+                future.add_done_callback(self._delivered)
+            finally:
+                queue.task_done()
+
+    def _delivered(self, future: asyncio.Future[Any]) -> None:
+        self._pending.discard(future)
+        if future.cancelled():
+            self.stats.failed += 1
+        elif (exc := future.exception()) is not None:
+            self.stats.failed += 1
+            log.warning("an event was not delivered: %s", exc)
+        else:
+            self.stats.delivered += 1

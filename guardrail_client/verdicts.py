@@ -1,0 +1,284 @@
+"""``VerdictClient``: wait for a request's verdict, or iterate over its claims, in a replica.
+
+Design (one per service replica): one consumer reads every partition of the
+verdict topic (and the claims topic), with no consumer group, from the end
+offsets it found at ``start()``; an in-memory waiter map (``waiters.py``)
+wakes the caller awaiting that request id. Why not a consumer group: a group
+gives each replica only some partitions, but a replica's requests hash onto
+all of them, and a rebalance would move a partition away under its waiting
+callers. Why not a reply-to topic per replica: the sidecar would have to
+publish each verdict twice. The cost of this design is that every replica
+reads every verdict's bytes (R replicas read R times the verdict traffic);
+records nobody in the replica waits for are not decoded (a dict lookup each).
+``bench/verdict_client.py`` measures the wait overhead with three replicas.
+
+Fail-open / fail-closed: ``on_timeout`` decides what ``verdict()`` returns
+when no final verdict came within the timeout (the sidecar is down or
+lagging, the events never reached Kafka) — ``allow`` (fail open, the
+default), ``block`` (fail closed) or ``raise`` (``VerdictTimeoutError``). The
+same applies at once, without waiting, when this client's own consumer is
+not running (``source="unavailable"``). A ``VerdictResult`` always says
+whether the decision is the sidecar's (``source="sidecar"``) or the fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, Self
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
+
+from guardrail_client.exceptions import ClientNotStartedError, VerdictTimeoutError
+from guardrail_client.waiters import Arrival, Received, WaiterMap
+from sidecar.contracts.events import AnswerVerdict, ClaimVerdict, Decision
+from sidecar.exceptions import BrokerError
+
+log = logging.getLogger("guardrail_client")
+
+OnTimeout = Literal["allow", "block", "raise"]
+Source = Literal["sidecar", "timeout", "unavailable"]
+_FALLBACK: dict[str, Decision] = {"allow": Decision.ALLOW, "block": Decision.BLOCK}
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictResult:
+    """What to do with an answer: the sidecar's verdict, or the stated fallback.
+
+    ``source`` is ``sidecar`` when ``verdict`` holds the sidecar's decision;
+    ``timeout`` / ``unavailable`` when ``decision`` is ``on_timeout``'s fallback
+    and ``verdict`` is None. ``timestamp_ms`` is the verdict record's Kafka
+    timestamp; ``woke_at_ms`` when the waiting caller resumed (wall clock).
+    """
+
+    request_id: str
+    decision: Decision
+    source: Source
+    verdict: AnswerVerdict | None
+    waited_s: float
+    timestamp_ms: int | None = None
+    woke_at_ms: float | None = None
+
+    @property
+    def from_sidecar(self) -> bool:
+        return self.source == "sidecar"
+
+
+class VerdictClient:
+    """Verdicts and claim verdicts for this replica's requests (``async with VerdictClient(...)``).
+
+    ``consumer_options`` go to ``AIOKafkaConsumer`` (security settings). Start
+    it before publishing the requests it will wait for: it reads from the end
+    offsets of the moment it started. ``claims_topic=None`` reads no claims.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        verdicts_topic: str = "rag.verdicts",
+        claims_topic: str | None = "rag.claims",
+        on_timeout: OnTimeout = "allow",
+        timeout_s: float = 5.0,
+        claims_settle_s: float = 0.5,
+        recent_max_entries: int = 10_000,
+        recent_ttl_s: float = 60.0,
+        start_timeout_s: float = 30.0,
+        **consumer_options: Any,
+    ) -> None:
+        if on_timeout not in ("allow", "block", "raise"):
+            raise ValueError(f"on_timeout must be 'allow', 'block' or 'raise', got {on_timeout!r}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.on_timeout: OnTimeout = on_timeout
+        self.timeout_s = timeout_s
+        self.claims_settle_s = claims_settle_s
+        self.start_timeout_s = start_timeout_s
+        self.verdicts_topic = verdicts_topic
+        self.claims_topic = claims_topic
+        self.waiters = WaiterMap(recent_max_entries=recent_max_entries, recent_ttl_s=recent_ttl_s)
+        self._consumer_args: dict[str, Any] = {
+            "bootstrap_servers": bootstrap_servers,
+            "group_id": None,
+            "enable_auto_commit": False,
+            "auto_offset_reset": "latest",
+            "fetch_max_wait_ms": 100,
+            **consumer_options,
+        }
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.records_read = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Read every partition of the topics, from their current ends."""
+        consumer = AIOKafkaConsumer(**self._consumer_args)
+        try:
+            await consumer.start()
+            topics = [t for t in (self.verdicts_topic, self.claims_topic) if t]
+            _require_topics(topics, await consumer.topics())
+            # no group: subscribing assigns every partition (and any added later)
+            consumer.subscribe(topics)
+            async with asyncio.timeout(self.start_timeout_s):
+                # aiokafka signals the assignment through no public event: poll for it
+                while {tp.topic for tp in consumer.assignment()} != set(topics):  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+            for tp in consumer.assignment():  # resolve "latest" now: no later record is missed
+                await consumer.position(tp)
+        except KafkaError as exc:
+            await consumer.stop()
+            raise BrokerError(f"verdict consumer could not start: {exc}") from exc
+        except BaseException:
+            await consumer.stop()
+            raise
+        self._consumer = consumer
+        self._task = asyncio.create_task(self._consume(), name="guardrail-verdicts")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._consumer is not None:
+            await self._consumer.stop()
+        self._consumer = self._task = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    # ------------------------------------------------------------------ waiting
+
+    # ``timeout`` is a deadline for a fallback decision, not a cancellation (ASYNC109)
+    async def verdict(
+        self,
+        request_id: str,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> VerdictResult:
+        """The request's final verdict, or ``on_timeout``'s fallback after ``timeout`` seconds."""
+        started = time.monotonic()
+        if not self.running:
+            return self._fallback(request_id, "unavailable", 0.0)
+        future = self.waiters.wait_verdict(request_id)
+        try:
+            received = await asyncio.wait_for(
+                asyncio.shield(future), timeout if timeout is not None else self.timeout_s
+            )
+        except TimeoutError:
+            return self._fallback(request_id, "timeout", time.monotonic() - started)
+        finally:
+            self.waiters.forget_verdict(request_id, future)
+        return VerdictResult(
+            request_id=request_id,
+            decision=received.event.decision,
+            source="sidecar",
+            verdict=received.event,
+            waited_s=time.monotonic() - started,
+            timestamp_ms=received.timestamp_ms,
+            woke_at_ms=time.time() * 1000.0,
+        )
+
+    async def claims(
+        self,
+        request_id: str,
+        timeout: float | None = None,  # noqa: ASYNC109 - as verdict()
+    ) -> AsyncIterator[ClaimVerdict]:
+        """The request's claim verdicts as they come; ends after its final verdict.
+
+        After the final verdict it waits at most ``claims_settle_s`` for claims
+        still in flight (the verdict counts them). At the deadline it ends, or
+        raises ``VerdictTimeoutError`` when ``on_timeout="raise"``.
+        """
+        if self.claims_topic is None:
+            raise ClientNotStartedError("this VerdictClient reads no claims (claims_topic=None)")
+        started = time.monotonic()
+        if not self.running:
+            self._fallback(request_id, "unavailable", 0.0)
+            return
+        deadline = started + (timeout if timeout is not None else self.timeout_s)
+        queue = self.waiters.subscribe_claims(request_id)
+        seen: set[str] = set()
+        expected: int | None = None
+        try:
+            while expected is None or len(seen) < expected:
+                left = deadline - time.monotonic()
+                try:
+                    item = await asyncio.wait_for(queue.get(), max(left, 0.0))
+                except TimeoutError:
+                    if expected is None:
+                        self._fallback(request_id, "timeout", time.monotonic() - started)
+                    return
+                event = item.event
+                if isinstance(event, AnswerVerdict):
+                    c = event.signals.claims
+                    expected = c.n + len(c.superseded_claims)
+                    deadline = min(deadline, time.monotonic() + self.claims_settle_s)
+                elif event.idempotency_key not in seen:
+                    seen.add(event.idempotency_key)
+                    yield event
+        finally:
+            self.waiters.unsubscribe_claims(request_id, queue)
+
+    def _fallback(self, request_id: str, source: Source, waited_s: float) -> VerdictResult:
+        if self.on_timeout == "raise":
+            raise VerdictTimeoutError(request_id, source, waited_s)
+        return VerdictResult(
+            request_id=request_id,
+            decision=_FALLBACK[self.on_timeout],
+            source=source,
+            verdict=None,
+            waited_s=waited_s,
+        )
+
+    # ------------------------------------------------------------------ the consumer task
+
+    async def _consume(self) -> None:
+        assert self._consumer is not None  # noqa: S101 - started
+        consumer, waiters = self._consumer, self.waiters
+        while True:
+            try:
+                batch = await consumer.getmany(timeout_ms=200)
+            except KafkaError as exc:  # aiokafka retries on its own; log and go on
+                log.warning("verdict consumer: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for tp, records in batch.items():
+                offer = (
+                    waiters.offer_verdict
+                    if tp.topic == self.verdicts_topic
+                    else (waiters.offer_claim)
+                )
+                for r in records:
+                    self.records_read += 1
+                    if r.key is None or r.value is None:
+                        continue
+                    key = r.key.decode("utf-8", errors="replace")
+                    offer(key, Arrival(r.value, r.timestamp))
+
+
+def _require_topics(topics: list[str], known: set[str]) -> None:
+    missing = [t for t in topics if t not in known]
+    if missing:
+        raise BrokerError(f"topics {missing} do not exist (the sidecar creates them)")
+
+
+__all__ = ["OnTimeout", "Received", "Source", "VerdictClient", "VerdictResult"]

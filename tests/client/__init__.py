@@ -1,0 +1,1 @@
+"""The guardrail client: unit tests and real-broker tests against a sidecar process."""

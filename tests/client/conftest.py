@@ -1,0 +1,74 @@
+"""A real sidecar process (``python -m sidecar run``) on a uuid topic set, for the client tests."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from bench.verdict_client import sidecar_env
+from sidecar.chaos.process import SidecarProcess
+from sidecar.config import Settings
+from sidecar.kafka.topics import create_topics
+from sidecar.localkafka.broker import LocalKafka
+from tests.kafka.harness import settings_for
+
+SidecarFactory = Callable[..., SidecarProcess]
+
+
+@pytest.fixture
+async def client_settings(kafka_broker: LocalKafka, unique_topics: dict[str, str]) -> Settings:
+    """The uuid topic set, created on the real broker."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    await create_topics(settings)
+    return settings
+
+
+@pytest.fixture
+async def start_sidecar(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], tmp_path: Path
+) -> AsyncIterator[SidecarFactory]:
+    """Starts a sidecar process on the test's topics (``extra`` env on top); stops them all."""
+    started: list[SidecarProcess] = []
+    topics = {k: v for k, v in unique_topics.items() if k != "group"}
+
+    def start(**extra: str) -> SidecarProcess:
+        env = {
+            **sidecar_env(kafka_broker.bootstrap_servers, topics, unique_topics["group"]),
+            "GUARDRAIL_JOIN__TTL_MS": "20000",
+            **extra,
+        }
+        proc = SidecarProcess(env, tmp_path / f"sidecar{len(started)}.log")
+        started.append(proc)
+        proc.start()
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.pid is not None:
+            await asyncio.to_thread(proc.signal, signal.SIGTERM)
+
+
+async def read_topic(bootstrap: str, topic: str, settle_s: float = 1.5) -> list[Any]:
+    """Every record of ``topic`` once nothing new came for ``settle_s``."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    out: list[Any] = []
+    loop = asyncio.get_running_loop()
+    quiet = loop.time()
+    try:
+        while loop.time() - quiet < settle_s:
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                out.extend(records)
+                quiet = loop.time()
+    finally:
+        await consumer.stop()
+    return out

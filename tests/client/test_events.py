@@ -1,0 +1,166 @@
+"""The event builder and publisher checks, without Kafka: contracts, seq numbers, headers, keys."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from aiokafka.partitioner import murmur2
+from hypothesis import given
+from hypothesis import strategies as st
+from opentelemetry.sdk.trace import TracerProvider
+
+from guardrail_client import (
+    AttentionSummary,
+    ClientNotStartedError,
+    EventBuilder,
+    GuardrailPublisher,
+    InvalidEventError,
+    OutgoingRecord,
+    PartitionerWarning,
+    partition_for,
+)
+from sidecar.contracts.codec import InputKind, decode_input
+
+HITS = [{"chunk_id": "c1", "doc_id": "d1", "score": 0.7, "text": "Mary Shelley wrote it."}]
+
+
+def builder(**overrides: Any) -> EventBuilder:
+    return EventBuilder(
+        retrieval_topic="rag.retrieval",
+        generation_topic="rag.generation",
+        generator_model="gen",
+        **overrides,
+    )
+
+
+def decoded(kind: InputKind, value: bytes) -> Any:
+    return decode_input(kind, value, max_bytes=1 << 20, max_depth=32)
+
+
+def test_events_decode_as_the_sidecar_decodes_them_with_gapless_seq_and_the_delta_count() -> None:
+    b = builder()
+    ret = b.retrieval("r-1", "q", HITS, tenant="acme", collection="wiki")
+    deltas = [b.delta("r-1", piece) for piece in ("a", "b", "c")]
+    fin = b.final("r-1", "abc", logprob=-0.4)
+    assert decoded(InputKind.RETRIEVAL, ret.value) == ret.event
+    assert ret.event.k == 1 and ret.topic == "rag.retrieval"
+    assert [decoded(InputKind.GENERATION, d.value).seq for d in deltas] == [0, 1, 2]
+    final = decoded(InputKind.GENERATION, fin.value)
+    assert (final.deltas, final.mean_token_logprob, final.generator_model) == (3, -0.4, "gen")
+    records: list[OutgoingRecord[Any]] = [ret, *deltas, fin]
+    assert {r.key for r in records} == {b"r-1"}
+    assert all(dict(r.headers)["x-tenant"] == b"acme" for r in records)
+    assert b.open_requests == 0  # the final forgets the request
+    assert b.delta("r-1", "again").event.seq == 0  # a new request under the same id
+
+
+def test_a_request_without_a_retrieval_carries_no_tenant_header() -> None:
+    b = builder()
+    assert "x-tenant" not in dict(b.delta("r-2", "x").headers)
+    assert "x-tenant" not in dict(
+        builder(tenant_header=None)
+        .retrieval("r-3", "q", HITS, tenant="acme", collection="wiki")
+        .headers
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda b: b.retrieval("../", "q", HITS, tenant="t", collection="c"), "request_id"),
+        (lambda b: b.retrieval("r", "q", HITS, tenant="t", collection="c", k=0), "k"),
+        (
+            lambda b: b.retrieval(
+                "r", "q", [{**HITS[0], "score": float("nan")}], tenant="t", collection="c"
+            ),
+            "score",
+        ),
+        (lambda b: b.retrieval("r", "q", HITS, tenant="", collection="c"), "tenant"),
+        (lambda b: b.final("r", "a", logprob=0.5), "mean_token_logprob"),
+        (lambda b: b.final("r", "a", attention=np.zeros((2, 2))), "attention"),
+        (lambda b: b.delta("r" * 129, "x"), "request_id"),
+    ],
+)
+def test_a_contract_violation_raises_at_the_call_site_and_names_the_field(
+    call: Any, field: str
+) -> None:
+    with pytest.raises(InvalidEventError) as caught:
+        call(builder())
+    assert field in caught.value.detail
+
+
+def test_an_attention_array_becomes_the_float16_summary() -> None:
+    array = np.random.default_rng(7).random((2, 3, 4)).astype(np.float32)
+    fin = builder().final("r", "a", attention=array)
+    summary = decoded(InputKind.GENERATION, fin.value).attention
+    assert isinstance(summary, AttentionSummary)
+    np.testing.assert_allclose(summary.to_array(), array, atol=1e-3)
+
+
+def test_the_current_span_travels_as_traceparent() -> None:
+    tracer = TracerProvider().get_tracer("svc")
+    assert "traceparent" not in dict(builder().delta("r", "x").headers)  # no span: no header
+    with tracer.start_as_current_span("req") as span:
+        headers = dict(builder().delta("r", "x").headers)
+    ctx = span.get_span_context()
+    expected = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
+    assert headers["traceparent"] == expected.encode()
+
+
+def test_open_requests_are_bounded_oldest_forgotten_first() -> None:
+    b = builder(max_open_requests=2)
+    for rid in ("a", "b", "c"):
+        b.delta(rid, "x")
+    assert b.open_requests == 2
+    assert b.delta("a", "y").event.seq == 0  # forgotten: restarts
+    assert b.delta("c", "y").event.seq == 1
+
+
+def first_partition(key: bytes, all_partitions: list[int], available: list[int]) -> int:
+    return all_partitions[0]
+
+
+def test_a_partitioner_other_than_murmur2_is_warned_about() -> None:
+    with pytest.warns(PartitionerWarning, match="murmur2"):
+        GuardrailPublisher("127.0.0.1:1", generator_model="g", partitioner=first_partition)
+
+
+async def test_calls_before_start_raise_and_nothing_is_queued() -> None:
+    pub = GuardrailPublisher("127.0.0.1:1", generator_model="g")
+    with pytest.raises(ClientNotStartedError):
+        await pub.delta("r", "x")
+    assert pub.stats.queued == 0
+
+
+async def test_a_full_queue_drops_and_counts_instead_of_waiting() -> None:
+    pub = GuardrailPublisher("127.0.0.1:1", generator_model="g", max_queued_events=2)
+    pub._queue = asyncio.Queue(2)  # started without a broker: nothing drains
+    for i in range(5):
+        await pub.delta("r", str(i))
+    assert (pub.stats.queued, pub.stats.dropped) == (2, 3)
+
+
+@given(
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-._:", min_size=1, max_size=64),
+    st.integers(1, 64),
+)
+def test_partition_for_is_in_range_and_stable(request_id: str, partitions: int) -> None:
+    p = partition_for(request_id, partitions)
+    assert 0 <= p < partitions and p == partition_for(request_id, partitions)
+
+
+def test_partition_for_matches_the_java_client() -> None:
+    # Utils.toPositive(Utils.murmur2(key)) % n from org.apache.kafka.common.utils, as
+    # published in Kafka's own UtilsTest ("21" -> -973932308, "foobar" -> -790332482)
+    assert murmur2(b"21") == -973932308 & 0xFFFFFFFF  # aiokafka returns it unsigned
+    assert murmur2(b"foobar") == -790332482 & 0xFFFFFFFF
+    assert partition_for("foobar", 7) == (-790332482 & 0x7FFFFFFF) % 7
+
+
+def test_values_are_plain_json_objects() -> None:
+    value = builder().retrieval("r", "q", HITS, tenant="t", collection="c").value
+    assert orjson.loads(value)["schema_version"] == 1

@@ -1,0 +1,96 @@
+"""The waiter map without Kafka: early verdicts, stream verdicts, foreign and broken records."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+from guardrail_client.waiters import Arrival, WaiterMap
+from sidecar.contracts.codec import encode
+from sidecar.contracts.events import AnswerVerdict, ClaimLabel, ClaimVerdict, Decision
+
+NOW = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+def verdict(rid: str, stage: str = "final", decision: Decision = Decision.ALLOW) -> Arrival:
+    event = AnswerVerdict(
+        request_id=rid,
+        idempotency_key=f"{rid}-{stage}",
+        decision=decision,
+        reasons=[],
+        stage=stage,  # type: ignore[arg-type]
+        policy="p",
+        produced_at=NOW,
+        sidecar_version="0",
+    )
+    return Arrival(encode(event), 1000)
+
+
+def claim(rid: str, index: int) -> Arrival:
+    event = ClaimVerdict(
+        request_id=rid,
+        idempotency_key=f"{rid}-{index}",
+        claim_index=index,
+        span=(0, 1),
+        text="x",
+        label=ClaimLabel.SUPPORTED,
+        score=0.9,
+        verifier_version="v",
+        produced_at=NOW,
+    )
+    return Arrival(encode(event), 1000)
+
+
+async def test_a_verdict_that_came_before_the_wait_is_found_in_the_recent_cache() -> None:
+    waiters = WaiterMap()
+    waiters.offer_verdict("r1", verdict("r1", decision=Decision.BLOCK))
+    future = waiters.wait_verdict("r1")
+    assert future.done() and future.result().event.decision is Decision.BLOCK
+    assert waiters.decoded == 0 and waiters.skipped == 1  # nobody waited: not decoded on arrival
+
+
+async def test_a_stream_verdict_does_not_wake_the_waiter_the_final_does() -> None:
+    waiters = WaiterMap()
+    future = waiters.wait_verdict("r1")
+    waiters.offer_verdict("r1", verdict("r1", stage="stream", decision=Decision.BLOCK))
+    await asyncio.sleep(0)
+    assert not future.done()
+    waiters.offer_verdict("r1", verdict("r1", decision=Decision.CAVEAT))
+    assert (await future).event.decision is Decision.CAVEAT
+    assert waiters.waiting == 0
+
+
+async def test_foreign_and_broken_records_never_raise_and_foreign_ones_are_not_decoded() -> None:
+    waiters = WaiterMap()
+    future = waiters.wait_verdict("mine")
+    waiters.offer_verdict("theirs", verdict("theirs"))
+    waiters.offer_verdict("mine", Arrival(b'{"not": "a verdict"}', 1))
+    assert not future.done()
+    assert (waiters.decoded, waiters.skipped) == (1, 1)
+    waiters.offer_verdict("mine", verdict("mine"))
+    assert (await future).event.request_id == "mine"
+
+
+async def test_claims_arrive_in_order_early_ones_replayed_then_the_final_verdict() -> None:
+    waiters = WaiterMap()
+    waiters.offer_claim("r1", claim("r1", 0))
+    queue = waiters.subscribe_claims("r1")
+    waiters.offer_claim("r1", claim("r1", 1))
+    waiters.offer_claim("r2", claim("r2", 0))
+    waiters.offer_verdict("r1", verdict("r1"))
+    items = [queue.get_nowait().event for _ in range(queue.qsize())]
+    assert [type(e).__name__ for e in items] == ["ClaimVerdict", "ClaimVerdict", "AnswerVerdict"]
+    assert [e.claim_index for e in items if isinstance(e, ClaimVerdict)] == [0, 1]
+    waiters.unsubscribe_claims("r1", queue)
+    assert waiters.waiting == 0
+
+
+async def test_the_recent_cache_is_bounded_by_count_and_age() -> None:
+    now = [0.0]
+    waiters = WaiterMap(recent_max_entries=2, recent_ttl_s=10.0, clock=lambda: now[0])
+    for rid in ("a", "b", "c"):
+        waiters.offer_verdict(rid, verdict(rid))
+    assert not waiters.wait_verdict("a").done()  # pushed out by count
+    assert waiters.wait_verdict("c").done()
+    now[0] = 11.0
+    assert not waiters.wait_verdict("c").done()  # too old
