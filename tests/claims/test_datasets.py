@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from sidecar.claims.calibration import Band, coverage, fit_band, fit_platt
-from sidecar.claims.metrics import auroc, binary_report
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import ConfigError, InputError
 from sidecar.lab.verifier.datasets import (
@@ -21,6 +20,8 @@ from sidecar.lab.verifier.datasets import (
     read_nq_open,
     split_of,
 )
+from sidecar.lab.verifier.metrics import binary_report
+from sidecar.stats.metrics import auroc
 from tests.claims.conftest import DATA
 
 SLICE = DATA / "halueval_qa_test_slice.jsonl"
