@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.claims.calibration import Band, coverage, fit_band, fit_platt
+from sidecar.claims.calibration import Band, coverage
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import ConfigError, InputError
+from sidecar.lab.verifier.calibration import fit_band, fit_platt
 from sidecar.lab.verifier.datasets import (
     QARecord,
     build_eval_sets,

@@ -58,7 +58,7 @@ import numpy as np
 from tqdm import tqdm
 
 from sidecar.claims.artifact import VerifierArtifact, VerifierData
-from sidecar.claims.calibration import Band, Platt, coverage, fit_band, fit_platt
+from sidecar.claims.calibration import Band, Platt, coverage
 from sidecar.claims.verifier import (
     OnnxVerifier,
     PairEncoder,
@@ -68,6 +68,7 @@ from sidecar.claims.verifier import (
 )
 from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError
 from sidecar.hashing import sha256_file
+from sidecar.lab.verifier.calibration import fit_band, fit_platt
 from sidecar.lab.verifier.datasets import (
     Corpus,
     CorpusConfig,
