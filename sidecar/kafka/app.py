@@ -354,8 +354,11 @@ class SidecarService:
             async with self._handler_lock:
                 if self._stopping.is_set():
                     return
-                with self.telemetry.consuming(records, self.settings.kafka.group_id):
-                    await self._process(records)
+                try:
+                    with self.telemetry.consuming(records, self.settings.kafka.group_id):
+                        await self._process(records)
+                except Exception:  # as a handler's error was: logged, its inputs left pending
+                    log.exception("processing a batch of %d records failed", len(records))
 
     async def _process(self, records: Records) -> None:
         """One consumed batch, inside its CONSUMER span (``_drain`` holds the lock)."""
