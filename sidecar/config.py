@@ -46,6 +46,15 @@ class KafkaSettings(_Section):
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     session_timeout_ms: int = Field(default=10_000, ge=1_000)
     max_poll_records: int = Field(default=500, ge=1)
+    max_queued_records: int = Field(
+        default=1_000,
+        ge=1,
+        le=1_000_000,
+        description="consumed records that may wait for the processor (the claim verifier, "
+        "the decision) before the consumer pauses its partitions; it resumes at half. Must be "
+        "in [max_poll_records, 1000000]: at least one poll. The queue holds at most this plus "
+        "one poll; the join TTL does not run while the sidecar is behind",
+    )
     batch: bool = Field(
         default=True,
         description="consume in batches and pipeline the publishes (false: one message and "
@@ -84,6 +93,15 @@ class KafkaSettings(_Section):
         "restart within session_timeout_ms then keeps the partitions without a rebalance; an "
         "instance that is gone for good holds them until the session times out",
     )
+
+    @model_validator(mode="after")
+    def _queue_holds_a_poll(self) -> Self:
+        if self.max_queued_records < self.max_poll_records:
+            raise ValueError(
+                f"max_queued_records must be in [max_poll_records={self.max_poll_records}, "
+                f"1000000] (the queue holds at least one poll), got {self.max_queued_records}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _instance_id_legal(self) -> Self:

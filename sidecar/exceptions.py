@@ -96,3 +96,11 @@ class BrokerAccessError(BrokerError):
 
 class LocalKafkaError(GuardrailError):
     """The project's local Kafka broker could not be fetched, formatted or started."""
+
+
+class SidecarNotReadyError(GuardrailError):
+    """A sidecar process that a lab tool started (demo, chaos, bench) exited or never got ready."""
+
+
+class ProxyError(GuardrailError):
+    """The fault-injection network proxy (chaos) could not start."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sidecar.contracts.events import RetrievalEvent, RetrievalSignal, SignalStatus
+from sidecar.pipeline.ports import MonitorReading
 
 
 @dataclass(frozen=True)
@@ -24,3 +25,6 @@ class ThresholdCertifier:
             m2=len(trusted) / event.k,
             calibration_key=self.calibration_key,
         )
+
+    def monitor_readings(self) -> dict[str, MonitorReading]:
+        return {}

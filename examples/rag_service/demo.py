@@ -23,7 +23,7 @@ from pathlib import Path
 from examples.rag_service.__main__ import DEFAULT_CORPUS
 from examples.rag_service.app import MODE_HEADER
 from sidecar.config import Settings
-from sidecar.exceptions import LocalKafkaError
+from sidecar.exceptions import SidecarNotReadyError
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
 from sidecar.lab.lookback.dataset import select_part
@@ -41,7 +41,9 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: fl
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise LocalKafkaError(f"{what} exited with code {proc.returncode} before it was ready")
+            raise SidecarNotReadyError(
+                f"{what} exited with code {proc.returncode} before it was ready"
+            )
         try:
             with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 - local http only
                 if r.status == 200:
@@ -49,7 +51,7 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: fl
         except OSError:
             pass
         time.sleep(0.5)
-    raise LocalKafkaError(f"{what} was not ready within {timeout_s:.0f}s")
+    raise SidecarNotReadyError(f"{what} was not ready within {timeout_s:.0f}s")
 
 
 def ask(base_url: str, question: str, mode: str) -> None:

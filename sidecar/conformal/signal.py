@@ -12,6 +12,7 @@ from sidecar.conformal.certify import certify
 from sidecar.conformal.monitor import ExchangeabilityMonitor, MonitorStatus
 from sidecar.conformal.registry import CalibrationRegistry
 from sidecar.contracts.events import RetrievalEvent, RetrievalSignal, SignalStatus
+from sidecar.pipeline.ports import MonitorReading
 
 
 class ConformalCertifier:
@@ -46,5 +47,10 @@ class ConformalCertifier:
             m1_mean=status.m1_mean,
         )
 
-    def monitor_statuses(self) -> dict[str, MonitorStatus]:
-        return self.monitor.statuses()
+    def monitor_readings(self) -> dict[str, MonitorReading]:
+        return {key: _reading(st) for key, st in self.monitor.statuses().items()}
+
+
+def _reading(status: MonitorStatus) -> MonitorReading:
+    interval = status.interval
+    return MonitorReading(status.m1_mean, interval.low, interval.high, status.broken)

@@ -30,7 +30,7 @@ from aiokafka import AIOKafkaConsumer
 from sidecar.config import Settings
 from sidecar.contracts.codec import encode
 from sidecar.contracts.events import DLQ_HEADER_PREFIX, FeedbackEvent
-from sidecar.exceptions import LocalKafkaError
+from sidecar.exceptions import SidecarNotReadyError
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
 from sidecar.lab.replay import Record, load_file, send
@@ -267,7 +267,7 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> N
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise LocalKafkaError(
+            raise SidecarNotReadyError(
                 f"the sidecar exited with code {proc.returncode} before it was ready"
             )
         try:
@@ -277,7 +277,7 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> N
         except OSError:
             pass
         time.sleep(0.25)
-    raise LocalKafkaError(f"the sidecar was not ready within {timeout_s:.0f}s")
+    raise SidecarNotReadyError(f"the sidecar was not ready within {timeout_s:.0f}s")
 
 
 def real_records(settings: Settings, questions: Path, n: int, out: TextIO) -> list[Record]:

@@ -55,11 +55,25 @@ class ClaimResult:
     evidence_chunk_ids: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class MonitorReading:
+    """One calibration key's exchangeability monitor: rolling mean(m1), its interval, broken."""
+
+    m1_mean: float
+    low: float
+    high: float
+    broken: bool
+
+
 class RetrievalCertifier(Protocol):
     @property
     def version(self) -> str: ...
 
     def certify(self, event: RetrievalEvent) -> RetrievalSignal: ...
+
+    def monitor_readings(self) -> dict[str, MonitorReading]:
+        """The exchangeability monitor per calibration key (empty: this certifier has none)."""
+        ...
 
 
 class LookbackScorer(Protocol):
@@ -137,6 +151,10 @@ class CoverageObserver(Protocol):
 
     def due_reports(self, now_ms: float) -> list[CoverageReport]:
         """Reports to publish now (one per calibration key), or none before the interval."""
+        ...
+
+    def gauge_values(self) -> dict[str, dict[str, float | None]]:
+        """The latest numbers per calibration key, for the ``guardrail.coverage.*`` gauges."""
         ...
 
 

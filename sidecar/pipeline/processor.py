@@ -328,14 +328,19 @@ class Processor:
 
     # ------------------------------------------------------------------ time
 
-    def on_tick(self, now_ms: float) -> Step:
-        """Expire half-requests older than the TTL into ``incomplete`` verdicts; due reports."""
+    def on_tick(self, now_ms: float, wall_ms: float | None = None) -> Step:
+        """Expire half-requests older than the TTL into ``incomplete`` verdicts; due reports.
+
+        ``now_ms`` is the join's clock (the adapter's may stand still while it is
+        behind its input); ``wall_ms`` the monotonic time the reports are due by
+        (default: ``now_ms``).
+        """
         step = Step()
         for entry in self.store.expire(now_ms):
             step.extend(self._incomplete(entry, "ttl", now_ms))
         coverage = self.signals.coverage
         if coverage is not None:
-            for report in coverage.due_reports(now_ms):
+            for report in coverage.due_reports(now_ms if wall_ms is None else wall_ms):
                 self.counters.reports += 1
                 step.outputs.append(outputs.report_output(report))
         return step

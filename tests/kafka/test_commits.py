@@ -45,13 +45,13 @@ async def test_commit_waits_for_the_verdict_publish(
     settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
     async with real_harness(settings) as h:
         gate = asyncio.Event()
-        original = h.service.send_output
+        original = h.service.publisher.send_output
 
         async def gated_send(*args: Any, **kwargs: Any) -> Any:
             await gate.wait()
             return await original(*args, **kwargs)
 
-        h.service.send_output = gated_send  # type: ignore[method-assign]
+        h.service.publisher.send_output = gated_send  # type: ignore[method-assign]
         t = settings.topics
         await h.publish(t.retrieval, dumps(retrieval_event("req-c")), b"req-c")
         await h.publish(t.generation, dumps(final_event("req-c")), b"req-c")

@@ -80,7 +80,7 @@ class Loop:
                 for r in records:
                     self.received[r.topic].append(Msg(r.key, r.value, dict(r.headers)))
         else:
-            await self.service.emit(self.processor.on_tick(time.monotonic() * 1000.0))
+            await self.service.publisher.emit(self.processor.on_tick(time.monotonic() * 1000.0))
             await asyncio.sleep(0.05)
 
     async def collect(self, topic: str, n: int, timeout_s: float = 30.0) -> list[Msg]:

@@ -1,7 +1,7 @@
 """Publish errors decided by kind: retried with backoff, dead-lettered, or fatal (in memory).
 
 The broker's errors are injected at the adapter's one seam to the producer
-(``SidecarService.send_output``); everything else is the real loop over
+(``Publisher.send_output``); everything else is the real loop over
 FastStream's in-memory broker.
 """
 
@@ -30,7 +30,7 @@ from aiokafka.errors import (
 from sidecar.contracts.events import AnswerVerdict, DeadLetterRecord
 from sidecar.exceptions import BrokerAccessError, BrokerError
 from sidecar.exceptions import RecordTooLargeError as OutputTooLarge
-from sidecar.kafka.app import MAX_PUBLISH_BACKOFF_S, backoff_delay, classify
+from sidecar.kafka.publish import MAX_PUBLISH_BACKOFF_S, backoff_delay, classify
 from sidecar.pipeline.outputs import Destination, Output
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import MemoryHarness, memory_harness, settings_for, wait_until
@@ -47,7 +47,7 @@ async def harness(unique_topics: dict[str, str]) -> AsyncIterator[MemoryHarness]
 def inject(h: MemoryHarness, failure: Failure) -> list[Output]:
     """Make ``send_output`` raise what ``failure`` returns for an output; returns the calls."""
     calls: list[Output] = []
-    original = h.service.send_output
+    original = h.service.publisher.send_output
 
     async def send(out: Output) -> Any:
         calls.append(out)
@@ -56,7 +56,7 @@ def inject(h: MemoryHarness, failure: Failure) -> list[Output]:
             raise exc
         return await original(out)
 
-    h.service.send_output = send  # type: ignore[method-assign]
+    h.service.publisher.send_output = send  # type: ignore[method-assign]
     return calls
 
 
@@ -161,7 +161,7 @@ async def test_an_output_over_its_known_limit_is_dead_lettered_without_a_send(
 ) -> None:
     h = harness
     t = h.settings.topics
-    h.service.limits[Destination.VERDICTS] = 200  # smaller than any verdict
+    h.service.publisher.limits[Destination.VERDICTS] = 200  # smaller than any verdict
     calls = inject(h, lambda out: None)
     await request(h, "req-lim", retrieval_event, final_event)
     [dead] = await h.collect(t.dlq, 1)
@@ -205,7 +205,7 @@ async def test_a_missing_output_topic_becomes_fatal_once_it_persists(
 ) -> None:
     """aiokafka retries an unknown topic itself; when it still reports one, it has persisted."""
     h = harness
-    monkeypatch.setattr("sidecar.kafka.app.UNKNOWN_TOPIC_FATAL_S", 0.3)
+    monkeypatch.setattr("sidecar.kafka.publish.UNKNOWN_TOPIC_FATAL_S", 0.3)
     inject(h, lambda out: UnknownTopicOrPartitionError())
     task = asyncio.create_task(request(h, "req-ut", retrieval_event, final_event))
     await wait_until(lambda: h.service.state.publish_retries >= 1, 10, "a retry")

@@ -12,7 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from sidecar.config import Settings
-from sidecar.exceptions import LocalKafkaError
+from sidecar.exceptions import SidecarNotReadyError
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka, ensure_jars, free_port
@@ -113,7 +113,7 @@ def test_wrong_password_fails_at_start_without_leaking_it(
 ) -> None:
     wrong = "not-the-Pa55word-xyz"
     sidecar = SidecarProcess(sasl_env(scram_broker, unique_topics, wrong), tmp_path / "bad.log")
-    with pytest.raises(LocalKafkaError):
+    with pytest.raises(SidecarNotReadyError):
         sidecar.start(timeout_s=45)
     if sidecar.pid is not None:
         sidecar.signal(signal.SIGKILL)

@@ -16,7 +16,7 @@ from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from tests.conftest import EventFactory, dumps
-from tests.kafka.harness import settings_for
+from tests.kafka.harness import settings_for, wait_until
 
 BUSY_S = 0.6
 
@@ -70,6 +70,7 @@ async def _ticks_while_deciding(
         await asyncio.sleep(0)
         ticks = 0
         await broker.publish(dumps(final_event("req-1")), topic=t.generation, key=b"req-1")
+        await wait_until(lambda: processor.counters.verdicts == 1, 10, "the verdict")
         task.cancel()
     assert processor.counters.verdicts == 1
     return ticks

@@ -9,7 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from sidecar.exceptions import LocalKafkaError
+from sidecar.exceptions import SidecarNotReadyError
 from sidecar.lab.localkafka.broker import free_port
 
 
@@ -43,13 +43,15 @@ class SidecarProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise LocalKafkaError(
+                raise SidecarNotReadyError(
                     f"the sidecar exited with {self.proc.returncode}:\n{self.tail()}"
                 )
             if self.ready():
                 return
             time.sleep(0.2)
-        raise LocalKafkaError(f"the sidecar was not ready within {timeout_s:.0f}s:\n{self.tail()}")
+        raise SidecarNotReadyError(
+            f"the sidecar was not ready within {timeout_s:.0f}s:\n{self.tail()}"
+        )
 
     def ready(self) -> bool:
         try:

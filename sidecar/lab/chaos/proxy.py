@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
 
-from sidecar.exceptions import LocalKafkaError
+from sidecar.exceptions import ProxyError
 
 READ_BYTES = 64 * 1024
 SLICE_BYTES = 16 * 1024  # pacing granularity under a rate limit
@@ -118,13 +118,13 @@ class ThrottlingProxy:
         if self._thread is not None:
             return
         if self._closed:
-            raise LocalKafkaError(f"the proxy on {self.address} was closed; make a new one")
+            raise ProxyError(f"the proxy on {self.address} was closed; make a new one")
         self._thread = threading.Thread(target=self._run, name=f"proxy-{self.port}", daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout_s):
-            raise LocalKafkaError(f"the proxy on {self.address} did not start in {timeout_s}s")
+            raise ProxyError(f"the proxy on {self.address} did not start in {timeout_s}s")
         if self._failure is not None:
-            raise LocalKafkaError(f"the proxy on {self.address} failed to start: {self._failure}")
+            raise ProxyError(f"the proxy on {self.address} failed to start: {self._failure}")
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop accepting, drop every connection, stop the loop and join the thread."""

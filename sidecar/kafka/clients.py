@@ -1,0 +1,263 @@
+"""The loop's port to Kafka: what it needs from the consumer and the producer, real and in memory.
+
+The service asks its consumer to pause and resume partitions, commit offsets,
+tell high-water marks, positions and partition counts, and its producer to
+send a record and to tell each topic's ``max.message.bytes``. ``AiokafkaClients``
+does that with the group consumer FastStream started and a producer of its
+own; ``MemoryClients`` does it for FastStream's ``TestKafkaBroker``, where no
+consumer fetches (pauses are recorded, commits kept) and records go through
+the in-memory broker (header values as text: it cannot carry other bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
+from faststream.kafka import KafkaBroker
+
+from sidecar.config import KafkaSettings
+from sidecar.exceptions import BrokerError
+from sidecar.kafka.security import aiokafka_client_args
+
+log = logging.getLogger("sidecar.kafka")
+
+TP = tuple[str, int]
+Headers = Sequence[tuple[str, bytes]]
+
+
+class ConsumerPort(Protocol):
+    """What the loop needs from the group consumer."""
+
+    def assignment(self) -> set[TP]: ...
+
+    def pause(self, partitions: Iterable[TP]) -> None: ...
+
+    def resume(self, partitions: Iterable[TP]) -> None: ...
+
+    async def commit(self, offsets: Mapping[TP, int]) -> None: ...
+
+    def highwater(self, tp: TP) -> int | None:
+        """The partition's end offset as of the last fetch (``None``: not fetched yet)."""
+        ...
+
+    async def position(self, tp: TP) -> int: ...
+
+    def known_partitions(self, topics: Iterable[str]) -> dict[str, int]:
+        """Partition counts from the consumer's current metadata (topics it knows only)."""
+        ...
+
+    async def fetch_partitions(self, topics: Iterable[str]) -> dict[str, int] | None:
+        """Partition counts from a fresh metadata request (raises when the cluster is away);
+        ``None`` when there is no cluster to ask (in memory)."""
+        ...
+
+
+class ProducerPort(Protocol):
+    """What the publisher needs from the producer."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send(
+        self, topic: str, value: bytes, key: bytes | None, headers: Headers
+    ) -> Awaitable[Any]:
+        """Hand one record over; returns what confirms it (awaiting it raises on failure)."""
+        ...
+
+    async def topic_limits(self, topics: Iterable[str]) -> dict[str, int]:
+        """Each topic's own ``max.message.bytes`` (those it could read)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaClients:
+    consumer: ConsumerPort
+    producer: ProducerPort
+
+
+# --------------------------------------------------------------------------- aiokafka
+
+
+class AiokafkaConsumerPort:
+    """The group consumer of a started FastStream subscriber (aiokafka's)."""
+
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+        self._consumer = consumer
+
+    def assignment(self) -> set[TP]:
+        return {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
+
+    def pause(self, partitions: Iterable[TP]) -> None:
+        self._consumer.pause(*(TopicPartition(*tp) for tp in partitions))
+
+    def resume(self, partitions: Iterable[TP]) -> None:
+        self._consumer.resume(*(TopicPartition(*tp) for tp in partitions))
+
+    async def commit(self, offsets: Mapping[TP, int]) -> None:
+        await self._consumer.commit({TopicPartition(*tp): off for tp, off in offsets.items()})
+
+    def highwater(self, tp: TP) -> int | None:
+        high = self._consumer.highwater(TopicPartition(*tp))
+        return None if high is None else int(high)
+
+    async def position(self, tp: TP) -> int:
+        return int(await self._consumer.position(TopicPartition(*tp)))
+
+    def known_partitions(self, topics: Iterable[str]) -> dict[str, int]:
+        known = {t: self._consumer.partitions_for_topic(t) for t in topics}
+        return {t: len(parts) for t, parts in known.items() if parts is not None}
+
+    async def fetch_partitions(self, topics: Iterable[str]) -> dict[str, int] | None:
+        # what ``AIOKafkaConsumer.topics()`` fetches, keeping the partition counts (it keeps
+        # only the names): aiokafka has no public call for a fresh snapshot of the cluster
+        cluster = await self._consumer._client.fetch_all_metadata()
+        known = {t: cluster.partitions_for_topic(t) for t in topics}
+        return {t: len(parts) for t, parts in known.items() if parts is not None}
+
+
+class AiokafkaProducerPort:
+    """An idempotent producer of the service's own (header values as bytes)."""
+
+    def __init__(self, kafka: KafkaSettings, max_request_size: int) -> None:
+        self._kafka = kafka
+        self._producer = AIOKafkaProducer(
+            **aiokafka_client_args(kafka),
+            client_id=kafka.client_id,
+            acks="all",
+            enable_idempotence=True,
+            max_request_size=max_request_size,
+        )
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def send(
+        self, topic: str, value: bytes, key: bytes | None, headers: Headers
+    ) -> Awaitable[Any]:
+        confirmation: Awaitable[Any] = await self._producer.send(
+            topic, value, key=key, headers=list(headers)
+        )
+        return confirmation
+
+    async def topic_limits(self, topics: Iterable[str]) -> dict[str, int]:
+        names = set(topics)
+        admin = AIOKafkaAdminClient(**aiokafka_client_args(self._kafka))
+        try:
+            await admin.start()
+            responses = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic) for topic in names]
+            )
+        except KafkaError as exc:
+            log.warning("cannot read the output topics' max.message.bytes (%s)", exc)
+            return {}
+        finally:
+            await admin.close()
+        limits: dict[str, int] = {}
+        for response in responses:
+            for resource in response.resources:
+                error_code, _message, _type, topic, entries = resource[:5]
+                if error_code != 0 or topic not in names:
+                    continue
+                for entry in entries:
+                    if entry[0] == "max.message.bytes" and str(entry[1]).isdigit():
+                        limits[topic] = int(entry[1])
+        return limits
+
+
+def aiokafka_clients(
+    consumer: AIOKafkaConsumer | None, kafka: KafkaSettings, max_request_size: int
+) -> KafkaClients:
+    """The real clients, once FastStream has built the subscriber's consumer."""
+    if consumer is None:
+        raise BrokerError("the subscriber has no consumer: start the broker first")
+    return KafkaClients(
+        AiokafkaConsumerPort(consumer), AiokafkaProducerPort(kafka, max_request_size)
+    )
+
+
+# --------------------------------------------------------------------------- in memory
+
+
+@dataclass
+class MemoryConsumerPort:
+    """FastStream's in-memory broker calls the handler directly: nothing to fetch or pause.
+
+    Pauses, resumes and commits are recorded (tests read them); there is no
+    backlog and no cluster metadata.
+    """
+
+    assigned: set[TP] = field(default_factory=set)
+    paused: set[TP] = field(default_factory=set)
+    committed: dict[TP, int] = field(default_factory=dict)
+
+    def assignment(self) -> set[TP]:
+        return set(self.assigned)
+
+    def pause(self, partitions: Iterable[TP]) -> None:
+        self.paused.update(partitions)
+
+    def resume(self, partitions: Iterable[TP]) -> None:
+        self.paused.difference_update(partitions)
+
+    async def commit(self, offsets: Mapping[TP, int]) -> None:
+        self.committed.update(offsets)
+
+    def highwater(self, tp: TP) -> int | None:
+        del tp
+        return None
+
+    async def position(self, tp: TP) -> int:
+        del tp
+        return 0
+
+    def known_partitions(self, topics: Iterable[str]) -> dict[str, int]:
+        del topics
+        return {}
+
+    async def fetch_partitions(self, topics: Iterable[str]) -> dict[str, int] | None:
+        del topics
+        return None
+
+
+class MemoryProducerPort:
+    """Publishes through FastStream's (in-memory) broker; header values decoded as text."""
+
+    def __init__(self, broker: KafkaBroker) -> None:
+        self._broker = broker
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def send(
+        self, topic: str, value: bytes, key: bytes | None, headers: Headers
+    ) -> Awaitable[Any]:
+        text = {name: value.decode("utf-8", errors="replace") for name, value in headers}
+        result = await self._broker.publish(
+            value, topic=topic, key=key, headers=text, no_confirm=True
+        )
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        done.set_result(result)
+        return done
+
+    async def topic_limits(self, topics: Iterable[str]) -> dict[str, int]:
+        del topics
+        return {}
+
+
+def memory_clients(broker: KafkaBroker) -> KafkaClients:
+    return KafkaClients(MemoryConsumerPort(), MemoryProducerPort(broker))

@@ -1,0 +1,154 @@
+"""Intake flow control: the work queue before the processor, and which partitions are paused.
+
+The subscriber's handler only queues what it consumed; one task takes the
+batches in order to the processor. ``IntakeControl`` keeps the consumer's
+pauses equal to what two policies want together: backpressure (every assigned
+partition, while the queue is full — ``pipeline/backpressure.py``) and input
+alignment (the side of a co-partition that runs ahead — ``pipeline/flow.py``).
+A paused consumer still polls, so its group membership and heartbeats go on
+whatever the processor is doing. It also tells the join clock when the sidecar
+is behind (work queued, intake paused, a backlog on any input partition), so
+that the join TTL is not charged for the sidecar's own delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterable
+
+from aiokafka import ConsumerRecord
+from aiokafka.errors import IllegalStateError
+
+from sidecar.kafka.clients import TP, ConsumerPort
+from sidecar.pipeline.backpressure import Backpressure, JoinClock
+from sidecar.pipeline.flow import InputAligner
+from sidecar.pipeline.offsets import OffsetTracker
+
+Records = tuple[ConsumerRecord[bytes, bytes], ...]
+
+
+class WorkQueue:
+    """Consumed batches waiting for the processor, in order; ``records`` counts what waits."""
+
+    def __init__(self) -> None:
+        self._batches: deque[Records] = deque()
+        self.records = 0
+        self._ready = asyncio.Event()
+        self._room = asyncio.Event()
+
+    def put(self, batch: Records) -> None:
+        if batch:
+            self._batches.append(batch)
+            self.records += len(batch)
+            self._ready.set()
+
+    async def get(self) -> Records:
+        while not self._batches:
+            self._ready.clear()
+            await self._ready.wait()
+        batch = self._batches.popleft()
+        self.records -= len(batch)
+        self._room.set()
+        return batch
+
+    async def wait_for_room(self, limit: int, stopping: asyncio.Event) -> None:
+        """Until at most ``limit`` records wait (or the service stops)."""
+        while self.records > limit and not stopping.is_set():
+            self._room.clear()
+            await self._room.wait()
+
+    def wake(self) -> None:
+        """Let ``wait_for_room`` re-check (the service is stopping)."""
+        self._room.set()
+
+    def drop(self, partitions: set[TP]) -> int:
+        """Forget queued records of revoked ``partitions``; returns how many."""
+        kept: deque[Records] = deque()
+        for batch in self._batches:
+            rest = tuple(r for r in batch if (r.topic, r.partition) not in partitions)
+            if rest:
+                kept.append(rest)
+        before = self.records
+        self._batches = kept
+        self.records = sum(len(b) for b in kept)
+        self._room.set()
+        return before - self.records
+
+
+async def measure_lag(
+    consumer: ConsumerPort, assigned: Iterable[TP], tracker: OffsetTracker
+) -> dict[TP, int]:
+    """Records per assigned partition in Kafka that the consumer has not handed out yet."""
+    lag: dict[TP, int] = {}
+    for tp in assigned:
+        try:
+            high = consumer.highwater(tp)
+            if high is None:  # not fetched yet: no fetch response, no position to wait for
+                lag[tp] = 0
+                continue
+            seen = tracker.next_offset(tp)
+            position = seen if seen is not None else await consumer.position(tp)
+        except (AssertionError, IllegalStateError):  # revoked meanwhile
+            lag[tp] = 0
+            continue
+        lag[tp] = max(0, high - position)
+    return lag
+
+
+class IntakeControl:
+    """Applies backpressure and alignment to the consumer; keeps the join clock honest."""
+
+    def __init__(
+        self, backpressure: Backpressure, aligner: InputAligner | None, clock: JoinClock
+    ) -> None:
+        self.backpressure = backpressure
+        self.aligner = aligner
+        self.clock = clock
+        self.paused: set[TP] = set()  # what this service has paused on the consumer
+        self.lag: dict[TP, int] = {}  # as last measured
+
+    def on_queue(
+        self, queued: int, consumer: ConsumerPort, assigned: set[TP], now_ms: float
+    ) -> None:
+        """The queue changed: pause or resume intake if backpressure says so."""
+        if self.backpressure.decide(queued) is not None:
+            self.apply(consumer, assigned)
+        self.clock.set_behind(self._behind(queued), now_ms)
+
+    def align(
+        self,
+        consumer: ConsumerPort,
+        assigned: set[TP],
+        lag: dict[TP, int],
+        queued: int,
+        now_ms: float,
+    ) -> None:
+        """Fresh lag: let the aligner decide, apply, and book whether the sidecar is behind."""
+        self.lag = lag
+        if self.aligner is not None:
+            self.aligner.decide(assigned, lambda tp: lag.get(tp, 0))
+        self.apply(consumer, assigned)
+        self.clock.set_behind(self._behind(queued), now_ms)
+
+    def apply(self, consumer: ConsumerPort, assigned: set[TP]) -> None:
+        """Make the consumer's pauses what the two policies want now."""
+        want = set(assigned) if self.backpressure.paused else set()
+        if self.aligner is not None:
+            want |= self.aligner.paused & assigned
+        self.paused &= assigned  # a revoked partition is forgotten by the consumer too
+        if pause := want - self.paused:
+            consumer.pause(pause)
+        if resume := self.paused - want:
+            consumer.resume(resume)
+        self.paused = want
+
+    def forget(self, revoked: set[TP]) -> None:
+        self.paused -= revoked
+        for tp in revoked:
+            self.lag.pop(tp, None)
+        if self.aligner is not None:
+            self.aligner.forget(revoked)
+
+    def _behind(self, queued: int) -> bool:
+        return queued > 0 or self.backpressure.paused or any(v > 0 for v in self.lag.values())

@@ -1,0 +1,125 @@
+"""Readiness and liveness of the loop: its state, the broker probe and the input-topic checks.
+
+``LoopState`` is what ``/readyz``, ``/livez`` and the tests read. The probe
+asks the cluster for fresh metadata every ``PROBE_INTERVAL_S`` on a clock of its
+own (a commit that aiokafka retries through a network stall must not freeze
+it): the broker is reachable, and the input topics exist with the partition
+counts they had at start. An assignment that tears a partition number's inputs
+apart across members (a member without the co-partitioning assignor) is
+reported the same way: one log line, and not ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from aiokafka.errors import KafkaError
+
+from sidecar.kafka.assignor import split_pairs
+from sidecar.kafka.clients import TP, ConsumerPort
+from sidecar.kafka.topics import format_counts, partition_count_problem
+
+log = logging.getLogger("sidecar.kafka")
+
+PUBLISH_STALL_S = 10.0  # publishing failing this long: not ready (the loop keeps retrying)
+PROBE_INTERVAL_S = 2.0
+PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass(slots=True)
+class LoopState:
+    """What the health endpoint and the tests read."""
+
+    started: bool = False
+    broker_ok: bool = False  # the last metadata probe (every ~2 s) reached the cluster
+    assigned: set[tuple[str, int]] = field(default_factory=set)
+    # what the last assignment tears apart (a partition number held on one input topic
+    # but not on another), one line each; non-empty: not ready
+    split: list[str] = field(default_factory=list)
+    # the input topics exist with equal partition counts, as at start (the probe checks)
+    topics_ok: bool = True
+    input_partitions: dict[str, int] = field(default_factory=dict)  # as the last probe saw them
+    commits: int = 0
+    last_committed: dict[tuple[str, int], int] = field(default_factory=dict)
+    publish_retries: int = 0
+    truncated_dead_letters: int = 0
+    undeliverable_outputs: int = 0  # outputs too large for their topic, dead-lettered instead
+    publish_failing_since: float | None = None  # monotonic s: the output being retried first failed
+    publish_stall_s: float = PUBLISH_STALL_S
+    fatal: str | None = None  # why no retry can help (authorisation, configuration)
+
+    @property
+    def publishing(self) -> bool:
+        """For readiness: false while publishing has failed for ``publish_stall_s`` or fatally."""
+        if self.fatal is not None:
+            return False
+        since = self.publish_failing_since
+        return since is None or time.monotonic() - since < self.publish_stall_s
+
+    @property
+    def live(self) -> bool:
+        """For liveness: false after a fatal publish error (a restart with the cause logged)."""
+        return self.fatal is None
+
+
+class BrokerProbe:
+    """Keeps ``state.broker_ok`` and ``state.topics_ok`` current."""
+
+    def __init__(self, state: LoopState, inputs: Sequence[str]) -> None:
+        self.state = state
+        self.inputs = tuple(inputs)
+
+    async def probe(self, consumer: ConsumerPort) -> None:
+        try:
+            counts = await asyncio.wait_for(
+                consumer.fetch_partitions(self.inputs), timeout=PROBE_TIMEOUT_S
+            )
+        except (KafkaError, TimeoutError) as exc:
+            if self.state.broker_ok:
+                log.warning("broker unreachable (%s); not ready until it is back", exc)
+            self.state.broker_ok = False
+            return
+        if not self.state.broker_ok:
+            log.info("broker reachable")
+        self.state.broker_ok = True
+        if counts is not None:
+            self.check_partition_counts(counts)
+
+    def check_partition_counts(self, seen: dict[str, int]) -> None:
+        """Readiness follows the input topics: all present, equal partition counts."""
+        state = self.state
+        problem = partition_count_problem(self.inputs, seen)
+        first = not state.input_partitions
+        if problem is None and not first and seen != state.input_partitions:
+            problem = (
+                f"partition counts changed from {format_counts(state.input_partitions)} to "
+                f"{format_counts(seen)}; keys now hash to other partitions (restart the group)"
+            )
+        ok = problem is None
+        if not ok and (state.topics_ok or seen != state.input_partitions):
+            log.error("input topics: %s; not ready", problem)
+        if first and ok:
+            state.input_partitions = seen
+        state.topics_ok = ok
+
+    async def run(self, consumer: ConsumerPort, stopping: asyncio.Event) -> None:
+        while not stopping.is_set():
+            await self.probe(consumer)
+            await asyncio.sleep(PROBE_INTERVAL_S)
+
+    def check_assignment(self, assigned: set[TP], counts: dict[str, int], group: str) -> None:
+        """A new assignment: check that it keeps every partition number's inputs together."""
+        self.state.assigned = assigned
+        self.state.split = split_pairs(assigned, self.inputs, counts or None)
+        for problem in self.state.split:
+            log.error(
+                "assignment splits co-partitioned inputs: this member %s (group %s: every "
+                "member must use the %s assignor); not ready",
+                problem,
+                group,
+                "guardrail-copartition",
+            )

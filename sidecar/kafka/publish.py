@@ -1,0 +1,279 @@
+"""Publishing a step's outputs: confirmed sends, retries by kind, dead letters for what cannot go.
+
+Outputs go to the producer port with header values as bytes. Publish errors
+are decided by kind (``classify``): retriable ones are retried with capped,
+jittered backoff while ``LoopState.publishing`` turns false after
+``publish_stall_s``; a record too large for its topic goes to the DLQ cut down
+to fit (``fit_dead_letter``), never retried as it is; an authorisation or
+configuration error makes the loop not live (``LoopState.fatal``), with one log
+line naming the topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable
+from datetime import UTC, datetime
+from typing import Any
+
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    ClusterAuthorizationFailedError,
+    InvalidTopicError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
+    ProducerFenced,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    UnknownTopicOrPartitionError,
+)
+from aiokafka.errors import RecordTooLargeError as KafkaRecordTooLargeError
+
+from sidecar.exceptions import (
+    BrokerAccessError,
+    BrokerError,
+    GuardrailError,
+    InputError,
+    RecordTooLargeError,
+)
+from sidecar.kafka.clients import ProducerPort
+from sidecar.kafka.probe import LoopState
+from sidecar.pipeline.offsets import OffsetTracker
+from sidecar.pipeline.outputs import (
+    Destination,
+    Output,
+    Step,
+    fit_dead_letter,
+    record_size,
+    undeliverable_output,
+)
+from sidecar.telemetry import Telemetry
+
+log = logging.getLogger("sidecar.kafka")
+
+MAX_PUBLISH_BACKOFF_S = 5.0
+FIRST_PUBLISH_BACKOFF_S = 0.1
+UNKNOWN_TOPIC_FATAL_S = 30.0  # a destination topic missing this long: not live either
+REQUEST_SIZE_MARGIN_BYTES = 65_536  # the producer's max_request_size over max_message_bytes
+MIN_DLQ_BYTES = 1_024  # a DLQ topic that refuses a dead letter this small is misconfigured
+
+_TOO_LARGE = (MessageSizeTooLargeError, KafkaRecordTooLargeError)
+_NO_ACCESS = (
+    TopicAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    SaslAuthenticationFailed,
+    AuthenticationFailedError,
+    InvalidTopicError,
+    OutOfOrderSequenceNumber,  # the idempotent producer is broken for good
+    ProducerFenced,
+)
+
+
+def classify(exc: BaseException, topic: str) -> BrokerError:
+    """A failed publish to ``topic`` as the kind the loop branches on (flags, not text).
+
+    ``RecordTooLargeError`` (``dead_letter``): this record alone can never go out as
+    it is. ``BrokerAccessError`` (``fatal``): authorisation or configuration, or a
+    producer that cannot recover. Anything else is retriable (``BrokerError``):
+    aiokafka's own ``retriable`` errors, timeouts, a broker that is away.
+    """
+    if isinstance(exc, BrokerError):
+        return exc
+    name = type(exc).__name__
+    if isinstance(exc, _TOO_LARGE):
+        return RecordTooLargeError(topic, f"{name}: {exc}")
+    if isinstance(exc, _NO_ACCESS):
+        return BrokerAccessError(topic, f"{name}: {exc}")
+    return BrokerError(f"publish to {topic} failed: {name}: {exc}")
+
+
+def backoff_delay(attempt: int, rng: random.Random) -> float:
+    """Seconds before retry ``attempt`` (0-based): capped exponential, jittered in [1/2, 1]."""
+    ceiling = min(MAX_PUBLISH_BACKOFF_S, FIRST_PUBLISH_BACKOFF_S * 2.0 ** min(attempt, 32))
+    return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
+
+
+class Publisher:
+    """Publishes steps through a producer port; finishes their inputs once confirmed."""
+
+    def __init__(
+        self,
+        producer: ProducerPort,
+        destinations: dict[Destination, str],
+        *,
+        max_message_bytes: int,
+        state: LoopState,
+        tracker: OffsetTracker,
+        telemetry: Telemetry,
+        stopping: asyncio.Event,
+        pipelined: bool,
+    ) -> None:
+        self.producer = producer
+        self.destinations = destinations
+        self.state = state
+        self.tracker = tracker
+        self.telemetry = telemetry
+        self._stopping = stopping
+        self._pipelined = pipelined
+        # bytes one record may take per destination: the producer's request limit, the
+        # DLQ topic's max.message.bytes; lowered to each topic's own setting at start
+        request_limit = max_message_bytes + REQUEST_SIZE_MARGIN_BYTES
+        self.limits = {d: request_limit for d in Destination}
+        self.limits[Destination.DLQ] = max_message_bytes
+        self._rng = random.Random()  # noqa: S311 - backoff jitter (instances out of step)
+
+    async def read_topic_limits(self) -> None:
+        """Lower ``limits`` to each output topic's own ``max.message.bytes``."""
+        own = await self.producer.topic_limits(self.destinations.values())
+        if not own:
+            return
+        for dest, topic in self.destinations.items():
+            if topic in own:
+                self.limits[dest] = min(self.limits[dest], own[topic])
+        log.info("record limits per output topic: %s", self.limits)
+
+    async def emit(self, step: Step, *, retry: bool = True) -> None:
+        """Publish a step's outputs (retrying until confirmed), then finish its inputs.
+
+        With ``retry=False`` (shutdown) a failed publish leaves the step's inputs
+        unfinished, so they stay uncommitted and are read again. Pipelined (the
+        default): every output is handed to the producer first and the
+        confirmations are awaited together; what failed is retried one by one.
+        An output too large for its topic is replaced by a dead letter that fits.
+        """
+        outputs = [self._fitted(out) for out in step.outputs]
+        pending: list[tuple[Output, Any]] = [(out, None) for out in outputs]
+        if self._pipelined and len(pending) > 1:
+            pending = await self._publish_pipelined(outputs)
+        for out, span in pending:
+            if not await self._publish_one(out, span, retry=retry):
+                return
+        for ref in step.done:
+            self.tracker.done(ref.tp, ref.offset)
+
+    async def send_output(self, out: Output) -> Awaitable[Any]:
+        """Hand one output to the producer; returns what confirms it (the tests' seam)."""
+        topic = self.destinations[out.destination]
+        return await self.producer.send(topic, out.value, out.key, out.headers)
+
+    def _fitted(self, out: Output, limit: int | None = None, why: str = "") -> Output:
+        """``out`` if it fits its destination, else a dead letter (cut down to fit the DLQ)."""
+        topic = self.destinations[out.destination]
+        size = record_size(out.key, out.value, out.headers)
+        if out.destination is not Destination.DLQ:
+            if size <= self.limits[out.destination]:
+                return out
+            why = f"{size} bytes with headers exceed the {self.limits[out.destination]}-byte limit"
+            out = self._undeliverable(out, RecordTooLargeError(topic, why))
+            size = record_size(out.key, out.value, out.headers)
+        dlq = self.destinations[Destination.DLQ]
+        limit = min(limit or self.limits[Destination.DLQ], self.limits[Destination.DLQ])
+        why = why or (
+            f"{size} bytes with headers exceed the {limit}-byte limit of {dlq} (max.message.bytes)"
+        )
+        fitted = fit_dead_letter(out, limit, why)
+        if fitted is not out:
+            self.state.truncated_dead_letters += 1
+            log.warning("dead letter for %s truncated: %s", dlq, why)
+        return fitted
+
+    def _undeliverable(self, out: Output, error: RecordTooLargeError) -> Output:
+        self.state.undeliverable_outputs += 1
+        topic = self.destinations[out.destination]
+        log.error("an output for %s can never be published (%s); dead-lettered", topic, error)
+        reason = InputError("output-too-large", str(error))
+        return undeliverable_output(out, topic, reason, failed_at=datetime.now(UTC))
+
+    async def _publish_pipelined(self, outputs: list[Output]) -> list[tuple[Output, Any]]:
+        """Send all, await all; returns the outputs that failed, with their open spans."""
+        sent: list[tuple[Output, Any, Awaitable[Any]]] = []
+        failed: list[tuple[Output, Any]] = []
+        for out in outputs:
+            span = self.telemetry.before_publish(out, self.destinations[out.destination])
+            try:
+                confirmation = await self.send_output(out)
+            except (KafkaError, TimeoutError):
+                failed.append((out, span))
+                continue
+            sent.append((out, span, confirmation))
+        results = await asyncio.gather(*(c for _, _, c in sent), return_exceptions=True)
+        for (out, span, _), result in zip(sent, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, KafkaError | TimeoutError):
+                    raise result
+                failed.append((out, span))
+            else:
+                self.telemetry.after_publish(span, result)
+        return failed
+
+    async def _publish_one(self, out: Output, span: Any, *, retry: bool) -> bool:
+        """Publish and await confirmation; False when giving up (stopping, or ``retry=False``).
+
+        Retriable errors: retried with capped, jittered backoff; ``state.publishing``
+        turns false once they last ``publish_stall_s``. Too large: the output is
+        replaced by a dead letter that fits (smaller each time the broker refuses
+        one). Fatal (authorisation, configuration): logged once, ``state.live``
+        false; the loop keeps retrying at the longest backoff until it is restarted.
+        """
+        topic = self.destinations[out.destination]
+        if span is None:
+            span = self.telemetry.before_publish(out, topic)
+        attempt = 0
+        while True:
+            try:
+                metadata = await (await self.send_output(out))
+            except (KafkaError, TimeoutError, GuardrailError) as exc:
+                error = classify(exc, topic)
+                if error.dead_letter:
+                    try:
+                        out = self._smaller(out, error)
+                    except BrokerAccessError as refused:
+                        error = refused
+                    else:
+                        continue
+                if not retry or self._stopping.is_set():
+                    log.warning("stopping: %s stays uncommitted and will be re-read", topic)
+                    return False
+                self._failing(error, exc, topic)
+                delay = backoff_delay(attempt, self._rng)
+                attempt += 1
+                self.state.publish_retries += 1
+                self.telemetry.publish_retries.add(1)
+                log.warning("publish to %s failed (%s); retrying in %.2fs", topic, error, delay)
+                await asyncio.sleep(delay)
+            else:
+                self.state.publish_failing_since = None
+                self.telemetry.after_publish(span, metadata)
+                return True
+
+    def _smaller(self, out: Output, error: GuardrailError) -> Output:
+        """After a too-large refusal: the dead letter to try instead (half the size, at most)."""
+        size = record_size(out.key, out.value, out.headers)
+        if out.destination is not Destination.DLQ:
+            assert isinstance(error, RecordTooLargeError)  # noqa: S101 - dead_letter errors
+            return self._fitted(self._undeliverable(out, error))
+        if size // 2 < MIN_DLQ_BYTES:
+            dlq = self.destinations[Destination.DLQ]
+            raise BrokerAccessError(
+                dlq, f"refuses a dead letter of {size} bytes; check its max.message.bytes"
+            ) from error
+        return self._fitted(out, size // 2, f"refused by the broker at {size} bytes: {error}")
+
+    def _failing(self, error: BrokerError, exc: BaseException, topic: str) -> None:
+        """Book a failed attempt: readiness after ``publish_stall_s``; liveness if fatal."""
+        now = time.monotonic()
+        if self.state.publish_failing_since is None:
+            self.state.publish_failing_since = now
+        persisted = now - self.state.publish_failing_since
+        missing = isinstance(exc, UnknownTopicOrPartitionError)
+        if missing and persisted >= UNKNOWN_TOPIC_FATAL_S:
+            error = BrokerAccessError(topic, f"the topic does not exist (for {persisted:.0f}s)")
+        if error.fatal and self.state.fatal is None:
+            self.state.fatal = str(error)
+            log.error("FATAL %s; not live until restarted", error)

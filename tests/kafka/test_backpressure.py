@@ -1,0 +1,186 @@
+"""A slow claim verifier under a burst: the sidecar serves slower but decides every request.
+
+A burst of requests is already in Kafka (every retrieval written before the
+answers, as a busy LLM service writes them) when a sidecar starts whose claim
+verifier takes a while per claim. The work queue fills, the consumer pauses its
+partitions until it drains, and the join's TTL is not charged for the time the
+sidecar itself was behind: every request gets its real decision, none
+``incomplete``, and the pause counter shows the backpressure at work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from sidecar.config import Settings
+from sidecar.contracts.events import (
+    ClaimLabel,
+    ClaimsSignal,
+    RetrievalEvent,
+    RetrievalSignal,
+    SignalStatus,
+)
+from sidecar.kafka.app import SidecarService
+from sidecar.kafka.topics import create_topics
+from sidecar.lab.localkafka.broker import LocalKafka
+from sidecar.pipeline.ports import ClaimResult, SignalSuite
+from sidecar.pipeline.processor import Processor
+from sidecar.policy import PlaceholderPolicy
+from tests.conftest import EventFactory, dumps
+from tests.kafka.harness import wait_until
+
+pytestmark = pytest.mark.connected
+
+REQUESTS = 60
+SENTENCES = ("The tower is in Paris.", " It opened in 1889.", " It is made of iron.")
+CLAIM_S = 0.025  # per claim: ~4.5 s of verifying for the burst, against a 1 s join TTL
+TTL_MS = 1_000
+
+
+@dataclass
+class SlowSession:
+    """One sentence, one claim, ``CLAIM_S`` of work each (a verifier slower than the input)."""
+
+    results: list[ClaimResult] = field(default_factory=list)
+    _text: str = ""
+
+    def feed(self, text: str) -> list[ClaimResult]:
+        self._text += text
+        done = self._text.count(".")
+        return [self._verify(i) for i in range(len(self.results), done)]
+
+    def finish(self, answer: str) -> tuple[list[ClaimResult], ClaimsSignal]:
+        self._text = answer
+        tail = [self._verify(i) for i in range(len(self.results), answer.count("."))]
+        n = len(self.results)
+        summary = ClaimsSignal(status=SignalStatus.OK, n=n, supported=n, reliability=1.0)
+        return tail, summary
+
+    def _verify(self, index: int) -> ClaimResult:
+        time.sleep(CLAIM_S)
+        result = ClaimResult(index, (0, 1), f"claim {index}", ClaimLabel.SUPPORTED, 0.9)
+        self.results.append(result)
+        return result
+
+
+@dataclass(frozen=True)
+class SlowChecker:
+    version: str = "slow/1"
+
+    def open(self, retrieval: RetrievalEvent, certification: RetrievalSignal) -> SlowSession:
+        del retrieval, certification
+        return SlowSession()
+
+
+def _settings(broker: LocalKafka, topics: dict[str, str], **kafka: Any) -> Settings:
+    return Settings.load(
+        kafka={
+            "bootstrap_servers": broker.bootstrap_servers,
+            "group_id": topics["group"],
+            "max_poll_records": 20,
+            "max_queued_records": 40,  # two polls: the burst (300 records) must pause intake
+            **kafka,
+        },
+        topics={k: v for k, v in topics.items() if k != "group"},
+        join={"ttl_ms": TTL_MS, "sweep_interval_ms": 50},
+        http={"enabled": False},
+    )
+
+
+async def _burst(
+    settings: Settings, retrieval_event: EventFactory, final_event: EventFactory
+) -> None:
+    """Every retrieval first, then every answer (deltas, final): all in Kafka before the start."""
+    t = settings.topics
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, linger_ms=5)
+    await producer.start()
+    try:
+        for i in range(REQUESTS):
+            rid = f"req-{i}"
+            await producer.send(t.retrieval, dumps(retrieval_event(rid)), key=rid.encode())
+        for i in range(REQUESTS):
+            rid, key = f"req-{i}", f"req-{i}".encode()
+            for seq, text in enumerate(SENTENCES):
+                delta = {
+                    "schema_version": 1,
+                    "event_type": "generation.delta",
+                    "request_id": rid,
+                    "seq": seq,
+                    "text": text,
+                }
+                await producer.send(t.generation, orjson.dumps(delta), key=key)
+            answer = "".join(SENTENCES)
+            await producer.send(t.generation, dumps(final_event(rid, answer=answer)), key=key)
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+
+async def _verdicts(settings: Settings, timeout_s: float) -> list[dict[str, Any]]:
+    consumer = AIOKafkaConsumer(
+        settings.topics.verdicts,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    out: list[dict[str, Any]] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            while len({v["request_id"] for v in out}) < REQUESTS:
+                batch = await consumer.getmany(timeout_ms=200)
+                out.extend(orjson.loads(r.value) for rs in batch.values() for r in rs)
+        await asyncio.sleep(0.5)  # a second verdict for a request would come about now
+        batch = await consumer.getmany(timeout_ms=200)
+        out.extend(orjson.loads(r.value) for rs in batch.values() for r in rs)
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def _drain(
+    broker: LocalKafka,
+    topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    **kafka: Any,
+) -> tuple[list[dict[str, Any]], SidecarService]:
+    settings = _settings(broker, topics, **kafka)
+    await create_topics(settings)
+    await _burst(settings, retrieval_event, final_event)
+    processor = Processor(settings, PlaceholderPolicy(), signals=SignalSuite(claims=SlowChecker()))
+    service = SidecarService(settings, processor)
+    await service.start()
+    try:
+        await wait_until(lambda: service.ready, 30, "partition assignment")
+        verdicts = await _verdicts(settings, timeout_s=90)
+    finally:
+        await service.stop()
+    return verdicts, service
+
+
+def _incomplete(verdicts: list[dict[str, Any]]) -> int:
+    return sum(any(r["code"] == "incomplete" for r in v["reasons"]) for v in verdicts)
+
+
+async def test_a_slow_verifier_decides_every_request_of_a_burst(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    verdicts, service = await _drain(kafka_broker, unique_topics, retrieval_event, final_event)
+    assert _incomplete(verdicts) == 0, f"{_incomplete(verdicts)} of {REQUESTS} incomplete"
+    assert sorted(v["request_id"] for v in verdicts) == sorted(f"req-{i}" for i in range(REQUESTS))
+    assert all(v["signals"]["claims"]["status"] == "ok" for v in verdicts)
+    assert service.processor.counters.claim_verdicts == REQUESTS * len(SENTENCES)
+    assert service.backpressure.pauses > 0  # the queue filled and intake stopped, not luck
+    assert not service.backpressure.paused  # and resumed once it drained
+    assert service.intake.clock.held_ms > TTL_MS  # the TTL was not charged for that time
