@@ -49,12 +49,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Final, Literal, Protocol
 
+from sidecar.claims.atomic import Claim
 from sidecar.claims.calibration import Band
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
 from sidecar.claims.judge import JudgeBudget, JudgeRunner, JudgeVerdict
 from sidecar.claims.rules import check_quantities
 from sidecar.claims.scores import summarise
-from sidecar.claims.segment import Claim, ClaimSegmenter
+from sidecar.claims.segment import ClaimSegmenter
 from sidecar.contracts.events import (
     ClaimLabel,
     ClaimsSignal,

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, Protocol
 
+from sidecar.claims.atomic import Claim
 from sidecar.claims.calibration import Band
 from sidecar.claims.checker import ClaimScorer
 from sidecar.claims.datasets import Pair, split_of
@@ -48,7 +49,7 @@ from sidecar.claims.metrics import (
     binary_report,
     expected_calibration_error,
 )
-from sidecar.claims.segment import Claim, segment_claims
+from sidecar.claims.segment import segment_claims
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import InputError
 
