@@ -1,15 +1,19 @@
 """Calibrated answer confidence and the retrieval-coverage hallucination bound.
 
-- :mod:`~sidecar.confidence.metrics` -- ECE, Brier, NLL, reliability bins (CalibRAG A.3.1);
+- :mod:`~sidecar.confidence.metrics` -- ECE, Brier, NLL, reliability bins (docs/methods.md
+  §Calibrated confidence);
 - :mod:`~sidecar.confidence.logistic` -- logistic regression by Newton/IRLS in numpy;
 - :mod:`~sidecar.confidence.calibration` -- Platt and isotonic calibrators, chosen by
   cross-validated NLL;
+- :mod:`~sidecar.confidence.spec` -- ``FeatureSpec``: the signals and missing-value
+  groups a forecaster reads (answer-level by default);
 - :mod:`~sidecar.confidence.model` -- the served forecaster ``ConfidenceModel``
-  (file format ``confidence-model/1``) and its ``FeatureSpec`` (answer-level by default);
+  (file format ``confidence-model/1``);
 - :mod:`~sidecar.confidence.training` -- ``fit_confidence_model`` (fit, then calibrate on
   a disjoint part; imports :mod:`sidecar.lookback.metrics`, so it is not imported here);
-- :mod:`~sidecar.confidence.bound` -- ``H <= c * eps + (1 - c) * delta`` (seed 003) with
-  Wilson intervals, and the rolling per-key ``CoverageTracker``.
+- :mod:`~sidecar.confidence.bound` -- ``H <= c * eps + (1 - c) * delta`` (docs/methods.md
+  §Coverage bound on the hallucination rate) with Wilson intervals, and the rolling
+  per-key ``CoverageTracker``.
 
 Serving needs numpy and pydantic only: no scikit-learn, scipy or torch.
 """
@@ -26,10 +30,10 @@ from sidecar.confidence.calibration import (
 )
 from sidecar.confidence.errors import ConfidenceDataError
 from sidecar.confidence.metrics import ReliabilityBin, brier, ece, nll, reliability_bins
-from sidecar.confidence.model import (
+from sidecar.confidence.model import ConfidenceModel
+from sidecar.confidence.spec import (
     ANSWER_SPEC,
     FEATURES,
-    ConfidenceModel,
     FeatureSpec,
     feature_matrix,
     feature_vector,

@@ -23,7 +23,7 @@ from typing import Final
 
 import numpy as np
 
-from sidecar.confidence.model import SIGNALS, FeatureSpec
+from sidecar.confidence.spec import SIGNALS, FeatureSpec
 from sidecar.contracts.events import GenerationFinal, RetrievalEvent, Signals, SignalStatus
 
 __all__ = [
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 ANSWER_FEATURES: Final = SIGNALS
-"""The answer model's signals (:data:`sidecar.confidence.model.SIGNALS`)."""
+"""The answer model's signals (:data:`sidecar.confidence.spec.SIGNALS`)."""
 CHUNK_FEATURES: Final = (
     "score",
     "gap_to_top",

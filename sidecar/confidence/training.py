@@ -30,13 +30,8 @@ from sidecar.confidence.calibration import choose_calibrator, cross_validated_pr
 from sidecar.confidence.errors import ConfidenceDataError
 from sidecar.confidence.logistic import FloatArray, fit_logistic, sigmoid
 from sidecar.confidence.metrics import as_labels, brier, ece, nll
-from sidecar.confidence.model import (
-    ANSWER_SPEC,
-    ConfidenceModel,
-    ConfidenceTraining,
-    FeatureSpec,
-    FeatureValues,
-)
+from sidecar.confidence.model import ConfidenceModel, ConfidenceTraining
+from sidecar.confidence.spec import ANSWER_SPEC, FeatureSpec, FeatureValues
 from sidecar.exceptions import ConfigError
 from sidecar.lookback.metrics import auroc
 
