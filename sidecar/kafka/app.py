@@ -71,17 +71,11 @@ from sidecar.kafka.assignor import co_partition_assignor, split_pairs
 from sidecar.kafka.cut import KeyIndex
 from sidecar.kafka.security import aiokafka_client_args, faststream_security
 from sidecar.kafka.topics import format_counts, partition_count_problem
+from sidecar.pipeline.deadletters import fit_dead_letter, record_size, undeliverable_output
 from sidecar.pipeline.flow import InputAligner
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.offsets import OffsetTracker
-from sidecar.pipeline.outputs import (
-    Destination,
-    Output,
-    Step,
-    fit_dead_letter,
-    record_size,
-    undeliverable_output,
-)
+from sidecar.pipeline.outputs import Destination, Output, Step
 from sidecar.pipeline.processor import Processor
 from sidecar.telemetry import Telemetry
 
