@@ -260,7 +260,7 @@ class SignalSettings(_Section):
 
 
 class CoverageSettings(_Section):
-    """The fleet-level coverage bound of seed 003 (per calibration key)."""
+    """The fleet-level coverage bound per calibration key (docs/methods.md §Coverage bound)."""
 
     window: int = Field(default=10_000, ge=10, description="recent requests the bound covers")
     report_interval_s: float = Field(

@@ -49,8 +49,7 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
   guardrail.retrieval.m1_mean, .m1_wilson_low, .m1_wilson_high, .exchangeability_broken
                                 gauges    calibration_key (the rolling m1 monitor)
   guardrail.coverage.*          gauges    calibration_key (the coverage bound:
-                                          docs/methods.md §Coverage bound on the
-                                          hallucination rate)
+                                          docs/methods.md §Coverage bound)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 An atomic claim is the smallest verifiable assertion: not a question, not an
 opinion, not a conjunction of two independent claims (docs/methods.md §Claim
-verification and the reliability report). The sidecar needs it per sentence,
+verification). The sidecar needs it per sentence,
 mid-stream, in microseconds, so it is rule-based:
 
 1. questions, headings and list intros ("... are:") are dropped;

@@ -12,8 +12,7 @@
 - :mod:`~sidecar.confidence.training` -- ``fit_confidence_model`` (fit, then calibrate on
   a disjoint part; imports :mod:`sidecar.lookback.metrics`, so it is not imported here);
 - :mod:`~sidecar.confidence.bound` -- ``H <= c * eps + (1 - c) * delta`` (docs/methods.md
-  §Coverage bound on the hallucination rate) with Wilson intervals, and the rolling
-  per-key ``CoverageTracker``.
+  §Coverage bound) with Wilson intervals, and the rolling per-key ``CoverageTracker``.
 
 Serving needs numpy and pydantic only: no scikit-learn, scipy or torch.
 """

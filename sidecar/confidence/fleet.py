@@ -1,4 +1,4 @@
-"""The fleet-level coverage bound inside the sidecar (seed 003).
+"""The fleet-level coverage bound inside the sidecar (docs/methods.md §Coverage bound).
 
 Every final verdict counts as one request of its calibration key, covered when
 conformal certification trusted at least one chunk (m1). Feedback events

@@ -1,4 +1,6 @@
-"""Calibration metrics of a probabilistic forecaster (CalibRAG, appendix A.3.1), in numpy.
+"""Calibration metrics of a probabilistic forecaster, in numpy: ECE, Brier, NLL, reliability bins.
+
+Where they are used: docs/methods.md §Calibrated confidence.
 
 For ``n`` forecasts ``p_i`` in [0, 1] of binary outcomes ``y_i`` in {0, 1}:
 

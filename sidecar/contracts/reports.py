@@ -45,10 +45,11 @@ class CertificateStatus(BaseModel):
 
 
 class CoverageReport(EventBase):
-    """Fleet-level coverage bound for one calibration key (seed 003), published periodically.
+    """Fleet-level coverage bound for one calibration key, published periodically.
 
-    H <= c * epsilon + (1 - c) * delta, with Wilson intervals propagated to the
-    bound's ends, compared with the hallucination rate measured from feedback.
+    The bound of docs/methods.md §Coverage bound, H <= c * epsilon + (1 - c) *
+    delta, with Wilson intervals propagated to the bound's ends, compared with
+    the hallucination rate measured from feedback.
     """
 
     event_type: Literal["coverage.report"] = "coverage.report"

@@ -47,7 +47,7 @@ class Reason(BaseModel):
 
 
 class RetrievalSignal(BaseModel):
-    """Conformal certification of the retrieved chunks (seed 000 section 3.2)."""
+    """Certification of the retrieved chunks (docs/methods.md §Retrieval certification)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -80,7 +80,7 @@ class RetrievalSignal(BaseModel):
 
 
 class LookbackSignal(BaseModel):
-    """Lookback-ratio factuality (seed 000 section 3.3)."""
+    """Lookback-ratio factuality (docs/methods.md §Lookback-ratio factuality)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -90,7 +90,7 @@ class LookbackSignal(BaseModel):
 
 
 class ClaimsSignal(BaseModel):
-    """Claim verification summary (seeds 001, 002)."""
+    """Claim verification summary (docs/methods.md §Claim verification)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -131,7 +131,10 @@ class Signals(BaseModel):
 
 
 class ChunkForecast(BaseModel):
-    """A trusted chunk ranked by the forecast that it helps a correct answer (seed 004)."""
+    """A trusted chunk ranked by the forecast that it helps a correct answer.
+
+    Stage 2 of docs/methods.md §Calibrated confidence.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -141,10 +144,10 @@ class ChunkForecast(BaseModel):
 
 
 class RetrieveAgain(BaseModel):
-    """Advice to the LLM service: retrieve once more with a reformulated query (seed 004).
+    """Advice to the LLM service: retrieve once more with a reformulated query.
 
     The sidecar only advises, once per request; reformulating and retrieving
-    (Stage 3) is the LLM service's job.
+    (Stage 3 of docs/methods.md §Calibrated confidence) is the LLM service's job.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -187,12 +190,15 @@ class AnswerVerdict(EventBase):
         default="final",
         description="stream: strict mode blocked mid-answer; the final verdict still follows",
     )
-    escalate: bool = Field(default=False, description="a human should look (seed 001)")
+    escalate: bool = Field(
+        default=False, description="a human should look (docs/methods.md §Claim verification)"
+    )
     policy: str = Field(description="Name and version of the policy that decided.")
     signals: Signals = Signals()
     confidence: Probability | None = Field(
         default=None,
-        description="calibrated probability that the answer is correct (seed 004); "
+        description="calibrated probability that the answer is correct (docs/methods.md "
+        "§Calibrated confidence); "
         "null when no confidence model is configured, the request was incomplete, or on "
         "a strict-mode stream verdict (the answer is not finished)",
     )

@@ -2,7 +2,7 @@
 
 The decision is the most severe action of the findings
 (:mod:`sidecar.policy.findings`; allow < caveat < block). Outcome texts
-(docs/methods.md §Claim verification and the reliability report):
+(docs/methods.md §Claim verification):
 
 * **caveat**: the caveat text, and when unsupported claims are known the
   answer rewritten without them (:func:`~sidecar.policy.rewrite.remove_unsupported`);

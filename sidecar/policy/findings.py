@@ -8,7 +8,7 @@ reason, never silently fine. Claims follow the reliability tiers (HIGH ->
 allow, MEDIUM -> caveat, LOW -> block, configurable per profile) and the
 refusal threshold (hallucination rate above the profile's maximum -> block:
 medical 0.05, enterprise 0.20, general 0.30) of docs/methods.md §Claim
-verification and the reliability report.
+verification.
 
 Two claim findings do not come from the labels:
 
