@@ -31,7 +31,7 @@ from enum import IntEnum
 
 from sidecar import __version__
 from sidecar.confidence.bound import BoundReport, CoverageTracker
-from sidecar.confidence.certify_allow import CertificateCheck, CertificateTracker
+from sidecar.confidence.certificate_check import CertificateCheck, CertificateTracker
 from sidecar.contracts.events import (
     AnswerVerdict,
     BoundEstimate,

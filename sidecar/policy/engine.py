@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from sidecar.confidence.certify_allow import CertificateTracker
+from sidecar.confidence.certificate_check import CertificateTracker
 from sidecar.contracts.events import (
     ClaimLabel,
     Decision,
