@@ -8,22 +8,17 @@ Units are in the names (``ttl_ms``, ``max_message_bytes``).
 
 from __future__ import annotations
 
-import ipaddress
-import logging
 import os
 import re
-from collections.abc import Mapping
 from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sidecar.environment import check_environment, explain
 from sidecar.exceptions import ConfigError
 
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-_PREFIX = "GUARDRAIL_"
-
-_log = logging.getLogger(__name__)
 
 
 class _Section(BaseModel):
@@ -283,7 +278,7 @@ class SignalSettings(_Section):
 
 
 class CoverageSettings(_Section):
-    """The fleet-level coverage bound of seed 003 (per calibration key)."""
+    """The fleet-level coverage bound per calibration key (docs/methods.md §Coverage bound)."""
 
     window: int = Field(default=10_000, ge=10, description="recent requests the bound covers")
     report_interval_s: float = Field(
@@ -391,145 +386,12 @@ class Settings(BaseSettings):
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
         """Read the environment (plus explicit overrides) or fail with what is wrong."""
-        environ = dict(os.environ)
-        links = kubernetes_service_links(environ, settings=set(cls.model_fields))
-        if links:
-            _log.info(
-                "ignoring %d Kubernetes service-link variable(s) (enableServiceLinks: false "
-                "in the pod spec turns them off): %s",
-                len(links),
-                ", ".join(sorted(links)),
-            )
-        unknown = sorted(
-            name
-            for name in environ
-            if name.upper().startswith(_PREFIX)
-            and name not in links
-            and name.upper()[len(_PREFIX) :].split("__")[0].lower() not in cls.model_fields
-        )
-        if unknown:
-            look_alike = [name for name in unknown if _LINK_SUFFIX.search(name)]
-            hint = (
-                f"; {', '.join(look_alike)} look(s) like Kubernetes service links, but not "
-                "ones the kubelet writes (no matching <SERVICE>_SERVICE_HOST, or other "
-                "values): set enableServiceLinks: false in the pod spec"
-                if look_alike
-                else ""
-            )
-            raise ConfigError(
-                f"unknown setting(s) {', '.join(unknown)}; top-level sections are "
-                + ", ".join(f"{_PREFIX}{f.upper()}" for f in cls.model_fields)
-                + hint
-            )
+        check_environment(os.environ, list(cls.model_fields))
         try:
             return cls(**overrides)
         except ValidationError as exc:
-            raise ConfigError(_explain(exc)) from None
+            raise ConfigError(explain(exc)) from None
 
     def redacted(self) -> dict[str, Any]:
         """A JSON-ready view with every secret replaced by ``**********``."""
         return self.model_dump(mode="json")  # SecretStr dumps as '**********'
-
-
-def _explain(exc: ValidationError) -> str:
-    lines = ["invalid configuration:"]
-    for err in exc.errors():
-        where = "GUARDRAIL_" + "__".join(str(p).upper() for p in err["loc"] if p != "__root__")
-        got = err.get("input")
-        shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
-        lines.append(f"  {where}: {err['msg']}{shown}")
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------- Kubernetes service links
-# With enableServiceLinks (on by default) the kubelet gives every container one
-# family of variables per Service of its namespace, named after the Service
-# (upper-cased, "-" -> "_"), so a Service called guardrail-... lands in our
-# prefix. The family, for ClusterIP 10.0.0.7 and port 8080/TCP named http
-# (kubernetes.io/docs/concepts/services-networking/service/#environment-variables):
-#   <SVC>_SERVICE_HOST=10.0.0.7           <SVC>_SERVICE_PORT=8080
-#   <SVC>_SERVICE_PORT_HTTP=8080          <SVC>_PORT=tcp://10.0.0.7:8080
-#   <SVC>_PORT_8080_TCP=tcp://10.0.0.7:8080
-#   <SVC>_PORT_8080_TCP_PROTO=tcp  <SVC>_PORT_8080_TCP_PORT=8080  <SVC>_PORT_8080_TCP_ADDR=10.0.0.7
-# Real settings put "__" between section and field; a Service name (a DNS label)
-# gives no "__" in practice, and a link's value is exactly what the kubelet
-# writes, anchored on its family's <SVC>_SERVICE_HOST. So GUARDRAIL_HTTP__PORT is
-# always a setting and a typo such as GUARDRAIL_HTTP_PORT=9000 is still refused.
-_LINK_SUFFIX = re.compile(
-    r"_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
-    r"|PORT(?:_(?P<port>[0-9]+)_(?P<proto>TCP|UDP|SCTP)(?:_(?P<part>PROTO|PORT|ADDR))?)?)$"
-)
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _is_port(text: str) -> bool:
-    return text.isdigit() and 1 <= int(text) <= 65535
-
-
-def _host_port(host: str, port: str) -> str:
-    """Go's net.JoinHostPort, as the kubelet uses it: IPv6 addresses in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _is_link_value(rest: str, value: str, host: str) -> bool:
-    """Whether ``<SVC><rest>=<value>`` is what the kubelet writes for a Service at ``host``."""
-    m = _LINK_SUFFIX.fullmatch(rest)
-    if m is None:
-        return False
-    port, proto, part = m.group("port"), m.group("proto"), m.group("part")
-    if rest == "_SERVICE_HOST":
-        return value == host
-    if port is None:
-        if rest != "_PORT":  # <SVC>_SERVICE_PORT[_<PORT NAME>]
-            return _is_port(value)
-        # <SVC>_PORT: the Service's first port, as a URL
-        scheme, _, address = value.partition("://")
-        first = address.rpartition(":")[2]
-        return (
-            scheme in {"tcp", "udp", "sctp"}
-            and _is_port(first)
-            and address == _host_port(host, first)
-        )
-    expected = {
-        None: f"{proto.lower()}://{_host_port(host, port)}",
-        "PROTO": proto.lower(),
-        "PORT": port,
-        "ADDR": host,
-    }
-    return _is_port(port) and value == expected[part]
-
-
-def kubernetes_service_links(environ: Mapping[str, str], settings: set[str]) -> set[str]:
-    """The ``GUARDRAIL_*`` names in ``environ`` that are the kubelet's service links.
-
-    A name qualifies when it has no ``__``, is not a top-level setting (one of
-    ``settings``, lower-case field names), and is a link of a Service whose
-    ``<SVC>_SERVICE_HOST`` (an IP address) is present, with the value the
-    kubelet writes for that Service.
-    """
-    candidates = {
-        name: value
-        for name, value in environ.items()
-        if name.startswith(_PREFIX)
-        and "__" not in name
-        and name[len(_PREFIX) :].lower() not in settings
-    }
-    hosts = {
-        name.removesuffix("_SERVICE_HOST"): value
-        for name, value in candidates.items()
-        if name.endswith("_SERVICE_HOST") and _is_ip(value)
-    }
-    links: set[str] = set()
-    for name, value in candidates.items():
-        for svc, host in hosts.items():
-            if name.startswith(f"{svc}_") and _is_link_value(name[len(svc) :], value, host):
-                links.add(name)
-                break
-    return links

@@ -19,7 +19,7 @@ from sidecar.kafka.topics import format_counts, verify_topics
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import Policy
-from sidecar.telemetry import configure_from_env
+from sidecar.telemetry_setup import configure_from_env
 
 if TYPE_CHECKING:
     from sidecar.claims.judge import JudgeConfig

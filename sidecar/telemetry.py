@@ -1,14 +1,8 @@
-"""OpenTelemetry at the edge: messaging spans around the Kafka loop, and metrics.
+"""OpenTelemetry at the edge: messaging spans around the Kafka loop, and the metrics.
 
-Configured by the SDK's standard ``OTEL_*`` variables. With
-``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_ENDPOINT``)
-set, spans (and metrics) go to that OTLP receiver over ``OTEL_EXPORTER_OTLP_PROTOCOL``
-(or the per-signal ``..._TRACES_PROTOCOL``): ``grpc`` (port 4317) or
-``http/protobuf`` (port 4318, the default); any other value stops the process at
-start. ``OTEL_TRACES_SAMPLER`` / ``_ARG``, ``OTEL_BSP_*``, ``OTEL_RESOURCE_ATTRIBUTES``
-are read by the SDK itself; ``OTEL_TRACES_EXPORTER=none`` or ``OTEL_SDK_DISABLED=true``
-turn tracing off. Without an endpoint the API's no-op tracer is used (a span costs a
-function call).
+The SDK is installed from the ``OTEL_*`` variables by
+:func:`sidecar.telemetry_setup.configure_from_env`; without it the API's no-op
+tracer and meter are used (a span costs a function call).
 
 Spans follow the messaging semantic conventions (attributes ``messaging.*``; the
 sidecar's own are ``guardrail.*``):
@@ -54,12 +48,12 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
                                 counters (cumulative, observed at collection)
   guardrail.retrieval.m1_mean, .m1_wilson_low, .m1_wilson_high, .exchangeability_broken
                                 gauges    calibration_key (the rolling m1 monitor)
-  guardrail.coverage.*          gauges    calibration_key (the seed-003 coverage bound)
+  guardrail.coverage.*          gauges    calibration_key (the coverage bound:
+                                          docs/methods.md §Coverage bound)
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -73,11 +67,10 @@ from opentelemetry.trace import Link, Span, SpanKind, Tracer
 from opentelemetry.util.types import AttributeValue
 
 from sidecar import __version__
-from sidecar.exceptions import ConfigError
 from sidecar.pipeline.outputs import Destination, Output, TraceRecord
 
 SCOPE = "guardrail.sidecar"
-PROTOCOLS = ("grpc", "http/protobuf")
+
 # explicit histogram boundaries (seconds): the fast path takes ~0.5 ms, a slow
 # verification seconds; 50 us .. 5 s, about 2.5 per decade
 DURATION_BUCKETS_S = (
@@ -99,113 +92,6 @@ DURATION_BUCKETS_S = (
     5.0,
 )
 MESSAGING_SYSTEM = "kafka"
-
-
-def _enabled(signal: str) -> bool:
-    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
-        return False
-    if os.environ.get(f"OTEL_{signal}_EXPORTER", "").lower() == "none":
-        return False
-    return bool(
-        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-        or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
-    )
-
-
-def otlp_protocol(signal: str) -> str:
-    """The OTLP protocol for ``signal`` (TRACES or METRICS), as the SDK's variables say."""
-    name = f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL"
-    value = os.environ.get(name) or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-    protocol = (value or "http/protobuf").strip().lower()
-    if protocol not in PROTOCOLS:
-        where = name if os.environ.get(name) else "OTEL_EXPORTER_OTLP_PROTOCOL"
-        raise ConfigError(f"{where} must be one of {', '.join(PROTOCOLS)}, got {value!r}")
-    return protocol
-
-
-def _span_exporter() -> Any:
-    if otlp_protocol("TRACES") == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # noqa: PLC0415
-            OTLPSpanExporter as GrpcSpanExporter,
-        )
-
-        return GrpcSpanExporter()
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
-        OTLPSpanExporter as HttpSpanExporter,
-    )
-
-    return HttpSpanExporter()
-
-
-def _metric_exporter() -> Any:
-    if otlp_protocol("METRICS") == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (  # noqa: PLC0415
-            OTLPMetricExporter as GrpcMetricExporter,
-        )
-
-        return GrpcMetricExporter()
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # noqa: PLC0415
-        OTLPMetricExporter as HttpMetricExporter,
-    )
-
-    return HttpMetricExporter()
-
-
-def configure_from_env(prometheus_port: int | None = None) -> Callable[[], None]:
-    """Install SDK providers when the environment asks for them; returns a shutdown hook.
-
-    Raises ``ConfigError`` for an OTLP protocol other than grpc or http/protobuf.
-    The sampler (``OTEL_TRACES_SAMPLER``) and the batch processor (``OTEL_BSP_*``)
-    are configured by the SDK from the environment.
-    """
-    hooks: list[Callable[[], Any]] = []
-    tracing, metering = _enabled("TRACES"), _enabled("METRICS")
-    span_exporter = _span_exporter() if tracing else None
-    metric_exporter = _metric_exporter() if metering else None
-    if span_exporter is not None:
-        from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
-        from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
-
-        provider = TracerProvider(resource=_resource(Resource))
-        provider.add_span_processor(BatchSpanProcessor(span_exporter))
-        trace.set_tracer_provider(provider)
-        hooks.append(provider.shutdown)
-    readers: list[Any] = []
-    if metric_exporter is not None:
-        from opentelemetry.sdk.metrics.export import (  # noqa: PLC0415
-            PeriodicExportingMetricReader,
-        )
-
-        readers.append(PeriodicExportingMetricReader(metric_exporter))
-    if prometheus_port:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415
-        from prometheus_client import start_http_server  # noqa: PLC0415
-
-        start_http_server(prometheus_port)
-        readers.append(PrometheusMetricReader())
-    if readers:
-        from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
-        from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
-
-        meter_provider = MeterProvider(metric_readers=readers, resource=_resource(Resource))
-        metrics.set_meter_provider(meter_provider)
-        hooks.append(meter_provider.shutdown)
-
-    def shutdown() -> None:
-        for hook in hooks:
-            hook()
-
-    return shutdown
-
-
-def _resource(resource_cls: Any) -> Any:
-    return resource_cls.create(
-        {
-            "service.name": os.environ.get("OTEL_SERVICE_NAME", "guardrail-sidecar"),
-            "service.version": __version__,
-        }
-    )
 
 
 def _carrier(headers: Iterable[tuple[str, bytes | str]]) -> dict[str, str]:
@@ -433,7 +319,7 @@ class Telemetry:
             self.meter.create_observable_gauge(f"guardrail.retrieval.{name}", [_gauge(index)])
 
     def observe_coverage(self, reports: Callable[[], dict[str, dict[str, float | None]]]) -> None:
-        """The seed-003 coverage bound per calibration key (the latest values of each quantity).
+        """The coverage bound per calibration key (the latest values of each quantity).
 
         ``reports()`` maps a calibration key to named values (``coverage``,
         ``coverage_low``, ``epsilon``, ``delta``, ``bound``, ``bound_high``,

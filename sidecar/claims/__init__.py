@@ -1,4 +1,4 @@
-"""Streaming claim verification (seeds 001, 002).
+"""Streaming claim verification (docs/methods.md §Claim verification).
 
 Pure logic: ``sentences`` / ``segment`` (atomic claims with spans, mid-stream),
 ``evidence`` (best trusted sentences per claim), ``rules`` (numbers and dates),

@@ -1,10 +1,10 @@
 """From the verifier's logit to supported / uncertain / unsupported.
 
-Seed 001 has three verification labels (SUPPORTED, UNSUPPORTED, UNCERTAIN:
-"the context partially addresses the claim but is ambiguous"); seed 002 four
-(verified, partially_verified, unverified, irrelevant). The cross-encoder is a
-binary classifier (supported or not); ``uncertain`` is a *calibrated band* of
-its supported-probability:
+The three-way labels are SUPPORTED, UNSUPPORTED, UNCERTAIN ("the context
+partially addresses the claim but is ambiguous"), the four-way ones verified,
+partially_verified, unverified, irrelevant (docs/methods.md §Claim
+verification). The cross-encoder is a binary classifier (supported or not);
+``uncertain`` is a *calibrated band* of its supported-probability:
 
 1. Platt scaling with one extra input, fitted on the validation split by
    logistic regression (Newton's method, small L2; the fit is the lab's,
@@ -24,7 +24,7 @@ its supported-probability:
    When the two cross, the band collapses to one threshold (no uncertain).
 
 ``irrelevant`` never comes from the verifier (only from the LLM judge with
-seed 002's prompt). Pure numpy.
+the four-way prompt). Pure numpy.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The streaming claim checker the processor plugs in (``ClaimChecker`` protocol).
 
-Per answer (seed 001 "Claim Extraction Pipeline", seed 002 "Pipeline"):
+Per answer (docs/methods.md §Claim verification):
 
 1. :class:`~sidecar.claims.segment.ClaimSegmenter` cuts each completed
    sentence of the stream into atomic claims with spans into the answer;
 2. evidence is chosen per claim (and the user's question, the retrieval
    event's ``query``) from the **trusted** chunks of the retrieval
-   certification (seed 000 section 3.2) when it has any, else from all
+   certification (docs/methods.md §Retrieval certification) when it has any, else from all
    retrieved chunks, and the scope is reported (``evidence_scope``);
 3. the verifier (:class:`PairScorer`, in production the ONNX cross-encoder,
    which reads the question too when its artifact says so) scores the claim
@@ -19,7 +19,7 @@ Per answer (seed 001 "Claim Extraction Pipeline", seed 002 "Pipeline"):
    (:mod:`sidecar.claims.judge`) off the stream; its answers refine the labels
    at ``finish`` if they arrive in time;
 6. ``finish`` returns the remaining claims and the ``ClaimsSignal`` with the
-   seeds' scores (:mod:`sidecar.claims.scores`).
+   answer-level scores (:mod:`sidecar.claims.scores`).
 
 The final answer is what gets verified. When it is not the streamed text
 continued (``ClaimsSignal.stream_mismatch``), its claims whose sentence was
@@ -49,12 +49,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Final, Literal, Protocol
 
+from sidecar.claims.atomic import Claim
 from sidecar.claims.calibration import Band
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex, EvidenceSelection
 from sidecar.claims.judge import JudgeBudget, JudgeRunner, JudgeVerdict
 from sidecar.claims.rules import check_quantities
 from sidecar.claims.scores import summarise
-from sidecar.claims.segment import Claim, ClaimSegmenter
+from sidecar.claims.segment import ClaimSegmenter
 from sidecar.contracts.events import (
     ClaimLabel,
     ClaimsSignal,
@@ -113,7 +114,7 @@ class PairScorer(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ClaimCheck:
-    """A verified claim with how it was decided (for audit, seed 001 pattern 4)."""
+    """A verified claim with how it was decided (for audit)."""
 
     claim: Claim
     label: ClaimLabel

@@ -1,7 +1,7 @@
 """Evidence selection: the best sentences of the trusted chunks for one claim.
 
-Seed 001 (Step 2, ``verify_claim``) verifies a claim against "the retrieved
-context" truncated to 3,000 characters; seed 002 against the whole context.
+The sources verify a claim against the retrieved context, cut to 3,000
+characters or whole (docs/methods.md §Claim verification).
 A cross-encoder reads a few hundred tokens, so the sidecar first picks, per
 claim, the chunk sentences that share the most informative words with it
 (IDF-weighted overlap, numbers weighted double, light suffix stemming; the

@@ -1,12 +1,10 @@
 """An optional LLM judge for claims the verifier cannot decide (OpenAI-compatible HTTP).
 
-The seeds verify every claim with an LLM (seed 001 ``verify_claim``: SUPPORTED /
-UNSUPPORTED / UNCERTAIN; seed 002 ``_verify_claim``: verified /
-partially_verified / unverified / irrelevant) at N extra calls per answer
-(seed 001 "LLM Call Budget"; seed 002 "LLM Call Overhead"). The sidecar runs
-its own verifier on every claim and asks an LLM only about claims the
-verifier labels ``uncertain`` (configurable), with the seeds' prompts and
-labels, and never lets the LLM hold up the stream:
+The sources verify every claim with an LLM (the three-way and four-way
+prompts of docs/methods.md §Claim verification) at N extra calls per answer.
+The sidecar runs its own verifier on every claim and asks an LLM only about
+claims the verifier labels ``uncertain`` (configurable), with the same prompts
+and labels, and never lets the LLM hold up the stream:
 
 * calls run on a small thread pool; ``ClaimSession.feed`` never waits for
   them (claim verdicts stream with the verifier's label) and ``finish``
@@ -64,7 +62,7 @@ THREE_WAY_PROMPT: Final = (
     '"evidence": "relevant quote from context or empty string", '
     '"reasoning": "brief explanation"}'
 )
-"""Seed 001, Step 2 (``verify_claim``), verbatim."""
+"""The three-way prompt (supported / unsupported / uncertain), verbatim from its source."""
 
 FOUR_WAY_PROMPT: Final = (
     "Verify if the claim is supported by the context. "
@@ -75,7 +73,7 @@ FOUR_WAY_PROMPT: Final = (
     "unverified: contradicts or not found in context\n"
     "irrelevant: claim is about general knowledge, not specific to the question"
 )
-"""Seed 002, Claim Verification (``_verify_claim``), verbatim."""
+"""The four-way prompt (verified ... irrelevant), verbatim from its source."""
 
 _LABELS: Final = {
     "supported": ClaimLabel.SUPPORTED,
@@ -116,7 +114,7 @@ class JudgeConfig:
     cooldown_s: float = 30.0
     max_workers: int = 4
     api_key: str | None = field(default=None, repr=False)  # sent as a Bearer token, never logged
-    context_chars: int = 3000  # seed 001 truncates the context to 3,000 characters
+    context_chars: int = 3000  # the three-way source's context budget
 
     def __post_init__(self) -> None:
         if not self.endpoint.startswith(("http://", "https://")):

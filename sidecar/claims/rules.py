@@ -1,8 +1,8 @@
 """The rule tier: numbers, dates and named quantities must appear in the evidence.
 
-Seed 001's worked example turns on numbers ("500mg twice daily", "2000mg/day",
-"eGFR < 30" are UNSUPPORTED because no such figure is in the context) and seed
-002's on a figure ("$442 billion" is not in the context). A cross-encoder is
+The sources' worked examples turn on figures ("500mg twice daily", "2000mg/day",
+"eGFR < 30", "$442 billion" are unsupported because no such figure is in the
+context; docs/methods.md §Claim verification). A cross-encoder is
 weak at exact figures, so a deterministic rule runs beside it: every quantity
 of the claim must be found among the evidence's quantities, otherwise the
 claim is not supported, whatever the model says. The rule never upgrades a

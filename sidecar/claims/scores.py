@@ -1,26 +1,26 @@
-"""The seeds' answer-level scores from claim labels.
+"""The answer-level scores from claim labels: reliability and hallucination rate.
 
-Seed 001 (Step 3, ``compute_reliability_score``)::
+The formulas are those of docs/methods.md §Claim verification. Reliability::
 
     reliability = (supported + 0.5 * uncertain) / total_claims
     HIGH if reliability >= 0.85, MEDIUM if >= 0.65, else LOW
     no claims -> reliability 1.0, HIGH
 
-Seed 002 (hallucination rate)::
+Hallucination rate::
 
     factual_claims = len(claims) - irrelevant
     hallucination_rate = unverified / factual_claims   (0.0 when factual_claims == 0)
 
-Seed 001 has no ``irrelevant`` label; seed 002 leaves irrelevant claims out of
-the denominator because "it's unfair to penalize the LLM for correctly stating"
-general knowledge. The sidecar applies the same rule to reliability: its
-denominator is ``N - irrelevant`` (identical to seed 001 when nothing is
-irrelevant, which is always the case without the LLM judge). Seed 002's
-``partially_verified`` is our ``uncertain``.
+The three-way labels have no ``irrelevant``; the four-way source leaves
+irrelevant claims out of the denominator because "it's unfair to penalize the
+LLM for correctly stating" general knowledge. The sidecar applies the same rule
+to reliability: its denominator is ``N - irrelevant`` (identical to ``N`` when
+nothing is irrelevant, which is always the case without the LLM judge). The
+four-way ``partially_verified`` is our ``uncertain``.
 
 Threshold comparisons use exact fractions, so 17 supported of 20 is HIGH
 (0.85 exactly), never a float rounding away from it. An answer without
-claims scores as the seeds say (1.0 / HIGH / 0.0); the policy reports it with
+claims scores as the sources say (1.0 / HIGH / 0.0); the policy reports it with
 its own reason (``claims-none``) instead of treating it as fine. Pure logic.
 """
 
@@ -84,12 +84,12 @@ def _reliability_fraction(c: ClaimCounts) -> Fraction:
 
 
 def reliability(c: ClaimCounts) -> float:
-    """Seed 001: (supported + 0.5 * uncertain) / (N - irrelevant); 1.0 without claims."""
+    """Reliability: (supported + 0.5 * uncertain) / (N - irrelevant); 1.0 without claims."""
     return float(_reliability_fraction(c))
 
 
 def reliability_level(c: ClaimCounts) -> Level:
-    """Seed 001: HIGH >= 0.85, MEDIUM >= 0.65, else LOW (exact comparison)."""
+    """The level: HIGH >= 0.85, MEDIUM >= 0.65, else LOW (exact comparison)."""
     r = _reliability_fraction(c)
     if r >= HIGH_FROM:
         return "HIGH"
@@ -99,7 +99,7 @@ def reliability_level(c: ClaimCounts) -> Level:
 
 
 def hallucination_rate(c: ClaimCounts) -> float:
-    """Seed 002: unsupported / (N - irrelevant); 0.0 when every claim is irrelevant."""
+    """Hallucination rate: unsupported / (N - irrelevant); 0.0 when every claim is irrelevant."""
     return c.unsupported / c.factual if c.factual else 0.0
 
 

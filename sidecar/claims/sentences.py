@@ -1,9 +1,8 @@
 """Sentence boundaries in streamed text: decided as soon as the next character is known.
 
-Seed 001 ("Reliable RAG: Building Systems That Know What They Don't Know",
-Step 1) and seed 002 (claim extraction) cut an answer into claims after it is
-complete; the sidecar does it while the answer streams, so a claim verdict can
-go out the moment its sentence ends. A sentence is complete when
+The sources cut an answer into claims after it is complete (docs/methods.md
+§Claim verification); the sidecar does it while the answer streams, so a
+claim verdict can go out the moment its sentence ends. A sentence is complete when
 
 * a terminator run (``.``, ``!``, ``?``, ``...``, ``…``, optionally followed by
   closing quotes or brackets) is followed by whitespace, or

@@ -4,8 +4,8 @@ The cross-encoder (MiniLM-L6 + a linear head, trained by
 :mod:`sidecar.lab.verifier.training`) reads ``[CLS] claim [SEP] evidence [SEP]`` (or,
 when the artifact says ``question_in_input``, ``[CLS] question [SEP] claim
 [SEP] evidence [SEP]``, see :func:`first_segment`) and returns one logit for
-"the evidence supports the claim" (seed 001, Step 2: SUPPORTED / UNSUPPORTED /
-UNCERTAIN; seed 002: verified / unverified). The artifact directory holds::
+"the evidence supports the claim" (the labels: docs/methods.md §Claim
+verification). The artifact directory holds::
 
     verifier.json      metadata (sha256 of the ONNX file, calibration, band, metrics)
     model.int8.onnx    (or model.onnx) the exported network

@@ -124,7 +124,7 @@ def _eligible(
     """(qid, confidence, correct) of the answers a certificate could allow."""
     from sidecar.contracts.events import Signals  # noqa: PLC0415
     from sidecar.policy.config import SEVERITY  # noqa: PLC0415
-    from sidecar.policy.engine import evaluate_signals  # noqa: PLC0415
+    from sidecar.policy.findings import evaluate_signals  # noqa: PLC0415
 
     qids: list[object] = []
     conf: list[float] = []

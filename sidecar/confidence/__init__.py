@@ -3,10 +3,12 @@
 - :mod:`~sidecar.confidence.logistic` -- logistic regression by Newton/IRLS in numpy;
 - :mod:`~sidecar.confidence.calibration` -- Platt and isotonic calibrators, chosen by
   cross-validated NLL;
+- :mod:`~sidecar.confidence.spec` -- ``FeatureSpec``: the signals and missing-value
+  groups a forecaster reads (answer-level by default);
 - :mod:`~sidecar.confidence.model` -- the served forecaster ``ConfidenceModel``
-  (file format ``confidence-model/1``) and its ``FeatureSpec`` (answer-level by default);
-- :mod:`~sidecar.confidence.bound` -- ``H <= c * eps + (1 - c) * delta`` (seed 003) with
-  Wilson intervals, and the rolling per-key ``CoverageTracker``.
+  (file format ``confidence-model/1``);
+- :mod:`~sidecar.confidence.bound` -- ``H <= c * eps + (1 - c) * delta`` (docs/methods.md
+  §Coverage bound) with Wilson intervals, and the rolling per-key ``CoverageTracker``.
 
 The model's fit (fit, then calibrate on a disjoint part) is the lab's
 (:mod:`sidecar.lab.confidence`). ECE, Brier, NLL and reliability bins (CalibRAG A.3.1)
@@ -25,10 +27,10 @@ from sidecar.confidence.calibration import (
     fit_platt,
 )
 from sidecar.confidence.errors import ConfidenceDataError
-from sidecar.confidence.model import (
+from sidecar.confidence.model import ConfidenceModel
+from sidecar.confidence.spec import (
     ANSWER_SPEC,
     FEATURES,
-    ConfidenceModel,
     FeatureSpec,
     feature_matrix,
     feature_vector,

@@ -1,9 +1,11 @@
-"""The retrieval-coverage bound on the hallucination rate (seed 003), with Wilson intervals.
+"""The retrieval-coverage bound on the hallucination rate, with Wilson intervals.
+
+The formula and its source: docs/methods.md §Coverage bound.
 
 A request is *covered* when retrieval gave it at least one trusted (supporting)
 chunk. With coverage ``c = P(covered)``, the generator's error rate on covered
 requests ``eps`` and its leakage ``delta`` (the rate of confidently wrong, not
-abstained, answers when the evidence is absent), Theorem 1 of the seed gives::
+abstained, answers when the evidence is absent), Theorem 1 of the source gives::
 
     H <= H* = c * eps + (1 - c) * delta
 

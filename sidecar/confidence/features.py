@@ -5,8 +5,8 @@ sidecar already computed; a value that does not exist for this request (a
 signal not configured or unavailable) is ``None``, which the model imputes and
 flags, so a missing signal never reads as a good one.
 
-Chunk features (one row per retrieved chunk) follow seed 004's Stage 2: the
-forecaster sees the query-chunk relation through the retriever's score, its
+Chunk features (one row per retrieved chunk) follow Stage 2 of docs/methods.md §Calibrated
+confidence: the forecaster sees the query-chunk relation through the retriever's score, its
 gap to the best hit, the retrieval rank, whether conformal certification
 trusted the chunk, and, when the generator sent a chunk-wise attention
 summary, the share of the answer's lookback attention that went to the chunk.
@@ -23,7 +23,7 @@ from typing import Final
 
 import numpy as np
 
-from sidecar.confidence.model import SIGNALS, FeatureSpec
+from sidecar.confidence.spec import SIGNALS, FeatureSpec
 from sidecar.contracts.events import GenerationFinal, RetrievalEvent, Signals, SignalStatus
 
 __all__ = [
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 ANSWER_FEATURES: Final = SIGNALS
-"""The answer model's signals (:data:`sidecar.confidence.model.SIGNALS`)."""
+"""The answer model's signals (:data:`sidecar.confidence.spec.SIGNALS`)."""
 CHUNK_FEATURES: Final = (
     "score",
     "gap_to_top",

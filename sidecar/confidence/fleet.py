@@ -1,4 +1,4 @@
-"""The fleet-level coverage bound inside the sidecar (seed 003).
+"""The fleet-level coverage bound inside the sidecar (docs/methods.md §Coverage bound).
 
 Every final verdict counts as one request of its calibration key, covered when
 conformal certification trusted at least one chunk (m1). Feedback events
@@ -31,7 +31,7 @@ from enum import IntEnum
 
 from sidecar import __version__
 from sidecar.confidence.bound import BoundReport, CoverageTracker
-from sidecar.confidence.certify_allow import CertificateCheck, CertificateTracker
+from sidecar.confidence.certificate_check import CertificateCheck, CertificateTracker
 from sidecar.contracts.events import (
     AnswerVerdict,
     BoundEstimate,

@@ -4,8 +4,8 @@ Loads a model directory written by ``guardrail train confidence``
 (``answer.json``, ``chunks.json``, ``card.json``) and, for each decided request:
 
 * computes the answer features from the events and the signals and serves the
-  calibrated probability that the answer is correct (seed 004's forecasting
-  function, fitted on labelled outcomes);
+  calibrated probability that the answer is correct (the forecasting
+  function of docs/methods.md §Calibrated confidence, fitted on labelled outcomes);
 * forecasts, for each trusted chunk (every retrieved chunk when certification
   did not run), the probability that it supports a correct answer, and ranks
   the chunks by it (Stage 2);

@@ -1,4 +1,4 @@
-"""Conformal certification of retrieved chunks (seed 000, Sec. 3.2 and 4.2).
+"""Conformal certification of retrieved chunks (docs/methods.md §Retrieval certification).
 
 Pure logic (numpy and pydantic only; no Qdrant, ONNX or Kafka):
 

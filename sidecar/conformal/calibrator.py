@@ -1,4 +1,4 @@
-"""Conformal certification of retrieved chunks (seed 000, §3.2, eqs. 2-6).
+"""Conformal certification of retrieved chunks (eqs. 2-6, docs/methods.md §Retrieval certification).
 
 Lifecycle (as in MAPIE): :meth:`RetrievalCalibrator.fit` learns the global
 min-max normalisation ``n1, n2`` from all calibration scores;
@@ -359,11 +359,11 @@ def alpha_sweep(
     eval_scores: ScoreRows | None = None,
     eval_labels: LabelRows | None = None,
 ) -> list[SweepPoint]:
-    """mean(m1) and mean(m2) against alpha (seed Fig. 4).
+    """mean(m1) and mean(m2) against alpha (the source's Fig. 4).
 
     For each alpha the calibration set gives q_hat exactly as :class:`RetrievalCalibrator`
     does; the metrics are averaged over ``eval_scores`` (default: the calibration
-    set itself, as in the seed's figure).
+    set itself, as in the source's figure).
     """
     if eval_scores is None:
         eval_scores, eval_labels = cal_scores, cal_labels

@@ -1,4 +1,4 @@
-"""Per-event certification of a retrieval (seed 000, eqs. 4-6).
+"""Per-event certification of a retrieval (eqs. 4-6, docs/methods.md §Retrieval certification).
 
 This is the function the sidecar calls for every retrieval event: it takes the
 raw vector-store scores of the K retrieved chunks, normalises them with the

@@ -3,7 +3,8 @@
 Exchangeability is more plausible inside one category than across a fleet: a
 different collection or retriever has a different score scale and a different
 share of correct chunks. Mondrian conformal prediction calibrates each category
-on its own data (its own n1, n2 and q_hat, seed 000 eqs. 1-2), which keeps the
+on its own data (its own n1, n2 and q_hat, eqs. 1-2 of
+docs/methods.md §Retrieval certification), which keeps the
 guarantee of eq. (3) per category. A category whose correct chunks are too few
 for the requested alpha (``k = ceil((n+1)(1-alpha)) > n``) or whose scores cannot
 be normalised falls back to the global calibration over all categories; the

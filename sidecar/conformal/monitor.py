@@ -1,9 +1,9 @@
-"""Online exchangeability monitor on mean(m1) (seed 000, Sec. 4.2).
+"""Online exchangeability monitor on mean(m1) (docs/methods.md §Retrieval certification).
 
 Under exchangeability, a question with a correct chunk in its top K has that
 chunk trusted with probability >= 1 - alpha (eq. 3), so the rate of retrievals with
 at least one trusted chunk, mean(m1) (eq. 5), should not fall below 1 - alpha. The
-seed shows that it does when the retriever stops ranking correct chunks into the
+source shows that it does when the retriever stops ranking correct chunks into the
 top K (RB-tatqa, RB-finqa: mean(m1) of 61-76% at alpha = 0.1): the calibration no longer
 describes the traffic. The monitor keeps, per calibration key, the last
 ``window`` values of m1 and their Wilson score interval

@@ -1,4 +1,4 @@
-"""Global min-max normalisation of retrieval scores (seed 000, §3.2).
+"""Global min-max normalisation of retrieval scores (docs/methods.md §Retrieval certification).
 
 With ``n1 = min(S_cal)`` and ``n2 = max(S_cal)`` over every calibration score
 (all questions, all K chunks), a score is rescaled as ``(s - n1) / (n2 - n1)``.

@@ -1,4 +1,6 @@
-"""The finite-sample conformal quantile, computed exactly (seed 000, eq. 2).
+"""The finite-sample conformal quantile, computed exactly (eq. 2).
+
+The formula and its source: docs/methods.md §Retrieval certification.
 
 For ``n`` calibration nonconformity scores and a significance level alpha, split
 conformal prediction uses the ``k``-th smallest score with

@@ -1,4 +1,4 @@
-"""The retrieval-certification signal of the sidecar (seed 000 section 3.2), pure.
+"""The sidecar's retrieval-certification signal, pure (docs/methods.md §Retrieval certification).
 
 Implements ``sidecar.pipeline.ports.RetrievalCertifier``: resolves the event's
 calibration key (tenant, collection, retriever) in the registry, certifies the

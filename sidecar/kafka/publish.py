@@ -43,15 +43,9 @@ from sidecar.exceptions import (
 )
 from sidecar.kafka.clients import ProducerPort
 from sidecar.kafka.probe import LoopState
+from sidecar.pipeline.deadletters import fit_dead_letter, record_size, undeliverable_output
 from sidecar.pipeline.offsets import OffsetTracker
-from sidecar.pipeline.outputs import (
-    Destination,
-    Output,
-    Step,
-    fit_dead_letter,
-    record_size,
-    undeliverable_output,
-)
+from sidecar.pipeline.outputs import Destination, Output, Step
 from sidecar.telemetry import Telemetry
 
 log = logging.getLogger("sidecar.kafka")

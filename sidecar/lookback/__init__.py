@@ -1,4 +1,6 @@
-"""Lookback-ratio factuality (seed 000 sections 3.3 and 4.3): features, artifact, serving.
+"""Lookback-ratio factuality: features, artifact, serving.
+
+The method and its source: docs/methods.md §Lookback-ratio factuality.
 
 - :mod:`~sidecar.lookback.features` -- select trusted chunks, zero-pad to L x H x K,
   per-sample [0, 1] scaling (pure numpy);

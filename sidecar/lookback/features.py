@@ -1,4 +1,6 @@
-"""The factuality classifier's input vector v (seed 000 section 3.3). Pure numpy.
+"""The factuality classifier's input vector v. Pure numpy.
+
+The method and its source: docs/methods.md §Lookback-ratio factuality.
 
 From an ``(L, H, K_s)`` array of time-averaged lookback ratios (eq. 9) to the
 classifier's ``L * H * K`` feature vector, in three steps:

@@ -1,6 +1,6 @@
 """Serving the lookback classifier: ``OnnxLookbackScorer`` implements ``LookbackScorer``.
 
-Per ``GenerationFinal`` event (seed 000 section 3.3):
+Per ``GenerationFinal`` event (docs/methods.md §Lookback-ratio factuality):
 
 1. **check** -- the event's ``generator_model`` must equal the model's, and its
    ``AttentionSummary`` must have the model's layers, heads and variant, and at

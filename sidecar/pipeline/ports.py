@@ -5,12 +5,14 @@ implement them (they import ``pipeline``, never the reverse). Each signal is a
 small component behind a protocol; the processor calls them
 at fixed points of a request's life and knows nothing of their internals:
 
-* ``RetrievalCertifier.certify``  when the retrieval event arrives (seed 000 section 3.2);
+* ``RetrievalCertifier.certify``  when the retrieval event arrives
+  (docs/methods.md §Retrieval certification);
 * ``ClaimChecker.open`` once the retrieval event is there, then ``ClaimSession.feed``
   with each newly contiguous piece of streamed text (claim verdicts go out as
   soon as their sentence completes) and ``ClaimSession.finish`` with the final
-  answer (seeds 001, 002);
-* ``LookbackScorer.score`` when the final event arrives (seed 000 section 3.3).
+  answer (docs/methods.md §Claim verification);
+* ``LookbackScorer.score`` when the final event arrives
+  (docs/methods.md §Lookback-ratio factuality).
 
 A component raises ``InputError`` when the event cannot be scored and must be
 dead-lettered (a wrong attention shape, NaN scores); anything it returns with
@@ -118,7 +120,10 @@ class ClaimChecker(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ConfidenceResult:
-    """The calibrated confidence of one answer, its chunk ranking and any advice (seed 004)."""
+    """The calibrated confidence of one answer, its chunk ranking and any advice.
+
+    See docs/methods.md §Calibrated confidence.
+    """
 
     p_correct: float | None
     features: dict[str, float | None]
@@ -136,7 +141,9 @@ class ConfidenceScorer(Protocol):
 
 
 class CoverageObserver(Protocol):
-    """Fleet-level coverage bookkeeping (seed 003): verdicts in, feedback in, reports out.
+    """Fleet-level coverage bookkeeping: verdicts in, feedback in, reports out.
+
+    The bound: docs/methods.md §Coverage bound.
 
     ``request_key`` is the request's key in the join store (scoped by the trusted
     tenant), so a label can only reach a request of its own tenant.

@@ -34,7 +34,7 @@ from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import AnswerVerdict, FeedbackEvent
 from sidecar.exceptions import InputError
-from sidecar.pipeline import outputs
+from sidecar.pipeline import deadletters, outputs
 from sidecar.pipeline.intake import Duplicate, Held, Intake, Labelled, Rejected
 from sidecar.pipeline.join import InputRef, JoinStore, PendingRequest
 from sidecar.pipeline.outputs import Step
@@ -353,5 +353,5 @@ class Processor:
         self.counters.dead_letters += 1
         reasons = self.counters.dead_letter_reasons
         reasons[error.reason] = reasons.get(error.reason, 0) + 1
-        out = outputs.dead_letter_output(raw, key, ref, error, failed_at=self._wall_clock())
+        out = deadletters.dead_letter_output(raw, key, ref, error, failed_at=self._wall_clock())
         return Step(outputs=[out], done=[ref])

@@ -33,11 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sidecar.confidence.certify_allow import (
-    AllowCertificate,
-    CertificateTracker,
-    load_certificate,
-)
+from sidecar.confidence.certificate_check import CertificateTracker
+from sidecar.confidence.certify_allow import AllowCertificate, load_certificate
 from sidecar.contracts.events import Reason, RetrievalEvent
 from sidecar.exceptions import ArtifactError, ConfigError
 from sidecar.policy.config import Action, AllowRules, PolicyConfig, Profile

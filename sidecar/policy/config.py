@@ -1,11 +1,10 @@
 """The declarative policy: a YAML document validated by pydantic.
 
-Named risk profiles follow seed 002's thresholds ("High-risk domain (medical,
-legal): threshold = 0.05; Enterprise knowledge base: 0.20; General Q&A:
-0.30") and seed 001's three tiers (HIGH -> answer as is, MEDIUM -> remove
-unsupported claims and add a disclaimer, LOW -> verified facts only or
-decline) and escalation pattern ("When reliability falls below a threshold,
-automatically route to a human expert"). Each profile also says what a
+Named risk profiles follow the refusal thresholds (medical 0.05, enterprise
+0.20, general 0.30), the three reliability tiers (HIGH -> answer as is, MEDIUM
+-> remove unsupported claims and add a disclaimer, LOW -> verified facts only
+or decline) and the escalation to a human expert when reliability falls below
+a threshold (docs/methods.md §Claim verification). Each profile also says what a
 missing signal means: a signal that is not configured or could not be
 computed is an explicit reason with an explicit action, never "fine".
 
@@ -55,8 +54,8 @@ ProfileName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9\-]{0,3
 Level = Literal["HIGH", "MEDIUM", "LOW"]
 
 
-def _seed001_actions() -> dict[Level, Action]:
-    """Seed 001: HIGH -> output as is, MEDIUM -> remove unsupported + caveat, LOW -> decline."""
+def _tier_actions() -> dict[Level, Action]:
+    """The tiers: HIGH -> output as is, MEDIUM -> remove unsupported + caveat, LOW -> decline."""
     return {"HIGH": "allow", "MEDIUM": "caveat", "LOW": "block"}
 
 
@@ -68,7 +67,10 @@ class _Model(BaseModel):
 
 
 class RetrievalRules(_Model):
-    """Retrieval certification (seed 000 section 3.2): m1 = |C| > 0, m2 = |C| / K."""
+    """Retrieval certification: m1 = |C| > 0, m2 = |C| / K.
+
+    See docs/methods.md §Retrieval certification.
+    """
 
     when_no_trusted_chunk: Action = "caveat"
     min_trusted_fraction: Rate = 0.0
@@ -95,15 +97,15 @@ class _ThresholdRules(_Model):
 
 
 class LookbackRules(_ThresholdRules):
-    """Lookback-ratio p(factual) (seed 000 section 3.3)."""
+    """Lookback-ratio p(factual) (docs/methods.md §Lookback-ratio factuality)."""
 
     caveat_below: Rate = 0.5
 
 
 class ClaimsRules(_Model):
-    """Claim verification (seeds 001, 002)."""
+    """Claim verification (docs/methods.md §Claim verification)."""
 
-    reliability_actions: dict[Level, Action] = Field(default_factory=_seed001_actions)
+    reliability_actions: dict[Level, Action] = Field(default_factory=_tier_actions)
     caveat_on_any_unsupported: bool = False
     when_missing: Action = "caveat"
     when_no_claims: Action = "caveat"
@@ -121,7 +123,9 @@ class ClaimsRules(_Model):
 
 
 class ConfidenceRules(_ThresholdRules):
-    """The calibrated probability that the answer is correct (seed 004).
+    """The calibrated probability that the answer is correct.
+
+    See docs/methods.md §Calibrated confidence.
 
     Both thresholds default to 0 (the rule never fires); a profile opts in.
     """
@@ -164,7 +168,7 @@ class Profile(_Model):
 
 
 class PolicyTexts(_Model):
-    """User-facing texts (defaults are seed 001's)."""
+    """User-facing texts (the defaults follow the tiers of docs/methods.md §Claim verification)."""
 
     caveat_removed: str = (
         "Note: Some claims in the original answer could not be verified against the "

@@ -1,34 +1,15 @@
-"""The policy engine: retrieval certification + lookback p(factual) + claim scores -> a decision.
+"""The policy engine: an answer's findings -> the decision, its texts and any rewrite.
 
-Each signal contributes *findings*: a machine-readable ``Reason`` and the
-action the request's risk profile attaches to it. The decision is the most
-severe action (allow < caveat < block); every finding is reported, also those
-whose action is ``allow`` (a missing signal is always a reason, never
-silently fine). Claims follow seed 001's tiers (HIGH -> allow, MEDIUM ->
-caveat, LOW -> block, configurable per profile) and seed 002's refusal
-threshold (hallucination rate above the profile's maximum -> block:
-medical 0.05, enterprise 0.20, general 0.30).
-
-Outcome texts (seed 001 ``make_reliability_decision``):
+The decision is the most severe action of the findings
+(:mod:`sidecar.policy.findings`; allow < caveat < block). Outcome texts
+(docs/methods.md §Claim verification):
 
 * **caveat**: the caveat text, and when unsupported claims are known the
   answer rewritten without them (:func:`~sidecar.policy.rewrite.remove_unsupported`);
 * **block**: the verified-facts-only answer, or the refusal when nothing is
   verified (:func:`~sidecar.policy.rewrite.verified_only`);
-* ``escalate`` (seed 001 pattern 3) when reliability is below the profile's
+* ``escalate`` (routed to a human) when reliability is below the profile's
   ``escalate_below_reliability`` or, if configured, on every block.
-
-Two claim findings do not come from the labels:
-
-* ``stream-final-mismatch`` (caveat in every profile): the final answer is not
-  the text the deltas streamed. The final answer was verified; the claim
-  verdicts published for streamed sentences it no longer holds are listed
-  in ``ClaimsSignal.superseded_claims`` and not counted. Whoever watched the
-  stream saw text this verdict does not judge.
-* ``claims-over-limit`` (the profile's ``claims.when_missing``): the answer
-  holds more claims than the sidecar verifies per answer
-  (``sidecar.claims.segment.MAX_CLAIMS_PER_ANSWER``); the rest is counted in
-  ``ClaimsSignal.unchecked`` and unverified, like a partly missing signal.
 
 Certified allow (``allow: {certified: FILE}`` in a profile;
 :mod:`sidecar.policy.certified`): an answer is allowed only when its calibrated
@@ -40,25 +21,22 @@ applies instead.
 
 Per-claim results (texts, labels, spans) come in through ``decide(...,
 claims=...)``; without them a rewrite is impossible and the outcome says so
-(``claims-detail-unavailable``). Strict mode (seed 002: "in strict mode,
-refuses to return it"): :meth:`PolicyEngine.check_stream` blocks as soon as a
-streamed claim is unsupported under a strict profile. Pure logic: no I/O.
+(``claims-detail-unavailable``). Strict mode (a strict profile refuses an
+answer with an unsupported claim): :meth:`PolicyEngine.check_stream` blocks as
+soon as a streamed claim is unsupported under a strict profile. Pure logic: no I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
-from sidecar.confidence.certify_allow import CertificateTracker
+from sidecar.confidence.certificate_check import CertificateTracker
 from sidecar.contracts.events import (
     ClaimLabel,
-    ClaimsSignal,
     Decision,
     GenerationFinal,
-    LookbackSignal,
     Reason,
     RetrievalEvent,
     RetrievalSignal,
@@ -71,216 +49,17 @@ from sidecar.policy.certified import CertifiedAllow, load_certificates
 from sidecar.policy.config import (
     SEVERITY,
     Action,
-    ConfidenceRules,
-    LookbackRules,
     PolicyConfig,
     PolicyTexts,
     Profile,
     load_policy,
 )
+from sidecar.policy.findings import Finding, evaluate_signals, finding
 from sidecar.policy.rewrite import remove_unsupported, verified_only
 
-__all__ = ["Finding", "PolicyEngine", "evaluate_signals", "strict_outcome"]
+__all__ = ["PolicyEngine", "strict_outcome"]
 
-SignalName = Literal["retrieval", "lookback", "claims", "confidence"]
 _DECISION = {"allow": Decision.ALLOW, "caveat": Decision.CAVEAT, "block": Decision.BLOCK}
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    action: Action
-    reason: Reason
-
-
-def _f(action: Action, code: str, message: str, signal: SignalName) -> Finding:
-    return Finding(action, Reason(code=code, message=message, signal=signal))
-
-
-def _missing(signal: SignalName, status: SignalStatus, action: Action) -> Finding:
-    word = "not-configured" if status is SignalStatus.NOT_CONFIGURED else "unavailable"
-    text = "is not configured" if word == "not-configured" else "could not be computed"
-    return _f(action, f"{signal}-{word}", f"the {signal} signal {text} for this request", signal)
-
-
-def _retrieval(sig: RetrievalSignal, profile: Profile) -> list[Finding]:
-    rules = profile.retrieval
-    if sig.status is not SignalStatus.OK:
-        return [_missing("retrieval", sig.status, rules.when_missing)]
-    out: list[Finding] = []
-    if sig.certifiable is False:
-        out.append(
-            _f(
-                rules.when_no_trusted_chunk,
-                "retrieval-not-certifiable",
-                f"no conformal threshold exists at alpha = {sig.alpha} for this calibration "
-                "(k > n): nothing is certified",
-                "retrieval",
-            )
-        )
-    elif not sig.m1 or not sig.trusted_chunk_ids:
-        out.append(
-            _f(
-                rules.when_no_trusted_chunk,
-                "retrieval-no-trusted-chunk",
-                "no retrieved chunk passed the conformal threshold (m1 = false)",
-                "retrieval",
-            )
-        )
-    elif sig.m2 is not None and sig.m2 < rules.min_trusted_fraction:
-        out.append(
-            _f(
-                rules.when_low_trusted_fraction,
-                "retrieval-low-trusted-fraction",
-                f"m2 = {sig.m2:.2f} of the retrieved chunks are trusted, "
-                f"below {rules.min_trusted_fraction:.2f}",
-                "retrieval",
-            )
-        )
-    if sig.fallback:
-        out.append(
-            _f(
-                "allow",
-                "retrieval-calibration-fallback",
-                "no calibration for this key; the global calibration was used"
-                + (f" ({sig.fallback_reason})" if sig.fallback_reason else ""),
-                "retrieval",
-            )
-        )
-    if sig.monitor == "exchangeability-broken":
-        mean = f"{sig.m1_mean:.3f}" if sig.m1_mean is not None else "?"
-        out.append(
-            _f(
-                rules.when_exchangeability_broken,
-                "exchangeability-broken",
-                f"rolling mean(m1) = {mean} is significantly below 1 - alpha for "
-                f"{sig.calibration_key}: exchangeability broken, recalibrate",
-                "retrieval",
-            )
-        )
-    return out
-
-
-def _lookback(sig: LookbackSignal, profile: Profile) -> list[Finding]:
-    rules = profile.lookback
-    if sig.status is not SignalStatus.OK or sig.p_factual is None:
-        status = SignalStatus.UNAVAILABLE if sig.status is SignalStatus.OK else sig.status
-        return [_missing("lookback", status, rules.when_missing)]
-    return _thresholds(sig.p_factual, rules, "lookback", "p(factual)")
-
-
-def _thresholds(
-    p: float, rules: LookbackRules | ConfidenceRules, signal: SignalName, name: str
-) -> list[Finding]:
-    """``<signal>-very-low`` (block) below ``block_below``, ``<signal>-low`` (caveat) below
-    ``caveat_below``, nothing otherwise."""
-    if p < rules.block_below:
-        return [
-            _f("block", f"{signal}-very-low", f"{name} = {p:.2f} < {rules.block_below}", signal)
-        ]
-    if p < rules.caveat_below:
-        return [_f("caveat", f"{signal}-low", f"{name} = {p:.2f} < {rules.caveat_below}", signal)]
-    return []
-
-
-def _claims(sig: ClaimsSignal, profile: Profile) -> list[Finding]:
-    rules = profile.claims
-    if sig.status is not SignalStatus.OK:
-        return [_missing("claims", sig.status, rules.when_missing)]
-    out: list[Finding] = []
-    if sig.evidence_scope == "all-retrieved":
-        out.append(
-            _f(
-                rules.when_untrusted_evidence,
-                "claims-evidence-untrusted",
-                "claims were checked against all retrieved chunks (none certified as trusted)",
-                "claims",
-            )
-        )
-    if sig.stream_mismatch:
-        out.append(
-            _f(
-                "caveat",
-                "stream-final-mismatch",
-                "the final answer differs from the streamed text; the final answer was verified"
-                + (
-                    f" and {len(sig.superseded_claims)} streamed claim verdict(s) no longer apply"
-                    if sig.superseded_claims
-                    else ""
-                ),
-                "claims",
-            )
-        )
-    if sig.unchecked:
-        out.append(
-            _f(
-                rules.when_missing,
-                "claims-over-limit",
-                f"{sig.unchecked} claim(s) past the per-answer limit were not verified",
-                "claims",
-            )
-        )
-    if sig.n - sig.irrelevant <= 0:
-        out.append(
-            _f(rules.when_no_claims, "claims-none", "the answer holds no checkable claim", "claims")
-        )
-        return out
-    rate = sig.hallucination_rate or 0.0
-    if rate > profile.max_hallucination_rate:
-        out.append(
-            _f(
-                "block",
-                "claims-hallucination-rate-exceeded",
-                f"hallucination rate {rate:.2f} ({sig.unsupported} of "
-                f"{sig.n - sig.irrelevant} claims unsupported) > {profile.max_hallucination_rate}",
-                "claims",
-            )
-        )
-    level = sig.reliability_level or "LOW"
-    action = rules.reliability_actions[level]
-    out.append(
-        _f(
-            action,
-            f"claims-reliability-{level.lower()}",
-            f"reliability {sig.reliability or 0.0:.2f} ({level}): {sig.supported} supported, "
-            f"{sig.uncertain} uncertain, {sig.unsupported} unsupported",
-            "claims",
-        )
-    )
-    if sig.unsupported and rules.caveat_on_any_unsupported:
-        out.append(
-            _f("caveat", "claims-unsupported-present", f"{sig.unsupported} unsupported", "claims")
-        )
-    if sig.unsupported and profile.strict:
-        out.append(
-            _f(
-                "block",
-                "strict-unsupported-claim",
-                "strict profile: an unsupported claim blocks the answer",
-                "claims",
-            )
-        )
-    return out
-
-
-def _confidence(confidence: float | None, profile: Profile) -> list[Finding]:
-    rules = profile.confidence
-    if rules.block_below == 0.0 and rules.caveat_below == 0.0:
-        return []  # the profile does not use the calibrated confidence
-    if confidence is None:
-        return [_missing("confidence", SignalStatus.NOT_CONFIGURED, rules.when_missing)]
-    return _thresholds(confidence, rules, "confidence", "calibrated p(correct)")
-
-
-def evaluate_signals(
-    signals: Signals, profile: Profile, confidence: float | None = None
-) -> list[Finding]:
-    """All findings for one answer under ``profile`` (retrieval, lookback, claims, confidence)."""
-    return [
-        *_retrieval(signals.retrieval, profile),
-        *_lookback(signals.lookback, profile),
-        *_claims(signals.claims, profile),
-        *_confidence(confidence, profile),
-    ]
 
 
 def strict_outcome(
@@ -415,7 +194,7 @@ class PolicyEngine:
             findings.append(Finding(certified.action, certified.reason))
         elif profile.allow is not None:  # never an uncertified allow under a certified profile
             findings.append(
-                _f(
+                finding(
                     profile.allow.below,
                     "certificate-not-applicable",
                     f"the certificate of profile {name} was not loaded (a policy not read from "
@@ -445,9 +224,9 @@ class PolicyEngine:
     ) -> PolicyOutcome:
         texts = self.config.texts
         action: Action = "allow"
-        for finding in findings:
-            if SEVERITY[finding.action] > SEVERITY[action]:
-                action = finding.action
+        for found in findings:
+            if SEVERITY[found.action] > SEVERITY[action]:
+                action = found.action
         reasons = [_profile_reason(name), *(f.reason for f in findings)]
         if len(reasons) == 1:
             reasons.append(Reason(code="checks-passed", message="every signal passed"))

@@ -1,4 +1,6 @@
-"""Answer rewrites of seed 001's decision engine, from per-claim results.
+"""Answer rewrites for caveat and block, from per-claim results.
+
+The tiers they serve: docs/methods.md §Claim verification.
 
 * MEDIUM -> ``_remove_unsupported_claims(original_answer, claims)``: the answer
   without its unsupported claims (:func:`remove_unsupported`). Sentence by
@@ -53,7 +55,7 @@ def remove_unsupported(answer: str, claims: Sequence[ClaimResult]) -> str:
 def verified_only(
     claims: Sequence[ClaimResult], intro: str, outro: str, refusal: str
 ) -> tuple[str, bool]:
-    """Seed 001's LOW answer: ``(text, True)`` with the verified facts, or ``(refusal, False)``."""
+    """The LOW tier's answer: ``(text, True)`` with the verified facts, or ``(refusal, False)``."""
     facts = [c.text for c in claims if c.label is ClaimLabel.SUPPORTED]
     if not facts:
         return refusal, False

@@ -10,7 +10,7 @@ successes in ``n`` trials, ``p = x/n`` and ``z`` the standard normal quantile of
     half   = z / (1 + z^2/n) * sqrt(p(1-p)/n + z^2/(4n^2))
 
 Pure functions, no I/O; used by the conformal exchangeability monitor and by the
-retrieval-coverage hallucination bound (seed 003).
+retrieval-coverage hallucination bound (docs/methods.md §Coverage bound).
 """
 
 from __future__ import annotations

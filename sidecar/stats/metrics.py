@@ -1,7 +1,7 @@
 """The one metrics module: AUROC, ECE, Brier, NLL and reliability bins, in numpy.
 
 The serving side and the lab both use it (scikit-learn only checks it in tests).
-Calibration metrics of a probabilistic forecaster (CalibRAG, appendix A.3.1):
+Where they are used: docs/methods.md §Calibrated confidence.
 
 For ``n`` forecasts ``p_i`` in [0, 1] of binary outcomes ``y_i`` in {0, 1}:
 

@@ -26,11 +26,11 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from sidecar.confidence.certificate_check import CertificateTracker
 from sidecar.confidence.certify_allow import (
     DEFAULT_GRID,
     START_SHARE,
     AllowCertificate,
-    CertificateTracker,
     learn_then_test,
     min_testable,
     smallest_certifiable_risk,

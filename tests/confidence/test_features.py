@@ -19,7 +19,7 @@ from sidecar.confidence.features import (
     chunk_features,
     missing_terms,
 )
-from sidecar.confidence.model import ANSWER_SPEC, SIGNALS
+from sidecar.confidence.spec import ANSWER_SPEC, SIGNALS
 from sidecar.contracts.events import (
     AttentionSummary,
     ClaimsSignal,

@@ -12,13 +12,12 @@ from pydantic import ValidationError
 
 from sidecar.confidence.calibration import PlattCalibrator, fit_calibrator
 from sidecar.confidence.errors import ConfidenceDataError
-from sidecar.confidence.model import (
+from sidecar.confidence.model import MODEL_FORMAT, ConfidenceModel
+from sidecar.confidence.spec import (
     ANSWER_SPEC,
     FEATURES,
     MISSING_GROUPS,
-    MODEL_FORMAT,
     SIGNALS,
-    ConfidenceModel,
     FeatureSpec,
     FeatureValues,
     feature_vector,

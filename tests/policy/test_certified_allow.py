@@ -12,10 +12,10 @@ import numpy as np
 import orjson
 import pytest
 
+from sidecar.confidence.certificate_check import CertificateTracker
 from sidecar.confidence.certify_allow import (
     DEFAULT_GRID,
     AllowCertificate,
-    CertificateTracker,
     ProfileScope,
     learn_then_test,
 )

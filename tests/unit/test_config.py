@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.config import Settings, kubernetes_service_links
+from sidecar.config import Settings
+from sidecar.environment import kubernetes_service_links
 from sidecar.exceptions import ConfigError
 from tests.deploy.kubelet import ServicePort, service_link_env
 

@@ -12,15 +12,14 @@ from hypothesis import strategies as st
 
 from sidecar.contracts.events import DeadLetterRecord
 from sidecar.exceptions import InputError, RecordTooLargeError
-from sidecar.pipeline.join import InputRef
-from sidecar.pipeline.outputs import (
+from sidecar.pipeline.deadletters import (
     BATCH_OVERHEAD_BYTES,
-    Destination,
-    Output,
     dead_letter_output,
     fit_dead_letter,
     record_size,
 )
+from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.outputs import Destination, Output
 
 LIMIT = 8_192
 FAILED_AT = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)

@@ -25,7 +25,8 @@ from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination, Output, TraceRecord, verdict_attributes
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
-from sidecar.telemetry import DURATION_BUCKETS_S, Telemetry, configure_from_env, otlp_protocol
+from sidecar.telemetry import DURATION_BUCKETS_S, Telemetry
+from sidecar.telemetry_setup import configure_from_env, otlp_protocol
 from tests.conftest import EventFactory, dumps
 
 

@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from sidecar.confidence.features import CHUNK_SPEC, answer_features, chunk_features
-from sidecar.confidence.model import ANSWER_SPEC, ConfidenceModel, FeatureValues
+from sidecar.confidence.model import ConfidenceModel
 from sidecar.confidence.scorer import ANSWER_FILE, CARD_FILE, CHUNKS_FILE
+from sidecar.confidence.spec import ANSWER_SPEC, FeatureValues
 from sidecar.config import Settings
 from sidecar.contracts.events import (
     AnswerVerdict,

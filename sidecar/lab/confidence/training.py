@@ -29,13 +29,8 @@ import numpy.typing as npt
 from sidecar.confidence.calibration import choose_calibrator, cross_validated_probabilities
 from sidecar.confidence.errors import ConfidenceDataError
 from sidecar.confidence.logistic import FloatArray, fit_logistic, sigmoid
-from sidecar.confidence.model import (
-    ANSWER_SPEC,
-    ConfidenceModel,
-    ConfidenceTraining,
-    FeatureSpec,
-    FeatureValues,
-)
+from sidecar.confidence.model import ConfidenceModel, ConfidenceTraining
+from sidecar.confidence.spec import ANSWER_SPEC, FeatureSpec, FeatureValues
 from sidecar.exceptions import ConfigError
 from sidecar.stats.metrics import as_labels, auroc, brier, ece, nll
 

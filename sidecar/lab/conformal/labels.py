@@ -1,4 +1,6 @@
-"""Ground-truth labels of retrieved chunks for calibration (seed 000, eq. 1).
+"""Ground-truth labels of retrieved chunks for calibration (eq. 1).
+
+The rule and its source: docs/methods.md §Retrieval certification.
 
 A retrieved chunk ``c`` of question ``i`` is *affiliated* when its source
 document ``d(c)`` is one of the question's gold documents ``d(r_i)``. With a
@@ -10,8 +12,8 @@ chunks that are *not* affiliated,
 
 and a chunk is correct when ``h(c, r) >= s_thres and d(c) = d(r)``. ``P_beta`` is the
 beta-quantile with linear interpolation between order statistics (numpy's default),
-beta given as a fraction (0.99 is the 99th percentile, the seed's choice for NQ).
-beta = 0 means "by document id only" (the seed's choice for RagBench): no ROUGE-L
+beta given as a fraction (0.99 is the 99th percentile, the source's choice for NQ).
+beta = 0 means "by document id only" (the source's choice for RagBench): no ROUGE-L
 is computed and a chunk is correct exactly when it is affiliated. With several
 reference answers ``h`` is the best ROUGE-L over them. The threshold learnt on
 the calibration set is passed back in (``s_thres=``) to label a test set the same way.

@@ -1,4 +1,6 @@
-"""ROUGE-L: the similarity ``h`` between a chunk and the reference answer (seed 000, eq. 1).
+"""ROUGE-L: the similarity ``h`` between a chunk and the reference answer (eq. 1).
+
+The labelling rule that uses it: docs/methods.md §Retrieval certification.
 
 ROUGE-L (Lin 2004) compares two texts by the length of their longest common
 subsequence (LCS) of tokens: with ``m`` candidate and ``n`` reference tokens,

@@ -37,10 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, Protocol
 
+from sidecar.claims.atomic import Claim
 from sidecar.claims.calibration import Band
 from sidecar.claims.checker import ClaimScorer
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
-from sidecar.claims.segment import Claim, segment_claims
+from sidecar.claims.segment import segment_claims
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import InputError
 from sidecar.lab.verifier.datasets import Pair, split_of

@@ -1,0 +1,31 @@
+"""What every event contract shares: the schema version, the base event and constrained types."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+SCHEMA_VERSION = 1
+"""The version this build writes. Readers accept ``SUPPORTED_SCHEMA_VERSIONS``."""
+SUPPORTED_SCHEMA_VERSIONS: frozenset[int] = frozenset({1})
+
+RequestId = Annotated[
+    str,
+    StringConstraints(
+        min_length=1,
+        max_length=128,
+        # at least one letter or digit: "." and ".." are path tricks, not request ids
+        pattern=r"^[A-Za-z0-9._:\-]*[A-Za-z0-9][A-Za-z0-9._:\-]*$",
+    ),
+]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class EventBase(BaseModel):
+    # every event: frozen, no unknown fields, no NaN, an explicit schema_version
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    schema_version: Literal[1] = 1

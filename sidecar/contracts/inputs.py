@@ -1,0 +1,149 @@
+"""Input events: what the LLM service and the labellers write for the sidecar to read.
+
+Keyed by ``request_id``:
+  * ``RetrievalEvent``   on ``rag.retrieval``  - what was retrieved, with raw scores;
+  * ``GenerationDelta``  on ``rag.generation`` - one streamed piece of the answer;
+  * ``GenerationFinal``  on ``rag.generation`` - the whole answer, the generator id
+    and an optional attention summary (L x H x K lookback ratios, float16, base64);
+  * ``FeedbackEvent``    on ``rag.feedback``   - a labelled outcome of an answer.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import datetime
+from typing import Annotated, Literal, Self
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from sidecar.contracts.common import EventBase, FiniteFloat, Name, RequestId
+
+
+class RetrievalHit(BaseModel):
+    """One retrieved chunk, in retrieval order (best first)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    chunk_id: Name
+    doc_id: Name
+    score: FiniteFloat = Field(description="Raw vector-store score (e.g. Qdrant cosine).")
+    text: Annotated[str, StringConstraints(max_length=100_000)]
+
+
+class RetrievalEvent(EventBase):
+    """What the LLM service retrieved for one request."""
+
+    event_type: Literal["retrieval"] = "retrieval"
+    request_id: RequestId
+    tenant: Name
+    collection: Name
+    retriever: Name = Field(
+        default="default", description="Retriever id (embedding model + index), calibration key."
+    )
+    query: Annotated[str, StringConstraints(max_length=20_000)]
+    k: int = Field(ge=1, le=1024, description="K: how many chunks were asked for.")
+    hits: list[RetrievalHit] = Field(max_length=1024)
+    created_at: datetime | None = None
+
+    @model_validator(mode="after")
+    def _hits_within_k(self) -> Self:
+        if len(self.hits) > self.k:
+            raise ValueError(f"hits has {len(self.hits)} entries, more than k={self.k}")
+        return self
+
+
+class GenerationDelta(EventBase):
+    """One streamed piece of the answer; ``seq`` counts from 0 without gaps."""
+
+    event_type: Literal["generation.delta"] = "generation.delta"
+    request_id: RequestId
+    seq: int = Field(ge=0, le=1_000_000)
+    text: Annotated[str, StringConstraints(max_length=100_000)]
+
+
+class AttentionSummary(BaseModel):
+    """The generator's chunk-wise lookback ratios: L layers x H heads x K chunks.
+
+    ``values`` is base64 of little-endian float16 in C order (layer, head, chunk).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layers: int = Field(ge=1, le=1024)
+    heads: int = Field(ge=1, le=1024)
+    chunks: int = Field(ge=1, le=1024)
+    variant: Literal["cw", "fc"] = Field(
+        default="cw", description="cw: chunk-wise lookback ratios; fc: full-context."
+    )
+    dtype: Literal["float16"] = "float16"
+    values: str = Field(description="base64 of L*H*K little-endian float16 values")
+
+    @model_validator(mode="after")
+    def _shape_matches(self) -> Self:
+        expected = self.layers * self.heads * self.chunks * 2
+        try:
+            raw = base64.b64decode(self.values, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"values is not valid base64: {exc}") from None
+        if len(raw) != expected:
+            raise ValueError(
+                f"values holds {len(raw)} bytes, shape {self.layers}x{self.heads}x{self.chunks} "
+                f"float16 needs {expected}"
+            )
+        if not np.isfinite(np.frombuffer(raw, dtype="<f2")).all():
+            raise ValueError("values contains NaN or Inf")
+        return self
+
+    def to_array(self) -> npt.NDArray[np.float32]:
+        """The summary as a float32 array of shape (L, H, K)."""
+        raw = base64.b64decode(self.values)
+        arr = np.frombuffer(raw, dtype="<f2").astype(np.float32)
+        return arr.reshape(self.layers, self.heads, self.chunks)
+
+    @classmethod
+    def from_array(cls, array: npt.ArrayLike, variant: Literal["cw", "fc"] = "cw") -> Self:
+        arr = np.asarray(array, dtype="<f2")
+        if arr.ndim != 3:
+            raise ValueError(f"attention summary must be 3-d (L, H, K), got shape {arr.shape}")
+        layers, heads, chunks = (int(d) for d in arr.shape)
+        values = base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode("ascii")
+        return cls(layers=layers, heads=heads, chunks=chunks, variant=variant, values=values)
+
+
+class GenerationFinal(EventBase):
+    """The end of a generation: the whole answer and what the generator knows about it."""
+
+    event_type: Literal["generation.final"] = "generation.final"
+    request_id: RequestId
+    answer: Annotated[str, StringConstraints(max_length=200_000)]
+    generator_model: Name
+    deltas: int | None = Field(
+        default=None, ge=0, description="How many deltas were sent before this event."
+    )
+    attention: AttentionSummary | None = None
+    mean_token_logprob: FiniteFloat | None = Field(default=None, le=0.0)
+
+
+class FeedbackEvent(EventBase):
+    """A labelled outcome for an answered request (``rag.feedback``, keyed by request_id).
+
+    Whoever learns whether an answer was right (a user's thumbs, a reviewer, an
+    offline grader) publishes it; the sidecar folds it into the fleet coverage
+    bound, and ``guardrail train confidence --from-kafka`` refits the calibrated
+    confidence on verdicts joined with feedback.
+    """
+
+    event_type: Literal["feedback"] = "feedback"
+    request_id: RequestId
+    correct: bool = Field(description="was the answer correct?")
+    abstained: bool = Field(
+        default=False, description="the generator declined to answer (not a hallucination)"
+    )
+    source: Name = Field(description="who labelled it: user, reviewer, grader, ...")
+    created_at: datetime | None = None
+
+
+InputEvent = RetrievalEvent | GenerationDelta | GenerationFinal

@@ -1,0 +1,163 @@
+"""The ``GUARDRAIL_*`` environment: unknown names refused, Kubernetes service links skipped.
+
+:meth:`sidecar.config.Settings.load` calls :func:`check_environment` before it
+builds the settings, and words a validation error with :func:`explain`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+from collections.abc import Mapping, Sequence
+
+from pydantic import ValidationError
+
+from sidecar.exceptions import ConfigError
+
+PREFIX = "GUARDRAIL_"
+
+_log = logging.getLogger("sidecar.config")  # the configuration's logger, as operators know it
+
+
+def check_environment(environ: Mapping[str, str], sections: Sequence[str]) -> None:
+    """Refuse ``GUARDRAIL_*`` names that are no setting (``sections``: top-level field names).
+
+    The kubelet's service links are logged and skipped; a name that only looks
+    like one gets a hint in the ``ConfigError``.
+    """
+    known = set(sections)
+    links = kubernetes_service_links(environ, settings=known)
+    if links:
+        _log.info(
+            "ignoring %d Kubernetes service-link variable(s) (enableServiceLinks: false "
+            "in the pod spec turns them off): %s",
+            len(links),
+            ", ".join(sorted(links)),
+        )
+    unknown = sorted(
+        name
+        for name in environ
+        if name.upper().startswith(PREFIX)
+        and name not in links
+        and name.upper()[len(PREFIX) :].split("__")[0].lower() not in known
+    )
+    if unknown:
+        look_alike = [name for name in unknown if _LINK_SUFFIX.search(name)]
+        hint = (
+            f"; {', '.join(look_alike)} look(s) like Kubernetes service links, but not "
+            "ones the kubelet writes (no matching <SERVICE>_SERVICE_HOST, or other "
+            "values): set enableServiceLinks: false in the pod spec"
+            if look_alike
+            else ""
+        )
+        raise ConfigError(
+            f"unknown setting(s) {', '.join(unknown)}; top-level sections are "
+            + ", ".join(f"{PREFIX}{f.upper()}" for f in sections)
+            + hint
+        )
+
+
+def explain(exc: ValidationError) -> str:
+    """A validation error as one line per wrong variable, named as in the environment."""
+    lines = ["invalid configuration:"]
+    for err in exc.errors():
+        where = "GUARDRAIL_" + "__".join(str(p).upper() for p in err["loc"] if p != "__root__")
+        got = err.get("input")
+        shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
+        lines.append(f"  {where}: {err['msg']}{shown}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------- Kubernetes service links
+# With enableServiceLinks (on by default) the kubelet gives every container one
+# family of variables per Service of its namespace, named after the Service
+# (upper-cased, "-" -> "_"), so a Service called guardrail-... lands in our
+# prefix. The family, for ClusterIP 10.0.0.7 and port 8080/TCP named http
+# (kubernetes.io/docs/concepts/services-networking/service/#environment-variables):
+#   <SVC>_SERVICE_HOST=10.0.0.7           <SVC>_SERVICE_PORT=8080
+#   <SVC>_SERVICE_PORT_HTTP=8080          <SVC>_PORT=tcp://10.0.0.7:8080
+#   <SVC>_PORT_8080_TCP=tcp://10.0.0.7:8080
+#   <SVC>_PORT_8080_TCP_PROTO=tcp  <SVC>_PORT_8080_TCP_PORT=8080  <SVC>_PORT_8080_TCP_ADDR=10.0.0.7
+# Real settings put "__" between section and field; a Service name (a DNS label)
+# gives no "__" in practice, and a link's value is exactly what the kubelet
+# writes, anchored on its family's <SVC>_SERVICE_HOST. So GUARDRAIL_HTTP__PORT is
+# always a setting and a typo such as GUARDRAIL_HTTP_PORT=9000 is still refused.
+_LINK_SUFFIX = re.compile(
+    r"_(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
+    r"|PORT(?:_(?P<port>[0-9]+)_(?P<proto>TCP|UDP|SCTP)(?:_(?P<part>PROTO|PORT|ADDR))?)?)$"
+)
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_port(text: str) -> bool:
+    return text.isdigit() and 1 <= int(text) <= 65535
+
+
+def _host_port(host: str, port: str) -> str:
+    """Go's net.JoinHostPort, as the kubelet uses it: IPv6 addresses in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _is_link_value(rest: str, value: str, host: str) -> bool:
+    """Whether ``<SVC><rest>=<value>`` is what the kubelet writes for a Service at ``host``."""
+    m = _LINK_SUFFIX.fullmatch(rest)
+    if m is None:
+        return False
+    port, proto, part = m.group("port"), m.group("proto"), m.group("part")
+    if rest == "_SERVICE_HOST":
+        return value == host
+    if port is None:
+        if rest != "_PORT":  # <SVC>_SERVICE_PORT[_<PORT NAME>]
+            return _is_port(value)
+        # <SVC>_PORT: the Service's first port, as a URL
+        scheme, _, address = value.partition("://")
+        first = address.rpartition(":")[2]
+        return (
+            scheme in {"tcp", "udp", "sctp"}
+            and _is_port(first)
+            and address == _host_port(host, first)
+        )
+    expected = {
+        None: f"{proto.lower()}://{_host_port(host, port)}",
+        "PROTO": proto.lower(),
+        "PORT": port,
+        "ADDR": host,
+    }
+    return _is_port(port) and value == expected[part]
+
+
+def kubernetes_service_links(environ: Mapping[str, str], settings: set[str]) -> set[str]:
+    """The ``GUARDRAIL_*`` names in ``environ`` that are the kubelet's service links.
+
+    A name qualifies when it has no ``__``, is not a top-level setting (one of
+    ``settings``, lower-case field names), and is a link of a Service whose
+    ``<SVC>_SERVICE_HOST`` (an IP address) is present, with the value the
+    kubelet writes for that Service.
+    """
+    candidates = {
+        name: value
+        for name, value in environ.items()
+        if name.startswith(PREFIX)
+        and "__" not in name
+        and name[len(PREFIX) :].lower() not in settings
+    }
+    hosts = {
+        name.removesuffix("_SERVICE_HOST"): value
+        for name, value in candidates.items()
+        if name.endswith("_SERVICE_HOST") and _is_ip(value)
+    }
+    links: set[str] = set()
+    for name, value in candidates.items():
+        for svc, host in hosts.items():
+            if name.startswith(f"{svc}_") and _is_link_value(name[len(svc) :], value, host):
+                links.add(name)
+                break
+    return links
