@@ -5,6 +5,7 @@ from collections.abc import Callable
 import pytest
 
 from sidecar import runtime
+from sidecar.claims.checker import VerifierClaimChecker
 from sidecar.config import Settings
 from sidecar.lab.bench.e2e import LoadShape, answer_events, percentiles
 from sidecar.lab.bench.profile import package_of, profile_requests
@@ -74,6 +75,14 @@ def test_claim_stages_time_segmentation_selection_and_the_verifier() -> None:
         "evidence_select",
         "verifier_single_claim",
         "verifier_batched_per_claim",
+        "verifier_batched_per_window",
     ):
         assert out[stage]["p50_us"] > 0, stage
+    # the shipped verifier scores each claim against 1..evidence_max_windows windows
+    assert isinstance(checker, VerifierClaimChecker)
+    assert 1 <= out["windows_per_claim"] <= checker.scorer.max_windows
+    per_claim, per_window = out["verifier_batched_per_claim"], out["verifier_batched_per_window"]
+    assert per_window["p50_us"] == pytest.approx(
+        per_claim["p50_us"] / out["windows_per_claim"], rel=0.02
+    )
     assert run_claim_stages(object(), n=5) == {}  # type: ignore[arg-type]  # not a verifier

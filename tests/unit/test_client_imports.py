@@ -46,7 +46,6 @@ def test_importing_the_client_imports_no_serving_or_heavy_module() -> None:
         m
         for m in modules
         if m.startswith("sidecar.")
-        and m != "sidecar.exceptions"
-        and m != "sidecar.contracts"
+        and m not in {"sidecar.exceptions", "sidecar.contracts"}
         and not m.startswith("sidecar.contracts.")
     ) == []

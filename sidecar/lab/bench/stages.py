@@ -62,6 +62,9 @@ def run_claim_stages(
     alone); ``verifier_batched_per_claim``: all of an answer's claims in one
     call, divided by their number. Both include evidence selection and the rule
     tier (``ClaimScorer.check``); ``evidence_select`` alone is also shown.
+    ``windows_per_claim``: evidence windows each claim is scored against (the
+    artifact's ``evidence_max_windows`` at most); ``verifier_batched_per_window``:
+    the batched time divided by the number of (claim, window) pairs.
     """
     from sidecar.claims.checker import VerifierClaimChecker, evidence_chunks  # noqa: PLC0415
     from sidecar.claims.segment import ClaimSegmenter  # noqa: PLC0415
@@ -87,8 +90,18 @@ def run_claim_stages(
     scorer = checker.scorer
     index = scorer.index(chunks)
     per_answer = _time(lambda: scorer.check(claims, index, retrieval.query), n)
+    windows = [
+        len(index.windows(c.text, retrieval.query, max_windows=scorer.max_windows,
+                          max_chars=scorer.max_chars))
+        if scorer.max_windows > 1
+        else 1
+        for c in claims
+    ]  # fmt: skip
+    pairs = max(1, sum(windows))
     return {
         "claims_per_answer": len(claims),
+        "windows_per_claim": round(pairs / max(1, len(claims)), 2),
+        "verifier_batched_per_window": {k: round(v / pairs, 2) for k, v in per_answer.items()},
         "claim_segmentation_per_answer": _time(segment, n),
         "evidence_select": _time(lambda: index.select(claims[0].text), n),
         "verifier_single_claim": _time(lambda: scorer.check(claims[:1], index, retrieval.query), n),
