@@ -19,7 +19,16 @@ def register(sub: Any) -> None:
 
 
 HEADLINE = (
+    "fast_drain_vs_noop",
+    "p99_at_half_capacity_vs_noop",
+    "full_path_vs_fast_path",
+    "noop_vs_raw_client",
     "throughput_answers_per_s",
+    "noop_answers_per_s",
+    "raw_client_answers_per_s",
+    "half_capacity_answers_per_s",
+    "p99_ms_at_half_capacity",
+    "noop_p99_ms_at_half_capacity",
     "p99_ms_at_500",
     "full_path_answers_per_s",
     "claim_p95_ms",
@@ -28,6 +37,9 @@ HEADLINE = (
     "baseline_ratio",
     "scale_out_ratio",
     "serving_imports_torch",
+    "cpu_model",
+    "cpu_flags",
+    "incomplete",
 )
 
 
@@ -41,4 +53,7 @@ def run(args: argparse.Namespace) -> int:
         for key in HEADLINE:
             sys.stdout.write(f"{key:<28} {report[key]}\n")
         sys.stdout.write(f"full report: {args.out}\n")
+    if report["failure"] is not None:
+        sys.stderr.write(f"guardrail bench: FAILED: {report['failure']}\n")
+        return 1
     return 0
