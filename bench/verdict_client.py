@@ -180,9 +180,9 @@ def summarise(
 
 
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
-    from sidecar.chaos.process import SidecarProcess  # noqa: PLC0415 - lab code, bench only
     from sidecar.kafka.topics import create_topics  # noqa: PLC0415
-    from sidecar.localkafka.broker import LocalKafka, ensure_jars, free_port  # noqa: PLC0415
+    from sidecar.lab.chaos.process import SidecarProcess  # noqa: PLC0415 - lab code, bench only
+    from sidecar.lab.localkafka.broker import LocalKafka, ensure_jars, free_port  # noqa: PLC0415
     from tests.kafka.harness import settings_for  # noqa: PLC0415
 
     home = Path(tempfile.mkdtemp(prefix="vc-bench-"))

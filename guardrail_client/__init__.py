@@ -8,6 +8,9 @@ sidecar's serving modules, FastStream, onnxruntime or torch)::
         await pub.retrieval(rid, query, hits, tenant="acme", collection="wiki")
         await pub.final(rid, answer)
         result = await verdicts.verdict(rid, timeout=2.0)
+
+``guardrail_client.hf.LookbackRecorder`` (needs torch + transformers, imported
+only from that module) records the attention summary of a Hugging Face model.
 """
 
 from guardrail_client.events import EventBuilder, OutgoingRecord, trace_headers

@@ -12,10 +12,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from bench.verdict_client import sidecar_env
-from sidecar.chaos.process import SidecarProcess
 from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
-from sidecar.localkafka.broker import LocalKafka
+from sidecar.lab.chaos.process import SidecarProcess
+from sidecar.lab.localkafka.broker import LocalKafka
 from tests.kafka.harness import settings_for
 
 SidecarFactory = Callable[..., SidecarProcess]

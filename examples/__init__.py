@@ -1,0 +1,1 @@
+"""Runnable examples of services that feed the guardrail sidecar (not part of the sidecar)."""

@@ -1,0 +1,211 @@
+"""The reference RAG service end to end on the real broker: stream and hold modes.
+
+The sidecar runs in-process on the real broker (uuid topics) with a policy that
+decides by the question (``block`` / ``caveat`` / anything else: allow); the
+service runs with a fake answerer (no model) that streams four text pieces.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import aiohttp
+import pytest
+
+from examples.rag_service.app import MODE_HEADER, Generated
+from examples.rag_service.config import ServiceSettings
+from examples.rag_service.server import running
+from examples.rag_service.verdicts import apply_verdict
+from sidecar.contracts.events import (
+    AnswerVerdict,
+    Decision,
+    GenerationFinal,
+    Reason,
+    RetrievalEvent,
+    RetrievalHit,
+    RetrievalSignal,
+    Signals,
+)
+from sidecar.lab.localkafka.broker import LocalKafka
+from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
+from tests.kafka.harness import real_harness, settings_for
+
+PIECES = ["Paris", " is the", " capital", " of France."]
+ANSWER = "".join(PIECES)
+CAVEAT = "CHECK-THE-SOURCES"
+
+
+class ByQuestionPolicy:
+    """block / caveat / allow chosen by a word in the question."""
+
+    name = "by-question/1"
+
+    def decide(
+        self,
+        retrieval: RetrievalEvent,
+        final: GenerationFinal,
+        signals: Signals,
+        *,
+        claims: Sequence[ClaimResult] | None = None,
+        confidence: float | None = None,
+    ) -> PolicyOutcome:
+        del signals, claims, confidence
+        assert final.answer == ANSWER and final.deltas == len(PIECES)
+        reason = Reason(code="test-policy", message="decided by the question", signal="policy")
+        if "block" in retrieval.query:
+            return PolicyOutcome(decision=Decision.BLOCK, reasons=[reason])
+        if "caveat" in retrieval.query:
+            return PolicyOutcome(decision=Decision.CAVEAT, reasons=[reason], caveat_text=CAVEAT)
+        return PolicyOutcome(decision=Decision.ALLOW, reasons=[reason])
+
+    def check_stream(
+        self,
+        retrieval: RetrievalEvent,
+        claims: Sequence[ClaimResult],
+        certification: RetrievalSignal | None = None,
+    ) -> PolicyOutcome | None:
+        del retrieval, claims, certification
+        return None
+
+
+class FakeAnswerer:
+    generator_model = "test/fake-generator"
+
+    def retrieve(self, question: str, k: int) -> list[RetrievalHit]:
+        return [
+            RetrievalHit(chunk_id=f"c{i}", doc_id=f"d{i}", score=0.9 - i / 10, text=f"text {i}")
+            for i in range(min(k, 2))
+        ]
+
+    def generate(
+        self, question: str, hits: Sequence[RetrievalHit], emit: Callable[[str], None]
+    ) -> Generated:
+        for piece in PIECES:
+            emit(piece)
+        return Generated(attention=None, mean_token_logprob=-0.5)
+
+
+@pytest.fixture
+async def service(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> AsyncIterator[tuple[str, ServiceSettings]]:
+    sidecar = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    settings = ServiceSettings(
+        port=0,
+        bootstrap_servers=kafka_broker.bootstrap_servers,
+        retrieval_topic=unique_topics["retrieval"],
+        generation_topic=unique_topics["generation"],
+        verdict_topic=unique_topics["verdicts"],
+        k=2,
+    )
+    async with (
+        real_harness(sidecar, policy=ByQuestionPolicy()),
+        running(settings, FakeAnswerer()) as url,
+    ):
+        yield url, settings
+
+
+async def _sse(url: str, question: str, mode: str) -> list[tuple[str, Any]]:
+    """(event name, data) in arrival order; 'message' for unnamed events."""
+    body = {"model": "x", "stream": True, "messages": [{"role": "user", "content": question}]}
+    events: list[tuple[str, Any]] = []
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/v1/chat/completions", json=body, headers={MODE_HEADER: mode}) as r,
+    ):
+        assert r.status == 200
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        raw = (await r.read()).decode()
+    for block in raw.split("\n\n"):
+        if not block.strip():
+            continue
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        data = lines["data"]
+        events.append(
+            (lines.get("event", "message"), data if data == "[DONE]" else json.loads(data))
+        )
+    return events
+
+
+def _content(events: list[tuple[str, Any]]) -> list[str]:
+    return [
+        d["choices"][0]["delta"]["content"]
+        for name, d in events
+        if name == "message" and d != "[DONE]" and "content" in d["choices"][0]["delta"]
+    ]
+
+
+@pytest.mark.connected
+async def test_stream_mode_streams_tokens_then_appends_the_verdict(
+    service: tuple[str, ServiceSettings],
+) -> None:
+    url, _ = service
+    for question, decision in (("caveat: capital of France?", "caveat"), ("capital?", "allow")):
+        events = await _sse(url, question, "stream")
+        assert _content(events) == PIECES  # the raw answer, piece by piece, whatever the verdict
+        names = [name for name, _ in events]
+        assert names[-2:] == ["guardrail.verdict", "message"] and events[-1][1] == "[DONE]"
+        verdict = events[-2][1]
+        assert verdict["decision"] == decision and verdict["mode"] == "stream"
+        assert verdict["reasons"] == ["test-policy"] and verdict["policy"] == "by-question/1"
+        assert verdict["request_id"] == events[0][1]["id"]
+
+
+@pytest.mark.connected
+async def test_hold_mode_shows_only_what_the_verdict_allows(
+    service: tuple[str, ServiceSettings],
+) -> None:
+    url, settings = service
+    expected = {
+        "block: capital of France?": ("block", [settings.refusal_text]),
+        "caveat: capital of France?": ("caveat", [f"{ANSWER}\n\n{CAVEAT}"]),
+        "capital of France?": ("allow", [ANSWER]),
+    }
+    for question, (decision, content) in expected.items():
+        events = await _sse(url, question, "hold")
+        assert _content(events) == content
+        assert events[-2][0] == "guardrail.verdict" and events[-2][1]["decision"] == decision
+    body = {"messages": [{"role": "user", "content": "block this?"}], "stream": False}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/v1/chat/completions", json=body, headers={MODE_HEADER: "hold"}) as r,
+    ):
+        reply = await r.json()
+    assert reply["choices"][0]["message"]["content"] == settings.refusal_text
+    assert reply["guardrail"]["decision"] == "block"
+
+
+@pytest.mark.connected
+async def test_bad_requests_are_refused_with_what_is_allowed(
+    service: tuple[str, ServiceSettings],
+) -> None:
+    url, _ = service
+    async with aiohttp.ClientSession() as session:
+        ok_body = {"messages": [{"role": "user", "content": "q?"}]}
+        async with session.post(
+            f"{url}/v1/chat/completions", json=ok_body, headers={MODE_HEADER: "later"}
+        ) as r:
+            assert r.status == 400
+            assert "must be 'stream' or 'hold'" in (await r.json())["error"]
+        async with session.post(f"{url}/v1/chat/completions", json={"messages": []}) as r:
+            assert r.status == 400
+            assert "user message" in (await r.json())["error"]
+
+
+def test_a_missing_verdict_fails_closed_unless_configured_open() -> None:
+    closed, opened = ServiceSettings(), ServiceSettings(fail_open=True)
+    assert apply_verdict("the answer", None, closed) == closed.unverified_text
+    assert apply_verdict("the answer", None, opened).startswith("the answer\n\n(")
+    verdict = AnswerVerdict(
+        request_id="r1",
+        idempotency_key="k",
+        decision=Decision.BLOCK,
+        reasons=[],
+        policy="p/1",
+        rewritten_answer="Only this is verified.",
+        produced_at="2024-01-01T00:00:00Z",  # type: ignore[arg-type]
+        sidecar_version="0",
+    )
+    assert apply_verdict("the answer", verdict, closed) == "Only this is verified."

@@ -1,0 +1,1 @@
+"""Tests of guardrail_client.hf (the lookback recorder)."""
