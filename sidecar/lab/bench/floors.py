@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from sidecar import __version__
 from sidecar.config import Settings
@@ -107,8 +107,10 @@ class ConstantVerdictProcessor(Processor):
 async def raw_loop(settings: Settings, stop: asyncio.Event, assigned: list[bool]) -> int:
     """aiokafka only: getmany -> send a verdict per final -> await them -> commit.
 
-    Returns how many verdicts it published. ``assigned[0]`` turns true once the
-    group has given this consumer partitions (for ``/readyz``).
+    Commits at the sidecar's cadence (every ``join.sweep_interval_ms``, after the
+    verdicts of everything consumed so far are confirmed), not after every
+    fetch. Returns how many verdicts it published. ``assigned[0]`` turns true
+    once the group has given this consumer partitions (for ``/readyz``).
     """
     kafka, topics = settings.kafka, settings.topics
     client = aiokafka_client_args(kafka)
@@ -126,6 +128,10 @@ async def raw_loop(settings: Settings, stop: asyncio.Event, assigned: list[bool]
     producer = AIOKafkaProducer(**client, acks="all", enable_idempotence=True)
     template = _VerdictTemplate()
     published = 0
+    interval_s = settings.join.sweep_interval_ms / 1000.0
+    loop = asyncio.get_running_loop()
+    next_commit = loop.time() + interval_s
+    offsets: dict[TopicPartition, int] = {}
     await consumer.start()
     await producer.start()
     try:
@@ -144,7 +150,12 @@ async def raw_loop(settings: Settings, stop: asyncio.Event, assigned: list[bool]
             ]
             await asyncio.gather(*futures)
             published += len(futures)
-            await consumer.commit({tp: records[-1].offset + 1 for tp, records in batch.items()})
+            offsets.update({tp: records[-1].offset + 1 for tp, records in batch.items()})
+            if loop.time() >= next_commit:
+                await consumer.commit(offsets)
+                offsets, next_commit = {}, loop.time() + interval_s
+        if offsets:
+            await consumer.commit(offsets)
     finally:
         await producer.stop()
         await consumer.stop()
