@@ -39,6 +39,15 @@ class InputError(GuardrailError):
         self.detail = detail
 
 
+class DataError(GuardrailError, ValueError):
+    """Probabilities, scores, labels or feature values that violate a documented contract.
+
+    Also a :class:`ValueError` (the conventional type for "right type, wrong value"), so bad
+    data is told apart from bad configuration (:class:`ConfigError`) and from broken
+    artifacts (:class:`ArtifactError`).
+    """
+
+
 class ArtifactError(GuardrailError):
     """A model or calibration artifact is missing, corrupt or does not match its events."""
 

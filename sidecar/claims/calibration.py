@@ -7,7 +7,8 @@ binary classifier (supported or not); ``uncertain`` is a *calibrated band* of
 its supported-probability:
 
 1. Platt scaling with one extra input, fitted on the validation split by
-   logistic regression (Newton's method, small L2)::
+   logistic regression (Newton's method, small L2; the fit is the lab's,
+   :mod:`sidecar.lab.verifier.calibration`)::
 
        p = sigmoid(logit_scale * logit + coverage_weight * coverage + bias)
 
@@ -28,7 +29,6 @@ seed 002's prompt). Pure numpy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +38,7 @@ from sidecar.claims.evidence import content_terms, uncovered_terms
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import ConfigError
 
-__all__ = ["Band", "Platt", "coverage", "fit_band", "fit_platt", "sigmoid"]
+__all__ = ["Band", "Platt", "coverage", "sigmoid"]
 
 
 def sigmoid(x: npt.ArrayLike) -> npt.NDArray[np.float64]:
@@ -76,31 +76,6 @@ class Platt:
         return sigmoid(self.logit_scale * z + self.coverage_weight * c + self.bias)
 
 
-def fit_platt(
-    logits: Sequence[float], coverages: Sequence[float], labels: Sequence[int], l2: float = 1e-2
-) -> Platt:
-    """Logistic regression of the label on (logit, coverage): Newton's method, L2 on weights."""
-    if len(logits) < 10 or len(set(labels)) < 2:
-        raise ConfigError(
-            f"calibration needs >= 10 validation pairs of both classes, got {len(logits)}"
-        )
-    x = np.column_stack(
-        [np.asarray(logits, float), np.asarray(coverages, float), np.ones(len(logits))]
-    )
-    y = np.asarray(labels, dtype=np.float64)
-    w = np.array([1.0, 0.0, 0.0])
-    ridge = np.diag([l2, l2, 0.0]) * len(y)
-    for _ in range(50):
-        p = sigmoid(x @ w)
-        grad = x.T @ (p - y) + ridge @ w
-        hess = (x * (p * (1 - p))[:, None]).T @ x + ridge + 1e-9 * np.eye(3)
-        step = np.linalg.solve(hess, grad)
-        w = w - step
-        if float(np.max(np.abs(step))) < 1e-8:
-            break
-    return Platt(logit_scale=float(w[0]), coverage_weight=float(w[1]), bias=float(w[2]))
-
-
 @dataclass(frozen=True, slots=True)
 class Band:
     """The uncertain band: ``[unsupported_below, supported_from)`` is ``uncertain``."""
@@ -121,36 +96,3 @@ class Band:
         if p < self.unsupported_below:
             return ClaimLabel.UNSUPPORTED
         return ClaimLabel.UNCERTAIN
-
-
-def fit_band(
-    probs: Sequence[float],
-    labels: Sequence[int],
-    target_precision: float = 0.9,
-    max_width: float = 0.5,
-) -> Band:
-    """The uncertain band from validation probabilities (see the module docstring)."""
-    if not 0.5 <= target_precision < 1.0:
-        raise ConfigError(f"target_precision must be in [0.5, 1), got {target_precision}")
-    p = np.asarray(probs, dtype=np.float64)
-    y = np.asarray(labels, dtype=np.int64)
-    grid = np.round(np.linspace(0.02, 0.98, 97), 4)
-    supported_from = 0.98
-    for t in grid:
-        sel = p >= t
-        if sel.sum() >= 5 and y[sel].mean() >= target_precision:
-            supported_from = float(t)
-            break
-    unsupported_below = 0.02
-    for t in grid[::-1]:
-        sel = p < t
-        if sel.sum() >= 5 and (1 - y[sel]).mean() >= target_precision:
-            unsupported_below = float(t)
-            break
-    if unsupported_below >= supported_from:
-        mid = round((unsupported_below + supported_from) / 2, 4)
-        return Band(mid, mid)
-    if supported_from - unsupported_below > max_width:
-        centre = (supported_from + unsupported_below) / 2
-        return Band(round(centre - max_width / 2, 4), round(centre + max_width / 2, 4))
-    return Band(unsupported_below, supported_from)

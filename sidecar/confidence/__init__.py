@@ -1,6 +1,5 @@
 """Calibrated answer confidence and the retrieval-coverage hallucination bound.
 
-- :mod:`~sidecar.confidence.metrics` -- ECE, Brier, NLL, reliability bins (CalibRAG A.3.1);
 - :mod:`~sidecar.confidence.logistic` -- logistic regression by Newton/IRLS in numpy;
 - :mod:`~sidecar.confidence.calibration` -- Platt and isotonic calibrators, chosen by
   cross-validated NLL;
@@ -10,8 +9,9 @@
   Wilson intervals, and the rolling per-key ``CoverageTracker``.
 
 The model's fit (fit, then calibrate on a disjoint part) is the lab's
-(:mod:`sidecar.lab.confidence`). Serving needs numpy and pydantic only: no scikit-learn,
-scipy or torch.
+(:mod:`sidecar.lab.confidence`). ECE, Brier, NLL and reliability bins (CalibRAG A.3.1)
+are :mod:`sidecar.stats.metrics`'s, re-exported here. Serving needs numpy and pydantic
+only: no scikit-learn, scipy or torch.
 """
 
 from sidecar.confidence.bound import BoundReport, CoverageCounts, CoverageTracker, coverage_bound
@@ -25,7 +25,6 @@ from sidecar.confidence.calibration import (
     fit_platt,
 )
 from sidecar.confidence.errors import ConfidenceDataError
-from sidecar.confidence.metrics import ReliabilityBin, brier, ece, nll, reliability_bins
 from sidecar.confidence.model import (
     ANSWER_SPEC,
     FEATURES,
@@ -34,6 +33,7 @@ from sidecar.confidence.model import (
     feature_matrix,
     feature_vector,
 )
+from sidecar.stats.metrics import ReliabilityBin, brier, ece, nll, reliability_bins
 
 __all__ = [
     "ANSWER_SPEC",

@@ -30,8 +30,8 @@ import numpy.typing as npt
 
 from sidecar.confidence.errors import ConfidenceDataError
 from sidecar.confidence.logistic import FloatArray, fit_logistic, sigmoid
-from sidecar.confidence.metrics import as_labels, as_scores, nll
 from sidecar.exceptions import ArtifactError, ConfigError
+from sidecar.stats.metrics import as_labels, as_scores, nll
 
 __all__ = [
     "ISOTONIC_CLIP",

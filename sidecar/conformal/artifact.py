@@ -227,26 +227,17 @@ class Provenance(_Model):
     command: str | None = None
 
 
-class CalibrationArtifact(_Model):
+class CalibrationArtifact(CalibrationEntry):
     """The versioned calibration file (``schema_version`` 1).
 
-    The flat fields ``alpha .. n_chunks`` are the global calibration (pooled over
-    every key); ``mondrian`` holds one entry per (tenant, collection, retriever).
+    Its :class:`CalibrationEntry` fields ``alpha .. n_chunks`` are the global calibration
+    (pooled over every key); ``mondrian`` holds one entry per (tenant, collection, retriever).
     """
 
     schema_version: Literal[1]
     kind: Literal["retrieval-conformal"]
     calibration_id: NonEmpty
     created_at: AwareDatetime
-    alpha: Alpha
-    n: int = Field(ge=0)
-    k: int = Field(ge=1)
-    q_hat: Unit | None
-    threshold: Unit | None
-    n1: FiniteFloat
-    n2: FiniteFloat
-    n_questions: int = Field(ge=0)
-    n_chunks: int = Field(ge=0)
     beta: Unit = Field(description="eq. (1) percentile of ROUGE-L; 0 = by document id only")
     s_thres: Unit | None = Field(description="eq. (1) ROUGE-L threshold; null when beta = 0")
     top_k: int = Field(ge=1, description="retrieval depth K")
@@ -280,17 +271,7 @@ class CalibrationArtifact(_Model):
 
     def global_calibration(self) -> ConformalCalibration:
         """The pooled calibration in its runtime form."""
-        return _calibration(
-            alpha=self.alpha,
-            n1=self.n1,
-            n2=self.n2,
-            n=self.n,
-            k=self.k,
-            q_hat=self.q_hat,
-            threshold=self.threshold,
-            n_questions=self.n_questions,
-            n_chunks=self.n_chunks,
-        )
+        return self.to_calibration()
 
     def sweep_calibrations(self) -> list[ConformalCalibration]:
         """The calibration at every alpha of ``alpha_sweep`` (same n1, n2), to re-evaluate it."""

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.claims.calibration import Band, coverage, fit_band, fit_platt
-from sidecar.claims.metrics import auroc, binary_report
+from sidecar.claims.calibration import Band, coverage
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import ConfigError, InputError
+from sidecar.lab.verifier.calibration import fit_band, fit_platt
 from sidecar.lab.verifier.datasets import (
     QARecord,
     build_eval_sets,
@@ -21,6 +21,8 @@ from sidecar.lab.verifier.datasets import (
     read_nq_open,
     split_of,
 )
+from sidecar.lab.verifier.metrics import binary_report
+from sidecar.stats.metrics import auroc
 from tests.claims.conftest import DATA
 
 SLICE = DATA / "halueval_qa_test_slice.jsonl"

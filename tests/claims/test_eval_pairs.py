@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.claims.calibration import Band
-from sidecar.claims.metrics import balanced_accuracy
 from sidecar.cli.main import main
 from sidecar.exceptions import InputError
 from sidecar.lab.verifier.evaluate import PairItem, pair_report, read_pair_items, score_pair_items
+from sidecar.lab.verifier.metrics import balanced_accuracy
 from tests.claims.conftest import REPO
 
 MODEL = REPO / "models" / "verifier"

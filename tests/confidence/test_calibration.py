@@ -23,8 +23,8 @@ from sidecar.confidence.calibration import (
     stratified_folds,
 )
 from sidecar.confidence.errors import ConfidenceDataError
-from sidecar.confidence.metrics import ece
 from sidecar.exceptions import ArtifactError, ConfigError
+from sidecar.stats.metrics import ece
 
 N = 20_000
 Sample = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]

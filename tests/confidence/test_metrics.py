@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.confidence.errors import ConfidenceDataError
-from sidecar.confidence.metrics import brier, ece, nll, reliability_bins
 from sidecar.exceptions import ConfigError
+from sidecar.stats.metrics import brier, ece, nll, reliability_bins
 
 # Six forecasts over five bins of width 0.2; bins [0.2, 0.4) and [0.4, 0.6) stay empty
 # and p = 1.0 lands in the last bin [0.8, 1.0].

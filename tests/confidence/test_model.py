@@ -12,7 +12,6 @@ from pydantic import ValidationError
 
 from sidecar.confidence.calibration import PlattCalibrator, fit_calibrator
 from sidecar.confidence.errors import ConfidenceDataError
-from sidecar.confidence.metrics import ece
 from sidecar.confidence.model import (
     ANSWER_SPEC,
     FEATURES,
@@ -26,7 +25,7 @@ from sidecar.confidence.model import (
 )
 from sidecar.exceptions import ArtifactError, ConfigError
 from sidecar.lab.confidence.training import fit_confidence_model, stratified_split
-from sidecar.lookback.metrics import auroc
+from sidecar.stats.metrics import auroc, ece
 
 
 def make_rows(n: int, seed: int) -> tuple[list[FeatureValues], np.ndarray]:

@@ -12,7 +12,7 @@ from sklearn.metrics import roc_auc_score
 
 from sidecar.exceptions import ConfigError
 from sidecar.lab.answers import is_correct, normalize_answer
-from sidecar.lookback.metrics import auroc
+from sidecar.stats.metrics import auroc
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from sidecar.conformal.calibrator import RetrievalCalibrator, evaluate
 from sidecar.conformal.certify import certify
 from sidecar.conformal.registry import CalibrationRegistry
 from sidecar.conformal.storage import load_artifact
+from sidecar.lab.conformal.labels import label_run
 from sidecar.lab.retrieval.corpus import load_questions
 from sidecar.lab.retrieval.embedder import MINILM_MODEL_ID, MiniLMEmbedder
 from sidecar.lab.retrieval.split import select_split
@@ -138,7 +139,7 @@ def test_library_path_matches_the_artifact(
         test_run = retrieve(test_q, index, embedder, 10)
     finally:
         index.close()
-    truth = cal_run.labels(0.0)
+    truth = label_run(cal_run, 0.0)
     cal = RetrievalCalibrator(0.1).fit(cal_run.scores).calibrate(cal_run.scores, truth.labels)
     ours, shipped = cal.calibration_, art.global_calibration()
     assert (ours.n, ours.k, ours.n_questions, ours.n_chunks) == (

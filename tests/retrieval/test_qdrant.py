@@ -9,6 +9,7 @@ import numpy.typing as npt
 import pytest
 
 from sidecar.exceptions import ConfigError, InputError
+from sidecar.lab.conformal.labels import label_run
 from sidecar.lab.retrieval.corpus import Chunk, load_questions
 from sidecar.lab.retrieval.qdrant import QdrantIndex
 from sidecar.lab.retrieval.workflow import load_corpus, open_index, retrieve
@@ -86,7 +87,7 @@ def test_on_disk_index_is_reused(
     assert [len(row) for row in run.hits] == [3, 3, 3]
     assert run.recall() == 1.0  # word overlap finds each question's own passage
     assert all(row == sorted(row, reverse=True) for row in run.scores)
-    labels = run.labels(0.0).labels
+    labels = label_run(run, 0.0).labels
     assert [any(row) for row in labels] == [True, True, True]
 
     other = load_corpus([path], chunk_words=50)  # different chunks: another collection

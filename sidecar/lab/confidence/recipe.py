@@ -42,7 +42,7 @@ from sidecar.contracts.events import (
 )
 from sidecar.exceptions import ConfigError
 from sidecar.lab.confidence.training import fit_confidence_model, stratified_split
-from sidecar.lookback.metrics import auroc
+from sidecar.stats.metrics import auroc
 
 __all__ = [
     "ANSWER_FILE",

@@ -29,7 +29,6 @@ import numpy.typing as npt
 from sidecar.confidence.calibration import choose_calibrator, cross_validated_probabilities
 from sidecar.confidence.errors import ConfidenceDataError
 from sidecar.confidence.logistic import FloatArray, fit_logistic, sigmoid
-from sidecar.confidence.metrics import as_labels, brier, ece, nll
 from sidecar.confidence.model import (
     ANSWER_SPEC,
     ConfidenceModel,
@@ -38,7 +37,7 @@ from sidecar.confidence.model import (
     FeatureValues,
 )
 from sidecar.exceptions import ConfigError
-from sidecar.lookback.metrics import auroc
+from sidecar.stats.metrics import as_labels, auroc, brier, ece, nll
 
 __all__ = [
     "fit_confidence_model",

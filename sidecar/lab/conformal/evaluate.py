@@ -131,6 +131,7 @@ def evaluate_retrieval(data: RetrievalData, spec: EvalSpec) -> dict[str, Any]:
     """Certify held-out retrievals with ``spec.calibration`` and return the metrics."""
     from sidecar.conformal.registry import CalibrationRegistry  # noqa: PLC0415
     from sidecar.conformal.storage import load_artifact  # noqa: PLC0415
+    from sidecar.lab.conformal.labels import label_run  # noqa: PLC0415
     from sidecar.lab.retrieval.workflow import open_index, retrieve  # noqa: PLC0415
 
     artifact = load_artifact(spec.calibration)
@@ -174,7 +175,7 @@ def evaluate_retrieval(data: RetrievalData, spec: EvalSpec) -> dict[str, Any]:
         run = retrieve(questions, index, embedder, artifact.top_k, progress=data.progress)
     finally:
         index.close()
-    truth = run.labels(artifact.beta, s_thres=artifact.s_thres)
+    truth = label_run(run, artifact.beta, s_thres=artifact.s_thres)
 
     registry = CalibrationRegistry(artifact, unknown_collection=spec.unknown_collection)
     resolved = registry.resolve(

@@ -22,13 +22,17 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sidecar.exceptions import ConfigError, InputError
 from sidecar.lab.conformal.rouge import rouge_l_max
 
-__all__ = ["GroundTruth", "check_beta", "label_chunks"]
+if TYPE_CHECKING:
+    from sidecar.lab.retrieval.workflow import RetrievalRun
+
+__all__ = ["GroundTruth", "check_beta", "label_chunks", "label_run"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,3 +123,15 @@ def label_chunks(
     )
     n_correct = sum(sum(row) for row in labels)
     return GroundTruth(labels=labels, beta=b, s_thres=thr, n_affiliated=n_aff, n_correct=n_correct)
+
+
+def label_run(run: RetrievalRun, beta: float, s_thres: float | None = None) -> GroundTruth:
+    """Eq. (1) ground truth of every hit of ``run`` (``s_thres`` from calibration: a test set)."""
+    return label_chunks(
+        run.doc_ids,
+        [q.gold_doc_ids for q in run.questions],
+        beta=beta,
+        texts=run.texts,
+        references=[q.answers for q in run.questions],
+        s_thres=s_thres,
+    )

@@ -153,7 +153,7 @@ def calibrate(data: RetrievalData, spec: CalibrateSpec) -> dict[str, Any]:
     from sidecar.conformal.mondrian import CalibrationKey, MondrianCalibrator  # noqa: PLC0415
     from sidecar.conformal.quantile import as_alpha  # noqa: PLC0415
     from sidecar.conformal.storage import save_artifact  # noqa: PLC0415
-    from sidecar.lab.conformal.labels import check_beta  # noqa: PLC0415
+    from sidecar.lab.conformal.labels import check_beta, label_run  # noqa: PLC0415
     from sidecar.lab.retrieval.workflow import (  # noqa: PLC0415
         calibration_data_hash,
         open_index,
@@ -178,7 +178,7 @@ def calibrate(data: RetrievalData, spec: CalibrateSpec) -> dict[str, Any]:
         run = retrieve(questions, index, embedder, spec.top_k, progress=data.progress)
     finally:
         index.close()
-    truth = run.labels(beta)
+    truth = label_run(run, beta)
     scores = run.scores
     keys = [key] * len(scores)
     mondrian = (

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sidecar.exceptions import ArtifactError, ConfigError
 from sidecar.lab.retrieval.corpus import QARecord
-from sidecar.lab.retrieval.split import split_indices
+from sidecar.lab.retrieval.split import Split, select_split
 
 __all__ = [
     "DATASET_FORMAT",
@@ -63,6 +63,9 @@ Part = Literal["fit", "eval", "all"]
 T = TypeVar("T", bound=QARecord)
 
 
+_SPLIT_OF: Final[dict[str, Split]] = {"eval": "cal", "fit": "test", "all": "all"}
+
+
 def select_part(
     records: Sequence[T],
     part: Part,
@@ -71,17 +74,14 @@ def select_part(
     eval_fraction: float = EVAL_FRACTION,
     limit: int | None = None,
 ) -> list[T]:
-    """The questions of ``part`` in file order (``all``: every question), first ``limit`` only."""
-    if part == "all":
-        chosen = list(records)
-    else:
-        eval_idx, fit_idx = split_indices(records, seed=seed, cal_fraction=eval_fraction)
-        chosen = [records[i] for i in (fit_idx if part == "fit" else eval_idx)]
-    if limit is not None:
-        if limit < 1:
-            raise ConfigError(f"limit must be >= 1, got {limit}")
-        chosen = chosen[:limit]
-    return chosen
+    """The questions of ``part`` in file order (``all``: every question), first ``limit`` only.
+
+    The question split of :func:`sidecar.lab.retrieval.split.select_split`, its first part
+    (``eval_fraction`` of the file) held out as ``eval``, the rest ``fit``.
+    """
+    return select_split(
+        records, _SPLIT_OF[part], seed=seed, cal_fraction=eval_fraction, max_questions=limit
+    )
 
 
 class LookbackDatasetMeta(BaseModel):

@@ -31,8 +31,8 @@ from sidecar.contracts.events import (
 )
 from sidecar.exceptions import ConfigError
 from sidecar.lab.lookback.dataset import EVAL_FRACTION, LOOKBACK_SPLIT_SEED, load_dataset
-from sidecar.lookback.metrics import auroc
 from sidecar.lookback.serving import LookbackRequest, OnnxLookbackScorer
+from sidecar.stats.metrics import auroc
 
 __all__ = ["NO_CERTIFICATION", "check_disjoint", "evaluate_recorded", "report"]
 

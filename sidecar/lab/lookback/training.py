@@ -36,7 +36,7 @@ from sidecar.lookback.artifact import (
     save_metadata,
 )
 from sidecar.lookback.features import feature_matrix
-from sidecar.lookback.metrics import auroc
+from sidecar.stats.metrics import auroc
 
 try:
     import sklearn

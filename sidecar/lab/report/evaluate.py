@@ -26,12 +26,11 @@ import numpy as np
 
 from sidecar.confidence.bound import CoverageCounts, coverage_bound
 from sidecar.confidence.certify_allow import DEFAULT_GRID
-from sidecar.confidence.metrics import brier, ece, nll, reliability_bins
 from sidecar.lab.report.collect import process_events, row_events
 from sidecar.lab.report.probe import LeakageProbeResult, is_abstention
-from sidecar.lookback.metrics import auroc
 from sidecar.pipeline.processor import Processor
 from sidecar.stats.binomial import clopper_pearson
+from sidecar.stats.metrics import auroc, brier, ece, nll, reliability_bins
 
 __all__ = ["Replayed", "build_report", "replay_rows", "write_plots"]
 

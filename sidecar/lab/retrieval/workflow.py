@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sidecar.hashing import sha256_file
-from sidecar.lab.conformal.labels import GroundTruth, label_chunks
 from sidecar.lab.retrieval.corpus import (
     Chunk,
     QARecord,
@@ -153,17 +152,6 @@ class RetrievalRun:
             for q, row in zip(self.questions, self.hits, strict=True)
         )
         return found / len(self.questions)
-
-    def labels(self, beta: float, s_thres: float | None = None) -> GroundTruth:
-        """Eq. (1) ground truth of every hit (``s_thres`` from calibration for a test set)."""
-        return label_chunks(
-            self.doc_ids,
-            [q.gold_doc_ids for q in self.questions],
-            beta=beta,
-            texts=self.texts,
-            references=[q.answers for q in self.questions],
-            s_thres=s_thres,
-        )
 
 
 def retrieve(

@@ -50,10 +50,10 @@ from typing import Final, Literal
 
 from sidecar.claims.calibration import coverage
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
-from sidecar.claims.metrics import auroc
 from sidecar.claims.sentences import split_sentences
 from sidecar.exceptions import ConfigError, InputError
 from sidecar.hashing import sha256_tree
+from sidecar.lab.verifier.metrics import auroc_or_nan
 
 __all__ = [
     "EVAL_SETS",
@@ -256,7 +256,7 @@ def _qa_claim(answer: str) -> str:
 
 def length_auroc(pairs: Sequence[Pair]) -> float:
     """AUROC of claim length (characters) alone for telling unsupported (0) from supported."""
-    return auroc([float(len(p.claim)) for p in pairs], [1 - p.label for p in pairs])
+    return auroc_or_nan([float(len(p.claim)) for p in pairs], [1 - p.label for p in pairs])
 
 
 # --------------------------------------------------------------------------- builders
@@ -755,7 +755,7 @@ def length_matched(pairs: Sequence[Pair], seed: int, growth: float = 1.15) -> li
 
 def overlap_auroc(pairs: Sequence[Pair]) -> float:
     """AUROC of lexical coverage alone (claim terms found in the evidence) for supported."""
-    return auroc([coverage(p.claim, p.evidence) for p in pairs], [p.label for p in pairs])
+    return auroc_or_nan([coverage(p.claim, p.evidence) for p in pairs], [p.label for p in pairs])
 
 
 def by_split(pairs: Iterable[Pair]) -> dict[Split, list[Pair]]:

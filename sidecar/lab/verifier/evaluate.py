@@ -40,17 +40,17 @@ from typing import Final, Literal, Protocol
 from sidecar.claims.calibration import Band
 from sidecar.claims.checker import ClaimScorer
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
-from sidecar.claims.metrics import (
-    auroc,
-    balanced_accuracy,
-    binary_report,
-    expected_calibration_error,
-)
 from sidecar.claims.segment import Claim, segment_claims
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import InputError
 from sidecar.lab.verifier.datasets import Pair, split_of
 from sidecar.lab.verifier.jsonl import iter_json_objects
+from sidecar.lab.verifier.metrics import (
+    auroc_or_nan,
+    balanced_accuracy,
+    binary_report,
+    ece_or_nan,
+)
 
 __all__ = [
     "FORMATS",
@@ -114,7 +114,7 @@ def evaluate_pairs(
         "accuracy": _rounded(support.accuracy),
         "f1_hallucinated": _rounded(halluc.f1),
         "length_auroc": _rounded(
-            auroc([float(len(p.claim)) for p in pairs], [1 - y for y in labels])
+            auroc_or_nan([float(len(p.claim)) for p in pairs], [1 - y for y in labels])
         ),
         "uncertain_share": _rounded(1 - len(decided) / len(pairs)) if pairs else 0.0,
         "accuracy_decided": _rounded(correct / len(decided)) if decided else 0.0,
@@ -181,8 +181,8 @@ def evaluate_items(
         "precision": _rounded(report.precision),
         "recall": _rounded(report.recall),
         "f1": _rounded(report.f1),
-        "auroc": _rounded(auroc(scores, labels)),
-        "length_auroc": _rounded(auroc(lengths, labels)),
+        "auroc": _rounded(auroc_or_nan(scores, labels)),
+        "length_auroc": _rounded(auroc_or_nan(lengths, labels)),
     }
 
 
@@ -312,9 +312,9 @@ def pair_report(
         "recall": _rounded(report.recall),
         "f1": _rounded(report.f1),
         "auroc": _rounded(report.auroc),
-        "ece": _rounded(expected_calibration_error(probs, labels)),
+        "ece": _rounded(ece_or_nan(probs, labels)),
         "length_auroc": _rounded(
-            auroc([float(len(item.claim)) for item in items], [1 - y for y in labels])
+            auroc_or_nan([float(len(item.claim)) for item in items], [1 - y for y in labels])
         ),
         "uncertain_share": _rounded(1 - len(decided) / len(items)) if items else 0.0,
         "accuracy_decided": _rounded(sum(1 for d, y in decided if d == (y == 1)) / len(decided))

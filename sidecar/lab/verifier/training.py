@@ -58,8 +58,7 @@ import numpy as np
 from tqdm import tqdm
 
 from sidecar.claims.artifact import VerifierArtifact, VerifierData
-from sidecar.claims.calibration import Band, Platt, coverage, fit_band, fit_platt
-from sidecar.claims.metrics import auroc
+from sidecar.claims.calibration import Band, Platt, coverage
 from sidecar.claims.verifier import (
     OnnxVerifier,
     PairEncoder,
@@ -69,6 +68,7 @@ from sidecar.claims.verifier import (
 )
 from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError
 from sidecar.hashing import sha256_file
+from sidecar.lab.verifier.calibration import fit_band, fit_platt
 from sidecar.lab.verifier.datasets import (
     Corpus,
     CorpusConfig,
@@ -84,6 +84,7 @@ from sidecar.lab.verifier.datasets import (
     write_corpus,
 )
 from sidecar.lab.verifier.evaluate import evaluate_pairs
+from sidecar.lab.verifier.metrics import auroc_or_nan
 from sidecar.lab.verifier.outcomes import (
     OutcomeRecord,
     outcome_pairs,
@@ -637,7 +638,7 @@ class VerifierTrainer:
             for k in range(0, len(pairs), 32):
                 feed = _tensors(self.encoder, pairs[k : k + 32], question_in_input=qin)
                 scores.extend(model(**feed).tolist())
-        value = auroc(scores, [p.label for p in pairs])
+        value = auroc_or_nan(scores, [p.label for p in pairs])
         log.info("step %d: validation AUROC %.4f on %d pairs", step, value, len(pairs))
         self.validation.append({"step": float(step), "auroc": value})
 
@@ -816,8 +817,9 @@ def _evaluate(
         metrics[name]["auroc_logit_only"] = evaluate_pairs(logits_only.probabilities, pairs, band)[
             "auroc"
         ]
+        coverage_only = [coverage(p.claim, p.evidence) for p in pairs]
         metrics[name]["auroc_coverage_only"] = round(
-            auroc([coverage(p.claim, p.evidence) for p in pairs], [p.label for p in pairs]), 4
+            auroc_or_nan(coverage_only, [p.label for p in pairs]), 4
         )
         metrics[name]["seconds"] = round(time.perf_counter() - started, 1)
     return metrics
@@ -1222,8 +1224,8 @@ def _score_sets(
         probs = [float(x) for x in verifier.calibration.probability(z, covered)]
         row = evaluate_pairs(_Fixed(probs), pairs, verifier.band)
         labels = [p.label for p in pairs]
-        row["auroc_logit_only"] = round(auroc([float(x) for x in z], labels), 4)
-        row["auroc_coverage_only"] = round(auroc(covered, labels), 4)
+        row["auroc_logit_only"] = round(auroc_or_nan([float(x) for x in z], labels), 4)
+        row["auroc_coverage_only"] = round(auroc_or_nan(covered, labels), 4)
         row["seconds"] = round(time.perf_counter() - started, 1)
         out[name] = row
     return out

@@ -1,9 +1,9 @@
-"""Binary detection metrics without scikit-learn: AUROC, accuracy, F1, ECE.
+"""The verifier's report metrics: accuracy, F1, balanced accuracy; AUROC and ECE, NaN-tolerant.
 
-Used by verifier training (model card numbers), ``guardrail eval claims`` and
-the length-artefact check (the AUROC of answer length alone, which must be
-near 0.5 on a fair evaluation set; the data README measures 0.95 on raw
-HaluEval QA). Pure functions on sequences of floats and 0/1 labels.
+AUROC and ECE themselves are :mod:`sidecar.stats.metrics`'s. Used by verifier training
+(model card numbers), ``guardrail eval claims`` and the length-artefact check (the AUROC
+of answer length alone, which must be near 0.5 on a fair evaluation set; the data README
+measures 0.95 on raw HaluEval QA). Pure functions on sequences of floats and 0/1 labels.
 """
 
 from __future__ import annotations
@@ -12,58 +12,30 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sidecar.stats.metrics import auroc, ece
+
 __all__ = [
     "BinaryReport",
-    "auroc",
+    "auroc_or_nan",
     "balanced_accuracy",
     "binary_report",
-    "expected_calibration_error",
+    "ece_or_nan",
 ]
 
 
-def auroc(scores: Sequence[float], labels: Sequence[int]) -> float:
-    """Area under the ROC curve (Mann-Whitney U with mid-ranks for ties).
-
-    ``labels`` are 1 for the positive class; higher scores should mean
-    positive. NaN when one class is absent.
-    """
+def auroc_or_nan(scores: Sequence[float], labels: Sequence[int]) -> float:
+    """:func:`sidecar.stats.metrics.auroc`, NaN when one class is absent (a report row stays)."""
     if len(scores) != len(labels):
         raise ValueError(f"scores ({len(scores)}) and labels ({len(labels)}) differ in length")
-    pos = sum(1 for y in labels if y == 1)
-    neg = len(labels) - pos
-    if pos == 0 or neg == 0:
+    positives = sum(1 for y in labels if y == 1)
+    if positives in (0, len(labels)):
         return math.nan
-    order = sorted(range(len(scores)), key=lambda k: scores[k])
-    ranks = [0.0] * len(scores)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and scores[order[j + 1]] == scores[order[i]]:
-            j += 1
-        mid = (i + j) / 2.0 + 1.0
-        for k in range(i, j + 1):
-            ranks[order[k]] = mid
-        i = j + 1
-    rank_sum = sum(r for r, y in zip(ranks, labels, strict=True) if y == 1)
-    return (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg)
+    return auroc(scores, [y == 1 for y in labels])
 
 
-def expected_calibration_error(
-    probs: Sequence[float], labels: Sequence[int], bins: int = 10
-) -> float:
-    """ECE with equal-width bins: sum over bins of |accuracy - confidence| weighted by size."""
-    if not probs:
-        return math.nan
-    total = 0.0
-    for b in range(bins):
-        lo, hi = b / bins, (b + 1) / bins
-        idx = [k for k, p in enumerate(probs) if lo <= p < hi or (b == bins - 1 and p == 1.0)]
-        if not idx:
-            continue
-        conf = sum(probs[k] for k in idx) / len(idx)
-        acc = sum(labels[k] for k in idx) / len(idx)
-        total += len(idx) / len(probs) * abs(acc - conf)
-    return total
+def ece_or_nan(probs: Sequence[float], labels: Sequence[int], bins: int = 10) -> float:
+    """:func:`sidecar.stats.metrics.ece` over equal-width bins, NaN for no forecasts."""
+    return ece(probs, labels, bins) if len(probs) else math.nan
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +82,7 @@ def binary_report(
         precision=precision,
         recall=recall,
         f1=f1,
-        auroc=auroc(scores, labels),
+        auroc=auroc_or_nan(scores, labels),
         threshold=threshold,
     )
 

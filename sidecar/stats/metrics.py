@@ -1,4 +1,7 @@
-"""Calibration metrics of a probabilistic forecaster (CalibRAG, appendix A.3.1), in numpy.
+"""The one metrics module: AUROC, ECE, Brier, NLL and reliability bins, in numpy.
+
+The serving side and the lab both use it (scikit-learn only checks it in tests).
+Calibration metrics of a probabilistic forecaster (CalibRAG, appendix A.3.1):
 
 For ``n`` forecasts ``p_i`` in [0, 1] of binary outcomes ``y_i`` in {0, 1}:
 
@@ -13,7 +16,10 @@ For ``n`` forecasts ``p_i`` in [0, 1] of binary outcomes ``y_i`` in {0, 1}:
 - Negative log-likelihood: ``NLL = -1/n sum_i [y_i log p_i + (1 - y_i) log(1 - p_i)]``
   with ``p`` clipped to ``[eps, 1 - eps]`` so a confident miss costs ``-log eps``, not infinity.
 
-AUROC lives in :func:`sidecar.lookback.metrics.auroc`. Pure numpy, no I/O.
+- AUROC = P(score of a positive > score of a negative), ties counted 1/2: the
+  Mann-Whitney U over average ranks, ``(sum of positive ranks - n+(n+ + 1)/2) / (n+ n-)``.
+
+Pure numpy, no I/O.
 """
 
 from __future__ import annotations
@@ -23,20 +29,23 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from sidecar.confidence.errors import ConfidenceDataError
-from sidecar.confidence.logistic import FloatArray
-from sidecar.exceptions import ConfigError
+from sidecar.exceptions import ConfigError, DataError
 
 __all__ = [
+    "FloatArray",
     "ReliabilityBin",
     "as_labels",
     "as_probabilities",
     "as_scores",
+    "auroc",
     "brier",
     "ece",
     "nll",
     "reliability_bins",
 ]
+
+
+FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +66,10 @@ def as_scores(scores: npt.ArrayLike, *, name: str = "scores") -> FloatArray:
     """``scores`` as a non-empty 1-D float64 array of finite values."""
     s = np.asarray(scores, dtype=np.float64).ravel()
     if s.size == 0:
-        raise ConfidenceDataError(f"{name} must not be empty")
+        raise DataError(f"{name} must not be empty")
     bad = np.flatnonzero(~np.isfinite(s))
     if bad.size:
-        raise ConfidenceDataError(
+        raise DataError(
             f"{name} must be finite, got {s[bad[0]]!r} at index {int(bad[0])}"
         )
     return s
@@ -71,7 +80,7 @@ def as_probabilities(probs: npt.ArrayLike) -> FloatArray:
     p = as_scores(probs, name="probabilities")
     bad = np.flatnonzero((p < 0.0) | (p > 1.0))
     if bad.size:
-        raise ConfidenceDataError(
+        raise DataError(
             f"probabilities must be in [0, 1], got {p[bad[0]]!r} at index {int(bad[0])}"
         )
     return p
@@ -81,14 +90,14 @@ def as_labels(labels: npt.ArrayLike, n: int) -> FloatArray:
     """``labels`` as a 1-D float64 array of ``n`` values, each 0 or 1 (bools allowed)."""
     raw = np.asarray(labels).ravel()
     if raw.size != n:
-        raise ConfidenceDataError(f"got {n} forecasts but {raw.size} labels: lengths must match")
+        raise DataError(f"got {n} forecasts but {raw.size} labels: lengths must match")
     try:
         y = raw.astype(np.float64)
     except (TypeError, ValueError) as exc:
-        raise ConfidenceDataError(f"labels must be 0 or 1, got dtype {raw.dtype}") from exc
+        raise DataError(f"labels must be 0 or 1, got dtype {raw.dtype}") from exc
     bad = np.flatnonzero((y != 0.0) & (y != 1.0))
     if bad.size:
-        raise ConfidenceDataError(
+        raise DataError(
             f"labels must be 0 or 1, got {raw[bad[0]]!r} at index {int(bad[0])}"
         )
     return y
@@ -155,3 +164,29 @@ def nll(probs: npt.ArrayLike, labels: npt.ArrayLike, eps: float = 1e-12) -> floa
     p = np.clip(as_probabilities(probs), eps, 1.0 - eps)
     y = as_labels(labels, p.size)
     return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
+
+
+def auroc(scores: npt.ArrayLike, labels: npt.ArrayLike) -> float:
+    """Area under the ROC curve: P(score of a positive > score of a negative), ties count 1/2.
+
+    Mann-Whitney U over average ranks. Raises ``ConfigError`` unless both classes occur.
+    """
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    y = np.asarray(labels).ravel().astype(bool)
+    if s.shape != y.shape:
+        raise ConfigError(f"{s.shape[0]} scores for {y.shape[0]} labels")
+    n_pos = int(y.sum())
+    n_neg = int(y.size - n_pos)
+    if n_pos == 0 or n_neg == 0:
+        raise ConfigError(f"AUROC needs both classes, got {n_pos} positives and {n_neg} negatives")
+    order = np.argsort(s, kind="mergesort")
+    sorted_s = s[order]
+    ranks = np.empty(s.size, dtype=np.float64)
+    # Average ranks (1-based) over runs of tied scores.
+    boundaries = np.flatnonzero(np.diff(sorted_s)) + 1
+    starts = np.concatenate(([0], boundaries))
+    ends = np.concatenate((boundaries, [s.size]))
+    for start, end in zip(starts, ends, strict=True):
+        ranks[order[start:end]] = (start + 1 + end) / 2.0
+    u = ranks[y].sum() - n_pos * (n_pos + 1) / 2.0
+    return float(u / (n_pos * n_neg))
