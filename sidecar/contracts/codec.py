@@ -68,8 +68,8 @@ _ADAPTERS: Final[dict[InputKind, TypeAdapter[InputEvent | FeedbackEvent]]] = {
 MODEL_DEPTH: Final = 3
 _VERSION_KEY: Final = b'"schema_version"'
 _VERSION_ONE: Final = re.compile(rb'"schema_version"\s*:\s*1\s*[,}]')
-# 19 digits and more: orjson turns integers beyond 64 bits into floats, JSON mode does not
-_LONG_NUMBER: Final = re.compile(rb"\d{19}")
+# orjson reads integers above this as floats; JSON mode keeps them exact
+_ORJSON_MAX_INT: Final = 2**64 - 1
 
 
 def _fast_path_safe(raw: bytes, max_depth: int) -> bool:
@@ -78,15 +78,20 @@ def _fast_path_safe(raw: bytes, max_depth: int) -> bool:
     The model's ``schema_version`` is ``Literal[1]``, which JSON mode accepts as
     ``1.0`` or ``true`` too, and defaults when missing: the key must appear once,
     literally, with the integer 1 (no ``\\u`` escape can spell a second copy of
-    it). orjson reads integers beyond 64 bits as floats; pydantic keeps them exact.
+    it).
     """
     return (
         max_depth >= MODEL_DEPTH
         and b"\\u" not in raw
         and raw.count(_VERSION_KEY) == 1
         and _VERSION_ONE.search(raw) is not None
-        and _LONG_NUMBER.search(raw) is None
     )
+
+
+def _same_as_checked(event: InputEvent | FeedbackEvent) -> bool:
+    """The one field where a valid fast-path value can differ: ``deltas`` has no upper
+    bound, and orjson reads an integer beyond 64 bits as a (rounded) float."""
+    return not (isinstance(event, GenerationFinal) and (event.deltas or 0) > _ORJSON_MAX_INT)
 
 
 def _depth_exceeds(obj: Any, limit: int) -> bool:
@@ -124,9 +129,12 @@ def decode_input(
         )
     if _fast_path_safe(raw, max_depth):
         try:
-            return _ADAPTERS[kind].validate_json(raw, strict=True)
+            event = _ADAPTERS[kind].validate_json(raw, strict=True)
         except ValidationError:
             pass  # the checked path names what is wrong
+        else:
+            if _same_as_checked(event):
+                return event
     return decode_checked(kind, raw, max_depth=max_depth)
 
 

@@ -132,6 +132,18 @@ TRAPS = [
         "deltas 2**64 + 1 (orjson: a float)",
         _spliced(orjson.dumps(_final()), b'"deltas":2', b'"deltas":18446744073709551617'),
     ),
+    (
+        "score a 400-digit integer",
+        _spliced(orjson.dumps(_retrieval()), b'"score":0.8', b'"score":' + b"9" * 400),
+    ),
+    (
+        "logprob minus a 400-digit integer",
+        _spliced(
+            orjson.dumps(_final()),
+            b'"mean_token_logprob":-0.5',
+            b'"mean_token_logprob":-' + b"9" * 400,
+        ),
+    ),
     ("seq 1e400", _spliced(DELTA, b'"seq":0', b'"seq":1e400')),
     ("seq 0.0", _spliced(DELTA, b'"seq":0', b'"seq":0.0')),
     ("seq true", _spliced(DELTA, b'"seq":0', b'"seq":true')),
@@ -152,7 +164,8 @@ TRAPS = [
 
 @pytest.mark.parametrize(("name", "raw"), TRAPS, ids=[name for name, _ in TRAPS])
 def test_traps_get_the_checked_paths_answer(name: str, raw: bytes) -> None:
-    assert fast(InputKind.GENERATION, raw) == checked(InputKind.GENERATION, raw), name
+    for kind in InputKind:
+        assert fast(kind, raw) == checked(kind, raw), (name, kind)
 
 
 def test_a_depth_limit_below_the_models_nesting_is_still_enforced() -> None:
