@@ -10,6 +10,7 @@ duplicate keys, integers beyond 64 bits, escapes) and random mutations.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -18,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.contracts import codec
-from sidecar.contracts.codec import InputKind, decode_checked, decode_input
-from sidecar.contracts.events import AttentionSummary
+from sidecar.contracts.codec import InputKind, decode_checked, decode_input, encode
+from sidecar.contracts.events import AnswerVerdict, AttentionSummary, Decision, Reason
 from sidecar.exceptions import InputError
 
 MAX_DEPTH = 32
@@ -216,3 +217,29 @@ def test_mutated_events_decode_the_same_on_both_paths(
     # the stdlib writes integers beyond 64 bits as numbers (orjson refuses them)
     raw = json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
     assert fast(kind, raw) == checked(kind, raw)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    confidence=st.none() | st.floats(min_value=0.0, max_value=1.0),
+    feature=st.none() | st.floats(allow_nan=False, allow_infinity=False),
+    text=st.text(max_size=30),
+    when=st.datetimes(timezones=st.just(UTC)),
+)
+def test_encode_writes_the_bytes_the_dict_route_wrote(
+    confidence: float | None, feature: float | None, text: str, when: datetime
+) -> None:
+    """One pass through pydantic's serializer: byte for byte what orjson wrote from the dict."""
+    verdict = AnswerVerdict(
+        request_id="r-1",
+        idempotency_key="k",
+        decision=Decision.CAVEAT,
+        reasons=[Reason(code="x.y", message=text)],
+        policy="p/1",
+        confidence=confidence,
+        confidence_features={"f": feature, "g": None},
+        caveat_text=text,
+        produced_at=when,
+        sidecar_version="0",
+    )
+    assert encode(verdict) == orjson.dumps(verdict.model_dump(mode="json"))
