@@ -231,7 +231,10 @@ def freeze_startup_objects() -> int:
     return gc.get_freeze_count()
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, processor: Processor | None = None) -> None:
+    """Run until SIGTERM / SIGINT. ``processor``: replaces the one built from the
+    settings' signals and policy (the bench's constant-verdict floor); ``None``
+    in production."""
     logging.getLogger().setLevel(settings.log_level)
     if settings.log_level == "DEBUG":
         for name in ("aiokafka", "faststream"):
@@ -239,8 +242,9 @@ async def serve(settings: Settings) -> None:
     counts = await verify_topics(settings)  # before anything slow: a wrong layout fails fast
     log.info("input topics: %s", format_counts(counts))
     shutdown_telemetry = configure_from_env(settings.metrics.prometheus_port)
-    signals = build_signals(settings)
-    service = SidecarService(settings, Processor(settings, build_policy(settings), signals=signals))
+    if processor is None:
+        processor = Processor(settings, build_policy(settings), signals=build_signals(settings))
+    service = SidecarService(settings, processor)
     health: HealthServer | None = None
     if settings.http.enabled:
         health = HealthServer(

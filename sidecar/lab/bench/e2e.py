@@ -19,7 +19,7 @@ import signal
 import statistics
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -116,11 +116,18 @@ def _proc_cpu_s(pid: int) -> float:
 
 class Bench:
     def __init__(
-        self, broker: LocalKafka, workdir: Path, extra_env: dict[str, str] | None = None
+        self,
+        broker: LocalKafka,
+        workdir: Path,
+        extra_env: dict[str, str] | None = None,
+        argv: Sequence[str] = ("-m", "sidecar", "run"),
     ) -> None:
+        """``argv``: the process under test (default the sidecar; the floors run
+        ``-m sidecar.lab.bench.floors noop|raw``)."""
         self.broker = broker
         self.workdir = workdir
         self.extra_env = extra_env or {}
+        self.argv = tuple(argv)
 
     def _setup(self, partitions: int) -> tuple[Settings, dict[str, str]]:
         suffix = uuid.uuid4().hex[:8]
@@ -176,7 +183,10 @@ class Bench:
             await producer.flush()
         finally:
             await producer.stop()
-        sidecars = [SidecarProcess(env, self.workdir / f"{name}-{j}.log") for j in range(instances)]
+        sidecars = [
+            SidecarProcess(env, self.workdir / f"{name}-{j}.log", self.argv)
+            for j in range(instances)
+        ]
         for s in sidecars:
             await asyncio.to_thread(s.start)
         cpu0 = {s.pid: _proc_cpu_s(s.pid) for s in sidecars if s.pid}
@@ -227,7 +237,7 @@ class Bench:
         """Produce at a fixed rate while the sidecar runs; latency per verdict (and claim)."""
         settings, env = self._setup(partitions)
         await create_topics(settings)
-        sidecar = SidecarProcess(env, self.workdir / f"{name}.log")
+        sidecar = SidecarProcess(env, self.workdir / f"{name}.log", self.argv)
         await asyncio.to_thread(sidecar.start)
         t = settings.topics
         n = int(rate * duration_s)

@@ -27,7 +27,7 @@ from sidecar.lab.bench.stages import request_items
 from sidecar.pipeline.ports import Policy, SignalSuite
 from sidecar.pipeline.processor import Processor
 
-__all__ = ["package_of", "profile_requests"]
+__all__ = ["package_of", "profile_paths", "profile_requests"]
 
 _SITE = ("site-packages", "dist-packages")
 
@@ -130,3 +130,22 @@ def _short(path: str) -> str:
             k = parts.index(marker)
             return "/".join(parts[k + (1 if marker in _SITE else 0) :])
     return path
+
+
+def profile_paths(n_fast: int = 1000, n_claims: int = 100) -> dict[str, Any]:
+    """Both served paths with the shipped artifacts: the fast path, the claim path."""
+    from sidecar import runtime  # noqa: PLC0415 - loads the models
+
+    settings = Settings.load()
+    policy, signals = runtime.build_policy(settings), runtime.build_signals(settings)
+    claim_settings = Settings.load(signals={"claims": True})
+    return {
+        "fast_path": profile_requests(settings, policy, signals, n=n_fast),
+        "claim_path": profile_requests(
+            claim_settings,
+            policy,  # the policy file does not depend on which signals run
+            runtime.build_signals(claim_settings),
+            n=n_claims,
+            shape=LoadShape(k=5, deltas=5, claims=5, attention=None),
+        ),
+    }

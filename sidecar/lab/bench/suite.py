@@ -1,7 +1,10 @@
 """``guardrail bench``: the whole benchmark, one JSON object.
 
 Runs on the machine it is given; on 2 cores the load generator, the broker and
-the sidecar share the CPU, which the JSON records (``cpu_count``).
+the sidecar share the CPU, which the JSON records (``cpu_count``, ``cpu_model``,
+the CPU flags). The sidecar is also reported as ratios to floors measured in
+the same run (``ratios.py``, ``floors.py``), and ``failure`` names the runs that
+decided any request ``incomplete`` (the CLI then exits non-zero).
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from typing import Any
 
 from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
-from sidecar.lab.bench.e2e import Bench, LoadShape
-from sidecar.lab.bench.profile import profile_requests
+from sidecar.lab.bench.e2e import Bench, LoadShape, RunResult
+from sidecar.lab.bench.profile import profile_paths
+from sidecar.lab.bench.ratios import floors_report, half_capacity, incomplete_failure, machine
 from sidecar.lab.bench.stages import run_claim_stages, run_stages
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
@@ -33,7 +37,7 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     from sidecar import runtime  # noqa: PLC0415
 
     scale = 0.25 if quick else 1.0
-    runs: dict[str, Any] = {}
+    runs: dict[str, RunResult] = {}
     fast = Bench(broker, workdir, {"GUARDRAIL_SIGNALS__CLAIMS": "false"})
     baseline = Bench(broker, workdir, {**fast.extra_env, "GUARDRAIL_KAFKA__BATCH": "false"})
 
@@ -43,6 +47,7 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     runs["baseline_drain"] = await baseline.drain("base", int(4000 * scale), LoadShape())
     _log("fast path open loop at 500 answers/s")
     runs["fast_500"] = await fast.open_loop("o500", 500, 20 * scale, LoadShape())
+    runs.update(await _floors(broker, workdir, fast, int(20000 * scale), int(10000 * scale)))
     full = Bench(broker, workdir, {"GUARDRAIL_SIGNALS__CLAIMS": "true"})
     claims_shape = LoadShape(k=5, deltas=5, claims=5, attention=None)
     _log("full path drain (5 claims per answer, K=5)")
@@ -81,18 +86,13 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     if claim_signals.claims is not None:
         stages["claims"] = run_claim_stages(claim_signals.claims, shape=claims_shape)
     _log("profiles: whole requests through the processor (fast path, claim path)")
-    profiles = {
-        "fast_path": profile_requests(settings, policy, signals, n=1000),
-        "claim_path": profile_requests(
-            claim_settings,
-            policy,  # the policy file does not depend on which signals run
-            claim_signals,
-            n=100,
-            shape=claims_shape,
-        ),
-    }
+    profiles = profile_paths()
     res = {k: asdict(v) for k, v in runs.items()}
     return {
+        **floors_report(runs),
+        **machine(),
+        "incomplete": {name: run.incomplete for name, run in runs.items()},
+        "failure": incomplete_failure(runs),
         "throughput_answers_per_s": runs["fast_drain"].throughput_answers_per_s,
         "p99_ms_at_500": runs["fast_500"].latency_ms.get("p99"),
         "full_path_answers_per_s": runs["full_drain"].throughput_answers_per_s,
@@ -117,6 +117,28 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
         "stages": stages,
         "profiles": profiles,
     }
+
+
+async def _floors(
+    broker: LocalKafka, workdir: Path, fast: Bench, n: int, n_open: int
+) -> dict[str, RunResult]:
+    """The floors on the fast path's load: drains of ``n`` requests, then both open
+    loops at half the no-op's drain rate (so the point means the same on any
+    machine), ``n_open`` requests each (the same work on a fast or slow CPU)."""
+    floors = "sidecar.lab.bench.floors"
+    noop = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "noop"))
+    raw = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "raw"))
+    runs: dict[str, RunResult] = {}
+    _log("floor: no-op passthrough drain (the sidecar's loop, a constant verdict)")
+    runs["noop_drain"] = await noop.drain("noop", n, LoadShape())
+    _log("floor: raw aiokafka loop drain (consume, produce, commit)")
+    runs["raw_drain"] = await raw.drain("raw", n, LoadShape())
+    rate = half_capacity(runs["noop_drain"].throughput_answers_per_s)
+    _log(f"fast path and no-op open loops at half the no-op's capacity ({rate} answers/s)")
+    duration_s = n_open / rate
+    runs["fast_half"] = await fast.open_loop("ohalf", rate, duration_s, LoadShape())
+    runs["noop_half"] = await noop.open_loop("nhalf", rate, duration_s, LoadShape())
+    return runs
 
 
 def run_bench(quick: bool = False, out: Path | None = None) -> dict[str, Any]:

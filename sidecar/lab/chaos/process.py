@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 from sidecar.exceptions import SidecarNotReadyError
@@ -16,7 +17,12 @@ from sidecar.lab.localkafka.broker import free_port
 class SidecarProcess:
     """``python -m sidecar run`` with its own environment, log file and health port."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, env: dict[str, str], log: Path, argv: Sequence[str] = ("-m", "sidecar", "run")
+    ) -> None:
+        """``argv``: what the interpreter runs (default ``-m sidecar run``; the bench's
+        floors run ``-m sidecar.lab.bench.floors``); it must serve ``/readyz``."""
+        self.argv = tuple(argv)
         self.port = free_port()
         self.env = {
             **os.environ,
@@ -34,7 +40,7 @@ class SidecarProcess:
     def start(self, timeout_s: float = 60.0) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "sidecar", "run"],
+                [sys.executable, *self.argv],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,

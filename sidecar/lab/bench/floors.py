@@ -1,0 +1,202 @@
+"""The bench's floors: the sidecar's loop with a constant verdict, and the raw aiokafka loop.
+
+Both run as their own process, like the sidecar (``python -m
+sidecar.lab.bench.floors noop|raw``, configured by the same ``GUARDRAIL_*``
+environment, ``/readyz`` on ``GUARDRAIL_HTTP__PORT``), and answer every
+``generation.final`` record with one verdict keyed by its request id:
+
+* ``noop``: the serving loop itself (``runtime.serve``: FastStream subscriber,
+  the pipelined producer, offset tracking, the commit cut, the ticker) with the
+  processor replaced by :class:`ConstantVerdictProcessor`. What the sidecar
+  would do if deciding cost nothing: the floor of ``fast_drain_vs_noop``.
+* ``raw``: aiokafka alone, consume -> produce -> commit, no FastStream, no
+  tracking: the floor of ``noop_vs_raw_client`` (what FastStream and the
+  project's loop cost per record).
+
+Requests are told apart without decoding JSON (the final event's
+``event_type`` bytes, the record key as request id): the floors measure the
+loop, not the parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from sidecar import __version__
+from sidecar.config import Settings
+from sidecar.contracts.codec import InputKind
+from sidecar.contracts.events import AnswerVerdict, Decision, Reason
+from sidecar.health import HealthServer
+from sidecar.kafka.security import aiokafka_client_args
+from sidecar.pipeline.outputs import Destination, Output, Step
+from sidecar.pipeline.processor import BatchItem, Processor
+from sidecar.policy import PlaceholderPolicy
+
+__all__ = ["ConstantVerdictProcessor", "constant_verdict", "is_final", "main"]
+
+log = logging.getLogger("sidecar.bench.floors")
+
+FINAL_MARKER = b'"event_type":"generation.final"'
+NOOP_POLICY = "bench-noop/0"
+
+
+def is_final(raw: bytes | None) -> bool:
+    """A ``generation.final`` event, as compact JSON writers (orjson, the bench) emit it."""
+    return raw is not None and FINAL_MARKER in raw
+
+
+class _VerdictTemplate:
+    """One verdict, built and validated once; stamped with a request id and a time."""
+
+    def __init__(self) -> None:
+        verdict = AnswerVerdict(
+            request_id="template",
+            idempotency_key="bench-noop",
+            decision=Decision.ALLOW,
+            reasons=[Reason(code="bench.noop", message="constant verdict (bench floor)")],
+            policy=NOOP_POLICY,
+            produced_at=datetime.now(UTC),
+            sidecar_version=__version__,
+        )
+        self._fields = verdict.model_dump(mode="json")
+
+    def encode(self, request_id: str) -> bytes:
+        produced_at = datetime.now(UTC).isoformat()
+        return orjson.dumps({**self._fields, "request_id": request_id, "produced_at": produced_at})
+
+
+def constant_verdict(request_id: str) -> bytes:
+    """The floors' verdict for ``request_id`` (a valid ``AnswerVerdict``; tests read it)."""
+    return _VerdictTemplate().encode(request_id)
+
+
+class ConstantVerdictProcessor(Processor):
+    """A ``Processor`` that decides nothing: every final event gets the same verdict.
+
+    Every input is finished by the step it arrives in (there is nothing to join),
+    so commits move exactly as the sidecar's do once a request is decided.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, PlaceholderPolicy())
+        self._template = _VerdictTemplate()
+
+    def on_batch(self, items: Sequence[BatchItem], now_ms: float) -> Step:
+        del now_ms
+        step = Step()
+        for kind, raw, key, ref in items:
+            self.counters.consumed += 1
+            if kind is InputKind.GENERATION and key is not None and is_final(raw):
+                request_id = key.decode("utf-8", errors="replace")
+                step.outputs.append(
+                    Output(Destination.VERDICTS, key, self._template.encode(request_id), [])
+                )
+                self.counters.verdicts += 1
+            step.done.append(ref)
+        return step
+
+
+async def raw_loop(settings: Settings, stop: asyncio.Event, assigned: list[bool]) -> int:
+    """aiokafka only: getmany -> send a verdict per final -> await them -> commit.
+
+    Commits at the sidecar's cadence (every ``join.sweep_interval_ms``, after the
+    verdicts of everything consumed so far are confirmed), not after every
+    fetch. Returns how many verdicts it published. ``assigned[0]`` turns true
+    once the group has given this consumer partitions (for ``/readyz``).
+    """
+    kafka, topics = settings.kafka, settings.topics
+    client = aiokafka_client_args(kafka)
+    consumer = AIOKafkaConsumer(
+        topics.retrieval,
+        topics.generation,
+        **client,
+        group_id=kafka.group_id,
+        enable_auto_commit=False,
+        auto_offset_reset=kafka.auto_offset_reset,
+        session_timeout_ms=kafka.session_timeout_ms,
+        fetch_max_wait_ms=kafka.fetch_max_wait_ms,
+        max_partition_fetch_bytes=kafka.max_partition_fetch_bytes,
+    )
+    producer = AIOKafkaProducer(**client, acks="all", enable_idempotence=True)
+    template = _VerdictTemplate()
+    published = 0
+    interval_s = settings.join.sweep_interval_ms / 1000.0
+    loop = asyncio.get_running_loop()
+    next_commit = loop.time() + interval_s
+    offsets: dict[TopicPartition, int] = {}
+    await consumer.start()
+    await producer.start()
+    try:
+        while not stop.is_set():
+            batch = await consumer.getmany(
+                timeout_ms=kafka.batch_timeout_ms or 100, max_records=kafka.max_poll_records
+            )
+            assigned[0] = bool(consumer.assignment())
+            if not batch:
+                continue
+            futures = [
+                await producer.send(topics.verdicts, template.encode(m.key.decode()), key=m.key)
+                for records in batch.values()
+                for m in records
+                if m.key is not None and is_final(m.value)
+            ]
+            await asyncio.gather(*futures)
+            published += len(futures)
+            offsets.update({tp: records[-1].offset + 1 for tp, records in batch.items()})
+            if loop.time() >= next_commit:
+                await consumer.commit(offsets)
+                offsets, next_commit = {}, loop.time() + interval_s
+        if offsets:
+            await consumer.commit(offsets)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+    return published
+
+
+async def _serve_raw(settings: Settings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    assigned = [False]
+    health = HealthServer(
+        settings.http.host, settings.http.port, lambda: {"partitions_assigned": assigned[0]}
+    )
+    await health.start()
+    try:
+        published = await raw_loop(settings, stop, assigned)
+    finally:
+        await health.stop()
+    log.info("raw loop stopped after %d verdicts", published)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m sidecar.lab.bench.floors noop|raw``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args not in (["noop"], ["raw"]):
+        sys.stderr.write("usage: python -m sidecar.lab.bench.floors noop|raw\n")
+        return 2
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    for noisy in ("aiokafka", "faststream", "kafka"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    settings = Settings.load()
+    if args == ["noop"]:
+        from sidecar import runtime  # noqa: PLC0415 - the serving loop, only for this floor
+
+        asyncio.run(runtime.serve(settings, ConstantVerdictProcessor(settings)))
+    else:
+        asyncio.run(_serve_raw(settings))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

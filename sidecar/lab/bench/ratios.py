@@ -1,0 +1,100 @@
+"""The bench's verdict on a run: the sidecar as ratios to the floors, the CPU, and incomplete.
+
+Absolute answers/s say little across CPUs; a ratio to a floor measured in the
+same run on the same broker and client stack (``sidecar/lab/bench/floors.py``)
+says how close the sidecar is to what the machine allows. Pure functions of
+the runs' results, tested without Kafka.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from sidecar.golden import CPUINFO, cpu_features
+
+__all__ = ["cpu_model", "floors_report", "incomplete_failure", "machine"]
+
+
+class _Run(Protocol):
+    @property
+    def throughput_answers_per_s(self) -> float: ...
+
+    @property
+    def latency_ms(self) -> dict[str, float]: ...
+
+    @property
+    def incomplete(self) -> int: ...
+
+
+def cpu_model(cpuinfo: Path = CPUINFO) -> str | None:
+    """``/proc/cpuinfo``'s first ``model name`` (``None``: not readable, not x86)."""
+    try:
+        text = cpuinfo.read_text("utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "model name":
+            return value.strip()
+    return None
+
+
+def machine(cpuinfo: Path = CPUINFO) -> dict[str, Any]:
+    """The CPU the numbers were taken on: model and the kernel-relevant flags."""
+    flags = cpu_features(cpuinfo)
+    return {
+        "cpu_model": cpu_model(cpuinfo),
+        "cpu_flags": list(flags) if flags is not None else None,
+        "avx2": flags is not None and "avx2" in flags,
+        "avx512": flags is not None and "avx512f" in flags,
+        "vnni": flags is not None and ("avx512_vnni" in flags or "avx_vnni" in flags),
+    }
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return round(num / den, 3)
+
+
+def floors_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
+    """Ratios of the sidecar to its floors, and the absolute numbers they come from.
+
+    ``runs`` names: ``fast_drain``, ``noop_drain``, ``raw_drain``, ``full_drain``,
+    ``fast_half`` and ``noop_half`` (open loops at half the no-op's drain rate).
+    """
+    fast, noop, raw = runs["fast_drain"], runs["noop_drain"], runs["raw_drain"]
+    fast_p99 = runs["fast_half"].latency_ms.get("p99")
+    noop_p99 = runs["noop_half"].latency_ms.get("p99")
+    return {
+        "fast_drain_vs_noop": _ratio(fast.throughput_answers_per_s, noop.throughput_answers_per_s),
+        "p99_at_half_capacity_vs_noop": _ratio(fast_p99, noop_p99),
+        "full_path_vs_fast_path": _ratio(
+            runs["full_drain"].throughput_answers_per_s, fast.throughput_answers_per_s
+        ),
+        "noop_vs_raw_client": _ratio(noop.throughput_answers_per_s, raw.throughput_answers_per_s),
+        "noop_answers_per_s": noop.throughput_answers_per_s,
+        "raw_client_answers_per_s": raw.throughput_answers_per_s,
+        "half_capacity_answers_per_s": half_capacity(noop.throughput_answers_per_s),
+        "p99_ms_at_half_capacity": fast_p99,
+        "noop_p99_ms_at_half_capacity": noop_p99,
+    }
+
+
+def half_capacity(noop_answers_per_s: float) -> float:
+    """The open-loop rate that means the same on any machine: half the no-op's drain rate."""
+    return round(max(1.0, noop_answers_per_s / 2.0), 1)
+
+
+def incomplete_failure(runs: Mapping[str, _Run]) -> str | None:
+    """Why the bench run fails (a run decided some request ``incomplete``), or ``None``."""
+    bad = {name: run.incomplete for name, run in runs.items() if run.incomplete}
+    if not bad:
+        return None
+    listed = ", ".join(f"{name}: {n}" for name, n in bad.items())
+    return (
+        f"{sum(bad.values())} incomplete verdicts ({listed}); every request must be decided "
+        "(a join TTL expired on requests whose inputs were in Kafka: the loop fell behind)"
+    )

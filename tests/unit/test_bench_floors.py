@@ -1,0 +1,122 @@
+"""The bench's floors and ratios without Kafka: the constant-verdict processor, the report."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from sidecar.config import Settings
+from sidecar.contracts.codec import InputKind
+from sidecar.contracts.events import AnswerVerdict
+from sidecar.lab.bench.e2e import LoadShape, answer_events
+from sidecar.lab.bench.floors import ConstantVerdictProcessor, constant_verdict, is_final
+from sidecar.lab.bench.ratios import (
+    cpu_model,
+    floors_report,
+    half_capacity,
+    incomplete_failure,
+    machine,
+)
+from sidecar.lab.bench.stages import request_items
+from sidecar.pipeline.outputs import Destination
+
+
+def test_is_final_tells_the_final_event_from_the_others() -> None:
+    r, deltas, final = answer_events("f-1", LoadShape())
+    assert is_final(orjson.dumps(final))
+    assert not any(is_final(orjson.dumps(e)) for e in (r, *deltas))
+    assert not is_final(None)
+
+
+def test_constant_verdict_processor_answers_each_final_once_and_finishes_every_input(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    processor = ConstantVerdictProcessor(settings_factory())
+    items = []
+    for i in range(3):
+        events = answer_events(f"r-{i}", LoadShape())
+        items += request_items(events, f"r-{i}", i)
+    step = processor.on_batch(items, 0.0)
+    assert [out.destination for out in step.outputs] == [Destination.VERDICTS] * 3
+    verdicts = [AnswerVerdict.model_validate_json(out.value) for out in step.outputs]
+    assert [v.request_id for v in verdicts] == ["r-0", "r-1", "r-2"]
+    assert [out.key for out in step.outputs] == [b"r-0", b"r-1", b"r-2"]
+    assert step.done == [ref for *_, ref in items]
+    assert processor.counters.consumed == len(items) and processor.counters.verdicts == 3
+
+
+def test_constant_verdict_processor_skips_keyless_and_non_generation_records(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    processor = ConstantVerdictProcessor(settings_factory())
+    items = request_items(answer_events("k-1", LoadShape()), "k-1", 0)
+    final_kind, final_raw, _, final_ref = items[-1]
+    keyless = [(final_kind, final_raw, None, final_ref)]
+    as_retrieval = [(InputKind.RETRIEVAL, final_raw, b"k-1", final_ref)]
+    assert processor.on_batch(keyless, 0.0).outputs == []
+    assert processor.on_batch(as_retrieval, 0.0).outputs == []
+
+
+def test_constant_verdict_is_a_valid_verdict_stamped_with_the_request() -> None:
+    verdict = AnswerVerdict.model_validate_json(constant_verdict("q-9"))
+    assert verdict.request_id == "q-9"
+    assert [r.code for r in verdict.reasons] == ["bench.noop"]
+
+
+@dataclass
+class _Run:
+    throughput_answers_per_s: float
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    incomplete: int = 0
+
+
+def test_floors_report_divides_the_sidecar_by_its_floors() -> None:
+    runs = {
+        "fast_drain": _Run(800.0),
+        "noop_drain": _Run(1000.0),
+        "raw_drain": _Run(2000.0),
+        "full_drain": _Run(40.0),
+        "fast_half": _Run(500.0, {"p99": 30.0}),
+        "noop_half": _Run(500.0, {"p99": 20.0}),
+    }
+    report = floors_report(runs)
+    assert report["fast_drain_vs_noop"] == 0.8
+    assert report["p99_at_half_capacity_vs_noop"] == 1.5
+    assert report["full_path_vs_fast_path"] == 0.05
+    assert report["noop_vs_raw_client"] == 0.5
+    assert report["half_capacity_answers_per_s"] == 500.0
+    assert report["p99_ms_at_half_capacity"] == 30.0
+
+
+def test_a_missing_latency_or_zero_floor_gives_no_ratio() -> None:
+    runs = {
+        name: _Run(0.0)
+        for name in ("fast_drain", "noop_drain", "raw_drain", "full_drain", "fast_half")
+    }
+    runs["noop_half"] = _Run(0.0, {"p99": 0.0})
+    report = floors_report(runs)
+    assert report["fast_drain_vs_noop"] is None
+    assert report["p99_at_half_capacity_vs_noop"] is None
+    assert half_capacity(0.0) == 1.0
+
+
+def test_incomplete_fails_the_run_and_names_where() -> None:
+    assert incomplete_failure({"fast_drain": _Run(1.0), "full_drain": _Run(1.0)}) is None
+    why = incomplete_failure({"fast_drain": _Run(1.0), "full_drain": _Run(1.0, incomplete=300)})
+    assert why is not None and "300 incomplete" in why and "full_drain: 300" in why
+
+
+def test_machine_reads_the_model_and_the_kernel_flags(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse avx avx2 fma\n"
+    )
+    got = machine(cpuinfo)
+    assert got["cpu_model"] == "AMD EPYC 7B13"
+    assert got["cpu_flags"] == ["avx2", "fma"]
+    assert (got["avx2"], got["avx512"], got["vnni"]) == (True, False, False)
+    assert cpu_model(tmp_path / "absent") is None
+    assert machine(tmp_path / "absent")["cpu_flags"] is None
