@@ -32,9 +32,9 @@ from sidecar.claims.verifier import (  # noqa: E402
 from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError  # noqa: E402
 from sidecar.golden import describe_cpu  # noqa: E402
 from sidecar.hashing import sha256_file  # noqa: E402
-from sidecar.lab.verifier.datasets import Pair  # noqa: E402
 from sidecar.lab.verifier.model import CrossEncoder, claim_tokens  # noqa: E402
 from sidecar.lab.verifier.settings import TrainConfig, minilm_dir  # noqa: E402
+from sidecar.lab.verifier.sources import Pair  # noqa: E402
 from sidecar.lab.verifier.trainer import VerifierTrainer, _drop_questions, _tensors  # noqa: E402
 
 PAIRS = [

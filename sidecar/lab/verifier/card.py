@@ -10,8 +10,8 @@ import math
 from typing import Any
 
 from sidecar.claims.artifact import VerifierArtifact
-from sidecar.lab.verifier.datasets import Pair
 from sidecar.lab.verifier.settings import INT8_FILE, TrainConfig
+from sidecar.lab.verifier.sources import Pair
 
 __all__ = ["render_card", "render_corpus_card"]
 

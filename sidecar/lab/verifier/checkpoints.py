@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from sidecar.exceptions import ArtifactError, ConfigError
-from sidecar.lab.verifier.datasets import Pair
 from sidecar.lab.verifier.ml import torch
 from sidecar.lab.verifier.model import CrossEncoder
 from sidecar.lab.verifier.settings import TrainConfig
+from sidecar.lab.verifier.sources import Pair
 
 __all__ = ["Checkpoints", "TrainingRun", "fingerprint", "pairs_sha256"]
 

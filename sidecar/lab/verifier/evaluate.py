@@ -44,7 +44,6 @@ from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
 from sidecar.claims.segment import segment_claims
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import InputError
-from sidecar.lab.verifier.datasets import Pair, split_of
 from sidecar.lab.verifier.jsonl import iter_json_objects
 from sidecar.lab.verifier.metrics import (
     auroc_or_nan,
@@ -52,6 +51,7 @@ from sidecar.lab.verifier.metrics import (
     binary_report,
     ece_or_nan,
 )
+from sidecar.lab.verifier.sources import Pair, split_of
 
 __all__ = [
     "FORMATS",

@@ -22,13 +22,13 @@ import numpy as np
 from sidecar.claims.calibration import Band, Platt, coverage
 from sidecar.claims.verifier import OnnxVerifier, PairEncoder
 from sidecar.exceptions import ArtifactError
-from sidecar.lab.verifier.datasets import Pair
 from sidecar.lab.verifier.evaluate import evaluate_pairs
 from sidecar.lab.verifier.metrics import auroc_or_nan
 from sidecar.lab.verifier.ml import TracerWarning, torch
 from sidecar.lab.verifier.model import CrossEncoder
 from sidecar.lab.verifier.quantization import int8_weights_fp32_compute
 from sidecar.lab.verifier.settings import FP32_FILE, INPUTS, INT8_FILE, TOKENIZER_FILE
+from sidecar.lab.verifier.sources import Pair
 
 if TYPE_CHECKING:
     from sidecar.lab.verifier.trainer import VerifierTrainer

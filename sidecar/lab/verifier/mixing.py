@@ -20,10 +20,8 @@ from sidecar.exceptions import ConfigError
 from sidecar.lab.verifier.datasets import (
     Corpus,
     CorpusConfig,
-    Pair,
     build_corpus,
     read_corpus,
-    split_of,
     write_corpus,
 )
 from sidecar.lab.verifier.outcomes import (
@@ -34,6 +32,7 @@ from sidecar.lab.verifier.outcomes import (
     trust_cutoff,
 )
 from sidecar.lab.verifier.settings import TrainConfig
+from sidecar.lab.verifier.sources import Pair, split_of
 
 __all__ = ["load_or_build_corpus", "mix", "outcome_counts", "outcome_split"]
 

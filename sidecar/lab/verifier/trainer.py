@@ -41,7 +41,7 @@ from sidecar.exceptions import ConfigError, LifecycleError
 from sidecar.hashing import sha256_file
 from sidecar.lab.verifier.calibration import fit_band, fit_platt
 from sidecar.lab.verifier.checkpoints import Checkpoints, TrainingRun, fingerprint, pairs_sha256
-from sidecar.lab.verifier.datasets import Pair, length_auroc
+from sidecar.lab.verifier.datasets import length_auroc
 from sidecar.lab.verifier.export import write_onnx
 from sidecar.lab.verifier.metrics import auroc_or_nan
 from sidecar.lab.verifier.ml import BertModel, nn, torch
@@ -55,6 +55,7 @@ from sidecar.lab.verifier.settings import (
     TOKENIZER_FILE,
     TrainConfig,
 )
+from sidecar.lab.verifier.sources import Pair
 
 __all__ = ["VerifierTrainer"]
 

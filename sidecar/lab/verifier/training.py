@@ -33,21 +33,13 @@ from sidecar.claims.verifier import OnnxVerifier, PairEncoder, save_artifact
 from sidecar.exceptions import ArtifactError, ConfigError
 from sidecar.lab.verifier.card import render_card, render_corpus_card
 from sidecar.lab.verifier.checkpoints import Checkpoints, pairs_sha256
-from sidecar.lab.verifier.datasets import (
-    CorpusConfig,
-    Pair,
-    build_eval_sets,
-    build_training_pairs,
-    length_auroc,
-    read_corpus,
-    read_halueval_qa,
-    read_nq_open,
-)
+from sidecar.lab.verifier.datasets import CorpusConfig, length_auroc, read_corpus
 from sidecar.lab.verifier.export import evaluate_onnx, int8_holds, onnx_parity, score_sets
 from sidecar.lab.verifier.mixing import load_or_build_corpus, mix, outcome_counts, outcome_split
 from sidecar.lab.verifier.ml import BertModel
 from sidecar.lab.verifier.model import CrossEncoder
 from sidecar.lab.verifier.outcomes import read_outcome_rows
+from sidecar.lab.verifier.pairs import build_eval_sets, build_training_pairs
 from sidecar.lab.verifier.settings import (
     CARD_FILE,
     FP32_FILE,
@@ -55,6 +47,7 @@ from sidecar.lab.verifier.settings import (
     TOKENIZER_FILE,
     TrainConfig,
 )
+from sidecar.lab.verifier.sources import Pair, read_halueval_qa, read_nq_open
 from sidecar.lab.verifier.trainer import VerifierTrainer
 
 __all__ = ["export_from_checkpoint", "fit_on_corpus", "train_verifier"]
