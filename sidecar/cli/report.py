@@ -155,7 +155,8 @@ def run_report(args: argparse.Namespace) -> int:
         default_processor_factory,
         load_rows,
     )
-    from sidecar.lab.report.evaluate import build_report, replay_rows, write_plots  # noqa: PLC0415
+    from sidecar.lab.report.evaluate import build_report, replay_rows  # noqa: PLC0415
+    from sidecar.lab.report.plots import write_plots  # noqa: PLC0415
     from sidecar.lab.report.probe import load_probe  # noqa: PLC0415
 
     settings = Settings.load()
