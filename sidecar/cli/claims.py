@@ -300,7 +300,7 @@ def _run_fit_on_corpus(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from sidecar.claims.checker import ClaimScorer  # noqa: PLC0415
+    from sidecar.claims.scorer import ClaimScorer  # noqa: PLC0415
     from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
     from sidecar.lab.verifier.evaluate import (  # noqa: PLC0415
         evaluate_items,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.claims.checker import ClaimScorer
+from sidecar.claims.scorer import ClaimScorer
 from sidecar.claims.verifier import OnnxVerifier, load_artifact
 from sidecar.cli.main import main
 from sidecar.lab.verifier.datasets import length_auroc

@@ -9,7 +9,7 @@ Two levels:
   length-matched sets);
 * :func:`evaluate_items` - whole answers (``guardrail eval claims``): each
   HaluEval item (right and hallucinated answer / summary / response) is cut
-  into claims and checked with the same :class:`~sidecar.claims.checker.ClaimScorer`
+  into claims and checked with the same :class:`~sidecar.claims.scorer.ClaimScorer`
   the sidecar runs (evidence selection, rule tier, verifier). Its hallucination
   score is ``1 - min p(supported)`` over its claims; the item counts as
   detected-hallucinated when any claim is unsupported (seed 002: one
@@ -39,8 +39,8 @@ from typing import Final, Literal, Protocol
 
 from sidecar.claims.atomic import Claim
 from sidecar.claims.calibration import Band
-from sidecar.claims.checker import ClaimScorer
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
+from sidecar.claims.scorer import ClaimScorer
 from sidecar.claims.segment import segment_claims
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import InputError
