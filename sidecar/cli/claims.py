@@ -1,4 +1,4 @@
-"""``guardrail train verifier`` and ``guardrail eval claims`` (seeds 001, 002).
+"""``guardrail train verifier`` and ``guardrail eval claims`` (docs/methods.md §Claim verification).
 
 train: build the length-balanced pairs from HaluEval QA and NQ-open, fine-tune
 the MiniLM cross-encoder, calibrate its uncertain band, export ONNX (fp32 and

@@ -120,7 +120,10 @@ def register_eval_train(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     train = get_group(sub, "train", "Train a guardrail model.")
     t = train.add_parser(
         "confidence",
-        help="fit the calibrated confidence and the chunk forecast (seed 004)",
+        help=(
+            "fit the calibrated confidence and the chunk forecast "
+            "(docs/methods.md §Calibrated confidence)"
+        ),
         description=(
             "Fit the answer-level calibrated confidence (logistic forecaster, then Platt or "
             "isotonic chosen by cross-validated NLL) and the chunk forecast on labelled "

@@ -97,9 +97,9 @@ def render_card(
     return f"""# Claim verifier: MiniLM-L6 cross-encoder (`{artifact.version}`)
 
 Labels a (claim, evidence) pair **supported / uncertain / unsupported** for the
-sidecar's streaming claim check (seed 001 Step 2 labels; seed 002's verified /
-unverified). Serving: `sidecar.claims.verifier.OnnxVerifier` (onnxruntime +
-`tokenizers`, no torch).
+sidecar's streaming claim check (labels: docs/methods.md §Claim verification;
+the four-way prompt's verified / unverified). Serving:
+`sidecar.claims.verifier.OnnxVerifier` (onnxruntime + `tokenizers`, no torch).
 
 ## Model
 - Base: {artifact.base_model}; `BertModel` reading `[CLS] claim [SEP] evidence

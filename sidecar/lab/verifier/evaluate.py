@@ -12,8 +12,9 @@ Two levels:
   into claims and checked with the same :class:`~sidecar.claims.scorer.ClaimScorer`
   the sidecar runs (evidence selection, rule tier, verifier). Its hallucination
   score is ``1 - min p(supported)`` over its claims; the item counts as
-  detected-hallucinated when any claim is unsupported (seed 002: one
-  unverified claim already raises the hallucination rate above 0).
+  detected-hallucinated when any claim is unsupported (docs/methods.md §Claim
+  verification: one unverified claim already raises the hallucination rate
+  above 0).
 
 Generic labelled pairs (``--format pairs``, :func:`read_pair_items`): one JSON
 object a line ``{"evidence", "claim", "label": 1|0, "question"?, "id"?}``

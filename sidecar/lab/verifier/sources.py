@@ -11,7 +11,7 @@ knowledge, human attribution) are read straight into pairs whose evidence is
 the *whole* document; :func:`~sidecar.lab.verifier.datasets.windowed` then
 cuts it to the window the verifier reads. Groups are the document (or claim)
 a pair belongs to, so splits never cut a document. The labels are those of
-docs/methods.md §Claim verification (supported vs unsupported). Offline
+docs/methods.md §Claim verification: supported vs unsupported. Offline
 tooling, never serving.
 """
 
