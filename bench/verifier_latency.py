@@ -25,11 +25,11 @@ import statistics
 import time
 from pathlib import Path
 
-from sidecar.claims.checker import ClaimScorer
 from sidecar.claims.evidence import EvidenceChunk
+from sidecar.claims.scorer import ClaimScorer
 from sidecar.claims.segment import Claim
 from sidecar.claims.verifier import OnnxVerifier
-from sidecar.lab.verifier.datasets import QARecord, read_halueval_qa, split_of
+from sidecar.lab.verifier.sources import QARecord, read_halueval_qa, split_of
 
 
 def _percentiles(samples_ms: list[float]) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """LookbackRecorder: the AttentionSummary of any Hugging Face causal LM's ``generate()``.
 
-The chunk-wise lookback ratios are the ones of ``docs/methods.md`` (seed 000
-section 3.3, eqs. 7-9) with the project summariser's conventions: step ``t`` is
+The chunk-wise lookback ratios are the ones of docs/methods.md §Lookback-ratio
+factuality (the source's eqs. 7-9) with the project summariser's conventions: step ``t`` is
 the forward pass that *produces* answer token ``y_t`` (its attention row is the
 last query row of that pass: the last prompt token for ``t = 1``); the step that
 produced the end-of-sequence token is not counted unless the answer is empty.

@@ -8,7 +8,7 @@ Per answer (docs/methods.md §Claim verification):
    event's ``query``) from the **trusted** chunks of the retrieval
    certification (docs/methods.md §Retrieval certification) when it has any, else from all
    retrieved chunks, and the scope is reported (``evidence_scope``);
-3. the verifier (:class:`PairScorer`, in production the ONNX cross-encoder,
+3. the verifier (:class:`~sidecar.claims.scorer.PairScorer`, in production the ONNX cross-encoder,
    which reads the question too when its artifact says so) scores the claim
    against the best sentences (and, with ``best_chunk=True``, also against
    the best chunk, the higher calibrated p(supported) counting); the band
@@ -46,14 +46,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
-from typing import Final, Literal, Protocol
+from dataclasses import replace
+from typing import Final, Literal
 
 from sidecar.claims.atomic import Claim
-from sidecar.claims.calibration import Band
-from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex, EvidenceSelection
+from sidecar.claims.evidence import EvidenceChunk
 from sidecar.claims.judge import JudgeBudget, JudgeRunner, JudgeVerdict
-from sidecar.claims.rules import check_quantities
+from sidecar.claims.scorer import ClaimCheck, ClaimScorer
 from sidecar.claims.scores import summarise
 from sidecar.claims.segment import ClaimSegmenter
 from sidecar.contracts.events import (
@@ -67,16 +66,11 @@ from sidecar.exceptions import LifecycleError
 from sidecar.pipeline.ports import ClaimResult
 
 __all__ = [
-    "RULE_CAP",
-    "ClaimCheck",
-    "ClaimScorer",
-    "PairScorer",
     "VerifierClaimChecker",
     "VerifierClaimSession",
     "evidence_chunks",
 ]
 
-RULE_CAP: Final = 0.05
 DEFAULT_ANSWER_BUDGET_S: Final = 2.0
 """Verifier time one answer may use; claims that come later are counted ``unchecked``."""
 
@@ -85,159 +79,7 @@ _JUDGE_SCORE: Final = {
     ClaimLabel.UNCERTAIN: 0.5,
     ClaimLabel.UNSUPPORTED: 0.1,
 }
-Tier = Literal["verifier", "rule", "judge", "no-evidence"]
 Scope = Literal["trusted", "all-retrieved"]
-
-
-class PairScorer(Protocol):
-    """Calibrated p(supported) for (claim, evidence) pairs, and the band that labels it."""
-
-    @property
-    def version(self) -> str: ...
-
-    @property
-    def band(self) -> Band: ...
-
-    def probabilities(
-        self, pairs: Sequence[tuple[str, str]], questions: Sequence[str] | None = None
-    ) -> list[float]: ...
-
-    def window_probabilities(
-        self,
-        claims: Sequence[str],
-        windows: Sequence[Sequence[str]],
-        questions: Sequence[str] | None = None,
-    ) -> list[float]:
-        """p(supported) per claim against its evidence windows, the best window winning."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimCheck:
-    """A verified claim with how it was decided (for audit)."""
-
-    claim: Claim
-    label: ClaimLabel
-    score: float
-    verifier_p: float
-    evidence_chunk_ids: tuple[str, ...]
-    tier: Tier
-    detail: str = ""
-
-    def result(self) -> ClaimResult:
-        return ClaimResult(
-            index=self.claim.index,
-            span=self.claim.span,
-            text=self.claim.text,
-            label=self.label,
-            score=min(1.0, max(0.0, self.score)),
-            evidence_chunk_ids=self.evidence_chunk_ids,
-        )
-
-
-class ClaimScorer:
-    """Evidence selection + verifier + rule tier for claims against a chunk set.
-
-    One verifier pair per claim (the window of best sentences) by default;
-    ``best_chunk=True`` adds a second pair against the best sentence's whole
-    chunk when it fits (the higher probability counts), at twice the cost.
-    """
-
-    def __init__(
-        self,
-        verifier: PairScorer,
-        *,
-        rules: bool = True,
-        max_sentences: int = 3,
-        max_chars: int = 450,
-        best_chunk: bool = False,
-        max_windows: int = 1,
-    ) -> None:
-        if max_windows < 1:
-            raise ValueError(f"max_windows must be >= 1, got {max_windows}")
-        self.verifier = verifier
-        self.rules = rules
-        self.max_sentences = max_sentences
-        self.max_chars = max_chars
-        self.best_chunk = best_chunk
-        self.max_windows = max_windows
-
-    def index(self, chunks: Sequence[EvidenceChunk]) -> EvidenceIndex:
-        return EvidenceIndex(chunks, max_sentences=self.max_sentences, max_chars=self.max_chars)
-
-    def check(
-        self, claims: Sequence[Claim], index: EvidenceIndex, question: str = ""
-    ) -> list[ClaimCheck]:
-        """Label every claim (one batched verifier call for all of them).
-
-        ``question``: the user's question the answer replies to ("" when
-        unknown); it steers evidence selection and goes to the verifier.
-        """
-        if not claims:
-            return []
-        if not index.chunks:
-            return [
-                ClaimCheck(c, ClaimLabel.UNSUPPORTED, 0.0, 0.0, (), "no-evidence", "no chunks")
-                for c in claims
-            ]
-        selections = [index.select(c.text, question) for c in claims]
-        if self.max_windows > 1:
-            best = self._windowed(claims, index, question)
-        else:
-            best = self._selected(claims, selections, question)
-        all_text = "\n".join(chunk.text for chunk in index.chunks)
-        band = self.verifier.band
-        out: list[ClaimCheck] = []
-        for claim, sel, p in zip(claims, selections, best, strict=True):
-            label = band.label(p)
-            ids = sel.chunk_ids
-            if self.rules:
-                rule = check_quantities(claim.text, all_text)
-                if rule.contradicted:
-                    out.append(
-                        ClaimCheck(
-                            claim, ClaimLabel.UNSUPPORTED, min(p, RULE_CAP), p, ids, "rule",
-                            rule.describe(),
-                        )
-                    )  # fmt: skip
-                    continue
-            out.append(ClaimCheck(claim, label, p, p, ids, "verifier"))
-        return out
-
-    def _selected(
-        self, claims: Sequence[Claim], selections: Sequence[EvidenceSelection], question: str
-    ) -> list[float]:
-        """One pair per claim (its window of best sentences), plus its best chunk if asked."""
-        pairs: list[tuple[str, str]] = []
-        owners: list[int] = []
-        for k, (claim, sel) in enumerate(zip(claims, selections, strict=True)):
-            pairs.append((claim.text, sel.window))
-            owners.append(k)
-            if self.best_chunk and sel.best_chunk is not None:
-                pairs.append((claim.text, sel.best_chunk))
-                owners.append(k)
-        probs = self.verifier.probabilities(pairs, [question] * len(pairs))
-        best = [0.0] * len(claims)
-        for k, p in zip(owners, probs, strict=True):
-            best[k] = max(best[k], p)
-        return best
-
-    def _windowed(
-        self, claims: Sequence[Claim], index: EvidenceIndex, question: str
-    ) -> list[float]:
-        """Every claim against up to ``max_windows`` evidence windows; the best window wins.
-
-        The same scoring ``guardrail eval claims --format pairs`` measures
-        (:meth:`EvidenceIndex.windows` then one batched verifier call).
-        """
-        windows = [
-            index.windows(
-                c.text, question, max_windows=self.max_windows, max_chars=self.max_chars
-            )
-            for c in claims
-        ]
-        texts = [c.text for c in claims]
-        return self.verifier.window_probabilities(texts, windows, [question] * len(claims))
 
 
 def evidence_chunks(

@@ -359,10 +359,11 @@ def load_claim_checker(
     """The processor's ``ClaimChecker`` from a verifier directory (+ an optional LLM judge).
 
     ``best_chunk``: also score each claim against its best chunk (two verifier
-    pairs per claim instead of one; see :class:`~sidecar.claims.checker.ClaimScorer`).
+    pairs per claim instead of one; see :class:`~sidecar.claims.scorer.ClaimScorer`).
     """
-    from sidecar.claims.checker import ClaimScorer, VerifierClaimChecker  # noqa: PLC0415
+    from sidecar.claims.checker import VerifierClaimChecker  # noqa: PLC0415
     from sidecar.claims.judge import JudgeRunner  # noqa: PLC0415
+    from sidecar.claims.scorer import ClaimScorer  # noqa: PLC0415
 
     verifier = OnnxVerifier.load(model_dir, threads=threads)
     artifact = verifier.artifact

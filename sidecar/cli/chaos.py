@@ -73,7 +73,8 @@ def _passed(s: dict[str, Any]) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecar.lab.chaos.runner import SoakPlan, run_chaos, run_soak  # noqa: PLC0415
+    from sidecar.lab.chaos.runner import run_chaos  # noqa: PLC0415
+    from sidecar.lab.chaos.soak import SoakPlan, run_soak  # noqa: PLC0415
 
     if args.soak:
         plan = SoakPlan(

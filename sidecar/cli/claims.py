@@ -1,4 +1,4 @@
-"""``guardrail train verifier`` and ``guardrail eval claims`` (seeds 001, 002).
+"""``guardrail train verifier`` and ``guardrail eval claims`` (docs/methods.md §Claim verification).
 
 train: build the length-balanced pairs from HaluEval QA and NQ-open, fine-tune
 the MiniLM cross-encoder, calibrate its uncertain band, export ONNX (fp32 and
@@ -209,7 +209,8 @@ def _caps(values: list[str]) -> tuple[tuple[str, int], ...]:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from sidecar.lab.verifier.training import TrainConfig, minilm_dir, train_verifier  # noqa: PLC0415
+    from sidecar.lab.verifier.settings import TrainConfig, minilm_dir  # noqa: PLC0415
+    from sidecar.lab.verifier.training import train_verifier  # noqa: PLC0415
 
     if args.work_dir is not None:
         return _run_fit_on_corpus(args)
@@ -244,12 +245,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _run_fit_on_corpus(args: argparse.Namespace) -> int:
     from sidecar.lab.verifier.datasets import CorpusConfig  # noqa: PLC0415
-    from sidecar.lab.verifier.training import (  # noqa: PLC0415
-        TrainConfig,
-        export_from_checkpoint,
-        fit_on_corpus,
-        minilm_dir,
-    )
+    from sidecar.lab.verifier.settings import TrainConfig, minilm_dir  # noqa: PLC0415
+    from sidecar.lab.verifier.training import export_from_checkpoint, fit_on_corpus  # noqa: PLC0415
 
     work_dir = args.work_dir.expanduser().resolve()
     corpus = CorpusConfig(
@@ -303,7 +300,7 @@ def _run_fit_on_corpus(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from sidecar.claims.checker import ClaimScorer  # noqa: PLC0415
+    from sidecar.claims.scorer import ClaimScorer  # noqa: PLC0415
     from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
     from sidecar.lab.verifier.evaluate import (  # noqa: PLC0415
         evaluate_items,

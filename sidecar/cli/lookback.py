@@ -2,11 +2,11 @@
 
 dataset: run the RAG loop (Qdrant + MiniLM + SmolLM2) over the ``fit`` part of a
 question file and record chunk-wise and full-context lookback ratios with
-NQ-open labels (seed 000 section 3.3), resumably.
+NQ-open labels (docs/methods.md §Lookback-ratio factuality), resumably.
 
 train: logistic regression (max_iter=1000, class_weight=balanced) on padded,
 per-sample scaled ratios, 3:2 split by question, train/test AUROC, ONNX export
-and metadata (seed 000 section 4.3).
+and metadata (docs/methods.md §Lookback-ratio factuality).
 
 eval: the same RAG loop on the held-out ``eval`` part (or, with ``--data``, a
 recorded ``dataset lookback --part eval`` directory), each answer scored by the
@@ -46,8 +46,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="Run the RAG loop with SmolLM2 and record lookback ratios with NQ-open labels.",
         description=(
             "Retrieve top-K chunks (Qdrant + MiniLM), answer with SmolLM2 (greedy), record "
-            "chunk-wise and full-context lookback ratios (seed 000 eqs. 7-9) and label each "
-            "answer against the gold answers. Resumable: re-run to continue."
+            "chunk-wise and full-context lookback ratios "
+            "(docs/methods.md §Lookback-ratio factuality) and label each answer against the gold "
+            "answers. Resumable: re-run to continue."
         ),
     )
     _rag_args(d, part_default="fit")
@@ -61,8 +62,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="Train the lookback-ratio factuality classifier and export it to ONNX.",
         description=(
             "Logistic regression (max_iter=1000, class_weight=balanced) on padded, per-sample "
-            "scaled lookback ratios (seed 000 sec. 3.3), 3:2 split by question, train and test "
-            "AUROC; writes model.onnx + metadata.json."
+            "scaled lookback ratios (docs/methods.md §Lookback-ratio factuality), 3:2 split by "
+            "question, train and test AUROC; writes model.onnx + metadata.json."
         ),
     )
     t.add_argument("--data", required=True, type=Path, help="dataset directory")

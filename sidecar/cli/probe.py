@@ -1,4 +1,4 @@
-"""``guardrail probe leakage``: the calibrated leakage probe of seed 003 section 4.2.
+"""``guardrail probe leakage``: the calibrated leakage probe (docs/methods.md §Coverage bound).
 
 Runs the RAG loop (Qdrant + MiniLM + SmolLM2) on questions whose context has
 every gold passage and every answer-bearing chunk removed, and measures delta,
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "Retrieve --candidates chunks per question, drop those from a gold passage or "
             "containing a gold answer, prompt the generator with the best K that remain and "
             "count confident wrong answers (not an abstention, not correct from memory): "
-            "delta = errors / trials with a Wilson 95% interval (seed 003 sec. 4.2)."
+            "delta = errors / trials with a Wilson 95% interval (docs/methods.md §Coverage bound)."
         ),
     )
     _rag_args(p, part_default="eval")

@@ -120,7 +120,10 @@ def register_eval_train(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     train = get_group(sub, "train", "Train a guardrail model.")
     t = train.add_parser(
         "confidence",
-        help="fit the calibrated confidence and the chunk forecast (seed 004)",
+        help=(
+            "fit the calibrated confidence and the chunk forecast "
+            "(docs/methods.md §Calibrated confidence)"
+        ),
         description=(
             "Fit the answer-level calibrated confidence (logistic forecaster, then Platt or "
             "isotonic chosen by cross-validated NLL) and the chunk forecast on labelled "
@@ -155,7 +158,8 @@ def run_report(args: argparse.Namespace) -> int:
         default_processor_factory,
         load_rows,
     )
-    from sidecar.lab.report.evaluate import build_report, replay_rows, write_plots  # noqa: PLC0415
+    from sidecar.lab.report.evaluate import build_report, replay_rows  # noqa: PLC0415
+    from sidecar.lab.report.plots import write_plots  # noqa: PLC0415
     from sidecar.lab.report.probe import load_probe  # noqa: PLC0415
 
     settings = Settings.load()

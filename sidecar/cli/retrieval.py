@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="Conformal calibration of retrieval scores (q_hat, Mondrian keys, alpha-sweep).",
         description=(
             "Index a corpus in Qdrant, retrieve the top K chunks of the calibration questions, "
-            "label them (seed 000 eq. 1) and write the conformal calibration artifact (eq. 2)."
+            "label them and write the conformal calibration artifact "
+            "(docs/methods.md §Retrieval certification)."
         ),
     )
     _data_args(p, chunk_default=DEFAULT_CHUNK_WORDS, split_default="cal")

@@ -69,7 +69,7 @@ class DemoResult:
 
 
 DEMO_PROBE = Path("models/confidence/report/leakage-probe.json")
-"""The shipped leakage probe of SmolLM2 (seed 003's delta) when run from a checkout."""
+"""The shipped leakage probe of SmolLM2 (docs/methods.md §Coverage bound) in a checkout."""
 
 
 async def _flow(

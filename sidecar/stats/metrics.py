@@ -69,9 +69,7 @@ def as_scores(scores: npt.ArrayLike, *, name: str = "scores") -> FloatArray:
         raise DataError(f"{name} must not be empty")
     bad = np.flatnonzero(~np.isfinite(s))
     if bad.size:
-        raise DataError(
-            f"{name} must be finite, got {s[bad[0]]!r} at index {int(bad[0])}"
-        )
+        raise DataError(f"{name} must be finite, got {s[bad[0]]!r} at index {int(bad[0])}")
     return s
 
 
@@ -97,9 +95,7 @@ def as_labels(labels: npt.ArrayLike, n: int) -> FloatArray:
         raise DataError(f"labels must be 0 or 1, got dtype {raw.dtype}") from exc
     bad = np.flatnonzero((y != 0.0) & (y != 1.0))
     if bad.size:
-        raise DataError(
-            f"labels must be 0 or 1, got {raw[bad[0]]!r} at index {int(bad[0])}"
-        )
+        raise DataError(f"labels must be 0 or 1, got {raw[bad[0]]!r} at index {int(bad[0])}")
     return y
 
 

@@ -8,13 +8,9 @@ from dataclasses import dataclass
 import orjson
 import pytest
 
-from sidecar.claims.checker import (
-    ClaimScorer,
-    VerifierClaimChecker,
-    VerifierClaimSession,
-    evidence_chunks,
-)
+from sidecar.claims.checker import VerifierClaimChecker, VerifierClaimSession, evidence_chunks
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
+from sidecar.claims.scorer import ClaimScorer
 from sidecar.claims.segment import segment_claims
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind

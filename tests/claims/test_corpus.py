@@ -13,21 +13,23 @@ from sidecar.claims.calibration import coverage
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex, uncovered_terms
 from sidecar.exceptions import InputError
 from sidecar.lab.verifier.datasets import (
-    Pair,
     altered_copies,
     baselines,
     by_split,
-    last_user_turn,
     length_auroc,
     length_matched,
+    read_pairs,
+    windowed,
+    write_pairs,
+)
+from sidecar.lab.verifier.sources import (
+    Pair,
+    last_user_turn,
     read_begin,
     read_factcheckgpt,
     read_halueval_dialogue,
     read_halueval_summarization,
-    read_pairs,
     read_summedits,
-    windowed,
-    write_pairs,
 )
 
 DOC = (

@@ -11,17 +11,10 @@ from sidecar.claims.calibration import Band, coverage
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import ConfigError, InputError
 from sidecar.lab.verifier.calibration import fit_band, fit_platt
-from sidecar.lab.verifier.datasets import (
-    QARecord,
-    build_eval_sets,
-    build_training_pairs,
-    declarative_right,
-    length_auroc,
-    read_halueval_qa,
-    read_nq_open,
-    split_of,
-)
+from sidecar.lab.verifier.datasets import length_auroc
 from sidecar.lab.verifier.metrics import binary_report
+from sidecar.lab.verifier.pairs import build_eval_sets, build_training_pairs, declarative_right
+from sidecar.lab.verifier.sources import QARecord, read_halueval_qa, read_nq_open, split_of
 from sidecar.stats.metrics import auroc
 from tests.claims.conftest import DATA
 

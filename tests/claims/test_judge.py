@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.claims.checker import ClaimScorer, VerifierClaimChecker
+from sidecar.claims.checker import VerifierClaimChecker
 from sidecar.claims.judge import (
     FOUR_WAY_PROMPT,
     THREE_WAY_PROMPT,
@@ -20,6 +20,7 @@ from sidecar.claims.judge import (
     JudgeRunner,
     parse_label,
 )
+from sidecar.claims.scorer import ClaimScorer
 from sidecar.contracts.events import ClaimLabel, RetrievalSignal, SignalStatus
 from sidecar.exceptions import ConfigError
 from tests.claims.conftest import LexicalVerifier, RetrievalFactory

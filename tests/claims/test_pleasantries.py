@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.claims.checker import ClaimScorer, VerifierClaimChecker
+from sidecar.claims.checker import VerifierClaimChecker
+from sidecar.claims.scorer import ClaimScorer
 from sidecar.claims.segment import segment_claims
 from sidecar.contracts.events import (
     Decision,

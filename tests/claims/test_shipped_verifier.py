@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.claims.checker import ClaimScorer
+from sidecar.claims.scorer import ClaimScorer
 from sidecar.claims.verifier import OnnxVerifier, load_artifact
 from sidecar.cli.main import main
-from sidecar.lab.verifier.datasets import build_eval_sets, length_auroc, read_halueval_qa, split_of
+from sidecar.lab.verifier.datasets import length_auroc
 from sidecar.lab.verifier.evaluate import evaluate_pairs
+from sidecar.lab.verifier.pairs import build_eval_sets
+from sidecar.lab.verifier.sources import read_halueval_qa, split_of
 from tests.claims.conftest import DATA, REPO
 
 MODEL = REPO / "models" / "verifier"

@@ -7,7 +7,8 @@ from collections.abc import Callable
 import orjson
 import pytest
 
-from sidecar.claims.checker import ClaimScorer, VerifierClaimChecker, VerifierClaimSession
+from sidecar.claims.checker import VerifierClaimChecker, VerifierClaimSession
+from sidecar.claims.scorer import ClaimScorer
 from sidecar.claims.segment import ClaimSegmenter, segment_claims
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind

@@ -19,20 +19,12 @@ transformers = pytest.importorskip("transformers", reason="the [ml] extra trains
 
 from sidecar.claims.verifier import OnnxVerifier  # noqa: E402
 from sidecar.exceptions import ConfigError  # noqa: E402
-from sidecar.lab.verifier.datasets import (  # noqa: E402
-    Corpus,
-    Pair,
-    baselines,
-    pairs_digest,
-    write_corpus,
-)
-from sidecar.lab.verifier.training import (  # noqa: E402
-    Checkpoints,
-    TrainConfig,
-    VerifierTrainer,
-    export_from_checkpoint,
-    minilm_dir,
-)
+from sidecar.lab.verifier.checkpoints import Checkpoints  # noqa: E402
+from sidecar.lab.verifier.datasets import Corpus, baselines, pairs_digest, write_corpus  # noqa: E402
+from sidecar.lab.verifier.settings import TrainConfig, minilm_dir  # noqa: E402
+from sidecar.lab.verifier.sources import Pair  # noqa: E402
+from sidecar.lab.verifier.trainer import VerifierTrainer  # noqa: E402
+from sidecar.lab.verifier.training import export_from_checkpoint  # noqa: E402
 
 FACTS = [
     ("Paris is the capital of France.", "Paris is the capital and largest city of France."),

@@ -32,16 +32,10 @@ from sidecar.claims.verifier import (  # noqa: E402
 from sidecar.exceptions import ArtifactError, ConfigError, LifecycleError  # noqa: E402
 from sidecar.golden import describe_cpu  # noqa: E402
 from sidecar.hashing import sha256_file  # noqa: E402
-from sidecar.lab.verifier.datasets import Pair  # noqa: E402
-from sidecar.lab.verifier.training import (  # noqa: E402
-    CrossEncoder,
-    TrainConfig,
-    VerifierTrainer,
-    _drop_questions,
-    _tensors,
-    claim_tokens,
-    minilm_dir,
-)
+from sidecar.lab.verifier.model import CrossEncoder, claim_tokens  # noqa: E402
+from sidecar.lab.verifier.settings import TrainConfig, minilm_dir  # noqa: E402
+from sidecar.lab.verifier.sources import Pair  # noqa: E402
+from sidecar.lab.verifier.trainer import VerifierTrainer, _drop_questions, _tensors  # noqa: E402
 
 PAIRS = [
     ("Metformin activates AMPK.", "Metformin reduces glucose output by activating AMPK."),

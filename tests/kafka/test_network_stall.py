@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from sidecar.lab.chaos.runner import Chaos
+from sidecar.lab.chaos.faults import network_stall
+from sidecar.lab.chaos.harness import Chaos
 
 pytestmark = pytest.mark.connected
 
@@ -35,7 +36,7 @@ def test_network_stall_loses_nothing_and_readiness_recovers(tmp_path: Path) -> N
         assert proxy.stats().connections > before
         assert asyncio.run(_advertised_ports(broker.bootstrap_servers)) == {broker.port}
 
-        result = asyncio.run(chaos.network_stall())
+        result = asyncio.run(network_stall(chaos))
 
     assert result.name == "network-stall"
     assert result.requests > 0

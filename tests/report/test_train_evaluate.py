@@ -11,7 +11,8 @@ import pytest
 
 from sidecar.confidence.bound import CoverageCounts, coverage_bound
 from sidecar.lab.confidence.recipe import TAU_GRID, _claim_variants, choose_tau
-from sidecar.lab.report.evaluate import Replayed, build_report, write_plots
+from sidecar.lab.report.evaluate import Replayed, build_report
+from sidecar.lab.report.plots import write_plots
 from sidecar.lab.report.probe import LeakageProbeResult
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""Generated hostile records, each with what must come of it (issue #20).
+"""Every class of hostile record, each with what must come of it (issue #20).
 
 A hostile producer sends valid-shaped events with finite but absurd numbers,
 bytes that are not UTF-8 (in values and in header values), records just under,
@@ -17,185 +17,28 @@ the soak.
 
 from __future__ import annotations
 
-import base64
-import random
-from collections import Counter
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from typing import Any
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import orjson
 
-from sidecar.config import LimitSettings, TopicSettings
-from sidecar.lab.chaos.corpus import delta, final, retrieval
+from sidecar.lab.chaos.builder import RecordBuilder, pad_to
+from sidecar.lab.chaos.corpus import delta, retrieval
+from sidecar.lab.chaos.expectations import (
+    OTHER_TENANT,
+    TENANT,
+    HostileRecord,
+    Outcome,
+)
 from sidecar.lab.replay import Record
 
-TENANT = "acme"
-OTHER_TENANT = "evil"
-CHAOS_ID_HEADER = "x-chaos-id"
 FLOAT16_MAX = 65504.0
 _SIDE = {-1: "-under", 0: "-at", 1: "-over"}  # request ids allow no "+"
 
 
-class Outcome(StrEnum):
-    DLQ = "dlq"  # dead-lettered (with one of ``reasons`` when they are given)
-    ANSWER = "answer"  # not dead-lettered; its request gets a verdict
-    EITHER = "either"  # answered, or dead-lettered (with one of ``reasons`` when given)
-    CONSUME = "consume"  # a label: finished without an output of its own (committed)
-    # exactly one of its request's ONE_OF records is dead-lettered, the others are answered:
-    # which one crosses a per-request budget depends on the order the two topics are read in
-    ONE_OF = "one-of"
-
-
-@dataclass(frozen=True, slots=True)
-class HostileRecord:
-    case: str
-    record: Record
-    outcome: Outcome
-    request: tuple[str, str] | None = None  # (tenant, request_id) whose verdict answers it
-    reasons: frozenset[str] = frozenset()
-    complete: bool = False  # its request must be decided, not evicted as incomplete
-
-
-@dataclass(frozen=True, slots=True)
-class AttentionShape:
-    """What the served lookback model takes (from its metadata.json)."""
-
-    generator_model: str
-    layers: int
-    heads: int
-    chunks: int
-
-
-def tagged(record: Record, chaos_id: int) -> Record:
-    """The record with its chaos id header (dead letters keep the original headers)."""
-    return replace(record, headers=[*record.headers, (CHAOS_ID_HEADER, str(chaos_id).encode())])
-
-
-def _pad_to(build: Any, target: int) -> bytes:
-    """``build(pad)`` -> bytes; the ASCII padding length that makes it exactly ``target`` bytes."""
-    base = len(build(0))
-    raw: bytes = build(max(0, target - base))
-    if len(raw) != target:
-        raise ValueError(f"cannot pad a {base}-byte record to {target} bytes")
-    return raw
-
-
-class HostileFactory:
+class HostileFactory(RecordBuilder):
     """Builds ordinary requests and hostile records for one set of topics and limits."""
-
-    def __init__(
-        self,
-        topics: TopicSettings,
-        limits: LimitSettings,
-        *,
-        tenant_header: str,
-        attention: AttentionShape | None,
-        seed: int = 7,
-    ) -> None:
-        self.topics = topics
-        self.limits = limits
-        self.tenant_header = tenant_header
-        self.attention = attention
-        self.rng = random.Random(seed)  # noqa: S311 - reproducible synthetic traffic
-
-    # ------------------------------------------------------------------ building blocks
-
-    def _headers(self, tenant: str | None = TENANT, **extra: bytes) -> list[tuple[str, bytes]]:
-        headers = [] if tenant is None else [(self.tenant_header, tenant.encode())]
-        return headers + [(k.replace("_", "-"), v) for k, v in extra.items()]
-
-    def _rec(
-        self, topic: str, rid: str, value: bytes, headers: list[tuple[str, bytes]] | None = None
-    ) -> Record:
-        key = rid.encode("utf-8", "surrogatepass")
-        return Record(topic, key, value, self._headers() if headers is None else headers)
-
-    def ordinary(self, rid: str, deltas: int = 2, k: int = 5, tenant: str = TENANT) -> list[Record]:
-        """A whole well-formed request with the trusted tenant header on every record."""
-        headers = self._headers(tenant)
-        pieces = [f"Part {i} of the answer to {rid}. " for i in range(deltas)]
-        r, g = self.topics.retrieval, self.topics.generation
-        out = [self._rec(r, rid, orjson.dumps(retrieval(rid, k, tenant=tenant)), headers)]
-        out += [
-            self._rec(g, rid, orjson.dumps(delta(rid, i, p)), headers) for i, p in enumerate(pieces)
-        ]
-        out.append(self._rec(g, rid, orjson.dumps(final(rid, "".join(pieces))), headers))
-        return out
-
-    def _pair(
-        self,
-        case: str,
-        rid: str,
-        ret: bytes | None,
-        fin: bytes | None,
-        *,
-        bad: str | None = None,
-        reasons: Sequence[str] = (),
-        outcome: Outcome = Outcome.DLQ,
-        tenant: str = TENANT,
-        headers: list[tuple[str, bytes]] | None = None,
-    ) -> list[HostileRecord]:
-        """A request whose retrieval or final (``bad``) is the hostile part.
-
-        The good half must be answered: with a verdict when the bad half is
-        admitted, else by the TTL (``block``/``incomplete``).
-        """
-        out: list[HostileRecord] = []
-        request = (tenant, rid)
-        complete = (
-            ret is not None and fin is not None and (bad is None or outcome is Outcome.ANSWER)
-        )
-        for part, raw, topic in (
-            ("retrieval", ret, self.topics.retrieval),
-            ("final", fin, self.topics.generation),
-        ):
-            if raw is None:
-                continue
-            hostile = part == bad
-            out.append(
-                HostileRecord(
-                    case=case,
-                    record=self._rec(
-                        topic, rid, raw, headers if hostile else self._headers(tenant)
-                    ),
-                    outcome=outcome if hostile else Outcome.ANSWER,
-                    request=request,
-                    reasons=frozenset(reasons) if hostile else frozenset(),
-                    complete=complete,
-                )
-            )
-        return out
-
-    def _ret(self, rid: str, **over: Any) -> bytes:
-        return orjson.dumps(retrieval(rid, rng=self.rng, **over))
-
-    def _fin(self, rid: str, answer: str = "A short answer.", **over: Any) -> bytes:
-        return orjson.dumps(final(rid, answer, **over))
-
-    def _ret_k(self, rid: str, k: int) -> bytes:
-        """Five hits, whatever ``k`` claims."""
-        event = retrieval(rid, rng=self.rng)
-        event["k"] = k
-        return orjson.dumps(event)
-
-    def _scores(self, rid: str, score: float) -> bytes:
-        event = retrieval(rid, rng=self.rng)
-        event["hits"][0]["score"] = score
-        return orjson.dumps(event)
-
-    def _attention(self, values: np.ndarray[Any, Any]) -> dict[str, Any]:
-        shape = self.attention
-        assert shape is not None  # noqa: S101 - callers check
-        arr = np.resize(values, (shape.layers, shape.heads, shape.chunks)).astype("<f2")
-        return {
-            "layers": shape.layers,
-            "heads": shape.heads,
-            "chunks": shape.chunks,
-            "values": base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode("ascii"),
-        }
 
     # ------------------------------------------------------------------ the classes
 
@@ -379,7 +222,7 @@ class HostileFactory:
             event["hits"][0]["text"] = "p" * pad
             return orjson.dumps(event)
 
-        ret = _pad_to(big, self.limits.max_message_bytes + d)
+        ret = pad_to(big, self.limits.max_message_bytes + d)
         return self._pair(
             f"message-bytes{d:+d}", rid, ret, self._fin(rid), bad="retrieval",
             outcome=Outcome.DLQ if d > 0 else Outcome.ANSWER, reasons=["oversize"],
@@ -401,7 +244,7 @@ class HostileFactory:
                 f"max_request_bytes ({lim.max_request_bytes}) must be within max_message_bytes "
                 f"({lim.max_message_bytes}) plus a final of {len(fin)} bytes for this case"
             )
-        group = self._pair(f"request-bytes{d:+d}", rid, _pad_to(big, target), fin)
+        group = self._pair(f"request-bytes{d:+d}", rid, pad_to(big, target), fin)
         if d <= 0:
             return group
         crossing = frozenset({"request-too-large"})
@@ -530,7 +373,7 @@ class HostileFactory:
                 event["hits"][0]["text"] = "h" * pad
                 return orjson.dumps(event)
 
-            raw = _pad_to(big, self.limits.max_message_bytes - 1024)
+            raw = pad_to(big, self.limits.max_message_bytes - 1024)
             out += self._pair("join-byte-budget", rid, raw, None, outcome=Outcome.ANSWER)
         return out
 
@@ -559,79 +402,3 @@ class HostileFactory:
         if self.rng.random() < 0.5:
             return self.message_bytes(f"{p}msg", 1)
         return self.request_bytes(f"{p}reqbytes", 1)
-
-
-# ------------------------------------------------------------------ accounting
-
-
-@dataclass(slots=True)
-class Tally:
-    """What came of the tracked records."""
-
-    lost: int = 0  # neither dead-lettered nor answered (labels: not committed)
-    unexpected: list[str] = field(default_factory=list)  # outcome other than the one required
-    by_case: Counter[str] = field(default_factory=Counter)
-
-
-def tally(
-    tracked: Mapping[str, HostileRecord],
-    dead_letters: Mapping[str, str],
-    verdicts: Counter[tuple[str, str]],
-    *,
-    committed_all: bool,
-    incomplete: Collection[tuple[str, str]] = (),
-) -> Tally:
-    """Check every tracked record (by chaos id) against the dead letters and the verdicts.
-
-    ``dead_letters`` maps chaos ids to DLQ reasons; ``verdicts`` counts final
-    verdicts per (tenant, request id); ``committed_all`` says whether the group's
-    committed offsets reached the end of every input partition; ``incomplete`` names
-    the requests whose verdict says they were evicted before they were complete.
-    """
-    out = Tally()
-    one_of: dict[tuple[str, str], list[str]] = {}
-    evicted = set(incomplete)
-    reported: set[tuple[str, str]] = set()
-    for cid, h in tracked.items():
-        out.by_case[h.case] += 1
-        reason = dead_letters.get(cid)
-        answered = h.request is not None and verdicts[h.request] > 0
-        consumed = h.outcome is Outcome.CONSUME and committed_all
-        if reason is None and not answered and not consumed:
-            out.lost += 1
-        if h.outcome is Outcome.ONE_OF and h.request is not None:
-            one_of.setdefault(h.request, []).append(cid)
-        wrong = _wrong(h, reason, answered=answered)
-        if wrong is None and h.complete and h.request in evicted and h.request not in reported:
-            reported.add(h.request)
-            wrong = "its request decided, got block/incomplete"
-        if wrong is not None:
-            out.unexpected.append(f"{h.case} #{cid}: expected {wrong}")
-    for request, cids in one_of.items():
-        reasons = [dead_letters.get(cid) for cid in cids]
-        allowed = tracked[cids[0]].reasons
-        hit = [r for r in reasons if r is not None and (not allowed or r in allowed)]
-        if len(hit) != 1 or len([r for r in reasons if r is not None]) != 1:
-            case = tracked[cids[0]].case
-            out.unexpected.append(
-                f"{case} {request[1]}: expected one dead letter {sorted(allowed)}, got {reasons}"
-            )
-        elif verdicts[request] == 0:
-            out.unexpected.append(f"{tracked[cids[0]].case} {request[1]}: expected a verdict")
-    return out
-
-
-def _wrong(h: HostileRecord, reason: str | None, *, answered: bool) -> str | None:
-    """What was required of ``h`` when it did not happen (ONE_OF is checked per request)."""
-    match h.outcome:
-        case Outcome.DLQ if reason is None or (h.reasons and reason not in h.reasons):
-            return f"dead letter {sorted(h.reasons) or 'any'}, got {reason or 'none'}"
-        case Outcome.ANSWER if reason is not None:
-            return f"a verdict, got dead letter {reason}"
-        case Outcome.ANSWER if not answered:
-            return "a verdict"
-        case Outcome.CONSUME if reason is not None:
-            return f"consumed, got dead letter {reason}"
-        case Outcome.EITHER if reason is not None and h.reasons and reason not in h.reasons:
-            return f"a verdict or dead letter {sorted(h.reasons)}, got {reason}"
-    return None

@@ -6,9 +6,10 @@ off, which gives the signals exactly as served; the answer-level features
 (:func:`~sidecar.confidence.features.answer_features`) with the NQ-open label
 fit the answer model, and one row per retrieved chunk
 (:func:`~sidecar.confidence.features.chunk_features`) labelled "contains a gold
-answer" fits the chunk forecast (seed 004, Stage 2). The retrieve-again
-threshold tau is chosen on the chunk model's held-out part: the tau that best
-separates requests whose trusted chunks hold no answer (F1 over a grid).
+answer" fits the chunk forecast (docs/methods.md §Calibrated confidence,
+Stage 2). The retrieve-again threshold tau is chosen on the chunk model's
+held-out part: the tau that best separates requests whose trusted chunks hold
+no answer (F1 over a grid).
 
 From Kafka (``--from-kafka``): verdicts (which carry their confidence features)
 joined by request_id with ``rag.feedback`` refit the answer model; the chunk

@@ -1,4 +1,6 @@
-"""Held-out evaluation of a retrieval calibration (seed 000 Sec. 4.2): coverage, m1, m2, plot.
+"""Held-out evaluation of a retrieval calibration: coverage, m1, m2, plot.
+
+The method: docs/methods.md §Retrieval certification.
 
 The same retrieval as :mod:`sidecar.lab.conformal.recipe` for held-out questions,
 each certified with :func:`sidecar.conformal.certify.certify` exactly as the sidecar

@@ -1,4 +1,6 @@
-"""The retrieval calibration recipe (seed 000 Sec. 3.2): questions, corpus, index, labels, q_hat.
+"""The retrieval calibration recipe: questions, corpus, index, labels, q_hat.
+
+The method: docs/methods.md §Retrieval certification.
 
 calibrate: embed and index a corpus (the union of the passages of NQ-open-format
 files), retrieve the top K chunks for the calibration questions, label them

@@ -1,6 +1,6 @@
 """The generator side: what an LLM service runs to emit lookback-ratio summaries.
 
-Seed 000 section 3.3: the generator's attention over its prompt, reduced to
+docs/methods.md §Lookback-ratio factuality: the generator's attention over its prompt, reduced to
 chunk-wise lookback ratios (eqs. 7-9) per layer and head, travels in the
 ``GenerationFinal`` event as an ``AttentionSummary``; the sidecar only scores it.
 

@@ -1,4 +1,6 @@
-"""Chunk-wise and full-context lookback ratios of a causal LM (seed 000 section 3.3).
+"""Chunk-wise and full-context lookback ratios of a causal LM.
+
+The method: docs/methods.md §Lookback-ratio factuality.
 
 For every newly generated token ``t = 1..T``, layer ``l`` and head ``h``, the
 attention row ``alpha^{l,h}_{t,p}`` over the positions ``p`` visible at that step
@@ -13,7 +15,7 @@ where ``context`` is the whole prompt (preamble, chunks, question) and
     LR(c_i)   = (1 / T) * sum_t LR_t(c_i)
 
 and the full-context ratio of Lookback Lens (Chuang et al. 2024), the ``fc``
-variant of seed 000 Fig. 6::
+variant of the source's Fig. 6 (docs/methods.md §Lookback-ratio factuality)::
 
     LR_t = A_t(context) / (A_t(context) + A_t(output)),   LR = (1 / T) * sum_t LR_t
 

@@ -1,4 +1,6 @@
-"""The segmented prompt of seed 000 section 3.3: ``context = {pre, c1, ..., cK, qu}``.
+"""The segmented prompt: ``context = {pre, c1, ..., cK, qu}``.
+
+The method: docs/methods.md §Lookback-ratio factuality.
 
 Each segment is tokenised on its own and the token ids are concatenated, so
 every token of the prompt belongs to exactly one segment and the spans are

@@ -2,8 +2,8 @@
 
 Shared by ``guardrail dataset lookback``, ``guardrail eval lookback`` and the
 demo service: retrieve the top K chunks of a question (MiniLM embeddings in a
-Qdrant collection, :mod:`sidecar.lab.retrieval`), order them by retrieval score
-(best first, as seed 000 section 3.3 prescribes), prompt the generator with
+Qdrant collection, :mod:`sidecar.lab.retrieval`), order them by retrieval score,
+best first (docs/methods.md §Lookback-ratio factuality), prompt the generator with
 them, decode greedily and keep the lookback trace; the answer is labelled with
 the NQ-open rule of :mod:`sidecar.lab.answers`.
 """

@@ -1,4 +1,6 @@
-"""Training the lookback-ratio factuality classifier and exporting it to ONNX (seed 000 4.3).
+"""Training the lookback-ratio factuality classifier and exporting it to ONNX.
+
+The method: docs/methods.md §Lookback-ratio factuality.
 
 "A small classifier is trained to predict hallucinations from those lookback
 ratios ... the classifier architecture consists of a single logistic regression
@@ -144,7 +146,9 @@ class LookbackClassifier:
         names = [o.name for o in onx.graph.output]
         if ONNX_OUTPUT not in names:
             raise ArtifactError(f"the ONNX export has outputs {names}, expected {ONNX_OUTPUT!r}")
-        onx.doc_string = "lookback-ratio factuality classifier (seed 000 sec. 3.3)"
+        onx.doc_string = (
+            "lookback-ratio factuality classifier (docs/methods.md §Lookback-ratio factuality)"
+        )
         return bytes(onx.SerializeToString())
 
 

@@ -1,4 +1,6 @@
-"""The calibrated leakage probe of seed 003 section 4.2: how often the generator guesses wrong.
+"""The calibrated leakage probe: how often the generator guesses wrong.
+
+The method: docs/methods.md §Coverage bound.
 
 Assumption A2 of the coverage bound says that when the retrieved context holds
 no evidence for the answer, the generator hallucinates with probability at

@@ -9,11 +9,12 @@ Two levels:
   length-matched sets);
 * :func:`evaluate_items` - whole answers (``guardrail eval claims``): each
   HaluEval item (right and hallucinated answer / summary / response) is cut
-  into claims and checked with the same :class:`~sidecar.claims.checker.ClaimScorer`
+  into claims and checked with the same :class:`~sidecar.claims.scorer.ClaimScorer`
   the sidecar runs (evidence selection, rule tier, verifier). Its hallucination
   score is ``1 - min p(supported)`` over its claims; the item counts as
-  detected-hallucinated when any claim is unsupported (seed 002: one
-  unverified claim already raises the hallucination rate above 0).
+  detected-hallucinated when any claim is unsupported (docs/methods.md §Claim
+  verification: one unverified claim already raises the hallucination rate
+  above 0).
 
 Generic labelled pairs (``--format pairs``, :func:`read_pair_items`): one JSON
 object a line ``{"evidence", "claim", "label": 1|0, "question"?, "id"?}``
@@ -39,12 +40,11 @@ from typing import Final, Literal, Protocol
 
 from sidecar.claims.atomic import Claim
 from sidecar.claims.calibration import Band
-from sidecar.claims.checker import ClaimScorer
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
+from sidecar.claims.scorer import ClaimScorer
 from sidecar.claims.segment import segment_claims
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import InputError
-from sidecar.lab.verifier.datasets import Pair, split_of
 from sidecar.lab.verifier.jsonl import iter_json_objects
 from sidecar.lab.verifier.metrics import (
     auroc_or_nan,
@@ -52,6 +52,7 @@ from sidecar.lab.verifier.metrics import (
     binary_report,
     ece_or_nan,
 )
+from sidecar.lab.verifier.sources import Pair, split_of
 
 __all__ = [
     "FORMATS",

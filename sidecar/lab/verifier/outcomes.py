@@ -56,8 +56,8 @@ from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex, content_terms
 from sidecar.claims.segment import segment_claims
 from sidecar.exceptions import InputError
 from sidecar.lab.answers import normalize_answer
-from sidecar.lab.verifier.datasets import Pair
 from sidecar.lab.verifier.jsonl import iter_json_objects
+from sidecar.lab.verifier.sources import Pair
 
 __all__ = [
     "OutcomeRecord",
