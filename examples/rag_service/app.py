@@ -2,8 +2,11 @@
 
 ``POST /v1/chat/completions`` answers the last user message: retrieve, publish
 the retrieval event, generate (publishing one delta per text piece), publish
-the final event, then act on the sidecar's verdict. The header
-``x-guardrail-mode`` picks how:
+the final event, then act on the sidecar's verdict. Events leave through the
+kit's :class:`~guardrail_client.GuardrailPublisher` (contract-checked, keyed by
+request_id, ``traceparent`` attached); the verdict comes from the kit's
+:class:`~guardrail_client.VerdictClient`, whose ``on_timeout`` is the service's
+fail-open / fail-closed setting. The header ``x-guardrail-mode`` picks how:
 
 * ``stream`` (default): tokens go to the client as they are generated; the
   verdict follows as a final SSE event ``guardrail.verdict`` (before ``[DONE]``).
@@ -27,21 +30,18 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from aiohttp import web
-from aiokafka import AIOKafkaProducer
 
 from examples.rag_service.config import ServiceSettings
-from examples.rag_service.verdicts import VerdictWaiter, apply_verdict
-from sidecar.contracts.codec import encode
-from sidecar.contracts.events import (
-    AnswerVerdict,
+from examples.rag_service.verdicts import apply_verdict
+from guardrail_client import (
     AttentionSummary,
-    GenerationDelta,
-    GenerationFinal,
-    RetrievalEvent,
+    GuardrailPublisher,
     RetrievalHit,
+    VerdictClient,
+    VerdictResult,
 )
 
-__all__ = ["MODE_HEADER", "Answerer", "Generated", "RagService", "publish_event"]
+__all__ = ["MODE_HEADER", "Answerer", "Generated", "RagService"]
 
 MODE_HEADER = "x-guardrail-mode"
 Mode = Literal["stream", "hold"]
@@ -71,15 +71,6 @@ class Answerer(Protocol):
         ...
 
 
-async def publish_event(
-    producer: AIOKafkaProducer,
-    topic: str,
-    event: RetrievalEvent | GenerationDelta | GenerationFinal,
-) -> None:
-    """The one place events leave the service: keyed by request_id (murmur2), JSON contract."""
-    await producer.send_and_wait(topic, encode(event), key=event.request_id.encode())
-
-
 class _BadRequest(Exception):
     pass
 
@@ -105,31 +96,36 @@ def _chunk(request_id: str, model: str, content: str | None, finish: str | None)
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
-def _verdict_json(verdict: AnswerVerdict | None) -> dict[str, Any]:
-    if verdict is None:
-        return {"decision": None, "status": "timeout"}
-    return {
-        "decision": verdict.decision.value,
-        "reasons": [r.code for r in verdict.reasons],
-        "confidence": verdict.confidence,
-        "caveat_text": verdict.caveat_text,
-        "policy": verdict.policy,
-    }
+def _verdict_json(result: VerdictResult) -> dict[str, Any]:
+    """The decision acted on; ``source`` says whether the sidecar made it or the fallback did."""
+    fields: dict[str, Any] = {"decision": result.decision.value, "source": result.source}
+    if result.verdict is not None:
+        fields |= {
+            "reasons": [r.code for r in result.verdict.reasons],
+            "confidence": result.verdict.confidence,
+            "caveat_text": result.verdict.caveat_text,
+            "policy": result.verdict.policy,
+        }
+    return fields
 
 
 class RagService:
-    """The aiohttp application around an :class:`Answerer`, a producer and a verdict waiter."""
+    """The aiohttp application around an :class:`Answerer` and the kit's publisher and client.
+
+    ``verdicts`` waits ``settings.verdict_timeout_ms`` and falls back to its
+    ``on_timeout`` (see :func:`examples.rag_service.server.running`).
+    """
 
     def __init__(
         self,
         settings: ServiceSettings,
         answerer: Answerer,
-        producer: AIOKafkaProducer,
-        verdicts: VerdictWaiter,
+        publisher: GuardrailPublisher,
+        verdicts: VerdictClient,
     ) -> None:
         self.settings = settings
         self.answerer = answerer
-        self.producer = producer
+        self.publisher = publisher
         self.verdicts = verdicts
         self._generation = asyncio.Lock()
 
@@ -153,7 +149,6 @@ class RagService:
         except (_BadRequest, json.JSONDecodeError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
         request_id = f"svc-{uuid.uuid4().hex[:16]}"
-        self.verdicts.expect(request_id)
         pieces: asyncio.Queue[object] = asyncio.Queue()
         producing = asyncio.create_task(self._produce(request_id, question, pieces))
         response: web.StreamResponse | None = None
@@ -167,14 +162,11 @@ class RagService:
                 await response.write(
                     _chunk(request_id, self.answerer.generator_model, shown[-1], None)
                 )
-        try:
-            await producing
-        except BaseException:
-            self.verdicts.forget(request_id)
-            raise
-        verdict = await self.verdicts.wait(request_id, self.settings.verdict_timeout_ms / 1000)
+        await producing
+        # a verdict that came before this call is kept by the client (its recent cache)
+        result = await self.verdicts.verdict(request_id)
         answer = "".join(shown)
-        text = answer if mode == "stream" else apply_verdict(answer, verdict, self.settings)
+        text = answer if mode == "stream" else apply_verdict(answer, result, self.settings)
         model = self.answerer.generator_model
         if response is None:
             return web.json_response(
@@ -190,13 +182,13 @@ class RagService:
                             "finish_reason": "stop",
                         }
                     ],
-                    "guardrail": {"mode": mode, **_verdict_json(verdict)},
+                    "guardrail": {"mode": mode, **_verdict_json(result)},
                 }
             )
         if mode == "hold":
             await response.write(_chunk(request_id, model, text, None))
         await response.write(_chunk(request_id, model, None, "stop"))
-        payload = json.dumps({"request_id": request_id, "mode": mode, **_verdict_json(verdict)})
+        payload = json.dumps({"request_id": request_id, "mode": mode, **_verdict_json(result)})
         await response.write(f"event: guardrail.verdict\ndata: {payload}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
@@ -204,22 +196,18 @@ class RagService:
 
     async def _produce(self, request_id: str, question: str, pieces: asyncio.Queue[object]) -> None:
         """Retrieve, generate and publish every event; text pieces go to ``pieces``."""
-        s = self.settings
+        s, publish = self.settings, self.publisher
         try:
             hits = await asyncio.to_thread(self.answerer.retrieve, question, s.k)
-            await publish_event(
-                self.producer,
-                s.retrieval_topic,
-                RetrievalEvent(
-                    request_id=request_id,
-                    tenant=s.tenant,
-                    collection=s.collection,
-                    retriever=s.retriever,
-                    query=question,
-                    k=s.k,
-                    hits=hits,
-                    created_at=datetime.now(UTC),
-                ),
+            await publish.retrieval(
+                request_id,
+                question,
+                hits,
+                tenant=s.tenant,
+                collection=s.collection,
+                retriever=s.retriever,
+                k=s.k,
+                created_at=datetime.now(UTC),
             )
             loop = asyncio.get_running_loop()
             raw: asyncio.Queue[str | None] = asyncio.Queue()
@@ -235,18 +223,14 @@ class RagService:
                 job.add_done_callback(lambda _: raw.put_nowait(None))
                 while (text := await raw.get()) is not None:
                     pieces.put_nowait(text)  # the client first, then Kafka
-                    delta = GenerationDelta(request_id=request_id, seq=len(texts), text=text)
                     texts.append(text)
-                    await publish_event(self.producer, s.generation_topic, delta)
+                    await publish.delta(request_id, text)  # queued: never waits on Kafka
                 generated = await job
-            final = GenerationFinal(
-                request_id=request_id,
-                answer="".join(texts),
-                generator_model=self.answerer.generator_model,
-                deltas=len(texts),
+            await publish.final(
+                request_id,
+                "".join(texts),
                 attention=generated.attention,
-                mean_token_logprob=generated.mean_token_logprob,
+                logprob=generated.mean_token_logprob,
             )
-            await publish_event(self.producer, s.generation_topic, final)
         finally:
             pieces.put_nowait(_END)

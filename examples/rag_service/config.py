@@ -5,6 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from guardrail_client import OnTimeout
+
 
 class ServiceSettings(BaseSettings):
     """Where the service listens, which topics it uses, and what it says on each verdict."""
@@ -21,7 +23,8 @@ class ServiceSettings(BaseSettings):
     fail_open: bool = Field(
         default=False,
         description="hold mode, no verdict in time: true shows the answer marked unverified, "
-        "false shows the unverified text instead of the answer",
+        "false shows the unverified text instead of the answer (the VerdictClient's "
+        "on_timeout: allow / block)",
     )
     tenant: str = "default"
     collection: str = "nq-open"
@@ -34,3 +37,8 @@ class ServiceSettings(BaseSettings):
     unverified_text: str = (
         "The answer could not be checked in time (no guardrail verdict); it is withheld."
     )
+
+    @property
+    def on_timeout(self) -> OnTimeout:
+        """``fail_open`` as the kit's ``VerdictClient(on_timeout=...)``."""
+        return "allow" if self.fail_open else "block"

@@ -75,9 +75,10 @@ def ask(base_url: str, question: str, mode: str) -> None:
                 if event == "guardrail.verdict":
                     sys.stdout.write("\n")
                     reasons = ",".join(r for r in data.get("reasons") or [] if "." not in r)
+                    source = "" if data["source"] == "sidecar" else f" ({data['source']})"
                     _say(
                         "[verdict]",
-                        f"{data['request_id']} {str(data['decision']).upper()} "
+                        f"{data['request_id']} {str(data['decision']).upper()}{source} "
                         f"reasons={reasons} after {time.monotonic() - started:.1f}s",
                     )
                     event = "message"

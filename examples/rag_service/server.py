@@ -1,4 +1,4 @@
-"""Running the reference service: Kafka producer, verdict waiter and HTTP site, up and down."""
+"""Running the reference service: the kit's publisher and verdict client, the HTTP site."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from aiohttp import web
-from aiokafka import AIOKafkaProducer
 
 from examples.rag_service.app import Answerer, RagService
 from examples.rag_service.config import ServiceSettings
-from examples.rag_service.verdicts import VerdictWaiter
+from guardrail_client import GuardrailPublisher, VerdictClient
 
 __all__ = ["READY_LINE", "running", "serve"]
 
@@ -22,13 +21,27 @@ READY_LINE = "rag-service ready on"
 
 @asynccontextmanager
 async def running(settings: ServiceSettings, answerer: Answerer) -> AsyncIterator[str]:
-    """The service, listening; yields its base URL (port 0 picks a free one)."""
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers, acks="all")
-    waiter = VerdictWaiter(settings.bootstrap_servers, settings.verdict_topic)
-    await producer.start()
-    try:
-        await waiter.start()
-        runner = web.AppRunner(RagService(settings, answerer, producer, waiter).app())
+    """The service, listening; yields its base URL (port 0 picks a free one).
+
+    The verdict client starts before the site takes requests, so no request's
+    verdict comes before it reads; it waits ``verdict_timeout_ms`` and then
+    falls back to ``settings.on_timeout`` (``RAG_SERVICE_FAIL_OPEN``).
+    """
+    publisher = GuardrailPublisher(
+        settings.bootstrap_servers,
+        generator_model=answerer.generator_model,
+        retrieval_topic=settings.retrieval_topic,
+        generation_topic=settings.generation_topic,
+    )
+    verdicts = VerdictClient(
+        settings.bootstrap_servers,
+        verdicts_topic=settings.verdict_topic,
+        claims_topic=None,
+        on_timeout=settings.on_timeout,
+        timeout_s=settings.verdict_timeout_ms / 1000,
+    )
+    async with publisher, verdicts:
+        runner = web.AppRunner(RagService(settings, answerer, publisher, verdicts).app())
         await runner.setup()
         try:
             site = web.TCPSite(runner, settings.host, settings.port)
@@ -37,9 +50,6 @@ async def running(settings: ServiceSettings, answerer: Answerer) -> AsyncIterato
             yield f"http://{settings.host}:{port}"
         finally:
             await runner.cleanup()
-            await waiter.stop()
-    finally:
-        await producer.stop()
 
 
 async def serve(settings: ServiceSettings, answerer: Answerer) -> None:

@@ -3,6 +3,8 @@
 The sidecar runs in-process on the real broker (uuid topics) with a policy that
 decides by the question (``block`` / ``caveat`` / anything else: allow); the
 service runs with a fake answerer (no model) that streams four text pieces.
+Without a sidecar no verdict comes and the service's fail-open / fail-closed
+setting (the kit's ``on_timeout``) decides.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from examples.rag_service.app import MODE_HEADER, Generated
 from examples.rag_service.config import ServiceSettings
 from examples.rag_service.server import running
 from examples.rag_service.verdicts import apply_verdict
+from guardrail_client import VerdictResult
 from sidecar.contracts.events import (
     AnswerVerdict,
     Decision,
@@ -28,6 +31,7 @@ from sidecar.contracts.events import (
     RetrievalSignal,
     Signals,
 )
+from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
 from tests.kafka.harness import real_harness, settings_for
@@ -87,19 +91,24 @@ class FakeAnswerer:
         return Generated(attention=None, mean_token_logprob=-0.5)
 
 
+def service_settings(broker: LocalKafka, topics: dict[str, str], **extra: Any) -> ServiceSettings:
+    return ServiceSettings(
+        port=0,
+        bootstrap_servers=broker.bootstrap_servers,
+        retrieval_topic=topics["retrieval"],
+        generation_topic=topics["generation"],
+        verdict_topic=topics["verdicts"],
+        k=2,
+        **extra,
+    )
+
+
 @pytest.fixture
 async def service(
     kafka_broker: LocalKafka, unique_topics: dict[str, str]
 ) -> AsyncIterator[tuple[str, ServiceSettings]]:
     sidecar = settings_for(unique_topics, kafka_broker.bootstrap_servers)
-    settings = ServiceSettings(
-        port=0,
-        bootstrap_servers=kafka_broker.bootstrap_servers,
-        retrieval_topic=unique_topics["retrieval"],
-        generation_topic=unique_topics["generation"],
-        verdict_topic=unique_topics["verdicts"],
-        k=2,
-    )
+    settings = service_settings(kafka_broker, unique_topics)
     async with (
         real_harness(sidecar, policy=ByQuestionPolicy()),
         running(settings, FakeAnswerer()) as url,
@@ -149,6 +158,7 @@ async def test_stream_mode_streams_tokens_then_appends_the_verdict(
         assert names[-2:] == ["guardrail.verdict", "message"] and events[-1][1] == "[DONE]"
         verdict = events[-2][1]
         assert verdict["decision"] == decision and verdict["mode"] == "stream"
+        assert verdict["source"] == "sidecar"
         assert verdict["reasons"] == ["test-policy"] and verdict["policy"] == "by-question/1"
         assert verdict["request_id"] == events[0][1]["id"]
 
@@ -167,6 +177,7 @@ async def test_hold_mode_shows_only_what_the_verdict_allows(
         events = await _sse(url, question, "hold")
         assert _content(events) == content
         assert events[-2][0] == "guardrail.verdict" and events[-2][1]["decision"] == decision
+        assert events[-2][1]["source"] == "sidecar"
     body = {"messages": [{"role": "user", "content": "block this?"}], "stream": False}
     async with (
         aiohttp.ClientSession() as session,
@@ -194,10 +205,39 @@ async def test_bad_requests_are_refused_with_what_is_allowed(
             assert "user message" in (await r.json())["error"]
 
 
+@pytest.mark.connected
+@pytest.mark.parametrize("fail_open", [False, True])
+async def test_no_verdict_in_time_withholds_the_answer_unless_configured_open(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], fail_open: bool
+) -> None:
+    await create_topics(settings_for(unique_topics, kafka_broker.bootstrap_servers))
+    settings = service_settings(
+        kafka_broker, unique_topics, verdict_timeout_ms=300, fail_open=fail_open
+    )
+    async with running(settings, FakeAnswerer()) as url:  # no sidecar: no verdict comes
+        held = await _sse(url, "capital of France?", "hold")
+        streamed = await _sse(url, "capital of France?", "stream")
+    shown = f"{ANSWER}\n\n({settings.unverified_text})" if fail_open else settings.unverified_text
+    assert _content(held) == [shown]
+    assert _content(streamed) == PIECES  # stream mode has shown the tokens already
+    for events in (held, streamed):
+        name, verdict = events[-2]
+        assert name == "guardrail.verdict" and verdict["source"] == "timeout"
+        assert verdict["decision"] == ("allow" if fail_open else "block")
+        assert "reasons" not in verdict  # no sidecar decision to explain
+
+
 def test_a_missing_verdict_fails_closed_unless_configured_open() -> None:
     closed, opened = ServiceSettings(), ServiceSettings(fail_open=True)
-    assert apply_verdict("the answer", None, closed) == closed.unverified_text
-    assert apply_verdict("the answer", None, opened).startswith("the answer\n\n(")
+    assert (closed.on_timeout, opened.on_timeout) == ("block", "allow")
+    fallback = {
+        decision: VerdictResult("r1", decision, "timeout", verdict=None, waited_s=1.0)
+        for decision in (Decision.BLOCK, Decision.ALLOW)
+    }
+    assert apply_verdict("the answer", fallback[Decision.BLOCK], closed) == closed.unverified_text
+    assert apply_verdict("the answer", fallback[Decision.ALLOW], opened) == (
+        f"the answer\n\n({opened.unverified_text})"
+    )
     verdict = AnswerVerdict(
         request_id="r1",
         idempotency_key="k",
@@ -208,4 +248,5 @@ def test_a_missing_verdict_fails_closed_unless_configured_open() -> None:
         produced_at="2024-01-01T00:00:00Z",  # type: ignore[arg-type]
         sidecar_version="0",
     )
-    assert apply_verdict("the answer", verdict, closed) == "Only this is verified."
+    blocked = VerdictResult("r1", Decision.BLOCK, "sidecar", verdict=verdict, waited_s=0.1)
+    assert apply_verdict("the answer", blocked, closed) == "Only this is verified."
