@@ -1,1 +1,1 @@
-"""The guardrail client: unit tests and real-broker tests against a sidecar process."""
+"""The guardrail client and its lookback recorder: unit and real-broker tests."""

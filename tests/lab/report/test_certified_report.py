@@ -8,7 +8,7 @@ import pytest
 
 from sidecar.lab.report.evaluate import Replayed, build_report
 from sidecar.stats.binomial import clopper_pearson
-from tests.report.test_train_evaluate import six_rows
+from tests.lab.report.test_train_evaluate import six_rows
 
 
 def certified(rows: list[Replayed], risk: float = 0.4, delta: float = 0.1) -> list[Replayed]:

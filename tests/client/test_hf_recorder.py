@@ -26,7 +26,7 @@ from guardrail_client.hf import LookbackRecorder, find_attention_modules, lookba
 from sidecar.exceptions import ConfigError
 from sidecar.lab.generator.lookback import LookbackSummariser
 from sidecar.lab.generator.prompt import SegmentedPrompt
-from tests.generator.test_lookback_math import EOS, VOCAB, prompt_of, reference
+from tests.lab.generator.test_lookback_math import EOS, VOCAB, prompt_of, reference
 
 Builder = Callable[..., Any]
 

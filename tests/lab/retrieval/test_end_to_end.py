@@ -25,7 +25,7 @@ from sidecar.lab.retrieval.corpus import load_questions
 from sidecar.lab.retrieval.embedder import MINILM_MODEL_ID, MiniLMEmbedder
 from sidecar.lab.retrieval.split import select_split
 from sidecar.lab.retrieval.workflow import load_corpus, open_index, retrieve
-from tests.retrieval.conftest import NQ_DEV
+from tests.lab.retrieval.conftest import NQ_DEV
 
 
 @dataclass(frozen=True)

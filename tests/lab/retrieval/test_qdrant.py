@@ -13,7 +13,7 @@ from sidecar.lab.conformal.labels import label_run
 from sidecar.lab.retrieval.corpus import Chunk, load_questions
 from sidecar.lab.retrieval.qdrant import QdrantIndex
 from sidecar.lab.retrieval.workflow import load_corpus, open_index, retrieve
-from tests.retrieval.conftest import HashingEmbedder, WriteRecords, record
+from tests.lab.retrieval.conftest import HashingEmbedder, WriteRecords, record
 
 
 def _chunks(n: int) -> list[Chunk]:

@@ -17,7 +17,7 @@ from sidecar.hashing import sha256_file
 from sidecar.lab.retrieval.corpus import load_questions
 from sidecar.lab.retrieval.split import select_split
 from sidecar.lab.retrieval.workflow import calibration_data_hash, load_corpus
-from tests.retrieval.conftest import REPO
+from tests.lab.retrieval.conftest import REPO
 
 SHIPPED = REPO / "models" / "conformal" / "nq-open-minilm.json"
 

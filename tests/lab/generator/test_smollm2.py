@@ -24,11 +24,11 @@ from sidecar.lab.generator.smollm2 import (
 from sidecar.lab.retrieval.corpus import QARecord
 from sidecar.lab.retrieval.qdrant import Hit
 from sidecar.lookback.serving import OnnxLookbackScorer
-from tests.generator.test_lookback_math import reference
+from tests.lab.generator.test_lookback_math import reference
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SHIPPED = REPO / "models" / "lookback" / "smollm2-135m-nq-cw"
 CHUNKS = [
     PromptChunk("h1", "Hamlet", "Hamlet is a tragedy written by William Shakespeare around 1600."),

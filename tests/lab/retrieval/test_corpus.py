@@ -16,7 +16,7 @@ from sidecar.lab.retrieval.corpus import (
     split_words,
 )
 from sidecar.lab.retrieval.split import select_split, split_indices
-from tests.retrieval.conftest import WriteRecords, record
+from tests.lab.retrieval.conftest import WriteRecords, record
 
 
 def test_doc_id_is_title_and_text_hash() -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from sidecar.lab.retrieval.embedder import MiniLMEmbedder
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NQ_DEV = REPO.parent / "shared" / "data" / "nq-open" / "nq-open-oracle.dev.jsonl.gz"
 
 WriteRecords = Callable[..., Path]

@@ -1,1 +1,0 @@
-"""Tests of guardrail_client.hf (the lookback recorder)."""
