@@ -23,8 +23,8 @@ from pathlib import Path
 from examples.rag_service.__main__ import DEFAULT_CORPUS
 from examples.rag_service.app import MODE_HEADER
 from sidecar.config import Settings
-from sidecar.exceptions import SidecarNotReadyError
 from sidecar.kafka.topics import create_topics
+from sidecar.lab.demo import wait_http
 from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
 from sidecar.lab.lookback.dataset import select_part
 from sidecar.lab.retrieval.corpus import load_questions
@@ -35,23 +35,6 @@ MODES = ("stream", "hold", "hold")
 def _say(tag: str, text: str) -> None:
     sys.stdout.write(f"{tag:<9} {text}\n")
     sys.stdout.flush()
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SidecarNotReadyError(
-                f"{what} exited with code {proc.returncode} before it was ready"
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 - local http only
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SidecarNotReadyError(f"{what} was not ready within {timeout_s:.0f}s")
 
 
 def ask(base_url: str, question: str, mode: str) -> None:
@@ -121,11 +104,11 @@ def main() -> int:
                         [sys.executable, *argv], env=env, stdout=out, stderr=subprocess.STDOUT
                     )
                 )
-        _wait_http(f"http://127.0.0.1:{http_port}/readyz", procs[0], "the sidecar", 90)
+        wait_http(f"http://127.0.0.1:{http_port}/readyz", procs[0], "the sidecar", 90, 0.5)
         _say("[demo]", f"sidecar ready (pid {procs[0].pid})")
         base = f"http://127.0.0.1:{service_port}"
         _say("[demo]", "service loading SmolLM2 + MiniLM + Qdrant (first run embeds the corpus)")
-        _wait_http(f"{base}/healthz", procs[1], "the service", 600)
+        wait_http(f"{base}/healthz", procs[1], "the service", 600, 0.5)
         _say("[demo]", f"service ready on {base} (pid {procs[1].pid})")
         records = select_part(load_questions(DEFAULT_CORPUS), "eval", limit=len(MODES))
         for record, mode in zip(records, MODES, strict=True):

@@ -263,21 +263,24 @@ def _show(
     )
 
 
-def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+def wait_http(
+    url: str, proc: subprocess.Popen[bytes], what: str, timeout_s: float, every_s: float = 0.25
+) -> None:
+    """Wait until ``url`` answers 200; name ``what`` when ``proc`` exits or time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SidecarNotReadyError(
-                f"the sidecar exited with code {proc.returncode} before it was ready"
+                f"{what} exited with code {proc.returncode} before it was ready"
             )
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as r:
+            with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 - local http only
                 if r.status == 200:
                     return
         except OSError:
             pass
-        time.sleep(0.25)
-    raise SidecarNotReadyError(f"the sidecar was not ready within {timeout_s:.0f}s")
+        time.sleep(every_s)
+    raise SidecarNotReadyError(f"{what} was not ready within {timeout_s:.0f}s")
 
 
 def real_records(settings: Settings, questions: Path, n: int, out: TextIO) -> list[Record]:
@@ -349,7 +352,7 @@ def run_demo(
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        _wait_ready(http_port, sidecar, 60)
+        wait_http(f"http://127.0.0.1:{http_port}/readyz", sidecar, "the sidecar", 60)
         _line(out, "[demo]", f"sidecar ready (pid {sidecar.pid}, health on 127.0.0.1:{http_port})")
         if real:
             path = questions or Path("../shared/data/nq-open/nq-open-oracle.dev.jsonl.gz")
