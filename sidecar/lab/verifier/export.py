@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 
@@ -30,8 +30,13 @@ from sidecar.lab.verifier.quantization import int8_weights_fp32_compute
 from sidecar.lab.verifier.settings import FP32_FILE, INPUTS, INT8_FILE, TOKENIZER_FILE
 from sidecar.lab.verifier.sources import Pair
 
-if TYPE_CHECKING:
-    from sidecar.lab.verifier.trainer import VerifierTrainer
+
+class LogitSource(Protocol):
+    """What the parity check needs of the torch side (``VerifierTrainer`` has it)."""
+
+    def logits(
+        self, pairs: Sequence[tuple[str, str]], questions: Sequence[str] | None = None
+    ) -> np.ndarray[Any, np.dtype[np.float64]]: ...
 
 __all__ = ["evaluate_onnx", "int8_holds", "onnx_parity", "score_sets", "write_onnx"]
 
@@ -97,7 +102,7 @@ def int8_holds(
 
 
 def onnx_parity(
-    trainer: VerifierTrainer, out_dir: Path, pairs: Sequence[Pair]
+    trainer: LogitSource, out_dir: Path, pairs: Sequence[Pair]
 ) -> dict[str, float | int | str]:
     """max |logit difference| torch vs ONNX fp32 and vs int8 on validation pairs."""
     texts = [(p.claim, p.evidence) for p in pairs]
