@@ -1,0 +1,1 @@
+"""The ``guardrail`` command line: a module per command group; lab commands import lazily."""
