@@ -27,6 +27,12 @@ class _Run(Protocol):
     @property
     def incomplete(self) -> int: ...
 
+    @property
+    def requests(self) -> int: ...
+
+    @property
+    def verdicts(self) -> int: ...
+
 
 def cpu_model(cpuinfo: Path = CPUINFO) -> str | None:
     """``/proc/cpuinfo``'s first ``model name`` (``None``: not readable, not x86)."""
@@ -89,12 +95,24 @@ def half_capacity(noop_answers_per_s: float) -> float:
 
 
 def incomplete_failure(runs: Mapping[str, _Run]) -> str | None:
-    """Why the bench run fails (a run decided some request ``incomplete``), or ``None``."""
+    """Why the bench run fails (a request decided ``incomplete`` or never decided), or ``None``."""
     bad = {name: run.incomplete for name, run in runs.items() if run.incomplete}
-    if not bad:
-        return None
-    listed = ", ".join(f"{name}: {n}" for name, n in bad.items())
-    return (
-        f"{sum(bad.values())} incomplete verdicts ({listed}); every request must be decided "
-        "(a join TTL expired on requests whose inputs were in Kafka: the loop fell behind)"
-    )
+    undecided = {
+        name: run.requests - run.verdicts
+        for name, run in runs.items()
+        if run.verdicts < run.requests
+    }
+    why = []
+    if bad:
+        listed = ", ".join(f"{name}: {n}" for name, n in bad.items())
+        why.append(
+            f"{sum(bad.values())} incomplete verdicts ({listed}); every request must be decided "
+            "(a join TTL expired on requests whose inputs were in Kafka: the loop fell behind)"
+        )
+    if undecided:
+        listed = ", ".join(f"{name}: {n}" for name, n in undecided.items())
+        why.append(
+            f"{sum(undecided.values())} requests without a verdict when the run's wait ended "
+            f"({listed}): the sidecar did not keep up with the run's time budget"
+        )
+    return "; ".join(why) or None

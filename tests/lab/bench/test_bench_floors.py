@@ -71,6 +71,8 @@ class _Run:
     throughput_answers_per_s: float
     latency_ms: dict[str, float] = field(default_factory=dict)
     incomplete: int = 0
+    requests: int = 10
+    verdicts: int = 10
 
 
 def test_floors_report_divides_the_sidecar_by_its_floors() -> None:
@@ -107,6 +109,13 @@ def test_incomplete_fails_the_run_and_names_where() -> None:
     assert incomplete_failure({"fast_drain": _Run(1.0), "full_drain": _Run(1.0)}) is None
     why = incomplete_failure({"fast_drain": _Run(1.0), "full_drain": _Run(1.0, incomplete=300)})
     assert why is not None and "300 incomplete" in why and "full_drain: 300" in why
+    assert "without a verdict" not in why
+
+
+def test_requests_left_without_a_verdict_fail_the_run() -> None:
+    why = incomplete_failure({"full_drain": _Run(1.0, requests=500, verdicts=331)})
+    assert why is not None and "169 requests without a verdict" in why
+    assert "full_drain: 169" in why and "incomplete verdicts" not in why
 
 
 def test_machine_reads_the_model_and_the_kernel_flags(tmp_path: Path) -> None:
