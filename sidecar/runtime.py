@@ -209,12 +209,31 @@ def _served_models(settings: Settings) -> dict[str, str]:
     return {"confidence": version, "signals": ",".join(enabled)}
 
 
-def check(settings: Settings) -> dict[str, object]:
-    """Everything ``run`` would load, loaded and validated, without touching Kafka."""
+def build_processor(settings: Settings) -> Processor:
+    """The processor ``run`` serves: the settings' policy and signals, wired together.
+
+    Certified allow: a policy engine's allow certificates are re-tested on the
+    coverage monitor's feedback (the composition root knows both concrete types;
+    the pipeline does not).
+    """
+    from sidecar.confidence.fleet import CoverageMonitor  # noqa: PLC0415
+    from sidecar.policy.engine import PolicyEngine  # noqa: PLC0415
+
     policy = build_policy(settings)
     signals = build_signals(settings)
-    Processor(settings, policy, signals=signals)
-    return {"config": "ok", "policy": policy.name, "models": signals.versions()}
+    if isinstance(policy, PolicyEngine) and isinstance(signals.coverage, CoverageMonitor):
+        policy.attach_certificates(signals.coverage.certificates)
+    return Processor(settings, policy, signals=signals)
+
+
+def check(settings: Settings) -> dict[str, object]:
+    """Everything ``run`` would load, loaded and validated, without touching Kafka."""
+    processor = build_processor(settings)
+    return {
+        "config": "ok",
+        "policy": processor.policy.name,
+        "models": processor.signals.versions(),
+    }
 
 
 def freeze_startup_objects() -> int:
@@ -243,7 +262,7 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
     log.info("input topics: %s", format_counts(counts))
     shutdown_telemetry = configure_from_env(settings.metrics.prometheus_port)
     if processor is None:
-        processor = Processor(settings, build_policy(settings), signals=build_signals(settings))
+        processor = build_processor(settings)
     service = SidecarService(settings, processor)
     health: HealthServer | None = None
     if settings.http.enabled:

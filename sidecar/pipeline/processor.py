@@ -103,11 +103,10 @@ class Processor:
             tenancy=settings.tenancy,
             clock_ns=clock_ns,
         )
-        # certified allow: the policy's certificates are re-tested on the monitor's feedback
-        attach = getattr(policy, "attach_certificates", None)
-        tracker = getattr(self.signals.coverage, "certificates", None)
-        if attach is not None and tracker is not None:
-            attach(tracker)
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
 
     @property
     def signals(self) -> SignalSuite:

@@ -293,6 +293,7 @@ def test_processor_re_tests_the_certificate_on_feedback(
         certifier=ThresholdCertifier(calibration_key=key), coverage=monitor, confidence=Stub()
     )
     settings = settings_factory(join={"max_entries": 10, "ttl_ms": 1000})
+    policy.attach_certificates(monitor.certificates)  # what runtime.build_processor wires
     processor = Processor(settings, policy, signals=suite)
     offsets = iter(range(10_000))
 

@@ -51,6 +51,7 @@ async def loop(
         suite = SignalSuite(
             certifier=ThresholdCertifier(calibration_key=KEY), coverage=monitor, confidence=Stub()
         )
+        policy.attach_certificates(monitor.certificates)  # as runtime.build_processor does
         return Processor(settings, policy, signals=suite), monitor
 
     monkeypatch.setattr(loops, "coverage_processor", certified_processor)
