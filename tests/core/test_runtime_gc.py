@@ -23,7 +23,10 @@ def test_freeze_moves_live_objects_to_the_permanent_generation() -> None:
     kept = [[k] for k in range(1000)]  # tracked containers alive at "start-up"
     before = len(gc.get_objects())
     frozen = freeze_startup_objects()
-    assert frozen == gc.get_freeze_count()
+    # the permanent generation only shrinks after the freeze: a frozen object that
+    # another thread of the suite releases leaves it (CI saw 681,440 -> 681,438)
+    still = gc.get_freeze_count()
+    assert frozen - len(kept) < still <= frozen
     assert frozen >= len(kept)
     assert len(gc.get_objects()) < before - len(kept)  # no generation holds them any more
     # what request handling creates afterwards is still collected
