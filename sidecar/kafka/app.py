@@ -36,8 +36,8 @@ from sidecar.kafka.commits import Committer
 from sidecar.kafka.cut import KeyIndex
 from sidecar.kafka.intake import IntakeControl, Records, WorkQueue, measure_lag
 from sidecar.kafka.parsing import raw_decoder, tolerant_parser
-from sidecar.kafka.probe import BrokerProbe, LoopState
 from sidecar.kafka.publish import REQUEST_SIZE_MARGIN_BYTES, Publisher
+from sidecar.kafka.readiness import BrokerProbe, LoopState
 from sidecar.kafka.security import faststream_security
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
 from sidecar.pipeline.flow import InputAligner

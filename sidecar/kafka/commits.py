@@ -13,7 +13,7 @@ import asyncio
 
 from sidecar.kafka.clients import TP, ConsumerPort
 from sidecar.kafka.cut import KeyIndex
-from sidecar.kafka.probe import LoopState
+from sidecar.kafka.readiness import LoopState
 from sidecar.pipeline.offsets import OffsetTracker
 
 

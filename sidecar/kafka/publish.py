@@ -42,7 +42,7 @@ from sidecar.exceptions import (
     RecordTooLargeError,
 )
 from sidecar.kafka.clients import ProducerPort
-from sidecar.kafka.probe import LoopState
+from sidecar.kafka.readiness import LoopState
 from sidecar.pipeline.deadletters import fit_dead_letter, record_size, undeliverable_output
 from sidecar.pipeline.offsets import OffsetTracker
 from sidecar.pipeline.outputs import Destination, Output, Step

@@ -14,7 +14,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from sidecar.contracts.events import DeadLetterRecord
-from sidecar.kafka.probe import PUBLISH_STALL_S
+from sidecar.kafka.readiness import PUBLISH_STALL_S
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
 from tests.conftest import EventFactory, dumps
