@@ -6,10 +6,8 @@ import asyncio
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from bench.verdict_client import sidecar_env
 from sidecar.config import Settings
@@ -54,21 +52,3 @@ async def start_sidecar(
             await asyncio.to_thread(proc.signal, signal.SIGTERM)
 
 
-async def read_topic(bootstrap: str, topic: str, settle_s: float = 1.5) -> list[Any]:
-    """Every record of ``topic`` once nothing new came for ``settle_s``."""
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
-    out: list[Any] = []
-    loop = asyncio.get_running_loop()
-    quiet = loop.time()
-    try:
-        while loop.time() - quiet < settle_s:
-            batch = await consumer.getmany(timeout_ms=200)
-            for records in batch.values():
-                out.extend(records)
-                quiet = loop.time()
-    finally:
-        await consumer.stop()
-    return out

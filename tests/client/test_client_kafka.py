@@ -19,8 +19,9 @@ from guardrail_client import (
     VerdictTimeoutError,
 )
 from sidecar.config import Settings
-from tests.client.conftest import SidecarFactory, read_topic
+from tests.client.conftest import SidecarFactory
 from tests.conftest import EventFactory, dumps
+from tests.kafka.harness import read_settled
 
 pytestmark = pytest.mark.connected
 
@@ -93,10 +94,10 @@ async def test_published_events_get_the_verdict_of_the_same_hand_written_events(
         exclude=ROLLING
     )
     assert kit.verdict.confidence == hand.verdict.confidence
-    assert await read_topic(settings.kafka.bootstrap_servers, t.dlq, settle_s=0.5) == []
+    assert await read_settled(settings.kafka.bootstrap_servers, t.dlq, settle_s=0.5) == []
     [record] = [
         r
-        for r in await read_topic(settings.kafka.bootstrap_servers, t.verdicts)
+        for r in await read_settled(settings.kafka.bootstrap_servers, t.verdicts, settle_s=1.5)
         if r.key == b"kit-1"
     ]
     traceparent = dict(record.headers)["traceparent"].decode()
@@ -127,7 +128,7 @@ async def test_sync_publisher_numbers_deltas_and_names_the_tenant(
         result = await verdicts.verdict("sync-1")
     assert result.from_sidecar
     assert sync.stats.delivered == 5 and sync.stats.dropped == sync.stats.failed == 0
-    generation = await read_topic(settings.kafka.bootstrap_servers, t.generation, settle_s=0.5)
+    generation = await read_settled(settings.kafka.bootstrap_servers, t.generation, settle_s=0.5)
     events = [orjson.loads(r.value) for r in generation]
     assert [e.get("seq") for e in events] == [0, 1, 2, None]
     assert events[-1]["deltas"] == 3

@@ -189,3 +189,25 @@ async def real_harness(
         await h.service.stop()
         await h.producer.stop()
         await h.consumer.stop()
+
+
+async def read_settled(
+    bootstrap: str, topic: str, settle_s: float = 2.0
+) -> list[ConsumerRecord[Any, Any]]:
+    """Every record of ``topic`` (key, value, headers) once nothing new came for ``settle_s``."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
+    )
+    await consumer.start()
+    out: list[ConsumerRecord[Any, Any]] = []
+    loop = asyncio.get_running_loop()
+    quiet = loop.time()
+    try:
+        while loop.time() - quiet < settle_s:
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                quiet = loop.time()
+                out.extend(records)
+    finally:
+        await consumer.stop()
+    return out

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.kafka.topics import create_topics
@@ -19,7 +17,7 @@ from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.lab.replay import Record, send
 from tests.conftest import EventFactory, dumps
-from tests.kafka.harness import real_harness, settings_for, wait_until
+from tests.kafka.harness import read_settled, real_harness, settings_for, wait_until
 
 pytestmark = pytest.mark.connected
 
@@ -95,21 +93,7 @@ def sidecar_env(
 
 
 async def read_all(bootstrap: str, topic: str, settle_s: float = 2.0) -> list[dict[str, Any]]:
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
-    out: list[dict[str, Any]] = []
-    quiet = time.monotonic()
-    try:
-        while time.monotonic() - quiet < settle_s:
-            batch = await consumer.getmany(timeout_ms=200)
-            for records in batch.values():
-                quiet = time.monotonic()
-                out.extend(orjson.loads(r.value) for r in records)
-    finally:
-        await consumer.stop()
-    return out
+    return [orjson.loads(r.value) for r in await read_settled(bootstrap, topic, settle_s)]
 
 
 async def test_kill_between_publish_and_commit_redelivers_never_loses(

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.process import SidecarProcess
@@ -27,7 +26,7 @@ from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.lab.replay import Record, send
 from sidecar.pipeline.outputs import idempotency_key
 from tests.conftest import EventFactory, dumps
-from tests.kafka.harness import settings_for
+from tests.kafka.harness import read_settled, settings_for
 from tests.kafka.test_commits import committed
 
 pytestmark = pytest.mark.connected
@@ -49,26 +48,6 @@ def env(kafka_broker: LocalKafka, unique_topics: dict[str, str]) -> Iterator[dic
     }
 
 
-async def read(bootstrap: str, topic: str, settle_s: float = 2.0) -> list[Any]:
-    """Every record of ``topic`` (key, value, headers) once nothing new came for ``settle_s``."""
-    consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False
-    )
-    await consumer.start()
-    out: list[Any] = []
-    loop = asyncio.get_running_loop()
-    quiet = loop.time()
-    try:
-        while loop.time() - quiet < settle_s:
-            batch = await consumer.getmany(timeout_ms=200)
-            for records in batch.values():
-                quiet = loop.time()
-                out.extend(records)
-    finally:
-        await consumer.stop()
-    return out
-
-
 def blake(raw: bytes) -> bytes:
     return hashlib.blake2b(raw, digest_size=16).digest()
 
@@ -77,7 +56,7 @@ async def wait_for_verdicts(bootstrap: str, topic: str, ids: set[str], timeout_s
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while loop.time() < deadline:
-        got = {r.key.decode() for r in await read(bootstrap, topic, 0.3)}
+        got = {r.key.decode() for r in await read_settled(bootstrap, topic, 0.3)}
         if ids <= got:
             return
     raise TimeoutError(f"no verdict for {sorted(ids - got)} within {timeout_s}s")
@@ -153,8 +132,8 @@ async def test_poison_values_and_exceeded_limits_cost_one_record_each(
         again = Record(t.generation, b"req-ok0", dumps(final_event("req-ok0")))
         await send(settings, [again])
         await asyncio.sleep(3.0)
-        verdicts = verdicts_by_id(await read(kafka_broker.bootstrap_servers, t.verdicts))
-        dead = await read(kafka_broker.bootstrap_servers, t.dlq)
+        verdicts = verdicts_by_id(await read_settled(kafka_broker.bootstrap_servers, t.verdicts))
+        dead = await read_settled(kafka_broker.bootstrap_servers, t.dlq)
         done = await committed(kafka_broker.bootstrap_servers, unique_topics["group"])
     finally:
         proc.signal(signal.SIGTERM)
@@ -216,8 +195,8 @@ async def test_one_tenant_cannot_complete_or_claim_another_tenants_request(
         )
         # A's half-requests expire on their own, in A's name
         await asyncio.sleep(6.0)
-        verdicts = verdicts_by_id(await read(kafka_broker.bootstrap_servers, t.verdicts))
-        dead = await read(kafka_broker.bootstrap_servers, t.dlq)
+        verdicts = verdicts_by_id(await read_settled(kafka_broker.bootstrap_servers, t.verdicts))
+        dead = await read_settled(kafka_broker.bootstrap_servers, t.dlq)
     finally:
         proc.signal(signal.SIGTERM)
     decided_b = {rid: [v for v in vs if v["tenant"] == "tenant-b"] for rid, vs in verdicts.items()}

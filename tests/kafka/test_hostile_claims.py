@@ -25,8 +25,8 @@ from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.lab.replay import Record, send
 from tests.conftest import EventFactory, dumps
-from tests.kafka.harness import settings_for
-from tests.kafka.test_hostile import env, read, wait_for_verdicts  # noqa: F401 - env: a fixture
+from tests.kafka.harness import read_settled, settings_for
+from tests.kafka.test_hostile import env, wait_for_verdicts  # noqa: F401 - env: a fixture
 
 pytestmark = pytest.mark.connected
 
@@ -82,14 +82,17 @@ async def test_adversarial_answers_neither_stall_the_sidecar_nor_skip_verificati
         while time.monotonic() < deadline and not done:
             probes.append(await asyncio.to_thread(livez, proc.port))
             got = {
-                r.key.decode() for r in await read(kafka_broker.bootstrap_servers, t.verdicts, 0.2)
+                r.key.decode()
+                for r in await read_settled(kafka_broker.bootstrap_servers, t.verdicts, 0.2)
             }
             done = {"req-long", "req-polite", "req-after"} <= got
         verdicts = [
-            orjson.loads(r.value) for r in await read(kafka_broker.bootstrap_servers, t.verdicts)
+            orjson.loads(r.value)
+            for r in await read_settled(kafka_broker.bootstrap_servers, t.verdicts)
         ]
         claims = [
-            orjson.loads(r.value) for r in await read(kafka_broker.bootstrap_servers, t.claims)
+            orjson.loads(r.value)
+            for r in await read_settled(kafka_broker.bootstrap_servers, t.claims)
         ]
     finally:
         proc.signal(signal.SIGTERM)
@@ -135,7 +138,7 @@ async def test_a_flood_of_labels_for_one_request_counts_once_in_the_coverage_rep
         await asyncio.sleep(4.0)  # a few report intervals
         reports = [
             orjson.loads(r.value)
-            for r in await read(kafka_broker.bootstrap_servers, t.reports, 0.5)
+            for r in await read_settled(kafka_broker.bootstrap_servers, t.reports, 0.5)
         ]
     finally:
         proc.signal(signal.SIGTERM)

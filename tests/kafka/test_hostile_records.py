@@ -28,9 +28,15 @@ from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka
 from tests.conftest import EventFactory, dumps
-from tests.kafka.harness import Msg, RealHarness, real_harness, settings_for, wait_until
+from tests.kafka.harness import (
+    Msg,
+    RealHarness,
+    read_settled,
+    real_harness,
+    settings_for,
+    wait_until,
+)
 from tests.kafka.test_commits import committed
-from tests.kafka.test_hostile import read
 
 pytestmark = pytest.mark.connected
 
@@ -279,7 +285,9 @@ async def test_a_killed_sidecar_process_re_reads_the_hostile_records_and_does_no
     never_commits.start()
     await produce(settings, records)
     for _ in range(100):
-        if len(await read(bootstrap, t.verdicts, 0.3)) >= 2 and await read(bootstrap, t.dlq, 0.3):
+        if len(await read_settled(bootstrap, t.verdicts, 0.3)) >= 2 and await read_settled(
+            bootstrap, t.dlq, 0.3
+        ):
             break
     assert never_commits.signal(signal.SIGKILL) == -signal.SIGKILL
     assert await committed(bootstrap, unique_topics["group"]) == {}
@@ -289,12 +297,15 @@ async def test_a_killed_sidecar_process_re_reads_the_hostile_records_and_does_no
     second.start()
     await produce(settings, requests(settings, ["req-p2"], retrieval_event, final_event))
     for _ in range(100):
-        got = {orjson.loads(r.value)["request_id"] for r in await read(bootstrap, t.verdicts, 0.3)}
+        got = {
+            orjson.loads(r.value)["request_id"]
+            for r in await read_settled(bootstrap, t.verdicts, 0.3)
+        }
         if got >= {"req-p0", "req-p1", "req-p2"}:
             break
     assert second.signal(signal.SIGTERM) == 0
     assert got == {"req-p0", "req-p1", "req-p2"}, second.tail()
-    dead = await read(bootstrap, t.dlq)
+    dead = await read_settled(bootstrap, t.dlq)
     assert len(dead) == 2  # once per life, the same truncated dead letter
     for record in dead:
         headers = dict(record.headers)
