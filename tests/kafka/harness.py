@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from faststream.kafka import TestKafkaBroker
 from faststream.kafka.annotations import KafkaMessage
@@ -211,3 +212,35 @@ async def read_settled(
     finally:
         await consumer.stop()
     return out
+
+
+async def read_verdicts(
+    settings: Settings, n: int, timeout_s: float, linger_s: float = 0.0
+) -> list[dict[str, Any]]:
+    """Verdicts until ``n`` distinct requests have one (an evicted request may get two);
+    then ``linger_s`` more, for a second verdict that would come about then."""
+    consumer = AIOKafkaConsumer(
+        settings.topics.verdicts,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    out: list[dict[str, Any]] = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            while len({v["request_id"] for v in out}) < n:
+                batch = await consumer.getmany(timeout_ms=200)
+                out.extend(orjson.loads(r.value) for rs in batch.values() for r in rs)
+        if linger_s > 0:
+            await asyncio.sleep(linger_s)
+            batch = await consumer.getmany(timeout_ms=200)
+            out.extend(orjson.loads(r.value) for rs in batch.values() for r in rs)
+    finally:
+        await consumer.stop()
+    return out
+
+
+def incomplete_count(verdicts: list[dict[str, Any]]) -> int:
+    """How many verdicts say ``incomplete`` (a join TTL or capacity eviction)."""
+    return sum(any(r["code"] == "incomplete" for r in v["reasons"]) for v in verdicts)

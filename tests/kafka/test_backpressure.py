@@ -10,14 +10,13 @@ sidecar itself was behind: every request gets its real decision, none
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from sidecar.config import Settings
 from sidecar.contracts.events import (
@@ -34,7 +33,7 @@ from sidecar.pipeline.ports import ClaimResult, SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from tests.conftest import EventFactory, dumps
-from tests.kafka.harness import wait_until
+from tests.kafka.harness import incomplete_count, read_verdicts, wait_until
 
 pytestmark = pytest.mark.connected
 
@@ -123,28 +122,6 @@ async def _burst(
         await producer.stop()
 
 
-async def _verdicts(settings: Settings, timeout_s: float) -> list[dict[str, Any]]:
-    consumer = AIOKafkaConsumer(
-        settings.topics.verdicts,
-        bootstrap_servers=settings.kafka.bootstrap_servers,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    out: list[dict[str, Any]] = []
-    try:
-        async with asyncio.timeout(timeout_s):
-            while len({v["request_id"] for v in out}) < REQUESTS:
-                batch = await consumer.getmany(timeout_ms=200)
-                out.extend(orjson.loads(r.value) for rs in batch.values() for r in rs)
-        await asyncio.sleep(0.5)  # a second verdict for a request would come about now
-        batch = await consumer.getmany(timeout_ms=200)
-        out.extend(orjson.loads(r.value) for rs in batch.values() for r in rs)
-    finally:
-        await consumer.stop()
-    return out
-
-
 async def _drain(
     broker: LocalKafka,
     topics: dict[str, str],
@@ -160,14 +137,10 @@ async def _drain(
     await service.start()
     try:
         await wait_until(lambda: service.ready, 30, "partition assignment")
-        verdicts = await _verdicts(settings, timeout_s=90)
+        verdicts = await read_verdicts(settings, REQUESTS, timeout_s=90, linger_s=0.5)
     finally:
         await service.stop()
     return verdicts, service
-
-
-def _incomplete(verdicts: list[dict[str, Any]]) -> int:
-    return sum(any(r["code"] == "incomplete" for r in v["reasons"]) for v in verdicts)
 
 
 async def test_a_slow_verifier_decides_every_request_of_a_burst(
@@ -177,7 +150,7 @@ async def test_a_slow_verifier_decides_every_request_of_a_burst(
     final_event: EventFactory,
 ) -> None:
     verdicts, service = await _drain(kafka_broker, unique_topics, retrieval_event, final_event)
-    assert _incomplete(verdicts) == 0, f"{_incomplete(verdicts)} of {REQUESTS} incomplete"
+    assert incomplete_count(verdicts) == 0, f"{incomplete_count(verdicts)} of {REQUESTS} incomplete"
     assert sorted(v["request_id"] for v in verdicts) == sorted(f"req-{i}" for i in range(REQUESTS))
     assert all(v["signals"]["claims"]["status"] == "ok" for v in verdicts)
     assert service.processor.counters.claim_verdicts == REQUESTS * len(SENTENCES)

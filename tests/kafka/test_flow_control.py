@@ -9,12 +9,11 @@ capacity as ``incomplete`` although their other half is in Kafka; with it
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from sidecar.config import Settings
 from sidecar.kafka.app import SidecarService
@@ -23,7 +22,7 @@ from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from tests.conftest import EventFactory
-from tests.kafka.harness import wait_until
+from tests.kafka.harness import incomplete_count, read_verdicts, wait_until
 
 pytestmark = pytest.mark.connected
 
@@ -55,26 +54,6 @@ async def _prefill(
         await producer.stop()
 
 
-async def _verdicts(settings: Settings, n: int, timeout_s: float) -> list[dict[str, Any]]:
-    """Verdicts until ``n`` distinct requests have one (an evicted request may get two)."""
-    consumer = AIOKafkaConsumer(
-        settings.topics.verdicts,
-        bootstrap_servers=settings.kafka.bootstrap_servers,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    out: list[dict[str, Any]] = []
-    try:
-        async with asyncio.timeout(timeout_s):
-            while len({v["request_id"] for v in out}) < n:
-                batch = await consumer.getmany(timeout_ms=200)
-                out.extend(orjson.loads(r.value) for rs in batch.values() for r in rs)
-    finally:
-        await consumer.stop()
-    return out
-
-
 async def _drain(
     kafka_broker: LocalKafka,
     topics: dict[str, str],
@@ -100,14 +79,10 @@ async def _drain(
     await service.start()
     try:
         await wait_until(lambda: service.ready, 30, "partition assignment")
-        verdicts = await _verdicts(settings, REQUESTS, timeout_s=120)
+        verdicts = await read_verdicts(settings, REQUESTS, timeout_s=120)
     finally:
         await service.stop()
     return verdicts, service
-
-
-def _incomplete(verdicts: list[dict[str, Any]]) -> int:
-    return sum(any(r["code"] == "incomplete" for r in v["reasons"]) for v in verdicts)
 
 
 async def test_backlog_drains_with_whole_requests_when_inputs_are_aligned(
@@ -121,7 +96,7 @@ async def test_backlog_drains_with_whole_requests_when_inputs_are_aligned(
     )
     expected = sorted(f"req-{i}" for i in range(REQUESTS))
     assert sorted(v["request_id"] for v in verdicts) == expected  # one each, none twice
-    assert _incomplete(verdicts) == 0
+    assert incomplete_count(verdicts) == 0
     assert service.processor.store.evictions == 0
     assert service.aligner is not None
     assert service.aligner.pauses > 0  # the aligner did the work, not luck
@@ -140,5 +115,5 @@ async def test_without_alignment_the_same_backlog_loses_half_requests_to_capacit
     )
     assert len({v["request_id"] for v in verdicts}) == REQUESTS  # still no request without one
     assert service.processor.store.evictions > STORE
-    assert _incomplete(verdicts) > REQUESTS // 10
+    assert incomplete_count(verdicts) > REQUESTS // 10
     assert service.aligner is None
