@@ -15,7 +15,9 @@ the way the kubelet would start the container, as far as a test can:
   read-only copies - and the container paths in the environment point at them;
   the working directory is the image's ``WORKDIR`` (``/tmp``), HOME the image's;
 * the user: the pod's ``runAsUser`` (10001) through ``setpriv`` when the tests
-  run as root, otherwise the (already non-root) test user.
+  run as root, otherwise the (already non-root) test user; a checkout that user
+  cannot read (under ``mktemp -d``) is staged as the image has it
+  (:mod:`tests.deploy.podpython`).
 
 Not emulated: the read-only root filesystem (the interpreter and the project
 are the test's, not the image's; ``test_runtime_image.py`` checks that
@@ -31,7 +33,6 @@ import re
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ import yaml
 
 from tests.deploy.dockerfile import Dockerfile
 from tests.deploy.kubelet import services_env
+from tests.deploy.podpython import PodPython, pod_python
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "guardrail-sidecar"
@@ -422,9 +424,10 @@ def pod_environment(
     manifests: list[dict[str, Any]],
     dockerfile: Dockerfile,
     paths: Mapping[str, Path],
+    python: PodPython,
 ) -> dict[str, str]:
     image = dockerfile.runtime_env()
-    image["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.defpath}"
+    image["PATH"] = f"{Path(python.argv[0]).parent}{os.pathsep}{os.defpath}"
     env = container_env(workload, image | namespace_services_env(manifests))
     # container paths -> the emulated filesystem (longest mount first)
     for name, value in env.items():
@@ -433,19 +436,19 @@ def pod_environment(
                 env[name] = str(paths[target]) + value[len(target) :]
                 break
     # the project under test instead of the image's venv
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = python.pythonpath
     return env
 
 
 def start(
-    workload: Workload, env: Mapping[str, str], user: PodUser, cwd: Path
+    workload: Workload, env: Mapping[str, str], user: PodUser, python: PodPython, cwd: Path
 ) -> subprocess.CompletedProcess[str]:
     args = list(workload.container.get("args", []))
     assert args[:1] == ["run"], f"{workload.name} does not run the sidecar: {args}"
     if "--check" not in args:
         args.append("--check")
     return subprocess.run(
-        [*user.argv_prefix, sys.executable, "-m", "sidecar", *args],
+        [*user.argv_prefix, *python.argv, "-m", "sidecar", *args],
         env=dict(env),
         cwd=cwd,
         capture_output=True,
@@ -468,8 +471,9 @@ def test_the_rendered_pod_starts_beside_service_links(
     assert workloads, "no guardrail container rendered"
     for i, workload in enumerate(workloads):
         user = pod_user(workload, dockerfile)
+        python = pod_python(user.argv_prefix, pod_root / f"image-{i}")
         paths = build_filesystem(pod_root / str(i), workload, manifests, dockerfile, user)
-        env = pod_environment(workload, manifests, dockerfile, paths)
+        env = pod_environment(workload, manifests, dockerfile, paths, python)
         links = [k for k in namespace_services_env(manifests) if k.startswith("GUARDRAIL_")]
         assert any(k.startswith("GUARDRAIL_LLM_") for k in links), (
             "the LLM team's Service is missing"
@@ -477,7 +481,7 @@ def test_the_rendered_pod_starts_beside_service_links(
         if name != "example-llm-service":  # the chart's own Service (standalone mode)
             assert "GUARDRAIL_GUARDRAIL_SIDECAR_SERVICE_HOST" in env
 
-        ok = start(workload, env, user, cwd=paths[POD_TMP])
+        ok = start(workload, env, user, python, cwd=paths[POD_TMP])
         assert ok.returncode == 0, (
             f"{workload.name} as uid {user.uid}: guardrail run --check exited {ok.returncode}\n"
             f"stdout:\n{ok.stdout}\nstderr:\n{ok.stderr[-4000:]}"
@@ -487,6 +491,6 @@ def test_the_rendered_pod_starts_beside_service_links(
             -4000:
         ]
 
-        typo = start(workload, env | {"GUARDRAIL_JOIN__TTL": "5"}, user, cwd=paths[POD_TMP])
+        typo = start(workload, env | {"GUARDRAIL_JOIN__TTL": "5"}, user, python, cwd=paths[POD_TMP])
         assert typo.returncode == 2, typo.stderr[-4000:]  # the configuration-error exit code
         assert "GUARDRAIL_JOIN__TTL" in typo.stderr
