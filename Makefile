@@ -35,6 +35,7 @@ demo-service: setup kafka-jars
 
 lint: setup
 	$(BIN)/ruff check sidecar tests guardrail_client examples bench
+	$(BIN)/ruff format --check sidecar tests guardrail_client examples bench
 	$(BIN)/guardrail schemas check
 
 typecheck: setup

@@ -42,10 +42,13 @@ def test_importing_the_client_imports_no_serving_or_heavy_module() -> None:
     assert sorted(m for m in modules if m.split(".")[0] in FORBIDDEN) == []
     assert sorted(m for m in modules if m.startswith(SERVING)) == []
     # the contracts package (its modules are the event records) and the exceptions only
-    assert sorted(
-        m
-        for m in modules
-        if m.startswith("sidecar.")
-        and m not in {"sidecar.exceptions", "sidecar.contracts"}
-        and not m.startswith("sidecar.contracts.")
-    ) == []
+    assert (
+        sorted(
+            m
+            for m in modules
+            if m.startswith("sidecar.")
+            and m not in {"sidecar.exceptions", "sidecar.contracts"}
+            and not m.startswith("sidecar.contracts.")
+        )
+        == []
+    )

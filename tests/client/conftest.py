@@ -50,5 +50,3 @@ async def start_sidecar(
     for proc in started:
         if proc.pid is not None:
             await asyncio.to_thread(proc.signal, signal.SIGTERM)
-
-

@@ -39,6 +39,7 @@ class LogitSource(Protocol):
         self, pairs: Sequence[tuple[str, str]], questions: Sequence[str] | None = None
     ) -> np.ndarray[Any, np.dtype[np.float64]]: ...
 
+
 __all__ = ["evaluate_onnx", "int8_holds", "onnx_parity", "score_sets", "write_onnx"]
 
 HEAD_NODE: Final = "/head/Gemm_MatMul"  # CrossEncoder.head once the quantiser split its Gemm
