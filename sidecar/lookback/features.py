@@ -39,6 +39,7 @@ __all__ = [
     "feature_matrix",
     "feature_vector",
     "pad_chunks",
+    "padded_vector",
     "scale_per_sample",
     "select_chunks",
 ]
@@ -104,10 +105,17 @@ def scale_per_sample(vectors: npt.ArrayLike) -> FloatArray:
     return out[0] if single else out
 
 
+def padded_vector(ratios: npt.ArrayLike, k: int, keep: Sequence[int] | None = None) -> FloatArray:
+    """Select, pad to ``k`` and flatten (C order) one ``(L, H, K_s)`` array: v before scaling.
+
+    Rows of a batch are scaled together (:func:`scale_per_sample` works row by row).
+    """
+    return pad_chunks(select_chunks(ratios, keep), k).reshape(-1)
+
+
 def feature_vector(ratios: npt.ArrayLike, k: int, keep: Sequence[int] | None = None) -> FloatArray:
     """Select, pad to ``k``, flatten (C order) and scale one ``(L, H, K_s)`` array."""
-    padded = pad_chunks(select_chunks(ratios, keep), k)
-    return scale_per_sample(padded.reshape(-1))
+    return scale_per_sample(padded_vector(ratios, k, keep))
 
 
 def feature_matrix(ratios: npt.ArrayLike, k: int) -> FloatArray:
