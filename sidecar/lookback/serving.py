@@ -28,9 +28,9 @@ Per ``GenerationFinal`` event (docs/methods.md §Lookback-ratio factuality):
    sample to [0, 1] (:mod:`sidecar.lookback.features`), exactly as the trainer.
 4. **score** with onnxruntime -> ``LookbackSignal(p_factual, model_version)``.
 
-``score_many`` does steps 1-2 per request, then scales the batch's rows together
-and makes one ONNX call for them (the processor scores every request completed
-in a consumed batch through it).
+``score_many`` does steps 1-2 per request, then pads and scales the batch's rows
+in one matrix and makes one ONNX call for them (the processor scores every
+request completed in a consumed batch through it).
 
 At load the scorer recomputes the metadata's golden outputs (fixed feature
 vectors, one at a time and as one batch) with its own session and refuses to
@@ -67,7 +67,7 @@ from sidecar.lookback.artifact import (
     golden_features,
     load_metadata,
 )
-from sidecar.lookback.features import padded_vector, scale_per_sample
+from sidecar.lookback.features import feature_rows
 
 __all__ = ["LookbackRequest", "OnnxLookbackScorer", "record_lookback_golden", "resolve_providers"]
 
@@ -109,7 +109,8 @@ class LookbackRequest:
 
 @dataclass(frozen=True, slots=True)
 class _Prepared:
-    padded: npt.NDArray[np.float32] | None  # v before scaling (rows are scaled together)
+    ratios: npt.NDArray[np.float32] | None  # the summary (L, H, K_s); None: ``signal`` says why
+    keep: list[int] | None  # the trusted columns (None: all)
     signal: LookbackSignal | None
 
 
@@ -298,17 +299,17 @@ class OnnxLookbackScorer:
     ) -> _Prepared:
         summary = final.attention
         if summary is None:
-            return _Prepared(None, self._unavailable())
+            return _Prepared(None, None, self._unavailable())
         error = self.mismatch(final)
         if error is not None:
             if self.on_mismatch == "dead-letter":
                 raise error
-            return _Prepared(None, self._unavailable())
+            return _Prepared(None, None, self._unavailable())
         try:
             keep = self._kept_columns(summary.chunks, certification, chunk_ids)
         except ValueError:
-            return _Prepared(None, self._unavailable())
-        return _Prepared(padded_vector(summary.to_array(), self.metadata.chunks, keep), None)
+            return _Prepared(None, None, self._unavailable())
+        return _Prepared(summary.to_array(), keep, None)
 
     def _run(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
         (probs,) = self._session.run(
@@ -338,12 +339,19 @@ class OnnxLookbackScorer:
         mode, raises its ``InputError`` -- call :meth:`check` on each event first).
         """
         prepared = [self._prepare(r.final, r.certification, r.chunk_ids) for r in requests]
-        rows = [p.padded for p in prepared if p.padded is not None]
-        probs = self._run(scale_per_sample(np.stack(rows))) if rows else np.zeros(0)
+        scorable = [p for p in prepared if p.ratios is not None]
+        probs = np.zeros(0)
+        if scorable:
+            rows = feature_rows(
+                [p.ratios for p in scorable if p.ratios is not None],
+                self.metadata.chunks,
+                [p.keep for p in scorable],
+            )
+            probs = self._run(rows)
         out: list[LookbackSignal] = []
         j = 0
         for p in prepared:
-            if p.padded is None:
+            if p.ratios is None:
                 assert p.signal is not None  # noqa: S101
                 out.append(p.signal)
             else:
@@ -365,8 +373,13 @@ class OnnxLookbackScorer:
         chunk_ids: Sequence[str] | None = None,
     ) -> npt.NDArray[np.float32] | None:
         """The scaled feature vector this scorer would feed to ONNX (``None``: unscorable)."""
-        padded = self._prepare(final, certification, chunk_ids).padded
-        return None if padded is None else scale_per_sample(padded)
+        prepared = self._prepare(final, certification, chunk_ids)
+        if prepared.ratios is None:
+            return None
+        vector: npt.NDArray[np.float32] = feature_rows(
+            [prepared.ratios], self.metadata.chunks, [prepared.keep]
+        )[0]
+        return vector
 
 
 def record_lookback_golden(
