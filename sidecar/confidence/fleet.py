@@ -39,6 +39,7 @@ from sidecar.contracts.events import (
     CoverageReport,
     Decision,
     FeedbackEvent,
+    RetrievalSignal,
 )
 from sidecar.stats.intervals import ProportionInterval
 
@@ -109,20 +110,34 @@ class CoverageMonitor:
         self._latest: dict[str, BoundReport] = {}
 
     def observe_verdict(self, verdict: AnswerVerdict, request_key: str | None = None) -> None:
-        """Count a final verdict as a request of its calibration key.
+        """Count a final verdict as a request of its calibration key (a stream verdict is not).
 
         ``request_key``: the request's key in the join store (scoped by the
         trusted tenant); feedback must name the same key to label it.
         """
-        if verdict.stage != "final":
-            return
-        name = request_key or verdict.request_id
-        if verdict.certificate is not None and verdict.decision is Decision.ALLOW:
-            self._certified[name] = verdict.certificate
+        if verdict.stage == "final":
+            self.observe_decision(
+                request_key or verdict.request_id,
+                verdict.decision,
+                verdict.signals.retrieval,
+                verdict.certificate,
+            )
+
+    def observe_decision(
+        self,
+        request_key: str,
+        decision: Decision,
+        certification: RetrievalSignal,
+        certificate: str | None,
+    ) -> None:
+        """:meth:`observe_verdict` from a final verdict's values (the serving path's call)."""
+        name = request_key
+        if certificate is not None and decision is Decision.ALLOW:
+            self._certified[name] = certificate
             self._certified.move_to_end(name)
             while len(self._certified) > self._capacity:
                 self._certified.popitem(last=False)
-        cert = verdict.signals.retrieval
+        cert = certification
         if cert.m1 is None:
             return  # not certified: coverage is unknown, not zero
         key = cert.calibration_key or UNCERTIFIED_KEY

@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -94,6 +95,17 @@ def params_sha256(params: Mapping[str, object]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class _Terms:
+    """What :meth:`ConfidenceModel.predict_one` reads, in plain floats, fetched in one lookup."""
+
+    signals: tuple[tuple[str, float, float, float, float], ...]  # name, imputed, mu, sd, w
+    indicators: tuple[tuple[frozenset[str], float, float, float], ...]  # members, mu, sd, w
+    names: frozenset[str]
+    intercept: float
+    platt: tuple[float, float] | None  # (a, b) of a Platt calibrator, else None
+
+
 class ConfidenceTraining(BaseModel):
     """How the model was fit, and its cross-validated metrics on the calibration part."""
 
@@ -141,9 +153,7 @@ class ConfidenceModel(BaseModel):
 
     _spec: FeatureSpec = PrivateAttr()
     _calibrator: Calibrator = PrivateAttr()
-    _signal_terms: tuple[tuple[str, float, float, float, float], ...] = PrivateAttr()
-    _indicator_terms: tuple[tuple[tuple[str, ...], float, float, float], ...] = PrivateAttr()
-    _signal_names: frozenset[str] = PrivateAttr()
+    _terms: _Terms = PrivateAttr()
 
     @model_validator(mode="after")
     def _consistent(self) -> ConfidenceModel:
@@ -186,14 +196,19 @@ class ConfidenceModel(BaseModel):
                 strict=True,
             )
         )
-        self._signal_terms = tuple(rows[:n_signals])
-        self._indicator_terms = tuple(
-            (members, mu, sd, w)
-            for members, (_, _, mu, sd, w) in zip(
-                self.missing_groups.values(), rows[n_signals:], strict=True
-            )
+        calibrator = self._calibrator
+        self._terms = _Terms(
+            signals=tuple(rows[:n_signals]),
+            indicators=tuple(
+                (frozenset(members), mu, sd, w)
+                for members, (_, _, mu, sd, w) in zip(
+                    self.missing_groups.values(), rows[n_signals:], strict=True
+                )
+            ),
+            names=frozenset(self.feature_names[:n_signals]),
+            intercept=self.intercept,
+            platt=(calibrator.a, calibrator.b) if isinstance(calibrator, PlattCalibrator) else None,
         )
-        self._signal_names = frozenset(self.feature_names[:n_signals])
         return self
 
     def model_post_init(self, context: Any, /) -> None:
@@ -270,26 +285,29 @@ class ConfidenceModel(BaseModel):
         The same result up to float rounding (sums in another order than numpy's
         vectorised dot product: within 1e-12, not always bit-identical).
         """
-        if not self._signal_names.issuperset(values):
+        terms = self._terms
+        if not terms.names.issuperset(values):
             self._spec.vector(values)  # raises the ConfidenceDataError naming the unknown keys
-        score = self.intercept
-        missing: set[str] = set()
-        for name, imputed, mu, sd, w in self._signal_terms:
+        score = terms.intercept
+        missing: list[str] = []
+        for name, imputed, mu, sd, w in terms.signals:
             value = values.get(name)
             if value is None:
-                missing.add(name)
+                missing.append(name)
                 x = imputed
+            elif type(value) is float and math.isfinite(value):
+                x = value
             else:
                 x = signal_value(name, value)
             score += w * (x - mu) / sd
-        for members, mu, sd, w in self._indicator_terms:
-            indicator = 1.0 if any(m in missing for m in members) else 0.0
+        for members, mu, sd, w in terms.indicators:
+            indicator = 0.0 if members.isdisjoint(missing) else 1.0
             score += w * (indicator - mu) / sd
-        calibrator = self._calibrator
-        if isinstance(calibrator, PlattCalibrator):
-            z = calibrator.a * score + calibrator.b
+        if terms.platt is not None:
+            a, b = terms.platt
+            z = a * score + b
             return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
-        return float(calibrator.predict(np.asarray([score]))[0])
+        return float(self._calibrator.predict(np.asarray([score]))[0])
 
     def save(self, path: str | Path) -> Path:
         """Write the model as JSON (via a temporary file, then an atomic rename)."""

@@ -66,6 +66,7 @@ class MonitorStatus:
 class _Window:
     alpha: float
     calibration_id: str
+    target: float  # 1 - alpha, computed exactly once per window
     values: deque[bool] = field(default_factory=deque)
     successes: int = 0
     state: MonitorState = MonitorState.WARMING_UP
@@ -81,7 +82,7 @@ class ExchangeabilityMonitor:
             raise ConfigError(f"window must be a positive number of retrievals, got {window!r}")
         if isinstance(min_samples, bool) or not 1 <= min_samples <= window:
             raise ConfigError(f"min_samples must be in [1, window={window}], got {min_samples!r}")
-        normal_quantile(confidence)  # validates 0 < confidence < 1
+        self._z = normal_quantile(confidence)  # validates 0 < confidence < 1
         self.window = window
         self.confidence = confidence
         self.min_samples = min_samples
@@ -101,17 +102,18 @@ class ExchangeabilityMonitor:
         self, key: str, m1: bool, alpha: float, *, calibration_id: str = ""
     ) -> MonitorStatus:
         """Record one m1 value for ``key``; a new alpha or calibration id restarts the window."""
-        target = float(1 - as_alpha(alpha))
         win = self._windows.get(key)
         if win is None or win.alpha != alpha or win.calibration_id != calibration_id:
-            win = _Window(alpha=alpha, calibration_id=calibration_id)
+            target = float(1 - as_alpha(alpha))
+            win = _Window(alpha=alpha, calibration_id=calibration_id, target=target)
             self._windows[key] = win
+        target = win.target
         win.values.append(bool(m1))
         win.successes += int(bool(m1))
         if len(win.values) > self.window:
             win.successes -= int(win.values.popleft())
         n = len(win.values)
-        interval = wilson_interval(win.successes, n, self.confidence)
+        interval = wilson_interval(win.successes, n, self.confidence, z=self._z)
         mean = win.successes / n
         if n < self.min_samples:
             state = MonitorState.WARMING_UP

@@ -17,7 +17,7 @@ from typing import Annotated, Literal, Self
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, model_validator
 
 from sidecar.contracts.common import EventBase, FiniteFloat, Name, RequestId
 
@@ -81,6 +81,9 @@ class AttentionSummary(BaseModel):
     dtype: Literal["float16"] = "float16"
     values: str = Field(description="base64 of L*H*K little-endian float16 values")
 
+    # the decoded ``values``, kept by the validator: the summary is base64-decoded once
+    _raw: bytes | None = PrivateAttr(default=None)
+
     @model_validator(mode="after")
     def _shape_matches(self) -> Self:
         expected = self.layers * self.heads * self.chunks * 2
@@ -95,11 +98,14 @@ class AttentionSummary(BaseModel):
             )
         if not np.isfinite(np.frombuffer(raw, dtype="<f2")).all():
             raise ValueError("values contains NaN or Inf")
+        self._raw = raw
         return self
 
     def to_array(self) -> npt.NDArray[np.float32]:
         """The summary as a float32 array of shape (L, H, K)."""
-        raw = base64.b64decode(self.values)
+        raw = self._raw
+        if raw is None:  # built without validation (model_construct)
+            raw = base64.b64decode(self.values)
         arr = np.frombuffer(raw, dtype="<f2").astype(np.float32)
         return arr.reshape(self.layers, self.heads, self.chunks)
 

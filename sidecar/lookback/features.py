@@ -37,6 +37,7 @@ from sidecar.exceptions import ConfigError
 __all__ = [
     "SCALING",
     "feature_matrix",
+    "feature_rows",
     "feature_vector",
     "pad_chunks",
     "scale_per_sample",
@@ -92,16 +93,47 @@ def scale_per_sample(vectors: npt.ArrayLike) -> FloatArray:
     rows = arr[None, :] if single else arr
     if rows.ndim != 2:
         raise ConfigError(f"expected feature vectors of 1 or 2 dims, got shape {arr.shape}")
-    if not np.isfinite(rows).all():
-        raise ConfigError("feature vectors contain NaN or Inf")
     if rows.shape[0] == 0 or rows.shape[1] == 0:
         return rows.astype(np.float32)[0] if single else rows.astype(np.float32)
     lo = rows.min(axis=1, keepdims=True)
-    span = rows.max(axis=1, keepdims=True) - lo
-    safe = np.where(span > 0.0, span, 1.0)
-    scaled = np.where(span > 0.0, (rows - lo) / safe, 0.0)
-    out = np.clip(scaled, 0.0, 1.0).astype(np.float32)
+    hi = rows.max(axis=1, keepdims=True)
+    # NaN reaches the min and the max of its row, +-Inf one of them: all finite iff both are
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+        raise ConfigError("feature vectors contain NaN or Inf")
+    span = hi - lo
+    if (span > 0.0).all():  # the usual case: (v - min) / span, in place
+        scaled = rows - lo
+        scaled /= span
+    else:
+        scaled = np.where(span > 0.0, (rows - lo) / np.where(span > 0.0, span, 1.0), 0.0)
+    out: FloatArray = np.clip(scaled, 0.0, 1.0, out=scaled).astype(np.float32)
     return out[0] if single else out
+
+
+def feature_rows(
+    ratios: Sequence[FloatArray], k: int, keeps: Sequence[Sequence[int] | None]
+) -> FloatArray:
+    """:func:`feature_vector` of each ``(ratios[i], keeps[i])``, stacked: ``(n, L * H * k)``.
+
+    A batch's rows are selected and padded into one zeroed matrix and scaled in
+    one pass; every array must have the same L and H.
+    """
+    if not ratios:
+        raise ConfigError("feature_rows needs at least one array")
+    layers, heads = ratios[0].shape[:2]
+    out = np.zeros((len(ratios), layers, heads, k), dtype=np.float32)
+    for row, given, keep in zip(out, ratios, keeps, strict=True):
+        if given.ndim != 3 or given.shape[:2] != (layers, heads):
+            raise ConfigError(
+                f"lookback ratios of shape {given.shape}; the batch has {layers}x{heads}"
+            )
+        prefix = keep is None or list(keep) == list(range(len(keep)))
+        arr = given if prefix else select_chunks(given, keep)  # gathered (and checked)
+        present = arr.shape[2] if keep is None else len(keep)
+        if present > k or present > arr.shape[2]:
+            raise ConfigError(f"{present} chunk columns do not fit a model for K={k}")
+        row[:, :, :present] = arr[:, :, :present]
+    return scale_per_sample(out.reshape(len(ratios), -1))
 
 
 def feature_vector(ratios: npt.ArrayLike, k: int, keep: Sequence[int] | None = None) -> FloatArray:

@@ -28,8 +28,9 @@ Per ``GenerationFinal`` event (docs/methods.md §Lookback-ratio factuality):
    sample to [0, 1] (:mod:`sidecar.lookback.features`), exactly as the trainer.
 4. **score** with onnxruntime -> ``LookbackSignal(p_factual, model_version)``.
 
-``score_many`` does steps 1-3 per request and one ONNX call for the batch (the
-Kafka adapter micro-batches concurrent requests through it).
+``score_many`` does steps 1-2 per request, then pads and scales the batch's rows
+in one matrix and makes one ONNX call for them (the processor scores every
+request completed in a consumed batch through it).
 
 At load the scorer recomputes the metadata's golden outputs (fixed feature
 vectors, one at a time and as one batch) with its own session and refuses to
@@ -66,7 +67,7 @@ from sidecar.lookback.artifact import (
     golden_features,
     load_metadata,
 )
-from sidecar.lookback.features import feature_vector
+from sidecar.lookback.features import feature_rows
 
 __all__ = ["LookbackRequest", "OnnxLookbackScorer", "record_lookback_golden", "resolve_providers"]
 
@@ -108,7 +109,8 @@ class LookbackRequest:
 
 @dataclass(frozen=True, slots=True)
 class _Prepared:
-    features: npt.NDArray[np.float32] | None
+    ratios: npt.NDArray[np.float32] | None  # the summary (L, H, K_s); None: ``signal`` says why
+    keep: list[int] | None  # the trusted columns (None: all)
     signal: LookbackSignal | None
 
 
@@ -297,18 +299,17 @@ class OnnxLookbackScorer:
     ) -> _Prepared:
         summary = final.attention
         if summary is None:
-            return _Prepared(None, self._unavailable())
+            return _Prepared(None, None, self._unavailable())
         error = self.mismatch(final)
         if error is not None:
             if self.on_mismatch == "dead-letter":
                 raise error
-            return _Prepared(None, self._unavailable())
+            return _Prepared(None, None, self._unavailable())
         try:
             keep = self._kept_columns(summary.chunks, certification, chunk_ids)
         except ValueError:
-            return _Prepared(None, self._unavailable())
-        vector = feature_vector(summary.to_array(), self.metadata.chunks, keep)
-        return _Prepared(vector, None)
+            return _Prepared(None, None, self._unavailable())
+        return _Prepared(summary.to_array(), keep, None)
 
     def _run(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
         (probs,) = self._session.run(
@@ -328,25 +329,29 @@ class OnnxLookbackScorer:
         chunk_ids: Sequence[str] | None = None,
     ) -> LookbackSignal:
         """p(factual) of one answer; ``chunk_ids`` = the summary's column ids, if known."""
-        prepared = self._prepare(final, certification, chunk_ids)
-        if prepared.features is None:
-            assert prepared.signal is not None  # noqa: S101 - one of the two is set
-            return prepared.signal
-        return self._ok(float(self._run(prepared.features[None, :])[0]))
+        ids = None if chunk_ids is None else tuple(chunk_ids)
+        return self.score_many([LookbackRequest(final, certification, ids)])[0]
 
     def score_many(self, requests: Sequence[LookbackRequest]) -> list[LookbackSignal]:
-        """Score a batch with one ONNX call; results in request order.
+        """Score a batch with one scaling pass and one ONNX call; results in request order.
 
         A request that cannot be scored gets ``unavailable`` (or, in dead-letter
         mode, raises its ``InputError`` -- call :meth:`check` on each event first).
         """
         prepared = [self._prepare(r.final, r.certification, r.chunk_ids) for r in requests]
-        rows = [p.features for p in prepared if p.features is not None]
-        probs = self._run(np.stack(rows)) if rows else np.zeros(0)
+        scorable = [p for p in prepared if p.ratios is not None]
+        probs = np.zeros(0)
+        if scorable:
+            rows = feature_rows(
+                [p.ratios for p in scorable if p.ratios is not None],
+                self.metadata.chunks,
+                [p.keep for p in scorable],
+            )
+            probs = self._run(rows)
         out: list[LookbackSignal] = []
         j = 0
         for p in prepared:
-            if p.features is None:
+            if p.ratios is None:
                 assert p.signal is not None  # noqa: S101
                 out.append(p.signal)
             else:
@@ -368,7 +373,13 @@ class OnnxLookbackScorer:
         chunk_ids: Sequence[str] | None = None,
     ) -> npt.NDArray[np.float32] | None:
         """The scaled feature vector this scorer would feed to ONNX (``None``: unscorable)."""
-        return self._prepare(final, certification, chunk_ids).features
+        prepared = self._prepare(final, certification, chunk_ids)
+        if prepared.ratios is None:
+            return None
+        vector: npt.NDArray[np.float32] = feature_rows(
+            [prepared.ratios], self.metadata.chunks, [prepared.keep]
+        )[0]
+        return vector
 
 
 def record_lookback_golden(

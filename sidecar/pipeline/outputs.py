@@ -120,17 +120,39 @@ def verdict_attributes(verdict: AnswerVerdict) -> dict[str, AttributeValue]:
     ``profile.<name>`` reason (``none``: no profile decided, e.g. an incomplete
     request); ``guardrail.reasons`` are the other reasons' codes.
     """
-    codes = [r.code for r in verdict.reasons]
+    return answer_attributes(
+        request_id=verdict.request_id,
+        tenant=verdict.tenant,
+        decision=verdict.decision,
+        stage=verdict.stage,
+        reasons=verdict.reasons,
+        policy=verdict.policy,
+        model_versions=verdict.model_versions,
+    )
+
+
+def answer_attributes(
+    *,
+    request_id: str,
+    tenant: str | None,
+    decision: Decision,
+    stage: str,
+    reasons: Sequence[Reason],
+    policy: str,
+    model_versions: dict[str, str],
+) -> dict[str, AttributeValue]:
+    """:func:`verdict_attributes` from the verdict's values (no model needed)."""
+    codes = [r.code for r in reasons]
     profiles = [c.removeprefix(PROFILE_REASON_PREFIX) for c in codes if _is_profile(c)]
     return {
-        "guardrail.request_id": verdict.request_id,
-        "guardrail.tenant": verdict.tenant or "",
-        "guardrail.decision": verdict.decision.value,
-        "guardrail.stage": verdict.stage,
+        "guardrail.request_id": request_id,
+        "guardrail.tenant": tenant or "",
+        "guardrail.decision": decision.value,
+        "guardrail.stage": stage,
         "guardrail.profile": profiles[0] if profiles else "none",
         "guardrail.reasons": [c for c in codes if not _is_profile(c)],
-        "guardrail.policy": verdict.policy,
-        **{f"guardrail.model.{k}": v for k, v in verdict.model_versions.items()},
+        "guardrail.policy": policy,
+        **{f"guardrail.model.{k}": v for k, v in model_versions.items()},
     }
 
 
@@ -140,19 +162,37 @@ def _is_profile(code: str) -> bool:
 
 def verdict_output(verdict: AnswerVerdict, entry: PendingRequest, end_ns: int) -> Step:
     """A final (or incomplete) verdict; publishing it finishes every input of the request."""
+    return answer_output(
+        entry,
+        encode(verdict),
+        verdict.idempotency_key,
+        attributes=verdict_attributes(verdict),
+        end_ns=end_ns,
+    )
+
+
+def answer_output(
+    entry: PendingRequest,
+    value: bytes,
+    idempotency_key: str,
+    *,
+    attributes: dict[str, AttributeValue],
+    end_ns: int,
+) -> Step:
+    """:func:`verdict_output` of a verdict already encoded (``answer_verdict_json``)."""
     trace = TraceRecord(
         name="guardrail.request",
         parent=entry.trace_parent(),
         start_ns=entry.first_seen_ns,
         end_ns=end_ns,
-        attributes=verdict_attributes(verdict),
+        attributes=attributes,
         stages=tuple(entry.stages),
     )
     out = Output(
         destination=Destination.VERDICTS,
-        key=verdict.request_id.encode("utf-8"),
-        value=encode(verdict),
-        headers=utf8_headers({IDEMPOTENCY_HEADER: verdict.idempotency_key}),
+        key=entry.request_id.encode("utf-8"),
+        value=value,
+        headers=[(IDEMPOTENCY_HEADER, idempotency_key.encode("utf-8"))],
         trace=trace,
     )
     return Step(outputs=[out], done=list(entry.refs))

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sidecar.contracts.events import (
-    AnswerVerdict,
     ChunkForecast,
     ClaimLabel,
     ClaimsSignal,
@@ -149,7 +148,16 @@ class CoverageObserver(Protocol):
     tenant), so a label can only reach a request of its own tenant.
     """
 
-    def observe_verdict(self, verdict: AnswerVerdict, request_key: str | None = None) -> None: ...
+    def observe_decision(
+        self,
+        request_key: str,
+        decision: Decision,
+        certification: RetrievalSignal,
+        certificate: str | None,
+    ) -> None:
+        """Count a final verdict: its decision, its retrieval certification and the allow
+        certificate it was taken under (``AnswerVerdict.certificate``)."""
+        ...
 
     def observe_feedback(self, feedback: FeedbackEvent, request_key: str | None = None) -> int:
         """Fold a label in: 0 when its request is unknown here (too old, another instance),

@@ -31,8 +31,9 @@ from datetime import UTC, datetime
 
 from sidecar import __version__
 from sidecar.config import Settings
+from sidecar.contracts.answer_json import answer_verdict_json
 from sidecar.contracts.codec import InputKind
-from sidecar.contracts.events import AnswerVerdict, FeedbackEvent
+from sidecar.contracts.events import FeedbackEvent
 from sidecar.exceptions import InputError
 from sidecar.pipeline import deadletters, outputs
 from sidecar.pipeline.intake import Duplicate, Held, Intake, Labelled, Rejected
@@ -273,25 +274,28 @@ class Processor:
         )
         t_done = self._clock_ns()
         entry.stages.append(("policy", t_policy, t_done))
-        verdict = AnswerVerdict(
+        key = outputs.answer_key(entry)
+        policy = self._policy.name
+        versions = {"generator": final.generator_model, **self.signals.versions()}
+        value = answer_verdict_json(  # the bytes of the AnswerVerdict, without the model
             request_id=entry.request_id,
-            idempotency_key=outputs.answer_key(entry),
+            idempotency_key=key,
             tenant=retrieval.tenant,
             decision=outcome.decision,
             reasons=outcome.reasons,
             escalate=outcome.escalate,
-            policy=self._policy.name,
+            policy=policy,
             signals=scored.signals,
             confidence=confidence.p_correct if confidence else None,
-            confidence_features=confidence.features if confidence else {},
-            chunk_forecast=list(confidence.chunk_forecast) if confidence else [],
+            confidence_features=confidence.features if confidence else None,
+            chunk_forecast=confidence.chunk_forecast if confidence else (),
             advice=confidence.advice if confidence else None,
             certified_risk=outcome.certified_risk,
             certified_delta=outcome.certified_delta,
             certificate=outcome.certificate,
             caveat_text=outcome.caveat_text,
             rewritten_answer=outcome.rewritten_answer,
-            model_versions={"generator": final.generator_model, **self.signals.versions()},
+            model_versions=versions,
             timings_ms={
                 "join_wait": max(0.0, now_ms - entry.first_seen_ms),
                 "signals": signals_ns / 1e6,
@@ -300,12 +304,26 @@ class Processor:
             produced_at=self._wall_clock(),
             sidecar_version=__version__,
         )
-        if self.signals.coverage is not None:
-            self.signals.coverage.observe_verdict(verdict, entry.store_key)
+        coverage = self.signals.coverage
+        if coverage is not None:
+            coverage.observe_decision(
+                entry.store_key, outcome.decision, scored.signals.retrieval, outcome.certificate
+            )
             if entry.early_label is not None:
                 self._label(entry.early_label, entry.store_key)
         self.counters.verdicts += 1
-        step.extend(outputs.verdict_output(verdict, entry, self._clock_ns()))
+        attributes = outputs.answer_attributes(
+            request_id=entry.request_id,
+            tenant=retrieval.tenant,
+            decision=outcome.decision,
+            stage="final",
+            reasons=outcome.reasons,
+            policy=policy,
+            model_versions=versions,
+        )
+        step.extend(
+            outputs.answer_output(entry, value, key, attributes=attributes, end_ns=self._clock_ns())
+        )
         return step
 
     def _failed(self, entry: PendingRequest, detail: str) -> Step:

@@ -28,6 +28,7 @@ soon as a streamed claim is unsupported under a strict profile. Pure logic: no I
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -60,6 +61,15 @@ from sidecar.policy.rewrite import remove_unsupported, verified_only
 __all__ = ["PolicyEngine", "strict_outcome"]
 
 _DECISION = {"allow": Decision.ALLOW, "caveat": Decision.CAVEAT, "block": Decision.BLOCK}
+# reasons are frozen: the constant ones are built once
+_CHECKS_PASSED = Reason(code="checks-passed", message="every signal passed")
+_ESCALATE = Reason(code="escalate", message="routed for human review")
+_VERIFIED_ONLY = Reason(
+    code="answer-verified-only", message="only context-verified claims are returned"
+)
+_REFUSED = Reason(
+    code="answer-refused", message="nothing verifiable: the answer is replaced by a refusal"
+)
 
 
 def strict_outcome(
@@ -100,7 +110,9 @@ def strict_outcome(
     )
 
 
+@functools.cache
 def _profile_reason(name: str) -> Reason:
+    """``profile.<name>``: one frozen reason per profile, built once."""
     return Reason(
         code=f"{PROFILE_REASON_PREFIX}{name}", message=f"risk profile {name}", signal="policy"
     )
@@ -229,7 +241,7 @@ class PolicyEngine:
                 action = found.action
         reasons = [_profile_reason(name), *(f.reason for f in findings)]
         if len(reasons) == 1:
-            reasons.append(Reason(code="checks-passed", message="every signal passed"))
+            reasons.append(_CHECKS_PASSED)
         sig = signals.claims
         escalate = (
             profile.escalate_below_reliability is not None
@@ -238,7 +250,7 @@ class PolicyEngine:
             and sig.reliability < profile.escalate_below_reliability
         ) or (action == "block" and profile.escalate_on_block)
         if escalate:
-            reasons.append(Reason(code="escalate", message="routed for human review"))
+            reasons.append(_ESCALATE)
         unsupported = sig.status is SignalStatus.OK and sig.unsupported > 0
         if unsupported and claims is None:
             reasons.append(
@@ -271,14 +283,7 @@ class PolicyEngine:
             texts.verified_outro,
             texts.refusal,
         )
-        reasons.append(
-            Reason(
-                code="answer-verified-only" if verified else "answer-refused",
-                message="only context-verified claims are returned"
-                if verified
-                else "nothing verifiable: the answer is replaced by a refusal",
-            )
-        )
+        reasons.append(_VERIFIED_ONLY if verified else _REFUSED)
         return PolicyOutcome(
             decision,
             reasons,

@@ -27,6 +27,7 @@ Pure logic: no I/O.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -58,7 +59,9 @@ def finding(action: Action, code: str, message: str, signal: SignalName) -> Find
     return Finding(action, Reason(code=code, message=message, signal=signal))
 
 
+@functools.cache
 def _missing(signal: SignalName, status: SignalStatus, action: Action) -> Finding:
+    """A missing signal's finding: a constant per (signal, status, action), built once."""
     word = "not-configured" if status is SignalStatus.NOT_CONFIGURED else "unavailable"
     text = "is not configured" if word == "not-configured" else "could not be computed"
     return finding(

@@ -47,12 +47,15 @@ def normal_quantile(confidence: float) -> float:
     return NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
 
 
-def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> ProportionInterval:
+def wilson_interval(
+    successes: int, trials: int, confidence: float = 0.95, *, z: float | None = None
+) -> ProportionInterval:
     """Wilson score interval for ``successes`` out of ``trials`` at the two-sided ``confidence``.
 
     With no trials the interval is the whole of [0, 1] (nothing is known).
     Raises :class:`ConfigError` for negative counts, ``successes > trials`` or a
-    confidence outside (0, 1).
+    confidence outside (0, 1). ``z``: ``normal_quantile(confidence)`` when the
+    caller computed it once already (a monitor checking after every observation).
     """
     if isinstance(successes, bool) or isinstance(trials, bool):
         raise ConfigError("successes and trials must be integers, got a bool")
@@ -62,7 +65,8 @@ def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> Pr
         )
     if successes > trials:
         raise ConfigError(f"successes must be <= trials, got {successes} > {trials}")
-    z = normal_quantile(confidence)
+    if z is None:
+        z = normal_quantile(confidence)
     if trials == 0:
         return ProportionInterval(successes, trials, confidence, 0.0, 1.0)
     n = float(trials)

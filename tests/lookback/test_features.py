@@ -12,6 +12,7 @@ from hypothesis.extra import numpy as hnp
 from sidecar.exceptions import ConfigError
 from sidecar.lookback.features import (
     feature_matrix,
+    feature_rows,
     feature_vector,
     pad_chunks,
     scale_per_sample,
@@ -112,6 +113,34 @@ def test_feature_matrix_equals_rowwise_vectors() -> None:
         np.testing.assert_array_equal(row, feature_vector(arr, 3))
 
 
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), n=st.integers(1, 4))
+def test_feature_rows_are_the_batchs_feature_vectors(data: st.DataObject, n: int) -> None:
+    """One matrix and one scaling pass for a batch: bit for bit each row's feature_vector."""
+    k = 4
+    layers, heads = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    arrays, keeps = [], []
+    for _ in range(n):
+        present = data.draw(st.integers(1, k))
+        arr = data.draw(hnp.arrays(np.float32, (layers, heads, present), elements=RATIO))
+        keep = data.draw(
+            st.none()
+            | st.just(list(range(data.draw(st.integers(0, present)))))
+            | st.lists(st.integers(0, present - 1), unique=True).map(sorted)
+        )
+        arrays.append(arr)
+        keeps.append(keep)
+    rows = feature_rows(arrays, k, keeps)
+    for row, arr, keep in zip(rows, arrays, keeps, strict=True):
+        np.testing.assert_array_equal(row, feature_vector(arr, k, keep))
+
+
+def test_scaling_refuses_inf_in_any_row() -> None:
+    for bad in (np.inf, -np.inf, np.nan):
+        with pytest.raises(ConfigError, match="NaN or Inf"):
+            scale_per_sample(np.array([[0.0, 1.0], [2.0, bad]]))
+
+
 def test_flattening_is_c_order_layer_head_chunk() -> None:
     arr = np.arange(2 * 3 * 2, dtype=np.float32).reshape(2, 3, 2)
     v = feature_vector(arr, 2)
@@ -134,6 +163,8 @@ def test_constant_and_empty_inputs() -> None:
         (lambda: select_chunks(np.zeros((2, 2, 3)), [0, 3]), "outside"),
         (lambda: scale_per_sample(np.array([[1.0, np.nan]])), "NaN"),
         (lambda: feature_matrix(np.zeros((2, 2, 3)), 3), "4-d"),
+        (lambda: feature_rows([np.zeros((2, 2, 4))], 3, [None]), "do not fit"),
+        (lambda: feature_rows([np.zeros((2, 2, 3)), np.zeros((2, 3, 3))], 3, [None, None]), "2x2"),
     ],
 )
 def test_bad_inputs_raise_config_error(call: object, message: str) -> None:

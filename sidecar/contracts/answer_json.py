@@ -1,0 +1,120 @@
+"""An ``AnswerVerdict``'s bytes written straight from its values, without building the model.
+
+The serving path decides thousands of answers a second; validating a model it
+built itself and then serialising it costs more than the rest of the verdict.
+:func:`answer_verdict_json` writes the document pydantic would write, field for
+field and byte for byte (``encode(AnswerVerdict(**fields))``; a test holds the
+two equal): orjson writes the nested contract models from their fields
+(:func:`_fields`) and datetimes as RFC 3339 with ``Z``, as pydantic does (an
+offset that is not whole minutes is written by pydantic).
+
+The caller vouches for what validation would check: the nested values are
+contract models (validated when they were built), the request id comes from a
+validated input event, the floats are finite (:func:`answer_verdict_json`
+refuses a non-finite confidence or timing with ``ValueError``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+import orjson
+from pydantic import BaseModel, TypeAdapter
+
+from sidecar.contracts.common import SCHEMA_VERSION
+from sidecar.contracts.verdicts import (
+    AnswerVerdict,
+    ChunkForecast,
+    Decision,
+    Reason,
+    RetrieveAgain,
+    Signals,
+)
+
+__all__ = ["answer_verdict_json"]
+
+_FIELDS: Final = tuple(AnswerVerdict.model_fields)
+_OPTIONS: Final = orjson.OPT_UTC_Z
+_DATETIME: Final = TypeAdapter(datetime)
+
+
+def _fields(model: object) -> dict[str, Any]:
+    """A nested contract model as orjson writes it: its fields, in order (no datetimes in them)."""
+    if isinstance(model, BaseModel):
+        return model.__dict__
+    raise TypeError(f"cannot write a {type(model).__name__} into a verdict")
+
+
+def _timestamp(when: datetime) -> datetime | str:
+    """orjson writes whole-minute UTC offsets as pydantic does; others go through pydantic."""
+    offset = when.utcoffset()
+    if offset is None or (offset.seconds % 60 == 0 and offset.microseconds == 0):
+        return when
+    text: str = _DATETIME.dump_python(when, mode="json")
+    return text
+
+
+def answer_verdict_json(
+    *,
+    request_id: str,
+    idempotency_key: str,
+    tenant: str | None,
+    decision: Decision,
+    reasons: Sequence[Reason],
+    policy: str,
+    signals: Signals,
+    produced_at: datetime,
+    sidecar_version: str,
+    stage: str = "final",
+    escalate: bool = False,
+    confidence: float | None = None,
+    confidence_features: Mapping[str, float | None] | None = None,
+    chunk_forecast: Sequence[ChunkForecast] = (),
+    advice: RetrieveAgain | None = None,
+    certified_risk: float | None = None,
+    certified_delta: float | None = None,
+    certificate: str | None = None,
+    caveat_text: str | None = None,
+    rewritten_answer: str | None = None,
+    model_versions: Mapping[str, str] | None = None,
+    timings_ms: Mapping[str, float] | None = None,
+) -> bytes:
+    """``encode(AnswerVerdict(...))`` for these values, without the model (see the module)."""
+    timings = dict(timings_ms or {})
+    features = dict(confidence_features or {})
+    if not all(math.isfinite(v) for v in timings.values()):
+        raise ValueError(f"timings_ms must be finite, got {timings}")
+    if not all(v is None or math.isfinite(v) for v in features.values()):
+        raise ValueError(f"confidence_features must be finite or None, got {features}")
+    if confidence is not None and not 0.0 <= confidence <= 1.0:
+        raise ValueError(f"confidence must be in [0, 1], got {confidence!r}")
+    values: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "event_type": "answer.verdict",
+        "request_id": request_id,
+        "idempotency_key": idempotency_key,
+        "tenant": tenant,
+        "decision": decision,
+        "reasons": reasons,
+        "stage": stage,
+        "escalate": escalate,
+        "policy": policy,
+        "signals": signals,
+        "confidence": confidence,
+        "confidence_features": features,
+        "chunk_forecast": chunk_forecast,
+        "advice": advice,
+        "certified_risk": certified_risk,
+        "certified_delta": certified_delta,
+        "certificate": certificate,
+        "caveat_text": caveat_text,
+        "rewritten_answer": rewritten_answer,
+        "model_versions": model_versions or {},
+        "timings_ms": timings,
+        "produced_at": _timestamp(produced_at),
+        "sidecar_version": sidecar_version,
+    }
+    return orjson.dumps({name: values[name] for name in _FIELDS}, default=_fields, option=_OPTIONS)
