@@ -276,6 +276,12 @@ seed {config.seed}, {training.get("seconds")} s of training on CPU ({config.thre
 ## Reproduce
 ```
 {training.get("command") or "guardrail train verifier --work-dir DIR ... (see verifier.json)"}
+guardrail train verifier --work-dir DIR --data-dir ../shared/data --export --out OUT \\
+    --compare models/verifier --max-length {artifact.max_length} \\
+    --window-chars {artifact.evidence_max_chars}
 ```
+The first command trains (resumable: run it again to continue from the newest
+checkpoint); the second exports the newest checkpoint, calibrates and writes
+this card.
 Created {artifact.created_at.isoformat()}.
 """
