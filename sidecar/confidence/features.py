@@ -33,6 +33,7 @@ __all__ = [
     "answer_features",
     "chunk_features",
     "missing_terms",
+    "numpy_mean",
 ]
 
 ANSWER_FEATURES: Final = SIGNALS
@@ -55,6 +56,21 @@ _STOPWORDS: Final = frozenset(
     "the to was were what when where which who whom whose why will with".split()
 )
 _WORD = re.compile(r"[a-z0-9]+")
+_PAIRWISE_FROM: Final = 8
+
+
+def numpy_mean(values: Sequence[float]) -> float:
+    """``float(np.mean(values))``, bit for bit, without an array for a handful of floats.
+
+    numpy adds fewer than 8 values one after the other, from the first (its pairwise
+    summation starts at 8); beyond that this is ``np.mean`` itself.
+    """
+    if len(values) >= _PAIRWISE_FROM:
+        return float(np.mean(values))
+    total = 0.0
+    for v in values:
+        total += v
+    return total / len(values)
 
 
 def answer_features(
@@ -71,7 +87,7 @@ def answer_features(
         "retrieval_margin": (scores[0] - scores[1])
         if len(scores) > 1
         else (0.0 if scores else None),
-        "retrieval_mean_score": float(np.mean(scores)) if scores else None,
+        "retrieval_mean_score": numpy_mean(scores) if scores else None,
         "m1": (1.0 if cert.m1 else 0.0) if certified else None,
         "m2": cert.m2 if certified else None,
         "lookback_p": lookback.p_factual if lookback.status is SignalStatus.OK else None,

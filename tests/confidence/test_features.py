@@ -18,6 +18,7 @@ from sidecar.confidence.features import (
     answer_features,
     chunk_features,
     missing_terms,
+    numpy_mean,
 )
 from sidecar.confidence.spec import ANSWER_SPEC, SIGNALS
 from sidecar.contracts.events import (
@@ -238,3 +239,15 @@ def test_missing_terms_invariants(query: str, texts: list[str], limit: int) -> N
         assert len(term) > 2
     # query order is kept
     assert got == sorted(got, key=query_words.index)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, allow_subnormal=True),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_numpy_mean_is_np_mean_bit_for_bit(values: list[float]) -> None:
+    assert numpy_mean(values).hex() == float(np.mean(values)).hex()  # -0.0 and 0.0 apart
