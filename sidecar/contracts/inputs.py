@@ -106,6 +106,11 @@ class AttentionSummary(BaseModel):
         self._raw = raw
         return self
 
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes the decoded ``values`` hold beside the event (0 when not kept)."""
+        return 0 if self._raw is None else len(self._raw)
+
     def to_array(self) -> npt.NDArray[np.float32]:
         """The summary as a float32 array of shape (L, H, K)."""
         raw = self._raw

@@ -75,6 +75,16 @@ def digest(raw: bytes) -> bytes:
     return hashlib.blake2b(raw, digest_size=16).digest()
 
 
+def held_bytes(event: JoinedEvent, raw: bytes | None) -> int:
+    """What holding ``event`` costs the byte budgets: its raw bytes, and the decoded
+    attention summary a final event keeps beside them (a hostile producer's finals
+    without retrievals must not hold more memory than the budget says)."""
+    size = len(raw or b"")
+    if type(event) is GenerationFinal and event.attention is not None:
+        size += event.attention.decoded_bytes
+    return size
+
+
 def check_key(key: bytes | None, request_id: str, where: str) -> None:
     """Every topic the sidecar reads is keyed by request_id (co-partitioning relies on it)."""
     if key is not None and key != request_id.encode("utf-8"):
@@ -129,7 +139,7 @@ class Intake:
             store_key, now_ms, request_id=event.request_id, tenant=tenant
         )
         evictions: tuple[PendingRequest, ...] = (evicted,) if evicted is not None else ()
-        size = len(raw or b"")
+        size = held_bytes(event, raw)
         try:
             self._check_request_bytes(entry, size)
             identical = self._hold(entry, event, raw or b"")
