@@ -24,13 +24,20 @@ from typing import Final
 import numpy as np
 
 from sidecar.confidence.spec import SIGNALS, FeatureSpec
-from sidecar.contracts.events import GenerationFinal, RetrievalEvent, Signals, SignalStatus
+from sidecar.contracts.events import (
+    AttentionSummary,
+    GenerationFinal,
+    RetrievalEvent,
+    Signals,
+    SignalStatus,
+)
 
 __all__ = [
     "ANSWER_FEATURES",
     "CHUNK_FEATURES",
     "CHUNK_SPEC",
     "answer_features",
+    "attention_shares",
     "chunk_features",
     "missing_terms",
     "numpy_mean",
@@ -98,30 +105,53 @@ def answer_features(
     }
 
 
-def _attention_shares(final: GenerationFinal, n_hits: int) -> list[float | None]:
-    att = final.attention
-    if att is None or att.variant != "cw" or att.chunks != n_hits or n_hits == 0:
-        return [None] * n_hits
-    per_chunk = att.to_array().mean(axis=(0, 1)).astype(np.float64)
-    total = float(per_chunk.sum())
-    if not math.isfinite(total) or total <= 0.0:
-        return [None] * n_hits
-    return [float(v / total) for v in per_chunk]
+def attention_shares(
+    finals: Sequence[GenerationFinal | None], n_hits: Sequence[int]
+) -> list[list[float | None]]:
+    """Per answer, each chunk's share of its lookback attention (``None``: no usable summary).
+
+    A share is the chunk's column mean over layers and heads over the sum of those
+    means; only a chunk-wise summary with one column per hit is used. The summaries
+    of one shape are averaged in one numpy pass (the same float32 sums as one at a time).
+    """
+    out: list[list[float | None]] = [[None] * k for k in n_hits]
+    groups: dict[tuple[int, int, int], list[tuple[int, AttentionSummary]]] = {}
+    for i, (final, k) in enumerate(zip(finals, n_hits, strict=True)):
+        att = final.attention if final is not None else None
+        if att is None or att.variant != "cw" or att.chunks != k or k == 0:
+            continue
+        groups.setdefault((att.layers, att.heads, att.chunks), []).append((i, att))
+    for (layers, heads, chunks), members in groups.items():
+        raw = b"".join(att.decoded() for _, att in members)
+        ratios = np.frombuffer(raw, dtype="<f2").astype(np.float32)
+        per_chunk = ratios.reshape(len(members), layers * heads, chunks).mean(axis=1)
+        means = per_chunk.astype(np.float64)
+        totals = means.sum(axis=1).tolist()
+        for (i, _), row, total in zip(members, means.tolist(), totals, strict=True):
+            if math.isfinite(total) and total > 0.0:
+                out[i] = [v / total for v in row]
+    return out
 
 
 def chunk_features(
-    retrieval: RetrievalEvent, final: GenerationFinal | None, trusted_ids: Sequence[str] | None
+    retrieval: RetrievalEvent,
+    final: GenerationFinal | None,
+    trusted_ids: Sequence[str] | None,
+    *,
+    shares: Sequence[float | None] | None = None,
 ) -> list[dict[str, float | None]]:
     """One feature row per hit, in retrieval order.
 
     ``trusted_ids`` is the certified set, or ``None`` when certification did not
-    run (the ``trusted`` feature is then missing, not zero).
+    run (the ``trusted`` feature is then missing, not zero). ``shares``: the
+    answer's :func:`attention_shares`, when a batch computed them already.
     """
     hits = retrieval.hits
     if not hits:
         return []
     top = max(h.score for h in hits)
-    shares = _attention_shares(final, len(hits)) if final is not None else [None] * len(hits)
+    if shares is None:
+        shares = attention_shares([final], [len(hits)])[0]
     trusted = set(trusted_ids) if trusted_ids is not None else None
     return [
         {

@@ -25,6 +25,7 @@ from pathlib import Path
 from sidecar.confidence.features import (
     CHUNK_SPEC,
     answer_features,
+    attention_shares,
     chunk_features,
     missing_terms,
 )
@@ -105,8 +106,9 @@ class CalibratedConfidenceScorer:
         p_correct = self.answer.predict_many(features)
         chunk_rows: list[FeatureValues] = []
         candidates: list[list[int]] = []
-        for retrieval, final, signals in items:
-            rows, kept = self._chunk_rows(retrieval, final, signals)
+        shares = attention_shares([f for _, f, _ in items], [len(r.hits) for r, _, _ in items])
+        for (retrieval, final, signals), answer_shares in zip(items, shares, strict=True):
+            rows, kept = self._chunk_rows(retrieval, final, signals, answer_shares)
             chunk_rows.extend(rows[i] for i in kept)
             candidates.append(kept)
         probs = self.chunks.predict_many(chunk_rows).tolist()
@@ -121,12 +123,16 @@ class CalibratedConfidenceScorer:
         return out
 
     def _chunk_rows(
-        self, retrieval: RetrievalEvent, final: GenerationFinal, signals: Signals
+        self,
+        retrieval: RetrievalEvent,
+        final: GenerationFinal,
+        signals: Signals,
+        shares: Sequence[float | None] | None = None,
     ) -> tuple[list[dict[str, float | None]], list[int]]:
         """Every hit's chunk features, and the positions forecast (trusted, or all)."""
         cert = signals.retrieval
         trusted = cert.trusted_chunk_ids if cert.status is SignalStatus.OK else None
-        rows = chunk_features(retrieval, final, trusted)
+        rows = chunk_features(retrieval, final, trusted, shares=shares)
         if trusted is None:
             return rows, list(range(len(rows)))
         return rows, [i for i, row in enumerate(rows) if row["trusted"] == 1.0]

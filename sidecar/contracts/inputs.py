@@ -111,12 +111,16 @@ class AttentionSummary(BaseModel):
         """Bytes the decoded ``values`` hold beside the event (0 when not kept)."""
         return 0 if self._raw is None else len(self._raw)
 
-    def to_array(self) -> npt.NDArray[np.float32]:
-        """The summary as a float32 array of shape (L, H, K)."""
+    def decoded(self) -> bytes:
+        """The decoded ``values``: L*H*K little-endian float16, C order (layer, head, chunk)."""
         raw = self._raw
         if raw is None:  # built without validation (model_construct)
             raw = base64.b64decode(self.values)
-        arr = np.frombuffer(raw, dtype="<f2").astype(np.float32)
+        return raw
+
+    def to_array(self) -> npt.NDArray[np.float32]:
+        """The summary as a float32 array of shape (L, H, K)."""
+        arr = np.frombuffer(self.decoded(), dtype="<f2").astype(np.float32)
         return arr.reshape(self.layers, self.heads, self.chunks)
 
     @classmethod

@@ -16,6 +16,7 @@ from sidecar.confidence.features import (
     CHUNK_FEATURES,
     CHUNK_SPEC,
     answer_features,
+    attention_shares,
     chunk_features,
     missing_terms,
     numpy_mean,
@@ -195,6 +196,35 @@ def test_without_a_final_event_the_share_is_missing() -> None:
     rows = chunk_features(retrieval([0.9, 0.5]), None, ["c0"])
     assert [r["attention_share"] for r in rows] == [None, None]
     assert [r["trusted"] for r in rows] == [1.0, 0.0]
+
+
+def test_a_batch_of_attention_shares_is_each_answer_alone_bit_for_bit() -> None:
+    """Summaries of one shape are averaged together; each share is the per-answer numpy
+    computation (float32 mean over layers and heads, float64 shares) exactly."""
+    rng = np.random.default_rng(5)
+    finals: list[GenerationFinal | None] = [None]
+    n_hits = [2]
+    for i in range(40):
+        layers, heads, chunks = (30, 9, 3) if i % 3 else (int(rng.integers(1, 6)), 2, 4)
+        values = rng.uniform(0.0, 1.0, size=(layers, heads, chunks))
+        if i % 7 == 0:
+            values[:] = 0.0  # all zero: no shares
+        variant = "fc" if i % 11 == 5 else "cw"
+        finals.append(final(attention=AttentionSummary.from_array(values, variant=variant)))
+        n_hits.append(chunks if i % 13 else chunks + 1)  # a mismatch now and then
+    batch = attention_shares(finals, n_hits)
+    for got, answer, k in zip(batch, finals, n_hits, strict=True):
+        att = answer.attention if answer is not None else None
+        expected: list[float | None] = [None] * k
+        if att is not None and att.variant == "cw" and att.chunks == k:
+            per_chunk = att.to_array().mean(axis=(0, 1)).astype(np.float64)
+            total = float(per_chunk.sum())
+            if total > 0.0:
+                expected = [float(v / total) for v in per_chunk]
+        assert [None if v is None else v.hex() for v in got] == [
+            None if v is None else v.hex() for v in expected
+        ]
+    assert sum(row[0] is not None for row in batch) > 20  # most answers have shares
 
 
 # ------------------------------------------------------------------ missing terms
