@@ -118,10 +118,14 @@ class AttentionSummary(BaseModel):
             raw = base64.b64decode(self.values)
         return raw
 
+    def to_float16(self) -> npt.NDArray[np.float16]:
+        """The summary as a read-only float16 view of shape (L, H, K), without a copy."""
+        arr = np.frombuffer(self.decoded(), dtype="<f2")
+        return arr.reshape(self.layers, self.heads, self.chunks)
+
     def to_array(self) -> npt.NDArray[np.float32]:
         """The summary as a float32 array of shape (L, H, K)."""
-        arr = np.frombuffer(self.decoded(), dtype="<f2").astype(np.float32)
-        return arr.reshape(self.layers, self.heads, self.chunks)
+        return self.to_float16().astype(np.float32)
 
     @classmethod
     def from_array(cls, array: npt.ArrayLike, variant: Literal["cw", "fc"] = "cw") -> Self:
