@@ -248,16 +248,22 @@ class Processor:
                 step.extend(self._failed(entry, "scoring failed"))
             return step
         signals_ns = self._clock_ns() - started_ns
+        versions = self.signals.versions()  # once per batch: the same models decide it all
         for entry, result in zip(entries, scored, strict=True):
             try:
-                step.extend(self._decide(entry, result, now_ms, signals_ns))
+                step.extend(self._decide(entry, result, now_ms, signals_ns, versions))
             except Exception as exc:  # this request pays, never its batch
                 log.exception("deciding %s failed", entry.request_id)
                 step.extend(self._failed(entry, _describe(exc)))
         return step
 
     def _decide(
-        self, entry: PendingRequest, scored: Scored, now_ms: float, signals_ns: int
+        self,
+        entry: PendingRequest,
+        scored: Scored,
+        now_ms: float,
+        signals_ns: int,
+        signal_versions: dict[str, str],
     ) -> Step:
         retrieval, final = entry.retrieval, entry.final
         if retrieval is None or final is None:  # only complete requests are decided
@@ -276,7 +282,7 @@ class Processor:
         entry.stages.append(("policy", t_policy, t_done))
         key = outputs.answer_key(entry)
         policy = self._policy.name
-        versions = {"generator": final.generator_model, **self.signals.versions()}
+        versions = {"generator": final.generator_model, **signal_versions}
         value = answer_verdict_json(  # the bytes of the AnswerVerdict, without the model
             request_id=entry.request_id,
             idempotency_key=key,
