@@ -109,6 +109,7 @@ class _Terms:
     coefficients: FloatArray = field(compare=False)
     intercept: float
     platt: tuple[float, float] | None  # (a, b) of a Platt calibrator, else None
+    calibrator: Calibrator
 
 
 class ConfidenceTraining(BaseModel):
@@ -216,6 +217,7 @@ class ConfidenceModel(BaseModel):
             coefficients=np.asarray(self.coefficients, dtype=np.float64),
             intercept=self.intercept,
             platt=(calibrator.a, calibrator.b) if isinstance(calibrator, PlattCalibrator) else None,
+            calibrator=calibrator,
         )
         return self
 
@@ -287,13 +289,18 @@ class ConfidenceModel(BaseModel):
         """Calibrated probability per row: ``calibrator(raw_scores)``."""
         return self._calibrator.predict(self.raw_scores(values_list))
 
+    def _serving(self) -> _Terms:
+        """``_terms``, read from pydantic's private dict (its ``__getattr__`` costs ~2 us)."""
+        terms: _Terms = self.__pydantic_private__["_terms"]  # type: ignore[index]
+        return terms
+
     def predict_many(self, values_list: Sequence[FeatureValues]) -> FloatArray:
         """:meth:`predict`, bit for bit, with the rows built in plain Python (a serving batch).
 
         The same matrix (each ``None`` imputed, the indicators set) and the same
         numpy arithmetic as :meth:`predict`, without ``spec.vector``'s per-row arrays.
         """
-        terms = self._terms
+        terms = self._serving()
         rows: list[list[float]] = []
         for values in values_list:
             if not terms.names.issuperset(values):
@@ -317,7 +324,7 @@ class ConfidenceModel(BaseModel):
             return np.empty(0, dtype=np.float64)
         x = np.array(rows, dtype=np.float64)
         z = (x - terms.mean) / terms.scale
-        return self._calibrator.predict(z @ terms.coefficients + self.intercept)
+        return terms.calibrator.predict(z @ terms.coefficients + terms.intercept)
 
     def predict_one(self, values: FeatureValues) -> float:
         """Calibrated probability of one row: :meth:`predict` in plain floats.
@@ -325,7 +332,7 @@ class ConfidenceModel(BaseModel):
         The same result up to float rounding (sums in another order than numpy's
         vectorised dot product: within 1e-12, not always bit-identical).
         """
-        terms = self._terms
+        terms = self._serving()
         if not terms.names.issuperset(values):
             self._spec.vector(values)  # raises the ConfidenceDataError naming the unknown keys
         score = terms.intercept
@@ -347,7 +354,7 @@ class ConfidenceModel(BaseModel):
             a, b = terms.platt
             z = a * score + b
             return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
-        return float(self._calibrator.predict(np.asarray([score]))[0])
+        return float(terms.calibrator.predict(np.asarray([score]))[0])
 
     def save(self, path: str | Path) -> Path:
         """Write the model as JSON (via a temporary file, then an atomic rename)."""

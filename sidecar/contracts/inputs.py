@@ -106,14 +106,20 @@ class AttentionSummary(BaseModel):
         self._raw = raw
         return self
 
+    def _decoded_or_none(self) -> bytes | None:
+        """``_raw``, read from pydantic's private dict (its ``__getattr__`` costs ~2 us)."""
+        raw: bytes | None = self.__pydantic_private__["_raw"]  # type: ignore[index]
+        return raw
+
     @property
     def decoded_bytes(self) -> int:
         """Bytes the decoded ``values`` hold beside the event (0 when not kept)."""
-        return 0 if self._raw is None else len(self._raw)
+        raw = self._decoded_or_none()
+        return 0 if raw is None else len(raw)
 
     def decoded(self) -> bytes:
         """The decoded ``values``: L*H*K little-endian float16, C order (layer, head, chunk)."""
-        raw = self._raw
+        raw = self._decoded_or_none()
         if raw is None:  # built without validation (model_construct)
             raw = base64.b64decode(self.values)
         return raw
