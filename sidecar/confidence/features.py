@@ -123,11 +123,14 @@ def attention_shares(
         groups.setdefault((att.layers, att.heads, att.chunks), []).append((i, att))
     for (layers, heads, chunks), members in groups.items():
         n = len(members)
-        halves = np.frombuffer(b"".join(att.decoded() for _, att in members), dtype="<f2")
-        # (layer*head, answer, chunk): the mean over axis 0 adds each column's values in
-        # layer-head order, as one answer's mean over (layer, head) does, in long rows
-        ratios = np.empty((layers * heads, n, chunks), dtype=np.float32)
-        ratios[...] = halves.reshape(n, layers * heads, chunks).transpose(1, 0, 2)
+        if n == 1:  # one answer: its (layer*head, chunk) array as it is
+            ratios = members[0][1].to_array().reshape(layers * heads, 1, chunks)
+        else:
+            halves = np.frombuffer(b"".join(att.decoded() for _, att in members), dtype="<f2")
+            # (layer*head, answer, chunk): the mean over axis 0 adds each column's values in
+            # layer-head order, as one answer's mean over (layer, head) does, in long rows
+            ratios = np.empty((layers * heads, n, chunks), dtype=np.float32)
+            ratios[...] = halves.reshape(n, layers * heads, chunks).transpose(1, 0, 2)
         means = ratios.mean(axis=0).astype(np.float64)
         totals = means.sum(axis=1).tolist()
         for (i, _), row, total in zip(members, means.tolist(), totals, strict=True):
