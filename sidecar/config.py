@@ -181,7 +181,8 @@ class JoinSettings(_Section):
     max_bytes: int = Field(
         default=268_435_456,
         ge=65_536,
-        description="bytes all open requests may hold together (raw inputs); the oldest "
+        description="bytes all open requests may hold together (raw inputs and the decoded "
+        "attention summaries of final events); the oldest "
         "request is evicted (block / incomplete, counted) to stay under it",
     )
     decided_memory_ms: int = Field(
@@ -204,7 +205,8 @@ class LimitSettings(_Section):
     max_request_bytes: int = Field(
         default=4_194_304,
         ge=1024,
-        description="raw bytes one request may hold (its retrieval, deltas and final); the "
+        description="bytes one request may hold (its retrieval, deltas and final, raw, and "
+        "the final's decoded attention summary); the "
         "event that would cross it is dead-lettered (request-too-large)",
     )
 

@@ -24,15 +24,23 @@ from typing import Final
 import numpy as np
 
 from sidecar.confidence.spec import SIGNALS, FeatureSpec
-from sidecar.contracts.events import GenerationFinal, RetrievalEvent, Signals, SignalStatus
+from sidecar.contracts.events import (
+    AttentionSummary,
+    GenerationFinal,
+    RetrievalEvent,
+    Signals,
+    SignalStatus,
+)
 
 __all__ = [
     "ANSWER_FEATURES",
     "CHUNK_FEATURES",
     "CHUNK_SPEC",
     "answer_features",
+    "attention_shares",
     "chunk_features",
     "missing_terms",
+    "numpy_mean",
 ]
 
 ANSWER_FEATURES: Final = SIGNALS
@@ -55,6 +63,21 @@ _STOPWORDS: Final = frozenset(
     "the to was were what when where which who whom whose why will with".split()
 )
 _WORD = re.compile(r"[a-z0-9]+")
+_PAIRWISE_FROM: Final = 8
+
+
+def numpy_mean(values: Sequence[float]) -> float:
+    """``float(np.mean(values))``, bit for bit, without an array for a handful of floats.
+
+    numpy adds fewer than 8 values one after the other, from the first (its pairwise
+    summation starts at 8); beyond that this is ``np.mean`` itself.
+    """
+    if len(values) >= _PAIRWISE_FROM:
+        return float(np.mean(values))
+    total = 0.0
+    for v in values:
+        total += v
+    return total / len(values)
 
 
 def answer_features(
@@ -71,7 +94,7 @@ def answer_features(
         "retrieval_margin": (scores[0] - scores[1])
         if len(scores) > 1
         else (0.0 if scores else None),
-        "retrieval_mean_score": float(np.mean(scores)) if scores else None,
+        "retrieval_mean_score": numpy_mean(scores) if scores else None,
         "m1": (1.0 if cert.m1 else 0.0) if certified else None,
         "m2": cert.m2 if certified else None,
         "lookback_p": lookback.p_factual if lookback.status is SignalStatus.OK else None,
@@ -82,30 +105,59 @@ def answer_features(
     }
 
 
-def _attention_shares(final: GenerationFinal, n_hits: int) -> list[float | None]:
-    att = final.attention
-    if att is None or att.variant != "cw" or att.chunks != n_hits or n_hits == 0:
-        return [None] * n_hits
-    per_chunk = att.to_array().mean(axis=(0, 1)).astype(np.float64)
-    total = float(per_chunk.sum())
-    if not math.isfinite(total) or total <= 0.0:
-        return [None] * n_hits
-    return [float(v / total) for v in per_chunk]
+def attention_shares(
+    finals: Sequence[GenerationFinal | None], n_hits: Sequence[int]
+) -> list[list[float | None]]:
+    """Per answer, each chunk's share of its lookback attention (``None``: no usable summary).
+
+    A share is the chunk's column mean over layers and heads over the sum of those
+    means; only a chunk-wise summary with one column per hit is used. The summaries
+    of one shape are averaged in one numpy pass (the same float32 sums as one at a time).
+    """
+    out: list[list[float | None]] = [[None] * k for k in n_hits]
+    groups: dict[tuple[int, int, int], list[tuple[int, AttentionSummary]]] = {}
+    for i, (final, k) in enumerate(zip(finals, n_hits, strict=True)):
+        att = final.attention if final is not None else None
+        if att is None or att.variant != "cw" or att.chunks != k or k == 0:
+            continue
+        groups.setdefault((att.layers, att.heads, att.chunks), []).append((i, att))
+    for (layers, heads, chunks), members in groups.items():
+        n = len(members)
+        if n == 1:  # one answer: its (layer*head, chunk) array as it is
+            ratios = members[0][1].to_array().reshape(layers * heads, 1, chunks)
+        else:
+            halves = np.frombuffer(b"".join(att.decoded() for _, att in members), dtype="<f2")
+            # (layer*head, answer, chunk): the mean over axis 0 adds each column's values in
+            # layer-head order, as one answer's mean over (layer, head) does, in long rows
+            ratios = np.empty((layers * heads, n, chunks), dtype=np.float32)
+            ratios[...] = halves.reshape(n, layers * heads, chunks).transpose(1, 0, 2)
+        means = ratios.mean(axis=0).astype(np.float64)
+        totals = means.sum(axis=1).tolist()
+        for (i, _), row, total in zip(members, means.tolist(), totals, strict=True):
+            if math.isfinite(total) and total > 0.0:
+                out[i] = [v / total for v in row]
+    return out
 
 
 def chunk_features(
-    retrieval: RetrievalEvent, final: GenerationFinal | None, trusted_ids: Sequence[str] | None
+    retrieval: RetrievalEvent,
+    final: GenerationFinal | None,
+    trusted_ids: Sequence[str] | None,
+    *,
+    shares: Sequence[float | None] | None = None,
 ) -> list[dict[str, float | None]]:
     """One feature row per hit, in retrieval order.
 
     ``trusted_ids`` is the certified set, or ``None`` when certification did not
-    run (the ``trusted`` feature is then missing, not zero).
+    run (the ``trusted`` feature is then missing, not zero). ``shares``: the
+    answer's :func:`attention_shares`, when a batch computed them already.
     """
     hits = retrieval.hits
     if not hits:
         return []
     top = max(h.score for h in hits)
-    shares = _attention_shares(final, len(hits)) if final is not None else [None] * len(hits)
+    if shares is None:
+        shares = attention_shares([final], [len(hits)])[0]
     trusted = set(trusted_ids) if trusted_ids is not None else None
     return [
         {

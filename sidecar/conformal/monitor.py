@@ -54,12 +54,35 @@ class MonitorStatus:
     interval: ProportionInterval
     target: float
     """1 - alpha: the least mean(m1) exchangeability allows."""
-    message: str
+    min_samples: int
+    confidence: float
+    """Of the Wilson interval."""
 
     @property
     def broken(self) -> bool:
         """True when the Wilson upper bound of mean(m1) is below 1 - alpha."""
         return self.state is MonitorState.BROKEN
+
+    @property
+    def message(self) -> str:
+        """The verdict in words (built when read: most observations are never reported)."""
+        n, mean, interval, target = self.n, self.m1_mean, self.interval, self.target
+        if self.state is MonitorState.WARMING_UP:
+            return (
+                f"{self.key}: {n} of {self.min_samples} retrievals needed before judging "
+                f"exchangeability; mean(m1)={mean:.3f}"
+            )
+        if self.state is MonitorState.BROKEN:
+            return (
+                f"{self.key}: exchangeability broken, recalibrate: mean(m1)={mean:.3f} over the "
+                f"last {n} retrievals, Wilson {self.confidence:.3g} upper bound "
+                f"{interval.high:.3f} < 1 - alpha = {target:.3f}"
+            )
+        return (
+            f"{self.key}: mean(m1)={mean:.3f} over the last {n} retrievals, Wilson "
+            f"{self.confidence:.3g} interval [{interval.low:.3f}, {interval.high:.3f}] "
+            f"reaches 1 - alpha = {target:.3f}"
+        )
 
 
 @dataclass(slots=True)
@@ -117,26 +140,12 @@ class ExchangeabilityMonitor:
         mean = win.successes / n
         if n < self.min_samples:
             state = MonitorState.WARMING_UP
-            message = (
-                f"{key}: {n} of {self.min_samples} retrievals needed before judging "
-                f"exchangeability; mean(m1)={mean:.3f}"
-            )
         elif interval.high < target or (win.state is MonitorState.BROKEN and mean < target):
             # Hysteresis: once broken, the alarm holds until the rolling mean itself is back
             # at 1 - alpha, so a window hovering at the bound does not flap.
             state = MonitorState.BROKEN
-            message = (
-                f"{key}: exchangeability broken, recalibrate: mean(m1)={mean:.3f} over the last "
-                f"{n} retrievals, Wilson {self.confidence:.3g} upper bound {interval.high:.3f} "
-                f"< 1 - alpha = {target:.3f}"
-            )
         else:
             state = MonitorState.OK
-            message = (
-                f"{key}: mean(m1)={mean:.3f} over the last {n} retrievals, Wilson "
-                f"{self.confidence:.3g} interval [{interval.low:.3f}, {interval.high:.3f}] "
-                f"reaches 1 - alpha = {target:.3f}"
-            )
         changed = state is not win.state
         win.state = state
         status = MonitorStatus(
@@ -148,7 +157,8 @@ class ExchangeabilityMonitor:
             m1_mean=mean,
             interval=interval,
             target=target,
-            message=message,
+            min_samples=self.min_samples,
+            confidence=self.confidence,
         )
         self._last[key] = status
         return status

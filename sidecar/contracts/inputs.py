@@ -64,6 +64,11 @@ class GenerationDelta(EventBase):
     text: Annotated[str, StringConstraints(max_length=100_000)]
 
 
+# A little-endian float16 is NaN or Inf when its five exponent bits are all set: bits
+# 0x7C of its high (second) byte. The high bytes that leave a finite value:
+_FINITE_F16_HIGH_BYTES = bytes(b for b in range(256) if b & 0x7C != 0x7C)
+
+
 class AttentionSummary(BaseModel):
     """The generator's chunk-wise lookback ratios: L layers x H heads x K chunks.
 
@@ -96,18 +101,37 @@ class AttentionSummary(BaseModel):
                 f"values holds {len(raw)} bytes, shape {self.layers}x{self.heads}x{self.chunks} "
                 f"float16 needs {expected}"
             )
-        if not np.isfinite(np.frombuffer(raw, dtype="<f2")).all():
+        if raw[1::2].translate(None, _FINITE_F16_HIGH_BYTES):  # a high byte of NaN or Inf
             raise ValueError("values contains NaN or Inf")
         self._raw = raw
         return self
 
-    def to_array(self) -> npt.NDArray[np.float32]:
-        """The summary as a float32 array of shape (L, H, K)."""
-        raw = self._raw
+    def _decoded_or_none(self) -> bytes | None:
+        """``_raw``, read from pydantic's private dict (its ``__getattr__`` costs ~2 us)."""
+        raw: bytes | None = self.__pydantic_private__["_raw"]  # type: ignore[index]
+        return raw
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes the decoded ``values`` hold beside the event (0 when not kept)."""
+        raw = self._decoded_or_none()
+        return 0 if raw is None else len(raw)
+
+    def decoded(self) -> bytes:
+        """The decoded ``values``: L*H*K little-endian float16, C order (layer, head, chunk)."""
+        raw = self._decoded_or_none()
         if raw is None:  # built without validation (model_construct)
             raw = base64.b64decode(self.values)
-        arr = np.frombuffer(raw, dtype="<f2").astype(np.float32)
+        return raw
+
+    def to_float16(self) -> npt.NDArray[np.float16]:
+        """The summary as a read-only float16 view of shape (L, H, K), without a copy."""
+        arr = np.frombuffer(self.decoded(), dtype="<f2")
         return arr.reshape(self.layers, self.heads, self.chunks)
+
+    def to_array(self) -> npt.NDArray[np.float32]:
+        """The summary as a float32 array of shape (L, H, K)."""
+        return self.to_float16().astype(np.float32)
 
     @classmethod
     def from_array(cls, array: npt.ArrayLike, variant: Literal["cw", "fc"] = "cw") -> Self:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +49,8 @@ SCALING = "per-sample-minmax"
 """The scaling recorded in model metadata: min-max over each padded, flattened vector."""
 
 FloatArray = npt.NDArray[np.float32]
+
+_EXACT_IN_FLOAT32 = (np.dtype(np.float16), np.dtype(np.float32))
 
 
 def select_chunks(ratios: npt.ArrayLike, keep: Sequence[int] | None) -> FloatArray:
@@ -102,16 +105,19 @@ def scale_per_sample(vectors: npt.ArrayLike) -> FloatArray:
         raise ConfigError("feature vectors contain NaN or Inf")
     span = hi - lo
     if (span > 0.0).all():  # the usual case: (v - min) / span, in place
+        # no clip needed: min <= v <= max, and rounding is monotonic, so 0 <= v - min <=
+        # span and 0 <= (v - min) / span <= 1 in floats too
         scaled = rows - lo
         scaled /= span
     else:
         scaled = np.where(span > 0.0, (rows - lo) / np.where(span > 0.0, span, 1.0), 0.0)
-    out: FloatArray = np.clip(scaled, 0.0, 1.0, out=scaled).astype(np.float32)
+        np.clip(scaled, 0.0, 1.0, out=scaled)
+    out: FloatArray = scaled.astype(np.float32)
     return out[0] if single else out
 
 
 def feature_rows(
-    ratios: Sequence[FloatArray], k: int, keeps: Sequence[Sequence[int] | None]
+    ratios: Sequence[npt.NDArray[np.floating[Any]]], k: int, keeps: Sequence[Sequence[int] | None]
 ) -> FloatArray:
     """:func:`feature_vector` of each ``(ratios[i], keeps[i])``, stacked: ``(n, L * H * k)``.
 
@@ -121,14 +127,20 @@ def feature_rows(
     if not ratios:
         raise ConfigError("feature_rows needs at least one array")
     layers, heads = ratios[0].shape[:2]
-    out = np.zeros((len(ratios), layers, heads, k), dtype=np.float32)
+    # float64, as scale_per_sample computes: float16 and float32 ratios copy in exactly
+    out = np.zeros((len(ratios), layers, heads, k), dtype=np.float64)
     for row, given, keep in zip(out, ratios, keeps, strict=True):
         if given.ndim != 3 or given.shape[:2] != (layers, heads):
             raise ConfigError(
                 f"lookback ratios of shape {given.shape}; the batch has {layers}x{heads}"
             )
         prefix = keep is None or list(keep) == list(range(len(keep)))
-        arr = given if prefix else select_chunks(given, keep)  # gathered (and checked)
+        if not prefix:
+            arr = select_chunks(given, keep)  # gathered (and checked), float32
+        elif given.dtype in _EXACT_IN_FLOAT32:
+            arr = given
+        else:  # the features are float32 values, as feature_vector's are
+            arr = given.astype(np.float32)
         present = arr.shape[2] if keep is None else len(keep)
         if present > k or present > arr.shape[2]:
             raise ConfigError(f"{present} chunk columns do not fit a model for K={k}")

@@ -109,7 +109,7 @@ class LookbackRequest:
 
 @dataclass(frozen=True, slots=True)
 class _Prepared:
-    ratios: npt.NDArray[np.float32] | None  # the summary (L, H, K_s); None: ``signal`` says why
+    ratios: npt.NDArray[np.float16] | None  # the summary (L, H, K_s); None: ``signal`` says why
     keep: list[int] | None  # the trusted columns (None: all)
     signal: LookbackSignal | None
 
@@ -309,7 +309,7 @@ class OnnxLookbackScorer:
             keep = self._kept_columns(summary.chunks, certification, chunk_ids)
         except ValueError:
             return _Prepared(None, None, self._unavailable())
-        return _Prepared(summary.to_array(), keep, None)
+        return _Prepared(summary.to_float16(), keep, None)  # float32 exactly, in feature_rows
 
     def _run(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
         (probs,) = self._session.run(

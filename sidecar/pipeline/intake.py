@@ -75,6 +75,16 @@ def digest(raw: bytes) -> bytes:
     return hashlib.blake2b(raw, digest_size=16).digest()
 
 
+def held_bytes(event: JoinedEvent, raw: bytes | None) -> int:
+    """What holding ``event`` costs the byte budgets: its raw bytes, and the decoded
+    attention summary a final event keeps beside them (a hostile producer's finals
+    without retrievals must not hold more memory than the budget says)."""
+    size = len(raw or b"")
+    if type(event) is GenerationFinal and event.attention is not None:
+        size += event.attention.decoded_bytes
+    return size
+
+
 def check_key(key: bytes | None, request_id: str, where: str) -> None:
     """Every topic the sidecar reads is keyed by request_id (co-partitioning relies on it)."""
     if key is not None and key != request_id.encode("utf-8"):
@@ -102,6 +112,7 @@ class Intake:
         self._limits = limits
         self._tenancy = tenancy
         self._clock_ns = clock_ns
+        self._tenant_from_events = tenancy.source == "event"
         self.partition_mismatches = 0
 
     def admit(
@@ -114,7 +125,7 @@ class Intake:
                 max_bytes=self._limits.max_message_bytes,
                 max_depth=self._limits.max_json_depth,
             )
-            tenant = self._trusted_tenant(ref)
+            tenant = None if self._tenant_from_events else self._trusted_tenant(ref)
             if isinstance(event, FeedbackEvent):
                 check_key(key, event.request_id, "the feedback topic")
                 return Labelled(event, tenant)
@@ -129,7 +140,7 @@ class Intake:
             store_key, now_ms, request_id=event.request_id, tenant=tenant
         )
         evictions: tuple[PendingRequest, ...] = (evicted,) if evicted is not None else ()
-        size = len(raw or b"")
+        size = held_bytes(event, raw)
         try:
             self._check_request_bytes(entry, size)
             identical = self._hold(entry, event, raw or b"")
@@ -141,14 +152,20 @@ class Intake:
             return Duplicate()
         self._check_partitions(entry, ref)
         entry.refs.append(ref)
-        if isinstance(event, GenerationFinal):
+        if type(event) is GenerationFinal:
             entry.final_headers = ref.headers
-        evictions += tuple(self.store.hold_bytes(entry, size))
+        made_room = self.store.hold_bytes(entry, size)
+        if made_room:
+            evictions += tuple(made_room)
         return Held(entry, evictions)
 
     def _check_partitions(self, entry: PendingRequest, ref: InputRef) -> None:
         """Both halves of a request on different partition numbers: mixed partitioners."""
-        if not entry.refs or all(r.partition == ref.partition for r in entry.refs):
+        partition = ref.partition
+        for held in entry.refs:
+            if held.partition != partition:
+                break
+        else:  # none held yet, or all on this partition number
             return
         self.partition_mismatches += 1
         if self.partition_mismatches == 1:
@@ -189,7 +206,7 @@ class Intake:
             ) from None
 
     def _check_tenant(self, event: JoinedEvent, tenant: str | None) -> None:
-        if isinstance(event, RetrievalEvent) and tenant is not None and event.tenant != tenant:
+        if tenant is not None and type(event) is RetrievalEvent and event.tenant != tenant:
             raise InputError(
                 "tenant-mismatch",
                 f"event names tenant {event.tenant!r} but the trusted "
@@ -206,12 +223,12 @@ class Intake:
 
     def _check_limits(self, event: JoinedEvent) -> None:
         limits = self._limits
-        if isinstance(event, RetrievalEvent) and len(event.hits) > limits.max_hits:
+        if type(event) is RetrievalEvent and len(event.hits) > limits.max_hits:
             raise InputError(
                 "too-many-hits",
                 f"{len(event.hits)} hits, the limit is {limits.max_hits} (max_hits)",
             )
-        if isinstance(event, GenerationFinal) and len(event.answer) > limits.max_answer_chars:
+        if type(event) is GenerationFinal and len(event.answer) > limits.max_answer_chars:
             raise InputError(
                 "answer-too-long",
                 f"the answer has {len(event.answer)} characters, the limit is "

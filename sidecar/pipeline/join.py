@@ -1,7 +1,8 @@
 """The bounded store that joins the two halves of a request by ``request_id``.
 
 Bounded three times: at most ``max_entries`` open requests and ``max_bytes``
-of held input bytes (the oldest request is evicted to make room), and at most
+of held input bytes, counting a final event's decoded attention summary beside
+its raw bytes (the oldest request is evicted to make room), and at most
 ``ttl_ms`` from a request's first event to its completion (expired ones are
 swept). Evicted half-requests are returned to the caller, which turns them
 into ``block`` / ``incomplete`` verdicts, so nothing is dropped silently. A
@@ -55,7 +56,7 @@ class PendingRequest:
     first_seen_ns: int = 0  # wall clock (epoch ns), for trace spans
     key: str = ""  # the store key (request id, scoped by the trusted tenant); "" = request_id
     tenant: str | None = None  # the trusted tenant, when tenancy is not taken from the event
-    bytes_held: int = 0  # raw input bytes of this request (the store's byte budget)
+    bytes_held: int = 0  # raw input bytes + decoded attention (the store's byte budget)
     retrieval: RetrievalEvent | None = None
     retrieval_digest: bytes | None = None
     final: GenerationFinal | None = None

@@ -142,22 +142,24 @@ def answer_attributes(
     model_versions: dict[str, str],
 ) -> dict[str, AttributeValue]:
     """:func:`verdict_attributes` from the verdict's values (no model needed)."""
-    codes = [r.code for r in reasons]
-    profiles = [c.removeprefix(PROFILE_REASON_PREFIX) for c in codes if _is_profile(c)]
+    profile = None
+    codes: list[str] = []
+    for reason in reasons:
+        code = reason.code
+        if not code.startswith(PROFILE_REASON_PREFIX):
+            codes.append(code)
+        elif profile is None:
+            profile = code.removeprefix(PROFILE_REASON_PREFIX)
     return {
         "guardrail.request_id": request_id,
         "guardrail.tenant": tenant or "",
         "guardrail.decision": decision.value,
         "guardrail.stage": stage,
-        "guardrail.profile": profiles[0] if profiles else "none",
-        "guardrail.reasons": [c for c in codes if not _is_profile(c)],
+        "guardrail.profile": "none" if profile is None else profile,
+        "guardrail.reasons": codes,
         "guardrail.policy": policy,
         **{f"guardrail.model.{k}": v for k, v in model_versions.items()},
     }
-
-
-def _is_profile(code: str) -> bool:
-    return code.startswith(PROFILE_REASON_PREFIX)
 
 
 def verdict_output(verdict: AnswerVerdict, entry: PendingRequest, end_ns: int) -> Step:

@@ -138,6 +138,12 @@ class ConfidenceScorer(Protocol):
         self, retrieval: RetrievalEvent, final: GenerationFinal, signals: Signals
     ) -> ConfidenceResult: ...
 
+    def score_batch(
+        self, items: Sequence[tuple[RetrievalEvent, GenerationFinal, Signals]]
+    ) -> list[ConfidenceResult]:
+        """Score the answers decided in one consumed batch together (one model pass)."""
+        ...
+
 
 class CoverageObserver(Protocol):
     """Fleet-level coverage bookkeeping: verdicts in, feedback in, reports out.

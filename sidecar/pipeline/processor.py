@@ -124,7 +124,8 @@ class Processor:
     def on_batch(self, items: Sequence[BatchItem], now_ms: float) -> Step:
         """A consumed batch; the requests it completes are scored together, in order."""
         step = Step()
-        completed: list[PendingRequest] = []
+        # by identity, in completion order (PendingRequest's dataclass == compares every field)
+        completed: dict[int, PendingRequest] = {}
         for kind, raw, key, ref in items:
             self.counters.consumed += 1
             try:
@@ -134,11 +135,11 @@ class Processor:
                 error = InputError("internal-error", _describe(exc))
                 step.extend(self.dead_letter(raw, key, ref, error))
         if completed:
-            step.extend(self._decide_all(completed, now_ms))
+            step.extend(self._decide_all(list(completed.values()), now_ms))
         return step
 
     def _admit(
-        self, item: BatchItem, now_ms: float, step: Step, completed: list[PendingRequest]
+        self, item: BatchItem, now_ms: float, step: Step, completed: dict[int, PendingRequest]
     ) -> None:
         kind, raw, key, ref = item
         admission = self.intake.admit(kind, raw, key, ref, now_ms)
@@ -159,8 +160,7 @@ class Processor:
                     # decided from now on: out of the store, so that nothing later in this
                     # batch can evict it (an incomplete verdict beside its real one)
                     self.store.close(entry.store_key, now_ms)
-                    if entry not in completed:
-                        completed.append(entry)
+                    completed.setdefault(id(entry), entry)
                 else:
                     step.outputs.extend(self._stream(entry))
 
@@ -248,16 +248,22 @@ class Processor:
                 step.extend(self._failed(entry, "scoring failed"))
             return step
         signals_ns = self._clock_ns() - started_ns
+        versions = self.signals.versions()  # once per batch: the same models decide it all
         for entry, result in zip(entries, scored, strict=True):
             try:
-                step.extend(self._decide(entry, result, now_ms, signals_ns))
+                step.extend(self._decide(entry, result, now_ms, signals_ns, versions))
             except Exception as exc:  # this request pays, never its batch
                 log.exception("deciding %s failed", entry.request_id)
                 step.extend(self._failed(entry, _describe(exc)))
         return step
 
     def _decide(
-        self, entry: PendingRequest, scored: Scored, now_ms: float, signals_ns: int
+        self,
+        entry: PendingRequest,
+        scored: Scored,
+        now_ms: float,
+        signals_ns: int,
+        signal_versions: dict[str, str],
     ) -> Step:
         retrieval, final = entry.retrieval, entry.final
         if retrieval is None or final is None:  # only complete requests are decided
@@ -276,7 +282,7 @@ class Processor:
         entry.stages.append(("policy", t_policy, t_done))
         key = outputs.answer_key(entry)
         policy = self._policy.name
-        versions = {"generator": final.generator_model, **self.signals.versions()}
+        versions = {"generator": final.generator_model, **signal_versions}
         value = answer_verdict_json(  # the bytes of the AnswerVerdict, without the model
             request_id=entry.request_id,
             idempotency_key=key,

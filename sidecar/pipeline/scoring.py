@@ -2,7 +2,8 @@
 
 ``Scoring.score(entries)`` scores every request completed in a consumed batch
 (a single message is a batch of one): the lookback model runs once for all of
-them, then each request's claims are finished and its confidence computed.
+them, then each request's claims are finished, then the confidence model runs
+once for all of them.
 ``Scoring.stream(entry)`` verifies newly streamed text while the answer is
 still being written.
 
@@ -23,6 +24,7 @@ from sidecar.contracts.events import (
     ClaimsSignal,
     GenerationFinal,
     LookbackSignal,
+    RetrievalEvent,
     RetrievalSignal,
     Signals,
     SignalStatus,
@@ -98,11 +100,15 @@ class Scoring:
         t0 = self._clock_ns()
         lookbacks = self._lookback(entries)
         t1 = self._clock_ns()
-        scored = []
+        claimed = []
         for entry, lookback in zip(entries, lookbacks, strict=True):
             entry.stages.append(("score", t0, t1))
-            scored.append(self._score_one(entry, lookback))
-        return scored
+            claimed.append(self._claims(entry, lookback))
+        confidences = self._confidences(entries, [signals for signals, _, _ in claimed])
+        return [
+            Scored(signals=signals, confidence=confidence, final_claims=tail, claims_span_ns=span)
+            for (signals, tail, span), confidence in zip(claimed, confidences, strict=True)
+        ]
 
     def _lookback(self, entries: Sequence[PendingRequest]) -> list[LookbackSignal]:
         scorer = self.signals.lookback
@@ -122,7 +128,10 @@ class Scoring:
                 out.append(UNAVAILABLE_LOOKBACK)
         return out
 
-    def _score_one(self, entry: PendingRequest, lookback: LookbackSignal) -> Scored:
+    def _claims(
+        self, entry: PendingRequest, lookback: LookbackSignal
+    ) -> tuple[Signals, tuple[ClaimResult, ...], tuple[int, int]]:
+        """Finish the request's claims: its signals, the claims verified now, and when."""
         certification: RetrievalSignal = entry.certification or NOT_CONFIGURED_RETRIEVAL
         t_claims = self._clock_ns()
         claims = NOT_CONFIGURED_CLAIMS
@@ -137,26 +146,53 @@ class Scoring:
         span = (t_claims, self._clock_ns())
         entry.stages.append(("verify_claims", *span))
         signals = Signals(retrieval=certification, lookback=lookback, claims=claims)
-        return Scored(
-            signals=signals,
-            confidence=self._confidence(entry, signals),
-            final_claims=tuple(tail),
-            claims_span_ns=span,
-        )
+        return signals, tuple(tail), span
+
+    def _confidences(
+        self, entries: Sequence[PendingRequest], signals: Sequence[Signals]
+    ) -> list[ConfidenceResult | None]:
+        """One batched call for the requests; one by one (each guarded) if it fails."""
+        scorer = self.signals.confidence
+        if scorer is None:
+            return [None] * len(entries)
+        if len(entries) > 1:
+            try:
+                batch = scorer.score_batch(
+                    [(_retrieval(e), _final(e), s) for e, s in zip(entries, signals, strict=True)]
+                )
+            except Exception:
+                log.warning("batched confidence scoring failed; scoring one by one", exc_info=True)
+            else:
+                return [
+                    _checked_confidence(entry, result)
+                    for entry, result in zip(entries, batch, strict=True)
+                ]
+        return [self._confidence(e, s) for e, s in zip(entries, signals, strict=True)]
 
     def _confidence(self, entry: PendingRequest, signals: Signals) -> ConfidenceResult | None:
         scorer = self.signals.confidence
-        if scorer is None or entry.retrieval is None:
+        if scorer is None:
             return None
         try:
-            result = scorer.score(entry.retrieval, _final(entry), signals)
+            result = scorer.score(_retrieval(entry), _final(entry), signals)
         except Exception:
             log.exception("confidence scoring failed for %s", entry.request_id)
             return None
-        if not _confidence_is_finite(result):
-            log.warning("confidence for %s is not finite; left out", entry.request_id)
-            return None
-        return result
+        return _checked_confidence(entry, result)
+
+
+def _checked_confidence(entry: PendingRequest, result: ConfidenceResult) -> ConfidenceResult | None:
+    if not _confidence_is_finite(result):
+        log.warning("confidence for %s is not finite; left out", entry.request_id)
+        return None
+    return result
+
+
+def _retrieval(entry: PendingRequest) -> RetrievalEvent:
+    retrieval = entry.retrieval
+    if retrieval is None:  # callers score complete requests only
+        raise AssertionError(f"request {entry.request_id} has no retrieval event")
+    return retrieval
 
 
 def _final(entry: PendingRequest) -> GenerationFinal:

@@ -54,8 +54,13 @@ class Finding:
     reason: Reason
 
 
+@functools.lru_cache(maxsize=4096)
 def finding(action: Action, code: str, message: str, signal: SignalName) -> Finding:
-    """A ``Finding`` whose reason is ``code`` / ``message`` of ``signal``."""
+    """A ``Finding`` whose reason is ``code`` / ``message`` of ``signal``.
+
+    Frozen, so shared: the messages repeat (numbers are written to 2-3 decimals) and
+    a cached one skips the ``Reason`` validation.
+    """
     return Finding(action, Reason(code=code, message=message, signal=signal))
 
 

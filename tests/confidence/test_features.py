@@ -16,8 +16,10 @@ from sidecar.confidence.features import (
     CHUNK_FEATURES,
     CHUNK_SPEC,
     answer_features,
+    attention_shares,
     chunk_features,
     missing_terms,
+    numpy_mean,
 )
 from sidecar.confidence.spec import ANSWER_SPEC, SIGNALS
 from sidecar.contracts.events import (
@@ -196,6 +198,35 @@ def test_without_a_final_event_the_share_is_missing() -> None:
     assert [r["trusted"] for r in rows] == [1.0, 0.0]
 
 
+def test_a_batch_of_attention_shares_is_each_answer_alone_bit_for_bit() -> None:
+    """Summaries of one shape are averaged together; each share is the per-answer numpy
+    computation (float32 mean over layers and heads, float64 shares) exactly."""
+    rng = np.random.default_rng(5)
+    finals: list[GenerationFinal | None] = [None]
+    n_hits = [2]
+    for i in range(40):
+        layers, heads, chunks = (30, 9, 3) if i % 3 else (int(rng.integers(1, 6)), 2, 4)
+        values = rng.uniform(0.0, 1.0, size=(layers, heads, chunks))
+        if i % 7 == 0:
+            values[:] = 0.0  # all zero: no shares
+        variant = "fc" if i % 11 == 5 else "cw"
+        finals.append(final(attention=AttentionSummary.from_array(values, variant=variant)))
+        n_hits.append(chunks if i % 13 else chunks + 1)  # a mismatch now and then
+    batch = attention_shares(finals, n_hits)
+    for got, answer, k in zip(batch, finals, n_hits, strict=True):
+        att = answer.attention if answer is not None else None
+        expected: list[float | None] = [None] * k
+        if att is not None and att.variant == "cw" and att.chunks == k:
+            per_chunk = att.to_array().mean(axis=(0, 1)).astype(np.float64)
+            total = float(per_chunk.sum())
+            if total > 0.0:
+                expected = [float(v / total) for v in per_chunk]
+        assert [None if v is None else v.hex() for v in got] == [
+            None if v is None else v.hex() for v in expected
+        ]
+    assert sum(row[0] is not None for row in batch) > 20  # most answers have shares
+
+
 # ------------------------------------------------------------------ missing terms
 
 
@@ -238,3 +269,15 @@ def test_missing_terms_invariants(query: str, texts: list[str], limit: int) -> N
         assert len(term) > 2
     # query order is kept
     assert got == sorted(got, key=query_words.index)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, allow_subnormal=True),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_numpy_mean_is_np_mean_bit_for_bit(values: list[float]) -> None:
+    assert numpy_mean(values).hex() == float(np.mean(values)).hex()  # -0.0 and 0.0 apart

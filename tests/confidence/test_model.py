@@ -310,3 +310,30 @@ def test_predict_one_is_predict_in_plain_floats(model: ConfidenceModel, method: 
         variant.predict_one({**full_row(), "bogus": 1.0})
     with pytest.raises(ConfidenceDataError, match="finite"):
         variant.predict_one({**full_row(), "lookback_p": math.nan})
+
+
+@pytest.mark.parametrize("method", ["platt", "isotonic"])
+def test_predict_many_is_predict_bit_for_bit(model: ConfidenceModel, method: str) -> None:
+    """The serving batch builds its rows in plain Python; the numbers are predict's exactly."""
+    rows, labels = make_rows(300, seed=12)
+    calibrator = fit_calibrator(method, model.raw_scores(rows), labels)  # type: ignore[arg-type]
+    variant = ConfidenceModel.create(
+        imputation_means=model.imputation_means,
+        standardisation_mean=model.standardisation_mean,
+        standardisation_scale=model.standardisation_scale,
+        coefficients=model.coefficients,
+        intercept=model.intercept,
+        calibrator=calibrator,
+        training=model.training,
+    )
+    mixed: list[FeatureValues] = [
+        *rows,
+        {**full_row(), "m1": True, "m2": 1},  # a bool and an int are numbers too
+        {},  # every signal missing
+    ]
+    assert variant.predict_many(mixed).tolist() == variant.predict(mixed).tolist()
+    assert variant.predict_many([]).shape == (0,)
+    with pytest.raises(ConfidenceDataError, match="unknown features"):
+        variant.predict_many([full_row(), {**full_row(), "bogus": 1.0}])
+    with pytest.raises(ConfidenceDataError, match="finite"):
+        variant.predict_many([full_row(), {**full_row(), "lookback_p": math.inf}])

@@ -245,3 +245,27 @@ def test_from_dir_refuses_a_tampered_model(tmp_path: Path, models: Models) -> No
     (path / CHUNKS_FILE).write_text(json.dumps(raw), encoding="utf-8")
     with pytest.raises(ArtifactError, match="sha256"):
         CalibratedConfidenceScorer.from_dir(path)
+
+
+def test_a_batch_scores_each_request_as_score_does(
+    scorer: CalibratedConfidenceScorer,
+) -> None:
+    """score_batch (one numpy pass per model) = score of each, up to the dot products' last bits."""
+    lookback_only = Signals(lookback=LookbackSignal(status=SignalStatus.OK, p_factual=0.2))
+    items = [
+        (retrieval(), FINAL, certified("c0", "c2")),
+        (retrieval((0.3, 0.2, 0.1, 0.05)), FINAL, certified()),  # nothing trusted: advice
+        (retrieval(()), FINAL, lookback_only),  # no hits, no certification
+        (retrieval((0.95, 0.9, 0.85, 0.8)), FINAL, Signals()),  # every chunk forecast
+    ]
+    batch = scorer.score_batch(items)
+    assert scorer.score_batch([]) == []
+    for (event, final, signals), got in zip(items, batch, strict=True):
+        one = scorer.score(event, final, signals)
+        assert got.features == one.features and got.advice == one.advice
+        assert got.p_correct == pytest.approx(one.p_correct, rel=0, abs=1e-12)
+        assert [(f.chunk_id, f.retrieval_rank) for f in got.chunk_forecast] == [
+            (f.chunk_id, f.retrieval_rank) for f in one.chunk_forecast
+        ]
+        for a, b in zip(got.chunk_forecast, one.chunk_forecast, strict=True):
+            assert a.p_useful == pytest.approx(b.p_useful, rel=0, abs=1e-12)

@@ -152,3 +152,22 @@ def test_fuzz_json_objects_only_ever_raise_input_error(obj: dict[str, Any]) -> N
             decode_input(kind, raw, **LIMITS)
         except InputError as exc:
             assert exc.reason
+
+
+def test_every_float16_bit_pattern_is_refused_exactly_when_it_is_nan_or_inf() -> None:
+    """The summary's finiteness check reads bytes; it must agree with numpy on all 65,536."""
+    patterns = np.arange(65_536, dtype="<u2")
+    finite = np.isfinite(patterns.view("<f2"))
+    # every finite pattern is accepted (in summaries of 1,024 columns); each other one is refused
+    ok = patterns[finite].tobytes()
+    for start in range(0, len(ok), 2048):  # chunks <= 1024 columns per summary
+        block = ok[start : start + 2048]
+        AttentionSummary(
+            layers=1, heads=1, chunks=len(block) // 2, values=base64.b64encode(block).decode()
+        )
+    bad = patterns[~finite]
+    assert len(bad) == 2 * 1024  # sign x mantissa with the exponent all ones: +-Inf and NaNs
+    for value in bad.tolist():
+        raw = int(value).to_bytes(2, "little")
+        with pytest.raises(ValueError, match="NaN or Inf"):
+            AttentionSummary(layers=1, heads=1, chunks=1, values=base64.b64encode(raw).decode())

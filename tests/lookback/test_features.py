@@ -170,3 +170,34 @@ def test_constant_and_empty_inputs() -> None:
 def test_bad_inputs_raise_config_error(call: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         call()  # type: ignore[operator]
+
+
+@settings(max_examples=200)
+@given(
+    hnp.arrays(
+        np.float64,
+        st.tuples(st.integers(1, 4), st.integers(1, 9)),
+        elements=st.floats(-1e6, 1e6) | st.sampled_from([0.0, 1.0, 0.5]),
+    )
+)
+def test_scaling_is_the_clipped_min_max_formula_bit_for_bit(
+    rows: npt.NDArray[np.float64],
+) -> None:
+    """Without its clip the fast branch is the formula (min <= v <= max, rounding monotonic)."""
+    lo, hi = rows.min(axis=1, keepdims=True), rows.max(axis=1, keepdims=True)
+    span = hi - lo
+    formula = np.where(span > 0.0, (rows - lo) / np.where(span > 0.0, span, 1.0), 0.0)
+    expected = np.clip(formula, 0.0, 1.0).astype(np.float32)
+    assert scale_per_sample(rows).tobytes() == expected.tobytes()
+
+
+def test_feature_rows_take_float16_summaries_as_their_float32_values() -> None:
+    rng = np.random.default_rng(3)
+    halves = [rng.uniform(0.0, 2.0, size=(3, 2, 3)).astype(np.float16) for _ in range(4)]
+    keeps: list[list[int] | None] = [None, [0], [0, 2], []]
+    rows = feature_rows(halves, 4, keeps)
+    singles = [h.astype(np.float32) for h in halves]
+    assert rows.tobytes() == feature_rows(singles, 4, keeps).tobytes()
+    doubles = [h.astype(np.float64) + 1e-9 for h in halves]  # rounded to float32 first
+    for row, arr, keep in zip(feature_rows(doubles, 4, keeps), doubles, keeps, strict=True):
+        assert row.tobytes() == feature_vector(arr, 4, keep).tobytes()

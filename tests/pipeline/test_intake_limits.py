@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import orjson
 
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
-from sidecar.contracts.events import AnswerVerdict, DeadLetterRecord
+from sidecar.contracts.events import AnswerVerdict, AttentionSummary, DeadLetterRecord
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination, Step
 from sidecar.pipeline.processor import Processor
@@ -95,6 +96,37 @@ def test_the_join_store_evicts_the_oldest_to_stay_under_its_byte_budget(
     assert p.store.byte_evictions == len(evicted) > 0
     assert [v.request_id for v in evicted] == [f"req-{i}" for i in range(len(evicted))]
     assert all(v.reasons[0].code == "incomplete" for v in evicted)
+
+
+def test_decoded_attention_summaries_count_against_the_byte_budgets(
+    settings_factory: Callable[..., Settings], final_event: EventFactory
+) -> None:
+    """Finals without their retrievals keep their decoded summaries (3/4 of the base64) beside
+    the raw bytes: the store's budget and the request's count both, so memory stays bounded."""
+    p = processor(settings_factory, join={"max_bytes": 65_536, "max_entries": 1000})
+    summary = AttentionSummary.from_array(np.full((8, 8, 96), 0.25)).model_dump()  # 12 KiB
+    sizes = []
+    evicted: list[AnswerVerdict] = []
+    for i in range(12):
+        raw = dumps(final_event(f"req-{i}", attention=summary))
+        evicted += verdicts(p.on_message(G, raw, None, ref("g", i), 0.0))
+        entry = p.store.get(f"req-{i}")
+        assert entry is not None and entry.final is not None and entry.final.attention is not None
+        decoded = entry.final.attention.decoded_bytes
+        assert decoded == 8 * 8 * 96 * 2
+        assert entry.bytes_held == len(raw) + decoded
+        sizes.append(entry.bytes_held)
+    assert p.store.bytes_held <= 65_536
+    # raw bytes alone (~16.5 KiB each) would have fit 3 finals; with the summaries, 2
+    assert len(p.store) == 65_536 // sizes[0] == 2
+    assert p.store.bytes_held == sum(sizes[-len(p.store) :])
+    assert [v.request_id for v in evicted] == [f"req-{i}" for i in range(12 - len(p.store))]
+    assert all(v.reasons[0].code == "incomplete" for v in evicted)
+
+    one = processor(settings_factory, limits={"max_request_bytes": sizes[0] - 1})
+    raw = dumps(final_event("req-1", attention=summary))
+    assert len(raw) < sizes[0] - 1  # the raw bytes alone are under the request's limit
+    assert reasons(one.on_message(G, raw, None, ref("g", 0), 0.0)) == ["request-too-large"]
 
 
 def test_a_late_resend_after_the_ttl_is_dead_lettered_not_decided_again(

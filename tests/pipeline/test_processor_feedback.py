@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -61,6 +61,11 @@ class StubScorer:
         if self.fail:
             raise RuntimeError("confidence model exploded")
         return FIXED_RESULT
+
+    def score_batch(
+        self, items: Sequence[tuple[RetrievalEvent, GenerationFinal, Signals]]
+    ) -> list[ConfidenceResult]:
+        return [self.score(*item) for item in items]
 
 
 class Feed:
@@ -421,3 +426,48 @@ def test_verdicts_carry_the_calibrated_scorer_output(
     assert [f.chunk_id for f in v.chunk_forecast] == ["c1"]
     assert v.advice is not None and v.advice.tau == 0.99
     assert v.model_versions["confidence"] == scorer.version
+
+
+@dataclass
+class BatchFailingScorer(StubScorer):
+    """Its batch call fails; one by one, request ``fail_id`` fails and the others score."""
+
+    fail_id: str = ""
+
+    def score(
+        self, retrieval: RetrievalEvent, final: GenerationFinal, signals: Signals
+    ) -> ConfidenceResult:
+        if final.request_id == self.fail_id:
+            raise RuntimeError("confidence model exploded on this one")
+        return super().score(retrieval, final, signals)
+
+    def score_batch(
+        self, items: Sequence[tuple[RetrievalEvent, GenerationFinal, Signals]]
+    ) -> list[ConfidenceResult]:
+        raise RuntimeError("the batched pass exploded")
+
+
+def test_a_failing_confidence_batch_is_scored_one_by_one_and_costs_one_request(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    scorer = BatchFailingScorer(fail_id="req-2")
+    feed = make_feed(settings_factory, confidence=scorer)
+    items = []
+    for rid in ("req-1", "req-2", "req-3"):
+        items.append((R, dumps(retrieval_event(rid)), None, feed.ref(R)))
+        items.append((G, dumps(final_event(rid)), None, feed.ref(G)))
+    step = feed.processor.on_batch(items, 0.0)
+    verdicts = {
+        v.request_id: v
+        for v in (
+            AnswerVerdict.model_validate(orjson.loads(o.value))
+            for o in step.outputs
+            if o.destination is Destination.VERDICTS
+        )
+    }
+    assert sorted(verdicts) == ["req-1", "req-2", "req-3"]
+    assert verdicts["req-1"].confidence == verdicts["req-3"].confidence == 0.42
+    assert verdicts["req-2"].confidence is None and verdicts["req-2"].chunk_forecast == []
+    assert len(step.done) == 6

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -136,6 +136,11 @@ class Stub:
     ) -> ConfidenceResult:
         del retrieval, final, signals
         return ConfidenceResult(p_correct=0.9, features={})
+
+    def score_batch(
+        self, items: Sequence[tuple[RetrievalEvent, GenerationFinal, Signals]]
+    ) -> list[ConfidenceResult]:
+        return [self.score(*item) for item in items]
 
 
 def codes(outcome: object) -> set[str]:
