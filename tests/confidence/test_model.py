@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from sidecar.confidence.calibration import PlattCalibrator, fit_calibrator
+from sidecar.confidence.calibration import Calibrator, PlattCalibrator, fit_calibrator
 from sidecar.confidence.errors import ConfidenceDataError
 from sidecar.confidence.model import MODEL_FORMAT, ConfidenceModel
 from sidecar.confidence.spec import (
@@ -282,6 +282,19 @@ def test_bad_feature_specs(
     assert ANSWER_SPEC.names == FEATURES
 
 
+def _recalibrated(model: ConfidenceModel, calibrator: Calibrator) -> ConfidenceModel:
+    """``model`` with another calibrator (same coefficients)."""
+    return ConfidenceModel.create(
+        imputation_means=model.imputation_means,
+        standardisation_mean=model.standardisation_mean,
+        standardisation_scale=model.standardisation_scale,
+        coefficients=model.coefficients,
+        intercept=model.intercept,
+        calibrator=calibrator,
+        training=model.training,
+    )
+
+
 @pytest.mark.parametrize("method", ["platt", "isotonic"])
 def test_predict_one_is_predict_in_plain_floats(model: ConfidenceModel, method: str) -> None:
     """The serving path (one request, plain floats) gives the vectorised result up to rounding.
@@ -292,15 +305,7 @@ def test_predict_one_is_predict_in_plain_floats(model: ConfidenceModel, method: 
     rows, labels = make_rows(400, seed=11)
     scores = model.raw_scores(rows)
     calibrator = fit_calibrator(method, scores, labels)  # type: ignore[arg-type]
-    variant = ConfidenceModel.create(
-        imputation_means=model.imputation_means,
-        standardisation_mean=model.standardisation_mean,
-        standardisation_scale=model.standardisation_scale,
-        coefficients=model.coefficients,
-        intercept=model.intercept,
-        calibrator=calibrator,
-        training=model.training,
-    )
+    variant = _recalibrated(model, calibrator)
     assert variant.method == method
     batch = variant.predict(rows)
     one = np.asarray([variant.predict_one(r) for r in rows])
@@ -317,15 +322,7 @@ def test_predict_many_is_predict_bit_for_bit(model: ConfidenceModel, method: str
     """The serving batch builds its rows in plain Python; the numbers are predict's exactly."""
     rows, labels = make_rows(300, seed=12)
     calibrator = fit_calibrator(method, model.raw_scores(rows), labels)  # type: ignore[arg-type]
-    variant = ConfidenceModel.create(
-        imputation_means=model.imputation_means,
-        standardisation_mean=model.standardisation_mean,
-        standardisation_scale=model.standardisation_scale,
-        coefficients=model.coefficients,
-        intercept=model.intercept,
-        calibrator=calibrator,
-        training=model.training,
-    )
+    variant = _recalibrated(model, calibrator)
     mixed: list[FeatureValues] = [
         *rows,
         {**full_row(), "m1": True, "m2": 1},  # a bool and an int are numbers too

@@ -125,19 +125,24 @@ def test_the_bytes_are_the_models_bytes(values: dict[str, Any]) -> None:
     AnswerVerdict.model_validate_json(written)  # and what it wrote reads back
 
 
-def test_the_fields_are_the_models_fields() -> None:
-    """A field added to AnswerVerdict must be written here too (or the bytes lose it)."""
-    minimal = answer_verdict_json(
+def _minimal(decision: Decision, **extra: Any) -> bytes:
+    return answer_verdict_json(
         request_id="r-1",
         idempotency_key="k",
         tenant=None,
-        decision=Decision.ALLOW,
+        decision=decision,
         reasons=[],
         policy="p/1",
         signals=Signals(),
         produced_at=datetime(2026, 1, 1, tzinfo=UTC),
         sidecar_version="0",
+        **extra,
     )
+
+
+def test_the_fields_are_the_models_fields() -> None:
+    """A field added to AnswerVerdict must be written here too (or the bytes lose it)."""
+    minimal = _minimal(Decision.ALLOW)
     model = AnswerVerdict(
         request_id="r-1",
         idempotency_key="k",
@@ -161,15 +166,4 @@ def test_the_fields_are_the_models_fields() -> None:
 )
 def test_values_the_model_would_refuse_are_refused(name: str, value: Any) -> None:
     with pytest.raises(ValueError, match=name):
-        answer_verdict_json(
-            request_id="r-1",
-            idempotency_key="k",
-            tenant=None,
-            decision=Decision.BLOCK,
-            reasons=[],
-            policy="p/1",
-            signals=Signals(),
-            produced_at=datetime(2026, 1, 1, tzinfo=UTC),
-            sidecar_version="0",
-            **{name: value},
-        )
+        _minimal(Decision.BLOCK, **{name: value})
