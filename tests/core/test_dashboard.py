@@ -12,6 +12,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.pipeline.outputs import AttributeValue, Destination, Output, TraceRecord
 from sidecar.telemetry import Telemetry
 
 DASHBOARD = (
@@ -29,10 +30,23 @@ def exposed_sample_names() -> set[str]:
     registry = CollectorRegistry()
     provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
     telemetry = Telemetry(meter=provider.get_meter("test"))
-    telemetry.verdicts.add(1, {"decision": "allow", "profile": "p", "stage": "final"})
-    telemetry.verdict_reasons.add(1, {"reason": "r", "decision": "caveat"})
+    counted: list[tuple[Destination, dict[str, AttributeValue]]] = [
+        (
+            Destination.VERDICTS,
+            {
+                "guardrail.decision": "caveat",
+                "guardrail.profile": "p",
+                "guardrail.stage": "final",
+                "guardrail.reasons": ["r"],
+            },
+        ),
+        (Destination.CLAIMS, {"guardrail.claim.label": "supported"}),
+    ]
+    for destination, attributes in counted:  # verdicts, reasons, claims: counted on publish
+        record = TraceRecord("guardrail.request", (), 0, 1, attributes)
+        out = Output(destination, b"r", b"{}", [], trace=record)
+        telemetry.after_publish(telemetry.before_publish(out, "rag.out"))
     telemetry.dead_letters.add(1, {"reason": "malformed-json"})
-    telemetry.claims.add(1, {"label": "supported"})
     telemetry.stage_duration.record(0.0005, {"stage": "policy"})
     telemetry.publish_retries.add(1)
     telemetry.observe(lambda: 1, lambda: 1, lambda: {("rag.generation", 0): 1})
