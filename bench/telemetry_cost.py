@@ -1,0 +1,106 @@
+"""What publishing one traced verdict costs in telemetry, with metrics off and on (writes JSON).
+
+Times :meth:`Telemetry.before_publish` + :meth:`Telemetry.after_publish` for a
+final verdict with six stages and two reasons, the way the Kafka loop calls
+them, in two child processes: one as the sidecar starts without metrics
+(``GUARDRAIL_METRICS__PROMETHEUS_PORT`` unset: the OpenTelemetry API's no-op
+meter and tracer), one as the Helm chart starts it (Prometheus on: the SDK's
+meter). Best of 5 rounds of 20,000 calls each. Not a timed test.
+
+    PYTHONPATH=. .venv/bin/python bench/telemetry_cost.py --out bench/results/telemetry_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CALLS = 20_000
+ROUNDS = 5
+STAGES = ("join", "certify", "lookback", "confidence", "score", "policy")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def measure(prometheus_port: int | None) -> float:
+    """µs per verdict (best round) in this process, telemetry configured as the sidecar does."""
+    from sidecar.pipeline.outputs import Destination, Output, TraceRecord  # noqa: PLC0415
+    from sidecar.telemetry import Telemetry  # noqa: PLC0415
+    from sidecar.telemetry_setup import configure_from_env  # noqa: PLC0415
+
+    configure_from_env(prometheus_port)
+    telemetry = Telemetry()
+    now = time.time_ns()
+    stages = tuple((s, now + 1000 * i, now + 1000 * (i + 1)) for i, s in enumerate(STAGES))
+    attributes: dict[str, str | bool | int | float | list[str]] = {
+        "guardrail.request_id": "r-1",
+        "guardrail.tenant": "",
+        "guardrail.decision": "caveat",
+        "guardrail.stage": "final",
+        "guardrail.profile": "default",
+        "guardrail.reasons": ["lookback-unavailable", "claims-not-configured"],
+        "guardrail.policy": "default/1",
+        "guardrail.model.generator": "smollm2",
+    }
+    parent = (("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),)
+
+    def one() -> None:
+        record = TraceRecord("guardrail.request", parent, now, now + 9000, attributes, stages)
+        out = Output(Destination.VERDICTS, b"r-1", b"{}", [("x-idempotency-key", b"k")], record)
+        telemetry.after_publish(telemetry.before_publish(out, "rag.verdicts"))
+
+    for _ in range(2_000):
+        one()
+    best = float("inf")
+    for _ in range(ROUNDS):
+        started = time.perf_counter()
+        for _ in range(CALLS):
+            one()
+        best = min(best, (time.perf_counter() - started) / CALLS * 1e6)
+    return round(best, 2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/results/telemetry_cost.json"))
+    parser.add_argument("--child", choices=["off", "on"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child is not None:
+        port = _free_port() if args.child == "on" else None
+        sys.stdout.write(f"{measure(port)}\n")
+        return 0
+    result: dict[str, object] = {
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "calls_per_round": CALLS,
+        "rounds": ROUNDS,
+        "stages": len(STAGES),
+        "reasons": 2,
+    }
+    for mode in ("off", "on"):
+        child = subprocess.run(
+            [sys.executable, __file__, "--child", mode],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        result[f"us_per_verdict_metrics_{mode}"] = float(child.stdout.strip())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
