@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -209,7 +209,7 @@ def test_a_batch_of_attention_shares_is_each_answer_alone_bit_for_bit() -> None:
         values = rng.uniform(0.0, 1.0, size=(layers, heads, chunks))
         if i % 7 == 0:
             values[:] = 0.0  # all zero: no shares
-        variant = "fc" if i % 11 == 5 else "cw"
+        variant: Literal["cw", "fc"] = "fc" if i % 11 == 5 else "cw"
         finals.append(final(attention=AttentionSummary.from_array(values, variant=variant)))
         n_hits.append(chunks if i % 13 else chunks + 1)  # a mismatch now and then
     batch = attention_shares(finals, n_hits)
