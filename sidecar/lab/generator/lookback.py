@@ -48,6 +48,7 @@ return attention probabilities).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -213,6 +214,10 @@ class LookbackSummariser:
         self.block_size = block_size
         self.layers = int(model.config.num_hidden_layers)
         self.heads = int(model.config.num_attention_heads)
+        # the KV cache's name in forward() and its output: ``cache`` from transformers 5.24,
+        # ``past_key_values`` before (5.24 warns on the old name; 5.40 drops it)
+        forward = inspect.signature(model.forward).parameters
+        self._cache_name = "cache" if "cache" in forward else "past_key_values"
         model.eval()
 
     # ------------------------------------------------------------------ internals
@@ -223,14 +228,17 @@ class LookbackSummariser:
             return None
         ids = torch.tensor([prompt.input_ids[:-1]], dtype=torch.long)
         out = self.model(input_ids=ids, use_cache=True, output_attentions=False)
-        return out.past_key_values
+        return self._cache(out)
+
+    def _cache(self, out: Any) -> Any:
+        return getattr(out, self._cache_name)
 
     def _forward(self, ids: Sequence[int], past: Any) -> Any:
         return self.model(
             input_ids=torch.tensor([list(ids)], dtype=torch.long),
-            past_key_values=past,
             use_cache=True,
             output_attentions=True,
+            **{self._cache_name: past},
         )
 
     def _check_attentions(self, attentions: Any) -> None:
@@ -266,7 +274,7 @@ class LookbackSummariser:
             acc.add(ratios.chunk[0], ratios.context[0], float(logprobs[token]))
             answer.append(token)
             next_ids = [token]
-            past = out.past_key_values
+            past = self._cache(out)
         return acc.trace(answer, stopped)
 
     @torch.inference_mode()
@@ -290,5 +298,5 @@ class LookbackSummariser:
             for j in range(stop - start):
                 lp = float(logprobs[j, targets[start + j]])
                 acc.add(ratios.chunk[j], ratios.context[j], lp)
-            past = out.past_key_values
+            past = self._cache(out)
         return acc.trace(answer, "forced")
