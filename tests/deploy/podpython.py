@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -59,12 +60,18 @@ def runtime_distributions() -> list[metadata.Distribution]:
 
 
 def _link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """A hard link when the file is world-readable (a link shares its mode), else a copy."""
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:  # another filesystem, or links not allowed there
-        shutil.copy2(src, dst)
+    if Path(src).stat().st_mode & stat.S_IROTH:
+        try:
+            os.link(src, dst)
+        except OSError:  # another filesystem, or links not allowed there
+            pass
+        else:
+            return
+    shutil.copy2(src, dst)
+    dst.chmod(dst.stat().st_mode | stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
 
 
 def stage(root: Path) -> Path:
