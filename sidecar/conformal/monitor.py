@@ -105,7 +105,7 @@ class ExchangeabilityMonitor:
             raise ConfigError(f"window must be a positive number of retrievals, got {window!r}")
         if isinstance(min_samples, bool) or not 1 <= min_samples <= window:
             raise ConfigError(f"min_samples must be in [1, window={window}], got {min_samples!r}")
-        self._z = normal_quantile(confidence)  # validates 0 < confidence < 1
+        normal_quantile(confidence)  # validates 0 < confidence < 1
         self.window = window
         self.confidence = confidence
         self.min_samples = min_samples
@@ -136,7 +136,7 @@ class ExchangeabilityMonitor:
         if len(win.values) > self.window:
             win.successes -= int(win.values.popleft())
         n = len(win.values)
-        interval = wilson_interval(win.successes, n, self.confidence, z=self._z)
+        interval = wilson_interval(win.successes, n, self.confidence)
         mean = win.successes / n
         if n < self.min_samples:
             state = MonitorState.WARMING_UP

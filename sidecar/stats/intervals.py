@@ -15,6 +15,7 @@ retrieval-coverage hallucination bound (docs/methods.md §Coverage bound).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -40,6 +41,7 @@ class ProportionInterval:
         return self.successes / self.trials if self.trials else math.nan
 
 
+@functools.lru_cache(maxsize=64)  # a few configured levels, asked after every observation
 def normal_quantile(confidence: float) -> float:
     """Two-sided standard-normal critical value ``z`` for ``confidence`` (0.95 -> 1.95996...)."""
     if not (0.0 < confidence < 1.0) or not math.isfinite(confidence):
@@ -47,15 +49,12 @@ def normal_quantile(confidence: float) -> float:
     return NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
 
 
-def wilson_interval(
-    successes: int, trials: int, confidence: float = 0.95, *, z: float | None = None
-) -> ProportionInterval:
+def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> ProportionInterval:
     """Wilson score interval for ``successes`` out of ``trials`` at the two-sided ``confidence``.
 
     With no trials the interval is the whole of [0, 1] (nothing is known).
     Raises :class:`ConfigError` for negative counts, ``successes > trials`` or a
-    confidence outside (0, 1). ``z``: ``normal_quantile(confidence)`` when the
-    caller computed it once already (a monitor checking after every observation).
+    confidence outside (0, 1).
     """
     if isinstance(successes, bool) or isinstance(trials, bool):
         raise ConfigError("successes and trials must be integers, got a bool")
@@ -65,8 +64,7 @@ def wilson_interval(
         )
     if successes > trials:
         raise ConfigError(f"successes must be <= trials, got {successes} > {trials}")
-    if z is None:
-        z = normal_quantile(confidence)
+    z = normal_quantile(confidence)
     if trials == 0:
         return ProportionInterval(successes, trials, confidence, 0.0, 1.0)
     n = float(trials)
