@@ -99,8 +99,9 @@ def params_sha256(params: Mapping[str, object]) -> str:
 class _Terms:
     """What :meth:`ConfidenceModel.predict_one` (plain floats) and ``predict_many`` read."""
 
-    signals: tuple[tuple[str, float, float, float, float], ...]  # name, imputed, mu, sd, w
-    indicators: tuple[tuple[frozenset[str], float, float, float], ...]  # members, mu, sd, w
+    signals: tuple[tuple[str, float], ...]  # name, imputed value
+    indicators: tuple[frozenset[str], ...]  # the signals whose absence sets each indicator
+    weights: tuple[tuple[float, float, float], ...]  # mu, sd, w per column (signals, indicators)
     names: frozenset[str]
     # the standardisation and weights as arrays, for a batch (predict_many); the same
     # numbers as ``signals`` and ``indicators``, so equality leaves them out
@@ -204,13 +205,9 @@ class ConfidenceModel(BaseModel):
         )
         calibrator = self._calibrator
         self._terms = _Terms(
-            signals=tuple(rows[:n_signals]),
-            indicators=tuple(
-                (frozenset(members), mu, sd, w)
-                for members, (_, _, mu, sd, w) in zip(
-                    self.missing_groups.values(), rows[n_signals:], strict=True
-                )
-            ),
+            signals=tuple((name, imputed) for name, imputed, _, _, _ in rows[:n_signals]),
+            indicators=tuple(frozenset(members) for members in self.missing_groups.values()),
+            weights=tuple((mu, sd, w) for _, _, mu, sd, w in rows),
             names=frozenset(self.feature_names[:n_signals]),
             mean=np.asarray(self.standardisation_mean, dtype=np.float64),
             scale=np.asarray(self.standardisation_scale, dtype=np.float64),
@@ -294,6 +291,24 @@ class ConfidenceModel(BaseModel):
         terms: _Terms = self.__pydantic_private__["_terms"]  # type: ignore[index]
         return terms
 
+    def _row(self, terms: _Terms, values: FeatureValues) -> list[float]:
+        """One row of the model's matrix: each signal (``None`` imputed), then the indicators."""
+        if not terms.names.issuperset(values):
+            self._spec.vector(values)  # raises the ConfidenceDataError naming the unknown keys
+        row: list[float] = []
+        missing: list[str] = []
+        for name, imputed in terms.signals:
+            value = values.get(name)
+            if value is None:
+                missing.append(name)
+                row.append(imputed)
+            elif type(value) is float and math.isfinite(value):
+                row.append(value)
+            else:
+                row.append(signal_value(name, value))
+        row.extend(0.0 if members.isdisjoint(missing) else 1.0 for members in terms.indicators)
+        return row
+
     def predict_many(self, values_list: Sequence[FeatureValues]) -> FloatArray:
         """:meth:`predict`, bit for bit, with the rows built in plain Python (a serving batch).
 
@@ -301,25 +316,7 @@ class ConfidenceModel(BaseModel):
         numpy arithmetic as :meth:`predict`, without ``spec.vector``'s per-row arrays.
         """
         terms = self._serving()
-        rows: list[list[float]] = []
-        for values in values_list:
-            if not terms.names.issuperset(values):
-                self._spec.vector(values)  # raises the ConfidenceDataError naming the unknown keys
-            row: list[float] = []
-            missing: list[str] = []
-            for name, imputed, _, _, _ in terms.signals:
-                value = values.get(name)
-                if value is None:
-                    missing.append(name)
-                    row.append(imputed)
-                elif type(value) is float and math.isfinite(value):
-                    row.append(value)
-                else:
-                    row.append(signal_value(name, value))
-            row.extend(
-                0.0 if members.isdisjoint(missing) else 1.0 for members, _, _, _ in terms.indicators
-            )
-            rows.append(row)
+        rows = [self._row(terms, values) for values in values_list]
         if not rows:
             return np.empty(0, dtype=np.float64)
         x = np.array(rows, dtype=np.float64)
@@ -333,23 +330,9 @@ class ConfidenceModel(BaseModel):
         vectorised dot product: within 1e-12, not always bit-identical).
         """
         terms = self._serving()
-        if not terms.names.issuperset(values):
-            self._spec.vector(values)  # raises the ConfidenceDataError naming the unknown keys
         score = terms.intercept
-        missing: list[str] = []
-        for name, imputed, mu, sd, w in terms.signals:
-            value = values.get(name)
-            if value is None:
-                missing.append(name)
-                x = imputed
-            elif type(value) is float and math.isfinite(value):
-                x = value
-            else:
-                x = signal_value(name, value)
+        for x, (mu, sd, w) in zip(self._row(terms, values), terms.weights, strict=True):
             score += w * (x - mu) / sd
-        for members, mu, sd, w in terms.indicators:
-            indicator = 0.0 if members.isdisjoint(missing) else 1.0
-            score += w * (indicator - mu) / sd
         if terms.platt is not None:
             a, b = terms.platt
             z = a * score + b
