@@ -142,6 +142,12 @@ async def run_replicas(
                 for r in range(replicas)
             )
         )
+        # every verdict is on the topic once the last waiter returns, but a slower
+        # client may not have fetched the other replicas' last ones yet: let it catch up
+        # (bounded: a request the sidecar never answered leaves the count short for good)
+        deadline = time.monotonic() + 30.0
+        while any(c.records_read < requests for c in clients) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
     finally:
         for p, c in zip(publishers, clients, strict=True):
             await c.stop()
