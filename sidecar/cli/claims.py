@@ -149,6 +149,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--max-windows", type=int, default=3, help="evidence windows per claim when served"
     )
     mixture.add_argument(
+        "--learning-rate", type=float, default=2e-5, help="encoder learning rate (head: 100x)"
+    )
+    mixture.add_argument(
+        "--pairwise-weight",
+        type=float,
+        default=0.0,
+        help="weight of the ranking term between a group's right and wrong pairs (0: off)",
+    )
+    mixture.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="start from this checkpoint's network (e.g. a finished run's last step-*.pt)",
+    )
+    mixture.add_argument(
         "--cap",
         action="append",
         default=[],
@@ -273,6 +288,10 @@ def _run_fit_on_corpus(args: argparse.Namespace) -> int:
         stop_after=args.stop_after,
         max_windows=args.max_windows,
         coverage_excludes_question=True,
+        learning_rate=args.learning_rate,
+        head_learning_rate=args.learning_rate * 100,
+        pairwise_weight=args.pairwise_weight,
+        init_from=None if args.init_from is None else args.init_from.expanduser().resolve(),
     )
     if args.export:
         if args.out is None:

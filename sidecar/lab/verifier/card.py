@@ -272,6 +272,16 @@ fp32 {parity.get("max_abs_logit_diff_model.onnx")}, int8
 `{training.get("checkpoint")}`), batch {config.batch_size}, lr {config.learning_rate} (head
 {config.head_learning_rate}), embeddings + lowest {config.freeze_layers} layers frozen,
 seed {config.seed}, {training.get("seconds")} s of training on CPU ({config.threads} threads).
+Loss: binary cross-entropy{
+        f" + {config.pairwise_weight} x softplus(z_wrong - z_right) over each batch's "
+        "right/wrong pairs of one group (groups kept whole in a batch)"
+        if config.pairwise_weight
+        else ""
+    }; network initialised from {
+        "the base MiniLM"
+        if training.get("init_from", "None") == "None"
+        else f"`{training.get('init_from')}`"
+    }.
 
 ## Reproduce
 ```

@@ -43,7 +43,10 @@ def fingerprint(cfg: TrainConfig, total_steps: int) -> dict[str, str]:
         "seed", "batch_size", "epochs", "max_steps", "learning_rate", "head_learning_rate",
         "freeze_layers", "warmup_fraction", "max_length", "question_in_input", "question_dropout",
     )  # fmt: skip
-    return {name: str(getattr(cfg, name)) for name in names} | {"total_steps": str(total_steps)}
+    found = {name: str(getattr(cfg, name)) for name in names} | {"total_steps": str(total_steps)}
+    if cfg.pairwise_weight or cfg.init_from is not None:  # absent from older checkpoints
+        found |= {"pairwise_weight": str(cfg.pairwise_weight), "init_from": str(cfg.init_from)}
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,9 +144,10 @@ class Checkpoints:
                 f"(sha256 {state['pairs_sha256'][:12]}..., now {run.pairs_sha256[:12]}...): "
                 "use the same corpus or another work dir"
             )
+        saved, now = state["fingerprint"], run.fingerprint
         changed = {
-            k: (v, run.fingerprint.get(k)) for k, v in state["fingerprint"].items()
-            if run.fingerprint.get(k) != v
+            k: (saved.get(k), now.get(k)) for k in sorted(saved.keys() | now.keys())
+            if saved.get(k) != now.get(k)
         }  # fmt: skip
         if changed:
             detail = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())

@@ -93,6 +93,12 @@ class TrainConfig:
     window_chars: int | None = None
     max_windows: int = 1
     coverage_excludes_question: bool = False
+    # A pairwise term: softplus(z_wrong - z_right) over the pairs of one group (same evidence,
+    # e.g. a HaluEval knowledge passage with its right and its hallucinated response) that
+    # share a batch, weighted against the cross-entropy; > 0 keeps each group in one batch.
+    pairwise_weight: float = 0.0
+    # Start from the network of this checkpoint (a finished run) instead of the base MiniLM.
+    init_from: Path | None = None
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
@@ -113,5 +119,9 @@ class TrainConfig:
             raise ConfigError(f"checkpoint_every must be >= 1 step, got {self.checkpoint_every}")
         if self.keep_checkpoints < 1:
             raise ConfigError(f"keep_checkpoints must be >= 1, got {self.keep_checkpoints}")
+        if not 0.0 <= self.pairwise_weight <= 10.0:
+            raise ConfigError(f"pairwise_weight must be in [0, 10], got {self.pairwise_weight}")
+        if self.init_from is not None and not self.init_from.is_file():
+            raise ConfigError(f"init_from {self.init_from} is not a checkpoint file")
         if not 16 <= self.max_length <= 512:
             raise ConfigError(f"max_length must be in 16..512 tokens, got {self.max_length}")

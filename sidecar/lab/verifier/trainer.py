@@ -1,6 +1,8 @@
 """The verifier's lifecycle: fit (resumable loop, progress) -> export -> calibrate -> artifact.
 
-:meth:`VerifierTrainer.fit` trains with binary cross-entropy, AdamW and a
+:meth:`VerifierTrainer.fit` trains with binary cross-entropy (plus, with
+``pairwise_weight``, a ranking term between the right and the wrong pair of
+one group), AdamW and a
 linear warm-up/decay, the embeddings and the lowest ``freeze_layers`` layers
 frozen to fit a CPU budget, checkpointing under ``work_dir``
 (:mod:`sidecar.lab.verifier.checkpoints`) ->
@@ -57,7 +59,7 @@ from sidecar.lab.verifier.settings import (
 )
 from sidecar.lab.verifier.sources import Pair
 
-__all__ = ["VerifierTrainer"]
+__all__ = ["VerifierTrainer", "pairwise_loss"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,55 @@ def _batches(pairs: Sequence[Pair], size: int, rng: random.Random) -> list[list[
         batches.extend(block[j : j + size] for j in range(0, len(block), size))
     rng.shuffle(batches)
     return batches
+
+
+def _group_batches(pairs: Sequence[Pair], size: int, rng: random.Random) -> list[list[Pair]]:
+    """Like :func:`_batches`, but the pairs of one group share a batch (for the pairwise term).
+
+    Groups (shuffled, then sorted by length in blocks) are packed whole into
+    batches of at most ``size``; a group larger than a batch is cut.
+    """
+    groups: dict[str, list[Pair]] = {}
+    for p in pairs:
+        groups.setdefault(p.group, []).append(p)
+    units = [g[k : k + size] for g in groups.values() for k in range(0, len(g), size)]
+    rng.shuffle(units)
+    chunk = size * 50  # units per length-sorted block
+
+    def length(unit: list[Pair]) -> int:
+        return sum(len(p.claim) + len(p.evidence) for p in unit)
+
+    batches: list[list[Pair]] = []
+    for k in range(0, len(units), chunk):
+        block = sorted(units[k : k + chunk], key=length)
+        current: list[Pair] = []
+        for unit in block:
+            if len(current) + len(unit) > size:
+                batches.append(current)
+                current = []
+            current.extend(unit)
+        if current:
+            batches.append(current)
+    rng.shuffle(batches)
+    return batches
+
+
+def pairwise_loss(logits: Any, batch: Sequence[Pair]) -> Any:
+    """Mean softplus(z_wrong - z_right) over the (supported, not) pairs of a group in the batch.
+
+    Zero (a tensor, so it adds to the loss) when no group has both labels here.
+    """
+    right: list[int] = []
+    wrong: list[int] = []
+    for i, p in enumerate(batch):
+        for j, q in enumerate(batch):
+            if p.group == q.group and p.label == 1 and q.label == 0:
+                right.append(i)
+                wrong.append(j)
+    if not right:
+        return logits.sum() * 0.0
+    margin = logits[torch.tensor(wrong)] - logits[torch.tensor(right)]
+    return nn.functional.softplus(margin).mean()
 
 
 def _tensors(
@@ -154,7 +205,7 @@ class VerifierTrainer:
             start = checkpoints.restore(run)
             self.history, self.validation = checkpoints.history, checkpoints.validation
             log.info("resumed at step %d of %d", start, len(run.plan))
-        else:
+        elif cfg.init_from is None:  # a fresh head: centre its logits
             assert self.encoder is not None  # noqa: S101 - set by _prepare
             run.model.eval()
             first = [p for b in run.plan[:4] for p in b]
@@ -177,6 +228,10 @@ class VerifierTrainer:
         self.encoder = PairEncoder.from_file(cfg.base_model_dir / TOKENIZER_FILE, cfg.max_length)
         bert = BertModel.from_pretrained(str(cfg.base_model_dir), add_pooling_layer=False)
         model = CrossEncoder(bert)
+        if cfg.init_from is not None:
+            start = Checkpoints(cfg.init_from.parent).load(cfg.init_from)
+            model.load_state_dict(start["model"])
+            log.info("network from %s (step %s)", cfg.init_from, start.get("step"))
         for module in [bert.embeddings, *bert.encoder.layer[: cfg.freeze_layers]]:
             for param in module.parameters():
                 param.requires_grad = False
@@ -192,7 +247,8 @@ class VerifierTrainer:
         sha = pairs_sha256(pairs)
         if cfg.question_in_input:
             pairs = _drop_questions(pairs, cfg.question_dropout, cfg.seed)
-        plan = [b for _ in range(cfg.epochs) for b in _batches(pairs, cfg.batch_size, rng)]
+        batches = _group_batches if cfg.pairwise_weight > 0 else _batches
+        plan = [b for _ in range(cfg.epochs) for b in batches(pairs, cfg.batch_size, rng)]
         if cfg.max_steps is not None:
             plan = plan[: cfg.max_steps]
         total = len(plan)
@@ -224,7 +280,10 @@ class VerifierTrainer:
         for step in range(start, total):
             batch = run.plan[step]
             feed = _tensors(self.encoder, batch, question_in_input=cfg.question_in_input)
-            loss = loss_fn(run.model(**feed), torch.tensor([float(p.label) for p in batch]))
+            logits = run.model(**feed)
+            loss = loss_fn(logits, torch.tensor([float(p.label) for p in batch]))
+            if cfg.pairwise_weight > 0:
+                loss = loss + cfg.pairwise_weight * pairwise_loss(logits, batch)
             run.optim.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(run.model.parameters(), 1.0)

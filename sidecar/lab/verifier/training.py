@@ -187,6 +187,8 @@ def export_from_checkpoint(
         max_length=int(trained["max_length"]),
         question_in_input=trained["question_in_input"] == "True",
         question_dropout=float(trained["question_dropout"]),
+        pairwise_weight=float(trained.get("pairwise_weight", 0.0)),
+        init_from=None,  # recorded in the card from the fingerprint, not reloaded
         window_chars=int(corpus.manifest["window_chars"]),  # type: ignore[call-overload]
         coverage_excludes_question=True,
     )
@@ -234,6 +236,7 @@ def export_from_checkpoint(
             "final_loss": round(trainer.history[-1]["loss"], 4) if trainer.history else 0.0,
             "shipped": "int8" if ship_int8 else "fp32",
             "command": command,
+            "init_from": state["fingerprint"].get("init_from", "None"),
             "config": json.dumps({k: str(v) for k, v in asdict(config).items()}),
         },
     }
