@@ -1,6 +1,7 @@
 """Streaming claim verification (docs/methods.md §Claim verification).
 
 Pure logic: ``sentences`` / ``segment`` (atomic claims with spans, mid-stream),
+``context`` (the claims a claim opening with a pronoun leans on),
 ``evidence`` (best trusted sentences per claim), ``rules`` (numbers and dates),
 ``calibration`` (temperature + uncertain band), ``scores`` (reliability and
 hallucination rate), ``checker`` (the processor's ``ClaimChecker``).

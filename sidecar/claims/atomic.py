@@ -157,12 +157,18 @@ _MIN_CLAIM_WORDS: Final = 3
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """One atomic claim. ``answer[span[0]:span[1]]`` is its own words."""
+    """One atomic claim. ``answer[span[0]:span[1]]`` is its own words.
+
+    ``context``: the text of the claims before it that it leans on (it opens
+    with a pronoun, :mod:`sidecar.claims.context`); empty when it stands alone.
+    The segmenter sets it, since only it sees the claims before the sentence.
+    """
 
     index: int
     text: str
     span: tuple[int, int]
     sentence: tuple[int, int]
+    context: str = ""
 
 
 def _is_verb(token: str) -> bool:

@@ -3,11 +3,14 @@
 Per answer (docs/methods.md §Claim verification):
 
 1. :class:`~sidecar.claims.segment.ClaimSegmenter` cuts each completed
-   sentence of the stream into atomic claims with spans into the answer;
+   sentence of the stream into atomic claims with spans into the answer; a
+   claim that opens with a pronoun ("It was ...") carries the claims before
+   it as its context (:mod:`sidecar.claims.context`);
 2. evidence is chosen per claim (and the user's question, the retrieval
-   event's ``query``) from the **trusted** chunks of the retrieval
-   certification (docs/methods.md §Retrieval certification) when it has any, else from all
-   retrieved chunks, and the scope is reported (``evidence_scope``);
+   event's ``query``, followed by the claim's context) from the **trusted**
+   chunks of the retrieval certification (docs/methods.md §Retrieval certification)
+   when it has any, else from all retrieved chunks, and the scope is reported
+   (``evidence_scope``);
 3. the verifier (:class:`~sidecar.claims.scorer.PairScorer`, in production the ONNX cross-encoder,
    which reads the question too when its artifact says so) scores the claim
    against the best sentences (and, with ``best_chunk=True``, also against
@@ -50,6 +53,7 @@ from dataclasses import replace
 from typing import Final, Literal
 
 from sidecar.claims.atomic import Claim
+from sidecar.claims.context import with_context
 from sidecar.claims.evidence import EvidenceChunk
 from sidecar.claims.judge import JudgeBudget, JudgeRunner, JudgeVerdict
 from sidecar.claims.scorer import ClaimCheck, ClaimScorer
@@ -165,8 +169,9 @@ class VerifierClaimSession:
         for check in checks:
             if check.label not in self._judge_labels or check.tier != "verifier":
                 continue
-            context = self._index.select(check.claim.text, self.question)
-            evidence = context.best_chunk or context.window
+            asked = with_context(self.question, check.claim.context)
+            selection = self._index.select(check.claim.text, asked)
+            evidence = selection.best_chunk or selection.window
             future = self._judge.submit(check.claim.text, evidence, self._budget)
             if future is not None:
                 deadline = time.monotonic() + self._judge.config.timeout_s

@@ -1,8 +1,9 @@
 """Scoring claims against a chunk set: evidence windows, the verifier, the rule tier (ClaimScorer).
 
 For each claim (docs/methods.md §Claim verification) the evidence index picks
-the best sentences of the chunks (and the user's question steers it); the
-verifier (:class:`PairScorer`, in production the ONNX cross-encoder) gives a
+the best sentences of the chunks (the user's question steers it, followed by
+the claim's context when it opens with a pronoun: :mod:`sidecar.claims.context`);
+the verifier (:class:`PairScorer`, in production the ONNX cross-encoder) gives a
 calibrated p(supported) against that window, or against up to
 ``max_windows`` windows with the best one winning, and the band gives the
 label; the rule tier (:mod:`sidecar.claims.rules`) caps at ``RULE_CAP`` a
@@ -18,6 +19,7 @@ from typing import Final, Literal, Protocol
 
 from sidecar.claims.atomic import Claim
 from sidecar.claims.calibration import Band
+from sidecar.claims.context import with_context
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex, EvidenceSelection
 from sidecar.claims.rules import check_quantities
 from sidecar.contracts.events import ClaimLabel
@@ -111,7 +113,9 @@ class ClaimScorer:
         """Label every claim (one batched verifier call for all of them).
 
         ``question``: the user's question the answer replies to ("" when
-        unknown); it steers evidence selection and goes to the verifier.
+        unknown); it steers evidence selection and goes to the verifier. A
+        claim with a context (it opens with a pronoun) is read with the
+        question followed by its context (:func:`~sidecar.claims.context.with_context`).
         """
         if not claims:
             return []
@@ -120,11 +124,12 @@ class ClaimScorer:
                 ClaimCheck(c, ClaimLabel.UNSUPPORTED, 0.0, 0.0, (), "no-evidence", "no chunks")
                 for c in claims
             ]
-        selections = [index.select(c.text, question) for c in claims]
+        asked = [with_context(question, c.context) for c in claims]
+        selections = [index.select(c.text, q) for c, q in zip(claims, asked, strict=True)]
         if self.max_windows > 1:
-            best = self._windowed(claims, index, question)
+            best = self._windowed(claims, index, asked)
         else:
-            best = self._selected(claims, selections, question)
+            best = self._selected(claims, selections, asked)
         all_text = "\n".join(chunk.text for chunk in index.chunks)
         band = self.verifier.band
         out: list[ClaimCheck] = []
@@ -145,7 +150,10 @@ class ClaimScorer:
         return out
 
     def _selected(
-        self, claims: Sequence[Claim], selections: Sequence[EvidenceSelection], question: str
+        self,
+        claims: Sequence[Claim],
+        selections: Sequence[EvidenceSelection],
+        questions: Sequence[str],
     ) -> list[float]:
         """One pair per claim (its window of best sentences), plus its best chunk if asked."""
         pairs: list[tuple[str, str]] = []
@@ -156,14 +164,14 @@ class ClaimScorer:
             if self.best_chunk and sel.best_chunk is not None:
                 pairs.append((claim.text, sel.best_chunk))
                 owners.append(k)
-        probs = self.verifier.probabilities(pairs, [question] * len(pairs))
+        probs = self.verifier.probabilities(pairs, [questions[k] for k in owners])
         best = [0.0] * len(claims)
         for k, p in zip(owners, probs, strict=True):
             best[k] = max(best[k], p)
         return best
 
     def _windowed(
-        self, claims: Sequence[Claim], index: EvidenceIndex, question: str
+        self, claims: Sequence[Claim], index: EvidenceIndex, questions: Sequence[str]
     ) -> list[float]:
         """Every claim against up to ``max_windows`` evidence windows; the best window wins.
 
@@ -171,8 +179,8 @@ class ClaimScorer:
         (:meth:`EvidenceIndex.windows` then one batched verifier call).
         """
         windows = [
-            index.windows(c.text, question, max_windows=self.max_windows, max_chars=self.max_chars)
-            for c in claims
+            index.windows(c.text, q, max_windows=self.max_windows, max_chars=self.max_chars)
+            for c, q in zip(claims, questions, strict=True)
         ]
         texts = [c.text for c in claims]
-        return self.verifier.window_probabilities(texts, windows, [question] * len(claims))
+        return self.verifier.window_probabilities(texts, windows, list(questions))

@@ -16,25 +16,33 @@ of the answer as checked.
 Final answer versus stream (:meth:`ClaimSegmenter.finish`): when the final
 answer does not extend the streamed text, the final answer is segmented
 afresh; a claim of it whose sentence was already cut identically from the
-stream keeps that claim's index (its verdict was published and stands, its
-spans now point into the final answer); the others get new indices and are
-returned for verification; streamed claims the final answer no longer holds
-are listed in :attr:`ClaimSegmenter.superseded` (their published verdicts
-no longer count).
+stream (with the same context) keeps that claim's index (its verdict was
+published and stands, its spans now point into the final answer); the others
+get new indices and are returned for verification; streamed claims the final
+answer no longer holds are listed in :attr:`ClaimSegmenter.superseded` (their
+published verdicts no longer count).
+
+Context: a claim that opens with a pronoun or demonstrative ("It reduces
+...") gets the text of the claims before it that it leans on as
+:attr:`~sidecar.claims.atomic.Claim.context` (:mod:`sidecar.claims.context`);
+the scorer reads the claim with it. In the final answer, a claim's context
+comes from the final answer's claims.
 
 Other limitations (documented, tested where they matter): no coreference
-("It reduces ..." stays "It reduces ..."), relative clauses are not split, a
-line break always ends a unit, a rhetorical question or a line ending in ":"
-is never a claim. The optional LLM judge can re-check such claims.
-Pure logic: no I/O.
+resolution ("It reduces ..." stays "It reduces ...", only read with its
+context), relative clauses are not split, a line break always ends a unit, a
+rhetorical question or a line ending in ":" is never a claim. The optional
+LLM judge can re-check such claims. Pure logic: no I/O.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import Final
 
 from sidecar.claims.atomic import Claim, claims_of_sentence
+from sidecar.claims.context import MAX_CONTEXT_CLAIMS, context_of, leans_on_context
 from sidecar.claims.sentences import Sentence, SentenceSplitter
 from sidecar.exceptions import ConfigError, LifecycleError
 
@@ -52,8 +60,9 @@ work per answer (one model call per claim) against answers built to stall it."""
 
 
 # A claim's identity across the stream and the final answer: the sentence's own
-# characters, the claim's span inside it, and its text.
-_Key = tuple[str, int, int, str]
+# characters, the claim's span inside it, its text and its context (a claim read with
+# other claims before it is another claim).
+_Key = tuple[str, int, int, str, str]
 
 
 def _key(sentence: Sentence, claim: Claim) -> _Key:
@@ -62,6 +71,7 @@ def _key(sentence: Sentence, claim: Claim) -> _Key:
         claim.span[0] - sentence.start,
         claim.span[1] - sentence.start,
         claim.text,
+        claim.context,
     )
 
 
@@ -83,10 +93,19 @@ class _Cutter:
             if len(found) > room:
                 self.unchecked += len(found) - room
                 found = found[:room]
-            self.claims.extend(found)
-            self.keys.extend(_key(sentence, c) for c in found)
-            out.extend(found)
+            for cut in found:
+                claim = self._in_context(cut)
+                self.claims.append(claim)
+                self.keys.append(_key(sentence, claim))
+                out.append(claim)
         return out
+
+    def _in_context(self, claim: Claim) -> Claim:
+        """``claim`` with the claims before it as its context when it leans on them."""
+        if not leans_on_context(claim.text):
+            return claim
+        before = [c.text for c in self.claims[-MAX_CONTEXT_CLAIMS:]]
+        return replace(claim, context=context_of(before))
 
 
 class ClaimSegmenter:
@@ -161,9 +180,9 @@ class ClaimSegmenter:
             if same:
                 old = same.popleft()
                 kept.add(old.index)
-                final.append(Claim(old.index, claim.text, claim.span, claim.sentence))
+                final.append(replace(claim, index=old.index))
             else:
-                made = Claim(self._next_index, claim.text, claim.span, claim.sentence)
+                made = replace(claim, index=self._next_index)
                 self._next_index += 1
                 new.append(made)
                 final.append(made)
