@@ -110,7 +110,7 @@ class ClaimScorer:
     def check(
         self, claims: Sequence[Claim], index: EvidenceIndex, question: str = ""
     ) -> list[ClaimCheck]:
-        """Label every claim (one batched verifier call for all of them).
+        """Label every claim (one verifier call for all of them).
 
         ``question``: the user's question the answer replies to ("" when
         unknown); it steers evidence selection and goes to the verifier. A
@@ -176,7 +176,7 @@ class ClaimScorer:
         """Every claim against up to ``max_windows`` evidence windows; the best window wins.
 
         The same scoring ``guardrail eval claims --format pairs`` measures
-        (:meth:`EvidenceIndex.windows` then one batched verifier call).
+        (:meth:`EvidenceIndex.windows` then one verifier call).
         """
         windows = [
             index.windows(c.text, q, max_windows=self.max_windows, max_chars=self.max_chars)
