@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import random
-import shutil
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,13 +13,14 @@ transformers = pytest.importorskip("transformers", reason="the [ml] extra trains
 
 from sidecar.exceptions import ConfigError  # noqa: E402
 from sidecar.lab.verifier.checkpoints import Checkpoints  # noqa: E402
-from sidecar.lab.verifier.settings import TrainConfig, minilm_dir  # noqa: E402
+from sidecar.lab.verifier.settings import TrainConfig  # noqa: E402
 from sidecar.lab.verifier.sources import Pair  # noqa: E402
 from sidecar.lab.verifier.trainer import (  # noqa: E402
     VerifierTrainer,
     _group_batches,
     pairwise_loss,
 )
+from tests.lab.verifier.conftest import small_config  # noqa: E402
 
 
 def _pair(group: str, label: int, claim: str = "a claim", evidence: str = "some evidence") -> Pair:
@@ -73,23 +72,6 @@ def test_pairwise_loss_without_a_contrasting_group_is_a_zero_that_adds() -> None
     loss.backward()  # still part of the graph
 
 
-@pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    tiny = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    transformers.BertModel(tiny, add_pooling_layer=False).save_pretrained(folder)
-    shutil.copyfile(minilm_dir() / "tokenizer.json", folder / "tokenizer.json")
-    return folder
-
-
 def _pairs() -> list[Pair]:
     facts = [
         ("Paris is the capital of France.", "Paris is the capital and largest city of France."),
@@ -105,21 +87,7 @@ def _pairs() -> list[Pair]:
 
 
 def _config(base: Path, work: Path, **changes: object) -> TrainConfig:
-    config = TrainConfig(
-        halueval_path=work / "unused.json",
-        nq_path=None,
-        base_model_dir=base,
-        max_length=48,
-        batch_size=4,
-        epochs=1,
-        freeze_layers=0,
-        threads=1,
-        question_in_input=True,
-        work_dir=work,
-        checkpoint_every=3,
-        keep_checkpoints=5,
-    )
-    return replace(config, **changes)  # type: ignore[arg-type]
+    return small_config(base, work, epochs=1, **changes)
 
 
 def test_a_pairwise_run_starts_from_a_finished_runs_network_and_records_it(

@@ -8,8 +8,6 @@ folder (config, safetensors, tokenizer.json) goes through the same
 
 from __future__ import annotations
 
-import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,10 +19,11 @@ from sidecar.claims.verifier import OnnxVerifier  # noqa: E402
 from sidecar.exceptions import ConfigError  # noqa: E402
 from sidecar.lab.verifier.checkpoints import Checkpoints  # noqa: E402
 from sidecar.lab.verifier.datasets import Corpus, baselines, pairs_digest, write_corpus  # noqa: E402
-from sidecar.lab.verifier.settings import TrainConfig, minilm_dir  # noqa: E402
+from sidecar.lab.verifier.settings import TrainConfig  # noqa: E402
 from sidecar.lab.verifier.sources import Pair  # noqa: E402
 from sidecar.lab.verifier.trainer import VerifierTrainer  # noqa: E402
 from sidecar.lab.verifier.training import export_from_checkpoint  # noqa: E402
+from tests.lab.verifier.conftest import small_config  # noqa: E402
 
 FACTS = [
     ("Paris is the capital of France.", "Paris is the capital and largest city of France."),
@@ -45,39 +44,8 @@ def _pairs() -> list[Pair]:
     return out
 
 
-@pytest.fixture(scope="module")
-def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    tiny = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
-    transformers.BertModel(tiny, add_pooling_layer=False).save_pretrained(folder)
-    shutil.copyfile(minilm_dir() / "tokenizer.json", folder / "tokenizer.json")
-    return folder
-
-
 def _config(base: Path, work: Path, **changes: object) -> TrainConfig:
-    config = TrainConfig(
-        halueval_path=work / "unused.json",
-        nq_path=None,
-        base_model_dir=base,
-        max_length=48,
-        batch_size=4,
-        epochs=2,
-        freeze_layers=0,
-        threads=1,
-        question_in_input=True,
-        work_dir=work,
-        checkpoint_every=3,
-        keep_checkpoints=5,
-    )
-    return replace(config, **changes)  # type: ignore[arg-type]
+    return small_config(base, work, **changes)
 
 
 def _weights(trainer: VerifierTrainer) -> dict[str, object]:
