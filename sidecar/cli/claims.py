@@ -289,7 +289,8 @@ def _run_fit_on_corpus(args: argparse.Namespace) -> int:
         max_windows=args.max_windows,
         coverage_excludes_question=True,
         learning_rate=args.learning_rate,
-        head_learning_rate=args.learning_rate * 100,
+        # the head learns 100x faster; rounded, so 7e-5 gives 0.007, not 0.006999999999999999
+        head_learning_rate=round(args.learning_rate * 100, 10),
         pairwise_weight=args.pairwise_weight,
         init_from=None if args.init_from is None else args.init_from.expanduser().resolve(),
     )
