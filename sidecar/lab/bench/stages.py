@@ -67,6 +67,7 @@ def run_claim_stages(
     the batched time divided by the number of (claim, window) pairs.
     """
     from sidecar.claims.checker import VerifierClaimChecker, evidence_chunks  # noqa: PLC0415
+    from sidecar.claims.context import with_context  # noqa: PLC0415
     from sidecar.claims.segment import ClaimSegmenter  # noqa: PLC0415
     from sidecar.contracts.events import RetrievalEvent, RetrievalSignal, SignalStatus  # noqa: PLC0415
 
@@ -91,8 +92,8 @@ def run_claim_stages(
     index = scorer.index(chunks)
     per_answer = _time(lambda: scorer.check(claims, index, retrieval.query), n)
     windows = [
-        len(index.windows(c.text, retrieval.query, max_windows=scorer.max_windows,
-                          max_chars=scorer.max_chars))
+        len(index.windows(c.text, with_context(retrieval.query, c.context),
+                          max_windows=scorer.max_windows, max_chars=scorer.max_chars))
         if scorer.max_windows > 1
         else 1
         for c in claims
