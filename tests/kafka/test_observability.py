@@ -101,6 +101,14 @@ def scraped(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
+def _publish_count(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> float:
+    return sum(
+        value
+        for labels, value in metrics.get("guardrail_stage_duration_seconds_count", [])
+        if labels["stage"] == "publish"
+    )
+
+
 @pytest.mark.connected
 async def test_scraped_counters_equal_the_published_mix(
     kafka_broker: LocalKafka,
@@ -125,6 +133,15 @@ async def test_scraped_counters_equal_the_published_mix(
         await h.publish(t.generation, b"{", b"broken")
         got = await h.collect(t.verdicts, len(mix) + expired, timeout_s=30)
         await h.collect(t.dlq, 1)
+        # a verdict can be read before the sidecar's producer has its confirmation, which
+        # is when the publish stage is recorded: give the last confirmations time to land
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10.0
+        while (
+            loop.time() < deadline
+            and _publish_count(await asyncio.to_thread(scraped, url)) < len(mix) + expired
+        ):
+            await asyncio.sleep(0.05)
     published = Counter(
         (v.decision.value, v.tenant if v.reasons[0].code.startswith("profile.") else "none")
         for v in (AnswerVerdict.model_validate(orjson.loads(m.value)) for m in got)
