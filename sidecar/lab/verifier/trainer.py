@@ -72,27 +72,26 @@ def _seed_everything(seed: int) -> None:
 
 def _batches(pairs: Sequence[Pair], size: int, rng: random.Random) -> list[list[Pair]]:
     """Shuffled batches of similar length (less padding), in shuffled order."""
-    order = list(pairs)
-    rng.shuffle(order)
-    chunk = size * 50
-    batches: list[list[Pair]] = []
-    for k in range(0, len(order), chunk):
-        block = sorted(order[k : k + chunk], key=lambda p: len(p.claim) + len(p.evidence))
-        batches.extend(block[j : j + size] for j in range(0, len(block), size))
-    rng.shuffle(batches)
-    return batches
+    return _packed([[p] for p in pairs], size, rng)
 
 
 def _group_batches(pairs: Sequence[Pair], size: int, rng: random.Random) -> list[list[Pair]]:
     """Like :func:`_batches`, but the pairs of one group share a batch (for the pairwise term).
 
-    Groups (shuffled, then sorted by length in blocks) are packed whole into
-    batches of at most ``size``; a group larger than a batch is cut.
+    A group larger than a batch is cut.
     """
     groups: dict[str, list[Pair]] = {}
     for p in pairs:
         groups.setdefault(p.group, []).append(p)
-    units = [g[k : k + size] for g in groups.values() for k in range(0, len(g), size)]
+    return _packed(
+        [g[k : k + size] for g in groups.values() for k in range(0, len(g), size)], size, rng
+    )
+
+
+def _packed(units: list[list[Pair]], size: int, rng: random.Random) -> list[list[Pair]]:
+    """``units`` (shuffled, then sorted by length in blocks) packed whole into batches of at
+    most ``size``, in shuffled order. With one pair per unit the batches are exactly the
+    length-sorted slices of ``size`` (the plan of every checkpointed run so far)."""
     rng.shuffle(units)
     chunk = size * 50  # units per length-sorted block
 
@@ -101,9 +100,8 @@ def _group_batches(pairs: Sequence[Pair], size: int, rng: random.Random) -> list
 
     batches: list[list[Pair]] = []
     for k in range(0, len(units), chunk):
-        block = sorted(units[k : k + chunk], key=length)
         current: list[Pair] = []
-        for unit in block:
+        for unit in sorted(units[k : k + chunk], key=length):
             if len(current) + len(unit) > size:
                 batches.append(current)
                 current = []
