@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,10 +16,17 @@ from sidecar.lab.verifier.settings import TrainConfig, minilm_dir
 def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2 layers, 32 wide (config, safetensors, tokenizer.json): training takes seconds."""
     torch = pytest.importorskip("torch", reason="the [ml] extra (torch) trains the verifier")
-    transformers = pytest.importorskip("transformers", reason="the [ml] extra trains the verifier")
     folder = tmp_path_factory.mktemp("tiny-bert")
     torch.manual_seed(0)
-    tiny = transformers.BertConfig(
+    tiny_bert().save_pretrained(folder)
+    shutil.copyfile(minilm_dir() / "tokenizer.json", folder / "tokenizer.json")
+    return folder
+
+
+def tiny_bert() -> Any:
+    """A randomly initialised BERT of 2 layers, 32 wide, with MiniLM's vocabulary (seed first)."""
+    transformers = pytest.importorskip("transformers", reason="the [ml] extra trains the verifier")
+    config = transformers.BertConfig(
         vocab_size=30522,
         hidden_size=32,
         num_hidden_layers=2,
@@ -26,9 +34,7 @@ def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
         intermediate_size=64,
         max_position_embeddings=128,
     )
-    transformers.BertModel(tiny, add_pooling_layer=False).save_pretrained(folder)
-    shutil.copyfile(minilm_dir() / "tokenizer.json", folder / "tokenizer.json")
-    return folder
+    return transformers.BertModel(config, add_pooling_layer=False)
 
 
 def small_config(base: Path, work: Path, **changes: object) -> TrainConfig:

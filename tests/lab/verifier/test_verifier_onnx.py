@@ -36,6 +36,7 @@ from sidecar.lab.verifier.model import CrossEncoder, claim_tokens  # noqa: E402
 from sidecar.lab.verifier.settings import TrainConfig, minilm_dir  # noqa: E402
 from sidecar.lab.verifier.sources import Pair  # noqa: E402
 from sidecar.lab.verifier.trainer import VerifierTrainer, _drop_questions, _tensors  # noqa: E402
+from tests.lab.verifier.conftest import tiny_bert  # noqa: E402
 
 PAIRS = [
     ("Metformin activates AMPK.", "Metformin reduces glucose output by activating AMPK."),
@@ -58,16 +59,8 @@ def _config(tmp_path: Path) -> TrainConfig:
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[VerifierTrainer, Path]:
     out = tmp_path_factory.mktemp("verifier")
     torch.manual_seed(0)
-    tiny = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-    )
     trainer = VerifierTrainer(_config(out))
-    trainer.model = CrossEncoder(transformers.BertModel(tiny, add_pooling_layer=False)).eval()
+    trainer.model = CrossEncoder(tiny_bert()).eval()
     trainer.encoder = PairEncoder.from_file(minilm_dir() / "tokenizer.json", 64)
     trainer.train_sha256 = "0" * 64
     fp32 = trainer.export(out)  # with a provisional identity calibration
