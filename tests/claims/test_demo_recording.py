@@ -21,9 +21,8 @@ import orjson
 import pytest
 
 from sidecar.claims.evidence import EvidenceChunk
-from sidecar.claims.scorer import ClaimScorer
 from sidecar.claims.segment import segment_claims
-from sidecar.claims.verifier import OnnxVerifier
+from sidecar.claims.verifier import load_claim_checker
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import ClaimLabel, ClaimVerdict
@@ -169,14 +168,7 @@ def test_claims_without_a_leading_pronoun_are_scored_as_before() -> None:
     question alone; a claim without a leading pronoun still is (same windows,
     same question), to the float.
     """
-    verifier = OnnxVerifier.load(MODEL, threads=1)
-    artifact = verifier.artifact
-    scorer = ClaimScorer(
-        verifier,
-        max_sentences=artifact.evidence_max_sentences,
-        max_chars=artifact.evidence_max_chars,
-        max_windows=artifact.evidence_max_windows,
-    )
+    scorer = load_claim_checker(MODEL, threads=1).scorer  # served as the sidecar serves it
     events = [orjson.loads(line) for line in bundled_sample().read_bytes().splitlines()]
     retrievals = {e["request_id"]: e for e in events if e.get("event_type") == "retrieval"}
     finals = [e for e in events if e.get("event_type") == "generation.final"]
@@ -194,9 +186,9 @@ def test_claims_without_a_leading_pronoun_are_scored_as_before() -> None:
             windows = index.windows(
                 claim.text,
                 query,
-                max_windows=artifact.evidence_max_windows,
-                max_chars=artifact.evidence_max_chars,
+                max_windows=scorer.max_windows,
+                max_chars=scorer.max_chars,
             )
-            [before] = verifier.window_probabilities([claim.text], [windows], [query])
+            [before] = scorer.verifier.window_probabilities([claim.text], [windows], [query])
             assert check.verifier_p == pytest.approx(before, abs=1e-6), claim.text
     assert standalone == 7
