@@ -3,8 +3,9 @@
 One subscriber reads both input topics in one consumer group with
 ``AckPolicy.MANUAL``: FastStream never commits on its own. The handler only
 tracks what it consumed and queues it (``intake.py``); one task takes the
-batches in order through the processor, publishes their outputs and finishes
-their inputs (``publish.py``); a ticker expires the join, commits the low-water
+batches in order through the processor and hands their outputs to the
+producer, and each batch's inputs are finished once its outputs are confirmed,
+while the next batch is worked on (``publish.py``); a ticker expires the join, commits the low-water
 mark (``commits.py``), measures lag and adjusts which partitions are paused;
 a probe keeps readiness current (``probe.py``). The Kafka clients sit behind a
 port (``clients.py``): aiokafka's once started, in-memory ones before (what
@@ -50,6 +51,8 @@ from sidecar.telemetry import Telemetry
 log = logging.getLogger("sidecar.kafka")
 
 _T = TypeVar("_T")
+
+REVOKE_SETTLE_S = 5.0  # on revocation, how long to wait for confirmations in flight
 
 
 def make_broker(settings: Settings) -> KafkaBroker:
@@ -257,6 +260,7 @@ class SidecarService:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+            await self.publisher.settle()  # the steps in flight: confirmed, or left pending
             try:
                 await self.committer.commit(consumer)
             except KafkaError as exc:
@@ -280,6 +284,10 @@ class SidecarService:
             self.intake.apply(self.clients.consumer, assigned)
 
     async def on_revoked(self, revoked: set[TP]) -> None:
+        # the steps in flight finish their inputs once confirmed (milliseconds): wait for
+        # them, bounded, so the commit below covers their verdicts and the new owner does
+        # not publish them again
+        await self.publisher.settle(REVOKE_SETTLE_S)
         try:
             await self.commit(only=revoked)
         except KafkaError as exc:
@@ -377,7 +385,7 @@ class SidecarService:
             items.append((kind, record.value, record.key, ref))
         now = self.intake.clock.read(_monotonic_ms())
         step = await self._in_worker(self.processor.on_batch, items, now)
-        await self.publisher.emit(step)
+        await self.publisher.submit(step)
 
     async def align(self) -> None:
         """Measure lag, then pause / resume input partitions (alignment, backpressure)."""

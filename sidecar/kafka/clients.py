@@ -135,6 +135,7 @@ class AiokafkaProducerPort:
             acks="all",
             enable_idempotence=True,
             max_request_size=max_request_size,
+            max_batch_size=min(kafka.producer_batch_bytes, max_request_size),
         )
 
     async def start(self) -> None:

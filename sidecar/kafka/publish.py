@@ -1,5 +1,10 @@
 """Publishing a step's outputs: confirmed sends, retries by kind, dead letters for what cannot go.
 
+Pipelined (``submit``), a consumed batch's outputs are handed to the producer
+in order and their confirmations awaited in the background, at most
+``STEPS_IN_FLIGHT`` batches at a time; a batch's inputs are finished (and so
+committable) only once all its outputs are confirmed.
+
 Outputs go to the producer port with header values as bytes. Publish errors
 are decided by kind (``classify``): retriable ones are retried with capped,
 jittered backoff while ``LoopState.publishing`` turns false after
@@ -15,6 +20,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any
@@ -50,11 +56,17 @@ from sidecar.telemetry import Telemetry
 
 log = logging.getLogger("sidecar.kafka")
 
+_Sent = tuple[Output, Any, Awaitable[Any]]  # an output handed over, its span, its confirmation
+_Failed = tuple[Output, Any]  # an output to publish one by one, its open span (or None)
+
 MAX_PUBLISH_BACKOFF_S = 5.0
 FIRST_PUBLISH_BACKOFF_S = 0.1
 UNKNOWN_TOPIC_FATAL_S = 30.0  # a destination topic missing this long: not live either
 REQUEST_SIZE_MARGIN_BYTES = 65_536  # the producer's max_request_size over max_message_bytes
 MIN_DLQ_BYTES = 1_024  # a DLQ topic that refuses a dead letter this small is misconfigured
+# pipelined: consumed batches whose outputs may await their confirmations while the
+# next one is worked on (bounds what is in the producer: this many batches' outputs)
+STEPS_IN_FLIGHT = 4
 
 _TOO_LARGE = (MessageSizeTooLargeError, KafkaRecordTooLargeError)
 _NO_ACCESS = (
@@ -121,6 +133,7 @@ class Publisher:
         self.limits = {d: request_limit for d in Destination}
         self.limits[Destination.DLQ] = max_message_bytes
         self._rng = random.Random()  # noqa: S311 - backoff jitter (instances out of step)
+        self._in_flight: deque[asyncio.Task[None]] = deque()
 
     async def read_topic_limits(self) -> None:
         """Lower ``limits`` to each output topic's own ``max.message.bytes``."""
@@ -142,14 +155,52 @@ class Publisher:
         An output too large for its topic is replaced by a dead letter that fits.
         """
         outputs = [self._fitted(out) for out in step.outputs]
-        pending: list[tuple[Output, Any]] = [(out, None) for out in outputs]
-        if self._pipelined and len(pending) > 1:
-            pending = await self._publish_pipelined(outputs)
-        for out, span in pending:
-            if not await self._publish_one(out, span, retry=retry):
-                return
-        for ref in step.done:
-            self.tracker.done(ref.tp, ref.offset)
+        if self._pipelined and len(outputs) > 1:
+            sent, failed = await self._send_all(outputs)
+        else:
+            sent, failed = [], [(out, None) for out in outputs]
+        await self._finish(step, sent, failed, retry=retry)
+
+    async def submit(self, step: Step) -> None:
+        """Hand a step's outputs to the producer and return; it is finished once confirmed.
+
+        Pipelined, the confirmations are awaited in the background, so the next
+        batch is worked on meanwhile; at most ``STEPS_IN_FLIGHT`` steps wait for
+        theirs (the oldest is awaited first). Outputs go to the producer in the
+        order of the steps. The baseline (not pipelined) publishes and confirms
+        one output at a time before returning, as ``emit`` does.
+        """
+        if not self._pipelined:
+            await self.emit(step)
+            return
+        self._reap()
+        while len(self._in_flight) >= STEPS_IN_FLIGHT:
+            await asyncio.wait({self._in_flight[0]})
+            self._reap()
+        sent, failed = await self._send_all([self._fitted(out) for out in step.outputs])
+        confirming = asyncio.create_task(self._finish(step, sent, failed, retry=True))
+        self._in_flight.append(confirming)
+
+    @property
+    def in_flight(self) -> int:
+        """Steps handed to the producer whose inputs are not finished yet."""
+        self._reap()
+        return len(self._in_flight)
+
+    async def settle(self, timeout_s: float | None = None) -> bool:
+        """Wait (at most ``timeout_s``) for the steps in flight; True when none is left."""
+        waiting = set(self._in_flight)
+        if waiting:
+            await asyncio.wait(waiting, timeout=timeout_s)
+        self._reap()
+        return not self._in_flight
+
+    def _reap(self) -> None:
+        """Drop the steps whose confirmations are through; log one that failed unexpectedly."""
+        while self._in_flight and self._in_flight[0].done():
+            task = self._in_flight.popleft()
+            if not task.cancelled() and (error := task.exception()) is not None:
+                log.error("confirming a step failed; its inputs stay pending", exc_info=error)
 
     async def send_output(self, out: Output) -> Awaitable[Any]:
         """Hand one output to the producer; returns what confirms it (the tests' seam)."""
@@ -184,10 +235,11 @@ class Publisher:
         reason = InputError("output-too-large", str(error))
         return undeliverable_output(out, topic, reason, failed_at=datetime.now(UTC))
 
-    async def _publish_pipelined(self, outputs: list[Output]) -> list[tuple[Output, Any]]:
-        """Send all, await all; returns the outputs that failed, with their open spans."""
-        sent: list[tuple[Output, Any, Awaitable[Any]]] = []
-        failed: list[tuple[Output, Any]] = []
+    async def _send_all(self, outputs: list[Output]) -> tuple[list[_Sent], list[_Failed]]:
+        """Hand every output to the producer: what was sent, with its confirmation, and
+        what failed already (with its open span)."""
+        sent: list[_Sent] = []
+        failed: list[_Failed] = []
         for out in outputs:
             span = self.telemetry.before_publish(out, self.destinations[out.destination])
             try:
@@ -196,6 +248,12 @@ class Publisher:
                 failed.append((out, span))
                 continue
             sent.append((out, span, confirmation))
+        return sent, failed
+
+    async def _finish(
+        self, step: Step, sent: list[_Sent], failed: list[_Failed], *, retry: bool
+    ) -> None:
+        """Await the confirmations, retry what failed one by one, then finish the inputs."""
         results = await asyncio.gather(*(c for _, _, c in sent), return_exceptions=True)
         for (out, span, _), result in zip(sent, results, strict=True):
             if isinstance(result, BaseException):
@@ -204,7 +262,11 @@ class Publisher:
                 failed.append((out, span))
             else:
                 self.telemetry.after_publish(span, result)
-        return failed
+        for out, span in failed:
+            if not await self._publish_one(out, span, retry=retry):
+                return
+        for ref in step.done:
+            self.tracker.done(ref.tp, ref.offset)
 
     async def _publish_one(self, out: Output, span: Any, *, retry: bool) -> bool:
         """Publish and await confirmation; False when giving up (stopping, or ``retry=False``).

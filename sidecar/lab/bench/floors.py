@@ -125,7 +125,9 @@ async def raw_loop(settings: Settings, stop: asyncio.Event, assigned: list[bool]
         fetch_max_wait_ms=kafka.fetch_max_wait_ms,
         max_partition_fetch_bytes=kafka.max_partition_fetch_bytes,
     )
-    producer = AIOKafkaProducer(**client, acks="all", enable_idempotence=True)
+    producer = AIOKafkaProducer(
+        **client, acks="all", enable_idempotence=True, max_batch_size=kafka.producer_batch_bytes
+    )
     template = _VerdictTemplate()
     published = 0
     interval_s = settings.join.sweep_interval_ms / 1000.0
