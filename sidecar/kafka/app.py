@@ -4,12 +4,12 @@ One subscriber reads both input topics in one consumer group with
 ``AckPolicy.MANUAL``: FastStream never commits on its own. The handler only
 tracks what it consumed and queues it (``intake.py``); one task takes the
 batches in order through the processor and hands their outputs to the
-producer, and each batch's inputs are finished once its outputs are confirmed,
-while the next batch is worked on (``publish.py``); a ticker expires the join, commits the low-water
-mark (``commits.py``), measures lag and adjusts which partitions are paused;
-a probe keeps readiness current (``probe.py``). The Kafka clients sit behind a
-port (``clients.py``): aiokafka's once started, in-memory ones before (what
-FastStream's ``TestKafkaBroker`` drives).
+producer; each batch's inputs are finished once its outputs are confirmed,
+while the next batch is worked on (``publish.py``); a ticker expires the join,
+commits the low-water mark (``commits.py``), measures lag and adjusts which
+partitions are paused; a probe keeps readiness current (``probe.py``). The
+Kafka clients sit behind a port (``clients.py``): aiokafka's once started,
+in-memory ones before (what FastStream's ``TestKafkaBroker`` drives).
 """
 
 from __future__ import annotations

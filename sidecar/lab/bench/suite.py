@@ -63,10 +63,10 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     # assignor must do without tearing a request apart (0 incomplete)
     _log("scale-out: 3 partitions, one instance then two")
     runs["scale_1"] = await fast.drain(
-        "s1", int(12000 * scale), LoadShape(), partitions=3, instances=1
+        "s1", int(20000 * scale), LoadShape(), partitions=3, instances=1, fill_after_start=True
     )
     runs["scale_2"] = await fast.drain(
-        "s2", int(12000 * scale), LoadShape(), partitions=3, instances=2
+        "s2", int(20000 * scale), LoadShape(), partitions=3, instances=2, fill_after_start=True
     )
 
     _log("start to ready")
