@@ -65,6 +65,9 @@ class RunResult:
     cpu_s: float = 0.0
     max_lag: int = 0
     incomplete: int = 0  # verdicts for requests evicted by the join TTL (not fully processed)
+    # open loop: the rate the load generator held (requests over the time to send them
+    # all), below the asked rate when the generator, on the same cores, cannot keep up
+    offered_answers_per_s: float | None = None
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -302,7 +305,7 @@ class Bench:
         cpu0 = _proc_cpu_s(sidecar.pid or 0)
         start = time.monotonic()
         try:
-            rss = await self._produce_at_rate(
+            rss, offered = await self._produce_at_rate(
                 producer,
                 settings=settings,
                 name=name,
@@ -337,6 +340,7 @@ class Bench:
             rss_mb=round(rss, 1),
             cpu_s=round(cpu, 2),
             incomplete=incomplete,
+            offered_answers_per_s=offered,
         )
 
     @staticmethod
@@ -351,8 +355,11 @@ class Bench:
         sidecar: SidecarProcess,
         final_sent: dict[str, float],
         sentence_sent: dict[tuple[str, int], float],
-    ) -> float:
-        """Open loop: request i is due at start + i / rate, whatever the sidecar does."""
+    ) -> tuple[float, float]:
+        """Open loop: request i is due at start + i / rate, whatever the sidecar does.
+
+        Returns the sidecar's peak RSS and the rate the requests went out at.
+        """
         t = settings.topics
         rss = 0.0
         start = time.monotonic()
@@ -375,8 +382,9 @@ class Bench:
             await producer.send(t.generation, orjson.dumps(f), key=key)
             if i % 50 == 0:
                 rss = max(rss, sidecar.rss_mb() or 0.0)
+        sending_s = time.monotonic() - start
         await producer.flush()
-        return rss
+        return rss, round(n / sending_s, 1) if sending_s > 0 else rate
 
     async def _consume(
         self,

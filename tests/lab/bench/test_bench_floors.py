@@ -73,6 +73,7 @@ class _Run:
     incomplete: int = 0
     requests: int = 10
     verdicts: int = 10
+    offered_answers_per_s: float | None = None
 
 
 def test_floors_report_divides_the_sidecar_by_its_floors() -> None:
@@ -81,8 +82,8 @@ def test_floors_report_divides_the_sidecar_by_its_floors() -> None:
         "noop_drain": _Run(1000.0),
         "raw_drain": _Run(2000.0),
         "full_drain": _Run(40.0),
-        "fast_half": _Run(500.0, {"p99": 30.0}),
-        "noop_half": _Run(500.0, {"p99": 20.0}),
+        "fast_half": _Run(500.0, {"p99": 30.0}, offered_answers_per_s=499.0),
+        "noop_half": _Run(500.0, {"p99": 20.0}, offered_answers_per_s=480.0),
     }
     report = floors_report(runs)
     assert report["fast_drain_vs_noop"] == 0.8
@@ -91,6 +92,22 @@ def test_floors_report_divides_the_sidecar_by_its_floors() -> None:
     assert report["noop_vs_raw_client"] == 0.5
     assert report["half_capacity_answers_per_s"] == 500.0
     assert report["p99_ms_at_half_capacity"] == 30.0
+    assert report["half_capacity_offered_answers_per_s"] == {"sidecar": 499.0, "noop": 480.0}
+    assert report["half_capacity_rate_held"] is True
+
+
+def test_a_load_generator_behind_its_rate_marks_the_half_capacity_point_not_held() -> None:
+    runs = {
+        "fast_drain": _Run(800.0),
+        "noop_drain": _Run(1000.0),
+        "raw_drain": _Run(2000.0),
+        "full_drain": _Run(40.0),
+        "fast_half": _Run(500.0, {"p99": 30.0}, offered_answers_per_s=499.0),
+        "noop_half": _Run(440.0, {"p99": 20.0}, offered_answers_per_s=440.0),  # 0.88 of 500
+    }
+    report = floors_report(runs)
+    assert report["half_capacity_rate_held"] is False
+    assert report["p99_at_half_capacity_vs_noop"] == 1.5  # still reported, flagged
 
 
 def test_a_missing_latency_or_zero_floor_gives_no_ratio() -> None:
