@@ -63,6 +63,8 @@ _STOPWORDS: Final = frozenset(
     "the to was were what when where which who whom whose why will with".split()
 )
 _WORD = re.compile(r"[a-z0-9]+")
+_WORD_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+_MAX_PROBES: Final = 32  # hits of a query word inside longer chunk words before splitting
 _PAIRWISE_FROM: Final = 8
 
 
@@ -172,10 +174,47 @@ def chunk_features(
 
 
 def missing_terms(query: str, texts: Sequence[str], limit: int = 5) -> list[str]:
-    """Content words of ``query`` that appear in none of ``texts`` (a reformulation hint)."""
-    seen = {w for t in texts for w in _WORD.findall(t.lower())}
-    out: list[str] = []
+    """Content words of ``query`` that appear in none of ``texts`` (a reformulation hint).
+
+    A word appears when it is one of a text's words (``[a-z0-9]+`` runs of the
+    lowercased text). Only the query's few words are looked for (``str.find``
+    and a look at the characters around each hit) rather than every word of the
+    chunks split out; a word found inside longer words more than
+    ``_MAX_PROBES`` times falls back to splitting, once per call.
+    """
+    words: list[str] = []
     for word in _WORD.findall(query.lower()):
-        if len(word) > 2 and word not in _STOPWORDS and word not in seen and word not in out:
+        if len(word) > 2 and word not in _STOPWORDS and word not in words:
+            words.append(word)
+    if not words:
+        return []
+    haystack = "\n".join(t.lower() for t in texts)  # "\n" ends a word: none spans two texts
+    split: set[str] | None = None
+    out: list[str] = []
+    for word in words:
+        found = _stands_alone(word, haystack)
+        if found is None:
+            split = split if split is not None else set(_WORD.findall(haystack))
+            found = word in split
+        if not found:
             out.append(word)
+            if len(out) >= limit:
+                break
     return out[:limit]
+
+
+def _stands_alone(word: str, haystack: str) -> bool | None:
+    """Whether ``word`` is one of ``haystack``'s words; ``None``: undecided after
+    ``_MAX_PROBES`` hits inside longer words (the caller splits instead)."""
+    start, end_of, probes = haystack.find(word), len(haystack), 0
+    while start != -1:
+        end = start + len(word)
+        if (start == 0 or haystack[start - 1] not in _WORD_CHARS) and (
+            end == end_of or haystack[end] not in _WORD_CHARS
+        ):
+            return True
+        probes += 1
+        if probes == _MAX_PROBES:
+            return None
+        start = haystack.find(word, start + 1)
+    return False
