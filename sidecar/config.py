@@ -65,6 +65,16 @@ class KafkaSettings(_Section):
         default=10, ge=0, le=10_000, description="how long a fetch may wait for data (latency)"
     )
     request_timeout_ms: int = Field(default=30_000, ge=1_000)
+    batches_in_flight: int = Field(
+        default=4,
+        ge=0,
+        le=64,
+        description="consumed batches whose outputs may still await the broker's confirmation "
+        "while the next batch is worked on (their inputs are committed only once confirmed); "
+        "0: each batch's outputs are confirmed before the next batch is taken. Pays where the "
+        "broker is a network hop away (drain medians, 4 vs 0: 1.21x at 4 ms round trip, "
+        "1.37x at 10 ms; bench/remote_broker.py)",
+    )
     producer_batch_bytes: int = Field(
         default=262_144,
         ge=1_024,

@@ -132,6 +132,7 @@ class SidecarService:
             telemetry=self.telemetry,
             stopping=self._stopping,
             pipelined=kafka.batch,
+            in_flight=kafka.batches_in_flight,
         )
         aligner = (
             InputAligner(

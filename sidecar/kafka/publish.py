@@ -2,7 +2,7 @@
 
 Pipelined (``submit``), a consumed batch's outputs are handed to the producer
 in order and their confirmations awaited in the background, at most
-``STEPS_IN_FLIGHT`` batches at a time; a batch's inputs are finished (and so
+``in_flight`` batches at a time (``kafka.batches_in_flight``); a batch's inputs are finished (and so
 committable) only once all its outputs are confirmed.
 
 Outputs go to the producer port with header values as bytes. Publish errors
@@ -64,9 +64,6 @@ FIRST_PUBLISH_BACKOFF_S = 0.1
 UNKNOWN_TOPIC_FATAL_S = 30.0  # a destination topic missing this long: not live either
 REQUEST_SIZE_MARGIN_BYTES = 65_536  # the producer's max_request_size over max_message_bytes
 MIN_DLQ_BYTES = 1_024  # a DLQ topic that refuses a dead letter this small is misconfigured
-# pipelined: consumed batches whose outputs may await their confirmations while the
-# next one is worked on (bounds what is in the producer: this many batches' outputs)
-STEPS_IN_FLIGHT = 4
 
 _TOO_LARGE = (MessageSizeTooLargeError, KafkaRecordTooLargeError)
 _NO_ACCESS = (
@@ -119,7 +116,10 @@ class Publisher:
         telemetry: Telemetry,
         stopping: asyncio.Event,
         pipelined: bool,
+        in_flight: int = 4,
     ) -> None:
+        """``in_flight``: steps whose confirmations may be awaited in the background
+        (``submit``); 0 confirms each step before ``submit`` returns."""
         self.producer = producer
         self.destinations = destinations
         self.state = state
@@ -134,6 +134,7 @@ class Publisher:
         self.limits[Destination.DLQ] = max_message_bytes
         self._rng = random.Random()  # noqa: S311 - backoff jitter (instances out of step)
         self._in_flight: deque[asyncio.Task[None]] = deque()
+        self._max_in_flight = in_flight
 
     async def read_topic_limits(self) -> None:
         """Lower ``limits`` to each output topic's own ``max.message.bytes``."""
@@ -165,16 +166,16 @@ class Publisher:
         """Hand a step's outputs to the producer and return; it is finished once confirmed.
 
         Pipelined, the confirmations are awaited in the background, so the next
-        batch is worked on meanwhile; at most ``STEPS_IN_FLIGHT`` steps wait for
+        batch is worked on meanwhile; at most ``in_flight`` steps wait for
         theirs (the oldest is awaited first). Outputs go to the producer in the
-        order of the steps. The baseline (not pipelined) publishes and confirms
-        one output at a time before returning, as ``emit`` does.
+        order of the steps. With ``in_flight`` 0, and for the baseline (not
+        pipelined), this is ``emit``: confirmed before it returns.
         """
-        if not self._pipelined:
+        if not self._pipelined or self._max_in_flight == 0:
             await self.emit(step)
             return
         self._reap()
-        while len(self._in_flight) >= STEPS_IN_FLIGHT:
+        while len(self._in_flight) >= self._max_in_flight:
             await asyncio.wait({self._in_flight[0]})
             self._reap()
         sent, failed = await self._send_all([self._fitted(out) for out in step.outputs])

@@ -15,7 +15,7 @@ from aiokafka.errors import KafkaTimeoutError
 
 from sidecar.config import KafkaSettings
 from sidecar.kafka.clients import AiokafkaProducerPort, Headers
-from sidecar.kafka.publish import STEPS_IN_FLIGHT, Publisher
+from sidecar.kafka.publish import Publisher
 from sidecar.kafka.readiness import LoopState
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.offsets import OffsetTracker
@@ -55,7 +55,16 @@ class HeldProducer:
         self.confirmations[index].set_result(None)
 
 
-def publisher(producer: HeldProducer, tracker: OffsetTracker, *, pipelined: bool) -> Publisher:
+STEPS_IN_FLIGHT = 4
+
+
+def publisher(
+    producer: HeldProducer,
+    tracker: OffsetTracker,
+    *,
+    pipelined: bool,
+    in_flight: int = STEPS_IN_FLIGHT,
+) -> Publisher:
     return Publisher(
         producer,
         {d: f"out.{d.value}" for d in Destination},
@@ -65,6 +74,7 @@ def publisher(producer: HeldProducer, tracker: OffsetTracker, *, pipelined: bool
         telemetry=Telemetry(),
         stopping=asyncio.Event(),
         pipelined=pipelined,
+        in_flight=in_flight,
     )
 
 
@@ -149,6 +159,20 @@ async def test_a_failed_confirmation_is_retried_before_the_inputs_are_finished()
     producer.confirm(2)
     assert await pub.settle(timeout_s=1.0)
     assert tracker.pending_count() == 0
+
+
+async def test_none_in_flight_submit_returns_once_the_step_is_confirmed() -> None:
+    producer, tracker = HeldProducer(), consumed(OffsetTracker(), range(1))
+    pub = publisher(producer, tracker, pipelined=True, in_flight=0)
+    submitting = asyncio.create_task(pub.submit(step(0)))
+    await settled()
+    assert producer.sent == [b"0.0", b"0.1"]  # handed over together, as pipelined
+    assert not submitting.done()
+    producer.confirm(0)
+    producer.confirm(1)
+    await asyncio.wait_for(submitting, timeout=1.0)
+    assert tracker.pending_count() == 0
+    assert pub.in_flight == 0
 
 
 async def test_not_pipelined_submit_confirms_each_output_before_returning() -> None:
