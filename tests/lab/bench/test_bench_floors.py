@@ -76,16 +76,20 @@ class _Run:
     offered_answers_per_s: float | None = None
 
 
-def test_floors_report_divides_the_sidecar_by_its_floors() -> None:
-    runs = {
+def _runs(noop_offered: float) -> dict[str, _Run]:
+    """A no-op draining 1,000 answers/s (half capacity 500); its open loop sent ``noop_offered``."""
+    return {
         "fast_drain": _Run(800.0),
         "noop_drain": _Run(1000.0),
         "raw_drain": _Run(2000.0),
         "full_drain": _Run(40.0),
         "fast_half": _Run(500.0, {"p99": 30.0}, offered_answers_per_s=499.0),
-        "noop_half": _Run(500.0, {"p99": 20.0}, offered_answers_per_s=480.0),
+        "noop_half": _Run(noop_offered, {"p99": 20.0}, offered_answers_per_s=noop_offered),
     }
-    report = floors_report(runs)
+
+
+def test_floors_report_divides_the_sidecar_by_its_floors() -> None:
+    report = floors_report(_runs(noop_offered=480.0))
     assert report["fast_drain_vs_noop"] == 0.8
     assert report["p99_at_half_capacity_vs_noop"] == 1.5
     assert report["full_path_vs_fast_path"] == 0.05
@@ -97,15 +101,7 @@ def test_floors_report_divides_the_sidecar_by_its_floors() -> None:
 
 
 def test_a_load_generator_behind_its_rate_marks_the_half_capacity_point_not_held() -> None:
-    runs = {
-        "fast_drain": _Run(800.0),
-        "noop_drain": _Run(1000.0),
-        "raw_drain": _Run(2000.0),
-        "full_drain": _Run(40.0),
-        "fast_half": _Run(500.0, {"p99": 30.0}, offered_answers_per_s=499.0),
-        "noop_half": _Run(440.0, {"p99": 20.0}, offered_answers_per_s=440.0),  # 0.88 of 500
-    }
-    report = floors_report(runs)
+    report = floors_report(_runs(noop_offered=440.0))  # 0.88 of the 500 asked
     assert report["half_capacity_rate_held"] is False
     assert report["p99_at_half_capacity_vs_noop"] == 1.5  # still reported, flagged
 
