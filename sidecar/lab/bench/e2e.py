@@ -358,28 +358,33 @@ class Bench:
     ) -> tuple[float, float]:
         """Open loop: request i is due at start + i / rate, whatever the sidecar does.
 
-        Returns the sidecar's peak RSS and the rate the requests went out at.
+        The events are encoded before the clock starts, so the generator (on the
+        sidecar's cores) spends its time sending, not building them. Returns the
+        sidecar's peak RSS and the rate the requests went out at.
         """
         t = settings.topics
         rss = 0.0
-        start = time.monotonic()
+        load = []
         for i in range(n):
+            rid = f"{name}-{i}"
+            r, ds, f = answer_events(rid, shape)
+            deltas = [(d["text"].count(". "), orjson.dumps(d)) for d in ds]
+            load.append((rid, rid.encode(), orjson.dumps(r), deltas, orjson.dumps(f)))
+        start = time.monotonic()
+        for i, (rid, key, raw_retrieval, deltas, raw_final) in enumerate(load):
             delay = start + i / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            rid = f"{name}-{i}"
-            r, ds, f = answer_events(rid, shape)
-            key = rid.encode()
-            await producer.send(t.retrieval, orjson.dumps(r), key=key)
+            await producer.send(t.retrieval, raw_retrieval, key=key)
             claim = 0
-            for d in ds:
+            for sentences, raw_delta in deltas:
                 now = time.monotonic()
-                for _ in range(d["text"].count(". ")):
+                for _ in range(sentences):
                     sentence_sent[(rid, claim)] = now
                     claim += 1
-                await producer.send(t.generation, orjson.dumps(d), key=key)
+                await producer.send(t.generation, raw_delta, key=key)
             final_sent[rid] = time.monotonic()
-            await producer.send(t.generation, orjson.dumps(f), key=key)
+            await producer.send(t.generation, raw_final, key=key)
             if i % 50 == 0:
                 rss = max(rss, sidecar.rss_mb() or 0.0)
         sending_s = time.monotonic() - start
