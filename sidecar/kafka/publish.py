@@ -2,8 +2,8 @@
 
 Pipelined (``submit``), a consumed batch's outputs are handed to the producer
 in order and their confirmations awaited in the background, at most
-``in_flight`` batches at a time (``kafka.batches_in_flight``); a batch's inputs are finished (and so
-committable) only once all its outputs are confirmed.
+``in_flight`` batches at a time (``kafka.batches_in_flight``); a batch's inputs
+are finished (and so committable) only once all its outputs are confirmed.
 
 Outputs go to the producer port with header values as bytes. Publish errors
 are decided by kind (``classify``): retriable ones are retried with capped,

@@ -108,6 +108,22 @@ def answer_events(
     return r, deltas, final(rid, "".join(sentences), **extra)
 
 
+# one request of an open loop, encoded: id, key, retrieval, (sentences, delta) per
+# delta, final (encoded before the clock starts, so the generator spends its time
+# sending: building events inside the paced loop held it below the asked rate)
+_Encoded = tuple[str, bytes, bytes, list[tuple[int, bytes]], bytes]
+
+
+def _encoded_load(name: str, n: int, shape: LoadShape) -> list[_Encoded]:
+    load = []
+    for i in range(n):
+        rid = f"{name}-{i}"
+        r, ds, f = answer_events(rid, shape)
+        deltas = [(d["text"].count(". "), orjson.dumps(d)) for d in ds]
+        load.append((rid, rid.encode(), orjson.dumps(r), deltas, orjson.dumps(f)))
+    return load
+
+
 def _proc_cpu_s(pid: int) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -302,16 +318,15 @@ class Bench:
                 )
             )
         await asyncio.sleep(1.0)  # consumers assigned before the load starts
+        load = _encoded_load(name, n, shape)  # before the clock: the generator only sends
         cpu0 = _proc_cpu_s(sidecar.pid or 0)
         start = time.monotonic()
         try:
             rss, offered = await self._produce_at_rate(
                 producer,
                 settings=settings,
-                name=name,
-                n=n,
+                load=load,
                 rate=rate,
-                shape=shape,
                 sidecar=sidecar,
                 final_sent=final_sent,
                 sentence_sent=sentence_sent,
@@ -348,28 +363,19 @@ class Bench:
         producer: AIOKafkaProducer,
         *,
         settings: Settings,
-        name: str,
-        n: int,
+        load: list[_Encoded],
         rate: float,
-        shape: LoadShape,
         sidecar: SidecarProcess,
         final_sent: dict[str, float],
         sentence_sent: dict[tuple[str, int], float],
     ) -> tuple[float, float]:
         """Open loop: request i is due at start + i / rate, whatever the sidecar does.
 
-        The events are encoded before the clock starts, so the generator (on the
-        sidecar's cores) spends its time sending, not building them. Returns the
-        sidecar's peak RSS and the rate the requests went out at.
+        Returns the sidecar's peak RSS and the rate the requests went out at.
         """
         t = settings.topics
         rss = 0.0
-        load = []
-        for i in range(n):
-            rid = f"{name}-{i}"
-            r, ds, f = answer_events(rid, shape)
-            deltas = [(d["text"].count(". "), orjson.dumps(d)) for d in ds]
-            load.append((rid, rid.encode(), orjson.dumps(r), deltas, orjson.dumps(f)))
+        n = len(load)
         start = time.monotonic()
         for i, (rid, key, raw_retrieval, deltas, raw_final) in enumerate(load):
             delay = start + i / rate - time.monotonic()
