@@ -108,9 +108,9 @@ def answer_events(
     return r, deltas, final(rid, "".join(sentences), **extra)
 
 
-# one request of an open loop, encoded: id, key, retrieval, (sentences, delta) per
-# delta, final (encoded before the clock starts, so the generator spends its time
-# sending: building events inside the paced loop held it below the asked rate)
+# one request, encoded: id, key, retrieval, (sentences, delta) per delta, final. Drains
+# and open loops encode their load before they start (in an open loop, building events
+# inside the paced loop held the generator below the asked rate)
 _Encoded = tuple[str, bytes, bytes, list[tuple[int, bytes]], bytes]
 
 
@@ -211,14 +211,15 @@ class Bench:
         settings, env = self._setup(partitions)
         await create_topics(settings)
         t = settings.topics
-        records: list[tuple[str, bytes, bytes]] = []
-        for i in range(n):
-            rid = f"{name}-{i}"
-            r, ds, f = answer_events(rid, shape)
-            key = rid.encode()
-            records.append((t.retrieval, orjson.dumps(r), key))
-            records.extend((t.generation, orjson.dumps(d), key) for d in ds)
-            records.append((t.generation, orjson.dumps(f), key))
+        records = [
+            record
+            for _, key, retrieval, deltas, final in _encoded_load(name, n, shape)
+            for record in (
+                (t.retrieval, retrieval, key),
+                *((t.generation, delta, key) for _, delta in deltas),
+                (t.generation, final, key),
+            )
+        ]
         if not fill_after_start:
             await self._fill(settings, records)
         sidecars = [
