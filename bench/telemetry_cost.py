@@ -39,8 +39,7 @@ def measure(prometheus_port: int | None) -> float:
     from sidecar.telemetry import Telemetry  # noqa: PLC0415
     from sidecar.telemetry_setup import configure_from_env  # noqa: PLC0415
 
-    configure_from_env(prometheus_port)
-    telemetry = Telemetry()
+    telemetry = Telemetry.from_setup(configure_from_env(prometheus_port))
     now = time.time_ns()
     stages = tuple((s, now + 1000 * i, now + 1000 * (i + 1)) for i, s in enumerate(STAGES))
     attributes: dict[str, str | bool | int | float | list[str]] = {

@@ -19,6 +19,7 @@ from sidecar.kafka.topics import format_counts, verify_topics
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import Policy
+from sidecar.telemetry import Telemetry
 from sidecar.telemetry_setup import configure_from_env
 
 if TYPE_CHECKING:
@@ -260,10 +261,10 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
             logging.getLogger(name).setLevel(logging.DEBUG)
     counts = await verify_topics(settings)  # before anything slow: a wrong layout fails fast
     log.info("input topics: %s", format_counts(counts))
-    shutdown_telemetry = configure_from_env(settings.metrics.prometheus_port)
+    telemetry = configure_from_env(settings.metrics.prometheus_port)
     if processor is None:
         processor = build_processor(settings)
-    service = SidecarService(settings, processor)
+    service = SidecarService(settings, processor, telemetry=Telemetry.from_setup(telemetry))
     health: HealthServer | None = None
     if settings.http.enabled:
         health = HealthServer(
@@ -305,5 +306,5 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
     finally:
         if health is not None:
             await health.stop()
-        shutdown_telemetry()
+        telemetry.shutdown()
     log.info("stopped")

@@ -2,7 +2,9 @@
 
 The SDK is installed from the ``OTEL_*`` variables by
 :func:`sidecar.telemetry_setup.configure_from_env`; without it the API's no-op
-tracer and meter are used (a span costs a function call).
+tracer and meter are used. Without a recording tracer (``Telemetry.from_setup``)
+no span is opened at all: a verdict's no-op spans and the consumer span's links
+cost ~11 us per verdict for nothing; its headers still get the inputs' context.
 
 Spans follow the messaging semantic conventions (attributes ``messaging.*``; the
 sidecar's own are ``guardrail.*``):
@@ -40,7 +42,9 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
   guardrail.dead_letters        counter   reason
   guardrail.stage.duration      histogram stage, seconds, buckets 50 us .. 5 s
                                           [guardrail_stage_duration_seconds_bucket]
-                                          (join, certify, score, verify_claims, policy, publish)
+                                          (join, certify, score, verify_claims, policy, publish;
+                                          with Prometheus the only reader, a plain histogram
+                                          read at scrape time: sidecar.stage_durations)
   guardrail.publish.retries     counter
   guardrail.join.evictions      counter (observed: capacity + ttl)
   guardrail.join.open_requests  gauge
@@ -60,9 +64,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from opentelemetry import metrics, trace
+from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.propagate import extract, inject
 from opentelemetry.trace import Link, Span, SpanKind, Tracer
@@ -70,29 +75,18 @@ from opentelemetry.util.types import AttributeValue
 
 from sidecar import __version__
 from sidecar.pipeline.outputs import Destination, Output, TraceRecord
-
-SCOPE = "guardrail.sidecar"
-
-# explicit histogram boundaries (seconds): the fast path takes ~0.5 ms, a slow
-# verification seconds; 50 us .. 5 s, about 2.5 per decade
-DURATION_BUCKETS_S = (
-    0.00005,
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
+from sidecar.stage_durations import (
+    DESCRIPTION,
+    DURATION_BUCKETS_S,
+    INSTRUMENT,
+    SCOPE,
+    OtelStageDurations,
+    StageDurations,
 )
+from sidecar.telemetry_setup import TelemetrySetup
+
+__all__ = ["DURATION_BUCKETS_S", "SCOPE", "PublishHandle", "Telemetry"]
+
 MESSAGING_SYSTEM = "kafka"
 
 
@@ -144,14 +138,29 @@ def _observed(
     return read
 
 
+class _Discarded:
+    """Stage durations when no meter reads them (the API's no-op meter)."""
+
+    def record(self, stage: str, seconds: float) -> None:
+        del stage, seconds
+
+
+_NO_STAGE_DURATIONS: Final = _Discarded()
+
+
 @dataclass(slots=True)
 class PublishHandle:
-    """The open spans of one output between handing it to the producer and its confirmation."""
+    """The open spans of one output between handing it to the producer and its confirmation.
 
-    producer: Span
+    Without recorded spans (no tracer provider installed) both are ``None``;
+    ``traced`` still says the output is a request's verdict, whose publish is timed.
+    """
+
+    producer: Span | None
     request: Span | None
     request_end_ns: int
     started_ns: int
+    traced: bool = False
 
 
 class Telemetry:
@@ -161,9 +170,17 @@ class Telemetry:
         self,
         tracer: Tracer | None = None,
         meter: metrics.Meter | None = None,
+        *,
+        spans: bool = True,
+        stage_durations: StageDurations | None = None,
     ) -> None:
+        """``spans=False``: no tracer records them, so none is opened; the verdicts'
+        headers still carry the inputs' trace context, as the API's no-op tracer
+        propagates it. ``stage_durations``: where stage durations go instead of the
+        meter's histogram (see :meth:`from_setup`)."""
         self.tracer = tracer or trace.get_tracer(SCOPE, __version__)
         self.meter = meter or metrics.get_meter(SCOPE, __version__)
+        self.spans = spans
         # per-verdict counts: plain dicts (written on the loop's thread), read at collection
         self._verdicts: dict[tuple[str, str, str], int] = {}
         self._reasons: dict[tuple[str, str], int] = {}
@@ -189,15 +206,30 @@ class Telemetry:
         self.dead_letters = self.meter.create_counter(
             "guardrail.dead_letters", unit="{message}", description="DLQ messages"
         )
-        self.stage_duration = self.meter.create_histogram(
-            "guardrail.stage.duration",
-            unit="s",
-            description="per-stage latency of a request (publish: until the broker confirmed)",
-            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
-        )
+        self.stage_duration: metrics.Histogram | None = None
+        if stage_durations is None:
+            self.stage_duration = self.meter.create_histogram(
+                INSTRUMENT,
+                unit="s",
+                description=DESCRIPTION,
+                explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
+            )
+            stage_durations = OtelStageDurations(self.stage_duration)
+        self.stage_durations = stage_durations
         self.publish_retries = self.meter.create_counter(
             "guardrail.publish.retries", unit="{retry}"
         )
+
+    @classmethod
+    def from_setup(cls, setup: TelemetrySetup) -> Telemetry:
+        """As the sidecar runs: spans only when a tracer provider records them; stage
+        durations in the SDK's histogram when a meter provider other than Prometheus
+        alone reads them, in the plain one Prometheus serves, or nowhere."""
+        if setup.stage_durations is not None:
+            return cls(spans=setup.tracing, stage_durations=setup.stage_durations)
+        if setup.metrics:
+            return cls(spans=setup.tracing)
+        return cls(spans=setup.tracing, stage_durations=_NO_STAGE_DURATIONS)
 
     def observe(
         self,
@@ -230,8 +262,12 @@ class Telemetry:
         """The CONSUMER span of one handled poll; current while the block runs.
 
         Linked to each record's producer context (its ``traceparent``); a lone
-        record's producer context is also its parent.
+        record's producer context is also its parent. Without recorded spans, none
+        (reading every record's context for links costs ~2 us a record).
         """
+        if not self.spans:
+            yield trace.INVALID_SPAN
+            return
         topics = sorted({r.topic for r in records})
         attributes: dict[str, AttributeValue] = {
             "messaging.system": MESSAGING_SYSTEM,
@@ -264,6 +300,16 @@ class Telemetry:
         if out.destination is Destination.DLQ:
             reason = out.header("x-dlq-reason") or b"unknown"
             self.dead_letters.add(1, {"reason": reason.decode("utf-8", errors="replace")})
+        record = out.trace
+        now = time.time_ns()
+        if record is not None:
+            self._count(out, record)
+            for stage, start, end in record.stages:
+                self.stage_durations.record(stage, (end - start) / 1e9)
+        if not self.spans:
+            if record is not None:
+                self._propagate(out, extract(_carrier(record.parent)))
+            return PublishHandle(None, None, now, now, traced=record is not None)
         producing: dict[str, AttributeValue] = {
             "messaging.system": MESSAGING_SYSTEM,
             "messaging.destination.name": topic,
@@ -272,14 +318,11 @@ class Telemetry:
         }
         if out.key is not None:
             producing["messaging.kafka.message.key"] = out.key.decode("utf-8", errors="replace")
-        record = out.trace
-        now = time.time_ns()
         if record is None:  # a child of the consumer span, if any; headers untouched
             producer = self.tracer.start_span(
                 f"send {topic}", kind=SpanKind.PRODUCER, attributes=producing
             )
             return PublishHandle(producer, None, now, now)
-        self._count(out, record)
         parent = extract(_carrier(record.parent))
         consumer = trace.get_current_span().get_span_context()
         request = self.tracer.start_span(
@@ -292,28 +335,39 @@ class Telemetry:
         ctx = trace.set_span_in_context(request, parent)
         for stage, start, end in record.stages:
             self.tracer.start_span(f"guardrail.{stage}", context=ctx, start_time=start).end(end)
-            self.stage_duration.record((end - start) / 1e9, {"stage": stage})
         producer = self.tracer.start_span(
             f"send {topic}", context=ctx, kind=SpanKind.PRODUCER, attributes=producing
         )
+        self._propagate(out, trace.set_span_in_context(producer, ctx))
+        return PublishHandle(producer, request, record.end_ns, now, traced=True)
+
+    @staticmethod
+    def _propagate(out: Output, context: Context) -> None:
+        """Write ``context`` into the output's headers (replacing what it had of those keys).
+
+        Without a recording tracer the API's spans carry their parent's context, so
+        the inputs' extracted context is what a verdict's headers get either way."""
         carrier: dict[str, str] = {}
-        inject(carrier, context=trace.set_span_in_context(producer, ctx))
+        inject(carrier, context=context)
         out.headers[:] = [(k, v) for k, v in out.headers if k not in carrier] + [
             (k, v.encode("utf-8")) for k, v in carrier.items()
         ]
-        return PublishHandle(producer, request, record.end_ns, now)
 
     def after_publish(self, handle: PublishHandle, metadata: Any = None) -> None:
         """The broker confirmed the record (``metadata``: aiokafka's ``RecordMetadata``)."""
         now = time.time_ns()
+        if handle.traced:
+            self.stage_durations.record("publish", (now - handle.started_ns) / 1e9)
+        producer = handle.producer
+        if producer is None:
+            return
         partition, offset = getattr(metadata, "partition", None), getattr(metadata, "offset", None)
         if isinstance(partition, int):
-            handle.producer.set_attribute("messaging.destination.partition.id", str(partition))
+            producer.set_attribute("messaging.destination.partition.id", str(partition))
         if isinstance(offset, int):
-            handle.producer.set_attribute("messaging.kafka.offset", offset)
-        handle.producer.end(now)
+            producer.set_attribute("messaging.kafka.offset", offset)
+        producer.end(now)
         if handle.request is not None:
-            self.stage_duration.record((now - handle.started_ns) / 1e9, {"stage": "publish"})
             handle.request.end(max(handle.request_end_ns, now))
 
     def observe_counts(self, counts: Callable[[], dict[str, int]]) -> None:

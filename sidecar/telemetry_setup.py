@@ -9,20 +9,32 @@ start. ``OTEL_TRACES_SAMPLER`` / ``_ARG``, ``OTEL_BSP_*``, ``OTEL_RESOURCE_ATTRI
 are read by the SDK itself; ``OTEL_TRACES_EXPORTER=none`` or ``OTEL_SDK_DISABLED=true``
 turn tracing off. Without an endpoint the API's no-op tracer is used (a span costs a
 function call).
+
+What was installed comes back as a :class:`TelemetrySetup`, which tells
+``Telemetry`` whether spans are recorded at all and where stage durations go
+(``sidecar.stage_durations``): with Prometheus as the only metric reader, a
+plain histogram read at scrape time instead of the SDK's per-record path.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import metrics, trace
 
 from sidecar import __version__
 from sidecar.exceptions import ConfigError
+from sidecar.stage_durations import (
+    DESCRIPTION,
+    DURATION_BUCKETS_S,
+    SCOPE,
+    LocalStageDurations,
+)
 
-__all__ = ["PROTOCOLS", "configure_from_env", "otlp_protocol"]
+__all__ = ["PROTOCOLS", "TelemetrySetup", "configure_from_env", "otlp_protocol"]
 
 PROTOCOLS = ("grpc", "http/protobuf")
 
@@ -77,8 +89,27 @@ def _metric_exporter() -> Any:
     return HttpMetricExporter()
 
 
-def configure_from_env(prometheus_port: int | None = None) -> Callable[[], None]:
-    """Install SDK providers when the environment asks for them; returns a shutdown hook.
+def _installed(provider: object) -> bool:
+    """A provider someone installed (an SDK's), not the API's proxy or no-op default."""
+    api = ("opentelemetry.trace", "opentelemetry.metrics")
+    return not type(provider).__module__.startswith(api)
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetrySetup:
+    """What :func:`configure_from_env` installed, for ``Telemetry.from_setup``."""
+
+    shutdown: Callable[[], None]
+    tracing: bool
+    """A tracer provider records spans (ours from OTLP, or one installed before us)."""
+    metrics: bool
+    """A meter provider reads the instruments (ours, or one installed before us)."""
+    stage_durations: LocalStageDurations | None = None
+    """Set when Prometheus is our only metric reader: the stage histogram it serves."""
+
+
+def configure_from_env(prometheus_port: int | None = None) -> TelemetrySetup:
+    """Install SDK providers when the environment asks for them.
 
     Raises ``ConfigError`` for an OTLP protocol other than grpc or http/protobuf.
     The sampler (``OTEL_TRACES_SAMPLER``) and the batch processor (``OTEL_BSP_*``)
@@ -98,6 +129,7 @@ def configure_from_env(prometheus_port: int | None = None) -> Callable[[], None]
         trace.set_tracer_provider(provider)
         hooks.append(provider.shutdown)
     readers: list[Any] = []
+    local: LocalStageDurations | None = None
     if metric_exporter is not None:
         from opentelemetry.sdk.metrics.export import (  # noqa: PLC0415
             PeriodicExportingMetricReader,
@@ -110,6 +142,8 @@ def configure_from_env(prometheus_port: int | None = None) -> Callable[[], None]
 
         start_http_server(prometheus_port)
         readers.append(PrometheusMetricReader())
+        if metric_exporter is None:  # the stage histogram need not go through the SDK
+            local = _served_stage_durations(hooks)
     if readers:
         from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
         from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
@@ -122,7 +156,31 @@ def configure_from_env(prometheus_port: int | None = None) -> Callable[[], None]
         for hook in hooks:
             hook()
 
-    return shutdown
+    return TelemetrySetup(
+        shutdown=shutdown,
+        tracing=_installed(trace.get_tracer_provider()),
+        metrics=_installed(metrics.get_meter_provider()),
+        stage_durations=local,
+    )
+
+
+def _served_stage_durations(hooks: list[Callable[[], Any]]) -> LocalStageDurations:
+    """A plain stage histogram in the registry ``/metrics`` serves (removed at shutdown)."""
+    from prometheus_client import REGISTRY  # noqa: PLC0415
+
+    local = LocalStageDurations(
+        DURATION_BUCKETS_S,
+        description=DESCRIPTION,
+        # the labels the SDK's exporter puts on every other metric of the page
+        scope={
+            "otel_scope_name": SCOPE,
+            "otel_scope_version": __version__,
+            "otel_scope_schema_url": "",
+        },
+    )
+    REGISTRY.register(local)
+    hooks.append(lambda: REGISTRY.unregister(local))
+    return local
 
 
 def _resource(resource_cls: Any) -> Any:

@@ -47,7 +47,7 @@ def exposed_sample_names() -> set[str]:
         out = Output(destination, b"r", b"{}", [], trace=record)
         telemetry.after_publish(telemetry.before_publish(out, "rag.out"))
     telemetry.dead_letters.add(1, {"reason": "malformed-json"})
-    telemetry.stage_duration.record(0.0005, {"stage": "policy"})
+    telemetry.stage_durations.record("policy", 0.0005)
     telemetry.publish_retries.add(1)
     telemetry.observe(lambda: 1, lambda: 1, lambda: {("rag.generation", 0): 1})
     telemetry.observe_monitor(lambda: {"k": (0.9, 0.8, 0.95, False)})

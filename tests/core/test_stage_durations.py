@@ -1,0 +1,175 @@
+"""Stage durations without the SDK's per-record path, and verdicts without spans.
+
+* With Prometheus as the only metric reader, ``LocalStageDurations`` serves the
+  histogram the SDK's Prometheus exporter served: the same lines on the page.
+* Without a recording tracer, ``Telemetry(spans=False)`` opens no span and gives
+  a verdict the headers the API's no-op tracer gave it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NoOpTracer
+from prometheus_client import CollectorRegistry, generate_latest
+
+from sidecar import __version__
+from sidecar.pipeline.outputs import AttributeValue, Destination, Output, TraceRecord
+from sidecar.stage_durations import (
+    DESCRIPTION,
+    DURATION_BUCKETS_S,
+    INSTRUMENT,
+    SCOPE,
+    LocalStageDurations,
+)
+from sidecar.telemetry import Telemetry
+
+STAGES = ("join", "certify", "score", "policy", "publish")
+SCOPE_LABELS = {
+    "otel_scope_name": SCOPE,
+    "otel_scope_version": __version__,
+    "otel_scope_schema_url": "",
+}
+
+
+def _stage_lines(registry: CollectorRegistry) -> list[str]:
+    text = generate_latest(registry).decode("utf-8")
+    return [line for line in text.splitlines() if "guardrail_stage_duration" in line]
+
+
+def _pages(records: list[tuple[str, float]]) -> tuple[list[str], list[str]]:
+    """The stage histogram's lines as the SDK's exporter writes them, and as ours does."""
+    sdk_registry, local_registry = CollectorRegistry(), CollectorRegistry()
+    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=sdk_registry)])
+    histogram = provider.get_meter(SCOPE, __version__).create_histogram(
+        INSTRUMENT,
+        unit="s",
+        description=DESCRIPTION,
+        explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
+    )
+    local = LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION, scope=SCOPE_LABELS)
+    local_registry.register(local)
+    for stage, seconds in records:
+        histogram.record(seconds, {"stage": stage})
+        local.record(stage, seconds)
+    try:
+        return _stage_lines(sdk_registry), _stage_lines(local_registry)
+    finally:
+        provider.shutdown()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(STAGES),
+            st.one_of(
+                st.sampled_from(DURATION_BUCKETS_S),  # on a bound: that bucket (le)
+                st.floats(min_value=0.0, max_value=10.0),
+            ),
+        ),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_the_page_shows_what_the_sdk_exporter_showed(records: list[tuple[str, float]]) -> None:
+    sdk, ours = _pages(records)
+    # HELP and TYPE once, then the samples; the exporter orders label rows by first record
+    assert sdk[:2] == ours[:2]
+    assert sorted(sdk[2:]) == sorted(ours[2:])
+    assert len(ours) > 2
+
+
+def test_buckets_are_cumulative_and_count_matches_inf() -> None:
+    local = LocalStageDurations((0.001, 0.01), description="d")
+    for seconds in (0.0005, 0.001, 0.002, 0.5, 7.0):
+        local.record("join", seconds)
+    (family,) = local.collect()
+    samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}
+    assert samples[("guardrail_stage_duration_seconds_bucket", "0.001")] == 2
+    assert samples[("guardrail_stage_duration_seconds_bucket", "0.01")] == 3
+    assert samples[("guardrail_stage_duration_seconds_bucket", "+Inf")] == 5
+    assert samples[("guardrail_stage_duration_seconds_count", None)] == 5
+    assert samples[("guardrail_stage_duration_seconds_sum", None)] == pytest.approx(7.5035)
+
+
+@pytest.mark.parametrize("bounds", [(), (0.1, 0.1), (0.2, 0.1)])
+def test_bounds_must_increase(bounds: tuple[float, ...]) -> None:
+    with pytest.raises(ValueError, match="strictly increasing"):
+        LocalStageDurations(bounds, description="d")
+
+
+TRACEPARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+PARENTS = {
+    "traceparent": (("traceparent", TRACEPARENT),),
+    "with tracestate and baggage": (
+        ("traceparent", TRACEPARENT),
+        ("tracestate", b"vendor=opaque"),
+        ("baggage", b"tenant=acme"),
+    ),
+    "no context": (),
+    "invalid traceparent": (("traceparent", b"00-zz-b7ad6b7169203331-01"),),
+    "baggage only": (("baggage", b"tenant=acme"),),
+}
+
+
+def _verdict(parent: tuple[tuple[str, bytes], ...]) -> Output:
+    stages = (("join", 10, 20), ("policy", 20, 30))
+    attributes: dict[str, AttributeValue] = {"guardrail.decision": "allow"}
+    record = TraceRecord("guardrail.request", parent, 0, 40, attributes, stages)
+    headers = [("x-idempotency-key", b"k"), ("traceparent", b"stale")]
+    return Output(Destination.VERDICTS, b"r", b"{}", headers, record)
+
+
+@pytest.mark.parametrize("parent", PARENTS.values(), ids=PARENTS.keys())
+def test_without_spans_a_verdict_gets_the_headers_the_noop_tracer_gave_it(
+    parent: tuple[tuple[str, bytes], ...],
+) -> None:
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("t")
+    with_noop = Telemetry(tracer=NoOpTracer(), meter=meter)
+    without = Telemetry(meter=meter, spans=False)
+    outputs = []
+    for telemetry in (with_noop, without):
+        out = _verdict(parent)
+        handle = telemetry.before_publish(out, "rag.verdicts")
+        telemetry.after_publish(handle)
+        outputs.append(out.headers)
+    assert outputs[0] == outputs[1]
+
+
+def test_without_spans_none_is_opened_but_verdicts_and_stages_are_counted() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("t")
+    telemetry = Telemetry(tracer=provider.get_tracer("t"), meter=meter, spans=False)
+    out = _verdict(PARENTS["traceparent"])
+    with telemetry.consuming([], "g"):
+        telemetry.after_publish(telemetry.before_publish(out, "rag.verdicts"))
+    dead = Output(Destination.DLQ, b"r", b"{}", [("x-dlq-reason", b"malformed-json")])
+    telemetry.after_publish(telemetry.before_publish(dead, "rag.dlq"))
+    assert exporter.get_finished_spans() == ()
+    assert dict(out.headers)["traceparent"] == TRACEPARENT
+    data = reader.get_metrics_data()
+    assert data is not None
+    got: dict[str, list[Any]] = {
+        m.name: list(m.data.data_points)
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    stages = {p.attributes["stage"]: p.count for p in got["guardrail.stage.duration"]}
+    assert stages == {"join": 1, "policy": 1, "publish": 1}
+    assert [p.value for p in got["guardrail.verdicts"]] == [1]
+    assert [p.attributes["reason"] for p in got["guardrail.dead_letters"]] == ["malformed-json"]
