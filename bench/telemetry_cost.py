@@ -1,11 +1,13 @@
-"""What publishing one traced verdict costs in telemetry, with metrics off and on (writes JSON).
+"""What publishing one traced verdict costs in telemetry: metrics off, on, and tracing on (JSON).
 
 Times :meth:`Telemetry.before_publish` + :meth:`Telemetry.after_publish` for a
 final verdict with six stages and two reasons, the way the Kafka loop calls
-them, in two child processes: one as the sidecar starts without metrics
+them, in three child processes: one as the sidecar starts without metrics
 (``GUARDRAIL_METRICS__PROMETHEUS_PORT`` unset: the OpenTelemetry API's no-op
-meter and tracer), one as the Helm chart starts it (Prometheus on: the SDK's
-meter). Best of 5 rounds of 20,000 calls each. Not a timed test.
+meter and tracer), one as the Helm chart starts it (Prometheus on), and one
+with Prometheus on and the SDK's tracer recording every span (a batch span
+processor whose exporter drops them: the cost of a fast collector, sampled at
+100 %). Best of 5 rounds of 20,000 calls each. Not a timed test.
 
     PYTHONPATH=. .venv/bin/python bench/telemetry_cost.py --out bench/results/telemetry_cost.json
 """
@@ -19,10 +21,17 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 CALLS = 20_000
 ROUNDS = 5
+MODES = {  # child mode -> the JSON's key
+    "off": "us_per_verdict_metrics_off",
+    "on": "us_per_verdict_metrics_on",
+    "traced": "us_per_verdict_traced",
+    "sampled_out": "us_per_verdict_sampled_out",
+}
 STAGES = ("join", "certify", "lookback", "confidence", "score", "policy")
 
 
@@ -33,11 +42,35 @@ def _free_port() -> int:
         return port
 
 
-def measure(prometheus_port: int | None) -> float:
+def _record_spans(sampled: bool) -> None:
+    """Install the SDK's tracer, batching spans to an exporter that drops them."""
+    from opentelemetry import trace  # noqa: PLC0415
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: PLC0415
+    from opentelemetry.sdk.trace.export import (  # noqa: PLC0415
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON  # noqa: PLC0415
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            del spans
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider(sampler=ALWAYS_ON if sampled else ALWAYS_OFF)
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
+
+
+def measure(prometheus_port: int | None, *, traced: bool | None = None) -> float:
     """µs per verdict (best round) in this process, telemetry configured as the sidecar does."""
     from sidecar.pipeline.outputs import Destination, Output, TraceRecord  # noqa: PLC0415
     from sidecar.telemetry import Telemetry  # noqa: PLC0415
     from sidecar.telemetry_setup import configure_from_env  # noqa: PLC0415
+
+    if traced is not None:  # the SDK's tracer; True: every verdict sampled, False: none
+        _record_spans(traced)
 
     telemetry = Telemetry.from_setup(configure_from_env(prometheus_port))
     now = time.time_ns()
@@ -73,11 +106,12 @@ def measure(prometheus_port: int | None) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/telemetry_cost.json"))
-    parser.add_argument("--child", choices=["off", "on"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=list(MODES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        port = _free_port() if args.child == "on" else None
-        sys.stdout.write(f"{measure(port)}\n")
+        port = _free_port() if args.child != "off" else None
+        traced = {"traced": True, "sampled_out": False}.get(args.child)
+        sys.stdout.write(f"{measure(port, traced=traced)}\n")
         return 0
     result: dict[str, object] = {
         "machine": platform.machine(),
@@ -87,14 +121,14 @@ def main() -> int:
         "stages": len(STAGES),
         "reasons": 2,
     }
-    for mode in ("off", "on"):
+    for mode, key in MODES.items():
         child = subprocess.run(
             [sys.executable, __file__, "--child", mode],
             capture_output=True,
             text=True,
             check=True,
         )
-        result[f"us_per_verdict_metrics_{mode}"] = float(child.stdout.strip())
+        result[key] = float(child.stdout.strip())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     sys.stdout.write(json.dumps(result) + "\n")

@@ -333,6 +333,9 @@ class Telemetry:
             links=[Link(consumer)] if consumer.is_valid else None,
         )
         ctx = trace.set_span_in_context(request, parent)
+        if not request.is_recording():  # sampled out: its children would be too (~4 us each)
+            self._propagate(out, ctx)
+            return PublishHandle(None, request, record.end_ns, now, traced=True)
         for stage, start, end in record.stages:
             self.tracer.start_span(f"guardrail.{stage}", context=ctx, start_time=start).end(end)
         producer = self.tracer.start_span(

@@ -19,6 +19,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler
 from opentelemetry.trace import NoOpTracer
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -173,3 +174,32 @@ def test_without_spans_none_is_opened_but_verdicts_and_stages_are_counted() -> N
     assert stages == {"join": 1, "policy": 1, "publish": 1}
     assert [p.value for p in got["guardrail.verdicts"]] == [1]
     assert [p.attributes["reason"] for p in got["guardrail.dead_letters"]] == ["malformed-json"]
+
+
+class _CountingTracer:
+    """The SDK's tracer, counting the spans it is asked to open."""
+
+    def __init__(self, tracer: Any) -> None:
+        self.tracer = tracer
+        self.started = 0
+
+    def start_span(self, *args: Any, **kwargs: Any) -> Any:
+        self.started += 1
+        return self.tracer.start_span(*args, **kwargs)
+
+
+@pytest.mark.parametrize(("sampler", "exported"), [(ALWAYS_ON, 4), (ALWAYS_OFF, 0)])
+def test_a_sampled_out_verdict_opens_only_its_request_span(sampler: Sampler, exported: int) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = _CountingTracer(provider.get_tracer("t"))
+    telemetry = Telemetry(tracer=tracer, meter=MeterProvider().get_meter("t"))  # type: ignore[arg-type]
+    out = _verdict(PARENTS["traceparent"])
+    telemetry.after_publish(telemetry.before_publish(out, "rag.verdicts"))
+    # request, its two stages and the producer span; sampled out, the request alone
+    assert tracer.started == (4 if exported else 1)
+    assert len(exporter.get_finished_spans()) == exported
+    version, trace_id, _, flags = dict(out.headers)["traceparent"].split(b"-")
+    assert (version, trace_id) == (b"00", TRACEPARENT.split(b"-")[1])
+    assert flags == (b"01" if exported else b"00")
