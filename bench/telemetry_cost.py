@@ -1,13 +1,20 @@
-"""What publishing one traced verdict costs in telemetry: metrics off, on, and tracing on (JSON).
+"""What publishing one traced verdict costs in telemetry, as the sidecar configures it (JSON).
 
 Times :meth:`Telemetry.before_publish` + :meth:`Telemetry.after_publish` for a
 final verdict with six stages and two reasons, the way the Kafka loop calls
-them, in three child processes: one as the sidecar starts without metrics
-(``GUARDRAIL_METRICS__PROMETHEUS_PORT`` unset: the OpenTelemetry API's no-op
-meter and tracer), one as the Helm chart starts it (Prometheus on), and one
-with Prometheus on and the SDK's tracer recording every span (a batch span
-processor whose exporter drops them: the cost of a fast collector, sampled at
-100 %). Best of 5 rounds of 20,000 calls each. Not a timed test.
+them, each mode in its own child process:
+
+* ``off``: as the sidecar starts without metrics or tracing (the API's no-op
+  meter and tracer);
+* ``on``: as the Helm chart starts it (Prometheus on: stage durations in the
+  plain histogram ``/metrics`` reads);
+* ``traced`` / ``sampled_out``: Prometheus on and the SDK's tracer, recording
+  every verdict's spans (a batch span processor whose exporter drops them: the
+  cost of a fast collector) / sampling every verdict out;
+* ``otlp_metrics``: Prometheus and an OTLP metric exporter (stage durations
+  through the SDK's histogram; the exporter is never reached while timing).
+
+Best of 5 rounds of 20,000 calls each. Not a timed test.
 
     PYTHONPATH=. .venv/bin/python bench/telemetry_cost.py --out bench/results/telemetry_cost.json
 """
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import socket
 import subprocess
@@ -31,7 +39,10 @@ MODES = {  # child mode -> the JSON's key
     "on": "us_per_verdict_metrics_on",
     "traced": "us_per_verdict_traced",
     "sampled_out": "us_per_verdict_sampled_out",
+    "otlp_metrics": "us_per_verdict_otlp_metrics",
 }
+# an OTLP metric endpoint that is never reached while timing (the reader exports every 60 s)
+UNREACHED_OTLP = "http://127.0.0.1:9/v1/metrics"
 STAGES = ("join", "certify", "lookback", "confidence", "score", "policy")
 
 
@@ -109,6 +120,8 @@ def main() -> int:
     parser.add_argument("--child", choices=list(MODES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
+        if args.child == "otlp_metrics":  # stage durations through the SDK's histogram
+            os.environ["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"] = UNREACHED_OTLP
         port = _free_port() if args.child != "off" else None
         traced = {"traced": True, "sampled_out": False}.get(args.child)
         sys.stdout.write(f"{measure(port, traced=traced)}\n")
