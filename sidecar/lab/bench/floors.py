@@ -35,6 +35,7 @@ from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import AnswerVerdict, Decision, Reason
 from sidecar.health import HealthServer
+from sidecar.kafka.publish import REQUEST_SIZE_MARGIN_BYTES
 from sidecar.kafka.security import aiokafka_client_args
 from sidecar.pipeline.outputs import Destination, Output, Step
 from sidecar.pipeline.processor import BatchItem, Processor
@@ -125,8 +126,13 @@ async def raw_loop(settings: Settings, stop: asyncio.Event, assigned: list[bool]
         fetch_max_wait_ms=kafka.fetch_max_wait_ms,
         max_partition_fetch_bytes=kafka.max_partition_fetch_bytes,
     )
+    request_size = topics.max_message_bytes + REQUEST_SIZE_MARGIN_BYTES  # as the sidecar's
     producer = AIOKafkaProducer(
-        **client, acks="all", enable_idempotence=True, max_batch_size=kafka.producer_batch_bytes
+        **client,
+        acks="all",
+        enable_idempotence=True,
+        max_request_size=request_size,
+        max_batch_size=min(kafka.producer_batch_bytes, request_size),
     )
     template = _VerdictTemplate()
     published = 0
