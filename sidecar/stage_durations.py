@@ -14,7 +14,8 @@ Prometheus on (the Helm chart's default), a fifth of the fast path's CPU.
   (``guardrail_stage_duration_seconds``, same buckets, labels ``stage`` and the
   ``otel_scope_*`` labels of the rest of the page): used when Prometheus is the
   only metric reader.
-* ``None`` when no metric is read at all (the API's no-op meter).
+* Nowhere (``Telemetry`` discards them) when no metric is read at all (the
+  API's no-op meter).
 """
 
 from __future__ import annotations
