@@ -34,7 +34,7 @@ from sidecar.stage_durations import (
     LocalStageDurations,
 )
 
-__all__ = ["PROTOCOLS", "TelemetrySetup", "configure_from_env", "otlp_protocol"]
+__all__ = ["PROTOCOLS", "TelemetrySetup", "configure_from_env", "installed", "otlp_protocol"]
 
 PROTOCOLS = ("grpc", "http/protobuf")
 
@@ -89,7 +89,7 @@ def _metric_exporter() -> Any:
     return HttpMetricExporter()
 
 
-def _installed(provider: object) -> bool:
+def installed(provider: object) -> bool:
     """A provider someone installed (an SDK's), not the API's proxy or no-op default."""
     api = ("opentelemetry.trace", "opentelemetry.metrics")
     return not type(provider).__module__.startswith(api)
@@ -158,8 +158,8 @@ def configure_from_env(prometheus_port: int | None = None) -> TelemetrySetup:
 
     return TelemetrySetup(
         shutdown=shutdown,
-        tracing=_installed(trace.get_tracer_provider()),
-        metrics=_installed(metrics.get_meter_provider()),
+        tracing=installed(trace.get_tracer_provider()),
+        metrics=installed(metrics.get_meter_provider()),
         stage_durations=local,
     )
 

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Sampler
-from opentelemetry.trace import NoOpTracer
+from opentelemetry.trace import NoOpTracer, NoOpTracerProvider, ProxyTracerProvider
 from prometheus_client import CollectorRegistry, generate_latest
 
 from sidecar import __version__
@@ -31,8 +31,10 @@ from sidecar.stage_durations import (
     INSTRUMENT,
     SCOPE,
     LocalStageDurations,
+    OtelStageDurations,
 )
 from sidecar.telemetry import Telemetry
+from sidecar.telemetry_setup import TelemetrySetup, installed
 
 STAGES = ("join", "certify", "score", "policy", "publish")
 SCOPE_LABELS = {
@@ -203,3 +205,26 @@ def test_a_sampled_out_verdict_opens_only_its_request_span(sampler: Sampler, exp
     version, trace_id, _, flags = dict(out.headers)["traceparent"].split(b"-")
     assert (version, trace_id) == (b"00", TRACEPARENT.split(b"-")[1])
     assert flags == (b"01" if exported else b"00")
+
+
+def test_the_setup_decides_where_stage_durations_go() -> None:
+    """Prometheus alone: the plain histogram; another reader: the SDK's; none: nowhere."""
+    local = LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION)
+    served = Telemetry.from_setup(
+        TelemetrySetup(shutdown=lambda: None, tracing=False, metrics=True, stage_durations=local)
+    )
+    assert served.stage_durations is local and served.stage_duration is None
+    assert not served.spans
+    read = Telemetry.from_setup(TelemetrySetup(shutdown=lambda: None, tracing=True, metrics=True))
+    assert isinstance(read.stage_durations, OtelStageDurations) and read.spans
+    unread = Telemetry.from_setup(
+        TelemetrySetup(shutdown=lambda: None, tracing=False, metrics=False)
+    )
+    assert unread.stage_duration is None
+    assert not isinstance(unread.stage_durations, OtelStageDurations | LocalStageDurations)
+    unread.stage_durations.record("join", 0.001)  # discarded, and does not raise
+
+
+def test_only_an_installed_provider_counts() -> None:
+    assert not installed(ProxyTracerProvider()) and not installed(NoOpTracerProvider())
+    assert installed(TracerProvider()) and installed(MeterProvider())
