@@ -37,7 +37,7 @@ from sidecar.kafka.commits import Committer
 from sidecar.kafka.cut import KeyIndex
 from sidecar.kafka.intake import IntakeControl, Records, WorkQueue, measure_lag
 from sidecar.kafka.parsing import raw_decoder, tolerant_parser
-from sidecar.kafka.publish import REQUEST_SIZE_MARGIN_BYTES, Publisher
+from sidecar.kafka.publish import Publisher, request_size_bytes
 from sidecar.kafka.readiness import BrokerProbe, LoopState
 from sidecar.kafka.security import faststream_security
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
@@ -66,7 +66,7 @@ def make_broker(settings: Settings) -> KafkaBroker:
         allow_auto_create_topics=False,
         acks="all",
         enable_idempotence=True,
-        max_request_size=settings.topics.max_message_bytes + REQUEST_SIZE_MARGIN_BYTES,
+        max_request_size=request_size_bytes(settings.topics.max_message_bytes),
         logger=log,
         log_level=logging.DEBUG,
         graceful_timeout=settings.shutdown_grace_ms / 1000.0,
@@ -234,7 +234,7 @@ class SidecarService:
     async def start(self) -> None:
         await self.broker.start()
         kafka = self.settings.kafka
-        request_size = self.settings.topics.max_message_bytes + REQUEST_SIZE_MARGIN_BYTES
+        request_size = request_size_bytes(self.settings.topics.max_message_bytes)
         self.clients = aiokafka_clients(self.subscriber.consumer, kafka, request_size)
         await self.clients.producer.start()
         self.publisher.producer = self.clients.producer

@@ -124,6 +124,14 @@ class AiokafkaConsumerPort:
         return {t: len(parts) for t, parts in known.items() if parts is not None}
 
 
+def producer_size_args(kafka: KafkaSettings, max_request_size: int) -> dict[str, int]:
+    """An aiokafka producer's request limit and per-partition batch (at most one request)."""
+    return {
+        "max_request_size": max_request_size,
+        "max_batch_size": min(kafka.producer_batch_bytes, max_request_size),
+    }
+
+
 class AiokafkaProducerPort:
     """An idempotent producer of the service's own (header values as bytes)."""
 
@@ -134,8 +142,7 @@ class AiokafkaProducerPort:
             client_id=kafka.client_id,
             acks="all",
             enable_idempotence=True,
-            max_request_size=max_request_size,
-            max_batch_size=min(kafka.producer_batch_bytes, max_request_size),
+            **producer_size_args(kafka, max_request_size),
         )
 
     async def start(self) -> None:

@@ -102,6 +102,11 @@ def backoff_delay(attempt: int, rng: random.Random) -> float:
     return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
 
 
+def request_size_bytes(max_message_bytes: int) -> int:
+    """The producer's ``max_request_size``: one record of ``max_message_bytes`` and its batch."""
+    return max_message_bytes + REQUEST_SIZE_MARGIN_BYTES
+
+
 class Publisher:
     """Publishes steps through a producer port; finishes their inputs once confirmed."""
 
@@ -129,7 +134,7 @@ class Publisher:
         self._pipelined = pipelined
         # bytes one record may take per destination: the producer's request limit, the
         # DLQ topic's max.message.bytes; lowered to each topic's own setting at start
-        request_limit = max_message_bytes + REQUEST_SIZE_MARGIN_BYTES
+        request_limit = request_size_bytes(max_message_bytes)
         self.limits = {d: request_limit for d in Destination}
         self.limits[Destination.DLQ] = max_message_bytes
         self._rng = random.Random()  # noqa: S311 - backoff jitter (instances out of step)

@@ -35,7 +35,8 @@ from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import AnswerVerdict, Decision, Reason
 from sidecar.health import HealthServer
-from sidecar.kafka.publish import REQUEST_SIZE_MARGIN_BYTES
+from sidecar.kafka.clients import producer_size_args
+from sidecar.kafka.publish import request_size_bytes
 from sidecar.kafka.security import aiokafka_client_args
 from sidecar.pipeline.outputs import Destination, Output, Step
 from sidecar.pipeline.processor import BatchItem, Processor
@@ -126,13 +127,11 @@ async def raw_loop(settings: Settings, stop: asyncio.Event, assigned: list[bool]
         fetch_max_wait_ms=kafka.fetch_max_wait_ms,
         max_partition_fetch_bytes=kafka.max_partition_fetch_bytes,
     )
-    request_size = topics.max_message_bytes + REQUEST_SIZE_MARGIN_BYTES  # as the sidecar's
-    producer = AIOKafkaProducer(
+    producer = AIOKafkaProducer(  # sized as the sidecar's
         **client,
         acks="all",
         enable_idempotence=True,
-        max_request_size=request_size,
-        max_batch_size=min(kafka.producer_batch_bytes, request_size),
+        **producer_size_args(kafka, request_size_bytes(topics.max_message_bytes)),
     )
     template = _VerdictTemplate()
     published = 0
