@@ -14,7 +14,6 @@ chunk length, on the calling thread, and writes ms per request: the best of
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -25,7 +24,7 @@ from typing import Any
 from sidecar import runtime
 from sidecar.config import Settings
 from sidecar.lab.bench.e2e import LoadShape, answer_events
-from sidecar.lab.bench.ratios import machine
+from sidecar.lab.bench.ratios import machine, print_report
 from sidecar.lab.bench.stages import request_items
 from sidecar.pipeline.processor import BatchItem
 
@@ -83,11 +82,7 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         **machine(),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    print_report(report, args.out)
 
 
 if __name__ == "__main__":

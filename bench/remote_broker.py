@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from sidecar.lab.bench.e2e import Bench, LoadShape
-from sidecar.lab.bench.ratios import machine
+from sidecar.lab.bench.ratios import machine, print_report
 from sidecar.lab.chaos.proxy import ThrottlingProxy
 from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
 
@@ -112,11 +111,7 @@ def main() -> None:
         "results": results,
         **machine(),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    print_report(report, args.out)
 
 
 if __name__ == "__main__":

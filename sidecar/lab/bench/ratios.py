@@ -8,13 +8,21 @@ the runs' results, tested without Kafka.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 from sidecar.golden import CPUINFO, cpu_features
 
-__all__ = ["RATE_HELD", "cpu_model", "floors_report", "incomplete_failure", "machine"]
+__all__ = [
+    "RATE_HELD",
+    "cpu_model",
+    "floors_report",
+    "incomplete_failure",
+    "machine",
+    "print_report",
+]
 
 RATE_HELD = 0.9  # an open loop held its rate if it sent at least this share of it
 
@@ -62,6 +70,15 @@ def machine(cpuinfo: Path = CPUINFO) -> dict[str, Any]:
         "avx512": flags is not None and "avx512f" in flags,
         "vnni": flags is not None and ("avx512_vnni" in flags or "avx_vnni" in flags),
     }
+
+
+def print_report(report: Mapping[str, Any], out: Path | None) -> None:
+    """A bench script's JSON report: printed, and written to ``out`` when given."""
+    text = json.dumps(report, indent=2)
+    print(text)  # noqa: T201 - the script's output
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
