@@ -114,21 +114,9 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
         "full_half_answers_per_s": runs["full_half"].config["rate_answers_per_s"],
         "rss_mb": max(runs["fast_drain"].rss_mb, runs["full_drain"].rss_mb, rss or 0.0),
         "startup_s": round(min(startups), 2),
-        "prometheus_vs_fast_drain": round(
-            runs["fast_prometheus_drain"].throughput_answers_per_s
-            / max(1e-9, runs["fast_drain"].throughput_answers_per_s),
-            2,
-        ),
-        "baseline_ratio": round(
-            runs["fast_drain"].throughput_answers_per_s
-            / max(1e-9, runs["baseline_drain"].throughput_answers_per_s),
-            2,
-        ),
-        "scale_out_ratio": round(
-            runs["scale_2"].throughput_answers_per_s
-            / max(1e-9, runs["scale_1"].throughput_answers_per_s),
-            2,
-        ),
+        "prometheus_vs_fast_drain": _drain_ratio(runs, "fast_prometheus_drain", "fast_drain"),
+        "baseline_ratio": _drain_ratio(runs, "fast_drain", "baseline_drain"),
+        "scale_out_ratio": _drain_ratio(runs, "scale_2", "scale_1"),
         "scale_out_incomplete": runs["scale_2"].incomplete,
         "serving_imports_torch": runtime.serving_imports_torch(),
         "cpu_count": os.cpu_count(),
@@ -137,6 +125,13 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
         "stages": stages,
         "profiles": profiles,
     }
+
+
+def _drain_ratio(runs: dict[str, RunResult], num: str, den: str) -> float:
+    """One run's answers/s over another's, to 2 places."""
+    return round(
+        runs[num].throughput_answers_per_s / max(1e-9, runs[den].throughput_answers_per_s), 2
+    )
 
 
 async def _floors(
