@@ -225,8 +225,8 @@ class Telemetry:
     @classmethod
     def from_setup(cls, setup: TelemetrySetup) -> Telemetry:
         """As the sidecar runs: spans only when a tracer provider records them; stage
-        durations in the SDK's histogram when a meter provider other than Prometheus
-        alone reads them, in the plain one Prometheus serves, or nowhere."""
+        durations in the plain histogram our Prometheus and OTLP readers read, in the
+        SDK's when another meter provider (or aggregation) reads them, or nowhere."""
         if setup.stage_durations is not None:
             return cls(spans=setup.tracing, stage_durations=setup.stage_durations)
         if setup.metrics:

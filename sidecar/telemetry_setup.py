@@ -12,8 +12,9 @@ function call).
 
 What was installed comes back as a :class:`TelemetrySetup`, which tells
 ``Telemetry`` whether spans are recorded at all and where stage durations go
-(``sidecar.stage_durations``): with Prometheus as the only metric reader, a
-plain histogram read at scrape time instead of the SDK's per-record path.
+(``sidecar.stage_durations``): a plain histogram that Prometheus reads at scrape
+time and the OTLP exporter at export time (``sidecar.stage_durations_otlp``),
+instead of the SDK's per-record path.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ class TelemetrySetup:
     metrics: bool
     """A meter provider reads the instruments (ours, or one installed before us)."""
     stage_durations: LocalStageDurations | None = None
-    """Set when Prometheus is our only metric reader: the stage histogram it serves."""
+    """Set when our readers read stage durations from the plain histogram (Prometheus
+    at scrape time, OTLP through ``StageDurationsExporter``) instead of the SDK's."""
 
 
 def configure_from_env(prometheus_port: int | None = None) -> TelemetrySetup:
@@ -129,12 +131,22 @@ def configure_from_env(prometheus_port: int | None = None) -> TelemetrySetup:
         trace.set_tracer_provider(provider)
         hooks.append(provider.shutdown)
     readers: list[Any] = []
+    # the stage histogram need not go through the SDK unless its exporter wants
+    # another aggregation than explicit buckets
     local: LocalStageDurations | None = None
     if metric_exporter is not None:
         from opentelemetry.sdk.metrics.export import (  # noqa: PLC0415
             PeriodicExportingMetricReader,
         )
 
+        from sidecar.stage_durations_otlp import (  # noqa: PLC0415
+            StageDurationsExporter,
+            exports_explicit_buckets,
+        )
+
+        if exports_explicit_buckets(metric_exporter):
+            local = _stage_durations()
+            metric_exporter = StageDurationsExporter(metric_exporter, local)
         readers.append(PeriodicExportingMetricReader(metric_exporter))
     if prometheus_port:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415
@@ -142,8 +154,10 @@ def configure_from_env(prometheus_port: int | None = None) -> TelemetrySetup:
 
         start_http_server(prometheus_port)
         readers.append(PrometheusMetricReader())
-        if metric_exporter is None:  # the stage histogram need not go through the SDK
-            local = _served_stage_durations(hooks)
+        if metric_exporter is None:
+            local = _stage_durations()
+        if local is not None:
+            _serve(local, hooks)
     if readers:
         from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
         from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
@@ -164,23 +178,26 @@ def configure_from_env(prometheus_port: int | None = None) -> TelemetrySetup:
     )
 
 
-def _served_stage_durations(hooks: list[Callable[[], Any]]) -> LocalStageDurations:
-    """A plain stage histogram in the registry ``/metrics`` serves (removed at shutdown)."""
-    from prometheus_client import REGISTRY  # noqa: PLC0415
-
-    local = LocalStageDurations(
+def _stage_durations() -> LocalStageDurations:
+    """The plain stage histogram, labelled as the SDK labels its instruments."""
+    return LocalStageDurations(
         DURATION_BUCKETS_S,
         description=DESCRIPTION,
-        # the labels the SDK's exporter puts on every other metric of the page
+        # the labels the SDK's Prometheus exporter puts on every other metric of the page
         scope={
             "otel_scope_name": SCOPE,
             "otel_scope_version": __version__,
             "otel_scope_schema_url": "",
         },
     )
+
+
+def _serve(local: LocalStageDurations, hooks: list[Callable[[], Any]]) -> None:
+    """Put ``local`` in the registry ``/metrics`` serves (removed at shutdown)."""
+    from prometheus_client import REGISTRY  # noqa: PLC0415
+
     REGISTRY.register(local)
     hooks.append(lambda: REGISTRY.unregister(local))
-    return local
 
 
 def _resource(resource_cls: Any) -> Any:

@@ -1,8 +1,9 @@
-"""The sidecar process exports its spans over OTLP to a receiver on loopback.
+"""The sidecar process exports its spans and metrics over OTLP to a receiver on loopback.
 
-Two receivers, as a collector has: OTLP/HTTP (POST /v1/traces, protobuf) and OTLP/gRPC
-(the TraceService from ``opentelemetry-proto`` served by ``grpcio``). The sidecar
-picks the protocol from ``OTEL_EXPORTER_OTLP_PROTOCOL``, as the chart sets it.
+Two receivers, as a collector has: OTLP/HTTP (POST /v1/traces and /v1/metrics,
+protobuf) and OTLP/gRPC (the TraceService and MetricsService from
+``opentelemetry-proto`` served by ``grpcio``). The sidecar picks the protocol from
+``OTEL_EXPORTER_OTLP_PROTOCOL``, as the chart sets it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from typing import Any
 
 import grpc
 import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -29,6 +35,7 @@ from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.lab.replay import Record, send
+from sidecar.stage_durations import DURATION_BUCKETS_S, INSTRUMENT, SCOPE
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import settings_for, wait_until
 
@@ -37,15 +44,35 @@ pytestmark = pytest.mark.connected
 
 class HttpReceiver(ThreadingHTTPServer):
     spans: list[Any]
+    metrics: list[tuple[str, Any]]
 
 
 @dataclass
 class Receiver:
-    """An OTLP receiver on loopback: the exporter's protocol and endpoint, the spans it got."""
+    """An OTLP receiver on loopback: the exporter's protocol and endpoint, the spans it
+    got and the metrics (with their scope's name)."""
 
     protocol: str
     endpoint: str = ""
     spans: list[Any] = field(default_factory=list)
+    metrics: list[tuple[str, Any]] = field(default_factory=list)
+
+    def stage_points(self) -> dict[str, Any]:
+        """The newest ``guardrail.stage.duration`` point per stage."""
+        points = {}
+        for scope, metric in list(self.metrics):
+            if metric.name == INSTRUMENT:
+                assert scope == SCOPE
+                for point in metric.histogram.data_points:
+                    stage = {a.key: a.value.string_value for a in point.attributes}["stage"]
+                    points[stage] = point
+        return points
+
+
+def _keep_metrics(request: ExportMetricsServiceRequest, into: list[tuple[str, Any]]) -> None:
+    for rm in request.resource_metrics:
+        for sm in rm.scope_metrics:
+            into.extend((sm.scope.name, m) for m in sm.metrics)
 
 
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
@@ -62,6 +89,18 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         return ExportTraceServiceResponse()
 
 
+class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self, metrics: list[tuple[str, Any]]) -> None:
+        self.metrics = metrics
+
+    def Export(
+        self, request: ExportMetricsServiceRequest, context: Any
+    ) -> ExportMetricsServiceResponse:
+        del context
+        _keep_metrics(request, self.metrics)
+        return ExportMetricsServiceResponse()
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: HttpReceiver
 
@@ -73,6 +112,10 @@ class _Handler(BaseHTTPRequestHandler):
             for rs in request.resource_spans:
                 for ss in rs.scope_spans:
                     self.server.spans.extend(ss.spans)
+        elif self.path == "/v1/metrics":
+            metrics = ExportMetricsServiceRequest()
+            metrics.ParseFromString(body)
+            _keep_metrics(metrics, self.server.metrics)
         self.send_response(200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", "0")
@@ -91,6 +134,9 @@ def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(  # type: ignore[no-untyped-call]
             service, server
         )
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(  # type: ignore[no-untyped-call]
+            _MetricsService(got.metrics), server
+        )
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         got.endpoint = f"http://127.0.0.1:{port}"
@@ -99,6 +145,7 @@ def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
         return
     http = HttpReceiver(("127.0.0.1", 0), _Handler)
     http.spans = got.spans
+    http.metrics = got.metrics
     thread = threading.Thread(target=http.serve_forever, daemon=True)
     thread.start()
     got.endpoint = f"http://127.0.0.1:{http.server_address[1]}"
@@ -128,6 +175,7 @@ async def test_spans_reach_an_otlp_receiver_with_the_llm_span_as_parent(
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
         "OTEL_EXPORTER_OTLP_PROTOCOL": receiver.protocol,
         "OTEL_BSP_SCHEDULE_DELAY": "200",
+        "OTEL_METRIC_EXPORT_INTERVAL": "300",
         "OTEL_SERVICE_NAME": "guardrail-test",
     }
     sidecar = SidecarProcess(env, tmp_path / "sidecar.log")
@@ -144,6 +192,7 @@ async def test_spans_reach_an_otlp_receiver_with_the_llm_span_as_parent(
     await wait_until(
         lambda: any(s.name.startswith("send ") for s in receiver.spans), 30, "exported spans"
     )
+    await wait_until(lambda: "publish" in receiver.stage_points(), 30, "exported stage durations")
     assert sidecar.signal(signal.SIGTERM) == 0
     spans = {s.name: s for s in receiver.spans}
     root = spans["guardrail.request"]
@@ -155,3 +204,15 @@ async def test_spans_reach_an_otlp_receiver_with_the_llm_span_as_parent(
     assert attributes["guardrail.policy"] == "default/1"
     for child in ("guardrail.join", "guardrail.certify", "guardrail.policy", f"send {t.verdicts}"):
         assert spans[child].parent_span_id == root.span_id, child
+    # the stage histogram (the plain one, added to the OTLP exporter's batches) arrived
+    # beside the SDK's own metrics, shaped as the SDK's histogram: one record per stage
+    stages = receiver.stage_points()
+    assert {"join", "certify", "policy", "publish"} <= stages.keys()
+    for stage, point in stages.items():
+        assert point.count == 1 == sum(point.bucket_counts), stage
+        assert tuple(point.explicit_bounds) == DURATION_BUCKETS_S, stage
+        assert point.min == point.max == point.sum > 0, stage
+        assert point.start_time_unix_nano <= point.time_unix_nano, stage
+    assert any(
+        scope == SCOPE and metric.name == "guardrail.verdicts" for scope, metric in receiver.metrics
+    )
