@@ -24,6 +24,7 @@ the stage durations stay on the SDK's histogram.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, replace
@@ -47,6 +48,8 @@ from sidecar import __version__
 from sidecar.stage_durations import DESCRIPTION, INSTRUMENT, SCOPE, LocalStageDurations
 
 __all__ = ["StageDurationsExporter", "exports_explicit_buckets"]
+
+log = logging.getLogger("sidecar.telemetry")
 
 UNIT = "s"  # the instrument's unit, as Telemetry creates it
 
@@ -104,7 +107,11 @@ class StageDurationsExporter(MetricExporter):
     def with_stage_durations(self, metrics_data: MetricsData) -> MetricsData:
         """``metrics_data`` with the stage histogram in the sidecar's scope (if any stage
         has a point to export)."""
-        metric = self.stage_metric(time.time_ns())
+        try:
+            metric = self.stage_metric(time.time_ns())
+        except Exception:  # the SDK's own metrics still go out
+            log.exception("the stage histogram could not be added to this OTLP export")
+            return metrics_data
         if metric is None or not metrics_data.resource_metrics:
             return metrics_data
         first, *rest = metrics_data.resource_metrics

@@ -239,6 +239,24 @@ def test_an_export_without_stage_records_is_passed_on_untouched() -> None:
     assert inner.shut
 
 
+def test_a_failing_stage_histogram_leaves_the_sdks_metrics_going_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    inner = Captured()
+    local = LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION)
+    local.record("join", 0.001)
+    exporter = StageDurationsExporter(inner, local)
+
+    def broken() -> None:
+        raise RuntimeError("boom")
+
+    local.snapshot = broken  # type: ignore[assignment, method-assign]
+    data = _sdk_data(SCOPE)
+    assert exporter.export(data) is MetricExportResult.SUCCESS
+    assert inner.exported[0][0] is data
+    assert "could not be added" in caplog.text
+
+
 def test_a_window_that_saw_no_record_exports_no_min_or_max() -> None:
     """A record that raced the min/max window swap: counted, and OTLP gets no min/max
     rather than a made-up one."""
