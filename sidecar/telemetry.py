@@ -44,8 +44,8 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
   guardrail.stage.duration      histogram stage, seconds, buckets 50 us .. 5 s
                                           [guardrail_stage_duration_seconds_bucket]
                                           (join, certify, score, verify_claims, policy, publish;
-                                          with Prometheus the only reader, a plain histogram
-                                          read at scrape time: sidecar.stage_durations)
+                                          a plain histogram read at scrape / export time:
+                                          sidecar.stage_durations, stage_durations_otlp)
   guardrail.publish.retries     counter
   guardrail.join.evictions      counter (observed: capacity + ttl)
   guardrail.join.open_requests  gauge
