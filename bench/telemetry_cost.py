@@ -11,6 +11,8 @@ them, each mode in its own child process:
 * ``traced`` / ``sampled_out``: Prometheus on and the SDK's tracer, recording
   every verdict's spans (a batch span processor whose exporter drops them: the
   cost of a fast collector) / sampling every verdict out;
+* ``traced_stage_attributes``: as ``traced`` with ``GUARDRAIL_TRACING__STAGE_SPANS=false``
+  (the stages as attributes of the request span, not child spans);
 * ``otlp_metrics``: Prometheus and an OTLP metric exporter (stage durations in
   the plain histogram both read, ``sidecar.stage_durations_otlp``; the exporter is
   never reached while timing).
@@ -40,6 +42,7 @@ MODES = {  # child mode -> the JSON's key
     "on": "us_per_verdict_metrics_on",
     "traced": "us_per_verdict_traced",
     "sampled_out": "us_per_verdict_sampled_out",
+    "traced_stage_attributes": "us_per_verdict_traced_stage_attributes",
     "otlp_metrics": "us_per_verdict_otlp_metrics",
 }
 # an OTLP metric endpoint that is never reached while timing (the reader exports every 60 s)
@@ -75,7 +78,9 @@ def _record_spans(sampled: bool) -> None:
     trace.set_tracer_provider(provider)
 
 
-def measure(prometheus_port: int | None, *, traced: bool | None = None) -> float:
+def measure(
+    prometheus_port: int | None, *, traced: bool | None = None, stage_spans: bool = True
+) -> float:
     """µs per verdict (best round) in this process, telemetry configured as the sidecar does."""
     from sidecar.pipeline.outputs import Destination, Output, TraceRecord  # noqa: PLC0415
     from sidecar.telemetry import Telemetry  # noqa: PLC0415
@@ -84,7 +89,7 @@ def measure(prometheus_port: int | None, *, traced: bool | None = None) -> float
     if traced is not None:  # the SDK's tracer; True: every verdict sampled, False: none
         _record_spans(traced)
 
-    telemetry = Telemetry.from_setup(configure_from_env(prometheus_port))
+    telemetry = Telemetry.from_setup(configure_from_env(prometheus_port), stage_spans=stage_spans)
     now = time.time_ns()
     stages = tuple((s, now + 1000 * i, now + 1000 * (i + 1)) for i, s in enumerate(STAGES))
     attributes: dict[str, str | bool | int | float | list[str]] = {
@@ -124,8 +129,11 @@ def main() -> int:
         if args.child == "otlp_metrics":
             os.environ["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"] = UNREACHED_OTLP
         port = _free_port() if args.child != "off" else None
-        traced = {"traced": True, "sampled_out": False}.get(args.child)
-        sys.stdout.write(f"{measure(port, traced=traced)}\n")
+        traced = {"traced": True, "traced_stage_attributes": True, "sampled_out": False}.get(
+            args.child
+        )
+        stage_spans = args.child != "traced_stage_attributes"
+        sys.stdout.write(f"{measure(port, traced=traced, stage_spans=stage_spans)}\n")
         return 0
     result: dict[str, object] = {
         "machine": platform.machine(),

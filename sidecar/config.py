@@ -373,6 +373,17 @@ class MetricsSettings(_Section):
     prometheus_port: int | None = Field(default=None, ge=1, le=65535)
 
 
+class TracingSettings(_Section):
+    """Spans. The exporter, sampler and batching follow the standard OTEL_* variables."""
+
+    stage_spans: bool = Field(
+        default=True,
+        description="one child span per stage of a traced verdict (join, certify, score, "
+        "policy, ...); false: the stages' durations as attributes of the request span "
+        "(guardrail.stage.<stage>.duration_ms), about half the cost of a recorded verdict",
+    )
+
+
 class Settings(BaseSettings):
     """Everything the sidecar reads from its environment."""
 
@@ -389,6 +400,7 @@ class Settings(BaseSettings):
     limits: LimitSettings = LimitSettings()
     http: HttpSettings = HttpSettings()
     metrics: MetricsSettings = MetricsSettings()
+    tracing: TracingSettings = TracingSettings()
     models: ModelSettings = ModelSettings()
     signals: SignalSettings = SignalSettings()
     tenancy: TenancySettings = TenancySettings()

@@ -264,7 +264,11 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
     telemetry = configure_from_env(settings.metrics.prometheus_port)
     if processor is None:
         processor = build_processor(settings)
-    service = SidecarService(settings, processor, telemetry=Telemetry.from_setup(telemetry))
+    service = SidecarService(
+        settings,
+        processor,
+        telemetry=Telemetry.from_setup(telemetry, stage_spans=settings.tracing.stage_spans),
+    )
     health: HealthServer | None = None
     if settings.http.enabled:
         health = HealthServer(

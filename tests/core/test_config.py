@@ -222,3 +222,14 @@ def test_a_name_with_the_section_delimiter_is_always_a_setting() -> None:
     # GUARDRAIL_HTTP__PORT is the health port, whatever else looks like a family around it.
     env = {"GUARDRAIL_HTTP__SERVICE_HOST": "10.0.0.1", "GUARDRAIL_HTTP__PORT": "tcp://10.0.0.1:80"}
     assert kubernetes_service_links(env, SETTINGS) == set()
+
+
+def test_stage_spans_are_read_and_a_wrong_value_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings.load().tracing.stage_spans
+    monkeypatch.setenv("GUARDRAIL_TRACING__STAGE_SPANS", "false")
+    assert not Settings.load().tracing.stage_spans
+    monkeypatch.setenv("GUARDRAIL_TRACING__STAGE_SPANS", "maybe")
+    with pytest.raises(ConfigError, match=r"GUARDRAIL_TRACING__STAGE_SPANS: .*valid boolean"):
+        Settings.load()

@@ -207,6 +207,46 @@ def test_a_sampled_out_verdict_opens_only_its_request_span(sampler: Sampler, exp
     assert flags == (b"01" if exported else b"00")
 
 
+def test_without_stage_spans_the_stages_are_attributes_of_the_request_span() -> None:
+    """Two spans instead of four (request, send), the same trace and parentage, the
+    stage durations on the request span, still counted in the stage histogram."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = _CountingTracer(provider.get_tracer("t"))
+    local = LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION)
+    telemetry = Telemetry(
+        tracer=tracer,  # type: ignore[arg-type]
+        meter=MeterProvider().get_meter("t"),
+        stage_spans=False,
+        stage_durations=local,
+    )
+    out = _verdict(PARENTS["traceparent"])
+    telemetry.after_publish(telemetry.before_publish(out, "rag.verdicts"))
+    assert tracer.started == 2
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans.keys() == {"guardrail.request", "send rag.verdicts"}
+    request, send = spans["guardrail.request"], spans["send rag.verdicts"]
+    assert request.attributes is not None
+    stages = {k: v for k, v in request.attributes.items() if k.startswith("guardrail.stage.")}
+    assert stages == {  # _verdict's stages: join 10..20 ns, policy 20..30 ns
+        "guardrail.stage.join.duration_ms": 1e-5,
+        "guardrail.stage.policy.duration_ms": 1e-5,
+    }
+    assert request.attributes["guardrail.decision"] == "allow"
+    assert send.parent is not None and send.parent.span_id == request.context.span_id
+    assert request.context.trace_id == int(TRACEPARENT.split(b"-")[1], 16)
+    _, _, span_id, _ = dict(out.headers)["traceparent"].split(b"-")
+    assert int(span_id, 16) == send.context.span_id
+    assert sorted(local.snapshot()) == ["join", "policy", "publish"]
+
+
+def test_the_sidecar_passes_its_stage_spans_setting_on() -> None:
+    setup = TelemetrySetup(shutdown=lambda: None, tracing=True, metrics=False)
+    assert Telemetry.from_setup(setup).stage_spans
+    assert not Telemetry.from_setup(setup, stage_spans=False).stage_spans
+
+
 def test_the_setup_decides_where_stage_durations_go() -> None:
     """Prometheus alone: the plain histogram; another reader: the SDK's; none: nowhere."""
     local = LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION)

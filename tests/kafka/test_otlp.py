@@ -154,7 +154,9 @@ def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
     http.server_close()
 
 
+@pytest.mark.parametrize("stage_spans", [True, False], ids=["stage-spans", "stage-attributes"])
 async def test_spans_reach_an_otlp_receiver_with_the_llm_span_as_parent(
+    stage_spans: bool,
     kafka_broker: LocalKafka,
     unique_topics: dict[str, str],
     receiver: Receiver,
@@ -177,6 +179,7 @@ async def test_spans_reach_an_otlp_receiver_with_the_llm_span_as_parent(
         "OTEL_BSP_SCHEDULE_DELAY": "200",
         "OTEL_METRIC_EXPORT_INTERVAL": "300",
         "OTEL_SERVICE_NAME": "guardrail-test",
+        "GUARDRAIL_TRACING__STAGE_SPANS": str(stage_spans).lower(),
     }
     sidecar = SidecarProcess(env, tmp_path / "sidecar.log")
     await asyncio.to_thread(sidecar.start)
@@ -202,8 +205,21 @@ async def test_spans_reach_an_otlp_receiver_with_the_llm_span_as_parent(
     assert attributes["guardrail.request_id"] == "req-otlp"
     assert attributes["guardrail.decision"] in {"allow", "caveat", "block"}
     assert attributes["guardrail.policy"] == "default/1"
-    for child in ("guardrail.join", "guardrail.certify", "guardrail.policy", f"send {t.verdicts}"):
-        assert spans[child].parent_span_id == root.span_id, child
+    assert spans[f"send {t.verdicts}"].parent_span_id == root.span_id
+    stage_children = {"guardrail.join", "guardrail.certify", "guardrail.policy"}
+    stage_attributes = {
+        a.key: a.value.double_value for a in root.attributes if a.key.startswith("guardrail.stage.")
+    }
+    if stage_spans:
+        for child in stage_children:
+            assert spans[child].parent_span_id == root.span_id, child
+        assert stage_attributes == {}
+    else:  # the stages' durations on the request span instead
+        assert not stage_children & spans.keys()
+        assert {f"guardrail.stage.{s}.duration_ms" for s in ("join", "certify", "policy")} <= (
+            stage_attributes.keys()
+        )
+        assert all(v >= 0 for v in stage_attributes.values())
     # the stage histogram (the plain one, added to the OTLP exporter's batches) arrived
     # beside the SDK's own metrics, shaped as the SDK's histogram: one record per stage
     stages = receiver.stage_points()

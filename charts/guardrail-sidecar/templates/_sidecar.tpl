@@ -216,6 +216,8 @@ convention. Credentials only ever come from Secrets.
 - name: OTEL_EXPORTER_OTLP_PROTOCOL
   value: {{ . | quote }}
 {{- end }}
+- name: GUARDRAIL_TRACING__STAGE_SPANS
+  value: {{ $v.otel.stageSpans | toString | quote }}
 {{- with $v.extraEnv }}
 {{ toYaml . }}
 {{- end }}
