@@ -20,7 +20,7 @@ from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import Policy
 from sidecar.telemetry import Telemetry
-from sidecar.telemetry_setup import configure_from_env
+from sidecar.telemetry_setup import configure_from_env, describe_env
 
 if TYPE_CHECKING:
     from sidecar.claims.judge import JudgeConfig
@@ -229,11 +229,13 @@ def build_processor(settings: Settings) -> Processor:
 
 def check(settings: Settings) -> dict[str, object]:
     """Everything ``run`` would load, loaded and validated, without touching Kafka."""
+    otlp = describe_env()  # before the models: a wrong setting fails fast
     processor = build_processor(settings)
     return {
         "config": "ok",
         "policy": processor.policy.name,
         "models": processor.signals.versions(),
+        "otlp": otlp,
     }
 
 

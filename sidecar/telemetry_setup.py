@@ -19,6 +19,7 @@ instead of the SDK's per-record path.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,9 +36,29 @@ from sidecar.stage_durations import (
     LocalStageDurations,
 )
 
-__all__ = ["PROTOCOLS", "TelemetrySetup", "configure_from_env", "installed", "otlp_protocol"]
+__all__ = [
+    "PROTOCOLS",
+    "SAMPLERS",
+    "TelemetrySetup",
+    "configure_from_env",
+    "describe_env",
+    "installed",
+    "otlp_protocol",
+    "traces_sampler",
+]
 
 PROTOCOLS = ("grpc", "http/protobuf")
+# the names the SDK's TracerProvider reads from OTEL_TRACES_SAMPLER; on any other it logs
+# a warning and records every span
+SAMPLERS = (
+    "always_on",
+    "always_off",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "traceidratio",
+    "parentbased_traceidratio",
+)
+RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
 
 
 def _enabled(signal: str) -> bool:
@@ -60,6 +81,47 @@ def otlp_protocol(signal: str) -> str:
         where = name if os.environ.get(name) else "OTEL_EXPORTER_OTLP_PROTOCOL"
         raise ConfigError(f"{where} must be one of {', '.join(PROTOCOLS)}, got {value!r}")
     return protocol
+
+
+def traces_sampler() -> tuple[str, float | None]:
+    """The sampler ``OTEL_TRACES_SAMPLER`` names and its ratio (``OTEL_TRACES_SAMPLER_ARG``).
+
+    Checked because the SDK is lenient where a typo is expensive: an unknown sampler
+    name or a ratio that is not a number makes it log a warning and record every
+    verdict's spans (~10x the telemetry cost of a sampled-out one).
+    """
+    value = os.environ.get("OTEL_TRACES_SAMPLER")
+    name = (value if value is not None else "parentbased_always_on").lower()  # as the SDK
+    if name not in SAMPLERS:
+        raise ConfigError(
+            f"OTEL_TRACES_SAMPLER must be one of {', '.join(SAMPLERS)}, got {value!r}"
+        )
+    if name not in RATIO_SAMPLERS:
+        return name, None
+    arg = os.environ.get("OTEL_TRACES_SAMPLER_ARG")
+    try:
+        ratio = float(arg) if arg is not None else math.nan
+    except ValueError:
+        ratio = math.nan
+    if not 0.0 <= ratio <= 1.0:
+        raise ConfigError(
+            f"OTEL_TRACES_SAMPLER_ARG must be a ratio in [0, 1] for {name} "
+            f"(the share of traces recorded, e.g. 0.1), got {arg!r}"
+        )
+    return name, ratio
+
+
+def describe_env() -> dict[str, str]:
+    """What :func:`configure_from_env` would export over OTLP, checked without installing
+    anything (``guardrail run --check``). Raises ``ConfigError`` as it would."""
+    described = {}
+    if _enabled("TRACES"):
+        name, ratio = traces_sampler()
+        sampler = name if ratio is None else f"{name} {ratio:g}"
+        described["traces"] = f"otlp {otlp_protocol('TRACES')}, {sampler}"
+    if _enabled("METRICS"):
+        described["metrics"] = f"otlp {otlp_protocol('METRICS')}"
+    return described
 
 
 def _span_exporter() -> Any:
@@ -113,12 +175,14 @@ class TelemetrySetup:
 def configure_from_env(prometheus_port: int | None = None) -> TelemetrySetup:
     """Install SDK providers when the environment asks for them.
 
-    Raises ``ConfigError`` for an OTLP protocol other than grpc or http/protobuf.
+    Raises ``ConfigError`` for an OTLP protocol other than grpc or http/protobuf, and
+    (tracing on) for a sampler or sampler ratio the SDK would not understand.
     The sampler (``OTEL_TRACES_SAMPLER``) and the batch processor (``OTEL_BSP_*``)
     are configured by the SDK from the environment.
     """
+    described = describe_env()  # a setting the SDK would misread stops the process here
     hooks: list[Callable[[], Any]] = []
-    tracing, metering = _enabled("TRACES"), _enabled("METRICS")
+    tracing, metering = "traces" in described, "metrics" in described
     span_exporter = _span_exporter() if tracing else None
     metric_exporter = _metric_exporter() if metering else None
     if span_exporter is not None:

@@ -38,3 +38,37 @@ def test_check_does_not_import_torch() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def _otlp_env(monkeypatch: pytest.MonkeyPatch, sampler_arg: str) -> None:
+    for name in ("PROTOCOL", "TRACES_PROTOCOL", "METRICS_PROTOCOL"):
+        monkeypatch.delenv(f"OTEL_EXPORTER_OTLP_{name}", raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", sampler_arg)
+
+
+def test_check_stops_on_an_otlp_setting_before_loading_models(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sampler ratio the SDK would misread (and then trace every verdict) stops
+    ``run --check`` with exit 2 and what is allowed."""
+    _otlp_env(monkeypatch, "10%")
+    monkeypatch.setattr(
+        "sidecar.runtime.build_processor",
+        lambda settings: pytest.fail("models loaded before the OTLP settings were checked"),
+    )
+    assert main(["run", "--check"]) == 2
+    assert "OTEL_TRACES_SAMPLER_ARG must be a ratio in [0, 1]" in capsys.readouterr().err
+
+
+def test_check_reports_what_goes_out_over_otlp(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _otlp_env(monkeypatch, "0.1")
+    assert main(["run", "--check"]) == 0
+    report = orjson.loads(capsys.readouterr().out)
+    assert report["otlp"] == {
+        "traces": "otlp http/protobuf, parentbased_traceidratio 0.1",
+        "metrics": "otlp http/protobuf",
+    }

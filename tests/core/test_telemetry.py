@@ -26,7 +26,7 @@ from sidecar.pipeline.outputs import Destination, Output, TraceRecord, verdict_a
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from sidecar.telemetry import DURATION_BUCKETS_S, Telemetry
-from sidecar.telemetry_setup import configure_from_env, otlp_protocol
+from sidecar.telemetry_setup import configure_from_env, otlp_protocol, traces_sampler
 from tests.conftest import EventFactory, dumps
 
 
@@ -166,6 +166,68 @@ def test_an_unknown_otlp_protocol_fails_at_start_naming_what_is_allowed(
         match=r"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL must be one of grpc, http/protobuf, "
         r"got 'http/json'",
     ):
+        configure_from_env()
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ({}, ("parentbased_always_on", None)),
+        ({"OTEL_TRACES_SAMPLER": "always_off"}, ("always_off", None)),
+        (
+            {"OTEL_TRACES_SAMPLER": "ParentBased_TraceIdRatio", "OTEL_TRACES_SAMPLER_ARG": "0.1"},
+            ("parentbased_traceidratio", 0.1),
+        ),
+        (
+            {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "1"},
+            ("traceidratio", 1.0),
+        ),
+        (
+            {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"},
+            ("traceidratio", 0.0),
+        ),
+    ],
+)
+def test_the_traces_sampler_is_read_as_the_sdk_reads_it(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], want: tuple[str, float | None]
+) -> None:
+    for name in ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert traces_sampler() == want
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"OTEL_TRACES_SAMPLER": "ratio"},
+            r"OTEL_TRACES_SAMPLER must be one of always_on, "
+            r"always_off, parentbased_always_on, .*parentbased_traceidratio, got 'ratio'",
+        ),
+        (
+            {"OTEL_TRACES_SAMPLER": "traceidratio"},
+            r"OTEL_TRACES_SAMPLER_ARG must be a ratio "
+            r"in \[0, 1\] for traceidratio .*got None",
+        ),
+        (
+            {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "10%"},
+            r"OTEL_TRACES_SAMPLER_ARG .* got '10%'",
+        ),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "1.5"}, r"got '1.5'"),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "nan"}, r"got 'nan'"),
+    ],
+)
+def test_a_sampler_the_sdk_would_not_understand_fails_at_start(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    """The SDK would warn and record every span; with tracing on, the process stops."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/v1/traces")
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER_ARG", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=message):
         configure_from_env()
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sidecar.config import KafkaSettings, Settings
+from sidecar.telemetry_setup import SAMPLERS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "guardrail-sidecar"
@@ -84,6 +85,8 @@ def test_chart_enums_match_the_settings() -> None:
         KafkaSettings, "auto_offset_reset"
     )
     assert set(props["logLevel"]["enum"]) == literal_values(Settings, "log_level")
+    # the sampler names guardrail run accepts (the SDK's): a typo fails at install
+    assert set(props["otel"]["properties"]["sampler"]["enum"]) - {""} == set(SAMPLERS)
 
 
 def test_chart_topic_names_follow_kafka_rules_like_the_settings() -> None:

@@ -216,6 +216,14 @@ convention. Credentials only ever come from Secrets.
 - name: OTEL_EXPORTER_OTLP_PROTOCOL
   value: {{ . | quote }}
 {{- end }}
+{{- with $v.otel.sampler }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ . | quote }}
+{{- end }}
+{{- if ne (toString $v.otel.samplerArg) "" }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ $v.otel.samplerArg | toString | quote }}
+{{- end }}
 - name: GUARDRAIL_TRACING__STAGE_SPANS
   value: {{ $v.otel.stageSpans | toString | quote }}
 {{- with $v.extraEnv }}
