@@ -143,7 +143,8 @@ class StageDurationsExporter(MetricExporter):
             last.low, last.high = min(last.low, low), max(last.high, high)
             if self.temporality is AggregationTemporality.DELTA:
                 counts = [
-                    now - before for now, before in zip(snapshot.counts, last.counts, strict=True)
+                    count - before
+                    for count, before in zip(snapshot.counts, last.counts, strict=True)
                 ]
                 total, start_ns = snapshot.total - last.total, last.time_ns
                 last.counts, last.total, last.time_ns = snapshot.counts, snapshot.total, now_ns
