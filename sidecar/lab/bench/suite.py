@@ -50,6 +50,24 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     )
     _log("fast path drain with Prometheus metrics on (the chart's default)")
     runs["fast_prometheus_drain"] = await charted.drain("fastp", int(20000 * scale), LoadShape())
+    # every verdict traced: the SDK's tracer batching spans to an OTLP endpoint that
+    # refuses them (spans are dropped; a live collector's export would add to this),
+    # with one child span per stage (the default) and with the stages as attributes
+    traced_env = {
+        **fast.extra_env,
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{free_port()}/v1/traces",
+        "OTEL_TRACES_SAMPLER": "always_on",
+        "OTEL_METRICS_EXPORTER": "none",
+    }
+    for name, stage_spans in (
+        ("fast_traced_drain", "true"),
+        ("fast_traced_attributes_drain", "false"),
+    ):
+        _log(f"fast path drain tracing every verdict (stage spans: {stage_spans})")
+        traced = Bench(
+            broker, workdir, {**traced_env, "GUARDRAIL_TRACING__STAGE_SPANS": stage_spans}
+        )
+        runs[name] = await traced.drain(name, int(20000 * scale), LoadShape())
     _log("baseline drain (one message, one confirmed publish at a time)")
     runs["baseline_drain"] = await baseline.drain("base", int(4000 * scale), LoadShape())
     _log("fast path open loop at 500 answers/s")
@@ -115,6 +133,10 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
         "rss_mb": max(runs["fast_drain"].rss_mb, runs["full_drain"].rss_mb, rss or 0.0),
         "startup_s": round(min(startups), 2),
         "prometheus_vs_fast_drain": _drain_ratio(runs, "fast_prometheus_drain", "fast_drain"),
+        "traced_vs_fast_drain": _drain_ratio(runs, "fast_traced_drain", "fast_drain"),
+        "traced_stage_attributes_vs_fast_drain": _drain_ratio(
+            runs, "fast_traced_attributes_drain", "fast_drain"
+        ),
         "baseline_ratio": _drain_ratio(runs, "fast_drain", "baseline_drain"),
         "scale_out_ratio": _drain_ratio(runs, "scale_2", "scale_1"),
         "scale_out_incomplete": runs["scale_2"].incomplete,
