@@ -42,6 +42,7 @@ __all__ = [
     "TelemetrySetup",
     "configure_from_env",
     "describe_env",
+    "exporter_choice",
     "installed",
     "otlp_protocol",
     "traces_sampler",
@@ -61,10 +62,32 @@ SAMPLERS = (
 RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
 
 
+EXPORTERS = ("otlp", "none")  # what OTEL_{TRACES,METRICS}_EXPORTER may say here
+
+
+def exporter_choice(signal: str) -> str:
+    """``OTEL_<signal>_EXPORTER`` (TRACES or METRICS): ``otlp`` (the default) or ``none``.
+
+    The SDK's auto-configuration, which reads other names (console, zipkin,
+    prometheus, ...), is not used: anything else would be silently ignored.
+    """
+    name = f"OTEL_{signal}_EXPORTER"
+    value = os.environ.get(name)
+    choice = (value or "otlp").strip().lower()
+    if choice not in EXPORTERS:
+        hint = (
+            "; Prometheus is served with GUARDRAIL_METRICS__PROMETHEUS_PORT"
+            if "prometheus" in choice
+            else ""
+        )
+        raise ConfigError(f"{name} must be one of {', '.join(EXPORTERS)}, got {value!r}{hint}")
+    return choice
+
+
 def _enabled(signal: str) -> bool:
     if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return False
-    if os.environ.get(f"OTEL_{signal}_EXPORTER", "").lower() == "none":
+    if exporter_choice(signal) == "none":
         return False
     return bool(
         os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")

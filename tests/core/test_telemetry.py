@@ -26,7 +26,12 @@ from sidecar.pipeline.outputs import Destination, Output, TraceRecord, verdict_a
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from sidecar.telemetry import DURATION_BUCKETS_S, Telemetry
-from sidecar.telemetry_setup import configure_from_env, otlp_protocol, traces_sampler
+from sidecar.telemetry_setup import (
+    configure_from_env,
+    describe_env,
+    otlp_protocol,
+    traces_sampler,
+)
 from tests.conftest import EventFactory, dumps
 
 
@@ -229,6 +234,49 @@ def test_a_sampler_the_sdk_would_not_understand_fails_at_start(
         monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=message):
         configure_from_env()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"OTEL_TRACES_EXPORTER": "console"},
+            r"OTEL_TRACES_EXPORTER must be one of otlp, "
+            r"none, got 'console'$",
+        ),
+        (
+            {"OTEL_METRICS_EXPORTER": "prometheus"},
+            r"OTEL_METRICS_EXPORTER must be one of "
+            r"otlp, none, got 'prometheus'; Prometheus is served with "
+            r"GUARDRAIL_METRICS__PROMETHEUS_PORT",
+        ),
+        ({"OTEL_TRACES_EXPORTER": "otlp,console"}, r"got 'otlp,console'"),
+    ],
+)
+def test_an_exporter_the_sidecar_does_not_build_fails_at_start(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    """The SDK's auto-configuration (which knows those names) is not used: they would
+    be ignored without a word."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=message):
+        describe_env()
+
+
+def test_otlp_or_none_choose_whether_a_signal_goes_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER", "OTEL_SDK_DISABLED"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    assert describe_env().keys() == {"traces", "metrics"}
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "OTLP")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    assert describe_env().keys() == {"traces"}
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")  # not read: the SDK is off
+    assert describe_env() == {}
 
 
 def test_a_verdict_is_counted_once_whatever_its_reasons(
