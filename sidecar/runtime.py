@@ -227,8 +227,23 @@ def build_processor(settings: Settings) -> Processor:
     return Processor(settings, policy, signals=signals)
 
 
+def unread_settings(settings: Settings) -> list[str]:
+    """Settings that are accepted but that nothing in the serving path reads, each with
+    why; ``run`` and ``run --check`` log them as warnings."""
+    qdrant = settings.qdrant
+    if qdrant.url or qdrant.path or qdrant.api_key is not None:
+        return [
+            "GUARDRAIL_QDRANT__* is set, but the sidecar never queries Qdrant: the retrieval "
+            "events carry the hits and their scores (the calibration and dataset commands "
+            "take --qdrant-url / --qdrant-path)"
+        ]
+    return []
+
+
 def check(settings: Settings) -> dict[str, object]:
     """Everything ``run`` would load, loaded and validated, without touching Kafka."""
+    for note in unread_settings(settings):
+        log.warning("%s", note)
     otlp = describe_env()  # before the models: a wrong setting fails fast
     processor = build_processor(settings)
     return {
@@ -261,6 +276,8 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
     if settings.log_level == "DEBUG":
         for name in ("aiokafka", "faststream"):
             logging.getLogger(name).setLevel(logging.DEBUG)
+    for note in unread_settings(settings):
+        log.warning("%s", note)
     counts = await verify_topics(settings)  # before anything slow: a wrong layout fails fast
     log.info("input topics: %s", format_counts(counts))
     telemetry = configure_from_env(settings.metrics.prometheus_port)

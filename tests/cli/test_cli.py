@@ -7,6 +7,8 @@ import orjson
 import pytest
 
 from sidecar.cli.main import main
+from sidecar.config import Settings
+from sidecar.runtime import unread_settings
 
 
 def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
@@ -72,3 +74,17 @@ def test_check_reports_what_goes_out_over_otlp(
         "traces": "otlp http/protobuf, parentbased_traceidratio 0.1",
         "metrics": "otlp http/protobuf",
     }
+
+
+def test_qdrant_settings_are_flagged_as_read_by_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The chart offers qdrant.url; the sidecar never queries Qdrant, so a user who sets
+    it is told at start instead of believing it is used."""
+    assert unread_settings(Settings.load()) == []
+    monkeypatch.setenv("GUARDRAIL_QDRANT__URL", "http://qdrant:6333")
+    (note,) = unread_settings(Settings.load())
+    assert "never queries Qdrant" in note
+    with caplog.at_level("WARNING", logger="sidecar"):
+        assert main(["run", "--check"]) == 0
+    assert "never queries Qdrant" in caplog.text
