@@ -64,7 +64,8 @@ def exports_explicit_buckets(exporter: MetricExporter) -> bool:
 
 @dataclass(slots=True)
 class _Exported:
-    """What the last export of one stage said (delta: the next start; cumulative: min, max)."""
+    """What the last export of one stage said (delta: counts, sum and time, where the next
+    point starts; cumulative: the min and max over every window)."""
 
     counts: list[int]
     total: float
@@ -140,7 +141,6 @@ class StageDurationsExporter(MetricExporter):
                 last = self._exported[stage] = _Exported(
                     [0] * len(snapshot.counts), 0.0, snapshot.started_ns
                 )
-            last.low, last.high = min(last.low, low), max(last.high, high)
             if self.temporality is AggregationTemporality.DELTA:
                 counts = [
                     count - before
@@ -150,6 +150,7 @@ class StageDurationsExporter(MetricExporter):
                 last.counts, last.total, last.time_ns = snapshot.counts, snapshot.total, now_ns
             else:
                 counts, total, start_ns = snapshot.counts, snapshot.total, snapshot.started_ns
+                last.low, last.high = min(last.low, low), max(last.high, high)
                 low, high = last.low, last.high
             if not any(counts):
                 continue  # as the SDK: a delta point only for a stage recorded since the last
