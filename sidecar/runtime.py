@@ -240,11 +240,17 @@ def unread_settings(settings: Settings) -> list[str]:
     return []
 
 
-def check(settings: Settings) -> dict[str, object]:
-    """Everything ``run`` would load, loaded and validated, without touching Kafka."""
+def _preflight(settings: Settings) -> dict[str, str]:
+    """Before anything slow (models, Kafka): warn of unread settings, and check the
+    OTLP environment (``ConfigError`` when the SDK would misread it); what goes out."""
     for note in unread_settings(settings):
         log.warning("%s", note)
-    otlp = describe_env()  # before the models: a wrong setting fails fast
+    return describe_env()
+
+
+def check(settings: Settings) -> dict[str, object]:
+    """Everything ``run`` would load, loaded and validated, without touching Kafka."""
+    otlp = _preflight(settings)
     processor = build_processor(settings)
     return {
         "config": "ok",
@@ -276,17 +282,16 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
     if settings.log_level == "DEBUG":
         for name in ("aiokafka", "faststream"):
             logging.getLogger(name).setLevel(logging.DEBUG)
-    for note in unread_settings(settings):
-        log.warning("%s", note)
+    _preflight(settings)
     counts = await verify_topics(settings)  # before anything slow: a wrong layout fails fast
     log.info("input topics: %s", format_counts(counts))
-    telemetry = configure_from_env(settings.metrics.prometheus_port)
+    setup = configure_from_env(settings.metrics.prometheus_port)
     if processor is None:
         processor = build_processor(settings)
     service = SidecarService(
         settings,
         processor,
-        telemetry=Telemetry.from_setup(telemetry, stage_spans=settings.tracing.stage_spans),
+        telemetry=Telemetry.from_setup(setup, stage_spans=settings.tracing.stage_spans),
     )
     health: HealthServer | None = None
     if settings.http.enabled:
@@ -329,5 +334,5 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
     finally:
         if health is not None:
             await health.stop()
-        telemetry.shutdown()
+        setup.shutdown()
     log.info("stopped")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 
@@ -88,3 +89,21 @@ def test_qdrant_settings_are_flagged_as_read_by_nothing(
     with caplog.at_level("WARNING", logger="sidecar"):
         assert main(["run", "--check"]) == 0
     assert "never queries Qdrant" in caplog.text
+
+
+def test_run_stops_on_an_otlp_setting_before_touching_kafka(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``guardrail run`` checks the OTLP environment before it asks the broker for the
+    topics: a typo is reported even when Kafka is unreachable."""
+    from sidecar import runtime
+    from sidecar.exceptions import ConfigError
+
+    _otlp_env(monkeypatch, "10%")
+
+    async def no_kafka(settings: Settings) -> None:
+        pytest.fail("the broker was asked before the OTLP settings were checked")
+
+    monkeypatch.setattr(runtime, "verify_topics", no_kafka)
+    with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER_ARG must be a ratio"):
+        asyncio.run(runtime.serve(Settings.load()))
