@@ -164,6 +164,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="start from this checkpoint's network (e.g. a finished run's last step-*.pt)",
     )
     mixture.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="where the training steps run (cuda: a GPU, when torch sees one)",
+    )
+    mixture.add_argument(
         "--cap",
         action="append",
         default=[],
@@ -293,6 +299,7 @@ def _run_fit_on_corpus(args: argparse.Namespace) -> int:
         head_learning_rate=round(args.learning_rate * 100, 10),
         pairwise_weight=args.pairwise_weight,
         init_from=None if args.init_from is None else args.init_from.expanduser().resolve(),
+        device=args.device,
     )
     if args.export:
         if args.out is None:

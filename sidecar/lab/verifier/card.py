@@ -271,7 +271,11 @@ fp32 {parity.get("max_abs_logit_diff_model.onnx")}, int8
 {training.get("steps")} of {training.get("total_steps")} planned steps (checkpoint
 `{training.get("checkpoint")}`), batch {config.batch_size}, lr {config.learning_rate} (head
 {config.head_learning_rate}), embeddings + lowest {config.freeze_layers} layers frozen,
-seed {config.seed}, {training.get("seconds")} s of training on CPU ({config.threads} threads).
+seed {config.seed}, {training.get("seconds")} s of training on {
+        f"CPU ({config.threads} threads)"
+        if training.get("device", "cpu") == "cpu"
+        else training.get("device")
+    }.
 Loss: binary cross-entropy{
         f" + {config.pairwise_weight} x softplus(z_wrong - z_right) over each batch's "
         "right/wrong pairs of one group (groups kept whole in a batch)"

@@ -59,13 +59,14 @@ class TrainingRun:
     plan: list[list[Pair]]
     pairs_sha256: str
     fingerprint: dict[str, str]
+    device: str = "cpu"  # where the steps ran, as the card says it ("cuda (NVIDIA H100 ...)")
 
 
 class Checkpoints:
     """``step-NNNNNNN.pt`` files in one folder: written atomically, the newest ``keep`` kept.
 
     A checkpoint holds the model, optimizer and scheduler states, the RNG
-    states (torch, numpy, Python), the step (the position in the seeded batch
+    states (torch, numpy, Python; CUDA after a GPU run), the step (the position in the seeded batch
     plan), the sha256 of the training pairs, the settings fingerprint and the
     loss history; ``progress.json`` beside them says where training stands.
     """
@@ -96,6 +97,7 @@ class Checkpoints:
             "step": step,
             "pairs_sha256": run.pairs_sha256,
             "fingerprint": run.fingerprint,
+            "device": run.device,
             "model": run.model.state_dict(),
             "optimizer": run.optim.state_dict(),
             "scheduler": run.sched.state_dict(),
@@ -103,6 +105,8 @@ class Checkpoints:
                 "torch": torch.get_rng_state(),
                 "numpy": np.random.get_state(),
                 "python": random.getstate(),
+                # dropout masks of a run on a GPU come from the CUDA generator
+                **({"cuda": torch.cuda.get_rng_state_all()} if run.device != "cpu" else {}),
             },
             "history": history,
             "validation": validation,
@@ -158,6 +162,8 @@ class Checkpoints:
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])
         random.setstate(state["rng"]["python"])
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.history = list(state["history"])
         self.validation = list(state["validation"])
         return int(state["step"])

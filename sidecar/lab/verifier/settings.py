@@ -99,6 +99,9 @@ class TrainConfig:
     pairwise_weight: float = 0.0
     # Start from the network of this checkpoint (a finished run) instead of the base MiniLM.
     init_from: Path | None = None
+    # Where the steps run: "cpu" (the default, any machine) or "cuda" (a GPU when one is at
+    # hand; checkpoints are written the same way and resume on either).
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
@@ -123,5 +126,7 @@ class TrainConfig:
             raise ConfigError(f"pairwise_weight must be in [0, 10], got {self.pairwise_weight}")
         if self.init_from is not None and not self.init_from.is_file():
             raise ConfigError(f"init_from {self.init_from} is not a checkpoint file")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
         if not 16 <= self.max_length <= 512:
             raise ConfigError(f"max_length must be in 16..512 tokens, got {self.max_length}")

@@ -126,19 +126,31 @@ def pairwise_loss(logits: Any, batch: Sequence[Pair]) -> Any:
                 wrong.append(j)
     if not right:
         return logits.sum() * 0.0
-    margin = logits[torch.tensor(wrong)] - logits[torch.tensor(right)]
+    at = logits.device
+    margin = logits[torch.tensor(wrong, device=at)] - logits[torch.tensor(right, device=at)]
     return nn.functional.softplus(margin).mean()
 
 
 def _tensors(
-    encoder: PairEncoder, pairs: Sequence[Pair], *, question_in_input: bool = False
+    encoder: PairEncoder,
+    pairs: Sequence[Pair],
+    *,
+    question_in_input: bool = False,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     texts = [
         (first_segment(p.claim, p.question, question_in_input=question_in_input), p.evidence)
         for p in pairs
     ]
     arrays = encoder.encode(texts)
-    return {name: torch.from_numpy(arr) for name, arr in arrays.items()}
+    return {name: torch.from_numpy(arr).to(device) for name, arr in arrays.items()}
+
+
+def _device(name: str) -> str:
+    """``name`` if torch can use it here; ``cuda`` without a GPU is a configuration error."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: torch sees no CUDA device here (use --device cpu)")
+    return name
 
 
 def _drop_questions(pairs: Sequence[Pair], fraction: float, seed: int) -> list[Pair]:
@@ -208,9 +220,11 @@ class VerifierTrainer:
             run.model.eval()
             first = [p for b in run.plan[:4] for p in b]
             qin = cfg.question_in_input
-            run.model.centre(**_tensors(self.encoder, first, question_in_input=qin))
+            run.model.centre(
+                **_tensors(self.encoder, first, question_in_input=qin, device=cfg.device)
+            )
         end = self._loop(run, start, checkpoints)
-        run.model.eval()
+        run.model.to("cpu").eval()  # export, calibration and logits() run on the CPU
         self.model = run.model
         self.steps = end
         self.n_train = len(pairs)
@@ -230,6 +244,7 @@ class VerifierTrainer:
             start = Checkpoints(cfg.init_from.parent).load(cfg.init_from)
             model.load_state_dict(start["model"])
             log.info("network from %s (step %s)", cfg.init_from, start.get("step"))
+        model.to(_device(cfg.device))
         for module in [bert.embeddings, *bert.encoder.layer[: cfg.freeze_layers]]:
             for param in module.parameters():
                 param.requires_grad = False
@@ -258,7 +273,10 @@ class VerifierTrainer:
             return max(0.0, (total - step) / max(1, total - warmup))
 
         sched = torch.optim.lr_scheduler.LambdaLR(optim, schedule)
-        return TrainingRun(model, optim, sched, plan, sha, fingerprint(cfg, total))
+        where = "cpu"
+        if cfg.device == "cuda":
+            where = f"cuda ({torch.cuda.get_device_name()})"
+        return TrainingRun(model, optim, sched, plan, sha, fingerprint(cfg, total), where)
 
     def _loop(self, run: TrainingRun, start: int, checkpoints: Checkpoints | None) -> int:
         """Steps ``start..`` of the plan (checkpoints, progress bar); the step reached."""
@@ -277,9 +295,12 @@ class VerifierTrainer:
         done = start
         for step in range(start, total):
             batch = run.plan[step]
-            feed = _tensors(self.encoder, batch, question_in_input=cfg.question_in_input)
+            feed = _tensors(
+                self.encoder, batch, question_in_input=cfg.question_in_input, device=cfg.device
+            )
             logits = run.model(**feed)
-            loss = loss_fn(logits, torch.tensor([float(p.label) for p in batch]))
+            labels = torch.tensor([float(p.label) for p in batch], device=cfg.device)
+            loss = loss_fn(logits, labels)
             if cfg.pairwise_weight > 0:
                 loss = loss + cfg.pairwise_weight * pairwise_loss(logits, batch)
             run.optim.zero_grad()
@@ -321,7 +342,12 @@ class VerifierTrainer:
         scores: list[float] = []
         with torch.no_grad():
             for k in range(0, len(pairs), 32):
-                feed = _tensors(self.encoder, pairs[k : k + 32], question_in_input=qin)
+                feed = _tensors(
+                    self.encoder,
+                    pairs[k : k + 32],
+                    question_in_input=qin,
+                    device=self.config.device,
+                )
                 scores.extend(model(**feed).tolist())
         value = auroc_or_nan(scores, [p.label for p in pairs])
         log.info("step %d: validation AUROC %.4f on %d pairs", step, value, len(pairs))

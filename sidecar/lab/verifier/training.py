@@ -237,6 +237,7 @@ def export_from_checkpoint(
             "shipped": "int8" if ship_int8 else "fp32",
             "command": command,
             "init_from": state["fingerprint"].get("init_from", "None"),
+            "device": str(state.get("device", "cpu")),
             "config": json.dumps({k: str(v) for k, v in asdict(config).items()}),
         },
     }

@@ -115,7 +115,49 @@ def test_one_command_exports_a_checkpoint_with_its_card(tiny_base: Path, tmp_pat
     assert {"fp32/toy", "int8/toy", "parity"} <= artifact.metrics.keys()
     card = (out / "MODEL_CARD.md").read_text(encoding="utf-8")
     assert "| toy | 40 |" in card and "guardrail train verifier --work-dir W" in card
+    assert artifact.metrics["training"]["device"] == "cpu"
+    assert "s of training on CPU (1 threads)" in card
     loaded = OnnxVerifier.load(out)
     assert loaded.version == artifact.version
     probs = loaded.window_probabilities(["Paris is in France."], [["Paris is in France.", "x"]])
     assert len(probs) == 1 and 0.0 < probs[0] < 1.0
+
+
+def test_the_card_names_the_gpu_a_checkpoint_was_trained_on(
+    tiny_base: Path, tmp_path: Path
+) -> None:
+    """A run on a GPU (``--device cuda``) keeps that in its checkpoint; the card says it."""
+    pairs = _pairs()
+    manifest: dict[str, object] = {
+        "seed": 0,
+        "window_chars": 300,
+        "split_rule": "by group",
+        "files_sha256": {"toy": "0" * 64},
+        "train": {**baselines(pairs), "sha256": pairs_digest(pairs)},
+        "test": {"toy": baselines(pairs)},
+    }
+    write_corpus(Corpus(pairs, pairs, {"toy": pairs}, manifest), tmp_path / "corpus")
+    VerifierTrainer(_config(tiny_base, tmp_path, stop_after=2)).fit(pairs)
+    saved = Checkpoints(tmp_path / "checkpoints")
+    path = saved.latest()
+    assert path is not None
+    state = saved.load(path)
+    assert state["device"] == "cpu"
+    state["device"] = "cuda (NVIDIA H100 80GB HBM3)"  # as a GPU run writes it
+    torch.save(state, path)
+    out = tmp_path / "out"
+    artifact = export_from_checkpoint(_config(tiny_base, tmp_path), out, calibration_pairs=30)
+    assert artifact.metrics["training"]["device"] == "cuda (NVIDIA H100 80GB HBM3)"
+    card = (out / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert "s of training on cuda (NVIDIA H100 80GB HBM3)." in card
+    assert "on CPU" not in card
+
+
+def test_device_is_cpu_or_cuda_and_cuda_needs_a_gpu(tiny_base: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="device must be cpu or cuda, got 'gpu'"):
+        _config(tiny_base, tmp_path, device="gpu")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the no-GPU message cannot be reached")
+    trainer = VerifierTrainer(_config(tiny_base, tmp_path, device="cuda"))
+    with pytest.raises(ConfigError, match="torch sees no CUDA device here"):
+        trainer.fit(_pairs())
