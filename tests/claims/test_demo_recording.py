@@ -47,21 +47,19 @@ class Expected:
         return ClaimLabel.SUPPORTED if self.true else ClaimLabel.UNSUPPORTED
 
 
-_MISS = "the shipped verifier (minilm-ce-6dab019c61a5) measured "
+_MISS = "the shipped verifier (minilm-ce-eefc049fb611) measured "
 EXPECTED = [
     Expected("req-demo-001", "Frankenstein was written by Mary Shelley.", true=True),
     Expected(
         "req-demo-001",
         "It was first published in 1818.",
         true=True,
-        miss=_MISS + "p=0.26 (unsupported) with its context and without; the chunk says "
-        "'an 1818 novel', and even 'Frankenstein was first published in 1818.' gets 0.37",
+        miss=_MISS + "p=0.30 (unsupported); the chunk says 'an 1818 novel'",
     ),
     Expected(
         "req-demo-002",
         "The Berlin Wall fell on 9 November 1989.",
         true=True,
-        miss=_MISS + "p=0.41 (uncertain): the chunk says the border opened that day",
     ),
     Expected("req-demo-003", "Water boils at 100 degrees Celsius at sea level.", true=True),
     Expected(
@@ -74,19 +72,16 @@ EXPECTED = [
         "req-demo-010",
         "Herbert Hoover was elected president of the United States in 1928.",
         true=True,
-        miss=_MISS + "p=0.62 (uncertain)",
     ),
     Expected(
         "req-demo-010",
         "He defeated the Democratic nominee, Governor Franklin D. Roosevelt of New York.",
         true=False,  # Al Smith in the chunk
-        miss=_MISS + "p=0.45 (uncertain) with its context, 0.37 (unsupported) without",
     ),
     Expected(
         "req-demo-010",
         "He was the last Republican to win a presidential election until 1952.",
         true=True,
-        miss=_MISS + "p=0.63 (uncertain) with its context, 0.65 without",
     ),
     Expected(
         "req-demo-011",
@@ -97,13 +92,13 @@ EXPECTED = [
         "req-demo-011",
         "They beat Internazionale 2\u20131 in the Estádio Nacional in Lisbon.",
         true=True,
-        miss=_MISS + "p=0.55 (uncertain) with its context, 0.61 without",
+        miss=_MISS + "p=0.03 (unsupported): it is read with the claim before it, the planted "
+        "'in 1968'",
     ),
     Expected(
         "req-demo-011",
         "The team was managed by Jock Stein.",
         true=True,
-        miss=_MISS + "p=0.69 (uncertain)",
     ),
 ]
 MODEL = REPO / "models" / "verifier"
