@@ -170,6 +170,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="where the training steps run (cuda: a GPU, when torch sees one)",
     )
     mixture.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="keep only the lowest N of MiniLM's 6 encoder layers (default: all 6)",
+    )
+    mixture.add_argument(
         "--cap",
         action="append",
         default=[],
@@ -300,6 +306,7 @@ def _run_fit_on_corpus(args: argparse.Namespace) -> int:
         pairwise_weight=args.pairwise_weight,
         init_from=None if args.init_from is None else args.init_from.expanduser().resolve(),
         device=args.device,
+        layers=args.layers,
     )
     if args.export:
         if args.out is None:

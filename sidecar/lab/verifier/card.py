@@ -270,7 +270,11 @@ fp32 {parity.get("max_abs_logit_diff_model.onnx")}, int8
 ## Training
 {training.get("steps")} of {training.get("total_steps")} planned steps (checkpoint
 `{training.get("checkpoint")}`), batch {config.batch_size}, lr {config.learning_rate} (head
-{config.head_learning_rate}), embeddings + lowest {config.freeze_layers} layers frozen,
+{config.head_learning_rate}), {
+        "all 6 encoder layers"
+        if config.layers is None
+        else f"the lowest {config.layers} of the 6 encoder layers (the others dropped)"
+    }, embeddings + lowest {config.freeze_layers} layers frozen,
 seed {config.seed}, {training.get("seconds")} s of training on {
         f"CPU ({config.threads} threads)"
         if training.get("device", "cpu") == "cpu"

@@ -46,6 +46,8 @@ def fingerprint(cfg: TrainConfig, total_steps: int) -> dict[str, str]:
     found = {name: str(getattr(cfg, name)) for name in names} | {"total_steps": str(total_steps)}
     if cfg.pairwise_weight or cfg.init_from is not None:  # absent from older checkpoints
         found |= {"pairwise_weight": str(cfg.pairwise_weight), "init_from": str(cfg.init_from)}
+    if cfg.layers is not None:
+        found |= {"layers": str(cfg.layers)}
     return found
 
 

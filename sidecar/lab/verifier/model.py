@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from sidecar.lab.verifier.ml import nn, torch
 
-__all__ = ["SEP_TOKEN_ID", "CrossEncoder", "claim_tokens"]
+__all__ = ["SEP_TOKEN_ID", "CrossEncoder", "claim_tokens", "lowest_layers", "state_for"]
 
 SEP_TOKEN_ID: Final = 102  # [SEP] in the MiniLM (bert-base-uncased) vocabulary
 
@@ -41,6 +41,21 @@ def claim_tokens(
     before = torch.cumsum(sep, dim=-1) - sep  # first-segment [SEP]s strictly before
     last = (before == sep.sum(dim=-1, keepdim=True) - 1).to(attention_mask.dtype)
     return attention_mask * (1 - token_type_ids) * last
+
+
+def lowest_layers(bert: Any, layers: int | None) -> Any:
+    """``bert`` cut to its lowest ``layers`` encoder layers (in place; None keeps them all)."""
+    if layers is not None and layers < len(bert.encoder.layer):
+        bert.encoder.layer = bert.encoder.layer[:layers]
+        bert.config.num_hidden_layers = layers
+    return bert
+
+
+def state_for(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """``state`` without the encoder layers ``model`` does not have (a deeper run's network)."""
+    own = model.state_dict().keys()
+    extra = [k for k in state if k not in own and ".encoder.layer." in k]
+    return {k: v for k, v in state.items() if k not in extra}
 
 
 class CrossEncoder(nn.Module):

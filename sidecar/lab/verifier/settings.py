@@ -102,6 +102,9 @@ class TrainConfig:
     # Where the steps run: "cpu" (the default, any machine) or "cuda" (a GPU when one is at
     # hand; checkpoints are written the same way and resume on either).
     device: str = "cpu"
+    # Keep only the lowest ``layers`` of MiniLM's 6 encoder layers (None: all 6): the cost of
+    # a (claim, window) pair is about proportional to the layers it runs through.
+    layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
@@ -126,6 +129,16 @@ class TrainConfig:
             raise ConfigError(f"pairwise_weight must be in [0, 10], got {self.pairwise_weight}")
         if self.init_from is not None and not self.init_from.is_file():
             raise ConfigError(f"init_from {self.init_from} is not a checkpoint file")
+        self._check_network()
+
+    def _check_network(self) -> None:
+        """The network's shape and where it runs."""
+        if self.layers is not None and not 1 <= self.layers <= 6:
+            raise ConfigError(f"layers must be in 1..6 (MiniLM-L6), got {self.layers}")
+        if self.layers is not None and self.freeze_layers > self.layers:
+            raise ConfigError(
+                f"freeze_layers ({self.freeze_layers}) must not exceed layers ({self.layers})"
+            )
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
         if not 16 <= self.max_length <= 512:

@@ -47,7 +47,7 @@ from sidecar.lab.verifier.datasets import length_auroc
 from sidecar.lab.verifier.export import write_onnx
 from sidecar.lab.verifier.metrics import auroc_or_nan
 from sidecar.lab.verifier.ml import BertModel, nn, torch
-from sidecar.lab.verifier.model import CrossEncoder
+from sidecar.lab.verifier.model import CrossEncoder, lowest_layers, state_for
 from sidecar.lab.verifier.quantization import QUANTIZATION
 from sidecar.lab.verifier.settings import (
     BASE_MODEL,
@@ -239,10 +239,10 @@ class VerifierTrainer:
         torch.set_num_threads(cfg.threads)
         self.encoder = PairEncoder.from_file(cfg.base_model_dir / TOKENIZER_FILE, cfg.max_length)
         bert = BertModel.from_pretrained(str(cfg.base_model_dir), add_pooling_layer=False)
-        model = CrossEncoder(bert)
+        model = CrossEncoder(lowest_layers(bert, cfg.layers))
         if cfg.init_from is not None:
             start = Checkpoints(cfg.init_from.parent).load(cfg.init_from)
-            model.load_state_dict(start["model"])
+            model.load_state_dict(state_for(start["model"], model))
             log.info("network from %s (step %s)", cfg.init_from, start.get("step"))
         model.to(_device(cfg.device))
         for module in [bert.embeddings, *bert.encoder.layer[: cfg.freeze_layers]]:

@@ -37,7 +37,7 @@ from sidecar.lab.verifier.datasets import CorpusConfig, length_auroc, read_corpu
 from sidecar.lab.verifier.export import evaluate_onnx, int8_holds, onnx_parity, score_sets
 from sidecar.lab.verifier.mixing import load_or_build_corpus, mix, outcome_counts, outcome_split
 from sidecar.lab.verifier.ml import BertModel
-from sidecar.lab.verifier.model import CrossEncoder
+from sidecar.lab.verifier.model import CrossEncoder, lowest_layers
 from sidecar.lab.verifier.outcomes import read_outcome_rows
 from sidecar.lab.verifier.pairs import build_eval_sets, build_training_pairs
 from sidecar.lab.verifier.settings import (
@@ -188,6 +188,7 @@ def export_from_checkpoint(
         question_in_input=trained["question_in_input"] == "True",
         question_dropout=float(trained["question_dropout"]),
         pairwise_weight=float(trained.get("pairwise_weight", 0.0)),
+        layers=int(trained["layers"]) if "layers" in trained else None,
         init_from=None,  # recorded in the card from the fingerprint, not reloaded
         window_chars=int(corpus.manifest["window_chars"]),  # type: ignore[call-overload]
         coverage_excludes_question=True,
@@ -201,7 +202,7 @@ def export_from_checkpoint(
         config.base_model_dir / TOKENIZER_FILE, config.max_length
     )
     bert = BertModel.from_pretrained(str(config.base_model_dir), add_pooling_layer=False)
-    model = CrossEncoder(bert)
+    model = CrossEncoder(lowest_layers(bert, config.layers))
     model.load_state_dict(state["model"])
     trainer.model = model.eval()
     trainer.steps = int(state["step"])

@@ -161,3 +161,56 @@ def test_device_is_cpu_or_cuda_and_cuda_needs_a_gpu(tiny_base: Path, tmp_path: P
     trainer = VerifierTrainer(_config(tiny_base, tmp_path, device="cuda"))
     with pytest.raises(ConfigError, match="torch sees no CUDA device here"):
         trainer.fit(_pairs())
+
+
+def test_a_shallower_network_starts_from_a_deeper_runs_lowest_layers(
+    tiny_base: Path, tmp_path: Path
+) -> None:
+    """``layers=1``: the lowest layer of a finished 2-layer run, trained on; export keeps 1."""
+    pairs = _pairs()
+    deep = VerifierTrainer(_config(tiny_base, tmp_path / "deep", stop_after=2)).fit(pairs)
+    finished = Checkpoints(tmp_path / "deep" / "checkpoints").latest()
+    assert finished is not None and deep.model is not None
+    work = tmp_path / "shallow"
+    config = _config(tiny_base, work, layers=1, freeze_layers=0, init_from=finished)
+    shallow = VerifierTrainer(config).fit(pairs)
+    assert shallow.model is not None
+    assert len(shallow.model.encoder.encoder.layer) == 1
+    start = deep.model.state_dict()
+    got = shallow.model.state_dict()
+    assert not any(".layer.1." in k for k in got)
+    assert torch.equal(
+        got["encoder.embeddings.word_embeddings.weight"],
+        start["encoder.embeddings.word_embeddings.weight"],
+    )  # frozen, as loaded
+    saved = Checkpoints(work / "checkpoints")
+    assert saved.load()["fingerprint"]["layers"] == "1"
+    manifest: dict[str, object] = {
+        "seed": 0,
+        "window_chars": 300,
+        "split_rule": "by group",
+        "files_sha256": {"toy": "0" * 64},
+        "train": {**baselines(pairs), "sha256": pairs_digest(pairs)},
+        "test": {"toy": baselines(pairs)},
+    }
+    write_corpus(Corpus(pairs, pairs, {"toy": pairs}, manifest), work / "corpus")
+    out = tmp_path / "out"
+    artifact = export_from_checkpoint(_config(tiny_base, work), out, calibration_pairs=30)
+    card = (out / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert "the lowest 1 of the 6 encoder layers" in card
+    loaded = OnnxVerifier.load(out)
+    assert loaded.version == artifact.version
+    probs = loaded.window_probabilities(["Paris is in France."], [["Paris is in France."]])
+    assert len(probs) == 1 and 0.0 < probs[0] < 1.0
+    # resuming the shallow run with all layers is another network: refused
+    with pytest.raises(ConfigError, match="changed: layers 1 -> None"):
+        VerifierTrainer(_config(tiny_base, work, init_from=finished, freeze_layers=0)).fit(
+            pairs, resume=True
+        )
+
+
+def test_layers_must_fit_minilm_and_hold_the_frozen_ones(tiny_base: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"layers must be in 1\.\.6"):
+        _config(tiny_base, tmp_path, layers=7)
+    with pytest.raises(ConfigError, match=r"freeze_layers \(2\) must not exceed layers \(1\)"):
+        _config(tiny_base, tmp_path, layers=1, freeze_layers=2)
