@@ -15,7 +15,7 @@ from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.outputs import IDEMPOTENCY_HEADER
 from sidecar.telemetry import Telemetry
 from tests.conftest import EventFactory, dumps
-from tests.kafka.harness import Harness, memory_harness, real_harness, settings_for
+from tests.kafka.harness import Harness, memory_harness, real_harness, settings_for, wait_until
 
 
 @pytest.fixture
@@ -106,6 +106,13 @@ async def test_llm_service_span_is_the_parent_and_the_verdict_carries_the_contex
     await harness.publish(t.retrieval, dumps(retrieval_event("req-tr")), b"req-tr", headers=parent)
     await harness.publish(t.generation, dumps(final_event("req-tr")), b"req-tr", headers=parent)
     [msg] = await harness.collect(t.verdicts, 1)
+    # The request span ends once its verdict's send is confirmed, which can be just after
+    # this consumer already read the verdict: wait for it (up to 10 s), never assume it.
+    await wait_until(
+        lambda: any(s.name == "guardrail.request" for s in spans.get_finished_spans()),
+        10.0,
+        "the request span",
+    )
     finished = {s.name: s for s in spans.get_finished_spans()}
     root = finished["guardrail.request"]
     assert format(root.context.trace_id, "032x") == trace_id
