@@ -106,6 +106,46 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=[],
         help="report rows whose questions are kept out of every training/validation pair",
     )
+    _add_mixture_arguments(p)
+    p.set_defaults(func=run_train)
+
+    evaluate = get_group(sub, "eval", "Evaluate a guardrail signal on held-out data.")
+    e = evaluate.add_parser(
+        "claims",
+        help="Detect HaluEval hallucinations with the claim check (segment + rules + verifier).",
+        description=(
+            "Score the right and the hallucinated candidate of every HaluEval item with the "
+            "sidecar's claim check; report n, accuracy, AUROC, F1 and length-only AUROC."
+        ),
+    )
+    e.add_argument(
+        "--data", type=Path, required=True, help="HaluEval or pairs file, one JSON per line"
+    )
+    e.add_argument(
+        "--format",
+        required=True,
+        choices=["pairs", "halueval-qa", "halueval-summarization", "halueval-dialogue"],
+        help="pairs: {evidence, claim, label 1|0 (1 = supported), question?, id?} per line",
+    )
+    e.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="verifier directory")
+    e.add_argument("--limit", type=int, default=None, help="items (lines) to read at most")
+    e.add_argument(
+        "--split",
+        choices=["test", "all"],
+        default=None,
+        help="halueval-qa: only held-out questions (default test); other formats: all",
+    )
+    e.add_argument(
+        "--best-chunk",
+        action="store_true",
+        help="also score each claim against its best chunk (two verifier pairs per claim)",
+    )
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.set_defaults(func=run_eval)
+
+
+def _add_mixture_arguments(p: argparse.ArgumentParser) -> None:
+    """``train verifier``'s options for the whole mixture (resumable, with --work-dir)."""
     mixture = p.add_argument_group(
         "the whole mixture, resumable (with --work-dir)",
         "All sources of --data-dir (HaluEval QA, summarization, dialogue, NQ-open, SummEdits, "
@@ -138,6 +178,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mixture.add_argument("--checkpoint", type=Path, default=None, help="export this checkpoint")
     mixture.add_argument(
         "--calibration-pairs", type=int, default=2000, help="validation pairs for calibration"
+    )
+    mixture.add_argument(
+        "--target-precision",
+        type=float,
+        default=0.8,
+        help="the uncertain band: validation precision each decision must reach (default 0.8; "
+        "higher leaves more claims uncertain, for the LLM judge)",
     )
     mixture.add_argument(
         "--compare",
@@ -182,41 +229,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="SOURCE=N",
         help="at most N training pairs from SOURCE (repeatable), e.g. halueval-qa=12000",
     )
-    p.set_defaults(func=run_train)
-
-    evaluate = get_group(sub, "eval", "Evaluate a guardrail signal on held-out data.")
-    e = evaluate.add_parser(
-        "claims",
-        help="Detect HaluEval hallucinations with the claim check (segment + rules + verifier).",
-        description=(
-            "Score the right and the hallucinated candidate of every HaluEval item with the "
-            "sidecar's claim check; report n, accuracy, AUROC, F1 and length-only AUROC."
-        ),
-    )
-    e.add_argument(
-        "--data", type=Path, required=True, help="HaluEval or pairs file, one JSON per line"
-    )
-    e.add_argument(
-        "--format",
-        required=True,
-        choices=["pairs", "halueval-qa", "halueval-summarization", "halueval-dialogue"],
-        help="pairs: {evidence, claim, label 1|0 (1 = supported), question?, id?} per line",
-    )
-    e.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="verifier directory")
-    e.add_argument("--limit", type=int, default=None, help="items (lines) to read at most")
-    e.add_argument(
-        "--split",
-        choices=["test", "all"],
-        default=None,
-        help="halueval-qa: only held-out questions (default test); other formats: all",
-    )
-    e.add_argument(
-        "--best-chunk",
-        action="store_true",
-        help="also score each claim against its best chunk (two verifier pairs per claim)",
-    )
-    e.add_argument("--json", action="store_true", help="print one JSON object")
-    e.set_defaults(func=run_eval)
 
 
 def _existing(path: Path, flag: str) -> Path:
@@ -307,6 +319,7 @@ def _run_fit_on_corpus(args: argparse.Namespace) -> int:
         init_from=None if args.init_from is None else args.init_from.expanduser().resolve(),
         device=args.device,
         layers=args.layers,
+        target_precision=args.target_precision,
     )
     if args.export:
         if args.out is None:

@@ -241,8 +241,10 @@ Labels a (claim, evidence) pair **supported / uncertain / unsupported**. Serving
 - Calibration: p = sigmoid({artifact.logit_scale:.4f} * logit + {artifact.coverage_weight:.4f}
   * coverage + {artifact.bias:.4f}), coverage = share of the claim's content words not in the
   question found in the window; **uncertain** = p in [{artifact.unsupported_below},
-  {artifact.supported_from}). Shipped file `{artifact.onnx_file}` ({artifact.quantization}),
-  sha256 `{artifact.onnx_sha256}`.
+  {artifact.supported_from}): the band where validation precision of either decision stays
+  below {config.target_precision} (empty when both reach it at one point: every claim is
+  decided; `--target-precision` sets it). Shipped file `{artifact.onnx_file}`
+  ({artifact.quantization}), sha256 `{artifact.onnx_sha256}`.
 
 ## Data (`sidecar.lab.verifier.datasets.build_corpus`)
 - Sources and their sha256:

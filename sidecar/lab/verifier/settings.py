@@ -130,6 +130,8 @@ class TrainConfig:
         if self.init_from is not None and not self.init_from.is_file():
             raise ConfigError(f"init_from {self.init_from} is not a checkpoint file")
         self._check_network()
+        if not 0.5 <= self.target_precision < 1.0:
+            raise ConfigError(f"target_precision must be in [0.5, 1), got {self.target_precision}")
 
     def _check_network(self) -> None:
         """The network's shape and where it runs."""

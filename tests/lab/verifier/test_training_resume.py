@@ -116,6 +116,7 @@ def test_one_command_exports_a_checkpoint_with_its_card(tiny_base: Path, tmp_pat
     card = (out / "MODEL_CARD.md").read_text(encoding="utf-8")
     assert "| toy | 40 |" in card and "guardrail train verifier --work-dir W" in card
     assert artifact.metrics["training"]["device"] == "cpu"
+    assert "below 0.8 (empty when both reach it at one point" in card
     assert "s of training on CPU (1 threads)" in card
     loaded = OnnxVerifier.load(out)
     assert loaded.version == artifact.version
@@ -209,8 +210,10 @@ def test_a_shallower_network_starts_from_a_deeper_runs_lowest_layers(
         )
 
 
-def test_layers_must_fit_minilm_and_hold_the_frozen_ones(tiny_base: Path, tmp_path: Path) -> None:
+def test_bad_depth_or_band_settings_fail_at_construction(tiny_base: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"layers must be in 1\.\.6"):
         _config(tiny_base, tmp_path, layers=7)
     with pytest.raises(ConfigError, match=r"freeze_layers \(2\) must not exceed layers \(1\)"):
         _config(tiny_base, tmp_path, layers=1, freeze_layers=2)
+    with pytest.raises(ConfigError, match=r"target_precision must be in \[0\.5, 1\), got 1\.0"):
+        _config(tiny_base, tmp_path, target_precision=1.0)
