@@ -53,6 +53,19 @@ def _weights(trainer: VerifierTrainer) -> dict[str, object]:
     return {k: v.clone() for k, v in trainer.model.state_dict().items()}
 
 
+def _write_toy_corpus(pairs: list[Pair], work_dir: Path) -> None:
+    """``pairs`` as a corpus in ``work_dir/corpus`` (train, val and the one test set)."""
+    manifest: dict[str, object] = {
+        "seed": 0,
+        "window_chars": 300,
+        "split_rule": "by group",
+        "files_sha256": {"toy": "0" * 64},
+        "train": {**baselines(pairs), "sha256": pairs_digest(pairs)},
+        "test": {"toy": baselines(pairs)},
+    }
+    write_corpus(Corpus(pairs, pairs, {"toy": pairs}, manifest), work_dir / "corpus")
+
+
 def test_a_killed_run_resumes_to_the_same_weights(tiny_base: Path, tmp_path: Path) -> None:
     pairs = _pairs()
     straight = VerifierTrainer(_config(tiny_base, tmp_path / "a")).fit(pairs)
@@ -93,15 +106,7 @@ def test_resume_refuses_other_pairs_or_settings(tiny_base: Path, tmp_path: Path)
 
 def test_one_command_exports_a_checkpoint_with_its_card(tiny_base: Path, tmp_path: Path) -> None:
     pairs = _pairs()
-    manifest: dict[str, object] = {
-        "seed": 0,
-        "window_chars": 300,
-        "split_rule": "by group",
-        "files_sha256": {"toy": "0" * 64},
-        "train": {**baselines(pairs), "sha256": pairs_digest(pairs)},
-        "test": {"toy": baselines(pairs)},
-    }
-    write_corpus(Corpus(pairs, pairs, {"toy": pairs}, manifest), tmp_path / "corpus")
+    _write_toy_corpus(pairs, tmp_path)
     VerifierTrainer(_config(tiny_base, tmp_path, stop_after=4)).fit(pairs)
     (tmp_path / "command.txt").write_text("guardrail train verifier --work-dir W\n")
     out = tmp_path / "out"
@@ -129,15 +134,7 @@ def test_the_card_names_the_gpu_a_checkpoint_was_trained_on(
 ) -> None:
     """A run on a GPU (``--device cuda``) keeps that in its checkpoint; the card says it."""
     pairs = _pairs()
-    manifest: dict[str, object] = {
-        "seed": 0,
-        "window_chars": 300,
-        "split_rule": "by group",
-        "files_sha256": {"toy": "0" * 64},
-        "train": {**baselines(pairs), "sha256": pairs_digest(pairs)},
-        "test": {"toy": baselines(pairs)},
-    }
-    write_corpus(Corpus(pairs, pairs, {"toy": pairs}, manifest), tmp_path / "corpus")
+    _write_toy_corpus(pairs, tmp_path)
     VerifierTrainer(_config(tiny_base, tmp_path, stop_after=2)).fit(pairs)
     saved = Checkpoints(tmp_path / "checkpoints")
     path = saved.latest()
@@ -186,15 +183,7 @@ def test_a_shallower_network_starts_from_a_deeper_runs_lowest_layers(
     )  # frozen, as loaded
     saved = Checkpoints(work / "checkpoints")
     assert saved.load()["fingerprint"]["layers"] == "1"
-    manifest: dict[str, object] = {
-        "seed": 0,
-        "window_chars": 300,
-        "split_rule": "by group",
-        "files_sha256": {"toy": "0" * 64},
-        "train": {**baselines(pairs), "sha256": pairs_digest(pairs)},
-        "test": {"toy": baselines(pairs)},
-    }
-    write_corpus(Corpus(pairs, pairs, {"toy": pairs}, manifest), work / "corpus")
+    _write_toy_corpus(pairs, work)
     out = tmp_path / "out"
     artifact = export_from_checkpoint(_config(tiny_base, work), out, calibration_pairs=30)
     card = (out / "MODEL_CARD.md").read_text(encoding="utf-8")
