@@ -237,6 +237,10 @@ def load_certificates(
     a ConfigMap still finds the shipped certificates). Without any (a policy built
     in code, not read from a file) the profile has no certified allow and its
     answers get the ``below`` action (reason ``certificate-not-applicable``).
+
+    A profile that lists several certificates (one per set of served signals)
+    gets the first that applies to ``models``; every one of them is loaded and
+    checked. When none applies, the first is kept, inactive, with each one's reason.
     """
     out: dict[str, CertifiedAllow] = {}
     keys: dict[str, str] = {}
@@ -244,29 +248,50 @@ def load_certificates(
         rules = profile.allow
         if rules is None:
             continue
-        path = _resolve(rules.certified, base_dirs)
-        if path is None:
-            log.warning(
-                "profiles.%s.allow.certified (%s) is relative and the policy was not read from "
-                "a file: the certified allow is off",
-                name,
-                rules.certified,
-            )
-            continue
-        try:
-            certificate = load_certificate(path)
-        except ArtifactError as exc:
-            raise ConfigError(f"profiles.{name}.allow.certified: {exc}") from None
-        entry = CertifiedAllow(name, rules, certificate, path)
-        inactive = _check(entry, config, profile, models)
-        if inactive is not None:
-            log.warning("profiles.%s.allow.certified (%s) does not apply: %s", name, path, inactive)
-            entry = CertifiedAllow(name, rules, certificate, path, inactive=inactive)
-        if certificate.key in keys:
-            raise ConfigError(
-                f"profiles {keys[certificate.key]!r} and {name!r} both certify {certificate.key}; "
-                "one key has one certificate"
-            )
-        keys[certificate.key] = name
-        out[name] = entry
+        entries = []
+        for certified in rules.certified:
+            path = _resolve(certified, base_dirs)
+            if path is None:
+                log.warning(
+                    "profiles.%s.allow.certified (%s) is relative and the policy was not read "
+                    "from a file: the certified allow is off",
+                    name,
+                    certified,
+                )
+                break
+            try:
+                certificate = load_certificate(path)
+            except ArtifactError as exc:
+                raise ConfigError(f"profiles.{name}.allow.certified: {exc}") from None
+            entry = CertifiedAllow(name, rules, certificate, path)
+            inactive = _check(entry, config, profile, models)
+            if inactive is not None:
+                entry = CertifiedAllow(name, rules, certificate, path, inactive=inactive)
+            if keys.get(certificate.key, name) != name:
+                raise ConfigError(
+                    f"profiles {keys[certificate.key]!r} and {name!r} both certify "
+                    f"{certificate.key}; one key has one profile's certificates"
+                )
+            keys[certificate.key] = name
+            entries.append(entry)
+        else:
+            out[name] = _pick(entries)
     return out
+
+
+def _pick(entries: Sequence[CertifiedAllow]) -> CertifiedAllow:
+    """The first certificate that applies; else the first, inactive, saying why none does."""
+    for entry in entries:
+        if entry.inactive is None:
+            return entry
+    first = entries[0]
+    why = "; ".join(
+        f"{e.path.name}: {e.inactive}" if len(entries) > 1 else str(e.inactive) for e in entries
+    )
+    log.warning(
+        "profiles.%s.allow.certified (%s) does not apply: %s",
+        first.profile,
+        ", ".join(str(e.path) for e in entries),
+        why,
+    )
+    return CertifiedAllow(first.profile, first.rules, first.certificate, first.path, inactive=why)

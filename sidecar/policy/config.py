@@ -24,6 +24,7 @@ from typing import Annotated, Any, Final, Literal, Self
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -131,18 +132,36 @@ class ConfidenceRules(_ThresholdRules):
     """
 
 
+CertificateFile = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+
+
+def _one_or_more(value: object) -> object:
+    return [value] if isinstance(value, str) else value
+
+
+CertificateFiles = Annotated[
+    tuple[CertificateFile, ...],
+    BeforeValidator(_one_or_more),
+    Field(min_length=1, max_length=8),
+]
+"""One certificate file or a list of them (at most 8), kept as a tuple."""
+
+
 class AllowRules(_Model):
     """Certified allow (``guardrail calibrate policy``): allow only at or above a certified
     confidence threshold.
 
-    ``certified`` is the certificate file, relative to the policy file. An answer
-    whose calibrated confidence is below the certified threshold gets ``below``;
-    while the online re-test finds the certificate broken every answer of its key
-    gets ``when_violated`` (reason ``certificate-violated``); a request of another
-    calibration key than the certificate's, or without a confidence, gets ``below``.
+    ``certified`` is the certificate file, relative to the policy file, or a list
+    of them: one per set of served signals (say, one fitted with claim checks
+    off and one with them on); the first that applies to the served signals is
+    used. An answer whose calibrated confidence is below the certified threshold
+    gets ``below``; while the online re-test finds the certificate broken every
+    answer of its key gets ``when_violated`` (reason ``certificate-violated``); a
+    request of another calibration key than the certificate's, or without a
+    confidence, gets ``below``.
     """
 
-    certified: Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+    certified: CertificateFiles
     below: Literal["caveat", "block"] = "caveat"
     when_violated: Literal["caveat", "block"] = "caveat"
 

@@ -232,6 +232,58 @@ def test_a_certificate_fitted_with_other_signals_does_not_apply(tmp_path: Path) 
         assert outcome.certified_risk is None
 
 
+def test_a_profile_lists_one_certificate_per_signal_set(tmp_path: Path) -> None:
+    """Claims off and claims on each get their own certificate; the served signals pick."""
+    off = certificate().model_copy(
+        update={"model_versions": {"lookback": "l", "confidence": MODEL}}
+    )
+    on = certificate(risk=0.3).model_copy(
+        update={"model_versions": {"lookback": "l", "verifier": "v", "confidence": MODEL}}
+    )
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "off.json").write_text(off.model_dump_json(), encoding="utf-8")
+    (certs / "on.json").write_text(on.model_dump_json(), encoding="utf-8")
+    listed = POLICY.replace("BELOW", "caveat").replace(
+        "certified: certs/nq.json", "certified: [certs/off.json, certs/on.json]"
+    )
+
+    def served(signals: str) -> PolicyEngine:
+        models = {"confidence": MODEL, "signals": signals}
+        return PolicyEngine(parse_policy(listed), base_dir=tmp_path, models=models)
+
+    claims_off = served("confidence,lookback")
+    assert claims_off.certified["certified"].path == certs / "off.json"
+    outcome = claims_off.decide(retrieval(), FINAL, SIGNALS, confidence=0.9)
+    assert outcome.decision is Decision.ALLOW
+    assert outcome.certified_risk == pytest.approx(0.2)
+    claims_on = served("confidence,lookback,verifier")
+    assert claims_on.certified["certified"].path == certs / "on.json"
+    outcome = claims_on.decide(retrieval(), FINAL, SIGNALS, confidence=0.9)
+    assert outcome.decision is Decision.ALLOW
+    assert outcome.certified_risk == pytest.approx(0.3)
+    neither = served("confidence")  # lookback off: no certificate applies, each says why
+    outcome = neither.decide(retrieval(), FINAL, SIGNALS, confidence=0.9)
+    assert outcome.decision is Decision.CAVEAT
+    [reason] = [r for r in outcome.reasons if r.code == "certificate-not-applicable"]
+    assert "off.json: fitted with the signals confidence, lookback" in reason.message
+    assert "on.json: fitted with the signals confidence, lookback, verifier" in reason.message
+    # every listed certificate is checked at load, not only the one that applies
+    (certs / "on.json").write_text(
+        on.model_copy(update={"confidence_model": "confidence@old"}).model_dump_json(),
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError, match="fitted on confidence model confidence@old"):
+        served("confidence,lookback")
+
+
+@pytest.mark.parametrize("certified", ["[]", "''", str([f"c{i}.json" for i in range(9)])])
+def test_the_certificate_list_is_bounded(certified: str) -> None:
+    policy = POLICY.replace("BELOW", "caveat").replace("certs/nq.json", certified)
+    with pytest.raises(ConfigError, match=r"profiles\.certified\.allow\.certified"):
+        parse_policy(policy)
+
+
 def test_a_certificate_for_another_key_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="routes to profile 'general', not 'certified'"):
         engine(tmp_path, certificate(key="default/other/qdrant-minilm-l6"))
