@@ -29,16 +29,16 @@ def run_check(args: argparse.Namespace) -> int:
     config = engine.config
     sys.stdout.write(f"{args.file}: ok ({engine.name}, default profile {config.default_profile})\n")
     for name, profile in config.profiles.items():
-        certified = engine.certified.get(name)
-        allow = ""
-        if certified is not None:
-            cert = certified.certificate
-            allow = (
-                f", certified allow at confidence >= {cert.threshold:g} "
-                f"(risk {cert.risk:g}, delta {cert.delta:g}, {cert.key})"
-            )
         sys.stdout.write(
             f"  {name}: max hallucination rate {profile.max_hallucination_rate}, "
-            f"strict={str(profile.strict).lower()}{allow}\n"
+            f"strict={str(profile.strict).lower()}\n"
         )
+        certified = engine.certified.get(name)
+        for entry in certified.listed if certified is not None else ():
+            cert = entry.certificate
+            sys.stdout.write(
+                f"    certified allow at confidence >= {cert.threshold:g} (risk {cert.risk:g}, "
+                f"delta {cert.delta:g}, {cert.key}; fitted with "
+                f"{', '.join(entry.signals) or 'no signals'}): {entry.path}\n"
+            )
     return 0

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sidecar.confidence.certificate_check import CertificateTracker
@@ -71,6 +71,12 @@ class CertifiedAllow:
     certificate: AllowCertificate
     path: Path
     inactive: str | None = None  # why the certificate does not apply to the served signals
+    listed: tuple[CertifiedAllow, ...] = ()  # every certificate the profile lists, in order
+
+    @property
+    def signals(self) -> list[str]:
+        """The signal components the certificate was fitted with."""
+        return sorted(set(self.certificate.model_versions) & set(SIGNAL_MODELS))
 
     @property
     def threshold(self) -> float:
@@ -202,7 +208,7 @@ def _check(
         )
     served_signals = models.get("signals")
     if served_signals is not None:
-        fitted = sorted(set(cert.model_versions) & set(SIGNAL_MODELS))
+        fitted = entry.signals
         enabled = sorted(s for s in served_signals.split(",") if s)
         if fitted != enabled:
             return (
@@ -281,9 +287,10 @@ def load_certificates(
 
 def _pick(entries: Sequence[CertifiedAllow]) -> CertifiedAllow:
     """The first certificate that applies; else the first, inactive, saying why none does."""
+    listed = tuple(entries)
     for entry in entries:
         if entry.inactive is None:
-            return entry
+            return replace(entry, listed=listed)
     first = entries[0]
     why = "; ".join(
         f"{e.path.name}: {e.inactive}" if len(entries) > 1 else str(e.inactive) for e in entries
@@ -294,4 +301,4 @@ def _pick(entries: Sequence[CertifiedAllow]) -> CertifiedAllow:
         ", ".join(str(e.path) for e in entries),
         why,
     )
-    return CertifiedAllow(first.profile, first.rules, first.certificate, first.path, inactive=why)
+    return replace(first, inactive=why, listed=listed)

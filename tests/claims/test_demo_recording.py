@@ -25,7 +25,7 @@ from sidecar.claims.segment import segment_claims
 from sidecar.claims.verifier import load_claim_checker
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
-from sidecar.contracts.events import ClaimLabel, ClaimVerdict
+from sidecar.contracts.events import AnswerVerdict, ClaimLabel, ClaimVerdict, Decision
 from sidecar.lab.demo import bundled_sample
 from sidecar.lab.replay import load_file
 from sidecar.pipeline.join import InputRef
@@ -109,15 +109,20 @@ def settings() -> Settings:
     return Settings.load(models={"dir": str(REPO / "models")}, signals={"claims": True})
 
 
+Published = tuple[dict[tuple[str, str], ClaimVerdict], dict[str, AnswerVerdict]]
+
+
 @pytest.fixture(scope="module")
-def claim_verdicts(settings: Settings) -> dict[tuple[str, str], ClaimVerdict]:
-    """Every claim verdict the processor publishes for the recording, by (request, text)."""
+def published(settings: Settings) -> Published:
+    """Every claim verdict the processor publishes for the recording, by (request, text),
+    and every answer verdict, by request."""
     processor = Processor(settings, build_policy(settings), signals=build_signals(settings))
     kinds = {
         settings.topics.retrieval: InputKind.RETRIEVAL,
         settings.topics.generation: InputKind.GENERATION,
     }
-    out: dict[tuple[str, str], ClaimVerdict] = {}
+    claims: dict[tuple[str, str], ClaimVerdict] = {}
+    answers: dict[str, AnswerVerdict] = {}
     records = load_file(bundled_sample(), settings)
     for offset, record in enumerate(records):
         if record.topic not in kinds:
@@ -127,8 +132,16 @@ def claim_verdicts(settings: Settings) -> dict[tuple[str, str], ClaimVerdict]:
         for o in step.outputs:
             if o.destination is Destination.CLAIMS:
                 verdict = ClaimVerdict.model_validate(orjson.loads(o.value))
-                out[(verdict.request_id, verdict.text)] = verdict
-    return out
+                claims[(verdict.request_id, verdict.text)] = verdict
+            elif o.destination is Destination.VERDICTS:
+                answer = AnswerVerdict.model_validate(orjson.loads(o.value))
+                answers[answer.request_id] = answer
+    return claims, answers
+
+
+@pytest.fixture(scope="module")
+def claim_verdicts(published: Published) -> dict[tuple[str, str], ClaimVerdict]:
+    return published[0]
 
 
 def test_every_claim_of_the_recording_is_expected(
@@ -154,6 +167,30 @@ def test_true_claims_are_supported_and_planted_ones_unsupported(
 ) -> None:
     verdict = claim_verdicts[(expected.request_id, expected.text)]
     assert verdict.label is expected.label, f"p={verdict.score:.3f}"
+
+
+def test_the_default_policy_allows_the_verified_answers_and_not_the_planted_ones(
+    published: Published,
+) -> None:
+    """With claim checks on, the shipped policy still allows well-supported answers: the
+    nq-open profile's certificate fitted with claims on applies (certs/nq-open-claims.json)."""
+    _, answers = published
+    by_request: dict[str, list[Expected]] = {}
+    for e in EXPECTED:
+        by_request.setdefault(e.request_id, []).append(e)
+    planted = {rid for rid, es in by_request.items() if not all(e.true for e in es)}
+    assert planted == {"req-demo-010", "req-demo-011"}
+    for rid in by_request:
+        verdict = answers[rid]
+        codes = {r.code for r in verdict.reasons}
+        assert "certificate-not-applicable" not in codes, rid
+        assert verdict.certified_risk is not None, rid
+        if rid in planted:
+            assert verdict.decision is not Decision.ALLOW, rid
+    # every claim of these answers is true and verified: they are allowed, as certified
+    for rid in ("req-demo-002", "req-demo-003", "req-demo-009"):
+        assert answers[rid].decision is Decision.ALLOW, rid
+        assert "certified-allow" in {r.code for r in answers[rid].reasons}
 
 
 def test_claims_without_a_leading_pronoun_are_scored_as_before() -> None:

@@ -42,6 +42,31 @@ def test_the_shipped_nq_open_profile_uses_its_certificate() -> None:
     assert cert.allowed > 0 and cert.p_value is not None and cert.p_value <= cert.delta
 
 
+def test_the_shipped_nq_open_profile_has_a_certificate_for_claims_on_and_off(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The default policy still allows certified answers with claim checks switched on."""
+    from sidecar.policy.engine import PolicyEngine
+
+    engine = PolicyEngine.from_file(DEFAULT)
+    listed = engine.certified["nq-open"].listed
+    assert [e.path.name for e in listed] == ["nq-open.json", "nq-open-claims.json"]
+    off, on = (e.certificate for e in listed)
+    assert "verifier" not in off.model_versions and "verifier" in on.model_versions
+    assert off.confidence_model == on.confidence_model  # one confidence model serves both
+    for signals, name in (
+        ("certifier,confidence,lookback", "nq-open.json"),
+        ("certifier,confidence,lookback,verifier", "nq-open-claims.json"),
+    ):
+        models = {"confidence": off.confidence_model, "signals": signals}
+        served = PolicyEngine.from_file(DEFAULT, models=models).certified["nq-open"]
+        assert (served.path.name, served.inactive) == (name, None)
+    assert main(["policy", "check", str(DEFAULT)]) == 0
+    out = capsys.readouterr().out
+    assert "fitted with certifier, confidence, lookback):" in out
+    assert "fitted with certifier, confidence, lookback, verifier):" in out
+
+
 def test_profile_selection_tenant_then_collection_then_default() -> None:
     config = parse_policy(
         MINIMAL
