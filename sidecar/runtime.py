@@ -183,8 +183,8 @@ def build_policy(settings: Settings) -> Policy:
 
 def _served_models(settings: Settings) -> dict[str, str]:
     """What a policy's allow certificates are checked against: the confidence model's
-    version and the enabled signals (a certificate fitted with claims off is not one
-    for claims on)."""
+    version, the enabled signals (a certificate fitted with claims off is not one
+    for claims on) and, with claims on, the claim verifier's version."""
     sig = settings.signals
     enabled = [
         name
@@ -196,8 +196,16 @@ def _served_models(settings: Settings) -> dict[str, str]:
         )
         if on
     ]
+    served = {"signals": ",".join(enabled)}
+    if sig.claims:
+        from sidecar.claims.verifier import load_artifact  # noqa: PLC0415
+
+        verifier_dir = _artifact(
+            settings, sig.verifier, "the claim verifier", "GUARDRAIL_SIGNALS__CLAIMS"
+        )
+        served["verifier"] = load_artifact(verifier_dir).version
     if not sig.confidence:
-        return {"signals": ",".join(enabled)}
+        return served
     from sidecar.confidence.scorer import CalibratedConfidenceScorer  # noqa: PLC0415
 
     path = _artifact(
@@ -206,8 +214,8 @@ def _served_models(settings: Settings) -> dict[str, str]:
         "the calibrated-confidence model",
         "GUARDRAIL_SIGNALS__CONFIDENCE",
     )
-    version = CalibratedConfidenceScorer.from_dir(path).version
-    return {"confidence": version, "signals": ",".join(enabled)}
+    served["confidence"] = CalibratedConfidenceScorer.from_dir(path).version
+    return served
 
 
 def build_processor(settings: Settings) -> Processor:

@@ -13,11 +13,14 @@ saying what is wrong:
 * when it was fitted for a profile, it is this profile and its other rules are
   unchanged (their sha256).
 
-A certificate fitted with other signals than the served ones (claims on vs
-off: the confidence depends on them), or with the confidence off, loads but
-does not apply: a warning at load, and every answer of its profile gets reason
+A profile may list several certificates, one per set of served signals (claims
+off and claims on); every one is checked as above, and the first that applies
+to the served signals is used. A certificate fitted with other signals than the
+served ones (claims on vs off: the confidence depends on them), with another
+claim verifier, or with the confidence off, loads but does not apply: a warning
+at load, and every answer of its profile gets reason
 ``certificate-not-applicable`` with the ``below`` action, so the default policy
-still starts with claim verification switched on.
+still starts with any switch set.
 
 While serving, a request of another calibration key than the certificate's is
 not certified (reason ``certificate-key-mismatch``, the profile's ``below``
@@ -195,6 +198,13 @@ def _check(
             )
     if models is None:
         return None
+    return _served_mismatch(entry, models, where)
+
+
+def _served_mismatch(entry: CertifiedAllow, models: Mapping[str, str], where: str) -> str | None:
+    """Against the served models: raise for another confidence model; say why the
+    certificate does not apply to the served signals or claim verifier, else None."""
+    cert = entry.certificate
     served_model = models.get("confidence")
     if served_model is None:
         return (
@@ -214,6 +224,15 @@ def _check(
             return (
                 f"fitted with the signals {', '.join(fitted) or 'none'}, the sidecar serves "
                 f"{', '.join(enabled) or 'none'} (the confidence depends on them)"
+            )
+    fitted_verifier = cert.model_versions.get("verifier")
+    served_verifier = models.get("verifier")
+    if fitted_verifier is not None and served_verifier is not None:
+        network = fitted_verifier.split("+")[0]  # "+rules" / "+judge": how it was served
+        if network != served_verifier:
+            return (
+                f"fitted with claim verifier {network}, the sidecar serves {served_verifier} "
+                "(the confidence depends on its scores)"
             )
     return None
 

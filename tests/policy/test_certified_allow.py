@@ -238,7 +238,7 @@ def test_a_profile_lists_one_certificate_per_signal_set(tmp_path: Path) -> None:
         update={"model_versions": {"lookback": "l", "confidence": MODEL}}
     )
     on = certificate(risk=0.3).model_copy(
-        update={"model_versions": {"lookback": "l", "verifier": "v", "confidence": MODEL}}
+        update={"model_versions": {"lookback": "l", "verifier": "v+rules", "confidence": MODEL}}
     )
     certs = tmp_path / "certs"
     certs.mkdir()
@@ -268,6 +268,19 @@ def test_a_profile_lists_one_certificate_per_signal_set(tmp_path: Path) -> None:
     [reason] = [r for r in outcome.reasons if r.code == "certificate-not-applicable"]
     assert "off.json: fitted with the signals confidence, lookback" in reason.message
     assert "on.json: fitted with the signals confidence, lookback, verifier" in reason.message
+    # claims on with another claim verifier than the one it was fitted with: not applicable
+    other = PolicyEngine(
+        parse_policy(listed),
+        base_dir=tmp_path,
+        models={"confidence": MODEL, "signals": "confidence,lookback,verifier", "verifier": "w"},
+    )
+    outcome = other.decide(retrieval(), FINAL, SIGNALS, confidence=0.9)
+    assert outcome.decision is Decision.CAVEAT
+    [reason] = [r for r in outcome.reasons if r.code == "certificate-not-applicable"]
+    assert "on.json: fitted with claim verifier v, the sidecar serves w" in reason.message
+    same = {"confidence": MODEL, "signals": "confidence,lookback,verifier", "verifier": "v"}
+    served_v = PolicyEngine(parse_policy(listed), base_dir=tmp_path, models=same)
+    assert served_v.certified["certified"].path == certs / "on.json"
     # every listed certificate is checked at load, not only the one that applies
     (certs / "on.json").write_text(
         on.model_copy(update={"confidence_model": "confidence@old"}).model_dump_json(),
