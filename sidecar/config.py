@@ -287,12 +287,20 @@ class SignalSettings(_Section):
     lookback: bool = True
     lookback_model: str = "lookback/smollm2-135m-nq-cw"
     lookback_mismatch: Literal["dead-letter", "unavailable"] = "dead-letter"
-    # off by default: the shipped verifier labels most claims "uncertain" (models/verifier
-    # card), which the default policy turns into blocks; enable it to try claim streaming
+    # off by default: the shipped verifier costs ~23 ms per (claim, window) pair on one core,
+    # against issue #15's 5 ms (models/verifier/MODEL_CARD.md); enable it to stream claims
     claims: bool = False
     verifier: str = "verifier"
     verifier_threads: int = Field(
         default=1, ge=1, le=64, description="onnxruntime intra-op threads for the claim verifier"
+    )
+    verifier_target_precision: float | None = Field(
+        default=None,
+        ge=0.5,
+        lt=1.0,
+        description="serve the verifier's uncertain band fitted for this precision of "
+        "'supported' and 'unsupported' on its validation pairs (one its verifier.json lists "
+        "under bands; a wider band asks the LLM judge about more claims). Unset: its own band",
     )
     confidence: bool = True
     confidence_model: str = "confidence/smollm2-135m-nq"

@@ -81,7 +81,10 @@ def build_signals(settings: Settings) -> SignalSuite:
             settings, sig.verifier, "the claim verifier", "GUARDRAIL_SIGNALS__CLAIMS"
         )
         claims = load_claim_checker(
-            verifier_dir, threads=sig.verifier_threads, judge=_judge_config(settings)
+            verifier_dir,
+            threads=sig.verifier_threads,
+            judge=_judge_config(settings),
+            target_precision=sig.verifier_target_precision,
         )
     elif settings.judge.endpoint is not None:
         raise ConfigError(
@@ -203,7 +206,9 @@ def _served_models(settings: Settings) -> dict[str, str]:
         verifier_dir = _artifact(
             settings, sig.verifier, "the claim verifier", "GUARDRAIL_SIGNALS__CLAIMS"
         )
-        served["verifier"] = load_artifact(verifier_dir).version
+        artifact = load_artifact(verifier_dir)
+        artifact.band_for(sig.verifier_target_precision)  # a band it lacks: fail here, say which
+        served["verifier"] = artifact.served_version(sig.verifier_target_precision)
     if not sig.confidence:
         return served
     from sidecar.confidence.scorer import CalibratedConfidenceScorer  # noqa: PLC0415

@@ -20,6 +20,7 @@ from typing import Annotated, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from sidecar.claims.calibration import Band, Platt
+from sidecar.exceptions import ConfigError
 from sidecar.golden import GoldenOutputs
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "GOLDEN_INPUTS",
     "SCHEMA_VERSION",
     "GoldenPair",
+    "PrecisionBand",
     "VerifierArtifact",
     "VerifierData",
 ]
@@ -104,6 +106,19 @@ GOLDEN_INPUTS: Final = (
 )
 
 
+class PrecisionBand(_Model):
+    """The uncertain band fitted on the validation pairs for one target precision."""
+
+    target_precision: float = Field(ge=0.5, lt=1.0)
+    unsupported_below: float = Field(ge=0.0, le=1.0)
+    supported_from: float = Field(ge=0.0, le=1.0)
+    uncertain_share: float = Field(ge=0.0, le=1.0, description="of the validation pairs")
+
+    @property
+    def band(self) -> Band:
+        return Band(self.unsupported_below, self.supported_from)
+
+
 class VerifierArtifact(_Model):
     schema_version: Literal[1] = 1
     kind: Literal["claim-verifier"] = "claim-verifier"
@@ -122,6 +137,11 @@ class VerifierArtifact(_Model):
     bias: float = Field(allow_inf_nan=False)
     unsupported_below: float = Field(ge=0.0, le=1.0)
     supported_from: float = Field(ge=0.0, le=1.0)
+    # The target precision the band above was fitted for, and the bands fitted on the same
+    # validation pairs for other targets, which GUARDRAIL_SIGNALS__VERIFIER_TARGET_PRECISION
+    # chooses from at start (artifacts written before they existed have neither).
+    target_precision: float | None = Field(default=None, ge=0.5, lt=1.0)
+    bands: list[PrecisionBand] = Field(default_factory=list, max_length=32)
     evidence_max_sentences: int = Field(default=3, ge=1)
     evidence_max_chars: int = Field(default=450, ge=50)
     # Long evidence: the claim is scored against up to this many windows of
@@ -143,6 +163,34 @@ class VerifierArtifact(_Model):
     @property
     def band(self) -> Band:
         return Band(self.unsupported_below, self.supported_from)
+
+    def band_for(self, target_precision: float | None) -> Band:
+        """The band fitted for ``target_precision`` (None: the artifact's own band)."""
+        if target_precision is None or target_precision == self.target_precision:
+            return self.band
+        for entry in self.bands:
+            if abs(entry.target_precision - target_precision) < 1e-9:
+                return entry.band
+        offered = ", ".join(f"{b.target_precision:g}" for b in self.bands)
+        raise ConfigError(
+            f"GUARDRAIL_SIGNALS__VERIFIER_TARGET_PRECISION={target_precision:g}: the claim "
+            f"verifier {self.version} has no band fitted for it; "
+            + (
+                f"it has bands for {offered} (unset: its own band, fitted for "
+                f"{self.target_precision:g})"
+                if self.bands and self.target_precision is not None
+                else f"it has bands for {offered}"
+                if self.bands
+                else "it was exported with one band only; unset the setting, or re-export it "
+                "with guardrail train verifier --export"
+            )
+        )
+
+    def served_version(self, target_precision: float | None) -> str:
+        """The version claim verdicts name: ``+p<target>`` when another band than its own."""
+        if target_precision is None or target_precision == self.target_precision:
+            return self.version
+        return f"{self.version}+p{target_precision:g}"
 
     @property
     def platt(self) -> Platt:

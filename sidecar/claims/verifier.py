@@ -158,12 +158,14 @@ class OnnxVerifier:
         *,
         calibration: Platt | None = None,
         band: Band | None = None,
+        target_precision: float | None = None,
     ) -> None:
         self.artifact = artifact
         self._session = session
         self._encoder = encoder
         self.calibration = calibration or artifact.platt
-        self._band = band or artifact.band
+        self._band = band or artifact.band_for(target_precision)
+        self._version = artifact.served_version(None if band else target_precision)
         self._inputs = {i.name for i in session.get_inputs()}
         missing = set(artifact.inputs) - self._inputs
         if missing:
@@ -171,7 +173,7 @@ class OnnxVerifier:
 
     @property
     def version(self) -> str:
-        return self.artifact.version
+        return self._version
 
     @property
     def band(self) -> Band:
@@ -204,6 +206,7 @@ class OnnxVerifier:
         onnx_file: str | None = None,
         calibration: Platt | None = None,
         band: Band | None = None,
+        target_precision: float | None = None,
         check_golden: bool = True,
     ) -> OnnxVerifier:
         """Load ``model_dir``; ``ConfigError`` when its golden logits drift on this CPU.
@@ -212,6 +215,8 @@ class OnnxVerifier:
         uses them to evaluate the fp32 and int8 twins with their own calibration;
         the golden outputs are those of the artifact's own file, so another file
         is not checked). ``check_golden=False``: do not run them (to record new ones).
+        ``target_precision``: serve the artifact's band fitted for that precision
+        (``ConfigError`` naming the ones it has when there is none).
         """
         import onnxruntime as ort  # noqa: PLC0415 - the adapter's own dependency
 
@@ -229,7 +234,14 @@ class OnnxVerifier:
         options.inter_op_num_threads = 1
         session = ort.InferenceSession(str(path), sess_options=options, providers=list(providers))
         encoder = PairEncoder.from_file(model_dir / artifact.tokenizer_file, artifact.max_length)
-        verifier = cls(artifact, session, encoder, calibration=calibration, band=band)
+        verifier = cls(
+            artifact,
+            session,
+            encoder,
+            calibration=calibration,
+            band=band,
+            target_precision=target_precision,
+        )
         if check_golden and onnx_file in (None, artifact.onnx_file):
             verifier.check_golden(str(path))
         return verifier
@@ -372,17 +384,19 @@ def load_claim_checker(
     threads: int = 1,
     rules: bool = True,
     best_chunk: bool = False,
+    target_precision: float | None = None,
 ) -> VerifierClaimChecker:
     """The processor's ``ClaimChecker`` from a verifier directory (+ an optional LLM judge).
 
     ``best_chunk``: also score each claim against its best chunk (two verifier
     pairs per claim instead of one; see :class:`~sidecar.claims.scorer.ClaimScorer`).
+    ``target_precision``: the band fitted for it (see :meth:`OnnxVerifier.load`).
     """
     from sidecar.claims.checker import VerifierClaimChecker  # noqa: PLC0415
     from sidecar.claims.judge import JudgeRunner  # noqa: PLC0415
     from sidecar.claims.scorer import ClaimScorer  # noqa: PLC0415
 
-    verifier = OnnxVerifier.load(model_dir, threads=threads)
+    verifier = OnnxVerifier.load(model_dir, threads=threads, target_precision=target_precision)
     artifact = verifier.artifact
     scorer = ClaimScorer(
         verifier,

@@ -228,11 +228,12 @@ def _served_mismatch(entry: CertifiedAllow, models: Mapping[str, str], where: st
     fitted_verifier = cert.model_versions.get("verifier")
     served_verifier = models.get("verifier")
     if fitted_verifier is not None and served_verifier is not None:
-        network = fitted_verifier.split("+")[0]  # "+rules" / "+judge": how it was served
-        if network != served_verifier:
+        # "+rules" / "+judge" say how it was served; "+p0.9": another band than its own
+        fitted_as = "+".join(p for p in fitted_verifier.split("+") if p not in ("rules", "judge"))
+        if fitted_as != served_verifier:
             return (
-                f"fitted with claim verifier {network}, the sidecar serves {served_verifier} "
-                "(the confidence depends on its scores)"
+                f"fitted with claim verifier {fitted_as}, the sidecar serves {served_verifier} "
+                "(the confidence depends on its labels)"
             )
     return None
 

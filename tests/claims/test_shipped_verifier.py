@@ -49,6 +49,12 @@ def test_the_artifact_describes_itself() -> None:
     assert abs((artifact.data.length_auroc_train or 0.0) - 0.5) < 0.05
     assert artifact.question_in_input  # the network reads "question [SEP] claim"
     assert artifact.golden is not None and len(artifact.golden.cases) >= 5
+    # its own band (empty at 0.8) and the wider ones GUARDRAIL_SIGNALS__VERIFIER_TARGET_PRECISION
+    # can serve instead, fitted on the same validation pairs
+    assert artifact.target_precision == 0.8 and artifact.band_for(0.8) == artifact.band
+    wide = artifact.band_for(0.9)
+    assert wide.unsupported_below < artifact.unsupported_below
+    assert wide.supported_from > artifact.supported_from
 
 
 def test_the_golden_logits_hold_on_this_cpu(verifier: OnnxVerifier) -> None:

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sidecar.claims.artifact import PrecisionBand
 from sidecar.claims.calibration import Band, Platt, sigmoid
 from sidecar.exceptions import ConfigError
 
-__all__ = ["fit_band", "fit_platt"]
+__all__ = ["BAND_TARGETS", "band_table", "fit_band", "fit_platt"]
 
 
 def fit_platt(
@@ -73,3 +74,28 @@ def fit_band(
         centre = (supported_from + unsupported_below) / 2
         return Band(round(centre - max_width / 2, 4), round(centre + max_width / 2, 4))
     return Band(unsupported_below, supported_from)
+
+
+BAND_TARGETS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+"""Target precisions an export fits a band for (served by choice:
+``GUARDRAIL_SIGNALS__VERIFIER_TARGET_PRECISION``)."""
+
+
+def band_table(
+    probs: Sequence[float], labels: Sequence[int], targets: Sequence[float] = BAND_TARGETS
+) -> list[PrecisionBand]:
+    """The band for each target precision, with its share of uncertain validation pairs."""
+    p = np.asarray(probs, dtype=np.float64)
+    out = []
+    for target in sorted(set(targets)):
+        band = fit_band(p.tolist(), labels, target)
+        uncertain = (p >= band.unsupported_below) & (p < band.supported_from)
+        out.append(
+            PrecisionBand(
+                target_precision=target,
+                unsupported_below=band.unsupported_below,
+                supported_from=band.supported_from,
+                uncertain_share=round(float(uncertain.mean()) if p.size else 0.0, 4),
+            )
+        )
+    return out

@@ -223,6 +223,14 @@ def render_corpus_card(
     parity = m.get("parity", {})
     files = manifest.get("files_sha256", {})
     hashes = "\n".join(f"  - `{k}`: `{v}`" for k, v in files.items())
+    bands = (
+        "; ".join(
+            f"{b.target_precision:g}: [{b.unsupported_below:g}, {b.supported_from:g}), "
+            f"{b.uncertain_share:.0%} uncertain"
+            for b in artifact.bands
+        )
+        or "none (exported with one band)"
+    )
     train = manifest.get("train", {})
     compare_name = next((v.get("verifier") for k, v in m.items() if k.startswith("compare/")), None)
     return f"""# Claim verifier: MiniLM-L6 cross-encoder on the whole mixture (`{artifact.version}`)
@@ -245,6 +253,9 @@ Labels a (claim, evidence) pair **supported / uncertain / unsupported**. Serving
   below {config.target_precision} (empty when both reach it at one point: every claim is
   decided; `--target-precision` sets it). Shipped file `{artifact.onnx_file}`
   ({artifact.quantization}), sha256 `{artifact.onnx_sha256}`.
+- Bands for other target precisions, fitted on the same validation pairs (served instead with
+  `GUARDRAIL_SIGNALS__VERIFIER_TARGET_PRECISION`; a wider band asks a configured LLM judge
+  about more claims): {bands}.
 
 ## Data (`sidecar.lab.verifier.datasets.build_corpus`)
 - Sources and their sha256:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from sidecar.claims.artifact import VerifierArtifact, VerifierData
+from sidecar.claims.artifact import PrecisionBand, VerifierArtifact, VerifierData
 from sidecar.claims.calibration import Band, Platt, coverage
 from sidecar.claims.verifier import (
     OnnxVerifier,
@@ -41,7 +41,7 @@ from sidecar.claims.verifier import (
 )
 from sidecar.exceptions import ConfigError, LifecycleError
 from sidecar.hashing import sha256_file
-from sidecar.lab.verifier.calibration import fit_band, fit_platt
+from sidecar.lab.verifier.calibration import BAND_TARGETS, band_table, fit_band, fit_platt
 from sidecar.lab.verifier.checkpoints import Checkpoints, TrainingRun, fingerprint, pairs_sha256
 from sidecar.lab.verifier.datasets import length_auroc
 from sidecar.lab.verifier.export import write_onnx
@@ -176,6 +176,8 @@ class VerifierTrainer:
     encoder: PairEncoder | None = None
     out_dir: Path | None = None
     calibrations: dict[str, tuple[Platt, Band]] = field(default_factory=dict)
+    # the band for each of BAND_TARGETS, on the same validation pairs (VerifierArtifact.bands)
+    band_tables: dict[str, list[PrecisionBand]] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
     n_train: int = 0
     n_val: int = 0
@@ -401,10 +403,11 @@ class VerifierTrainer:
         for name in (FP32_FILE, INT8_FILE):
             z = OnnxVerifier.load(self.out_dir, onnx_file=name).logits(texts, questions)
             platt = fit_platt(z.tolist(), covered, labels)
-            band = fit_band(
-                platt.probability(z, covered).tolist(), labels, self.config.target_precision
-            )
+            probs = platt.probability(z, covered).tolist()
+            band = fit_band(probs, labels, self.config.target_precision)
+            targets = (*BAND_TARGETS, self.config.target_precision)
             self.calibrations[name] = (platt, band)
+            self.band_tables[name] = band_table(probs, labels, targets)
             log.info("%s: %s, %s", name, platt, band)
         self.n_val = len(pairs)
         return self
@@ -415,7 +418,8 @@ class VerifierTrainer:
         """The metadata of ``onnx_path`` with its own calibration (after ``calibrate``)."""
         self._require("artifact()", onnx_path.name in self.calibrations, "calibrate()")
         platt, band = self.calibrations[onnx_path.name]
-        return self._artifact(onnx_path, platt, band, metrics)
+        bands = self.band_tables.get(onnx_path.name, [])
+        return self._artifact(onnx_path, platt, band, metrics, bands)
 
     def _artifact(
         self,
@@ -423,6 +427,7 @@ class VerifierTrainer:
         platt: Platt,
         band: Band,
         metrics: dict[str, dict[str, float | int | str]],
+        bands: Sequence[PrecisionBand] = (),
     ) -> VerifierArtifact:
         sha = sha256_file(onnx_path)
         cfg = self.config
@@ -450,6 +455,8 @@ class VerifierTrainer:
             bias=platt.bias,
             unsupported_below=band.unsupported_below,
             supported_from=band.supported_from,
+            target_precision=cfg.target_precision if bands else None,
+            bands=list(bands),
             data=VerifierData(
                 sources=sources,
                 split_rule=self.split_rule

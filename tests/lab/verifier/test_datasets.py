@@ -10,7 +10,7 @@ import pytest
 from sidecar.claims.calibration import Band, coverage
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import ConfigError, InputError
-from sidecar.lab.verifier.calibration import fit_band, fit_platt
+from sidecar.lab.verifier.calibration import band_table, fit_band, fit_platt
 from sidecar.lab.verifier.datasets import length_auroc
 from sidecar.lab.verifier.metrics import binary_report
 from sidecar.lab.verifier.pairs import build_eval_sets, build_training_pairs, declarative_right
@@ -109,3 +109,17 @@ def test_calibration_and_band() -> None:
     with pytest.raises(ConfigError, match="unsupported_below <= supported_from"):
         Band(0.8, 0.2)
     assert Band(0.3, 0.7).label(0.5) is ClaimLabel.UNCERTAIN
+
+
+def test_the_band_table_fits_one_band_per_target_on_the_same_pairs() -> None:
+    probs = [0.95, 0.9, 0.8, 0.7, 0.6, 0.55, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05] * 4
+    labels = [1, 1, 1, 0, 1, 1, 0, 1, 0, 0, 0, 0] * 4
+    table = band_table(probs, labels, (0.9, 0.7, 0.8, 0.8))
+    assert [b.target_precision for b in table] == [0.7, 0.8, 0.9]  # sorted, once each
+    for entry in table:
+        assert entry.band == fit_band(probs, labels, entry.target_precision)
+        inside = sum(entry.unsupported_below <= p < entry.supported_from for p in probs)
+        assert entry.uncertain_share == pytest.approx(inside / len(probs), abs=1e-4)
+    # a stricter precision never narrows the band on these pairs
+    assert table[0].uncertain_share <= table[1].uncertain_share <= table[2].uncertain_share
+    assert table[2].uncertain_share > 0.0

@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers", reason="the [ml] extra trains
 
 from sidecar.claims.verifier import OnnxVerifier  # noqa: E402
 from sidecar.exceptions import ConfigError  # noqa: E402
+from sidecar.lab.verifier.calibration import BAND_TARGETS  # noqa: E402
 from sidecar.lab.verifier.checkpoints import Checkpoints  # noqa: E402
 from sidecar.lab.verifier.datasets import Corpus, baselines, pairs_digest, write_corpus  # noqa: E402
 from sidecar.lab.verifier.settings import TrainConfig  # noqa: E402
@@ -127,6 +128,15 @@ def test_one_command_exports_a_checkpoint_with_its_card(tiny_base: Path, tmp_pat
     assert loaded.version == artifact.version
     probs = loaded.window_probabilities(["Paris is in France."], [["Paris is in France.", "x"]])
     assert len(probs) == 1 and 0.0 < probs[0] < 1.0
+    # a band for each target precision, fitted on the same validation pairs as its own
+    assert artifact.target_precision == 0.8
+    assert [b.target_precision for b in artifact.bands] == list(BAND_TARGETS)
+    [own] = [b for b in artifact.bands if b.target_precision == 0.8]
+    assert own.band == artifact.band
+    assert all(b.unsupported_below <= b.supported_from for b in artifact.bands)
+    strict = OnnxVerifier.load(out, target_precision=0.95)
+    assert strict.band == artifact.band_for(0.95)
+    assert strict.version == f"{artifact.version}+p0.95"
 
 
 def test_the_card_names_the_gpu_a_checkpoint_was_trained_on(
