@@ -2,8 +2,10 @@
 
 onnxruntime picks its kernels by CPUID; ``qemu-x86_64 -cpu Haswell`` (QEMU 7.2
 TCG: AVX2 and FMA, no AVX-512) makes it run the AVX2 kernels on a machine with
-AVX-512. The claim verifier's check takes minutes under emulation; its command
-and numbers are in models/verifier/MODEL_CARD.md.
+AVX-512. The claim verifier's check takes more than half an hour under
+emulation, so it is not in the suite; by hand (docs/methods.md has the result):
+``PYTHONPATH=. qemu-x86_64 -cpu Haswell .venv/bin/python -m sidecar golden check
+models/verifier``.
 """
 
 from __future__ import annotations
