@@ -88,7 +88,7 @@ def band_table(
     p = np.asarray(probs, dtype=np.float64)
     out = []
     for target in sorted(set(targets)):
-        band = fit_band(p.tolist(), labels, target)
+        band = fit_band(probs, labels, target)
         uncertain = (p >= band.unsupported_below) & (p < band.supported_from)
         out.append(
             PrecisionBand(

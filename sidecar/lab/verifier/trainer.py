@@ -41,7 +41,7 @@ from sidecar.claims.verifier import (
 )
 from sidecar.exceptions import ConfigError, LifecycleError
 from sidecar.hashing import sha256_file
-from sidecar.lab.verifier.calibration import BAND_TARGETS, band_table, fit_band, fit_platt
+from sidecar.lab.verifier.calibration import BAND_TARGETS, band_table, fit_platt
 from sidecar.lab.verifier.checkpoints import Checkpoints, TrainingRun, fingerprint, pairs_sha256
 from sidecar.lab.verifier.datasets import length_auroc
 from sidecar.lab.verifier.export import write_onnx
@@ -404,10 +404,11 @@ class VerifierTrainer:
             z = OnnxVerifier.load(self.out_dir, onnx_file=name).logits(texts, questions)
             platt = fit_platt(z.tolist(), covered, labels)
             probs = platt.probability(z, covered).tolist()
-            band = fit_band(probs, labels, self.config.target_precision)
-            targets = (*BAND_TARGETS, self.config.target_precision)
+            target = self.config.target_precision
+            table = band_table(probs, labels, (*BAND_TARGETS, target))
+            band = next(b.band for b in table if b.target_precision == target)  # its own
             self.calibrations[name] = (platt, band)
-            self.band_tables[name] = band_table(probs, labels, targets)
+            self.band_tables[name] = table
             log.info("%s: %s, %s", name, platt, band)
         self.n_val = len(pairs)
         return self
