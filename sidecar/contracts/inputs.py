@@ -67,12 +67,14 @@ class GenerationDelta(EventBase):
 # A little-endian float16 is NaN or Inf when its five exponent bits are all set: bits
 # 0x7C of its high (second) byte. The high bytes that leave a finite value:
 _FINITE_F16_HIGH_BYTES = bytes(b for b in range(256) if b & 0x7C != 0x7C)
+_NEGATIVE_ZERO_F16 = 0x8000  # -0.0 as a little-endian uint16: the largest one allowed
 
 
 class AttentionSummary(BaseModel):
     """The generator's chunk-wise lookback ratios: L layers x H heads x K chunks.
 
-    ``values`` is base64 of little-endian float16 in C order (layer, head, chunk).
+    ``values`` is base64 of little-endian float16 in C order (layer, head, chunk),
+    each finite and >= 0 (-0.0 allowed).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -84,7 +86,7 @@ class AttentionSummary(BaseModel):
         default="cw", description="cw: chunk-wise lookback ratios; fc: full-context."
     )
     dtype: Literal["float16"] = "float16"
-    values: str = Field(description="base64 of L*H*K little-endian float16 values")
+    values: str = Field(description="base64 of L*H*K little-endian float16 values, finite, >= 0")
 
     # the decoded ``values``, kept by the validator: the summary is base64-decoded once
     _raw: bytes | None = PrivateAttr(default=None)
@@ -103,6 +105,11 @@ class AttentionSummary(BaseModel):
             )
         if raw[1::2].translate(None, _FINITE_F16_HIGH_BYTES):  # a high byte of NaN or Inf
             raise ValueError("values contains NaN or Inf")
+        # lookback ratios are means of attention probabilities, never below 0 (eq. 8); a
+        # negative value would outrank the zero padding in the per-sample scaling.
+        # As little-endian uint16, every negative float16 but -0.0 (0x8000) is above 0x8000.
+        if raw and int(np.frombuffer(raw, dtype="<u2").max()) > _NEGATIVE_ZERO_F16:
+            raise ValueError("values contains a negative lookback ratio (they are >= 0)")
         self._raw = raw
         return self
 

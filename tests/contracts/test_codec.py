@@ -154,20 +154,33 @@ def test_fuzz_json_objects_only_ever_raise_input_error(obj: dict[str, Any]) -> N
             assert exc.reason
 
 
-def test_every_float16_bit_pattern_is_refused_exactly_when_it_is_nan_or_inf() -> None:
-    """The summary's finiteness check reads bytes; it must agree with numpy on all 65,536."""
+def test_every_float16_bit_pattern_is_refused_exactly_when_nan_inf_or_negative() -> None:
+    """The summary's value checks read bytes; they must agree with numpy on all 65,536.
+
+    Accepted: every finite value >= 0, and -0.0 (lookback ratios are means of attention
+    probabilities, eq. 8). Refused: NaN and +-Inf, and every value below zero.
+    """
     patterns = np.arange(65_536, dtype="<u2")
-    finite = np.isfinite(patterns.view("<f2"))
-    # every finite pattern is accepted (in summaries of 1,024 columns); each other one is refused
-    ok = patterns[finite].tobytes()
+    values = patterns.view("<f2")
+    finite = np.isfinite(values)
+    allowed = finite & (values >= 0)  # -0.0 >= 0 holds
+    ok = patterns[allowed].tobytes()
     for start in range(0, len(ok), 2048):  # chunks <= 1024 columns per summary
         block = ok[start : start + 2048]
         AttentionSummary(
             layers=1, heads=1, chunks=len(block) // 2, values=base64.b64encode(block).decode()
         )
+    assert int(allowed.sum()) == 0x7C00 + 1  # +0 .. max finite, and -0.0
     bad = patterns[~finite]
     assert len(bad) == 2 * 1024  # sign x mantissa with the exponent all ones: +-Inf and NaNs
     for value in bad.tolist():
         raw = int(value).to_bytes(2, "little")
         with pytest.raises(ValueError, match="NaN or Inf"):
             AttentionSummary(layers=1, heads=1, chunks=1, values=base64.b64encode(raw).decode())
+    negative = patterns[finite & ~allowed]
+    assert len(negative) == 0x7C00 - 1  # -max finite .. the smallest negative subnormal
+    for value in negative.tolist():
+        # the negative value among ordinary ones: one bad column refuses the summary
+        raw = np.array([0.5, 0.0, 1.0], dtype="<f2").tobytes() + int(value).to_bytes(2, "little")
+        with pytest.raises(ValueError, match="negative lookback ratio"):
+            AttentionSummary(layers=1, heads=1, chunks=4, values=base64.b64encode(raw).decode())
