@@ -161,6 +161,9 @@ class SidecarService:
             "listener": _Rebalance(self),
             "parser": self._indexing_parser,
             "decoder": raw_decoder,
+            # FastStream would publish the handler's return value to the topic a record's
+            # ``reply_to`` header names: a producer could make the sidecar write anywhere
+            "no_reply": True,
         }
         inputs = (topics.retrieval, topics.generation, topics.feedback)
         if kafka.batch:

@@ -3,6 +3,7 @@
 * a header value that is not UTF-8 costs no request, in batch and in single mode;
 * a dead letter too large for the DLQ topic is published truncated (first bytes of
   the value, original size and hash in headers) and the loop moves on;
+* a forged ``reply_to`` header makes the sidecar write nowhere (FastStream would answer it);
 * header bytes travel untouched: a header of 0xff bytes is not re-encoded (which
   would triple it) on its way to the DLQ.
 
@@ -121,6 +122,42 @@ async def test_a_non_utf8_header_value_costs_no_request(
         assert dead.headers["x-binary"] == NOT_UTF8  # byte for byte
         assert dead.headers["traceparent"] == b"00-abc"
         await all_committed(h, settings, len(records))
+
+
+@pytest.mark.parametrize("batch", [True, False], ids=["batch", "single"])
+async def test_a_forged_reply_to_header_makes_the_sidecar_write_nowhere_else(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    batch: bool,
+) -> None:
+    """FastStream answers a record that names ``reply_to`` by publishing the handler's result
+    there; the sidecar must not: its own input topics stay as the producer left them."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers, kafka={"batch": batch})
+    await create_topics(settings)
+    t = settings.topics
+    ids = [f"req-r{i}" for i in range(4)]
+    forged = [("reply_to", t.retrieval.encode()), ("correlation_id", b"c1")]
+    records = [
+        (topic, key, value, [forged[i % 2]] if i % 3 else forged)
+        for i, (topic, key, value, _) in enumerate(
+            requests(settings, ids, retrieval_event, final_event)
+        )
+    ]
+    records.append((t.generation, b"req-x", BROKEN, [("reply_to", t.feedback.encode())]))
+    await produce(settings, records)
+
+    async with real_harness(settings) as h:
+        assert sorted(answered(await h.collect(t.verdicts, len(ids)))) == ids
+        [dead] = await h.collect(t.dlq, 1)
+        assert dead.headers["x-dlq-reason"] == b"malformed-json"
+        await all_committed(h, settings, len(records))
+    bootstrap = settings.kafka.bootstrap_servers
+    retrieval = await read_settled(bootstrap, t.retrieval, 1.0)
+    assert sorted(r.key for r in retrieval) == [i.encode() for i in ids]  # nothing added
+    assert await read_settled(bootstrap, t.feedback, 0.5) == []
+    assert len(await read_settled(bootstrap, t.dlq, 0.5)) == 1
 
 
 async def test_a_dead_letter_too_large_for_the_dlq_is_truncated_and_the_loop_moves_on(
