@@ -207,9 +207,11 @@ class JoinSettings(_Section):
     max_bytes: int = Field(
         default=268_435_456,
         ge=65_536,
-        description="bytes all open requests may hold together (raw inputs and the decoded "
-        "attention summaries of final events); the oldest "
-        "request is evicted (block / incomplete, counted) to stay under it",
+        description="bytes all open requests may hold together (raw inputs, the decoded "
+        "attention summaries of final events, the trace headers they keep and 160 bytes per "
+        "held event); the oldest request is evicted (block / incomplete, counted) to stay "
+        "under it. Each open request also costs about 5 KB of heap besides, bounded by "
+        "max_entries",
     )
     decided_memory_ms: int = Field(
         default=600_000,
@@ -231,9 +233,9 @@ class LimitSettings(_Section):
     max_request_bytes: int = Field(
         default=4_194_304,
         ge=1024,
-        description="bytes one request may hold (its retrieval, deltas and final, raw, and "
-        "the final's decoded attention summary); the "
-        "event that would cross it is dead-lettered (request-too-large)",
+        description="bytes one request may hold (its retrieval, deltas and final, raw, "
+        "the final's decoded attention summary, the trace headers kept and 160 bytes per "
+        "event); the event that would cross it is dead-lettered (request-too-large)",
     )
 
 

@@ -41,6 +41,17 @@ from sidecar.pipeline.ports import NOT_CONFIGURED_RETRIEVAL, SignalSuite
 log = logging.getLogger("sidecar.pipeline")
 
 MAX_DELTAS_PER_REQUEST = 100_000
+MAX_TENANT_CHARS = 256  # as the events' ``tenant`` (contracts.common.Name)
+
+# What a held event keeps of its record's headers: the W3C trace context only (the
+# verdict's trace parent). Other headers (a producer may send megabytes of them) are
+# dead-lettered with a rejected record but never held. A trace header larger than the
+# W3C baggage limit is not kept either.
+TRACE_HEADERS = frozenset({"traceparent", "tracestate", "baggage"})
+MAX_TRACE_HEADER_BYTES = 8192
+# Heap a held event costs beyond its raw bytes (its decoded object, digest and index
+# slots): measured 133 bytes for a one-character delta, the case where it matters most.
+HELD_EVENT_OVERHEAD = 160
 
 JoinedEvent = RetrievalEvent | GenerationDelta | GenerationFinal
 
@@ -75,14 +86,32 @@ def digest(raw: bytes) -> bytes:
     return hashlib.blake2b(raw, digest_size=16).digest()
 
 
-def held_bytes(event: JoinedEvent, raw: bytes | None) -> int:
-    """What holding ``event`` costs the byte budgets: its raw bytes, and the decoded
-    attention summary a final event keeps beside them (a hostile producer's finals
-    without retrievals must not hold more memory than the budget says)."""
-    size = len(raw or b"")
+def held_bytes(
+    event: JoinedEvent, raw: bytes | None, headers: tuple[tuple[str, bytes], ...] = ()
+) -> int:
+    """What holding ``event`` costs the byte budgets: its raw bytes, the decoded
+    attention summary a final event keeps beside them, the header bytes it keeps and
+    a fixed per-event overhead (a hostile producer's finals without retrievals, or
+    its one-character deltas, must not hold more memory than the budget says)."""
+    size = len(raw or b"") + HELD_EVENT_OVERHEAD
     if type(event) is GenerationFinal and event.attention is not None:
         size += event.attention.decoded_bytes
+    for name, value in headers:
+        size += len(name) + len(value)
     return size
+
+
+def held_ref(ref: InputRef) -> InputRef:
+    """``ref`` with only the headers a held event keeps (:data:`TRACE_HEADERS`)."""
+    headers = ref.headers
+    if not headers:
+        return ref
+    kept = tuple(
+        (k, v) for k, v in headers if k in TRACE_HEADERS and len(v) <= MAX_TRACE_HEADER_BYTES
+    )
+    if len(kept) == len(headers):
+        return ref
+    return InputRef(ref.topic, ref.partition, ref.offset, kept)
 
 
 def check_key(key: bytes | None, request_id: str, where: str) -> None:
@@ -140,7 +169,8 @@ class Intake:
             store_key, now_ms, request_id=event.request_id, tenant=tenant
         )
         evictions: tuple[PendingRequest, ...] = (evicted,) if evicted is not None else ()
-        size = held_bytes(event, raw)
+        ref = held_ref(ref)
+        size = held_bytes(event, raw, ref.headers)
         try:
             self._check_request_bytes(entry, size)
             identical = self._hold(entry, event, raw or b"")
@@ -199,11 +229,18 @@ class Intake:
                 "untrusted-tenant", f"no {tenancy.header} header; the tenant must come from it"
             )
         try:
-            return values[-1].decode("utf-8")
+            tenant = values[-1].decode("utf-8")
         except UnicodeDecodeError:
             raise InputError(
                 "untrusted-tenant", f"the {tenancy.header} header is not valid UTF-8"
             ) from None
+        if not tenant or len(tenant) > MAX_TENANT_CHARS:  # the events' own tenant: Name
+            raise InputError(
+                "untrusted-tenant",
+                f"the {tenancy.header} header holds {len(tenant)} characters; a tenant has "
+                f"1 to {MAX_TENANT_CHARS}",
+            )
+        return tenant
 
     def _check_tenant(self, event: JoinedEvent, tenant: str | None) -> None:
         if tenant is not None and type(event) is RetrievalEvent and event.tenant != tenant:

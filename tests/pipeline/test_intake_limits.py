@@ -11,6 +11,7 @@ import orjson
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import AnswerVerdict, AttentionSummary, DeadLetterRecord
+from sidecar.pipeline.intake import HELD_EVENT_OVERHEAD, MAX_TRACE_HEADER_BYTES
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination, Step
 from sidecar.pipeline.processor import Processor
@@ -114,7 +115,7 @@ def test_decoded_attention_summaries_count_against_the_byte_budgets(
         assert entry is not None and entry.final is not None and entry.final.attention is not None
         decoded = entry.final.attention.decoded_bytes
         assert decoded == 8 * 8 * 96 * 2
-        assert entry.bytes_held == len(raw) + decoded
+        assert entry.bytes_held == len(raw) + decoded + HELD_EVENT_OVERHEAD
         sizes.append(entry.bytes_held)
     assert p.store.bytes_held <= 65_536
     # raw bytes alone (~16.5 KiB each) would have fit 3 finals; with the summaries, 2
@@ -141,6 +142,32 @@ def test_a_late_resend_after_the_ttl_is_dead_lettered_not_decided_again(
     late = p.on_message(G, dumps(final_event("req-1")), None, ref("g", 1), 5_000.0)
     assert reasons(late) == ["after-final"] and verdicts(late) == []
     assert first.request_id == "req-1"
+
+
+def test_held_events_keep_only_trace_headers_and_count_them(
+    settings_factory: Callable[..., Settings], delta_event: EventFactory
+) -> None:
+    """A producer's megabyte headers on small deltas must not hold memory the budgets miss:
+    a held event keeps the W3C trace context (counted), nothing else."""
+    p = processor(settings_factory, limits={"max_request_bytes": 65_536})
+    blob = b"\xff" * 1_048_576
+    trace = ("traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")
+    sizes = []
+    for seq in range(20):
+        raw = dumps(delta_event("req-1", seq, "a"))
+        headers = (("x-blob", blob), trace, ("baggage", b"k" * (MAX_TRACE_HEADER_BYTES + 1)))
+        assert reasons(p.on_message(G, raw, None, InputRef("g", 0, seq, headers), 0.0)) == []
+        sizes.append(len(raw) + HELD_EVENT_OVERHEAD + len(trace[0]) + len(trace[1]))
+    entry = p.store.get("req-1")
+    assert entry is not None and len(entry.refs) == 20
+    assert {r.headers for r in entry.refs} == {(trace,)}  # no blob, no oversize baggage
+    assert entry.trace_parent() == (trace,)
+    assert entry.bytes_held == sum(sizes) == p.store.bytes_held
+    # a rejected record is dead-lettered with every header it came with
+    too_big = dumps(delta_event("req-1", 99, "b" * 60_000))
+    step = p.on_message(G, too_big, None, InputRef("g", 0, 99, (("x-blob", b"\xfe"),)), 0.0)
+    assert reasons(step) == ["request-too-large"]
+    assert ("x-blob", b"\xfe") in step.outputs[0].headers
 
 
 def test_header_tenancy_scopes_requests_and_checks_every_event(

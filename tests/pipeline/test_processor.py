@@ -187,6 +187,8 @@ def test_tenant_from_a_trusted_header(
         )
 
     assert reason(()) == "untrusted-tenant"
+    assert reason((("x-tenant", b""),)) == "untrusted-tenant"  # not a tenant called ""
+    assert reason((("x-tenant", b"a" * 257),)) == "untrusted-tenant"
     assert reason((("x-tenant", b"globex"),)) == "tenant-mismatch"
     assert reason((("x-tenant", b"acme"),)) is None
 
