@@ -18,6 +18,7 @@ key. Pure bookkeeping, no Kafka.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 
 TopicPartition = tuple[str, int]
@@ -49,33 +50,56 @@ class KeyIndex:
         Only the marks of joined topics move, never below an offset this index
         knows (nothing below the last commit is known), so a cut never goes
         behind what was committed before.
+
+        A worklist closure, O(n log n) in the indexed records: a key with a record
+        at or above a mark is *above*; every above key pulls each mark down to its
+        lowest record there, which may make more keys above. Each record is
+        visited once as a mark passes it (a fixpoint loop that rescans the index
+        was quadratic: 11 s for 16,000 records keyed as a staircase).
         """
         out = dict(low_water)
         numbers = {p for (t, p) in out if t in self._joined}
         for p in numbers:
             tps = [(t, p) for t in self._joined if (t, p) in out]
-            marks = {tp: out[tp] for tp in tps}
-            while True:
-                above = {
-                    key
-                    for tp in tps
-                    for offset, key in self._keys.get(tp, {}).items()
-                    if offset >= marks[tp]
-                }
-                lowered = False
-                for tp in tps:
-                    below = [
-                        offset
-                        for offset, key in self._keys.get(tp, {}).items()
-                        if offset < marks[tp] and key in above
-                    ]
-                    if below:
-                        marks[tp] = min(below)
-                        lowered = True
-                if not lowered:
-                    break
-            out.update(marks)
+            out.update(self._lowered({tp: out[tp] for tp in tps}))
         return out
+
+    def _lowered(self, marks: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """One partition number's marks (``marks``: tp -> mark), lowered to the closure."""
+        index = [(marks[tp], self._keys.get(tp, {})) for tp in marks]
+        pending = {key for mark, keys in index for offset, key in keys.items() if offset >= mark}
+        if not any(
+            offset < mark and key in pending for mark, keys in index for offset, key in keys.items()
+        ):
+            return marks  # the usual tick: no key straddles, one pass over the index
+        records = {tp: sorted(self._keys.get(tp, {}).items()) for tp in marks}
+        lowest: dict[bytes, dict[TopicPartition, int]] = {}
+        for tp, recs in records.items():
+            for offset, key in recs:  # ascending: the first offset seen is the key's lowest
+                lowest.setdefault(key, {}).setdefault(tp, offset)
+        above: set[bytes] = set()
+        queue: list[bytes] = []
+        first_above: dict[TopicPartition, int] = {}  # index of the first record above
+
+        def rise(recs: list[tuple[int, bytes]], start: int, end: int) -> None:
+            for _, key in recs[start:end]:
+                if key not in above:
+                    above.add(key)
+                    queue.append(key)
+
+        for tp, recs in records.items():
+            i = bisect_left(recs, marks[tp], key=_offset)
+            first_above[tp] = i
+            rise(recs, i, len(recs))
+        while queue:
+            for tp, low in lowest[queue.pop()].items():
+                if low < marks[tp]:
+                    marks[tp] = low
+                    recs = records[tp]
+                    i = bisect_left(recs, low, key=_offset)
+                    rise(recs, i, first_above[tp])
+                    first_above[tp] = i
+        return marks
 
     def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
         """Forget the keys below what was just committed: they are never re-read."""
@@ -87,3 +111,7 @@ class KeyIndex:
     def forget(self, tps: Iterable[TopicPartition]) -> None:
         for tp in tps:
             self._keys.pop(tp, None)
+
+
+def _offset(record: tuple[int, bytes]) -> int:
+    return record[0]
