@@ -247,8 +247,10 @@ class HttpSettings(_Section):
     port: int = Field(default=8080, ge=0, le=65535)
     ready_requires_assignment: bool = Field(
         default=True,
-        description="readiness also needs assigned partitions; turn off when the sidecar is "
-        "injected into an LLM pod that has more replicas than partitions",
+        description="readiness also needs this member to have joined the consumer group and "
+        "received its assignment, which may be empty: with more members than partitions (a "
+        "rolling update's surge pod, an LLM pod with the sidecar injected) an idle member is "
+        "ready; turn off to be ready before the first join",
     )
 
 

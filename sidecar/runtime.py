@@ -317,7 +317,7 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
                 "inputs_co_partitioned": not service.state.split and service.state.topics_ok,
                 "publishing": service.state.publishing,
                 **(
-                    {"partitions_assigned": bool(service.state.assigned)}
+                    {"group_joined": service.state.group_joined}
                     if settings.http.ready_requires_assignment
                     else {}
                 ),

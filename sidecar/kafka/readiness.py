@@ -37,6 +37,9 @@ class LoopState:
     started: bool = False
     broker_ok: bool = False  # the last metadata probe (every ~2 s) reached the cluster
     assigned: set[tuple[str, int]] = field(default_factory=set)
+    # the group gave this member its assignment at least once, possibly none: with more
+    # members than partitions (a rolling update's surge pod) an idle member is ready
+    group_joined: bool = False
     # what the last assignment tears apart (a partition number held on one input topic
     # but not on another), one line each; non-empty: not ready
     split: list[str] = field(default_factory=list)
@@ -114,6 +117,7 @@ class BrokerProbe:
     def check_assignment(self, assigned: set[TP], counts: dict[str, int], group: str) -> None:
         """A new assignment: check that it keeps every partition number's inputs together."""
         self.state.assigned = assigned
+        self.state.group_joined = True
         self.state.split = split_pairs(assigned, self.inputs, counts or None)
         for problem in self.state.split:
             log.error(

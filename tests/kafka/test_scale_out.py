@@ -144,6 +144,43 @@ def fleet() -> Iterator[list[SidecarProcess]]:
             p.signal(signal.SIGKILL)
 
 
+async def test_a_rolling_update_with_as_many_replicas_as_partitions_completes(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    fleet: list[SidecarProcess],
+) -> None:
+    """maxSurge 1 / maxUnavailable 0 at replicas == partitions: the surge pod joins a group
+    whose partitions are all held (the sticky assignor keeps them where they are). It must
+    be ready anyway, or the old pods are never removed and the rollout never ends."""
+    partitions = 2
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions)
+    await create_topics(settings)
+    env = _env(settings)
+    old = [SidecarProcess(env, tmp_path / f"old-{i}.log") for i in range(partitions)]
+    fleet += old
+    await asyncio.gather(*(asyncio.to_thread(p.start) for p in old))
+    await wait_until(lambda: all(p.ready() for p in old), 30, "the old replicas ready")
+    surge = SidecarProcess(env, tmp_path / "surge.log")
+    fleet.append(surge)
+    await asyncio.to_thread(surge.start)
+    await wait_until(surge.ready, 30, "the surge replica ready (it may hold no partition)")
+    # the rollout goes on: an old replica leaves, the surge one takes over its partitions
+    assert await asyncio.to_thread(old[0].signal, signal.SIGTERM) == 0, old[0].tail()
+    ids = [f"ru-{i}" for i in range(40)]
+    seen = Seen()
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch(settings, seen, stop))
+    try:
+        assert await send(settings, interleaved(settings, ids)) > 0
+        await wait_until(lambda: set(seen.count) >= set(ids), 45, "a verdict for every request")
+    finally:
+        stop.set()
+        await watcher
+    assert surge.ready() and old[1].ready()
+    assert not seen.incomplete  # both halves are in Kafka: every request decided on its merits
+
+
 @pytest.mark.parametrize(
     ("instances", "partitions", "sig"),
     [

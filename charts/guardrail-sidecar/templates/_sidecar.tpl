@@ -125,7 +125,7 @@ convention. Credentials only ever come from Secrets.
 - name: GUARDRAIL_HTTP__PORT
   value: {{ $v.http.port | toString | quote }}
 {{- if eq $v.mode "inject" }}
-{{- /* injected into an LLM pod: more replicas than partitions must not leave pods unready */}}
+{{- /* injected into an LLM pod: its readiness does not wait for the consumer group join */}}
 - name: GUARDRAIL_HTTP__READY_REQUIRES_ASSIGNMENT
   value: "false"
 {{- end }}
