@@ -105,6 +105,9 @@ class LookbackRequest:
     final: GenerationFinal
     certification: RetrievalSignal
     chunk_ids: tuple[str, ...] | None = None
+    # the retrieval's chunk ids in hit order: column i of the summary is hit i (the
+    # prompt's order); the summary may have fewer columns than hits
+    hit_ids: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,11 +278,24 @@ class OnnxLookbackScorer:
         n_columns: int,
         certification: RetrievalSignal,
         chunk_ids: Sequence[str] | None,
+        hit_ids: Sequence[str] | None = None,
     ) -> list[int] | None:
-        """Positions of the trusted columns; ``None`` keeps all; raises ``ValueError``."""
+        """Positions of the trusted columns; ``None`` keeps all; raises ``ValueError``.
+
+        Without ``chunk_ids`` or ``hit_ids`` the trusted chunks are taken to be the first
+        hits (true when the hits are sorted by score, as Qdrant returns them).
+        """
         if self.metadata.variant == "fc" or certification.status != SignalStatus.OK:
             return None
         trusted = certification.trusted_chunk_ids
+        if hit_ids is not None:  # a reranked list: the trusted hits need not be a prefix
+            wanted = set(trusted)
+            keep = [i for i, cid in enumerate(hit_ids) if cid in wanted]
+            if keep and keep[-1] >= n_columns:
+                raise ValueError(
+                    f"trusted hit {keep[-1]} has no column in a summary of {n_columns}"
+                )
+            return keep
         if chunk_ids is not None:
             if len(chunk_ids) != n_columns:
                 raise ValueError(f"{len(chunk_ids)} chunk ids for {n_columns} summary columns")
@@ -296,6 +312,7 @@ class OnnxLookbackScorer:
         final: GenerationFinal,
         certification: RetrievalSignal,
         chunk_ids: Sequence[str] | None,
+        hit_ids: Sequence[str] | None = None,
     ) -> _Prepared:
         summary = final.attention
         if summary is None:
@@ -306,7 +323,7 @@ class OnnxLookbackScorer:
                 raise error
             return _Prepared(None, None, self._unavailable())
         try:
-            keep = self._kept_columns(summary.chunks, certification, chunk_ids)
+            keep = self._kept_columns(summary.chunks, certification, chunk_ids, hit_ids)
         except ValueError:
             return _Prepared(None, None, self._unavailable())
         return _Prepared(summary.to_float16(), keep, None)  # float32 exactly, in feature_rows
@@ -327,10 +344,13 @@ class OnnxLookbackScorer:
         certification: RetrievalSignal,
         *,
         chunk_ids: Sequence[str] | None = None,
+        hit_ids: Sequence[str] | None = None,
     ) -> LookbackSignal:
-        """p(factual) of one answer; ``chunk_ids`` = the summary's column ids, if known."""
+        """p(factual) of one answer; ``chunk_ids`` = the summary's column ids, if known;
+        ``hit_ids`` = the retrieval's chunk ids in hit order (column i is hit i)."""
         ids = None if chunk_ids is None else tuple(chunk_ids)
-        return self.score_many([LookbackRequest(final, certification, ids)])[0]
+        hits = None if hit_ids is None else tuple(hit_ids)
+        return self.score_many([LookbackRequest(final, certification, ids, hits)])[0]
 
     def score_many(self, requests: Sequence[LookbackRequest]) -> list[LookbackSignal]:
         """Score a batch with one scaling pass and one ONNX call; results in request order.
@@ -338,7 +358,9 @@ class OnnxLookbackScorer:
         A request that cannot be scored gets ``unavailable`` (or, in dead-letter
         mode, raises its ``InputError`` -- call :meth:`check` on each event first).
         """
-        prepared = [self._prepare(r.final, r.certification, r.chunk_ids) for r in requests]
+        prepared = [
+            self._prepare(r.final, r.certification, r.chunk_ids, r.hit_ids) for r in requests
+        ]
         scorable = [p for p in prepared if p.ratios is not None]
         probs = np.zeros(0)
         if scorable:
@@ -360,10 +382,20 @@ class OnnxLookbackScorer:
         return out
 
     def score_batch(
-        self, items: Sequence[tuple[GenerationFinal, RetrievalSignal]]
+        self,
+        items: Sequence[tuple[GenerationFinal, RetrievalSignal]],
+        *,
+        hit_ids: Sequence[Sequence[str]] | None = None,
     ) -> list[LookbackSignal]:
         """The processor's micro-batch entry point (``LookbackScorer.score_batch``)."""
-        return self.score_many([LookbackRequest(final, cert) for final, cert in items])
+        if hit_ids is None:
+            return self.score_many([LookbackRequest(final, cert) for final, cert in items])
+        return self.score_many(
+            [
+                LookbackRequest(final, cert, None, tuple(ids))
+                for (final, cert), ids in zip(items, hit_ids, strict=True)
+            ]
+        )
 
     def features(
         self,
@@ -371,9 +403,10 @@ class OnnxLookbackScorer:
         certification: RetrievalSignal,
         *,
         chunk_ids: Sequence[str] | None = None,
+        hit_ids: Sequence[str] | None = None,
     ) -> npt.NDArray[np.float32] | None:
         """The scaled feature vector this scorer would feed to ONNX (``None``: unscorable)."""
-        prepared = self._prepare(final, certification, chunk_ids)
+        prepared = self._prepare(final, certification, chunk_ids, hit_ids)
         if prepared.ratios is None:
             return None
         vector: npt.NDArray[np.float32] = feature_rows(

@@ -86,10 +86,22 @@ class LookbackScorer(Protocol):
         (wrong generator, wrong shape) and the configuration says dead-letter."""
         ...
 
-    def score(self, final: GenerationFinal, certification: RetrievalSignal) -> LookbackSignal: ...
+    def score(
+        self,
+        final: GenerationFinal,
+        certification: RetrievalSignal,
+        *,
+        hit_ids: Sequence[str] | None = None,
+    ) -> LookbackSignal:
+        """``hit_ids``: the retrieval's chunk ids in hit order (the summary's column order),
+        so that trusted chunks that are not the first hits pick the right columns."""
+        ...
 
     def score_batch(
-        self, items: Sequence[tuple[GenerationFinal, RetrievalSignal]]
+        self,
+        items: Sequence[tuple[GenerationFinal, RetrievalSignal]],
+        *,
+        hit_ids: Sequence[Sequence[str]] | None = None,
     ) -> list[LookbackSignal]:
         """Score the answers completed in one consumed batch with one model call."""
         ...

@@ -115,14 +115,15 @@ class Scoring:
         if scorer is None:
             return [NOT_CONFIGURED_LOOKBACK] * len(entries)
         pairs = [(_final(e), e.certification or NOT_CONFIGURED_RETRIEVAL) for e in entries]
+        hits = [_hit_ids(e) for e in entries]
         try:
-            return [_checked_lookback(s) for s in scorer.score_batch(pairs)]
+            return [_checked_lookback(s) for s in scorer.score_batch(pairs, hit_ids=hits)]
         except Exception:
             log.warning("batched lookback scoring failed; scoring one by one", exc_info=True)
         out = []
-        for entry, (final, certification) in zip(entries, pairs, strict=True):
+        for entry, (final, certification), ids in zip(entries, pairs, hits, strict=True):
             try:
-                out.append(_checked_lookback(scorer.score(final, certification)))
+                out.append(_checked_lookback(scorer.score(final, certification, hit_ids=ids)))
             except Exception:
                 log.exception("lookback scoring failed for %s", entry.request_id)
                 out.append(UNAVAILABLE_LOOKBACK)
@@ -193,6 +194,12 @@ def _retrieval(entry: PendingRequest) -> RetrievalEvent:
     if retrieval is None:  # callers score complete requests only
         raise AssertionError(f"request {entry.request_id} has no retrieval event")
     return retrieval
+
+
+def _hit_ids(entry: PendingRequest) -> tuple[str, ...]:
+    """The retrieval's chunk ids in hit order: the attention summary's column order."""
+    retrieval = entry.retrieval
+    return () if retrieval is None else tuple(h.chunk_id for h in retrieval.hits)
 
 
 def _final(entry: PendingRequest) -> GenerationFinal:

@@ -30,11 +30,20 @@ class BusyLookback:
     def check(self, final: GenerationFinal) -> None:
         del final
 
-    def score(self, final: GenerationFinal, certification: RetrievalSignal) -> LookbackSignal:
+    def score(
+        self,
+        final: GenerationFinal,
+        certification: RetrievalSignal,
+        *,
+        hit_ids: Sequence[str] | None = None,
+    ) -> LookbackSignal:
         return self.score_batch([(final, certification)])[0]
 
     def score_batch(
-        self, items: Sequence[tuple[GenerationFinal, RetrievalSignal]]
+        self,
+        items: Sequence[tuple[GenerationFinal, RetrievalSignal]],
+        *,
+        hit_ids: Sequence[Sequence[str]] | None = None,
     ) -> list[LookbackSignal]:
         deadline = time.perf_counter() + BUSY_S
         while time.perf_counter() < deadline:

@@ -118,6 +118,17 @@ def test_trusted_chunks_select_columns_then_pad(cw_model: Path) -> None:
     # A non-prefix trusted set keeps retrieval order: columns 1 and 3, then zeros.
     gap = scorer.features(final(row), trusted("c3", "c1"), chunk_ids=ids)
     np.testing.assert_array_equal(gap, feature_vector(row, K, keep=[0, 2]))
+    # Hits in retrieval order with the trusted ones not first (a reranked list): the
+    # processor passes the hit order, and the trusted hits' own columns are kept.
+    reranked = scorer.features(final(row), trusted("c1", "c3"), hit_ids=ids)
+    np.testing.assert_array_equal(reranked, feature_vector(row, K, keep=[0, 2]))
+    # fewer summary columns than hits: the first hits are the columns
+    np.testing.assert_array_equal(
+        scorer.features(final(row[:, :, :2]), trusted("c2"), hit_ids=ids),
+        feature_vector(np.concatenate([row[:, :, 1:2], np.zeros((LAYERS, HEADS, 2))], 2), K),
+    )
+    # a trusted hit with no column in the summary: unavailable, not a wrong column
+    assert scorer.score(final(row[:, :, :2]), trusted("c3"), hit_ids=ids).status == "unavailable"
     # Without an ok certification every column counts; a full summary is not padded.
     np.testing.assert_array_equal(scorer.features(final(row), NO_CERT), feature_vector(row, K))
     # Fewer chunks than K in the summary: zero padding, same as the trainer's.

@@ -103,14 +103,23 @@ class PickyLookback:
                 "generator-mismatch", f"model is for gen-a, got {final.generator_model}"
             )
 
-    def score(self, final: GenerationFinal, certification: RetrievalSignal) -> LookbackSignal:
+    def score(
+        self,
+        final: GenerationFinal,
+        certification: RetrievalSignal,
+        *,
+        hit_ids: Sequence[str] | None = None,
+    ) -> LookbackSignal:
         del final, certification
         if self.fail:
             raise RuntimeError("onnx session exploded")
         return LookbackSignal(status=SignalStatus.OK, p_factual=0.8, model_version=self.version)
 
     def score_batch(
-        self, items: Sequence[tuple[GenerationFinal, RetrievalSignal]]
+        self,
+        items: Sequence[tuple[GenerationFinal, RetrievalSignal]],
+        *,
+        hit_ids: Sequence[Sequence[str]] | None = None,
     ) -> list[LookbackSignal]:
         return [self.score(final, cert) for final, cert in items]
 
@@ -270,11 +279,16 @@ def test_exchangeability_alarm_is_a_reason_on_the_verdict(
 @dataclass
 class CountingLookback(PickyLookback):
     batches: list[int] = field(default_factory=list)
+    hit_ids: list[Sequence[str]] = field(default_factory=list)
 
     def score_batch(
-        self, items: Sequence[tuple[GenerationFinal, RetrievalSignal]]
+        self,
+        items: Sequence[tuple[GenerationFinal, RetrievalSignal]],
+        *,
+        hit_ids: Sequence[Sequence[str]] | None = None,
     ) -> list[LookbackSignal]:
         self.batches.append(len(items))
+        self.hit_ids += hit_ids or []
         return [
             LookbackSignal(
                 status=SignalStatus.OK, p_factual=0.1 * (i + 1), model_version=self.version
@@ -300,6 +314,9 @@ def test_answers_completed_in_one_batch_are_scored_in_one_call(
     items.append((G, b"{broken", None, InputRef("g", 0, 99)))
     step = p.on_batch(items, 0.0)
     assert scorer.batches == [3]
+    # each answer's hit order (the summary's columns), so unsorted hits map right
+    hit_order = tuple(h["chunk_id"] for h in retrieval_event("x")["hits"])
+    assert len(hit_order) >= 2 and scorer.hit_ids == [hit_order] * 3
     verdicts = [
         AnswerVerdict.model_validate(orjson.loads(o.value))
         for o in step.outputs
@@ -325,11 +342,20 @@ class FailingBatchLookback(CountingLookback):
     """The batch call fails; one request's own score is poison (not finite), another raises."""
 
     def score_batch(
-        self, items: Sequence[tuple[GenerationFinal, RetrievalSignal]]
+        self,
+        items: Sequence[tuple[GenerationFinal, RetrievalSignal]],
+        *,
+        hit_ids: Sequence[Sequence[str]] | None = None,
     ) -> list[LookbackSignal]:
         raise RuntimeError("batch kernel failed")
 
-    def score(self, final: GenerationFinal, certification: RetrievalSignal) -> LookbackSignal:
+    def score(
+        self,
+        final: GenerationFinal,
+        certification: RetrievalSignal,
+        *,
+        hit_ids: Sequence[str] | None = None,
+    ) -> LookbackSignal:
         if final.request_id == "req-raise":
             raise RuntimeError("this one is broken")
         return super().score(final, certification)
