@@ -435,6 +435,16 @@ class Settings(BaseSettings):
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
+    @model_validator(mode="after")
+    def _ports_distinct(self) -> Self:
+        port = self.metrics.prometheus_port
+        if port is not None and self.http.enabled and port == self.http.port:
+            raise ValueError(
+                f"GUARDRAIL_METRICS__PROMETHEUS_PORT and GUARDRAIL_HTTP__PORT are both {port}; "
+                "the metrics and the health endpoints need two different ports"
+            )
+        return self
+
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
         """Read the environment (plus explicit overrides) or fail with what is wrong."""

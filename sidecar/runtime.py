@@ -15,6 +15,7 @@ from sidecar.config import Settings
 from sidecar.exceptions import ConfigError
 from sidecar.health import HealthServer
 from sidecar.kafka.app import SidecarService
+from sidecar.kafka.security import ssl_context
 from sidecar.kafka.topics import format_counts, verify_topics
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
@@ -264,6 +265,7 @@ def _preflight(settings: Settings) -> dict[str, str]:
 def check(settings: Settings) -> dict[str, object]:
     """Everything ``run`` would load, loaded and validated, without touching Kafka."""
     otlp = _preflight(settings)
+    ssl_context(settings.kafka)  # the TLS files load (ConfigError naming the one that does not)
     processor = build_processor(settings)
     return {
         "config": "ok",

@@ -13,14 +13,29 @@ from faststream.security import (
 )
 
 from sidecar.config import KafkaSettings
+from sidecar.exceptions import ConfigError
 
 
 def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
+    """The TLS context of ``*SSL`` protocols; ``ConfigError`` naming the file it cannot use."""
     if not kafka.security_protocol.endswith("SSL"):
         return None
-    context = ssl.create_default_context(cafile=kafka.ssl_cafile)
+    try:
+        context = ssl.create_default_context(cafile=kafka.ssl_cafile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"GUARDRAIL_KAFKA__SSL_CAFILE={kafka.ssl_cafile}: cannot load CA certificates "
+            f"({exc}); it must be a readable PEM file"
+        ) from None
     if kafka.ssl_certfile:
-        context.load_cert_chain(kafka.ssl_certfile, kafka.ssl_keyfile)
+        try:
+            context.load_cert_chain(kafka.ssl_certfile, kafka.ssl_keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(
+                f"GUARDRAIL_KAFKA__SSL_CERTFILE={kafka.ssl_certfile} / "
+                f"GUARDRAIL_KAFKA__SSL_KEYFILE={kafka.ssl_keyfile}: cannot load the client "
+                f"certificate and key ({exc}); they must be readable PEM files that match"
+            ) from None
     return context
 
 

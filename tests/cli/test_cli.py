@@ -77,6 +77,48 @@ def test_check_reports_what_goes_out_over_otlp(
     }
 
 
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        (
+            {"SECURITY_PROTOCOL": "SSL", "SSL_CAFILE": "/nonexistent/ca.pem"},
+            "GUARDRAIL_KAFKA__SSL_CAFILE=/nonexistent/ca.pem: cannot load CA certificates",
+        ),
+        (  # a file that is not PEM (a p12 bundle, a policy file mounted by mistake)
+            {"SECURITY_PROTOCOL": "SSL", "SSL_CAFILE": __file__},
+            "it must be a readable PEM file",
+        ),
+        (
+            {"SECURITY_PROTOCOL": "SSL", "SSL_CERTFILE": "/nonexistent/client.pem"},
+            "GUARDRAIL_KAFKA__SSL_CERTFILE=/nonexistent/client.pem",
+        ),
+    ],
+    ids=["missing-ca", "not-pem", "missing-cert"],
+)
+def test_check_stops_on_tls_files_it_cannot_load(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    env: dict[str, str],
+    says: str,
+) -> None:
+    """``run --check`` builds the TLS context ``run`` builds: a bad file is a configuration
+    error (exit 2, the variable named), not a traceback at the first Kafka call."""
+    for name, value in env.items():
+        monkeypatch.setenv(f"GUARDRAIL_KAFKA__{name}", value)
+    assert main(["run", "--check"]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_the_metrics_port_cannot_be_the_health_port(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GUARDRAIL_METRICS__PROMETHEUS_PORT", "8080")
+    assert main(["run", "--check"]) == 2
+    assert "need two different ports" in capsys.readouterr().err
+    monkeypatch.setenv("GUARDRAIL_HTTP__ENABLED", "false")  # no health server: no clash
+    assert main(["run", "--check"]) == 0
+
+
 def test_qdrant_settings_are_flagged_as_read_by_nothing(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
