@@ -50,6 +50,7 @@ CASES+=("values-prod+gpu|$CHART|-f helm/values-prod.yaml -f helm/values-gpu.yaml
 for f in "$CHART"/ci/*-values.yaml; do
   CASES+=("ci-$(basename "$f" -values.yaml)|$CHART|-f $f")
 done
+CASES+=("chart-recreate|$CHART|--set strategy.type=Recreate")
 CASES+=(
   "example-llm-service|$EXAMPLE|"
   "example-llm-service-plain-container|$EXAMPLE|--set guardrail.inject.nativeSidecar=false"
@@ -85,6 +86,11 @@ for case in "${CASES[@]}"; do
   printf '# ======================================================================\n'
   cat "$out"
 done
+
+# the API server refuses a Recreate strategy that carries the default rollingUpdate block
+if grep -q "rollingUpdate" "$RENDERED/chart-recreate.yaml"; then
+  die "strategy.type=Recreate rendered a rollingUpdate block"
+fi
 
 # The validator must be able to fail: a manifest with an unknown field, a
 # wrongly typed one and a bad CRD field is rejected, or the schema setup is broken.
@@ -143,6 +149,12 @@ expect_failure "more consumers than partitions" "must be <= topics.partitions" \
 expect_failure "a CA secret without TLS" "does not use TLS" --set kafka.ssl.caSecret=kafka-ca
 expect_failure "an injected PodMonitor without selector" "metrics.podMonitor.selector is required" \
   --set mode=inject --set metrics.podMonitor.enabled=true
+expect_failure "an unquoted numeric image tag (YAML makes 20241105 a float: 2.0241105e+07)" \
+  "/image/tag" --set image.tag=20241105
+expect_failure "the metrics port on the health port" "need two different ports" \
+  --set metrics.prometheus.port=8080
+expect_failure "a drain longer than the pod's grace period" "must be above shutdownGraceMs" \
+  --set shutdownGraceMs=60000
 expect_failure "a PDB bound that is neither a count nor a percentage" "/podDisruptionBudget/maxUnavailable" \
   --set podDisruptionBudget.maxUnavailable=half
 

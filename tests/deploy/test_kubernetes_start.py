@@ -23,11 +23,13 @@ Not emulated: the read-only root filesystem (the interpreter and the project
 are the test's, not the image's; ``test_runtime_image.py`` checks that
 ``run --check`` writes nothing into the installed venv), dropped capabilities
 and seccomp, the image's own interpreter and venv, Secrets' real contents
-(credentials are placeholders; ``run --check`` connects to nothing).
+(credentials are placeholders, TLS files a self-signed pair that ``run --check`` loads;
+it connects to nothing).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -319,6 +321,20 @@ def container_env(workload: Workload, base: Mapping[str, str]) -> dict[str, str]
     return env
 
 
+@functools.cache
+def _tls_pair() -> tuple[bytes, bytes]:
+    """A self-signed certificate and its key, PEM (the CA file and the client pair alike)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        crt, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-subj", "/CN=guardrail-test", "-keyout", str(key), "-out", str(crt)],
+            check=True,
+            capture_output=True,
+        )  # fmt: skip
+        return crt.read_bytes(), key.read_bytes()
+
+
 def _read_only(path: Path) -> None:
     for p in [path, *path.rglob("*")]:
         p.chmod(0o555 if p.is_dir() else 0o444)
@@ -393,11 +409,13 @@ def build_filesystem(
                 )
                 (host / item["path"]).write_text(data)
         elif "secret" in volume:
-            host.mkdir(parents=True)  # TLS material: placeholders, run --check connects to nothing
+            # TLS material: a real self-signed pair (run --check loads it, connects to nothing)
+            host.mkdir(parents=True)
+            cert, key = _tls_pair()
             for item in volume["secret"].get(
                 "items", [{"key": k, "path": k} for k in ("tls.crt", "tls.key")]
             ):
-                (host / item["path"]).write_text("placeholder\n")
+                (host / item["path"]).write_bytes(key if item["path"].endswith(".key") else cert)
         else:
             raise AssertionError(f"volume {volume} is not modelled by this test")
         if mount.get("readOnly"):

@@ -116,4 +116,10 @@ template that renders a workload, so a bad combination fails `helm template`.
 {{- if and $v.metrics.podMonitor.enabled (not $v.metrics.prometheus.enabled) }}
 {{- fail "metrics.podMonitor needs metrics.prometheus.enabled" }}
 {{- end }}
+{{- if and $v.metrics.prometheus.enabled (eq (int $v.metrics.prometheus.port) (int $v.http.port)) }}
+{{- fail (printf "metrics.prometheus.port and http.port are both %d: the metrics and the health endpoints need two different ports" (int $v.http.port)) }}
+{{- end }}
+{{- if and (eq $v.mode "standalone") (lt (int $v.terminationGracePeriodSeconds) (add1 (div (int $v.shutdownGraceMs) 1000))) }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be above shutdownGraceMs (%d ms): the kubelet would kill the sidecar before it has drained" (int $v.terminationGracePeriodSeconds) (int $v.shutdownGraceMs)) }}
+{{- end }}
 {{- end }}

@@ -204,7 +204,9 @@ convention. Credentials only ever come from Secrets.
   value: {{ default (include "guardrail-sidecar.name" .) $v.otel.serviceName | quote }}
 {{- $attrs := list "k8s.pod.name=$(POD_NAME)" "k8s.namespace.name=$(POD_NAMESPACE)" }}
 {{- range $key, $value := $v.otel.resourceAttributes }}
-{{- $attrs = append $attrs (printf "%s=%s" $key (toString $value)) }}
+{{- /* values are percent-encoded (the W3C baggage format the SDK parses): "," and "=" */}}
+{{- $encoded := toString $value | replace "%" "%25" | replace "," "%2C" | replace "=" "%3D" | replace " " "%20" }}
+{{- $attrs = append $attrs (printf "%s=%s" $key $encoded) }}
 {{- end }}
 - name: OTEL_RESOURCE_ATTRIBUTES
   value: {{ join "," $attrs | quote }}
