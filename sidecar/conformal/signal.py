@@ -29,6 +29,23 @@ class ConformalCertifier:
     def certify(self, event: RetrievalEvent) -> RetrievalSignal:
         resolved = self.registry.resolve(event.tenant, event.collection, event.retriever)
         cert = certify([h.score for h in event.hits], resolved, depth=event.k)
+        if not cert.certifiable:
+            # no threshold at this alpha (k > n): the conformal set is every chunk, which
+            # certifies none. Claims, coverage, confidence and the monitor read "trusted"
+            # as certified, so nothing is trusted; the policy reads ``certifiable``.
+            return RetrievalSignal(
+                status=SignalStatus.OK,
+                trusted_chunk_ids=[],
+                m1=False,
+                m2=0.0,
+                alpha=cert.alpha,
+                certifiable=False,
+                calibration_version=cert.calibration_id,
+                calibration_key=cert.calibration_key,
+                fallback=cert.fallback,
+                fallback_reason=cert.fallback_reason,
+                clipped_scores=cert.n_clipped,
+            )
         status = self.monitor.observe(cert)
         return RetrievalSignal(
             status=SignalStatus.OK,

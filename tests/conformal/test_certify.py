@@ -10,10 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar.conformal.artifact import CalibrationArtifact, build_artifact
 from sidecar.conformal.calibrator import ConformalCalibration, RetrievalCalibrator
 from sidecar.conformal.certify import OUT_OF_RANGE_SPANS, certify
-from sidecar.conformal.mondrian import CalibrationKey, FallbackReason
-from sidecar.conformal.registry import ResolvedCalibration
+from sidecar.conformal.mondrian import CalibrationKey, FallbackReason, MondrianCalibrator
+from sidecar.conformal.monitor import ExchangeabilityMonitor
+from sidecar.conformal.registry import CalibrationRegistry, ResolvedCalibration
+from sidecar.conformal.signal import ConformalCertifier
+from sidecar.contracts.events import RetrievalEvent
 from sidecar.exceptions import InputError
 from tests.conformal.conftest import synthetic
 
@@ -121,3 +125,47 @@ def test_absurd_but_finite_scores_are_rejected_not_trusted(score: float) -> None
         certify([0.5, score], cal.calibration_)
     assert err.value.reason == "score-out-of-range"
     assert "not trusted" in err.value.detail
+
+
+def test_a_vacuous_calibration_certifies_nothing_in_the_served_signal() -> None:
+    """k > n: the conformal set is every chunk, which certifies none. The sidecar's signal
+    says so everywhere it is read: no trusted chunk (claims' evidence scope, fleet coverage,
+    the confidence features), and the exchangeability monitor is not fed a constant m1."""
+    key = CalibrationKey("t", "c", "r")
+    # 5 questions, one correct chunk each: n = 5 < 9, too few for alpha = 0.1
+    scores = [[0.9, 0.5, 0.3], [0.8, 0.6, 0.2], [0.85, 0.4, 0.1], [0.7, 0.6, 0.3], [0.9, 0.2, 0.1]]
+    labels = [[True, False, False]] * 5
+    fitted = MondrianCalibrator(0.1).fit(scores, [key] * 5).calibrate(scores, labels, [key] * 5)
+    artifact = build_artifact(
+        fitted.calibration_,
+        global_key=key,
+        embedding_model_id="e",
+        data_hash="0" * 64,
+        beta=0.0,
+        s_thres=None,
+        top_k=3,
+    )
+    artifact = CalibrationArtifact.loads(artifact.dumps())  # as the sidecar loads it
+    monitor = ExchangeabilityMonitor(min_samples=1, window=10)
+    certifier = ConformalCertifier(CalibrationRegistry(artifact), monitor)
+    event = RetrievalEvent.model_validate(
+        {
+            "request_id": "r1",
+            "tenant": "t",
+            "collection": "c",
+            "retriever": "r",
+            "query": "q",
+            "k": 3,
+            "hits": [
+                {"chunk_id": f"c{i}", "doc_id": "d", "score": s, "text": "x"}
+                for i, s in enumerate([0.91, 0.5, 0.2])
+            ],
+        }
+    )
+    signal = certifier.certify(event)
+    assert signal.certifiable is False and signal.q_hat is None
+    assert (signal.trusted_chunk_ids, signal.m1, signal.m2) == ([], False, 0.0)
+    assert signal.monitor is None and monitor.statuses() == {}
+    # the certification itself keeps the conformal convention: the set is every chunk
+    resolved = CalibrationRegistry(artifact).resolve("t", "c", "r")
+    assert certify([0.91, 0.5, 0.2], resolved).trusted_indices == (0, 1, 2)
