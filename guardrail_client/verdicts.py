@@ -173,12 +173,20 @@ class VerdictClient:
         self,
         request_id: str,
         timeout: float | None = None,  # noqa: ASYNC109
+        *,
+        tenant: str | None = None,
     ) -> VerdictResult:
-        """The request's final verdict, or ``on_timeout``'s fallback after ``timeout`` seconds."""
+        """The request's final verdict, or ``on_timeout``'s fallback after ``timeout`` seconds.
+
+        ``tenant``: the tenant this request was sent for. Pass it when the sidecar takes
+        tenants from a header: request ids are then scoped by tenant, but verdicts are
+        keyed by request id, so another tenant can provoke one under yours; a verdict
+        naming another tenant is then ignored.
+        """
         started = time.monotonic()
         if not self.running:
             return self._fallback(request_id, "unavailable", 0.0)
-        future = self.waiters.wait_verdict(request_id)
+        future = self.waiters.wait_verdict(request_id, tenant)
         try:
             received = await asyncio.wait_for(
                 asyncio.shield(future), timeout if timeout is not None else self.timeout_s
@@ -201,12 +209,15 @@ class VerdictClient:
         self,
         request_id: str,
         timeout: float | None = None,  # noqa: ASYNC109 - as verdict()
+        *,
+        tenant: str | None = None,
     ) -> AsyncIterator[ClaimVerdict]:
         """The request's claim verdicts as they come; ends after its final verdict.
 
         After the final verdict it waits at most ``claims_settle_s`` for claims
         still in flight (the verdict counts them). At the deadline it ends, or
-        raises ``VerdictTimeoutError`` when ``on_timeout="raise"``.
+        raises ``VerdictTimeoutError`` when ``on_timeout="raise"``. ``tenant``: as for
+        :meth:`verdict`.
         """
         if self.claims_topic is None:
             raise ClientNotStartedError("this VerdictClient reads no claims (claims_topic=None)")
@@ -215,7 +226,7 @@ class VerdictClient:
             self._fallback(request_id, "unavailable", 0.0)
             return
         deadline = started + (timeout if timeout is not None else self.timeout_s)
-        queue = self.waiters.subscribe_claims(request_id)
+        queue = self.waiters.subscribe_claims(request_id, tenant)
         seen: set[str] = set()
         expected: int | None = None
         try:

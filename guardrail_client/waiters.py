@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -44,6 +44,7 @@ class Received(Generic[T]):
 
 
 ClaimItem = Received[ClaimVerdict] | Received[AnswerVerdict]
+VerdictFuture = asyncio.Future[Received[AnswerVerdict]]
 
 
 def _decode(model: type[T], arrival: Arrival) -> Received[T] | None:
@@ -55,22 +56,30 @@ def _decode(model: type[T], arrival: Arrival) -> Received[T] | None:
 
 
 class _Recent:
-    """Undecoded records by key, oldest forgotten first (count and age bounded)."""
+    """Undecoded records by key, oldest forgotten first (count and age bounded).
 
-    def __init__(self, max_entries: int, ttl_s: float, clock: Callable[[], float]) -> None:
-        self._items: OrderedDict[str, tuple[float, list[Arrival]]] = OrderedDict()
+    At most ``per_key`` records are kept per key (the newest): a flood of records under
+    one key costs a bounded list, not a growing one.
+    """
+
+    def __init__(
+        self, max_entries: int, ttl_s: float, clock: Callable[[], float], per_key: int
+    ) -> None:
+        self._items: OrderedDict[str, tuple[float, deque[Arrival]]] = OrderedDict()
         self._max_entries = max_entries
         self._ttl_s = ttl_s
         self._clock = clock
+        self._per_key = per_key
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def add(self, key: str, arrival: Arrival, *, replace: bool) -> None:
+    def add(self, key: str, arrival: Arrival) -> None:
         now = self._clock()
         old = self._items.pop(key, None)
-        kept = [] if replace or old is None else old[1]
-        self._items[key] = (now, [*kept, arrival])
+        kept = deque(maxlen=self._per_key) if old is None else old[1]
+        kept.append(arrival)
+        self._items[key] = (now, kept)
         while self._items and (
             len(self._items) > self._max_entries
             or now - next(iter(self._items.values()))[0] > self._ttl_s
@@ -81,7 +90,16 @@ class _Recent:
         item = self._items.get(key)
         if item is None or self._clock() - item[0] > self._ttl_s:
             return []
-        return item[1]
+        return list(item[1])
+
+
+def _ours(event: AnswerVerdict | ClaimVerdict, tenant: str | None) -> bool:
+    """Whether ``event`` may be the waiter's: no tenant asked, or none named, or the same.
+
+    With header (or fixed) tenancy the sidecar scopes request ids by tenant, but its
+    outputs are keyed by request id: another tenant can provoke a verdict under yours.
+    """
+    return tenant is None or event.tenant is None or event.tenant == tenant
 
 
 class WaiterMap:
@@ -94,10 +112,10 @@ class WaiterMap:
         recent_ttl_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._verdicts: dict[str, list[asyncio.Future[Received[AnswerVerdict]]]] = {}
-        self._claims: dict[str, list[asyncio.Queue[ClaimItem]]] = {}
-        self._recent_verdicts = _Recent(recent_max_entries, recent_ttl_s, clock)
-        self._recent_claims = _Recent(recent_max_entries, recent_ttl_s, clock)
+        self._verdicts: dict[str, list[tuple[VerdictFuture, str | None]]] = {}
+        self._claims: dict[str, list[tuple[asyncio.Queue[ClaimItem], str | None]]] = {}
+        self._recent_verdicts = _Recent(recent_max_entries, recent_ttl_s, clock, per_key=8)
+        self._recent_claims = _Recent(recent_max_entries, recent_ttl_s, clock, per_key=1024)
         self.decoded = 0  # records decoded because someone here waited for them
         self.skipped = 0  # records nobody here waited for (kept undecoded)
 
@@ -107,48 +125,52 @@ class WaiterMap:
 
     # ------------------------------------------------------------------ waiting
 
-    def wait_verdict(self, request_id: str) -> asyncio.Future[Received[AnswerVerdict]]:
-        """A future resolved by the request's final verdict (at once when it came already)."""
-        future: asyncio.Future[Received[AnswerVerdict]] = asyncio.get_running_loop().create_future()
-        final = self._recent_final(request_id)
+    def wait_verdict(self, request_id: str, tenant: str | None = None) -> VerdictFuture:
+        """A future resolved by the request's final verdict (at once when it came already).
+
+        ``tenant``: only a verdict for this tenant (or one that names none) resolves it.
+        """
+        future: VerdictFuture = asyncio.get_running_loop().create_future()
+        final = self._recent_final(request_id, tenant)
         if final is not None:
             future.set_result(final)
         else:
-            self._verdicts.setdefault(request_id, []).append(future)
+            self._verdicts.setdefault(request_id, []).append((future, tenant))
         return future
 
-    def forget_verdict(
-        self, request_id: str, future: asyncio.Future[Received[AnswerVerdict]]
-    ) -> None:
-        waiters = self._verdicts.get(request_id, [])
-        if future in waiters:
-            waiters.remove(future)
-        if not waiters:
+    def forget_verdict(self, request_id: str, future: VerdictFuture) -> None:
+        waiters = [w for w in self._verdicts.get(request_id, []) if w[0] is not future]
+        if waiters:
+            self._verdicts[request_id] = waiters
+        else:
             self._verdicts.pop(request_id, None)
 
-    def subscribe_claims(self, request_id: str) -> asyncio.Queue[ClaimItem]:
+    def subscribe_claims(
+        self, request_id: str, tenant: str | None = None
+    ) -> asyncio.Queue[ClaimItem]:
         """A queue of the request's claim verdicts, then its final verdict (the end marker)."""
         queue: asyncio.Queue[ClaimItem] = asyncio.Queue()
         for arrival in self._recent_claims.get(request_id):
-            if (claim := _decode(ClaimVerdict, arrival)) is not None:
+            claim = _decode(ClaimVerdict, arrival)
+            if claim is not None and _ours(claim.event, tenant):
                 queue.put_nowait(claim)
-        final = self._recent_final(request_id)
+        final = self._recent_final(request_id, tenant)
         if final is not None:
             queue.put_nowait(final)
-        self._claims.setdefault(request_id, []).append(queue)
+        self._claims.setdefault(request_id, []).append((queue, tenant))
         return queue
 
     def unsubscribe_claims(self, request_id: str, queue: asyncio.Queue[ClaimItem]) -> None:
-        queues = self._claims.get(request_id, [])
-        if queue in queues:
-            queues.remove(queue)
-        if not queues:
+        queues = [q for q in self._claims.get(request_id, []) if q[0] is not queue]
+        if queues:
+            self._claims[request_id] = queues
+        else:
             self._claims.pop(request_id, None)
 
     # ------------------------------------------------------------------ arrivals
 
     def offer_verdict(self, key: str, arrival: Arrival) -> None:
-        self._recent_verdicts.add(key, arrival, replace=True)
+        self._recent_verdicts.add(key, arrival)
         if key not in self._verdicts and key not in self._claims:
             self.skipped += 1
             return
@@ -156,14 +178,20 @@ class WaiterMap:
         received = _decode(AnswerVerdict, arrival)
         if received is None or received.event.stage != "final":
             return  # a strict-mode stream verdict: the final one follows
-        for future in self._verdicts.pop(key, []):
-            if not future.done():
+        waiting = []
+        for future, tenant in self._verdicts.pop(key, []):
+            if not _ours(received.event, tenant):
+                waiting.append((future, tenant))  # another tenant's verdict: keep waiting
+            elif not future.done():
                 future.set_result(received)
-        for queue in self._claims.get(key, []):
-            queue.put_nowait(received)
+        if waiting:
+            self._verdicts[key] = waiting
+        for queue, tenant in self._claims.get(key, []):
+            if _ours(received.event, tenant):
+                queue.put_nowait(received)
 
     def offer_claim(self, key: str, arrival: Arrival) -> None:
-        self._recent_claims.add(key, arrival, replace=False)
+        self._recent_claims.add(key, arrival)
         queues = self._claims.get(key)
         if not queues:
             self.skipped += 1
@@ -171,12 +199,17 @@ class WaiterMap:
         self.decoded += 1
         claim = _decode(ClaimVerdict, arrival)
         if claim is not None:
-            for queue in queues:
-                queue.put_nowait(claim)
+            for queue, tenant in queues:
+                if _ours(claim.event, tenant):
+                    queue.put_nowait(claim)
 
-    def _recent_final(self, request_id: str) -> Received[AnswerVerdict] | None:
+    def _recent_final(self, request_id: str, tenant: str | None) -> Received[AnswerVerdict] | None:
         for arrival in reversed(self._recent_verdicts.get(request_id)):
             received = _decode(AnswerVerdict, arrival)
-            if received is not None and received.event.stage == "final":
+            if (
+                received is not None
+                and received.event.stage == "final"
+                and _ours(received.event, tenant)
+            ):
                 return received
         return None

@@ -165,6 +165,11 @@ class ClaimVerdict(EventBase):
     event_type: Literal["claim.verdict"] = "claim.verdict"
     request_id: RequestId
     idempotency_key: str
+    tenant: str | None = Field(
+        default=None,
+        description="the request's tenant, as on its answer verdict (a client that knows its "
+        "tenant ignores claim verdicts another tenant provoked under the same request id)",
+    )
     claim_index: int = Field(ge=0)
     span: tuple[int, int] = Field(description="[start, end) character offsets into the answer")
     text: str

@@ -305,6 +305,7 @@ def claim_outputs(
             idempotency_key=idempotency_key(
                 entry.request_id, b"claim", str(result.index).encode(), result.text.encode()
             ),
+            tenant=entry.retrieval.tenant if entry.retrieval else entry.tenant,
             claim_index=result.index,
             span=result.span,
             text=result.text,

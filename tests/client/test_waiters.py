@@ -12,10 +12,16 @@ from sidecar.contracts.events import AnswerVerdict, ClaimLabel, ClaimVerdict, De
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 
 
-def verdict(rid: str, stage: str = "final", decision: Decision = Decision.ALLOW) -> Arrival:
+def verdict(
+    rid: str,
+    stage: str = "final",
+    decision: Decision = Decision.ALLOW,
+    tenant: str | None = None,
+) -> Arrival:
     event = AnswerVerdict(
         request_id=rid,
-        idempotency_key=f"{rid}-{stage}",
+        idempotency_key=f"{rid}-{stage}-{tenant}",
+        tenant=tenant,
         decision=decision,
         reasons=[],
         stage=stage,  # type: ignore[arg-type]
@@ -26,10 +32,11 @@ def verdict(rid: str, stage: str = "final", decision: Decision = Decision.ALLOW)
     return Arrival(encode(event), 1000)
 
 
-def claim(rid: str, index: int) -> Arrival:
+def claim(rid: str, index: int, tenant: str | None = None) -> Arrival:
     event = ClaimVerdict(
         request_id=rid,
-        idempotency_key=f"{rid}-{index}",
+        idempotency_key=f"{rid}-{index}-{tenant}",
+        tenant=tenant,
         claim_index=index,
         span=(0, 1),
         text="x",
@@ -94,3 +101,41 @@ async def test_the_recent_cache_is_bounded_by_count_and_age() -> None:
     assert waiters.wait_verdict("c").done()
     now[0] = 11.0
     assert not waiters.wait_verdict("c").done()  # too old
+
+
+async def test_a_verdict_another_tenant_provoked_under_my_request_id_is_ignored() -> None:
+    """Header tenancy scopes request ids by tenant, outputs are keyed by request id: the
+    planted BLOCK of tenant "evil" must not reach acme's waiter, before or after it waits."""
+    waiters = WaiterMap()
+    waiters.offer_verdict("r1", verdict("r1", decision=Decision.CAVEAT, tenant="acme"))
+    waiters.offer_verdict("r1", verdict("r1", decision=Decision.BLOCK, tenant="evil"))
+    early = waiters.wait_verdict("r1", tenant="acme")  # both already came, evil's last
+    assert early.done() and early.result().event.decision is Decision.CAVEAT
+    assert waiters.wait_verdict("r1").result().event.tenant == "evil"  # no tenant: the latest
+
+    later = waiters.wait_verdict("r2", tenant="acme")
+    claims = waiters.subscribe_claims("r2", tenant="acme")
+    waiters.offer_verdict("r2", verdict("r2", decision=Decision.BLOCK, tenant="evil"))
+    waiters.offer_claim("r2", claim("r2", 0, tenant="evil"))
+    await asyncio.sleep(0)
+    assert not later.done() and claims.empty()
+    waiters.offer_claim("r2", claim("r2", 0, tenant="acme"))
+    waiters.offer_verdict("r2", verdict("r2", decision=Decision.ALLOW, tenant="acme"))
+    assert (await later).event.decision is Decision.ALLOW
+    first, last = claims.get_nowait(), claims.get_nowait()
+    assert (first.event.tenant, last.event.tenant) == ("acme", "acme")
+    assert claims.empty()
+    # a verdict that names no tenant (an older sidecar) is taken as it always was
+    unnamed = waiters.wait_verdict("r3", tenant="acme")
+    waiters.offer_verdict("r3", verdict("r3"))
+    assert (await unnamed).event.tenant is None
+
+
+async def test_a_flood_of_records_under_one_key_keeps_a_bounded_cache() -> None:
+    waiters = WaiterMap()
+    for i in range(5000):
+        waiters.offer_claim("r1", claim("r1", i))
+        waiters.offer_verdict("r1", verdict("r1", tenant=f"t{i}"))
+    queue = waiters.subscribe_claims("r1")
+    assert queue.qsize() == 1024 + 1  # the newest claims, then the final verdict
+    assert waiters.wait_verdict("r1", tenant="t0").done() is False  # forgotten, not kept
