@@ -184,3 +184,43 @@ def test_every_float16_bit_pattern_is_refused_exactly_when_nan_inf_or_negative()
         raw = np.array([0.5, 0.0, 1.0], dtype="<f2").tobytes() + int(value).to_bytes(2, "little")
         with pytest.raises(ValueError, match="negative lookback ratio"):
             AttentionSummary(layers=1, heads=1, chunks=4, values=base64.b64encode(raw).decode())
+
+
+@pytest.mark.parametrize(
+    ("kind", "event"),
+    [
+        (InputKind.RETRIEVAL, {"event_type": "retrieval", "k": "2"}),
+        (InputKind.RETRIEVAL, {"event_type": "retrieval", "k": True}),
+        (InputKind.GENERATION, {"event_type": "generation.delta", "seq": "7"}),
+        (InputKind.FEEDBACK, {"event_type": "feedback", "correct": "yes"}),
+        (InputKind.FEEDBACK, {"event_type": "feedback", "correct": "off"}),
+    ],
+    ids=["k-string", "k-bool", "seq-string", "correct-yes", "correct-off"],
+)
+@pytest.mark.parametrize("path", ["fast", "checked"])
+def test_values_the_published_schema_refuses_are_refused_on_both_paths(
+    kind: InputKind, event: dict[str, Any], path: str
+) -> None:
+    """No lax coercion: "k": "2" or "correct": "yes" is a schema violation, as the JSON schema
+    in schemas/ says, whether the record takes the fast path or the checked one (a \\u escape
+    anywhere sends it there: json.dumps writes "é" as one)."""
+    text = "caf\u00e9" if path == "checked" else "cafe"
+    base: dict[str, dict[str, Any]] = {
+        "retrieval": {
+            "query": text,
+            "tenant": "t",
+            "collection": "c",
+            "k": 2,
+            "hits": [{"chunk_id": "c1", "doc_id": "d", "score": 0.5, "text": "x"}],
+        },
+        "generation.delta": {"seq": 0, "text": text},
+        "feedback": {"correct": True, "source": text},
+    }
+    good = {"schema_version": 1, "request_id": "r1", **base[event["event_type"]], **event}
+    good.update({k: v for k, v in base[event["event_type"]].items() if k in event})
+    raw_good = json.dumps(good).encode()
+    assert (b"\\u00e9" in raw_good) == (path == "checked")
+    decode_input(kind, raw_good, **LIMITS)
+    with pytest.raises(InputError) as info:
+        decode_input(kind, json.dumps({**good, **event}).encode(), **LIMITS)
+    assert info.value.reason == "schema-violation"
