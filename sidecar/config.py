@@ -71,6 +71,13 @@ class KafkaSettings(_Section):
         "resumed while a fetch is held waits for the next one",
     )
     request_timeout_ms: int = Field(default=30_000, ge=1_000)
+    wait_at_start: bool = Field(
+        default=False,
+        description="when Kafka cannot be reached at start, keep trying (backing off to 30 s, "
+        "health endpoints up: live, not ready) instead of exiting 1; for a sidecar injected "
+        "into an LLM pod, whose start must not wait for Kafka (a wrong topic layout still "
+        "stops it)",
+    )
     batches_in_flight: int = Field(
         default=4,
         ge=0,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sidecar.config import Settings
-from sidecar.exceptions import ConfigError
+from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.health import HealthServer
 from sidecar.kafka.app import SidecarService
 from sidecar.kafka.security import ssl_context
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from sidecar.confidence.fleet import CoverageMonitor
 
 log = logging.getLogger("sidecar")
+MAX_START_RETRY_S = 30.0  # the longest pause between attempts to reach Kafka at start
 
 
 def _artifact(settings: Settings, relative: str, what: str, switch: str) -> Path:
@@ -289,65 +290,124 @@ def freeze_startup_objects() -> int:
     return gc.get_freeze_count()
 
 
+class _Started:
+    """What the health endpoints read while the sidecar starts, then the service's state."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.service: SidecarService | None = None
+
+    def readiness(self) -> dict[str, bool]:
+        service = self.service
+        if service is None:
+            return {"started": False}
+        state = service.state
+        return {
+            "broker_connected": state.broker_ok,
+            "models_loaded": True,
+            "inputs_co_partitioned": not state.split and state.topics_ok,
+            "publishing": state.publishing,
+            **(
+                {"group_joined": state.group_joined}
+                if self.settings.http.ready_requires_assignment
+                else {}
+            ),
+        }
+
+    def liveness(self) -> dict[str, bool]:
+        service = self.service
+        return {"no_fatal_publish_error": service is None or service.state.live}
+
+
+async def _reach_kafka(settings: Settings, stop: asyncio.Event) -> dict[str, int] | None:
+    """The input topics' partition counts, once Kafka answers; ``None`` when stopped first.
+
+    Without ``kafka.wait_at_start`` the first ``BrokerError`` ends the start (exit 1).
+    A wrong layout (``ConfigError``) always does.
+    """
+    delay_s = 1.0
+    while True:
+        check = asyncio.ensure_future(verify_topics(settings))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({check, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not check.done():
+            check.cancel()
+            return None
+        try:
+            return check.result()
+        except BrokerError as exc:
+            if not settings.kafka.wait_at_start:
+                raise
+            log.warning("%s; trying again in %.0f s (GUARDRAIL_KAFKA__WAIT_AT_START)", exc, delay_s)
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=delay_s)
+        except TimeoutError:
+            delay_s = min(delay_s * 2, MAX_START_RETRY_S)
+        else:
+            return None
+
+
 async def serve(settings: Settings, processor: Processor | None = None) -> None:
     """Run until SIGTERM / SIGINT. ``processor``: replaces the one built from the
     settings' signals and policy (the bench's constant-verdict floor); ``None``
-    in production."""
+    in production.
+
+    The signal handlers and the health endpoints come first: a pod deleted while it
+    starts stops at once, and its probes answer (live; ready once the service runs).
+    """
     logging.getLogger().setLevel(settings.log_level)
     if settings.log_level == "DEBUG":
         for name in ("aiokafka", "faststream"):
             logging.getLogger(name).setLevel(logging.DEBUG)
     _preflight(settings)
-    counts = await verify_topics(settings)  # before anything slow: a wrong layout fails fast
-    log.info("input topics: %s", format_counts(counts))
-    setup = configure_from_env(settings.metrics.prometheus_port)
-    if processor is None:
-        processor = build_processor(settings)
-    service = SidecarService(
-        settings,
-        processor,
-        telemetry=Telemetry.from_setup(setup, stage_spans=settings.tracing.stage_spans),
-    )
-    health: HealthServer | None = None
-    if settings.http.enabled:
-        health = HealthServer(
-            settings.http.host,
-            settings.http.port,
-            lambda: {
-                "broker_connected": service.state.broker_ok,
-                "models_loaded": True,
-                "inputs_co_partitioned": not service.state.split and service.state.topics_ok,
-                "publishing": service.state.publishing,
-                **(
-                    {"group_joined": service.state.group_joined}
-                    if settings.http.ready_requires_assignment
-                    else {}
-                ),
-            },
-            lambda: {"no_fatal_publish_error": service.state.live},
-        )
-        await health.start()
-        log.info("health endpoints on %s:%d", settings.http.host, health.port)
-    if settings.gc_freeze:
-        freeze_startup_objects()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await service.start()
-    log.info(
-        "sidecar consuming %s + %s as group %s on %s",
-        settings.topics.retrieval,
-        settings.topics.generation,
-        settings.kafka.group_id,
-        settings.kafka.bootstrap_servers,
-    )
-    await stop.wait()
-    log.info("stopping: finishing in-flight work and committing")
+    started = _Started(settings)
+    health: HealthServer | None = None
+    if settings.http.enabled:
+        health = HealthServer(
+            settings.http.host, settings.http.port, started.readiness, started.liveness
+        )
+        await health.start()
+        log.info("health endpoints on %s:%d", settings.http.host, health.port)
+    setup = None
     try:
+        counts = await _reach_kafka(settings, stop)  # before anything slow: a wrong layout
+        if counts is None:  # fails fast
+            log.info("stopped while starting")
+            return
+        log.info("input topics: %s", format_counts(counts))
+        setup = configure_from_env(settings.metrics.prometheus_port)
+        if processor is None:
+            processor = build_processor(settings)
+        service = SidecarService(
+            settings,
+            processor,
+            telemetry=Telemetry.from_setup(setup, stage_spans=settings.tracing.stage_spans),
+        )
+        if settings.gc_freeze:
+            freeze_startup_objects()
+        if stop.is_set():
+            log.info("stopped while starting")
+            return
+        await service.start()
+        started.service = service
+        log.info(
+            "sidecar consuming %s + %s as group %s on %s",
+            settings.topics.retrieval,
+            settings.topics.generation,
+            settings.kafka.group_id,
+            settings.kafka.bootstrap_servers,
+        )
+        await stop.wait()
+        log.info("stopping: finishing in-flight work and committing")
         await asyncio.wait_for(service.stop(), timeout=settings.shutdown_grace_ms / 1000.0 or None)
     finally:
         if health is not None:
             await health.stop()
-        setup.shutdown()
+        if setup is not None:
+            setup.shutdown()
     log.info("stopped")

@@ -21,6 +21,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ from sidecar.kafka.assignor import co_partition_assignor
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.corpus import request_records
 from sidecar.lab.chaos.process import SidecarProcess
+from sidecar.lab.chaos.proxy import ThrottlingProxy
 from sidecar.lab.localkafka.broker import LocalKafka, free_port
 from sidecar.lab.replay import Record, send
 from sidecar.pipeline.processor import Processor
@@ -371,6 +374,60 @@ def test_run_with_a_wrong_bootstrap_server_ends_in_one_line() -> None:
     assert "cannot reach Kafka at 127.0.0.1:" in line
     assert "Traceback" not in out.stderr
     assert time.monotonic() - started < 30  # bounded by the request timeout, plus the start
+
+
+def _probe(port: int, path: str) -> int | None:
+    """The HTTP status of ``path`` on the sidecar's health port (``None``: no answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return None
+
+
+async def test_a_sidecar_told_to_wait_for_kafka_is_live_until_it_comes_then_ready(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], tmp_path: Path
+) -> None:
+    """``GUARDRAIL_KAFKA__WAIT_AT_START`` (the chart's inject mode): Kafka away at start must
+    not stop the pod's start (a native sidecar's startup probe gates the LLM container).
+    The health endpoints answer at once (live, not ready), Kafka is tried again until it
+    answers, then the sidecar serves; SIGTERM while it waits ends it at once."""
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions=2)
+    await create_topics(settings)
+    broker_port = int(kafka_broker.bootstrap_servers.rsplit(":", 1)[1])
+    proxy = ThrottlingProxy(broker_port, port=free_port())  # bound, not yet accepting
+    env = {
+        **_env(settings),
+        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": proxy.address,
+        "GUARDRAIL_KAFKA__WAIT_AT_START": "true",
+        "GUARDRAIL_KAFKA__REQUEST_TIMEOUT_MS": "2000",
+    }
+    waiting = SidecarProcess(env, tmp_path / "waiting.log")
+    later = SidecarProcess(env, tmp_path / "later.log")
+    for proc in (waiting, later):
+        with proc.log.open("ab") as out:
+            proc.proc = subprocess.Popen(
+                [sys.executable, *proc.argv], env=proc.env, stdout=out, stderr=subprocess.STDOUT
+            )
+    try:
+        for proc in (waiting, later):
+            await wait_until(lambda p=proc: _probe(p.port, "/livez") == 200, 30, "live")
+            assert _probe(proc.port, "/readyz") == 503
+        await asyncio.sleep(3.0)  # at least one more attempt fails
+        assert waiting.pid is not None and later.pid is not None, later.tail()
+        assert "trying again" in later.tail()
+        started = time.monotonic()
+        assert await asyncio.to_thread(waiting.signal, signal.SIGTERM) == 0, waiting.tail()
+        assert time.monotonic() - started < 10
+        proxy.start()  # Kafka comes
+        await wait_until(later.ready, 60, "ready once Kafka answers")
+    finally:
+        for proc in (waiting, later):
+            if proc.pid is not None:
+                proc.signal(signal.SIGTERM)
+        proxy.close()
 
 
 async def test_static_membership_joins_and_decides_on_the_real_broker(

@@ -128,6 +128,9 @@ convention. Credentials only ever come from Secrets.
 {{- /* injected into an LLM pod: its readiness does not wait for the consumer group join */}}
 - name: GUARDRAIL_HTTP__READY_REQUIRES_ASSIGNMENT
   value: "false"
+{{- /* nor does its start: Kafka away keeps it live (not ready), trying again */}}
+- name: GUARDRAIL_KAFKA__WAIT_AT_START
+  value: "true"
 {{- end }}
 - name: GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS
   value: {{ $v.kafka.bootstrapServers | quote }}
