@@ -41,6 +41,7 @@ from sidecar.confidence.certify_allow import AllowCertificate, load_certificate
 from sidecar.contracts.events import Reason, RetrievalEvent
 from sidecar.exceptions import ArtifactError, ConfigError
 from sidecar.policy.config import Action, AllowRules, PolicyConfig, Profile
+from sidecar.policy.findings import below
 
 __all__ = ["Certified", "CertifiedAllow", "load_certificates", "request_key"]
 
@@ -138,8 +139,8 @@ class CertifiedAllow:
                 self.rules.below,
                 _reason(
                     "confidence-below-certified",
-                    f"calibrated p(correct) = {confidence:.2f} < certified threshold "
-                    f"{self.threshold:g} ({terms})",
+                    f"calibrated p(correct) = {below(confidence, self.threshold)} "
+                    f"(certified threshold; {terms})",
                 ),
                 in_force=True,
             )

@@ -55,6 +55,16 @@ class Finding:
 
 
 @functools.lru_cache(maxsize=4096)
+def below(p: float, threshold: float) -> str:
+    """``"p < threshold"`` with as many decimals of ``p`` as it takes to read as below it
+    (two, unless rounding would print 0.10 < 0.1); the threshold as configured."""
+    for places in range(2, 7):
+        shown = f"{p:.{places}f}"
+        if float(shown) < threshold:
+            return f"{shown} < {threshold:g}"
+    return f"{p!r} < {threshold:g}"  # the shortest repr that round-trips is below it
+
+
 def finding(action: Action, code: str, message: str, signal: SignalName) -> Finding:
     """A ``Finding`` whose reason is ``code`` / ``message`` of ``signal``.
 
@@ -148,12 +158,12 @@ def _thresholds(
     if p < rules.block_below:
         return [
             finding(
-                "block", f"{signal}-very-low", f"{name} = {p:.2f} < {rules.block_below}", signal
+                "block", f"{signal}-very-low", f"{name} = {below(p, rules.block_below)}", signal
             )
         ]
     if p < rules.caveat_below:
         return [
-            finding("caveat", f"{signal}-low", f"{name} = {p:.2f} < {rules.caveat_below}", signal)
+            finding("caveat", f"{signal}-low", f"{name} = {below(p, rules.caveat_below)}", signal)
         ]
     return []
 
