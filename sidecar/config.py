@@ -250,7 +250,12 @@ class HttpSettings(_Section):
     """Liveness and readiness endpoints."""
 
     enabled: bool = True
-    host: str = "0.0.0.0"  # noqa: S104 - a pod's probes come from the kubelet, not loopback
+    host: str = Field(
+        default="0.0.0.0",  # noqa: S104 - a pod's probes come from the kubelet, not loopback
+        min_length=1,
+        description="address /livez and /readyz bind: 0.0.0.0 (IPv4), :: for an IPv6-only "
+        "cluster (the kubelet probes the pod's IPv6 address)",
+    )
     port: int = Field(default=8080, ge=0, le=65535)
     ready_requires_assignment: bool = Field(
         default=True,
@@ -396,6 +401,12 @@ class MetricsSettings(_Section):
     """Metrics export. OTLP follows the standard OTEL_* variables; Prometheus is opt-in."""
 
     prometheus_port: int | None = Field(default=None, ge=1, le=65535)
+    prometheus_host: str = Field(
+        default="0.0.0.0",  # noqa: S104 - scraped from outside the pod
+        min_length=1,
+        description="address the metrics endpoint binds: 0.0.0.0 (IPv4), :: (IPv6 and, on "
+        "dual-stack nodes, IPv4 too)",
+    )
 
 
 class TracingSettings(_Section):

@@ -380,7 +380,9 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
             log.info("stopped while starting")
             return
         log.info("input topics: %s", format_counts(counts))
-        setup = configure_from_env(settings.metrics.prometheus_port)
+        setup = configure_from_env(
+            settings.metrics.prometheus_port, settings.metrics.prometheus_host
+        )
         if processor is None:
             processor = build_processor(settings)
         service = SidecarService(

@@ -195,7 +195,10 @@ class TelemetrySetup:
     at scrape time, OTLP through ``StageDurationsExporter``) instead of the SDK's."""
 
 
-def configure_from_env(prometheus_port: int | None = None) -> TelemetrySetup:
+def configure_from_env(
+    prometheus_port: int | None = None,
+    prometheus_host: str = "0.0.0.0",  # noqa: S104
+) -> TelemetrySetup:
     """Install SDK providers when the environment asks for them.
 
     Raises ``ConfigError`` for an OTLP protocol other than grpc or http/protobuf, and
@@ -239,7 +242,7 @@ def configure_from_env(prometheus_port: int | None = None) -> TelemetrySetup:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415
         from prometheus_client import start_http_server  # noqa: PLC0415
 
-        start_http_server(prometheus_port)
+        start_http_server(prometheus_port, addr=prometheus_host)
         readers.append(PrometheusMetricReader())
         if metric_exporter is None:
             local = _stage_durations()

@@ -124,6 +124,8 @@ convention. Credentials only ever come from Secrets.
   value: {{ $v.shutdownGraceMs | int64 | toString | quote }}
 - name: GUARDRAIL_HTTP__PORT
   value: {{ $v.http.port | toString | quote }}
+- name: GUARDRAIL_HTTP__HOST
+  value: {{ $v.http.listenAddress | quote }}
 {{- if eq $v.mode "inject" }}
 {{- /* injected into an LLM pod: its readiness does not wait for the consumer group join */}}
 - name: GUARDRAIL_HTTP__READY_REQUIRES_ASSIGNMENT
@@ -202,6 +204,8 @@ convention. Credentials only ever come from Secrets.
 {{- if $v.metrics.prometheus.enabled }}
 - name: GUARDRAIL_METRICS__PROMETHEUS_PORT
   value: {{ $v.metrics.prometheus.port | toString | quote }}
+- name: GUARDRAIL_METRICS__PROMETHEUS_HOST
+  value: {{ $v.http.listenAddress | quote }}
 {{- end }}
 - name: OTEL_SERVICE_NAME
   value: {{ default (include "guardrail-sidecar.name" .) $v.otel.serviceName | quote }}
