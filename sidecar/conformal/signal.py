@@ -32,26 +32,18 @@ class ConformalCertifier:
         if not cert.certifiable:
             # no threshold at this alpha (k > n): the conformal set is every chunk, which
             # certifies none. Claims, coverage, confidence and the monitor read "trusted"
-            # as certified, so nothing is trusted; the policy reads ``certifiable``.
-            return RetrievalSignal(
-                status=SignalStatus.OK,
-                trusted_chunk_ids=[],
-                m1=False,
-                m2=0.0,
-                alpha=cert.alpha,
-                certifiable=False,
-                calibration_version=cert.calibration_id,
-                calibration_key=cert.calibration_key,
-                fallback=cert.fallback,
-                fallback_reason=cert.fallback_reason,
-                clipped_scores=cert.n_clipped,
-            )
-        status = self.monitor.observe(cert)
+            # as certified, so nothing is trusted (and the monitor is not fed); the policy
+            # reads ``certifiable``.
+            trusted: list[str] = []
+            m1, m2, status = False, 0.0, None
+        else:
+            trusted = [event.hits[i].chunk_id for i in cert.trusted_indices]
+            m1, m2, status = cert.m1, cert.m2, self.monitor.observe(cert)
         return RetrievalSignal(
             status=SignalStatus.OK,
-            trusted_chunk_ids=[event.hits[i].chunk_id for i in cert.trusted_indices],
-            m1=cert.m1,
-            m2=cert.m2,
+            trusted_chunk_ids=trusted,
+            m1=m1,
+            m2=m2,
             q_hat=cert.q_hat,
             alpha=cert.alpha,
             certifiable=cert.certifiable,
@@ -60,8 +52,8 @@ class ConformalCertifier:
             fallback=cert.fallback,
             fallback_reason=cert.fallback_reason,
             clipped_scores=cert.n_clipped,
-            monitor=status.state.value,
-            m1_mean=status.m1_mean,
+            monitor=None if status is None else status.state.value,
+            m1_mean=None if status is None else status.m1_mean,
         )
 
     def monitor_readings(self) -> dict[str, MonitorReading]:
