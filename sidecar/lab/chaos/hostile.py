@@ -32,6 +32,7 @@ from sidecar.lab.chaos.expectations import (
     Outcome,
 )
 from sidecar.lab.replay import Record
+from sidecar.pipeline.intake import HELD_EVENT_OVERHEAD
 
 FLOAT16_MAX = 65504.0
 _SIDE = {-1: "-under", 0: "-at", 1: "-over"}  # request ids allow no "+"
@@ -123,6 +124,12 @@ class HostileFactory(RecordBuilder):
             ):
                 rid = f"{p}att{name.strip('+-')}{'n' if name.startswith('-') else ''}"
                 fin = self._fin(rid, generator_model=model, attention=self._attention(values))
+                if (values < 0).any():  # lookback ratios are >= 0 (eq. 8): refused
+                    yield self._pair(
+                        f"attention={name}", rid, self._ret(rid, k=self.attention.chunks), fin,
+                        bad="final", reasons=["schema-violation"],
+                    )  # fmt: skip
+                    continue
                 yield self._pair(
                     f"attention={name}", rid, self._ret(rid, k=self.attention.chunks), fin,
                     outcome=Outcome.ANSWER,
@@ -238,7 +245,8 @@ class HostileFactory(RecordBuilder):
             event["hits"][0]["text"] = "r" * pad
             return orjson.dumps(event)
 
-        target = lim.max_request_bytes - len(fin) + d
+        # each held event also counts a fixed overhead against the budget (intake.held_bytes)
+        target = lim.max_request_bytes - len(fin) - 2 * HELD_EVENT_OVERHEAD + d
         if target > lim.max_message_bytes:
             raise ValueError(
                 f"max_request_bytes ({lim.max_request_bytes}) must be within max_message_bytes "
