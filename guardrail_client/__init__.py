@@ -13,7 +13,7 @@ sidecar's serving modules, FastStream, onnxruntime or torch)::
 only from that module) records the attention summary of a Hugging Face model.
 """
 
-from guardrail_client.events import EventBuilder, OutgoingRecord, trace_headers
+from guardrail_client.events import EventBuilder, OutgoingRecord, SidecarLimits, trace_headers
 from guardrail_client.exceptions import (
     ClientError,
     ClientNotStartedError,
@@ -48,6 +48,7 @@ __all__ = [
     "PartitionerWarning",
     "PublisherStats",
     "RetrievalHit",
+    "SidecarLimits",
     "SyncGuardrailPublisher",
     "VerdictClient",
     "VerdictResult",

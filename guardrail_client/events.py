@@ -59,6 +59,20 @@ class OutgoingRecord(Generic[E]):
 class _OpenRequest:
     next_seq: int = 0
     tenant: str | None = None
+    streamed_chars: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarLimits:
+    """The sidecar's input limits, at its defaults: an event beyond them would be
+    dead-lettered there, never decided (and a caller failing open would show the answer
+    unchecked), so the client refuses it with ``InvalidEventError``. Pass the values of
+    your sidecar's ``GUARDRAIL_LIMITS__*`` when you changed them."""
+
+    max_hits: int = 256  # GUARDRAIL_LIMITS__MAX_HITS
+    max_answer_chars: int = 200_000  # GUARDRAIL_LIMITS__MAX_ANSWER_CHARS (final, or streamed)
+    max_message_bytes: int = 1_048_576  # GUARDRAIL_LIMITS__MAX_MESSAGE_BYTES (encoded value)
+    max_deltas: int = 100_000  # deltas per request
 
 
 def trace_headers() -> list[Header]:
@@ -109,9 +123,11 @@ class EventBuilder:
         tenant_header: str | None = "x-tenant",
         max_open_requests: int = 100_000,
         headers: Callable[[], list[Header]] = trace_headers,
+        limits: SidecarLimits | None = None,
     ) -> None:
         if max_open_requests < 1:
             raise ValueError(f"max_open_requests must be >= 1, got {max_open_requests}")
+        self.limits = limits or SidecarLimits()
         self.retrieval_topic = retrieval_topic
         self.generation_topic = generation_topic
         self.generator_model = generator_model
@@ -138,6 +154,12 @@ class EventBuilder:
         created_at: datetime | None = None,
     ) -> OutgoingRecord[RetrievalEvent]:
         """What was retrieved (best first); ``k`` defaults to ``len(hits)``."""
+        if len(hits) > self.limits.max_hits:
+            raise InvalidEventError(
+                "retrieval",
+                f"{len(hits)} hits; the sidecar dead-letters more than {self.limits.max_hits} "
+                "(SidecarLimits.max_hits, GUARDRAIL_LIMITS__MAX_HITS)",
+            )
         hit_fields = [h.model_dump() if isinstance(h, RetrievalHit) else dict(h) for h in hits]
         event = _validated(
             RetrievalEvent,
@@ -153,12 +175,14 @@ class EventBuilder:
                 "created_at": created_at,
             },
         )
+        record = self._record(self.retrieval_topic, event, tenant)
         with self._lock:
             self._state(request_id).tenant = tenant
-        return self._record(self.retrieval_topic, event, tenant)
+        return record
 
     def delta(self, request_id: str, text: str) -> OutgoingRecord[GenerationDelta]:
         """The next streamed piece of the answer (``seq`` is counted here)."""
+        limits = self.limits
         with self._lock:
             state = self._state(request_id)
             event = _validated(
@@ -166,9 +190,24 @@ class EventBuilder:
                 "generation.delta",
                 {"request_id": request_id, "seq": state.next_seq, "text": text},
             )
-            state.next_seq += 1
-            tenant = state.tenant
-        return self._record(self.generation_topic, event, tenant)
+            if state.next_seq >= limits.max_deltas:
+                raise InvalidEventError(
+                    "generation.delta",
+                    f"more than {limits.max_deltas} deltas for request {request_id} "
+                    "(SidecarLimits.max_deltas)",
+                )
+            streamed = state.streamed_chars + len(text)
+            if streamed > limits.max_answer_chars:
+                raise InvalidEventError(
+                    "generation.delta",
+                    f"the streamed answer would have {streamed} characters; the sidecar "
+                    f"dead-letters more than {limits.max_answer_chars} "
+                    "(SidecarLimits.max_answer_chars, GUARDRAIL_LIMITS__MAX_ANSWER_CHARS)",
+                )
+            record = self._record(self.generation_topic, event, state.tenant)
+            state.next_seq += 1  # only once the event is good to send: no gap in seq
+            state.streamed_chars = streamed
+        return record
 
     def final(
         self,
@@ -180,6 +219,13 @@ class EventBuilder:
         generator_model: str | None = None,
     ) -> OutgoingRecord[GenerationFinal]:
         """The whole answer; ``attention`` is an ``AttentionSummary`` or an (L, H, K) array."""
+        if len(answer) > self.limits.max_answer_chars:
+            raise InvalidEventError(
+                "generation.final",
+                f"the answer has {len(answer)} characters; the sidecar dead-letters more than "
+                f"{self.limits.max_answer_chars} (SidecarLimits.max_answer_chars, "
+                "GUARDRAIL_LIMITS__MAX_ANSWER_CHARS)",
+            )
         if attention is not None and not isinstance(attention, AttentionSummary):
             try:
                 attention = AttentionSummary.from_array(attention)
@@ -199,8 +245,9 @@ class EventBuilder:
                     "mean_token_logprob": logprob,
                 },
             )
+            record = self._record(self.generation_topic, event, state.tenant)
             self._open.pop(request_id, None)
-        return self._record(self.generation_topic, event, state.tenant)
+        return record
 
     def _state(self, request_id: str) -> _OpenRequest:
         state = self._open.get(request_id)
@@ -220,10 +267,18 @@ class EventBuilder:
         headers = self._headers()
         if tenant is not None and self.tenant_header:
             headers.append((self.tenant_header, tenant.encode("utf-8")))
+        value = encode(event)
+        if len(value) > self.limits.max_message_bytes:
+            raise InvalidEventError(
+                event.event_type,
+                f"the encoded event is {len(value)} bytes; the sidecar dead-letters more than "
+                f"{self.limits.max_message_bytes} (SidecarLimits.max_message_bytes, "
+                "GUARDRAIL_LIMITS__MAX_MESSAGE_BYTES)",
+            )
         return OutgoingRecord(
             topic=topic,
             key=request_key(event.request_id),
-            value=encode(event),
+            value=value,
             headers=tuple(headers),
             event=event,
         )

@@ -10,14 +10,17 @@ class ClientError(GuardrailError):
 
 
 class InvalidEventError(ClientError):
-    """An event the caller asked to publish breaks the contract; it was not sent.
+    """An event the caller asked to publish breaks the contract or the sidecar's input
+    limits (:class:`~guardrail_client.events.SidecarLimits`); it was not sent.
 
     A caller's bug, not the sidecar's input: it is raised at the call site so
     that it never reaches Kafka (where the sidecar would dead-letter it).
     """
 
     def __init__(self, event_type: str, detail: str) -> None:
-        super().__init__(f"{event_type} event breaks the contract: {detail}")
+        super().__init__(
+            f"{event_type} event breaks the contract or the sidecar's limits: {detail}"
+        )
         self.event_type = event_type
         self.detail = detail
 

@@ -24,7 +24,7 @@ from typing import Any, Self
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from guardrail_client.events import EventBuilder, HitLike, OutgoingRecord
+from guardrail_client.events import EventBuilder, HitLike, OutgoingRecord, SidecarLimits
 from guardrail_client.exceptions import ClientNotStartedError, PartitionerWarning
 from guardrail_client.keys import is_murmur2_partitioner
 from sidecar.contracts.events import (
@@ -81,6 +81,7 @@ class GuardrailPublisher:
         linger_ms: int = 5,
         max_queued_events: int = 10_000,
         max_open_requests: int = 100_000,
+        limits: SidecarLimits | None = None,
         **producer_options: Any,
     ) -> None:
         if max_queued_events < 1:
@@ -92,6 +93,7 @@ class GuardrailPublisher:
             generator_model=generator_model,
             tenant_header=tenant_header,
             max_open_requests=max_open_requests,
+            limits=limits,
         )
         self.stats = PublisherStats()
         self._producer_args: dict[str, Any] = {

@@ -21,9 +21,12 @@ from guardrail_client import (
     InvalidEventError,
     OutgoingRecord,
     PartitionerWarning,
+    SidecarLimits,
     partition_for,
 )
+from sidecar.config import LimitSettings
 from sidecar.contracts.codec import InputKind, decode_input
+from sidecar.pipeline.intake import MAX_DELTAS_PER_REQUEST
 
 HITS = [{"chunk_id": "c1", "doc_id": "d1", "score": 0.7, "text": "Mary Shelley wrote it."}]
 
@@ -164,3 +167,39 @@ def test_partition_for_matches_the_java_client() -> None:
 def test_values_are_plain_json_objects() -> None:
     value = builder().retrieval("r", "q", HITS, tenant="t", collection="c").value
     assert orjson.loads(value)["schema_version"] == 1
+
+
+def test_the_client_limits_default_to_the_sidecars() -> None:
+    sidecar = LimitSettings()
+    client = SidecarLimits()
+    assert (client.max_hits, client.max_answer_chars, client.max_message_bytes) == (
+        sidecar.max_hits,
+        sidecar.max_answer_chars,
+        sidecar.max_message_bytes,
+    )
+    assert client.max_deltas == MAX_DELTAS_PER_REQUEST
+
+
+def test_events_the_sidecar_would_dead_letter_are_refused_at_the_call() -> None:
+    """Sent, they would never be decided, and a caller failing open (the default) would show
+    the answer unchecked; refused, the caller sees why. A refused delta takes no seq."""
+    b = builder(limits=SidecarLimits(max_hits=2, max_answer_chars=10, max_message_bytes=600))
+    with pytest.raises(InvalidEventError, match="3 hits"):
+        b.retrieval("r1", "q", HITS * 3, tenant="t", collection="c")
+    b.retrieval("r1", "q", HITS * 2, tenant="t", collection="c")
+    with pytest.raises(InvalidEventError, match="more than 10"):
+        b.final("r1", "x" * 11)
+    assert decoded(InputKind.GENERATION, b.delta("r1", "abcdef").value).seq == 0
+    with pytest.raises(InvalidEventError, match="would have 12 characters"):
+        b.delta("r1", "ghijkl")
+    assert decoded(InputKind.GENERATION, b.delta("r1", "ghij").value).seq == 1  # no gap
+    assert decoded(InputKind.GENERATION, b.final("r1", "abcdefghij").value).deltas == 2
+    tight = builder(limits=SidecarLimits(max_message_bytes=600))
+    tight.final("r2", "x" * 100)
+    with pytest.raises(InvalidEventError, match="bytes"):  # escapes: 6 bytes per character
+        tight.final("r2", "\x01" * 100)
+    few = builder(limits=SidecarLimits(max_deltas=2))
+    few.delta("r3", "a")
+    few.delta("r3", "b")
+    with pytest.raises(InvalidEventError, match="more than 2 deltas"):
+        few.delta("r3", "c")
