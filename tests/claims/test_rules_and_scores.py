@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from sidecar.claims import rules
 from sidecar.claims.rules import check_quantities, extract_quantities
 from sidecar.claims.scores import (
     ClaimCounts,
@@ -102,3 +105,27 @@ def test_summarise_fills_the_claims_signal() -> None:
     assert sig.reliability == pytest.approx(0.4) and sig.reliability_level == "LOW"
     assert sig.hallucination_rate == pytest.approx(0.6)
     assert sig.evidence_scope == "trusted"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    words=st.lists(
+        st.sampled_from(["May", "march", "Jan", "June", "1", "12", "1999", "two", "x", " ", "-"]),
+        max_size=40,
+    ),
+    seps=st.lists(st.sampled_from(["", " ", "  ", "   ", ", "]), min_size=40, max_size=40),
+)
+def test_ambiguous_months_count_exactly_when_a_number_is_within_two_characters(
+    words: list[str], seps: list[str]
+) -> None:
+    """The set lookup keeps the rule the linear scan had (a number ending <= 2 characters
+    before the month or starting <= 2 after it), without its cost in long evidence."""
+    text = "".join(w + s for w, s in zip(words, seps, strict=False))
+    spans = [m.span() for m in rules._NUMBER.finditer(text)]
+    spans += [m.span() for m in rules._NUMBER_WORD.finditer(text)]
+    kept = []
+    for m in rules._MONTH.finditer(text):
+        near = any(0 <= m.start() - e <= 2 or 0 <= s - m.end() <= 2 for s, e in spans)
+        if m.group(1).lower() not in rules._AMBIGUOUS_MONTHS or near:
+            kept.append(m.group(1))
+    assert [q.surface for q in extract_quantities(text) if q.month is not None] == kept
