@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import IntEnum
+from typing import Generic, TypeVar
 
 from sidecar import __version__
 from sidecar.confidence.bound import BoundReport, CoverageTracker
@@ -98,11 +99,11 @@ class CoverageMonitor:
         self.tracker = CoverageTracker(window=window, confidence=confidence)
         if probe is not None:
             self.tracker.set_probe(None, *probe)
-        self._recent: OrderedDict[str, tuple[str, bool]] = OrderedDict()  # request key ->
+        # request key -> (calibration key, covered), the last ``window`` of each key
+        self._recent: _RecentPerKey[bool] = _RecentPerKey(window)
         # request key -> certificate key, for final allows taken under a certificate
-        self._certified: OrderedDict[str, str] = OrderedDict()
+        self._certified: _RecentPerKey[None] = _RecentPerKey(window)
         self.certificates = CertificateTracker(window=window, confidence=confidence)
-        self._capacity = window
         self._interval_ms = report_interval_s * 1000.0
         self._next_ms: float | None = None
         self._confidence = confidence
@@ -133,19 +134,13 @@ class CoverageMonitor:
         """:meth:`observe_verdict` from a final verdict's values (the serving path's call)."""
         name = request_key
         if certificate is not None and decision is Decision.ALLOW:
-            self._certified[name] = certificate
-            self._certified.move_to_end(name)
-            while len(self._certified) > self._capacity:
-                self._certified.popitem(last=False)
+            self._certified.add(name, certificate, None)
         cert = certification
         if cert.m1 is None:
             return  # not certified: coverage is unknown, not zero
         key = cert.calibration_key or UNCERTIFIED_KEY
         self.tracker.observe_request(key, cert.m1)
-        self._recent[name] = (key, cert.m1)
-        self._recent.move_to_end(name)
-        while len(self._recent) > self._capacity:
-            self._recent.popitem(last=False)
+        self._recent.add(name, key, cert.m1)
 
     def observe_feedback(
         self, feedback: FeedbackEvent, request_key: str | None = None
@@ -156,7 +151,8 @@ class CoverageMonitor:
         wrong answer, as in the calibration labels).
         """
         name = request_key or feedback.request_id
-        certificate = self._certified.get(name)
+        certified = self._certified.get(name)
+        certificate = None if certified is None else certified[0]
         cert_replaced = False
         if certificate is not None:
             cert_replaced = self.certificates.observe_label(
@@ -262,3 +258,38 @@ class CoverageMonitor:
                     }
                 )
         return out
+
+
+V = TypeVar("V")
+
+
+class _RecentPerKey(Generic[V]):
+    """The last ``window`` request names of each key, with a value each; found by name.
+
+    Bounded per key, not overall: one key's (one tenant's) traffic cannot push another
+    key's requests out before their labels come.
+    """
+
+    def __init__(self, window: int) -> None:
+        self._window = window
+        self._by_key: dict[str, OrderedDict[str, V]] = {}
+        self._key_of: dict[str, str] = {}
+
+    def add(self, name: str, key: str, value: V) -> None:
+        old = self._key_of.get(name)
+        if old is not None and old != key:
+            self._by_key[old].pop(name, None)
+        names = self._by_key.setdefault(key, OrderedDict())
+        names[name] = value
+        names.move_to_end(name)
+        self._key_of[name] = key
+        while len(names) > self._window:
+            gone, _ = names.popitem(last=False)
+            if self._key_of.get(gone) == key:
+                del self._key_of[gone]
+
+    def get(self, name: str) -> tuple[str, V] | None:
+        key = self._key_of.get(name)
+        if key is None:
+            return None
+        return key, self._by_key[key][name]

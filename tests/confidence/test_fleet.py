@@ -128,9 +128,12 @@ def test_recent_memory_is_bounded_by_the_window() -> None:
         m.observe_verdict(verdict(f"r{i}", True))
     assert not m.observe_feedback(feedback("r0", True))  # pushed out by r3
     assert all(m.observe_feedback(feedback(f"r{i}", True)) for i in (1, 2, 3))
-    # across keys: the memory is one bounded map, not one per key
-    m.observe_verdict(verdict("x", True, key="other"))
-    assert not m.observe_feedback(feedback("r1", True))
+    # per key: another key's (another tenant's) traffic pushes none of this key's out
+    for i in range(10):
+        m.observe_verdict(verdict(f"x{i}", True, key="other"))
+    assert all(m.observe_feedback(feedback(f"r{i}", True)) for i in (1, 2, 3))
+    assert not m.observe_feedback(feedback("x6", True))  # the other key keeps its own last 3
+    assert m.observe_feedback(feedback("x9", True))
 
 
 def test_a_repeated_verdict_refreshes_its_place_in_memory() -> None:
