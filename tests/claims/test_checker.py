@@ -243,3 +243,20 @@ def test_claims_after_the_answer_budget_are_unchecked_not_verified() -> None:
     assert (len(first), len(second), third) == (1, 1, [])
     assert session.over_budget == 1 and signal.unchecked == 1
     assert signal.n == 2  # only what was verified is summarised
+
+
+def test_the_budget_holds_within_one_batch_of_claims() -> None:
+    """A final-only answer's claims all come at once: the budget is checked between them,
+    not only before the batch (100 claims at ~0.1 s each took 10 s against a 2 s budget)."""
+    ticks = iter(float(i) for i in range(1000))  # every verifier call "takes" 1 s
+    session = VerifierClaimSession(
+        ClaimScorer(LexicalVerifier()),
+        [EvidenceChunk("c1", "Mary Shelley wrote Frankenstein. It was published in 1818.")],
+        "trusted",
+        answer_budget_s=1.5,
+        clock=lambda: next(ticks),
+    )
+    answer = " ".join(f"Claim number {i} is about Frankenstein." for i in range(6))
+    results, signal = session.finish(answer)
+    assert len(results) == 2  # 0 s spent, then 1 s: two verified, the budget is then gone
+    assert session.over_budget == 4 and signal.unchecked == 4
