@@ -45,7 +45,7 @@ class PublisherStats:
     queued: int = 0
     delivered: int = 0
     failed: int = 0  # the broker refused or the delivery timed out
-    dropped: int = 0  # the queue was full (Kafka away or too slow)
+    dropped: int = 0  # the queue was full (Kafka away or too slow), or still queued at stop()
 
 
 def check_partitioner(producer_options: dict[str, Any]) -> None:
@@ -133,6 +133,14 @@ class GuardrailPublisher:
             self._drain_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._drain_task
+        left = self._queue.qsize() if self._queue is not None else 0
+        if left:  # accepted, never sent: counted, not silently gone
+            self.stats.dropped += left
+            log.warning(
+                "stop(): %d queued events were not delivered within %.0f s; counted as dropped",
+                left,
+                flush_timeout_s,
+            )
         await self._producer.stop()
         self._producer = self._queue = self._drain_task = None
 
@@ -244,6 +252,9 @@ class GuardrailPublisher:
             except KafkaError as exc:
                 self.stats.failed += 1
                 log.warning("could not send %s: %s", record.event.event_type, exc)
+            except asyncio.CancelledError:  # stop() while this one waited for the producer
+                self.stats.dropped += 1
+                raise
             else:
                 self._pending.add(future)
                 future.add_done_callback(self._delivered)

@@ -36,7 +36,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
 from guardrail_client.exceptions import ClientNotStartedError, VerdictTimeoutError
-from guardrail_client.waiters import Arrival, Received, WaiterMap
+from guardrail_client.waiters import Arrival, ClientStopped, Received, WaiterMap
 from sidecar.contracts.events import AnswerVerdict, ClaimVerdict, Decision
 from sidecar.exceptions import BrokerError
 
@@ -142,6 +142,8 @@ class VerdictClient:
         self._task = asyncio.create_task(self._consume(), name="guardrail-verdicts")
 
     async def stop(self) -> None:
+        """Stop consuming; callers still waiting get their ``unavailable`` fallback at once."""
+        self.waiters.close()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -193,6 +195,8 @@ class VerdictClient:
             )
         except TimeoutError:
             return self._fallback(request_id, "timeout", time.monotonic() - started)
+        except ClientStopped:  # stop() while waiting: answered now, not at the timeout
+            return self._fallback(request_id, "unavailable", time.monotonic() - started)
         finally:
             self.waiters.forget_verdict(request_id, future)
         return VerdictResult(

@@ -93,6 +93,10 @@ class _Recent:
         return list(item[1])
 
 
+class ClientStopped(Exception):
+    """The verdict consumer stopped while a caller waited."""
+
+
 def _ours(event: AnswerVerdict | ClaimVerdict, tenant: str | None) -> bool:
     """Whether ``event`` may be the waiter's: no tenant asked, or none named, or the same.
 
@@ -166,6 +170,14 @@ class WaiterMap:
             self._claims[request_id] = queues
         else:
             self._claims.pop(request_id, None)
+
+    def close(self) -> None:
+        """The consumer stopped: every verdict waiter is woken with :class:`ClientStopped`."""
+        for waiters in self._verdicts.values():
+            for future, _ in waiters:
+                if not future.done():
+                    future.set_exception(ClientStopped())
+        self._verdicts.clear()
 
     # ------------------------------------------------------------------ arrivals
 

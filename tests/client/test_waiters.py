@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
+import pytest
+
 from guardrail_client.waiters import Arrival, WaiterMap
 from sidecar.contracts.codec import encode
 from sidecar.contracts.events import AnswerVerdict, ClaimLabel, ClaimVerdict, Decision
@@ -139,3 +141,17 @@ async def test_a_flood_of_records_under_one_key_keeps_a_bounded_cache() -> None:
     queue = waiters.subscribe_claims("r1")
     assert queue.qsize() == 1024 + 1  # the newest claims, then the final verdict
     assert waiters.wait_verdict("r1", tenant="t0").done() is False  # forgotten, not kept
+
+
+async def test_closing_wakes_every_verdict_waiter_at_once() -> None:
+    """VerdictClient.stop() closes the map: a caller still waiting gets its fallback now,
+    not when its timeout runs out."""
+    from guardrail_client.waiters import ClientStopped
+
+    waiters = WaiterMap()
+    futures = [waiters.wait_verdict("r1"), waiters.wait_verdict("r2", tenant="acme")]
+    waiters.close()
+    for future in futures:
+        with pytest.raises(ClientStopped):
+            await future
+    assert waiters.waiting == 0
