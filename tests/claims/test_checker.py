@@ -225,15 +225,20 @@ def test_the_processor_publishes_claim_verdicts_and_a_policy_decision(
     assert verdict.decision.value == "block"
 
 
-def test_claims_after_the_answer_budget_are_unchecked_not_verified() -> None:
-    ticks = iter(float(i) for i in range(1000))  # every verifier call "takes" 1 s
-    session = VerifierClaimSession(
+def _one_second_per_call(answer_budget_s: float) -> VerifierClaimSession:
+    """A session whose clock moves 1 s per reading: every verifier call "takes" 1 s."""
+    ticks = iter(float(i) for i in range(1000))
+    return VerifierClaimSession(
         ClaimScorer(LexicalVerifier()),
         [EvidenceChunk("c1", "Mary Shelley wrote Frankenstein. It was published in 1818.")],
         "trusted",
-        answer_budget_s=1.5,
+        answer_budget_s=answer_budget_s,
         clock=lambda: next(ticks),
     )
+
+
+def test_claims_after_the_answer_budget_are_unchecked_not_verified() -> None:
+    session = _one_second_per_call(answer_budget_s=1.5)
     first = session.feed("Mary Shelley wrote Frankenstein. ")
     second = session.feed("It was published in 1818. ")
     third = session.feed("Frankenstein is a novel. ")
@@ -248,14 +253,7 @@ def test_claims_after_the_answer_budget_are_unchecked_not_verified() -> None:
 def test_the_budget_holds_within_one_batch_of_claims() -> None:
     """A final-only answer's claims all come at once: the budget is checked between them,
     not only before the batch (100 claims at ~0.1 s each took 10 s against a 2 s budget)."""
-    ticks = iter(float(i) for i in range(1000))  # every verifier call "takes" 1 s
-    session = VerifierClaimSession(
-        ClaimScorer(LexicalVerifier()),
-        [EvidenceChunk("c1", "Mary Shelley wrote Frankenstein. It was published in 1818.")],
-        "trusted",
-        answer_budget_s=1.5,
-        clock=lambda: next(ticks),
-    )
+    session = _one_second_per_call(answer_budget_s=1.5)
     answer = " ".join(f"Claim number {i} is about Frankenstein." for i in range(6))
     results, signal = session.finish(answer)
     assert len(results) == 2  # 0 s spent, then 1 s: two verified, the budget is then gone
