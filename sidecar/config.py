@@ -241,8 +241,10 @@ class LimitSettings(_Section):
         default=4_194_304,
         ge=1024,
         description="bytes one request may hold (its retrieval, deltas and final, raw, "
-        "the final's decoded attention summary, the trace headers kept and 160 bytes per "
-        "event); the event that would cross it is dead-lettered (request-too-large)",
+        "the final's decoded attention summary, the trace headers kept, 160 bytes per "
+        "event and, with claims on, its evidence index); the event that would cross it is "
+        "dead-lettered (request-too-large); a request whose evidence index would cross it "
+        "is decided with claims unavailable",
     )
 
 

@@ -133,6 +133,11 @@ class VerifierClaimSession:
         self._finished = False
 
     @property
+    def held_bytes(self) -> int:
+        """The evidence index's bytes (the claims and verdicts held are small and capped)."""
+        return self._index.nbytes
+
+    @property
     def results(self) -> tuple[ClaimResult, ...]:
         """Every claim of the answer so far, with its current label.
 

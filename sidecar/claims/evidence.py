@@ -33,10 +33,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
+
+import numpy as np
+import numpy.typing as npt
 
 from sidecar.claims.sentences import split_sentences
 
@@ -134,16 +137,19 @@ class EvidenceSelection:
     overlap: float  # share of the claim's content weight found in the window (0..1)
 
 
-@dataclass(frozen=True, slots=True)
-class _Unit:
-    chunk: int
-    position: int
-    text: str
-    terms: frozenset[str]
-
-
 class EvidenceIndex:
-    """Sentences of a fixed chunk set, ready to be ranked against many claims."""
+    """Sentences of a fixed chunk set, ready to be ranked against many claims.
+
+    Held compactly, because a session holds its index while the answer
+    streams and the sidecar counts it against the request's byte budget
+    (:attr:`nbytes`): the sentence texts, plus, per (sentence, distinct term),
+    the term's 64-bit hash, its weight and the sentence number in flat numpy
+    arrays. Ranking a claim is then one ``isin`` and one ``bincount`` over
+    those arrays instead of a set intersection per sentence. A sentence's
+    score is the weight of the claim's terms it holds; terms are told apart by
+    hash (a collision of two distinct terms among one index's terms has
+    probability below 1e-9 for a million terms).
+    """
 
     def __init__(
         self,
@@ -159,22 +165,88 @@ class EvidenceIndex:
         self.chunks = tuple(chunks)
         self.max_sentences = max_sentences
         self.max_chars = max_chars
-        units: list[_Unit] = []
+        texts: list[str] = []
+        chunk_of: list[int] = []
+        hashes: list[int] = []
+        digits: list[bool] = []
+        sizes: list[int] = []
         for ci, chunk in enumerate(self.chunks):
-            text = _GLUED.sub(r"\1 ", chunk.text)
-            for pos, sentence in enumerate(split_sentences(text)):
-                units.append(_Unit(ci, pos, sentence.text, frozenset(content_terms(sentence.text))))
-        self._units = units
-        df: Counter[str] = Counter()
-        for unit in units:
-            df.update(unit.terms)
-        n = max(1, len(units))
-        self._idf = {t: math.log((n + 1) / (c + 1)) + 1.0 for t, c in df.items()}
+            for sentence in split_sentences(_GLUED.sub(r"\1 ", chunk.text)):
+                terms = sorted(set(content_terms(sentence.text)))  # equal sets, equal sums
+                texts.append(sentence.text)
+                chunk_of.append(ci)
+                sizes.append(len(terms))
+                hashes.extend(hash(t) for t in terms)
+                digits.extend(t[0].isdigit() for t in terms)
+        self._texts = texts
+        self._chunk_of = np.array(chunk_of, dtype=np.int32)
+        occurrences = np.array(hashes, dtype=np.int64)  # per (sentence, distinct term)
+        self._vocab, df = np.unique(occurrences, return_counts=True)
+        self._term = np.searchsorted(self._vocab, occurrences).astype(np.int32)
+        self._owner = np.repeat(np.arange(len(texts), dtype=np.int32), sizes)
+        self._starts = np.zeros(len(texts) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=self._starts[1:])
+        n = max(1, len(texts))
+        digit = np.zeros(len(self._vocab), dtype=bool)
+        digit[self._term] = np.array(digits, dtype=bool)
+        idf = np.log((n + 1) / (df + 1.0)) + 1.0
+        self._vocab_weight = idf * np.where(digit, 2.0, 1.0)
         self._default_idf = math.log(n + 1) + 1.0
 
-    def _weight(self, term: str) -> float:
-        w = self._idf.get(term, self._default_idf)
-        return 2.0 * w if term[0].isdigit() else w
+    @property
+    def nbytes(self) -> int:
+        """Bytes this index holds beyond its chunks (sentence texts and the term arrays)."""
+        arrays = (self._chunk_of, self._vocab, self._term, self._owner, self._starts)
+        return (
+            sum(a.nbytes for a in arrays)
+            + self._vocab_weight.nbytes
+            + sum(sys.getsizeof(t) for t in self._texts)
+            + 8 * len(self._texts)  # the list's slots
+        )
+
+    def __len__(self) -> int:
+        """Sentences indexed."""
+        return len(self._texts)
+
+    def _lookup(self, terms: Iterable[str]) -> dict[str, int]:
+        """Each term's number in this index's vocabulary, -1 for a term no sentence holds."""
+        out: dict[str, int] = {}
+        for term in terms:
+            h = hash(term)
+            k = int(np.searchsorted(self._vocab, h))
+            out[term] = k if k < len(self._vocab) and self._vocab[k] == h else -1
+        return out
+
+    def _weights(self, terms: Iterable[str]) -> dict[str, float]:
+        """Each term's weight (IDF over the sentences; numbers count double)."""
+        out: dict[str, float] = {}
+        for term, k in self._lookup(terms).items():
+            if k >= 0:
+                out[term] = float(self._vocab_weight[k])
+            else:
+                out[term] = 2.0 * self._default_idf if term[0].isdigit() else self._default_idf
+        return out
+
+    def _scores(self, terms: Iterable[str]) -> npt.NDArray[np.float64]:
+        """Per sentence: the summed weight of ``terms`` it holds."""
+        known = [k for k in self._lookup(terms).values() if k >= 0]
+        if not known:
+            return np.zeros(len(self._texts))
+        hit = np.isin(self._term, np.array(known, dtype=np.int32))
+        scores = np.bincount(
+            self._owner[hit],
+            weights=self._vocab_weight[self._term[hit]],
+            minlength=len(self._texts),
+        )
+        return scores.astype(np.float64, copy=False)
+
+    def _terms_of(self, k: int) -> npt.NDArray[np.int32]:
+        return self._term[self._starts[k] : self._starts[k + 1]]
+
+    @staticmethod
+    def _ranked(scores: npt.NDArray[np.float64]) -> npt.NDArray[np.intp]:
+        """Sentence numbers by score, highest first; ties: the earlier sentence first."""
+        return np.lexsort((np.arange(len(scores)), -scores))
 
     def select(self, claim: str, question: str = "") -> EvidenceSelection:
         """The window of best sentences for ``claim`` (empty when there are no chunks).
@@ -186,41 +258,31 @@ class EvidenceIndex:
         merely mentions that name ahead of the sentence answering the question.
         ``overlap`` stays the share of the *claim's* weight found in the window.
         """
-        if not self._units:
+        if not self._texts:
             return EvidenceSelection("", (), None, None, 0.0)
         terms = set(content_terms(claim))
         asked = set(content_terms(question)) if question else set()
-        total = sum(self._weight(t) for t in terms) or 1.0
-        scored = sorted(
-            (
-                (
-                    sum(self._weight(t) for t in terms & u.terms)
-                    + sum(self._weight(t) for t in asked & u.terms),
-                    -k,
-                )
-                for k, u in enumerate(self._units)
-            ),
-            reverse=True,
-        )
+        weights = self._weights(terms)
+        total = sum(weights.values()) or 1.0
+        scores = self._scores(terms) + self._scores(asked)
         chosen: list[int] = []
         size = 0
-        for score, neg_k in scored:
-            k = -neg_k
-            if len(chosen) >= self.max_sentences or (chosen and score <= 0.0):
+        for k in self._ranked(scores).tolist():
+            if len(chosen) >= self.max_sentences or (chosen and scores[k] <= 0.0):
                 break
-            length = len(self._units[k].text) + 1
+            length = len(self._texts[k]) + 1
             if chosen and size + length > self.max_chars:
                 continue
             chosen.append(k)
             size += length
-        best = self._units[chosen[0]]
         # Best first: the verifier's tokenizer truncates the evidence from the end.
-        window = " ".join(_clip(self._units[k].text, terms | asked, self.max_chars) for k in chosen)
+        window = " ".join(_clip(self._texts[k], terms | asked, self.max_chars) for k in chosen)
         window = window[: self.max_chars]
-        covered = set().union(*(self._units[k].terms for k in chosen)) & terms
-        overlap = sum(self._weight(t) for t in covered) / total
-        chunk_ids = tuple(dict.fromkeys(self.chunks[self._units[k].chunk].chunk_id for k in chosen))
-        best_chunk = self.chunks[best.chunk]
+        held = set(np.concatenate([self._terms_of(k) for k in chosen]).tolist())
+        number = self._lookup(terms)
+        overlap = sum(w for t, w in weights.items() if number[t] in held) / total
+        chunk_ids = tuple(dict.fromkeys(self.chunks[self._chunk_of[k]].chunk_id for k in chosen))
+        best_chunk = self.chunks[self._chunk_of[chosen[0]]]
         whole = _GLUED.sub(r"\1 ", best_chunk.text).strip()
         fits = len(whole) <= self.max_chars and whole != window
         return EvidenceSelection(
@@ -250,19 +312,17 @@ class EvidenceIndex:
             raise ValueError(f"max_windows must be >= 1, got {max_windows}")
         if max_chars < 50:
             raise ValueError(f"max_chars must be >= 50, got {max_chars}")
-        if not self._units:
+        if not self._texts:
             return ()
         asked = set(content_terms(question)) if question else set()
         parts = [set(content_terms(s.text)) for s in split_sentences(_GLUED.sub(r"\1 ", claim))]
         parts = [p for p in parts if p] or [set(content_terms(claim))]
-        asked_score = [sum(self._weight(t) for t in asked & u.terms) for u in self._units]
+        asked_score = self._scores(asked)
         rankings = []
         for terms in parts:
-            scored = [
-                (sum(self._weight(t) for t in terms & u.terms) + asked_score[k], -k)
-                for k, u in enumerate(self._units)
-            ]
-            rankings.append([-nk for score, nk in sorted(scored, reverse=True) if score > 0.0])
+            scores = self._scores(terms) + asked_score
+            ranked = self._ranked(scores)
+            rankings.append(ranked[scores[ranked] > 0.0].tolist())
         order: list[int] = []
         seen: set[int] = set()
         for rank in range(max((len(r) for r in rankings), default=0)):
@@ -271,13 +331,13 @@ class EvidenceIndex:
                     seen.add(ranking[rank])
                     order.append(ranking[rank])
         if not order:
-            order = list(range(len(self._units)))
+            order = list(range(len(self._texts)))
         all_terms = set().union(*parts) | asked
         out: list[str] = []
         current: list[str] = []
         size = 0
         for k in order:
-            text = _clip(self._units[k].text, all_terms, max_chars)
+            text = _clip(self._texts[k], all_terms, max_chars)
             if current and size + len(text) + 1 > max_chars:
                 out.append(" ".join(current))
                 if len(out) >= max_windows:

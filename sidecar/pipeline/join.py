@@ -68,6 +68,8 @@ class PendingRequest:
     refs: list[InputRef] = field(default_factory=list)
     certification: RetrievalSignal | None = None
     claims: ClaimSession | None = None
+    claims_refused: bool = False  # its session would outgrow the request's byte budget
+    claims_bytes: int = 0  # the session's bytes, counted in bytes_held
     claims_fed: int = 0  # pieces of ``parts`` already given to ``claims``
     claims_published: int = 0
     claim_results: list[ClaimResult] = field(default_factory=list)

@@ -113,6 +113,15 @@ class ClaimSession(Protocol):
         """Every result of the answer so far (streamed and final), in claim order."""
         ...
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes the session holds beyond the request's events (its evidence index).
+
+        Counted against the request's and the join's byte budgets while the
+        answer streams.
+        """
+        ...
+
     def feed(self, text: str) -> list[ClaimResult]:
         """Newly streamed text; returns results for claims whose sentence completed."""
         ...

@@ -96,7 +96,11 @@ class Processor:
             decided_max_entries=join.decided_max_entries,
         )
         self.counters = Counters()
-        self.scoring = Scoring(signals or SignalSuite(), clock_ns=clock_ns)
+        self.scoring = Scoring(
+            signals or SignalSuite(),
+            clock_ns=clock_ns,
+            max_request_bytes=settings.limits.max_request_bytes,
+        )
         self.intake = Intake(
             self.store,
             self.scoring.signals,
@@ -163,6 +167,8 @@ class Processor:
                     completed.setdefault(id(entry), entry)
                 else:
                     step.outputs.extend(self._stream(entry))
+                    for old in self._hold_claims(entry):
+                        step.extend(self._incomplete(old, "capacity", now_ms))
 
     def _feedback(self, event: FeedbackEvent, tenant: str | None, ref: InputRef) -> Step:
         """A labelled outcome: folded into the coverage bound; nothing is published.
@@ -212,6 +218,18 @@ class Processor:
                     )
                 )
         return out
+
+    def _hold_claims(self, entry: PendingRequest) -> list[PendingRequest]:
+        """Count a streaming request's newly opened claim session in the join's byte budget.
+
+        Once per request, when its session opened (the evidence index does not
+        grow); returns the older requests evicted to make room. A decided
+        request's session lives only while its batch is decided, so is not counted.
+        """
+        if entry.claims is None or entry.claims_bytes:
+            return []
+        entry.claims_bytes = entry.claims.held_bytes
+        return self.store.hold_bytes(entry, entry.claims_bytes)
 
     def _claim_outputs(
         self, entry: PendingRequest, results: Sequence[ClaimResult], span: tuple[int, int]

@@ -34,7 +34,9 @@ from sidecar.pipeline.ports import (
     NOT_CONFIGURED_CLAIMS,
     NOT_CONFIGURED_LOOKBACK,
     NOT_CONFIGURED_RETRIEVAL,
+    ClaimChecker,
     ClaimResult,
+    ClaimSession,
     ConfidenceResult,
     SignalSuite,
 )
@@ -70,19 +72,53 @@ def _confidence_is_finite(result: ConfidenceResult) -> bool:
 class Scoring:
     """Runs the configured signals over complete requests."""
 
-    def __init__(self, signals: SignalSuite, *, clock_ns: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        signals: SignalSuite,
+        *,
+        clock_ns: Callable[[], int],
+        max_request_bytes: int | None = None,
+    ) -> None:
         self.signals = signals
         self._clock_ns = clock_ns
+        self._max_request_bytes = max_request_bytes
+        self.claims_refused = 0  # sessions dropped: the request's byte budget had no room
+
+    def _open_claims(
+        self, entry: PendingRequest, retrieval: RetrievalEvent, checker: ClaimChecker
+    ) -> ClaimSession | None:
+        """The request's claim session, or ``None`` when its index outgrows the request's budget.
+
+        The evidence index is held while the answer streams, so it counts
+        against the request's byte budget beside its events; a request whose
+        index does not fit is decided without claims (``unavailable``), never
+        with part of its evidence.
+        """
+        session = checker.open(retrieval, entry.certification or NOT_CONFIGURED_RETRIEVAL)
+        limit = self._max_request_bytes
+        if limit is not None and entry.bytes_held + session.held_bytes > limit:
+            entry.claims_refused = True
+            self.claims_refused += 1
+            log.warning(
+                "claims not checked for %s: its evidence index (%d bytes) and events (%d) "
+                "would outgrow max_request_bytes (%d)",
+                entry.request_id,
+                session.held_bytes,
+                entry.bytes_held,
+                limit,
+            )
+            return None
+        return session
 
     def stream(self, entry: PendingRequest) -> tuple[list[ClaimResult], tuple[int, int]]:
         """Feed newly streamed text to the claim checker; the claims it completed."""
         checker = self.signals.claims
-        if checker is None or entry.retrieval is None:
+        if checker is None or entry.retrieval is None or entry.claims_refused:
             return [], (0, 0)
         if entry.claims is None:
-            entry.claims = checker.open(
-                entry.retrieval, entry.certification or NOT_CONFIGURED_RETRIEVAL
-            )
+            entry.claims = self._open_claims(entry, entry.retrieval, checker)
+            if entry.claims is None:
+                return [], (0, 0)
         new_text = entry.take_unfed()
         if not new_text:
             return [], (0, 0)
@@ -135,7 +171,7 @@ class Scoring:
         """Finish the request's claims: its signals, the claims verified now, and when."""
         certification: RetrievalSignal = entry.certification or NOT_CONFIGURED_RETRIEVAL
         t_claims = self._clock_ns()
-        claims = NOT_CONFIGURED_CLAIMS
+        claims = UNAVAILABLE_CLAIMS if entry.claims_refused else NOT_CONFIGURED_CLAIMS
         tail: list[ClaimResult] = []
         if entry.claims is not None:
             try:

@@ -48,6 +48,7 @@ class SlowSession:
     """One sentence, one claim, ``CLAIM_S`` of work each (a verifier slower than the input)."""
 
     results: list[ClaimResult] = field(default_factory=list)
+    held_bytes: int = 0
     _text: str = ""
 
     def feed(self, text: str) -> list[ClaimResult]:

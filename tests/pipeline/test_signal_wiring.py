@@ -42,6 +42,7 @@ class SentenceSession:
     """Claims = sentences; supported when a trusted chunk id was certified."""
 
     trusted: list[str]
+    held_bytes: int = 0
     buffer: str = ""
     offset: int = 0
     results: list[ClaimResult] = field(default_factory=list)

@@ -1,0 +1,125 @@
+"""A streaming request's claim session counts against the byte budgets (its evidence index).
+
+With claims on, a session holds an evidence index for as long as the answer
+streams; before, no budget counted it (a ~1 MB retrieval added 37.6 MB of heap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+
+from sidecar.config import Settings
+from sidecar.contracts.codec import InputKind
+from sidecar.contracts.events import RetrievalEvent, RetrievalSignal, SignalStatus
+from sidecar.contracts.verdicts import AnswerVerdict
+from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.outputs import Destination
+from sidecar.pipeline.ports import SignalSuite
+from sidecar.pipeline.processor import Processor
+from sidecar.policy import PlaceholderPolicy
+from tests.conftest import EventFactory
+from tests.fakes import ThresholdCertifier
+from tests.pipeline.test_signal_wiring import PickyLookback, SentenceSession
+
+R, G = InputKind.RETRIEVAL, InputKind.GENERATION
+
+
+@dataclass
+class HeavyChecker:
+    """Sessions that hold ``index_bytes`` each, like a real evidence index."""
+
+    index_bytes: int
+    version: str = "sentences/1"
+
+    def open(self, retrieval: RetrievalEvent, certification: RetrievalSignal) -> SentenceSession:
+        del retrieval
+        return SentenceSession(list(certification.trusted_chunk_ids), held_bytes=self.index_bytes)
+
+
+def _processor(settings: Settings, index_bytes: int) -> Processor:
+    suite = SignalSuite(
+        certifier=ThresholdCertifier(),
+        lookback=PickyLookback(),
+        claims=HeavyChecker(index_bytes),
+    )
+    return Processor(settings, PlaceholderPolicy(), signals=suite)
+
+
+def _open_stream(
+    p: Processor, request_id: str, offset: int, retrieval: EventFactory, delta: EventFactory
+) -> None:
+    p.on_message(R, orjson.dumps(retrieval(request_id)), None, InputRef("r", 0, offset), 0.0)
+    p.on_message(
+        G,
+        orjson.dumps(delta(request_id, seq=0, text="Mary Shelley wrote it. ")),
+        None,
+        InputRef("g", 0, offset),
+        0.0,
+    )
+
+
+def test_a_streaming_session_is_counted_in_the_join_budget_and_evicts_older_requests(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+) -> None:
+    settings = settings_factory(join={"max_bytes": 1_000_000})
+    p = _processor(settings, index_bytes=400_000)
+    _open_stream(p, "a", 0, retrieval_event, delta_event)
+    entry = p.store.get("a")
+    assert entry is not None and entry.claims_bytes == 400_000
+    assert entry.bytes_held > 400_000 and p.store.bytes_held == entry.bytes_held
+    _open_stream(p, "b", 1, retrieval_event, delta_event)
+    assert len(p.store) == 2
+    # the third session (opened as its retrieval arrives) does not fit beside the two:
+    # the oldest request is decided incomplete
+    step = p.on_message(R, orjson.dumps(retrieval_event("c")), None, InputRef("r", 0, 2), 0.0)
+    verdicts = [
+        AnswerVerdict.model_validate(orjson.loads(o.value))
+        for o in step.outputs
+        if o.destination is Destination.VERDICTS
+    ]
+    assert [(v.request_id, v.reasons[0].code) for v in verdicts] == [("a", "incomplete")]
+    assert p.store.get("a") is None and p.store.bytes_held <= 1_000_000
+
+
+def test_a_session_beyond_the_request_budget_is_not_kept_and_claims_are_unavailable(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    settings = settings_factory(limits={"max_request_bytes": 64_000})
+    p = _processor(settings, index_bytes=70_000)
+    _open_stream(p, "a", 0, retrieval_event, delta_event)
+    entry = p.store.get("a")
+    assert entry is not None and entry.claims is None and entry.claims_refused
+    assert entry.bytes_held < 64_000  # nothing counted for a session not kept
+    assert p.scoring.claims_refused == 1
+    step = p.on_message(
+        G,
+        orjson.dumps(final_event("a", answer="Mary Shelley wrote it. ", generator_model="gen-a")),
+        None,
+        InputRef("g", 0, 1),
+        0.0,
+    )
+    [out] = step.outputs
+    verdict = AnswerVerdict.model_validate(orjson.loads(out.value))
+    assert verdict.signals.claims.status is SignalStatus.UNAVAILABLE
+    assert p.counters.claim_verdicts == 0
+
+
+def test_a_session_that_fits_is_kept(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+) -> None:
+    settings = settings_factory(limits={"max_request_bytes": 64_000})
+    p = _processor(settings, index_bytes=10_000)
+    _open_stream(p, "a", 0, retrieval_event, delta_event)
+    entry = p.store.get("a")
+    assert entry is not None and entry.claims is not None and not entry.claims_refused
+    assert entry.claims_bytes == 10_000 and p.counters.claim_verdicts == 1
