@@ -142,13 +142,14 @@ class EvidenceIndex:
 
     Held compactly, because a session holds its index while the answer
     streams and the sidecar counts it against the request's byte budget
-    (:attr:`nbytes`): the sentence texts, plus, per (sentence, distinct term),
-    the term's 64-bit hash, its weight and the sentence number in flat numpy
-    arrays. Ranking a claim is then one ``isin`` and one ``bincount`` over
-    those arrays instead of a set intersection per sentence. A sentence's
-    score is the weight of the claim's terms it holds; terms are told apart by
-    hash (a collision of two distinct terms among one index's terms has
-    probability below 1e-9 for a million terms).
+    (:attr:`nbytes`): the sentence texts; per distinct term its 64-bit hash
+    and its weight; per (sentence, distinct term) the term's number and the
+    sentence's, in flat numpy arrays (~2.6x the text, against 15x for a set
+    of term strings per sentence). Ranking a claim is then one mask lookup
+    and one ``bincount`` over those arrays instead of a set intersection per
+    sentence. A sentence's score is the weight of the claim's terms it holds;
+    terms are told apart by hash (two distinct terms among a million collide
+    with probability below 1e-7).
     """
 
     def __init__(
@@ -232,7 +233,9 @@ class EvidenceIndex:
         known = [k for k in self._lookup(terms).values() if k >= 0]
         if not known:
             return np.zeros(len(self._texts))
-        hit = np.isin(self._term, np.array(known, dtype=np.int32))
+        wanted = np.zeros(len(self._vocab), dtype=bool)
+        wanted[known] = True
+        hit = wanted[self._term]
         scores = np.bincount(
             self._owner[hit],
             weights=self._vocab_weight[self._term[hit]],
