@@ -43,7 +43,7 @@ from typing import Final
 
 from sidecar.claims.sentences import Sentence
 
-__all__ = ["Claim", "claims_of_sentence", "content_start"]
+__all__ = ["Claim", "claims_of_sentence", "content_start", "unreadable"]
 
 _APOS = "['\u2019]"
 # Sentence adverbs: skipped when followed by a comma or by a space.
@@ -153,6 +153,31 @@ _VERBS: Final = frozenset(
     }
 )  # fmt: skip
 _MIN_CLAIM_WORDS: Final = 3
+_MIN_UNREADABLE_LETTERS: Final = 2  # a CJK word is one or two letters
+
+
+def _latin(letter: str) -> bool:
+    """Basic Latin to Latin Extended-B, IPA, and Latin Extended Additional (accents)."""
+    code = ord(letter)
+    return code < 0x0250 or 0x1E00 <= code <= 0x1EFF
+
+
+def unreadable(text: str) -> bool:
+    """Is ``text`` mostly in a script the claim rules do not read (not Latin)?
+
+    True when its letters outside the Latin script outnumber its Latin
+    letters (and there are at least two): "Фрэнсис Скотт Фицджеральд родился
+    в 1896 году." or "弗朗西斯·斯科特·菲茨杰拉德出生于1896年。"; an English
+    sentence quoting a name in another script is read.
+    """
+    latin = other = 0
+    for ch in text:
+        if ch.isalpha():
+            if _latin(ch):
+                latin += 1
+            else:
+                other += 1
+    return other >= _MIN_UNREADABLE_LETTERS and other > latin
 
 
 @dataclass(frozen=True, slots=True)

@@ -222,6 +222,7 @@ class VerifierClaimSession:
                 "stream_mismatch": segmenter.mismatch,
                 "superseded_claims": list(segmenter.superseded),
                 "unchecked": segmenter.unchecked + self.over_budget,
+                "unreadable": segmenter.unreadable,
             }
         )
         return tail, signal

@@ -11,7 +11,15 @@ unit is longer than :data:`~sidecar.claims.sentences.MAX_UNIT_CHARS`). At most
 verification; the ones after them are still counted
 (:attr:`ClaimSegmenter.unchecked`), and the claim signal reports them so the
 policy can say so (reason ``claims-over-limit``) instead of treating the rest
-of the answer as checked.
+of the answer as checked. The limit holds for the answer, not per pass: a
+final answer that differs from the stream gets only the room the streamed
+claims left.
+
+Scripts. The claim rules read Latin-script English (the verifier is an
+English MiniLM): a sentence mostly in another script (Cyrillic, Greek, CJK,
+Arabic ...) yields no claim, and is counted in
+:attr:`ClaimSegmenter.unreadable` (reason ``claims-unreadable``) instead of
+passing as a sentence with nothing to check.
 
 Final answer versus stream (:meth:`ClaimSegmenter.finish`): when the final
 answer does not extend the streamed text, the final answer is segmented
@@ -41,7 +49,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Final
 
-from sidecar.claims.atomic import Claim, claims_of_sentence
+from sidecar.claims.atomic import Claim, claims_of_sentence, unreadable
 from sidecar.claims.context import MAX_CONTEXT_CLAIMS, context_of, leans_on_context
 from sidecar.claims.sentences import Sentence, SentenceSplitter
 from sidecar.exceptions import ConfigError, LifecycleError
@@ -83,12 +91,15 @@ class _Cutter:
         self.claims: list[Claim] = []
         self.keys: list[_Key] = []
         self.unchecked = 0
+        self.unreadable = 0  # sentences in a script the rules do not read, that gave no claim
         self._max = max_claims
 
     def take(self, sentences: list[Sentence], next_index: int) -> list[Claim]:
         out: list[Claim] = []
         for sentence in sentences:
             found = claims_of_sentence(sentence, next_index + len(out))
+            if not found and unreadable(sentence.text):
+                self.unreadable += 1
             room = self._max - len(self.claims)
             if len(found) > room:
                 self.unchecked += len(found) - room
@@ -116,7 +127,8 @@ class ClaimSegmenter:
     claims (spans into it), :attr:`mismatch` says whether the final answer
     differed from the streamed text, :attr:`superseded` lists the indices of
     streamed claims it no longer holds, :attr:`unchecked` counts claims past
-    ``max_claims`` (never returned).
+    ``max_claims`` (never returned), :attr:`unreadable` the sentences in a
+    script the rules do not read.
     """
 
     def __init__(self, max_claims: int = MAX_CLAIMS_PER_ANSWER) -> None:
@@ -127,6 +139,7 @@ class ClaimSegmenter:
         self._next_index = 0
         self._final: list[Claim] | None = None
         self.unchecked = 0
+        self.unreadable = 0
         self.mismatch = False
         self.superseded: tuple[int, ...] = ()
 
@@ -144,6 +157,7 @@ class ClaimSegmenter:
         out = self._stream.take(sentences, self._next_index)
         self._next_index += len(out)
         self.unchecked = self._stream.unchecked
+        self.unreadable = self._stream.unreadable
         return out
 
     def feed(self, delta: str) -> list[Claim]:
@@ -186,8 +200,18 @@ class ClaimSegmenter:
                 self._next_index += 1
                 new.append(made)
                 final.append(made)
+        # the limit is on the claims verified for the answer, the stream's included:
+        # a final that differs from the stream gets the room the stream left
+        room = max(0, self._max - len(self._stream.claims))
+        over = new[room:]
+        if over:
+            dropped = {c.index for c in over}
+            new = new[:room]
+            final = [c for c in final if c.index not in dropped]
+            self._next_index -= len(over)  # the last indices handed out
         self.superseded = tuple(c.index for c in self._stream.claims if c.index not in kept)
-        self.unchecked = fresh.unchecked
+        self.unchecked = fresh.unchecked + len(over)
+        self.unreadable = fresh.unreadable
         self._final = final
         return new
 

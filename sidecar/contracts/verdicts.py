@@ -120,6 +120,13 @@ class ClaimsSignal(BaseModel):
         description="Claims past the per-answer limit: counted, not verified, not in n "
         "(policy reason claims-over-limit).",
     )
+    unreadable: int = Field(
+        default=0,
+        ge=0,
+        description="Sentences of the answer in a script the claim checker does not read "
+        "(not Latin: Cyrillic, Greek, CJK ...): no claim was taken from them, none verified "
+        "(policy reason claims-unreadable).",
+    )
 
 
 class Signals(BaseModel):

@@ -21,6 +21,10 @@ Two claim findings do not come from the labels:
   holds more claims than the sidecar verifies per answer
   (``sidecar.claims.segment.MAX_CLAIMS_PER_ANSWER``); the rest is counted in
   ``ClaimsSignal.unchecked`` and unverified, like a partly missing signal.
+* ``claims-unreadable`` (the profile's ``claims.when_missing``): sentences of
+  the answer in a script the claim checker does not read (not Latin) gave no
+  claim (``ClaimsSignal.unreadable``): unverified, like a partly missing
+  signal, never read as "nothing to check".
 
 Pure logic: no I/O.
 """
@@ -202,6 +206,16 @@ def _claims(sig: ClaimsSignal, profile: Profile) -> list[Finding]:
                 rules.when_missing,
                 "claims-over-limit",
                 f"{sig.unchecked} claim(s) past the per-answer limit were not verified",
+                "claims",
+            )
+        )
+    if sig.unreadable:
+        out.append(
+            finding(
+                rules.when_missing,
+                "claims-unreadable",
+                f"{sig.unreadable} sentence(s) in a script the claim checker does not read "
+                "(not Latin) were not verified",
                 "claims",
             )
         )

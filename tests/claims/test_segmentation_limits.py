@@ -138,6 +138,46 @@ def test_claims_past_the_cap_are_counted_not_returned() -> None:
     assert len(segment_claims(answer, max_claims=10)) == 10
 
 
+def test_the_cap_holds_for_the_answer_when_the_final_differs_from_the_stream() -> None:
+    streamed_text = " ".join(f"City {k} is in country {k}." for k in range(8)) + " "
+    final = " ".join(f"Town {k} is in region {k}." for k in range(30))
+    segmenter = ClaimSegmenter(max_claims=10)
+    streamed = segmenter.feed(streamed_text)
+    assert len(streamed) == 8
+    fresh = segmenter.finish(final)
+    # the stream verified 8 of the 10: the final's 30 new claims get the 2 left
+    assert [c.index for c in fresh] == [8, 9]
+    assert segmenter.unchecked == 28 and segmenter.mismatch
+    assert [c.index for c in segmenter.claims] == [8, 9]
+
+
+def test_a_final_within_the_room_left_is_verified_whole() -> None:
+    segmenter = ClaimSegmenter(max_claims=10)
+    segmenter.feed("Paris is in France. ")
+    fresh = segmenter.finish("Rome is in Italy. Oslo is in Norway.")
+    assert [c.text for c in fresh] == ["Rome is in Italy.", "Oslo is in Norway."]
+    assert segmenter.unchecked == 0
+
+
+@pytest.mark.parametrize(
+    ("answer", "unreadable", "claims"),
+    [
+        ("Фрэнсис Скотт Фицджеральд родился в 1896 году. Paris is in France.", 1, 1),
+        ("弗朗西斯·斯科特·菲茨杰拉德出生于1896年。", 1, 0),
+        ("Ο Παρθενώνας χτίστηκε το 438 π.Χ.", 1, 0),  # noqa: RUF001 - Greek on purpose
+        ("The novel was written by Лев Толстой in 1869.", 0, 1),
+        ("José Martí was born in Havana in 1853.", 0, 1),
+        ("The tower is in Paris.", 0, 1),
+    ],
+)
+def test_sentences_in_a_script_the_rules_do_not_read_are_counted(
+    answer: str, unreadable: int, claims: int
+) -> None:
+    segmenter = ClaimSegmenter()
+    found = segmenter.feed(answer) + segmenter.finish(answer)
+    assert (segmenter.unreadable, len(found)) == (unreadable, claims)
+
+
 def test_a_long_sentence_is_cut_at_whitespace_within_the_limit() -> None:
     text = "The list goes on " + "and on " * 400 + "until it ends."
     units = split_sentences(text)

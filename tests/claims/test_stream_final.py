@@ -219,6 +219,29 @@ def test_unchecked_claims_are_a_reason_with_the_profiles_missing_signal_action(
     assert decision.value == expected
 
 
+@pytest.mark.parametrize(("profile", "expected"), [("general", "caveat"), ("medical", "block")])
+def test_unreadable_sentences_are_a_reason_not_nothing_to_check(
+    profile: str, expected: str
+) -> None:
+    codes, decision = _codes_and_decision(
+        ALL_SUPPORTED.model_copy(update={"unreadable": 2}), profile
+    )
+    assert "claims-unreadable" in codes and decision.value == expected
+    only_unreadable = ClaimsSignal(status=SignalStatus.OK, unreadable=1, evidence_scope="trusted")
+    codes, _ = _codes_and_decision(only_unreadable, profile)
+    assert {"claims-unreadable", "claims-none"} <= set(codes)
+
+
+def test_the_session_reports_unreadable_sentences(
+    lexical: LexicalVerifier, retrieval: RetrievalFactory
+) -> None:
+    session = _session(lexical, retrieval)
+    answer = "Mary Shelley wrote Frankenstein. Мэри Шелли написала Франкенштейна."
+    session.feed(answer)
+    _, signal = session.finish(answer)
+    assert signal.unreadable == 1 and signal.n == 1
+
+
 def test_the_processor_publishes_the_new_claims_and_the_mismatch(
     lexical: LexicalVerifier,
     settings_factory: Callable[..., Settings],
