@@ -54,6 +54,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--collection", default="default", help="Mondrian key: collection")
     p.add_argument("--retriever", default=DEFAULT_RETRIEVER, help="Mondrian key: retriever id")
     p.add_argument("--out", required=True, type=Path, help="artifact path (JSON)")
+    p.add_argument(
+        "--allow-vacuous",
+        action="store_true",
+        help="write the artifact even when it has no threshold at alpha (k > n: too few "
+        "correct chunks); a sidecar serving it trusts no chunk",
+    )
     p.set_defaults(func=run_calibrate)
 
     evaluate = get_group(sub, "eval", "Evaluate a guardrail signal on held-out data.")
@@ -170,6 +176,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         tenant=args.tenant,
         collection=args.collection,
         retriever=args.retriever,
+        allow_vacuous=args.allow_vacuous,
     )
     _write(json.dumps(calibrate(_data(args), spec)))
     return 0

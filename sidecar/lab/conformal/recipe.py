@@ -111,6 +111,7 @@ class CalibrateSpec:
     tenant: str
     collection: str
     retriever: str
+    allow_vacuous: bool = False  # write a calibration with no threshold at alpha (k > n)
 
 
 def command_line(head: str, options: list[tuple[str, object]]) -> str:
@@ -127,7 +128,7 @@ def command_line(head: str, options: list[tuple[str, object]]) -> str:
 
 
 def _reproduce(data: RetrievalData, spec: CalibrateSpec, beta: float) -> str:
-    return command_line(
+    command = command_line(
         "guardrail calibrate retrieval",
         [
             ("--questions", data.questions),
@@ -146,6 +147,7 @@ def _reproduce(data: RetrievalData, spec: CalibrateSpec, beta: float) -> str:
             ("--out", spec.out),
         ],
     )
+    return f"{command} --allow-vacuous" if spec.allow_vacuous else command
 
 
 def calibrate(data: RetrievalData, spec: CalibrateSpec) -> dict[str, Any]:
@@ -218,8 +220,15 @@ def calibrate(data: RetrievalData, spec: CalibrateSpec) -> dict[str, Any]:
             command=_reproduce(data, spec, beta),
         ),
     )
-    path = save_artifact(artifact, spec.out)
     g = mondrian.global_calibration
+    if not g.certifiable and not spec.allow_vacuous:
+        raise ConfigError(
+            f"no conformal threshold at alpha={spec.alpha}: {g.explain()}. A sidecar serving "
+            "this calibration trusts no chunk. Calibrate on more questions (--max-questions, "
+            "--cal-fraction) or a larger alpha, or pass --allow-vacuous to write it anyway; "
+            f"nothing was written to {spec.out}"
+        )
+    path = save_artifact(artifact, spec.out)
     at_alpha = next(p for p in sweep if p.alpha == alpha) if alpha in default_alpha_grid() else None
     summary: dict[str, Any] = {
         "artifact": str(path),

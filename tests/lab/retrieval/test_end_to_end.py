@@ -88,6 +88,26 @@ def test_calibrate_writes_a_valid_artifact(nq_slice: Slice, calibrated: dict[str
     assert [e.key.label for e in art.mondrian] == ["default/nq-slice/qdrant-minilm-l6"]
 
 
+def test_a_calibration_without_threshold_is_refused_unless_asked_for(
+    nq_slice: Slice, calibrated: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    del calibrated  # the index is built
+    out = nq_slice.artifact.with_name("vacuous.json")
+    # 40 questions hold far fewer than the 999 correct chunks alpha = 0.001 needs (k > n)
+    args = ["calibrate", "retrieval", *_common(nq_slice), "--alpha", "0.001", "--k", "10",
+            "--chunk-words", "64", "--collection", "nq-slice", "--out", str(out)]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "no conformal threshold at alpha=0.001" in err and "--allow-vacuous" in err
+    assert not out.exists()
+    assert main([*args, "--allow-vacuous"]) == 0
+    assert json.loads(capsys.readouterr().out)["certifiable"] is False
+    written = load_artifact(out)
+    assert written.q_hat is None
+    assert written.provenance is not None
+    assert (written.provenance.command or "").endswith("--allow-vacuous")
+
+
 def test_eval_on_the_held_out_half(
     nq_slice: Slice, calibrated: dict[str, object], capsys: pytest.CaptureFixture[str]
 ) -> None:
