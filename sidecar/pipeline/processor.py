@@ -38,6 +38,7 @@ from sidecar.exceptions import InputError
 from sidecar.pipeline import deadletters, outputs
 from sidecar.pipeline.intake import Duplicate, Held, Intake, Labelled, Rejected
 from sidecar.pipeline.join import InputRef, JoinStore, PendingRequest
+from sidecar.pipeline.labels import WaitingLabels
 from sidecar.pipeline.outputs import Step
 from sidecar.pipeline.ports import ClaimResult, Policy, SignalSuite
 from sidecar.pipeline.scoring import Scored, Scoring
@@ -96,6 +97,7 @@ class Processor:
             decided_max_entries=join.decided_max_entries,
         )
         self.counters = Counters()
+        self.waiting_labels = WaitingLabels(max_age_ms=join.decided_memory_ms)
         self.scoring = Scoring(
             signals or SignalSuite(),
             clock_ns=clock_ns,
@@ -149,7 +151,7 @@ class Processor:
         admission = self.intake.admit(kind, raw, key, ref, now_ms)
         match admission:
             case Labelled(feedback, tenant):
-                step.extend(self._feedback(feedback, tenant, ref))
+                step.extend(self._feedback(feedback, tenant, ref, now_ms))
             case Duplicate():
                 self.counters.duplicates += 1
                 step.done.append(ref)
@@ -170,12 +172,16 @@ class Processor:
                     for old in self._hold_claims(entry):
                         step.extend(self._incomplete(old, "capacity", now_ms))
 
-    def _feedback(self, event: FeedbackEvent, tenant: str | None, ref: InputRef) -> Step:
+    def _feedback(
+        self, event: FeedbackEvent, tenant: str | None, ref: InputRef, now_ms: float
+    ) -> Step:
         """A labelled outcome: folded into the coverage bound; nothing is published.
 
         One label per request (the last wins); a label for a request still open
-        here waits for its verdict; a label for a request this instance did not
-        decide within the window is counted as unmatched.
+        here waits for its verdict; a label for a request none of whose events
+        came yet waits for it (:class:`~sidecar.pipeline.labels.WaitingLabels`,
+        up to ``join.decided_memory_ms``); a label no request of this instance
+        claims is counted as unmatched.
         """
         self.counters.feedback += 1
         request_key = self.intake.store_key(event.request_id, tenant)
@@ -183,17 +189,27 @@ class Processor:
         if open_entry is not None:
             self.counters.feedback_early += 1
             open_entry.early_label = event
-        else:
-            self._label(event, request_key)
+        elif not self._label(event, request_key, final=False):
+            self.counters.feedback_early += 1
+            self.counters.feedback_unmatched += self.waiting_labels.hold(request_key, event, now_ms)
         return Step(done=[ref])
 
-    def _label(self, event: FeedbackEvent, request_key: str) -> None:
+    def _label(self, event: FeedbackEvent, request_key: str, *, final: bool = True) -> bool:
+        """Fold a label into the coverage bound; whether a decided request took it.
+
+        ``final``: a label no request took is counted unmatched (else the
+        caller keeps it waiting).
+        """
         coverage = self.signals.coverage
         outcome = coverage.observe_feedback(event, request_key) if coverage is not None else 0
         if outcome == 0:
-            self.counters.feedback_unmatched += 1
-        elif outcome == 2:
+            if final or coverage is None:
+                self.counters.feedback_unmatched += 1
+                return True
+            return False
+        if outcome == 2:
             self.counters.feedback_replaced += 1
+        return True
 
     def _stream(self, entry: PendingRequest) -> list[outputs.Output]:
         """Claim verdicts for newly completed sentences, and a strict-mode block if due."""
@@ -333,8 +349,10 @@ class Processor:
             coverage.observe_decision(
                 entry.store_key, outcome.decision, scored.signals.retrieval, outcome.certificate
             )
-            if entry.early_label is not None:
-                self._label(entry.early_label, entry.store_key)
+            waited = self.waiting_labels.take(entry.store_key)
+            label = entry.early_label or waited
+            if label is not None:
+                self._label(label, entry.store_key)
         self.counters.verdicts += 1
         attributes = outputs.answer_attributes(
             request_id=entry.request_id,
@@ -360,6 +378,9 @@ class Processor:
 
     def _incomplete(self, entry: PendingRequest, why: str, now_ms: float) -> Step:
         self.counters.incomplete += 1
+        # an undecided request takes no label: one that waited for it is unmatched
+        waited = self.waiting_labels.take(entry.store_key)
+        self.counters.feedback_unmatched += (entry.early_label or waited) is not None
         self.counters.verdicts += 1
         self.store.close(entry.store_key, now_ms)
         verdict = outputs.incomplete_verdict(
@@ -379,6 +400,7 @@ class Processor:
         step = Step()
         for entry in self.store.expire(now_ms):
             step.extend(self._incomplete(entry, "ttl", now_ms))
+        self.counters.feedback_unmatched += self.waiting_labels.expire(now_ms)
         coverage = self.signals.coverage
         if coverage is not None:
             for report in coverage.due_reports(now_ms if wall_ms is None else wall_ms):

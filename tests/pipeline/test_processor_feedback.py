@@ -20,12 +20,14 @@ from sidecar.contracts.events import (
     CoverageReport,
     DeadLetterRecord,
     Decision,
+    FeedbackEvent,
     GenerationFinal,
     RetrievalEvent,
     RetrieveAgain,
     Signals,
 )
 from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.labels import WaitingLabels
 from sidecar.pipeline.outputs import Destination, Step
 from sidecar.pipeline.ports import ConfidenceResult, ConfidenceScorer, SignalSuite
 from sidecar.pipeline.processor import Processor
@@ -173,7 +175,12 @@ def test_feedback_for_a_decided_request_labels_the_coverage_bound(
     assert (counts.labelled_covered, counts.errors_covered) == (1, 1)
     assert (counts.labelled_uncovered, counts.errors_uncovered) == (1, 0)
     assert feed.processor.counters.feedback == 3
+    # the unknown request's label waits for it, then leaves unmatched
+    assert feed.processor.counters.feedback_unmatched == 0
+    assert len(feed.processor.waiting_labels) == 1
+    feed.processor.on_tick(feed.processor.waiting_labels.max_age_ms + 1.0)
     assert feed.processor.counters.feedback_unmatched == 1
+    assert len(feed.processor.waiting_labels) == 0
 
 
 def test_feedback_before_the_decision_waits_for_it_and_does_not_disturb_the_join(
@@ -306,7 +313,56 @@ def test_feedback_inside_a_batch(
     step = p.on_batch(items, 0.0)
     assert [o.destination for o in step.outputs] == [Destination.DLQ, Destination.VERDICTS]
     assert len(step.done) == 4
-    assert (p.counters.feedback, p.counters.feedback_unmatched) == (1, 1)
+    assert (p.counters.feedback, p.counters.feedback_unmatched) == (1, 0)
+    assert len(p.waiting_labels) == 1  # req-old's label waits for req-old
+
+
+def test_a_label_before_any_event_of_its_request_labels_it_when_decided(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    monitor = CoverageMonitor()
+    feed = make_feed(settings_factory, coverage=monitor)
+    feed(F, dumps(feedback_event("req-a", correct=False)), key=b"req-a")
+    assert len(feed.processor.waiting_labels) == 1
+    decide(feed, retrieval_event, final_event, "req-a", now_ms=5_000.0)
+    counts = monitor.tracker.counts(KEY)
+    assert (counts.labelled_covered, counts.errors_covered) == (1, 1)
+    c = feed.processor.counters
+    assert (c.feedback, c.feedback_early, c.feedback_unmatched) == (1, 1, 0)
+    assert len(feed.processor.waiting_labels) == 0
+
+
+def test_a_label_whose_request_ends_incomplete_is_counted_unmatched(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+) -> None:
+    feed = make_feed(settings_factory, coverage=CoverageMonitor())
+    feed(F, dumps(feedback_event("req-a")), key=b"req-a")  # waits: no event yet
+    feed(R, dumps(retrieval_event("req-a")), key=b"req-a")
+    feed(F, dumps(feedback_event("req-b")), key=b"req-b")  # waits
+    feed(R, dumps(retrieval_event("req-b")), key=b"req-b")
+    feed(F, dumps(feedback_event("req-b")), key=b"req-b")  # rides on the open request
+    assert feed.processor.counters.feedback_unmatched == 0
+    expired = feed.processor.on_tick(feed.processor.store.ttl_ms + 1.0)
+    assert len(expired.outputs) == 2  # two incomplete verdicts
+    assert feed.processor.counters.feedback_unmatched == 2
+    assert len(feed.processor.waiting_labels) == 0
+
+
+def test_waiting_labels_are_bounded_oldest_first() -> None:
+    labels = WaitingLabels(max_age_ms=1_000.0, max_entries=2)
+    one, two, three = (
+        FeedbackEvent(request_id=r, correct=True, source="user") for r in ("a", "b", "c")
+    )
+    assert labels.hold("a", one, 0.0) == 0
+    assert labels.hold("b", two, 10.0) == 0
+    assert labels.hold("a", one, 20.0) == 0  # a later label for "a" replaces it (and is newest)
+    assert labels.hold("c", three, 30.0) == 1  # "b" leaves for room
+    assert labels.take("b") is None and labels.take("a") is one
+    assert labels.expire(1_029.0) == 0 and labels.expire(1_030.0) == 1
+    assert len(labels) == 0
 
 
 # ------------------------------------------------------------------ coverage reports
