@@ -20,7 +20,8 @@ from sidecar.contracts.events import FeedbackEvent
 __all__ = ["MAX_WAITING_LABELS", "WaitingLabels"]
 
 MAX_WAITING_LABELS: Final = 10_000
-"""Labels waiting for their request at most (the oldest leaves first); a label is < 1 KB."""
+"""Labels waiting for their request at most (the oldest leaves first): 33 MB at worst
+(a label with its key holds at most ~3.3 KB: request id <= 128, source <= 256 characters)."""
 
 
 class WaitingLabels:
