@@ -152,6 +152,9 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
             f"cannot reach Kafka at {kafka.bootstrap_servers} within {timeout_s:g} s "
             f"(GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS, __REQUEST_TIMEOUT_MS): {detail}"
         ) from None
+    except asyncio.CancelledError:  # SIGTERM while connecting: close what was opened
+        await admin.close()
+        raise
     try:
         existing, counts = await _layout(admin, settings, timeout_s)
     finally:
