@@ -15,8 +15,10 @@ only from that module) records the attention summary of a Hugging Face model.
 
 from guardrail_client.events import EventBuilder, OutgoingRecord, SidecarLimits, trace_headers
 from guardrail_client.exceptions import (
+    ClientAlreadyStartedError,
     ClientError,
     ClientNotStartedError,
+    InvalidArgumentError,
     InvalidEventError,
     PartitionerWarning,
     VerdictTimeoutError,
@@ -37,11 +39,13 @@ __all__ = [
     "AnswerVerdict",
     "AttentionSummary",
     "ClaimVerdict",
+    "ClientAlreadyStartedError",
     "ClientError",
     "ClientNotStartedError",
     "Decision",
     "EventBuilder",
     "GuardrailPublisher",
+    "InvalidArgumentError",
     "InvalidEventError",
     "OnTimeout",
     "OutgoingRecord",

@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
-from guardrail_client.exceptions import InvalidEventError
+from guardrail_client.exceptions import InvalidArgumentError, InvalidEventError
 from guardrail_client.keys import request_key
 from sidecar.contracts.codec import encode
 from sidecar.contracts.events import (
@@ -96,6 +96,38 @@ def _summarise(exc: ValidationError, limit: int = 3) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
+def _require_str(event_type: str, name: str, value: object) -> None:
+    """Checked before ``value`` is used as a key or measured (where a wrong type would
+    raise a bare ``TypeError``); the contract models check everything else."""
+    if not isinstance(value, str):
+        raise InvalidEventError(
+            event_type, f"{name}: expected a string, got {type(value).__name__}"
+        )
+
+
+def _hit_fields(hits: object) -> list[dict[str, Any]]:
+    """The hits as plain mappings for the contract model; a container or a hit of the
+    wrong kind raises ``InvalidEventError`` naming its position."""
+    if isinstance(hits, str | bytes | Mapping) or not isinstance(hits, Sequence):
+        raise InvalidEventError(
+            "retrieval",
+            f"hits: expected a sequence (list or tuple) of RetrievalHit or mappings, "
+            f"got {type(hits).__name__}",
+        )
+    fields = []
+    for i, hit in enumerate(hits):
+        if isinstance(hit, RetrievalHit):
+            fields.append(hit.model_dump())
+        elif isinstance(hit, Mapping):
+            fields.append(dict(hit))
+        else:
+            raise InvalidEventError(
+                "retrieval",
+                f"hits.{i}: expected a RetrievalHit or a mapping, got {type(hit).__name__}",
+            )
+    return fields
+
+
 def _validated(model: type[E], event_type: str, fields: dict[str, Any]) -> E:
     try:
         return model.model_validate(fields)
@@ -126,7 +158,7 @@ class EventBuilder:
         limits: SidecarLimits | None = None,
     ) -> None:
         if max_open_requests < 1:
-            raise ValueError(f"max_open_requests must be >= 1, got {max_open_requests}")
+            raise InvalidArgumentError(f"max_open_requests must be >= 1, got {max_open_requests}")
         self.limits = limits or SidecarLimits()
         self.retrieval_topic = retrieval_topic
         self.generation_topic = generation_topic
@@ -153,14 +185,18 @@ class EventBuilder:
         k: int | None = None,
         created_at: datetime | None = None,
     ) -> OutgoingRecord[RetrievalEvent]:
-        """What was retrieved (best first); ``k`` defaults to ``len(hits)``."""
-        if len(hits) > self.limits.max_hits:
+        """What was retrieved (best first); ``k`` defaults to ``len(hits)``.
+
+        Any bad argument (a hit that is not a ``RetrievalHit`` or a mapping, a field of the
+        wrong type) raises ``InvalidEventError``, never a bare ``TypeError``.
+        """
+        hit_fields = _hit_fields(hits)
+        if len(hit_fields) > self.limits.max_hits:
             raise InvalidEventError(
                 "retrieval",
-                f"{len(hits)} hits; the sidecar dead-letters more than {self.limits.max_hits} "
-                "(SidecarLimits.max_hits, GUARDRAIL_LIMITS__MAX_HITS)",
+                f"{len(hit_fields)} hits; the sidecar dead-letters more than "
+                f"{self.limits.max_hits} (SidecarLimits.max_hits, GUARDRAIL_LIMITS__MAX_HITS)",
             )
-        hit_fields = [h.model_dump() if isinstance(h, RetrievalHit) else dict(h) for h in hits]
         event = _validated(
             RetrievalEvent,
             "retrieval",
@@ -175,13 +211,15 @@ class EventBuilder:
                 "created_at": created_at,
             },
         )
-        record = self._record(self.retrieval_topic, event, tenant)
+        # the validated values: lax validation turns bytes into str, the header needs str
+        record = self._record(self.retrieval_topic, event, event.tenant)
         with self._lock:
-            self._state(request_id).tenant = tenant
+            self._state(event.request_id).tenant = event.tenant
         return record
 
     def delta(self, request_id: str, text: str) -> OutgoingRecord[GenerationDelta]:
         """The next streamed piece of the answer (``seq`` is counted here)."""
+        _require_str("generation.delta", "request_id", request_id)
         limits = self.limits
         with self._lock:
             state = self._state(request_id)
@@ -219,6 +257,8 @@ class EventBuilder:
         generator_model: str | None = None,
     ) -> OutgoingRecord[GenerationFinal]:
         """The whole answer; ``attention`` is an ``AttentionSummary`` or an (L, H, K) array."""
+        _require_str("generation.final", "request_id", request_id)
+        _require_str("generation.final", "answer", answer)
         if len(answer) > self.limits.max_answer_chars:
             raise InvalidEventError(
                 "generation.final",
@@ -229,7 +269,7 @@ class EventBuilder:
         if attention is not None and not isinstance(attention, AttentionSummary):
             try:
                 attention = AttentionSummary.from_array(attention)
-            except (ValueError, ValidationError) as exc:
+            except (ValueError, TypeError, ValidationError) as exc:  # not array-like: TypeError
                 raise InvalidEventError("generation.final", f"attention: {exc}") from None
         with self._lock:
             state = self._open.get(request_id, _OpenRequest())

@@ -25,8 +25,21 @@ class InvalidEventError(ClientError):
         self.detail = detail
 
 
+class InvalidArgumentError(ClientError, ValueError):
+    """An argument of a client call or constructor is out of its allowed range (a timeout
+    of ``nan``, a negative bound). A caller's bug; the message names the argument and what
+    is allowed. Also a :class:`ValueError`, as these checks always raised."""
+
+
 class ClientNotStartedError(ClientError):
-    """A publisher or verdict client was used before ``start()`` (or after ``stop()``)."""
+    """A publisher or verdict client was used before ``start()``, once ``stop()`` began, or
+    after the event loop it was started on ended (the loop closed, its thread died, or the
+    process forked): an event it accepted then could never be sent, so it refuses it."""
+
+
+class ClientAlreadyStartedError(ClientError):
+    """``start()`` was called on a publisher or verdict client that is already started (or
+    starting); call ``stop()`` first. A second producer or consumer is never created."""
 
 
 class VerdictTimeoutError(ClientError):

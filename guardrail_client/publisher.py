@@ -7,6 +7,12 @@ background task hands the queue to aiokafka's producer, which batches per
 partition (``linger_ms``). When Kafka is away the queue fills; further events
 are dropped and counted (``stats.dropped``) rather than stalling requests: the
 verdict then never comes and the ``VerdictClient``'s ``on_timeout`` decides.
+
+Every event a call accepted ends up in exactly one of ``stats.delivered``,
+``stats.failed`` or ``stats.dropped`` once ``stop()`` returns. A call that
+cannot be sent at all raises ``ClientNotStartedError`` instead of being
+accepted: before ``start()``, once ``stop()`` began, and when the event loop
+the publisher was started on has ended (its send task is gone with it).
 """
 
 from __future__ import annotations
@@ -24,8 +30,15 @@ from typing import Any, Self
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from guardrail_client.arguments import checked_timeout
 from guardrail_client.events import EventBuilder, HitLike, OutgoingRecord, SidecarLimits
-from guardrail_client.exceptions import ClientNotStartedError, PartitionerWarning
+from guardrail_client.exceptions import (
+    ClientAlreadyStartedError,
+    ClientError,
+    ClientNotStartedError,
+    InvalidArgumentError,
+    PartitionerWarning,
+)
 from guardrail_client.keys import is_murmur2_partitioner
 from sidecar.contracts.events import (
     AttentionSummary,
@@ -44,7 +57,7 @@ class PublisherStats:
 
     queued: int = 0
     delivered: int = 0
-    failed: int = 0  # the broker refused or the delivery timed out
+    failed: int = 0  # the broker refused, the delivery timed out, or was unconfirmed at stop()
     dropped: int = 0  # the queue was full (Kafka away or too slow), or still queued at stop()
 
 
@@ -85,7 +98,7 @@ class GuardrailPublisher:
         **producer_options: Any,
     ) -> None:
         if max_queued_events < 1:
-            raise ValueError(f"max_queued_events must be >= 1, got {max_queued_events}")
+            raise InvalidArgumentError(f"max_queued_events must be >= 1, got {max_queued_events}")
         check_partitioner(producer_options)
         self.builder = EventBuilder(
             retrieval_topic=retrieval_topic,
@@ -107,42 +120,112 @@ class GuardrailPublisher:
         self._queue: asyncio.Queue[OutgoingRecord[Any]] | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Future[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop start() ran on
+        self._started = False  # from the start of start() to the end of stop()
+        self._accepting = False  # from the end of start() to the start of stop()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        """Start the producer and the send task on the running loop.
+
+        ``ClientAlreadyStartedError`` when it is started already (or starting): a second
+        producer is never created; ``stop()`` first.
+        """
+        if self._started:
+            raise ClientAlreadyStartedError(
+                "GuardrailPublisher.start() called again while it is started; call stop() first"
+            )
+        self._started = True
         producer = AIOKafkaProducer(**self._producer_args)
         try:
             await producer.start()
         except KafkaError as exc:
+            self._started = False
             await producer.stop()
             raise BrokerError(
                 f"cannot reach Kafka at {self._producer_args['bootstrap_servers']}: {exc}"
             ) from exc
+        except BaseException:
+            self._started = False
+            raise
         self._producer = producer
+        self._loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue(self._max_queued)
         self._drain_task = asyncio.create_task(self._drain(), name="guardrail-publisher")
+        self._accepting = True
 
     async def stop(self, flush_timeout_s: float = 10.0) -> None:
-        """Deliver what is queued (up to ``flush_timeout_s``), then close the producer."""
-        if self._producer is None:
+        """Deliver what is queued (up to ``flush_timeout_s``), then close the producer.
+
+        Calls made once it began raise ``ClientNotStartedError``; what is still queued at
+        the deadline is counted as dropped, what is sent but unconfirmed as failed. When the
+        loop the publisher started on has ended, nothing can be sent or closed there: what
+        it held is counted the same way at once (and the producer is left to that loop).
+        """
+        checked_timeout("flush_timeout_s", flush_timeout_s)
+        if self._producer is None or not self._accepting:
+            return  # not started, or another stop() is under way
+        self._accepting = False
+        if _running_loop() is not self._loop:
+            if self._loop is not None and self._loop.is_running():
+                self._accepting = True
+                raise ClientError(
+                    "GuardrailPublisher.stop() must be awaited on the event loop start() ran "
+                    "on (it is still running, in another thread)"
+                )
+            self._abandon(f"its event loop has ended ({self._loop_ended()})")
             return
-        with contextlib.suppress(TimeoutError):
-            await self.flush(flush_timeout_s)
-        if self._drain_task is not None:
-            self._drain_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._drain_task
+        producer, drain = self._producer, self._drain_task
+        try:
+            # ClientNotStartedError: the send task ended, so the queue cannot drain
+            with contextlib.suppress(TimeoutError, ClientNotStartedError):
+                await self.flush(flush_timeout_s)
+            if drain is not None and not drain.done():
+                drain.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await drain
+            await producer.stop()
+            await asyncio.sleep(0)  # run the callbacks of the deliveries stop() confirmed
+        finally:
+            if drain is not None:
+                drain.cancel()  # stop() itself was cancelled: the task must not outlive it
+            self._count_undelivered(f"not delivered within flush_timeout_s={flush_timeout_s:g}")
+            self._forget_producer()
+
+    def _abandon(self, why: str) -> None:
+        """Count what the publisher holds, without its loop (that one has ended), and forget
+        it. Called on a loop that is not the publisher's, or with no loop at all."""
+        log.warning("stop(): %s; the producer cannot be closed from here", why)
+        self._accepting = False
+        self._count_undelivered(why)
+        self._forget_producer()
+
+    def _count_undelivered(self, why: str) -> None:
+        """Accepted, never delivered: counted (``dropped`` if queued, ``failed`` if sent but
+        unconfirmed), never silently gone."""
         left = self._queue.qsize() if self._queue is not None else 0
-        if left:  # accepted, never sent: counted, not silently gone
-            self.stats.dropped += left
+        self.stats.dropped += left
+        unconfirmed = 0
+        for future in list(self._pending):
+            future.remove_done_callback(self._delivered)
+            if future.done():
+                self._delivered(future)
+            else:
+                self._pending.discard(future)
+                unconfirmed += 1
+        self.stats.failed += unconfirmed
+        if left or unconfirmed:
             log.warning(
-                "stop(): %d queued events were not delivered within %.0f s; counted as dropped",
+                "stop(): %d queued events counted as dropped and %d sent ones as failed: %s",
                 left,
-                flush_timeout_s,
+                unconfirmed,
+                why,
             )
-        await self._producer.stop()
-        self._producer = self._queue = self._drain_task = None
+
+    def _forget_producer(self) -> None:
+        self._producer = self._queue = self._drain_task = self._loop = None
+        self._started = self._accepting = False
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -211,11 +294,14 @@ class GuardrailPublisher:
         return record.event
 
     def enqueue(self, record: OutgoingRecord[Any]) -> None:
-        """Queue a built record; never waits. Called on the publisher's own loop only."""
-        if self._queue is None:
-            raise ClientNotStartedError("GuardrailPublisher used before start() or after stop()")
+        """Queue a built record; never waits. Called on the publisher's own loop only.
+
+        ``ClientNotStartedError`` (the record is not accepted) before ``start()``, once
+        ``stop()`` began, or when the publisher's event loop has ended.
+        """
+        queue = self._running_queue()
         try:
-            self._queue.put_nowait(record)
+            queue.put_nowait(record)
         except asyncio.QueueFull:
             self.stats.dropped += 1
             if self.stats.dropped == 1 or self.stats.dropped % 1000 == 0:
@@ -230,13 +316,41 @@ class GuardrailPublisher:
 
     async def flush(self, timeout_s: float = 10.0) -> None:
         """Wait until every queued event is delivered (or failed); ``TimeoutError`` after."""
+        checked_timeout("timeout_s", timeout_s)
         if self._queue is None or self._producer is None:
             raise ClientNotStartedError("GuardrailPublisher used before start() or after stop()")
+        queue, producer = self._queue, self._producer
+        if ended := self._loop_ended():
+            raise ClientNotStartedError(f"GuardrailPublisher cannot flush: {ended}")
         async with asyncio.timeout(timeout_s):
-            await self._queue.join()
-            await self._producer.flush()
+            await queue.join()
+            await producer.flush()
             if self._pending:
                 await asyncio.wait(set(self._pending))
+
+    def _running_queue(self) -> asyncio.Queue[OutgoingRecord[Any]]:
+        if self._queue is None or not self._accepting:
+            raise ClientNotStartedError("GuardrailPublisher used before start() or after stop()")
+        if ended := self._loop_ended():
+            raise ClientNotStartedError(
+                f"GuardrailPublisher refuses the event: {ended}, so it would never be sent; "
+                "stop() it, then start() it on the running loop"
+            )
+        return self._queue
+
+    def _loop_ended(self) -> str | None:
+        """Why records queued now could never be sent (None when they can)."""
+        if self._loop is None:
+            return None
+        if self._loop.is_closed():
+            return "the event loop it was started on is closed"
+        if _running_loop() is not self._loop:
+            return "it was started on another event loop (one that has ended, or another thread's)"
+        task = self._drain_task
+        if task is not None and task.done():
+            cause = "cancelled" if task.cancelled() else repr(task.exception())
+            return f"its send task ended ({cause})"
+        return None
 
     # ------------------------------------------------------------------ the drain task
 
@@ -255,6 +369,9 @@ class GuardrailPublisher:
             except asyncio.CancelledError:  # stop() while this one waited for the producer
                 self.stats.dropped += 1
                 raise
+            except Exception:  # a bug, not Kafka: counted; the task ends, later calls refuse
+                self.stats.failed += 1
+                raise
             else:
                 self._pending.add(future)
                 future.add_done_callback(self._delivered)
@@ -270,3 +387,10 @@ class GuardrailPublisher:
             log.warning("an event was not delivered: %s", exc)
         else:
             self.stats.delivered += 1
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # called from no loop (a thread, or the loop has ended)
+        return None

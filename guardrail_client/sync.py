@@ -1,21 +1,34 @@
 """``SyncGuardrailPublisher``: the publisher for threaded services, on a loop thread of its own.
 
 Events are validated and built on the caller's thread (a contract violation
-raises there); the finished record crosses to the publisher's loop with
-``call_soon_threadsafe``, so a call never waits for Kafka.
+raises there); the finished record goes into an outbox (a deque), and the loop
+is woken (``call_soon_threadsafe``, once per batch) to move it to the
+publisher's queue, so a call never waits for Kafka, nor for a lock.
+
+``stop()`` marks the publisher stopping, then moves what the outbox holds on
+the loop before flushing. A call that finds it stopping after its append takes
+its record back and raises ``ClientNotStartedError``; if the move took it
+first, the call succeeds and the record is delivered or counted. Either way a
+record is accepted exactly when the call returns. A call once the loop thread
+has ended (the process forked, or the loop was stopped) raises too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
 import threading
+from collections import deque
 from collections.abc import Coroutine, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
+from guardrail_client.arguments import checked_timeout
 from guardrail_client.events import HitLike, OutgoingRecord
-from guardrail_client.exceptions import ClientNotStartedError
+from guardrail_client.exceptions import ClientAlreadyStartedError, ClientNotStartedError
 from guardrail_client.publisher import GuardrailPublisher, PublisherStats
 from sidecar.contracts.events import (
     AttentionSummary,
@@ -24,49 +37,98 @@ from sidecar.contracts.events import (
     RetrievalEvent,
 )
 
+log = logging.getLogger("guardrail_client")
+
 T = TypeVar("T")
+State = Literal["stopped", "starting", "running", "stopping"]
 
 
 class SyncGuardrailPublisher:
     """``GuardrailPublisher`` with blocking-free sync calls (``with SyncGuardrailPublisher(...)``).
 
     Takes the same arguments as ``GuardrailPublisher``; ``start()`` starts a
-    daemon thread that runs the publisher's event loop.
+    daemon thread that runs the publisher's event loop. Once ``stop()`` returns,
+    every event a call accepted is in ``stats.delivered``, ``failed`` or
+    ``dropped``; calls from then on (or from the moment ``stop()`` began, on
+    any thread) raise ``ClientNotStartedError``. A second ``start()`` raises
+    ``ClientAlreadyStartedError``.
     """
 
     def __init__(self, bootstrap_servers: str, **options: Any) -> None:
         self._publisher = GuardrailPublisher(bootstrap_servers, **options)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._pid: int | None = None  # the process that started the loop thread
+        self._state: State = "stopped"
+        self._lock = threading.Lock()  # start() and stop() change the state under it
+        self._outbox: deque[OutgoingRecord[Any]] = deque()  # accepted, not yet on the loop
+        self._wake_pending = False  # a _move_outbox is scheduled on the loop
 
     @property
     def stats(self) -> PublisherStats:
         return self._publisher.stats
 
     def start(self, timeout_s: float = 30.0) -> None:
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(
-            target=loop.run_forever, name="guardrail-publisher-loop", daemon=True
-        )
-        thread.start()
-        self._loop, self._thread = loop, thread
+        checked_timeout("timeout_s", timeout_s, allow_zero=False)
+        with self._lock:
+            if self._state != "stopped":
+                raise ClientAlreadyStartedError(
+                    f"SyncGuardrailPublisher.start() called while it is {self._state}; "
+                    "call stop() first"
+                )
+            self._state = "starting"
+            self._wake_pending = False
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=loop.run_forever, name="guardrail-publisher-loop", daemon=True
+            )
+            thread.start()
+            self._loop, self._thread, self._pid = loop, thread, os.getpid()
         try:
             self._call(self._publisher.start(), timeout_s)
         except BaseException:
             self._close_loop()
             raise
+        with self._lock:
+            self._state = "running"
 
     def stop(self, flush_timeout_s: float = 10.0) -> None:
-        if self._loop is None:
-            return
+        """Deliver what was accepted (up to ``flush_timeout_s``), then close the producer.
+
+        When the loop thread has ended in this process, the publisher is stopped on the
+        caller's thread instead; in a forked child (which has no loop thread and shares the
+        parent's sockets) what it held is counted as dropped and nothing is closed.
+        """
+        checked_timeout("flush_timeout_s", flush_timeout_s)
+        with self._lock:
+            if self._state != "running":
+                return  # not started, or another stop() is under way
+            self._state = "stopping"  # the outbox is final: no hand-over from now on
+            loop, ended = self._loop, self._loop_ended()
+        assert loop is not None  # noqa: S101 - running
         try:
-            self._call(self._publisher.stop(flush_timeout_s), flush_timeout_s + 10.0)
+            if ended is None:
+                self._call(self._stop_on_loop(flush_timeout_s), flush_timeout_s + 10.0)
+            elif self._pid != os.getpid():  # the child must not touch the loop or the sockets
+                self._publisher.stats.dropped += len(self._outbox)
+                self._outbox.clear()
+                self._publisher._abandon(ended)
+            else:  # stopped in this process: nothing else runs it, so run it here once more
+                loop.run_until_complete(self._stop_on_loop(flush_timeout_s))
         finally:
             self._close_loop()
 
     def flush(self, timeout_s: float = 10.0) -> None:
         """Block until every queued event is delivered; ``TimeoutError`` after ``timeout_s``."""
-        self._call(self._publisher.flush(timeout_s), timeout_s + 1.0)
+        checked_timeout("timeout_s", timeout_s)
+        with self._lock:
+            if self._state != "running":
+                raise ClientNotStartedError(
+                    f"SyncGuardrailPublisher.flush() while it is {self._state}"
+                )
+            if ended := self._loop_ended():
+                raise ClientNotStartedError(f"SyncGuardrailPublisher cannot flush: {ended}")
+        self._call(self._flush_on_loop(timeout_s), timeout_s + 1.0)
 
     def __enter__(self) -> Self:
         self.start()
@@ -130,21 +192,79 @@ class SyncGuardrailPublisher:
         return record.event
 
     def _hand_over(self, record: OutgoingRecord[Any]) -> None:
-        if self._loop is None:
-            raise ClientNotStartedError(
-                "SyncGuardrailPublisher used before start() or after stop()"
+        """Accept the record (return) or refuse it (raise); lock-free, see the module doc."""
+        self._check_accepting()
+        self._outbox.append(record)
+        if self._state != "running":  # stop() began: did its last move take the record?
+            try:
+                self._outbox.remove(record)
+            except ValueError:
+                return  # it did: accepted, and delivered or counted by stop()
+            raise ClientNotStartedError(  # it did not: taken back, refused
+                "SyncGuardrailPublisher.stop() began during the call; the event was not accepted"
             )
-        self._loop.call_soon_threadsafe(self._publisher.enqueue, record)
+        if not self._wake_pending:  # a wake per batch; set before the move takes the batch
+            self._wake_pending = True
+            loop = self._loop
+            if loop is not None:
+                # RuntimeError: a stop() closed the loop since, after it moved the outbox
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._move_outbox)
+
+    def _check_accepting(self) -> None:
+        if self._state != "running":
+            raise ClientNotStartedError(
+                f"SyncGuardrailPublisher used while it is {self._state} "
+                "(before start() or after stop() began); the event was not accepted"
+            )
+        if ended := self._loop_ended():
+            raise ClientNotStartedError(
+                f"SyncGuardrailPublisher refuses the event: {ended}, so it would never "
+                "be sent; stop() it, then start() it again"
+            )
+
+    def _move_outbox(self) -> None:
+        """On the loop: what the outbox holds goes to the publisher's queue (or is counted)."""
+        self._wake_pending = False  # first: a record appended from now on wakes the loop again
+        while True:
+            try:
+                record = self._outbox.popleft()
+            except IndexError:  # empty (a caller may have taken its record back)
+                return
+            try:
+                self._publisher.enqueue(record)
+            except ClientNotStartedError as exc:  # accepted earlier: counted, never lost
+                self._publisher.stats.dropped += 1
+                log.warning("an accepted event was dropped: %s", exc)
+
+    async def _stop_on_loop(self, flush_timeout_s: float) -> None:
+        self._move_outbox()  # everything accepted before stop() began
+        await self._publisher.stop(flush_timeout_s)
+
+    async def _flush_on_loop(self, timeout_s: float) -> None:
+        self._move_outbox()
+        await self._publisher.flush(timeout_s)
+
+    def _loop_ended(self) -> str | None:
+        """Why the loop thread can run nothing more (None while it can)."""
+        if self._pid != os.getpid():
+            return "the process forked after start(): the child has no loop thread"
+        if self._loop is None or not self._loop.is_running():  # cheaper than Thread.is_alive()
+            return "its event loop thread has ended (the loop stopped)"
+        return None
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
         assert self._loop is not None  # noqa: S101 - started
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
 
     def _close_loop(self) -> None:
-        loop, thread = self._loop, self._thread
-        self._loop = self._thread = None
-        if loop is None or thread is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10.0)
+        with self._lock:
+            loop, thread, forked = self._loop, self._thread, self._pid != os.getpid()
+            self._loop = self._thread = self._pid = None
+            self._state = "stopped"
+        if loop is None or thread is None or forked:
+            return  # a forked child leaves the parent's loop (and its sockets) alone
+        if thread.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10.0)
         loop.close()

@@ -35,8 +35,20 @@ from typing import Any, Literal, Self
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
-from guardrail_client.exceptions import ClientNotStartedError, VerdictTimeoutError
-from guardrail_client.waiters import Arrival, ClientStopped, Received, WaiterMap
+from guardrail_client.arguments import checked_timeout
+from guardrail_client.exceptions import (
+    ClientAlreadyStartedError,
+    ClientNotStartedError,
+    InvalidArgumentError,
+    VerdictTimeoutError,
+)
+from guardrail_client.waiters import (
+    RECENT_MAX_BYTES,
+    Arrival,
+    ClientStopped,
+    Received,
+    WaiterMap,
+)
 from sidecar.contracts.events import AnswerVerdict, ClaimVerdict, Decision
 from sidecar.exceptions import BrokerError
 
@@ -76,6 +88,11 @@ class VerdictClient:
     ``consumer_options`` go to ``AIOKafkaConsumer`` (security settings). Start
     it before publishing the requests it will wait for: it reads from the end
     offsets of the moment it started. ``claims_topic=None`` reads no claims.
+
+    Records that come before anyone here waits for them are kept a while (a verdict can
+    beat its caller): at most ``recent_max_entries`` request ids per topic, for
+    ``recent_ttl_s``, and ``recent_max_bytes`` in all (both topics, the oldest forgotten
+    first), so a flood of other replicas' verdicts and claims costs bounded memory.
     """
 
     def __init__(
@@ -90,19 +107,24 @@ class VerdictClient:
         recent_max_entries: int = 10_000,
         recent_ttl_s: float = 60.0,
         start_timeout_s: float = 30.0,
+        recent_max_bytes: int = RECENT_MAX_BYTES,
         **consumer_options: Any,
     ) -> None:
         if on_timeout not in ("allow", "block", "raise"):
-            raise ValueError(f"on_timeout must be 'allow', 'block' or 'raise', got {on_timeout!r}")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+            raise InvalidArgumentError(
+                f"on_timeout must be 'allow', 'block' or 'raise', got {on_timeout!r}"
+            )
         self.on_timeout: OnTimeout = on_timeout
-        self.timeout_s = timeout_s
-        self.claims_settle_s = claims_settle_s
-        self.start_timeout_s = start_timeout_s
+        self.timeout_s = checked_timeout("timeout_s", timeout_s, allow_zero=False)
+        self.claims_settle_s = checked_timeout("claims_settle_s", claims_settle_s)
+        self.start_timeout_s = checked_timeout("start_timeout_s", start_timeout_s, allow_zero=False)
         self.verdicts_topic = verdicts_topic
         self.claims_topic = claims_topic
-        self.waiters = WaiterMap(recent_max_entries=recent_max_entries, recent_ttl_s=recent_ttl_s)
+        self.waiters = WaiterMap(
+            recent_max_entries=recent_max_entries,
+            recent_ttl_s=recent_ttl_s,
+            recent_max_bytes=recent_max_bytes,
+        )
         self._consumer_args: dict[str, Any] = {
             "bootstrap_servers": bootstrap_servers,
             "group_id": None,
@@ -113,12 +135,29 @@ class VerdictClient:
         }
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._started = False  # from the start of start() to the end of stop()
         self.records_read = 0
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Read every partition of the topics, from their current ends."""
+        """Read every partition of the topics, from their current ends.
+
+        ``ClientAlreadyStartedError`` when it is started already (or starting): a second
+        consumer is never created; ``stop()`` first.
+        """
+        if self._started:
+            raise ClientAlreadyStartedError(
+                "VerdictClient.start() called again while it is started; call stop() first"
+            )
+        self._started = True
+        try:
+            await self._start_consumer()
+        except BaseException:
+            self._started = False
+            raise
+
+    async def _start_consumer(self) -> None:
         consumer = AIOKafkaConsumer(**self._consumer_args)
         try:
             await consumer.start()
@@ -151,6 +190,7 @@ class VerdictClient:
         if self._consumer is not None:
             await self._consumer.stop()
         self._consumer = self._task = None
+        self._started = False
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -184,7 +224,12 @@ class VerdictClient:
         tenants from a header: request ids are then scoped by tenant, but verdicts are
         keyed by request id, so another tenant can provoke one under yours; a verdict
         naming another tenant is then ignored.
+
+        ``timeout``: seconds, finite and ``>= 0`` (0 takes only a verdict already here);
+        None means ``timeout_s``. Anything else raises ``InvalidArgumentError``.
         """
+        if timeout is not None:
+            checked_timeout("timeout", timeout)
         started = time.monotonic()
         if not self.running:
             return self._fallback(request_id, "unavailable", 0.0)
@@ -220,9 +265,11 @@ class VerdictClient:
 
         After the final verdict it waits at most ``claims_settle_s`` for claims
         still in flight (the verdict counts them). At the deadline it ends, or
-        raises ``VerdictTimeoutError`` when ``on_timeout="raise"``. ``tenant``: as for
-        :meth:`verdict`.
+        raises ``VerdictTimeoutError`` when ``on_timeout="raise"``. ``timeout`` and
+        ``tenant``: as for :meth:`verdict`.
         """
+        if timeout is not None:
+            checked_timeout("timeout", timeout)
         if self.claims_topic is None:
             raise ClientNotStartedError("this VerdictClient reads no claims (claims_topic=None)")
         started = time.monotonic()

@@ -3,7 +3,9 @@
 No Kafka here. The consumer hands every record to ``offer_verdict`` /
 ``offer_claim`` with its key; a record nobody here waits for is kept, still
 undecoded, in a bounded recent cache (a verdict can arrive before its caller
-starts waiting) and costs a dict lookup, not a JSON parse. Only records a
+starts waiting) and costs a dict lookup, not a JSON parse. The cache is bounded
+by count (keys, and records per key), age and bytes (across every key of both
+topics, oldest first). Only records a
 caller waits for are decoded and validated; one that breaks the contract is
 logged and skipped, never raised into the consumer.
 """
@@ -20,11 +22,19 @@ from typing import Generic, TypeVar
 
 from pydantic import ValidationError
 
+from guardrail_client.exceptions import InvalidArgumentError
 from sidecar.contracts.events import AnswerVerdict, ClaimVerdict
 
 log = logging.getLogger("guardrail_client")
 
 T = TypeVar("T", AnswerVerdict, ClaimVerdict)
+
+RECENT_MAX_BYTES = 64 * 1024 * 1024  # the recent cache of both topics together
+# What a kept record costs beyond its value (measured with tracemalloc on CPython 3.11):
+# the bytes object's header, the Arrival and its deque slot; and what a kept key costs: the
+# key string, its dict entry, its (time, deque) tuple and the deque's first block.
+_RECORD_OVERHEAD_BYTES = 96
+_KEY_OVERHEAD_BYTES = 768
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,21 +65,50 @@ def _decode(model: type[T], arrival: Arrival) -> Received[T] | None:
         return None
 
 
+def _cost(arrival: Arrival) -> int:
+    return len(arrival.value) + _RECORD_OVERHEAD_BYTES
+
+
+class _ByteBudget:
+    """The bytes the recent caches hold together, and their bound: over it, the oldest
+    record of the cache whose least recently written key is the oldest goes first."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
+        self.caches: list[_Recent] = []
+
+    def enforce(self) -> None:
+        while self.used > self.max_bytes:
+            holding = [c for c in self.caches if len(c)]
+            if not holding:
+                return
+            min(holding, key=_Recent.oldest_time).forget_oldest_record()
+
+
 class _Recent:
-    """Undecoded records by key, oldest forgotten first (count and age bounded).
+    """Undecoded records by key, oldest forgotten first (count, age and bytes bounded).
 
     At most ``per_key`` records are kept per key (the newest): a flood of records under
-    one key costs a bounded list, not a growing one.
+    one key costs a bounded list, not a growing one. The ``budget`` is shared with the
+    other topic's cache: a flood of keys costs bounded bytes, not only a bounded count.
     """
 
     def __init__(
-        self, max_entries: int, ttl_s: float, clock: Callable[[], float], per_key: int
+        self,
+        max_entries: int,
+        ttl_s: float,
+        clock: Callable[[], float],
+        per_key: int,
+        budget: _ByteBudget,
     ) -> None:
         self._items: OrderedDict[str, tuple[float, deque[Arrival]]] = OrderedDict()
         self._max_entries = max_entries
         self._ttl_s = ttl_s
         self._clock = clock
         self._per_key = per_key
+        self._budget = budget
+        budget.caches.append(self)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -77,14 +116,36 @@ class _Recent:
     def add(self, key: str, arrival: Arrival) -> None:
         now = self._clock()
         old = self._items.pop(key, None)
-        kept = deque(maxlen=self._per_key) if old is None else old[1]
+        if old is None:
+            kept: deque[Arrival] = deque()
+            self._budget.used += _KEY_OVERHEAD_BYTES
+        else:
+            kept = old[1]
         kept.append(arrival)
+        self._budget.used += _cost(arrival)
+        if len(kept) > self._per_key:
+            self._budget.used -= _cost(kept.popleft())
         self._items[key] = (now, kept)
         while self._items and (
-            len(self._items) > self._max_entries
-            or now - next(iter(self._items.values()))[0] > self._ttl_s
+            len(self._items) > self._max_entries or now - self.oldest_time() > self._ttl_s
         ):
-            self._items.popitem(last=False)
+            self._forget_oldest_key()
+        self._budget.enforce()
+
+    def oldest_time(self) -> float:
+        """When the least recently written key was last written (the cache is not empty)."""
+        return next(iter(self._items.values()))[0]
+
+    def forget_oldest_record(self) -> None:
+        key, (_, kept) = next(iter(self._items.items()))
+        self._budget.used -= _cost(kept.popleft())
+        if not kept:
+            del self._items[key]
+            self._budget.used -= _KEY_OVERHEAD_BYTES
+
+    def _forget_oldest_key(self) -> None:
+        _, (_, kept) = self._items.popitem(last=False)
+        self._budget.used -= _KEY_OVERHEAD_BYTES + sum(_cost(a) for a in kept)
 
     def get(self, key: str) -> list[Arrival]:
         item = self._items.get(key)
@@ -107,7 +168,13 @@ def _ours(event: AnswerVerdict | ClaimVerdict, tenant: str | None) -> bool:
 
 
 class WaiterMap:
-    """Verdict futures and claim queues by request id, plus the recent cache."""
+    """Verdict futures and claim queues by request id, plus the recent cache.
+
+    The recent cache keeps at most ``recent_max_entries`` keys per topic (8 verdicts and
+    1,024 claims each), for ``recent_ttl_s``, and ``recent_max_bytes`` for both topics
+    together: record values plus an estimate of their bookkeeping, which is close to the
+    memory they hold. Over a bound, the least recently written key's oldest records go.
+    """
 
     def __init__(
         self,
@@ -115,17 +182,30 @@ class WaiterMap:
         recent_max_entries: int = 10_000,
         recent_ttl_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        recent_max_bytes: int = RECENT_MAX_BYTES,
     ) -> None:
+        if recent_max_bytes < 1:
+            raise InvalidArgumentError(f"recent_max_bytes must be >= 1, got {recent_max_bytes}")
         self._verdicts: dict[str, list[tuple[VerdictFuture, str | None]]] = {}
         self._claims: dict[str, list[tuple[asyncio.Queue[ClaimItem], str | None]]] = {}
-        self._recent_verdicts = _Recent(recent_max_entries, recent_ttl_s, clock, per_key=8)
-        self._recent_claims = _Recent(recent_max_entries, recent_ttl_s, clock, per_key=1024)
+        self._recent_bytes = _ByteBudget(recent_max_bytes)
+        self._recent_verdicts = _Recent(
+            recent_max_entries, recent_ttl_s, clock, per_key=8, budget=self._recent_bytes
+        )
+        self._recent_claims = _Recent(
+            recent_max_entries, recent_ttl_s, clock, per_key=1024, budget=self._recent_bytes
+        )
         self.decoded = 0  # records decoded because someone here waited for them
         self.skipped = 0  # records nobody here waited for (kept undecoded)
 
     @property
     def waiting(self) -> int:
         return len(self._verdicts) + len(self._claims)
+
+    @property
+    def recent_bytes(self) -> int:
+        """What the recent cache holds now, as counted against ``recent_max_bytes``."""
+        return self._recent_bytes.used
 
     # ------------------------------------------------------------------ waiting
 

@@ -1,4 +1,5 @@
-"""A real sidecar process (``python -m sidecar run``) on a uuid topic set, for the client tests."""
+"""Fixtures of the client tests: a real sidecar process (``python -m sidecar run``) on a uuid
+topic set, and fake aiokafka producers and consumers for the tests that need no broker."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,7 @@ from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka
+from tests.client.fakes import FakeConsumer, FakeProducer
 from tests.kafka.harness import settings_for
 
 SidecarFactory = Callable[..., SidecarProcess]
@@ -50,3 +53,29 @@ async def start_sidecar(
     for proc in started:
         if proc.pid is not None:
             await asyncio.to_thread(proc.signal, signal.SIGTERM)
+
+
+@pytest.fixture
+def fake_producers(monkeypatch: pytest.MonkeyPatch) -> list[FakeProducer]:
+    """Every producer a publisher creates in this test is a ``FakeProducer``, listed here."""
+    made: list[FakeProducer] = []
+
+    def make(**options: Any) -> FakeProducer:
+        made.append(FakeProducer(**options))
+        return made[-1]
+
+    monkeypatch.setattr("guardrail_client.publisher.AIOKafkaProducer", make)
+    return made
+
+
+@pytest.fixture
+def fake_consumers(monkeypatch: pytest.MonkeyPatch) -> list[FakeConsumer]:
+    """Every consumer a verdict client creates in this test is a ``FakeConsumer``, listed here."""
+    made: list[FakeConsumer] = []
+
+    def make(**options: Any) -> FakeConsumer:
+        made.append(FakeConsumer(**options))
+        return made[-1]
+
+    monkeypatch.setattr("guardrail_client.verdicts.AIOKafkaConsumer", make)
+    return made

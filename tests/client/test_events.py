@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import numpy as np
@@ -27,6 +26,7 @@ from guardrail_client import (
 from sidecar.config import LimitSettings
 from sidecar.contracts.codec import InputKind, decode_input
 from sidecar.pipeline.intake import MAX_DELTAS_PER_REQUEST
+from tests.client.fakes import FakeProducer
 
 HITS = [{"chunk_id": "c1", "doc_id": "d1", "score": 0.7, "text": "Mary Shelley wrote it."}]
 
@@ -139,12 +139,16 @@ async def test_calls_before_start_raise_and_nothing_is_queued() -> None:
     assert pub.stats.queued == 0
 
 
-async def test_a_full_queue_drops_and_counts_instead_of_waiting() -> None:
+async def test_a_full_queue_drops_and_counts_instead_of_waiting(
+    fake_producers: list[FakeProducer],
+) -> None:
     pub = GuardrailPublisher("127.0.0.1:1", generator_model="g", max_queued_events=2)
-    pub._queue = asyncio.Queue(2)  # started without a broker: nothing drains
-    for i in range(5):
+    await pub.start()
+    for i in range(5):  # no call yields to the loop: the send task has not run yet
         await pub.delta("r", str(i))
     assert (pub.stats.queued, pub.stats.dropped) == (2, 3)
+    await pub.stop()
+    assert pub.stats.delivered == 2
 
 
 @given(
@@ -203,3 +207,85 @@ def test_events_the_sidecar_would_dead_letter_are_refused_at_the_call() -> None:
     few.delta("r3", "b")
     with pytest.raises(InvalidEventError, match="more than 2 deltas"):
         few.delta("r3", "c")
+
+
+HIT = HITS[0]
+MALFORMED_HITS: dict[str, Any] = {
+    "score-not-a-number": [{**HIT, "score": "high"}],
+    "hit-is-an-int": [7],
+    "hit-is-none": [None],
+    "hit-is-a-string": ["c1"],
+    "hit-is-a-list-of-pairs": [list(HIT.items())],
+    "chunk-id-is-a-list": [{**HIT, "chunk_id": ["c1"]}],
+    "hits-are-none": None,
+    "hits-are-one-mapping": HIT,
+    "hits-are-a-string": "c1",
+    "hits-are-a-set": {"c1"},
+}
+
+
+@pytest.mark.parametrize("hits", MALFORMED_HITS.values(), ids=MALFORMED_HITS.keys())
+def test_malformed_hits_raise_invalid_event_error_naming_the_hits(hits: Any) -> None:
+    """Before the fix a hit that is not a mapping (or hits that are not a sequence) raised a
+    bare TypeError or ValueError from ``dict(hit)`` / ``len(hits)``."""
+    with pytest.raises(InvalidEventError, match="hits") as caught:
+        builder().retrieval("r", "q", hits, tenant="t", collection="c")
+    assert caught.value.event_type == "retrieval"
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda b: b.delta(["r"], "x"), "request_id"),  # unhashable: was a bare TypeError
+        (lambda b: b.delta({"r": 1}, "x"), "request_id"),
+        (lambda b: b.final(["r"], "a"), "request_id"),
+        (lambda b: b.final("r", None), "answer"),  # len(None): was a bare TypeError
+        (lambda b: b.final("r", 5), "answer"),
+        (lambda b: b.final("r", "a", attention=object()), "attention"),  # float(object())
+    ],
+)
+def test_arguments_of_the_wrong_type_raise_invalid_event_error(call: Any, field: str) -> None:
+    with pytest.raises(InvalidEventError) as caught:
+        call(builder())
+    assert field in caught.value.detail
+
+
+JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=4),
+    st.binary(max_size=4),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.builds(object),
+)
+GOOD: dict[str, dict[str, Any]] = {
+    "retrieval": {"request_id": "r", "query": "q", "hits": HITS, "tenant": "t", "collection": "c"},
+    "delta": {"request_id": "r", "text": "x"},
+    "final": {"request_id": "r", "answer": "a", "attention": None, "logprob": -0.5},
+}
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+@given(data=st.data(), method=st.sampled_from(sorted(GOOD)), junk=JUNK)
+def test_any_bad_argument_or_hit_field_raises_invalid_event_error_only(
+    data: st.DataObject, method: str, junk: Any
+) -> None:
+    """One argument (or one field of a hit, or a hit) replaced by junk: the call succeeds
+    or raises ``InvalidEventError``, never anything else."""
+    kwargs = dict(GOOD[method])
+    target = data.draw(
+        st.sampled_from([*kwargs, "hit", "hit field"] if method == "retrieval" else list(kwargs))
+    )
+    if target == "hit":
+        kwargs["hits"] = [junk]
+    elif target == "hit field":
+        kwargs["hits"] = [{**HIT, data.draw(st.sampled_from(sorted(HIT))): junk}]
+    else:
+        kwargs[target] = junk
+    try:
+        getattr(builder(), method)(**kwargs)
+    except InvalidEventError:
+        pass

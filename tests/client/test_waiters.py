@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 from datetime import UTC, datetime
 
 import pytest
@@ -155,3 +156,57 @@ async def test_closing_wakes_every_verdict_waiter_at_once() -> None:
         with pytest.raises(ClientStopped):
             await future
     assert waiters.waiting == 0
+
+
+async def test_over_the_byte_bound_the_oldest_records_go_first_across_both_topics() -> None:
+    size = len(claim("r1", 0).value)
+    bound = 15 * (size + 96) + 2 * 768  # 15 claims under 2 keys
+    waiters = WaiterMap(recent_max_bytes=bound)
+    waiters.offer_verdict("old", verdict("old"))
+    for rid in ("r1", "r2"):
+        for i in range(10):
+            waiters.offer_claim(rid, claim(rid, i))
+    assert waiters.recent_bytes <= bound
+    assert not waiters.wait_verdict("old").done()  # the oldest record went first
+    kept = waiters.subscribe_claims("r1")  # then r1's oldest claims: its newest 5 stay
+    events = [kept.get_nowait().event for _ in range(kept.qsize())]
+    assert [e.claim_index for e in events if isinstance(e, ClaimVerdict)] == [5, 6, 7, 8, 9]
+    assert waiters.subscribe_claims("r2").qsize() == 10  # the newest key is whole
+
+
+async def test_a_flood_of_keys_keeps_the_recent_cache_within_its_byte_bound() -> None:
+    """3,000 keys x 30 claims held ~41 MB before the bound (the count bounds allow 10,000
+    keys); now what the cache counts stays under ``recent_max_bytes``, the newest kept."""
+    values = [claim("r", i).value for i in range(30)]
+    waiters = WaiterMap(recent_max_bytes=1_000_000)
+    for k in range(3_000):
+        for i in range(30):
+            waiters.offer_claim(f"r{k}", Arrival(values[i], 1000))
+        assert waiters.recent_bytes <= 1_000_000
+    newest = waiters.subscribe_claims("r2999")
+    assert newest.qsize() == 30
+    assert waiters.subscribe_claims("r0").empty()
+
+
+def test_the_byte_bound_is_close_to_the_memory_the_cache_really_holds() -> None:
+    """The count is of value bytes plus an estimate of the bookkeeping: measured, the
+    cache holds no more than the bound (plus a margin for the estimate)."""
+    values = [claim("r", i).value for i in range(30)]
+    bound = 2_000_000
+    tracemalloc.start()
+    try:
+        waiters = WaiterMap(recent_max_bytes=bound)
+        before = tracemalloc.get_traced_memory()[0]
+        for k in range(1_000):
+            for i in range(30):  # a copy per record, as records consumed from Kafka are
+                waiters.offer_claim(f"r{k}", Arrival(bytes(bytearray(values[i])), 1000))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert waiters.recent_bytes <= bound
+    assert held <= 1.2 * bound  # 1,000 keys x 30 claims unbounded: ~14 MB
+
+
+def test_the_byte_bound_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="recent_max_bytes must be >= 1"):
+        WaiterMap(recent_max_bytes=0)

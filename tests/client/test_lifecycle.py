@@ -1,0 +1,268 @@
+"""Publisher and verdict client lifecycles without a broker: stop() under load, a loop that
+ended, a second start(), timeouts out of range. aiokafka is replaced by the fakes."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import threading
+from typing import Any
+
+import pytest
+
+from guardrail_client import (
+    ClientAlreadyStartedError,
+    ClientNotStartedError,
+    GuardrailPublisher,
+    InvalidArgumentError,
+    PublisherStats,
+    SyncGuardrailPublisher,
+    VerdictClient,
+)
+from tests.client.fakes import FakeConsumer, FakeProducer
+
+BOOTSTRAP = "127.0.0.1:1"  # never dialled: the fakes stand in for aiokafka
+
+
+def accounted(stats: PublisherStats) -> int:
+    """Events whose fate the stats report."""
+    return stats.delivered + stats.failed + stats.dropped
+
+
+# ---------------------------------------------------------------------- stop() under load
+
+
+def test_a_call_racing_sync_stop_is_refused_never_accepted_and_lost(
+    fake_producers: list[FakeProducer],
+) -> None:
+    """A call made on another thread while stop() runs (here: while the producer closes)
+    raises; before the fix it was accepted and its record reached a closed publisher."""
+    pub = SyncGuardrailPublisher(BOOTSTRAP, generator_model="g")
+    pub.start()
+    pub.delta("r1", "before stop")
+    raced: list[BaseException | None] = []
+
+    def publish() -> None:
+        try:
+            pub.delta("r1", "while stopping")
+            raced.append(None)
+        except ClientNotStartedError as exc:
+            raced.append(exc)
+
+    async def publish_while_stopping() -> None:
+        await asyncio.to_thread(publish)
+
+    fake_producers[0].on_stop = publish_while_stopping
+    pub.stop()
+    assert len(raced) == 1 and isinstance(raced[0], ClientNotStartedError)
+    assert pub.stats == PublisherStats(queued=1, delivered=1)
+    with pytest.raises(ClientNotStartedError, match="after stop"):
+        pub.delta("r1", "after stop")
+
+
+def test_after_sync_stop_every_event_accepted_under_load_is_delivered_or_counted(
+    fake_producers: list[FakeProducer],
+) -> None:
+    """Threads keep publishing while stop() runs: each call is accepted (and then delivered
+    or counted) or refused, whatever the interleaving. Before the fix ~7% vanished."""
+    pub = SyncGuardrailPublisher(BOOTSTRAP, generator_model="g", max_queued_events=500)
+    pub.start()
+    threads, per_thread = 6, 300
+    accepted = [0] * threads
+    warmed_up = threading.Barrier(threads + 1)
+
+    def publish(t: int) -> None:
+        n = 0
+        while True:
+            if n == per_thread:
+                warmed_up.wait()  # stop() comes once every thread is well under way
+            try:
+                pub.delta(f"t{t}-r{n // 50}", "x")
+            except ClientNotStartedError:
+                return
+            accepted[t] += 1
+            n += 1
+
+    workers = [threading.Thread(target=publish, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    warmed_up.wait()
+    pub.stop()
+    for w in workers:
+        w.join()
+    assert sum(accepted) >= threads * per_thread
+    assert accounted(pub.stats) == sum(accepted)
+    assert pub.stats.queued + pub.stats.dropped == sum(accepted)
+
+
+async def test_a_call_while_the_async_publisher_stops_is_refused(
+    fake_producers: list[FakeProducer],
+) -> None:
+    pub = GuardrailPublisher(BOOTSTRAP, generator_model="g")
+    await pub.start()
+    await pub.delta("r1", "a")
+
+    async def publish_while_stopping() -> None:
+        with pytest.raises(ClientNotStartedError):
+            await pub.delta("r1", "b")
+
+    fake_producers[0].on_stop = publish_while_stopping
+    await pub.stop()
+    assert pub.stats == PublisherStats(queued=1, delivered=1)
+
+
+# ---------------------------------------------------------------------- a loop that ended
+
+
+def test_a_publisher_whose_loop_ended_refuses_events_and_stop_counts_what_it_held(
+    fake_producers: list[FakeProducer],
+) -> None:
+    """Started under one ``asyncio.run``: once that loop is gone its send task is gone too.
+    Before the fix the next calls were queued (stats.queued grew) and never sent."""
+    pub = GuardrailPublisher(BOOTSTRAP, generator_model="g")
+
+    async def start_and_publish() -> None:
+        await pub.start()
+        await pub.delta("r1", "queued, then the loop ends")
+
+    asyncio.run(start_and_publish())
+    with pytest.raises(ClientNotStartedError, match="event loop it was started on is closed"):
+        asyncio.run(pub.delta("r1", "after the loop ended"))
+    asyncio.run(pub.stop())  # on another loop: counts what the ended one held
+    assert pub.stats.queued == accounted(pub.stats) == 1  # sent before the end, or dropped
+
+    async def restart() -> None:  # stopped, it starts again on the running loop
+        async with pub:
+            await pub.delta("r2", "x")
+
+    before = pub.stats.delivered
+    asyncio.run(restart())
+    assert pub.stats.queued == accounted(pub.stats) == 2
+    assert pub.stats.delivered == before + 1
+
+
+def test_a_sync_publisher_whose_loop_thread_ended_refuses_events(
+    fake_producers: list[FakeProducer],
+) -> None:
+    pub = SyncGuardrailPublisher(BOOTSTRAP, generator_model="g")
+    pub.start()
+    pub.delta("r1", "accepted while the loop ran")
+    loop, thread = pub._loop, pub._thread
+    assert loop is not None and thread is not None
+    loop.call_soon_threadsafe(loop.stop)  # the loop ends under the publisher
+    thread.join()
+    with pytest.raises(ClientNotStartedError, match="loop thread has ended"):
+        pub.delta("r1", "after the loop ended")
+    pub.stop(flush_timeout_s=5.0)  # stops the publisher on this thread instead
+    assert pub.stats == PublisherStats(queued=1, delivered=1)
+    assert fake_producers[0].stopped and loop.is_closed()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX only")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_refuses_events_and_leaves_the_parents_publisher_alone(
+    fake_producers: list[FakeProducer],
+) -> None:
+    """After fork() (gunicorn ``--preload``, multiprocessing) the child has no loop thread:
+    its calls raise; its stop() counts and closes nothing the parent still uses."""
+    pub = SyncGuardrailPublisher(BOOTSTRAP, generator_model="g")
+    pub.start()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit code, never return into pytest
+        code = 1
+        try:
+            pub.delta("r1", "child")
+        except ClientNotStartedError as exc:
+            code = 0 if "forked" in str(exc) else 2
+        try:
+            pub.stop()
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    pub.delta("r1", "parent")
+    pub.stop()
+    assert pub.stats == PublisherStats(queued=1, delivered=1)
+
+
+# ---------------------------------------------------------------------- a second start()
+
+
+async def test_a_second_start_of_the_async_publisher_raises_and_creates_no_producer(
+    fake_producers: list[FakeProducer],
+) -> None:
+    pub = GuardrailPublisher(BOOTSTRAP, generator_model="g")
+    await pub.start()
+    with pytest.raises(ClientAlreadyStartedError, match="stop"):
+        await pub.start()
+    assert len(fake_producers) == 1
+    await pub.stop()
+    await pub.start()  # after stop(), a fresh start
+    await pub.stop()
+    assert len(fake_producers) == 2 and all(p.stopped for p in fake_producers)
+
+
+def test_a_second_start_of_the_sync_publisher_raises_and_creates_no_producer(
+    fake_producers: list[FakeProducer],
+) -> None:
+    pub = SyncGuardrailPublisher(BOOTSTRAP, generator_model="g")
+    before = threading.active_count()
+    pub.start()
+    with pytest.raises(ClientAlreadyStartedError, match="stop"):
+        pub.start()
+    assert len(fake_producers) == 1
+    pub.stop()
+    assert fake_producers[0].stopped and threading.active_count() == before
+
+
+async def test_a_second_start_of_the_verdict_client_raises_and_creates_no_consumer(
+    fake_consumers: list[FakeConsumer],
+) -> None:
+    client = VerdictClient(BOOTSTRAP)
+    await client.start()
+    with pytest.raises(ClientAlreadyStartedError, match="stop"):
+        await client.start()
+    assert len(fake_consumers) == 1
+    await client.stop()
+    assert fake_consumers[0].stopped
+
+
+# ---------------------------------------------------------------------- timeouts
+
+
+BAD_TIMEOUTS = [math.nan, math.inf, -math.inf, -0.5, "1"]
+
+
+@pytest.mark.parametrize("timeout", BAD_TIMEOUTS)
+async def test_verdict_and_claims_refuse_a_timeout_out_of_range(timeout: Any) -> None:
+    """Before the fix ``nan`` timed out after an arbitrary 0.2-0.4 s, ``inf`` never did and
+    a negative one fell back at once: none of them said the argument was wrong."""
+    client = VerdictClient(BOOTSTRAP, on_timeout="block")
+    with pytest.raises(InvalidArgumentError, match=r"timeout must be a finite .* >= 0"):
+        await client.verdict("r1", timeout=timeout)
+    with pytest.raises(InvalidArgumentError, match=r"timeout must be a finite .* >= 0"):
+        [c async for c in client.claims("r1", timeout=timeout)]
+    assert (await client.verdict("r1", timeout=0)).source == "unavailable"  # 0 is allowed
+
+
+@pytest.mark.parametrize("timeout", [*BAD_TIMEOUTS, 0.0])
+def test_constructor_timeouts_out_of_range_raise_a_value_error(timeout: Any) -> None:
+    with pytest.raises(ValueError, match=r"timeout_s must be a finite number of seconds > 0"):
+        VerdictClient(BOOTSTRAP, timeout_s=timeout)
+
+
+@pytest.mark.parametrize("timeout", BAD_TIMEOUTS)
+async def test_publisher_flush_and_stop_refuse_a_timeout_out_of_range(
+    fake_producers: list[FakeProducer], timeout: Any
+) -> None:
+    pub = GuardrailPublisher(BOOTSTRAP, generator_model="g")
+    async with pub:
+        with pytest.raises(InvalidArgumentError, match="timeout_s must be a finite"):
+            await pub.flush(timeout)
+        with pytest.raises(InvalidArgumentError, match="flush_timeout_s must be a finite"):
+            await pub.stop(timeout)
+    sync = SyncGuardrailPublisher(BOOTSTRAP, generator_model="g")
+    with pytest.raises(InvalidArgumentError, match="timeout_s must be a finite"):
+        sync.start(timeout)
