@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -40,7 +41,11 @@ def _say(tag: str, text: str) -> None:
 def ask(base_url: str, question: str, mode: str) -> None:
     """One chat completion, printed as it streams (``curl -N`` style)."""
     body = {"stream": True, "messages": [{"role": "user", "content": question}]}
-    _say("$", f"curl -N {base_url}/v1/chat/completions -H '{MODE_HEADER}: {mode}' -d '{question}'")
+    _say(  # a command that works when copied
+        "$",
+        f"curl -N {base_url}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-H '{MODE_HEADER}: {mode}' -d {shlex.quote(json.dumps(body))}",
+    )
     request = urllib.request.Request(  # noqa: S310 - local http only
         f"{base_url}/v1/chat/completions",
         data=json.dumps(body).encode(),

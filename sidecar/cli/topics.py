@@ -15,8 +15,8 @@ def register(sub: Any) -> None:
     cmds = p.add_subparsers(dest="topics_command", metavar="ACTION", required=True)
     create = cmds.add_parser(
         "create",
-        help="create rag.retrieval, rag.generation, rag.feedback (same partition count), "
-        "rag.claims, rag.verdicts, rag.dlq, rag.reports (1 partition)",
+        help="create rag.retrieval, rag.generation, rag.feedback, rag.claims, rag.verdicts "
+        "(--partitions each) and rag.dlq, rag.reports (1 partition)",
     )
     create.add_argument("--bootstrap-servers", help="override GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS")
     create.add_argument("--partitions", type=int, help="override GUARDRAIL_TOPICS__PARTITIONS")
