@@ -142,9 +142,21 @@ class AttentionSummary(BaseModel):
 
     @classmethod
     def from_array(cls, array: npt.ArrayLike, variant: Literal["cw", "fc"] = "cw") -> Self:
-        arr = np.asarray(array, dtype="<f2")
-        if arr.ndim != 3:
-            raise ValueError(f"attention summary must be 3-d (L, H, K), got shape {arr.shape}")
+        """The wire form of an ``(L, H, K)`` array of lookback ratios.
+
+        ``ValueError`` for NaN, infinite or negative values (the sidecar
+        dead-letters them: eq. 8's ratios are finite and >= 0); values above the
+        float16 range (65504) are clipped to it, as the generator-side
+        summarisers do, instead of turning into infinities.
+        """
+        wide = np.asarray(array, dtype=np.float64)
+        if wide.ndim != 3:
+            raise ValueError(f"attention summary must be 3-d (L, H, K), got shape {wide.shape}")
+        if not np.isfinite(wide).all():
+            raise ValueError("attention summary values must be finite (found NaN or inf)")
+        if (wide < 0.0).any():
+            raise ValueError("attention summary values must be >= 0 (lookback ratios)")
+        arr = np.minimum(wide, float(np.finfo(np.float16).max)).astype("<f2")
         layers, heads, chunks = (int(d) for d in arr.shape)
         values = base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode("ascii")
         return cls(layers=layers, heads=heads, chunks=chunks, variant=variant, values=values)

@@ -104,6 +104,29 @@ def test_an_attention_array_becomes_the_float16_summary() -> None:
     np.testing.assert_allclose(summary.to_array(), array, atol=1e-3)
 
 
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [(float("nan"), "finite"), (float("inf"), "finite"), (-0.5, ">= 0")],
+)
+def test_an_attention_array_the_sidecar_would_refuse_raises_at_the_call(
+    value: float, message: str
+) -> None:
+    array = np.full((2, 3, 4), 0.5)
+    array[1, 2, 3] = value
+    with pytest.raises(InvalidEventError, match=message):
+        builder().final("r", "a", attention=array)
+
+
+@pytest.mark.filterwarnings("error")  # no overflow warning from the float16 cast
+def test_attention_above_the_float16_range_is_clipped_to_it_and_accepted() -> None:
+    array = np.full((2, 3, 4), 0.5)
+    array[0, 0, 0] = 1e6
+    fin = builder().final("r", "a", attention=array)
+    summary = decoded(InputKind.GENERATION, fin.value).attention
+    assert isinstance(summary, AttentionSummary)
+    assert summary.to_array()[0, 0, 0] == np.finfo(np.float16).max
+
+
 def test_the_current_span_travels_as_traceparent() -> None:
     tracer = TracerProvider().get_tracer("svc")
     assert "traceparent" not in dict(builder().delta("r", "x").headers)  # no span: no header
