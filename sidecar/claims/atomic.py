@@ -170,6 +170,8 @@ def unreadable(text: str) -> bool:
     в 1896 году." or "弗朗西斯·斯科特·菲茨杰拉德出生于1896年。"; an English
     sentence quoting a name in another script is read.
     """
+    if text.isascii():  # the usual case, at C speed
+        return False
     latin = other = 0
     for ch in text:
         if ch.isalpha():
