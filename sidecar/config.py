@@ -240,11 +240,12 @@ class LimitSettings(_Section):
     max_request_bytes: int = Field(
         default=4_194_304,
         ge=1024,
-        description="bytes one request may hold (its retrieval, deltas and final, raw, "
-        "the final's decoded attention summary, the trace headers kept, 160 bytes per "
-        "event and, with claims on, its evidence index); the event that would cross it is "
-        "dead-lettered (request-too-large); a request whose evidence index would cross it "
-        "is decided with claims unavailable",
+        description="bytes one request's events may hold (its retrieval, deltas and final, "
+        "raw or as their texts take in memory when that is more, the final's decoded "
+        "attention summary, the trace headers kept, 160 bytes per event); the event that "
+        "would cross it is dead-lettered (request-too-large). With claims on, the evidence "
+        "index is bounded by the same number on its own: a request whose index would "
+        "cross it is decided with claims unavailable",
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -89,16 +90,33 @@ def digest(raw: bytes) -> bytes:
 def held_bytes(
     event: JoinedEvent, raw: bytes | None, headers: tuple[tuple[str, bytes], ...] = ()
 ) -> int:
-    """What holding ``event`` costs the byte budgets: its raw bytes, the decoded
-    attention summary a final event keeps beside them, the header bytes it keeps and
-    a fixed per-event overhead (a hostile producer's finals without retrievals, or
-    its one-character deltas, must not hold more memory than the budget says)."""
-    size = len(raw or b"") + HELD_EVENT_OVERHEAD
+    """What holding ``event`` costs the byte budgets: its raw bytes (or what its
+    texts take in memory, when that is more), the decoded attention summary a final
+    event keeps beside them, the header bytes it keeps and a fixed per-event overhead
+    (a hostile producer's finals without retrievals, or its one-character deltas, must
+    not hold more memory than the budget says).
+
+    Python stores a string at 1, 2 or 4 bytes per character, by its widest one: a
+    retrieval whose chunks each hold one emoji takes ~4x its UTF-8 bytes, which the
+    raw size alone would not count.
+    """
+    size = max(len(raw or b""), _text_bytes(event)) + HELD_EVENT_OVERHEAD
     if type(event) is GenerationFinal and event.attention is not None:
         size += event.attention.decoded_bytes
     for name, value in headers:
         size += len(name) + len(value)
     return size
+
+
+def _text_bytes(event: JoinedEvent) -> int:
+    """The memory of the event's texts (``sys.getsizeof``: header and 1-4 bytes a char)."""
+    if type(event) is RetrievalEvent:
+        return sys.getsizeof(event.query) + sum(sys.getsizeof(h.text) for h in event.hits)
+    if type(event) is GenerationFinal:
+        return sys.getsizeof(event.answer)
+    if type(event) is GenerationDelta:
+        return sys.getsizeof(event.text)
+    return 0
 
 
 def held_ref(ref: InputRef) -> InputRef:
@@ -251,10 +269,17 @@ class Intake:
             )
 
     def _check_request_bytes(self, entry: PendingRequest, size: int) -> None:
-        if entry.bytes_held + size > self._limits.max_request_bytes:
+        """The request's events (not its evidence index, bounded on its own) within the limit.
+
+        The index is built when the retrieval arrives, so counting it here would
+        refuse a final that comes after a large retrieval and accept the same final
+        before it: the outcome would depend on the order of two topics.
+        """
+        events = entry.bytes_held - entry.claims_bytes
+        if events + size > self._limits.max_request_bytes:
             raise InputError(
                 "request-too-large",
-                f"request {entry.request_id} would hold {entry.bytes_held + size} bytes, "
+                f"request {entry.request_id} would hold {events + size} bytes, "
                 f"the limit is {self._limits.max_request_bytes} (max_request_bytes)",
             )
 

@@ -89,22 +89,23 @@ class Scoring:
     ) -> ClaimSession | None:
         """The request's claim session, or ``None`` when its index outgrows the request's budget.
 
-        The evidence index is held while the answer streams, so it counts
-        against the request's byte budget beside its events; a request whose
-        index does not fit is decided without claims (``unavailable``), never
-        with part of its evidence.
+        The evidence index is held while the answer streams: it may take up to
+        ``max_request_bytes`` on its own (beside the request's events, which the
+        same limit bounds), and it counts in the join's byte budget. A request
+        whose index does not fit is decided without claims (``unavailable``),
+        never with part of its evidence. The index depends on the retrieval
+        only, so the outcome does not depend on the order events arrive in.
         """
         session = checker.open(retrieval, entry.certification or NOT_CONFIGURED_RETRIEVAL)
         limit = self._max_request_bytes
-        if limit is not None and entry.bytes_held + session.held_bytes > limit:
+        if limit is not None and session.held_bytes > limit:
             entry.claims_refused = True
             self.claims_refused += 1
             log.warning(
-                "claims not checked for %s: its evidence index (%d bytes) and events (%d) "
-                "would outgrow max_request_bytes (%d)",
+                "claims not checked for %s: its evidence index (%d bytes) would outgrow "
+                "max_request_bytes (%d)",
                 entry.request_id,
                 session.held_bytes,
-                entry.bytes_held,
                 limit,
             )
             return None

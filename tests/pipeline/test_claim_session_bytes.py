@@ -112,6 +112,33 @@ def test_a_session_beyond_the_request_budget_is_not_kept_and_claims_are_unavaila
     assert p.counters.claim_verdicts == 0
 
 
+def test_an_index_that_fits_leaves_the_request_limit_to_its_events(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """A large retrieval's index does not make the final that follows it too large: the
+    outcome must not depend on which topic's event came first."""
+    settings = settings_factory(limits={"max_request_bytes": 64_000})
+    p = _processor(settings, index_bytes=63_500)
+    _open_stream(p, "a", 0, retrieval_event, delta_event)
+    entry = p.store.get("a")
+    assert entry is not None and entry.claims is not None
+    assert entry.bytes_held + 400 > 64_000  # events + index + the final cross the limit
+    step = p.on_message(
+        G,
+        orjson.dumps(final_event("a", answer="Mary Shelley wrote it. ", generator_model="gen-a")),
+        None,
+        InputRef("g", 0, 1),
+        0.0,
+    )
+    [out] = [o for o in step.outputs if o.destination is Destination.VERDICTS]
+    verdict = AnswerVerdict.model_validate(orjson.loads(out.value))
+    assert verdict.signals.claims.status is SignalStatus.OK
+    assert p.counters.dead_letters == 0
+
+
 def test_a_session_that_fits_is_kept(
     settings_factory: Callable[..., Settings],
     retrieval_event: EventFactory,

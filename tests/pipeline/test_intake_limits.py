@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -128,6 +129,28 @@ def test_decoded_attention_summaries_count_against_the_byte_budgets(
     raw = dumps(final_event("req-1", attention=summary))
     assert len(raw) < sizes[0] - 1  # the raw bytes alone are under the request's limit
     assert reasons(one.on_message(G, raw, None, ref("g", 0), 0.0)) == ["request-too-large"]
+
+
+def test_texts_count_what_they_take_in_memory_not_only_their_utf8_bytes(
+    settings_factory: Callable[..., Settings], retrieval_event: EventFactory
+) -> None:
+    """One emoji in a chunk makes Python store it at 4 bytes per character: counted so."""
+    p = processor(settings_factory)
+    sizes: dict[str, tuple[int, int]] = {}
+    for rid, mark in (("ascii", "x"), ("emoji", "\U0001f600")):
+        hits = [
+            {"chunk_id": f"c{i}", "doc_id": "d", "score": 0.9, "text": mark + "a" * 20_000}
+            for i in range(8)
+        ]
+        raw = dumps(retrieval_event(rid, hits=hits, k=8))
+        p.on_message(R, raw, None, ref("r", len(sizes)), 0.0)
+        entry = p.store.get(rid)
+        assert entry is not None and entry.retrieval is not None
+        in_memory = sum(sys.getsizeof(h.text) for h in entry.retrieval.hits)
+        assert entry.bytes_held >= in_memory
+        sizes[rid] = (len(raw), entry.bytes_held)
+    assert sizes["ascii"][1] == sizes["ascii"][0] + HELD_EVENT_OVERHEAD  # raw bytes, as before
+    assert sizes["emoji"][1] > 3.5 * sizes["emoji"][0]  # ~4 bytes a character, not ~1
 
 
 def test_a_late_resend_after_the_ttl_is_dead_lettered_not_decided_again(
