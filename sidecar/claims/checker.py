@@ -220,7 +220,9 @@ class VerifierClaimSession:
         signal = summarise((c.label for c in self._checks), self.scope).model_copy(
             update={
                 "stream_mismatch": segmenter.mismatch,
-                "superseded_claims": list(segmenter.superseded),
+                # only claims whose verdicts were published: a streamed claim left
+                # unverified (the budget was spent) has no verdict to withdraw
+                "superseded_claims": [c.claim.index for c in self._superseded],
                 "unchecked": segmenter.unchecked + self.over_budget,
                 "unreadable": segmenter.unreadable,
             }

@@ -250,6 +250,21 @@ def test_claims_after_the_answer_budget_are_unchecked_not_verified() -> None:
     assert signal.n == 2  # only what was verified is summarised
 
 
+def test_superseded_claims_are_only_claims_whose_verdicts_were_published() -> None:
+    """A streamed claim the budget left unverified has no verdict: the final answer dropping
+    it withdraws nothing (a client waiting for n + len(superseded) verdicts would wait out
+    its settle time for one that never comes)."""
+    session = _one_second_per_call(answer_budget_s=1.5)
+    published = session.feed(
+        "Mary Shelley wrote Frankenstein. It was published in 1818. Frankenstein is a novel. "
+    )
+    assert [r.index for r in published] == [0, 1] and session.over_budget == 1
+    _, signal = session.finish("Mary Shelley wrote Frankenstein. Frankenstein is long.")
+    assert signal.stream_mismatch
+    assert signal.superseded_claims == [1]  # claim 2 was never verified nor published
+    assert set(signal.superseded_claims) <= {r.index for r in published}
+
+
 def test_the_budget_holds_within_one_batch_of_claims() -> None:
     """A final-only answer's claims all come at once: the budget is checked between them,
     not only before the batch (100 claims at ~0.1 s each took 10 s against a 2 s budget)."""
