@@ -262,7 +262,13 @@ def stream_block_output(
     """Strict profiles: an early ``block`` the moment a streamed claim demands it."""
     verdict = AnswerVerdict(
         request_id=entry.request_id,
-        idempotency_key=idempotency_key(entry.request_id, b"stream", str(claims_so_far).encode()),
+        idempotency_key=idempotency_key(
+            entry.request_id,
+            b"stream",
+            entry.store_key.encode("utf-8"),
+            entry.retrieval_digest,
+            str(claims_so_far).encode(),
+        ),
         tenant=entry.retrieval.tenant if entry.retrieval else entry.tenant,
         decision=outcome.decision,
         reasons=outcome.reasons,
@@ -302,8 +308,15 @@ def claim_outputs(
     for result in results:
         verdict = ClaimVerdict(
             request_id=entry.request_id,
+            # the store key scopes it by tenant, the retrieval's digest by evidence: another
+            # tenant's events under this request id never repeat this request's keys
             idempotency_key=idempotency_key(
-                entry.request_id, b"claim", str(result.index).encode(), result.text.encode()
+                entry.request_id,
+                b"claim",
+                entry.store_key.encode("utf-8"),
+                entry.retrieval_digest,
+                str(result.index).encode(),
+                result.text.encode(),
             ),
             tenant=entry.retrieval.tenant if entry.retrieval else entry.tenant,
             claim_index=result.index,

@@ -150,3 +150,57 @@ def test_a_session_that_fits_is_kept(
     entry = p.store.get("a")
     assert entry is not None and entry.claims is not None and not entry.claims_refused
     assert entry.claims_bytes == 10_000 and p.counters.claim_verdicts == 1
+
+
+def test_another_tenants_events_never_repeat_a_requests_claim_keys(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+) -> None:
+    """With header tenancy a tenant can send events under another's request id: its claim
+    verdicts (same id, same claim text) must not carry the victim's idempotency keys, or a
+    consumer de-duplicating by key drops the victim's real verdict."""
+    settings = settings_factory(tenancy={"source": "header", "header": "x-tenant"})
+    p = _processor(settings, index_bytes=0)
+    keys: dict[str, list[bytes]] = {}
+    for offset, tenant in enumerate(("acme", "evil")):
+        header = (("x-tenant", tenant.encode()),)
+        p.on_message(
+            R,
+            orjson.dumps(retrieval_event("req-1", tenant=tenant)),
+            None,
+            InputRef("r", 0, offset, header),
+            0.0,
+        )
+        step = p.on_message(
+            G,
+            orjson.dumps(delta_event("req-1", seq=0, text="Mary Shelley wrote it. ")),
+            None,
+            InputRef("g", 0, offset, header),
+            0.0,
+        )
+        keys[tenant] = [
+            dict(o.headers)["x-idempotency-key"]
+            for o in step.outputs
+            if o.destination is Destination.CLAIMS
+        ]
+    assert len(keys["acme"]) == len(keys["evil"]) == 1
+    assert keys["acme"] != keys["evil"]
+    # a replay of the same request repeats its key
+    replay = _processor(settings, index_bytes=0)
+    header = (("x-tenant", b"acme"),)
+    replay.on_message(
+        R,
+        orjson.dumps(retrieval_event("req-1", tenant="acme")),
+        None,
+        InputRef("r", 0, 0, header),
+        0.0,
+    )
+    step = replay.on_message(
+        G,
+        orjson.dumps(delta_event("req-1", seq=0, text="Mary Shelley wrote it. ")),
+        None,
+        InputRef("g", 0, 0, header),
+        0.0,
+    )
+    assert [dict(o.headers)["x-idempotency-key"] for o in step.outputs] == keys["acme"]
