@@ -50,7 +50,7 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
   guardrail.join.evictions      counter (observed: capacity + ttl)
   guardrail.join.open_requests  gauge
   guardrail.consumer.lag        gauge     topic, partition
-  guardrail.join.partition_mismatch, .byte_evictions, guardrail.feedback.unmatched,
+  guardrail.join.partition_mismatch, .byte_evictions, .rereads, guardrail.feedback.unmatched,
   .replaced, .early, guardrail.pipeline.internal_errors
                                 counters (cumulative, observed at collection)
   guardrail.retrieval.m1_mean, .m1_wilson_low, .m1_wilson_high, .exchangeability_broken

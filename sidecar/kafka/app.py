@@ -214,6 +214,7 @@ class SidecarService:
         self.telemetry.observe_counts(
             lambda: {
                 "join.partition_mismatch": processor.intake.partition_mismatches,
+                "join.rereads": processor.intake.rereads,
                 "join.byte_evictions": store.byte_evictions,
                 "feedback.unmatched": counters.feedback_unmatched,
                 "feedback.replaced": counters.feedback_replaced,

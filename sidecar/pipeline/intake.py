@@ -161,10 +161,19 @@ class Intake:
         self._clock_ns = clock_ns
         self._tenant_from_events = tenancy.source == "event"
         self.partition_mismatches = 0
+        # the highest offset admitted per input partition, kept across revocations: a
+        # record at or below it is read a second time (a rebalance or a restart of the
+        # consumer resumes from the committed offset, which open requests hold back)
+        self._read_up_to: dict[tuple[str, int], int] = {}
+        self.rereads = 0  # records of decided requests read again: finished, not dead-lettered
 
     def admit(
         self, kind: InputKind, raw: bytes | None, key: bytes | None, ref: InputRef, now_ms: float
     ) -> Admission:
+        read_up_to = self._read_up_to.get(ref.tp, -1)
+        reread = ref.offset <= read_up_to
+        if not reread:
+            self._read_up_to[ref.tp] = ref.offset
         try:
             event = decode_input(
                 kind,
@@ -180,6 +189,11 @@ class Intake:
             self._check_limits(event)
             self._check_tenant(event, tenant)
             store_key = self.store_key(event.request_id, tenant)
+            if reread and self._decided(store_key, now_ms):
+                # read before and its request decided since: the verdict is out (a producer's
+                # re-send is a new record, at a new offset, and stays after-final)
+                self.rereads += 1
+                return Duplicate()
             self._check_not_decided(event, store_key, now_ms)
         except InputError as exc:
             return Rejected(exc)
@@ -297,8 +311,11 @@ class Intake:
                 f"{limits.max_answer_chars} (max_answer_chars)",
             )
 
+    def _decided(self, store_key: str, now_ms: float) -> bool:
+        return self.store.get(store_key) is None and self.store.was_closed(store_key, now_ms)
+
     def _check_not_decided(self, event: JoinedEvent, store_key: str, now_ms: float) -> None:
-        if self.store.get(store_key) is None and self.store.was_closed(store_key, now_ms):
+        if self._decided(store_key, now_ms):
             raise InputError(
                 "after-final",
                 f"request {event.request_id} was already decided; "

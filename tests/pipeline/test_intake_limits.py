@@ -167,6 +167,34 @@ def test_a_late_resend_after_the_ttl_is_dead_lettered_not_decided_again(
     assert first.request_id == "req-1"
 
 
+def test_records_read_again_after_a_rebalance_are_finished_not_dead_lettered(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    delta_event: EventFactory,
+) -> None:
+    """Open requests hold the commit back, so a rebalance or a consumer restart re-reads
+    records of requests decided since: the verdict is out, they are duplicates. A producer's
+    re-send is a new record at a new offset and stays ``after-final``."""
+    p = processor(settings_factory)
+    p.on_message(R, dumps(retrieval_event("open")), None, ref("r", 0), 0.0)  # holds the cut
+    p.on_message(R, dumps(retrieval_event("req-1")), None, ref("r", 1), 0.0)
+    p.on_message(G, dumps(delta_event("req-1", 0, "x")), None, ref("g", 0), 0.0)
+    [first] = verdicts(p.on_message(G, dumps(final_event("req-1")), None, ref("g", 1), 0.0))
+    # the partitions come back and are read again from the committed offsets (0)
+    for topic, offset, raw in (
+        ("r", 1, dumps(retrieval_event("req-1"))),
+        ("g", 0, dumps(delta_event("req-1", 0, "x"))),
+        ("g", 1, dumps(final_event("req-1"))),
+    ):
+        step = p.on_message(R if topic == "r" else G, raw, None, ref(topic, offset), 0.0)
+        assert step.outputs == [] and len(step.done) == 1
+    assert p.intake.rereads == 3 and p.counters.dead_letters == 0
+    resent = p.on_message(G, dumps(final_event("req-1")), None, ref("g", 2), 0.0)
+    assert reasons(resent) == ["after-final"]
+    assert first.request_id == "req-1"
+
+
 def test_held_events_keep_only_trace_headers_and_count_them(
     settings_factory: Callable[..., Settings], delta_event: EventFactory
 ) -> None:
