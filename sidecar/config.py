@@ -50,6 +50,15 @@ class KafkaSettings(_Section):
         "in [max_poll_records, 1000000]: at least one poll. The queue holds at most this plus "
         "one poll; the join TTL does not run while the sidecar is behind",
     )
+    max_queued_bytes: int = Field(
+        default=67_108_864,
+        ge=1_048_576,
+        le=17_179_869_184,
+        description="bytes of consumed records (value, key and headers) that may wait for the "
+        "processor before the consumer pauses its partitions, beside max_queued_records: 1,000 "
+        "records of 1 MiB would otherwise wait in memory; it resumes at half. The queue holds "
+        "at most this plus one poll",
+    )
     batch: bool = Field(
         default=True,
         description="consume in batches and pipeline the publishes (false: one message and "

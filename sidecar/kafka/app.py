@@ -146,7 +146,9 @@ class SidecarService:
         )
         self.queue = WorkQueue()
         self.intake = IntakeControl(
-            Backpressure(kafka.max_queued_records), aligner, JoinClock(_monotonic_ms())
+            Backpressure(kafka.max_queued_records, max_bytes=kafka.max_queued_bytes),
+            aligner,
+            JoinClock(_monotonic_ms()),
         )
         common: dict[str, Any] = {
             "group_id": kafka.group_id,
@@ -349,14 +351,20 @@ class SidecarService:
             self._drainer = asyncio.create_task(self._drain(), name="sidecar-processor")
         kafka = self.settings.kafka
         await self.queue.wait_for_room(
-            kafka.max_queued_records + kafka.max_poll_records, self._stopping
+            kafka.max_queued_records + kafka.max_poll_records,
+            self._stopping,
+            max_bytes=kafka.max_queued_bytes,
         )
 
     def _queue_changed(self) -> None:
         if self._stopping.is_set():  # stop() paused everything; nothing resumes now
             return
         self.intake.on_queue(
-            self.queue.records, self.clients.consumer, self.state.assigned, _monotonic_ms()
+            self.queue.records,
+            self.clients.consumer,
+            self.state.assigned,
+            _monotonic_ms(),
+            self.queue.bytes,
         )
 
     async def _drain(self) -> None:

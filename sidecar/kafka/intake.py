@@ -28,33 +28,54 @@ from sidecar.pipeline.offsets import OffsetTracker
 Records = tuple[ConsumerRecord[bytes, bytes], ...]
 
 
+def record_bytes(record: ConsumerRecord[bytes, bytes]) -> int:
+    """What a consumed record holds: its value, key and headers."""
+    size = len(record.value or b"") + len(record.key or b"")
+    for name, value in record.headers or ():
+        size += len(name) + len(value or b"")
+    return size
+
+
+def batch_bytes(batch: Records) -> int:
+    return sum(record_bytes(r) for r in batch)
+
+
 class WorkQueue:
-    """Consumed batches waiting for the processor, in order; ``records`` counts what waits."""
+    """Consumed batches waiting for the processor, in order; ``records`` and ``bytes``
+    count what waits."""
 
     def __init__(self) -> None:
-        self._batches: deque[Records] = deque()
+        self._batches: deque[tuple[Records, int]] = deque()
         self.records = 0
+        self.bytes = 0
         self._ready = asyncio.Event()
         self._room = asyncio.Event()
 
     def put(self, batch: Records) -> None:
         if batch:
-            self._batches.append(batch)
+            size = batch_bytes(batch)
+            self._batches.append((batch, size))
             self.records += len(batch)
+            self.bytes += size
             self._ready.set()
 
     async def get(self) -> Records:
         while not self._batches:
             self._ready.clear()
             await self._ready.wait()
-        batch = self._batches.popleft()
+        batch, size = self._batches.popleft()
         self.records -= len(batch)
+        self.bytes -= size
         self._room.set()
         return batch
 
-    async def wait_for_room(self, limit: int, stopping: asyncio.Event) -> None:
-        """Until at most ``limit`` records wait (or the service stops)."""
-        while self.records > limit and not stopping.is_set():
+    async def wait_for_room(
+        self, limit: int, stopping: asyncio.Event, *, max_bytes: int | None = None
+    ) -> None:
+        """Until at most ``limit`` records (and ``max_bytes`` bytes) wait, or the service stops."""
+        while (
+            self.records > limit or (max_bytes is not None and self.bytes > max_bytes)
+        ) and not stopping.is_set():
             self._room.clear()
             await self._room.wait()
 
@@ -64,14 +85,17 @@ class WorkQueue:
 
     def drop(self, partitions: set[TP]) -> int:
         """Forget queued records of revoked ``partitions``; returns how many."""
-        kept: deque[Records] = deque()
-        for batch in self._batches:
+        kept: deque[tuple[Records, int]] = deque()
+        for batch, size in self._batches:
             rest = tuple(r for r in batch if (r.topic, r.partition) not in partitions)
-            if rest:
-                kept.append(rest)
+            if len(rest) == len(batch):
+                kept.append((batch, size))
+            elif rest:
+                kept.append((rest, batch_bytes(rest)))
         before = self.records
         self._batches = kept
-        self.records = sum(len(b) for b in kept)
+        self.records = sum(len(b) for b, _ in kept)
+        self.bytes = sum(size for _, size in kept)
         self._room.set()
         return before - self.records
 
@@ -109,10 +133,15 @@ class IntakeControl:
         self.lag: dict[TP, int] = {}  # as last measured
 
     def on_queue(
-        self, queued: int, consumer: ConsumerPort, assigned: set[TP], now_ms: float
+        self,
+        queued: int,
+        consumer: ConsumerPort,
+        assigned: set[TP],
+        now_ms: float,
+        queued_bytes: int = 0,
     ) -> None:
         """The queue changed: pause or resume intake if backpressure says so."""
-        if self.backpressure.decide(queued) is not None:
+        if self.backpressure.decide(queued, queued_bytes) is not None:
             self.apply(consumer, assigned)
         self.clock.set_behind(self._behind(queued), now_ms)
 

@@ -2,9 +2,10 @@
 
 When the claim verifier (or any stage) is slower than the input, consumed
 records wait in the adapter's work queue. :class:`Backpressure` decides when to
-stop fetching: at ``depth`` queued records it says pause, and once the queue
-has drained to ``resume_at`` (half the depth by default) it says resume. The
-hysteresis keeps the consumer from flapping on every batch.
+stop fetching: at ``depth`` queued records, or ``max_bytes`` queued bytes, it
+says pause, and once the queue has drained to ``resume_at`` records (half the
+depth by default) and half the bytes it says resume. The hysteresis keeps the
+consumer from flapping on every batch.
 
 :class:`JoinClock` is the clock the join's TTL is charged on. It advances with
 the monotonic clock only while the sidecar keeps up — nothing queued, intake not
@@ -35,26 +36,33 @@ class Flow(enum.Enum):
 
 
 class Backpressure:
-    """Pause intake at ``depth`` queued records; resume once at most ``resume_at`` are left."""
+    """Pause intake at ``depth`` queued records or ``max_bytes`` queued bytes; resume once at
+    most ``resume_at`` records and half ``max_bytes`` are left."""
 
-    def __init__(self, depth: int, resume_at: int | None = None) -> None:
+    def __init__(
+        self, depth: int, resume_at: int | None = None, *, max_bytes: int | None = None
+    ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         resume_at = depth // 2 if resume_at is None else resume_at
         if not 0 <= resume_at < depth:
             raise ValueError(f"resume_at must be in [0, depth={depth}), got {resume_at}")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
         self.depth = depth
         self.resume_at = resume_at
+        self.max_bytes = max_bytes
         self.paused = False
         self.pauses = 0  # how many times intake was paused (a counter for telemetry)
 
-    def decide(self, queued: int) -> Flow | None:
-        """The change to make now that ``queued`` records wait, if any."""
-        if not self.paused and queued >= self.depth:
+    def decide(self, queued: int, queued_bytes: int = 0) -> Flow | None:
+        """The change to make now that ``queued`` records (``queued_bytes``) wait, if any."""
+        limit = self.max_bytes
+        if not self.paused and (queued >= self.depth or (limit and queued_bytes >= limit)):
             self.paused = True
             self.pauses += 1
             return Flow.PAUSE
-        if self.paused and queued <= self.resume_at:
+        if self.paused and queued <= self.resume_at and (not limit or queued_bytes <= limit // 2):
             self.paused = False
             return Flow.RESUME
         return None

@@ -95,9 +95,12 @@ def _settings(broker: LocalKafka, topics: dict[str, str], **kafka: Any) -> Setti
 
 
 async def _burst(
-    settings: Settings, retrieval_event: EventFactory, final_event: EventFactory
+    settings: Settings, retrieval_event: EventFactory, final_event: EventFactory, pad: int = 0
 ) -> None:
-    """Every retrieval first, then every answer (deltas, final): all in Kafka before the start."""
+    """Every retrieval first, then every answer (deltas, final): all in Kafka before the start.
+
+    ``pad``: characters of filler (no sentence end) before each delta (large records).
+    """
     t = settings.topics
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, linger_ms=5)
     await producer.start()
@@ -113,7 +116,7 @@ async def _burst(
                     "event_type": "generation.delta",
                     "request_id": rid,
                     "seq": seq,
-                    "text": text,
+                    "text": "x " * (pad // 2) + text,
                 }
                 await producer.send(t.generation, orjson.dumps(delta), key=key)
             answer = "".join(SENTENCES)
@@ -128,11 +131,12 @@ async def _drain(
     topics: dict[str, str],
     retrieval_event: EventFactory,
     final_event: EventFactory,
+    pad: int = 0,
     **kafka: Any,
 ) -> tuple[list[dict[str, Any]], SidecarService]:
     settings = _settings(broker, topics, **kafka)
     await create_topics(settings)
-    await _burst(settings, retrieval_event, final_event)
+    await _burst(settings, retrieval_event, final_event, pad)
     processor = Processor(settings, PlaceholderPolicy(), signals=SignalSuite(claims=SlowChecker()))
     service = SidecarService(settings, processor)
     await service.start()
@@ -158,3 +162,27 @@ async def test_a_slow_verifier_decides_every_request_of_a_burst(
     assert service.backpressure.pauses > 0  # the queue filled and intake stopped, not luck
     assert not service.backpressure.paused  # and resumed once it drained
     assert service.intake.clock.held_ms > TTL_MS  # the TTL was not charged for that time
+
+
+async def test_large_records_pause_intake_by_bytes_not_only_by_count(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Deltas of ~20 KB: the record depth (a million) never pauses intake, the byte bound
+    (1 MiB, about 50 of them) does, and every request is still decided."""
+    verdicts, service = await _drain(
+        kafka_broker,
+        unique_topics,
+        retrieval_event,
+        final_event,
+        pad=20_000,
+        max_queued_records=1_000_000,
+        max_queued_bytes=1_048_576,
+    )
+    assert incomplete_count(verdicts) == 0, f"{incomplete_count(verdicts)} of {REQUESTS} incomplete"
+    assert sorted(v["request_id"] for v in verdicts) == sorted(f"req-{i}" for i in range(REQUESTS))
+    assert service.backpressure.pauses > 0  # paused by bytes: the count is far from its depth
+    assert not service.backpressure.paused
+    assert (service.queue.records, service.queue.bytes) == (0, 0)

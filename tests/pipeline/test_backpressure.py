@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from aiokafka import ConsumerRecord
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.config import Settings
 from sidecar.exceptions import ConfigError
+from sidecar.kafka.intake import WorkQueue
 from sidecar.pipeline.backpressure import Backpressure, Flow, JoinClock
 
 
@@ -58,3 +60,42 @@ def test_the_queue_depth_holds_at_least_one_poll() -> None:
         Settings.load(kafka={"max_queued_records": 100})
     with pytest.raises(ConfigError, match=r"MAX_QUEUED_RECORDS.*less than or equal to 1000000"):
         Settings.load(kafka={"max_queued_records": 2_000_000})
+
+
+def test_pauses_at_max_bytes_and_resumes_at_half_the_bytes() -> None:
+    """A few records of a megabyte each must not wait by the thousand: bytes bound the queue."""
+    bp = Backpressure(depth=1_000, max_bytes=4_000_000)
+    assert bp.decide(3, 3_000_000) is None
+    assert (bp.decide(4, 4_000_000), bp.paused) == (Flow.PAUSE, True)
+    assert bp.decide(2, 2_500_000) is None  # few records, but more than half the bytes
+    assert (bp.decide(2, 2_000_000), bp.paused) == (Flow.RESUME, False)
+    assert bp.decide(1_000, 10) is Flow.PAUSE  # the record depth still holds
+    assert bp.decide(499, 10) is Flow.RESUME
+    with pytest.raises(ValueError, match="max_bytes must be >= 1"):
+        Backpressure(depth=10, max_bytes=0)
+
+
+def test_the_queue_byte_bound_is_checked() -> None:
+    assert Settings.load().kafka.max_queued_bytes == 64 * 1024 * 1024
+    with pytest.raises(ConfigError, match="MAX_QUEUED_BYTES"):
+        Settings.load(kafka={"max_queued_bytes": 1_000})
+
+
+async def test_the_work_queue_counts_bytes_in_and_out_and_on_revocation() -> None:
+    def record(partition: int, value: bytes) -> ConsumerRecord[bytes, bytes]:
+        return ConsumerRecord(
+            topic="rag.retrieval", partition=partition, offset=0, timestamp=0,
+            timestamp_type=0, key=b"req-1", value=value, checksum=None,
+            serialized_key_size=5, serialized_value_size=len(value),
+            headers=(("traceparent", b"x" * 55),),
+        )  # fmt: skip
+
+    queue = WorkQueue()
+    queue.put((record(0, b"a" * 1_000), record(1, b"b" * 2_000)))
+    queue.put((record(1, b"c" * 4_000),))
+    per_record = 5 + len("traceparent") + 55
+    assert (queue.records, queue.bytes) == (3, 7_000 + 3 * per_record)
+    assert queue.drop({("rag.retrieval", 1)}) == 2
+    assert (queue.records, queue.bytes) == (1, 1_000 + per_record)
+    [only] = await queue.get()
+    assert only.value == b"a" * 1_000 and (queue.records, queue.bytes) == (0, 0)
