@@ -50,8 +50,8 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
   guardrail.join.evictions      counter (observed: capacity + ttl)
   guardrail.join.open_requests  gauge
   guardrail.consumer.lag        gauge     topic, partition
-  guardrail.join.partition_mismatch, .byte_evictions, .rereads, guardrail.feedback.unmatched,
-  .replaced, .early, guardrail.pipeline.internal_errors
+  guardrail.join.partition_mismatch, .byte_evictions, .rereads, guardrail.claims.refused,
+  guardrail.feedback.unmatched, .replaced, .early, guardrail.pipeline.internal_errors
                                 counters (cumulative, observed at collection)
   guardrail.retrieval.m1_mean, .m1_wilson_low, .m1_wilson_high, .exchangeability_broken
                                 gauges    calibration_key (the rolling m1 monitor)

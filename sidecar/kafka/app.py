@@ -217,6 +217,7 @@ class SidecarService:
             lambda: {
                 "join.partition_mismatch": processor.intake.partition_mismatches,
                 "join.rereads": processor.intake.rereads,
+                "claims.refused": processor.scoring.claims_refused,
                 "join.byte_evictions": store.byte_evictions,
                 "feedback.unmatched": counters.feedback_unmatched,
                 "feedback.replaced": counters.feedback_replaced,

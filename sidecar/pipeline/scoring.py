@@ -82,7 +82,7 @@ class Scoring:
         self.signals = signals
         self._clock_ns = clock_ns
         self._max_request_bytes = max_request_bytes
-        self.claims_refused = 0  # sessions dropped: the request's byte budget had no room
+        self.claims_refused = 0  # sessions not kept: the index alone crossed max_request_bytes
 
     def _open_claims(
         self, entry: PendingRequest, retrieval: RetrievalEvent, checker: ClaimChecker
