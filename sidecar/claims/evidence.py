@@ -218,10 +218,10 @@ class EvidenceIndex:
             out[term] = k if k < len(self._vocab) and self._vocab[k] == h else -1
         return out
 
-    def _weights(self, terms: Iterable[str]) -> dict[str, float]:
-        """Each term's weight (IDF over the sentences; numbers count double)."""
+    def _weights(self, numbers: dict[str, int]) -> dict[str, float]:
+        """Each looked-up term's weight (IDF over the sentences; numbers count double)."""
         out: dict[str, float] = {}
-        for term, k in self._lookup(terms).items():
+        for term, k in numbers.items():
             if k >= 0:
                 out[term] = float(self._vocab_weight[k])
             else:
@@ -230,7 +230,11 @@ class EvidenceIndex:
 
     def _scores(self, terms: Iterable[str]) -> npt.NDArray[np.float64]:
         """Per sentence: the summed weight of ``terms`` it holds."""
-        known = [k for k in self._lookup(terms).values() if k >= 0]
+        return self._scores_of(self._lookup(terms).values())
+
+    def _scores_of(self, numbers: Iterable[int]) -> npt.NDArray[np.float64]:
+        """:meth:`_scores` of terms already looked up (-1: no sentence holds it)."""
+        known = [k for k in numbers if k >= 0]
         if not known:
             return np.zeros(len(self._texts))
         wanted = np.zeros(len(self._vocab), dtype=bool)
@@ -265,9 +269,10 @@ class EvidenceIndex:
             return EvidenceSelection("", (), None, None, 0.0)
         terms = set(content_terms(claim))
         asked = set(content_terms(question)) if question else set()
-        weights = self._weights(terms)
+        number = self._lookup(terms)  # once: weights, scores and overlap all read it
+        weights = self._weights(number)
         total = sum(weights.values()) or 1.0
-        scores = self._scores(terms) + self._scores(asked)
+        scores = self._scores_of(number.values()) + self._scores(asked)
         chosen: list[int] = []
         size = 0
         for k in self._ranked(scores).tolist():
@@ -282,7 +287,6 @@ class EvidenceIndex:
         window = " ".join(_clip(self._texts[k], terms | asked, self.max_chars) for k in chosen)
         window = window[: self.max_chars]
         held = set(np.concatenate([self._terms_of(k) for k in chosen]).tolist())
-        number = self._lookup(terms)
         overlap = sum(w for t, w in weights.items() if number[t] in held) / total
         chunk_ids = tuple(dict.fromkeys(self.chunks[self._chunk_of[k]].chunk_id for k in chosen))
         best_chunk = self.chunks[self._chunk_of[chosen[0]]]
