@@ -16,7 +16,7 @@ from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import RetrievalEvent, RetrievalSignal, SignalStatus
 from sidecar.contracts.verdicts import AnswerVerdict
 from sidecar.pipeline.join import InputRef
-from sidecar.pipeline.outputs import Destination
+from sidecar.pipeline.outputs import Destination, Step
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
@@ -25,6 +25,7 @@ from tests.fakes import ThresholdCertifier
 from tests.pipeline.test_signal_wiring import PickyLookback, SentenceSession
 
 R, G = InputKind.RETRIEVAL, InputKind.GENERATION
+SENTENCE = "Mary Shelley wrote it. "
 
 
 @dataclass
@@ -48,17 +49,27 @@ def _processor(settings: Settings, index_bytes: int) -> Processor:
     return Processor(settings, PlaceholderPolicy(), signals=suite)
 
 
+def _feed(
+    p: Processor, kind: InputKind, event: dict[str, object], offset: int, tenant: str = ""
+) -> Step:
+    """One event at ``offset`` of its topic (``tenant``: the trusted x-tenant header)."""
+    headers = (("x-tenant", tenant.encode()),) if tenant else ()
+    ref = InputRef("r" if kind is R else "g", 0, offset, headers)
+    return p.on_message(kind, orjson.dumps(event), None, ref, 0.0)
+
+
 def _open_stream(
-    p: Processor, request_id: str, offset: int, retrieval: EventFactory, delta: EventFactory
-) -> None:
-    p.on_message(R, orjson.dumps(retrieval(request_id)), None, InputRef("r", 0, offset), 0.0)
-    p.on_message(
-        G,
-        orjson.dumps(delta(request_id, seq=0, text="Mary Shelley wrote it. ")),
-        None,
-        InputRef("g", 0, offset),
-        0.0,
-    )
+    p: Processor,
+    request_id: str,
+    offset: int,
+    retrieval: EventFactory,
+    delta: EventFactory,
+    tenant: str = "",
+) -> Step:
+    """The request's retrieval, then a delta completing one claim; the delta's step."""
+    event = retrieval(request_id, tenant=tenant) if tenant else retrieval(request_id)
+    _feed(p, R, event, offset, tenant)
+    return _feed(p, G, delta(request_id, seq=0, text=SENTENCE), offset, tenant)
 
 
 def test_a_streaming_session_is_counted_in_the_join_budget_and_evicts_older_requests(
@@ -76,7 +87,7 @@ def test_a_streaming_session_is_counted_in_the_join_budget_and_evicts_older_requ
     assert len(p.store) == 2
     # the third session (opened as its retrieval arrives) does not fit beside the two:
     # the oldest request is decided incomplete
-    step = p.on_message(R, orjson.dumps(retrieval_event("c")), None, InputRef("r", 0, 2), 0.0)
+    step = _feed(p, R, retrieval_event("c"), 2)
     verdicts = [
         AnswerVerdict.model_validate(orjson.loads(o.value))
         for o in step.outputs
@@ -99,13 +110,7 @@ def test_a_session_beyond_the_request_budget_is_not_kept_and_claims_are_unavaila
     assert entry is not None and entry.claims is None and entry.claims_refused
     assert entry.bytes_held < 64_000  # nothing counted for a session not kept
     assert p.scoring.claims_refused == 1
-    step = p.on_message(
-        G,
-        orjson.dumps(final_event("a", answer="Mary Shelley wrote it. ", generator_model="gen-a")),
-        None,
-        InputRef("g", 0, 1),
-        0.0,
-    )
+    step = _feed(p, G, final_event("a", answer=SENTENCE, generator_model="gen-a"), 1)
     [out] = step.outputs
     verdict = AnswerVerdict.model_validate(orjson.loads(out.value))
     assert verdict.signals.claims.status is SignalStatus.UNAVAILABLE
@@ -126,13 +131,7 @@ def test_an_index_that_fits_leaves_the_request_limit_to_its_events(
     entry = p.store.get("a")
     assert entry is not None and entry.claims is not None
     assert entry.bytes_held + 400 > 64_000  # events + index + the final cross the limit
-    step = p.on_message(
-        G,
-        orjson.dumps(final_event("a", answer="Mary Shelley wrote it. ", generator_model="gen-a")),
-        None,
-        InputRef("g", 0, 1),
-        0.0,
-    )
+    step = _feed(p, G, final_event("a", answer=SENTENCE, generator_model="gen-a"), 1)
     [out] = [o for o in step.outputs if o.destination is Destination.VERDICTS]
     verdict = AnswerVerdict.model_validate(orjson.loads(out.value))
     assert verdict.signals.claims.status is SignalStatus.OK
@@ -164,21 +163,7 @@ def test_another_tenants_events_never_repeat_a_requests_claim_keys(
     p = _processor(settings, index_bytes=0)
     keys: dict[str, list[bytes]] = {}
     for offset, tenant in enumerate(("acme", "evil")):
-        header = (("x-tenant", tenant.encode()),)
-        p.on_message(
-            R,
-            orjson.dumps(retrieval_event("req-1", tenant=tenant)),
-            None,
-            InputRef("r", 0, offset, header),
-            0.0,
-        )
-        step = p.on_message(
-            G,
-            orjson.dumps(delta_event("req-1", seq=0, text="Mary Shelley wrote it. ")),
-            None,
-            InputRef("g", 0, offset, header),
-            0.0,
-        )
+        step = _open_stream(p, "req-1", offset, retrieval_event, delta_event, tenant)
         keys[tenant] = [
             dict(o.headers)["x-idempotency-key"]
             for o in step.outputs
@@ -188,19 +173,5 @@ def test_another_tenants_events_never_repeat_a_requests_claim_keys(
     assert keys["acme"] != keys["evil"]
     # a replay of the same request repeats its key
     replay = _processor(settings, index_bytes=0)
-    header = (("x-tenant", b"acme"),)
-    replay.on_message(
-        R,
-        orjson.dumps(retrieval_event("req-1", tenant="acme")),
-        None,
-        InputRef("r", 0, 0, header),
-        0.0,
-    )
-    step = replay.on_message(
-        G,
-        orjson.dumps(delta_event("req-1", seq=0, text="Mary Shelley wrote it. ")),
-        None,
-        InputRef("g", 0, 0, header),
-        0.0,
-    )
+    step = _open_stream(replay, "req-1", 0, retrieval_event, delta_event, "acme")
     assert [dict(o.headers)["x-idempotency-key"] for o in step.outputs] == keys["acme"]
