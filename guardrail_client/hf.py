@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from sidecar.contracts.events import AttentionSummary
+from sidecar.contracts.events import FLOAT16_MAX, AttentionSummary
 from sidecar.exceptions import ConfigError
 
 try:
@@ -55,7 +55,6 @@ Span = tuple[int, int]
 Stopped = Literal["eos", "length"]
 FloatArray = npt.NDArray[np.float64]
 
-FLOAT16_MAX = float(np.finfo(np.float16).max)
 _TINY = 1e-30
 _ATTENTION_SUFFIXES = (".self_attn", ".attn", ".attention", ".self_attention")
 

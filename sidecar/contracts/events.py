@@ -28,6 +28,7 @@ from sidecar.contracts.common import (
 )
 from sidecar.contracts.deadletter import DLQ_HEADER_PREFIX, DeadLetterRecord, dlq_header
 from sidecar.contracts.inputs import (
+    FLOAT16_MAX,
     AttentionSummary,
     FeedbackEvent,
     GenerationDelta,
@@ -54,6 +55,7 @@ from sidecar.contracts.verdicts import (
 
 __all__ = [
     "DLQ_HEADER_PREFIX",
+    "FLOAT16_MAX",
     "SCHEMA_VERSION",
     "SUPPORTED_SCHEMA_VERSIONS",
     "AnswerVerdict",

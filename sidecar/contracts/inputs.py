@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import datetime
-from typing import Annotated, Literal, Self
+from typing import Annotated, Final, Literal, Self
 
 import numpy as np
 import numpy.typing as npt
@@ -68,6 +68,10 @@ class GenerationDelta(EventBase):
 # 0x7C of its high (second) byte. The high bytes that leave a finite value:
 _FINITE_F16_HIGH_BYTES = bytes(b for b in range(256) if b & 0x7C != 0x7C)
 _NEGATIVE_ZERO_F16 = 0x8000  # -0.0 as a little-endian uint16: the largest one allowed
+
+
+FLOAT16_MAX: Final = float(np.finfo(np.float16).max)
+"""65504: the largest wire value of an attention summary (larger ones are clipped to it)."""
 
 
 class AttentionSummary(BaseModel):
@@ -156,7 +160,7 @@ class AttentionSummary(BaseModel):
             raise ValueError("attention summary values must be finite (found NaN or inf)")
         if (wide < 0.0).any():
             raise ValueError("attention summary values must be >= 0 (lookback ratios)")
-        arr = np.minimum(wide, float(np.finfo(np.float16).max)).astype("<f2")
+        arr = np.minimum(wide, FLOAT16_MAX).astype("<f2")
         layers, heads, chunks = (int(d) for d in arr.shape)
         values = base64.b64encode(np.ascontiguousarray(arr).tobytes()).decode("ascii")
         return cls(layers=layers, heads=heads, chunks=chunks, variant=variant, values=values)

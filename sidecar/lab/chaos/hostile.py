@@ -23,6 +23,7 @@ from dataclasses import replace
 import numpy as np
 import orjson
 
+from sidecar.contracts.events import FLOAT16_MAX
 from sidecar.lab.chaos.builder import RecordBuilder, pad_to
 from sidecar.lab.chaos.corpus import delta, retrieval
 from sidecar.lab.chaos.expectations import (
@@ -34,7 +35,6 @@ from sidecar.lab.chaos.expectations import (
 from sidecar.lab.replay import Record
 from sidecar.pipeline.intake import HELD_EVENT_OVERHEAD
 
-FLOAT16_MAX = 65504.0
 _SIDE = {-1: "-under", 0: "-at", 1: "-over"}  # request ids allow no "+"
 
 

@@ -56,7 +56,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from sidecar.contracts.events import AttentionSummary
+from sidecar.contracts.events import FLOAT16_MAX, AttentionSummary
 from sidecar.exceptions import ConfigError
 from sidecar.lab.generator.prompt import SegmentedPrompt
 
@@ -76,7 +76,6 @@ __all__ = [
     "step_ratios",
 ]
 
-FLOAT16_MAX = float(np.finfo(np.float16).max)
 _TINY = 1e-30
 
 
