@@ -322,6 +322,23 @@ class SignalSettings(_Section):
     verifier_threads: int = Field(
         default=1, ge=1, le=64, description="onnxruntime intra-op threads for the claim verifier"
     )
+    claim_pairs_per_answer: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="verifier work one answer may use, in (claim, evidence window) pairs "
+        "(~25 ms each on one core): claims after it is spent are counted unchecked "
+        "(reason claims-over-limit). Work, not time, so a replay repeats its verdicts",
+    )
+    claim_seconds_per_answer: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="also stop verifying an answer's claims after this much verifier time "
+        "(unset: no time limit). Bounds latency on a slow or busy CPU, but the same answer "
+        "is then checked further or less far with the load, and a replay may differ",
+    )
     verifier_target_precision: float | None = Field(
         default=None,
         ge=0.5,

@@ -87,6 +87,8 @@ def build_signals(settings: Settings) -> SignalSuite:
             threads=sig.verifier_threads,
             judge=_judge_config(settings),
             target_precision=sig.verifier_target_precision,
+            answer_pairs=sig.claim_pairs_per_answer,
+            answer_budget_s=sig.claim_seconds_per_answer,
         )
     elif settings.judge.endpoint is not None:
         raise ConfigError(

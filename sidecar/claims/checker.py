@@ -30,10 +30,13 @@ verified identically from the stream keep that verdict (and index), the
 others are verified at ``finish``; streamed claims it no longer holds leave
 :attr:`VerifierClaimSession.results` and the summary and are listed in
 ``ClaimsSignal.superseded_claims``. Claims past the segmenter's per-answer
-limit, and claims that come after the answer's verification time budget
-(``DEFAULT_ANSWER_BUDGET_S``) was spent, are counted in
-``ClaimsSignal.unchecked``, never verified: one huge answer cannot hold the
-sidecar for long.
+limit, and claims that come after the answer's verification budget was spent,
+are counted in ``ClaimsSignal.unchecked``, never verified: one huge answer
+cannot hold the sidecar for long. The budget counts work, not time: the
+(claim, evidence window) pairs the verifier scored (``DEFAULT_ANSWER_PAIRS``),
+so the same answer is checked as far on a busy CPU as on a quiet one and a
+replay repeats its verdicts. An optional wall-clock limit
+(``answer_budget_s``) caps the time as well, at the price of that.
 
 ``ClaimResult.score`` is the final p(supported): the verifier's calibrated
 probability, capped at ``RULE_CAP`` when the rule tier contradicts it, or the
@@ -75,8 +78,10 @@ __all__ = [
     "evidence_chunks",
 ]
 
-DEFAULT_ANSWER_BUDGET_S: Final = 2.0
-"""Verifier time one answer may use; claims that come later are counted ``unchecked``."""
+DEFAULT_ANSWER_PAIRS: Final = 64
+"""Verifier pairs one answer may use (~1.5 s here at ~25 ms per pair); claims that come
+after they are spent are counted ``unchecked``. A claim is verified while any are left, so
+an answer may use up to ``max_windows - 1`` more."""
 
 _JUDGE_SCORE: Final = {
     ClaimLabel.SUPPORTED: 0.9,
@@ -112,10 +117,15 @@ class VerifierClaimSession:
         question: str = "",
         judge: JudgeRunner | None = None,
         judge_labels: frozenset[ClaimLabel] = frozenset({ClaimLabel.UNCERTAIN}),
-        answer_budget_s: float = DEFAULT_ANSWER_BUDGET_S,
+        answer_pairs: int = DEFAULT_ANSWER_PAIRS,
+        answer_budget_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if answer_pairs < 1:
+            raise ValueError(f"answer_pairs must be >= 1, got {answer_pairs}")
         self._scorer = scorer
+        self._pair_budget = answer_pairs
+        self._pairs_spent = 0
         self._budget_s = answer_budget_s
         self._clock = clock
         self._spent_s = 0.0
@@ -154,16 +164,29 @@ class VerifierClaimSession:
     def checks(self) -> tuple[ClaimCheck, ...]:
         return tuple(self._checks)
 
+    @property
+    def pairs_spent(self) -> int:
+        """Verifier pairs this answer has used so far."""
+        return self._pairs_spent
+
+    def _spent(self) -> bool:
+        if self._pairs_spent >= self._pair_budget:
+            return True
+        return self._budget_s is not None and self._spent_s >= self._budget_s
+
     def _verify(self, claims: Sequence[Claim]) -> list[ClaimResult]:
-        """Verify ``claims`` while the answer's time budget lasts; the rest stay unchecked."""
+        """Verify ``claims`` while the answer's budget lasts; the rest stay unchecked."""
         checks: list[ClaimCheck] = []
         for k, claim in enumerate(claims):  # one at a time: the budget holds within a batch
-            if self._spent_s >= self._budget_s:  # (a final-only answer's claims come at once)
+            if self._spent():  # (a final-only answer's claims come at once)
                 self.over_budget += len(claims) - k
                 break
-            started = self._clock()
-            checks += self._scorer.check([claim], self._index, self.question)
-            self._spent_s += self._clock() - started
+            started = self._clock() if self._budget_s is not None else 0.0
+            checked = self._scorer.check([claim], self._index, self.question)
+            if self._budget_s is not None:
+                self._spent_s += self._clock() - started
+            self._pairs_spent += sum(c.pairs for c in checked)
+            checks += checked
         self._checks.extend(checks)
         self._ask_judge(checks)
         return [c.result() for c in checks]
@@ -239,11 +262,15 @@ class VerifierClaimChecker:
         *,
         judge: JudgeRunner | None = None,
         judge_labels: frozenset[ClaimLabel] = frozenset({ClaimLabel.UNCERTAIN}),
-        answer_budget_s: float = DEFAULT_ANSWER_BUDGET_S,
+        answer_pairs: int = DEFAULT_ANSWER_PAIRS,
+        answer_budget_s: float | None = None,
     ) -> None:
+        if answer_pairs < 1:
+            raise ValueError(f"answer_pairs must be >= 1, got {answer_pairs}")
         self._scorer = scorer
         self._judge = judge
         self._judge_labels = judge_labels
+        self._answer_pairs = answer_pairs
         self._answer_budget_s = answer_budget_s
 
     @property
@@ -268,6 +295,7 @@ class VerifierClaimChecker:
             question=retrieval.query,
             judge=self._judge,
             judge_labels=self._judge_labels,
+            answer_pairs=self._answer_pairs,
             answer_budget_s=self._answer_budget_s,
         )
 

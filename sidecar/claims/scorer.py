@@ -65,6 +65,7 @@ class ClaimCheck:
     evidence_chunk_ids: tuple[str, ...]
     tier: Tier
     detail: str = ""
+    pairs: int = 0  # (claim, evidence) pairs the verifier scored for it: its cost
 
     def result(self) -> ClaimResult:
         return ClaimResult(
@@ -127,13 +128,13 @@ class ClaimScorer:
         asked = [with_context(question, c.context) for c in claims]
         selections = [index.select(c.text, q) for c, q in zip(claims, asked, strict=True)]
         if self.max_windows > 1:
-            best = self._windowed(claims, index, asked)
+            best, pairs = self._windowed(claims, index, asked)
         else:
-            best = self._selected(claims, selections, asked)
+            best, pairs = self._selected(claims, selections, asked)
         all_text = "\n".join(chunk.text for chunk in index.chunks)
         band = self.verifier.band
         out: list[ClaimCheck] = []
-        for claim, sel, p in zip(claims, selections, best, strict=True):
+        for claim, sel, p, n in zip(claims, selections, best, pairs, strict=True):
             label = band.label(p)
             ids = sel.chunk_ids
             if self.rules:
@@ -142,11 +143,11 @@ class ClaimScorer:
                     out.append(
                         ClaimCheck(
                             claim, ClaimLabel.UNSUPPORTED, min(p, RULE_CAP), p, ids, "rule",
-                            rule.describe(),
+                            rule.describe(), n,
                         )
                     )  # fmt: skip
                     continue
-            out.append(ClaimCheck(claim, label, p, p, ids, "verifier"))
+            out.append(ClaimCheck(claim, label, p, p, ids, "verifier", pairs=n))
         return out
 
     def _selected(
@@ -154,8 +155,11 @@ class ClaimScorer:
         claims: Sequence[Claim],
         selections: Sequence[EvidenceSelection],
         questions: Sequence[str],
-    ) -> list[float]:
-        """One pair per claim (its window of best sentences), plus its best chunk if asked."""
+    ) -> tuple[list[float], list[int]]:
+        """One pair per claim (its window of best sentences), plus its best chunk if asked.
+
+        Returns each claim's best probability and how many pairs it took.
+        """
         pairs: list[tuple[str, str]] = []
         owners: list[int] = []
         for k, (claim, sel) in enumerate(zip(claims, selections, strict=True)):
@@ -166,13 +170,15 @@ class ClaimScorer:
                 owners.append(k)
         probs = self.verifier.probabilities(pairs, [questions[k] for k in owners])
         best = [0.0] * len(claims)
+        counts = [0] * len(claims)
         for k, p in zip(owners, probs, strict=True):
             best[k] = max(best[k], p)
-        return best
+            counts[k] += 1
+        return best, counts
 
     def _windowed(
         self, claims: Sequence[Claim], index: EvidenceIndex, questions: Sequence[str]
-    ) -> list[float]:
+    ) -> tuple[list[float], list[int]]:
         """Every claim against up to ``max_windows`` evidence windows; the best window wins.
 
         The same scoring ``guardrail eval claims --format pairs`` measures
@@ -183,4 +189,5 @@ class ClaimScorer:
             for c, q in zip(claims, questions, strict=True)
         ]
         texts = [c.text for c in claims]
-        return self.verifier.window_probabilities(texts, windows, list(questions))
+        probs = self.verifier.window_probabilities(texts, windows, list(questions))
+        return probs, [len(ws) for ws in windows]

@@ -385,14 +385,23 @@ def load_claim_checker(
     rules: bool = True,
     best_chunk: bool = False,
     target_precision: float | None = None,
+    answer_pairs: int | None = None,
+    answer_budget_s: float | None = None,
 ) -> VerifierClaimChecker:
     """The processor's ``ClaimChecker`` from a verifier directory (+ an optional LLM judge).
+
+    ``answer_pairs`` / ``answer_budget_s``: the verifier work (pairs; None: the
+    default) and the optional wall-clock time one answer may use
+    (:class:`~sidecar.claims.checker.VerifierClaimSession`).
 
     ``best_chunk``: also score each claim against its best chunk (two verifier
     pairs per claim instead of one; see :class:`~sidecar.claims.scorer.ClaimScorer`).
     ``target_precision``: the band fitted for it (see :meth:`OnnxVerifier.load`).
     """
-    from sidecar.claims.checker import VerifierClaimChecker  # noqa: PLC0415
+    from sidecar.claims.checker import (  # noqa: PLC0415
+        DEFAULT_ANSWER_PAIRS,
+        VerifierClaimChecker,
+    )
     from sidecar.claims.judge import JudgeRunner  # noqa: PLC0415
     from sidecar.claims.scorer import ClaimScorer  # noqa: PLC0415
 
@@ -407,4 +416,9 @@ def load_claim_checker(
         max_windows=artifact.evidence_max_windows,
     )
     runner = JudgeRunner(judge) if judge is not None else None
-    return VerifierClaimChecker(scorer, judge=runner)
+    return VerifierClaimChecker(
+        scorer,
+        judge=runner,
+        answer_pairs=DEFAULT_ANSWER_PAIRS if answer_pairs is None else answer_pairs,
+        answer_budget_s=answer_budget_s,
+    )

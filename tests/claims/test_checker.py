@@ -273,3 +273,62 @@ def test_the_budget_holds_within_one_batch_of_claims() -> None:
     results, signal = session.finish(answer)
     assert len(results) == 2  # 0 s spent, then 1 s: two verified, the budget is then gone
     assert session.over_budget == 4 and signal.unchecked == 4
+
+
+def test_each_check_counts_the_verifier_pairs_it_took(lexical: LexicalVerifier) -> None:
+    first = "Metformin activates AMPK in many tissues except liver."
+    second = "Metformin acts through AMPK."
+    chunks = [EvidenceChunk("a", f"{first} {second}")]
+    claim = segment_claims("Metformin activates AMPK in the liver.")
+    four = ClaimScorer(KeywordVerifier(), max_chars=60, max_windows=4)
+    (windowed,) = four.check(claim, four.index(chunks), "q?")
+    assert windowed.pairs == 2  # two windows of at most 60 characters
+    one = ClaimScorer(lexical)
+    (single,) = one.check(claim, one.index(chunks), "q?")
+    both = ClaimScorer(lexical, best_chunk=True, max_sentences=1)
+    (two,) = both.check(claim, both.index(chunks), "q?")
+    (none,) = one.check(claim, one.index([]), "q?")
+    assert (single.pairs, two.pairs, none.pairs) == (1, 2, 0)
+
+
+def _session(
+    answer_pairs: int, clock: Callable[[], float], scorer: ClaimScorer | None = None
+) -> VerifierClaimSession:
+    return VerifierClaimSession(
+        scorer or ClaimScorer(LexicalVerifier()),
+        [EvidenceChunk("c1", "Mary Shelley wrote Frankenstein. It was published in 1818.")],
+        "trusted",
+        answer_pairs=answer_pairs,
+        clock=clock,
+    )
+
+
+def test_the_answer_budget_counts_verifier_pairs_not_time() -> None:
+    """A busy CPU (every verifier call "takes" 10 s) checks an answer exactly as far as a
+    quiet one: the same results and signal, so a replay repeats its verdicts. Before, a
+    2 s wall-clock budget made the slow session stop after one claim."""
+    answer = " ".join(f"Claim number {i} is about Frankenstein." for i in range(6))
+    slow_ticks = iter(float(10 * i) for i in range(1000))
+    slow = _session(4, lambda: next(slow_ticks))
+    quiet = _session(4, lambda: 0.0)
+    slow_out, quiet_out = slow.finish(answer), quiet.finish(answer)
+    assert slow_out == quiet_out
+    results, signal = quiet_out
+    assert len(results) == 4 and signal.unchecked == 2  # one pair per claim, four pairs
+    assert quiet.pairs_spent == 4 and quiet.over_budget == 2
+
+
+def test_a_claim_is_verified_while_pairs_are_left_and_costs_all_its_windows() -> None:
+    text = "Metformin activates AMPK in many tissues except liver. Metformin acts through AMPK."
+    scorer = ClaimScorer(KeywordVerifier(), max_chars=60, max_windows=4)
+    session = VerifierClaimSession(scorer, [EvidenceChunk("a", text)], "trusted", answer_pairs=3)
+    answer = " ".join(["Metformin activates AMPK in the liver."] * 3)
+    results, signal = session.finish(answer)
+    # 0 pairs spent, then 2 (< 3): two claims verified (4 pairs), the third is unchecked
+    assert len(results) == 2 and session.pairs_spent == 4 and signal.unchecked == 1
+
+
+@pytest.mark.parametrize("pairs", [0, -1])
+def test_the_pair_budget_must_be_positive(pairs: int, lexical: LexicalVerifier) -> None:
+    with pytest.raises(ValueError, match="answer_pairs must be >= 1"):
+        VerifierClaimChecker(ClaimScorer(lexical), answer_pairs=pairs)
