@@ -68,7 +68,7 @@ class LeakageProbeResult(BaseModel):
     questions_sha256: str | None = None
     part: str | None = None
     abstention_rule: str = ABSTENTION_RULE
-    label: str = "nq-open normalised gold answer contained in the answer"
+    label: str = "nq-open normalised gold answer contained in the answer, on word boundaries"
     questions: int = Field(ge=0, description="questions asked for: trials + skipped")
     skipped: int = Field(ge=0, description="questions with fewer than k answer-free candidates")
     trials: int = Field(ge=0)

@@ -13,6 +13,11 @@ says "exchangeability broken, recalibrate". The alarm then holds until the rolli
 mean(m1) itself is back at 1 - alpha (hysteresis, so it does not flap), and
 ``MonitorStatus.changed`` marks the edges to alert on.
 
+One-sided on purpose: the source's other failure pattern, mean(m1) unexpectedly
+high with m2 close to it (incorrect chunks trusted), has no bound to test against,
+since m1 counts any trusted chunk, correct or not; without labels it looks like a
+good retriever. Labelled feedback measures it (the coverage bound's epsilon).
+
 The check runs after every observation; the stated confidence is per check,
 not for the whole stream, so pick a high one (the default is 0.99) and treat
 an alarm as a signal to look, not as a proof. Pure: no clock, no I/O.

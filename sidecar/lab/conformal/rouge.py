@@ -5,9 +5,10 @@ The labelling rule that uses it: docs/methods.md §Retrieval certification.
 ROUGE-L (Lin 2004) compares two texts by the length of their longest common
 subsequence (LCS) of tokens: with ``m`` candidate and ``n`` reference tokens,
 ``P = LCS/m``, ``R = LCS/n`` and the F-measure ``F = 2PR/(P + R)`` (beta = 1, as in
-the widely used ``rouge-score`` package). Tokens are the lower-cased ``\\w+``
-runs of the text (Unicode word characters, so "Röntgen" stays one token; the
-``rouge-score`` tokenizer would split it at the non-ASCII letter). No stemming.
+the widely used ``rouge-score`` package). Tokens are the lower-cased runs of
+letters and digits of the text (Unicode ones, so "Röntgen" stays one token; the
+``rouge-score`` tokenizer would split it at the non-ASCII letter); the underscore
+separates tokens, as in ``rouge-score`` ("snake_case" is two). No stemming.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Iterable, Sequence
 
 __all__ = ["lcs_length", "rouge_l", "rouge_l_max", "tokenize"]
 
-_TOKEN = re.compile(r"\w+")
+_TOKEN = re.compile(r"[^\W_]+")
 
 
 def tokenize(text: str) -> list[str]:

@@ -255,6 +255,7 @@ def build_report(
             chunk_scores.append(float(f["p_useful"]))
             chunk_labels.append(int(bearing.get(f["chunk_id"], False)))
     certified = _certified_allow(replayed)
+    abstentions = sum(1 for r in replayed if is_abstention(r.row["answer"]))
     report: dict[str, Any] = {
         "n": n,
         "accuracy": float(np.mean(correct)),
@@ -263,6 +264,8 @@ def build_report(
         "ece": calibration.get("ece"),
         "brier": calibration.get("brier"),
         "nll": calibration.get("nll"),
+        # CalibRAG's %NA: the share of answers in which the generator abstained, in percent
+        "pct_na": 100.0 * abstentions / n,
         "error_rate_allowed": decisions["allow"]["error_rate"],
         "error_rate_allowed_interval": [
             certified["error_rate_allowed_low"],
@@ -285,7 +288,7 @@ def build_report(
         },
         "coverage_bound": _bound(replayed, probe, bound_confidence),
         "alpha_sweep": _alpha_sweep(replayed, calibration_file),
-        "abstentions": sum(1 for r in replayed if is_abstention(r.row["answer"])),
+        "abstentions": abstentions,
         "model_versions": replayed[0].verdict.get("model_versions", {}),
         "policy": replayed[0].verdict.get("policy"),
     }

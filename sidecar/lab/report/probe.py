@@ -13,9 +13,9 @@ deployment) and let the generator answer. Each answer is one of
 
 * an **abstention** (:func:`is_abstention`: an explicit refusal, "I don't
   know", "not mentioned in the documents", an empty answer ...);
-* **correct from memory** (the NQ-open label :func:`~sidecar.lab.answers.is_correct`
-  holds although no chunk contained the answer: the model knew it, which is
-  not a hallucination);
+* **correct from memory** (a gold answer is in the answer, NQ-open
+  normalisation on word boundaries, although no chunk contained it: the model
+  knew it, which is not a hallucination);
 * else an **error**: a confident wrong answer, a hallucination.
 
 ``delta = errors / trials`` with a Wilson 95% interval. A question whose
@@ -50,7 +50,6 @@ from sidecar.confidence.probe_result import (
     load_probe,
 )
 from sidecar.exceptions import ConfigError
-from sidecar.lab.answers import is_correct
 from sidecar.lab.report.collect import contains_answer
 from sidecar.lab.retrieval.corpus import QARecord
 from sidecar.lab.retrieval.embedder import Embedder
@@ -148,10 +147,16 @@ def is_abstention(text: str) -> bool:
 
 
 def classify(text: str, answers: Iterable[str]) -> ProbeLabel:
-    """``abstention``, else ``correct`` (NQ-open label: known from memory), else ``error``."""
+    """``abstention``, else ``correct`` (known from memory), else ``error``.
+
+    ``correct``: a normalised gold answer occurs in the normalised answer on word
+    boundaries (the test that drops answer-bearing chunks). The plain NQ-open
+    substring test would take "Mayflower" for gold "May" and "1918" for "1": every
+    such answer counted as known lowers delta, and the bound with it.
+    """
     if is_abstention(text):
         return "abstention"
-    return "correct" if is_correct(text, answers) else "error"
+    return "correct" if contains_answer(text, list(answers)) else "error"
 
 
 def answer_free_context(

@@ -33,6 +33,12 @@ def test_tokens_are_lowercased_unicode_words() -> None:
     assert tokenize("Wilhelm Conrad Röntgen, 1901!") == ["wilhelm", "conrad", "röntgen", "1901"]
 
 
+def test_the_underscore_separates_tokens_as_in_rouge_score() -> None:
+    # rouge-score: rougeL.fmeasure("snake_case", "snake case") == 1.0; \w+ made it 0.0
+    assert tokenize("snake_case __init__") == ["snake", "case", "init"]
+    assert rouge_l("snake_case", "snake case") == 1.0
+
+
 def test_best_of_several_references() -> None:
     chunk = "the prize went to Wilhelm Conrad Röntgen in 1901"
     refs = ["Marie Curie", "Wilhelm Conrad Röntgen"]

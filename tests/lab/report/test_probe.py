@@ -210,6 +210,21 @@ def test_classify_order() -> None:
     assert classify("The capital is Lyon.", ["Paris"]) == "error"
 
 
+@pytest.mark.parametrize(
+    ("answer", "gold"),
+    [
+        ("The Mayflower sailed in 1620.", "May"),
+        ("It ended in 1918.", "1"),
+        ("She went to business school.", "US"),
+    ],
+)
+def test_a_gold_answer_inside_another_word_is_not_known_from_memory(answer: str, gold: str) -> None:
+    """Counting these as known would lower delta (and the bound): they are errors, as the
+    answer-free chunk filter (word boundaries) already treats them."""
+    assert classify(answer, [gold]) == "error"
+    assert classify(f"{answer} {gold}.", [gold]) == "correct"
+
+
 def ten_question_loop() -> tuple[FakeLoop, list[QARecord]]:
     """3 errors, 4 abstentions, 3 correct from memory."""
     answers = ["Lyon", "Nice", "Lille"] + ["I don't know"] * 4 + ["It is Paris"] * 3

@@ -212,7 +212,7 @@ def test_retrieve_again_and_chunk_forecast() -> None:
 
 def test_coverage_bound_from_replayed_rows() -> None:
     report = build_report(six_rows())
-    assert report["abstentions"] == 1
+    assert report["abstentions"] == 1 and report["pct_na"] == pytest.approx(100 / 6)
     # covered: rows 1-4 with one error; uncovered: rows 5, 6, of which 6 abstained
     expected = coverage_bound(
         CoverageCounts(
