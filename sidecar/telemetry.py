@@ -225,6 +225,9 @@ class Telemetry:
         self.publish_retries = self.meter.create_counter(
             "guardrail.publish.retries", unit="{retry}"
         )
+        self.producer_resets = self.meter.create_counter(
+            "guardrail.publish.producer_resets", unit="{reset}"
+        )
 
     @classmethod
     def from_setup(cls, setup: TelemetrySetup, *, stage_spans: bool = True) -> Telemetry:

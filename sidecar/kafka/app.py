@@ -243,9 +243,11 @@ class SidecarService:
         kafka = self.settings.kafka
         request_size = request_size_bytes(self.settings.topics.max_message_bytes)
         self.clients = aiokafka_clients(self.subscriber.consumer, kafka, request_size)
-        await self.clients.producer.start()
         self.publisher.producer = self.clients.producer
-        await self.publisher.read_topic_limits()
+        own = await self.publisher.read_topic_limits()
+        if own:  # the broker checks max.message.bytes per batch: none may be larger
+            await self.clients.producer.limit_batches(min(own.values()))
+        await self.clients.producer.start()
         self._ticker = asyncio.create_task(self._tick_loop(), name="sidecar-ticker")
         self.state.started = True
 

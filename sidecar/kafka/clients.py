@@ -77,6 +77,17 @@ class ProducerPort(Protocol):
         """Each topic's own ``max.message.bytes`` (those it could read)."""
         ...
 
+    async def limit_batches(self, max_bytes: int) -> None:
+        """Before ``start``: no record batch larger than ``max_bytes`` (the broker checks a
+        topic's ``max.message.bytes`` per batch, not per record)."""
+        ...
+
+    async def reset(self, max_batch_bytes: int | None = None) -> None:
+        """Replace the producer by a fresh one (a new idempotent session), its batches at
+        most ``max_batch_bytes`` when given; records handed to the old one are flushed,
+        and what it cannot deliver fails its confirmation."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class KafkaClients:
@@ -137,19 +148,43 @@ class AiokafkaProducerPort:
 
     def __init__(self, kafka: KafkaSettings, max_request_size: int) -> None:
         self._kafka = kafka
-        self._producer = AIOKafkaProducer(
-            **aiokafka_client_args(kafka),
-            client_id=kafka.client_id,
+        self._sizes = producer_size_args(kafka, max_request_size)
+        self._producer = self._new()
+        self._retired: set[asyncio.Task[None]] = set()
+
+    def _new(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            **aiokafka_client_args(self._kafka),
+            client_id=self._kafka.client_id,
             acks="all",
             enable_idempotence=True,
-            **producer_size_args(kafka, max_request_size),
+            **self._sizes,
         )
+
+    async def limit_batches(self, max_bytes: int) -> None:
+        if max_bytes < self._sizes["max_batch_size"]:
+            self._sizes["max_batch_size"] = max_bytes
+            unstarted, self._producer = self._producer, self._new()
+            await unstarted.stop()  # closes what its constructor opened
 
     async def start(self) -> None:
         await self._producer.start()
 
     async def stop(self) -> None:
+        if self._retired:
+            await asyncio.gather(*self._retired, return_exceptions=True)
         await self._producer.stop()
+
+    async def reset(self, max_batch_bytes: int | None = None) -> None:
+        if max_batch_bytes is not None:
+            self._sizes["max_batch_size"] = min(self._sizes["max_batch_size"], max_batch_bytes)
+        old, self._producer = self._producer, self._new()
+        await self._producer.start()
+        # the old one flushes in the background: its records on the broken partition fail
+        # their confirmations and are sent again through the new one
+        retiring = asyncio.create_task(old.stop(), name="retire-producer")
+        self._retired.add(retiring)
+        retiring.add_done_callback(self._retired.discard)
 
     async def send(
         self, topic: str, value: bytes, key: bytes | None, headers: Headers
@@ -265,6 +300,12 @@ class MemoryProducerPort:
     async def topic_limits(self, topics: Iterable[str]) -> dict[str, int]:
         del topics
         return {}
+
+    async def limit_batches(self, max_bytes: int) -> None:
+        del max_bytes  # one record per publish: no batches
+
+    async def reset(self, max_batch_bytes: int | None = None) -> None:
+        del max_batch_bytes
 
 
 def memory_clients(broker: KafkaBroker) -> KafkaClients:

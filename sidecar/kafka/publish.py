@@ -3,7 +3,13 @@
 Pipelined (``submit``), a consumed batch's outputs are handed to the producer
 in order and their confirmations awaited in the background, at most
 ``in_flight`` batches at a time (``kafka.batches_in_flight``); a batch's inputs
-are finished (and so committable) only once all its outputs are confirmed.
+are finished (and so committable) only once all its outputs are confirmed *and*
+every batch before it has finished: a request's answer verdict finishes the
+inputs its streamed claim verdicts came from, so it must not finish them while
+one of those is still being retried (a crash would then never publish it). A
+step whose outputs could not be handed over is retried, in order, before any
+later step is handed over, so its claim verdicts still precede their answer
+verdict.
 
 Outputs go to the producer port with header values as bytes. Publish errors
 are decided by kind (``classify``): retriable ones are retried with capped,
@@ -11,7 +17,10 @@ jittered backoff while ``LoopState.publishing`` turns false after
 ``publish_stall_s``; a record too large for its topic goes to the DLQ cut down
 to fit (``fit_dead_letter``), never retried as it is; an authorisation or
 configuration error makes the loop not live (``LoopState.fatal``), with one log
-line naming the topic.
+line naming the topic. A refusal that breaks the idempotent producer's
+sequence numbers on a partition (a record the broker refused as too large, then
+``OutOfOrderSequenceNumber`` for every later one) replaces the producer
+(``ProducerPort.reset``) instead of stopping the loop.
 """
 
 from __future__ import annotations
@@ -73,9 +82,12 @@ _NO_ACCESS = (
     SaslAuthenticationFailed,
     AuthenticationFailedError,
     InvalidTopicError,
-    OutOfOrderSequenceNumber,  # the idempotent producer is broken for good
     ProducerFenced,
 )
+# aiokafka's idempotent producer does not recover from these on its own: after the broker
+# refuses a batch as too large, every later batch to that partition is refused as out of
+# order. A fresh producer (a new producer id) starts the sequence again.
+_BREAKS_PRODUCER = (*_TOO_LARGE, OutOfOrderSequenceNumber)
 
 
 def classify(exc: BaseException, topic: str) -> BrokerError:
@@ -135,21 +147,26 @@ class Publisher:
         # bytes one record may take per destination: the producer's request limit, the
         # DLQ topic's max.message.bytes; lowered to each topic's own setting at start
         request_limit = request_size_bytes(max_message_bytes)
-        self.limits = {d: request_limit for d in Destination}
-        self.limits[Destination.DLQ] = max_message_bytes
+        self._configured = {d: request_limit for d in Destination}
+        self._configured[Destination.DLQ] = max_message_bytes
+        self.limits = dict(self._configured)
         self._rng = random.Random()  # noqa: S311 - backoff jitter (instances out of step)
-        self._in_flight: deque[asyncio.Task[None]] = deque()
+        self._in_flight: deque[asyncio.Task[bool]] = deque()
         self._max_in_flight = in_flight
+        self._producer_generation = 0  # bumped by every producer reset
+        self._reset_lock = asyncio.Lock()
 
-    async def read_topic_limits(self) -> None:
-        """Lower ``limits`` to each output topic's own ``max.message.bytes``."""
+    async def read_topic_limits(self) -> dict[str, int]:
+        """Lower ``limits`` to each output topic's own ``max.message.bytes``; returns those
+        the broker told (empty when it could not be asked)."""
         own = await self.producer.topic_limits(self.destinations.values())
         if not own:
-            return
+            return {}
         for dest, topic in self.destinations.items():
-            if topic in own:
-                self.limits[dest] = min(self.limits[dest], own[topic])
+            if topic in own:  # read again after a refusal: a limit raised since counts too
+                self.limits[dest] = min(self._configured[dest], own[topic])
         log.info("record limits per output topic: %s", self.limits)
+        return own
 
     async def emit(self, step: Step, *, retry: bool = True) -> None:
         """Publish a step's outputs (retrying until confirmed), then finish its inputs.
@@ -161,11 +178,13 @@ class Publisher:
         An output too large for its topic is replaced by a dead letter that fits.
         """
         outputs = [self._fitted(out) for out in step.outputs]
+        generation = self._producer_generation
         if self._pipelined and len(outputs) > 1:
             sent, failed = await self._send_all(outputs)
         else:
             sent, failed = [], [(out, None) for out in outputs]
-        await self._finish(step, sent, failed, retry=retry)
+        before = self._in_flight[-1] if self._in_flight else None
+        await self._finish(step, sent, failed, generation, retry=retry, after=before)
 
     async def submit(self, step: Step) -> None:
         """Hand a step's outputs to the producer and return; it is finished once confirmed.
@@ -183,9 +202,16 @@ class Publisher:
         while len(self._in_flight) >= self._max_in_flight:
             await asyncio.wait({self._in_flight[0]})
             self._reap()
+        generation = self._producer_generation
         sent, failed = await self._send_all([self._fitted(out) for out in step.outputs])
-        confirming = asyncio.create_task(self._finish(step, sent, failed, retry=True))
+        before = self._in_flight[-1] if self._in_flight else None
+        confirming = asyncio.create_task(
+            self._finish(step, sent, failed, generation, retry=True, after=before)
+        )
         self._in_flight.append(confirming)
+        if failed:  # retried before any later step goes out: the order of outputs holds
+            await asyncio.wait({confirming})
+            self._reap()
 
     @property
     def in_flight(self) -> int:
@@ -248,31 +274,89 @@ class Publisher:
         failed: list[_Failed] = []
         for out in outputs:
             span = self.telemetry.before_publish(out, self.destinations[out.destination])
+            if failed:  # nothing overtakes an output to be retried: it goes after it, in order
+                failed.append((out, span))
+                continue
             try:
                 confirmation = await self.send_output(out)
-            except (KafkaError, TimeoutError):
+            except (KafkaError, TimeoutError) as exc:
+                log.warning("handing an output for %s over failed (%r); retrying in order",
+                            self.destinations[out.destination], exc)  # fmt: skip
                 failed.append((out, span))
                 continue
             sent.append((out, span, confirmation))
         return sent, failed
 
     async def _finish(
-        self, step: Step, sent: list[_Sent], failed: list[_Failed], *, retry: bool
-    ) -> None:
-        """Await the confirmations, retry what failed one by one, then finish the inputs."""
+        self,
+        step: Step,
+        sent: list[_Sent],
+        failed: list[_Failed],
+        generation: int,
+        *,
+        retry: bool,
+        after: asyncio.Task[bool] | None = None,
+    ) -> bool:
+        """Await the confirmations, retry what failed one by one (in the step's order),
+        then finish the inputs once the step before (``after``) has finished its own.
+
+        False when it gave up (stopping, ``retry=False``, or the step before gave up):
+        the inputs stay pending and are read again.
+        """
         results = await asyncio.gather(*(c for _, _, c in sent), return_exceptions=True)
+        unconfirmed: list[_Failed] = []
         for (out, span, _), result in zip(sent, results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, KafkaError | TimeoutError):
                     raise result
-                failed.append((out, span))
+                topic = self.destinations[out.destination]
+                log.warning("publish to %s not confirmed (%r); retrying", topic, result)
+                if isinstance(result, _BREAKS_PRODUCER):
+                    await self._reset_producer(generation, result, topic)
+                unconfirmed.append((out, span))
             else:
                 self.telemetry.after_publish(span, result)
-        for out, span in failed:
+        for out, span in unconfirmed + failed:  # sent ones came first in the step
             if not await self._publish_one(out, span, retry=retry):
-                return
+                return False
+        if after is not None and not await self._finished(after):
+            return False
         for ref in step.done:
             self.tracker.done(ref.tp, ref.offset)
+        return True
+
+    @staticmethod
+    async def _finished(step: asyncio.Task[bool]) -> bool:
+        """Whether an earlier step finished its inputs (its failure is logged by ``_reap``)."""
+        try:
+            return await asyncio.shield(step)
+        except asyncio.CancelledError:
+            if step.cancelled():
+                return False
+            raise  # this step itself is being cancelled
+        except Exception:  # noqa: BLE001 - the earlier step's own error, logged where it ended
+            return False
+
+    async def _reset_producer(self, generation: int, error: BaseException, topic: str) -> None:
+        """Replace the producer after ``error`` broke its sequence on a partition of ``topic``
+        (once per breakage: ``generation`` is the producer the failed send went through).
+
+        A broker-side size refusal also means the topic's limit is not what was read at
+        start: it is read again, so records over it are dead-lettered before sending, and
+        the new producer's batches stay within the smallest limit.
+        """
+        async with self._reset_lock:
+            if generation != self._producer_generation:
+                return  # another task has replaced that producer already
+            log.warning(
+                "replacing the producer: %s on %s (%r) leaves its sequence broken",
+                type(error).__name__, topic, error,
+            )  # fmt: skip
+            own = await self.read_topic_limits() if isinstance(error, _TOO_LARGE) else {}
+            await self.producer.reset(min(own.values()) if own else None)
+            self._producer_generation += 1
+            self.state.producer_resets += 1
+            self.telemetry.producer_resets.add(1)
 
     async def _publish_one(self, out: Output, span: Any, *, retry: bool) -> bool:
         """Publish and await confirmation; False when giving up (stopping, or ``retry=False``).
@@ -287,10 +371,27 @@ class Publisher:
         if span is None:
             span = self.telemetry.before_publish(out, topic)
         attempt = 0
+        refused_as_is = False
         while True:
+            fitted = self._fitted(out)  # limits read again after a refusal may no longer hold it
+            if fitted is not out and out.destination is not Destination.DLQ:
+                self.telemetry.dead_letters.add(1, {"reason": "output-too-large"})
+            out = fitted
+            generation = self._producer_generation
+            handed_over = False
             try:
-                metadata = await (await self.send_output(out))
+                confirmation = await self.send_output(out)
+                handed_over = True
+                metadata = await confirmation
             except (KafkaError, TimeoutError, GuardrailError) as exc:
+                broker_refused = handed_over and isinstance(exc, _TOO_LARGE)
+                if broker_refused or isinstance(exc, OutOfOrderSequenceNumber):
+                    await self._reset_producer(generation, exc, topic)
+                if broker_refused and not refused_as_is and self._fits(out):
+                    # refused in a batch with others, or under a limit read before it was
+                    # lowered (the limits are read again now): once more, on its own
+                    refused_as_is = True
+                    continue
                 error = classify(exc, topic)
                 if error.dead_letter:
                     try:
@@ -314,12 +415,20 @@ class Publisher:
                 self.telemetry.after_publish(span, metadata)
                 return True
 
+    def _fits(self, out: Output) -> bool:
+        """An output (not a dead letter) within its topic's limit as now known."""
+        if out.destination is Destination.DLQ:
+            return False  # a refused dead letter is cut down (``_smaller``)
+        return record_size(out.key, out.value, out.headers) <= self.limits[out.destination]
+
     def _smaller(self, out: Output, error: GuardrailError) -> Output:
         """After a too-large refusal: the dead letter to try instead (half the size, at most)."""
         size = record_size(out.key, out.value, out.headers)
         if out.destination is not Destination.DLQ:
             assert isinstance(error, RecordTooLargeError)  # noqa: S101 - dead_letter errors
-            return self._fitted(self._undeliverable(out, error))
+            letter = self._fitted(self._undeliverable(out, error))
+            self.telemetry.dead_letters.add(1, {"reason": "output-too-large"})
+            return letter
         if size // 2 < MIN_DLQ_BYTES:
             dlq = self.destinations[Destination.DLQ]
             raise BrokerAccessError(

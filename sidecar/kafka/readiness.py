@@ -51,6 +51,7 @@ class LoopState:
     publish_retries: int = 0
     truncated_dead_letters: int = 0
     undeliverable_outputs: int = 0  # outputs too large for their topic, dead-lettered instead
+    producer_resets: int = 0  # producers replaced after a refusal broke their sequence numbers
     publish_failing_since: float | None = None  # monotonic s: the output being retried first failed
     publish_stall_s: float = PUBLISH_STALL_S
     fatal: str | None = None  # why no retry can help (authorisation, configuration)

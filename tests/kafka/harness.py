@@ -18,7 +18,7 @@ from faststream.kafka.annotations import KafkaMessage
 from sidecar.config import Settings
 from sidecar.kafka.app import SidecarService
 from sidecar.kafka.topics import create_topics
-from sidecar.pipeline.ports import Policy
+from sidecar.pipeline.ports import Policy, SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from sidecar.telemetry import Telemetry
@@ -107,11 +107,11 @@ class RealHarness:
         settings: Settings,
         telemetry: Telemetry | None = None,
         policy: Policy | None = None,
+        signals: SignalSuite | None = None,
     ) -> None:
         self.settings = settings
-        self.service = SidecarService(
-            settings, Processor(settings, policy or PlaceholderPolicy()), telemetry=telemetry
-        )
+        processor = Processor(settings, policy or PlaceholderPolicy(), signals=signals)
+        self.service = SidecarService(settings, processor, telemetry=telemetry)
         self.producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka.bootstrap_servers, acks="all"
         )
@@ -176,10 +176,13 @@ async def memory_harness(
 
 @asynccontextmanager
 async def real_harness(
-    settings: Settings, telemetry: Telemetry | None = None, policy: Policy | None = None
+    settings: Settings,
+    telemetry: Telemetry | None = None,
+    policy: Policy | None = None,
+    signals: SignalSuite | None = None,
 ) -> AsyncIterator[RealHarness]:
     await create_topics(settings)
-    h = RealHarness(settings, telemetry, policy)
+    h = RealHarness(settings, telemetry, policy, signals)
     await h.producer.start()
     await h.consumer.start()
     await h.service.start()

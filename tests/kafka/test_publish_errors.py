@@ -79,7 +79,7 @@ async def request(
         (MessageSizeTooLargeError(), "dead-letter"),
         (RecordTooLargeError(), "dead-letter"),
         (TopicAuthorizationFailedError("rag.verdicts"), "fatal"),
-        (OutOfOrderSequenceNumber(), "fatal"),
+        (OutOfOrderSequenceNumber(), "retry"),  # after a producer reset (Publisher)
     ],
 )
 def test_errors_are_classified_by_kind(exc: BaseException, kind: str) -> None:

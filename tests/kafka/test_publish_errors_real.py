@@ -3,7 +3,10 @@
 Bounds stated here: readiness goes false within the request timeout (the
 producer's metadata wait) + ``PUBLISH_STALL_S`` + 5 s of slack, and the log
 names the topic; a verdict too large for its topic is dead-lettered
-(``output-too-large``) and the loop moves on.
+(``output-too-large``) and the loop moves on, also when the topic's limit was
+lowered after start (the broker's refusal breaks aiokafka's idempotent
+producer on that partition: it is replaced); verdicts that each fit their topic
+are never refused as a batch.
 """
 
 from __future__ import annotations
@@ -12,13 +15,18 @@ import logging
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from sidecar.contracts.events import DeadLetterRecord
 from sidecar.kafka.readiness import PUBLISH_STALL_S
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
+from sidecar.pipeline.deadletters import record_size
+from sidecar.pipeline.ports import SignalSuite
 from tests.conftest import EventFactory, dumps
+from tests.fakes import ThresholdCertifier
 from tests.kafka.harness import real_harness, settings_for, wait_until
+from tests.pipeline.test_signal_wiring import SentenceChecker
 
 pytestmark = pytest.mark.connected
 
@@ -82,4 +90,108 @@ async def test_a_verdict_too_large_for_its_topic_goes_to_the_dlq(
         assert record.reason == "output-too-large"
         assert record.source_topic == t.verdicts
         assert h.service.state.publishing  # one record's problem, not the loop's
+        await wait_until(lambda: h.service.tracker.pending_count() == 0, 20, "inputs finished")
+
+
+async def _create_topic(bootstrap: str, topic: str, max_message_bytes: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(topic, 1, 1, topic_configs={"max.message.bytes": str(max_message_bytes)})]
+        )
+    finally:
+        await admin.close()
+
+
+async def test_claim_verdicts_that_each_fit_their_topic_are_not_refused_as_a_batch(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """The broker checks ``max.message.bytes`` per record batch: with the producer's
+    256 KiB batches, one answer's claim verdicts (~360 bytes each) on a 4 KiB topic went
+    out in one batch and were refused together, and the producer then refused everything
+    on that partition (``OutOfOrderSequenceNumber``: not live). Batches now stay within
+    the smallest output topic's limit."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    t = settings.topics
+    limit = 4096
+    await _create_topic(settings.kafka.bootstrap_servers, t.claims, limit)
+    sentences = 12
+    answer = " ".join(f"Mary Shelley wrote chapter {i} of the novel." for i in range(sentences))
+    signals = SignalSuite(certifier=ThresholdCertifier(), claims=SentenceChecker())
+    async with real_harness(settings, signals=signals) as h:
+        # one claim first: with the claims topic's metadata known, handing the next
+        # answer's claim verdicts over never waits, so they go out in one batch
+        await h.publish(t.retrieval, dumps(retrieval_event("req-warm")), b"req-warm")
+        await h.publish(t.generation, dumps(final_event("req-warm")), b"req-warm")
+        await h.collect(t.verdicts, 1, timeout_s=30)
+        await h.publish(t.retrieval, dumps(retrieval_event("req-many")), b"req-many")
+        await h.publish(t.generation, dumps(final_event("req-many", answer=answer)), b"req-many")
+        claims = await h.collect(t.claims, sentences + 1, timeout_s=60)
+        verdicts = await h.collect(t.verdicts, 2, timeout_s=30)
+        assert len(claims) == sentences + 1 and len(verdicts) == 2
+        assert sum(len(c.value) for c in claims) > limit  # one batch could not hold them
+        assert max(len(c.value) for c in claims) < limit
+        assert h.received[t.dlq] == []
+        assert h.service.state.live and h.service.state.producer_resets == 0
+
+
+async def test_a_limit_lowered_after_start_costs_the_record_over_it_not_the_partition(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """The limit read at start no longer holds: the broker refuses one verdict. It is
+    dead-lettered; the verdicts after it, on the same partition, are published (before,
+    every later one was refused as ``OutOfOrderSequenceNumber`` and the loop went not live).
+
+    Sizes come from the request ids, which the verdict carries in its key and body: the
+    first verdict's record (an upper bound of its batch) sets the new limit, a
+    128-character id is ~240 bytes over it, 8-character ids are ~60 bytes under it.
+    """
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    t = settings.topics
+    async with real_harness(settings) as h:
+
+        async def request(rid: str) -> None:
+            await h.publish(t.retrieval, dumps(retrieval_event(rid)), rid.encode())
+            await h.publish(t.generation, dumps(final_event(rid)), rid.encode())
+
+        await request("req-first-" + "f" * 30)
+        [first] = await h.collect(t.verdicts, 1, timeout_s=30)
+        headers = [(k, v) for k, v in first.headers.items()]
+        lowered = record_size(first.key, first.value, headers)  # an upper bound of its batch
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+        await admin.start()
+        try:
+            await admin.alter_configs(
+                [
+                    ConfigResource(
+                        ConfigResourceType.TOPIC,
+                        t.verdicts,
+                        configs={"max.message.bytes": str(lowered)},
+                    )
+                ]
+            )
+        finally:
+            await admin.close()
+        big = "req-big-" + "b" * 120
+        await request(big)
+        after = [f"req-a{i:03d}" for i in range(5)]
+        for rid in after:
+            await request(rid)
+        verdicts = await h.collect(t.verdicts, 6, timeout_s=60)
+        letters = await h.collect(t.dlq, 1, timeout_s=30)
+        assert len(letters) == 1, [
+            (d.key, DeadLetterRecord.from_headers(d.headers).reason, len(d.value)) for d in letters
+        ] + [lowered, [(v.key, len(v.value)) for v in verdicts]]
+        [dead] = letters
+        assert DeadLetterRecord.from_headers(dead.headers).reason == "output-too-large"
+        assert dead.key == big.encode()
+        assert sorted(v.key or b"" for v in verdicts[1:]) == [rid.encode() for rid in after]
+        assert h.service.state.live and h.service.state.producer_resets >= 1
         await wait_until(lambda: h.service.tracker.pending_count() == 0, 20, "inputs finished")

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Iterable
 from typing import Any
 
 import pytest
-from aiokafka.errors import KafkaTimeoutError
+from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, OutOfOrderSequenceNumber
 
 from sidecar.config import KafkaSettings
 from sidecar.kafka.clients import AiokafkaProducerPort, Headers
@@ -30,7 +30,12 @@ class HeldProducer:
 
     def __init__(self) -> None:
         self.sent: list[bytes] = []
+        self.topics: list[str] = []
         self.confirmations: list[asyncio.Future[object]] = []
+        self.refuse_send: set[bytes] = set()  # values whose next send raises (once each)
+        self.own_limits: dict[str, int] = {}  # what topic_limits reports
+        self.resets = 0
+        self.reset_batches: list[int | None] = []
 
     async def start(self) -> None:
         return None
@@ -41,15 +46,25 @@ class HeldProducer:
     async def send(
         self, topic: str, value: bytes, key: bytes | None, headers: Headers
     ) -> Awaitable[Any]:
-        del topic, key, headers
+        del key, headers
+        if value in self.refuse_send:
+            self.refuse_send.discard(value)
+            raise KafkaTimeoutError("buffer full")
         self.sent.append(value)
+        self.topics.append(topic)
         confirmation: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self.confirmations.append(confirmation)
         return confirmation
 
     async def topic_limits(self, topics: Iterable[str]) -> dict[str, int]:
-        del topics
-        return {}
+        return {t: n for t, n in self.own_limits.items() if t in set(topics)}
+
+    async def limit_batches(self, max_bytes: int) -> None:
+        del max_bytes
+
+    async def reset(self, max_batch_bytes: int | None = None) -> None:
+        self.resets += 1
+        self.reset_batches.append(max_batch_bytes)
 
     def confirm(self, index: int) -> None:
         self.confirmations[index].set_result(None)
@@ -78,12 +93,18 @@ def publisher(
     )
 
 
-def step(offset: int, outputs: int = 2) -> Step:
-    """The step of one consumed record (``offset``) with ``outputs`` verdicts."""
+def step(offset: int, outputs: int = 2, *, finishes: bool = True) -> Step:
+    """The step of one consumed record (``offset``) with ``outputs`` verdicts.
+
+    ``finishes=False``: a step that finishes no input (a streamed claim verdict's: its
+    request's inputs are finished by the answer verdict's step).
+    """
     values = [f"{offset}.{i}".encode() for i in range(outputs)]
     return Step(
         outputs=[Output(Destination.VERDICTS, b"k", v, []) for v in values],
-        done=[InputRef(topic=TP[0], partition=TP[1], offset=offset, headers=())],
+        done=[InputRef(topic=TP[0], partition=TP[1], offset=offset, headers=())]
+        if finishes
+        else [],
     )
 
 
@@ -159,6 +180,117 @@ async def test_a_failed_confirmation_is_retried_before_the_inputs_are_finished()
     producer.confirm(2)
     assert await pub.settle(timeout_s=1.0)
     assert tracker.pending_count() == 0
+
+
+async def test_no_step_finishes_its_inputs_while_an_earlier_step_is_being_retried() -> None:
+    """A streamed claim verdict's step finishes no input; the answer verdict's step after it
+    finishes the request's. If the answer verdict is confirmed while the claim verdict is
+    still being retried, committing the request's offsets would lose the claim verdict to a
+    crash: the later step waits for the earlier one."""
+    producer, tracker = HeldProducer(), consumed(OffsetTracker(), range(1))
+    pub = publisher(producer, tracker, pipelined=True)
+    await pub.submit(step(0, outputs=1, finishes=False))  # the claim verdict
+    await pub.submit(step(0, outputs=1))  # the answer verdict: finishes offset 0
+    producer.confirmations[0].set_exception(KafkaTimeoutError())
+    producer.confirm(1)  # the answer verdict is through
+    await settled()
+    assert producer.sent == [b"0.0", b"0.0", b"0.0"]  # the claim verdict sent again
+    assert tracker.pending_count() == 1  # offset 0 is not finished: nothing to commit
+    assert tracker.committable() in ({}, {TP: 0})
+    producer.confirm(2)
+    assert await pub.settle(timeout_s=1.0)
+    assert tracker.pending_count() == 0 and tracker.low_water(TP) == 1
+
+
+async def test_a_step_that_gives_up_leaves_the_later_steps_inputs_pending() -> None:
+    """Stopping while the earlier step retries: it gives up, and so does the later one."""
+    producer, tracker = HeldProducer(), consumed(OffsetTracker(), range(2))
+    pub = publisher(producer, tracker, pipelined=True)
+    await pub.submit(step(0, outputs=1, finishes=False))
+    await pub.submit(step(1, outputs=1))
+    pub._stopping.set()
+    producer.confirmations[0].set_exception(KafkaTimeoutError())
+    producer.confirm(1)
+    await settled()
+    producer.confirmations[2].set_exception(KafkaTimeoutError())  # its last try fails too
+    assert await pub.settle(timeout_s=1.0)
+    assert tracker.pending_count() == 2  # both re-read after the restart
+
+
+async def test_outputs_that_could_not_be_handed_over_go_out_in_order_before_later_steps() -> None:
+    producer, tracker = HeldProducer(), consumed(OffsetTracker(), range(2))
+    producer.refuse_send.add(b"0.0")  # the producer's buffer is full for the first output
+    pub = publisher(producer, tracker, pipelined=True)
+    first = asyncio.create_task(pub.submit(step(0)))
+    await settled()
+    assert producer.sent == [b"0.0"]  # retried first; 0.1 waits behind it, not before it
+    assert not first.done()  # and no later step is handed over meanwhile
+    producer.confirm(0)
+    await settled()
+    assert producer.sent == [b"0.0", b"0.1"]
+    producer.confirm(1)
+    await asyncio.wait_for(first, timeout=1.0)
+    await pub.submit(step(1))
+    assert producer.sent == [b"0.0", b"0.1", b"1.0", b"1.1"]
+
+
+async def test_an_out_of_order_refusal_replaces_the_producer_once_and_is_retried() -> None:
+    """aiokafka's idempotent producer does not recover from OutOfOrderSequenceNumber: every
+    later record to that partition is refused the same way (it used to stop the loop)."""
+    producer, tracker = HeldProducer(), consumed(OffsetTracker(), range(1))
+    pub = publisher(producer, tracker, pipelined=True)
+    await pub.submit(step(0))
+    producer.confirmations[0].set_exception(OutOfOrderSequenceNumber())
+    producer.confirmations[1].set_exception(OutOfOrderSequenceNumber())
+    await settled()
+    assert producer.resets == 1  # both came from the same producer: one reset
+    assert producer.sent[2:] == [b"0.0"]  # retried through the new one, in order
+    producer.confirm(2)
+    await settled()
+    producer.confirm(3)
+    assert await pub.settle(timeout_s=1.0)
+    assert tracker.pending_count() == 0
+    assert pub.state.live and pub.state.producer_resets == 1
+
+
+async def test_a_broker_size_refusal_resets_the_producer_and_reads_the_limits_again() -> None:
+    """The topic's limit was lowered after start: the broker refuses a record that passed the
+    limit read at start. The producer is replaced, the limits read again, and the record
+    goes to the DLQ without another refusal."""
+    producer, tracker = HeldProducer(), consumed(OffsetTracker(), range(1))
+    pub = publisher(producer, tracker, pipelined=True)
+    producer.own_limits = {"out.verdicts": 2}  # what describe_configs says now
+    await pub.submit(step(0, outputs=1))
+    producer.confirmations[0].set_exception(MessageSizeTooLargeError())
+    await settled()
+    assert producer.resets == 1 and pub.limits[Destination.VERDICTS] == 2
+    assert producer.reset_batches == [2]  # the new producer's batches within it
+    assert producer.topics == ["out.verdicts", "out.dlq"]  # dead-lettered, not sent again
+    producer.confirm(1)
+    assert await pub.settle(timeout_s=1.0)
+    assert tracker.pending_count() == 0 and pub.state.undeliverable_outputs == 1
+
+
+async def test_a_record_refused_with_its_batch_is_sent_again_not_dead_lettered() -> None:
+    """The broker checks the limit per batch: a record refused with others may fit on its
+    own. It is sent again as it is; refused twice more on its own, it is dead-lettered."""
+    producer, tracker = HeldProducer(), consumed(OffsetTracker(), range(2))
+    pub = publisher(producer, tracker, pipelined=True)
+    await pub.submit(step(0, outputs=1))
+    producer.confirmations[0].set_exception(MessageSizeTooLargeError())
+    await settled()
+    assert producer.topics == ["out.verdicts", "out.verdicts"]  # again, as it is
+    producer.confirm(1)
+    assert await pub.settle(timeout_s=1.0)
+    assert tracker.low_water(TP) == 1 and pub.state.undeliverable_outputs == 0
+    await pub.submit(step(1, outputs=1))  # this one is too large on its own as well
+    for k in (2, 3, 4):
+        producer.confirmations[k].set_exception(MessageSizeTooLargeError())
+        await settled()
+    assert producer.topics[2:] == ["out.verdicts"] * 3 + ["out.dlq"]
+    producer.confirm(5)
+    assert await pub.settle(timeout_s=1.0)
+    assert tracker.pending_count() == 0 and pub.state.undeliverable_outputs == 1
 
 
 async def test_none_in_flight_submit_returns_once_the_step_is_confirmed() -> None:
