@@ -89,12 +89,15 @@ from sidecar.telemetry_setup import TelemetrySetup
 __all__ = ["DURATION_BUCKETS_S", "SCOPE", "PublishHandle", "Telemetry"]
 
 MESSAGING_SYSTEM = "kafka"
+MAX_KEY_ATTRIBUTE_BYTES = 256  # messaging.kafka.message.key in spans
 
 
-def _carrier(headers: Iterable[tuple[str, bytes | str]]) -> dict[str, str]:
+def _carrier(headers: Iterable[tuple[str, bytes | str | None]]) -> dict[str, str]:
     """W3C trace context headers as text (the in-memory test broker hands text values)."""
     return {
-        k: v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v for k, v in headers
+        k: v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v
+        for k, v in headers
+        if v is not None  # a null header value (Kafka allows it)
     }
 
 
@@ -120,8 +123,14 @@ def _record_attributes(record: ConsumedRecord) -> dict[str, AttributeValue]:
         "messaging.kafka.offset": record.offset,
     }
     if record.key is not None:
-        attributes["messaging.kafka.message.key"] = record.key.decode("utf-8", errors="replace")
+        attributes["messaging.kafka.message.key"] = _key_text(record.key)
     return attributes
+
+
+def _key_text(key: bytes) -> str:
+    """A record key as a span attribute: text, at most ``MAX_KEY_ATTRIBUTE_BYTES`` of it (a
+    key is a request id of at most 128 characters; a hostile 1 MiB key stays out of spans)."""
+    return key[:MAX_KEY_ATTRIBUTE_BYTES].decode("utf-8", errors="replace")
 
 
 def _observed(
@@ -328,7 +337,7 @@ class Telemetry:
             "messaging.operation.name": "send",
         }
         if out.key is not None:
-            producing["messaging.kafka.message.key"] = out.key.decode("utf-8", errors="replace")
+            producing["messaging.kafka.message.key"] = _key_text(out.key)
         if record is None:  # a child of the consumer span, if any; headers untouched
             producer = self.tracer.start_span(
                 f"send {topic}", kind=SpanKind.PRODUCER, attributes=producing

@@ -39,6 +39,7 @@ from sidecar.kafka.intake import IntakeControl, Records, WorkQueue, measure_lag
 from sidecar.kafka.parsing import raw_decoder, tolerant_parser
 from sidecar.kafka.publish import Publisher, request_size_bytes
 from sidecar.kafka.readiness import BrokerProbe, LoopState
+from sidecar.kafka.records import input_headers, install_lenient_header_names
 from sidecar.kafka.security import faststream_security
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
 from sidecar.pipeline.flow import InputAligner
@@ -239,6 +240,7 @@ class SidecarService:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        install_lenient_header_names()  # before the consumer reads anything
         await self.broker.start()
         kafka = self.settings.kafka
         request_size = request_size_bytes(self.settings.topics.max_message_bytes)
@@ -392,7 +394,7 @@ class SidecarService:
                 topic=record.topic,
                 partition=record.partition,
                 offset=record.offset,
-                headers=tuple(record.headers or ()),
+                headers=input_headers(record.headers),
             )
             kind = self._kinds.get(record.topic)
             if kind is None:  # not ours (a pattern or misconfigured subscription)

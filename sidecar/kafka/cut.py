@@ -22,6 +22,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 
 TopicPartition = tuple[str, int]
+MAX_REQUEST_KEY_BYTES = 128  # contracts.common.RequestId: at most 128 ASCII characters
 
 
 class KeyIndex:
@@ -32,7 +33,9 @@ class KeyIndex:
         self._keys: dict[TopicPartition, dict[int, bytes]] = {}
 
     def note(self, topic: str, partition: int, offset: int, key: bytes | None) -> None:
-        if key is not None and topic in self._joined:
+        # a key longer than any request id is dead-lettered (key-mismatch), never joined:
+        # held here, 1 MiB keys would stay in memory outside every byte budget
+        if key is not None and len(key) <= MAX_REQUEST_KEY_BYTES and topic in self._joined:
             self._keys.setdefault((topic, partition), {})[offset] = key
 
     def __len__(self) -> int:

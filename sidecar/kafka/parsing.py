@@ -15,7 +15,8 @@ from typing import Any
 
 
 async def tolerant_parser(record: Any, original: Callable[[Any], Awaitable[Any]]) -> Any:
-    """FastStream's parser, but header values that are not UTF-8 do not kill the message.
+    """FastStream's parser, but header values that are not UTF-8, or null, do not kill
+    the message (in batch mode: the whole poll).
 
     ``record`` is one consumer record or, in batch mode, a tuple of them. FastStream
     decodes every header value as UTF-8; when one is not, it parses copies whose
@@ -24,7 +25,7 @@ async def tolerant_parser(record: Any, original: Callable[[Any], Awaitable[Any]]
     """
     try:
         return await original(record)
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, AttributeError):  # not UTF-8; a null value (None.decode)
         pass
     if isinstance(record, tuple | list):
         message = await original(tuple(_text_headers(r) for r in record))
@@ -38,7 +39,7 @@ def _text_headers(record: Any) -> Any:
     """A shallow copy of ``record`` whose header values decode as UTF-8 (for FastStream only)."""
     clone = copy.copy(record)
     clone.headers = [
-        (name, value.decode("utf-8", errors="replace").encode("utf-8"))
+        (name, (value or b"").decode("utf-8", errors="replace").encode("utf-8"))
         for name, value in record.headers or ()
     ]
     return clone

@@ -58,8 +58,11 @@ def dead_letter_output(
         failed_at=failed_at,
         sidecar_version=__version__,
     )
+    # an input's own x-dlq-* headers (in any case: X-DLQ-Reason) would read as ours
     headers = [
-        (name, value) for name, value in ref.headers if not name.startswith(DLQ_HEADER_PREFIX)
+        (name, value)
+        for name, value in ref.headers
+        if not name.lower().startswith(DLQ_HEADER_PREFIX)
     ]
     headers.extend(record.to_headers())
     return Output(destination=Destination.DLQ, key=key, value=raw or b"", headers=headers)

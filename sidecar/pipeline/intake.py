@@ -260,6 +260,10 @@ class Intake:
             raise InputError(
                 "untrusted-tenant", f"no {tenancy.header} header; the tenant must come from it"
             )
+        if len(set(values)) > 1:  # which one the trusted source set cannot be told
+            raise InputError(
+                "untrusted-tenant", f"{len(values)} {tenancy.header} headers that disagree"
+            )
         try:
             tenant = values[-1].decode("utf-8")
         except UnicodeDecodeError:

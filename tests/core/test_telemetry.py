@@ -5,6 +5,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from aiokafka import ConsumerRecord
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -25,7 +26,12 @@ from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination, Output, TraceRecord, verdict_attributes
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
-from sidecar.telemetry import DURATION_BUCKETS_S, Telemetry
+from sidecar.telemetry import (
+    DURATION_BUCKETS_S,
+    MAX_KEY_ATTRIBUTE_BYTES,
+    Telemetry,
+    _record_attributes,
+)
 from sidecar.telemetry_setup import (
     configure_from_env,
     describe_env,
@@ -310,3 +316,11 @@ def test_a_verdict_is_counted_once_whatever_its_reasons(
     assert verdicts == {("allow", "lenient"): 1, ("caveat", "strict"): 1}
     reasons = {p.attributes["reason"]: p.value for p in got["guardrail.verdict.reasons"]}
     assert reasons == {"a": 1, "b": 1, "c": 1}
+
+
+def test_a_record_key_in_a_span_is_cut_to_a_request_ids_size() -> None:
+    record: ConsumerRecord[bytes, bytes] = ConsumerRecord(
+        "t", 0, 7, 0, 0, b"k" * 1_000_000, b"{}", None, 1_000_000, 2, []
+    )
+    key = _record_attributes(record)["messaging.kafka.message.key"]
+    assert key == "k" * MAX_KEY_ATTRIBUTE_BYTES

@@ -129,3 +129,12 @@ def test_a_staircase_of_keys_is_cut_as_the_fixpoint_cuts_it() -> None:
     note(G, top, b"k0")  # the open half-request that holds generation's mark
     low = {(R, 0): top, (G, 0): top}
     assert keys.cut(low) == fixpoint_cut(placed, low) == {(R, 0): 2, (G, 0): 2}
+
+
+def test_a_key_longer_than_any_request_id_is_not_held() -> None:
+    """Such a record is dead-lettered (key-mismatch) and can join nothing: held, 1 MiB keys
+    would stay in memory while an open request holds the commit back."""
+    keys = KeyIndex((R, G))
+    keys.note(R, 0, 0, b"k" * 1_000_000)
+    keys.note(R, 0, 1, b"r" * 128)  # the longest request id
+    assert len(keys) == 1

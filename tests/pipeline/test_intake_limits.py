@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
@@ -243,6 +244,33 @@ def test_header_tenancy_scopes_requests_and_checks_every_event(
     ]
     [expired] = verdicts(p.on_tick(10_000_000.0))
     assert (expired.request_id, expired.tenant) == ("req-b", "a")
+
+
+@pytest.mark.parametrize("order", [("evil", "acme"), ("acme", "evil")])
+def test_tenant_headers_that_disagree_are_not_trusted(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    order: tuple[str, str],
+) -> None:
+    """Two x-tenant headers: which one the trusted source set cannot be told (the last one
+    used to win, so a client's copy after a proxy's own header chose the tenant)."""
+    p = processor(settings_factory, tenancy={"source": "header", "header": "x-tenant"})
+    both = InputRef("r", 0, 0, tuple(("x-tenant", t.encode()) for t in order))
+    event = dumps(retrieval_event("req-t", tenant="acme"))
+    assert reasons(p.on_message(R, event, None, both, 0.0)) == ["untrusted-tenant"]
+    same = InputRef("r", 0, 1, (("x-tenant", b"acme"), ("x-tenant", b"acme")))
+    assert reasons(p.on_message(R, event, None, same, 0.0)) == []  # agreeing copies are fine
+
+
+def test_an_input_header_spelled_like_ours_in_another_case_is_not_carried(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    p = processor(settings_factory)
+    spoof = InputRef("g", 0, 0, (("X-DLQ-Reason", b"none"), ("x-other", b"1")))
+    [dead] = p.on_message(G, b"{broken", b"req-x", spoof, 0.0).outputs
+    names = [k for k, _ in dead.headers]
+    assert "X-DLQ-Reason" not in names and "x-other" in names
+    assert DeadLetterRecord.from_headers(dead.headers).reason == "malformed-json"
 
 
 def test_halves_on_different_partition_numbers_are_counted(

@@ -1,0 +1,79 @@
+"""Consumed records whatever their headers hold: null values, names that are not UTF-8.
+
+Batches are built with aiokafka's own (pure-Python) builder, which writes a header
+name as whatever its ``encode()`` returns, as a Go or C producer may send it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka.record import default_records, memory_records
+
+from sidecar.kafka.records import LenientMemoryRecords, input_headers
+
+CODEC_NONE, CODEC_GZIP = 0, 1
+
+
+class RawName(str):
+    """A header name whose encoding is given bytes (``b"\\xff\\xfe-name"``: not UTF-8)."""
+
+    raw: bytes
+
+    def __new__(cls, raw: bytes) -> RawName:
+        name = super().__new__(cls, "x")
+        name.raw = raw
+        return name
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        del encoding, errors
+        return self.raw
+
+
+def batch(headers: list[list[tuple[str, bytes | None]]], codec: int = CODEC_NONE) -> bytes:
+    builder = default_records._DefaultRecordBatchBuilderPy(
+        magic=2,
+        compression_type=codec,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+    for offset, hs in enumerate(headers):
+        builder.append(offset, timestamp=None, key=b"k", value=f"v{offset}".encode(), headers=hs)
+    return bytes(builder.build())
+
+
+BAD = RawName(b"\xff\xfe-name")
+
+
+@pytest.mark.parametrize("codec", [CODEC_NONE, CODEC_GZIP])
+def test_a_header_name_that_is_not_utf8_costs_nothing_but_its_spelling(codec: int) -> None:
+    raw = batch([[("traceparent", b"00-a")], [(BAD, b"v"), ("x-tenant", b"acme")], []], codec)
+    with pytest.raises(UnicodeDecodeError):  # what aiokafka's own reader does with it
+        list(memory_records.MemoryRecords(raw).next_batch())
+    records = LenientMemoryRecords(raw)
+    assert records.has_next()
+    read = records.next_batch()
+    assert read.validate_crc()  # the rest is the fast reader's
+    got = list(read)
+    assert [r.offset for r in got] == [0, 1, 2]  # every record, once, in order
+    assert [r.value for r in got] == [b"v0", b"v1", b"v2"]
+    assert got[1].headers == [("\ufffd\ufffd-name", b"v"), ("x-tenant", b"acme")]
+    assert got[0].headers == [("traceparent", b"00-a")]
+    assert not records.has_next()
+
+
+def test_good_batches_are_read_by_the_fast_reader_unchanged() -> None:
+    raw = batch([[("a", b"1")], [("b", None)]])
+    fast = list(memory_records.MemoryRecords(raw).next_batch())
+    lenient = list(LenientMemoryRecords(raw).next_batch())
+    assert [(r.offset, r.key, r.value, r.headers) for r in lenient] == [
+        (r.offset, r.key, r.value, r.headers) for r in fast
+    ]
+    assert type(lenient[0]) is type(fast[0])  # the C reader's records: no slow path
+
+
+def test_null_header_values_become_empty_bytes() -> None:
+    assert input_headers([("a", None), ("b", b"x")]) == (("a", b""), ("b", b"x"))
+    assert input_headers(None) == ()
