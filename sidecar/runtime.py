@@ -317,8 +317,13 @@ class _Started:
         }
 
     def liveness(self) -> dict[str, bool]:
-        service = self.service
-        return {"no_fatal_publish_error": service is None or service.state.live}
+        """Each check the pod restarts for: a publish error retrying cannot fix; a consume
+        task that keeps failing (``ConsumerWatch``)."""
+        state = self.service.state if self.service is not None else None
+        return {
+            "no_fatal_publish_error": state is None or state.fatal is None,
+            "consumer_not_failing": state is None or state.consumer_failing is None,
+        }
 
 
 async def _reach_kafka(settings: Settings, stop: asyncio.Event) -> dict[str, int] | None:

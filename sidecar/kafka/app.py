@@ -38,7 +38,7 @@ from sidecar.kafka.cut import KeyIndex
 from sidecar.kafka.intake import IntakeControl, Records, WorkQueue, measure_lag
 from sidecar.kafka.parsing import raw_decoder, tolerant_parser
 from sidecar.kafka.publish import Publisher, request_size_bytes
-from sidecar.kafka.readiness import BrokerProbe, LoopState
+from sidecar.kafka.readiness import BrokerProbe, ConsumerWatch, LoopState
 from sidecar.kafka.records import input_headers, install_lenient_header_names
 from sidecar.kafka.security import faststream_security
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
@@ -119,6 +119,7 @@ class SidecarService:
         }
         self.committer = Committer(self.tracker, self.keys, self.state)
         self.probe = BrokerProbe(self.state, (topics.retrieval, topics.generation, topics.feedback))
+        self.consumer_watch = ConsumerWatch(self.state)
         self.publisher = Publisher(
             self.clients.producer,
             {
@@ -438,6 +439,7 @@ class SidecarService:
     async def _ticks(self, interval: float) -> None:
         while not self._stopping.is_set():
             await asyncio.sleep(interval)
+            self.consumer_watch.check(getattr(self.subscriber, "tasks", None))
             try:
                 await self.align()
                 wall = _monotonic_ms()

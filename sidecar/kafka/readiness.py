@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka.errors import KafkaError
 
@@ -52,6 +54,8 @@ class LoopState:
     truncated_dead_letters: int = 0
     undeliverable_outputs: int = 0  # outputs too large for their topic, dead-lettered instead
     producer_resets: int = 0  # producers replaced after a refusal broke their sequence numbers
+    consumer_failures: int = 0  # consume tasks that ended in an exception (ConsumerWatch)
+    consumer_failing: str | None = None  # why the consume task keeps failing: not live
     publish_failing_since: float | None = None  # monotonic s: the output being retried first failed
     publish_stall_s: float = PUBLISH_STALL_S
     fatal: str | None = None  # why no retry can help (authorisation, configuration)
@@ -66,8 +70,53 @@ class LoopState:
 
     @property
     def live(self) -> bool:
-        """For liveness: false after a fatal publish error (a restart with the cause logged)."""
-        return self.fatal is None
+        """For liveness: false after a fatal publish error, or while the consume task keeps
+        failing (a restart with the cause logged)."""
+        return self.fatal is None and self.consumer_failing is None
+
+
+CONSUMER_FAILURES_FATAL = 10  # consume tasks ending in an exception within the window
+CONSUMER_FAILURE_WINDOW_S = 30.0
+
+
+class ConsumerWatch:
+    """The consume task's failures: FastStream restarts a consume task that raised.
+
+    A record aiokafka cannot read (a header name that was not UTF-8 did this until
+    ``sidecar.kafka.records``) raises out of every fetch: the task was restarted
+    hundreds of times a second, nothing was read again, the dead tasks piled up in
+    memory, and the loop looked ready. ``check`` (every tick) drops the dead tasks
+    from the subscriber's list, counts them in ``LoopState.consumer_failures``, and
+    ``CONSUMER_FAILURES_FATAL`` within ``CONSUMER_FAILURE_WINDOW_S`` make the loop
+    not live, with one log line naming the error: a restart that shows, not a spin.
+    """
+
+    def __init__(self, state: LoopState, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.state = state
+        self._clock = clock
+        self._recent: deque[float] = deque()
+
+    def check(self, tasks: list[asyncio.Task[Any]] | None) -> None:
+        if not tasks:
+            return
+        dead = [t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None]
+        if not dead:
+            return
+        now = self._clock()
+        for task in dead:
+            tasks.remove(task)
+            self._recent.append(now)
+        self.state.consumer_failures += len(dead)
+        while self._recent and now - self._recent[0] > CONSUMER_FAILURE_WINDOW_S:
+            self._recent.popleft()
+        error = dead[-1].exception()
+        log.warning("the consume task failed %d time(s): %r", len(dead), error)
+        if len(self._recent) >= CONSUMER_FAILURES_FATAL and self.state.consumer_failing is None:
+            self.state.consumer_failing = (
+                f"the consumer failed {len(self._recent)} times within "
+                f"{CONSUMER_FAILURE_WINDOW_S:.0f}s: {error!r}"
+            )
+            log.error("FATAL %s; not live until restarted", self.state.consumer_failing)
 
 
 class BrokerProbe:
