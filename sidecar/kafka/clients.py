@@ -178,8 +178,13 @@ class AiokafkaProducerPort:
     async def reset(self, max_batch_bytes: int | None = None) -> None:
         if max_batch_bytes is not None:
             self._sizes["max_batch_size"] = min(self._sizes["max_batch_size"], max_batch_bytes)
-        old, self._producer = self._producer, self._new()
-        await self._producer.start()
+        fresh = self._new()
+        try:
+            await fresh.start()
+        except BaseException:
+            await fresh.stop()
+            raise  # the old producer stays: the caller tries again on the next failure
+        old, self._producer = self._producer, fresh
         # the old one flushes in the background: its records on the broken partition fail
         # their confirmations and are sent again through the new one
         retiring = asyncio.create_task(old.stop(), name="retire-producer")

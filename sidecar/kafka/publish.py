@@ -319,7 +319,7 @@ class Publisher:
         for out, span in unconfirmed + failed:  # sent ones came first in the step
             if not await self._publish_one(out, span, retry=retry):
                 return False
-        if after is not None and not await self._finished(after):
+        if step.done and after is not None and not await self._finished(after):
             return False
         for ref in step.done:
             self.tracker.done(ref.tp, ref.offset)
@@ -353,7 +353,11 @@ class Publisher:
                 type(error).__name__, topic, error,
             )  # fmt: skip
             own = await self.read_topic_limits() if isinstance(error, _TOO_LARGE) else {}
-            await self.producer.reset(min(own.values()) if own else None)
+            try:
+                await self.producer.reset(min(own.values()) if own else None)
+            except (KafkaError, OSError, TimeoutError) as exc:  # the next failure tries again
+                log.warning("replacing the producer failed (%r); the old one stays", exc)
+                return
             self._producer_generation += 1
             self.state.producer_resets += 1
             self.telemetry.producer_resets.add(1)

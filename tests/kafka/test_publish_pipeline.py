@@ -11,7 +11,12 @@ from collections.abc import Awaitable, Iterable
 from typing import Any
 
 import pytest
-from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, OutOfOrderSequenceNumber
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
+)
 
 from sidecar.config import KafkaSettings
 from sidecar.kafka.clients import AiokafkaProducerPort, Headers
@@ -36,6 +41,7 @@ class HeldProducer:
         self.own_limits: dict[str, int] = {}  # what topic_limits reports
         self.resets = 0
         self.reset_batches: list[int | None] = []
+        self.failing_resets = 0  # resets that raise before one succeeds
 
     async def start(self) -> None:
         return None
@@ -63,6 +69,9 @@ class HeldProducer:
         del max_bytes
 
     async def reset(self, max_batch_bytes: int | None = None) -> None:
+        if self.failing_resets:
+            self.failing_resets -= 1
+            raise KafkaConnectionError("cannot start a producer")
         self.resets += 1
         self.reset_batches.append(max_batch_bytes)
 
@@ -251,6 +260,25 @@ async def test_an_out_of_order_refusal_replaces_the_producer_once_and_is_retried
     assert await pub.settle(timeout_s=1.0)
     assert tracker.pending_count() == 0
     assert pub.state.live and pub.state.producer_resets == 1
+
+
+async def test_a_producer_that_cannot_be_replaced_is_replaced_on_the_next_failure() -> None:
+    producer, tracker = HeldProducer(), consumed(OffsetTracker(), range(1))
+    producer.failing_resets = 1
+    pub = publisher(producer, tracker, pipelined=True)
+    await pub.submit(step(0, outputs=1))
+    producer.confirmations[0].set_exception(OutOfOrderSequenceNumber())
+    await settled()
+    assert producer.resets == 0 and pub.state.producer_resets == 0  # the old one stays
+    producer.confirmations[1].set_exception(OutOfOrderSequenceNumber())
+    for _ in range(40):  # the retry waits its backoff (at most 0.1 s) first
+        if len(producer.confirmations) > 2:
+            break
+        await asyncio.sleep(0.01)
+    assert producer.resets == 1 and pub.state.producer_resets == 1
+    producer.confirm(2)
+    assert await pub.settle(timeout_s=1.0)
+    assert tracker.pending_count() == 0
 
 
 async def test_a_broker_size_refusal_resets_the_producer_and_reads_the_limits_again() -> None:
