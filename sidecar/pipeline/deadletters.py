@@ -20,6 +20,9 @@ from sidecar.exceptions import InputError, RecordTooLargeError
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination, Header, Output
 
+# kept first when a dead letter's headers are cut (its trace goes on)
+_TRACE_FIRST = frozenset({"traceparent", "tracestate"})
+
 __all__ = [
     "BATCH_OVERHEAD_BYTES",
     "dead_letter_output",
@@ -111,8 +114,10 @@ def fit_dead_letter(out: Output, max_bytes: int, why: str) -> Output:
 
     The truncated copy keeps its ``x-dlq-*`` headers (the detail cut if need be),
     the key (up to ``MAX_DLQ_KEY_BYTES``), the original headers that fit into half
-    of what is left (whole, in order; the others are named in
-    ``x-dlq-dropped-headers``) and the first bytes of the value; it adds
+    of what is left (whole, in order, the W3C trace headers chosen first so that
+    junk before them cannot push them out; the others are named in
+    ``x-dlq-dropped-headers``, with how many did not fit the list) and the first
+    bytes of the value; it adds
     ``x-dlq-truncated: true``, ``x-dlq-original-size``, ``x-dlq-original-sha256``
     and ``x-dlq-truncated-reason`` (``why``). Raises ``RecordTooLargeError`` when not
     even the ``x-dlq-*`` headers fit (a DLQ limit far below any sane setting).
@@ -133,17 +138,17 @@ def fit_dead_letter(out: Output, max_bytes: int, why: str) -> Output:
     own = _fit_detail(own, max_bytes - reserve - record_size(key, b"", marks), out)
     fixed = record_size(key, b"", own + marks) + reserve
     header_budget = (max_bytes - fixed) // 2
-    kept: list[Header] = []
-    dropped: list[str] = []
-    for name, value in original:
+    keep: set[int] = set()
+    for i in sorted(range(len(original)), key=lambda i: original[i][0] not in _TRACE_FIRST):
+        name, value = original[i]
         cost = HEADER_OVERHEAD_BYTES + len(name.encode("utf-8")) + len(value)
         if cost <= header_budget:
-            kept.append((name, value))
+            keep.add(i)
             header_budget -= cost
-        else:
-            dropped.append(name)
+    kept = [h for i, h in enumerate(original) if i in keep]
+    dropped = [h[0] for i, h in enumerate(original) if i not in keep]
     if dropped:
-        marks.append((dropped_name, _note(",".join(dropped), MAX_DLQ_DROPPED_BYTES)))
+        marks.append((dropped_name, _names(dropped, MAX_DLQ_DROPPED_BYTES)))
     headers = kept + own + marks
     room = max_bytes - record_size(key, b"", headers)
     return Output(
@@ -153,6 +158,21 @@ def fit_dead_letter(out: Output, max_bytes: int, why: str) -> Output:
         headers=headers,
         trace=out.trace,
     )
+
+
+def _names(names: Sequence[str], limit: int) -> bytes:
+    """``names`` comma-separated within ``limit`` bytes; when not all fit, the list ends
+    with ``+N`` (how many more were dropped)."""
+    whole = ",".join(names).encode("utf-8")
+    if len(whole) <= limit:
+        return whole
+    listed: list[str] = []
+    for k, name in enumerate(names):
+        more = f"+{len(names) - k}"
+        if len(",".join([*listed, name, f"+{len(names) - k - 1}"]).encode("utf-8")) > limit:
+            return _note(",".join([*listed, more]), limit)
+        listed.append(name)
+    return _note(",".join(listed), limit)  # pragma: no cover - the whole list fitted
 
 
 def _note(text: str, limit: int) -> bytes:

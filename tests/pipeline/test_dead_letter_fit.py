@@ -130,3 +130,25 @@ def test_record_size_bounds_aiokafkas_own_estimate(
     assert record_size(key, value, headers) - estimate <= BATCH_OVERHEAD_BYTES + 10 * (
         len(headers) + 4
     )
+
+
+def test_junk_headers_before_the_trace_headers_cannot_push_them_out() -> None:
+    """10,000 small headers ahead of traceparent: the trace goes on in the dead letter, and
+    the list of dropped names ends with how many more there were."""
+    junk = tuple((f"h{i:05d}", b"v" * 10) for i in range(10_000))
+    trace = (
+        ("traceparent", b"00-" + b"a" * 32 + b"-" + b"b" * 16 + b"-01"),
+        ("tracestate", b"k=v"),
+    )
+    out = dead_letter(b"{broken", (*junk, ("x-big", b"x" * 900_000), *trace))
+    fitted = fit_dead_letter(out, 65_536, "too large for the DLQ")
+    assert record_size(fitted.key, fitted.value, fitted.headers) <= 65_536
+    names = [k for k, _ in fitted.headers]
+    assert "traceparent" in names and "tracestate" in names
+    kept = [k for k in names if k.startswith("h")]
+    assert kept == sorted(kept) and kept[0] == "h00000"  # the rest kept in order
+    dropped = fitted.header("x-dlq-dropped-headers")
+    assert dropped is not None and len(dropped) <= 128
+    listed = dropped.decode().split(",")
+    more = int(listed[-1].lstrip("+"))
+    assert listed[-1].startswith("+") and len(listed) - 1 + more == 10_001 - len(kept)
