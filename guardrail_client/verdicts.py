@@ -42,11 +42,13 @@ from guardrail_client.exceptions import (
     InvalidArgumentError,
     VerdictTimeoutError,
 )
+from guardrail_client.records import install_lenient_header_names
 from guardrail_client.waiters import (
     RECENT_MAX_BYTES,
     Arrival,
     ClientStopped,
     Received,
+    Stopped,
     WaiterMap,
 )
 from sidecar.contracts.events import AnswerVerdict, ClaimVerdict, Decision
@@ -129,7 +131,13 @@ class VerdictClient:
             "bootstrap_servers": bootstrap_servers,
             "group_id": None,
             "enable_auto_commit": False,
-            "auto_offset_reset": "latest",
+            # start() pins every partition it finds to its end; a partition assigned later (one
+            # added to the topic, or the topic deleted and created again) is read from its start:
+            # with "latest", verdicts written before the assignment were lost for good
+            "auto_offset_reset": "earliest",
+            # how soon a new partition or a re-created topic is noticed (aiokafka: 5 minutes,
+            # all callers falling back meanwhile)
+            "metadata_max_age_ms": 10_000,
             "fetch_max_wait_ms": 100,
             **consumer_options,
         }
@@ -158,6 +166,9 @@ class VerdictClient:
             raise
 
     async def _start_consumer(self) -> None:
+        # a header name that is not UTF-8 (any producer's, any key) would otherwise raise out of
+        # every getmany() and end the consumer task: every caller falling back from then on
+        install_lenient_header_names()
         consumer = AIOKafkaConsumer(**self._consumer_args)
         try:
             await consumer.start()
@@ -169,7 +180,9 @@ class VerdictClient:
                 # aiokafka signals the assignment through no public event: poll for it
                 while {tp.topic for tp in consumer.assignment()} != set(topics):  # noqa: ASYNC110
                     await asyncio.sleep(0.05)
-            for tp in consumer.assignment():  # resolve "latest" now: no later record is missed
+            assigned = consumer.assignment()
+            await consumer.seek_to_end(*assigned)  # the ends of now: no later record is missed
+            for tp in assigned:
                 await consumer.position(tp)
         except KafkaError as exc:
             await consumer.stop()
@@ -183,14 +196,18 @@ class VerdictClient:
     async def stop(self) -> None:
         """Stop consuming; callers still waiting get their ``unavailable`` fallback at once."""
         self.waiters.close()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        if self._consumer is not None:
-            await self._consumer.stop()
-        self._consumer = self._task = None
-        self._started = False
+        try:
+            if self._task is not None:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        finally:  # the consumer is closed and start() possible again, whatever the task ended with
+            try:
+                if self._consumer is not None:
+                    await self._consumer.stop()
+            finally:
+                self._consumer = self._task = None
+                self._started = False
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -289,6 +306,10 @@ class VerdictClient:
                     if expected is None:
                         self._fallback(request_id, "timeout", time.monotonic() - started)
                     return
+                if isinstance(item, Stopped):  # stop(), or the consumer ended: not at the deadline
+                    if expected is None:
+                        self._fallback(request_id, "unavailable", time.monotonic() - started)
+                    return
                 event = item.event
                 if isinstance(event, AnswerVerdict):
                     c = event.signals.claims
@@ -314,6 +335,18 @@ class VerdictClient:
     # ------------------------------------------------------------------ the consumer task
 
     async def _consume(self) -> None:
+        try:
+            await self._consume_records()
+        except Exception:
+            # never silent, and never a hang: the callers waiting now get their fallback at once,
+            # later ones at once too (``running`` is False) until stop() and start()
+            log.exception(
+                "verdict consumer stopped on an unexpected error: every verdict() now gets "
+                "on_timeout's fallback (source='unavailable') until stop() and start()"
+            )
+            self.waiters.close()
+
+    async def _consume_records(self) -> None:
         assert self._consumer is not None  # noqa: S101 - started
         consumer, waiters = self._consumer, self.waiters
         while True:

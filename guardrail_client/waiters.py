@@ -13,6 +13,7 @@ logged and skipped, never raised into the consumer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
@@ -53,16 +54,35 @@ class Received(Generic[T]):
     timestamp_ms: int
 
 
-ClaimItem = Received[ClaimVerdict] | Received[AnswerVerdict]
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """The end marker a claims queue gets when the consumer stops (``close()``)."""
+
+
+ClaimItem = Received[ClaimVerdict] | Received[AnswerVerdict] | Stopped
+CLAIMS_QUEUE_MAX = 1024  # as the recent cache's claims per request: a flood costs a bounded queue
 VerdictFuture = asyncio.Future[Received[AnswerVerdict]]
 
 
-def _decode(model: type[T], arrival: Arrival) -> Received[T] | None:
+def _decode(model: type[T], key: str, arrival: Arrival) -> Received[T] | None:
     try:
-        return Received(model.model_validate_json(arrival.value), arrival.timestamp_ms)
+        event = model.model_validate_json(arrival.value)
     except ValidationError as exc:
-        log.warning("skipped a %s that breaks the contract: %s", model.__name__, exc)
+        log.warning("skipped a %s keyed %r that breaks the contract: %s", model.__name__, key, exc)
         return None
+    if event.request_id != key:  # a replay tool or producer that keyed it wrongly: not ours
+        log.warning(
+            "skipped a %s keyed %r whose request_id is %r", model.__name__, key, event.request_id
+        )
+        return None
+    return Received(event, arrival.timestamp_ms)
+
+
+def _put(queue: asyncio.Queue[ClaimItem], key: str, item: ClaimItem) -> None:
+    try:
+        queue.put_nowait(item)
+    except asyncio.QueueFull:
+        log.warning("dropped a claim verdict for %r: its caller's queue is full (a flood)", key)
 
 
 def _cost(arrival: Arrival) -> int:
@@ -233,14 +253,14 @@ class WaiterMap:
         self, request_id: str, tenant: str | None = None
     ) -> asyncio.Queue[ClaimItem]:
         """A queue of the request's claim verdicts, then its final verdict (the end marker)."""
-        queue: asyncio.Queue[ClaimItem] = asyncio.Queue()
+        queue: asyncio.Queue[ClaimItem] = asyncio.Queue(CLAIMS_QUEUE_MAX + 2)
         for arrival in self._recent_claims.get(request_id):
-            claim = _decode(ClaimVerdict, arrival)
+            claim = _decode(ClaimVerdict, request_id, arrival)
             if claim is not None and _ours(claim.event, tenant):
-                queue.put_nowait(claim)
+                _put(queue, request_id, claim)
         final = self._recent_final(request_id, tenant)
         if final is not None:
-            queue.put_nowait(final)
+            _put(queue, request_id, final)
         self._claims.setdefault(request_id, []).append((queue, tenant))
         return queue
 
@@ -252,12 +272,17 @@ class WaiterMap:
             self._claims.pop(request_id, None)
 
     def close(self) -> None:
-        """The consumer stopped: every verdict waiter is woken with :class:`ClientStopped`."""
+        """The consumer stopped: every verdict waiter is woken with :class:`ClientStopped`,
+        every claims queue gets the :class:`Stopped` end marker."""
         for waiters in self._verdicts.values():
             for future, _ in waiters:
                 if not future.done():
                     future.set_exception(ClientStopped())
         self._verdicts.clear()
+        for queues in self._claims.values():
+            for queue, _ in queues:
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(Stopped())
 
     # ------------------------------------------------------------------ arrivals
 
@@ -267,7 +292,7 @@ class WaiterMap:
             self.skipped += 1
             return
         self.decoded += 1
-        received = _decode(AnswerVerdict, arrival)
+        received = _decode(AnswerVerdict, key, arrival)
         if received is None or received.event.stage != "final":
             return  # a strict-mode stream verdict: the final one follows
         waiting = []
@@ -280,7 +305,7 @@ class WaiterMap:
             self._verdicts[key] = waiting
         for queue, tenant in self._claims.get(key, []):
             if _ours(received.event, tenant):
-                queue.put_nowait(received)
+                _put(queue, key, received)
 
     def offer_claim(self, key: str, arrival: Arrival) -> None:
         self._recent_claims.add(key, arrival)
@@ -289,15 +314,15 @@ class WaiterMap:
             self.skipped += 1
             return
         self.decoded += 1
-        claim = _decode(ClaimVerdict, arrival)
+        claim = _decode(ClaimVerdict, key, arrival)
         if claim is not None:
             for queue, tenant in queues:
                 if _ours(claim.event, tenant):
-                    queue.put_nowait(claim)
+                    _put(queue, key, claim)
 
     def _recent_final(self, request_id: str, tenant: str | None) -> Received[AnswerVerdict] | None:
         for arrival in reversed(self._recent_verdicts.get(request_id)):
-            received = _decode(AnswerVerdict, arrival)
+            received = _decode(AnswerVerdict, request_id, arrival)
             if (
                 received is not None
                 and received.event.stage == "final"

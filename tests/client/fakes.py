@@ -69,6 +69,9 @@ class FakeConsumer:
     def assignment(self) -> set[TopicPartition]:
         return {TopicPartition(topic, 0) for topic in self._topics}
 
+    async def seek_to_end(self, *partitions: TopicPartition) -> None:
+        return None
+
     async def position(self, tp: TopicPartition) -> int:
         return 0
 

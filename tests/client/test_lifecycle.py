@@ -229,6 +229,47 @@ async def test_a_second_start_of_the_verdict_client_raises_and_creates_no_consum
     assert fake_consumers[0].stopped
 
 
+async def test_a_consumer_that_fails_wakes_its_callers_logs_and_can_be_restarted(
+    fake_consumers: list[FakeConsumer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An unexpected error out of getmany() (aiokafka's UnicodeDecodeError on a header name
+    that is not UTF-8 was one) ended the task silently: waiting callers fell back only at
+    their timeout, stop() re-raised the error and left the consumer open, start() refused."""
+    client = VerdictClient(BOOTSTRAP, timeout_s=30.0)
+    await client.start()
+    waiting = asyncio.create_task(client.verdict("r1"))
+    await asyncio.sleep(0.05)
+
+    async def poisoned(timeout_ms: int = 0) -> dict[Any, list[Any]]:
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+    fake_consumers[0].getmany = poisoned  # type: ignore[method-assign]
+    result = await asyncio.wait_for(waiting, 5.0)
+    assert result.source == "unavailable" and result.waited_s < 5.0
+    assert "verdict consumer stopped" in caplog.text
+    assert (await client.verdict("r2")).source == "unavailable"  # at once, not at a timeout
+    await client.stop()  # does not raise
+    assert fake_consumers[0].stopped
+    await client.start()  # and it can start again
+    assert client.running
+    await client.stop()
+
+
+async def test_stop_ends_a_waiting_claims_iterator_at_once(
+    fake_consumers: list[FakeConsumer],
+) -> None:
+    client = VerdictClient(BOOTSTRAP, timeout_s=30.0)
+    await client.start()
+
+    async def drain() -> int:
+        return len([c async for c in client.claims("r1")])
+
+    task = asyncio.create_task(drain())
+    await asyncio.sleep(0.05)
+    await client.stop()
+    assert await asyncio.wait_for(task, 2.0) == 0
+
+
 # ---------------------------------------------------------------------- timeouts
 
 

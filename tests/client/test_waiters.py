@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from guardrail_client.waiters import Arrival, WaiterMap
+from guardrail_client.waiters import Arrival, ClaimItem, Received, WaiterMap
 from sidecar.contracts.codec import encode
 from sidecar.contracts.events import AnswerVerdict, ClaimLabel, ClaimVerdict, Decision
 
@@ -33,6 +33,12 @@ def verdict(
         sidecar_version="0",
     )
     return Arrival(encode(event), 1000)
+
+
+def received(item: ClaimItem) -> Received[ClaimVerdict] | Received[AnswerVerdict]:
+    """A claims queue's item that is a record (not the ``Stopped`` end marker)."""
+    assert isinstance(item, Received), item
+    return item
 
 
 def claim(rid: str, index: int, tenant: str | None = None) -> Arrival:
@@ -88,7 +94,7 @@ async def test_claims_arrive_in_order_early_ones_replayed_then_the_final_verdict
     waiters.offer_claim("r1", claim("r1", 1))
     waiters.offer_claim("r2", claim("r2", 0))
     waiters.offer_verdict("r1", verdict("r1"))
-    items = [queue.get_nowait().event for _ in range(queue.qsize())]
+    items = [received(queue.get_nowait()).event for _ in range(queue.qsize())]
     assert [type(e).__name__ for e in items] == ["ClaimVerdict", "ClaimVerdict", "AnswerVerdict"]
     assert [e.claim_index for e in items if isinstance(e, ClaimVerdict)] == [0, 1]
     waiters.unsubscribe_claims("r1", queue)
@@ -125,7 +131,7 @@ async def test_a_verdict_another_tenant_provoked_under_my_request_id_is_ignored(
     waiters.offer_claim("r2", claim("r2", 0, tenant="acme"))
     waiters.offer_verdict("r2", verdict("r2", decision=Decision.ALLOW, tenant="acme"))
     assert (await later).event.decision is Decision.ALLOW
-    first, last = claims.get_nowait(), claims.get_nowait()
+    first, last = received(claims.get_nowait()), received(claims.get_nowait())
     assert (first.event.tenant, last.event.tenant) == ("acme", "acme")
     assert claims.empty()
     # a verdict that names no tenant (an older sidecar) is taken as it always was
@@ -169,7 +175,7 @@ async def test_over_the_byte_bound_the_oldest_records_go_first_across_both_topic
     assert waiters.recent_bytes <= bound
     assert not waiters.wait_verdict("old").done()  # the oldest record went first
     kept = waiters.subscribe_claims("r1")  # then r1's oldest claims: its newest 5 stay
-    events = [kept.get_nowait().event for _ in range(kept.qsize())]
+    events = [received(kept.get_nowait()).event for _ in range(kept.qsize())]
     assert [e.claim_index for e in events if isinstance(e, ClaimVerdict)] == [5, 6, 7, 8, 9]
     assert waiters.subscribe_claims("r2").qsize() == 10  # the newest key is whole
 
@@ -177,7 +183,7 @@ async def test_over_the_byte_bound_the_oldest_records_go_first_across_both_topic
 async def test_a_flood_of_keys_keeps_the_recent_cache_within_its_byte_bound() -> None:
     """3,000 keys x 30 claims held ~41 MB before the bound (the count bounds allow 10,000
     keys); now what the cache counts stays under ``recent_max_bytes``, the newest kept."""
-    values = [claim("r", i).value for i in range(30)]
+    values = [claim("r2999", i).value for i in range(30)]  # only r2999's are decoded
     waiters = WaiterMap(recent_max_bytes=1_000_000)
     for k in range(3_000):
         for i in range(30):
@@ -210,3 +216,26 @@ def test_the_byte_bound_is_close_to_the_memory_the_cache_really_holds() -> None:
 def test_the_byte_bound_must_be_positive() -> None:
     with pytest.raises(ValueError, match="recent_max_bytes must be >= 1"):
         WaiterMap(recent_max_bytes=0)
+
+
+async def test_a_record_whose_request_id_is_not_its_key_wakes_no_one() -> None:
+    """A replay tool or producer that keys a verdict wrongly must not answer another request."""
+    waiters = WaiterMap()
+    future = waiters.wait_verdict("mine")
+    waiters.offer_verdict("mine", verdict("someone-else"))
+    assert not future.done()
+    waiters.offer_verdict("mine", verdict("mine"))
+    assert future.done() and future.result().event.request_id == "mine"
+
+
+async def test_closing_ends_every_claims_queue_and_a_flood_keeps_it_bounded() -> None:
+    from guardrail_client.waiters import CLAIMS_QUEUE_MAX, Stopped
+
+    waiters = WaiterMap()
+    queue = waiters.subscribe_claims("r")
+    for i in range(CLAIMS_QUEUE_MAX + 500):
+        waiters.offer_claim("r", claim("r", i))
+    assert queue.qsize() <= CLAIMS_QUEUE_MAX + 2
+    other = waiters.subscribe_claims("s")
+    waiters.close()
+    assert isinstance(other.get_nowait(), Stopped)
