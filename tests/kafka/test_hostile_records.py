@@ -1,6 +1,6 @@
 """Hostile records against a real broker: the adapter never loses a batch, the DLQ never wedges.
 
-* a header value that is not UTF-8 costs no request, in batch and in single mode;
+* a header value that is not UTF-8, or null, costs no request, in batch and in single mode;
 * a dead letter too large for the DLQ topic is published truncated (first bytes of
   the value, original size and hash in headers) and the loop moves on;
 * a forged ``reply_to`` header makes the sidecar write nowhere (FastStream would answer it);
@@ -91,21 +91,27 @@ async def all_committed(h: RealHarness, settings: Settings, total: int) -> dict[
     return offsets
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [[("x-binary", NOT_UTF8)], [("x-null", None), ("traceparent", None)]],
+    ids=["not-utf8", "null"],  # null: FastStream's parser died on None, losing the whole poll
+)
 @pytest.mark.parametrize("batch", [True, False], ids=["batch", "single"])
-async def test_a_non_utf8_header_value_costs_no_request(
+async def test_a_non_utf8_or_null_header_value_costs_no_request(
     kafka_broker: LocalKafka,
     unique_topics: dict[str, str],
     retrieval_event: EventFactory,
     final_event: EventFactory,
     batch: bool,
+    headers: list[tuple[str, bytes | None]],
 ) -> None:
     settings = settings_for(unique_topics, kafka_broker.bootstrap_servers, kafka={"batch": batch})
     await create_topics(settings)
     t = settings.topics
     ids = [f"req-h{i:02d}" for i in range(20)]
     records = requests(settings, ids, retrieval_event, final_event)
-    topic, key, value, _ = records[15]  # a valid final event with a binary header
-    records[15] = (topic, key, value, [("x-binary", NOT_UTF8)])
+    topic, key, value, _ = records[15]  # a valid final event with a binary or null header
+    records[15] = (topic, key, value, headers)
     broken_headers = [("x-binary", NOT_UTF8), ("traceparent", b"00-abc")]
     records.append((t.generation, b"req-x", BROKEN, broken_headers))
     await produce(settings, records)  # all of it waits before the sidecar starts: one batch

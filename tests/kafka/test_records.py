@@ -10,23 +10,9 @@ import pytest
 from aiokafka.record import default_records, memory_records
 
 from sidecar.kafka.records import LenientMemoryRecords, input_headers
+from tests.kafka.bad_header_name import BAD_NAME, RawName
 
 CODEC_NONE, CODEC_GZIP = 0, 1
-
-
-class RawName(str):
-    """A header name whose encoding is given bytes (``b"\\xff\\xfe-name"``: not UTF-8)."""
-
-    raw: bytes
-
-    def __new__(cls, raw: bytes) -> RawName:
-        name = super().__new__(cls, "x")
-        name.raw = raw
-        return name
-
-    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
-        del encoding, errors
-        return self.raw
 
 
 def batch(headers: list[list[tuple[str, bytes | None]]], codec: int = CODEC_NONE) -> bytes:
@@ -44,7 +30,7 @@ def batch(headers: list[list[tuple[str, bytes | None]]], codec: int = CODEC_NONE
     return bytes(builder.build())
 
 
-BAD = RawName(b"\xff\xfe-name")
+BAD = RawName(BAD_NAME)
 
 
 @pytest.mark.parametrize("codec", [CODEC_NONE, CODEC_GZIP])
