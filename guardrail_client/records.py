@@ -61,7 +61,7 @@ class _Batch:
 
     def __init__(self, fast: Any, raw: memoryview) -> None:
         self._fast = fast
-        self._raw = bytes(raw)
+        self._raw = raw  # a view of the fetch's bytes: copied only if the lenient reader runs
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._fast, name)
@@ -80,7 +80,7 @@ class _Batch:
             )  # fmt: skip
         else:
             return
-        for record in _LenientBatch(self._raw):
+        for record in _LenientBatch(bytes(self._raw)):
             if record.offset > read:
                 yield record
 
@@ -110,7 +110,7 @@ def install_lenient_header_names() -> None:
     )
     if not all(needed):
         raise RuntimeError(
-            "aiokafka's record readers are not where sidecar.kafka.records expects them "
+            "aiokafka's record readers are not where guardrail_client.records expects them "
             "(written for aiokafka 0.14): check lenient header names before upgrading"
         )
     fetcher.MemoryRecords = LenientMemoryRecords
