@@ -101,6 +101,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /
 COPY pyproject.toml README.md /src/
 COPY sidecar/ /src/sidecar/
+COPY guardrail_client/ /src/guardrail_client/
 RUN set -eux; \
     pip_venv() { /opt/build/bin/pip --python /opt/venv/bin/python "$@"; }; \
     /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation --wheel-dir /wheels /src; \
