@@ -44,15 +44,16 @@ class _LenientBuffer(bytearray):
 class _LenientBatch(default_records._DefaultRecordBatchPy):  # type: ignore[misc]
     """aiokafka's pure-Python batch reader over a :class:`_LenientBuffer`."""
 
+    _buffer: bytearray  # a _LenientBuffer once set here
+
     def __init__(self, buffer: bytes) -> None:
         super().__init__(buffer)
         self._buffer = _LenientBuffer(buffer)
 
     def _maybe_uncompress(self) -> None:
         super()._maybe_uncompress()  # a compressed batch's records get a new buffer
-        records: Any = getattr(self, "_buffer")  # noqa: B009 - typed as the lenient one
-        if not isinstance(records, _LenientBuffer):
-            self._buffer = _LenientBuffer(records)
+        if not isinstance(self._buffer, _LenientBuffer):
+            self._buffer = _LenientBuffer(self._buffer)
 
 
 class _Batch:

@@ -314,12 +314,17 @@ class Telemetry:
         ) as span:
             yield span
 
+    def dead_lettered(self, out: Output) -> None:
+        """Count a dead letter by its ``x-dlq-reason`` (``before_publish`` does; so does the
+        publisher for one that replaces an output whose span was already open)."""
+        reason = out.header("x-dlq-reason") or b"unknown"
+        self.dead_letters.add(1, {"reason": reason.decode("utf-8", errors="replace")})
+
     def before_publish(self, out: Output, topic: str) -> PublishHandle:
         """Open the output's spans (PRODUCER ``send <topic>``); traced outputs' headers
         get the PRODUCER span's context."""
         if out.destination is Destination.DLQ:
-            reason = out.header("x-dlq-reason") or b"unknown"
-            self.dead_letters.add(1, {"reason": reason.decode("utf-8", errors="replace")})
+            self.dead_lettered(out)
         record = out.trace
         now = time.time_ns()
         if record is not None:

@@ -377,10 +377,8 @@ class Publisher:
         attempt = 0
         refused_as_is = False
         while True:
-            fitted = self._fitted(out)  # limits read again after a refusal may no longer hold it
-            if fitted is not out and out.destination is not Destination.DLQ:
-                self.telemetry.dead_letters.add(1, {"reason": "output-too-large"})
-            out = fitted
+            # limits read again after a refusal may no longer hold it
+            out = self._replaced(out, self._fitted(out))
             generation = self._producer_generation
             handed_over = False
             try:
@@ -399,7 +397,7 @@ class Publisher:
                 error = classify(exc, topic)
                 if error.dead_letter:
                     try:
-                        out = self._smaller(out, error)
+                        out = self._replaced(out, self._smaller(out, error))
                     except BrokerAccessError as refused:
                         error = refused
                     else:
@@ -419,6 +417,13 @@ class Publisher:
                 self.telemetry.after_publish(span, metadata)
                 return True
 
+    def _replaced(self, old: Output, new: Output) -> Output:
+        """``new`` in ``old``'s place; a dead letter replacing an output is counted here
+        (``before_publish`` counted ``old``, whose span stays open)."""
+        if new.destination is Destination.DLQ and old.destination is not Destination.DLQ:
+            self.telemetry.dead_lettered(new)
+        return new
+
     def _fits(self, out: Output) -> bool:
         """An output (not a dead letter) within its topic's limit as now known."""
         if out.destination is Destination.DLQ:
@@ -430,9 +435,7 @@ class Publisher:
         size = record_size(out.key, out.value, out.headers)
         if out.destination is not Destination.DLQ:
             assert isinstance(error, RecordTooLargeError)  # noqa: S101 - dead_letter errors
-            letter = self._fitted(self._undeliverable(out, error))
-            self.telemetry.dead_letters.add(1, {"reason": "output-too-large"})
-            return letter
+            return self._fitted(self._undeliverable(out, error))
         if size // 2 < MIN_DLQ_BYTES:
             dlq = self.destinations[Destination.DLQ]
             raise BrokerAccessError(
