@@ -22,6 +22,7 @@ from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from tests.conftest import EventFactory
 from tests.fakes import ThresholdCertifier
+from tests.pipeline.test_intake_limits import verdicts
 from tests.pipeline.test_signal_wiring import PickyLookback, SentenceSession
 
 R, G = InputKind.RETRIEVAL, InputKind.GENERATION
@@ -88,12 +89,8 @@ def test_a_streaming_session_is_counted_in_the_join_budget_and_evicts_older_requ
     # the third session (opened as its retrieval arrives) does not fit beside the two:
     # the oldest request is decided incomplete
     step = _feed(p, R, retrieval_event("c"), 2)
-    verdicts = [
-        AnswerVerdict.model_validate(orjson.loads(o.value))
-        for o in step.outputs
-        if o.destination is Destination.VERDICTS
-    ]
-    assert [(v.request_id, v.reasons[0].code) for v in verdicts] == [("a", "incomplete")]
+    decided = verdicts(step)
+    assert [(v.request_id, v.reasons[0].code) for v in decided] == [("a", "incomplete")]
     assert p.store.get("a") is None and p.store.bytes_held <= 1_000_000
 
 
