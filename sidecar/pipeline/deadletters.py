@@ -168,11 +168,10 @@ def _names(names: Sequence[str], limit: int) -> bytes:
         return whole
     listed: list[str] = []
     for k, name in enumerate(names):
-        more = f"+{len(names) - k}"
         if len(",".join([*listed, name, f"+{len(names) - k - 1}"]).encode("utf-8")) > limit:
-            return _note(",".join([*listed, more]), limit)
+            break
         listed.append(name)
-    return _note(",".join(listed), limit)  # pragma: no cover - the whole list fitted
+    return _note(",".join([*listed, f"+{len(names) - len(listed)}"]), limit)
 
 
 def _note(text: str, limit: int) -> bytes:
