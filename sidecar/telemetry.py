@@ -458,6 +458,11 @@ class Telemetry:
             "measured_hallucination_high",
             "violated",
             "window_requests",
+            "window_covered",
+            "window_labelled_covered",
+            "window_errors_covered",
+            "window_labelled_uncovered",
+            "window_errors_uncovered",
             "certificate_violated",  # certified allow re-tested on feedback (1: broken)
             "certificate_error",
             "certificate_error_high",

@@ -19,8 +19,14 @@ over the box ``[c_low, c_high] x [eps_low, eps_high] x [delta_low, delta_high]``
     bound_low  = min_{c in {c_low, c_high}} c * eps_low  + (1 - c) * delta_low
 
 The measured rate ``H = (errors_covered + errors_uncovered) / (labelled_covered +
-labelled_uncovered)`` gets its own Wilson interval; the bound is *violated* when
-even the low end of that interval is above ``bound_high``. Each interval is at
+labelled_uncovered)`` gets its own Wilson interval (reported). Labels are rarely drawn
+uniformly (users flag bad answers), and that pooled rate then leans to the stratum
+labelled more often, so the verdict reads the rate re-weighted by stratum,
+``c * eps_hat + (1 - c) * delta_labelled_hat`` with ``delta_labelled`` the error
+rate of labelled uncovered answers, over the same kind of box: the bound is
+*violated* when even that box's low end is above ``bound_high``. Without a probe
+``delta`` is that same labelled rate, so the bound is an estimate from the labels,
+not a test of them, and is never violated. Each interval is at
 ``confidence`` on its own (not a joint statement; for a joint one over the four
 intervals use ``1 - (1 - confidence)/4`` per interval, by Bonferroni).
 
@@ -121,6 +127,11 @@ class BoundReport:
     measured: ProportionInterval
     status: BoundStatus
     slack: float
+    measured_weighted: float = math.nan
+    """``c * eps_hat + (1 - c) * delta_labelled_hat``: the measured rate re-weighted by
+    stratum, so it does not depend on how often covered vs uncovered answers get labels."""
+    measured_weighted_low: float = 0.0
+    measured_weighted_high: float = 1.0
 
     def to_dict(self) -> dict[str, object]:
         """JSON-friendly: intervals as dicts, NaN as None."""
@@ -136,6 +147,9 @@ class BoundReport:
             "bound_high": self.bound_high,
             "measured": _interval_dict(self.measured),
             "slack": _finite_or_none(self.slack),
+            "measured_weighted": _finite_or_none(self.measured_weighted),
+            "measured_weighted_low": self.measured_weighted_low,
+            "measured_weighted_high": self.measured_weighted_high,
         }
 
 
@@ -175,10 +189,21 @@ def coverage_bound(counts: CoverageCounts, confidence: float = 0.95) -> BoundRep
     low = min(_combine(x, eps.low, delta.low) for x in ends)
     insufficient = counts.requests == 0 or counts.labelled_covered == 0 or source == "none"
     point = math.nan if insufficient else _combine(c.estimate, eps.estimate, delta.estimate)
+    # The measured rate by stratum: labels are rarely drawn uniformly (users flag bad
+    # answers), so the pooled rate over labels is biased whenever covered and uncovered
+    # answers are labelled at different rates. An unlabelled stratum counts as [0, 1].
+    leak = wilson_interval(counts.errors_uncovered, counts.labelled_uncovered, confidence)
+    w_low = min(_combine(x, eps.low, leak.low) for x in ends)
+    w_high = max(_combine(x, eps.high, leak.high) for x in ends)
+    weighted = (
+        math.nan
+        if insufficient or counts.labelled_uncovered == 0
+        else _combine(c.estimate, eps.estimate, leak.estimate)
+    )
     status: BoundStatus
     if insufficient:
         status = "insufficient-data"
-    elif measured.low > high:
+    elif w_low > high:
         status = "violated"
     else:
         status = "holds"
@@ -194,6 +219,9 @@ def coverage_bound(counts: CoverageCounts, confidence: float = 0.95) -> BoundRep
         measured=measured,
         status=status,
         slack=math.nan if insufficient else high - measured.estimate,
+        measured_weighted=weighted,
+        measured_weighted_low=w_low,
+        measured_weighted_high=w_high,
     )
 
 

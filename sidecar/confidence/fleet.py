@@ -24,6 +24,7 @@ carries the re-test and the gauges ``guardrail.coverage.certificate_*``.
 from __future__ import annotations
 
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -109,6 +110,9 @@ class CoverageMonitor:
         self._confidence = confidence
         self._wall_clock = wall_clock
         self._latest: dict[str, BoundReport] = {}
+        # the Prometheus exporter reads gauge_values() on its HTTP thread while the
+        # event loop counts: without a lock a scrape can read ``covered > requests``
+        self._lock = threading.Lock()
 
     def observe_verdict(self, verdict: AnswerVerdict, request_key: str | None = None) -> None:
         """Count a final verdict as a request of its calibration key (a stream verdict is not).
@@ -132,15 +136,19 @@ class CoverageMonitor:
         certificate: str | None,
     ) -> None:
         """:meth:`observe_verdict` from a final verdict's values (the serving path's call)."""
-        name = request_key
-        if certificate is not None and decision is Decision.ALLOW:
-            self._certified.add(name, certificate, None)
-        cert = certification
-        if cert.m1 is None:
-            return  # not certified: coverage is unknown, not zero
-        key = cert.calibration_key or UNCERTIFIED_KEY
-        self.tracker.observe_request(key, cert.m1)
-        self._recent.add(name, key, cert.m1)
+        with self._lock:
+            name = request_key
+            if certificate is not None and decision is Decision.ALLOW:
+                self._certified.add(name, certificate, None)
+            cert = certification
+            if cert.m1 is None:
+                return  # not certified: coverage is unknown, not zero
+            key = cert.calibration_key or UNCERTIFIED_KEY
+            seen = self._recent.get(name)
+            if seen is None or seen[0] != key:
+                # the same request decided again (a replay, a re-send) is counted once
+                self.tracker.observe_request(key, cert.m1)
+            self._recent.add(name, key, cert.m1)
 
     def observe_feedback(
         self, feedback: FeedbackEvent, request_key: str | None = None
@@ -150,7 +158,10 @@ class CoverageMonitor:
         A certified allow's label also re-tests its certificate (an error is a
         wrong answer, as in the calibration labels).
         """
-        name = request_key or feedback.request_id
+        with self._lock:
+            return self._observe_feedback(feedback, request_key or feedback.request_id)
+
+    def _observe_feedback(self, feedback: FeedbackEvent, name: str) -> FeedbackOutcome:
         certified = self._certified.get(name)
         certificate = None if certified is None else certified[0]
         cert_replaced = False
@@ -189,6 +200,10 @@ class CoverageMonitor:
 
     def reports(self) -> list[CoverageReport]:
         """The current report of every key seen (and of every certified key)."""
+        with self._lock:
+            return self._reports()
+
+    def _reports(self) -> list[CoverageReport]:
         out = []
         for key in self._keys():
             report = self.tracker.report(key)
@@ -220,6 +235,10 @@ class CoverageMonitor:
 
     def gauge_values(self) -> dict[str, dict[str, float | None]]:
         """The latest report's numbers per key, for the ``guardrail.coverage.*`` gauges."""
+        with self._lock:
+            return self._gauge_values()
+
+    def _gauge_values(self) -> dict[str, dict[str, float | None]]:
         out: dict[str, dict[str, float | None]] = {}
         for key in self._keys():
             r = self.tracker.report(key)
@@ -246,6 +265,13 @@ class CoverageMonitor:
                 "measured_hallucination_high": v(r.measured, "high"),
                 "violated": float(r.status == "violated"),
                 "window_requests": float(r.coverage.trials),
+                # this replica's window counts: sum them over replicas (never average the
+                # ratios or the bound) and recompute the fleet bound from the sums
+                "window_covered": float(r.coverage.successes),
+                "window_labelled_covered": float(r.eps.trials),
+                "window_errors_covered": float(r.eps.successes),
+                "window_labelled_uncovered": float(self.tracker.counts(key).labelled_uncovered),
+                "window_errors_uncovered": float(self.tracker.counts(key).errors_uncovered),
             }
             if key in self.certificates.keys():
                 check = self.certificates.check(key)

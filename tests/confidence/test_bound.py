@@ -189,3 +189,41 @@ def test_bad_settings() -> None:
         coverage_bound(CoverageCounts(requests=1, covered=1), confidence=1.0)
     with pytest.raises(ConfidenceDataError):
         CoverageTracker().set_probe(None, 3, 4)
+
+
+def test_labels_drawn_more_often_from_uncovered_answers_do_not_fake_a_violation() -> None:
+    # Users flag bad answers: 1 % of covered and 20 % of uncovered answers get a label.
+    # The pooled rate over labels is then mostly the uncovered stratum's (about .39 here
+    # against a true H of about .1) and its interval lay above the bound's high end. The
+    # verdict compares the bound with the rate re-weighted by stratum instead.
+    rng = np.random.default_rng(1)
+    tracker = CoverageTracker(window=10_000)
+    wrong_total = 0
+    for i in range(10_000):
+        covered = bool(rng.random() < 0.9)
+        wrong = bool(rng.random() < (0.05 if covered else 0.5))
+        wrong_total += wrong
+        tracker.observe_request("k", covered)
+        if rng.random() < (0.01 if covered else 0.20):
+            tracker.observe_label("k", covered, correct=not wrong, label_id=f"r{i}")
+    tracker.set_probe("k", 2000, 1000)  # an honest probe: delta = .5
+    report = tracker.report("k")
+    truth = wrong_total / 10_000
+    assert report.measured.low > report.bound_high  # the pooled rate alone: "violated"
+    assert report.status == "holds"
+    assert report.measured_weighted == pytest.approx(truth, abs=0.05)
+    assert report.measured_weighted_low <= truth <= report.measured_weighted_high
+    assert report.bound_low <= truth <= report.bound_high
+
+
+def test_without_a_probe_the_bound_is_an_estimate_not_a_test() -> None:
+    # delta from labelled uncovered traffic: the weighted rate is the bound's own point
+    # estimate, so the same labels cannot contradict it
+    tracker = CoverageTracker(window=10_000)
+    for i in range(400):
+        tracker.observe_request("k", i % 2 == 0)
+        tracker.observe_label("k", i % 2 == 0, correct=i % 4 != 0, label_id=f"r{i}")
+    report = tracker.report("k")
+    assert report.delta_source == "labelled-uncovered"
+    assert report.measured_weighted == pytest.approx(report.bound)
+    assert report.status == "holds"

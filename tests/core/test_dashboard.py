@@ -12,6 +12,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar.confidence.fleet import CoverageMonitor
+from sidecar.contracts.events import Decision, FeedbackEvent, RetrievalSignal, SignalStatus
 from sidecar.pipeline.outputs import AttributeValue, Destination, Output, TraceRecord
 from sidecar.telemetry import Telemetry
 
@@ -23,6 +25,21 @@ DASHBOARD = (
     / "guardrail-sidecar.json"
 )
 _METRIC = re.compile(r"\bguardrail_[a-z0-9_]+")
+
+
+def coverage_gauges() -> dict[str, dict[str, float | None]]:
+    """A real coverage monitor's gauges, every one with a value (a probe, both strata labelled)."""
+    monitor = CoverageMonitor(window=100, report_interval_s=60.0, probe=(100, 5))
+    for i in range(4):
+        rid = f"r{i}"
+        monitor.observe_decision(
+            rid,
+            Decision.CAVEAT,
+            RetrievalSignal(status=SignalStatus.OK, m1=i % 2 == 0, calibration_key="k"),
+            None,
+        )
+        monitor.observe_feedback(FeedbackEvent(request_id=rid, correct=i < 2, source="grader"))
+    return monitor.gauge_values()
 
 
 def exposed_sample_names() -> set[str]:
@@ -51,9 +68,7 @@ def exposed_sample_names() -> set[str]:
     telemetry.publish_retries.add(1)
     telemetry.observe(lambda: 1, lambda: 1, lambda: {("rag.generation", 0): 1})
     telemetry.observe_monitor(lambda: {"k": (0.9, 0.8, 0.95, False)})
-    telemetry.observe_coverage(
-        lambda: {"k": {"coverage": 0.9, "bound": 0.1, "measured_hallucination": 0.05}}
-    )
+    telemetry.observe_coverage(coverage_gauges)
     text = generate_latest(registry).decode()
     provider.shutdown()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
@@ -84,8 +99,12 @@ def test_the_dashboard_shows_what_an_operator_needs() -> None:
         "histogram_quantile(0.95, sum by (le, stage) (rate(guardrail_stage_duration_seconds_bucket",
         "guardrail_consumer_lag",
         "guardrail_dead_letters_total",
-        "guardrail_coverage_bound",
+        "guardrail_coverage_window_requests",  # the fleet bound, from summed counts
     ):
         assert needed in exprs, needed
+    # a ratio, interval or bound of one replica cannot be combined with another's
+    for ratio in ("coverage", "bound", "measured_hallucination", "epsilon"):
+        for agg in ("max", "avg", "min"):
+            assert f"{agg} by (calibration_key) (guardrail_coverage_{ratio}{{" not in exprs
     ids = [p["id"] for p in panels()]
     assert len(ids) == len(set(ids))
