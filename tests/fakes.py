@@ -26,5 +26,8 @@ class ThresholdCertifier:
             calibration_key=self.calibration_key,
         )
 
+    def observe_decided(self, event: RetrievalEvent, signal: RetrievalSignal) -> None:
+        pass
+
     def monitor_readings(self) -> dict[str, MonitorReading]:
         return {}

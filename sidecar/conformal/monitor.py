@@ -21,11 +21,18 @@ good retriever. Labelled feedback measures it (the coverage bound's epsilon).
 The check runs after every observation; the stated confidence is per check,
 not for the whole stream, so pick a high one (the default is 0.99) and treat
 an alarm as a signal to look, not as a proof. Pure: no clock, no I/O.
+
+The sidecar feeds it once per *decided* request (not when a retrieval arrives: a
+retrieval whose answer never came, or one read again after a rebalance, is not
+traffic the calibration served), and keys the global calibration's stand-ins by
+tenant (:func:`monitor_key`): a tenant's own traffic cannot trip or clear another
+tenant's alarm. At most ``max_keys`` windows are kept, the least recently fed
+forgotten first.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -34,7 +41,24 @@ from sidecar.conformal.quantile import as_alpha
 from sidecar.exceptions import ConfigError
 from sidecar.stats.intervals import ProportionInterval, normal_quantile, wilson_interval
 
-__all__ = ["ExchangeabilityMonitor", "MonitorState", "MonitorStatus"]
+__all__ = ["MAX_KEYS", "ExchangeabilityMonitor", "MonitorState", "MonitorStatus", "monitor_key"]
+
+MAX_KEYS = 4096
+"""Windows kept (as the registry's resolved keys): a producer that invents keys evicts."""
+
+
+def monitor_key(calibration_key: str, *, fallback: bool, tenant: str | None) -> str:
+    """The window a certified retrieval counts in: its calibration key, and for a
+    stand-in global calibration the tenant too (``global[acme]``).
+
+    A tenant's own calibration key already names it; the global calibration serves
+    every tenant without one, and one window for all of them let one tenant's
+    retrievals trip (36 in the audit) or clear (124) the alarm that caveats the others'
+    answers.
+    """
+    if not fallback or not tenant:
+        return calibration_key
+    return f"{calibration_key}[{tenant}]"
 
 
 class MonitorState(StrEnum):
@@ -104,8 +128,15 @@ class ExchangeabilityMonitor:
     """Rolling mean(m1) per calibration key with a Wilson-interval alarm."""
 
     def __init__(
-        self, *, window: int = 500, confidence: float = 0.99, min_samples: int = 50
+        self,
+        *,
+        window: int = 500,
+        confidence: float = 0.99,
+        min_samples: int = 50,
+        max_keys: int = MAX_KEYS,
     ) -> None:
+        if isinstance(max_keys, bool) or max_keys < 1:
+            raise ConfigError(f"max_keys must be a positive number of keys, got {max_keys!r}")
         if isinstance(window, bool) or window < 1:
             raise ConfigError(f"window must be a positive number of retrievals, got {window!r}")
         if isinstance(min_samples, bool) or not 1 <= min_samples <= window:
@@ -114,7 +145,8 @@ class ExchangeabilityMonitor:
         self.window = window
         self.confidence = confidence
         self.min_samples = min_samples
-        self._windows: dict[str, _Window] = {}
+        self.max_keys = max_keys
+        self._windows: OrderedDict[str, _Window] = OrderedDict()
         self._last: dict[str, MonitorStatus] = {}
 
     def observe(self, certification: Certification) -> MonitorStatus:
@@ -135,6 +167,10 @@ class ExchangeabilityMonitor:
             target = float(1 - as_alpha(alpha))
             win = _Window(alpha=alpha, calibration_id=calibration_id, target=target)
             self._windows[key] = win
+        self._windows.move_to_end(key)
+        while len(self._windows) > self.max_keys:
+            old, _ = self._windows.popitem(last=False)
+            self._last.pop(old, None)
         target = win.target
         win.values.append(bool(m1))
         win.successes += int(bool(m1))
@@ -167,6 +203,19 @@ class ExchangeabilityMonitor:
         )
         self._last[key] = status
         return status
+
+    def reading(
+        self, key: str, alpha: float, calibration_id: str
+    ) -> tuple[MonitorState, float | None]:
+        """The state and mean(m1) a new retrieval of ``key`` is judged by, without feeding
+        it: warming up with no mean when the key has no window under this calibration."""
+        win = self._windows.get(key)
+        last = self._last.get(key)
+        if win is None or last is None:
+            return MonitorState.WARMING_UP, None
+        if win.alpha != alpha or win.calibration_id != calibration_id:
+            return MonitorState.WARMING_UP, None  # its next observation restarts the window
+        return last.state, last.m1_mean
 
     def status(self, key: str) -> MonitorStatus | None:
         """The latest status of ``key`` (``None`` before its first observation)."""

@@ -2,14 +2,15 @@
 
 Implements ``sidecar.pipeline.ports.RetrievalCertifier``: resolves the event's
 calibration key (tenant, collection, retriever) in the registry, certifies the
-hits' raw scores (eqs. 4-6, depth = the event's K), feeds the exchangeability
-monitor and reports all of it as a ``RetrievalSignal``.
+hits' raw scores (eqs. 4-6, depth = the event's K), reads the exchangeability
+monitor and reports all of it as a ``RetrievalSignal``; the monitor is fed when
+the request is decided (:meth:`ConformalCertifier.observe_decided`), once.
 """
 
 from __future__ import annotations
 
 from sidecar.conformal.certify import certify
-from sidecar.conformal.monitor import ExchangeabilityMonitor, MonitorStatus
+from sidecar.conformal.monitor import ExchangeabilityMonitor, MonitorStatus, monitor_key
 from sidecar.conformal.registry import CalibrationRegistry
 from sidecar.contracts.events import RetrievalEvent, RetrievalSignal, SignalStatus
 from sidecar.pipeline.ports import MonitorReading
@@ -35,10 +36,12 @@ class ConformalCertifier:
             # as certified, so nothing is trusted (and the monitor is not fed); the policy
             # reads ``certifiable``.
             trusted: list[str] = []
-            m1, m2, status = False, 0.0, None
+            m1, m2, state, mean = False, 0.0, None, None
         else:
             trusted = [event.hits[i].chunk_id for i in cert.trusted_indices]
-            m1, m2, status = cert.m1, cert.m2, self.monitor.observe(cert)
+            m1, m2 = cert.m1, cert.m2
+            key = monitor_key(cert.calibration_key, fallback=cert.fallback, tenant=event.tenant)
+            state, mean = self.monitor.reading(key, cert.alpha, cert.calibration_id)
         return RetrievalSignal(
             status=SignalStatus.OK,
             trusted_chunk_ids=trusted,
@@ -52,8 +55,19 @@ class ConformalCertifier:
             fallback=cert.fallback,
             fallback_reason=cert.fallback_reason,
             clipped_scores=cert.n_clipped,
-            monitor=None if status is None else status.state.value,
-            m1_mean=None if status is None else status.m1_mean,
+            monitor=None if state is None else state.value,
+            m1_mean=mean,
+        )
+
+    def observe_decided(self, event: RetrievalEvent, signal: RetrievalSignal) -> None:
+        """Count a decided request's retrieval in its monitor window (once per request)."""
+        if not signal.certifiable or signal.m1 is None or signal.calibration_key is None:
+            return  # not certified (vacuous at this alpha): not fed, as before
+        if signal.alpha is None or signal.calibration_version is None:
+            return
+        key = monitor_key(signal.calibration_key, fallback=signal.fallback, tenant=event.tenant)
+        self.monitor.observe_m1(
+            key, signal.m1, signal.alpha, calibration_id=signal.calibration_version
         )
 
     def monitor_readings(self) -> dict[str, MonitorReading]:

@@ -72,6 +72,11 @@ class RetrievalCertifier(Protocol):
 
     def certify(self, event: RetrievalEvent) -> RetrievalSignal: ...
 
+    def observe_decided(self, event: RetrievalEvent, signal: RetrievalSignal) -> None:
+        """The request ``certify`` certified was decided: count it in the drift monitor
+        (once per request; a retrieval whose answer never came is not counted)."""
+        ...
+
     def monitor_readings(self) -> dict[str, MonitorReading]:
         """The exchangeability monitor per calibration key (empty: this certifier has none)."""
         ...

@@ -344,6 +344,9 @@ class Processor:
             produced_at=self._wall_clock(),
             sidecar_version=__version__,
         )
+        certifier = self.signals.certifier
+        if certifier is not None:
+            certifier.observe_decided(retrieval, scored.signals.retrieval)
         coverage = self.signals.coverage
         if coverage is not None:
             coverage.observe_decision(

@@ -8,8 +8,17 @@ import orjson
 import pytest
 
 from sidecar.config import Settings
+from sidecar.conformal.monitor import ExchangeabilityMonitor, MonitorState
+from sidecar.conformal.signal import ConformalCertifier
 from sidecar.contracts.codec import InputKind
-from sidecar.contracts.events import AnswerVerdict, DeadLetterRecord, SignalStatus
+from sidecar.contracts.events import (
+    AnswerVerdict,
+    DeadLetterRecord,
+    RetrievalEvent,
+    RetrievalSignal,
+    SignalStatus,
+)
+from sidecar.exceptions import ConfigError
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination
 from sidecar.pipeline.processor import Processor
@@ -82,7 +91,100 @@ def test_unknown_collection_is_dead_lettered_when_configured(
 def test_missing_calibration_fails_fast_with_the_way_out(
     settings_factory: Callable[..., Settings],
 ) -> None:
-    from sidecar.exceptions import ConfigError
-
     with pytest.raises(ConfigError, match="GUARDRAIL_SIGNALS__RETRIEVAL=false"):
         build_signals(settings_factory(models={"dir": "/nonexistent"}))
+
+
+def _calibrated_hits(score_offset: float) -> list[dict[str, object]]:
+    calibration = orjson.loads((REPO / "models/conformal/nq-open-minilm.json").read_text())
+    raw_cut = calibration["n1"] + calibration["threshold"] * (calibration["n2"] - calibration["n1"])
+    return [{"chunk_id": "c", "doc_id": "d", "score": raw_cut + score_offset, "text": "a"}]
+
+
+def test_the_monitor_counts_decided_requests_only_once_each(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    # Fed when a retrieval arrived, the monitor counted retrievals whose answer never came
+    # (and ones read again after a rebalance); it counts what was decided.
+    settings = settings_factory(
+        models={"dir": str(REPO / "models")}, signals={"lookback": False, "claims": False}
+    )
+    signals = build_signals(settings)
+    assert isinstance(signals.certifier, ConformalCertifier)
+    monitor = signals.certifier.monitor
+    processor = Processor(settings, PlaceholderPolicy(), signals=signals)
+    key = "default/nq-open/qdrant-minilm-l6"
+    for i in range(5):  # half requests: the answer never comes
+        event = retrieval_event(
+            f"half-{i}",
+            collection="nq-open",
+            tenant="default",
+            retriever="qdrant-minilm-l6",
+            hits=_calibrated_hits(-0.05),
+            k=10,
+        )
+        processor.on_message(InputKind.RETRIEVAL, dumps(event), None, InputRef("r", 0, i), 0.0)
+    assert monitor.status(key) is None
+    event = retrieval_event(
+        "whole",
+        collection="nq-open",
+        tenant="default",
+        retriever="qdrant-minilm-l6",
+        hits=_calibrated_hits(0.05),
+        k=10,
+    )
+    v = verdict_for(processor, dumps(event), dumps(final_event("whole")))
+    assert v.signals.retrieval.monitor == "warming-up"
+    status = monitor.status(key)
+    assert status is not None and status.n == 1 and status.m1_mean == 1.0
+
+
+def test_one_tenant_cannot_trip_another_tenants_alarm_on_the_global_calibration(
+    settings_factory: Callable[..., Settings], retrieval_event: EventFactory
+) -> None:
+    # Tenants without their own calibration share the global one; one window for all let
+    # a tenant's 36 low-score retrievals caveat every other tenant's answers (the audit).
+    settings = settings_factory(
+        models={"dir": str(REPO / "models")}, signals={"lookback": False, "claims": False}
+    )
+    certifier = build_signals(settings).certifier
+    assert isinstance(certifier, ConformalCertifier)
+
+    def decided(tenant: str, i: int, offset: float) -> RetrievalSignal:
+        event = RetrievalEvent.model_validate(
+            retrieval_event(
+                f"{tenant}-{i}",
+                collection="nq-open",
+                tenant=tenant,
+                retriever="qdrant-minilm-l6",
+                hits=_calibrated_hits(offset),
+                k=10,
+            )
+        )
+        signal = certifier.certify(event)
+        certifier.observe_decided(event, signal)
+        return signal
+
+    for i in range(60):
+        assert decided("acme", i, 0.05).fallback
+    for i in range(200):
+        decided("evil", i, -0.05)
+    readings = certifier.monitor_readings()
+    assert readings["global[evil]"].broken
+    assert not readings["global[acme]"].broken
+    assert decided("acme", 60, 0.05).monitor == "ok"
+    assert decided("evil", 200, 0.05).monitor == "exchangeability-broken"
+
+
+def test_monitor_windows_are_bounded_and_a_new_calibration_reads_warming_up() -> None:
+    monitor = ExchangeabilityMonitor(window=10, min_samples=1, max_keys=3)
+    for key in ("a", "b", "c", "d"):
+        monitor.observe_m1(key, True, 0.1, calibration_id="cal-1")
+    assert sorted(monitor.statuses()) == ["b", "c", "d"]
+    assert monitor.reading("d", 0.1, "cal-1") == (MonitorState.OK, 1.0)
+    assert monitor.reading("d", 0.1, "cal-2") == (MonitorState.WARMING_UP, None)
+    assert monitor.reading("a", 0.1, "cal-1") == (MonitorState.WARMING_UP, None)
+    with pytest.raises(ConfigError, match="max_keys"):
+        ExchangeabilityMonitor(max_keys=0)
