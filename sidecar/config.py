@@ -10,15 +10,28 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from sidecar.environment import check_environment, explain
 from sidecar.exceptions import ConfigError
 
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_INT32_MAX = 2**31 - 1  # Kafka protocol fields (timeouts, fetch sizes) are int32
+# host[:port] (aiokafka defaults the port to 9092); an IPv6 address in brackets
+_HOST_PORT_RE = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::(\d{1,5}))?$")
+NonBlank = Annotated[str, StringConstraints(strip_whitespace=False, min_length=1, pattern=r"\S")]
 
 
 class _Section(BaseModel):
@@ -29,8 +42,8 @@ class KafkaSettings(_Section):
     """How to reach the cluster. SASL/SSL options are for real clusters."""
 
     bootstrap_servers: str = "127.0.0.1:9092"
-    client_id: str = "guardrail-sidecar"
-    group_id: str = "guardrail-sidecar"
+    client_id: NonBlank = "guardrail-sidecar"
+    group_id: NonBlank = "guardrail-sidecar"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
@@ -39,7 +52,8 @@ class KafkaSettings(_Section):
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
-    session_timeout_ms: int = Field(default=10_000, ge=1_000)
+    # the broker's group.max.session.timeout.ms defaults to 1,800,000 (30 min)
+    session_timeout_ms: int = Field(default=10_000, ge=1_000, le=1_800_000)
     max_poll_records: int = Field(default=500, ge=1)
     max_queued_records: int = Field(
         default=1_000,
@@ -79,7 +93,7 @@ class KafkaSettings(_Section):
         "sidecar polls (10 ms: ~5 % of a core idle, 100 ms: ~2 %), and how long a partition "
         "resumed while a fetch is held waits for the next one",
     )
-    request_timeout_ms: int = Field(default=30_000, ge=1_000)
+    request_timeout_ms: int = Field(default=30_000, ge=1_000, le=_INT32_MAX)
     wait_at_start: bool = Field(
         default=False,
         description="when Kafka cannot be reached at start, keep trying (backing off to 30 s, "
@@ -110,6 +124,7 @@ class KafkaSettings(_Section):
     max_partition_fetch_bytes: int = Field(
         default=131_072,
         ge=1_024,
+        le=_INT32_MAX,
         description="bytes one fetch may return per partition: small enough that a catch-up "
         "drains the partitions in turns rather than one whole partition after another "
         "(a half-request must not wait behind another partition's backlog)",
@@ -130,6 +145,19 @@ class KafkaSettings(_Section):
         "restart within session_timeout_ms then keeps the partitions without a rebalance; an "
         "instance that is gone for good holds them until the session times out",
     )
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _bootstrap_list(cls, value: str) -> str:
+        servers = [s.strip() for s in value.split(",")]
+        for server in servers:
+            m = _HOST_PORT_RE.match(server)
+            if m is None or (m.group(1) is not None and not 1 <= int(m.group(1)) <= 65535):
+                raise ValueError(
+                    "bootstrap_servers must be host[:port][,host[:port]...] with ports in "
+                    "[1, 65535]"
+                )
+        return value
 
     @model_validator(mode="after")
     def _queue_holds_a_poll(self) -> Self:
@@ -160,6 +188,9 @@ class KafkaSettings(_Section):
                     ("sasl_password", self.sasl_password),
                 )
                 if value is None
+                or not str(
+                    value.get_secret_value() if isinstance(value, SecretStr) else value
+                ).strip()
             ]
             if missing:
                 raise ValueError(
@@ -294,7 +325,7 @@ class TenancySettings(_Section):
     """
 
     source: Literal["event", "header", "fixed"] = "event"
-    header: str = "x-tenant"
+    header: NonBlank = "x-tenant"
     tenant: str | None = None
 
     @model_validator(mode="after")
@@ -363,7 +394,11 @@ class CoverageSettings(_Section):
 
     window: int = Field(default=10_000, ge=10, description="recent requests the bound covers")
     report_interval_s: float = Field(
-        default=60.0, gt=0.0, description="how often a coverage.report event is published"
+        default=60.0,
+        ge=1.0,
+        le=86_400.0,
+        allow_inf_nan=False,
+        description="how often a coverage.report event is published",
     )
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0, description="Wilson level")
     probe_file: str | None = Field(
@@ -406,7 +441,7 @@ class JudgeSettings(_Section):
     timeout_s: float = Field(default=2.0, gt=0.0, le=60.0)
     max_calls_per_answer: int = Field(default=3, ge=0, le=100)
     failure_threshold: int = Field(default=3, ge=1)
-    cooldown_s: float = Field(default=30.0, ge=0.0)
+    cooldown_s: float = Field(default=30.0, ge=0.0, le=86_400.0, allow_inf_nan=False)
     max_workers: int = Field(default=4, ge=1, le=64)
 
     @model_validator(mode="after")
@@ -473,7 +508,8 @@ class Settings(BaseSettings):
     qdrant: QdrantSettings = QdrantSettings()
     coverage: CoverageSettings = CoverageSettings()
     judge: JudgeSettings = JudgeSettings()
-    shutdown_grace_ms: int = Field(default=10_000, ge=0)
+    # 0 meant "no limit" (runtime.py: `... / 1000.0 or None`), the opposite of what it reads as
+    shutdown_grace_ms: int = Field(default=10_000, ge=1)
     gc_freeze: bool = Field(
         default=True,
         description="move everything loaded at start (models, calibrations, imports) out of "
@@ -495,11 +531,26 @@ class Settings(BaseSettings):
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
         """Read the environment (plus explicit overrides) or fail with what is wrong."""
-        check_environment(os.environ, list(cls.model_fields))
+        check_environment(
+            os.environ,
+            list(cls.model_fields),
+            scalars=[
+                name
+                for name, field in cls.model_fields.items()
+                if not (
+                    isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+                )
+            ],
+        )
         try:
             return cls(**overrides)
         except ValidationError as exc:
             raise ConfigError(explain(exc)) from None
+        except SettingsError as exc:  # GUARDRAIL_KAFKA= (a section given a non-JSON value)
+            raise ConfigError(
+                f"{exc}: a section variable (e.g. GUARDRAIL_KAFKA) takes a JSON object; "
+                "set its fields with __ instead (GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS=...)"
+            ) from None
 
     def redacted(self) -> dict[str, Any]:
         """A JSON-ready view with every secret replaced by ``**********``."""

@@ -20,7 +20,9 @@ PREFIX = "GUARDRAIL_"
 _log = logging.getLogger("sidecar.config")  # the configuration's logger, as operators know it
 
 
-def check_environment(environ: Mapping[str, str], sections: Sequence[str]) -> None:
+def check_environment(
+    environ: Mapping[str, str], sections: Sequence[str], scalars: Sequence[str] = ()
+) -> None:
     """Refuse ``GUARDRAIL_*`` names that are no setting (``sections``: top-level field names).
 
     The kubelet's service links are logged and skipped; a name that only looks
@@ -35,12 +37,18 @@ def check_environment(environ: Mapping[str, str], sections: Sequence[str]) -> No
             len(links),
             ", ".join(sorted(links)),
         )
+    flat = {s.lower() for s in scalars}
+
+    def is_unknown(name: str) -> bool:
+        parts = name.upper()[len(PREFIX) :].split("__")
+        head = parts[0].lower()
+        # GUARDRAIL_LOG_LEVEL__X: a plain setting has no fields; pydantic would ignore it
+        return head not in known or (head in flat and len(parts) > 1)
+
     unknown = sorted(
         name
         for name in environ
-        if name.upper().startswith(PREFIX)
-        and name not in links
-        and name.upper()[len(PREFIX) :].split("__")[0].lower() not in known
+        if name.upper().startswith(PREFIX) and name not in links and is_unknown(name)
     )
     if unknown:
         look_alike = [name for name in unknown if _LINK_SUFFIX.search(name)]

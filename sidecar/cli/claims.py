@@ -346,6 +346,11 @@ def _run_fit_on_corpus(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be >= 1 (or left out for all lines), got {limit}")
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from sidecar.claims.scorer import ClaimScorer  # noqa: PLC0415
     from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
@@ -356,6 +361,7 @@ def run_eval(args: argparse.Namespace) -> int:
         score_item,
     )
 
+    _check_limit(args.limit)
     if args.format == "pairs":
         return _run_eval_pairs(args)
     split = args.split or ("test" if args.format == "halueval-qa" else "all")
@@ -389,7 +395,12 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def _run_eval_pairs(args: argparse.Namespace) -> int:
     from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
-    from sidecar.lab.verifier.evaluate import pair_report, read_pair_items, score_pair_items  # noqa: PLC0415
+    from sidecar.lab.verifier.evaluate import (  # noqa: PLC0415
+        finite_or_none,
+        pair_report,
+        read_pair_items,
+        score_pair_items,
+    )
 
     items = read_pair_items(_existing(args.data, "--data"), args.limit)
     if not items:
@@ -407,15 +418,21 @@ def _run_eval_pairs(args: argparse.Namespace) -> int:
         "verifier": verifier.version,
         "max_windows": artifact.evidence_max_windows,
         "window_chars": artifact.evidence_max_chars,
-        **pair_report(probs, items, verifier.band),
+        **finite_or_none(pair_report(probs, items, verifier.band)),
     }
+    classes = {item.label for item in items}
+    if len(classes) < 2:
+        out["note"] = (
+            f"every pair is labelled {classes.pop()}: AUROC, balanced accuracy and length AUROC "
+            "need both labels (null)"
+        )
     _print(out, as_json=args.json)
     return 0
 
 
 def _print(out: Mapping[str, object], *, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.write(json.dumps(out, allow_nan=False) + "\n")
     else:
         for key, value in out.items():
             sys.stdout.write(f"{key:>17}: {value}\n")

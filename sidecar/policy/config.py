@@ -256,10 +256,32 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (the last would win)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _unique_mapping,
+)
+
+
 def parse_policy(text: str, source: str = "<policy>") -> PolicyConfig:
     """Validate a policy document (YAML or JSON) or raise ``ConfigError`` saying what is wrong."""
     try:
-        raw: Any = yaml.safe_load(text)
+        raw: Any = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
@@ -273,4 +295,8 @@ def parse_policy(text: str, source: str = "<policy>") -> PolicyConfig:
 def load_policy(path: Path) -> PolicyConfig:
     if not path.is_file():
         raise ConfigError(f"policy file {path} does not exist")
-    return parse_policy(path.read_text(encoding="utf-8"), str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 (byte offset {exc.start})") from None
+    return parse_policy(text, str(path))

@@ -257,7 +257,7 @@ def load_dataset(directory: str | Path) -> LookbackDataset:
         jsonl = npz.with_suffix(".jsonl")
         if not jsonl.is_file():
             raise ArtifactError(f"{npz} has no records file {jsonl.name}")
-        records.extend(json.loads(line) for line in jsonl.read_text("utf-8").splitlines() if line)
+        records.extend(json.loads(line) for line in jsonl.read_text("utf-8").split("\n") if line)
     if not parts["qid"]:
         raise ArtifactError(f"{root} holds no committed shard yet")
     qid = np.concatenate(parts["qid"]).astype(np.int64)

@@ -88,10 +88,40 @@ def row_events(row: dict[str, Any]) -> list[RetrievalEvent | GenerationDelta | G
 
 
 def load_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a ``rows.jsonl`` (a directory means its ``rows.jsonl``)."""
+    """The rows of a ``rows.jsonl`` (a directory means its ``rows.jsonl``).
+
+    Each row is checked for what the replay reads: ``qid`` (an integer, once per
+    file), ``correct`` (a JSON boolean: the string "false" is not false), and
+    ``retrieval`` / ``final`` objects; anything else is an ``InputError`` naming
+    the file and line.
+    """
+    from sidecar.exceptions import ConfigError, InputError  # noqa: PLC0415
+    from sidecar.lab.verifier.jsonl import iter_json_objects  # noqa: PLC0415
+
     file = path / ROWS_FILE if path.is_dir() else path
-    with file.open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    if not file.is_file():
+        raise ConfigError(f"outcome rows {file} do not exist (a rows.jsonl file or its directory)")
+    rows: list[dict[str, Any]] = []
+    seen: dict[Any, int] = {}
+    for lineno, row in iter_json_objects(file):
+        where = f"{file}:{lineno}"
+        qid = row.get("qid")
+        if type(qid) is not int:
+            raise InputError("schema-violation", f"{where}: qid must be an integer, got {qid!r}")
+        if qid in seen:
+            raise InputError("schema-violation", f"{where}: qid {qid} already on line {seen[qid]}")
+        seen[qid] = lineno
+        if not isinstance(row.get("correct"), bool):
+            raise InputError(
+                "schema-violation",
+                f"{where}: correct must be true or false (a JSON boolean), got "
+                f"{row.get('correct')!r}",
+            )
+        for name in ("retrieval", "final"):
+            if not isinstance(row.get(name), dict):
+                raise InputError("schema-violation", f"{where}: {name} must be an event object")
+        rows.append(row)
+    return rows
 
 
 def collect_rows(

@@ -27,6 +27,7 @@ import numpy as np
 
 from sidecar.confidence.bound import CoverageCounts, coverage_bound
 from sidecar.confidence.certify_allow import DEFAULT_GRID
+from sidecar.exceptions import DataError
 from sidecar.lab.report.collect import process_events, row_events
 from sidecar.lab.report.probe import LeakageProbeResult, is_abstention
 from sidecar.pipeline.processor import Processor
@@ -55,7 +56,11 @@ class Replayed:
 
     @property
     def correct(self) -> bool:
-        return bool(self.row["correct"])
+        value = self.row["correct"]
+        if not isinstance(value, bool):  # bool("false") is True: never guess a label
+            qid = self.row.get("qid")
+            raise DataError(f"row {qid!r}: correct must be true or false, got {value!r}")
+        return value
 
 
 def replay_rows(

@@ -33,10 +33,11 @@ dialogue_history, right_response, hallucinated_response``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from sidecar.claims.atomic import Claim
 from sidecar.claims.calibration import Band
@@ -231,8 +232,8 @@ def read_pair_items(path: Path, limit: int | None = None) -> list[PairItem]:
     out: list[PairItem] = []
     for lineno, obj in iter_json_objects(path):
         bad = [f for f in ("evidence", "claim") if not isinstance(obj.get(f), str)]
-        label = obj.get("label")
-        if label not in (0, 1) or isinstance(label, bool):
+        label: Any = obj.get("label")
+        if type(label) is not int or label not in (0, 1):
             bad.append("label (1 or 0)")
         question = obj.get("question", "")
         if question is None:
@@ -249,13 +250,16 @@ def read_pair_items(path: Path, limit: int | None = None) -> list[PairItem]:
                 f"label (1 or 0), optional question and id; wrong or missing: {', '.join(bad)}",
             )
         out.append(
-            PairItem(
-                str(obj["claim"]), str(obj["evidence"]), int(str(label)), question, str(item_id)
-            )
+            PairItem(str(obj["claim"]), str(obj["evidence"]), int(label), question, str(item_id))
         )
         if limit is not None and len(out) >= limit:
             break
     return out
+
+
+def finite_or_none(report: dict[str, float | int]) -> dict[str, float | int | None]:
+    """NaN (AUROC of one class, ...) as ``None``: strict JSON has no NaN."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
 
 
 class WindowScorer(Protocol):

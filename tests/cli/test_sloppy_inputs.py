@@ -1,0 +1,133 @@
+"""Sloppy or hostile files and environments: one-line errors naming what is wrong, never a guess."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sidecar.config import Settings
+from sidecar.exceptions import ConfigError, InputError
+from sidecar.lab.report.collect import load_rows
+from sidecar.lab.verifier.evaluate import finite_or_none, read_pair_items
+from sidecar.lab.verifier.jsonl import iter_json_objects
+from sidecar.policy.config import parse_policy
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _row(qid: int, correct: object) -> dict[str, object]:
+    return {"qid": qid, "correct": correct, "retrieval": {}, "final": {}}
+
+
+@pytest.mark.parametrize("correct", ["false", "true", 0, 1, None, "no"])
+def test_outcome_rows_take_only_boolean_labels(tmp_path: Path, correct: object) -> None:
+    rows = _write(tmp_path / "rows.jsonl", (json.dumps(_row(1, correct)) + "\n").encode())
+    with pytest.raises(InputError, match=r"rows.jsonl:1: correct must be true or false"):
+        load_rows(rows)
+
+
+def test_outcome_rows_refuse_a_repeated_qid_and_name_both_lines(tmp_path: Path) -> None:
+    text = "".join(json.dumps(_row(7, True)) + "\n" for _ in range(2))
+    rows = _write(tmp_path / "rows.jsonl", text.encode())
+    with pytest.raises(InputError, match=r"rows.jsonl:2: qid 7 already on line 1"):
+        load_rows(rows)
+
+
+def test_outcome_rows_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="do not exist"):
+        load_rows(tmp_path / "nope.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b'{"a": 1}\n{"b": "caf\xe9"}\n', r":2: not UTF-8 \(byte 0xe9"),
+        (b"[" * 100_000 + b"]" * 100_000 + b"\n", r":1: not usable JSON"),
+        (b'{"id": ' + b"9" * 5000 + b"}\n", r":1: not usable JSON"),
+        (b"42\n", r":1: expected a JSON object, got int"),
+        (b'{"a": 1} trailing\n', r":1: Extra data \(column 10\)"),
+    ],
+)
+def test_jsonl_errors_name_the_line(tmp_path: Path, data: bytes, match: str) -> None:
+    path = _write(tmp_path / "f.jsonl", data)
+    with pytest.raises(InputError, match=match):
+        list(iter_json_objects(path))
+
+
+def test_jsonl_reads_a_bom_and_crlf(tmp_path: Path) -> None:
+    path = _write(tmp_path / "f.jsonl", b'\xef\xbb\xbf{"a": 1}\r\n\r\n{"a": 2}\r\n')
+    assert [obj["a"] for _, obj in iter_json_objects(path)] == [1, 2]
+
+
+def test_jsonl_fake_gzip_is_one_line(tmp_path: Path) -> None:
+    path = _write(tmp_path / "f.gz", b'{"a": 1}\n')
+    with pytest.raises(InputError, match=r"not a readable \.gz file"):
+        list(iter_json_objects(path))
+
+
+@pytest.mark.parametrize("label", ["1.0", "0.0", "1e0", "true", '"1"'])
+def test_pair_labels_are_the_integers_0_and_1(tmp_path: Path, label: str) -> None:
+    line = f'{{"evidence": "e", "claim": "c", "label": {label}}}\n'
+    path = _write(tmp_path / "p.jsonl", line.encode())
+    with pytest.raises(InputError, match=r"p.jsonl:1: .*label \(1 or 0\)"):
+        read_pair_items(path)
+
+
+def test_undefined_numbers_are_null_not_nan() -> None:
+    out = finite_or_none({"auroc": float("nan"), "n": 2, "accuracy": 1.0})
+    assert out == {"auroc": None, "n": 2, "accuracy": 1.0}
+    json.dumps(out, allow_nan=False)
+
+
+def test_a_policy_key_given_twice_is_refused() -> None:
+    text = "schema_version: 1\nname: a\nname: b\n"
+    with pytest.raises(ConfigError, match="duplicate key 'name'"):
+        parse_policy(text, "p.yaml")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "match"),
+    [
+        ("GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS", "", "bootstrap_servers must be host"),
+        ("GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS", "host:99999", "ports in"),
+        ("GUARDRAIL_KAFKA__GROUP_ID", " ", "GUARDRAIL_KAFKA__GROUP_ID"),
+        ("GUARDRAIL_KAFKA__SESSION_TIMEOUT_MS", "99999999999999999999999", "less than or equal"),
+        ("GUARDRAIL_KAFKA", "", "takes a JSON object"),
+        ("GUARDRAIL_KAFKA", "not json", "takes a JSON object"),
+        ("GUARDRAIL_SHUTDOWN_GRACE_MS__X", "5", "GUARDRAIL_SHUTDOWN_GRACE_MS__X"),
+        ("GUARDRAIL_GC_FREEZE__ENABLED", "false", "GUARDRAIL_GC_FREEZE__ENABLED"),
+        ("GUARDRAIL_COVERAGE__REPORT_INTERVAL_S", "inf", "finite"),
+        ("GUARDRAIL_JUDGE__COOLDOWN_S", "inf", "finite"),
+        ("GUARDRAIL_SHUTDOWN_GRACE_MS", "0", "greater than or equal to 1"),
+    ],
+)
+def test_bad_settings_fail_fast(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, match: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=match):
+        Settings.load()
+
+
+def test_empty_sasl_credentials_are_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "GUARDRAIL_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+        "GUARDRAIL_KAFKA__SASL_MECHANISM": "PLAIN",
+        "GUARDRAIL_KAFKA__SASL_USERNAME": "",
+        "GUARDRAIL_KAFKA__SASL_PASSWORD": "",
+    }.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match="needs sasl_username, sasl_password"):
+        Settings.load()
+
+
+def test_header_tenancy_needs_a_header_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GUARDRAIL_TENANCY__SOURCE", "header")
+    monkeypatch.setenv("GUARDRAIL_TENANCY__HEADER", "")
+    with pytest.raises(ConfigError, match="GUARDRAIL_TENANCY__HEADER"):
+        Settings.load()
