@@ -553,5 +553,21 @@ class Settings(BaseSettings):
             ) from None
 
     def redacted(self) -> dict[str, Any]:
-        """A JSON-ready view with every secret replaced by ``**********``."""
-        return self.model_dump(mode="json")  # SecretStr dumps as '**********'
+        """A JSON-ready view with every secret replaced by ``**********``: the
+        ``SecretStr`` fields and the password of any URL (``https://user:pw@host``)."""
+        dumped: dict[str, Any] = _redact_urls(self.model_dump(mode="json"))
+        return dumped
+
+
+_URL_PASSWORD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:)[^/@]*@")
+
+
+def _redact_urls(value: Any) -> Any:
+    """``value`` with the password of every ``scheme://user:password@`` URL in it hidden."""
+    if isinstance(value, dict):
+        return {k: _redact_urls(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_urls(v) for v in value]
+    if isinstance(value, str):
+        return _URL_PASSWORD_RE.sub(r"\1**********@", value)
+    return value

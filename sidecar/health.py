@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from sidecar.exceptions import ConfigError
+
 Check = Callable[[], dict[str, bool]]
 
 
@@ -34,7 +36,14 @@ class HealthServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        try:
+            self._server = await asyncio.start_server(self._handle, self._host, self._port)
+        except OSError as exc:  # a port in use, an address not on this host, a bad name
+            raise ConfigError(
+                f"the health endpoints cannot listen on {self._host}:{self._port}: {exc} "
+                "(GUARDRAIL_HTTP__HOST: an address of this host, e.g. 0.0.0.0 or ::; "
+                "GUARDRAIL_HTTP__PORT: a free port)"
+            ) from None
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -242,7 +242,14 @@ def configure_from_env(
         from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415
         from prometheus_client import start_http_server  # noqa: PLC0415
 
-        start_http_server(prometheus_port, addr=prometheus_host)
+        try:
+            start_http_server(prometheus_port, addr=prometheus_host)
+        except OSError as exc:  # a port in use, an address not on this host, a bad name
+            raise ConfigError(
+                f"the Prometheus endpoint cannot listen on {prometheus_host}:{prometheus_port}: "
+                f"{exc} (GUARDRAIL_METRICS__PROMETHEUS_HOST: an address of this host; "
+                "GUARDRAIL_METRICS__PROMETHEUS_PORT: a free port)"
+            ) from None
         readers.append(PrometheusMetricReader())
         if metric_exporter is None:
             local = _stage_durations()

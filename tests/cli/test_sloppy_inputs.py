@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
 
 from sidecar.config import Settings
 from sidecar.exceptions import ConfigError, InputError
+from sidecar.health import HealthServer
 from sidecar.lab.report.collect import load_rows
 from sidecar.lab.verifier.evaluate import finite_or_none, read_pair_items
 from sidecar.lab.verifier.jsonl import iter_json_objects
 from sidecar.policy.config import parse_policy
+from sidecar.telemetry_setup import configure_from_env
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -131,3 +134,35 @@ def test_header_tenancy_needs_a_header_name(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("GUARDRAIL_TENANCY__HEADER", "")
     with pytest.raises(ConfigError, match="GUARDRAIL_TENANCY__HEADER"):
         Settings.load()
+
+
+def test_config_show_hides_passwords_in_urls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GUARDRAIL_QDRANT__URL", "https://reader:s3cret-pw@qdrant:6333")
+    monkeypatch.setenv("GUARDRAIL_KAFKA__SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("GUARDRAIL_KAFKA__SASL_MECHANISM", "PLAIN")
+    monkeypatch.setenv("GUARDRAIL_KAFKA__SASL_USERNAME", "svc")
+    monkeypatch.setenv("GUARDRAIL_KAFKA__SASL_PASSWORD", "kafka-pw")
+    shown = json.dumps(Settings.load().redacted())
+    assert "s3cret-pw" not in shown and "kafka-pw" not in shown
+    assert "https://reader:**********@qdrant:6333" in shown
+
+
+async def test_a_port_in_use_or_a_foreign_address_is_a_config_error() -> None:
+    # was an OSError traceback from `guardrail run`
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"cannot listen on 127.0.0.1:{port}.*free port"):
+            await HealthServer("127.0.0.1", port, dict, dict).start()
+    with pytest.raises(ConfigError, match="GUARDRAIL_HTTP__HOST"):
+        await HealthServer("not an ip", 0, dict, dict).start()
+
+
+def test_the_prometheus_port_in_use_is_a_config_error() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match="GUARDRAIL_METRICS__PROMETHEUS_PORT"):
+            configure_from_env(port, "127.0.0.1")
