@@ -19,9 +19,10 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from sidecar.config import Settings
-from sidecar.exceptions import ConfigError
+from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka.security import aiokafka_client_args
 
 
@@ -51,7 +52,10 @@ def parse_line(line: str, settings: Settings, where: str) -> Record:
         key = rid.encode("utf-8") if isinstance(rid, str) else None
         return Record(topics[kind], key, orjson.dumps(obj))
     if obj.get("topic") in topics and isinstance(obj.get("raw"), str):
-        headers = [(str(k), str(v).encode("utf-8")) for k, v in (obj.get("headers") or {}).items()]
+        raw_headers = obj.get("headers") or {}
+        if not isinstance(raw_headers, dict):
+            raise ConfigError(f"{where}: headers must be an object of name: value")
+        headers = [(str(k), str(v).encode("utf-8")) for k, v in raw_headers.items()]
         key = obj.get("key")
         return Record(
             topics[obj["topic"]],
@@ -66,9 +70,17 @@ def parse_line(line: str, settings: Settings, where: str) -> Record:
 
 
 def load_file(path: Path, settings: Settings) -> list[Record]:
+    if not path.is_file():
+        raise ConfigError(f"{path} is not a file (JSON lines: one event or envelope per line)")
     records = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise ConfigError(
+                    f"{path}:{n}: not UTF-8 (byte {raw[exc.start]:#04x} at column {exc.start + 1})"
+                ) from None
             if line.strip() and not line.lstrip().startswith("//"):
                 records.append(parse_line(line, settings, f"{path}:{n}"))
     return records
@@ -84,7 +96,14 @@ async def send(
         enable_idempotence=True,
         max_request_size=settings.topics.max_message_bytes + 65_536,
     )
-    await producer.start()
+    try:
+        await producer.start()
+    except KafkaError as exc:
+        await producer.stop()
+        raise BrokerError(
+            f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {exc} "
+            "(GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS)"
+        ) from None
     sent = 0
     started = time.monotonic()
     try:

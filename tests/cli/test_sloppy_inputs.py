@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.config import Settings
-from sidecar.exceptions import ConfigError, InputError
+from sidecar.exceptions import BrokerError, ConfigError, InputError
 from sidecar.health import HealthServer
+from sidecar.lab.localkafka.broker import free_port
+from sidecar.lab.replay import load_file, send
 from sidecar.lab.report.collect import load_rows
 from sidecar.lab.verifier.evaluate import finite_or_none, read_pair_items
 from sidecar.lab.verifier.jsonl import iter_json_objects
@@ -166,3 +168,27 @@ def test_the_prometheus_port_in_use_is_a_config_error() -> None:
         port = busy.getsockname()[1]
         with pytest.raises(ConfigError, match="GUARDRAIL_METRICS__PROMETHEUS_PORT"):
             configure_from_env(port, "127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (
+            b'{"topic": "retrieval", "raw": "{}", "headers": [1]}\n',
+            r":1: headers must be an object",
+        ),
+        (b'{"event_type": "retrieval"}\n\xff\n', r":2: not UTF-8 \(byte 0xff"),
+    ],
+)
+def test_replay_files_are_checked_line_by_line(tmp_path: Path, data: bytes, match: str) -> None:
+    path = _write(tmp_path / "events.jsonl", data)
+    with pytest.raises(ConfigError, match=match):
+        load_file(path, Settings.load())
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_file(tmp_path, Settings.load())
+
+
+async def test_replay_without_a_broker_says_where_it_looked() -> None:
+    settings = Settings.load(kafka={"bootstrap_servers": f"127.0.0.1:{free_port()}"})
+    with pytest.raises(BrokerError, match=r"cannot reach Kafka at 127\.0\.0\.1"):
+        await send(settings, [])
