@@ -24,6 +24,7 @@ carries the re-test and the gauges ``guardrail.coverage.certificate_*``.
 from __future__ import annotations
 
 import math
+import socket
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -57,6 +58,7 @@ class FeedbackOutcome(IntEnum):
 
 
 UNCERTIFIED_KEY = "uncertified"
+_INSTANCE = socket.gethostname() or None  # the pod's name under Kubernetes
 """Requests without a calibration key (certification off or unavailable)."""
 
 
@@ -213,6 +215,7 @@ class CoverageMonitor:
 
     def _event(self, key: str, r: BoundReport) -> CoverageReport:
         ok = r.status != "insufficient-data"
+        by_stratum = not math.isnan(r.measured_weighted)  # both strata labelled
         return CoverageReport(
             calibration_key=key,
             window_requests=r.coverage.trials,
@@ -224,11 +227,15 @@ class CoverageMonitor:
             bound_low=r.bound_low if ok else None,
             bound_high=r.bound_high if ok else None,
             measured_hallucination=_estimate(r.measured),
+            measured_by_stratum=_finite(r.measured_weighted),
+            measured_by_stratum_low=r.measured_weighted_low if by_stratum else None,
+            measured_by_stratum_high=r.measured_weighted_high if by_stratum else None,
             status=r.status,
             confidence_level=self._confidence,
             certificate=_certificate_status(self.certificates.check(key))
             if key in self.certificates.keys()
             else None,
+            instance=_INSTANCE,
             produced_at=self._wall_clock(),
             sidecar_version=__version__,
         )

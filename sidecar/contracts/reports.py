@@ -63,10 +63,23 @@ class CoverageReport(EventBase):
     bound_low: Probability | None
     bound_high: Probability | None
     measured_hallucination: BoundEstimate
+    measured_by_stratum: Probability | None = Field(
+        default=None,
+        description="c * epsilon + (1 - c) * delta of labelled uncovered answers: the measured "
+        "rate that does not lean to the stratum users label more; status compares the bound "
+        "with its interval (null without labels in both strata)",
+    )
+    measured_by_stratum_low: Probability | None = None
+    measured_by_stratum_high: Probability | None = None
     status: Literal["holds", "violated", "insufficient-data"]
     confidence_level: Probability
     certificate: CertificateStatus | None = Field(
         default=None, description="the key's allow certificate re-tested on feedback, if any"
+    )
+    instance: str | None = Field(
+        default=None,
+        description="the replica that counted this window (its host name: the pod's name "
+        "under Kubernetes); each replica reports its own partitions' traffic",
     )
     produced_at: datetime
     sidecar_version: str

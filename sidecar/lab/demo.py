@@ -143,11 +143,17 @@ def _coverage_line(r: dict[str, Any]) -> str:
             f"[{cert['error_low']:.2f}, {cert['error_high']:.2f}] vs risk {cert['risk']:g} "
             f"-> {cert['status']}"
         )
+    by_stratum = ""
+    if r.get("measured_by_stratum") is not None:
+        by_stratum = (
+            f" (by stratum {r['measured_by_stratum']:.2f} [{r['measured_by_stratum_low']:.2f}, "
+            f"{r['measured_by_stratum_high']:.2f}])"
+        )
     return (
         f"{r['calibration_key']}: requests={r['window_requests']} c={_ci(r['coverage'])} "
         f"eps={_ci(r['epsilon'])} delta={_ci(r['delta'])} ({r['delta_source']}) "
-        f"bound H<={bound} measured H={_ci(r['measured_hallucination'])} -> {r['status']}"
-        + certificate
+        f"bound H<={bound} measured H={_ci(r['measured_hallucination'])}{by_stratum} "
+        f"-> {r['status']}" + certificate
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from datetime import UTC, datetime
 from typing import Literal
@@ -351,3 +352,21 @@ def test_a_scrape_waits_for_a_count_in_progress() -> None:
     counting.join(5)
     scrape.join(5)
     assert scraped[0]["acme/wiki"]["window_requests"] == 2.0
+
+
+def test_the_report_names_its_replica_and_the_rate_its_status_reads() -> None:
+    m = monitor(probe=(1000, 500))
+    for i in range(40):
+        m.observe_verdict(verdict(f"r{i}", i % 2 == 0))
+        m.observe_feedback(feedback(f"r{i}", i % 4 != 1))  # uncovered: half wrong
+    [report] = m.reports()
+    assert report.instance == socket.gethostname()
+    assert report.measured_by_stratum == pytest.approx(0.5 * 0.0 + 0.5 * 0.5)
+    assert report.measured_by_stratum_low is not None
+    assert report.measured_by_stratum_high is not None
+    assert report.measured_by_stratum_low <= 0.25 <= report.measured_by_stratum_high
+    covered_only = monitor(probe=(1000, 500))
+    covered_only.observe_verdict(verdict("a", True))
+    covered_only.observe_feedback(feedback("a", True))
+    [report] = covered_only.reports()
+    assert report.measured_by_stratum is None and report.measured_by_stratum_low is None
