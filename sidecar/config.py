@@ -268,6 +268,16 @@ class JoinSettings(_Section):
         "well above ttl_ms",
     )
     decided_max_entries: int = Field(default=200_000, ge=1)
+    max_records_behind: int = Field(
+        default=500_000,
+        ge=1_000,
+        description="input records that may be read after the oldest open request's first "
+        "event before it is evicted (block / incomplete), whatever the join clock says. An "
+        "open request holds its partitions' commit back, and every record read after it is "
+        "remembered (offset and key, ~155 bytes each) until that commit moves: while the "
+        "sidecar is behind the join clock stands still, so without this bound a single "
+        "half-request held them for as long as a catch-up lasted",
+    )
 
 
 class LimitSettings(_Section):

@@ -31,12 +31,18 @@ class TopicSpec:
 def topic_specs(settings: Settings) -> list[TopicSpec]:
     t = settings.topics
     big = str(settings.topics.max_message_bytes)
+    # A producer's compressed batch is checked against max.message.bytes as compressed
+    # bytes: 600 KB of gzip on the wire decompressed to 600 MiB in the consumer and
+    # OOM-killed the sidecar on every restart (/tmp/audit-mem/exp2b_gzip_crashloop.py).
+    # With compression.type=uncompressed the broker decompresses each batch and refuses
+    # one whose records exceed max.message.bytes (RecordTooLarge to that producer).
+    inputs = {"max.message.bytes": big, "compression.type": "uncompressed"}
     return [
-        TopicSpec(t.retrieval, t.partitions, {"max.message.bytes": big}),
-        TopicSpec(t.generation, t.partitions, {"max.message.bytes": big}),
+        TopicSpec(t.retrieval, t.partitions, inputs),
+        TopicSpec(t.generation, t.partitions, inputs),
         TopicSpec(t.claims, t.partitions, {}),
         TopicSpec(t.verdicts, t.partitions, {}),
-        TopicSpec(t.feedback, t.partitions, {}),
+        TopicSpec(t.feedback, t.partitions, {"compression.type": "uncompressed"}),
         TopicSpec(t.reports, 1, {}),
         TopicSpec(t.dlq, 1, {"max.message.bytes": big, "retention.ms": str(DLQ_RETENTION_MS)}),
     ]

@@ -77,6 +77,7 @@ class PendingRequest:
     early_label: FeedbackEvent | None = None  # feedback that came before the verdict
     final_headers: tuple[tuple[str, bytes], ...] = ()  # the final event's (trace context)
     stages: list[tuple[str, int, int]] = field(default_factory=list)  # (stage, start_ns, end_ns)
+    first_record: int = 0  # the store's record count when this request opened
 
     def trace_parent(self) -> tuple[tuple[str, bytes], ...]:
         """Headers carrying the LLM service's trace context: the final's, else any input's."""
@@ -156,8 +157,12 @@ class JoinStore:
         max_bytes: int | None = None,
         decided_memory_ms: float | None = None,
         decided_max_entries: int | None = None,
+        max_records_behind: int | None = None,
     ) -> None:
         self.max_entries = max_entries
+        self.max_records_behind = max_records_behind
+        self.records = 0  # input records admitted so far (``note_record``)
+        self.backlog_evictions = 0
         self.ttl_ms = ttl_ms
         self.max_bytes = max_bytes
         self.decided_memory_ms = max(decided_memory_ms or ttl_ms, ttl_ms)
@@ -197,9 +202,27 @@ class JoinStore:
             first_seen_ns=time.time_ns(),
             key=key,
             tenant=tenant,
+            first_record=self.records,
         )
         self._open[key] = entry
         return entry, evicted
+
+    def note_record(self) -> None:
+        """One more input record was read (held, duplicate or dead-lettered)."""
+        self.records += 1
+
+    def behind(self) -> list[PendingRequest]:
+        """Remove and return the open requests opened more than ``max_records_behind``
+        records ago: each holds its partitions' commit, and every later record, back."""
+        out: list[PendingRequest] = []
+        limit = self.max_records_behind
+        while limit is not None and self._open:
+            entry = next(iter(self._open.values()))
+            if self.records - entry.first_record <= limit:
+                break
+            out.append(self._pop_oldest())
+        self.backlog_evictions += len(out)
+        return out
 
     def hold_bytes(self, entry: PendingRequest, size: int) -> list[PendingRequest]:
         """Account ``size`` more bytes to ``entry``; returns the requests evicted for room."""

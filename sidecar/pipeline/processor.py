@@ -95,6 +95,7 @@ class Processor:
             max_bytes=join.max_bytes,
             decided_memory_ms=join.decided_memory_ms,
             decided_max_entries=join.decided_max_entries,
+            max_records_behind=join.max_records_behind,
         )
         self.counters = Counters()
         self.waiting_labels = WaitingLabels(max_age_ms=join.decided_memory_ms)
@@ -403,6 +404,8 @@ class Processor:
         step = Step()
         for entry in self.store.expire(now_ms):
             step.extend(self._incomplete(entry, "ttl", now_ms))
+        for entry in self.store.behind():
+            step.extend(self._incomplete(entry, "records-behind", now_ms))
         self.counters.feedback_unmatched += self.waiting_labels.expire(now_ms)
         coverage = self.signals.coverage
         if coverage is not None:

@@ -13,7 +13,7 @@ import pytest
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import AnswerVerdict, AttentionSummary, DeadLetterRecord
-from sidecar.pipeline.intake import HELD_EVENT_OVERHEAD, MAX_TRACE_HEADER_BYTES
+from sidecar.pipeline.intake import HELD_EVENT_OVERHEAD, HELD_HIT_OVERHEAD, MAX_TRACE_HEADER_BYTES
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination, Step
 from sidecar.pipeline.processor import Processor
@@ -150,8 +150,35 @@ def test_texts_count_what_they_take_in_memory_not_only_their_utf8_bytes(
         in_memory = sum(sys.getsizeof(h.text) for h in entry.retrieval.hits)
         assert entry.bytes_held >= in_memory
         sizes[rid] = (len(raw), entry.bytes_held)
-    assert sizes["ascii"][1] == sizes["ascii"][0] + HELD_EVENT_OVERHEAD  # raw bytes, as before
+    # raw bytes, as before, and each hit's heap beyond its text
+    assert sizes["ascii"][1] == sizes["ascii"][0] + HELD_EVENT_OVERHEAD + 8 * HELD_HIT_OVERHEAD
     assert sizes["emoji"][1] > 3.5 * sizes["emoji"][0]  # ~4 bytes a character, not ~1
+
+
+def test_many_small_hits_are_charged_what_they_take_on_the_heap(
+    settings_factory: Callable[..., Settings], retrieval_event: EventFactory
+) -> None:
+    """256 one-character hits: ~15 KB of JSON, ~137 KB of heap once decoded and certified.
+    The store's byte budget must see the heap, not the JSON (audit: 10,000 such
+    half-requests held 1.5 GB of RSS under a 256 MiB join budget)."""
+    import gc
+    import tracemalloc
+
+    p = processor(settings_factory)
+    hits = [{"chunk_id": f"c{i}", "doc_id": "d", "score": 0.9, "text": "x"} for i in range(256)]
+    raws = [dumps(retrieval_event(f"req-{i}", hits=hits, k=256)) for i in range(50)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i, raw in enumerate(raws):
+            p.on_message(R, raw, None, ref("r", i), 0.0)
+        gc.collect()
+        heap = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(p.store) == 50
+    assert p.store.bytes_held >= 0.8 * heap, (p.store.bytes_held, heap)
 
 
 def test_a_late_resend_after_the_ttl_is_dead_lettered_not_decided_again(
@@ -328,3 +355,36 @@ def test_the_request_span_follows_the_final_events_trace_whatever_the_arrival_or
     [out] = [o for o in step.outputs if o.destination is Destination.VERDICTS]
     assert out.trace is not None
     assert dict(out.trace.parent)["traceparent"] == final_tp.encode()
+
+
+def test_a_half_request_is_decided_incomplete_once_too_many_records_came_after_it(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    # While the sidecar catches up its join clock stands still, so the TTL never ends a
+    # half-request; it held its partition's commit, and every record read after it stayed
+    # remembered (205 MiB over a 2M-record backlog with four half-requests, in the audit).
+    p = processor(settings_factory, join={"max_records_behind": 1_000, "ttl_ms": 10**9})
+    p.on_message(R, dumps(retrieval_event("half")), None, ref("r", 0), 0.0)
+    for i in range(500):  # 1,000 records after it: within the bound
+        p.on_message(R, dumps(retrieval_event(f"r{i}")), None, ref("r", 1 + i), 0.0)
+        p.on_message(G, dumps(final_event(f"r{i}")), None, ref("g", i), 0.0)
+    assert verdicts(p.on_tick(0.0)) == []
+    p.on_message(R, dumps(retrieval_event("one-more")), None, ref("r", 501), 0.0)
+    [late] = verdicts(p.on_tick(0.0))
+    assert late.request_id == "half" and late.decision == "block"
+    assert late.reasons[0].code == "incomplete" and "records-behind" in late.reasons[0].message
+    assert len(p.store) == 1  # "one-more" is still open
+
+
+def test_input_topics_are_created_uncompressed() -> None:
+    # max.message.bytes counts a compressed batch's bytes: 600 KB of gzip inflated to
+    # 600 MiB in the consumer and OOM-killed the sidecar on every restart (the audit).
+    # Uncompressed input topics make the broker check the records' own size.
+    from sidecar.kafka.topics import input_topics, topic_specs
+
+    settings = Settings.load()
+    specs = {s.name: s.config for s in topic_specs(settings)}
+    for topic in input_topics(settings):
+        assert specs[topic]["compression.type"] == "uncompressed"

@@ -53,3 +53,24 @@ def test_commit_never_passes_a_pending_message(finished: list[bool]) -> None:
         assert mark == min(pending)
     else:
         assert mark == len(finished)
+
+
+def test_an_open_request_is_evicted_once_too_many_records_were_read_after_it() -> None:
+    """The join clock stands still while the sidecar is behind, so the TTL alone never
+    ends a half-request during a catch-up: it held its partition's commit, and every
+    record read after it stayed in OffsetTracker and KeyIndex (~155 B each; audit:
+    +205 MB over a 2M-record backlog with four half-requests). ``max_records_behind``
+    bounds that."""
+    from sidecar.pipeline.join import JoinStore
+
+    store = JoinStore(10_000, 30_000, max_records_behind=1_000)
+    store.note_record()
+    half, _ = store.open("half", 0.0)
+    for i in range(1_000):
+        store.note_record()
+        store.open(f"r{i}", 0.0)
+        store.close(f"r{i}", 0.0)
+    assert store.behind() == []  # 1,000 records after it: still within the bound
+    store.note_record()
+    assert store.behind() == [half]
+    assert store.backlog_evictions == 1 and len(store) == 0
