@@ -8,14 +8,18 @@ request_id so one consumer sees both halves of a request and its feedback).
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from sidecar.config import Settings
 from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka.security import aiokafka_client_args
+
+log = logging.getLogger(__name__)
 
 DLQ_RETENTION_MS = 14 * 24 * 3600 * 1000
 SETTLE_S = 5.0  # how long a freshly created topic may take to show its partitions
@@ -163,8 +167,18 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
         raise
     try:
         existing, counts = await _layout(admin, settings, timeout_s)
+        compressed = await _compressed_inputs(admin, settings, existing, timeout_s)
     finally:
         await admin.close()
+    if compressed:
+        log.warning(
+            "input topic(s) %s accept compressed batches (compression.type=%s): the broker "
+            "checks max.message.bytes against the compressed bytes, so a small gzip batch can "
+            "inflate past the pod's memory in the consumer; set compression.type=uncompressed "
+            "on them (guardrail topics create does)",
+            ", ".join(sorted(compressed)),
+            "/".join(sorted(set(compressed.values()))),
+        )
     missing = [t for t in (*input_topics(settings), *output_topics(settings)) if t not in existing]
     if missing:
         raise ConfigError(
@@ -175,6 +189,34 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
     if problem is not None:
         raise ConfigError(problem)
     return counts
+
+
+async def _compressed_inputs(
+    admin: AIOKafkaAdminClient, settings: Settings, existing: set[str], timeout_s: float
+) -> dict[str, str]:
+    """Input topics whose ``compression.type`` is not ``uncompressed``, with it ({} when the
+    configs cannot be read: a warning's input, never a reason not to start)."""
+    names = [t for t in input_topics(settings) if t in existing]
+    if not names:
+        return {}
+    try:
+        responses = await asyncio.wait_for(
+            admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in names]),
+            timeout=timeout_s,
+        )
+    except (KafkaError, TimeoutError) as exc:
+        log.info("cannot read the input topics' compression.type (%s)", exc)
+        return {}
+    found: dict[str, str] = {}
+    for response in responses:
+        for resource in response.resources:
+            error_code, _message, _type, topic, entries = resource[:5]
+            if error_code != 0:
+                continue
+            for entry in entries:
+                if entry[0] == "compression.type" and entry[1] != "uncompressed":
+                    found[topic] = str(entry[1])
+    return found
 
 
 async def _layout(

@@ -1,14 +1,20 @@
-"""``verify_topics`` closes its admin client when cancelled while connecting (SIGTERM at start)."""
+"""``verify_topics``: closes its admin client when cancelled while connecting (SIGTERM at
+start), and names input topics that accept compressed batches."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, ClassVar
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from sidecar.config import Settings
 from sidecar.kafka import topics
+from sidecar.lab.localkafka.broker import LocalKafka
+from tests.kafka.harness import settings_for
 
 
 class HangingAdmin:
@@ -40,3 +46,40 @@ async def test_a_cancelled_start_closes_the_admin_client(monkeypatch: pytest.Mon
         await task
     [admin] = HangingAdmin.instances
     assert admin.closed
+
+
+@pytest.mark.connected
+async def test_input_topics_that_accept_compressed_batches_are_named_at_start(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    await topics.create_topics(settings)
+    with caplog.at_level(logging.WARNING, logger="sidecar.kafka.topics"):
+        await topics.verify_topics(settings)
+    assert "compression" not in caplog.text  # guardrail topics create: uncompressed
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.alter_configs(
+            [
+                ConfigResource(
+                    ConfigResourceType.TOPIC,
+                    unique_topics["generation"],
+                    configs={"compression.type": "producer"},
+                )
+            ]
+        )
+    finally:
+        await admin.close()
+    warnings: list[logging.LogRecord] = []
+    for _ in range(50):  # the broker applies a config change a moment after confirming it
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="sidecar.kafka.topics"):
+            await topics.verify_topics(settings)
+        warnings = [r for r in caplog.records if "compressed batches" in r.getMessage()]
+        if warnings:
+            break
+        await asyncio.sleep(0.2)
+    [warning] = warnings
+    assert unique_topics["generation"] in warning.getMessage()
+    assert unique_topics["retrieval"] not in warning.getMessage()
