@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 from pathlib import Path
@@ -14,6 +15,7 @@ from sidecar.health import HealthServer
 from sidecar.lab.localkafka.broker import free_port
 from sidecar.lab.replay import load_file, send
 from sidecar.lab.report.collect import load_rows
+from sidecar.lab.retrieval.corpus import read_jsonl
 from sidecar.lab.verifier.evaluate import finite_or_none, read_pair_items
 from sidecar.lab.verifier.jsonl import iter_json_objects
 from sidecar.policy.config import parse_policy
@@ -192,3 +194,13 @@ async def test_replay_without_a_broker_says_where_it_looked() -> None:
     settings = Settings.load(kafka={"bootstrap_servers": f"127.0.0.1:{free_port()}"})
     with pytest.raises(BrokerError, match=r"cannot reach Kafka at 127\.0\.0\.1"):
         await send(settings, [])
+
+
+def test_retrieval_corpora_are_read_by_the_same_checked_reader(tmp_path: Path) -> None:
+    # calibrate / eval retrieval read corpora with their own reader, which still raised
+    # UnicodeDecodeError; gzip is found by its magic bytes, whatever the file's name
+    bad = _write(tmp_path / "nq.jsonl", b'{"question": "q"}\n\xfe\n')
+    with pytest.raises(InputError, match=r"nq.jsonl:2: not UTF-8"):
+        list(read_jsonl(bad))
+    packed = _write(tmp_path / "nq.data", gzip.compress(b'\n{"question": "q"}\n'))
+    assert list(read_jsonl(packed)) == [(1, {"question": "q"})]

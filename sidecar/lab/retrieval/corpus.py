@@ -15,9 +15,7 @@ fields uses ``hasanswer: true`` instead.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from sidecar.exceptions import ConfigError, InputError
+from sidecar.lab.verifier.jsonl import iter_json_objects
 
 __all__ = [
     "Chunk",
@@ -79,26 +78,13 @@ def make_doc_id(title: str, text: str) -> str:
 
 
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` from a JSON-lines file, gzip detected by magic bytes."""
+    """Yield ``(line index from 0, object)`` from a JSON-lines file, gzip detected by magic
+    bytes (:func:`sidecar.lab.verifier.jsonl.iter_json_objects`: errors name file:line)."""
     source = Path(path)
     if not source.is_file():
         raise ConfigError(f"data file {source} does not exist")
-    with source.open("rb") as probe:
-        gzipped = probe.read(2) == b"\x1f\x8b"
-    opener = gzip.open if gzipped else open
-    with opener(source, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(
-                    "malformed-json", f"{source}:{lineno + 1}: not JSON ({exc.msg})"
-                ) from exc
-            if not isinstance(obj, dict):
-                raise InputError("schema-violation", f"{source}:{lineno + 1}: not a JSON object")
-            yield lineno, obj
+    for lineno, obj in iter_json_objects(source):
+        yield lineno - 1, obj
 
 
 def _str(obj: dict[str, Any], key: str, where: str) -> str:

@@ -12,15 +12,20 @@ from sidecar.exceptions import InputError
 
 __all__ = ["iter_json_objects"]
 
+GZIP_MAGIC = b"\x1f\x8b"
+
 
 def iter_json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, object)`` per non-blank line (``.gz`` read decompressed).
+    """``(line number, object)`` per non-blank line (a ``.gz`` name or gzip's magic bytes:
+    read decompressed).
 
     A line that is not JSON is ``malformed-json``, one that is not an object
     ``schema-violation``; both name ``path:line``.
     """
+    with path.open("rb") as probe:
+        gzipped = path.suffix == ".gz" or probe.read(2) == GZIP_MAGIC
     handle: IO[bytes] = (
-        gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")  # type: ignore[assignment]
+        gzip.open(path, "rb") if gzipped else path.open("rb")  # type: ignore[assignment]
     )
     with handle:
         try:
