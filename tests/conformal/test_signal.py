@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 import pytest
@@ -27,6 +28,19 @@ from sidecar.runtime import build_signals
 from tests.conftest import REPO, EventFactory, dumps
 
 
+def _calibration() -> dict[str, Any]:
+    found: dict[str, Any] = orjson.loads(
+        (REPO / "models/conformal/nq-open-minilm.json").read_text()
+    )
+    return found
+
+
+def _raw_cut() -> float:
+    """The raw score at which the shipped calibration starts to trust a hit."""
+    c = _calibration()
+    return float(c["n1"] + c["threshold"] * (c["n2"] - c["n1"]))
+
+
 def verdict_for(processor: Processor, retrieval: bytes, final: bytes) -> AnswerVerdict:
     processor.on_message(InputKind.RETRIEVAL, retrieval, None, InputRef("r", 0, 0), 0.0)
     step = processor.on_message(InputKind.GENERATION, final, None, InputRef("g", 0, 0), 0.0)
@@ -44,8 +58,8 @@ def test_verdict_carries_certification_from_the_shipped_calibration(
     )
     signals = build_signals(settings)
     assert signals.certifier is not None
-    calibration = orjson.loads((REPO / "models/conformal/nq-open-minilm.json").read_text())
-    raw_cut = calibration["n1"] + calibration["threshold"] * (calibration["n2"] - calibration["n1"])
+    calibration = _calibration()
+    raw_cut = _raw_cut()
     hits = [
         {"chunk_id": "high", "doc_id": "d1", "score": raw_cut + 0.05, "text": "a"},
         {"chunk_id": "low", "doc_id": "d2", "score": raw_cut - 0.05, "text": "b"},
@@ -96,9 +110,21 @@ def test_missing_calibration_fails_fast_with_the_way_out(
 
 
 def _calibrated_hits(score_offset: float) -> list[dict[str, object]]:
-    calibration = orjson.loads((REPO / "models/conformal/nq-open-minilm.json").read_text())
-    raw_cut = calibration["n1"] + calibration["threshold"] * (calibration["n2"] - calibration["n1"])
-    return [{"chunk_id": "c", "doc_id": "d", "score": raw_cut + score_offset, "text": "a"}]
+    """One hit ``score_offset`` above (or below) the shipped calibration's raw-score cut."""
+    return [{"chunk_id": "c", "doc_id": "d", "score": _raw_cut() + score_offset, "text": "a"}]
+
+
+def _nq_event(
+    retrieval_event: EventFactory, rid: str, tenant: str, offset: float
+) -> dict[str, Any]:
+    return retrieval_event(
+        rid,
+        collection="nq-open",
+        tenant=tenant,
+        retriever="qdrant-minilm-l6",
+        hits=_calibrated_hits(offset),
+        k=10,
+    )
 
 
 def test_the_monitor_counts_decided_requests_only_once_each(
@@ -117,24 +143,10 @@ def test_the_monitor_counts_decided_requests_only_once_each(
     processor = Processor(settings, PlaceholderPolicy(), signals=signals)
     key = "default/nq-open/qdrant-minilm-l6"
     for i in range(5):  # half requests: the answer never comes
-        event = retrieval_event(
-            f"half-{i}",
-            collection="nq-open",
-            tenant="default",
-            retriever="qdrant-minilm-l6",
-            hits=_calibrated_hits(-0.05),
-            k=10,
-        )
+        event = _nq_event(retrieval_event, f"half-{i}", "default", -0.05)
         processor.on_message(InputKind.RETRIEVAL, dumps(event), None, InputRef("r", 0, i), 0.0)
     assert monitor.status(key) is None
-    event = retrieval_event(
-        "whole",
-        collection="nq-open",
-        tenant="default",
-        retriever="qdrant-minilm-l6",
-        hits=_calibrated_hits(0.05),
-        k=10,
-    )
+    event = _nq_event(retrieval_event, "whole", "default", 0.05)
     v = verdict_for(processor, dumps(event), dumps(final_event("whole")))
     assert v.signals.retrieval.monitor == "warming-up"
     status = monitor.status(key)
@@ -154,14 +166,7 @@ def test_one_tenant_cannot_trip_another_tenants_alarm_on_the_global_calibration(
 
     def decided(tenant: str, i: int, offset: float) -> RetrievalSignal:
         event = RetrievalEvent.model_validate(
-            retrieval_event(
-                f"{tenant}-{i}",
-                collection="nq-open",
-                tenant=tenant,
-                retriever="qdrant-minilm-l6",
-                hits=_calibrated_hits(offset),
-                k=10,
-            )
+            _nq_event(retrieval_event, f"{tenant}-{i}", tenant, offset)
         )
         signal = certifier.certify(event)
         certifier.observe_decided(event, signal)
