@@ -33,7 +33,7 @@ from sidecar.lab.chaos.expectations import (
     Outcome,
 )
 from sidecar.lab.replay import Record
-from sidecar.pipeline.intake import HELD_EVENT_OVERHEAD
+from sidecar.pipeline.intake import HELD_EVENT_OVERHEAD, HELD_HIT_OVERHEAD
 
 _SIDE = {-1: "-under", 0: "-at", 1: "-over"}  # request ids allow no "+"
 
@@ -245,8 +245,11 @@ class HostileFactory(RecordBuilder):
             event["hits"][0]["text"] = "r" * pad
             return orjson.dumps(event)
 
-        # each held event also counts a fixed overhead against the budget (intake.held_bytes)
-        target = lim.max_request_bytes - len(fin) - 2 * HELD_EVENT_OVERHEAD + d
+        # each held event also counts a fixed overhead against the budget, and each retrieval
+        # hit its decoded model's (intake.held_bytes)
+        hits = len(retrieval(rid)["hits"])
+        overhead = 2 * HELD_EVENT_OVERHEAD + hits * HELD_HIT_OVERHEAD
+        target = lim.max_request_bytes - len(fin) - overhead + d
         if target > lim.max_message_bytes:
             raise ValueError(
                 f"max_request_bytes ({lim.max_request_bytes}) must be within max_message_bytes "
