@@ -58,8 +58,8 @@ class FeedbackOutcome(IntEnum):
 
 
 UNCERTIFIED_KEY = "uncertified"
-_INSTANCE = socket.gethostname() or None  # the pod's name under Kubernetes
 """Requests without a calibration key (certification off or unavailable)."""
+_INSTANCE = socket.gethostname() or None  # the pod's name under Kubernetes
 
 
 def _estimate(ci: ProportionInterval) -> BoundEstimate:

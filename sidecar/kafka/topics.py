@@ -37,7 +37,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
     big = str(settings.topics.max_message_bytes)
     # A producer's compressed batch is checked against max.message.bytes as compressed
     # bytes: 600 KB of gzip on the wire decompressed to 600 MiB in the consumer and
-    # OOM-killed the sidecar on every restart (/tmp/audit-mem/exp2b_gzip_crashloop.py).
+    # OOM-killed the sidecar on every restart (a memory audit against a real broker).
     # With compression.type=uncompressed the broker decompresses each batch and refuses
     # one whose records exceed max.message.bytes (RecordTooLarge to that producer).
     inputs = {"max.message.bytes": big, "compression.type": "uncompressed"}

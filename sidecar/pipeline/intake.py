@@ -54,9 +54,10 @@ MAX_TRACE_HEADER_BYTES = 8192
 # slots): measured 133 bytes for a one-character delta, the case where it matters most.
 HELD_EVENT_OVERHEAD = 160
 # Heap a retrieval hit costs beyond its text (its pydantic model, __dict__, fields-set, ids,
-# score, and its normalised score in the certification): measured ~520 bytes a hit with the
-# text's own getsizeof, ~470 without (/tmp/audit-mem/probe_heap.py). Uncharged, 10,000 open
-# retrievals of 256 one-character hits held 1.5 GB while the store counted 156 MB.
+# score, and its normalised score in the certification): ~520 bytes a hit with the text's
+# own getsizeof, ~470 without (tracemalloc; tests/pipeline/test_intake_limits.py checks
+# it). Uncharged, 10,000 open retrievals of 256 one-character hits held 1.5 GB of RSS
+# while the store counted 156 MB.
 HELD_HIT_OVERHEAD = 480
 
 JoinedEvent = RetrievalEvent | GenerationDelta | GenerationFinal
