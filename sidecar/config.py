@@ -48,9 +48,10 @@ class KafkaSettings(_Section):
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
-    ssl_cafile: str | None = None
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
+    # a path, or unset: an empty value was read as unset (the system CAs, no client cert)
+    ssl_cafile: NonBlank | None = None
+    ssl_certfile: NonBlank | None = None
+    ssl_keyfile: NonBlank | None = None
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     # the broker's group.max.session.timeout.ms defaults to 1,800,000 (30 min)
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=1_800_000)
@@ -215,10 +216,11 @@ class TopicSettings(_Section):
     )
     reports: str = Field(default="rag.reports", description="periodic coverage-bound reports")
     partitions: int = Field(default=3, ge=1, le=1024)
-    replication_factor: int = Field(default=1, ge=1)
+    replication_factor: int = Field(default=1, ge=1, le=32_767)  # an int16 in CreateTopics
     max_message_bytes: int = Field(
         default=16 * 1024 * 1024,
         ge=1024,
+        le=_INT32_MAX - 65_536,  # the producer's request size adds 64 KiB to it
         description="max.message.bytes of the input and DLQ topics (and the producer's "
         "request size): an oversize input must still fit into the DLQ untouched",
     )
@@ -235,10 +237,10 @@ class TopicSettings(_Section):
             self.reports,
         ]
         for name in names:
-            if not _TOPIC_RE.match(name):
+            if not _TOPIC_RE.match(name) or name in (".", ".."):
                 raise ValueError(
                     f"topic name {name!r} is not a legal Kafka topic name "
-                    "(1-249 characters of A-Z a-z 0-9 . _ -)"
+                    "(1-249 characters of A-Z a-z 0-9 . _ -, not '.' or '..')"
                 )
         if len(set(names)) != len(names):
             raise ValueError(f"topic names must be distinct, got {names}")

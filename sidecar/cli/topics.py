@@ -29,7 +29,7 @@ def run_create(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}
     if args.bootstrap_servers:
         overrides["kafka"] = {"bootstrap_servers": args.bootstrap_servers}
-    if args.partitions:
+    if args.partitions is not None:  # 0 is refused by the settings, not read as "default"
         overrides["topics"] = {"partitions": args.partitions}
     settings = Settings.load(**overrides)
     result = asyncio.run(create_topics(settings))

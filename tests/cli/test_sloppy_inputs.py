@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.cli.main import main
 from sidecar.config import Settings
 from sidecar.exceptions import BrokerError, ConfigError, InputError
 from sidecar.health import HealthServer
@@ -204,3 +205,28 @@ def test_retrieval_corpora_are_read_by_the_same_checked_reader(tmp_path: Path) -
         list(read_jsonl(bad))
     packed = _write(tmp_path / "nq.data", gzip.compress(b'\n{"question": "q"}\n'))
     assert list(read_jsonl(packed)) == [(1, {"question": "q"})]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "match"),
+    [
+        ("GUARDRAIL_TOPICS__VERDICTS", ".", "not a legal Kafka topic name"),
+        ("GUARDRAIL_TOPICS__DLQ", "..", "not a legal Kafka topic name"),
+        ("GUARDRAIL_TOPICS__REPLICATION_FACTOR", "40000", "less than or equal to 32767"),
+        ("GUARDRAIL_TOPICS__MAX_MESSAGE_BYTES", str(2**31), "less than or equal"),
+        ("GUARDRAIL_KAFKA__SSL_CAFILE", "", "GUARDRAIL_KAFKA__SSL_CAFILE"),
+    ],
+)
+def test_settings_kafka_would_refuse_later_are_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, match: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=match):
+        Settings.load()
+
+
+def test_topics_create_with_zero_partitions_is_refused_not_defaulted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["topics", "create", "--partitions", "0", "--bootstrap-servers", "x:1"]) == 2
+    assert "GUARDRAIL_TOPICS__PARTITIONS" in capsys.readouterr().err
