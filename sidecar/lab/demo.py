@@ -30,7 +30,7 @@ from aiokafka import AIOKafkaConsumer
 from sidecar.config import Settings
 from sidecar.contracts.codec import encode
 from sidecar.contracts.events import DLQ_HEADER_PREFIX, FeedbackEvent
-from sidecar.exceptions import SidecarNotReadyError
+from sidecar.exceptions import ConfigError, SidecarNotReadyError
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
 from sidecar.lab.replay import Record, load_file, send
@@ -332,6 +332,10 @@ def run_demo(
     claims: bool = False,
 ) -> int:
     started = time.monotonic()
+    # what to replay is read before anything starts: a wrong path or line costs no broker
+    sample_records = [] if real else load_file(sample or bundled_sample(), Settings.load())
+    if real and questions is not None and not questions.is_file():
+        raise ConfigError(f"--questions {questions}: no such file")
     home = default_home()
     lib = ensure_jars(home / "lib")
     home.mkdir(parents=True, exist_ok=True)
@@ -364,7 +368,7 @@ def run_demo(
             path = questions or Path("../shared/data/nq-open/nq-open-oracle.dev.jsonl.gz")
             records = real_records(settings, path, real, out)
         else:
-            records = load_file(sample or bundled_sample(), settings)
+            records = sample_records
         expected = expected_request_ids(records)
         feedback = [r for r in records if r.topic == settings.topics.feedback]
         records = [r for r in records if r.topic != settings.topics.feedback]

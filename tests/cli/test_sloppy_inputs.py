@@ -13,6 +13,7 @@ from sidecar.cli.main import main
 from sidecar.config import Settings
 from sidecar.exceptions import BrokerError, ConfigError, InputError
 from sidecar.health import HealthServer
+from sidecar.lab import demo
 from sidecar.lab.localkafka.broker import free_port
 from sidecar.lab.replay import load_file, send
 from sidecar.lab.report.collect import load_rows
@@ -230,3 +231,18 @@ def test_topics_create_with_zero_partitions_is_refused_not_defaulted(
 ) -> None:
     assert main(["topics", "create", "--partitions", "0", "--bootstrap-servers", "x:1"]) == 2
     assert "GUARDRAIL_TOPICS__PARTITIONS" in capsys.readouterr().err
+
+
+def test_demo_reads_its_events_before_it_starts_a_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_broker(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a broker was started for a file that cannot be replayed")
+
+    monkeypatch.setattr(demo, "LocalKafka", no_broker)
+    monkeypatch.setattr(demo, "ensure_jars", no_broker)
+    with pytest.raises(ConfigError, match="is not a file"):
+        demo.run_demo(tmp_path / "missing.jsonl")
+    bad = _write(tmp_path / "bad.jsonl", b"{}\n")
+    with pytest.raises(ConfigError, match=r"bad.jsonl:1: a line is either an event"):
+        demo.run_demo(bad)
