@@ -201,6 +201,36 @@ class KafkaSettings(_Section):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _no_settings_the_protocol_ignores(self) -> Self:
+        # as the chart refuses kafka.ssl.* without TLS: credentials set for a protocol that
+        # does not use them were ignored without a word, and the start then failed to connect
+        ignored = []
+        if not self.security_protocol.startswith("SASL"):
+            ignored += [
+                name
+                for name in ("sasl_mechanism", "sasl_username", "sasl_password")
+                if getattr(self, name) is not None
+            ]
+        if self.security_protocol not in ("SSL", "SASL_SSL"):
+            ignored += [
+                name
+                for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+                if getattr(self, name) is not None
+            ]
+        if ignored:
+            raise ValueError(
+                f"{', '.join(ignored)} set, but security_protocol={self.security_protocol} "
+                "does not use them: set GUARDRAIL_KAFKA__SECURITY_PROTOCOL to "
+                + (
+                    "SASL_SSL or SASL_PLAINTEXT"
+                    if ignored[0].startswith("sasl")
+                    else "SSL or SASL_SSL"
+                )
+                + ", or unset them"
+            )
+        return self
+
 
 class TopicSettings(_Section):
     """Topic names. Retrieval and generation must be co-partitioned (same count, same key)."""

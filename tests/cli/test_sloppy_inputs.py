@@ -246,3 +246,24 @@ def test_demo_reads_its_events_before_it_starts_a_broker(
     bad = _write(tmp_path / "bad.jsonl", b"{}\n")
     with pytest.raises(ConfigError, match=r"bad.jsonl:1: a line is either an event"):
         demo.run_demo(bad)
+
+
+@pytest.mark.parametrize(
+    ("protocol", "name", "wanted"),
+    [
+        ("PLAINTEXT", "GUARDRAIL_KAFKA__SASL_USERNAME", "SASL_SSL or SASL_PLAINTEXT"),
+        ("SSL", "GUARDRAIL_KAFKA__SASL_USERNAME", "SASL_SSL or SASL_PLAINTEXT"),
+        ("PLAINTEXT", "GUARDRAIL_KAFKA__SSL_CAFILE", "SSL or SASL_SSL"),
+        ("SASL_PLAINTEXT", "GUARDRAIL_KAFKA__SSL_CAFILE", "SSL or SASL_SSL"),
+    ],
+)
+def test_security_settings_the_protocol_ignores_are_refused(
+    monkeypatch: pytest.MonkeyPatch, protocol: str, name: str, wanted: str
+) -> None:
+    monkeypatch.setenv("GUARDRAIL_KAFKA__SECURITY_PROTOCOL", protocol)
+    if protocol.startswith("SASL"):
+        for var, value in (("MECHANISM", "PLAIN"), ("USERNAME", "u"), ("PASSWORD", "p")):
+            monkeypatch.setenv(f"GUARDRAIL_KAFKA__SASL_{var}", value)
+    monkeypatch.setenv(name, "/etc/ca.pem" if "SSL_" in name else "svc")
+    with pytest.raises(ConfigError, match=rf"does not use them: .*{wanted}"):
+        Settings.load()
