@@ -122,8 +122,11 @@ def test_a_slow_judge_falls_back_within_the_timeout(
     runner.close()
     assert labels == [ClaimLabel.UNCERTAIN]  # the verifier's label stands
     assert elapsed < state.delay_s  # the answer did not wait for the slow judge
-    # the socket timeout and the collection deadline are both timeout_s: either may fire first
-    assert runner.stats["late"] + runner.stats["failed"] == 1
+    # the socket timeout and the collection deadline are both timeout_s: either may fire
+    # first, and a call collected late may still time out afterwards (then it counts both:
+    # late for the answer, failed for the breaker). A fresh clone's run saw (1, 1).
+    assert (runner.stats["late"], runner.stats["failed"]) in {(1, 0), (0, 1), (1, 1)}
+    assert runner.stats["ok"] == 0
 
 
 def test_a_failing_judge_falls_back_and_the_breaker_opens(
