@@ -249,6 +249,7 @@ class CoverageMonitor:
         out: dict[str, dict[str, float | None]] = {}
         for key in self._keys():
             r = self.tracker.report(key)
+            counts = self.tracker.counts(key)
             ok = r.status != "insufficient-data"
 
             def v(ci: ProportionInterval, part: str) -> float | None:
@@ -277,8 +278,8 @@ class CoverageMonitor:
                 "window_covered": float(r.coverage.successes),
                 "window_labelled_covered": float(r.eps.trials),
                 "window_errors_covered": float(r.eps.successes),
-                "window_labelled_uncovered": float(self.tracker.counts(key).labelled_uncovered),
-                "window_errors_uncovered": float(self.tracker.counts(key).errors_uncovered),
+                "window_labelled_uncovered": float(counts.labelled_uncovered),
+                "window_errors_uncovered": float(counts.errors_uncovered),
             }
             if key in self.certificates.keys():
                 check = self.certificates.check(key)
