@@ -28,6 +28,14 @@ from sidecar.runtime import build_signals
 from tests.conftest import REPO, EventFactory, dumps
 
 
+def _shipped_settings(settings_factory: Callable[..., Settings]) -> Settings:
+    """The shipped models, certification alone (lookback and claims off)."""
+    found: Settings = settings_factory(
+        models={"dir": str(REPO / "models")}, signals={"lookback": False, "claims": False}
+    )
+    return found
+
+
 def _calibration() -> dict[str, Any]:
     found: dict[str, Any] = orjson.loads(
         (REPO / "models/conformal/nq-open-minilm.json").read_text()
@@ -53,9 +61,7 @@ def test_verdict_carries_certification_from_the_shipped_calibration(
     retrieval_event: EventFactory,
     final_event: EventFactory,
 ) -> None:
-    settings = settings_factory(
-        models={"dir": str(REPO / "models")}, signals={"lookback": False, "claims": False}
-    )
+    settings = _shipped_settings(settings_factory)
     signals = build_signals(settings)
     assert signals.certifier is not None
     calibration = _calibration()
@@ -134,9 +140,7 @@ def test_the_monitor_counts_decided_requests_only_once_each(
 ) -> None:
     # Fed when a retrieval arrived, the monitor counted retrievals whose answer never came
     # (and ones read again after a rebalance); it counts what was decided.
-    settings = settings_factory(
-        models={"dir": str(REPO / "models")}, signals={"lookback": False, "claims": False}
-    )
+    settings = _shipped_settings(settings_factory)
     signals = build_signals(settings)
     assert isinstance(signals.certifier, ConformalCertifier)
     monitor = signals.certifier.monitor
@@ -158,9 +162,7 @@ def test_one_tenant_cannot_trip_another_tenants_alarm_on_the_global_calibration(
 ) -> None:
     # Tenants without their own calibration share the global one; one window for all let
     # a tenant's 36 low-score retrievals caveat every other tenant's answers (the audit).
-    settings = settings_factory(
-        models={"dir": str(REPO / "models")}, signals={"lookback": False, "claims": False}
-    )
+    settings = _shipped_settings(settings_factory)
     certifier = build_signals(settings).certifier
     assert isinstance(certifier, ConformalCertifier)
 
