@@ -1,4 +1,5 @@
-"""Header names that are not UTF-8 must not stop a consumer (moved from sidecar.kafka.records).
+"""Record batches a consumer can always read: header names that are not UTF-8, and
+compressed batches, inflated within a bound (moved from sidecar.kafka.records).
 
 A header *name* is a protocol String, but the broker does not check it, and a Go
 or C producer can send any bytes. aiokafka decodes names strictly while it
@@ -8,20 +9,44 @@ such a batch again with the pure-Python reader, decoding names as Java's consume
 does (an invalid byte becomes U+FFFD). Both the sidecar's consumer and
 ``VerdictClient``'s install it; it lives here because the client imports no
 ``sidecar.kafka`` module.
+
+A compressed batch is inflated by :mod:`guardrail_client.inflate` (streamed, at most
+``max_batch_inflated_bytes``, any of Kafka's codecs) and read by the same fast reader,
+uncompressed. When it cannot be read whole (past the bound, a corrupt stream, a codec
+without its library), the records that came out whole are read and one record stands
+in for the rest: no value, the header :data:`~guardrail_client.inflate.UNREAD_HEADER`
+holding ``<reason>: <detail>``, at the batch's last offset (a consumer dead-letters it
+and moves past the batch). Nothing is inflated without bound, and nothing raises out
+of the fetch.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.consumer import fetcher
 from aiokafka.record import default_records, memory_records
+from aiokafka.record.util import decode_varint
 
-__all__ = ["LenientMemoryRecords", "install_lenient_header_names"]
+from guardrail_client.inflate import CODEC_NAMES, UNREAD_HEADER, inflate
+
+__all__ = [
+    "DEFAULT_MAX_BATCH_INFLATED_BYTES",
+    "LenientMemoryRecords",
+    "install_lenient_header_names",
+]
 
 log = logging.getLogger("guardrail_client")
+
+DEFAULT_MAX_BATCH_INFLATED_BYTES = 32 * 1024 * 1024
+_limits = {"batch": DEFAULT_MAX_BATCH_INFLATED_BYTES}
+_HEADER = default_records.DefaultRecordBase.HEADER_STRUCT
+_ATTRIBUTES_AT = default_records.DefaultRecordBase.ATTRIBUTES_OFFSET
+_CODEC_MASK = default_records.DefaultRecordBase.CODEC_MASK
 
 
 class _Text(bytearray):
@@ -86,20 +111,133 @@ class _Batch:
                 yield record
 
 
+@dataclass(frozen=True, slots=True)
+class _Record:
+    """A record as the fetcher reads it (the fields of aiokafka's own)."""
+
+    offset: int
+    timestamp: int
+    timestamp_type: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    checksum: None = None
+
+
+class _InflatedBatch:
+    """A compressed v2 batch: header fields, CRC check and control flags are the fast
+    batch's (over the compressed bytes, as the broker wrote them); the records are read
+    from the batch inflated within ``limit`` bytes."""
+
+    def __init__(self, fast: Any, raw: memoryview, limit: int) -> None:
+        self._fast = fast
+        self._raw = raw
+        self._limit = limit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fast, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        raw, header_size = self._raw, _HEADER.size
+        fields = _HEADER.unpack_from(raw)
+        attributes, count = fields[5], fields[12]
+        codec = attributes & _CODEC_MASK
+        buffer = bytearray(raw[:header_size])
+        got = inflate(codec, raw[header_size:], self._limit, buffer)
+        if got.problem is None:
+            struct.pack_into(">i", buffer, 8, len(buffer) - 12)  # Length: after itself
+            struct.pack_into(">h", buffer, _ATTRIBUTES_AT, attributes & ~_CODEC_MASK)
+            yield from _Batch(default_records.DefaultRecordBatch(buffer), memoryview(buffer))
+            return
+        last = self._fast.base_offset + self._fast.last_offset_delta
+        read = self._fast.base_offset - 1
+        for record in _whole_records(self._fast, buffer, header_size, count):
+            read = record.offset
+            yield record
+        reason, detail = got.problem
+        log.warning(
+            "the %s batch at offset %d of %d records: %s: %s",
+            CODEC_NAMES.get(codec, codec), self._fast.base_offset, count, reason, detail,
+        )  # fmt: skip
+        if read < last:
+            note = f"{reason}: offsets {read + 1}..{last} not read: {detail}"
+            yield _Record(
+                last, self._fast.max_timestamp, self._fast.timestamp_type, None, None,
+                [(UNREAD_HEADER, note.encode())],
+            )  # fmt: skip
+
+
+def _whole_records(batch: Any, buffer: bytearray, pos: int, count: int) -> Iterator[_Record]:
+    """The records of an inflated prefix that came out whole (header names read leniently)."""
+    base, first_ts = batch.base_offset, batch.first_timestamp
+    ts_type = batch.timestamp_type
+    end = len(buffer)
+    for _ in range(count):
+        try:
+            length, start = decode_varint(buffer, pos)
+            if length < 0 or start + length > end:
+                return
+            record, pos = _record(buffer, start, start + length)
+        except (IndexError, ValueError, UnicodeDecodeError):
+            return
+        offset_delta, ts_delta, key, value, headers = record
+        timestamp = batch.max_timestamp if ts_type == 1 else first_ts + ts_delta
+        yield _Record(base + offset_delta, timestamp, ts_type, key, value, headers)
+
+
+def _record(
+    buffer: bytearray, pos: int, end: int
+) -> tuple[tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]], int]:
+    _, pos = decode_varint(buffer, pos)  # attributes
+    ts_delta, pos = decode_varint(buffer, pos)
+    offset_delta, pos = decode_varint(buffer, pos)
+    key, pos = _nullable(buffer, pos, end)
+    value, pos = _nullable(buffer, pos, end)
+    n, pos = decode_varint(buffer, pos)
+    if n < 0:
+        raise ValueError("negative header count")
+    headers: list[tuple[str, bytes | None]] = []
+    for _ in range(n):
+        name, pos = _nullable(buffer, pos, end)
+        if name is None:
+            raise ValueError("a header without a name")
+        value_h, pos = _nullable(buffer, pos, end)
+        headers.append((name.decode("utf-8", "replace"), value_h))
+    if pos != end:
+        raise ValueError("the record's length does not match its fields")
+    return (offset_delta, ts_delta, key, value, headers), pos
+
+
+def _nullable(buffer: bytearray, pos: int, end: int) -> tuple[bytes | None, int]:
+    length, pos = decode_varint(buffer, pos)
+    if length < 0:
+        return None, pos
+    if pos + length > end:
+        raise ValueError("a field runs past its record")
+    return bytes(buffer[pos : pos + length]), pos + length
+
+
 class LenientMemoryRecords(memory_records._MemoryRecordsPy):  # type: ignore[misc]
     """The fetcher's record set: aiokafka's batch splitting, each v2 batch read by the fast
-    reader with the lenient one behind it (v0/v1 batches have no headers)."""
+    reader with the lenient one behind it (v0/v1 batches have no headers); a compressed
+    v2 batch inflated within the bound first."""
 
     def next_batch(self, *args: Any, **kwargs: Any) -> Any:
         raw = self._next_slice
         batch = super().next_batch(*args, **kwargs)
         if raw is None or batch is None or batch.magic < 2:
             return batch
+        if batch.attributes & _CODEC_MASK and not batch.is_control_batch:
+            return _InflatedBatch(batch, raw, _limits["batch"])
         return _Batch(batch, raw)
 
 
-def install_lenient_header_names() -> None:
-    """Make every aiokafka consumer of this process read header names leniently (idempotent).
+def install_lenient_header_names(
+    *, max_batch_inflated_bytes: int = DEFAULT_MAX_BATCH_INFLATED_BYTES
+) -> None:
+    """Make every aiokafka consumer of this process read header names leniently, and inflate
+    a compressed batch to at most ``max_batch_inflated_bytes`` (idempotent; the last call's
+    bound holds for every consumer of the process).
 
     Raises ``RuntimeError`` when aiokafka's internals are not the ones this was written
     for (``aiokafka>=0.14,<0.15``): an upgrade must be checked, not silently lose this.
@@ -114,4 +252,7 @@ def install_lenient_header_names() -> None:
             "aiokafka's record readers are not where guardrail_client.records expects them "
             "(written for aiokafka 0.14): check lenient header names before upgrading"
         )
+    if isinstance(max_batch_inflated_bytes, bool) or max_batch_inflated_bytes < 1:
+        raise ValueError(f"max_batch_inflated_bytes must be positive: {max_batch_inflated_bytes}")
+    _limits["batch"] = max_batch_inflated_bytes
     fetcher.MemoryRecords = LenientMemoryRecords

@@ -130,6 +130,16 @@ class KafkaSettings(_Section):
         "drains the partitions in turns rather than one whole partition after another "
         "(a half-request must not wait behind another partition's backlog)",
     )
+    max_batch_inflated_bytes: int = Field(
+        default=33_554_432,
+        ge=1_048_576,
+        le=_INT32_MAX,
+        description="bytes a compressed record batch may inflate to in the consumer (a topic's "
+        "max.message.bytes and the fetch sizes count compressed bytes: 600 KB of gzip inflated "
+        "to 600 MiB). The records of a batch past it that came out whole are read, and the "
+        "rest are dead-lettered (batch-too-large) by one record naming their offsets. At least "
+        "GUARDRAIL_LIMITS__MAX_MESSAGE_BYTES, so that any record the sidecar accepts is read",
+    )
     align_inputs: bool = Field(
         default=True,
         description="while catching up on a backlog, pause the input partition whose record "
@@ -559,6 +569,18 @@ class Settings(BaseSettings):
         "objects (about 40 ms -> under 1 ms per pause on this machine)",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _inflated_batch_holds_a_record(self) -> Self:
+        if self.kafka.max_batch_inflated_bytes < self.limits.max_message_bytes:
+            raise ValueError(
+                "GUARDRAIL_KAFKA__MAX_BATCH_INFLATED_BYTES "
+                f"({self.kafka.max_batch_inflated_bytes}) is below "
+                f"GUARDRAIL_LIMITS__MAX_MESSAGE_BYTES ({self.limits.max_message_bytes}): a "
+                "compressed batch holding one record the sidecar accepts could not be read; "
+                "allowed: at least the message limit"
+            )
+        return self
 
     @model_validator(mode="after")
     def _ports_distinct(self) -> Self:

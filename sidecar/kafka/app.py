@@ -241,7 +241,10 @@ class SidecarService:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        install_lenient_header_names()  # before the consumer reads anything
+        # before the consumer reads anything
+        install_lenient_header_names(
+            max_batch_inflated_bytes=self.settings.kafka.max_batch_inflated_bytes
+        )
         await self.broker.start()
         kafka = self.settings.kafka
         request_size = request_size_bytes(self.settings.topics.max_message_bytes)

@@ -27,6 +27,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from guardrail_client.inflate import UNREAD_HEADER
 from sidecar.config import LimitSettings, TenancySettings
 from sidecar.contracts.codec import InputKind, decode_input
 from sidecar.contracts.events import (
@@ -127,6 +128,18 @@ def _text_bytes(event: JoinedEvent) -> int:
     return 0
 
 
+def _check_read(ref: InputRef) -> None:
+    """A record standing in for a compressed batch's records that could not be read
+    (guardrail_client/records.py): its reason and the offsets it covers, to the DLQ."""
+    for name, value in ref.headers:
+        if name == UNREAD_HEADER:
+            note = value.decode("utf-8", "replace")
+            reason, _, detail = note.partition(": ")
+            if reason not in ("batch-too-large", "corrupt-batch", "unsupported-codec"):
+                reason, detail = "unreadable-batch", note  # a producer's own header
+            raise InputError(reason, detail[:2000])
+
+
 def held_ref(ref: InputRef) -> InputRef:
     """``ref`` with only the headers a held event keeps (:data:`TRACE_HEADERS`)."""
     headers = ref.headers
@@ -184,6 +197,7 @@ class Intake:
         if not reread:
             self._read_up_to[ref.tp] = ref.offset
         try:
+            _check_read(ref)
             event = decode_input(
                 kind,
                 raw,

@@ -38,6 +38,13 @@ def test_environment_with_nested_delimiter(monkeypatch: pytest.MonkeyPatch) -> N
         ({"GUARDRAIL_KAFKA__SECURITY_PROTOCOL": "SASL_SSL"}, "GUARDRAIL_KAFKA__SASL_USERNAME"),
         ({"GUARDRAIL_KAFKA__SECURITY_PROTOCOL": "TLS"}, "PLAINTEXT"),
         ({"GUARDRAIL_NOT_A_SETTING": "1"}, "GUARDRAIL_NOT_A_SETTING"),
+        (
+            {
+                "GUARDRAIL_LIMITS__MAX_MESSAGE_BYTES": "4194304",
+                "GUARDRAIL_KAFKA__MAX_BATCH_INFLATED_BYTES": "2097152",
+            },
+            "at least the message limit",
+        ),
     ],
 )
 def test_bad_configuration_says_what_is_wrong(
