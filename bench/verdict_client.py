@@ -30,6 +30,7 @@ import numpy as np
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from guardrail_client import GuardrailPublisher, VerdictClient, VerdictResult
+from sidecar.config import TOPIC_ROLES
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "bench" / "results" / "verdict_client.json"
@@ -41,10 +42,7 @@ HITS = [
 
 
 def topic_names(suffix: str) -> dict[str, str]:
-    return {
-        name: f"vc.{suffix}.{name}"
-        for name in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
-    }
+    return {name: f"vc.{suffix}.{name}" for name in TOPIC_ROLES}
 
 
 def sidecar_env(bootstrap: str, topics: dict[str, str], group: str) -> dict[str, str]:

@@ -255,6 +255,11 @@ class TopicSettings(_Section):
         description="labelled outcomes (consumed); co-partitioned with the inputs by request_id",
     )
     reports: str = Field(default="rag.reports", description="periodic coverage-bound reports")
+    certificates: str = Field(
+        default="rag.certificates",
+        description="the fleet's allow-certificate withdrawals (compacted, read from its start "
+        "by every replica whose policy certifies an allow)",
+    )
     partitions: int = Field(default=3, ge=1, le=1024)
     replication_factor: int = Field(default=1, ge=1, le=32_767)  # an int16 in CreateTopics
     max_message_bytes: int = Field(
@@ -275,6 +280,7 @@ class TopicSettings(_Section):
             self.dlq,
             self.feedback,
             self.reports,
+            self.certificates,
         ]
         for name in names:
             if not _TOPIC_RE.match(name) or name in (".", ".."):
@@ -285,6 +291,14 @@ class TopicSettings(_Section):
         if len(set(names)) != len(names):
             raise ValueError(f"topic names must be distinct, got {names}")
         return self
+
+
+TOPIC_ROLES = tuple(
+    name
+    for name in TopicSettings.model_fields
+    if name not in ("partitions", "replication_factor", "max_message_bytes")
+)
+"""The sidecar's topics by role (the fields of :class:`TopicSettings` that name one)."""
 
 
 class JoinSettings(_Section):

@@ -241,7 +241,11 @@ def build_processor(settings: Settings) -> Processor:
     signals = build_signals(settings)
     if isinstance(policy, PolicyEngine) and isinstance(signals.coverage, CoverageMonitor):
         policy.attach_certificates(signals.coverage.certificates)
-    return Processor(settings, policy, signals=signals)
+    # the fleet's withdrawals (rag.certificates) apply wherever the policy reads them
+    certificates = policy.certificates if isinstance(policy, PolicyEngine) else None
+    if certificates is not None and not certificates.keys():
+        certificates = None  # no certified allow: nothing to withdraw
+    return Processor(settings, policy, signals=signals, certificates=certificates)
 
 
 def unread_settings(settings: Settings) -> list[str]:

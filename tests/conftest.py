@@ -172,5 +172,6 @@ def unique_topics() -> dict[str, str]:
         "dlq": f"t.{suffix}.dlq",
         "feedback": f"t.{suffix}.feedback",
         "reports": f"t.{suffix}.reports",
+        "certificates": f"t.{suffix}.certificates",
         "group": f"g.{suffix}",
     }

@@ -22,6 +22,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sidecar.cli.replay",
     "sidecar.cli.demo",
     "sidecar.cli.topics",
+    "sidecar.cli.certificates",
     "sidecar.cli.kafka",
     "sidecar.cli.config",
     "sidecar.cli.schemas",

@@ -16,7 +16,7 @@ def register(sub: Any) -> None:
     create = cmds.add_parser(
         "create",
         help="create rag.retrieval, rag.generation, rag.feedback, rag.claims, rag.verdicts "
-        "(--partitions each) and rag.dlq, rag.reports (1 partition)",
+        "(--partitions each) and rag.dlq, rag.reports, rag.certificates (1 partition)",
     )
     create.add_argument("--bootstrap-servers", help="override GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS")
     create.add_argument("--partitions", type=int, help="override GUARDRAIL_TOPICS__PARTITIONS")

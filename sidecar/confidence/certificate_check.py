@@ -4,15 +4,28 @@ A certificate from :mod:`sidecar.confidence.certify_allow` promises that at most
 ``risk`` of the answers it allows are wrong (with probability >= 1 - delta over
 its calibration draw). Traffic can drift, so the sidecar keeps re-testing the
 promise on the labels of the answers it allowed under it: the error among them
-with its Clopper-Pearson interval. Pure stdlib, no I/O.
+with its Clopper-Pearson interval.
+
+A replica sees the labels of its own partitions only, and forgets them when it
+restarts: a violation found here is therefore announced to the fleet (a
+:class:`~sidecar.contracts.reports.CertificateWithdrawal` on ``rag.certificates``,
+:meth:`CertificateTracker.take_withdrawals`) and the fleet's withdrawals are applied
+here (:meth:`CertificateTracker.apply`): every replica, and every replica started
+later, withdraws the certified allow until the certificate is replaced or reinstated.
+No I/O here.
 """
 
 from __future__ import annotations
 
+import socket
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
 
+from sidecar import __version__
+from sidecar.contracts.reports import CertificateWithdrawal
 from sidecar.exceptions import ConfigError
 from sidecar.stats.binomial import binomial_cdf, clopper_pearson
 
@@ -25,6 +38,8 @@ def check_level(name: str, value: float) -> float:
         raise ConfigError(f"{name} must be in (0, 1), got {value!r}")
     return float(value)
 
+
+_HOST = socket.gethostname() or None  # the pod's name under Kubernetes
 
 CheckStatus = Literal["holds", "violated", "insufficient-data"]
 
@@ -57,26 +72,47 @@ class CertificateTracker:
     """Per certificate key: a sliding window of labels on certified-allowed answers.
 
     One label per request (the last wins). ``violated(key)`` is what the policy
-    reads to withdraw the certified allow: one exact binomial tail per label
-    (the Clopper-Pearson low end is above the risk iff ``P(Binomial(n, risk) >=
-    errors) < (1 - confidence) / 2``). ``check(key)`` adds the interval for
-    reports and gauges, computed once per change. Not thread-safe (one event
-    loop owns it).
+    reads to withdraw the certified allow: this replica's window found it broken
+    (one exact binomial tail per label: the Clopper-Pearson low end is above the
+    risk iff ``P(Binomial(n, risk) >= errors) < (1 - confidence) / 2``), or the
+    fleet withdrew it (:meth:`withdrawn`). ``check(key)`` adds the interval for
+    reports and gauges, computed once per change.
+
+    The labels come from the processor (a worker thread) and the fleet's
+    withdrawals from the event loop: a lock keeps the two apart.
     """
 
-    def __init__(self, *, window: int = 10_000, confidence: float = 0.95) -> None:
+    def __init__(
+        self,
+        *,
+        window: int = 10_000,
+        confidence: float = 0.95,
+        instance: str | None = _HOST,
+        version: str = __version__,
+    ) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ConfigError(f"window must be a positive number of labels, got {window!r}")
         self.window = window
         self.confidence = check_level("confidence", confidence)
+        self._instance = instance
+        self._version = version
         self._terms: dict[str, tuple[float, float]] = {}
+        self._fingerprints: dict[str, set[str]] = {}
         self._labels: dict[str, OrderedDict[str, bool]] = {}
         self._errors: dict[str, int] = {}
         self._violated: dict[str, bool] = {}
         self._checks: dict[str, CertificateCheck] = {}
+        self._fleet: dict[str, CertificateWithdrawal] = {}  # read from rag.certificates
+        self._announced: set[str] = set()  # keys whose violation the fleet knows or will
+        self._pending: list[str] = []  # violations found here, to announce
+        self._lock = threading.Lock()
 
-    def register(self, key: str, risk: float, delta: float) -> None:
-        """Track the certificate of ``key`` (a second register with other terms is an error)."""
+    def register(self, key: str, risk: float, delta: float, fingerprint: str = "") -> None:
+        """Track the certificate of ``key`` (a second register with other terms is an error).
+
+        ``fingerprint`` names the certificate (a key may have several, one per set of
+        served signals): a fleet withdrawal holds while the key's fingerprints are the
+        ones it names."""
         terms = (check_level("risk", risk), check_level("delta", delta))
         known = self._terms.get(key)
         if known is not None and known != terms:
@@ -85,43 +121,110 @@ class CertificateTracker:
                 f"and {terms}; one key has one certificate"
             )
         self._terms[key] = terms
+        if fingerprint:
+            self._fingerprints.setdefault(key, set()).add(fingerprint)
         self._labels.setdefault(key, OrderedDict())
         self._errors.setdefault(key, 0)
 
     def keys(self) -> list[str]:
         return sorted(self._terms)
 
+    def fingerprints(self, key: str) -> list[str]:
+        """The names of ``key``'s certificates (``["unnamed"]`` when registered without)."""
+        return sorted(self._fingerprints.get(key, ())) or ["unnamed"]
+
     def observe_label(self, key: str, request: str, *, wrong: bool) -> bool:
         """Label a certified-allowed answer of ``key``; True when it replaced an earlier label."""
-        labels = self._labels.get(key)
-        if labels is None:
-            return False  # not a tracked certificate
-        old = labels.pop(request, None)
-        errors = self._errors[key] - int(bool(old)) + int(bool(wrong))
-        labels[request] = bool(wrong)
-        while len(labels) > self.window:
-            _, dropped = labels.popitem(last=False)
-            errors -= int(dropped)
-        self._errors[key] = errors
-        self._checks.pop(key, None)
-        n, risk = len(labels), self._terms[key][0]
-        tail = 1.0 - binomial_cdf(errors - 1, n, risk)  # P(X >= errors | risk)
-        self._violated[key] = errors > 0 and tail < (1.0 - self.confidence) / 2.0
-        return old is not None
+        with self._lock:
+            labels = self._labels.get(key)
+            if labels is None:
+                return False  # not a tracked certificate
+            old = labels.pop(request, None)
+            errors = self._errors[key] - int(bool(old)) + int(bool(wrong))
+            labels[request] = bool(wrong)
+            while len(labels) > self.window:
+                _, dropped = labels.popitem(last=False)
+                errors -= int(dropped)
+            self._errors[key] = errors
+            self._checks.pop(key, None)
+            n, risk = len(labels), self._terms[key][0]
+            tail = 1.0 - binomial_cdf(errors - 1, n, risk)  # P(X >= errors | risk)
+            violated = errors > 0 and tail < (1.0 - self.confidence) / 2.0
+            self._violated[key] = violated
+            if violated and key not in self._announced and self.withdrawn(key) is None:
+                self._announced.add(key)
+                self._pending.append(key)
+            return old is not None
 
     def violated(self, key: str) -> bool:
-        return self._violated.get(key, False)
+        return self._violated.get(key, False) or self.withdrawn(key) is not None
+
+    def withdrawn(self, key: str) -> CertificateWithdrawal | None:
+        """The fleet's withdrawal of ``key``'s certified allow, if it holds for the
+        certificates served here (the same fingerprints)."""
+        record = self._fleet.get(key)
+        if record is None or sorted(record.certificates) != self.fingerprints(key):
+            return None
+        return record
+
+    def apply(self, key: str, withdrawal: CertificateWithdrawal | None) -> None:
+        """A record of ``rag.certificates``: a withdrawal, or ``None`` (a tombstone: the
+        certificate reinstated, its re-test window here started afresh)."""
+        with self._lock:
+            if withdrawal is not None:
+                self._fleet[key] = withdrawal
+                self._checks.pop(key, None)
+                if self.withdrawn(key) is not None:
+                    self._announced.add(key)
+                return
+            if self._fleet.pop(key, None) is None or key not in self._terms:
+                return
+            self._labels[key] = OrderedDict()
+            self._errors[key] = 0
+            self._violated[key] = False
+            self._checks.pop(key, None)
+            self._announced.discard(key)
+
+    def take_withdrawals(self, now: datetime | None = None) -> list[CertificateWithdrawal]:
+        """The violations found here since the last call, as records for the fleet (once
+        per key until it is reinstated)."""
+        with self._lock:
+            keys, self._pending = self._pending, []
+            out: list[CertificateWithdrawal] = []
+            for key in keys:
+                check = self._compute(key)
+                if check.error_low is None or check.error_high is None:
+                    continue
+                out.append(
+                    CertificateWithdrawal(
+                        calibration_key=key,
+                        certificates=self.fingerprints(key),
+                        risk=check.risk,
+                        delta=check.delta,
+                        labelled=check.labelled,
+                        errors=check.errors,
+                        error_low=check.error_low,
+                        error_high=check.error_high,
+                        instance=self._instance,
+                        withdrawn_at=now or datetime.now(UTC),
+                        sidecar_version=self._version,
+                    )
+                )
+            return out
 
     def check(self, key: str) -> CertificateCheck:
+        with self._lock:
+            return self._compute(key)
+
+    def _compute(self, key: str) -> CertificateCheck:
         cached = self._checks.get(key)
         if cached is not None:
             return cached
         risk, delta = self._terms[key]
         n, errors = len(self._labels[key]), self._errors[key]
-        if n == 0:
-            result = CertificateCheck(
-                key, risk, delta, 0, 0, None, None, "insufficient-data", self.confidence
-            )
+        if n == 0:  # a fleet withdrawal holds without labels here (a replica started since)
+            empty: CheckStatus = "violated" if self.violated(key) else "insufficient-data"
+            result = CertificateCheck(key, risk, delta, 0, 0, None, None, empty, self.confidence)
         else:
             low, high = clopper_pearson(errors, n, self.confidence)
             status: CheckStatus = "violated" if self.violated(key) else "holds"

@@ -10,7 +10,8 @@ fails when they drift. They live in one module per side of the wire:
     ``GenerationFinal`` (written by the LLM service), ``FeedbackEvent``;
   * :mod:`~sidecar.contracts.verdicts`   - ``ClaimVerdict`` on ``rag.claims``,
     ``AnswerVerdict`` on ``rag.verdicts``, and the signals and reasons they carry;
-  * :mod:`~sidecar.contracts.reports`    - ``CoverageReport`` on ``rag.reports``;
+  * :mod:`~sidecar.contracts.reports`    - ``CoverageReport`` on ``rag.reports``,
+    ``CertificateWithdrawal`` on ``rag.certificates``;
   * :mod:`~sidecar.contracts.deadletter` - ``DeadLetterRecord``: the headers of a
     ``rag.dlq`` message (its value is the original bytes, untouched).
 """
@@ -37,7 +38,12 @@ from sidecar.contracts.inputs import (
     RetrievalEvent,
     RetrievalHit,
 )
-from sidecar.contracts.reports import BoundEstimate, CertificateStatus, CoverageReport
+from sidecar.contracts.reports import (
+    BoundEstimate,
+    CertificateStatus,
+    CertificateWithdrawal,
+    CoverageReport,
+)
 from sidecar.contracts.verdicts import (
     AnswerVerdict,
     ChunkForecast,
@@ -62,6 +68,7 @@ __all__ = [
     "AttentionSummary",
     "BoundEstimate",
     "CertificateStatus",
+    "CertificateWithdrawal",
     "ChunkForecast",
     "ClaimLabel",
     "ClaimVerdict",
@@ -90,4 +97,4 @@ __all__ = [
     "dlq_header",
 ]
 
-OutputEvent = ClaimVerdict | AnswerVerdict | CoverageReport
+OutputEvent = ClaimVerdict | AnswerVerdict | CoverageReport | CertificateWithdrawal

@@ -1,4 +1,5 @@
-"""The coverage report published periodically on ``rag.reports``, one per calibration key."""
+"""The coverage report published periodically on ``rag.reports``, one per calibration key,
+and the fleet's certificate withdrawals on ``rag.certificates``."""
 
 from __future__ import annotations
 
@@ -82,4 +83,36 @@ class CoverageReport(EventBase):
         "under Kubernetes); each replica reports its own partitions' traffic",
     )
     produced_at: datetime
+    sidecar_version: str
+
+
+class CertificateWithdrawal(EventBase):
+    """A calibration key's certified allow, withdrawn for the whole fleet.
+
+    On ``rag.certificates`` (compacted, keyed by the calibration key). The replica
+    whose re-test found the certificate violated publishes it once; every replica
+    reads the topic from its start before it is ready, and follows it while it
+    serves. A replica withdraws the certified allow of ``calibration_key`` while the
+    certificates it serves for that key are exactly ``certificates`` (a new
+    certificate, from ``guardrail calibrate policy``, is not withdrawn). A restart
+    does not reinstate it; a tombstone (``guardrail certificates reinstate KEY``)
+    does, and every replica then starts that key's re-test window afresh.
+    """
+
+    event_type: Literal["certificate.withdrawn"] = "certificate.withdrawn"
+    calibration_key: str = Field(min_length=1, max_length=1024)
+    certificates: list[str] = Field(
+        min_length=1,
+        max_length=64,
+        description="fingerprints of the key's certificates when it was withdrawn "
+        "(sha256 of each certificate's JSON, first 16 hex digits)",
+    )
+    risk: Probability
+    delta: Probability
+    labelled: int = Field(ge=1, description="labelled allowed answers in the re-test window")
+    errors: int = Field(ge=0, description="wrong among them")
+    error_low: Probability
+    error_high: Probability
+    instance: str | None = Field(default=None, description="the replica that withdrew it")
+    withdrawn_at: datetime
     sidecar_version: str

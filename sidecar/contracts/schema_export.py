@@ -17,6 +17,7 @@ from sidecar.config import TopicSettings
 from sidecar.contracts.events import (
     SCHEMA_VERSION,
     AnswerVerdict,
+    CertificateWithdrawal,
     ClaimVerdict,
     CoverageReport,
     DeadLetterRecord,
@@ -35,6 +36,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "dead-letter": DeadLetterRecord,
     "feedback": FeedbackEvent,
     "coverage.report": CoverageReport,
+    "certificate.withdrawn": CertificateWithdrawal,
 }
 
 
@@ -122,6 +124,17 @@ def asyncapi() -> dict[str, Any]:
                 )
             },
         },
+        "certificates": {
+            "address": topics.certificates,
+            "description": "Compacted, keyed by calibration key: the latest withdrawal of the "
+            "key's certified allow, or a tombstone (reinstated). Every replica whose policy "
+            "certifies an allow reads it from its start before serving, and writes it.",
+            "messages": {
+                "certificateWithdrawn": message(
+                    "certificate.withdrawn", "An allow certificate withdrawn for the fleet"
+                )
+            },
+        },
         "dlq": {
             "address": topics.dlq,
             "messages": {
@@ -158,6 +171,8 @@ def asyncapi() -> dict[str, Any]:
             "consumeGeneration": op("receive", "generation"),
             "consumeFeedback": op("receive", "feedback"),
             "publishReports": op("send", "reports"),
+            "publishCertificates": op("send", "certificates"),
+            "consumeCertificates": op("receive", "certificates"),
             "publishClaims": op("send", "claims"),
             "publishVerdicts": op("send", "verdicts"),
             "publishDeadLetters": op("send", "dlq"),

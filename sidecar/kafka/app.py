@@ -41,6 +41,7 @@ from sidecar.kafka.publish import Publisher, request_size_bytes
 from sidecar.kafka.readiness import BrokerProbe, ConsumerWatch, LoopState
 from sidecar.kafka.records import input_headers, install_lenient_header_names
 from sidecar.kafka.security import faststream_security
+from sidecar.kafka.withdrawals import CertificateBoard
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
 from sidecar.pipeline.flow import InputAligner
 from sidecar.pipeline.join import InputRef
@@ -118,6 +119,7 @@ class SidecarService:
             topics.feedback: InputKind.FEEDBACK,
         }
         self.committer = Committer(self.tracker, self.keys, self.state)
+        self.certificates: CertificateBoard | None = None
         self.probe = BrokerProbe(self.state, (topics.retrieval, topics.generation, topics.feedback))
         self.consumer_watch = ConsumerWatch(self.state)
         self.publisher = Publisher(
@@ -127,6 +129,7 @@ class SidecarService:
                 Destination.CLAIMS: topics.claims,
                 Destination.DLQ: topics.dlq,
                 Destination.REPORTS: topics.reports,
+                Destination.CERTIFICATES: topics.certificates,
             },
             max_message_bytes=topics.max_message_bytes,
             state=self.state,
@@ -245,6 +248,9 @@ class SidecarService:
         install_lenient_header_names(
             max_batch_inflated_bytes=self.settings.kafka.max_batch_inflated_bytes
         )
+        if self.processor.certificates is not None:  # the fleet's withdrawals, before deciding
+            self.certificates = CertificateBoard(self.settings, self.processor.certificates)
+            await self.certificates.start()
         await self.broker.start()
         kafka = self.settings.kafka
         request_size = request_size_bytes(self.settings.topics.max_message_bytes)
@@ -284,6 +290,8 @@ class SidecarService:
         await self.subscriber.stop()
         await self.broker.stop()
         await self.clients.producer.stop()
+        if self.certificates is not None:
+            await self.certificates.stop()
         if self._worker is not None:
             self._worker.shutdown(wait=True)
         self.state.started = False

@@ -48,6 +48,9 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         TopicSpec(t.verdicts, t.partitions, {}),
         TopicSpec(t.feedback, t.partitions, {"compression.type": "uncompressed"}),
         TopicSpec(t.reports, 1, {}),
+        # one record per calibration key (the latest: a withdrawal or a tombstone); every
+        # replica reads it from its start, so it must never lose a key to retention
+        TopicSpec(t.certificates, 1, {"cleanup.policy": "compact", "retention.ms": "-1"}),
         TopicSpec(t.dlq, 1, {"max.message.bytes": big, "retention.ms": str(DLQ_RETENTION_MS)}),
     ]
 
@@ -102,7 +105,7 @@ def input_topics(settings: Settings) -> tuple[str, ...]:
 
 def output_topics(settings: Settings) -> tuple[str, ...]:
     t = settings.topics
-    return (t.verdicts, t.claims, t.dlq, t.reports)
+    return (t.verdicts, t.claims, t.dlq, t.reports, t.certificates)
 
 
 def format_counts(counts: dict[str, int]) -> str:
@@ -147,7 +150,7 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
     """Refuse to serve on a topic layout the join cannot work with; returns the input counts.
 
     Every input topic (retrieval, generation, feedback) and output topic
-    (verdicts, claims, dlq, reports) must exist, and the input topics must have
+    (verdicts, claims, dlq, reports, certificates) must exist, and the input topics must have
     equal partition counts. Waits at most the request timeout for the broker.
     """
     kafka = settings.kafka
@@ -173,9 +176,11 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
     if compressed:
         log.warning(
             "input topic(s) %s accept compressed batches (compression.type=%s): the broker "
-            "checks max.message.bytes against the compressed bytes, so a small gzip batch can "
-            "inflate past the pod's memory in the consumer; set compression.type=uncompressed "
-            "on them (guardrail topics create does)",
+            "checks max.message.bytes against the compressed bytes, so a small batch can "
+            "inflate far past it; the consumer stops at GUARDRAIL_KAFKA__MAX_BATCH_INFLATED_BYTES "
+            "and dead-letters the rest of such a batch (batch-too-large). Set "
+            "compression.type=uncompressed on them (guardrail topics create does): the broker "
+            "then refuses an oversize record to its producer",
             ", ".join(sorted(compressed)),
             "/".join(sorted(set(compressed.values()))),
         )

@@ -21,6 +21,7 @@ from sidecar import __version__
 from sidecar.contracts.codec import encode
 from sidecar.contracts.events import (
     AnswerVerdict,
+    CertificateWithdrawal,
     ClaimVerdict,
     CoverageReport,
     Decision,
@@ -41,6 +42,7 @@ class Destination(StrEnum):
     CLAIMS = "claims"
     DLQ = "dlq"
     REPORTS = "reports"
+    CERTIFICATES = "certificates"
 
 
 AttributeValue = str | bool | int | float | list[str]
@@ -358,5 +360,15 @@ def report_output(report: CoverageReport) -> Output:
         destination=Destination.REPORTS,
         key=report.calibration_key.encode("utf-8"),
         value=encode(report),
+        headers=[],
+    )
+
+
+def withdrawal_output(withdrawal: CertificateWithdrawal) -> Output:
+    """On the compacted ``rag.certificates``: keyed by the calibration key."""
+    return Output(
+        destination=Destination.CERTIFICATES,
+        key=withdrawal.calibration_key.encode("utf-8"),
+        value=encode(withdrawal),
         headers=[],
     )

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sidecar.contracts.events import (
+    CertificateWithdrawal,
     ChunkForecast,
     ClaimLabel,
     ClaimsSignal,
@@ -202,6 +203,23 @@ class CoverageObserver(Protocol):
 
     def gauge_values(self) -> dict[str, dict[str, float | None]]:
         """The latest numbers per calibration key, for the ``guardrail.coverage.*`` gauges."""
+        ...
+
+
+class CertificateLedger(Protocol):
+    """The policy's allow certificates as the fleet sees them (``rag.certificates``): the
+    withdrawals found here go out, the fleet's come in."""
+
+    def keys(self) -> list[str]:
+        """The calibration keys with a certificate in force."""
+        ...
+
+    def apply(self, key: str, withdrawal: CertificateWithdrawal | None) -> None:
+        """A record of the topic: a withdrawal, or ``None`` (reinstated)."""
+        ...
+
+    def take_withdrawals(self) -> list[CertificateWithdrawal]:
+        """Violations found here since the last call, to publish."""
         ...
 
 

@@ -40,7 +40,7 @@ from sidecar.pipeline.intake import Duplicate, Held, Intake, Labelled, Rejected
 from sidecar.pipeline.join import InputRef, JoinStore, PendingRequest
 from sidecar.pipeline.labels import WaitingLabels
 from sidecar.pipeline.outputs import Step
-from sidecar.pipeline.ports import ClaimResult, Policy, SignalSuite
+from sidecar.pipeline.ports import CertificateLedger, ClaimResult, Policy, SignalSuite
 from sidecar.pipeline.scoring import Scored, Scoring
 
 log = logging.getLogger("sidecar.pipeline")
@@ -82,10 +82,14 @@ class Processor:
         policy: Policy,
         *,
         signals: SignalSuite | None = None,
+        certificates: CertificateLedger | None = None,
         wall_clock: Callable[[], datetime] = _wall_clock,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self._policy = policy
+        # the policy's allow certificates, shared with the fleet (the adapter reads
+        # rag.certificates into it; withdrawals found here are published on ticks)
+        self.certificates = certificates
         self._wall_clock = wall_clock
         self._clock_ns = clock_ns
         join = settings.join
@@ -412,6 +416,15 @@ class Processor:
             for report in coverage.due_reports(now_ms if wall_ms is None else wall_ms):
                 self.counters.reports += 1
                 step.outputs.append(outputs.report_output(report))
+        if self.certificates is not None:
+            for withdrawal in self.certificates.take_withdrawals():
+                log.warning(
+                    "certified allow of %s withdrawn for the fleet: %d of %d labelled allowed "
+                    "answers wrong, above the certified risk %g",
+                    withdrawal.calibration_key, withdrawal.errors, withdrawal.labelled,
+                    withdrawal.risk,
+                )  # fmt: skip
+                step.outputs.append(outputs.withdrawal_output(withdrawal))
         return step
 
     # ------------------------------------------------------------------ dead letters

@@ -31,6 +31,7 @@ allow for its key (reason ``certificate-violated``). Pure logic after loading.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -43,13 +44,25 @@ from sidecar.exceptions import ArtifactError, ConfigError
 from sidecar.policy.config import Action, AllowRules, PolicyConfig, Profile
 from sidecar.policy.findings import below
 
-__all__ = ["Certified", "CertifiedAllow", "load_certificates", "request_key"]
+__all__ = [
+    "Certified",
+    "CertifiedAllow",
+    "certificate_fingerprint",
+    "load_certificates",
+    "request_key",
+]
 
 log = logging.getLogger(__name__)
 
 
 SIGNAL_MODELS = ("certifier", "lookback", "verifier", "confidence")
 """Signal components named in a verdict's ``model_versions`` (the generator is not one)."""
+
+
+def certificate_fingerprint(certificate: AllowCertificate) -> str:
+    """What names a certificate in the fleet's withdrawals: sha256 of its JSON, 16 hex digits
+    (every replica serving the same file computes the same)."""
+    return hashlib.sha256(certificate.model_dump_json().encode("utf-8")).hexdigest()[:16]
 
 
 def request_key(retrieval: RetrievalEvent) -> str:
@@ -114,15 +127,9 @@ class CertifiedAllow:
                 in_force=False,
             )
         if tracker.violated(key):
-            check = tracker.check(key)
             return Certified(
                 self.rules.when_violated,
-                _reason(
-                    "certificate-violated",
-                    f"re-tested on {check.labelled} labelled allowed answers, the error among "
-                    f"allowed ({check.errors}/{check.labelled}) is significantly above the "
-                    f"certified {cert.risk:g}: recalibrate (guardrail calibrate policy)",
-                ),
+                _reason("certificate-violated", _violation(tracker, key, cert.risk)),
                 in_force=False,
             )
         if confidence is None:
@@ -154,6 +161,25 @@ class CertifiedAllow:
             ),
             in_force=True,
         )
+
+
+def _violation(tracker: CertificateTracker, key: str, risk: float) -> str:
+    fleet = tracker.withdrawn(key)
+    if fleet is not None:
+        by = f" by {fleet.instance}" if fleet.instance else ""
+        return (
+            f"withdrawn for the fleet{by} at {fleet.withdrawn_at:%Y-%m-%dT%H:%M:%SZ}: re-tested "
+            f"on {fleet.labelled} labelled allowed answers, the error among allowed "
+            f"({fleet.errors}/{fleet.labelled}) is significantly above the certified {risk:g}: "
+            f"recalibrate (guardrail calibrate policy), or reinstate "
+            f"(guardrail certificates reinstate {key})"
+        )
+    check = tracker.check(key)
+    return (
+        f"re-tested on {check.labelled} labelled allowed answers, the error among "
+        f"allowed ({check.errors}/{check.labelled}) is significantly above the "
+        f"certified {risk:g}: recalibrate (guardrail calibrate policy)"
+    )
 
 
 def _reason(code: str, message: str) -> Reason:

@@ -46,7 +46,7 @@ from sidecar.contracts.events import (
 )
 from sidecar.pipeline.outputs import PROFILE_REASON_PREFIX
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
-from sidecar.policy.certified import CertifiedAllow, load_certificates
+from sidecar.policy.certified import CertifiedAllow, certificate_fingerprint, load_certificates
 from sidecar.policy.config import (
     SEVERITY,
     Action,
@@ -159,7 +159,8 @@ class PolicyEngine:
     def attach_certificates(self, tracker: CertificateTracker) -> None:
         """Re-test the certificates with ``tracker`` (the coverage monitor's, fed by feedback)."""
         for entry in self.certified.values():
-            tracker.register(entry.certificate.key, entry.certificate.risk, entry.certificate.delta)
+            cert = entry.certificate  # the one in force (of those its profile lists)
+            tracker.register(cert.key, cert.risk, cert.delta, certificate_fingerprint(cert))
         self.certificates = tracker
 
     @property

@@ -79,4 +79,5 @@ def test_asyncapi_names_every_topic() -> None:
         t.dlq,
         t.feedback,
         t.reports,
+        t.certificates,
     }

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from sidecar.config import KafkaSettings, Settings
+from sidecar.config import TOPIC_ROLES, KafkaSettings, Settings
 from sidecar.telemetry_setup import SAMPLERS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,5 +96,5 @@ def test_chart_topic_names_follow_kafka_rules_like_the_settings() -> None:
         assert legal.match(name)
     for name in ("", "a" * 250, "has space", "slash/topic"):
         assert not legal.match(name)
-    for key in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports"):
+    for key in TOPIC_ROLES:
         assert topics[key]["pattern"] == topics["verdicts"]["pattern"]

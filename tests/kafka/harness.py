@@ -18,7 +18,7 @@ from faststream.kafka.annotations import KafkaMessage
 from sidecar.config import Settings
 from sidecar.kafka.app import SidecarService
 from sidecar.kafka.topics import create_topics
-from sidecar.pipeline.ports import Policy, SignalSuite
+from sidecar.pipeline.ports import CertificateLedger, Policy, SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from sidecar.telemetry import Telemetry
@@ -108,9 +108,12 @@ class RealHarness:
         telemetry: Telemetry | None = None,
         policy: Policy | None = None,
         signals: SignalSuite | None = None,
+        certificates: CertificateLedger | None = None,
     ) -> None:
         self.settings = settings
-        processor = Processor(settings, policy or PlaceholderPolicy(), signals=signals)
+        processor = Processor(
+            settings, policy or PlaceholderPolicy(), signals=signals, certificates=certificates
+        )
         self.service = SidecarService(settings, processor, telemetry=telemetry)
         self.producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka.bootstrap_servers, acks="all"
@@ -180,9 +183,10 @@ async def real_harness(
     telemetry: Telemetry | None = None,
     policy: Policy | None = None,
     signals: SignalSuite | None = None,
+    certificates: CertificateLedger | None = None,
 ) -> AsyncIterator[RealHarness]:
     await create_topics(settings)
-    h = RealHarness(settings, telemetry, policy, signals)
+    h = RealHarness(settings, telemetry, policy, signals, certificates)
     await h.producer.start()
     await h.consumer.start()
     await h.service.start()

@@ -88,6 +88,7 @@ def sidecar_env(
         "GUARDRAIL_TOPICS__DLQ": t["dlq"],
         "GUARDRAIL_TOPICS__FEEDBACK": t["feedback"],
         "GUARDRAIL_TOPICS__REPORTS": t["reports"],
+        "GUARDRAIL_TOPICS__CERTIFICATES": t["certificates"],
     }
     yield env
 

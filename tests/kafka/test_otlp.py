@@ -31,6 +31,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from sidecar.config import TOPIC_ROLES
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka
@@ -170,10 +171,7 @@ async def test_spans_reach_an_otlp_receiver_with_the_llm_span_as_parent(
     env = {
         "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers,
         "GUARDRAIL_KAFKA__GROUP_ID": unique_topics["group"],
-        **{
-            f"GUARDRAIL_TOPICS__{n.upper()}": unique_topics[n]
-            for n in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
-        },
+        **{f"GUARDRAIL_TOPICS__{n.upper()}": unique_topics[n] for n in TOPIC_ROLES},
         "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
         "OTEL_EXPORTER_OTLP_PROTOCOL": receiver.protocol,
         "OTEL_BSP_SCHEDULE_DELAY": "200",

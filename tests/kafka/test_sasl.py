@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from sidecar.config import Settings
+from sidecar.config import TOPIC_ROLES, Settings
 from sidecar.exceptions import SidecarNotReadyError
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.process import SidecarProcess
@@ -53,10 +53,7 @@ def sasl_env(broker: LocalKafka, topics: dict[str, str], password: str) -> dict[
         "GUARDRAIL_KAFKA__SASL_PASSWORD": password,
         "GUARDRAIL_KAFKA__GROUP_ID": topics["group"],
         "GUARDRAIL_LOG_LEVEL": "DEBUG",
-        **{
-            f"GUARDRAIL_TOPICS__{n.upper()}": topics[n]
-            for n in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
-        },
+        **{f"GUARDRAIL_TOPICS__{n.upper()}": topics[n] for n in TOPIC_ROLES},
     }
 
 
@@ -68,10 +65,7 @@ async def test_scram_sidecar_decides_and_never_logs_the_password(
     final_event: EventFactory,
 ) -> None:
     env = sasl_env(scram_broker, unique_topics, PASSWORD)
-    topics = {
-        n: unique_topics[n]
-        for n in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
-    }
+    topics = {n: unique_topics[n] for n in TOPIC_ROLES}
     settings = Settings.load(
         kafka={
             "bootstrap_servers": scram_broker.sasl_bootstrap_servers,

@@ -77,6 +77,7 @@ def _env(settings: Settings) -> dict[str, str]:
         },
         "GUARDRAIL_TOPICS__FEEDBACK": t.feedback,
         "GUARDRAIL_TOPICS__REPORTS": t.reports,
+        "GUARDRAIL_TOPICS__CERTIFICATES": t.certificates,
     }
 
 
@@ -347,7 +348,7 @@ async def test_run_refuses_missing_topics_and_unequal_partition_counts(
     await admin.start()
     try:
         counts = {t.retrieval: 3, t.generation: 2, t.feedback: 3}
-        names = (t.claims, t.verdicts, t.dlq, t.reports)
+        names = (t.claims, t.verdicts, t.dlq, t.reports, t.certificates)
         await admin.create_topics(
             [NewTopic(name, counts.get(name, 1), 1) for name in (*counts, *names)]
         )

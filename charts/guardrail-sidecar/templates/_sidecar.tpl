@@ -191,6 +191,8 @@ convention. Credentials only ever come from Secrets.
   value: {{ $v.topics.feedback | quote }}
 - name: GUARDRAIL_TOPICS__REPORTS
   value: {{ $v.topics.reports | quote }}
+- name: GUARDRAIL_TOPICS__CERTIFICATES
+  value: {{ $v.topics.certificates | quote }}
 {{- with $v.qdrant.url }}
 - name: GUARDRAIL_QDRANT__URL
   value: {{ . | quote }}

@@ -29,7 +29,7 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from sidecar.config import Settings
+from sidecar.config import TOPIC_ROLES, Settings
 from sidecar.contracts.events import AttentionSummary
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.corpus import delta, final, retrieval
@@ -150,10 +150,7 @@ class Bench:
 
     def _setup(self, partitions: int) -> tuple[Settings, dict[str, str]]:
         suffix = uuid.uuid4().hex[:8]
-        topics = {
-            n: f"bench.{suffix}.{n}"
-            for n in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
-        }
+        topics = {n: f"bench.{suffix}.{n}" for n in TOPIC_ROLES}
         settings = Settings.load(
             kafka={
                 "bootstrap_servers": self.broker.bootstrap_servers,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 
-from sidecar.config import JoinSettings, LimitSettings, Settings
+from sidecar.config import TOPIC_ROLES, JoinSettings, LimitSettings, Settings
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.builder import AttentionShape
 from sidecar.lab.chaos.hostile import HostileFactory
@@ -102,10 +102,7 @@ class Chaos:
     def settings(self) -> tuple[Settings, dict[str, str]]:
         """Fresh topics and group: the settings to drive them, and the sidecar's environment."""
         suffix = uuid.uuid4().hex[:8]
-        topics = {
-            n: f"chaos.{suffix}.{n}"
-            for n in ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
-        }
+        topics = {n: f"chaos.{suffix}.{n}" for n in TOPIC_ROLES}
         settings = Settings.load(
             kafka={
                 "bootstrap_servers": self.broker.bootstrap_servers,

@@ -1,0 +1,208 @@
+"""The fleet's allow-certificate withdrawals: ``rag.certificates``, read into the policy.
+
+A replica re-tests an allow certificate on the labels of its own partitions and
+forgot them when it restarted: one replica's withdrawal was not another's, and a
+restart applied a withdrawn certificate again. A withdrawal found here is published
+(keyed by its calibration key, on a compacted topic: the processor's ticks); this
+board reads the topic from its start before the sidecar consumes anything, then
+follows it, and hands every record to the policy's
+:class:`~sidecar.pipeline.ports.CertificateLedger`. A tombstone reinstates
+(``guardrail certificates reinstate KEY``).
+
+Records for keys this replica does not certify are ignored, and a record that is not
+a withdrawal (bad JSON, another key inside than the record's key) is logged and
+ignored: anyone who can write the topic can only withdraw, never grant, an allow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka.errors import KafkaError
+from pydantic import ValidationError
+
+from sidecar.config import Settings
+from sidecar.contracts.events import CertificateWithdrawal
+from sidecar.exceptions import BrokerError
+from sidecar.kafka.security import aiokafka_client_args
+from sidecar.pipeline.ports import CertificateLedger
+
+__all__ = ["CertificateBoard", "read_withdrawals", "reinstate"]
+
+log = logging.getLogger("sidecar.kafka.certificates")
+
+_FOLLOW_BACKOFF_S = 1.0
+
+
+class CertificateBoard:
+    """``rag.certificates`` into ``ledger``: all of it at :meth:`start`, then as it comes."""
+
+    def __init__(
+        self, settings: Settings, ledger: CertificateLedger, *, every_key: bool = False
+    ) -> None:
+        """``every_key``: hand every key to ``ledger``, not only those it certifies."""
+        self.topic = settings.topics.certificates
+        self._kafka = settings.kafka
+        self._ledger = ledger
+        self._every_key = every_key
+        self._consumer: AIOKafkaConsumer[bytes, bytes] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.applied = 0
+        self.ignored = 0
+
+    async def start(self) -> None:
+        """Read the topic to its end (before the sidecar decides anything), then follow it.
+
+        ``BrokerError`` when it cannot be read within the request timeout."""
+        timeout_s = self._kafka.request_timeout_ms / 1000.0
+        consumer: AIOKafkaConsumer[bytes, bytes] = AIOKafkaConsumer(
+            **aiokafka_client_args(self._kafka),
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            client_id="guardrail-certificates",
+        )
+        self._consumer = consumer
+        try:
+            await asyncio.wait_for(self.read_to_end(consumer), timeout=timeout_s)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            await self.stop()
+            raise BrokerError(
+                f"cannot read {self.topic} (GUARDRAIL_TOPICS__CERTIFICATES, the fleet's "
+                f"certificate withdrawals) within {timeout_s:g} s: {exc or type(exc).__name__}"
+            ) from None
+        self._task = asyncio.create_task(self._follow(consumer), name="sidecar-certificates")
+
+    async def read_to_end(self, consumer: AIOKafkaConsumer[bytes, bytes]) -> None:
+        """Start ``consumer`` on every partition of the topic and apply what it holds now."""
+        await consumer.start()
+        consumer.subscribe([self.topic])  # no group: every partition, from the start
+        while not consumer.assignment():  # metadata first (a topic just created included)
+            for records in (await consumer.getmany(timeout_ms=100)).values():
+                for record in records:
+                    self.apply(record)
+        tps = sorted(consumer.assignment())
+        end = await consumer.end_offsets(tps)
+        behind = [tp for tp in tps if await consumer.position(tp) < end[tp]]
+        while behind:
+            batch = await consumer.getmany(*tps, timeout_ms=500)
+            for records in batch.values():
+                for record in records:
+                    self.apply(record)
+            behind = [tp for tp in behind if await consumer.position(tp) < end[tp]]
+        if self.applied:
+            log.info("%d certificate withdrawal(s) read from %s", self.applied, self.topic)
+
+    async def _follow(self, consumer: AIOKafkaConsumer[bytes, bytes]) -> None:
+        while True:
+            try:
+                batch = await consumer.getmany(timeout_ms=1000)
+            except KafkaError as exc:
+                log.warning("reading %s failed (%s); retrying", self.topic, exc)
+                await asyncio.sleep(_FOLLOW_BACKOFF_S)
+                continue
+            for records in batch.values():
+                for record in records:
+                    try:
+                        self.apply(record)
+                    except Exception:  # a bug of ours must not stop the following
+                        log.exception("%s@%d could not be applied", self.topic, record.offset)
+
+    def apply(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        """One record: a withdrawal or a tombstone for a key certified here, else ignored."""
+        key = _key(record.key)
+        if key is None or not (self._every_key or key in self._ledger.keys()):
+            return
+        if record.value is None:
+            self._ledger.apply(key, None)
+            self.applied += 1
+            log.warning("certified allow of %s reinstated (%s)", key, self.topic)
+            return
+        try:
+            withdrawal = CertificateWithdrawal.model_validate_json(record.value)
+        except ValidationError as exc:
+            self.ignored += 1
+            log.warning(
+                "%s[%d]@%d is not a certificate withdrawal, ignored: %s",
+                record.topic, record.partition, record.offset, str(exc).splitlines()[0],
+            )  # fmt: skip
+            return
+        if withdrawal.calibration_key != key:
+            self.ignored += 1
+            log.warning(
+                "%s[%d]@%d names %s under the key %s, ignored",
+                record.topic, record.partition, record.offset, withdrawal.calibration_key, key,
+            )  # fmt: skip
+            return
+        self._ledger.apply(key, withdrawal)
+        self.applied += 1
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._consumer is not None:
+            with contextlib.suppress(KafkaError, OSError):
+                await self._consumer.stop()
+            self._consumer = None
+
+
+def _key(raw: bytes | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+class _Latest:
+    """The latest record of every key (a ledger for ``guardrail certificates list``)."""
+
+    def __init__(self) -> None:
+        self.latest: dict[str, CertificateWithdrawal | None] = {}
+
+    def keys(self) -> list[str]:
+        return list(self.latest)
+
+    def apply(self, key: str, withdrawal: CertificateWithdrawal | None) -> None:
+        self.latest[key] = withdrawal
+
+    def take_withdrawals(self) -> list[CertificateWithdrawal]:
+        return []
+
+
+async def read_withdrawals(settings: Settings) -> dict[str, CertificateWithdrawal | None]:
+    """The latest record of every key of ``rag.certificates`` (``None``: reinstated), for
+    ``guardrail certificates list``; records that are not withdrawals are left out."""
+    ledger = _Latest()
+    board = CertificateBoard(settings, ledger, every_key=True)
+    consumer: AIOKafkaConsumer[bytes, bytes] = AIOKafkaConsumer(
+        **aiokafka_client_args(settings.kafka),
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    try:
+        await asyncio.wait_for(
+            board.read_to_end(consumer), timeout=settings.kafka.request_timeout_ms / 1000.0
+        )
+    finally:
+        with contextlib.suppress(KafkaError, OSError):
+            await consumer.stop()
+    return ledger.latest
+
+
+async def reinstate(settings: Settings, key: str) -> None:
+    """Write the tombstone of ``key``: every replica gives it its certified allow back."""
+    producer = AIOKafkaProducer(**aiokafka_client_args(settings.kafka), acks="all")
+    await producer.start()
+    try:
+        await producer.send_and_wait(settings.topics.certificates, None, key=key.encode("utf-8"))
+    finally:
+        await producer.stop()

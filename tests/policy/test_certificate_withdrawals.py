@@ -1,0 +1,139 @@
+"""A withdrawn certified allow holds for the fleet and across restarts (``rag.certificates``).
+
+A replica re-tests a certificate on its own partitions' labels and forgot them when
+it restarted: replica A withdrew the allow while replica B went on allowing, and a
+restarted A allowed again. The tracker now announces a violation once
+(``take_withdrawals``, published by the processor's tick) and applies the fleet's
+records (``apply``): sticky until reinstated (a tombstone) or re-certified (other
+fingerprints). The real-broker half is ``tests/kafka/test_certificates_real.py``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import orjson
+import pytest
+
+from sidecar.confidence.certificate_check import CertificateTracker
+from sidecar.config import Settings
+from sidecar.contracts.events import CertificateWithdrawal, Decision
+from sidecar.pipeline.outputs import Destination
+from sidecar.pipeline.processor import Processor
+from sidecar.policy.certified import certificate_fingerprint
+from sidecar.policy.placeholder import PlaceholderPolicy
+from tests.policy.test_certified_allow import FINAL, KEY, SIGNALS, codes, engine, retrieval
+
+NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)
+
+
+def violate(tracker: CertificateTracker, key: str = KEY, n: int = 50) -> None:
+    for i in range(n):
+        tracker.observe_label(key, f"r{i}", wrong=i % 2 == 0)  # half wrong vs risk 0.2
+
+
+def withdrawal(tracker: CertificateTracker, **fields: object) -> CertificateWithdrawal:
+    violate(tracker)
+    [record] = tracker.take_withdrawals(NOW)
+    return record.model_copy(update=fields)
+
+
+def test_a_violation_is_announced_once_with_its_re_test(tmp_path: Path) -> None:
+    policy = engine(tmp_path)
+    tracker = CertificateTracker(window=100, instance="pod-a")
+    policy.attach_certificates(tracker)
+    assert tracker.take_withdrawals(NOW) == []
+    violate(tracker)
+    [record] = tracker.take_withdrawals(NOW)
+    assert record.calibration_key == KEY and record.instance == "pod-a"
+    [entry] = policy.certified.values()
+    assert record.certificates == [certificate_fingerprint(entry.certificate)]
+    assert (record.labelled, record.errors) == (50, 25)
+    assert record.error_low > record.risk == pytest.approx(0.2)
+    violate(tracker, n=60)  # still violated: not announced again
+    assert tracker.take_withdrawals(NOW) == []
+
+
+def test_another_replica_withdraws_on_the_fleets_record_before_any_label(tmp_path: Path) -> None:
+    a, b = engine(tmp_path), engine(tmp_path)  # two replicas serving the same files
+    a_tracker, b_tracker = CertificateTracker(window=100), CertificateTracker(window=100)
+    a.attach_certificates(a_tracker)
+    b.attach_certificates(b_tracker)
+    assert b.decide(retrieval(), FINAL, SIGNALS, confidence=0.9).decision is Decision.ALLOW
+    b_tracker.apply(KEY, withdrawal(a_tracker, instance="pod-a"))
+    outcome = b.decide(retrieval(), FINAL, SIGNALS, confidence=0.9)
+    assert outcome.decision is Decision.CAVEAT
+    assert "certificate-violated" in codes(outcome)
+    [reason] = [r for r in outcome.reasons if r.code == "certificate-violated"]
+    assert "withdrawn for the fleet by pod-a" in reason.message
+    assert "guardrail certificates reinstate" in reason.message
+    check = b_tracker.check(KEY)
+    assert (check.status, check.labelled) == ("violated", 0)  # the report says so too
+    assert b_tracker.take_withdrawals(NOW) == []  # known to the fleet: nothing to announce
+    violate(b_tracker)
+    assert b_tracker.take_withdrawals(NOW) == []
+
+
+def test_a_withdrawal_outlives_a_recovered_window(tmp_path: Path) -> None:
+    policy = engine(tmp_path)
+    tracker = CertificateTracker(window=60)
+    policy.attach_certificates(tracker)
+    record = withdrawal(tracker)
+    tracker.apply(KEY, record)  # its own record, read back from the topic
+    for i in range(100, 200):  # a window of right answers only
+        tracker.observe_label(KEY, f"r{i}", wrong=False)
+    assert tracker.check(KEY).errors == 0
+    assert tracker.violated(KEY)  # sticky: only a tombstone or a new certificate lifts it
+
+
+def test_a_tombstone_reinstates_and_the_window_starts_afresh(tmp_path: Path) -> None:
+    policy = engine(tmp_path)
+    tracker = CertificateTracker(window=100)
+    policy.attach_certificates(tracker)
+    tracker.apply(KEY, withdrawal(tracker))
+    tracker.apply(KEY, None)
+    assert not tracker.violated(KEY)
+    assert tracker.check(KEY).labelled == 0
+    assert policy.decide(retrieval(), FINAL, SIGNALS, confidence=0.9).decision is Decision.ALLOW
+    violate(tracker)  # broken again: announced again
+    assert len(tracker.take_withdrawals(NOW)) == 1
+
+
+def test_a_new_certificate_is_not_withdrawn_by_the_old_ones_record(tmp_path: Path) -> None:
+    policy = engine(tmp_path)
+    tracker = CertificateTracker(window=100)
+    policy.attach_certificates(tracker)
+    old = withdrawal(tracker, certificates=["0123456789abcdef"])  # re-certified since
+    fresh = CertificateTracker(window=100)
+    policy.attach_certificates(fresh)
+    fresh.apply(KEY, old)
+    assert not fresh.violated(KEY)
+    assert policy.decide(retrieval(), FINAL, SIGNALS, confidence=0.9).decision is Decision.ALLOW
+
+
+def test_records_for_keys_not_certified_here_change_nothing() -> None:
+    tracker = CertificateTracker(window=100)
+    tracker.register(KEY, 0.2, 0.1, "f1")
+    other = CertificateTracker(window=100)
+    other.register("acme/x/y", 0.2, 0.1, "f1")
+    violate(other, "acme/x/y")
+    [record] = other.take_withdrawals(NOW)
+    tracker.apply("acme/x/y", record)
+    tracker.apply("acme/x/y", None)
+    assert not tracker.violated(KEY) and not tracker.violated("acme/x/y")
+
+
+def test_the_processor_publishes_a_withdrawal_on_its_tick(settings_factory: object) -> None:
+    tracker = CertificateTracker(window=100)
+    tracker.register(KEY, 0.2, 0.1, "f1")
+    settings: Settings = settings_factory()  # type: ignore[operator]
+    processor = Processor(settings, PlaceholderPolicy(), certificates=tracker)
+    assert processor.on_tick(0.0).outputs == []
+    violate(tracker)
+    [out] = processor.on_tick(1.0).outputs
+    assert out.destination is Destination.CERTIFICATES
+    assert out.key == KEY.encode()
+    record = CertificateWithdrawal.model_validate(orjson.loads(out.value))
+    assert record.calibration_key == KEY and record.certificates == ["f1"]
+    assert processor.on_tick(2.0).outputs == []  # once
