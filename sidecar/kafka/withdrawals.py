@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
@@ -53,37 +53,54 @@ class CertificateBoard:
         self.applied = 0
         self.ignored = 0
 
-    async def start(self) -> None:
-        """Read the topic to its end (before the sidecar decides anything), then follow it.
-
-        ``BrokerError`` when it cannot be read within the request timeout."""
-        timeout_s = self._kafka.request_timeout_ms / 1000.0
-        consumer: AIOKafkaConsumer[bytes, bytes] = AIOKafkaConsumer(
+    def _new_consumer(self, fetch_max_wait_ms: int) -> AIOKafkaConsumer[bytes, bytes]:
+        return AIOKafkaConsumer(
             **aiokafka_client_args(self._kafka),
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             client_id="guardrail-certificates",
+            fetch_max_wait_ms=fetch_max_wait_ms,
         )
-        self._consumer = consumer
+
+    async def start(self) -> None:
+        """Read the topic to its end (before the sidecar decides anything), then follow it.
+
+        ``BrokerError`` when it cannot be read within the request timeout. The catch-up
+        consumer asks the broker to hold an empty fetch 10 ms (a held fetch delays the
+        offset requests behind it on the connection: 500 ms at start on an empty topic);
+        the follower, idle almost always, 500 ms."""
+        timeout_s = self._kafka.request_timeout_ms / 1000.0
+        catch_up = self._new_consumer(fetch_max_wait_ms=10)
         try:
-            await asyncio.wait_for(self.read_to_end(consumer), timeout=timeout_s)
+            positions = await asyncio.wait_for(self.read_to_end(catch_up), timeout=timeout_s)
+            follower = self._consumer = self._new_consumer(fetch_max_wait_ms=500)
+            await follower.start()
+            follower.assign(list(positions))
+            for tp, position in positions.items():
+                follower.seek(tp, position)
         except (KafkaError, OSError, TimeoutError) as exc:
             await self.stop()
             raise BrokerError(
                 f"cannot read {self.topic} (GUARDRAIL_TOPICS__CERTIFICATES, the fleet's "
                 f"certificate withdrawals) within {timeout_s:g} s: {exc or type(exc).__name__}"
             ) from None
-        self._task = asyncio.create_task(self._follow(consumer), name="sidecar-certificates")
+        finally:
+            with contextlib.suppress(KafkaError, OSError):
+                await catch_up.stop()
+        self._task = asyncio.create_task(self._follow(follower), name="sidecar-certificates")
 
-    async def read_to_end(self, consumer: AIOKafkaConsumer[bytes, bytes]) -> None:
-        """Start ``consumer`` on every partition of the topic and apply what it holds now."""
+    async def read_to_end(
+        self, consumer: AIOKafkaConsumer[bytes, bytes]
+    ) -> dict[TopicPartition, int]:
+        """Start ``consumer`` on every partition of the topic and apply what it holds now;
+        returns where it stopped, per partition."""
         await consumer.start()
         consumer.subscribe([self.topic])  # no group: every partition, from the start
-        while not consumer.assignment():  # metadata first (a topic just created included)
-            for records in (await consumer.getmany(timeout_ms=100)).values():
-                for record in records:
-                    self.apply(record)
+        # metadata first (a topic just created included); without a group aiokafka has no
+        # event for the assignment
+        while not consumer.assignment():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
         tps = sorted(consumer.assignment())
         end = await consumer.end_offsets(tps)
         behind = [tp for tp in tps if await consumer.position(tp) < end[tp]]
@@ -95,6 +112,7 @@ class CertificateBoard:
             behind = [tp for tp in behind if await consumer.position(tp) < end[tp]]
         if self.applied:
             log.info("%d certificate withdrawal(s) read from %s", self.applied, self.topic)
+        return {tp: await consumer.position(tp) for tp in tps}
 
     async def _follow(self, consumer: AIOKafkaConsumer[bytes, bytes]) -> None:
         while True:
@@ -182,12 +200,7 @@ async def read_withdrawals(settings: Settings) -> dict[str, CertificateWithdrawa
     ``guardrail certificates list``; records that are not withdrawals are left out."""
     ledger = _Latest()
     board = CertificateBoard(settings, ledger, every_key=True)
-    consumer: AIOKafkaConsumer[bytes, bytes] = AIOKafkaConsumer(
-        **aiokafka_client_args(settings.kafka),
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-    )
+    consumer = board._new_consumer(fetch_max_wait_ms=10)
     try:
         await asyncio.wait_for(
             board.read_to_end(consumer), timeout=settings.kafka.request_timeout_ms / 1000.0
