@@ -1,16 +1,36 @@
-"""sha256 of a file or a folder on disk: the one helper behind every artifact and data hash."""
+"""sha256 of a file or a folder on disk: the one helper behind every artifact and data hash;
+and what makes a path unfit to be read as one (a FIFO blocks the reader forever)."""
 
 from __future__ import annotations
 
 import hashlib
+import stat
 from pathlib import Path
 
-__all__ = ["sha256_file", "sha256_tree"]
+__all__ = ["not_a_regular_file", "sha256_file", "sha256_tree"]
 
 _BLOCK = 1 << 20
 
 
+def not_a_regular_file(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a file's bytes (``None``: it can). A FIFO, a device or
+    a socket would block its reader, or never end: a start must refuse it, not hang."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be read: {exc}"
+    if stat.S_ISREG(mode):
+        return None
+    kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else None
+    return f"is not a regular file ({kind or 'a device or socket'})"
+
+
 def _file_digest(path: Path) -> hashlib._Hash:
+    problem = not_a_regular_file(path)
+    if problem is not None:
+        raise OSError(f"{path} {problem}")
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(_BLOCK), b""):

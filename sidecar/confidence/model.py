@@ -47,6 +47,7 @@ from sidecar.confidence.errors import ConfidenceDataError
 from sidecar.confidence.logistic import FloatArray
 from sidecar.confidence.spec import ANSWER_SPEC, FeatureSpec, FeatureValues, signal_value
 from sidecar.exceptions import ArtifactError
+from sidecar.hashing import not_a_regular_file
 
 __all__ = [
     "MODEL_FORMAT",
@@ -356,6 +357,9 @@ class ConfidenceModel(BaseModel):
         does not match its parameters.
         """
         source = Path(path)
+        problem = not_a_regular_file(source)
+        if problem is not None:
+            raise ArtifactError(f"cannot read confidence model {source}: it {problem}")
         try:
             raw = json.loads(source.read_text("utf-8"))
         except (OSError, ValueError) as exc:

@@ -40,6 +40,7 @@ from sidecar.contracts.events import (
     SignalStatus,
 )
 from sidecar.exceptions import ArtifactError
+from sidecar.hashing import not_a_regular_file
 from sidecar.pipeline.ports import ConfidenceResult
 
 __all__ = ["ANSWER_FILE", "CARD_FILE", "CHUNKS_FILE", "CalibratedConfidenceScorer"]
@@ -63,7 +64,10 @@ class CalibratedConfidenceScorer:
     def from_dir(cls, path: Path, *, tau: float | None = None) -> CalibratedConfidenceScorer:
         """Load ``answer.json``, ``chunks.json`` and the card's tau (unless ``tau`` overrides)."""
         for name in (ANSWER_FILE, CHUNKS_FILE, CARD_FILE):
-            if not (path / name).exists():
+            problem = not_a_regular_file(path / name)
+            if problem is not None and problem != "does not exist":
+                raise ArtifactError(f"{path / name} {problem}")
+            if problem is not None:
                 raise ArtifactError(
                     f"{path / name} is missing; a confidence model directory holds "
                     f"{ANSWER_FILE}, {CHUNKS_FILE} and {CARD_FILE} ('guardrail train confidence')"

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from sidecar.conformal.artifact import ARTIFACT_KIND, SCHEMA_VERSION, CalibrationArtifact
 from sidecar.exceptions import ArtifactError
+from sidecar.hashing import not_a_regular_file
 
 __all__ = ["load_artifact", "save_artifact"]
 
@@ -40,6 +41,9 @@ def save_artifact(artifact: CalibrationArtifact, path: str | Path) -> Path:
 def load_artifact(path: str | Path) -> CalibrationArtifact:
     """Read and validate a calibration artifact; :class:`ArtifactError` on any problem."""
     source = Path(path)
+    problem = not_a_regular_file(source)
+    if problem is not None:
+        raise ArtifactError(f"calibration artifact {source} {problem}")
     try:
         text = source.read_text(encoding="utf-8")
     except FileNotFoundError as exc:

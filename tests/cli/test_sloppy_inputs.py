@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import socket
 from pathlib import Path
 
@@ -267,3 +268,52 @@ def test_security_settings_the_protocol_ignores_are_refused(
     monkeypatch.setenv(name, "/etc/ca.pem" if "SSL_" in name else "svc")
     with pytest.raises(ConfigError, match=rf"does not use them: .*{wanted}"):
         Settings.load()
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_where_the_calibration_belongs_stops_the_check_instead_of_hanging_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A FIFO blocks its reader until something writes to it: `guardrail run --check` hung
+    # on a calibration path that was one (the CLI audit). A device or a directory is no
+    # file either.
+    shipped = Path(__file__).resolve().parents[2] / "models"
+    models = tmp_path / "models"
+    for entry in shipped.iterdir():
+        (models / entry.name).parent.mkdir(exist_ok=True)
+        if entry.name != "conformal":
+            (models / entry.name).symlink_to(entry)
+    (models / "conformal").mkdir()
+    os.mkfifo(models / "conformal" / "nq-open-minilm.json")
+    monkeypatch.setenv("GUARDRAIL_MODELS__DIR", str(models))
+    assert main(["run", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "nq-open-minilm.json is not a regular file (a FIFO)" in err
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_confidence_files_and_hashes_refuse_what_is_not_a_file(tmp_path: Path, kind: str) -> None:
+    from sidecar.confidence.model import ConfidenceModel
+    from sidecar.confidence.scorer import CalibratedConfidenceScorer
+    from sidecar.exceptions import ArtifactError
+    from sidecar.hashing import sha256_file
+
+    shipped = Path(__file__).resolve().parents[2] / "models" / "confidence"
+    [model_dir] = [p for p in shipped.iterdir() if (p / "card.json").is_file()][:1]
+    target = tmp_path / "confidence"
+    target.mkdir()
+    for entry in model_dir.iterdir():
+        if entry.name != "card.json":
+            (target / entry.name).symlink_to(entry)
+    card = target / "card.json"
+    if kind == "fifo":
+        os.mkfifo(card)
+    else:
+        card.mkdir()
+    with pytest.raises(ArtifactError, match=r"card\.json is not a regular file"):
+        CalibratedConfidenceScorer.from_dir(target)
+    with pytest.raises(ArtifactError, match="is not a regular file"):
+        ConfidenceModel.load(card)
+    with pytest.raises(OSError, match="is not a regular file"):
+        sha256_file(card)
