@@ -12,6 +12,8 @@ restarts: a violation found here is therefore announced to the fleet (a
 :meth:`CertificateTracker.take_withdrawals`) and the fleet's withdrawals are applied
 here (:meth:`CertificateTracker.apply`): every replica, and every replica started
 later, withdraws the certified allow until the certificate is replaced or reinstated.
+An announcement counts once the fleet's topic has it: one not read back within
+``reannounce_s`` (its publish was lost, the topic refused it) is announced again.
 No I/O here.
 """
 
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -89,9 +93,15 @@ class CertificateTracker:
         confidence: float = 0.95,
         instance: str | None = _HOST,
         version: str = __version__,
+        reannounce_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``reannounce_s``: seconds after which a violation announced here, while still
+        violated here, is announced again if the fleet's topic has not shown it back."""
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ConfigError(f"window must be a positive number of labels, got {window!r}")
+        if not reannounce_s > 0.0:
+            raise ConfigError(f"reannounce_s must be a positive number, got {reannounce_s!r}")
         self.window = window
         self.confidence = check_level("confidence", confidence)
         self._instance = instance
@@ -105,6 +115,9 @@ class CertificateTracker:
         self._fleet: dict[str, CertificateWithdrawal] = {}  # read from rag.certificates
         self._announced: set[str] = set()  # keys whose violation the fleet knows or will
         self._pending: list[str] = []  # violations found here, to announce
+        self._announced_at: dict[str, float] = {}  # monotonic; until the topic shows it back
+        self._reannounce_s = reannounce_s
+        self._clock = clock
         self._lock = threading.Lock()
 
     def register(self, key: str, risk: float, delta: float, fingerprint: str = "") -> None:
@@ -176,6 +189,7 @@ class CertificateTracker:
                 self._checks.pop(key, None)
                 if self.withdrawn(key) is not None:
                     self._announced.add(key)
+                    self._announced_at.pop(key, None)  # the fleet has it: announced for good
                 return
             if self._fleet.pop(key, None) is None or key not in self._terms:
                 return
@@ -184,14 +198,30 @@ class CertificateTracker:
             self._violated[key] = False
             self._checks.pop(key, None)
             self._announced.discard(key)
+            self._announced_at.pop(key, None)
 
-    def take_withdrawals(self, now: datetime | None = None) -> list[CertificateWithdrawal]:
+    def take_withdrawals(
+        self, now: datetime | None = None, *, unconfirmed: bool = False
+    ) -> list[CertificateWithdrawal]:
         """The violations found here since the last call, as records for the fleet (once
-        per key until it is reinstated)."""
+        per key until it is reinstated; again every ``reannounce_s`` while still violated
+        here and not read back from the fleet's topic, or at once with ``unconfirmed``:
+        a replica stopping forgets its window, so what the fleet may not have yet goes
+        out once more)."""
         with self._lock:
             keys, self._pending = self._pending, []
+            at = self._clock()
+            for key, since in list(self._announced_at.items()):
+                if key in keys or (at - since < self._reannounce_s and not unconfirmed):
+                    continue
+                if self._violated.get(key, False) and self.withdrawn(key) is None:
+                    keys.append(key)  # not read back: lost, or the topic refused it
+                else:
+                    del self._announced_at[key]  # recovered here before the fleet heard
+                    self._announced.discard(key)
             out: list[CertificateWithdrawal] = []
             for key in keys:
+                self._announced_at[key] = at
                 check = self._compute(key)
                 if check.error_low is None or check.error_high is None:
                     continue

@@ -55,6 +55,7 @@ log = logging.getLogger("sidecar.kafka")
 _T = TypeVar("_T")
 
 REVOKE_SETTLE_S = 5.0  # on revocation, how long to wait for confirmations in flight
+WITHDRAWALS_AT_STOP_S = 5.0  # at shutdown, how long the fleet's withdrawals may take
 
 
 def make_broker(settings: Settings) -> KafkaBroker:
@@ -283,6 +284,7 @@ class SidecarService:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             await self.publisher.settle()  # the steps in flight: confirmed, or left pending
+            await self._withdrawals_at_stop()
             try:
                 await self.committer.commit(consumer)
             except KafkaError as exc:
@@ -295,6 +297,22 @@ class SidecarService:
         if self._worker is not None:
             self._worker.shutdown(wait=True)
         self.state.started = False
+
+    async def _withdrawals_at_stop(self) -> None:
+        """Withdrawals the fleet's topic has not shown back (one found a moment ago, one
+        whose publish a stopping tick cut short) go out once more: this replica's re-test
+        window is forgotten when it exits, the topic is what remembers."""
+        step = self.processor.withdrawals(unconfirmed=True)  # the tracker has its own lock
+        if not step.outputs:
+            return
+        try:
+            await asyncio.wait_for(self.publisher.emit(step, retry=False), WITHDRAWALS_AT_STOP_S)
+        except (KafkaError, TimeoutError) as exc:
+            log.warning(
+                "stopping: %d certificate withdrawal(s) not published (%r); the replica that "
+                "finds the certificate broken again announces it",
+                len(step.outputs), exc,
+            )  # fmt: skip
 
     async def commit(self, only: set[TP] | None = None) -> dict[TP, int]:
         return await self.committer.commit(self.clients.consumer, only)

@@ -191,7 +191,7 @@ class _Latest:
     def apply(self, key: str, withdrawal: CertificateWithdrawal | None) -> None:
         self.latest[key] = withdrawal
 
-    def take_withdrawals(self) -> list[CertificateWithdrawal]:
+    def take_withdrawals(self, *, unconfirmed: bool = False) -> list[CertificateWithdrawal]:
         return []
 
 

@@ -218,8 +218,9 @@ class CertificateLedger(Protocol):
         """A record of the topic: a withdrawal, or ``None`` (reinstated)."""
         ...
 
-    def take_withdrawals(self) -> list[CertificateWithdrawal]:
-        """Violations found here since the last call, to publish."""
+    def take_withdrawals(self, *, unconfirmed: bool = False) -> list[CertificateWithdrawal]:
+        """Violations found here since the last call, to publish (with ``unconfirmed``,
+        also every one announced that the topic has not shown back yet: at shutdown)."""
         ...
 
 

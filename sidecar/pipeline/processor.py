@@ -416,15 +416,23 @@ class Processor:
             for report in coverage.due_reports(now_ms if wall_ms is None else wall_ms):
                 self.counters.reports += 1
                 step.outputs.append(outputs.report_output(report))
-        if self.certificates is not None:
-            for withdrawal in self.certificates.take_withdrawals():
-                log.warning(
-                    "certified allow of %s withdrawn for the fleet: %d of %d labelled allowed "
-                    "answers wrong, above the certified risk %g",
-                    withdrawal.calibration_key, withdrawal.errors, withdrawal.labelled,
-                    withdrawal.risk,
-                )  # fmt: skip
-                step.outputs.append(outputs.withdrawal_output(withdrawal))
+        step.extend(self.withdrawals())
+        return step
+
+    def withdrawals(self, *, unconfirmed: bool = False) -> Step:
+        """The certificate withdrawals to publish for the fleet (``on_tick``; with
+        ``unconfirmed``, at shutdown, also those the fleet's topic has not shown back)."""
+        step = Step()
+        if self.certificates is None:
+            return step
+        for withdrawal in self.certificates.take_withdrawals(unconfirmed=unconfirmed):
+            log.warning(
+                "certified allow of %s withdrawn for the fleet: %d of %d labelled allowed "
+                "answers wrong, above the certified risk %g",
+                withdrawal.calibration_key, withdrawal.errors, withdrawal.labelled,
+                withdrawal.risk,
+            )  # fmt: skip
+            step.outputs.append(outputs.withdrawal_output(withdrawal))
         return step
 
     # ------------------------------------------------------------------ dead letters

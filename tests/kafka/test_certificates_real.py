@@ -106,6 +106,29 @@ async def test_a_withdrawal_reaches_every_replica_started_later_until_reinstated
     assert not c.violated(KEY)
 
 
+async def test_a_withdrawal_found_just_before_a_stop_is_published_by_the_stop(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A found the certificate broken but stopped before its tick published it (a rolling
+    restart): its window dies with it, so the stop publishes what the topic lacks."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    await create_topics(settings)
+    monkeypatch.setenv("GUARDRAIL_TOPICS__CERTIFICATES", settings.topics.certificates)
+    join = settings.join.model_copy(update={"sweep_interval_ms": 600_000})  # no tick
+    a = replica()
+    async with real_harness(settings.model_copy(update={"join": join}), certificates=a) as h:
+        for i in range(50):
+            a.observe_label(KEY, f"r{i}", wrong=i % 2 == 0)
+        assert a.violated(KEY)
+        assert h.service.certificates is not None and h.service.certificates.applied == 0
+    b = replica()
+    b_board = CertificateBoard(settings, b)
+    await b_board.start()
+    await b_board.stop()
+    assert b.violated(KEY) and not b.violated("acme/other/bm25")
+    assert b.check(KEY).labelled == 0
+
+
 async def _latest(settings: Settings) -> list[dict[str, object]]:
     code, out = await cli(settings, "certificates", "list")
     assert code == 0

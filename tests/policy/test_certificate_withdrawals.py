@@ -19,6 +19,7 @@ import pytest
 from sidecar.confidence.certificate_check import CertificateTracker
 from sidecar.config import Settings
 from sidecar.contracts.events import CertificateWithdrawal, Decision
+from sidecar.exceptions import ConfigError
 from sidecar.pipeline.outputs import Destination
 from sidecar.pipeline.processor import Processor
 from sidecar.policy.certified import certificate_fingerprint
@@ -137,3 +138,63 @@ def test_the_processor_publishes_a_withdrawal_on_its_tick(settings_factory: obje
     record = CertificateWithdrawal.model_validate(orjson.loads(out.value))
     assert record.calibration_key == KEY and record.certificates == ["f1"]
     assert processor.on_tick(2.0).outputs == []  # once
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_announcement_not_read_back_is_announced_again() -> None:
+    """A withdrawal whose publish was lost (or refused) would otherwise hold on this
+    replica only, and be forgotten at its restart: announced again until the fleet's
+    topic shows it back, and only while it is still violated here."""
+    clock = Clock()
+    tracker = CertificateTracker(window=100, reannounce_s=60.0, clock=clock)
+    tracker.register(KEY, 0.2, 0.1, "f1")
+    violate(tracker)
+    [first] = tracker.take_withdrawals(NOW)
+    clock.now += 59.0
+    assert tracker.take_withdrawals(NOW) == []  # not yet: the board may be a tick behind
+    clock.now += 2.0
+    [again] = tracker.take_withdrawals(NOW)  # the first never came back
+    assert (again.calibration_key, again.certificates) == (first.calibration_key, ["f1"])
+    tracker.apply(KEY, again)  # read back from the topic
+    clock.now += 600.0
+    assert tracker.take_withdrawals(NOW) == []
+    assert tracker.violated(KEY)
+
+
+def test_a_record_for_other_certificates_does_not_count_as_read_back() -> None:
+    clock = Clock()
+    tracker = CertificateTracker(window=100, reannounce_s=60.0, clock=clock)
+    tracker.register(KEY, 0.2, 0.1, "f1")
+    violate(tracker)
+    [mine] = tracker.take_withdrawals(NOW)
+    tracker.apply(KEY, mine.model_copy(update={"certificates": ["0123456789abcdef"]}))
+    clock.now += 61.0
+    [again] = tracker.take_withdrawals(NOW)  # a replica on the old certificate wrote last
+    assert again.certificates == ["f1"]
+
+
+def test_a_window_recovered_before_the_fleet_heard_is_not_announced_again() -> None:
+    clock = Clock()
+    tracker = CertificateTracker(window=50, reannounce_s=60.0, clock=clock)
+    tracker.register(KEY, 0.2, 0.1, "f1")
+    violate(tracker)
+    assert len(tracker.take_withdrawals(NOW)) == 1  # lost on its way
+    for i in range(100, 150):  # a window of right answers only
+        tracker.observe_label(KEY, f"r{i}", wrong=False)
+    assert not tracker.violated(KEY)
+    clock.now += 61.0
+    assert tracker.take_withdrawals(NOW) == []
+    violate(tracker)  # broken again: a new announcement, at once
+    assert len(tracker.take_withdrawals(NOW)) == 1
+
+
+def test_reannounce_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="reannounce_s must be a positive number"):
+        CertificateTracker(reannounce_s=0.0)
