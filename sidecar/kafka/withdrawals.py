@@ -11,7 +11,8 @@ follows it, and hands every record to the policy's
 
 Records for keys this replica does not certify are ignored, and a record that is not
 a withdrawal (bad JSON, another key inside than the record's key) is logged and
-ignored: anyone who can write the topic can only withdraw, never grant, an allow.
+ignored. A withdrawal only takes an allow away; a tombstone gives a withdrawn one
+back, so who may write the topic is for the broker's ACLs to say.
 """
 
 from __future__ import annotations
