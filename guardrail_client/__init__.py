@@ -5,6 +5,7 @@ sidecar's serving modules, FastStream, onnxruntime or torch)::
 
     async with GuardrailPublisher(BOOTSTRAP, generator_model="my-llm") as pub, \\
             VerdictClient(BOOTSTRAP, on_timeout="allow") as verdicts:
+        verdicts.expect(rid)  # kept for this replica, whatever the fleet's traffic
         await pub.retrieval(rid, query, hits, tenant="acme", collection="wiki")
         await pub.final(rid, answer)
         result = await verdicts.verdict(rid, timeout=2.0)

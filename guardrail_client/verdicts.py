@@ -44,6 +44,7 @@ from guardrail_client.exceptions import (
 )
 from guardrail_client.records import install_lenient_header_names
 from guardrail_client.waiters import (
+    EXPECTED_MAX_ENTRIES,
     RECENT_MAX_BYTES,
     Arrival,
     ClientStopped,
@@ -94,7 +95,11 @@ class VerdictClient:
     Records that come before anyone here waits for them are kept a while (a verdict can
     beat its caller): at most ``recent_max_entries`` request ids per topic, for
     ``recent_ttl_s``, and ``recent_max_bytes`` in all (both topics, the oldest forgotten
-    first), so a flood of other replicas' verdicts and claims costs bounded memory.
+    first), so a flood of other replicas' verdicts and claims costs bounded memory. The
+    client reads every replica's verdicts, so on a busy fleet that cache turns over in
+    seconds: :meth:`expect` a request before publishing it and its records are kept
+    apart (``expected_max_entries`` requests, ``recent_ttl_s`` from the announcement,
+    ``recent_max_bytes`` of their own) until :meth:`verdict` or :meth:`claims` reads them.
     """
 
     def __init__(
@@ -110,6 +115,7 @@ class VerdictClient:
         recent_ttl_s: float = 60.0,
         start_timeout_s: float = 30.0,
         recent_max_bytes: int = RECENT_MAX_BYTES,
+        expected_max_entries: int = EXPECTED_MAX_ENTRIES,
         **consumer_options: Any,
     ) -> None:
         if on_timeout not in ("allow", "block", "raise"):
@@ -126,6 +132,7 @@ class VerdictClient:
             recent_max_entries=recent_max_entries,
             recent_ttl_s=recent_ttl_s,
             recent_max_bytes=recent_max_bytes,
+            expected_max_entries=expected_max_entries,
         )
         self._consumer_args: dict[str, Any] = {
             "bootstrap_servers": bootstrap_servers,
@@ -226,6 +233,15 @@ class VerdictClient:
         return self._task is not None and not self._task.done()
 
     # ------------------------------------------------------------------ waiting
+
+    def expect(self, request_id: str) -> None:
+        """Announce that this replica will wait for ``request_id`` (call it before publishing
+        the request's events): its verdicts and claims are kept until ``recent_ttl_s`` after
+        now, whatever other replicas' traffic passes through the recent cache meanwhile (a
+        caller that streams the answer first and asks for the verdict after finds it)."""
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidArgumentError(f"request_id must be a non-empty str, got {request_id!r}")
+        self.waiters.expect(request_id)
 
     # ``timeout`` is a deadline for a fallback decision, not a cancellation (ASYNC109)
     async def verdict(

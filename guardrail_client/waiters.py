@@ -5,7 +5,9 @@ No Kafka here. The consumer hands every record to ``offer_verdict`` /
 undecoded, in a bounded recent cache (a verdict can arrive before its caller
 starts waiting) and costs a dict lookup, not a JSON parse. The cache is bounded
 by count (keys, and records per key), age and bytes (across every key of both
-topics, oldest first). Only records a
+topics, oldest first). A request announced with :meth:`WaiterMap.expect` has its
+records kept apart, out of reach of the other replicas' traffic (their own count,
+age and byte bounds). Only records a
 caller waits for are decoded and validated; one that breaks the contract is
 logged and skipped, never raised into the consumer.
 """
@@ -31,6 +33,7 @@ log = logging.getLogger("guardrail_client")
 T = TypeVar("T", AnswerVerdict, ClaimVerdict)
 
 RECENT_MAX_BYTES = 64 * 1024 * 1024  # the recent cache of both topics together
+EXPECTED_MAX_ENTRIES = 100_000  # requests announced with expect(), per client
 # What a kept record costs beyond its value (measured with tracemalloc on CPython 3.11):
 # the bytes object's header, the Arrival and its deque slot; and what a kept key costs: the
 # key string, its dict entry, its (time, deque) tuple and the deque's first block.
@@ -173,6 +176,11 @@ class _Recent:
             return []
         return list(item[1])
 
+    def discard(self, key: str) -> None:
+        item = self._items.pop(key, None)
+        if item is not None:
+            self._budget.used -= _KEY_OVERHEAD_BYTES + sum(_cost(a) for a in item[1])
+
 
 class ClientStopped(Exception):
     """The verdict consumer stopped while a caller waited."""
@@ -194,6 +202,10 @@ class WaiterMap:
     1,024 claims each), for ``recent_ttl_s``, and ``recent_max_bytes`` for both topics
     together: record values plus an estimate of their bookkeeping, which is close to the
     memory they hold. Over a bound, the least recently written key's oldest records go.
+    Every replica's client reads the whole topic, so under a busy fleet a record can
+    leave that cache within seconds; the records of requests announced with
+    :meth:`expect` (this replica's own) are kept apart, with the same bounds of their own
+    (``expected_max_entries`` requests), for ``recent_ttl_s`` after the announcement.
     """
 
     def __init__(
@@ -203,9 +215,16 @@ class WaiterMap:
         recent_ttl_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         recent_max_bytes: int = RECENT_MAX_BYTES,
+        expected_max_entries: int = EXPECTED_MAX_ENTRIES,
     ) -> None:
         if recent_max_bytes < 1:
             raise InvalidArgumentError(f"recent_max_bytes must be >= 1, got {recent_max_bytes}")
+        for name, value in (
+            ("recent_max_entries", recent_max_entries),
+            ("expected_max_entries", expected_max_entries),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
         self._verdicts: dict[str, list[tuple[VerdictFuture, str | None]]] = {}
         self._claims: dict[str, list[tuple[asyncio.Queue[ClaimItem], str | None]]] = {}
         self._recent_bytes = _ByteBudget(recent_max_bytes)
@@ -215,6 +234,19 @@ class WaiterMap:
         self._recent_claims = _Recent(
             recent_max_entries, recent_ttl_s, clock, per_key=1024, budget=self._recent_bytes
         )
+        # requests announced by expect(): when, oldest first; their records kept apart
+        self._expected: OrderedDict[str, float] = OrderedDict()
+        self._expected_max = expected_max_entries
+        self._ttl_s = recent_ttl_s
+        self._clock = clock
+        self._kept_bytes = _ByteBudget(recent_max_bytes)
+        self._kept_verdicts = _Recent(
+            expected_max_entries, recent_ttl_s, clock, per_key=8, budget=self._kept_bytes
+        )
+        self._kept_claims = _Recent(
+            expected_max_entries, recent_ttl_s, clock, per_key=1024, budget=self._kept_bytes
+        )
+        self.expectations_dropped = 0  # announced requests forgotten early (over the count)
         self.decoded = 0  # records decoded because someone here waited for them
         self.skipped = 0  # records nobody here waited for (kept undecoded)
 
@@ -226,6 +258,63 @@ class WaiterMap:
     def recent_bytes(self) -> int:
         """What the recent cache holds now, as counted against ``recent_max_bytes``."""
         return self._recent_bytes.used
+
+    @property
+    def expected(self) -> int:
+        """Requests announced with :meth:`expect` and not yet forgotten."""
+        self._expire(self._clock())
+        return len(self._expected)
+
+    @property
+    def kept_bytes(self) -> int:
+        """What the announced requests' records hold now (their own ``recent_max_bytes``)."""
+        return self._kept_bytes.used
+
+    # ------------------------------------------------------------------ announcing
+
+    def expect(self, request_id: str) -> None:
+        """This replica will wait for ``request_id``: its verdicts and claims are kept
+        apart from the recent cache, so other replicas' traffic cannot push them out
+        before ``recent_ttl_s`` (counted from now) has passed."""
+        now = self._clock()
+        self._expire(now)
+        self._expected.pop(request_id, None)
+        self._expected[request_id] = now
+        for recent, kept in (
+            (self._recent_verdicts, self._kept_verdicts),
+            (self._recent_claims, self._kept_claims),
+        ):  # announced late: what came already moves over
+            for arrival in recent.get(request_id):
+                kept.add(request_id, arrival)
+            recent.discard(request_id)
+        while len(self._expected) > self._expected_max:
+            oldest, _ = self._expected.popitem(last=False)
+            self._release(oldest)
+            self.expectations_dropped += 1
+            if self.expectations_dropped == 1 or self.expectations_dropped % 10_000 == 0:
+                log.warning(
+                    "%d announced request(s) forgotten before recent_ttl_s: more than "
+                    "expected_max_entries=%d announced at once",
+                    self.expectations_dropped, self._expected_max,
+                )  # fmt: skip
+
+    def _expecting(self, key: str) -> bool:
+        if not self._expected:
+            return False
+        self._expire(self._clock())
+        return key in self._expected
+
+    def _expire(self, now: float) -> None:
+        while self._expected:
+            key, since = next(iter(self._expected.items()))
+            if now - since <= self._ttl_s:
+                return
+            del self._expected[key]
+            self._release(key)
+
+    def _release(self, key: str) -> None:
+        self._kept_verdicts.discard(key)
+        self._kept_claims.discard(key)
 
     # ------------------------------------------------------------------ waiting
 
@@ -254,7 +343,7 @@ class WaiterMap:
     ) -> asyncio.Queue[ClaimItem]:
         """A queue of the request's claim verdicts, then its final verdict (the end marker)."""
         queue: asyncio.Queue[ClaimItem] = asyncio.Queue(CLAIMS_QUEUE_MAX + 2)
-        for arrival in self._recent_claims.get(request_id):
+        for arrival in self._kept_claims.get(request_id) or self._recent_claims.get(request_id):
             claim = _decode(ClaimVerdict, request_id, arrival)
             if claim is not None and _ours(claim.event, tenant):
                 _put(queue, request_id, claim)
@@ -287,7 +376,10 @@ class WaiterMap:
     # ------------------------------------------------------------------ arrivals
 
     def offer_verdict(self, key: str, arrival: Arrival) -> None:
-        self._recent_verdicts.add(key, arrival)
+        if self._expecting(key):
+            self._kept_verdicts.add(key, arrival)
+        else:
+            self._recent_verdicts.add(key, arrival)
         if key not in self._verdicts and key not in self._claims:
             self.skipped += 1
             return
@@ -308,7 +400,10 @@ class WaiterMap:
                 _put(queue, key, received)
 
     def offer_claim(self, key: str, arrival: Arrival) -> None:
-        self._recent_claims.add(key, arrival)
+        if self._expecting(key):
+            self._kept_claims.add(key, arrival)
+        else:
+            self._recent_claims.add(key, arrival)
         queues = self._claims.get(key)
         if not queues:
             self.skipped += 1
@@ -321,7 +416,8 @@ class WaiterMap:
                     _put(queue, key, claim)
 
     def _recent_final(self, request_id: str, tenant: str | None) -> Received[AnswerVerdict] | None:
-        for arrival in reversed(self._recent_verdicts.get(request_id)):
+        kept = self._kept_verdicts.get(request_id) or self._recent_verdicts.get(request_id)
+        for arrival in reversed(kept):
             received = _decode(AnswerVerdict, request_id, arrival)
             if (
                 received is not None

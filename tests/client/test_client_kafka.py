@@ -209,6 +209,38 @@ async def test_a_sidecar_that_stops_gives_timeouts_and_its_late_verdict_is_still
         assert late.from_sidecar and late.verdict is not None
 
 
+async def test_an_expected_verdict_is_found_after_the_fleets_traffic_turned_the_cache_over(
+    client_settings: Settings, start_sidecar: SidecarFactory
+) -> None:
+    """A caller that streams its answer first and asks for the verdict after: meanwhile
+    the verdicts of other requests pass (every replica's client reads them all). With
+    ``expect`` the early verdict is still there; without, it left the recent cache."""
+    settings = client_settings
+    start_sidecar()
+    options = {"timeout_s": 60, "recent_max_entries": 20}
+    async with publisher(settings) as pub, verdict_client(settings, **options) as verdicts:
+
+        async def request(rid: str) -> None:
+            await pub.retrieval(rid, QUERY, HITS, tenant="acme", collection="wiki")
+            await pub.final(rid, ANSWER)
+
+        verdicts.expect("announced")
+        await request("announced")
+        await request("not-announced")
+        for i in range(120):  # the rest of the fleet
+            await request(f"other-{i}")
+        await pub.flush()
+        await verdicts.verdict("other-119")  # read past both
+        for _ in range(200):  # and past every other verdict
+            if verdicts.records_read >= 122:
+                break
+            await asyncio.sleep(0.05)
+        announced = await verdicts.verdict("announced", timeout=0)
+        assert announced.from_sidecar and announced.verdict is not None
+        assert announced.verdict.request_id == "announced"
+        assert (await verdicts.verdict("not-announced", timeout=0)).source == "timeout"
+
+
 async def test_claims_stream_the_requests_claim_verdicts_and_end_after_its_verdict(
     client_settings: Settings, start_sidecar: SidecarFactory
 ) -> None:

@@ -239,3 +239,56 @@ async def test_closing_ends_every_claims_queue_and_a_flood_keeps_it_bounded() ->
     other = waiters.subscribe_claims("s")
     waiters.close()
     assert isinstance(other.get_nowait(), Stopped)
+
+
+async def test_an_announced_request_outlives_the_fleets_traffic_through_the_recent_cache() -> None:
+    """Every replica's client reads the whole verdict topic: with 10,000 keys per topic,
+    a verdict that beat its caller was gone after 10,000 verdicts of other replicas
+    (2 s of a 5,000 answers/s fleet). An announced request's records are kept apart."""
+    now = [0.0]
+    waiters = WaiterMap(recent_max_entries=100, recent_ttl_s=60.0, clock=lambda: now[0])
+    waiters.expect("mine")
+    waiters.offer_claim("mine", claim("mine", 0))
+    waiters.offer_verdict("mine", verdict("mine", decision=Decision.BLOCK))
+    for i in range(1_000):  # the fleet's traffic
+        waiters.offer_verdict(f"other-{i}", verdict(f"other-{i}"))
+        waiters.offer_claim(f"other-{i}", claim(f"other-{i}", 0))
+    assert not waiters.wait_verdict("other-0").done()  # the recent cache turned over
+    now[0] = 59.0
+    future = waiters.wait_verdict("mine")
+    assert future.done() and future.result().event.decision is Decision.BLOCK
+    queue = waiters.subscribe_claims("mine")
+    items = [received(queue.get_nowait()).event for _ in range(queue.qsize())]
+    assert [type(e).__name__ for e in items] == ["ClaimVerdict", "AnswerVerdict"]
+    now[0] = 61.0  # recent_ttl_s after the announcement: forgotten
+    assert not waiters.wait_verdict("mine").done()
+    assert waiters.expected == 0 and waiters.kept_bytes == 0
+
+
+async def test_announced_late_what_came_already_moves_over() -> None:
+    waiters = WaiterMap(recent_max_entries=10)
+    waiters.offer_verdict("mine", verdict("mine", decision=Decision.CAVEAT))
+    waiters.expect("mine")
+    for i in range(50):
+        waiters.offer_verdict(f"other-{i}", verdict(f"other-{i}"))
+    future = waiters.wait_verdict("mine")
+    assert future.done() and future.result().event.decision is Decision.CAVEAT
+
+
+async def test_announcements_are_bounded_by_count_and_their_records_by_bytes() -> None:
+    waiters = WaiterMap(expected_max_entries=3, recent_max_bytes=20_000)
+    for i in range(5):
+        waiters.expect(f"r{i}")
+    assert waiters.expected == 3 and waiters.expectations_dropped == 2
+    for _ in range(200):  # a flood under an announced id: its own byte bound holds
+        waiters.offer_claim("r4", claim("r4", 0))
+        assert waiters.kept_bytes <= 20_000
+    waiters.offer_verdict("r4", verdict("r4", decision=Decision.BLOCK))
+    assert waiters.wait_verdict("r4").result().event.decision is Decision.BLOCK
+
+
+def test_the_bounds_are_checked() -> None:
+    with pytest.raises(ValueError, match="expected_max_entries must be an int >= 1"):
+        WaiterMap(expected_max_entries=0)
+    with pytest.raises(ValueError, match="recent_max_entries must be an int >= 1"):
+        WaiterMap(recent_max_entries=True)
