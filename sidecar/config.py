@@ -458,7 +458,12 @@ class SignalSettings(_Section):
 class CoverageSettings(_Section):
     """The fleet-level coverage bound per calibration key (docs/methods.md §Coverage bound)."""
 
-    window: int = Field(default=10_000, ge=10, description="recent requests the bound covers")
+    window: int = Field(
+        default=10_000,
+        ge=10,
+        le=1_000_000,
+        description="recent requests the bound covers (and labels a certificate's re-test)",
+    )
     report_interval_s: float = Field(
         default=60.0,
         ge=1.0,

@@ -116,6 +116,7 @@ class CertificateTracker:
         self._announced: set[str] = set()  # keys whose violation the fleet knows or will
         self._pending: list[str] = []  # violations found here, to announce
         self._announced_at: dict[str, float] = {}  # monotonic; until the topic shows it back
+        self._displaced_at: dict[str, float] = {}  # held withdrawals the topic lost the lead of
         self._reannounce_s = reannounce_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -182,15 +183,25 @@ class CertificateTracker:
 
     def apply(self, key: str, withdrawal: CertificateWithdrawal | None) -> None:
         """A record of ``rag.certificates``: a withdrawal, or ``None`` (a tombstone: the
-        certificate reinstated, its re-test window here started afresh)."""
+        certificate reinstated, its re-test window here started afresh).
+
+        A withdrawal of other certificates (a replica on an older or newer certificate
+        file) never replaces one of the certificates served here: only a tombstone gives
+        a withdrawn allow back. It does displace it on the compacted topic, so the one
+        held here is published again (:meth:`displaced`)."""
         with self._lock:
             if withdrawal is not None:
+                if self.withdrawn(key) is not None and not self._names_ours(key, withdrawal):
+                    self._displace(key)
+                    return
+                self._displaced_at.pop(key, None)
                 self._fleet[key] = withdrawal
                 self._checks.pop(key, None)
                 if self.withdrawn(key) is not None:
                     self._announced.add(key)
                     self._announced_at.pop(key, None)  # the fleet has it: announced for good
                 return
+            self._displaced_at.pop(key, None)
             if self._fleet.pop(key, None) is None or key not in self._terms:
                 return
             self._labels[key] = OrderedDict()
@@ -199,6 +210,22 @@ class CertificateTracker:
             self._checks.pop(key, None)
             self._announced.discard(key)
             self._announced_at.pop(key, None)
+
+    def displaced(self, key: str) -> None:
+        """The topic's latest record of ``key`` is not a withdrawal of the certificates
+        served here (junk, or other certificates'): once compacted, it would be all that
+        is left of the key. A withdrawal held here is published again after
+        ``reannounce_s`` (every replica holding it does: duplicates cost nothing on a
+        compacted topic), unless a tombstone or the record itself comes back first."""
+        with self._lock:
+            self._displace(key)
+
+    def _displace(self, key: str) -> None:
+        if self.withdrawn(key) is not None and key not in self._displaced_at:
+            self._displaced_at[key] = self._clock()
+
+    def _names_ours(self, key: str, withdrawal: CertificateWithdrawal) -> bool:
+        return sorted(withdrawal.certificates) == self.fingerprints(key)
 
     def take_withdrawals(
         self, now: datetime | None = None, *, unconfirmed: bool = False
@@ -220,6 +247,13 @@ class CertificateTracker:
                     del self._announced_at[key]  # recovered here before the fleet heard
                     self._announced.discard(key)
             out: list[CertificateWithdrawal] = []
+            for key, since in list(self._displaced_at.items()):
+                if at - since < self._reannounce_s and not unconfirmed:
+                    continue
+                del self._displaced_at[key]
+                held = self.withdrawn(key)
+                if held is not None and key not in keys:
+                    out.append(held)  # as it was: the fleet's record, restored
             for key in keys:
                 self._announced_at[key] = at
                 check = self._compute(key)

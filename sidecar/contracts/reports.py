@@ -4,9 +4,9 @@ and the fleet's certificate withdrawals on ``rag.certificates``."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from sidecar.contracts.common import EventBase, Probability
 
@@ -101,7 +101,7 @@ class CertificateWithdrawal(EventBase):
 
     event_type: Literal["certificate.withdrawn"] = "certificate.withdrawn"
     calibration_key: str = Field(min_length=1, max_length=1024)
-    certificates: list[str] = Field(
+    certificates: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] = Field(
         min_length=1,
         max_length=64,
         description="fingerprints of the key's certificates when it was withdrawn "
@@ -109,10 +109,24 @@ class CertificateWithdrawal(EventBase):
     )
     risk: Probability
     delta: Probability
-    labelled: int = Field(ge=1, description="labelled allowed answers in the re-test window")
-    errors: int = Field(ge=0, description="wrong among them")
+    # a replica's window holds at most a million labels (GUARDRAIL_COVERAGE__WINDOW)
+    labelled: int = Field(
+        ge=1, le=1_000_000, description="labelled allowed answers in the re-test window"
+    )
+    errors: int = Field(ge=0, le=1_000_000, description="wrong among them")
     error_low: Probability
     error_high: Probability
-    instance: str | None = Field(default=None, description="the replica that withdrew it")
+    # every verdict the withdrawal decides names the replica: bounded as a host name is
+    instance: str | None = Field(
+        default=None, max_length=253, description="the replica that withdrew it"
+    )
     withdrawn_at: datetime
-    sidecar_version: str
+    sidecar_version: str = Field(max_length=64)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.errors > self.labelled:
+            raise ValueError(f"errors ({self.errors}) exceed labelled ({self.labelled})")
+        if self.error_low > self.error_high:
+            raise ValueError(f"error_low ({self.error_low}) above error_high ({self.error_high})")
+        return self

@@ -170,9 +170,23 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
         raise
     try:
         existing, counts = await _layout(admin, settings, timeout_s)
-        compressed = await _compressed_inputs(admin, settings, existing, timeout_s)
+        read = [t for t in (*input_topics(settings), settings.topics.certificates) if t in existing]
+        configs = await _topic_configs(admin, read, timeout_s)
     finally:
         await admin.close()
+    compressed = {
+        t: c["compression.type"]
+        for t in input_topics(settings)
+        if (c := configs.get(t)) and c.get("compression.type", "uncompressed") != "uncompressed"
+    }
+    cleanup = configs.get(settings.topics.certificates, {}).get("cleanup.policy")
+    if cleanup is not None and "compact" not in cleanup:
+        log.warning(
+            "%s (GUARDRAIL_TOPICS__CERTIFICATES) has cleanup.policy=%s: its withdrawals are "
+            "deleted with its retention, and replicas started after that allow a withdrawn "
+            "certificate again. Set cleanup.policy=compact (guardrail topics create does)",
+            settings.topics.certificates, cleanup,
+        )  # fmt: skip
     if compressed:
         log.warning(
             "input topic(s) %s accept compressed batches (compression.type=%s): the broker "
@@ -196,12 +210,11 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
     return counts
 
 
-async def _compressed_inputs(
-    admin: AIOKafkaAdminClient, settings: Settings, existing: set[str], timeout_s: float
-) -> dict[str, str]:
-    """Input topics whose ``compression.type`` is not ``uncompressed``, with it ({} when the
-    configs cannot be read: a warning's input, never a reason not to start)."""
-    names = [t for t in input_topics(settings) if t in existing]
+async def _topic_configs(
+    admin: AIOKafkaAdminClient, names: list[str], timeout_s: float
+) -> dict[str, dict[str, str]]:
+    """Each named topic's configuration ({} when it cannot be read: a warning's input,
+    never a reason not to start)."""
     if not names:
         return {}
     try:
@@ -210,17 +223,15 @@ async def _compressed_inputs(
             timeout=timeout_s,
         )
     except (KafkaError, TimeoutError) as exc:
-        log.info("cannot read the input topics' compression.type (%s)", exc)
+        log.info("cannot read the topics' configuration (%s)", exc)
         return {}
-    found: dict[str, str] = {}
+    found: dict[str, dict[str, str]] = {}
     for response in responses:
         for resource in response.resources:
             error_code, _message, _type, topic, entries = resource[:5]
             if error_code != 0:
                 continue
-            for entry in entries:
-                if entry[0] == "compression.type" and entry[1] != "uncompressed":
-                    found[topic] = str(entry[1])
+            found[topic] = {str(entry[0]): str(entry[1]) for entry in entries}
     return found
 
 

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from sidecar.config import Settings
 from sidecar.contracts.events import CertificateWithdrawal
-from sidecar.exceptions import BrokerError
+from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka.security import aiokafka_client_args
 from sidecar.pipeline.ports import CertificateLedger
 
@@ -75,6 +75,15 @@ class CertificateBoard:
         catch_up = self._new_consumer(fetch_max_wait_ms=10)
         try:
             positions = await asyncio.wait_for(self.read_to_end(catch_up), timeout=timeout_s)
+            if len(positions) != 1:  # a key's records must stay on one partition
+                raise ConfigError(
+                    f"{self.topic} (GUARDRAIL_TOPICS__CERTIFICATES) has {len(positions)} "
+                    "partitions; it must have exactly 1: with more, partitions added later "
+                    "move a key, and its tombstone (guardrail certificates reinstate) no "
+                    "longer lands beside its withdrawal. Create it with 1 partition, "
+                    "cleanup.policy=compact (guardrail topics create does), and copy its "
+                    "records over (guardrail certificates list)"
+                )
             follower = self._consumer = self._new_consumer(fetch_max_wait_ms=500)
             await follower.start()
             follower.assign(list(positions))
@@ -131,9 +140,20 @@ class CertificateBoard:
                         log.exception("%s@%d could not be applied", self.topic, record.offset)
 
     def apply(self, record: ConsumerRecord[bytes, bytes]) -> None:
-        """One record: a withdrawal or a tombstone for a key certified here, else ignored."""
+        """One record: a withdrawal or a tombstone for a key certified here, else ignored.
+
+        Junk under a key whose withdrawal the ledger holds is ignored *and* reported
+        (``displaced``): once the topic is compacted the junk would be all that is left
+        of the key, so the ledger publishes its withdrawal again."""
         key = _key(record.key)
-        if key is None or not (self._every_key or key in self._ledger.keys()):
+        if key is None:
+            self.ignored += 1
+            log.warning(
+                "%s[%d]@%d has no key, or one that is not UTF-8: ignored",
+                record.topic, record.partition, record.offset,
+            )  # fmt: skip
+            return
+        if not (self._every_key or key in self._ledger.keys()):
             return
         if record.value is None:
             self._ledger.apply(key, None)
@@ -144,13 +164,15 @@ class CertificateBoard:
             withdrawal = CertificateWithdrawal.model_validate_json(record.value)
         except ValidationError as exc:
             self.ignored += 1
+            self._ledger.displaced(key)
             log.warning(
                 "%s[%d]@%d is not a certificate withdrawal, ignored: %s",
-                record.topic, record.partition, record.offset, str(exc).splitlines()[0],
+                record.topic, record.partition, record.offset, str(exc).splitlines()[0][:200],
             )  # fmt: skip
             return
         if withdrawal.calibration_key != key:
             self.ignored += 1
+            self._ledger.displaced(key)
             log.warning(
                 "%s[%d]@%d names %s under the key %s, ignored",
                 record.topic, record.partition, record.offset, withdrawal.calibration_key, key,
@@ -191,6 +213,9 @@ class _Latest:
 
     def apply(self, key: str, withdrawal: CertificateWithdrawal | None) -> None:
         self.latest[key] = withdrawal
+
+    def displaced(self, key: str) -> None:
+        del key  # list shows the latest withdrawal or tombstone; junk is in the log
 
     def take_withdrawals(self, *, unconfirmed: bool = False) -> list[CertificateWithdrawal]:
         return []

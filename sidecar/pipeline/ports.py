@@ -218,6 +218,11 @@ class CertificateLedger(Protocol):
         """A record of the topic: a withdrawal, or ``None`` (reinstated)."""
         ...
 
+    def displaced(self, key: str) -> None:
+        """The topic's latest record of ``key`` is junk (a withdrawal held here for it is
+        published again: compaction would leave the junk alone)."""
+        ...
+
     def take_withdrawals(self, *, unconfirmed: bool = False) -> list[CertificateWithdrawal]:
         """Violations found here since the last call, to publish (with ``unconfirmed``,
         also every one announced that the topic has not shown back yet: at shutdown)."""

@@ -16,10 +16,12 @@ from contextlib import redirect_stdout
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from sidecar.cli.main import main
 from sidecar.confidence.certificate_check import CertificateTracker
 from sidecar.config import Settings
+from sidecar.exceptions import ConfigError
 from sidecar.kafka.topics import create_topics
 from sidecar.kafka.withdrawals import CertificateBoard
 from sidecar.lab.localkafka.broker import LocalKafka
@@ -127,6 +129,45 @@ async def test_a_withdrawal_found_just_before_a_stop_is_published_by_the_stop(
     await b_board.stop()
     assert b.violated(KEY) and not b.violated("acme/other/bm25")
     assert b.check(KEY).labelled == 0
+
+
+async def test_junk_under_a_withdrawn_key_is_answered_with_the_withdrawal_again(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Junk is ignored, but on the compacted topic it would be all that is left of the
+    key (a replica started after compaction would allow): a replica holding the
+    withdrawal publishes it again."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    await create_topics(settings)
+    monkeypatch.setenv("GUARDRAIL_TOPICS__CERTIFICATES", settings.topics.certificates)
+    a = CertificateTracker(window=100, reannounce_s=0.5)
+    a.register(KEY, 0.2, 0.1, "f1")
+    async with real_harness(settings, certificates=a) as h:
+        for i in range(50):
+            a.observe_label(KEY, f"r{i}", wrong=i % 2 == 0)
+        board = h.service.certificates
+        assert board is not None
+        await wait_until(lambda: board.applied == 1, 20, "A's withdrawal read back")
+        await send(settings, KEY.encode(), b"{not json")
+        await wait_until(lambda: board.applied == 2, 20, "the withdrawal published again")
+        assert board.ignored == 1 and a.violated(KEY)
+    latest = [r for r in await _latest(settings) if r.get("calibration_key") == KEY]
+    assert [r["status"] for r in latest] == ["withdrawn"]
+
+
+async def test_a_certificates_topic_with_more_than_one_partition_stops_the_start(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(settings.topics.certificates, 3, 1)])
+    finally:
+        await admin.close()
+    board = CertificateBoard(settings, replica())
+    with pytest.raises(ConfigError, match="has 3 partitions; it must have exactly 1"):
+        await board.start()
 
 
 async def _latest(settings: Settings) -> list[dict[str, object]]:

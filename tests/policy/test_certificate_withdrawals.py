@@ -10,11 +10,13 @@ fingerprints). The real-broker half is ``tests/kafka/test_certificates_real.py``
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from sidecar.confidence.certificate_check import CertificateTracker
 from sidecar.config import Settings
@@ -198,3 +200,77 @@ def test_a_window_recovered_before_the_fleet_heard_is_not_announced_again() -> N
 def test_reannounce_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="reannounce_s must be a positive number"):
         CertificateTracker(reannounce_s=0.0)
+
+
+def held(clock: Clock) -> tuple[CertificateTracker, CertificateWithdrawal]:
+    """A replica holding the fleet's withdrawal of its own certificate (read back)."""
+    tracker = CertificateTracker(window=100, reannounce_s=60.0, clock=clock)
+    tracker.register(KEY, 0.2, 0.1, "f1")
+    violate(tracker)
+    [record] = tracker.take_withdrawals(NOW)
+    tracker.apply(KEY, record)
+    return tracker, record
+
+
+def test_a_withdrawal_of_other_certificates_does_not_lift_one_held_and_it_is_restored() -> None:
+    """A replica on another certificate file publishes its own withdrawal under the key:
+    it gave the allow back here (only a tombstone may), and on the compacted topic it
+    would be all that is left of the key, so the held one goes out again."""
+    clock = Clock()
+    tracker, record = held(clock)
+    tracker.apply(KEY, record.model_copy(update={"certificates": ["0123456789abcdef"]}))
+    assert tracker.violated(KEY) and tracker.withdrawn(KEY) == record
+    clock.now += 59.0
+    assert tracker.take_withdrawals(NOW) == []
+    clock.now += 2.0
+    assert tracker.take_withdrawals(NOW) == [record]  # as it was
+    clock.now += 600.0
+    assert tracker.take_withdrawals(NOW) == []  # once
+
+
+def test_junk_under_a_withdrawn_key_gets_the_withdrawal_published_again() -> None:
+    clock = Clock()
+    tracker, record = held(clock)
+    tracker.displaced(KEY)
+    tracker.displaced(KEY)
+    clock.now += 61.0
+    assert tracker.take_withdrawals(NOW) == [record]
+    tracker.displaced(KEY)
+    tracker.apply(KEY, record)  # someone else's copy came first: nothing to do
+    clock.now += 61.0
+    assert tracker.take_withdrawals(NOW) == []
+    tracker.displaced(KEY)
+    tracker.apply(KEY, None)  # a tombstone: reinstated, nothing to restore
+    clock.now += 61.0
+    assert tracker.take_withdrawals(NOW) == [] and not tracker.violated(KEY)
+
+
+def test_junk_for_a_key_not_withdrawn_here_publishes_nothing() -> None:
+    clock = Clock()
+    tracker = CertificateTracker(window=100, reannounce_s=60.0, clock=clock)
+    tracker.register(KEY, 0.2, 0.1, "f1")
+    tracker.displaced(KEY)
+    clock.now += 61.0
+    assert tracker.take_withdrawals(NOW) == [] and not tracker.violated(KEY)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("instance", "x" * 8_000_000, "at most 253 characters"),  # copied into every verdict
+        ("sidecar_version", "v" * 65, "at most 64 characters"),
+        ("certificates", ["f" * 65], "at most 64 characters"),
+        ("errors", 10**40, "less than or equal to 1000000"),
+        ("errors", 51, "errors \\(51\\) exceed labelled \\(50\\)"),
+        ("error_low", 0.99, "error_low \\(0.99\\) above error_high"),
+    ],
+)
+def test_a_withdrawal_out_of_bounds_is_not_a_withdrawal(
+    field: str, value: object, message: str
+) -> None:
+    tracker = CertificateTracker(window=100)
+    tracker.register(KEY, 0.2, 0.1, "f1")
+    record = withdrawal(tracker).model_dump(mode="json")
+    record[field] = value
+    with pytest.raises(ValidationError, match=message):
+        CertificateWithdrawal.model_validate_json(json.dumps(record))
