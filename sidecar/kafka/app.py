@@ -477,5 +477,6 @@ class SidecarService:
                 )
                 await self.publisher.emit(step)
                 await self.commit()
+                await self.publisher.refresh_limits()
             except KafkaError as exc:
                 log.warning("tick: %s (will retry)", exc)

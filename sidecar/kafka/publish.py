@@ -73,6 +73,7 @@ FIRST_PUBLISH_BACKOFF_S = 0.1
 UNKNOWN_TOPIC_FATAL_S = 30.0  # a destination topic missing this long: not live either
 REQUEST_SIZE_MARGIN_BYTES = 65_536  # the producer's max_request_size over max_message_bytes
 MIN_DLQ_BYTES = 1_024  # a DLQ topic that refuses a dead letter this small is misconfigured
+LIMITS_REFRESH_S = 30.0  # an output over a topic's limit: read the limits again, at most this often
 
 _TOO_LARGE = (MessageSizeTooLargeError, KafkaRecordTooLargeError)
 _NO_ACCESS = (
@@ -155,10 +156,17 @@ class Publisher:
         self._max_in_flight = in_flight
         self._producer_generation = 0  # bumped by every producer reset
         self._reset_lock = asyncio.Lock()
+        # an output over a limit read earlier: the limit is read again (at most every
+        # limits_refresh_s, on the loop's tick), so a topic's limit raised by its operator
+        # counts without a restart (a withdrawal announced again fits then)
+        self.limits_refresh_s = LIMITS_REFRESH_S
+        self._over_limit = False
+        self._limits_read_at = time.monotonic()
 
     async def read_topic_limits(self) -> dict[str, int]:
         """Lower ``limits`` to each output topic's own ``max.message.bytes``; returns those
         the broker told (empty when it could not be asked)."""
+        self._limits_read_at = time.monotonic()
         own = await self.producer.topic_limits(self.destinations.values())
         if not own:
             return {}
@@ -167,6 +175,28 @@ class Publisher:
                 self.limits[dest] = min(self._configured[dest], own[topic])
         log.info("record limits per output topic: %s", self.limits)
         return own
+
+    async def refresh_limits(self) -> bool:
+        """Read the topics' limits again if an output was over one since they were last
+        read, ``limits_refresh_s`` ago or more; True when it read them."""
+        if not self._over_limit or time.monotonic() - self._limits_read_at < self.limits_refresh_s:
+            return False
+        self._over_limit = False
+        before = dict(self.limits)
+        own = await self.read_topic_limits()
+        raised = {d.value: v for d, v in self.limits.items() if v > before[d]}
+        if raised and own:
+            log.warning("output topic limit(s) raised since they were read: %s", raised)
+            async with self._reset_lock:  # its batches were capped by the smallest limit
+                try:
+                    await self.producer.reset(min(own.values()))
+                except (KafkaError, OSError, TimeoutError) as exc:
+                    log.warning("replacing the producer failed (%r); the old one stays", exc)
+                else:
+                    self._producer_generation += 1
+                    self.state.producer_resets += 1
+                    self.telemetry.producer_resets.add(1)
+        return True
 
     async def emit(self, step: Step, *, retry: bool = True) -> None:
         """Publish a step's outputs (retrying until confirmed), then finish its inputs.
@@ -246,6 +276,7 @@ class Publisher:
         if out.destination is not Destination.DLQ:
             if size <= self.limits[out.destination]:
                 return out
+            self._over_limit = True
             why = f"{size} bytes with headers exceed the {self.limits[out.destination]}-byte limit"
             out = self._undeliverable(out, RecordTooLargeError(topic, why))
             size = record_size(out.key, out.value, out.headers)

@@ -22,6 +22,7 @@ from sidecar.kafka.readiness import PUBLISH_STALL_S
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.deadletters import record_size
+from sidecar.pipeline.outputs import Destination
 from sidecar.pipeline.ports import SignalSuite
 from tests.conftest import EventFactory, dumps
 from tests.fakes import ThresholdCertifier
@@ -91,6 +92,55 @@ async def test_a_verdict_too_large_for_its_topic_goes_to_the_dlq(
         assert record.source_topic == t.verdicts
         assert h.service.state.publishing  # one record's problem, not the loop's
         await wait_until(lambda: h.service.tracker.pending_count() == 0, 20, "inputs finished")
+
+
+async def test_a_limit_raised_by_the_operator_counts_without_a_restart(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """The DLQ says ``output-too-large``, the operator raises the topic's
+    max.message.bytes: the limits read at start were kept until a restart (a fleet
+    withdrawal announced again went to the DLQ every time). An output over a limit now
+    gets the limits read again on a later tick."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    t = settings.topics
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(t.verdicts, 1, 1, topic_configs={"max.message.bytes": "256"})]
+        )
+    finally:
+        await admin.close()
+    await create_topics(settings)
+    async with real_harness(settings) as h:
+        h.service.publisher.limits_refresh_s = 0.2
+
+        async def request(rid: str) -> None:
+            await h.publish(t.retrieval, dumps(retrieval_event(rid)), rid.encode())
+            await h.publish(t.generation, dumps(final_event(rid)), rid.encode())
+
+        await request("req-before")
+        [dead] = await h.collect(t.dlq, 1, timeout_s=30)
+        assert DeadLetterRecord.from_headers(dead.headers).reason == "output-too-large"
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+        await admin.start()
+        try:
+            raised = {"max.message.bytes": "1000000"}
+            topic = ConfigResource(ConfigResourceType.TOPIC, t.verdicts, raised)
+            await admin.alter_configs([topic])
+        finally:
+            await admin.close()
+        publisher = h.service.publisher
+        await wait_until(
+            lambda: publisher.limits[Destination.VERDICTS] > 256, 20, "the limit read again"
+        )
+        await request("req-after")
+        [verdict] = await h.collect(t.verdicts, 1, timeout_s=30)
+        assert verdict.key == b"req-after"
+        assert h.service.state.producer_resets == 1  # its batches were capped at 256 bytes
 
 
 async def _create_topic(bootstrap: str, topic: str, max_message_bytes: int) -> None:
