@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -156,13 +157,19 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
     kafka = settings.kafka
     timeout_s = kafka.request_timeout_ms / 1000.0
     admin = AIOKafkaAdminClient(**aiokafka_client_args(kafka))
+    started = time.monotonic()
     try:
         await asyncio.wait_for(admin.start(), timeout=timeout_s)
     except (KafkaError, OSError, TimeoutError) as exc:
         await admin.close()
         detail = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+        took = (  # a refused connection or an unknown host fails long before the timeout
+            f"within {timeout_s:g} s"
+            if isinstance(exc, TimeoutError)
+            else f"(gave up after {time.monotonic() - started:.1f} s)"
+        )
         raise BrokerError(
-            f"cannot reach Kafka at {kafka.bootstrap_servers} within {timeout_s:g} s "
+            f"cannot reach Kafka at {kafka.bootstrap_servers} {took} "
             f"(GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS, __REQUEST_TIMEOUT_MS): {detail}"
         ) from None
     except asyncio.CancelledError:  # SIGTERM while connecting: close what was opened

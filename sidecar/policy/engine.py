@@ -218,12 +218,23 @@ class PolicyEngine:
         outcome = self._outcome(
             name, profile, findings, final=final, signals=signals, claims=claims
         )
-        if certified is not None and certified.in_force and entry is not None:
-            cert = entry.certificate
-            return replace(
-                outcome, certified_risk=cert.risk, certified_delta=cert.delta, certificate=cert.key
-            )
-        return outcome
+        if certified is None or not certified.in_force or entry is None:
+            return outcome
+        if outcome.decision.value != certified.action:
+            # another finding decided (claims blocked an answer the certificate would allow):
+            # the verdict was not taken under the certificate and must not read as if it was
+            overruled = f"; overruled: the answer is {outcome.decision.value}ed for another reason"
+            reasons = [
+                r.model_copy(update={"message": r.message + overruled})
+                if r.code == certified.reason.code
+                else r
+                for r in outcome.reasons
+            ]
+            return replace(outcome, reasons=reasons)
+        cert = entry.certificate
+        return replace(
+            outcome, certified_risk=cert.risk, certified_delta=cert.delta, certificate=cert.key
+        )
 
     def _outcome(
         self,

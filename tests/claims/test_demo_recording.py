@@ -169,6 +169,9 @@ def test_true_claims_are_supported_and_planted_ones_unsupported(
     assert verdict.label is expected.label, f"p={verdict.score:.3f}"
 
 
+CERTIFIED_CODES = {"certified-allow", "confidence-below-certified"}
+
+
 def test_the_default_policy_allows_the_verified_answers_and_not_the_planted_ones(
     published: Published,
 ) -> None:
@@ -184,7 +187,9 @@ def test_the_default_policy_allows_the_verified_answers_and_not_the_planted_ones
         verdict = answers[rid]
         codes = {r.code for r in verdict.reasons}
         assert "certificate-not-applicable" not in codes, rid
-        assert verdict.certified_risk is not None, rid
+        [cert] = [r for r in verdict.reasons if r.code in CERTIFIED_CODES]  # it applies
+        # taken under the certificate unless another reason decided
+        assert (verdict.certified_risk is None) == ("overruled" in cert.message), rid
         if rid in planted:
             assert verdict.decision is not Decision.ALLOW, rid
     # every claim of these answers is true and verified: they are allowed, as certified

@@ -179,6 +179,15 @@ def test_other_rules_can_still_take_an_answer_out(tmp_path: Path) -> None:
     outcome = policy.decide(retrieval(), FINAL, broken, confidence=0.9)
     assert outcome.decision is Decision.CAVEAT
     assert {"certified-allow", "retrieval-no-trusted-chunk"} <= codes(outcome)
+    # not decided under the certificate: a caveat that read "certified allow, risk 0.2"
+    # confused every reader of the demo's blocks
+    [cert] = [r for r in outcome.reasons if r.code == "certified-allow"]
+    assert cert.message.endswith("; overruled: the answer is caveated for another reason")
+    assert (outcome.certified_risk, outcome.certified_delta, outcome.certificate) == (
+        None,
+        None,
+        None,
+    )
 
 
 def test_a_request_of_another_key_is_not_certified(tmp_path: Path) -> None:
