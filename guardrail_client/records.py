@@ -22,6 +22,7 @@ of the fetch.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import struct
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ from guardrail_client.inflate import CODEC_NAMES, UNREAD_HEADER, inflate
 
 __all__ = [
     "DEFAULT_MAX_BATCH_INFLATED_BYTES",
+    "DEFAULT_MAX_POLL_BYTES",
     "LenientMemoryRecords",
     "install_lenient_header_names",
 ]
@@ -43,7 +45,15 @@ __all__ = [
 log = logging.getLogger("guardrail_client")
 
 DEFAULT_MAX_BATCH_INFLATED_BYTES = 32 * 1024 * 1024
-_limits = {"batch": DEFAULT_MAX_BATCH_INFLATED_BYTES}
+DEFAULT_MAX_POLL_BYTES = 4 * 1024 * 1024
+_limits = {"batch": DEFAULT_MAX_BATCH_INFLATED_BYTES, "poll": DEFAULT_MAX_POLL_BYTES}
+_RECORD_BYTES = 64  # what a record costs beyond its key and value (offset, headers' framing)
+# the record bytes one poll (``getmany``) has taken so far; None outside one
+_poll_spent: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "guardrail_poll_spent", default=None
+)
+_original_getall = fetcher.FetchResult.getall
+_original_fetched_records = fetcher.Fetcher.fetched_records
 _HEADER = default_records.DefaultRecordBase.HEADER_STRUCT
 _ATTRIBUTES_AT = default_records.DefaultRecordBase.ATTRIBUTES_OFFSET
 _CODEC_MASK = default_records.DefaultRecordBase.CODEC_MASK
@@ -232,12 +242,65 @@ class LenientMemoryRecords(memory_records._MemoryRecordsPy):  # type: ignore[mis
         return _Batch(batch, raw)
 
 
+def _record_bytes(record: Any) -> int:
+    size: int = _RECORD_BYTES
+    size += max(record.serialized_key_size, 0) + max(record.serialized_value_size, 0)
+    for name, value in record.headers or ():
+        size += len(name) + (len(value) if value is not None else 0)
+    return size
+
+
+def _bounded_getall(self: Any, max_records: int | None = None) -> list[Any]:
+    """``FetchResult.getall`` that also stops once the poll has taken its bytes (at least one
+    record per poll): the rest stays in the fetcher, a compressed batch inflated only when
+    its turn comes."""
+    spent = _poll_spent.get()
+    if spent is None:
+        return _original_getall(self, max_records)  # type: ignore[no-any-return]
+    if not self.check_assignment(self._topic_partition) or not self.has_more():
+        return []
+    limit = _limits["poll"]
+    if spent[0] >= limit:
+        return []
+    taken: list[Any] = []
+    for record in self._partition_records:
+        taken.append(record)
+        spent[0] += _record_bytes(record)
+        if (max_records is not None and len(taken) >= max_records) or spent[0] >= limit:
+            self._update_position()
+            break
+    else:
+        self._update_position()
+        self._partition_records = None
+    return taken
+
+
+async def _bounded_fetched_records(
+    self: Any,
+    partitions: Any,
+    timeout: float = 0,  # noqa: ASYNC109 - aiokafka's signature
+    max_records: int | None = None,
+) -> Any:
+    token = _poll_spent.set([0])
+    try:
+        return await _original_fetched_records(self, partitions, timeout, max_records)
+    finally:
+        _poll_spent.reset(token)
+
+
 def install_lenient_header_names(
-    *, max_batch_inflated_bytes: int = DEFAULT_MAX_BATCH_INFLATED_BYTES
+    *,
+    max_batch_inflated_bytes: int = DEFAULT_MAX_BATCH_INFLATED_BYTES,
+    max_poll_bytes: int = DEFAULT_MAX_POLL_BYTES,
 ) -> None:
     """Make every aiokafka consumer of this process read header names leniently, and inflate
     a compressed batch to at most ``max_batch_inflated_bytes`` (idempotent; the last call's
     bound holds for every consumer of the process).
+
+    The fetch limits count compressed bytes, so one fetch of small compressed batches can
+    hold gigabytes of records: a poll (``getmany``) also stops taking records once it holds
+    ``max_poll_bytes`` of them (keys, values, headers; at least one record), and the rest
+    are read, and inflated, by later polls.
 
     Raises ``RuntimeError`` when aiokafka's internals are not the ones this was written
     for (``aiokafka>=0.14,<0.15``): an upgrade must be checked, not silently lose this.
@@ -246,6 +309,8 @@ def install_lenient_header_names(
         hasattr(fetcher, "MemoryRecords"),
         hasattr(memory_records, "_MemoryRecordsPy"),
         hasattr(default_records, "_DefaultRecordBatchPy"),
+        hasattr(fetcher.FetchResult, "_update_position"),
+        hasattr(fetcher.FetchResult, "check_assignment"),
     )
     if not all(needed):
         raise RuntimeError(
@@ -254,5 +319,10 @@ def install_lenient_header_names(
         )
     if isinstance(max_batch_inflated_bytes, bool) or max_batch_inflated_bytes < 1:
         raise ValueError(f"max_batch_inflated_bytes must be positive: {max_batch_inflated_bytes}")
+    if isinstance(max_poll_bytes, bool) or max_poll_bytes < 1:
+        raise ValueError(f"max_poll_bytes must be positive: {max_poll_bytes}")
     _limits["batch"] = max_batch_inflated_bytes
+    _limits["poll"] = max_poll_bytes
     fetcher.MemoryRecords = LenientMemoryRecords
+    fetcher.FetchResult.getall = _bounded_getall
+    fetcher.Fetcher.fetched_records = _bounded_fetched_records

@@ -74,6 +74,15 @@ class KafkaSettings(_Section):
         "records of 1 MiB would otherwise wait in memory; it resumes at half. The queue holds "
         "at most this plus one poll",
     )
+    max_poll_bytes: int = Field(
+        default=4_194_304,
+        ge=65_536,
+        le=1_073_741_824,
+        description="bytes of records (value, key and headers) one poll takes, beside "
+        "max_poll_records (at least one record): the fetch limits count compressed bytes, so "
+        "one fetch of small compressed batches can hold gigabytes; the rest wait in the "
+        "fetcher, compressed, and are inflated by later polls",
+    )
     batch: bool = Field(
         default=True,
         description="consume in batches and pipeline the publishes (false: one message and "

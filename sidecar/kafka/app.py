@@ -247,7 +247,8 @@ class SidecarService:
     async def start(self) -> None:
         # before the consumer reads anything
         install_lenient_header_names(
-            max_batch_inflated_bytes=self.settings.kafka.max_batch_inflated_bytes
+            max_batch_inflated_bytes=self.settings.kafka.max_batch_inflated_bytes,
+            max_poll_bytes=self.settings.kafka.max_poll_bytes,
         )
         if self.processor.certificates is not None:  # the fleet's withdrawals, before deciding
             self.certificates = CertificateBoard(self.settings, self.processor.certificates)

@@ -13,9 +13,11 @@ import asyncio
 import re
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from confluent_kafka import Producer
 
+from guardrail_client.records import install_lenient_header_names
 from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
@@ -117,3 +119,46 @@ async def test_every_codec_is_read_and_a_bomb_costs_its_batch_rest_not_memory(
         assert (first, last) == (13, 14)  # 12 finals of the codecs, req-before, then these
         assert "inflates past 1048576 bytes" in detail
         await all_committed(h, settings, sent)
+
+
+async def test_a_poll_takes_at_most_max_poll_bytes_of_inflated_records(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """The fetch limits count compressed bytes: one 128 KiB fetch of zstd batches held a
+    gigabyte of records, all taken by one poll (a sidecar behind on such a backlog peaked
+    at 1.2 GB RSS, 2.7 GB on a longer one). A poll now stops at ``max_poll_bytes`` (at
+    least one record); the rest are read, in order, by the next polls."""
+    settings = settings_for(
+        unique_topics,
+        kafka_broker.bootstrap_servers,
+        topics={"max_message_bytes": TOPIC_LIMIT, "partitions": 1},
+    )
+    await hand_made_inputs(settings)
+    topic = settings.topics.generation
+    values = [bytes([i]) * 100_000 for i in range(40)]  # 4 MB, a few KiB compressed
+    await asyncio.to_thread(
+        send, settings, "zstd", [(topic, f"k{i}", v) for i, v in enumerate(values)]
+    )
+    install_lenient_header_names(max_poll_bytes=250_000)
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=131_072,
+    )
+    await consumer.start()
+    polls: list[int] = []
+    got: list[bytes] = []
+    try:
+        while len(got) < len(values):
+            batch = await consumer.getmany(timeout_ms=5_000, max_records=500)
+            assert batch, "no progress"
+            records = [r for rs in batch.values() for r in rs]
+            polls.append(len(records))
+            got.extend(r.value or b"" for r in records)
+    finally:
+        await consumer.stop()
+        install_lenient_header_names()
+    assert got == values  # every record, in order
+    assert max(polls) <= 3, polls  # 250,000 bytes: the third 100 KB record crosses it
+    assert len(polls) >= 14, polls
