@@ -149,6 +149,9 @@ class RagService:
         except (_BadRequest, json.JSONDecodeError) as exc:
             return web.json_response({"error": str(exc)}, status=400)
         request_id = f"svc-{uuid.uuid4().hex[:16]}"
+        # its verdict may come while the answer still streams: kept for this replica until
+        # asked for, whatever the rest of the fleet's verdicts pass through the client meanwhile
+        self.verdicts.expect(request_id)
         pieces: asyncio.Queue[object] = asyncio.Queue()
         producing = asyncio.create_task(self._produce(request_id, question, pieces))
         response: web.StreamResponse | None = None
@@ -163,7 +166,6 @@ class RagService:
                     _chunk(request_id, self.answerer.generator_model, shown[-1], None)
                 )
         await producing
-        # a verdict that came before this call is kept by the client (its recent cache)
         result = await self.verdicts.verdict(request_id)
         answer = "".join(shown)
         text = answer if mode == "stream" else apply_verdict(answer, result, self.settings)
