@@ -51,7 +51,8 @@ class CertificateBoard:
         self._every_key = every_key
         self._consumer: AIOKafkaConsumer[bytes, bytes] | None = None
         self._task: asyncio.Task[None] | None = None
-        self.applied = 0
+        self.applied = 0  # records handed to the ledger: withdrawals and tombstones
+        self.tombstones = 0
         self.ignored = 0
 
     def _new_consumer(self, fetch_max_wait_ms: int) -> AIOKafkaConsumer[bytes, bytes]:
@@ -121,7 +122,10 @@ class CertificateBoard:
                     self.apply(record)
             behind = [tp for tp in behind if await consumer.position(tp) < end[tp]]
         if self.applied:
-            log.info("%d certificate withdrawal(s) read from %s", self.applied, self.topic)
+            log.info(
+                "%d record(s) of certified keys read from %s (%d withdrawal(s), %d tombstone(s))",
+                self.applied, self.topic, self.applied - self.tombstones, self.tombstones,
+            )  # fmt: skip
         return {tp: await consumer.position(tp) for tp in tps}
 
     async def _follow(self, consumer: AIOKafkaConsumer[bytes, bytes]) -> None:
@@ -158,7 +162,11 @@ class CertificateBoard:
         if record.value is None:
             self._ledger.apply(key, None)
             self.applied += 1
-            log.warning("certified allow of %s reinstated (%s)", key, self.topic)
+            self.tombstones += 1
+            log.warning(
+                "tombstone of %s read from %s: a withdrawal of its certified allow, if "
+                "any, is lifted (and its re-test window started afresh)", key, self.topic,
+            )  # fmt: skip
             return
         try:
             withdrawal = CertificateWithdrawal.model_validate_json(record.value)
