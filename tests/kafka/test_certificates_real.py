@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 from contextlib import redirect_stdout
 
 import orjson
@@ -22,7 +23,7 @@ from sidecar.cli.main import main
 from sidecar.confidence.certificate_check import CertificateTracker
 from sidecar.config import Settings
 from sidecar.exceptions import ConfigError
-from sidecar.kafka.topics import create_topics
+from sidecar.kafka.topics import create_topics, verify_topics
 from sidecar.kafka.withdrawals import CertificateBoard
 from sidecar.lab.localkafka.broker import LocalKafka
 from tests.kafka.harness import real_harness, settings_for, wait_until
@@ -168,6 +169,30 @@ async def test_a_certificates_topic_with_more_than_one_partition_stops_the_start
     board = CertificateBoard(settings, replica())
     with pytest.raises(ConfigError, match="has 3 partitions; it must have exactly 1"):
         await board.start()
+
+
+async def test_a_certificates_topic_that_is_not_compacted_is_named_at_start(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+    await admin.start()
+    try:  # made by hand, with the broker's default policy
+        await admin.create_topics(
+            [
+                NewTopic(
+                    settings.topics.certificates, 1, 1, topic_configs={"cleanup.policy": "delete"}
+                )
+            ]
+        )
+    finally:
+        await admin.close()
+    await create_topics(settings)
+    with caplog.at_level(logging.WARNING, logger="sidecar"):
+        await verify_topics(settings)
+    [line] = [r.getMessage() for r in caplog.records if "cleanup.policy" in r.getMessage()]
+    assert f"{settings.topics.certificates} (GUARDRAIL_TOPICS__CERTIFICATES)" in line
+    assert "cleanup.policy=delete" in line and "Set cleanup.policy=compact" in line
 
 
 async def _latest(settings: Settings) -> list[dict[str, object]]:

@@ -74,14 +74,8 @@ async def test_a_verdict_too_large_for_its_topic_goes_to_the_dlq(
 ) -> None:
     settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
     t = settings.topics
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
-    await admin.start()
-    try:  # a verdict topic someone created with a tiny limit
-        await admin.create_topics(
-            [NewTopic(t.verdicts, 1, 1, topic_configs={"max.message.bytes": "256"})]
-        )
-    finally:
-        await admin.close()
+    # a verdict topic someone created with a tiny limit
+    await _create_topic(settings.kafka.bootstrap_servers, t.verdicts, 256)
     await create_topics(settings)
     async with real_harness(settings) as h:
         await h.publish(t.retrieval, dumps(retrieval_event("req-big")), b"req-big")
@@ -106,14 +100,7 @@ async def test_a_limit_raised_by_the_operator_counts_without_a_restart(
     gets the limits read again on a later tick."""
     settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
     t = settings.topics
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
-    await admin.start()
-    try:
-        await admin.create_topics(
-            [NewTopic(t.verdicts, 1, 1, topic_configs={"max.message.bytes": "256"})]
-        )
-    finally:
-        await admin.close()
+    await _create_topic(settings.kafka.bootstrap_servers, t.verdicts, 256)
     await create_topics(settings)
     async with real_harness(settings) as h:
         h.service.publisher.limits_refresh_s = 0.2
