@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_MAX_POLL_BYTES",
     "LenientMemoryRecords",
     "install_lenient_header_names",
+    "record_bytes",
 ]
 
 log = logging.getLogger("guardrail_client")
@@ -242,11 +243,11 @@ class LenientMemoryRecords(memory_records._MemoryRecordsPy):  # type: ignore[mis
         return _Batch(batch, raw)
 
 
-def _record_bytes(record: Any) -> int:
-    size: int = _RECORD_BYTES
-    size += max(record.serialized_key_size, 0) + max(record.serialized_value_size, 0)
+def record_bytes(record: Any) -> int:
+    """What a consumed record holds: its value, key and headers."""
+    size = len(record.value or b"") + len(record.key or b"")
     for name, value in record.headers or ():
-        size += len(name) + (len(value) if value is not None else 0)
+        size += len(name) + len(value or b"")
     return size
 
 
@@ -265,7 +266,7 @@ def _bounded_getall(self: Any, max_records: int | None = None) -> list[Any]:
     taken: list[Any] = []
     for record in self._partition_records:
         taken.append(record)
-        spent[0] += _record_bytes(record)
+        spent[0] += _RECORD_BYTES + record_bytes(record)
         if (max_records is not None and len(taken) >= max_records) or spent[0] >= limit:
             self._update_position()
             break

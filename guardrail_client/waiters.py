@@ -167,8 +167,7 @@ class _Recent:
             self._budget.used -= _KEY_OVERHEAD_BYTES
 
     def _forget_oldest_key(self) -> None:
-        _, (_, kept) = self._items.popitem(last=False)
-        self._budget.used -= _KEY_OVERHEAD_BYTES + sum(_cost(a) for a in kept)
+        self.discard(next(iter(self._items)))
 
     def get(self, key: str) -> list[Arrival]:
         item = self._items.get(key)

@@ -177,7 +177,7 @@ class CertificateTracker:
         """The fleet's withdrawal of ``key``'s certified allow, if it holds for the
         certificates served here (the same fingerprints)."""
         record = self._fleet.get(key)
-        if record is None or sorted(record.certificates) != self.fingerprints(key):
+        if record is None or not self._names_ours(key, record):
             return None
         return record
 

@@ -20,20 +20,13 @@ from collections.abc import Iterable
 from aiokafka import ConsumerRecord
 from aiokafka.errors import IllegalStateError
 
+from guardrail_client.records import record_bytes
 from sidecar.kafka.clients import TP, ConsumerPort
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
 from sidecar.pipeline.flow import InputAligner
 from sidecar.pipeline.offsets import OffsetTracker
 
 Records = tuple[ConsumerRecord[bytes, bytes], ...]
-
-
-def record_bytes(record: ConsumerRecord[bytes, bytes]) -> int:
-    """What a consumed record holds: its value, key and headers."""
-    size = len(record.value or b"") + len(record.key or b"")
-    for name, value in record.headers or ():
-        size += len(name) + len(value or b"")
-    return size
 
 
 def batch_bytes(batch: Records) -> int:

@@ -188,14 +188,7 @@ class Publisher:
         if raised and own:
             log.warning("output topic limit(s) raised since they were read: %s", raised)
             async with self._reset_lock:  # its batches were capped by the smallest limit
-                try:
-                    await self.producer.reset(min(own.values()))
-                except (KafkaError, OSError, TimeoutError) as exc:
-                    log.warning("replacing the producer failed (%r); the old one stays", exc)
-                else:
-                    self._producer_generation += 1
-                    self.state.producer_resets += 1
-                    self.telemetry.producer_resets.add(1)
+                await self._replace_producer(min(own.values()))
         return True
 
     async def emit(self, step: Step, *, retry: bool = True) -> None:
@@ -384,14 +377,19 @@ class Publisher:
                 type(error).__name__, topic, error,
             )  # fmt: skip
             own = await self.read_topic_limits() if isinstance(error, _TOO_LARGE) else {}
-            try:
-                await self.producer.reset(min(own.values()) if own else None)
-            except (KafkaError, OSError, TimeoutError) as exc:  # the next failure tries again
-                log.warning("replacing the producer failed (%r); the old one stays", exc)
-                return
-            self._producer_generation += 1
-            self.state.producer_resets += 1
-            self.telemetry.producer_resets.add(1)
+            await self._replace_producer(min(own.values()) if own else None)
+
+    async def _replace_producer(self, max_batch_bytes: int | None) -> None:
+        """A fresh producer (under ``_reset_lock``); when that fails the old one stays and
+        the next failure tries again."""
+        try:
+            await self.producer.reset(max_batch_bytes)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            log.warning("replacing the producer failed (%r); the old one stays", exc)
+            return
+        self._producer_generation += 1
+        self.state.producer_resets += 1
+        self.telemetry.producer_resets.add(1)
 
     async def _publish_one(self, out: Output, span: Any, *, retry: bool) -> bool:
         """Publish and await confirmation; False when giving up (stopping, or ``retry=False``).
