@@ -236,9 +236,11 @@ class LenientMemoryRecords(memory_records._MemoryRecordsPy):  # type: ignore[mis
     def next_batch(self, *args: Any, **kwargs: Any) -> Any:
         raw = self._next_slice
         batch = super().next_batch(*args, **kwargs)
-        if raw is None or batch is None or batch.magic < 2:
+        if raw is None or batch is None or batch.magic < 2 or batch.is_control_batch:
+            # a transaction marker: the fetcher reads it with ``next()`` (read_committed),
+            # and it holds no header names and nothing to inflate
             return batch
-        if batch.attributes & _CODEC_MASK and not batch.is_control_batch:
+        if batch.attributes & _CODEC_MASK:
             return _InflatedBatch(batch, raw, _limits["batch"])
         return _Batch(batch, raw)
 

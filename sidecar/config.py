@@ -53,6 +53,13 @@ class KafkaSettings(_Section):
     ssl_certfile: NonBlank | None = None
     ssl_keyfile: NonBlank | None = None
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
+    isolation_level: Literal["read_committed", "read_uncommitted"] = Field(
+        default="read_committed",
+        description="which input records the sidecar reads: read_committed skips the events "
+        "of aborted Kafka transactions (they never happened) and reads an open transaction's "
+        "only once it commits; read_uncommitted reads everything as soon as it is written. "
+        "The same for producers that do not use transactions",
+    )
     # the broker's group.max.session.timeout.ms defaults to 1,800,000 (30 min)
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=1_800_000)
     max_poll_records: int = Field(default=500, ge=1)

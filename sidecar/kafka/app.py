@@ -162,6 +162,7 @@ class SidecarService:
             "partition_assignment_strategy": (assignor or co_partition_assignor(),),
             "ack_policy": AckPolicy.MANUAL,
             "auto_offset_reset": kafka.auto_offset_reset,
+            "isolation_level": kafka.isolation_level,
             "max_records": kafka.max_poll_records,
             "session_timeout_ms": kafka.session_timeout_ms,
             "fetch_max_wait_ms": kafka.fetch_max_wait_ms,
@@ -379,6 +380,12 @@ class SidecarService:
             self.tracker.track((record.topic, record.partition), record.offset)
             if aligner is not None:
                 aligner.observe(record.topic, record.partition, record.timestamp)
+        # the poll that returned these is the consumer's latest: its positions are past every
+        # record it handed out, and past the markers that end transactions after them
+        consumer = self.clients.consumer
+        for tp in self.state.assigned:
+            if (position := consumer.position(tp)) is not None:
+                self.tracker.skipped_to(tp, position)
         self.queue.put(records)
         self._queue_changed()
         if aligner is not None:  # align at intake: the queue keeps the order it is read in
@@ -441,9 +448,9 @@ class SidecarService:
         if self._stopping.is_set():  # stop() paused everything; nothing resumes now
             return
         consumer = self.clients.consumer
-        lag = await measure_lag(consumer, self.state.assigned, self.tracker)
-        if self._stopping.is_set():
-            return
+        # the records of a poll FastStream has not handed to ``_handle`` yet are past the
+        # position and not queued: for that moment (no await) they count as not behind
+        lag = measure_lag(consumer, self.state.assigned, self.tracker)
         self.intake.align(consumer, self.state.assigned, lag, self.queue.records, _monotonic_ms())
 
     async def _in_worker(self, fn: Callable[..., _T], *args: Any) -> _T:

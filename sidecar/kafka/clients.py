@@ -45,10 +45,15 @@ class ConsumerPort(Protocol):
     async def commit(self, offsets: Mapping[TP, int]) -> None: ...
 
     def highwater(self, tp: TP) -> int | None:
-        """The partition's end offset as of the last fetch (``None``: not fetched yet)."""
+        """The end of what the consumer can read of the partition, as of the last fetch:
+        the last stable offset when it reads committed records, else the high-water mark
+        (``None``: not fetched yet)."""
         ...
 
-    async def position(self, tp: TP) -> int: ...
+    def position(self, tp: TP) -> int | None:
+        """The offset of the next record the consumer will hand out: one past the last it
+        handed out and past what it skipped since (``None``: revoked, or not known yet)."""
+        ...
 
     def known_partitions(self, topics: Iterable[str]) -> dict[str, int]:
         """Partition counts from the consumer's current metadata (topics it knows only)."""
@@ -117,11 +122,22 @@ class AiokafkaConsumerPort:
         await self._consumer.commit({TopicPartition(*tp): off for tp, off in offsets.items()})
 
     def highwater(self, tp: TP) -> int | None:
-        high = self._consumer.highwater(TopicPartition(*tp))
+        partition = TopicPartition(*tp)
+        # read_committed stops at an open transaction (-1: read_uncommitted, None: not known)
+        stable = self._consumer.last_stable_offset(partition)
+        if stable is not None and stable >= 0:
+            return int(stable)
+        high = self._consumer.highwater(partition)
         return None if high is None else int(high)
 
-    async def position(self, tp: TP) -> int:
-        return int(await self._consumer.position(TopicPartition(*tp)))
+    def position(self, tp: TP) -> int | None:
+        # ``AIOKafkaConsumer.position`` waits for a position being reset; this never waits
+        partition = TopicPartition(*tp)
+        subscription = self._consumer._subscription
+        if not subscription.is_assigned(partition):
+            return None
+        state = subscription.subscription.assignment.state_value(partition)
+        return int(state.position) if state.has_valid_position else None
 
     def known_partitions(self, topics: Iterable[str]) -> dict[str, int]:
         known = {t: self._consumer.partitions_for_topic(t) for t in topics}
@@ -266,9 +282,9 @@ class MemoryConsumerPort:
         del tp
         return None
 
-    async def position(self, tp: TP) -> int:
+    def position(self, tp: TP) -> int | None:
         del tp
-        return 0
+        return None
 
     def known_partitions(self, topics: Iterable[str]) -> dict[str, int]:
         del topics

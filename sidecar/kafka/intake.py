@@ -93,23 +93,21 @@ class WorkQueue:
         return before - self.records
 
 
-async def measure_lag(
+def measure_lag(
     consumer: ConsumerPort, assigned: Iterable[TP], tracker: OffsetTracker
 ) -> dict[TP, int]:
-    """Records per assigned partition in Kafka that the consumer has not handed out yet."""
+    """Records per assigned partition in Kafka that the consumer has not handed out yet
+    (0 where that is not known: not fetched yet, or a position being reset)."""
     lag: dict[TP, int] = {}
     for tp in assigned:
         try:
             high = consumer.highwater(tp)
-            if high is None:  # not fetched yet: no fetch response, no position to wait for
-                lag[tp] = 0
-                continue
-            seen = tracker.next_offset(tp)
-            position = seen if seen is not None else await consumer.position(tp)
+            # the consumer's position is past what it skipped without handing it out: the
+            # markers that end transactions, and aborted transactions' records
+            known = [p for p in (consumer.position(tp), tracker.next_offset(tp)) if p is not None]
         except (AssertionError, IllegalStateError):  # revoked meanwhile
-            lag[tp] = 0
-            continue
-        lag[tp] = max(0, high - position)
+            known = []
+        lag[tp] = max(0, high - max(known)) if high is not None and known else 0
     return lag
 
 

@@ -40,6 +40,14 @@ class OffsetTracker:
         if state.next_offset is None or offset + 1 > state.next_offset:
             state.next_offset = offset + 1
 
+    def skipped_to(self, tp: TopicPartition, position: int) -> None:
+        """The consumer, at ``position``, handed out every record before it: what lies past
+        the highest offset seen was skipped (a transaction's marker, an aborted
+        transaction's records) and is done. Nothing happens on a partition not seen yet."""
+        state = self._parts.get(tp)
+        if state is not None and state.next_offset is not None and position > state.next_offset:
+            state.next_offset = position
+
     def done(self, tp: TopicPartition, offset: int) -> None:
         """Mark a message finished: its results are published."""
         state = self._parts.get(tp)

@@ -29,6 +29,23 @@ def test_committable_reports_only_moves() -> None:
     assert t.committable() == {}
 
 
+def test_skipped_offsets_past_the_last_record_are_done_but_never_a_pending_one() -> None:
+    """A transaction's marker (offset 8) is skipped by the consumer: its position, 9, is
+    committable once the records before it are done, and not before."""
+    t = OffsetTracker()
+    t.skipped_to(TP, 4)  # nothing seen on the partition yet: nothing to move
+    assert t.committable() == {}
+    for off in (6, 7):
+        t.track(TP, off)
+    t.skipped_to(TP, 9)
+    t.skipped_to(TP, 3)  # a position behind what was seen moves nothing
+    assert t.next_offset(TP) == 9
+    assert t.committable() == {TP: 6}
+    t.done(TP, 6)
+    t.done(TP, 7)
+    assert t.committable() == {TP: 9}
+
+
 def test_forget_drops_revoked_partitions() -> None:
     t = OffsetTracker()
     t.track(TP, 0)

@@ -153,6 +153,8 @@ convention. Credentials only ever come from Secrets.
   value: {{ $v.kafka.securityProtocol | quote }}
 - name: GUARDRAIL_KAFKA__AUTO_OFFSET_RESET
   value: {{ $v.kafka.autoOffsetReset | quote }}
+- name: GUARDRAIL_KAFKA__ISOLATION_LEVEL
+  value: {{ $v.kafka.isolationLevel | quote }}
 {{- if hasPrefix "SASL" $v.kafka.securityProtocol }}
 - name: GUARDRAIL_KAFKA__SASL_MECHANISM
   value: {{ $v.kafka.sasl.mechanism | quote }}
