@@ -38,8 +38,9 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
                                           once per answer verdict (stage: stream | final)
   guardrail.verdict.reasons     counter   reason, decision   [guardrail_verdict_reasons_total]
   guardrail.claim_verdicts      counter   label
-                                (these three are counted in plain dicts and observed at
-                                collection: an SDK ``add`` costs ~10 us, several per verdict)
+                                (these three count what the broker confirmed, in plain dicts
+                                observed at collection: an SDK ``add`` costs ~10 us, several
+                                per verdict; one replaced by its dead letter is not counted)
   guardrail.dead_letters        counter   reason
   guardrail.stage.duration      histogram stage, seconds, buckets 50 us .. 5 s
                                           [guardrail_stage_duration_seconds_bucket]
@@ -172,6 +173,9 @@ class PublishHandle:
     request_end_ns: int
     started_ns: int
     traced: bool = False
+    # a verdict or claim verdict: counted once the broker confirms it (not a dead letter
+    # that replaced it)
+    counted: tuple[Output, TraceRecord] | None = None
 
 
 class Telemetry:
@@ -325,10 +329,15 @@ class Telemetry:
         get the PRODUCER span's context."""
         if out.destination is Destination.DLQ:
             self.dead_lettered(out)
+        handle = self._open(out, topic)
+        if out.trace is not None:
+            handle.counted = (out, out.trace)
+        return handle
+
+    def _open(self, out: Output, topic: str) -> PublishHandle:
         record = out.trace
         now = time.time_ns()
         if record is not None:
-            self._count(out, record)
             for stage, start, end in record.stages:
                 self.stage_durations.record(stage, (end - start) / 1e9)
         if not self.spans:
@@ -389,9 +398,17 @@ class Telemetry:
             (k, v.encode("utf-8")) for k, v in carrier.items()
         ]
 
-    def after_publish(self, handle: PublishHandle, metadata: Any = None) -> None:
-        """The broker confirmed the record (``metadata``: aiokafka's ``RecordMetadata``)."""
+    def after_publish(
+        self, handle: PublishHandle, metadata: Any = None, published: Output | None = None
+    ) -> None:
+        """The broker confirmed the record (``metadata``: aiokafka's ``RecordMetadata``):
+        ``published``, the output the handle was opened for unless a dead letter replaced
+        it (then the verdict it stands for is not counted)."""
         now = time.time_ns()
+        if handle.counted is not None:
+            out, record = handle.counted
+            if published is None or published.destination is out.destination:
+                self._count(out, record)
         if handle.traced:
             self.stage_durations.record("publish", (now - handle.started_ns) / 1e9)
         producer = handle.producer

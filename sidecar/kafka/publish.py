@@ -339,7 +339,7 @@ class Publisher:
                     await self._reset_producer(generation, result, topic)
                 unconfirmed.append((out, span))
             else:
-                self.telemetry.after_publish(span, result)
+                self.telemetry.after_publish(span, result, out)
         for out, span in unconfirmed + failed:  # sent ones came first in the step
             if not await self._publish_one(out, span, retry=retry):
                 return False
@@ -443,12 +443,13 @@ class Publisher:
                 await asyncio.sleep(delay)
             else:
                 self.state.publish_failing_since = None
-                self.telemetry.after_publish(span, metadata)
+                self.telemetry.after_publish(span, metadata, out)
                 return True
 
     def _replaced(self, old: Output, new: Output) -> Output:
         """``new`` in ``old``'s place; a dead letter replacing an output is counted here
-        (``before_publish`` counted ``old``, whose span stays open)."""
+        (``before_publish`` opened ``old``'s span, which stays open; ``after_publish``
+        counts ``old`` only if it is what was published)."""
         if new.destination is Destination.DLQ and old.destination is not Destination.DLQ:
             self.telemetry.dead_lettered(new)
         return new

@@ -26,13 +26,17 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
     UnknownTopicOrPartitionError,
 )
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from sidecar.contracts.events import AnswerVerdict, DeadLetterRecord
 from sidecar.exceptions import BrokerAccessError, BrokerError
 from sidecar.exceptions import RecordTooLargeError as OutputTooLarge
 from sidecar.kafka.publish import MAX_PUBLISH_BACKOFF_S, backoff_delay, classify
 from sidecar.pipeline.outputs import Destination, Output
+from sidecar.telemetry import Telemetry
 from tests.conftest import EventFactory, dumps
+from tests.core.test_telemetry import points
 from tests.kafka.harness import MemoryHarness, memory_harness, settings_for, wait_until
 
 Failure = Callable[[Output], BaseException | None]
@@ -154,6 +158,31 @@ async def test_a_verdict_its_topic_refuses_as_too_large_is_dead_lettered(
     assert h.service.state.undeliverable_outputs == 1
     await wait_until(lambda: h.service.tracker.pending_count() == 0, 5, "inputs finished")
     assert h.service.state.publishing and h.service.state.live
+
+
+async def test_a_verdict_replaced_by_its_dead_letter_is_counted_as_a_dead_letter_only(
+    unique_topics: dict[str, str], retrieval_event: EventFactory, final_event: EventFactory
+) -> None:
+    """``guardrail.verdicts`` counts what the broker confirmed: a verdict its topic refused
+    went out as a dead letter, and was counted as a verdict too before."""
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(meter=MeterProvider(metric_readers=[reader]).get_meter("t"))
+    async with memory_harness(settings_for(unique_topics), telemetry) as h:
+
+        def failure(out: Output) -> BaseException | None:
+            refused = out.destination is Destination.VERDICTS and out.key == b"req-big"
+            return MessageSizeTooLargeError() if refused else None
+
+        inject(h, failure)
+        await request(h, "req-big", retrieval_event, final_event)
+        await request(h, "req-ok", retrieval_event, final_event)
+        await h.collect(h.settings.topics.verdicts, 1)
+        await wait_until(lambda: h.service.tracker.pending_count() == 0, 5, "inputs finished")
+    got = points(reader)
+    assert sum(p.value for p in got["guardrail.verdicts"]) == 1
+    assert [dict(p.attributes) for p in got["guardrail.dead_letters"]] == [
+        {"reason": "output-too-large"}
+    ]
 
 
 async def test_an_output_over_its_known_limit_is_dead_lettered_without_a_send(
