@@ -70,6 +70,10 @@ _VERSION_KEY: Final = b'"schema_version"'
 _VERSION_ONE: Final = re.compile(rb'"schema_version"\s*:\s*1\s*[,}]')
 # orjson reads integers above this as floats; JSON mode keeps them exact
 _ORJSON_MAX_INT: Final = 2**64 - 1
+# Confluent Schema Registry's wire format: magic byte 0, a 4-byte schema id, the JSON
+# (what its JSON Schema serializers write); JSON text never starts with a NUL byte
+_REGISTRY_MAGIC: Final = b"\x00"
+_REGISTRY_HEADER_BYTES: Final = 5
 
 
 def _fast_path_safe(raw: bytes, max_depth: int) -> bool:
@@ -127,6 +131,8 @@ def decode_input(
         raise InputError(
             "oversize", f"message is {len(raw)} bytes, the limit is {max_bytes} (max_message_bytes)"
         )
+    if raw[:1] == _REGISTRY_MAGIC:
+        raw = unframed(raw)
     if _fast_path_safe(raw, max_depth):
         try:
             event = _ADAPTERS[kind].validate_json(raw, strict=True)
@@ -136,6 +142,19 @@ def decode_input(
             if _same_as_checked(event):
                 return event
     return decode_checked(kind, raw, max_depth=max_depth)
+
+
+def unframed(raw: bytes) -> bytes:
+    """The JSON of a value in Schema Registry's wire format (``0``, schema id, JSON): read as
+    the plain JSON it frames; the schema id is not looked up (the sidecar validates every
+    event against its own models)."""
+    if len(raw) <= _REGISTRY_HEADER_BYTES:
+        raise InputError(
+            "malformed-json",
+            f"a value that starts with a NUL byte is read in Schema Registry's wire format "
+            f"(magic byte 0, a 4-byte schema id, then the JSON); this one is {len(raw)} bytes",
+        )
+    return raw[_REGISTRY_HEADER_BYTES:]
 
 
 def decode_checked(kind: InputKind, raw: bytes, *, max_depth: int) -> InputEvent | FeedbackEvent:

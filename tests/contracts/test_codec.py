@@ -59,6 +59,28 @@ def test_bad_input_has_a_named_reason(raw: bytes | None, reason: str) -> None:
     assert reason_of(InputKind.RETRIEVAL, raw) == reason
 
 
+def test_schema_registry_framing_is_read_as_the_json_it_frames(
+    retrieval_event: EventFactory, final_event: EventFactory
+) -> None:
+    """Confluent's JSON Schema serializers write magic byte 0, a 4-byte schema id, then the
+    JSON: such a producer's events are read (all of them went to the DLQ before)."""
+    for kind, raw in (
+        (InputKind.RETRIEVAL, dumps(retrieval_event())),
+        (InputKind.GENERATION, dumps(final_event())),
+    ):
+        framed = b"\x00" + (100_042).to_bytes(4, "big") + raw
+        assert decode_input(kind, framed, **LIMITS) == decode_input(kind, raw, **LIMITS)
+    header = b"\x00\x00\x00\x00\x07"
+    assert reason_of(InputKind.RETRIEVAL, header + b"{") == "malformed-json"
+    assert reason_of(InputKind.RETRIEVAL, header + b"[1]") == "not-an-object"
+    assert reason_of(InputKind.RETRIEVAL, header + b"\x00" + header + b"{}") == "malformed-json"
+    with pytest.raises(InputError, match="Schema Registry's wire format"):
+        decode_input(InputKind.RETRIEVAL, header, **LIMITS)
+    # the size limit counts the whole value, framing included
+    raw = dumps(retrieval_event())
+    assert reason_of(InputKind.RETRIEVAL, header + raw, max_bytes=len(raw)) == "oversize"
+
+
 def test_nesting_beyond_the_configured_depth_is_rejected(retrieval_event: EventFactory) -> None:
     nested: Any = "x"
     for _ in range(40):
