@@ -38,6 +38,7 @@ from guardrail_client.inflate import CODEC_NAMES, UNREAD_HEADER, inflate
 __all__ = [
     "DEFAULT_MAX_BATCH_INFLATED_BYTES",
     "DEFAULT_MAX_POLL_BYTES",
+    "MAX_RECORD_HEADERS",
     "LenientMemoryRecords",
     "install_lenient_header_names",
     "record_bytes",
@@ -48,7 +49,18 @@ log = logging.getLogger("guardrail_client")
 DEFAULT_MAX_BATCH_INFLATED_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_POLL_BYTES = 4 * 1024 * 1024
 _limits = {"batch": DEFAULT_MAX_BATCH_INFLATED_BYTES, "poll": DEFAULT_MAX_POLL_BYTES}
-_RECORD_BYTES = 64  # what a record costs beyond its key and value (offset, headers' framing)
+_RECORD_BYTES = 64  # what a record costs beyond its key and value (offset, fields)
+# what a header costs in memory beyond its name and value (a tuple, a str, a bytes): an
+# empty header is 2 bytes in Kafka and ~140 in Python, so headers are counted, not only
+# their bytes
+_HEADER_BYTES = 128
+# headers read per record: a record with more is handed over with its value and one header
+# that says so (the sidecar dead-letters it, ``too-many-headers``); 2 bytes a header, a
+# 16 MiB record held 8 million, ~2.7 GB once read
+MAX_RECORD_HEADERS = 1024
+# a batch this small holds at most ~32,000 headers (~11 MB read): read as it is; a larger
+# one is scanned for a record over MAX_RECORD_HEADERS first (record lengths, ~0.3 us each)
+_SCAN_ABOVE = 64 * 1024
 # the record bytes one poll (``getmany``) has taken so far; None outside one
 _poll_spent: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
     "guardrail_poll_spent", default=None
@@ -104,6 +116,10 @@ class _Batch:
         return getattr(self._fast, name)
 
     def __iter__(self) -> Iterator[Any]:
+        raw = self._raw
+        if len(raw) > _SCAN_ABOVE and _over_header_cap(raw):
+            yield from _capped(self._fast, raw)
+            return
         read = -1
         try:
             for record in self._fast:
@@ -120,6 +136,22 @@ class _Batch:
         for record in _LenientBatch(bytes(self._raw)):
             if record.offset > read:
                 yield record
+
+
+def _capped(fast: Any, raw: memoryview) -> Iterator[Any]:
+    """A batch with a record over MAX_RECORD_HEADERS, read by the Python reader; a record
+    it cannot read stands in for the rest (``corrupt-batch``), as in an inflated batch."""
+    read = fast.base_offset - 1
+    for record in _whole_records(fast, raw, _HEADER.size, _HEADER.unpack_from(raw)[12]):
+        read = record.offset
+        yield record
+    last = fast.base_offset + fast.last_offset_delta
+    if read < last:
+        note = f"corrupt-batch: offsets {read + 1}..{last} not read: a record is malformed"
+        yield _Record(
+            last, fast.max_timestamp, fast.timestamp_type, None, None,
+            [(UNREAD_HEADER, note.encode())],
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +210,41 @@ class _InflatedBatch:
             )  # fmt: skip
 
 
-def _whole_records(batch: Any, buffer: bytearray, pos: int, count: int) -> Iterator[_Record]:
-    """The records of an inflated prefix that came out whole (header names read leniently)."""
+def _over_header_cap(raw: bytearray | memoryview) -> bool:
+    """Does a record of this uncompressed v2 batch hold more than MAX_RECORD_HEADERS headers?
+    (Only a record longer than two bytes a header can; a malformed batch: no, the reader
+    behind says what is wrong with it.)"""
+    pos, end = _HEADER.size, len(raw)
+    try:
+        for _ in range(_HEADER.unpack_from(raw)[12]):
+            length, start = decode_varint(raw, pos)
+            pos = start + length
+            if length > 2 * MAX_RECORD_HEADERS and _header_count(raw, start) > MAX_RECORD_HEADERS:
+                return True
+            if pos >= end:
+                return False
+    except (IndexError, ValueError, struct.error):
+        return False
+    return False
+
+
+def _header_count(buffer: bytearray | memoryview, pos: int) -> int:
+    """The header count of the record whose fields start at ``pos``."""
+    for _ in range(3):  # attributes, timestamp delta, offset delta
+        _, pos = decode_varint(buffer, pos)
+    for _ in range(2):  # key, value
+        length, pos = decode_varint(buffer, pos)
+        pos += max(length, 0)
+    count, _ = decode_varint(buffer, pos)
+    return int(count)
+
+
+def _whole_records(
+    batch: Any, buffer: bytearray | memoryview, pos: int, count: int
+) -> Iterator[_Record]:
+    """The records of an uncompressed batch (or an inflated prefix) that are whole, header
+    names read leniently; a record over MAX_RECORD_HEADERS keeps its value and gets one
+    :data:`UNREAD_HEADER` (``too-many-headers``) instead of its headers."""
     base, first_ts = batch.base_offset, batch.first_timestamp
     ts_type = batch.timestamp_type
     end = len(buffer)
@@ -197,7 +262,7 @@ def _whole_records(batch: Any, buffer: bytearray, pos: int, count: int) -> Itera
 
 
 def _record(
-    buffer: bytearray, pos: int, end: int
+    buffer: bytearray | memoryview, pos: int, end: int
 ) -> tuple[tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]], int]:
     _, pos = decode_varint(buffer, pos)  # attributes
     ts_delta, pos = decode_varint(buffer, pos)
@@ -207,6 +272,9 @@ def _record(
     n, pos = decode_varint(buffer, pos)
     if n < 0:
         raise ValueError("negative header count")
+    if n > MAX_RECORD_HEADERS:
+        note = f"too-many-headers: {n} headers; a record's first {MAX_RECORD_HEADERS} are read"
+        return (offset_delta, ts_delta, key, value, [(UNREAD_HEADER, note.encode())]), end
     headers: list[tuple[str, bytes | None]] = []
     for _ in range(n):
         name, pos = _nullable(buffer, pos, end)
@@ -219,7 +287,7 @@ def _record(
     return (offset_delta, ts_delta, key, value, headers), pos
 
 
-def _nullable(buffer: bytearray, pos: int, end: int) -> tuple[bytes | None, int]:
+def _nullable(buffer: bytearray | memoryview, pos: int, end: int) -> tuple[bytes | None, int]:
     length, pos = decode_varint(buffer, pos)
     if length < 0:
         return None, pos
@@ -246,10 +314,11 @@ class LenientMemoryRecords(memory_records._MemoryRecordsPy):  # type: ignore[mis
 
 
 def record_bytes(record: Any) -> int:
-    """What a consumed record holds: its value, key and headers."""
+    """What a consumed record holds: its value, key and headers (each header counted beside
+    its bytes: an empty one costs ~140 bytes read)."""
     size = len(record.value or b"") + len(record.key or b"")
     for name, value in record.headers or ():
-        size += len(name) + len(value or b"")
+        size += _HEADER_BYTES + len(name) + len(value or b"")
     return size
 
 

@@ -129,13 +129,19 @@ def _text_bytes(event: JoinedEvent) -> int:
 
 
 def _check_read(ref: InputRef) -> None:
-    """A record standing in for a compressed batch's records that could not be read
-    (guardrail_client/records.py): its reason and the offsets it covers, to the DLQ."""
+    """A record standing in for a compressed batch's records that could not be read, or a
+    record whose headers were not (guardrail_client/records.py): its reason and the offsets
+    it covers, to the DLQ."""
     for name, value in ref.headers:
         if name == UNREAD_HEADER:
             note = value.decode("utf-8", "replace")
             reason, _, detail = note.partition(": ")
-            if reason not in ("batch-too-large", "corrupt-batch", "unsupported-codec"):
+            if reason not in (
+                "batch-too-large",
+                "corrupt-batch",
+                "unsupported-codec",
+                "too-many-headers",
+            ):
                 reason, detail = "unreadable-batch", note  # a producer's own header
             raise InputError(reason, detail[:2000])
 

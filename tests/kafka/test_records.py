@@ -1,4 +1,5 @@
-"""Consumed records whatever their headers hold: null values, names that are not UTF-8.
+"""Consumed records whatever their headers hold: null values, names that are not UTF-8,
+millions of them.
 
 Batches are built with aiokafka's own (pure-Python) builder, which writes a header
 name as whatever its ``encode()`` returns, as a Go or C producer may send it.
@@ -6,9 +7,13 @@ name as whatever its ``encode()`` returns, as a Go or C producer may send it.
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 from aiokafka.record import default_records, memory_records
 
+from guardrail_client.inflate import UNREAD_HEADER
+from guardrail_client.records import MAX_RECORD_HEADERS, record_bytes
 from sidecar.kafka.records import LenientMemoryRecords, input_headers
 from tests.kafka.bad_header_name import BAD_NAME, RawName
 
@@ -63,3 +68,40 @@ def test_good_batches_are_read_by_the_fast_reader_unchanged() -> None:
 def test_null_header_values_become_empty_bytes() -> None:
     assert input_headers([("a", None), ("b", b"x")]) == (("a", b""), ("b", b"x"))
     assert input_headers(None) == ()
+
+
+BOMB_HEADERS = 200_000  # 2 bytes each on the wire: a 400 KB record
+
+
+@pytest.mark.parametrize("codec", [CODEC_NONE, CODEC_GZIP])
+def test_a_record_with_too_many_headers_keeps_its_value_and_costs_no_memory(codec: int) -> None:
+    """200,000 empty headers: 400 KB in Kafka, ~68 MB once aiokafka's reader has made a
+    tuple of each; a 16 MiB record held 8 million (~2.7 GB: the pod OOM-killed, and again
+    on every restart, the record being uncommitted)."""
+    bomb: list[tuple[str, bytes | None]] = [("", b"")] * BOMB_HEADERS
+    at_cap: list[tuple[str, bytes | None]] = [("h", b"v")] * MAX_RECORD_HEADERS
+    raw = batch([[("traceparent", b"00-a")], bomb, at_cap, []], codec)
+    tracemalloc.start()
+    try:
+        got = list(LenientMemoryRecords(raw).next_batch())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [r.offset for r in got] == [0, 1, 2, 3]
+    assert [r.value for r in got] == [b"v0", b"v1", b"v2", b"v3"]
+    assert got[0].headers == [("traceparent", b"00-a")]
+    [(name, note)] = got[1].headers
+    assert name == UNREAD_HEADER
+    assert note.decode().startswith(f"too-many-headers: {BOMB_HEADERS} headers")
+    assert len(got[2].headers) == MAX_RECORD_HEADERS  # at the cap: read as it is
+    assert got[3].headers == []
+    assert peak < 1 << 20, peak  # aiokafka's reader: 12.2 MiB (200,000 tuples)
+    assert record_bytes(got[2]) >= MAX_RECORD_HEADERS * 128  # headers counted, not only bytes
+
+
+def test_a_small_batch_is_read_by_the_fast_reader_without_a_scan() -> None:
+    """Below 64 KiB a batch holds at most ~32,000 headers: no scan, the C reader's records."""
+    raw = batch([[("", b"")] * 20_000])
+    [record] = list(LenientMemoryRecords(raw).next_batch())
+    assert len(record.headers) == 20_000
+    assert type(record) is type(next(iter(memory_records.MemoryRecords(raw).next_batch())))
