@@ -191,7 +191,9 @@ def build_policy(settings: Settings) -> Policy:
 def _served_models(settings: Settings) -> dict[str, str]:
     """What a policy's allow certificates are checked against: the confidence model's
     version, the enabled signals (a certificate fitted with claims off is not one
-    for claims on) and, with claims on, the claim verifier's version."""
+    for claims on) and the versions of the enabled signals' models (the conformal
+    calibration, the lookback model, the claim verifier): the confidence reads their
+    outputs, so a certificate fitted under one says nothing under another."""
     sig = settings.signals
     enabled = [
         name
@@ -204,6 +206,20 @@ def _served_models(settings: Settings) -> dict[str, str]:
         if on
     ]
     served = {"signals": ",".join(enabled)}
+    if sig.retrieval:
+        from sidecar.conformal import load_artifact as load_calibration  # noqa: PLC0415
+
+        path = _artifact(
+            settings, sig.calibration, "the conformal calibration", "GUARDRAIL_SIGNALS__RETRIEVAL"
+        )
+        served["certifier"] = load_calibration(path).calibration_id
+    if sig.lookback:
+        from sidecar.lookback.artifact import load_metadata  # noqa: PLC0415
+
+        model_dir = _artifact(
+            settings, sig.lookback_model, "the lookback classifier", "GUARDRAIL_SIGNALS__LOOKBACK"
+        )
+        served["lookback"] = load_metadata(model_dir)[0].version
     if sig.claims:
         from sidecar.claims.verifier import load_artifact  # noqa: PLC0415
 

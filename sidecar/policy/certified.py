@@ -230,7 +230,8 @@ def _check(
 
 def _served_mismatch(entry: CertifiedAllow, models: Mapping[str, str], where: str) -> str | None:
     """Against the served models: raise for another confidence model; say why the
-    certificate does not apply to the served signals or claim verifier, else None."""
+    certificate does not apply to the served signals, conformal calibration, lookback
+    model or claim verifier, else None."""
     cert = entry.certificate
     served_model = models.get("confidence")
     if served_model is None:
@@ -251,6 +252,13 @@ def _served_mismatch(entry: CertifiedAllow, models: Mapping[str, str], where: st
             return (
                 f"fitted with the signals {', '.join(fitted) or 'none'}, the sidecar serves "
                 f"{', '.join(enabled) or 'none'} (the confidence depends on them)"
+            )
+    for name, what in (("certifier", "conformal calibration"), ("lookback", "lookback model")):
+        fitted_model, served_as = cert.model_versions.get(name), models.get(name)
+        if fitted_model is not None and served_as is not None and fitted_model != served_as:
+            return (
+                f"fitted with {what} {fitted_model}, the sidecar serves {served_as} "
+                "(the confidence depends on its scores)"
             )
     fitted_verifier = cert.model_versions.get("verifier")
     served_verifier = models.get("verifier")

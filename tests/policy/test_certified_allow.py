@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -287,6 +288,17 @@ def test_a_profile_lists_one_certificate_per_signal_set(tmp_path: Path) -> None:
     assert outcome.decision is Decision.CAVEAT
     [reason] = [r for r in outcome.reasons if r.code == "certificate-not-applicable"]
     assert "on.json: fitted with claim verifier v, the sidecar serves w" in reason.message
+    # another lookback model (a rollout to the fc variant): its scores are not the ones
+    # the confidence was fitted on; the same one applies (helper-14 found it unchecked)
+    for lookback, applies in (("m", False), ("l", True)):
+        models = {"confidence": MODEL, "signals": "confidence,lookback", "lookback": lookback}
+        outcome = PolicyEngine(parse_policy(listed), base_dir=tmp_path, models=models).decide(
+            retrieval(), FINAL, SIGNALS, confidence=0.9
+        )
+        assert (outcome.decision is Decision.ALLOW) is applies
+        if not applies:
+            [reason] = [r for r in outcome.reasons if r.code == "certificate-not-applicable"]
+            assert "off.json: fitted with lookback model l, the sidecar serves m" in reason.message
     same = {"confidence": MODEL, "signals": "confidence,lookback,verifier", "verifier": "v"}
     served_v = PolicyEngine(parse_policy(listed), base_dir=tmp_path, models=same)
     assert served_v.certified["certified"].path == certs / "on.json"
@@ -449,5 +461,11 @@ def test_the_runtime_checks_certificates_against_the_served_models() -> None:
     card = (repo / "confidence" / "smollm2-135m-nq" / "card.json").read_text(encoding="utf-8")
     assert served["confidence"] in card
     assert served["signals"] == "certifier,lookback,verifier,confidence"
+    # the shipped certificate names the calibration and lookback model served by default
+    shipped = json.loads((repo / "policy" / "certs" / "nq-open.json").read_text("utf-8"))
+    for name in ("certifier", "lookback"):
+        assert served[name] == shipped["model_versions"][name]
     off = _served_models(Settings.load(models={"dir": str(repo)}, signals={"confidence": False}))
-    assert off == {"signals": "certifier,lookback"}
+    assert off == {k: served[k] for k in ("certifier", "lookback")} | {
+        "signals": "certifier,lookback"
+    }
