@@ -398,7 +398,9 @@ class Intake:
             raise InputError(
                 "too-many-deltas", f"more than {MAX_DELTAS_PER_REQUEST} deltas for one request"
             )
-        streamed = entry.streamed_chars + len(event.text)
+        # deltas held ahead of a gap count too: seq 0 sent last took the answer past the
+        # limit unchecked (1.84M characters streamed and verified against 200,000)
+        streamed = entry.streamed_chars + entry.held_chars + len(event.text)
         if streamed > self._limits.max_answer_chars:
             raise InputError(
                 "answer-too-long",

@@ -65,6 +65,7 @@ class PendingRequest:
     next_seq: int = 0  # deltas 0..next_seq-1 are contiguous and appended to the stream
     parts: list[str] = field(default_factory=list)  # the contiguous stream, piece by piece
     streamed_chars: int = 0
+    held_chars: int = 0  # deltas' text held ahead of a gap in the sequence, not streamed yet
     refs: list[InputRef] = field(default_factory=list)
     certification: RetrievalSignal | None = None
     claims: ClaimSession | None = None
@@ -110,11 +111,13 @@ class PendingRequest:
         duplicate checks): its text is held once, not twice.
         """
         self.deltas[seq] = text
+        self.held_chars += len(text)
         grown: list[str] = []
         while self.next_seq in self.deltas:
             held = self.deltas[self.next_seq]
             assert isinstance(held, str)  # noqa: S101 - only not-yet-appended deltas are text
             grown.append(held)
+            self.held_chars -= len(held)
             self.deltas[self.next_seq] = _text_digest(held)
             self.next_seq += 1
         new_text = "".join(grown)

@@ -93,7 +93,7 @@ async def test_the_work_queue_counts_bytes_in_and_out_and_on_revocation() -> Non
     queue = WorkQueue()
     queue.put((record(0, b"a" * 1_000), record(1, b"b" * 2_000)))
     queue.put((record(1, b"c" * 4_000),))
-    per_record = 5 + len("traceparent") + 55
+    per_record = 5 + 128 + len("traceparent") + 55  # a header counts 128 beside its bytes
     assert (queue.records, queue.bytes) == (3, 7_000 + 3 * per_record)
     assert queue.drop({("rag.retrieval", 1)}) == 2
     assert (queue.records, queue.bytes) == (1, 1_000 + per_record)

@@ -69,6 +69,13 @@ def test_limits_are_enforced(
     crossing = p.on_message(G, dumps(delta_event("req-3", 2, "y")), None, ref("g", 3), 0.0)
     assert reasons(crossing) == ["answer-too-long"]
     assert all(len(s.done) == 1 for s in (step, crossing))  # finished, not held
+    # deltas held ahead of a gap count: seq 1 and 2 first, then seq 0 would cross the limit
+    # (sent last, it took 1.84M characters past a 200,000 limit unchecked)
+    for seq in (1, 2):
+        ahead = p.on_message(G, dumps(delta_event("req-4", seq, "y" * 20)), None, ref("g", 9), 0)
+        assert reasons(ahead) == []
+    gap = p.on_message(G, dumps(delta_event("req-4", 0, "y" * 20)), None, ref("g", 11), 0.0)
+    assert reasons(gap) == ["answer-too-long"]
 
 
 def test_one_request_cannot_hold_more_than_its_byte_budget(
