@@ -40,6 +40,7 @@ from sidecar.kafka.parsing import raw_decoder, tolerant_parser
 from sidecar.kafka.publish import Publisher, request_size_bytes
 from sidecar.kafka.readiness import BrokerProbe, ConsumerWatch, LoopState
 from sidecar.kafka.records import input_headers, install_lenient_header_names
+from sidecar.kafka.resets import watch_offset_resets
 from sidecar.kafka.security import faststream_security
 from sidecar.kafka.withdrawals import CertificateBoard
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
@@ -232,6 +233,9 @@ class SidecarService:
                 "pipeline.internal_errors": counters.internal_errors,
                 "kafka.backpressure_pauses": self.backpressure.pauses,
                 "join.clock_held_ms": int(self.intake.clock.held_ms),
+                "kafka.offset_resets": watch_offset_resets(
+                    self.settings.kafka.auto_offset_reset
+                ).resets,
             }
         )
         signals = processor.signals
@@ -251,6 +255,7 @@ class SidecarService:
             max_batch_inflated_bytes=self.settings.kafka.max_batch_inflated_bytes,
             max_poll_bytes=self.settings.kafka.max_poll_bytes,
         )
+        watch_offset_resets(self.settings.kafka.auto_offset_reset)  # and say when it resets
         if self.processor.certificates is not None:  # the fleet's withdrawals, before deciding
             self.certificates = CertificateBoard(self.settings, self.processor.certificates)
             await self.certificates.start()
