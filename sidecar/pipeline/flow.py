@@ -27,18 +27,32 @@ as before.
 Event time is the record timestamp (producer create time or broker append
 time); with timestamps that do not follow production order across the two
 topics, alignment is only as good as the timestamps, and the join's capacity
-eviction remains the backstop. Pure bookkeeping, no Kafka here: the service
-applies the decisions with ``consumer.pause`` / ``consumer.resume``.
+eviction remains the backstop. A side's event time is the
+:data:`CONFIRMING`-th highest timestamp of its last :data:`WINDOW` records, and a
+timestamp more than :data:`FUTURE_TOLERANCE_MS` ahead of the wall clock is not
+event time at all: one record cannot move a side. Before, the highest timestamp
+ever consumed was the side's time, and one junk record stamped 59 minutes ahead
+(Kafka 4 accepts up to an hour; older brokers anything) made its side "ahead"
+for the rest of a catch-up: 970 of 1,500 requests of a backlog came out
+``incomplete``. Pure bookkeeping, no Kafka here: the service applies the
+decisions with ``consumer.pause`` / ``consumer.resume``.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
-__all__ = ["FlowDecision", "InputAligner"]
+__all__ = ["CONFIRMING", "FUTURE_TOLERANCE_MS", "WINDOW", "FlowDecision", "InputAligner"]
 
 TopicPartition = tuple[str, int]
+
+WINDOW: Final = 16  # a side's most recent record timestamps considered
+CONFIRMING: Final = 4  # records of the window at or past a side's event time
+FUTURE_TOLERANCE_MS: Final = 300_000  # producers' clocks may run this far ahead
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +69,14 @@ class FlowDecision:
 class InputAligner:
     """Pause the side of a co-partitioned topic pair that runs ahead in event time."""
 
-    def __init__(self, left: str, right: str, slack_ms: int = 0, min_backlog: int = 1) -> None:
+    def __init__(
+        self,
+        left: str,
+        right: str,
+        slack_ms: int = 0,
+        min_backlog: int = 1,
+        wall_ms: Callable[[], float] = lambda: time.time() * 1000,
+    ) -> None:
         if left == right:
             raise ValueError("the aligned topics must differ")
         if slack_ms < 0:
@@ -66,9 +87,11 @@ class InputAligner:
         self.right = right
         self.slack_ms = slack_ms
         self.min_backlog = min_backlog
-        self._seen: dict[TopicPartition, int] = {}  # highest record timestamp consumed
+        self._wall_ms = wall_ms
+        self._recent: dict[TopicPartition, deque[int]] = {}  # the last WINDOW timestamps
         self._paused: set[TopicPartition] = set()
         self.pauses = 0  # how many times a partition was paused (a counter for telemetry)
+        self.future = 0  # timestamps ignored: too far ahead of the wall clock
 
     @property
     def paused(self) -> frozenset[TopicPartition]:
@@ -78,14 +101,27 @@ class InputAligner:
         """A record of ``topic[partition]`` with this timestamp was consumed."""
         if timestamp_ms is None or timestamp_ms < 0 or topic not in (self.left, self.right):
             return
-        tp = (topic, partition)
-        if timestamp_ms > self._seen.get(tp, -1):
-            self._seen[tp] = timestamp_ms
+        if timestamp_ms > self._wall_ms() + FUTURE_TOLERANCE_MS:
+            self.future += 1
+            return
+        recent = self._recent.get((topic, partition))
+        if recent is None:
+            recent = self._recent[(topic, partition)] = deque(maxlen=WINDOW)
+        recent.append(timestamp_ms)
+
+    def event_time(self, tp: TopicPartition) -> int | None:
+        """The side's event time: the CONFIRMING-th highest of its last WINDOW timestamps
+        (the lowest while it has fewer); ``None`` before its first record."""
+        recent = self._recent.get(tp)
+        if not recent:
+            return None
+        ordered = sorted(recent)
+        return ordered[-CONFIRMING] if len(ordered) >= CONFIRMING else ordered[0]
 
     def forget(self, tps: Iterable[TopicPartition]) -> None:
         """Partitions left this consumer (revoked): their state goes with them."""
         for tp in tps:
-            self._seen.pop(tp, None)
+            self._recent.pop(tp, None)
             self._paused.discard(tp)
 
     def decide(
@@ -119,10 +155,12 @@ class InputAligner:
         """The side of ``partition`` to keep paused, if any."""
         left, right = (self.left, partition), (self.right, partition)
         for side, other in ((left, right), (right, left)):
-            if backlog(other) < self.min_backlog or side not in self._seen:
+            at = self.event_time(side)
+            if backlog(other) < self.min_backlog or at is None:
                 continue
             # a partner with a backlog but nothing consumed yet is behind by definition
-            gap = self._seen[side] - self._seen.get(other, -(1 << 62))
+            partner = self.event_time(other)
+            gap = at - (partner if partner is not None else -(1 << 62))
             limit = self.slack_ms // 2 if side in self._paused else self.slack_ms
             if gap > limit:
                 return side
