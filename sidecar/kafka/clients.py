@@ -64,6 +64,11 @@ class ConsumerPort(Protocol):
         ``None`` when there is no cluster to ask (in memory)."""
         ...
 
+    def refresh_metadata(self) -> None:
+        """Have the consumer fetch the cluster's metadata now (it does every 5 min): a group
+        member that sees a topic's new partitions makes the group rebalance onto them."""
+        ...
+
 
 class ProducerPort(Protocol):
     """What the publisher needs from the producer."""
@@ -149,6 +154,9 @@ class AiokafkaConsumerPort:
         cluster = await self._consumer._client.fetch_all_metadata()
         known = {t: cluster.partitions_for_topic(t) for t in topics}
         return {t: len(parts) for t, parts in known.items() if parts is not None}
+
+    def refresh_metadata(self) -> None:
+        self._consumer._client.force_metadata_update()  # a shielded future: runs on its own
 
 
 def producer_size_args(kafka: KafkaSettings, max_request_size: int) -> dict[str, int]:
@@ -292,6 +300,9 @@ class MemoryConsumerPort:
 
     async def fetch_partitions(self, topics: Iterable[str]) -> dict[str, int] | None:
         del topics
+        return None
+
+    def refresh_metadata(self) -> None:
         return None
 
 

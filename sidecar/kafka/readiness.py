@@ -139,25 +139,37 @@ class BrokerProbe:
         if not self.state.broker_ok:
             log.info("broker reachable")
         self.state.broker_ok = True
-        if counts is not None:
-            self.check_partition_counts(counts)
+        if counts is not None and self.check_partition_counts(counts):
+            consumer.refresh_metadata()  # the group rebalances onto the new partitions now
 
-    def check_partition_counts(self, seen: dict[str, int]) -> None:
-        """Readiness follows the input topics: all present, equal partition counts."""
+    def check_partition_counts(self, seen: dict[str, int]) -> bool:
+        """Readiness follows the input topics: all present, equal partition counts. True
+        when they grew, equal again: the consumer must read the new partitions.
+
+        Before, a change kept the replica not ready (but live) until someone restarted the
+        group, and the consumer found the new partitions only at its next metadata refresh
+        (5 min): requests keyed to them waited that long for a verdict.
+        """
         state = self.state
         problem = partition_count_problem(self.inputs, seen)
         first = not state.input_partitions
-        if problem is None and not first and seen != state.input_partitions:
-            problem = (
-                f"partition counts changed from {format_counts(state.input_partitions)} to "
-                f"{format_counts(seen)}; keys now hash to other partitions (restart the group)"
-            )
+        grew = problem is None and not first and seen != state.input_partitions
+        if grew:
+            log.warning(
+                "input topics: partition counts changed from %s to %s; reading the new "
+                "partitions (the group rebalances). Keys now hash to other partitions: a "
+                "request written across the change may have its halves in two partitions and "
+                "be decided incomplete, once for each half",
+                format_counts(state.input_partitions), format_counts(seen),
+            )  # fmt: skip
+            state.input_partitions = seen
         ok = problem is None
         if not ok and (state.topics_ok or seen != state.input_partitions):
             log.error("input topics: %s; not ready", problem)
         if first and ok:
             state.input_partitions = seen
         state.topics_ok = ok
+        return grew
 
     async def run(self, consumer: ConsumerPort, stopping: asyncio.Event) -> None:
         while not stopping.is_set():
