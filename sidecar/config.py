@@ -427,7 +427,11 @@ class SignalSettings(_Section):
     monitor_confidence: float = Field(default=0.99, gt=0.5, lt=1.0)
     lookback: bool = True
     lookback_model: str = "lookback/smollm2-135m-nq-cw"
-    lookback_mismatch: Literal["dead-letter", "unavailable"] = "dead-letter"
+    # a summary the lookback model cannot score (another generator or shape, e.g. while a
+    # new model or generator rolls out): unavailable scores the answer without the signal
+    # (warned once a minute, counted); dead-letter sends the final event to the DLQ, and
+    # the request ends incomplete at the join TTL
+    lookback_mismatch: Literal["dead-letter", "unavailable"] = "unavailable"
     # off by default: the shipped verifier costs ~23 ms per (claim, window) pair on one core,
     # against issue #15's 5 ms (models/verifier/MODEL_CARD.md); enable it to stream claims
     claims: bool = False

@@ -233,6 +233,7 @@ class SidecarService:
                 "pipeline.internal_errors": counters.internal_errors,
                 "kafka.backpressure_pauses": self.backpressure.pauses,
                 "join.clock_held_ms": int(self.intake.clock.held_ms),
+                "lookback.mismatches": getattr(processor.signals.lookback, "mismatches", 0),
                 "kafka.offset_resets": watch_offset_resets(
                     self.settings.kafka.auto_offset_reset
                 ).resets,

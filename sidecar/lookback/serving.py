@@ -45,6 +45,7 @@ onnxruntime has it. Never imports torch or scikit-learn.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,8 @@ from sidecar.lookback.features import feature_rows
 __all__ = ["LookbackRequest", "OnnxLookbackScorer", "record_lookback_golden", "resolve_providers"]
 
 log = logging.getLogger(__name__)
+
+MISMATCH_LOG_INTERVAL_S = 60.0
 
 OnMismatch = Literal["dead-letter", "unavailable"]
 
@@ -146,6 +149,9 @@ class OnnxLookbackScorer:
             raise ArtifactError(f"an fc model must have chunks=1, metadata says {metadata.chunks}")
         self.metadata = metadata
         self.on_mismatch: OnMismatch = on_mismatch
+        self.mismatches = 0  # summaries scored unavailable for a mismatch
+        self._mismatches_logged = 0
+        self._mismatch_logged_at = -MISMATCH_LOG_INTERVAL_S
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = intra_op_threads
         opts.inter_op_num_threads = 1
@@ -262,6 +268,19 @@ class OnnxLookbackScorer:
             )
         return None
 
+    def _note_mismatch(self, error: InputError) -> None:
+        """Count a summary scored ``unavailable`` for a mismatch; say why, once a minute (a
+        rollout of another model or generator makes every answer one)."""
+        self.mismatches += 1
+        now = time.monotonic()
+        if now - self._mismatch_logged_at >= MISMATCH_LOG_INTERVAL_S:
+            log.warning(
+                "lookback signal unavailable for %d answer(s) since the last warning: %s: %s "
+                "(GUARDRAIL_SIGNALS__LOOKBACK_MISMATCH=unavailable; guardrail.lookback.mismatches)",
+                self.mismatches - self._mismatches_logged, error.reason, error,
+            )  # fmt: skip
+            self._mismatch_logged_at, self._mismatches_logged = now, self.mismatches
+
     def check(self, final: GenerationFinal) -> None:
         """Raise ``InputError`` for a summary this model cannot score, in dead-letter mode."""
         error = self.mismatch(final)
@@ -321,6 +340,7 @@ class OnnxLookbackScorer:
         if error is not None:
             if self.on_mismatch == "dead-letter":
                 raise error
+            self._note_mismatch(error)
             return _Prepared(None, None, self._unavailable())
         try:
             keep = self._kept_columns(summary.chunks, certification, chunk_ids, hit_ids)

@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
+from sidecar.config import Settings
 from sidecar.contracts.events import (
     AttentionSummary,
     GenerationFinal,
@@ -165,6 +166,25 @@ def test_mismatch_raises_input_error_or_reports_unavailable(
     soft = OnnxLookbackScorer.from_dir(cw_model, on_mismatch="unavailable")
     soft.check(ev)
     assert soft.score(ev, NO_CERT).status == SignalStatus.UNAVAILABLE
+    assert soft.mismatches == 1
+
+
+def test_mismatches_scored_unavailable_are_counted_and_warned_once_a_minute(
+    cw_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default: a rollout of another lookback model (or generator) made every final
+    event a dead letter and every answer ``incomplete`` at the join TTL (helper-14: 80
+    requests blocked, the reason only in the DLQ headers); now the answer is scored
+    without the signal, and the operator is told why, once a minute, with a count."""
+    assert Settings.load().signals.lookback_mismatch == "unavailable"
+    scorer = OnnxLookbackScorer.from_dir(cw_model, on_mismatch="unavailable")
+    other = final(np.ones((LAYERS, HEADS, 1)), variant="fc")
+    with caplog.at_level(logging.WARNING, logger="sidecar.lookback.serving"):
+        for _ in range(5):
+            assert scorer.score(other, NO_CERT).status == SignalStatus.UNAVAILABLE
+    assert scorer.mismatches == 5
+    [warned] = [r.getMessage() for r in caplog.records if "lookback signal" in r.getMessage()]
+    assert "for 1 answer(s)" in warned and "attention-shape" in warned and "'fc'" in warned
 
 
 def test_missing_summary_is_unavailable_not_an_error(cw_model: Path) -> None:
