@@ -282,6 +282,12 @@ class Policy(Protocol):
         """Name and version, carried in every verdict."""
         ...
 
+    @property
+    def fingerprint(self) -> str:
+        """``name@<digest of its rules and certificates>``, the verdict's
+        ``model_versions["policy"]``: two files that both say ``version: 1`` differ here."""
+        ...
+
     def decide(
         self,
         retrieval: RetrievalEvent,

@@ -321,7 +321,11 @@ class Processor:
         entry.stages.append(("policy", t_policy, t_done))
         key = outputs.answer_key(entry)
         policy = self._policy.name
-        versions = {"generator": final.generator_model, **signal_versions}
+        versions = {
+            "generator": final.generator_model,
+            **signal_versions,
+            "policy": self._policy.fingerprint,
+        }
         value = answer_verdict_json(  # the bytes of the AnswerVerdict, without the model
             request_id=entry.request_id,
             idempotency_key=key,

@@ -29,6 +29,7 @@ soon as a streamed claim is unsupported under a strict profile. Pure logic: no I
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -166,6 +167,18 @@ class PolicyEngine:
     @property
     def name(self) -> str:
         return f"{self.config.name}/{self.config.version}"
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """``name@<12 hex>`` of the parsed rules and every listed certificate: replicas on two
+        policy files that both say ``version: 1`` decided differently, and their verdicts
+        could not tell which file decided them."""
+        digest = hashlib.sha256(self.config.model_dump_json().encode("utf-8"))
+        for profile in sorted(self.certified):
+            entry = self.certified[profile]
+            for listed in entry.listed or (entry,):
+                digest.update(certificate_fingerprint(listed.certificate).encode("utf-8"))
+        return f"{self.name}@{digest.hexdigest()[:12]}"
 
     def profile(self, retrieval: RetrievalEvent) -> tuple[str, Profile]:
         return self.config.profile_for(retrieval.tenant, retrieval.collection)

@@ -33,6 +33,7 @@ class PlaceholderPolicy:
     """Always ``caveat`` with reason ``no-signals-configured``."""
 
     name = "placeholder/0"
+    fingerprint = "placeholder/0"
 
     def decide(
         self,

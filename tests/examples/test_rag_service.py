@@ -45,6 +45,7 @@ class ByQuestionPolicy:
     """block / caveat / allow chosen by a word in the question."""
 
     name = "by-question/1"
+    fingerprint = "by-question/1@test"
 
     def decide(
         self,

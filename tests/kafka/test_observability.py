@@ -44,6 +44,7 @@ class MixPolicy:
     """
 
     name = "mix/1"
+    fingerprint = "mix/1@test"
     reasons: dict[Decision, tuple[str, ...]] = {  # noqa: RUF012 - read only
         Decision.ALLOW: (),
         Decision.CAVEAT: ("weak-retrieval", "claims-unsupported"),

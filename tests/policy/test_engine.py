@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import orjson
 import pytest
 
 from sidecar.claims.scores import summarise
 from sidecar.claims.segment import segment_claims
+from sidecar.config import Settings
+from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import (
     ClaimLabel,
     ClaimsSignal,
@@ -21,10 +24,16 @@ from sidecar.contracts.events import (
     Signals,
     SignalStatus,
 )
+from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.outputs import Destination
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
+from sidecar.pipeline.processor import Processor
 from sidecar.policy.config import ConfidenceRules, load_policy
 from sidecar.policy.engine import PolicyEngine
 from sidecar.policy.rewrite import remove_unsupported, verified_only
+from tests.conftest import EventFactory, dumps
+
+REPO = Path(__file__).resolve().parents[2]
 
 DEFAULT = Path(__file__).resolve().parents[2] / "models" / "policy" / "default.yaml"
 S, U, C = ClaimLabel.SUPPORTED, ClaimLabel.UNSUPPORTED, ClaimLabel.UNCERTAIN
@@ -319,3 +328,34 @@ def test_verified_only_or_refusal() -> None:
     text, ok = verified_only(claims, "Intro:", "Outro.", "No.")
     assert ok and text == "Intro:\n• Paris is the capital of France.\n\nOutro."
     assert verified_only(results(ONE_IN_FOUR, [U, U, C, U]), "I", "O", "No.") == ("No.", False)
+
+
+def test_the_policy_fingerprint_tells_two_files_with_one_version_apart(
+    tmp_path: Path,
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Two replicas on policy files that differ in one threshold, both ``version: "1"``,
+    decided 55 requests allow and 93 caveat, with identical policy names and model
+    versions in their verdicts (helper-14); ``model_versions["policy"]`` now differs."""
+    shipped = REPO / "models" / "policy" / "default.yaml"
+    text = shipped.read_text(encoding="utf-8")
+    assert "caveat_below: 0.5" in text
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(text.replace("caveat_below: 0.5", "caveat_below: 0.45", 1), "utf-8")
+    search = [shipped.parent]
+    a = PolicyEngine.from_file(shipped, search=search)
+    b = PolicyEngine.from_file(edited, search=search)
+    assert a.name == b.name
+    assert a.fingerprint != b.fingerprint
+    assert a.fingerprint.startswith(f"{a.name}@")
+    assert PolicyEngine.from_file(shipped, search=search).fingerprint == a.fingerprint
+    processor = Processor(settings_factory(), a)
+    ref = InputRef("r", 0, 0)
+    processor.on_message(InputKind.RETRIEVAL, dumps(retrieval_event("req-f")), None, ref, 0.0)
+    step = processor.on_message(
+        InputKind.GENERATION, dumps(final_event("req-f")), None, InputRef("g", 0, 0), 0.0
+    )
+    [out] = [o for o in step.outputs if o.destination is Destination.VERDICTS]
+    assert orjson.loads(out.value)["model_versions"]["policy"] == a.fingerprint
