@@ -20,45 +20,87 @@ from sidecar.contracts.events import FeedbackEvent
 __all__ = ["MAX_WAITING_LABELS", "WaitingLabels"]
 
 MAX_WAITING_LABELS: Final = 10_000
-"""Labels waiting for their request at most (the oldest leaves first): 33 MB at worst
-(a label with its key holds at most ~3.3 KB: request id <= 128, source <= 256 characters)."""
+"""Labels waiting for their request at most: 33 MB at worst (a label with its key holds at
+most ~3.3 KB: request id <= 128, source <= 256 characters). For room, the tenant holding
+the most leaves its oldest first: one tenant's flood evicts its own labels, not another's."""
 
 
 class WaitingLabels:
-    """Labels by request key, oldest first; each leaves when claimed, when too old or for room."""
+    """Labels by request key; each leaves when claimed, when too old (oldest first) or for
+    room (the oldest of the tenant that holds the most).
+
+    Before, one pool was shared oldest-first by every tenant: 10,001 labels from one
+    tenant, for ids that never come, erased another tenant's waiting label (helper-15),
+    keeping its error out of the coverage bound and the certificate re-test.
+    """
 
     def __init__(self, max_age_ms: float, max_entries: int = MAX_WAITING_LABELS) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.max_age_ms = max_age_ms
         self.max_entries = max_entries
-        self._held: OrderedDict[str, tuple[FeedbackEvent, float]] = OrderedDict()
+        # key -> (label, since, owner), oldest first
+        self._held: OrderedDict[str, tuple[FeedbackEvent, float, str]] = OrderedDict()
+        self._owned: dict[str, OrderedDict[str, None]] = {}  # owner -> its keys, oldest first
+        self._by_count: dict[int, dict[str, None]] = {}  # n -> the owners holding n labels
+        self._most = 0  # the largest n held by an owner
 
     def __len__(self) -> int:
         return len(self._held)
 
-    def hold(self, key: str, label: FeedbackEvent, now_ms: float) -> int:
-        """Keep ``label`` for ``key`` (a later one replaces it); returns how many left for room."""
-        self._held.pop(key, None)
-        self._held[key] = (label, now_ms)
+    def hold(self, key: str, label: FeedbackEvent, now_ms: float, owner: str = "") -> int:
+        """Keep ``label`` for ``key`` (a later one replaces it), held by ``owner`` (the
+        trusted tenant); returns how many left for room."""
+        self._remove(key)
+        self._held[key] = (label, now_ms, owner)
+        keys = self._owned.setdefault(owner, OrderedDict())
+        keys[key] = None
+        self._counted(owner, len(keys) - 1, len(keys))
         dropped = 0
         while len(self._held) > self.max_entries:
-            self._held.popitem(last=False)
+            richest = next(iter(self._by_count[self._most]))
+            self._remove(next(iter(self._owned[richest])))
             dropped += 1
         return dropped
 
     def take(self, key: str) -> FeedbackEvent | None:
         """The label waiting for ``key``, if any (it stops waiting)."""
-        held = self._held.pop(key, None)
+        held = self._remove(key)
         return None if held is None else held[0]
 
     def expire(self, now_ms: float) -> int:
         """Drop the labels older than ``max_age_ms``; returns how many."""
         dropped = 0
         while self._held:
-            _, (_, since) = next(iter(self._held.items()))
+            key, (_, since, _) = next(iter(self._held.items()))
             if now_ms - since < self.max_age_ms:
                 break
-            self._held.popitem(last=False)
+            self._remove(key)
             dropped += 1
         return dropped
+
+    def _remove(self, key: str) -> tuple[FeedbackEvent, float, str] | None:
+        held = self._held.pop(key, None)
+        if held is None:
+            return None
+        owner = held[2]
+        keys = self._owned[owner]
+        del keys[key]
+        self._counted(owner, len(keys) + 1, len(keys))
+        if not keys:
+            del self._owned[owner]
+        return held
+
+    def _counted(self, owner: str, before: int, after: int) -> None:
+        """``owner`` went from ``before`` to ``after`` labels (one more or one fewer)."""
+        if before:
+            bucket = self._by_count[before]
+            del bucket[owner]
+            if not bucket:
+                del self._by_count[before]
+        if after:
+            self._by_count.setdefault(after, {})[owner] = None
+        if after > self._most:
+            self._most = after
+        elif before == self._most and before not in self._by_count:
+            self._most = after  # the one owner at the top stepped down by one

@@ -196,7 +196,9 @@ class Processor:
             open_entry.early_label = event
         elif not self._label(event, request_key, final=False):
             self.counters.feedback_early += 1
-            self.counters.feedback_unmatched += self.waiting_labels.hold(request_key, event, now_ms)
+            self.counters.feedback_unmatched += self.waiting_labels.hold(
+                request_key, event, now_ms, owner=tenant or ""
+            )
         return Step(done=[ref])
 
     def _label(self, event: FeedbackEvent, request_key: str, *, final: bool = True) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -9,6 +10,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sidecar.confidence.fleet import CoverageMonitor
 from sidecar.confidence.scorer import CalibratedConfidenceScorer
@@ -363,6 +366,61 @@ def test_waiting_labels_are_bounded_oldest_first() -> None:
     assert labels.take("b") is None and labels.take("a") is one
     assert labels.expire(1_029.0) == 0 and labels.expire(1_030.0) == 1
     assert len(labels) == 0
+
+
+def test_one_tenants_label_flood_evicts_its_own_labels_not_anothers() -> None:
+    """With header tenancy, tenant evil's 10,001 labels for ids that never come erased
+    acme's waiting label (oldest first, one pool): its error never reached the coverage
+    bound or the certificate re-test (helper-15). Room is made from the richest tenant."""
+    labels = WaitingLabels(max_age_ms=60_000.0, max_entries=100)
+    wrong = FeedbackEvent(request_id="req-acme", correct=False, source="user")
+    labels.hold("acme/req-acme", wrong, 0.0, owner="acme")
+    flood = FeedbackEvent(request_id="x", correct=True, source="bot")
+    dropped = sum(labels.hold(f"evil/x{i}", flood, 1.0, owner="evil") for i in range(10_001))
+    assert dropped == 10_001 + 1 - 100
+    assert labels.take("acme/req-acme") is wrong
+    assert len(labels) == 99
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["hold", "hold", "hold", "take", "expire"]),
+            st.integers(0, 30),  # key
+            st.sampled_from(["", "a", "b", "c"]),  # owner
+        ),
+        max_size=120,
+    )
+)
+def test_waiting_labels_evict_from_a_tenant_that_holds_the_most(
+    ops: list[tuple[str, int, str]],
+) -> None:
+    labels = WaitingLabels(max_age_ms=50.0, max_entries=6)
+    owner_of: dict[str, str] = {}
+    label = FeedbackEvent(request_id="r", correct=True, source="user")
+
+    def counts() -> dict[str, int]:
+        return dict(Counter(owner_of.values()))
+
+    for now, (op, k, owner) in enumerate(ops):
+        key = f"k{k}"
+        if op == "hold":
+            owner_of.pop(key, None)
+            owner_of[key] = owner
+            full = counts()  # with the new label, before room is made (at most one leaves)
+            labels.hold(key, label, float(now), owner=owner)
+            for lost in set(owner_of) - set(labels._held):
+                assert full[owner_of.pop(lost)] == max(full.values())
+        elif op == "take":
+            assert (labels.take(key) is not None) is (owner_of.pop(key, None) is not None)
+        else:
+            labels.expire(float(now))
+            for gone in set(owner_of) - set(labels._held):
+                owner_of.pop(gone)
+        assert set(labels._held) == set(owner_of)
+        assert len(labels) <= 6
+        assert labels._most == max(counts().values(), default=0)
 
 
 # ------------------------------------------------------------------ coverage reports
