@@ -339,7 +339,14 @@ class JoinSettings(_Section):
         "event is dead-lettered (after-final) instead of opening the request again; keep it "
         "well above ttl_ms",
     )
-    decided_max_entries: int = Field(default=200_000, ge=1)
+    decided_max_entries: int = Field(
+        default=3_000_000,
+        ge=1,
+        le=100_000_000,
+        description="decided request keys remembered at most (12 bytes each: 36 MB at the "
+        "default, 10 minutes of decided_memory_ms at 5,000 answers/s); past it the oldest "
+        "are forgotten, and a late event of one of them opens its request again",
+    )
     max_records_behind: int = Field(
         default=500_000,
         ge=1_000,

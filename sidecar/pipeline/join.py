@@ -28,6 +28,7 @@ from sidecar.contracts.events import (
     RetrievalEvent,
     RetrievalSignal,
 )
+from sidecar.pipeline.decided import DecidedKeys
 
 if TYPE_CHECKING:
     from sidecar.pipeline.ports import ClaimResult, ClaimSession
@@ -171,7 +172,7 @@ class JoinStore:
         self.decided_memory_ms = max(decided_memory_ms or ttl_ms, ttl_ms)
         self.decided_max_entries = max(decided_max_entries or max_entries, max_entries)
         self._open: OrderedDict[str, PendingRequest] = OrderedDict()
-        self._done: OrderedDict[str, float] = OrderedDict()
+        self._done = DecidedKeys(self.decided_memory_ms, self.decided_max_entries)
         self.bytes_held = 0
         self.evictions = 0
         self.byte_evictions = 0
@@ -260,15 +261,11 @@ class JoinStore:
     def close(self, key: str, now_ms: float) -> PendingRequest | None:
         """Remove a request (it has been decided) and remember that it was."""
         entry = self._remove(key)
-        self._done[key] = now_ms
-        self._done.move_to_end(key)
-        while len(self._done) > self.decided_max_entries:
-            self._done.popitem(last=False)
+        self._done.add(key, now_ms)
         return entry
 
     def was_closed(self, key: str, now_ms: float) -> bool:
-        closed_at = self._done.get(key)
-        return closed_at is not None and now_ms - closed_at <= self.decided_memory_ms
+        return self._done.contains(key, now_ms)
 
     def expire(self, now_ms: float) -> list[PendingRequest]:
         """Remove and return every open request older than the TTL."""
@@ -279,11 +276,7 @@ class JoinStore:
                 break
             expired.append(self._pop_oldest())
         self.expirations += len(expired)
-        while self._done:
-            key, closed_at = next(iter(self._done.items()))
-            if now_ms - closed_at <= self.decided_memory_ms:
-                break
-            del self._done[key]
+        self._done.expire(now_ms)
         return expired
 
     def drop_partitions(self, partitions: set[tuple[str, int]]) -> int:
