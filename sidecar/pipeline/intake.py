@@ -349,6 +349,9 @@ class Intake:
 
     def _check_not_decided(self, event: JoinedEvent, store_key: str, now_ms: float) -> None:
         if self._decided(store_key, now_ms):
+            # remembered from now on: a stream that trickles on past the decided memory is
+            # dead-lettered, never opened again for a second verdict
+            self.store.close(store_key, now_ms)
             raise InputError(
                 "after-final",
                 f"request {event.request_id} was already decided; "

@@ -200,6 +200,14 @@ def test_a_late_resend_after_the_ttl_is_dead_lettered_not_decided_again(
     late = p.on_message(G, dumps(final_event("req-1")), None, ref("g", 1), 5_000.0)
     assert reasons(late) == ["after-final"] and verdicts(late) == []
     assert first.request_id == "req-1"
+    # a straggler that trickles on is remembered from its last event: 40 s apart, past the
+    # 60 s memory in all, it never opens the request again (helper-15: every one of 3,000
+    # trickling streams got a second, incomplete verdict)
+    for i, now in enumerate(range(45_000, 200_000, 40_000)):
+        p.on_tick(float(now))
+        again = p.on_message(G, dumps(final_event("req-1")), None, ref("g", 2 + i), float(now))
+        assert reasons(again) == ["after-final"] and verdicts(again) == []
+    assert verdicts(p.on_tick(400_000.0)) == []
 
 
 def test_records_read_again_after_a_rebalance_are_finished_not_dead_lettered(
