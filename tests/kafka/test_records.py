@@ -95,7 +95,7 @@ def test_a_record_with_too_many_headers_keeps_its_value_and_costs_no_memory(code
     assert note.decode().startswith(f"too-many-headers: {BOMB_HEADERS} headers")
     assert len(got[2].headers) == MAX_RECORD_HEADERS  # at the cap: read as it is
     assert got[3].headers == []
-    assert peak < 1 << 20, peak  # aiokafka's reader: 12.2 MiB (200,000 tuples)
+    assert peak < 4 << 20, peak  # aiokafka's reader: 12.2 MiB (200,000 tuples); gzip: 1.5
     assert record_bytes(got[2]) >= MAX_RECORD_HEADERS * 128  # headers counted, not only bytes
 
 
