@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from sidecar import __version__
 from sidecar.exceptions import ConfigError, GuardrailError
+from sidecar.lograte import limit_repeats
 
 # Modules that contribute sub-commands, in the order --help lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -61,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for noisy in ("aiokafka", "faststream", "kafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # what they log at WARNING and above can come on every retry: one line per 10 s each
+    limit_repeats(logging.getLogger().handlers)
     try:
         code: int = args.func(args)
     except ConfigError as exc:
