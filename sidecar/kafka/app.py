@@ -122,17 +122,22 @@ class SidecarService:
         }
         self.committer = Committer(self.tracker, self.keys, self.state)
         self.certificates: CertificateBoard | None = None
-        self.probe = BrokerProbe(self.state, (topics.retrieval, topics.generation, topics.feedback))
+        destinations = {
+            Destination.VERDICTS: topics.verdicts,
+            Destination.CLAIMS: topics.claims,
+            Destination.DLQ: topics.dlq,
+            Destination.REPORTS: topics.reports,
+            Destination.CERTIFICATES: topics.certificates,
+        }
+        self.probe = BrokerProbe(
+            self.state,
+            (topics.retrieval, topics.generation, topics.feedback),
+            tuple(destinations.values()),
+        )
         self.consumer_watch = ConsumerWatch(self.state)
         self.publisher = Publisher(
             self.clients.producer,
-            {
-                Destination.VERDICTS: topics.verdicts,
-                Destination.CLAIMS: topics.claims,
-                Destination.DLQ: topics.dlq,
-                Destination.REPORTS: topics.reports,
-                Destination.CERTIFICATES: topics.certificates,
-            },
+            destinations,
             max_message_bytes=topics.max_message_bytes,
             state=self.state,
             tracker=self.tracker,

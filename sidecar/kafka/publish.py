@@ -21,11 +21,16 @@ line naming the topic. A refusal that breaks the idempotent producer's
 sequence numbers on a partition (a record the broker refused as too large, then
 ``OutOfOrderSequenceNumber`` for every later one) replaces the producer
 (``ProducerPort.reset``) instead of stopping the loop.
+
+Readiness also follows the oldest output not yet confirmed
+(``LoopState.unconfirmed_since``): aiokafka retries a record itself for its
+request timeout (30 s) before a failure reaches the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import random
 import time
@@ -70,7 +75,6 @@ _Failed = tuple[Output, Any]  # an output to publish one by one, its open span (
 
 MAX_PUBLISH_BACKOFF_S = 5.0
 FIRST_PUBLISH_BACKOFF_S = 0.1
-UNKNOWN_TOPIC_FATAL_S = 30.0  # a destination topic missing this long: not live either
 REQUEST_SIZE_MARGIN_BYTES = 65_536  # the producer's max_request_size over max_message_bytes
 MIN_DLQ_BYTES = 1_024  # a DLQ topic that refuses a dead letter this small is misconfigured
 LIMITS_REFRESH_S = 30.0  # an output over a topic's limit: read the limits again, at most this often
@@ -162,6 +166,9 @@ class Publisher:
         self.limits_refresh_s = LIMITS_REFRESH_S
         self._over_limit = False
         self._limits_read_at = time.monotonic()
+        # steps with outputs not yet confirmed: when each was handed over (monotonic s)
+        self._unconfirmed: dict[int, float] = {}
+        self._steps = itertools.count()
 
     async def read_topic_limits(self) -> dict[str, int]:
         """Lower ``limits`` to each output topic's own ``max.message.bytes``; returns those
@@ -200,14 +207,18 @@ class Publisher:
         confirmations are awaited together; what failed is retried one by one.
         An output too large for its topic is replaced by a dead letter that fits.
         """
-        outputs = [self._fitted(out) for out in step.outputs]
-        generation = self._producer_generation
-        if self._pipelined and len(outputs) > 1:
-            sent, failed = await self._send_all(outputs)
-        else:
-            sent, failed = [], [(out, None) for out in outputs]
-        before = self._in_flight[-1] if self._in_flight else None
-        await self._finish(step, sent, failed, generation, retry=retry, after=before)
+        token = self._handing_over(step)
+        try:
+            outputs = [self._fitted(out) for out in step.outputs]
+            generation = self._producer_generation
+            if self._pipelined and len(outputs) > 1:
+                sent, failed = await self._send_all(outputs)
+            else:
+                sent, failed = [], [(out, None) for out in outputs]
+            before = self._in_flight[-1] if self._in_flight else None
+            await self._finish(step, sent, failed, generation, retry=retry, after=before)
+        finally:
+            self._confirmed(token)
 
     async def submit(self, step: Step) -> None:
         """Hand a step's outputs to the producer and return; it is finished once confirmed.
@@ -226,15 +237,37 @@ class Publisher:
             await asyncio.wait({self._in_flight[0]})
             self._reap()
         generation = self._producer_generation
-        sent, failed = await self._send_all([self._fitted(out) for out in step.outputs])
+        token = self._handing_over(step)
+        try:
+            sent, failed = await self._send_all([self._fitted(out) for out in step.outputs])
+        except BaseException:
+            self._confirmed(token)
+            raise
         before = self._in_flight[-1] if self._in_flight else None
         confirming = asyncio.create_task(
             self._finish(step, sent, failed, generation, retry=True, after=before)
         )
+        confirming.add_done_callback(lambda _: self._confirmed(token))
         self._in_flight.append(confirming)
         if failed:  # retried before any later step goes out: the order of outputs holds
             await asyncio.wait({confirming})
             self._reap()
+
+    def _handing_over(self, step: Step) -> int | None:
+        """Start the clock of a step's outputs (readiness: ``LoopState.unconfirmed_since``)."""
+        if not step.outputs:
+            return None
+        token = next(self._steps)
+        self._unconfirmed[token] = time.monotonic()
+        if self.state.unconfirmed_since is None:
+            self.state.unconfirmed_since = self._unconfirmed[token]
+        return token
+
+    def _confirmed(self, token: int | None) -> None:
+        """A step's outputs are confirmed (or given up on): the next oldest one's clock."""
+        if token is None or self._unconfirmed.pop(token, None) is None:
+            return
+        self.state.unconfirmed_since = min(self._unconfirmed.values(), default=None)
 
     @property
     def in_flight(self) -> int:
@@ -443,6 +476,7 @@ class Publisher:
                 await asyncio.sleep(delay)
             else:
                 self.state.publish_failing_since = None
+                self.state.outputs_missing.pop(self.destinations[out.destination], None)
                 self.telemetry.after_publish(span, metadata, out)
                 return True
 
@@ -478,10 +512,7 @@ class Publisher:
         now = time.monotonic()
         if self.state.publish_failing_since is None:
             self.state.publish_failing_since = now
-        persisted = now - self.state.publish_failing_since
-        missing = isinstance(exc, UnknownTopicOrPartitionError)
-        if missing and persisted >= UNKNOWN_TOPIC_FATAL_S:
-            error = BrokerAccessError(topic, f"the topic does not exist (for {persisted:.0f}s)")
-        if error.fatal and self.state.fatal is None:
-            self.state.fatal = str(error)
-            log.error("FATAL %s; not live until restarted", error)
+        if isinstance(exc, UnknownTopicOrPartitionError):  # after aiokafka's own wait for it
+            self.state.output_missing(topic, now, since=self.state.publish_failing_since)
+        if error.fatal:
+            self.state.fail(str(error))

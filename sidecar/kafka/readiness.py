@@ -4,9 +4,17 @@
 asks the cluster for fresh metadata every ``PROBE_INTERVAL_S`` on a clock of its
 own (a commit that aiokafka retries through a network stall must not freeze
 it): the broker is reachable, and the input topics exist with the partition
-counts they had at start. An assignment that tears a partition number's inputs
-apart across members (a member without the co-partitioning assignor) is
-reported the same way: one log line, and not ready.
+counts they had at start, and the output topics it has seen are still there. An
+assignment that tears a partition number's inputs apart across members (a
+member without the co-partitioning assignor) is reported the same way: one log
+line, and not ready.
+
+Publishing is judged by the age of the oldest output not yet confirmed, not by
+the errors it returns: aiokafka retries a record itself for its request
+timeout (30 s) before a failure shows (a deleted verdict topic: the first error
+came 30 s late, and as ``NotLeaderForPartitionError``), and the loop's own
+retries come after that. An output topic the probe no longer finds is missing
+from then on, whatever the producer reports.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 
+from sidecar.exceptions import BrokerAccessError
 from sidecar.kafka.assignor import split_pairs
 from sidecar.kafka.clients import TP, ConsumerPort
 from sidecar.kafka.topics import format_counts, partition_count_problem
@@ -28,6 +37,7 @@ from sidecar.kafka.topics import format_counts, partition_count_problem
 log = logging.getLogger("sidecar.kafka")
 
 PUBLISH_STALL_S = 10.0  # publishing failing this long: not ready (the loop keeps retrying)
+MISSING_TOPIC_FATAL_S = 30.0  # a destination topic missing this long: not live either
 PROBE_INTERVAL_S = 2.0
 PROBE_TIMEOUT_S = 2.0
 
@@ -57,16 +67,45 @@ class LoopState:
     consumer_failures: int = 0  # consume tasks that ended in an exception (ConsumerWatch)
     consumer_failing: str | None = None  # why the consume task keeps failing: not live
     publish_failing_since: float | None = None  # monotonic s: the output being retried first failed
+    # monotonic s: the oldest output handed to the producer (or about to be) and not yet
+    # confirmed; the Publisher keeps it
+    unconfirmed_since: float | None = None
+    # output topics missing (monotonic s since): the probe found them gone, or the
+    # producer said so; a topic seen again, or published to, is dropped
+    outputs_missing: dict[str, float] = field(default_factory=dict)
     publish_stall_s: float = PUBLISH_STALL_S
+    missing_topic_fatal_s: float = MISSING_TOPIC_FATAL_S
     fatal: str | None = None  # why no retry can help (authorisation, configuration)
 
     @property
     def publishing(self) -> bool:
-        """For readiness: false while publishing has failed for ``publish_stall_s`` or fatally."""
+        """For readiness: false once an output has waited ``publish_stall_s`` for its
+        confirmation, publishing has failed that long, an output topic has been missing
+        that long, or after a fatal error."""
         if self.fatal is not None:
             return False
-        since = self.publish_failing_since
+        clocks = (
+            self.publish_failing_since,
+            self.unconfirmed_since,
+            *self.outputs_missing.values(),
+        )
+        since = min((c for c in clocks if c is not None), default=None)
         return since is None or time.monotonic() - since < self.publish_stall_s
+
+    def output_missing(self, topic: str, now: float, since: float | None = None) -> None:
+        """``topic`` is missing, since ``since`` if it was not already (default ``now``):
+        not live once that has lasted ``missing_topic_fatal_s``."""
+        since = self.outputs_missing.setdefault(topic, now if since is None else since)
+        persisted = now - since
+        if persisted >= self.missing_topic_fatal_s:
+            error = BrokerAccessError(topic, f"the topic does not exist (for {persisted:.0f}s)")
+            self.fail(str(error))
+
+    def fail(self, why: str) -> None:
+        """A fatal error: not live (nor ready) until restarted; logged once."""
+        if self.fatal is None:
+            self.fatal = why
+            log.error("FATAL %s; not live until restarted", why)
 
     @property
     def live(self) -> bool:
@@ -120,16 +159,26 @@ class ConsumerWatch:
 
 
 class BrokerProbe:
-    """Keeps ``state.broker_ok`` and ``state.topics_ok`` current."""
+    """Keeps ``state.broker_ok``, ``state.topics_ok`` and ``state.outputs_missing`` current."""
 
-    def __init__(self, state: LoopState, inputs: Sequence[str]) -> None:
+    def __init__(
+        self,
+        state: LoopState,
+        inputs: Sequence[str],
+        outputs: Sequence[str] = (),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.state = state
         self.inputs = tuple(inputs)
+        self.outputs = tuple(t for t in dict.fromkeys(outputs) if t not in self.inputs)
+        self._clock = clock
+        self._outputs_seen: set[str] = set()
 
     async def probe(self, consumer: ConsumerPort) -> None:
         try:
             counts = await asyncio.wait_for(
-                consumer.fetch_partitions(self.inputs), timeout=PROBE_TIMEOUT_S
+                consumer.fetch_partitions(self.inputs + self.outputs), timeout=PROBE_TIMEOUT_S
             )
         except (KafkaError, TimeoutError) as exc:
             if self.state.broker_ok:
@@ -139,8 +188,31 @@ class BrokerProbe:
         if not self.state.broker_ok:
             log.info("broker reachable")
         self.state.broker_ok = True
-        if counts is not None and self.check_partition_counts(counts):
-            consumer.refresh_metadata()  # the group rebalances onto the new partitions now
+        if counts is not None:
+            inputs = {t: n for t, n in counts.items() if t in self.inputs}
+            if self.check_partition_counts(inputs):
+                consumer.refresh_metadata()  # the group rebalances onto the new partitions now
+            self.check_outputs(counts)
+
+    def check_outputs(self, seen: dict[str, int]) -> None:
+        """An output topic seen before and gone now (deleted under the running loop) is
+        missing: not ready after ``publish_stall_s``, not live after
+        ``missing_topic_fatal_s``. One that was never there is left to the publishes
+        that need it (a topic created a moment late is no failure)."""
+        state, now = self.state, self._clock()
+        for topic in self.outputs:
+            if topic in seen:
+                self._outputs_seen.add(topic)
+                if state.outputs_missing.pop(topic, None) is not None:
+                    log.warning("output topic %s exists again", topic)
+            elif topic in self._outputs_seen:
+                if topic not in state.outputs_missing:
+                    log.error(
+                        "output topic %s no longer exists; not ready in %.0fs, not live in "
+                        "%.0fs unless it is created again",
+                        topic, state.publish_stall_s, state.missing_topic_fatal_s,
+                    )  # fmt: skip
+                state.output_missing(topic, now)
 
     def check_partition_counts(self, seen: dict[str, int]) -> bool:
         """Readiness follows the input topics: all present, equal partition counts. True

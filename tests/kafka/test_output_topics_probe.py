@@ -1,11 +1,76 @@
-"""The producer's throttled metadata refresh."""
+"""The probe's watch on the output topics, and the producer's throttled metadata refresh."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
+import pytest
+
 from sidecar.kafka.clients import MetadataThrottle
+from sidecar.kafka.readiness import BrokerProbe, LoopState
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+INPUTS = ("rag.retrieval", "rag.generation")
+OUTPUTS = ("rag.verdicts", "rag.claims", "rag.dlq")
+
+
+def test_an_output_topic_deleted_under_the_loop_is_unready_then_fatal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    state = LoopState()
+    probe = BrokerProbe(state, INPUTS, OUTPUTS, clock=clock)
+    caplog.set_level(logging.WARNING, logger="sidecar.kafka")
+    everything = dict.fromkeys(INPUTS + OUTPUTS, 3)
+    probe.check_outputs(everything)
+    assert state.outputs_missing == {}
+    gone = {t: n for t, n in everything.items() if t != "rag.verdicts"}
+    probe.check_outputs(gone)
+    assert state.outputs_missing == {"rag.verdicts": clock.now}
+    clock.now += 2.0
+    probe.check_outputs(gone)  # the clock runs from the first time it was missed
+    assert state.outputs_missing == {"rag.verdicts": clock.now - 2.0}
+    assert (state.live, state.fatal) == (True, None)
+    clock.now += state.missing_topic_fatal_s
+    probe.check_outputs(gone)
+    probe.check_outputs(gone)
+    assert (state.live, state.publishing) == (False, False)
+    assert state.fatal is not None and "rag.verdicts" in state.fatal
+    fatal = [r.getMessage() for r in caplog.records if "FATAL" in r.getMessage()]
+    assert len(fatal) == 1 and "rag.verdicts" in fatal[0]
+    gone_lines = [r for r in caplog.records if "no longer exists" in r.getMessage()]
+    assert len(gone_lines) == 1  # once, not on every probe
+    probe.check_outputs(everything)
+    assert state.outputs_missing == {}
+
+
+def test_a_missing_output_topic_makes_publishing_false_after_the_stall_time() -> None:
+    state = LoopState(publish_stall_s=0.2)
+    probe = BrokerProbe(state, INPUTS, OUTPUTS)
+    probe.check_outputs(dict.fromkeys(INPUTS + OUTPUTS, 1))
+    probe.check_outputs(dict.fromkeys(INPUTS, 1))
+    assert state.publishing  # a topic re-created a moment later costs nothing
+    state.outputs_missing = {t: since - 0.3 for t, since in state.outputs_missing.items()}
+    assert (state.publishing, state.live) == (False, True)
+
+
+def test_an_output_topic_never_seen_is_left_to_the_publishes() -> None:
+    """A topic created after the sidecar started (or one nothing is published to yet) is
+    not a failure until a publish to it fails."""
+    state = LoopState()
+    probe = BrokerProbe(state, INPUTS, OUTPUTS)
+    probe.check_outputs(dict.fromkeys(INPUTS, 1))
+    assert state.outputs_missing == {} and state.publishing
 
 
 class FakeClient:

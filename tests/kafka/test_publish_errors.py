@@ -230,11 +230,10 @@ async def test_a_missing_output_topic_becomes_fatal_once_it_persists(
     harness: MemoryHarness,
     retrieval_event: EventFactory,
     final_event: EventFactory,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """aiokafka retries an unknown topic itself; when it still reports one, it has persisted."""
     h = harness
-    monkeypatch.setattr("sidecar.kafka.publish.UNKNOWN_TOPIC_FATAL_S", 0.3)
+    h.service.state.missing_topic_fatal_s = 0.3
     inject(h, lambda out: UnknownTopicOrPartitionError())
     task = asyncio.create_task(request(h, "req-ut", retrieval_event, final_event))
     await wait_until(lambda: h.service.state.publish_retries >= 1, 10, "a retry")
@@ -243,3 +242,38 @@ async def test_a_missing_output_topic_becomes_fatal_once_it_persists(
     assert h.service.state.fatal is not None
     assert h.settings.topics.verdicts in h.service.state.fatal
     task.cancel()
+
+
+async def test_an_output_waiting_for_its_confirmation_makes_the_loop_unready(
+    harness: MemoryHarness, retrieval_event: EventFactory, final_event: EventFactory
+) -> None:
+    """aiokafka retries a record itself for its request timeout (30 s) before the loop
+    hears of a failure: a deleted verdict topic left ``/readyz`` 200 for 70 s. Readiness
+    follows the oldest output not yet confirmed, whatever the producer says meanwhile."""
+    h = harness
+    h.service.state.publish_stall_s = 0.3
+    original = h.service.publisher.send_output
+    release, handed_over = asyncio.Event(), asyncio.Event()
+
+    async def send(out: Output) -> Any:
+        confirmation = await original(out)
+        handed_over.set()
+
+        async def confirmed() -> Any:
+            await release.wait()  # aiokafka still retrying inside the producer
+            return await confirmation
+
+        return asyncio.ensure_future(confirmed())
+
+    h.service.publisher.send_output = send  # type: ignore[method-assign]
+    task = asyncio.create_task(request(h, "req-slow", retrieval_event, final_event))
+    await asyncio.wait_for(handed_over.wait(), 10)
+    assert h.service.state.publishing  # not at once
+    await wait_until(lambda: not h.service.state.publishing, 10, "readiness to drop")
+    assert h.service.state.publish_retries == 0 and h.service.state.live
+    release.set()
+    await h.collect(h.settings.topics.verdicts, 1)
+    await task
+    await wait_until(lambda: h.service.state.publishing, 10, "readiness back")
+    assert h.service.state.unconfirmed_since is None
+    assert h.service.tracker.pending_count() == 0

@@ -2,7 +2,9 @@
 
 Bounds stated here: readiness goes false within the request timeout (the
 producer's metadata wait) + ``PUBLISH_STALL_S`` + 5 s of slack, and the log
-names the topic; a verdict too large for its topic is dead-lettered
+names the topic; with the verdict topic deleted under traffic, within
+``PUBLISH_STALL_S`` + 4 s at the default 30 s request timeout, and liveness
+within the missing-topic time + 4 s; a verdict too large for its topic is dead-lettered
 (``output-too-large``) and the loop moves on, also when the topic's limit was
 lowered after start (the broker's refusal breaks aiokafka's idempotent
 producer on that partition: it is replaced); verdicts that each fit their topic
@@ -11,7 +13,11 @@ are never refused as a batch.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
+import time
+from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -26,7 +32,7 @@ from sidecar.pipeline.outputs import Destination
 from sidecar.pipeline.ports import SignalSuite
 from tests.conftest import EventFactory, dumps
 from tests.fakes import ThresholdCertifier
-from tests.kafka.harness import real_harness, settings_for, wait_until
+from tests.kafka.harness import read_settled, real_harness, settings_for, wait_until
 from tests.pipeline.test_signal_wiring import SentenceChecker
 
 pytestmark = pytest.mark.connected
@@ -64,6 +70,96 @@ async def test_a_deleted_output_topic_makes_the_sidecar_unready_and_the_log_name
             r.getMessage() for r in caplog.records
         ]
         assert h.service.tracker.pending_count() > 0  # nothing committed past the verdict
+
+
+async def test_a_verdict_topic_deleted_under_traffic_is_unready_in_time_then_not_live(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The verdict topic deleted under 10 requests a second, at aiokafka's default request
+    timeout (30 s): ``/readyz`` stayed 200 for 70 s (no failure reached the loop while
+    aiokafka retried each record for 30 s, then the loop's own retry waited as long) and
+    ``FATAL`` came after 91 s; aiokafka's sender asked for metadata ~2,700 times a second
+    meanwhile. Now: not ready ``PUBLISH_STALL_S`` after the deletion, not live
+    ``missing_topic_fatal_s`` after it (15 s here, for time; 30 s by default), metadata
+    asked for at most ~10 times a second; once the topic is back, every request sent
+    after the deletion gets its verdict."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    assert settings.kafka.request_timeout_ms == 30_000
+    t = settings.topics
+    caplog.set_level(logging.WARNING, logger="sidecar")
+    async with real_harness(settings) as h:
+        state = h.service.state
+        client = h.service.clients.producer._producer.client  # type: ignore[attr-defined]
+        asked = _count_metadata_requests(client)
+        sent: list[tuple[str, float]] = []
+
+        async def traffic() -> None:
+            for i in itertools.count():
+                rid = f"req-{i:04d}"
+                await h.publish(t.retrieval, dumps(retrieval_event(rid)), rid.encode())
+                await h.publish(t.generation, dumps(final_event(rid)), rid.encode())
+                sent.append((rid, time.monotonic()))
+                await asyncio.sleep(0.1)
+
+        sending = asyncio.create_task(traffic())
+        try:
+            await h.collect(t.verdicts, 5, timeout_s=30)
+            assert state.publishing
+            await _delete(settings.kafka.bootstrap_servers, t.verdicts)
+            deleted = time.monotonic()
+            asked_before = asked[0]
+            await wait_until(
+                lambda: not state.publishing, PUBLISH_STALL_S + 4.0, "readiness to drop"
+            )
+            unready_s = time.monotonic() - deleted
+            assert unready_s >= PUBLISH_STALL_S - 0.5, unready_s
+            assert state.live
+            state.missing_topic_fatal_s = 15.0
+            await wait_until(lambda: not state.live, 15.0 + 4.0 - unready_s, "liveness to drop")
+            fatal_s = time.monotonic() - deleted
+            assert fatal_s >= 15.0 - 0.5, fatal_s
+            rate = (asked[0] - asked_before) / fatal_s
+            assert rate < 30, f"{rate:.0f} metadata requests a second"
+        finally:
+            sending.cancel()
+        fatal = [r.getMessage() for r in caplog.records if "FATAL" in r.getMessage()]
+        assert len(fatal) == 1 and t.verdicts in fatal[0], fatal
+        await create_topics(settings)  # the operator puts it back: publishing resumes
+        after = {rid for rid, at in sent if at > deleted + 0.5}
+        assert len(after) >= 100
+        deadline = time.monotonic() + 60
+        while True:
+            verdicts = await read_settled(settings.kafka.bootstrap_servers, t.verdicts)
+            missing = after - {(v.key or b"").decode() for v in verdicts}
+            if not missing or time.monotonic() > deadline:
+                break
+        assert not missing, sorted(missing)
+
+
+def _count_metadata_requests(client: Any) -> list[int]:
+    """Count the metadata requests an aiokafka client sends (``[n]``, kept current)."""
+    asked = [0]
+    update = client._metadata_update
+
+    async def counted(*args: Any) -> Any:
+        asked[0] += 1
+        return await update(*args)
+
+    client._metadata_update = counted
+    return asked
+
+
+async def _delete(bootstrap: str, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics([topic])
+    finally:
+        await admin.close()
 
 
 async def test_a_verdict_too_large_for_its_topic_goes_to_the_dlq(
