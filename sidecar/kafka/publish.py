@@ -431,7 +431,7 @@ class Publisher:
         turns false once they last ``publish_stall_s``. Too large: the output is
         replaced by a dead letter that fits (smaller each time the broker refuses
         one). Fatal (authorisation, configuration): logged once, ``state.live``
-        false; the loop keeps retrying at the longest backoff until it is restarted.
+        false; the loop keeps retrying, backing off to 5 s, until it is restarted.
         """
         topic = self.destinations[out.destination]
         if span is None:
