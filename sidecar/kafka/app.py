@@ -40,6 +40,7 @@ from sidecar.kafka.parsing import raw_decoder, tolerant_parser
 from sidecar.kafka.publish import Publisher, request_size_bytes
 from sidecar.kafka.readiness import BrokerProbe, ConsumerWatch, LoopState
 from sidecar.kafka.records import input_headers, install_lenient_header_names
+from sidecar.kafka.resets import installed as offset_resets
 from sidecar.kafka.resets import watch_offset_resets
 from sidecar.kafka.security import faststream_security
 from sidecar.kafka.withdrawals import CertificateBoard
@@ -239,9 +240,8 @@ class SidecarService:
                 "kafka.backpressure_pauses": self.backpressure.pauses,
                 "join.clock_held_ms": int(self.intake.clock.held_ms),
                 "lookback.mismatches": getattr(processor.signals.lookback, "mismatches", 0),
-                "kafka.offset_resets": watch_offset_resets(
-                    self.settings.kafka.auto_offset_reset
-                ).resets,
+                # the process's watch, once start() installed it
+                "kafka.offset_resets": watch.resets if (watch := offset_resets()) else 0,
             }
         )
         signals = processor.signals
