@@ -14,8 +14,8 @@ import time
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
-from aiokafka.partitioner import murmur2
 
+from guardrail_client.keys import partition_for
 from sidecar.lab.localkafka.broker import LocalKafka
 from tests.conftest import EventFactory
 from tests.kafka.harness import real_harness, settings_for, wait_until
@@ -30,7 +30,7 @@ def keyed_to(partition: int, count: int, prefix: str, n: int) -> list[str]:
     i = 0
     while len(out) < n:
         rid = f"{prefix}-{i}"
-        if (murmur2(rid.encode()) & 0x7FFFFFFF) % count == partition:
+        if partition_for(rid, count) == partition:
             out.append(rid)
         i += 1
     return out
