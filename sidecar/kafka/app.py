@@ -116,6 +116,11 @@ class SidecarService:
         self.keys = KeyIndex((topics.retrieval, topics.generation))
         self.state = LoopState()
         self._stopping = asyncio.Event()
+        # set while outputs can be published: the memory clients can at once; start() clears
+        # it until the real producer is started (FastStream's consumer polls from inside
+        # broker.start(): a backlog read before then waits in the queue)
+        self._publishing = asyncio.Event()
+        self._publishing.set()
         self._kinds = {
             topics.retrieval: InputKind.RETRIEVAL,
             topics.generation: InputKind.GENERATION,
@@ -256,6 +261,7 @@ class SidecarService:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        self._publishing.clear()
         # before the consumer reads anything
         install_lenient_header_names(
             max_batch_inflated_bytes=self.settings.kafka.max_batch_inflated_bytes,
@@ -274,6 +280,7 @@ class SidecarService:
         if own:  # the broker checks max.message.bytes per batch: none may be larger
             await self.clients.producer.limit_batches(min(own.values()))
         await self.clients.producer.start()
+        self._publishing.set()
         self._ticker = asyncio.create_task(self._tick_loop(), name="sidecar-ticker")
         self.state.started = True
 
@@ -296,7 +303,14 @@ class SidecarService:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
-            await self.publisher.settle()  # the steps in flight: confirmed, or left pending
+            # the steps in flight: confirmed, or left pending for the next owner (bounded, so
+            # the commit of what is through and the clients' close fit the grace period)
+            if not await self.publisher.settle(self.settings.shutdown_grace_ms / 2000):
+                log.warning(
+                    "stopping: %d step(s) not confirmed within %.1f s; their inputs stay "
+                    "uncommitted and are read again",
+                    self.publisher.in_flight, self.settings.shutdown_grace_ms / 2000,
+                )  # fmt: skip
             await self._withdrawals_at_stop()
             try:
                 await self.committer.commit(consumer)
@@ -423,6 +437,7 @@ class SidecarService:
 
     async def _drain(self) -> None:
         """The processor's one task: queued batches in order, each through to its commit."""
+        await self._publishing.wait()  # not into a producer that start() may still replace
         while True:
             records = await self.queue.get()
             self._queue_changed()
