@@ -7,9 +7,14 @@ silently disappear.
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import io
 import shutil
+import sys
+import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +62,65 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if tr is not None:
             tr.write_line("FAIL: the real-broker test set was skipped or empty")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ------------------------------------------------------------------ hang report
+
+TASK_DUMP_LEAD_S = 15.0  # before pytest-timeout fails the test
+
+
+def _running_loops() -> list[asyncio.AbstractEventLoop]:
+    return [
+        o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()
+    ]
+
+
+def _print_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    """Every task of ``loop`` with the line it waits on (called in the loop's thread)."""
+    out = io.StringIO()
+    tasks = asyncio.all_tasks(loop)
+    print(f"+++ {len(tasks)} asyncio tasks, {TASK_DUMP_LEAD_S:.0f} s before the timeout", file=out)
+    for task in sorted(tasks, key=lambda t: t.get_name()):
+        print(f"task {task.get_name()}:", file=out)
+        awaitable: Any = task.get_coro()
+        while awaitable is not None:  # down the chain of awaits, to the one that waits
+            frame = getattr(awaitable, "cr_frame", None) or getattr(awaitable, "gi_frame", None)
+            if frame is None:
+                print(f"    awaiting {awaitable!r:.200}", file=out)
+                break
+            print(
+                f"    {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}", file=out
+            )
+            awaitable = getattr(awaitable, "cr_await", None) or getattr(
+                awaitable, "gi_yieldfrom", None
+            )
+    sys.stderr.write(out.getvalue())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None]:
+    """A test that is about to time out prints its event loop's tasks: pytest-timeout
+    shows the threads, and an idle loop waiting on a future that never completes shows
+    nothing there (CI hung twice in ``select()``, with no clue which await it was)."""
+    timeout = float(item.config.getini("timeout") or 0)
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        timeout = float(marker.args[0])
+    timer = None
+    if timeout > 2 * TASK_DUMP_LEAD_S:
+
+        def dump() -> None:
+            for loop in _running_loops():
+                loop.call_soon_threadsafe(_print_tasks, loop)
+
+        timer = threading.Timer(timeout - TASK_DUMP_LEAD_S, dump)
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 # ------------------------------------------------------------------ factories
