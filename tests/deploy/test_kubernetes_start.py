@@ -235,6 +235,61 @@ def test_every_pod_spec_turns_service_links_off(name: str, helm: Path, example_c
     )
 
 
+# --------------------------------------------------------------- image-only rollback
+
+# What the chart's default values rendered before GUARDRAIL_KAFKA__ISOLATION_LEVEL was
+# added (86b7525): images of that age know these variables and refuse any other.
+ROLLBACK_FLOOR = frozenset(
+    {
+        "GUARDRAIL_HTTP__HOST",
+        "GUARDRAIL_HTTP__PORT",
+        "GUARDRAIL_HTTP__READY_REQUIRES_ASSIGNMENT",  # inject mode
+        "GUARDRAIL_KAFKA__AUTO_OFFSET_RESET",
+        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS",
+        "GUARDRAIL_KAFKA__GROUP_ID",
+        "GUARDRAIL_KAFKA__SECURITY_PROTOCOL",
+        "GUARDRAIL_KAFKA__WAIT_AT_START",  # inject mode
+        "GUARDRAIL_LOG_LEVEL",
+        "GUARDRAIL_METRICS__PROMETHEUS_HOST",
+        "GUARDRAIL_METRICS__PROMETHEUS_PORT",
+        "GUARDRAIL_MODELS__DIR",
+        "GUARDRAIL_SHUTDOWN_GRACE_MS",
+        "GUARDRAIL_TOPICS__CERTIFICATES",
+        "GUARDRAIL_TOPICS__CLAIMS",
+        "GUARDRAIL_TOPICS__DLQ",
+        "GUARDRAIL_TOPICS__FEEDBACK",
+        "GUARDRAIL_TOPICS__GENERATION",
+        "GUARDRAIL_TOPICS__REPORTS",
+        "GUARDRAIL_TOPICS__RETRIEVAL",
+        "GUARDRAIL_TOPICS__VERDICTS",
+        "GUARDRAIL_TRACING__STAGE_SPANS",
+    }
+)
+
+
+@pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + RUN_TIMEOUT_S)
+@pytest.mark.parametrize("name", ["chart-defaults", "example-llm-service"])
+def test_default_values_set_no_variable_an_older_image_would_refuse(
+    name: str, helm: Path, example_chart: Path
+) -> None:
+    """``helm upgrade --set image.tag=<older>`` rolls the image back under this chart's
+    environment, and the sidecar refuses variables it does not know (a typo must fail
+    at start): a variable rendered by default since then would crash-loop every older
+    pod. A new setting renders only when its value is set (helper-17 measured the
+    rollback of read_committed's ISOLATION_LEVEL failing exactly so)."""
+    names = {
+        env["name"]
+        for workload in guardrail_workloads(rendering(name, helm, example_chart))
+        for env in workload.container.get("env", [])
+        if env["name"].startswith("GUARDRAIL_")
+    }
+    assert names, "no GUARDRAIL_* variable rendered"
+    assert names <= ROLLBACK_FLOOR, (
+        f"rendered by default, unknown to an image from before they were added: "
+        f"{sorted(names - ROLLBACK_FLOOR)}; render them only when their value is set"
+    )
+
+
 # ---------------------------------------------------------- image <-> chart models
 
 

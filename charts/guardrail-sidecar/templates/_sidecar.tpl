@@ -153,8 +153,10 @@ convention. Credentials only ever come from Secrets.
   value: {{ $v.kafka.securityProtocol | quote }}
 - name: GUARDRAIL_KAFKA__AUTO_OFFSET_RESET
   value: {{ $v.kafka.autoOffsetReset | quote }}
+{{- with $v.kafka.isolationLevel }}
 - name: GUARDRAIL_KAFKA__ISOLATION_LEVEL
-  value: {{ $v.kafka.isolationLevel | quote }}
+  value: {{ . | quote }}
+{{- end }}
 {{- if hasPrefix "SASL" $v.kafka.securityProtocol }}
 - name: GUARDRAIL_KAFKA__SASL_MECHANISM
   value: {{ $v.kafka.sasl.mechanism | quote }}
