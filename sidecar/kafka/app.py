@@ -305,11 +305,12 @@ class SidecarService:
                         await task
             # the steps in flight: confirmed, or left pending for the next owner (bounded, so
             # the commit of what is through and the clients' close fit the grace period)
-            if not await self.publisher.settle(self.settings.shutdown_grace_ms / 2000):
+            settle_s = self.settings.shutdown_grace_ms / 2000
+            if not await self.publisher.settle(settle_s):
                 log.warning(
                     "stopping: %d step(s) not confirmed within %.1f s; their inputs stay "
                     "uncommitted and are read again",
-                    self.publisher.in_flight, self.settings.shutdown_grace_ms / 2000,
+                    self.publisher.abandon(), settle_s,
                 )  # fmt: skip
             await self._withdrawals_at_stop()
             try:

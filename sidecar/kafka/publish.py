@@ -283,6 +283,15 @@ class Publisher:
         self._reap()
         return not self._in_flight
 
+    def abandon(self) -> int:
+        """Stop waiting for the steps in flight (at shutdown, after ``settle`` timed out):
+        their inputs stay pending, so they are read again. Returns how many there were."""
+        self._reap()
+        pending = list(self._in_flight)
+        for task in pending:
+            task.cancel()
+        return len(pending)
+
     def _reap(self) -> None:
         """Drop the steps whose confirmations are through; log one that failed unexpectedly."""
         while self._in_flight and self._in_flight[0].done():

@@ -1,4 +1,6 @@
-"""Start-up on the real broker: a backlog is read before the producer is ready.
+"""Start-up and shutdown on the real broker.
+
+A backlog is read before the producer is ready:
 
 FastStream's consumer starts polling inside ``broker.start()``; the producer is made,
 sized to the output topics' ``max.message.bytes`` (an admin round trip) and started
@@ -6,12 +8,18 @@ after it. A backlog waiting in the input topics was read and judged in that wind
 its outputs were queued in a producer not started yet, which start() then replaced by
 a smaller one: stopping it waited for those records forever, and so did start() (two CI
 runs hung 300 s). Now the processor takes the first batch once the producer is started.
+
+A confirmation that never comes: ``stop()`` waited for it without bound. Now it waits
+half the grace period, leaves the step's inputs uncommitted, and goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -21,8 +29,10 @@ from sidecar.kafka.clients import AiokafkaProducerPort
 from sidecar.kafka.intake import Records
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
+from sidecar.pipeline.outputs import Output
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import real_harness, settings_for, wait_until
+from tests.kafka.test_commits import committed
 from tests.kafka.test_hostile_records import all_committed, answered
 
 pytestmark = pytest.mark.connected
@@ -82,3 +92,38 @@ async def test_a_backlog_read_before_the_producer_started_gets_its_verdicts_and_
 
 async def _stopped() -> None:
     return None
+
+
+async def test_stop_leaves_a_step_never_confirmed_uncommitted_within_half_the_grace(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers).model_copy(
+        update={"shutdown_grace_ms": 2_000}
+    )
+    t = settings.topics
+    caplog.set_level(logging.WARNING, logger="sidecar")
+    async with asyncio.timeout(90):
+        async with real_harness(settings) as h:
+            never: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+            async def unconfirmed(out: Output) -> Any:
+                del out
+                return never  # handed over; the broker never answers
+
+            h.service.publisher.send_output = unconfirmed  # type: ignore[method-assign]
+            await h.publish(t.retrieval, dumps(retrieval_event("req-x")), b"req-x")
+            await h.publish(t.generation, dumps(final_event("req-x")), b"req-x")
+            await wait_until(lambda: h.service.publisher.in_flight == 1, 20, "a step in flight")
+            started = time.monotonic()
+            await h.service.stop()
+            took = time.monotonic() - started
+            h.service.stop = _stopped  # type: ignore[method-assign]  # real_harness stops it again
+    assert took < 10, f"stop() took {took:.1f} s"  # the grace is 2 s; room for commit and close
+    assert any("1 step(s) not confirmed within 1.0 s" in r.getMessage() for r in caplog.records)
+    assert h.service.publisher.in_flight == 0  # abandoned, not left running
+    offsets = await committed(settings.kafka.bootstrap_servers, settings.kafka.group_id)
+    assert sum(offsets.values()) == 0, offsets  # the request is read again by the next owner
