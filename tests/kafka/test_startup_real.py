@@ -6,8 +6,9 @@ FastStream's consumer starts polling inside ``broker.start()``; the producer is 
 sized to the output topics' ``max.message.bytes`` (an admin round trip) and started
 after it. A backlog waiting in the input topics was read and judged in that window:
 its outputs were queued in a producer not started yet, which start() then replaced by
-a smaller one: stopping it waited for those records forever, and so did start() (two CI
-runs hung 300 s). Now the processor takes the first batch once the producer is started.
+a smaller one: their confirmations never came, and start() or stop() waited for them
+forever (two CI runs hung 300 s). Now the processor takes the first batch once the
+producer is started.
 
 A confirmation that never comes: ``stop()`` waited for it without bound. Now it waits
 half the grace period, leaves the step's inputs uncommitted, and goes on.
