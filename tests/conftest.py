@@ -14,7 +14,7 @@ import shutil
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,30 +97,33 @@ def _print_tasks(loop: asyncio.AbstractEventLoop) -> None:
     sys.stderr.write(out.getvalue())
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None]:
-    """A test that is about to time out prints its event loop's tasks: pytest-timeout
-    shows the threads, and an idle loop waiting on a future that never completes shows
-    nothing there (CI hung twice in ``select()``, with no clue which await it was)."""
-    timeout = float(item.config.getini("timeout") or 0)
-    marker = item.get_closest_marker("timeout")
-    if marker is not None and marker.args:
-        timeout = float(marker.args[0])
-    timer = None
-    if timeout > 2 * TASK_DUMP_LEAD_S:
+_DUMP_TIMER = pytest.StashKey[threading.Timer]()
 
-        def dump() -> None:
-            for loop in _running_loops():
-                loop.call_soon_threadsafe(_print_tasks, loop)
 
-        timer = threading.Timer(timeout - TASK_DUMP_LEAD_S, dump)
-        timer.daemon = True
-        timer.start()
-    try:
-        yield
-    finally:
-        if timer is not None:
-            timer.cancel()
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
+    """pytest-timeout's own timer, with ours ``TASK_DUMP_LEAD_S`` ahead of it: a test about
+    to time out prints its event loop's tasks. pytest-timeout shows the threads, and an
+    idle loop waiting on a future that never completes shows nothing there (CI hung twice
+    in ``select()``, with no clue which await it was). Returns None: its timer still runs."""
+    if settings.timeout <= 2 * TASK_DUMP_LEAD_S:
+        return
+
+    def dump() -> None:
+        for loop in _running_loops():
+            loop.call_soon_threadsafe(_print_tasks, loop)
+
+    timer = threading.Timer(settings.timeout - TASK_DUMP_LEAD_S, dump)
+    timer.daemon = True
+    timer.start()
+    item.stash[_DUMP_TIMER] = timer
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
+    timer = item.stash.get(_DUMP_TIMER, None)
+    if timer is not None:
+        timer.cancel()
 
 
 # ------------------------------------------------------------------ factories
