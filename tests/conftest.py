@@ -124,6 +124,7 @@ def pytest_timeout_cancel_timer(item: pytest.Item) -> None:
     timer = item.stash.get(_DUMP_TIMER, None)
     if timer is not None:
         timer.cancel()
+        timer.join()  # gone before the next test counts threads, as pytest-timeout's own
 
 
 # ------------------------------------------------------------------ factories
