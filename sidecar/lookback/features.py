@@ -85,11 +85,13 @@ def pad_chunks(ratios: npt.ArrayLike, k: int) -> FloatArray:
     return out
 
 
-def scale_per_sample(vectors: npt.ArrayLike) -> FloatArray:
+def scale_per_sample(vectors: npt.ArrayLike, *, overwrite: bool = False) -> FloatArray:
     """Min-max scale each row of a 2-d array (or a single 1-d vector) to [0, 1].
 
     Computed in float64 and returned as float32; a row whose max equals its min
-    becomes all zeros.
+    becomes all zeros. ``overwrite``: ``vectors`` is a float64 array the caller
+    is done with, scaled in place (a batch's matrix is a few hundred KiB: each
+    temporary of that size is fresh pages from the OS, faulted in on every batch).
     """
     arr = np.asarray(vectors, dtype=np.float64)
     single = arr.ndim == 1
@@ -104,14 +106,17 @@ def scale_per_sample(vectors: npt.ArrayLike) -> FloatArray:
     if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
         raise ConfigError("feature vectors contain NaN or Inf")
     span = hi - lo
-    if (span > 0.0).all():  # the usual case: (v - min) / span, in place
-        # no clip needed: min <= v <= max, and rounding is monotonic, so 0 <= v - min <=
-        # span and 0 <= (v - min) / span <= 1 in floats too
-        scaled = rows - lo
-        scaled /= span
-    else:
-        scaled = np.where(span > 0.0, (rows - lo) / np.where(span > 0.0, span, 1.0), 0.0)
-        np.clip(scaled, 0.0, 1.0, out=scaled)
+    flat = span <= 0.0  # a constant row: all zeros
+    some_flat = bool(flat.any())
+    if some_flat:
+        span = np.where(flat, 1.0, span)
+    # (v - min) / span, in place; no clip needed: min <= v <= max, and rounding is
+    # monotonic, so 0 <= v - min <= span and 0 <= (v - min) / span <= 1 in floats too
+    owned = overwrite or arr is not vectors  # the caller's, or a copy made above
+    scaled = np.subtract(rows, lo, out=rows) if owned else rows - lo
+    scaled /= span
+    if some_flat:
+        scaled[flat[:, 0]] = 0.0
     out: FloatArray = scaled.astype(np.float32)
     return out[0] if single else out
 
@@ -145,7 +150,7 @@ def feature_rows(
         if present > k or present > arr.shape[2]:
             raise ConfigError(f"{present} chunk columns do not fit a model for K={k}")
         row[:, :, :present] = arr[:, :, :present]
-    return scale_per_sample(out.reshape(len(ratios), -1))
+    return scale_per_sample(out.reshape(len(ratios), -1), overwrite=True)
 
 
 def feature_vector(ratios: npt.ArrayLike, k: int, keep: Sequence[int] | None = None) -> FloatArray:

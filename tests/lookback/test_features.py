@@ -119,9 +119,12 @@ def test_feature_rows_are_the_batchs_feature_vectors(data: st.DataObject, n: int
     """One matrix and one scaling pass for a batch: bit for bit each row's feature_vector."""
     k = 4
     layers, heads = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    # one width for the whole batch (a serving batch: its prefix rows are copied in one
+    # masked pass) or one per array (row by row)
+    width = data.draw(st.none() | st.integers(1, k))
     arrays, keeps = [], []
     for _ in range(n):
-        present = data.draw(st.integers(1, k))
+        present = width or data.draw(st.integers(1, k))
         arr = data.draw(hnp.arrays(np.float32, (layers, heads, present), elements=RATIO))
         keep = data.draw(
             st.none()
@@ -201,3 +204,18 @@ def test_feature_rows_take_float16_summaries_as_their_float32_values() -> None:
     doubles = [h.astype(np.float64) + 1e-9 for h in halves]  # rounded to float32 first
     for row, arr, keep in zip(feature_rows(doubles, 4, keeps), doubles, keeps, strict=True):
         assert row.tobytes() == feature_vector(arr, 4, keep).tobytes()
+
+
+def test_scaling_leaves_its_input_alone_unless_told_to_overwrite_it() -> None:
+    rng = np.random.default_rng(5)
+    rows = rng.uniform(0.0, 2.0, size=(4, 6))
+    rows[2] = 0.7  # a constant row: all zeros after scaling
+    before = rows.copy()
+    expected = scale_per_sample(rows)
+    assert rows.tobytes() == before.tobytes()
+    assert not expected[2].any()
+    single = rows[0].astype(np.float32)
+    scale_per_sample(single)
+    assert single.tobytes() == rows[0].astype(np.float32).tobytes()
+    assert scale_per_sample(rows, overwrite=True).tobytes() == expected.tobytes()
+    assert rows.tobytes() != before.tobytes()  # scaled in place, as asked
