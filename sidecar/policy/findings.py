@@ -69,6 +69,7 @@ def below(p: float, threshold: float) -> str:
     return f"{p!r} < {threshold:g}"  # the shortest repr that round-trips is below it
 
 
+@functools.lru_cache(maxsize=4096)
 def finding(action: Action, code: str, message: str, signal: SignalName) -> Finding:
     """A ``Finding`` whose reason is ``code`` / ``message`` of ``signal``.
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.policy.findings import below
+from sidecar.policy.findings import below, finding
 
 
 @pytest.mark.parametrize(
@@ -33,3 +33,12 @@ def test_any_value_below_reads_below(threshold: float, gap: float) -> None:
     shown, limit = below(p, threshold).split(" < ")
     assert float(shown) < threshold
     assert limit == f"{threshold:g}"
+
+
+def test_a_repeated_finding_is_the_cached_one() -> None:
+    """Findings are frozen and their texts repeat: a second identical one skips the
+    ``Reason`` validation (the cache once slid onto ``below`` when it was added above)."""
+    first = finding("caveat", "lookback-low", f"p = {below(0.2, 0.3)}", "lookback")
+    again = finding("caveat", "lookback-low", f"p = {below(0.2, 0.3)}", "lookback")
+    assert again is first
+    assert finding("block", "lookback-low", first.reason.message, "lookback") is not first
