@@ -67,6 +67,9 @@ class GenerationDelta(EventBase):
 # A little-endian float16 is NaN or Inf when its five exponent bits are all set: bits
 # 0x7C of its high (second) byte. The high bytes that leave a finite value:
 _FINITE_F16_HIGH_BYTES = bytes(b for b in range(256) if b & 0x7C != 0x7C)
+# ... and those of a finite value >= 0: 0x00-0x7B, and 0x80 (-0.0 when its low byte is 0;
+# a negative subnormal otherwise). Every other high byte is NaN, Inf or a negative value.
+_PLAIN_F16_HIGH_BYTES = bytes(b for b in range(256) if b < 0x7C or b == 0x80)
 _NEGATIVE_ZERO_F16 = 0x8000  # -0.0 as a little-endian uint16: the largest one allowed
 
 
@@ -107,14 +110,19 @@ class AttentionSummary(BaseModel):
                 f"values holds {len(raw)} bytes, shape {self.layers}x{self.heads}x{self.chunks} "
                 f"float16 needs {expected}"
             )
-        if raw[1::2].translate(None, _FINITE_F16_HIGH_BYTES):  # a high byte of NaN or Inf
+        high = raw[1::2]
+        odd = high.translate(None, _PLAIN_F16_HIGH_BYTES)  # bytes only: no array per event
+        if odd and odd.translate(None, _FINITE_F16_HIGH_BYTES):  # a high byte of NaN or Inf
             raise ValueError("values contains NaN or Inf")
         # lookback ratios are means of attention probabilities, never below 0 (eq. 8); a
         # negative value would outrank the zero padding in the per-sample scaling.
         # As little-endian uint16, every negative float16 but -0.0 (0x8000) is above 0x8000.
-        if raw and int(np.frombuffer(raw, dtype="<u2").max()) > _NEGATIVE_ZERO_F16:
+        if odd or (
+            b"\x80" in high and int(np.frombuffer(raw, dtype="<u2").max()) > _NEGATIVE_ZERO_F16
+        ):
             raise ValueError("values contains a negative lookback ratio (they are >= 0)")
-        self._raw = raw
+        # pydantic's __setattr__ looks the private name up first (~1 us): the dict directly
+        self.__pydantic_private__["_raw"] = raw  # type: ignore[index]
         return self
 
     def _decoded_or_none(self) -> bytes | None:
