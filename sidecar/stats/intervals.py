@@ -49,10 +49,12 @@ def normal_quantile(confidence: float) -> float:
     return NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
 
 
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: True is refused, never read as 1
 def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> ProportionInterval:
     """Wilson score interval for ``successes`` out of ``trials`` at the two-sided ``confidence``.
 
-    With no trials the interval is the whole of [0, 1] (nothing is known).
+    With no trials the interval is the whole of [0, 1] (nothing is known). Cached:
+    the monitors ask after every observation, and a full window's counts repeat.
     Raises :class:`ConfigError` for negative counts, ``successes > trials`` or a
     confidence outside (0, 1).
     """

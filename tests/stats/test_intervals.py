@@ -55,3 +55,12 @@ def test_contains_the_estimate_and_is_symmetric(n: int, data: st.DataObject, con
     mirror = wilson_interval(n - x, n, conf)
     assert mirror.low == pytest.approx(1 - ci.high, abs=1e-12)
     assert wilson_interval(x, n, 0.5).high - wilson_interval(x, n, 0.5).low <= ci.high - ci.low
+
+
+def test_a_bool_is_refused_even_after_its_int_was_cached() -> None:
+    """The cache keys by type: ``True`` never reads as the cached interval of 1."""
+    assert wilson_interval(1, 2, 0.9) is wilson_interval(1, 2, 0.9)  # cached
+    with pytest.raises(ConfigError, match="bool"):
+        wilson_interval(True, 2, 0.9)
+    with pytest.raises(ConfigError, match="bool"):
+        wilson_interval(1, True, 0.9)
