@@ -341,7 +341,7 @@ class Telemetry:
             for stage, start, end in record.stages:
                 self.stage_durations.record(stage, (end - start) / 1e9)
         if not self.spans:
-            if record is not None:
+            if record is not None and record.parent:  # no parent: nothing to inject (~2 us)
                 self._propagate(out, extract(_carrier(record.parent)))
             return PublishHandle(None, None, now, now, traced=record is not None)
         producing: dict[str, AttributeValue] = {

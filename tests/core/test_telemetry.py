@@ -324,3 +324,17 @@ def test_a_record_key_in_a_span_is_cut_to_a_request_ids_size() -> None:
     )
     key = _record_attributes(record)["messaging.kafka.message.key"]
     assert key == "k" * MAX_KEY_ATTRIBUTE_BYTES
+
+
+def test_without_spans_a_verdict_carries_its_inputs_trace_context_or_none() -> None:
+    """Untraced, the verdict's headers get the inputs' W3C context as it came; a request
+    whose inputs carried none gets no trace header (and keeps the headers it had)."""
+    telemetry = Telemetry(spans=False)
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    for headers, expected in (((("traceparent", parent.encode()),), parent), ((), None)):
+        record = TraceRecord("guardrail.request", headers, 0, 1, {})
+        out = Output(Destination.VERDICTS, b"r", b"{}", [("x-idempotency-key", b"k")], trace=record)
+        telemetry.after_publish(telemetry.before_publish(out, "rag.verdicts"))
+        got = dict(out.headers)
+        assert got.pop("x-idempotency-key") == b"k"
+        assert got == ({} if expected is None else {"traceparent": expected.encode()})
