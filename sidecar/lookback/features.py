@@ -112,7 +112,8 @@ def scale_per_sample(vectors: npt.ArrayLike, *, overwrite: bool = False) -> Floa
         span = np.where(flat, 1.0, span)
     # (v - min) / span, in place; no clip needed: min <= v <= max, and rounding is
     # monotonic, so 0 <= v - min <= span and 0 <= (v - min) / span <= 1 in floats too
-    owned = overwrite or arr is not vectors  # the caller's, or a copy made above
+    # the caller's to overwrite, or a copy made above (not a view of what it passed)
+    owned = overwrite or (arr is not vectors and arr.base is None)
     scaled = np.subtract(rows, lo, out=rows) if owned else rows - lo
     scaled /= span
     if some_flat:

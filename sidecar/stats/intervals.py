@@ -49,7 +49,6 @@ def normal_quantile(confidence: float) -> float:
     return NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2.0)
 
 
-@functools.lru_cache(maxsize=4096, typed=True)  # typed: True is refused, never read as 1
 def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> ProportionInterval:
     """Wilson score interval for ``successes`` out of ``trials`` at the two-sided ``confidence``.
 
@@ -58,6 +57,13 @@ def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> Pr
     Raises :class:`ConfigError` for negative counts, ``successes > trials`` or a
     confidence outside (0, 1).
     """
+    return _wilson_interval(successes, trials, confidence)
+
+
+# typed: True is refused, never read as the cached 1 (a cache's wrapper takes any
+# hashable arguments, so wilson_interval keeps the signature the type checker reads)
+@functools.lru_cache(maxsize=4096, typed=True)
+def _wilson_interval(successes: int, trials: int, confidence: float) -> ProportionInterval:
     if isinstance(successes, bool) or isinstance(trials, bool):
         raise ConfigError("successes and trials must be integers, got a bool")
     if trials < 0 or successes < 0:

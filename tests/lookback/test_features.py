@@ -119,8 +119,7 @@ def test_feature_rows_are_the_batchs_feature_vectors(data: st.DataObject, n: int
     """One matrix and one scaling pass for a batch: bit for bit each row's feature_vector."""
     k = 4
     layers, heads = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
-    # one width for the whole batch (a serving batch: its prefix rows are copied in one
-    # masked pass) or one per array (row by row)
+    # one width for the whole batch (as a serving batch's summaries have) or one per array
     width = data.draw(st.none() | st.integers(1, k))
     arrays, keeps = [], []
     for _ in range(n):
@@ -206,6 +205,10 @@ def test_feature_rows_take_float16_summaries_as_their_float32_values() -> None:
         assert row.tobytes() == feature_vector(arr, 4, keep).tobytes()
 
 
+class _Subclass(np.ndarray):
+    """An array subclass (a memmap, say), which ``np.asarray`` views instead of copying."""
+
+
 def test_scaling_leaves_its_input_alone_unless_told_to_overwrite_it() -> None:
     rng = np.random.default_rng(5)
     rows = rng.uniform(0.0, 2.0, size=(4, 6))
@@ -217,5 +220,7 @@ def test_scaling_leaves_its_input_alone_unless_told_to_overwrite_it() -> None:
     single = rows[0].astype(np.float32)
     scale_per_sample(single)
     assert single.tobytes() == rows[0].astype(np.float32).tobytes()
+    scale_per_sample(rows.view(_Subclass))  # asarray hands back a view of the caller's data
+    assert rows.tobytes() == before.tobytes()
     assert scale_per_sample(rows, overwrite=True).tobytes() == expected.tobytes()
     assert rows.tobytes() != before.tobytes()  # scaled in place, as asked
