@@ -9,15 +9,26 @@ chunk length, on the calling thread, and writes ms per request: the best of
 ``--rounds`` passes (the machine's noise is additive) and the median.
 
     .venv/bin/python bench/processor_batches.py --out bench/results/processor_batches.json
+
+``--stages``: where a request's time goes instead, in batches of 50 with 200-character
+chunks and the garbage collector frozen as the service freezes it: each stage's calls
+are timed (``perf_counter_ns`` around them, inclusive: a stage's time counts its
+parts' too, and each timed call adds ~0.3 us), in microseconds per request.
+
+    .venv/bin/python bench/processor_batches.py --stages --out /tmp/stages.json
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import statistics
 import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +37,9 @@ from sidecar.config import Settings
 from sidecar.lab.bench.e2e import LoadShape, answer_events
 from sidecar.lab.bench.ratios import machine, print_report
 from sidecar.lab.bench.stages import request_items
-from sidecar.pipeline.processor import BatchItem
+from sidecar.pipeline import intake as intake_module
+from sidecar.pipeline import processor as processor_module
+from sidecar.pipeline.processor import BatchItem, Processor
 
 BATCH = 50
 
@@ -67,13 +80,100 @@ def per_request_ms(chars: int, rounds: int, per_round: int) -> dict[str, Any]:
     }
 
 
+def _stage_targets(processor: Processor) -> list[tuple[object, str, str]]:
+    """(owner, attribute, stage name): the calls ``--stages`` times, outer stages first."""
+    signals = processor.signals
+    targets: list[tuple[object, str, str]] = [
+        (processor.intake, "admit", "intake"),
+        (intake_module, "decode_input", "intake.decode"),
+        (processor.intake, "_hold", "intake.hold"),
+        (processor.scoring, "score", "scoring"),
+        (processor, "_decide", "decide"),
+        (processor.policy, "decide", "decide.policy"),
+        (processor_module, "answer_verdict_json", "decide.verdict_json"),
+    ]
+    if signals.certifier is not None:
+        targets.append((signals.certifier, "certify", "intake.hold.certify"))
+        targets.append((signals.certifier, "observe_decided", "decide.monitor"))
+    if signals.confidence is not None:
+        targets.append((signals.confidence, "score_batch", "scoring.confidence"))
+    if signals.lookback is not None:
+        targets.append((signals.lookback, "score_batch", "scoring.lookback"))
+    return targets
+
+
+@contextmanager
+def _timed(targets: list[tuple[object, str, str]], spent: dict[str, int]) -> Iterator[None]:
+    """Each target's calls add their nanoseconds to ``spent[stage]``; restored on exit."""
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
+    own = [name in vars(owner) for owner, name, _ in targets]  # else the class's method
+
+    def wrap(fn: Callable[..., Any], stage: str) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[stage] += time.perf_counter_ns() - start
+
+        return timed
+
+    try:
+        for (owner, name, stage), (_, _, fn) in zip(targets, saved, strict=True):
+            setattr(owner, name, wrap(fn, stage))
+        yield
+    finally:
+        for (owner, name, fn), held in zip(saved, own, strict=True):
+            if held:  # a module's function, or an attribute of the instance itself
+                setattr(owner, name, fn)
+            else:  # the class's method again
+                delattr(owner, name)
+
+
+def stage_costs(count: int) -> dict[str, Any]:
+    """Microseconds per request of each stage over ``count`` batches of ``BATCH`` requests."""
+    processor = runtime.build_processor(Settings.load(signals={"claims": False}))
+    work = batches(200, count + 1, "stages")
+    processor.on_batch(work[0], 0.0)  # warm-up: first ONNX call, caches
+    runtime.freeze_startup_objects()  # as the service does before it consumes
+    spent: dict[str, int] = defaultdict(int)
+    try:
+        with _timed(_stage_targets(processor), spent):
+            start = time.perf_counter_ns()
+            for items in work[1:]:
+                processor.on_batch(items, 0.0)
+            total = time.perf_counter_ns() - start
+    finally:
+        gc.unfreeze()  # a caller's process collects as it did before
+    requests = count * BATCH
+    return {
+        "requests": requests,
+        "total_us_per_request": round(total / requests / 1e3, 1),
+        "stages_us_per_request": {
+            stage: round(ns / requests / 1e3, 1) for stage, ns in sorted(spent.items())
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chars", type=int, nargs="+", default=[200, 1000])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batches-per-round", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--stages", action="store_true", help="per-stage costs instead")
     args = parser.parse_args()
+    if args.stages:
+        report = {
+            "what": f"processor.on_batch, batches of {BATCH}, 200-character chunks: "
+            "inclusive time of each stage's calls",
+            **stage_costs(args.rounds * args.batches_per_round),
+            "python": platform.python_version(),
+            "cpu_count": os.cpu_count(),
+            **machine(),
+        }
+        print_report(report, args.out)
+        return
     results = [per_request_ms(c, args.rounds, args.batches_per_round) for c in args.chars]
     report = {
         "what": f"processor.on_batch, batches of {BATCH} whole requests, fast path",
