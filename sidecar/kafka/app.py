@@ -307,10 +307,11 @@ class SidecarService:
             # the commit of what is through and the clients' close fit the grace period)
             settle_s = self.settings.shutdown_grace_ms / 2000
             if not await self.publisher.settle(settle_s):
+                abandoned = self.publisher.abandon()
                 log.warning(
                     "stopping: %d step(s) not confirmed within %.1f s; their inputs stay "
                     "uncommitted and are read again",
-                    self.publisher.abandon(), settle_s,
+                    abandoned, settle_s,
                 )  # fmt: skip
             await self._withdrawals_at_stop()
             try:
