@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from sidecar import __version__
 from sidecar.exceptions import ConfigError, GuardrailError
-from sidecar.lograte import limit_repeats
+from sidecar.lograte import limit_repeats, report_repeats
 
 # Modules that contribute sub-commands, in the order --help lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -74,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:  # the counts of client lines held back since their last one went through
+        report_repeats(logging.getLogger().handlers, every=True)
     return code
 
 

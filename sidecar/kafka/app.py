@@ -44,6 +44,7 @@ from sidecar.kafka.resets import installed as offset_resets
 from sidecar.kafka.resets import watch_offset_resets
 from sidecar.kafka.security import faststream_security
 from sidecar.kafka.withdrawals import CertificateBoard
+from sidecar.lograte import report_repeats
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
 from sidecar.pipeline.flow import InputAligner
 from sidecar.pipeline.join import InputRef
@@ -516,3 +517,4 @@ class SidecarService:
                 await self.publisher.refresh_limits()
             except KafkaError as exc:
                 log.warning("tick: %s (will retry)", exc)
+            report_repeats(logging.getLogger().handlers)  # a flood of client lines that ended

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import logging
 
 import pytest
 
+from sidecar.cli import main as cli_main
 from sidecar.cli.main import main
-from sidecar.lograte import RepeatFilter, limit_repeats
+from sidecar.lograte import RepeatFilter, limit_repeats, report_repeats
 
 
 class Clock:
@@ -80,3 +82,69 @@ def test_the_command_line_limits_repeats_of_the_client_loggers(
         assert stream.getvalue().count("not found in cluster metadata") == 1
     finally:
         root.handlers = saved
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[tuple[str, int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.name, record.levelno, record.getMessage()))
+
+
+def test_when_a_flood_stops_its_last_count_is_still_written() -> None:
+    """The count went out only with the message's next line: a flood that stopped left the
+    lines it dropped in its last interval unsaid."""
+    clock = Clock()
+    handler = _Lines()
+    limiter = RepeatFilter(interval_s=10.0, clock=clock)
+    handler.addFilter(limiter)
+    msg = "Topic %s not found in cluster metadata"
+    for _ in range(500):
+        handler.handle(_record("aiokafka.cluster", msg, "rag.verdicts"))
+        clock.now += 0.01
+    handler.handle(_record("aiokafka.conn", "quiet once", level=logging.WARNING))
+    assert report_repeats([handler]) == 0  # the interval runs: nothing to say yet
+    clock.now += 6.0
+    assert report_repeats([handler]) == 1
+    assert handler.lines[-1] == (
+        "aiokafka.cluster",
+        logging.ERROR,
+        "Topic rag.verdicts not found in cluster metadata "
+        "(499 more like it in the last 11s not logged)",
+    )
+    assert report_repeats([handler]) == 0  # said once
+    clock.now += 1.0  # a new flood of the same line: its first line goes through at once
+    handler.handle(_record("aiokafka.cluster", msg, "rag.verdicts"))
+    assert handler.lines[-1][2] == "Topic rag.verdicts not found in cluster metadata"
+    handler.handle(_record("aiokafka.cluster", msg, "rag.verdicts"))
+    assert report_repeats([handler], every=True) == 1  # at exit, before the interval ends
+    assert handler.lines[-1][2].endswith("(1 more like it in the last 0s not logged)")
+    assert [line[2] for line in handler.lines].count("quiet once") == 1
+
+
+def test_the_command_line_writes_the_counts_it_held_back_on_its_way_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def flood(args: argparse.Namespace) -> int:
+        del args
+        for _ in range(50):
+            logging.getLogger("aiokafka.cluster").error("Topic %s not found", "rag.x")
+        return 0
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(func=flood)
+    monkeypatch.setattr(cli_main, "build_parser", lambda: parser)
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    handler = _Lines()
+    root.handlers = [handler]
+    try:
+        assert main([]) == 0  # configures logging as ``guardrail run`` does, runs ``flood``
+    finally:
+        root.handlers = saved
+    assert [line[2] for line in handler.lines if line[0] == "aiokafka.cluster"] == [
+        "Topic rag.x not found",
+        "Topic rag.x not found (49 more like it in the last 0s not logged)",
+    ]
