@@ -655,7 +655,7 @@ class Settings(BaseSettings):
         try:
             return cls(**overrides)
         except ValidationError as exc:
-            raise ConfigError(explain(exc)) from None
+            raise ConfigError(explain(exc, cls)) from None
         except SettingsError as exc:  # GUARDRAIL_KAFKA= (a section given a non-JSON value)
             raise ConfigError(
                 f"{exc}: a section variable (e.g. GUARDRAIL_KAFKA) takes a JSON object; "

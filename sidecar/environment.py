@@ -6,12 +6,13 @@ builds the settings, and words a validation error with :func:`explain`.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import logging
 import re
 from collections.abc import Mapping, Sequence
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from sidecar.exceptions import ConfigError
 
@@ -66,15 +67,85 @@ def check_environment(
         )
 
 
-def explain(exc: ValidationError) -> str:
-    """A validation error as one line per wrong variable, named as in the environment."""
+def explain(exc: ValidationError, settings: type[BaseModel] | None = None) -> str:
+    """A validation error as one line per wrong variable, named as in the environment.
+
+    A check across variables (a model validator) says which ones in its own words,
+    after its section's name (nothing in front for the whole settings), without
+    pydantic's ``Value error,``.
+    An unknown field of a section (``GUARDRAIL_JOIN__TTL``) is answered with the
+    section's fields, the closest first, when ``settings`` (the model) is given.
+    """
     lines = ["invalid configuration:"]
     for err in exc.errors():
-        where = "GUARDRAIL_" + "__".join(str(p).upper() for p in err["loc"] if p != "__root__")
+        loc = [str(p) for p in err["loc"] if p != "__root__"]
+        where = PREFIX + "__".join(p.upper() for p in loc)
+        kind = err["type"]
+        said = (
+            str(err.get("ctx", {}).get("error", err["msg"]))
+            if kind == "value_error"
+            else err["msg"]
+        )
+        if kind == "value_error" and not _is_field(settings, loc):
+            lines.append(f"  {where}: {said}" if loc else f"  {said}")
+            continue
         got = err.get("input")
         shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
-        lines.append(f"  {where}: {err['msg']}{shown}")
+        if kind == "extra_forbidden":
+            lines.append(f"  {where}: no such setting{shown}{_fields_hint(settings, loc)}")
+            continue
+        lines.append(f"  {where}: {said}{shown}{_ALLOWED.get(kind, '')}")
     return "\n".join(lines)
+
+
+# what a value of these types may be, where pydantic's message does not say it
+_ALLOWED = {
+    "bool_parsing": "; allowed: true or false (also 1/0, yes/no, on/off)",
+    "bool_type": "; allowed: true or false (also 1/0, yes/no, on/off)",
+    "int_parsing": "; allowed: a whole number",
+    "float_parsing": "; allowed: a number",
+}
+
+
+def _section(settings: type[BaseModel] | None, loc: Sequence[str]) -> type[BaseModel] | None:
+    """The model that holds ``loc``'s last part (None when it cannot be told)."""
+    model = settings
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if model is not None else None
+        annotation = field.annotation if field is not None else None
+        model = (
+            annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            else None
+        )
+    return model
+
+
+def _is_field(settings: type[BaseModel] | None, loc: Sequence[str]) -> bool:
+    """Does ``loc`` end at a field (not at a section or the whole settings)?"""
+    section = _section(settings, loc)
+    if not loc or section is None:
+        return False
+    field = section.model_fields.get(loc[-1])
+    annotation = field.annotation if field is not None else None
+    return field is not None and not (
+        isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    )
+
+
+def _fields_hint(settings: type[BaseModel] | None, loc: Sequence[str]) -> str:
+    section = _section(settings, loc)
+    if section is None or not loc:
+        return ""
+    prefix = PREFIX + "".join(f"{p.upper()}__" for p in loc[:-1])
+    names = list(section.model_fields)
+    close = difflib.get_close_matches(loc[-1].lower(), names, n=1, cutoff=0.6)
+    ordered = close + [n for n in names if n not in close]
+    return (
+        (f"; did you mean {prefix}{close[0].upper()}?" if close else ";")
+        + f" the settings of {prefix.removesuffix('__')} are "
+        + ", ".join(prefix + n.upper() for n in ordered)
+    )
 
 
 # ------------------------------------------------------- Kubernetes service links

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.config import Settings
+from sidecar.config import JoinSettings, Settings
 from sidecar.environment import kubernetes_service_links
 from sidecar.exceptions import ConfigError
 from tests.deploy.kubelet import ServicePort, service_link_env
@@ -55,6 +55,61 @@ def test_bad_configuration_says_what_is_wrong(
     with pytest.raises(ConfigError) as info:
         Settings.load()
     assert expected in str(info.value)
+
+
+def _error(monkeypatch: pytest.MonkeyPatch, **env: str) -> str:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError) as info:
+        Settings.load()
+    return str(info.value)
+
+
+def test_an_unknown_field_of_a_section_is_answered_with_the_sections_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``GUARDRAIL_JOIN__TTL=5`` said only "Extra inputs are not permitted"."""
+    said = _error(monkeypatch, GUARDRAIL_JOIN__TTL="5")
+    assert (
+        "GUARDRAIL_JOIN__TTL: no such setting (got '5'); did you mean GUARDRAIL_JOIN__TTL_MS?"
+        in said
+    )
+    fields = said.split("the settings of GUARDRAIL_JOIN are ", 1)[1].split(", ")
+    assert fields[0] == "GUARDRAIL_JOIN__TTL_MS"  # the closest first
+    assert sorted(fields) == sorted(
+        f"GUARDRAIL_JOIN__{n.upper()}" for n in JoinSettings.model_fields
+    )
+    assert "Extra inputs" not in said
+
+
+def test_a_check_across_settings_speaks_without_pydantics_prefix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It read ``GUARDRAIL_: Value error, GUARDRAIL_METRICS__PROMETHEUS_PORT and ...``."""
+    said = _error(
+        monkeypatch, GUARDRAIL_METRICS__PROMETHEUS_PORT="8080", GUARDRAIL_HTTP__PORT="8080"
+    )
+    assert said.splitlines()[1] == (
+        "  GUARDRAIL_METRICS__PROMETHEUS_PORT and GUARDRAIL_HTTP__PORT are both 8080; "
+        "the metrics and the health endpoints need two different ports"
+    )
+    said = _error(monkeypatch, GUARDRAIL_KAFKA__SASL_MECHANISM="PLAIN")
+    assert said.splitlines()[1].startswith("  GUARDRAIL_KAFKA: sasl_mechanism set, but")
+    assert "Value error" not in said
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "allowed"),
+    [
+        ("GUARDRAIL_SIGNALS__CLAIMS", "maybe", "allowed: true or false"),
+        ("GUARDRAIL_JOIN__TTL_MS", "abc", "allowed: a whole number"),
+    ],
+)
+def test_a_value_of_the_wrong_type_says_what_is_allowed(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, allowed: str
+) -> None:
+    said = _error(monkeypatch, **{name: value})
+    assert f"{name}: " in said and f"(got '{value}'); {allowed}" in said
 
 
 def test_secrets_never_appear_in_config_show(monkeypatch: pytest.MonkeyPatch) -> None:
