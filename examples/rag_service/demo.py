@@ -79,6 +79,13 @@ def ask(base_url: str, question: str, mode: str) -> None:
 
 
 def main() -> int:
+    if not DEFAULT_CORPUS.is_file():  # before anything starts: a missing file costs no broker
+        sys.stderr.write(
+            f"demo-service: the NQ-open questions and passages are read from {DEFAULT_CORPUS} "
+            f"(the shared data folder beside the checkout, see README: Data), and there is no "
+            f"such file from {Path.cwd()}\n"
+        )
+        return 2
     home = default_home()
     lib = ensure_jars(home / "lib")
     home.mkdir(parents=True, exist_ok=True)

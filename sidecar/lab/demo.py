@@ -68,6 +68,9 @@ class DemoResult:
     coverage: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+REAL_QUESTIONS = Path("../shared/data/nq-open/nq-open-oracle.dev.jsonl.gz")
+"""``--real``'s questions and passages: the shared data folder beside the checkout."""
+
 DEMO_PROBE = Path("models/confidence/report/leakage-probe.json")
 """The shipped leakage probe of SmolLM2 (docs/methods.md §Coverage bound) in a checkout."""
 
@@ -336,6 +339,12 @@ def run_demo(
     sample_records = [] if real else load_file(sample or bundled_sample(), Settings.load())
     if real and questions is not None and not questions.is_file():
         raise ConfigError(f"--questions {questions}: no such file")
+    if real and questions is None and not REAL_QUESTIONS.is_file():
+        raise ConfigError(
+            f"--real reads the NQ-open questions and passages at {REAL_QUESTIONS} (the "
+            "shared data folder beside the checkout, see README: Data); it is not there "
+            f"(from {Path.cwd()}): run from the checkout or give --questions FILE"
+        )
     home = default_home()
     lib = ensure_jars(home / "lib")
     home.mkdir(parents=True, exist_ok=True)
@@ -365,7 +374,7 @@ def run_demo(
         wait_http(f"http://127.0.0.1:{http_port}/readyz", sidecar, "the sidecar", 60)
         _line(out, "[demo]", f"sidecar ready (pid {sidecar.pid}, health on 127.0.0.1:{http_port})")
         if real:
-            path = questions or Path("../shared/data/nq-open/nq-open-oracle.dev.jsonl.gz")
+            path = questions or REAL_QUESTIONS
             records = real_records(settings, path, real, out)
         else:
             records = sample_records

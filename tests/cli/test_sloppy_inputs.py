@@ -247,6 +247,13 @@ def test_demo_reads_its_events_before_it_starts_a_broker(
     bad = _write(tmp_path / "bad.jsonl", b"{}\n")
     with pytest.raises(ConfigError, match=r"bad.jsonl:1: a line is either an event"):
         demo.run_demo(bad)
+    # --real without --questions reads the shared data beside the checkout: from elsewhere
+    # it said so only after the broker and the sidecar were up
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"--real reads the NQ-open questions and passages"):
+        demo.run_demo(real=3)
+    with pytest.raises(ConfigError, match="no such file"):
+        demo.run_demo(real=3, questions=tmp_path / "nq.jsonl.gz")
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from examples.rag_service import demo as demo_service
 from examples.rag_service.app import MODE_HEADER, Generated
 from examples.rag_service.config import ServiceSettings
 from examples.rag_service.server import running
@@ -251,3 +253,19 @@ def test_a_missing_verdict_fails_closed_unless_configured_open() -> None:
     )
     blocked = VerdictResult("r1", Decision.BLOCK, "sidecar", verdict=verdict, waited_s=0.1)
     assert apply_verdict("the answer", blocked, closed) == "Only this is verified."
+
+
+def test_demo_service_says_where_its_questions_are_before_it_starts_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make demo-service`` from a checkout without the shared data beside it failed only
+    after the broker, the sidecar and the service were up."""
+
+    def no_broker(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a broker was started for questions that are not there")
+
+    monkeypatch.setattr(demo_service, "ensure_jars", no_broker)
+    monkeypatch.setattr(demo_service, "LocalKafka", no_broker)
+    monkeypatch.chdir(tmp_path)
+    assert demo_service.main() == 2
+    assert "nq-open-oracle.dev.jsonl.gz" in capsys.readouterr().err
