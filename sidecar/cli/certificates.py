@@ -16,7 +16,6 @@ import sys
 from typing import Any
 
 from sidecar.config import Settings
-from sidecar.exceptions import ConfigError
 
 
 def register(sub: Any) -> None:
@@ -64,12 +63,13 @@ def run_reinstate(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     latest = asyncio.run(read_withdrawals(settings))
-    if latest.get(args.key) is None:
+    if latest.get(args.key) is None:  # nothing to give back: a usage error (exit 2)
         known = ", ".join(k for k, v in sorted(latest.items()) if v is not None) or "none"
-        raise ConfigError(
-            f"{args.key} is not withdrawn on {settings.topics.certificates} "
-            f"(withdrawn keys: {known})"
+        sys.stderr.write(
+            f"guardrail certificates reinstate: {args.key} is not withdrawn on "
+            f"{settings.topics.certificates}, nothing to reinstate (withdrawn keys: {known})\n"
         )
+        return 2
     asyncio.run(reinstate(settings, args.key))
     sys.stdout.write(f"{args.key}: reinstated\n")
     return 0
