@@ -112,10 +112,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     evaluate = get_group(sub, "eval", "Evaluate a guardrail signal on held-out data.")
     e = evaluate.add_parser(
         "claims",
-        help="Detect HaluEval hallucinations with the claim check (segment + rules + verifier).",
+        help="Measure the claim check (segment + rules + verifier) on labelled pairs or HaluEval.",
         description=(
-            "Score the right and the hallucinated candidate of every HaluEval item with the "
-            "sidecar's claim check; report n, accuracy, AUROC, F1 and length-only AUROC."
+            "Score labelled (claim, evidence) pairs with the sidecar's claim check: --format "
+            "pairs reads your own JSON lines; the halueval-* formats score the right and the "
+            "hallucinated candidate of every HaluEval item. Reports n, accuracy at the served "
+            "threshold (the artifact's band, not one tuned on the file), balanced accuracy, "
+            "precision, recall, F1, AUROC, ECE and length-only AUROC."
         ),
     )
     e.add_argument(
