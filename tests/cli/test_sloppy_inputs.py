@@ -114,6 +114,9 @@ def test_a_policy_key_given_twice_is_refused() -> None:
         ("GUARDRAIL_COVERAGE__REPORT_INTERVAL_S", "inf", "finite"),
         ("GUARDRAIL_JUDGE__COOLDOWN_S", "inf", "finite"),
         ("GUARDRAIL_SHUTDOWN_GRACE_MS", "0", "greater than or equal to 1"),
+        # a wrong type says what is allowed, not only that the value is wrong
+        ("GUARDRAIL_SIGNALS__CLAIMS", "maybe", r"\(got 'maybe'\); allowed: true or false"),
+        ("GUARDRAIL_JOIN__TTL_MS", "abc", r"\(got 'abc'\); allowed: a whole number"),
     ],
 )
 def test_bad_settings_fail_fast(
