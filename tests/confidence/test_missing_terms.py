@@ -3,11 +3,14 @@ answer exactly what splitting every chunk into its words answers."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar.confidence import features
 from sidecar.confidence.features import missing_terms
 
 _WORDS = re.compile(r"[a-z0-9]+")
@@ -47,3 +50,35 @@ def test_a_word_inside_longer_words_only_is_missing() -> None:
     texts = ["scatter scat " * 50, "concatenate"]
     assert missing_terms("cat scat", texts) == ["cat"]
     assert missing_terms("cat scat", [*texts, "a cat."]) == []
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    query=st.text(alphabet="act019 .", max_size=30),
+    texts=st.lists(_TEXT, max_size=4),
+    limit=st.integers(0, 6),
+)
+def test_splitting_the_chunks_once_answers_the_same(
+    query: str, texts: list[str], limit: int
+) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(features, "_SCAN_BUDGET", 0)  # every call splits
+        assert missing_terms(query, texts, limit) == split_reference(query, texts, limit)
+
+
+def test_many_query_words_over_long_chunks_split_them_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hostile retrieval: 5,000 query words, every one in the last of ~1 MB of chunks.
+    Searched once per word it took 3.6 s on the processor thread (every other request
+    waited); the chunks are now split into words once."""
+    words = ["".join(t) for t in itertools.product("bdfgjkm", repeat=5)][:5_000]
+    query = " ".join(words)
+    texts = ["z" * 3_900] * 250 + [" ".join(words[::-1])]
+
+    def searched(word: str, haystack: str) -> bool | None:
+        raise AssertionError(f"searched the {len(haystack):,} characters for {word!r}")
+
+    monkeypatch.setattr(features, "_stands_alone", searched)
+    assert missing_terms(query, texts) == [] == split_reference(query, texts)
+    assert missing_terms(query + " qqqq", texts) == ["qqqq"]
