@@ -226,10 +226,7 @@ class Intake:
             self._check_not_decided(event, store_key, now_ms)
         except InputError as exc:
             return Rejected(exc)
-        entry, evicted = self.store.open(
-            store_key, now_ms, request_id=event.request_id, tenant=tenant
-        )
-        evictions: tuple[PendingRequest, ...] = (evicted,) if evicted is not None else ()
+        entry = self.store.open(store_key, now_ms, request_id=event.request_id, tenant=tenant)
         ref = held_ref(ref)
         size = held_bytes(event, raw, ref.headers)
         try:
@@ -238,17 +235,16 @@ class Intake:
         except InputError as exc:
             if not entry.refs:  # a fresh entry that holds nothing: do not keep it open
                 self.store.discard(store_key)
-            return Rejected(exc, evictions)
+            return Rejected(exc)  # it cost no other request its place: room comes after
         if identical:
             return Duplicate()
         self._check_partitions(entry, ref)
         entry.refs.append(ref)
         if type(event) is GenerationFinal:
             entry.final_headers = ref.headers
+        evictions = self.store.make_room(entry)
         made_room = self.store.hold_bytes(entry, size)
-        if made_room:
-            evictions += tuple(made_room)
-        return Held(entry, evictions)
+        return Held(entry, (*evictions, *made_room))
 
     def _check_partitions(self, entry: PendingRequest, ref: InputRef) -> None:
         """Both halves of a request on different partition numbers: mixed partitioners."""

@@ -2,7 +2,9 @@
 
 Bounded three times: at most ``max_entries`` open requests and ``max_bytes``
 of held input bytes, counting a final event's decoded attention summary beside
-its raw bytes (the oldest request is evicted to make room), and at most
+its raw bytes (to make room, the tenant that holds the most open requests, or
+the most bytes, gives up its oldest: one tenant's flood evicts its own
+requests, never another tenant's), and at most
 ``ttl_ms`` from a request's first event to its completion (expired ones are
 swept). Evicted half-requests are returned to the caller, which turns them
 into ``block`` / ``incomplete`` verdicts, so nothing is dropped silently. A
@@ -29,8 +31,11 @@ from sidecar.contracts.events import (
     RetrievalSignal,
 )
 from sidecar.pipeline.decided import DecidedKeys
+from sidecar.pipeline.owners import OwnedKeys
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from sidecar.pipeline.ports import ClaimResult, ClaimSession
 
 
@@ -172,6 +177,8 @@ class JoinStore:
         self.decided_memory_ms = max(decided_memory_ms or ttl_ms, ttl_ms)
         self.decided_max_entries = max(decided_max_entries or max_entries, max_entries)
         self._open: OrderedDict[str, PendingRequest] = OrderedDict()
+        self._owners = OwnedKeys()  # open keys by trusted tenant ("" when events name it)
+        self._owner_bytes: dict[str, int] = {}
         self._done = DecidedKeys(self.decided_memory_ms, self.decided_max_entries)
         self.bytes_held = 0
         self.evictions = 0
@@ -191,15 +198,13 @@ class JoinStore:
         *,
         request_id: str | None = None,
         tenant: str | None = None,
-    ) -> tuple[PendingRequest, PendingRequest | None]:
-        """Return the entry for ``key`` (new if needed) and what was evicted for it."""
+    ) -> PendingRequest:
+        """The entry for ``key`` (new if needed). A new one may take the store past
+        ``max_entries`` until :meth:`make_room`: an event that is then refused must
+        not have cost another request its place."""
         entry = self._open.get(key)
         if entry is not None:
-            return entry, None
-        evicted = None
-        if len(self._open) >= self.max_entries:
-            evicted = self._pop_oldest()
-            self.evictions += 1
+            return entry
         entry = PendingRequest(
             request_id=request_id or key,
             first_seen_ms=now_ms,
@@ -209,7 +214,29 @@ class JoinStore:
             first_record=self.records,
         )
         self._open[key] = entry
-        return entry, evicted
+        self._owners.add(_owner(entry), key)
+        return entry
+
+    def make_room(self, entry: PendingRequest) -> list[PendingRequest]:
+        """Evict for ``entry`` (held now) while more than ``max_entries`` requests are
+        open: the oldest of the tenant with the most open requests each time."""
+        evicted: list[PendingRequest] = []
+        while len(self._open) > self.max_entries:
+            victim = self._oldest_of(self._owners.largest(), entry)
+            if victim is None:
+                break
+            evicted.append(victim)
+        self.evictions += len(evicted)
+        return evicted
+
+    def _oldest_of(self, owners: Iterable[str], spare: PendingRequest) -> PendingRequest | None:
+        """Remove and return the oldest open request of the first of ``owners`` that holds
+        one other than ``spare``."""
+        for owner in owners:
+            for key in self._owners.keys_of(owner):
+                if key != spare.key:
+                    return self._remove(key)
+        return None
 
     def note_record(self) -> None:
         """One more input record was read (held, duplicate or dead-lettered)."""
@@ -229,29 +256,38 @@ class JoinStore:
         return out
 
     def hold_bytes(self, entry: PendingRequest, size: int) -> list[PendingRequest]:
-        """Account ``size`` more bytes to ``entry``; returns the requests evicted for room."""
+        """Account ``size`` more bytes to ``entry``; returns the requests evicted for room:
+        the oldest of the tenant holding the most bytes each time, never ``entry``."""
         entry.bytes_held += size
         self.bytes_held += size
+        owner = _owner(entry)
+        self._owner_bytes[owner] = self._owner_bytes.get(owner, 0) + size
         evicted: list[PendingRequest] = []
-        while (
-            self.max_bytes is not None
-            and self.bytes_held > self.max_bytes
-            and self._open
-            and next(iter(self._open.values())) is not entry
-        ):
-            evicted.append(self._pop_oldest())
-            self.byte_evictions += 1
+        while self.max_bytes is not None and self.bytes_held > self.max_bytes:
+            by_bytes = sorted(self._owner_bytes, key=self._owner_bytes.__getitem__, reverse=True)
+            victim = self._oldest_of(by_bytes, entry)
+            if victim is None:
+                break
+            evicted.append(victim)
+        self.byte_evictions += len(evicted)
         return evicted
 
     def _pop_oldest(self) -> PendingRequest:
-        _, entry = self._open.popitem(last=False)
-        self.bytes_held -= entry.bytes_held
+        key, entry = next(iter(self._open.items()))
+        self._remove(key)
         return entry
 
     def _remove(self, key: str) -> PendingRequest | None:
         entry = self._open.pop(key, None)
         if entry is not None:
             self.bytes_held -= entry.bytes_held
+            owner = _owner(entry)
+            self._owners.remove(owner, key)
+            left = self._owner_bytes.get(owner, 0) - entry.bytes_held
+            if self._owners.count(owner):
+                self._owner_bytes[owner] = left
+            else:
+                self._owner_bytes.pop(owner, None)
         return entry
 
     def discard(self, key: str) -> None:
@@ -289,3 +325,8 @@ class JoinStore:
         for key in doomed:
             self._remove(key)
         return len(doomed)
+
+
+def _owner(entry: PendingRequest) -> str:
+    """Whose room a request takes: its trusted tenant ("" when the events name it)."""
+    return entry.tenant or ""

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from typing import Final
 
 from sidecar.contracts.events import FeedbackEvent
+from sidecar.pipeline.owners import OwnedKeys
 
 __all__ = ["MAX_WAITING_LABELS", "WaitingLabels"]
 
@@ -41,9 +42,7 @@ class WaitingLabels:
         self.max_entries = max_entries
         # key -> (label, since, owner), oldest first
         self._held: OrderedDict[str, tuple[FeedbackEvent, float, str]] = OrderedDict()
-        self._owned: dict[str, OrderedDict[str, None]] = {}  # owner -> its keys, oldest first
-        self._by_count: dict[int, dict[str, None]] = {}  # n -> the owners holding n labels
-        self._most = 0  # the largest n held by an owner
+        self._owners = OwnedKeys()
 
     def __len__(self) -> int:
         return len(self._held)
@@ -53,13 +52,11 @@ class WaitingLabels:
         trusted tenant); returns how many left for room."""
         self._remove(key)
         self._held[key] = (label, now_ms, owner)
-        keys = self._owned.setdefault(owner, OrderedDict())
-        keys[key] = None
-        self._counted(owner, len(keys) - 1, len(keys))
+        self._owners.add(owner, key)
         dropped = 0
         while len(self._held) > self.max_entries:
-            richest = next(iter(self._by_count[self._most]))
-            self._remove(next(iter(self._owned[richest])))
+            richest = next(self._owners.largest())
+            self._remove(next(self._owners.keys_of(richest)))
             dropped += 1
         return dropped
 
@@ -81,26 +78,6 @@ class WaitingLabels:
 
     def _remove(self, key: str) -> tuple[FeedbackEvent, float, str] | None:
         held = self._held.pop(key, None)
-        if held is None:
-            return None
-        owner = held[2]
-        keys = self._owned[owner]
-        del keys[key]
-        self._counted(owner, len(keys) + 1, len(keys))
-        if not keys:
-            del self._owned[owner]
+        if held is not None:
+            self._owners.remove(held[2], key)
         return held
-
-    def _counted(self, owner: str, before: int, after: int) -> None:
-        """``owner`` went from ``before`` to ``after`` labels (one more or one fewer)."""
-        if before:
-            bucket = self._by_count[before]
-            del bucket[owner]
-            if not bucket:
-                del self._by_count[before]
-        if after:
-            self._by_count.setdefault(after, {})[owner] = None
-        if after > self._most:
-            self._most = after
-        elif before == self._most and before not in self._by_count:
-            self._most = after  # the one owner at the top stepped down by one

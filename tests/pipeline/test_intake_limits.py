@@ -403,3 +403,84 @@ def test_input_topics_are_created_uncompressed() -> None:
     specs = {s.name: s.config for s in topic_specs(settings)}
     for topic in input_topics(settings):
         assert specs[topic]["compression.type"] == "uncompressed"
+
+
+def test_a_refused_record_costs_no_other_request_its_place(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Audit: with the store full, a retrieval dead-lettered ``score-out-of-range`` had
+    already evicted the oldest open request (it got ``incomplete``, its final
+    ``after-final``): the entry was opened, and room made, before the event was judged
+    (here the refusal is ``request-too-large``, judged at the same point)."""
+    p = processor(settings_factory, join={"max_entries": 2}, limits={"max_request_bytes": 4096})
+    for i, rid in enumerate(("good-1", "good-2")):
+        assert verdicts(p.on_message(R, dumps(retrieval_event(rid)), None, ref("r", i), 0)) == []
+    bad = retrieval_event("bad-1")
+    bad["hits"][0]["text"] = "w" * 5_000
+    step = p.on_message(R, dumps(bad), None, ref("r", 2), 0.0)
+    assert reasons(step) == ["request-too-large"] and verdicts(step) == []
+    assert len(p.store) == 2 and p.store.evictions == 0
+    done = verdicts(p.on_message(G, dumps(final_event("good-1")), None, ref("g", 0), 0.0))
+    assert [(v.request_id, v.reasons[0].code) for v in done] != [("good-1", "incomplete")]
+    assert [v.request_id for v in done] == ["good-1"]
+    # good requests still make room as before: the oldest open one leaves
+    assert verdicts(p.on_message(R, dumps(retrieval_event("good-3")), None, ref("r", 3), 0)) == []
+    fourth = verdicts(p.on_message(R, dumps(retrieval_event("good-4")), None, ref("r", 4), 0))
+    assert [(v.request_id, v.reasons[0].code) for v in fourth] == [("good-2", "incomplete")]
+
+
+def test_one_tenants_flood_of_half_requests_evicts_its_own_not_anothers(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Audit: with header tenancy, 10,000 cheap retrievals from one tenant evicted another
+    tenant's open request (``incomplete``; its final then ``after-final``)."""
+    p = processor(
+        settings_factory,
+        tenancy={"source": "header", "header": "x-tenant"},
+        join={"max_entries": 50},
+    )
+    victim = retrieval_event("victim-1")
+    victim["tenant"] = "acme"
+    assert verdicts(p.on_message(R, dumps(victim), None, ref("r", 0, x_tenant="acme"), 0)) == []
+    evicted: list[AnswerVerdict] = []
+    for i in range(500):
+        junk = retrieval_event(f"junk-{i}")
+        junk["tenant"] = "evil"
+        evicted += verdicts(p.on_message(R, dumps(junk), None, ref("r", 1 + i, x_tenant="evil"), 0))
+    assert len(evicted) == 451 and {v.request_id for v in evicted} <= {
+        f"junk-{i}" for i in range(500)
+    }
+    assert [v.request_id for v in evicted[:3]] == ["junk-0", "junk-1", "junk-2"]  # oldest first
+    done = verdicts(
+        p.on_message(G, dumps(final_event("victim-1")), None, ref("g", 0, x_tenant="acme"), 0)
+    )
+    assert [v.request_id for v in done] == ["victim-1"]
+    assert done[0].reasons[0].code != "incomplete"
+
+
+def test_one_tenants_big_records_evict_its_own_for_bytes(
+    settings_factory: Callable[..., Settings], retrieval_event: EventFactory
+) -> None:
+    p = processor(
+        settings_factory,
+        tenancy={"source": "header", "header": "x-tenant"},
+        join={"max_bytes": 65_536, "max_entries": 1000},
+    )
+    victim = retrieval_event("victim-1")
+    victim["tenant"] = "acme"
+    assert verdicts(p.on_message(R, dumps(victim), None, ref("r", 0, x_tenant="acme"), 0)) == []
+    evicted: list[AnswerVerdict] = []
+    for i in range(10):
+        event = retrieval_event(f"big-{i}")
+        event["tenant"] = "evil"
+        event["hits"][0]["text"] = "w" * 20_000
+        evicted += verdicts(
+            p.on_message(R, dumps(event), None, ref("r", 1 + i, x_tenant="evil"), 0)
+        )
+    assert p.store.bytes_held <= 65_536 and evicted
+    assert [v.request_id for v in evicted] == [f"big-{i}" for i in range(len(evicted))]
+    assert p.store.get("acme/victim-1") is not None

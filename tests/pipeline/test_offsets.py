@@ -82,7 +82,7 @@ def test_an_open_request_is_evicted_once_too_many_records_were_read_after_it() -
 
     store = JoinStore(10_000, 30_000, max_records_behind=1_000)
     store.note_record()
-    half, _ = store.open("half", 0.0)
+    half = store.open("half", 0.0)
     for i in range(1_000):
         store.note_record()
         store.open(f"r{i}", 0.0)

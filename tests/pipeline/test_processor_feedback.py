@@ -420,7 +420,7 @@ def test_waiting_labels_evict_from_a_tenant_that_holds_the_most(
                 owner_of.pop(gone)
         assert set(labels._held) == set(owner_of)
         assert len(labels) <= 6
-        assert labels._most == max(counts().values(), default=0)
+        assert labels._owners.most == max(counts().values(), default=0)
 
 
 # ------------------------------------------------------------------ coverage reports
