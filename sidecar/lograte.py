@@ -10,18 +10,28 @@ Records of other loggers pass untouched. When the flood stops, no next line come
 :func:`report_repeats` (the service's ticker, and ``guardrail`` on its way out) writes
 one line for each message whose interval ended with lines dropped, so the last count
 is not lost.
+
+OpenTelemetry's propagators log what they cannot parse, with the producer's text in
+the message: one ``baggage`` header of 180 malformed members gave 180 WARNING lines
+per verdict (audit). Its loggers are limited too, by the message's template rather
+than its text, so varied junk is still one line per interval. And :class:`OneLine`
+writes every record's message on one line (control characters escaped): a newline
+in a producer's header or request id cannot start a forged line of the log.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
 REPEAT_INTERVAL_S = 10.0
-THIRD_PARTY_LOGGERS = ("aiokafka", "kafka", "faststream")
+THIRD_PARTY_LOGGERS = ("aiokafka", "kafka", "faststream", "opentelemetry")
+# loggers whose arguments are the producers' text: one message per template, whatever text
+BY_TEMPLATE = ("opentelemetry",)
 MAX_KEYS = 1_000  # distinct messages remembered; windows that ended are forgotten first
 
 
@@ -34,6 +44,7 @@ class _Window:
     dropped: int = 0
     where: tuple[str, int] = ("", 0)  # the file and line that logged it (not the record:
     # its args and traceback could hold anything)
+    text: str = ""  # the message of the line that went through
 
 
 class RepeatFilter(logging.Filter):
@@ -47,18 +58,21 @@ class RepeatFilter(logging.Filter):
     ) -> None:
         super().__init__()
         self._loggers = tuple(loggers)
+        self._templates = tuple(n for n in BY_TEMPLATE if n in self._loggers)
         self.interval_s = interval_s
         self._clock = clock
         self._windows: dict[tuple[str, int, str], _Window] = {}
         self._dropping = 0  # windows with dropped > 0: ``ended`` looks only when some are
 
     def _limited(self, name: str) -> bool:
-        return any(name == n or name.startswith(n + ".") for n in self._loggers)
+        return any(_under(name, n) for n in self._loggers)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not self._limited(record.name) or getattr(record, _SUMMARY, False):
             return True
-        key = (record.name, record.levelno, record.getMessage())
+        text = record.getMessage()
+        by_template = any(_under(record.name, n) for n in self._templates)
+        key = (record.name, record.levelno, str(record.msg) if by_template else text)
         now = self._clock()
         window = self._windows.get(key)
         if window is not None and now - window.opened < self.interval_s:
@@ -67,11 +81,11 @@ class RepeatFilter(logging.Filter):
             return False
         if window is not None and window.dropped:
             self._dropping -= 1
-            record.msg = _counted(key[2], window.dropped, now - window.opened)
+            record.msg = _counted(text, window.dropped, now - window.opened)
             record.args = None
         if len(self._windows) >= MAX_KEYS:
             self._forget(now)
-        self._windows[key] = _Window(now, where=(record.pathname, record.lineno))
+        self._windows[key] = _Window(now, where=(record.pathname, record.lineno), text=text)
         return True
 
     def ended(self, *, every: bool = False) -> list[logging.LogRecord]:
@@ -98,15 +112,20 @@ class RepeatFilter(logging.Filter):
             self._dropping -= self._windows.pop(key).dropped > 0
 
 
+def _under(name: str, logger: str) -> bool:
+    """``name`` is ``logger`` or one of its children."""
+    return name == logger or name.startswith(logger + ".")
+
+
 def _counted(text: str, dropped: int, seconds: float) -> str:
     return f"{text} ({dropped} more like it in the last {seconds:.0f}s not logged)"
 
 
 def _summary(key: tuple[str, int, str], window: _Window, now: float) -> logging.LogRecord:
     """The count of a message's dropped lines, as a record of its logger, level and line."""
-    name, level, text = key
+    name, level, _ = key
     path, line = window.where
-    counted = _counted(text, window.dropped, now - window.opened)
+    counted = _counted(window.text, window.dropped, now - window.opened)
     record = logging.LogRecord(name, level, path, line, counted, None, None)
     setattr(record, _SUMMARY, True)
     return record
@@ -132,3 +151,31 @@ def limit_repeats(
     for handler in handlers:
         if not any(isinstance(f, RepeatFilter) for f in handler.filters):
             handler.addFilter(RepeatFilter(interval_s=interval_s))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return repr(match.group())[1:-1]  # "\n", "\x1b", "\u2028"
+
+
+class OneLine(logging.Filter):
+    """Every record's message on one line: control characters written as escapes.
+
+    The message is rendered once here (``msg`` becomes the text, ``args`` None);
+    a traceback is not part of it and keeps its lines.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        record.msg = _CONTROL.sub(_escaped, text) if _CONTROL.search(text) else text
+        record.args = None
+        return True
+
+
+def one_line(handlers: Iterable[logging.Handler]) -> None:
+    """Put one :class:`OneLine` on each of ``handlers`` (after any other filter)."""
+    for handler in handlers:
+        if not any(isinstance(f, OneLine) for f in handler.filters):
+            handler.addFilter(OneLine())

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import io
 import logging
+import sys
 
 import pytest
 
 from sidecar.cli import main as cli_main
 from sidecar.cli.main import main
-from sidecar.lograte import RepeatFilter, limit_repeats, report_repeats
+from sidecar.lograte import OneLine, RepeatFilter, limit_repeats, one_line, report_repeats
 
 
 class Clock:
@@ -75,7 +76,7 @@ def test_the_command_line_limits_repeats_of_the_client_loggers(
         assert main(["config", "show"]) == 0  # configures logging as ``guardrail run`` does
         capsys.readouterr()
         limit_repeats(root.handlers)  # once per handler
-        assert [type(f) for f in handler.filters] == [RepeatFilter]
+        assert [type(f) for f in handler.filters] == [RepeatFilter, OneLine]
         flood = logging.getLogger("aiokafka.cluster")
         for _ in range(100):
             flood.error("Topic %s not found in cluster metadata", "rag.verdicts")
@@ -148,3 +149,81 @@ def test_the_command_line_writes_the_counts_it_held_back_on_its_way_out(
         "Topic rag.x not found",
         "Topic rag.x not found (49 more like it in the last 0s not logged)",
     ]
+
+
+def test_a_producers_varied_junk_under_one_template_is_one_line_per_interval() -> None:
+    """Audit: a ``baggage`` header of 180 malformed members gave 180 WARNING lines per
+    verdict from OpenTelemetry's propagator, each with the producer's text in it."""
+    clock = Clock()
+    limiter = RepeatFilter(interval_s=10.0, clock=clock)
+    template = "Baggage list-member `%s` doesn't match the format"
+    passed = [
+        limiter.filter(_record("opentelemetry.baggage.propagation", template, f"k{i:03d}"))
+        for i in range(180)
+    ]
+    assert passed == [True] + [False] * 179
+    clock.now += 10.0
+    record = _record("opentelemetry.baggage.propagation", template, "k999")
+    assert limiter.filter(record)
+    assert record.getMessage() == (
+        "Baggage list-member `k999` doesn't match the format "
+        "(179 more like it in the last 10s not logged)"
+    )
+    # the Kafka client's lines are still told apart by their text (one topic, another)
+    assert limiter.filter(_record("aiokafka.cluster", "Topic %s not found", "a"))
+    assert limiter.filter(_record("aiokafka.cluster", "Topic %s not found", "b"))
+
+
+def test_no_message_can_start_a_line_of_its_own() -> None:
+    """A newline in a producer's text (a header, a request id) wrote a forged line:
+    ``... CRITICAL sidecar.kafka: FATAL forged by a producer`` at the start of a line."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    one_line([handler])
+    one_line([handler])  # once per handler
+    assert [type(f) for f in handler.filters] == [OneLine]
+    forged = "x\n2030-01-01 00:00:00,000 CRITICAL sidecar.kafka: FATAL forged\r\x1b[2J\u2028y"
+    handler.handle(_record("sidecar.pipeline", "request %s arrived twice", forged))
+    record = _record("sidecar.kafka", "publish failed: %s", "a\nb")
+    try:
+        _boom()
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    handler.handle(record)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == (
+        "ERROR sidecar.pipeline: request x\\n2030-01-01 00:00:00,000 CRITICAL sidecar.kafka: "
+        "FATAL forged\\r\\x1b[2J\\u2028y arrived twice"
+    )
+    assert lines[1] == "ERROR sidecar.kafka: publish failed: a\\nb"
+    assert lines[2] == "Traceback (most recent call last):"  # a traceback keeps its lines
+    assert lines[-1] == "ValueError: boom"
+
+
+def test_the_command_line_keeps_every_message_on_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def forge(args: argparse.Namespace) -> int:
+        del args
+        logging.getLogger("sidecar.kafka").warning("key %s", "k\nCRITICAL forged")
+        logging.getLogger("opentelemetry.baggage.propagation").warning("bad %s", "member")
+        return 0
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(func=forge)
+    monkeypatch.setattr(cli_main, "build_parser", lambda: parser)
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    handler = _Lines()
+    root.handlers = [handler]
+    try:
+        assert main([]) == 0
+    finally:
+        root.handlers = saved
+    assert ("sidecar.kafka", logging.WARNING, "key k\\nCRITICAL forged") in handler.lines
+    assert not any(line[0].startswith("opentelemetry.baggage") for line in handler.lines)
+
+
+def _boom() -> None:
+    raise ValueError("boom")
