@@ -110,8 +110,14 @@ def answer_key(entry: PendingRequest) -> str:
 
 
 def incomplete_key(entry: PendingRequest) -> str:
+    """An incomplete request's key; the store key scopes it by the trusted tenant: two
+    tenants' final-only requests with one id and the same bytes had one key (audit)."""
     return idempotency_key(
-        entry.request_id, b"incomplete", entry.retrieval_digest, entry.final_digest
+        entry.request_id,
+        b"incomplete",
+        entry.store_key.encode("utf-8"),
+        entry.retrieval_digest,
+        entry.final_digest,
     )
 
 
@@ -235,7 +241,11 @@ def failed_verdict(
     return AnswerVerdict(
         request_id=entry.request_id,
         idempotency_key=idempotency_key(
-            entry.request_id, b"failed", entry.retrieval_digest, entry.final_digest
+            entry.request_id,
+            b"failed",
+            entry.store_key.encode("utf-8"),
+            entry.retrieval_digest,
+            entry.final_digest,
         ),
         tenant=entry.retrieval.tenant if entry.retrieval else entry.tenant,
         decision=Decision.BLOCK,

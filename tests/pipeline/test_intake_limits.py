@@ -288,6 +288,24 @@ def test_header_tenancy_scopes_requests_and_checks_every_event(
     assert (expired.request_id, expired.tenant) == ("req-b", "a")
 
 
+def test_two_tenants_incomplete_requests_never_share_an_idempotency_key(
+    settings_factory: Callable[..., Settings], final_event: EventFactory
+) -> None:
+    """Audit: final-only requests of two tenants under one id, with the same bytes, were
+    decided ``incomplete`` under one key: a consumer keeping the newest verdict per key
+    merged them."""
+    p = processor(settings_factory, tenancy={"source": "header", "header": "x-tenant"})
+    same = dumps(final_event("same"))
+    for offset, tenant in enumerate(("acme", "evil")):
+        assert p.on_message(G, same, None, ref("g", offset, x_tenant=tenant), 0.0).outputs == []
+    expired = verdicts(p.on_tick(10_000_000.0))
+    assert sorted((v.tenant, v.reasons[0].code) for v in expired) == [
+        ("acme", "incomplete"),
+        ("evil", "incomplete"),
+    ]
+    assert len({v.idempotency_key for v in expired}) == 2
+
+
 @pytest.mark.parametrize("order", [("evil", "acme"), ("acme", "evil")])
 def test_tenant_headers_that_disagree_are_not_trusted(
     settings_factory: Callable[..., Settings],
