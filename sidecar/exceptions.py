@@ -33,10 +33,11 @@ class InputError(GuardrailError):
 
     dead_letter = True
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, request_id: str | None = None) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+        self.request_id = request_id  # the event's own, once it was read (the DLQ header)
 
 
 class DataError(GuardrailError, ValueError):

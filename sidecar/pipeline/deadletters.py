@@ -57,7 +57,7 @@ def dead_letter_output(
         source_topic=ref.topic,
         source_partition=ref.partition,
         source_offset=ref.offset,
-        request_id=request_id_hint(raw, key),
+        request_id=error.request_id[:128] if error.request_id else request_id_hint(raw, key),
         failed_at=failed_at,
         sidecar_version=__version__,
     )

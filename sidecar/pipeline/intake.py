@@ -202,6 +202,7 @@ class Intake:
         reread = ref.offset <= read_up_to
         if not reread:
             self._read_up_to[ref.tp] = ref.offset
+        event: RetrievalEvent | GenerationDelta | GenerationFinal | FeedbackEvent | None = None
         try:
             _check_read(ref)
             event = decode_input(
@@ -225,6 +226,8 @@ class Intake:
                 return Duplicate()
             self._check_not_decided(event, store_key, now_ms)
         except InputError as exc:
+            if event is not None and exc.request_id is None:
+                exc.request_id = event.request_id  # the dead letter names the event's request
             return Rejected(exc)
         entry = self.store.open(store_key, now_ms, request_id=event.request_id, tenant=tenant)
         ref = held_ref(ref)
@@ -235,6 +238,7 @@ class Intake:
         except InputError as exc:
             if not entry.refs:  # a fresh entry that holds nothing: do not keep it open
                 self.store.discard(store_key)
+            exc.request_id = exc.request_id or event.request_id
             return Rejected(exc)  # it cost no other request its place: room comes after
         if identical:
             return Duplicate()

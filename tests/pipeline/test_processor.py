@@ -113,8 +113,20 @@ def test_bad_input_becomes_a_dead_letter_with_original_bytes(feed: Feed) -> None
 
 
 def test_key_must_match_request_id(feed: Feed, retrieval_event: EventFactory) -> None:
-    step = feed(R, dumps(retrieval_event()), key=b"someone-else")
-    assert DeadLetterRecord.from_headers(step.outputs[0].headers).reason == "key-mismatch"
+    step = feed(R, dumps(retrieval_event("req-1")), key=b"someone-else")
+    record = DeadLetterRecord.from_headers(step.outputs[0].headers)
+    assert record.reason == "key-mismatch"
+    # the event's own request, once it was read (audit: it named the Kafka key, and an
+    # unkeyed record that was read but refused named none)
+    assert record.request_id == "req-1"
+    event = retrieval_event("req-2")
+    assert feed(R, dumps(event), key=None).outputs == []
+    event["query"] += "?"  # another retrieval for req-2: read, then refused
+    refused = DeadLetterRecord.from_headers(feed(R, dumps(event), key=None).outputs[0].headers)
+    assert (refused.reason, refused.request_id) == ("duplicate-conflict", "req-2")
+    event["tenant"] = "t" * 300  # refused by the model: no request was read
+    unread = DeadLetterRecord.from_headers(feed(R, dumps(event), key=None).outputs[0].headers)
+    assert (unread.reason, unread.request_id) == ("schema-violation", None)
 
 
 def test_exact_duplicate_is_finished_quietly_conflict_is_dead_lettered(
