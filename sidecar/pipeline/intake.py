@@ -232,8 +232,17 @@ class Intake:
         entry = self.store.open(store_key, now_ms, request_id=event.request_id, tenant=tenant)
         ref = held_ref(ref)
         size = held_bytes(event, raw, ref.headers)
+        # a delta counts its text and the headers it keeps against the request's limit;
+        # its framing and the fixed overhead count in the store's budget only (at most
+        # MAX_DELTAS_PER_REQUEST of them): charged ~250 bytes a delta, an answer streamed a
+        # token at a time crossed 4 MiB near 16,500 deltas of the 100,000 allowed (audit)
+        counted = (
+            len(event.text.encode("utf-8")) + sum(len(k) + len(v) for k, v in ref.headers)
+            if type(event) is GenerationDelta
+            else size
+        )
         try:
-            self._check_request_bytes(entry, size)
+            self._check_request_bytes(entry, counted, size)
             identical = self._hold(entry, event, raw or b"")
         except InputError as exc:
             if not entry.refs:  # a fresh entry that holds nothing: do not keep it open
@@ -246,6 +255,7 @@ class Intake:
         entry.refs.append(ref)
         if type(event) is GenerationFinal:
             entry.final_headers = ref.headers
+        entry.request_bytes += counted
         evictions = self.store.make_room(entry)
         made_room = self.store.hold_bytes(entry, size)
         return Held(entry, (*evictions, *made_room))
@@ -315,19 +325,28 @@ class Intake:
                 f"{self._tenancy.source} says {tenant!r}",
             )
 
-    def _check_request_bytes(self, entry: PendingRequest, size: int) -> None:
-        """The request's events (not its evidence index, bounded on its own) within the limit.
+    def _check_request_bytes(self, entry: PendingRequest, counted: int, size: int) -> None:
+        """The request's events (not its evidence index, bounded on its own) within the limit
+        (``counted``: what the event adds to it), and the request's memory (``size`` more)
+        within what all open requests may hold together.
 
         The index is built when the retrieval arrives, so counting it here would
         refuse a final that comes after a large retrieval and accept the same final
         before it: the outcome would depend on the order of two topics.
         """
-        events = entry.bytes_held - entry.claims_bytes
-        if events + size > self._limits.max_request_bytes:
+        events = entry.request_bytes
+        if events + counted > self._limits.max_request_bytes:
             raise InputError(
                 "request-too-large",
-                f"request {entry.request_id} would hold {events + size} bytes, "
+                f"request {entry.request_id} would hold {events + counted} bytes, "
                 f"the limit is {self._limits.max_request_bytes} (max_request_bytes)",
+            )
+        budget = self.store.max_bytes
+        if budget is not None and entry.bytes_held + size > budget:
+            raise InputError(
+                "request-too-large",
+                f"request {entry.request_id} would hold {entry.bytes_held + size} bytes, "
+                f"more than all open requests may hold together ({budget}, join max_bytes)",
             )
 
     def _check_limits(self, event: JoinedEvent) -> None:

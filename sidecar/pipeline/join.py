@@ -63,6 +63,7 @@ class PendingRequest:
     key: str = ""  # the store key (request id, scoped by the trusted tenant); "" = request_id
     tenant: str | None = None  # the trusted tenant, when tenancy is not taken from the event
     bytes_held: int = 0  # raw input bytes + decoded attention (the store's byte budget)
+    request_bytes: int = 0  # what counts against max_request_bytes (a delta: its text)
     retrieval: RetrievalEvent | None = None
     retrieval_digest: bytes | None = None
     final: GenerationFinal | None = None

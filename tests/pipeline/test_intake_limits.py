@@ -89,7 +89,7 @@ def test_one_request_cannot_hold_more_than_its_byte_budget(
     assert outcomes[:3] == [[], [], []]
     assert ["request-too-large"] in outcomes
     entry = p.store.get("req-1")
-    assert entry is not None and entry.bytes_held <= 4096
+    assert entry is not None and entry.request_bytes <= 4096
 
 
 def test_the_join_store_evicts_the_oldest_to_stay_under_its_byte_budget(
@@ -258,7 +258,7 @@ def test_held_events_keep_only_trace_headers_and_count_them(
     assert entry.trace_parent() == (trace,)
     assert entry.bytes_held == sum(sizes) == p.store.bytes_held
     # a rejected record is dead-lettered with every header it came with
-    too_big = dumps(delta_event("req-1", 99, "b" * 60_000))
+    too_big = dumps(delta_event("req-1", 99, "b" * 65_000))
     step = p.on_message(G, too_big, None, InputRef("g", 0, 99, (("x-blob", b"\xfe"),)), 0.0)
     assert reasons(step) == ["request-too-large"]
     assert ("x-blob", b"\xfe") in step.outputs[0].headers
@@ -502,3 +502,29 @@ def test_one_tenants_big_records_evict_its_own_for_bytes(
     assert p.store.bytes_held <= 65_536 and evicted
     assert [v.request_id for v in evicted] == [f"big-{i}" for i in range(len(evicted))]
     assert p.store.get("acme/victim-1") is not None
+
+
+def test_an_answer_streamed_a_token_at_a_time_is_decided_whole(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    delta_event: EventFactory,
+) -> None:
+    """Audit: 20,000 deltas of one 4-character token (80,000 characters, 40 % of
+    max_answer_chars; 20 % of the deltas allowed): every delta from ~16,170 on and the
+    final were dead-lettered ``request-too-large`` (each delta charged ~250 bytes against
+    the request's 4 MiB) and the request was decided ``incomplete``."""
+    p = processor(settings_factory)
+    assert reasons(p.on_message(R, dumps(retrieval_event("long-1")), None, ref("r", 0), 0)) == []
+    for seq in range(20_000):
+        step = p.on_message(G, dumps(delta_event("long-1", seq, "abc ")), None, ref("g", seq), 0)
+        assert step.outputs == [] or reasons(step) == [], (seq, reasons(step))
+    entry = p.store.get("long-1")
+    assert entry is not None
+    assert entry.bytes_held > Settings().limits.max_request_bytes  # memory: counted in full
+    assert entry.request_bytes < Settings().limits.max_request_bytes  # its limit: the text
+    final = dumps(final_event("long-1", answer="abc " * 20_000))
+    step = p.on_message(G, final, None, ref("g", 20_000), 0.0)
+    assert reasons(step) == []
+    [v] = verdicts(step)
+    assert v.request_id == "long-1" and v.reasons[0].code != "incomplete"
