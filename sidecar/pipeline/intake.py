@@ -117,6 +117,14 @@ def held_bytes(
     return size
 
 
+def _delta_bytes(text: str, headers: tuple[tuple[str, bytes], ...]) -> int:
+    """A delta's text (UTF-8) and the headers it keeps."""
+    size = len(text) if text.isascii() else len(text.encode("utf-8"))
+    for name, value in headers:
+        size += len(name) + len(value)
+    return size
+
+
 def _text_bytes(event: JoinedEvent) -> int:
     """The memory of the event's texts (``sys.getsizeof``: header and 1-4 bytes a char)."""
     if type(event) is RetrievalEvent:
@@ -236,11 +244,7 @@ class Intake:
         # its framing and the fixed overhead count in the store's budget only (at most
         # MAX_DELTAS_PER_REQUEST of them): charged ~250 bytes a delta, an answer streamed a
         # token at a time crossed 4 MiB near 16,500 deltas of the 100,000 allowed (audit)
-        counted = (
-            len(event.text.encode("utf-8")) + sum(len(k) + len(v) for k, v in ref.headers)
-            if type(event) is GenerationDelta
-            else size
-        )
+        counted = _delta_bytes(event.text, ref.headers) if type(event) is GenerationDelta else size
         try:
             self._check_request_bytes(entry, counted, size)
             identical = self._hold(entry, event, raw or b"")
