@@ -17,6 +17,7 @@ only from that module) records the attention summary of a Hugging Face model.
 from guardrail_client.events import EventBuilder, OutgoingRecord, SidecarLimits, trace_headers
 from guardrail_client.exceptions import (
     ClientAlreadyStartedError,
+    ClientBrokerError,
     ClientError,
     ClientNotStartedError,
     InvalidArgumentError,
@@ -27,7 +28,7 @@ from guardrail_client.exceptions import (
 from guardrail_client.keys import partition_for, request_key
 from guardrail_client.publisher import GuardrailPublisher, PublisherStats
 from guardrail_client.sync import SyncGuardrailPublisher
-from guardrail_client.verdicts import OnTimeout, VerdictClient, VerdictResult
+from guardrail_client.verdicts import OnTimeout, Source, VerdictClient, VerdictResult
 from sidecar.contracts.events import (
     AnswerVerdict,
     AttentionSummary,
@@ -41,6 +42,7 @@ __all__ = [
     "AttentionSummary",
     "ClaimVerdict",
     "ClientAlreadyStartedError",
+    "ClientBrokerError",
     "ClientError",
     "ClientNotStartedError",
     "Decision",
@@ -54,6 +56,7 @@ __all__ = [
     "PublisherStats",
     "RetrievalHit",
     "SidecarLimits",
+    "Source",
     "SyncGuardrailPublisher",
     "VerdictClient",
     "VerdictResult",

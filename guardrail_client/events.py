@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,12 @@ class _OpenRequest:
     next_seq: int = 0
     tenant: str | None = None
     streamed_chars: int = 0
+    retrieval_sent: bool = False
+
+
+REUSE_MEMORY_S = 600.0
+"""How long a finished request's id is remembered, to refuse its reuse: the sidecar's
+``GUARDRAIL_JOIN__DECIDED_MEMORY_MS`` default (it dead-letters a decided id's new events)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +135,16 @@ def _hit_fields(hits: object) -> list[dict[str, Any]]:
     return fields
 
 
+def _reused(event_type: str, request_id: str, what: str) -> InvalidEventError:
+    return InvalidEventError(
+        event_type,
+        f"request id {request_id!r} was used already ({what}): the sidecar dead-letters a "
+        "decided request's new events as after-final (for GUARDRAIL_JOIN__DECIDED_MEMORY_MS, "
+        "10 minutes by default) and never decides them, while its old verdict stays on the "
+        "verdict topic under that id; give every answer a new request id",
+    )
+
+
 def _validated(model: type[E], event_type: str, fields: dict[str, Any]) -> E:
     try:
         return model.model_validate(fields)
@@ -167,6 +184,9 @@ class EventBuilder:
         self.max_open_requests = max_open_requests
         self._headers = headers
         self._open: OrderedDict[str, _OpenRequest] = OrderedDict()
+        # finished requests (their final sent): id -> (when, its retrieval was sent too)
+        self._finished: OrderedDict[str, tuple[float, bool]] = OrderedDict()
+        self._clock = time.monotonic
         self._lock = threading.Lock()
 
     @property
@@ -214,7 +234,18 @@ class EventBuilder:
         # the validated values: lax validation turns bytes into str, the header needs str
         record = self._record(self.retrieval_topic, event, event.tenant)
         with self._lock:
-            self._state(event.request_id).tenant = event.tenant
+            rid = event.request_id
+            finished = self._finished_at(rid)
+            if finished is not None:  # the other half after the final: allowed once
+                if finished[1]:
+                    raise _reused("retrieval", rid, "its retrieval and final were sent")
+                self._finished[rid] = (finished[0], True)
+                return record
+            state = self._state(rid)
+            if state.retrieval_sent:
+                raise _reused("retrieval", rid, "its retrieval was sent")
+            state.retrieval_sent = True
+            state.tenant = event.tenant
         return record
 
     def delta(self, request_id: str, text: str) -> OutgoingRecord[GenerationDelta]:
@@ -222,12 +253,15 @@ class EventBuilder:
         _require_str("generation.delta", "request_id", request_id)
         limits = self.limits
         with self._lock:
-            state = self._state(request_id)
-            event = _validated(
+            if self._finished_at(request_id) is not None:
+                raise _reused("generation.delta", request_id, "its final was sent")
+            held = self._open.get(request_id)
+            event = _validated(  # before the request is opened: a refused id opens nothing
                 GenerationDelta,
                 "generation.delta",
-                {"request_id": request_id, "seq": state.next_seq, "text": text},
+                {"request_id": request_id, "seq": held.next_seq if held else 0, "text": text},
             )
+            state = held if held is not None else self._state(request_id)
             if state.next_seq >= limits.max_deltas:
                 raise InvalidEventError(
                     "generation.delta",
@@ -272,6 +306,8 @@ class EventBuilder:
             except (ValueError, TypeError, ValidationError) as exc:  # not array-like: TypeError
                 raise InvalidEventError("generation.final", f"attention: {exc}") from None
         with self._lock:
+            if self._finished_at(request_id) is not None:
+                raise _reused("generation.final", request_id, "its final was sent")
             state = self._open.get(request_id, _OpenRequest())
             event = _validated(
                 GenerationFinal,
@@ -287,7 +323,25 @@ class EventBuilder:
             )
             record = self._record(self.generation_topic, event, state.tenant)
             self._open.pop(request_id, None)
+            self._finish(request_id, state.retrieval_sent)
         return record
+
+    def _finished_at(self, request_id: str) -> tuple[float, bool] | None:
+        """When ``request_id``'s final was sent (and whether its retrieval was), if within
+        ``REUSE_MEMORY_S``; older ones are forgotten here."""
+        now = self._clock()
+        finished = self._finished
+        while finished:
+            oldest, (at, _) = next(iter(finished.items()))
+            if now - at <= REUSE_MEMORY_S:
+                break
+            del finished[oldest]
+        return finished.get(request_id)
+
+    def _finish(self, request_id: str, retrieval_sent: bool) -> None:
+        self._finished[request_id] = (self._clock(), retrieval_sent)
+        while len(self._finished) > self.max_open_requests:
+            self._finished.popitem(last=False)
 
     def _state(self, request_id: str) -> _OpenRequest:
         state = self._open.get(request_id)

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from sidecar.exceptions import GuardrailError
+from sidecar.exceptions import BrokerError, GuardrailError
 
 
 class ClientError(GuardrailError):
     """Root of every error the guardrail client raises on purpose."""
+
+
+class ClientBrokerError(ClientError, BrokerError):
+    """Kafka could not be reached, or lacks a topic the client needs, at ``start()``.
+
+    A :class:`ClientError` (as everything the client raises on purpose) and still the
+    :class:`~sidecar.exceptions.BrokerError` it always was."""
 
 
 class InvalidEventError(ClientError):

@@ -4,9 +4,15 @@ A call (``retrieval``, ``delta``, ``final``) validates and builds the event on
 the spot (a contract violation raises ``InvalidEventError`` there and nothing
 is sent), then puts the record on a bounded in-memory queue and returns. One
 background task hands the queue to aiokafka's producer, which batches per
-partition (``linger_ms``). When Kafka is away the queue fills; further events
-are dropped and counted (``stats.dropped``) rather than stalling requests: the
-verdict then never comes and the ``VerdictClient``'s ``on_timeout`` decides.
+partition (``linger_ms``). When Kafka is away, or a burst outruns it, the queue
+fills; events are then dropped and counted (``stats.dropped``) rather than
+stalling requests, by whole requests: a request one of whose events was dropped
+has its later events dropped too (they could no longer be decided, and would
+only take room from requests that can), and a new request is not admitted
+while the queue is over nine tenths full (the rest is kept for the requests
+under way). :meth:`GuardrailPublisher.was_dropped` says which requests were
+dropped: their verdicts will not come, so the caller can decide without
+waiting; otherwise the ``VerdictClient``'s ``on_timeout`` decides.
 
 Every event a call accepted ends up in exactly one of ``stats.delivered``,
 ``stats.failed`` or ``stats.dropped`` once ``stop()`` returns. A call that
@@ -21,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import warnings
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -30,10 +37,11 @@ from typing import Any, Self
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from guardrail_client.arguments import checked_timeout
+from guardrail_client.arguments import checked_options, checked_timeout
 from guardrail_client.events import EventBuilder, HitLike, OutgoingRecord, SidecarLimits
 from guardrail_client.exceptions import (
     ClientAlreadyStartedError,
+    ClientBrokerError,
     ClientError,
     ClientNotStartedError,
     InvalidArgumentError,
@@ -46,7 +54,6 @@ from sidecar.contracts.events import (
     GenerationFinal,
     RetrievalEvent,
 )
-from sidecar.exceptions import BrokerError
 
 log = logging.getLogger("guardrail_client")
 
@@ -99,6 +106,7 @@ class GuardrailPublisher:
     ) -> None:
         if max_queued_events < 1:
             raise InvalidArgumentError(f"max_queued_events must be >= 1, got {max_queued_events}")
+        checked_options(GuardrailPublisher, AIOKafkaProducer, producer_options)
         check_partitioner(producer_options)
         self.builder = EventBuilder(
             retrieval_topic=retrieval_topic,
@@ -116,6 +124,12 @@ class GuardrailPublisher:
             **producer_options,
         }
         self._max_queued = max_queued_events
+        # a new request is admitted while the queue holds less than this: the rest is the
+        # room of the requests under way (their later events), so drops take whole requests
+        self._admit_below = max(1, max_queued_events * 9 // 10)
+        self._max_ids = max_open_requests
+        self._admitted: OrderedDict[str, None] = OrderedDict()  # ids with an event queued
+        self._dropped_ids: OrderedDict[str, None] = OrderedDict()  # ids with one dropped
         self._producer: AIOKafkaProducer | None = None
         self._queue: asyncio.Queue[OutgoingRecord[Any]] | None = None
         self._drain_task: asyncio.Task[None] | None = None
@@ -138,22 +152,38 @@ class GuardrailPublisher:
             )
         self._started = True
         producer = AIOKafkaProducer(**self._producer_args)
+        servers = self._producer_args["bootstrap_servers"]
         try:
             await producer.start()
+            await self._require_topics(producer)
         except KafkaError as exc:
             self._started = False
             await producer.stop()
-            raise BrokerError(
-                f"cannot reach Kafka at {self._producer_args['bootstrap_servers']}: {exc}"
-            ) from exc
-        except BaseException:
+            raise ClientBrokerError(f"cannot reach Kafka at {servers}: {exc}") from exc
+        except BaseException:  # a bad address (ValueError), a missing topic, a cancellation
             self._started = False
+            with contextlib.suppress(Exception):
+                await producer.stop()  # it was left open ("Unclosed AIOKafkaProducer")
             raise
         self._producer = producer
         self._loop = asyncio.get_running_loop()
         self._queue = asyncio.Queue(self._max_queued)
         self._drain_task = asyncio.create_task(self._drain(), name="guardrail-publisher")
         self._accepting = True
+
+    async def _require_topics(self, producer: AIOKafkaProducer) -> None:
+        """The topics it writes exist: else every event would wait for them and be dropped
+        at ``stop()``, while aiokafka logged ``not found in cluster metadata`` 10 times a
+        second and nothing said why (audit)."""
+        metadata = await producer.client.fetch_all_metadata()
+        wanted = (self.builder.retrieval_topic, self.builder.generation_topic)
+        missing = [t for t in wanted if t not in metadata.topics()]
+        if missing:
+            raise ClientBrokerError(
+                f"topics {missing} do not exist at {self._producer_args['bootstrap_servers']}: "
+                "nothing creates them on its own (the sidecar never does); create them "
+                "with: guardrail topics create --bootstrap-servers H:P"
+            )
 
     async def stop(self, flush_timeout_s: float = 10.0) -> None:
         """Deliver what is queued (up to ``flush_timeout_s``), then close the producer.
@@ -300,19 +330,40 @@ class GuardrailPublisher:
         ``stop()`` began, or when the publisher's event loop has ended.
         """
         queue = self._running_queue()
+        request_id = record.event.request_id
+        if request_id in self._dropped_ids:
+            self._drop(request_id)  # undecidable already: it takes no room from others
+            return
+        new = request_id not in self._admitted
+        if new and queue.qsize() >= self._admit_below:
+            self._drop(request_id)
+            return
         try:
             queue.put_nowait(record)
         except asyncio.QueueFull:
-            self.stats.dropped += 1
-            if self.stats.dropped == 1 or self.stats.dropped % 1000 == 0:
-                log.warning(
-                    "dropped %d events so far: %d queued (max_queued_events), Kafka is away "
-                    "or slower than the service; their verdicts will time out",
-                    self.stats.dropped,
-                    self._max_queued,
-                )
+            self._drop(request_id)
             return
+        if new:
+            _remember(self._admitted, request_id, self._max_ids)
         self.stats.queued += 1
+
+    def was_dropped(self, request_id: str) -> bool:
+        """Whether an event of ``request_id`` was dropped (the queue was full): its verdict
+        will not come (the ``max_open_requests`` latest such requests are remembered)."""
+        return request_id in self._dropped_ids
+
+    def _drop(self, request_id: str) -> None:
+        self.stats.dropped += 1
+        _remember(self._dropped_ids, request_id, self._max_ids)
+        self._admitted.pop(request_id, None)
+        if self.stats.dropped == 1 or self.stats.dropped % 1000 == 0:
+            log.warning(
+                "dropped %d events so far, by whole requests: the queue was full "
+                "(max_queued_events=%d): Kafka is away, or slower than the service's burst; "
+                "those requests' verdicts will not come (was_dropped(request_id) says which)",
+                self.stats.dropped,
+                self._max_queued,
+            )
 
     async def flush(self, timeout_s: float = 10.0) -> None:
         """Wait until every queued event is delivered (or failed); ``TimeoutError`` after."""
@@ -387,6 +438,14 @@ class GuardrailPublisher:
             log.warning("an event was not delivered: %s", exc)
         else:
             self.stats.delivered += 1
+
+
+def _remember(ids: OrderedDict[str, None], request_id: str, most: int) -> None:
+    """``request_id`` last in ``ids``, which keeps the ``most`` latest."""
+    ids[request_id] = None
+    ids.move_to_end(request_id)
+    while len(ids) > most:
+        ids.popitem(last=False)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -16,6 +16,7 @@ has ended (the process forked, or the loop was stopped) raises too.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import os
@@ -27,7 +28,7 @@ from types import TracebackType
 from typing import Any, Literal, Self, TypeVar
 
 from guardrail_client.arguments import checked_timeout
-from guardrail_client.events import HitLike, OutgoingRecord
+from guardrail_client.events import HitLike, OutgoingRecord, SidecarLimits
 from guardrail_client.exceptions import ClientAlreadyStartedError, ClientNotStartedError
 from guardrail_client.publisher import GuardrailPublisher, PublisherStats
 from sidecar.contracts.events import (
@@ -40,6 +41,7 @@ from sidecar.contracts.events import (
 log = logging.getLogger("guardrail_client")
 
 T = TypeVar("T")
+AT_EXIT_FLUSH_S = 5.0  # how long a publisher still running at exit flushes
 State = Literal["stopped", "starting", "running", "stopping"]
 
 
@@ -54,8 +56,32 @@ class SyncGuardrailPublisher:
     ``ClientAlreadyStartedError``.
     """
 
-    def __init__(self, bootstrap_servers: str, **options: Any) -> None:
-        self._publisher = GuardrailPublisher(bootstrap_servers, **options)
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        generator_model: str,
+        retrieval_topic: str = "rag.retrieval",
+        generation_topic: str = "rag.generation",
+        tenant_header: str | None = "x-tenant",
+        linger_ms: int = 5,
+        max_queued_events: int = 10_000,
+        max_open_requests: int = 100_000,
+        limits: SidecarLimits | None = None,
+        **producer_options: Any,
+    ) -> None:
+        self._publisher = GuardrailPublisher(
+            bootstrap_servers,
+            generator_model=generator_model,
+            retrieval_topic=retrieval_topic,
+            generation_topic=generation_topic,
+            tenant_header=tenant_header,
+            linger_ms=linger_ms,
+            max_queued_events=max_queued_events,
+            max_open_requests=max_open_requests,
+            limits=limits,
+            **producer_options,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._pid: int | None = None  # the process that started the loop thread
@@ -67,6 +93,11 @@ class SyncGuardrailPublisher:
     @property
     def stats(self) -> PublisherStats:
         return self._publisher.stats
+
+    def was_dropped(self, request_id: str) -> bool:
+        """As :meth:`GuardrailPublisher.was_dropped` (an event of it was dropped: its
+        verdict will not come)."""
+        return self._publisher.was_dropped(request_id)
 
     def start(self, timeout_s: float = 30.0) -> None:
         checked_timeout("timeout_s", timeout_s, allow_zero=False)
@@ -91,6 +122,27 @@ class SyncGuardrailPublisher:
             raise
         with self._lock:
             self._state = "running"
+        atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        """The process exits without ``stop()`` (a worker recycled, ``sys.exit``): what the
+        calls accepted is flushed for up to ``AT_EXIT_FLUSH_S`` and counted, not lost
+        silently with the daemon loop thread (audit: 200 accepted events, none sent)."""
+        if self._state != "running" or self._pid != os.getpid():
+            return
+        log.warning(
+            "SyncGuardrailPublisher was not stopped before the process exits: flushing what "
+            "it accepted for up to %.0f s (call stop() on shutdown)",
+            AT_EXIT_FLUSH_S,
+        )
+        self.stop(flush_timeout_s=AT_EXIT_FLUSH_S)
+        stats = self.stats
+        log.warning(
+            "SyncGuardrailPublisher at exit: %d events delivered, %d failed, %d dropped",
+            stats.delivered,
+            stats.failed,
+            stats.dropped,
+        )
 
     def stop(self, flush_timeout_s: float = 10.0) -> None:
         """Deliver what was accepted (up to ``flush_timeout_s``), then close the producer.
@@ -103,6 +155,7 @@ class SyncGuardrailPublisher:
         with self._lock:
             if self._state != "running":
                 return  # not started, or another stop() is under way
+            atexit.unregister(self._at_exit)
             self._state = "stopping"  # the outbox is final: no hand-over from now on
             loop, ended = self._loop, self._loop_ended()
         assert loop is not None  # noqa: S101 - running

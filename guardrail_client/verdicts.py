@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -35,9 +35,10 @@ from typing import Any, Literal, Self
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
-from guardrail_client.arguments import checked_timeout
+from guardrail_client.arguments import checked_options, checked_request_id, checked_timeout
 from guardrail_client.exceptions import (
     ClientAlreadyStartedError,
+    ClientBrokerError,
     ClientNotStartedError,
     InvalidArgumentError,
     VerdictTimeoutError,
@@ -53,7 +54,6 @@ from guardrail_client.waiters import (
     WaiterMap,
 )
 from sidecar.contracts.events import AnswerVerdict, ClaimVerdict, Decision
-from sidecar.exceptions import BrokerError
 
 log = logging.getLogger("guardrail_client")
 
@@ -118,6 +118,7 @@ class VerdictClient:
         expected_max_entries: int = EXPECTED_MAX_ENTRIES,
         **consumer_options: Any,
     ) -> None:
+        checked_options(VerdictClient, AIOKafkaConsumer, consumer_options)
         if on_timeout not in ("allow", "block", "raise"):
             raise InvalidArgumentError(
                 f"on_timeout must be 'allow', 'block' or 'raise', got {on_timeout!r}"
@@ -193,7 +194,10 @@ class VerdictClient:
                 await consumer.position(tp)
         except KafkaError as exc:
             await consumer.stop()
-            raise BrokerError(f"verdict consumer could not start: {exc}") from exc
+            raise ClientBrokerError(
+                f"verdict consumer could not start at {self._consumer_args['bootstrap_servers']}: "
+                f"{exc}"
+            ) from exc
         except BaseException:
             await consumer.stop()
             raise
@@ -211,7 +215,7 @@ class VerdictClient:
         finally:  # the consumer is closed and start() possible again, whatever the task ended with
             try:
                 if self._consumer is not None:
-                    await self._consumer.stop()
+                    await _stopped(self._consumer.stop())
             finally:
                 self._consumer = self._task = None
                 self._started = False
@@ -239,9 +243,7 @@ class VerdictClient:
         the request's events): its verdicts and claims are kept until ``recent_ttl_s`` after
         now, whatever other replicas' traffic passes through the recent cache meanwhile (a
         caller that streams the answer first and asks for the verdict after finds it)."""
-        if not isinstance(request_id, str) or not request_id:
-            raise InvalidArgumentError(f"request_id must be a non-empty str, got {request_id!r}")
-        self.waiters.expect(request_id)
+        self.waiters.expect(checked_request_id(request_id))
 
     # ``timeout`` is a deadline for a fallback decision, not a cancellation (ASYNC109)
     async def verdict(
@@ -261,6 +263,7 @@ class VerdictClient:
         ``timeout``: seconds, finite and ``>= 0`` (0 takes only a verdict already here);
         None means ``timeout_s``. Anything else raises ``InvalidArgumentError``.
         """
+        checked_request_id(request_id)
         if timeout is not None:
             checked_timeout("timeout", timeout)
         started = time.monotonic()
@@ -277,6 +280,7 @@ class VerdictClient:
             return self._fallback(request_id, "unavailable", time.monotonic() - started)
         finally:
             self.waiters.forget_verdict(request_id, future)
+        self.waiters.answered(request_id)
         return VerdictResult(
             request_id=request_id,
             decision=received.event.decision,
@@ -301,6 +305,7 @@ class VerdictClient:
         raises ``VerdictTimeoutError`` when ``on_timeout="raise"``. ``timeout`` and
         ``tenant``: as for :meth:`verdict`.
         """
+        checked_request_id(request_id)
         if timeout is not None:
             checked_timeout("timeout", timeout)
         if self.claims_topic is None:
@@ -389,7 +394,23 @@ class VerdictClient:
 def _require_topics(topics: list[str], known: set[str]) -> None:
     missing = [t for t in topics if t not in known]
     if missing:
-        raise BrokerError(f"topics {missing} do not exist (the sidecar creates them)")
+        raise ClientBrokerError(
+            f"topics {missing} do not exist: nothing creates them on its own (the sidecar "
+            "never does); create them with: guardrail topics create --bootstrap-servers H:P"
+        )
+
+
+async def _stopped(stopping: Coroutine[Any, Any, None]) -> None:
+    """Await a Kafka client's ``stop()``; a ``CancelledError`` it raises itself (not one
+    aimed at this task) is swallowed: aiokafka's fetcher cancels its fetch tasks and awaits
+    them, which raised out of ``VerdictClient.stop()`` with the broker gone (audit)."""
+    try:
+        await stopping
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        log.warning("the Kafka client raised CancelledError while it stopped; it is stopped")
 
 
 __all__ = ["OnTimeout", "Received", "Source", "VerdictClient", "VerdictResult"]

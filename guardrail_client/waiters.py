@@ -235,6 +235,7 @@ class WaiterMap:
         )
         # requests announced by expect(): when, oldest first; their records kept apart
         self._expected: OrderedDict[str, float] = OrderedDict()
+        self._answered: set[str] = set()  # announced requests a caller got the verdict of
         self._expected_max = expected_max_entries
         self._ttl_s = recent_ttl_s
         self._clock = clock
@@ -277,6 +278,10 @@ class WaiterMap:
         before ``recent_ttl_s`` (counted from now) has passed."""
         now = self._clock()
         self._expire(now)
+        if request_id in self._answered:  # announced again after its verdict: a new request
+            self._release(request_id)  # under a reused id, whose old verdict must not answer it
+            self._recent_verdicts.discard(request_id)
+            self._recent_claims.discard(request_id)
         self._expected.pop(request_id, None)
         self._expected[request_id] = now
         for recent, kept in (
@@ -314,6 +319,13 @@ class WaiterMap:
     def _release(self, key: str) -> None:
         self._kept_verdicts.discard(key)
         self._kept_claims.discard(key)
+        self._answered.discard(key)
+
+    def answered(self, request_id: str) -> None:
+        """A caller got ``request_id``'s verdict from the sidecar: announcing the id again
+        (:meth:`expect`) starts a new request, and drops what came for the old one."""
+        if request_id in self._expected:
+            self._answered.add(request_id)
 
     # ------------------------------------------------------------------ waiting
 

@@ -10,14 +10,12 @@ SCHEMA_VERSION = 1
 """The version this build writes. Readers accept ``SUPPORTED_SCHEMA_VERSIONS``."""
 SUPPORTED_SCHEMA_VERSIONS: frozenset[int] = frozenset({1})
 
+# at least one letter or digit: "." and ".." are path tricks, not request ids
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]*[A-Za-z0-9][A-Za-z0-9._:\-]*$"
+REQUEST_ID_MAX_CHARS = 128
 RequestId = Annotated[
     str,
-    StringConstraints(
-        min_length=1,
-        max_length=128,
-        # at least one letter or digit: "." and ".." are path tricks, not request ids
-        pattern=r"^[A-Za-z0-9._:\-]*[A-Za-z0-9][A-Za-z0-9._:\-]*$",
-    ),
+    StringConstraints(min_length=1, max_length=REQUEST_ID_MAX_CHARS, pattern=REQUEST_ID_PATTERN),
 ]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]

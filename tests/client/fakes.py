@@ -9,6 +9,24 @@ from typing import Any
 from aiokafka.structs import TopicPartition
 
 
+class _FakeMetadata:
+    def __init__(self, topics: set[str]) -> None:
+        self._topics = topics
+
+    def topics(self) -> set[str]:
+        return set(self._topics)
+
+
+class _FakeClient:
+    """The producer's ``client``: the topics the publisher writes exist."""
+
+    def __init__(self) -> None:
+        self.topics = {"rag.retrieval", "rag.generation"}
+
+    async def fetch_all_metadata(self) -> _FakeMetadata:
+        return _FakeMetadata(self.topics)
+
+
 class FakeProducer:
     """``AIOKafkaProducer`` as the publisher uses it; every send is confirmed at once.
 
@@ -21,6 +39,7 @@ class FakeProducer:
         self.started = self.stopped = False
         self.sent: list[tuple[str, bytes]] = []
         self.on_stop: Callable[[], Awaitable[None]] | None = None
+        self.client = _FakeClient()
 
     async def start(self) -> None:
         self.started = True

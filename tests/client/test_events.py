@@ -58,7 +58,41 @@ def test_events_decode_as_the_sidecar_decodes_them_with_gapless_seq_and_the_delt
     assert {r.key for r in records} == {b"r-1"}
     assert all(dict(r.headers)["x-tenant"] == b"acme" for r in records)
     assert b.open_requests == 0  # the final forgets the request
-    assert b.delta("r-1", "again").event.seq == 0  # a new request under the same id
+
+
+def test_a_request_id_used_already_is_refused_before_it_reaches_kafka() -> None:
+    """Audit: an id reused for another answer got its events dead-lettered (after-final)
+    while the verdict client handed back the first answer's verdict as the second's."""
+    b = builder()
+    b.retrieval("r-1", "q", HITS, tenant="acme", collection="wiki")
+    b.delta("r-1", "a")
+    b.final("r-1", "a")
+    for again in (
+        lambda: b.delta("r-1", "again"),
+        lambda: b.final("r-1", "again"),
+        lambda: b.retrieval("r-1", "q2", HITS, tenant="acme", collection="wiki"),
+    ):
+        with pytest.raises(InvalidEventError, match="'r-1' was used already"):
+            again()
+    assert b.open_requests == 0
+    # a request's halves in either order: its retrieval after its final, once
+    b.final("r-2", "b")
+    b.retrieval("r-2", "q", HITS, tenant="acme", collection="wiki")
+    with pytest.raises(InvalidEventError, match="its retrieval and final were sent"):
+        b.retrieval("r-2", "q", HITS, tenant="acme", collection="wiki")
+    b.retrieval("r-3", "q", HITS, tenant="acme", collection="wiki")
+    with pytest.raises(InvalidEventError, match="its retrieval was sent"):
+        b.retrieval("r-3", "q", HITS, tenant="acme", collection="wiki")
+
+
+def test_a_refused_delta_opens_no_request() -> None:
+    """Audit: 1,000 deltas refused for their id left 1,000 open requests in the builder
+    (past max_open_requests they push real ones out)."""
+    b = builder()
+    for i in range(50):
+        with pytest.raises(InvalidEventError, match="request_id"):
+            b.delta(f"ünï-{i}", "x")
+    assert b.open_requests == 0
 
 
 def test_a_request_without_a_retrieval_carries_no_tenant_header() -> None:
@@ -224,7 +258,7 @@ def test_events_the_sidecar_would_dead_letter_are_refused_at_the_call() -> None:
     tight = builder(limits=SidecarLimits(max_message_bytes=600))
     tight.final("r2", "x" * 100)
     with pytest.raises(InvalidEventError, match="bytes"):  # escapes: 6 bytes per character
-        tight.final("r2", "\x01" * 100)
+        tight.final("r2b", "\x01" * 100)
     few = builder(limits=SidecarLimits(max_deltas=2))
     few.delta("r3", "a")
     few.delta("r3", "b")

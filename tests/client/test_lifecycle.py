@@ -4,15 +4,24 @@ ended, a second start(), timeouts out of range. aiokafka is replaced by the fake
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import os
+import random
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from guardrail_client import (
     ClientAlreadyStartedError,
+    ClientBrokerError,
+    ClientError,
     ClientNotStartedError,
     GuardrailPublisher,
     InvalidArgumentError,
@@ -22,6 +31,7 @@ from guardrail_client import (
 )
 from tests.client.fakes import FakeConsumer, FakeProducer
 
+REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP = "127.0.0.1:1"  # never dialled: the fakes stand in for aiokafka
 
 
@@ -307,3 +317,189 @@ async def test_publisher_flush_and_stop_refuse_a_timeout_out_of_range(
     sync = SyncGuardrailPublisher(BOOTSTRAP, generator_model="g")
     with pytest.raises(InvalidArgumentError, match="timeout_s must be a finite"):
         sync.start(timeout)
+
+
+async def test_stop_returns_when_the_kafka_client_raises_cancelled_error_as_it_stops(
+    fake_consumers: list[FakeConsumer],
+) -> None:
+    """Audit: with the broker gone, aiokafka's fetcher cancels its fetch tasks and awaits
+    them inside ``consumer.stop()``: ``CancelledError`` came out of ``VerdictClient.stop()``
+    (``asyncio.run`` ended with it, and the publisher's stop after it never ran)."""
+    client = VerdictClient(BOOTSTRAP)
+    await client.start()
+    real_stop = fake_consumers[0].stop
+
+    async def cancelled_inside() -> None:
+        await real_stop()
+        raise asyncio.CancelledError
+
+    fake_consumers[0].stop = cancelled_inside  # type: ignore[method-assign]
+    await client.stop()  # returns
+    assert fake_consumers[0].stopped and not client.running
+    # a cancellation aimed at the caller still goes through
+    await client.start()
+    gate = asyncio.Event()
+
+    async def slow_stop() -> None:
+        await gate.wait()
+
+    fake_consumers[1].stop = slow_stop  # type: ignore[method-assign]
+    stopping = asyncio.create_task(client.stop())
+    await asyncio.sleep(0.01)
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+
+
+@pytest.mark.parametrize("request_id", ["réq-1", "req 1", "req/1", "", "x" * 129, "..", None])
+async def test_verdict_calls_refuse_a_request_id_no_event_can_carry(request_id: Any) -> None:
+    """Audit: ``verdict("réq-1")`` waited its whole timeout and fell back, although no event
+    with that id can be published (the builder refuses it)."""
+    client = VerdictClient(BOOTSTRAP)
+    with pytest.raises(InvalidArgumentError, match="request_id must be 1 to 128 characters"):
+        client.expect(request_id)
+    with pytest.raises(InvalidArgumentError, match="request_id must be"):
+        await client.verdict(request_id, timeout=0)
+    with pytest.raises(InvalidArgumentError, match="request_id must be"):
+        [c async for c in client.claims(request_id, timeout=0)]
+
+
+# ---------------------------------------------------------------------- drops, options, exit
+
+
+async def test_a_burst_past_the_queue_drops_whole_requests(
+    fake_producers: list[FakeProducer],
+) -> None:
+    """Audit: 1,000 requests of 14 events at once through a 10,000-event queue dropped
+    23 % of the events, one here and one there: 964 requests lost an event and timed
+    out. A request that loses one now loses the rest (they take no room), and new
+    requests wait for room the ones under way may still need."""
+    publisher = GuardrailPublisher(BOOTSTRAP, generator_model="g", max_queued_events=100)
+    await publisher.start()
+    send = fake_producers[0].send
+
+    async def slow(*args: Any, **kwargs: Any) -> asyncio.Future[None]:
+        await asyncio.sleep(0)  # Kafka slower than the burst: ~1 record a loop turn
+        return await send(*args, **kwargs)
+
+    fake_producers[0].send = slow  # type: ignore[method-assign]
+    ids = [f"r{i}" for i in range(40)]
+    hit = {"chunk_id": "c", "doc_id": "d", "score": 0.5, "text": "t"}
+
+    async def turns(n: int) -> None:  # the service's own work between two rounds of tokens
+        for _ in range(n):
+            await asyncio.sleep(0)
+
+    for rid in ids:
+        await publisher.retrieval(rid, "q", [hit], tenant="t", collection="c")
+    rng = random.Random(0)
+    for piece in range(12):  # interleaved streams, in no fixed order, as concurrent ones
+        await turns(20)
+        for rid in rng.sample(ids, len(ids)):
+            await publisher.delta(rid, f"{piece} ")
+    await turns(20)
+    for rid in ids:
+        await publisher.final(rid, "".join(f"{p} " for p in range(12)))
+    dropped = [rid for rid in ids if publisher.was_dropped(rid)]
+    assert dropped and len(dropped) < len(ids)
+    await publisher.stop()
+    sent: dict[str, int] = {}
+    for _, value in fake_producers[0].sent:
+        rid = orjson.loads(value)["request_id"]
+        sent[rid] = sent.get(rid, 0) + 1
+    whole = [rid for rid in ids if sent.get(rid) == 14]
+    assert len(whole) + len(dropped) == len(ids)  # every request: all its events, or dropped
+    assert len(whole) == 20  # the same 200 events dropped one by one left none whole
+    assert publisher.stats.delivered == 14 * len(whole) + sum(sent.get(rid, 0) for rid in dropped)
+
+
+def test_an_option_aiokafka_does_not_take_is_refused_at_construction() -> None:
+    """Audit: ``max_queue_events=5`` passed the constructor and failed at ``start()`` with
+    a ``TypeError`` from aiokafka."""
+    with pytest.raises(InvalidArgumentError, match="did you mean 'max_queued_events'"):
+        GuardrailPublisher(BOOTSTRAP, generator_model="g", max_queue_events=5)
+    with pytest.raises(InvalidArgumentError, match="did you mean 'recent_ttl_s'"):
+        VerdictClient(BOOTSTRAP, recent_ttl=5)
+    with pytest.raises(InvalidArgumentError, match="did you mean 'compression_type'"):
+        SyncGuardrailPublisher(BOOTSTRAP, generator_model="g", compresion_type="gzip")
+    GuardrailPublisher(BOOTSTRAP, generator_model="g", compression_type="gzip")
+    VerdictClient(BOOTSTRAP, security_protocol="SSL")
+
+
+def test_the_sync_publisher_takes_the_async_ones_arguments() -> None:
+    """It took ``**options: Any``: mypy passed a missing ``generator_model`` and a typo."""
+    sync = inspect.signature(SyncGuardrailPublisher).parameters
+    native = inspect.signature(GuardrailPublisher).parameters
+    assert list(sync) == list(native)
+    assert all(sync[n].annotation == native[n].annotation for n in native)
+    assert all(sync[n].default == native[n].default for n in native)
+
+
+def test_a_sync_publisher_left_running_at_exit_delivers_what_it_accepted(tmp_path: Path) -> None:
+    """Audit: 200 accepted events, the process exited without ``stop()`` (a worker recycled):
+    none reached Kafka, and nothing was logged."""
+    script = tmp_path / "exits.py"
+    sent = tmp_path / "sent.txt"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import asyncio, logging
+            import guardrail_client.publisher as publisher
+            from tests.client.fakes import FakeProducer
+
+            class Slow(FakeProducer):
+                async def send(self, topic, value, key=None, headers=None):
+                    await asyncio.sleep(0.001)  # still sending when the process exits
+                    with open({str(sent)!r}, "a") as out:
+                        out.write("x")
+                    return await super().send(topic, value, key, headers)
+
+            publisher.AIOKafkaProducer = Slow
+            logging.basicConfig(level=logging.WARNING)
+            from guardrail_client import SyncGuardrailPublisher
+            pub = SyncGuardrailPublisher("127.0.0.1:1", generator_model="g")
+            pub.start()
+            for i in range(200):
+                pub.final(f"r{{i}}", "answer")
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(sent.read_text()) == 200
+    assert "was not stopped before the process exits" in done.stderr
+    assert "at exit: 200 events delivered, 0 failed, 0 dropped" in done.stderr
+
+
+async def test_a_publisher_says_at_start_which_topics_are_missing_and_closes_its_producer(
+    fake_producers: list[FakeProducer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Audit: with no ``rag.retrieval`` the publisher accepted every call, aiokafka logged
+    ``not found in cluster metadata`` 10 times a second, and ``stop()`` counted the events
+    dropped; nothing said the topic was missing. A bad address left the producer open."""
+    made = FakeProducer()
+    made.client.topics = {"rag.generation"}
+    monkeypatch.setattr("guardrail_client.publisher.AIOKafkaProducer", lambda **_: made)
+    publisher = GuardrailPublisher(BOOTSTRAP, generator_model="g")
+    with pytest.raises(ClientBrokerError, match=r"\['rag.retrieval'\] do not exist") as info:
+        await publisher.start()
+    assert "guardrail topics create" in str(info.value) and isinstance(info.value, ClientError)
+    assert made.stopped
+    broken = FakeProducer()
+
+    async def bad_address() -> None:
+        raise ValueError("invalid literal for int() with base 10: '39092x'")
+
+    broken.start = bad_address  # type: ignore[method-assign]
+    monkeypatch.setattr("guardrail_client.publisher.AIOKafkaProducer", lambda **_: broken)
+    with pytest.raises(ValueError, match="39092x"):
+        await publisher.start()
+    assert broken.stopped

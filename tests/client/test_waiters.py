@@ -292,3 +292,19 @@ def test_the_bounds_are_checked() -> None:
         WaiterMap(expected_max_entries=0)
     with pytest.raises(ValueError, match="recent_max_entries must be an int >= 1"):
         WaiterMap(recent_max_entries=True)
+
+
+async def test_announcing_an_answered_id_again_drops_its_old_verdict() -> None:
+    """Audit: an id reused for a second answer got the first answer's verdict back at once,
+    as ``source="sidecar"`` (the sidecar dead-letters the second one's events)."""
+    waiters = WaiterMap()
+    waiters.expect("dup")
+    waiters.offer_verdict("dup", verdict("dup", decision=Decision.ALLOW))
+    assert waiters.wait_verdict("dup").done()
+    waiters.expect("dup")  # announced again, but nobody got its verdict yet: kept
+    assert waiters.wait_verdict("dup").done()
+    waiters.answered("dup")  # a caller got it
+    waiters.expect("dup")  # a new request under the same id
+    assert not waiters.wait_verdict("dup").done()
+    waiters.offer_verdict("dup", verdict("dup", decision=Decision.BLOCK))  # its own, later
+    assert waiters.wait_verdict("dup").result().event.decision is Decision.BLOCK
