@@ -6,6 +6,7 @@ import argparse
 import io
 import logging
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -125,6 +126,25 @@ def test_when_a_flood_stops_its_last_count_is_still_written() -> None:
     assert [line[2] for line in handler.lines].count("quiet once") == 1
 
 
+def _command_line(
+    monkeypatch: pytest.MonkeyPatch, command: Callable[[argparse.Namespace], int]
+) -> _Lines:
+    """``guardrail`` running ``command`` (logging configured as for ``guardrail run``),
+    the root logger's lines caught."""
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(func=command)
+    monkeypatch.setattr(cli_main, "build_parser", lambda: parser)
+    root = logging.getLogger()
+    saved = root.handlers[:]
+    handler = _Lines()
+    root.handlers = [handler]
+    try:
+        assert main([]) == 0
+    finally:
+        root.handlers = saved
+    return handler
+
+
 def test_the_command_line_writes_the_counts_it_held_back_on_its_way_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -134,17 +154,7 @@ def test_the_command_line_writes_the_counts_it_held_back_on_its_way_out(
             logging.getLogger("aiokafka.cluster").error("Topic %s not found", "rag.x")
         return 0
 
-    parser = argparse.ArgumentParser()
-    parser.set_defaults(func=flood)
-    monkeypatch.setattr(cli_main, "build_parser", lambda: parser)
-    root = logging.getLogger()
-    saved = root.handlers[:]
-    handler = _Lines()
-    root.handlers = [handler]
-    try:
-        assert main([]) == 0  # configures logging as ``guardrail run`` does, runs ``flood``
-    finally:
-        root.handlers = saved
+    handler = _command_line(monkeypatch, flood)
     assert [line[2] for line in handler.lines if line[0] == "aiokafka.cluster"] == [
         "Topic rag.x not found",
         "Topic rag.x not found (49 more like it in the last 0s not logged)",
@@ -210,17 +220,7 @@ def test_the_command_line_keeps_every_message_on_one_line(
         logging.getLogger("opentelemetry.baggage.propagation").warning("bad %s", "member")
         return 0
 
-    parser = argparse.ArgumentParser()
-    parser.set_defaults(func=forge)
-    monkeypatch.setattr(cli_main, "build_parser", lambda: parser)
-    root = logging.getLogger()
-    saved = root.handlers[:]
-    handler = _Lines()
-    root.handlers = [handler]
-    try:
-        assert main([]) == 0
-    finally:
-        root.handlers = saved
+    handler = _command_line(monkeypatch, forge)
     assert ("sidecar.kafka", logging.WARNING, "key k\\nCRITICAL forged") in handler.lines
     assert not any(line[0].startswith("opentelemetry.baggage") for line in handler.lines)
 
