@@ -156,9 +156,13 @@ class EventBuilder:
     """Contract events for one LLM service, with each open request's delta count.
 
     ``delta`` numbers a request's pieces from 0 without gaps (as the sidecar
-    requires) and ``final`` reports how many there were, then forgets the
-    request. The tenant named by ``retrieval`` travels as the ``tenant_header``
-    on all the request's events (the sidecar's ``tenancy.source=header`` reads
+    requires) and ``final`` reports how many there were, then closes the
+    request: for ``REUSE_MEMORY_S`` its id is refused (``InvalidEventError``)
+    for a delta, a final or a second retrieval, since the sidecar would
+    dead-letter them and the id's old verdict would stand for the new answer;
+    a request's retrieval may still come after its final, once. The tenant
+    named by ``retrieval`` travels as the ``tenant_header`` on all the
+    request's events (the sidecar's ``tenancy.source=header`` reads
     it); at most ``max_open_requests`` requests are remembered, the oldest
     forgotten first (a request that never got its final).
     """
