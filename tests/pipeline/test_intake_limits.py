@@ -449,6 +449,17 @@ def test_a_refused_record_costs_no_other_request_its_place(
     assert [(v.request_id, v.reasons[0].code) for v in fourth] == [("good-2", "incomplete")]
 
 
+def _acme_waits(
+    settings_factory: Callable[..., Settings], retrieval_event: EventFactory, **join: int
+) -> Processor:
+    """Header tenancy, ``join`` bounds, and tenant acme's ``victim-1`` open (its retrieval)."""
+    p = processor(settings_factory, tenancy={"source": "header", "header": "x-tenant"}, join=join)
+    victim = retrieval_event("victim-1")
+    victim["tenant"] = "acme"
+    assert verdicts(p.on_message(R, dumps(victim), None, ref("r", 0, x_tenant="acme"), 0)) == []
+    return p
+
+
 def test_one_tenants_flood_of_half_requests_evicts_its_own_not_anothers(
     settings_factory: Callable[..., Settings],
     retrieval_event: EventFactory,
@@ -456,14 +467,7 @@ def test_one_tenants_flood_of_half_requests_evicts_its_own_not_anothers(
 ) -> None:
     """Audit: with header tenancy, 10,000 cheap retrievals from one tenant evicted another
     tenant's open request (``incomplete``; its final then ``after-final``)."""
-    p = processor(
-        settings_factory,
-        tenancy={"source": "header", "header": "x-tenant"},
-        join={"max_entries": 50},
-    )
-    victim = retrieval_event("victim-1")
-    victim["tenant"] = "acme"
-    assert verdicts(p.on_message(R, dumps(victim), None, ref("r", 0, x_tenant="acme"), 0)) == []
+    p = _acme_waits(settings_factory, retrieval_event, max_entries=50)
     evicted: list[AnswerVerdict] = []
     for i in range(500):
         junk = retrieval_event(f"junk-{i}")
@@ -483,14 +487,7 @@ def test_one_tenants_flood_of_half_requests_evicts_its_own_not_anothers(
 def test_one_tenants_big_records_evict_its_own_for_bytes(
     settings_factory: Callable[..., Settings], retrieval_event: EventFactory
 ) -> None:
-    p = processor(
-        settings_factory,
-        tenancy={"source": "header", "header": "x-tenant"},
-        join={"max_bytes": 65_536, "max_entries": 1000},
-    )
-    victim = retrieval_event("victim-1")
-    victim["tenant"] = "acme"
-    assert verdicts(p.on_message(R, dumps(victim), None, ref("r", 0, x_tenant="acme"), 0)) == []
+    p = _acme_waits(settings_factory, retrieval_event, max_bytes=65_536, max_entries=1000)
     evicted: list[AnswerVerdict] = []
     for i in range(10):
         event = retrieval_event(f"big-{i}")
