@@ -214,10 +214,12 @@ class GuardrailPublisher:
             self._abandon(f"its event loop has ended ({self._loop_ended()})")
             return
         producer, drain = self._producer, self._drain_task
+        dropped_before = self.stats.dropped
         try:
             # ClientNotStartedError: the send task ended, so the queue cannot drain
             with contextlib.suppress(TimeoutError, ClientNotStartedError):
                 await self.flush(flush_timeout_s)
+            dropped_before = self.stats.dropped  # what the flush's calls dropped is not ours
             if drain is not None and not drain.done():
                 drain.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -227,7 +229,10 @@ class GuardrailPublisher:
         finally:
             if drain is not None:
                 drain.cancel()  # stop() itself was cancelled: the task must not outlive it
-            self._count_undelivered(f"not delivered within flush_timeout_s={flush_timeout_s:g}")
+            self._count_undelivered(
+                f"not delivered within flush_timeout_s={flush_timeout_s:g}",
+                cancelled=self.stats.dropped - dropped_before,
+            )
             self._forget_producer()
 
     def _abandon(self, why: str) -> None:
@@ -238,11 +243,13 @@ class GuardrailPublisher:
         self._count_undelivered(why)
         self._forget_producer()
 
-    def _count_undelivered(self, why: str) -> None:
+    def _count_undelivered(self, why: str, cancelled: int = 0) -> None:
         """Accepted, never delivered: counted (``dropped`` if queued, ``failed`` if sent but
-        unconfirmed), never silently gone."""
-        left = self._queue.qsize() if self._queue is not None else 0
-        self.stats.dropped += left
+        unconfirmed), never silently gone. ``cancelled``: dropped already, the one the send
+        task held when it was cancelled (the warning counts it with the queued ones)."""
+        queued = self._queue.qsize() if self._queue is not None else 0
+        self.stats.dropped += queued
+        left = queued + cancelled
         unconfirmed = 0
         for future in list(self._pending):
             future.remove_done_callback(self._delivered)

@@ -502,3 +502,25 @@ async def test_a_publisher_says_at_start_which_topics_are_missing_and_closes_its
     with pytest.raises(ValueError, match="39092x"):
         await publisher.start()
     assert broken.stopped
+
+
+async def test_stops_warning_counts_every_event_it_dropped(
+    fake_producers: list[FakeProducer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Audit: the warning said 2 queued events were dropped while ``stats.dropped`` was 3
+    (the one the send task held was counted when it was cancelled)."""
+    publisher = GuardrailPublisher(BOOTSTRAP, generator_model="g")
+    await publisher.start()
+    stuck = asyncio.Event()
+
+    async def never(*args: Any, **kwargs: Any) -> asyncio.Future[None]:
+        await stuck.wait()  # Kafka never answers
+        raise AssertionError("unreachable")
+
+    fake_producers[0].send = never  # type: ignore[method-assign]
+    for i in range(3):
+        await publisher.final(f"r{i}", "answer")
+    await asyncio.sleep(0.01)  # the send task takes the first one
+    await publisher.stop(flush_timeout_s=0.05)
+    assert publisher.stats.dropped == 3
+    assert "stop(): 3 queued events counted as dropped" in caplog.text
