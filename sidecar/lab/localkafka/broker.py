@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -65,7 +66,33 @@ def ensure_jars(lib_dir: Path | None = None) -> Path:
     return lib
 
 
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_BELOW_EPHEMERAL = (10_000, 32_767)  # where the kernel never picks a connection's own port
+_PORTS = random.Random()  # noqa: S311 - a port number, not a secret
+
+
 def free_port() -> int:
+    """A port free to listen on now, outside the kernel's ephemeral range when it can be.
+
+    A port the kernel picked (bind to 0) is in the ephemeral range: until the caller's
+    process listens on it, any outgoing connection (the tests' Kafka clients, the
+    broker's own) may take it as its local port, and the listen fails with "address
+    already in use" (a sidecar's health port, once in a full test run).
+    """
+    low, high = _BELOW_EPHEMERAL
+    try:
+        first = int(_EPHEMERAL.read_text().split()[0])
+        high = min(high, first - 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    for _ in range(50):
+        port = _PORTS.randint(low, high) if high > low else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
