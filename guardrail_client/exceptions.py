@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
 from sidecar.exceptions import BrokerError, GuardrailError
 
 
@@ -14,6 +16,18 @@ class ClientBrokerError(ClientError, BrokerError):
 
     A :class:`ClientError` (as everything the client raises on purpose) and still the
     :class:`~sidecar.exceptions.BrokerError` it always was."""
+
+
+def require_topics(topics: Sequence[str], known: Collection[str], servers: str) -> None:
+    """``ClientBrokerError`` naming ``topics`` that are not among ``known`` (the broker's),
+    and how to create them: what the publisher and the verdict client check at start."""
+    missing = [t for t in topics if t not in known]
+    if missing:
+        raise ClientBrokerError(
+            f"topics {missing} do not exist at {servers}: nothing creates them on its own "
+            "(the sidecar never does); create them with: guardrail topics create "
+            "--bootstrap-servers H:P"
+        )
 
 
 class InvalidEventError(ClientError):

@@ -48,6 +48,7 @@ from guardrail_client.exceptions import (
     ClientNotStartedError,
     InvalidArgumentError,
     PartitionerWarning,
+    require_topics,
 )
 from guardrail_client.keys import is_murmur2_partitioner
 from sidecar.contracts.events import (
@@ -183,14 +184,11 @@ class GuardrailPublisher:
         at ``stop()``, while aiokafka logged ``not found in cluster metadata`` 10 times a
         second and nothing said why (audit)."""
         metadata = await producer.client.fetch_all_metadata()
-        wanted = (self.builder.retrieval_topic, self.builder.generation_topic)
-        missing = [t for t in wanted if t not in metadata.topics()]
-        if missing:
-            raise ClientBrokerError(
-                f"topics {missing} do not exist at {self._producer_args['bootstrap_servers']}: "
-                "nothing creates them on its own (the sidecar never does); create them "
-                "with: guardrail topics create --bootstrap-servers H:P"
-            )
+        require_topics(
+            (self.builder.retrieval_topic, self.builder.generation_topic),
+            metadata.topics(),
+            self._producer_args["bootstrap_servers"],
+        )
 
     async def stop(self, flush_timeout_s: float = 10.0) -> None:
         """Deliver what is queued (up to ``flush_timeout_s``), then close the producer.

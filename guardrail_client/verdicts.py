@@ -42,6 +42,7 @@ from guardrail_client.exceptions import (
     ClientNotStartedError,
     InvalidArgumentError,
     VerdictTimeoutError,
+    require_topics,
 )
 from guardrail_client.records import install_lenient_header_names
 from guardrail_client.waiters import (
@@ -181,7 +182,9 @@ class VerdictClient:
         try:
             await consumer.start()
             topics = [t for t in (self.verdicts_topic, self.claims_topic) if t]
-            _require_topics(topics, await consumer.topics())
+            require_topics(
+                topics, await consumer.topics(), self._consumer_args["bootstrap_servers"]
+            )
             # no group: subscribing assigns every partition (and any added later)
             consumer.subscribe(topics)
             async with asyncio.timeout(self.start_timeout_s):
@@ -389,15 +392,6 @@ class VerdictClient:
                         continue
                     key = r.key.decode("utf-8", errors="replace")
                     offer(key, Arrival(r.value, r.timestamp))
-
-
-def _require_topics(topics: list[str], known: set[str]) -> None:
-    missing = [t for t in topics if t not in known]
-    if missing:
-        raise ClientBrokerError(
-            f"topics {missing} do not exist: nothing creates them on its own (the sidecar "
-            "never does); create them with: guardrail topics create --bootstrap-servers H:P"
-        )
 
 
 async def _stopped(stopping: Coroutine[Any, Any, None]) -> None:
