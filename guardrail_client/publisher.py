@@ -383,8 +383,10 @@ class GuardrailPublisher:
             _remember(self._dropped_ids, request_id, self._max_ids)
         if shed:
             log.warning(
-                "the queue was full: %d newer requests under way gave up so that %d older "
+                "the queue is filling faster than Kafka takes it (past 80 %% of "
+                "max_queued_events=%d): %d newer requests under way gave up so that %d older "
                 "ones can finish (was_dropped(request_id) says which)",
+                self._max_queued,
                 shed,
                 len(self._admitted),
             )
