@@ -107,17 +107,20 @@ _ALLOWED = {
 }
 
 
+def _model_of(model: type[BaseModel] | None, name: str) -> type[BaseModel] | None:
+    """The section model that ``model``'s field ``name`` holds (None: no such section)."""
+    field = model.model_fields.get(name) if model is not None else None
+    annotation = field.annotation if field is not None else None
+    return (
+        annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    )
+
+
 def _section(settings: type[BaseModel] | None, loc: Sequence[str]) -> type[BaseModel] | None:
     """The model that holds ``loc``'s last part (None when it cannot be told)."""
     model = settings
     for part in loc[:-1]:
-        field = model.model_fields.get(part) if model is not None else None
-        annotation = field.annotation if field is not None else None
-        model = (
-            annotation
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel)
-            else None
-        )
+        model = _model_of(model, part)
     return model
 
 
@@ -126,11 +129,7 @@ def _is_field(settings: type[BaseModel] | None, loc: Sequence[str]) -> bool:
     section = _section(settings, loc)
     if not loc or section is None:
         return False
-    field = section.model_fields.get(loc[-1])
-    annotation = field.annotation if field is not None else None
-    return field is not None and not (
-        isinstance(annotation, type) and issubclass(annotation, BaseModel)
-    )
+    return loc[-1] in section.model_fields and _model_of(section, loc[-1]) is None
 
 
 def _fields_hint(settings: type[BaseModel] | None, loc: Sequence[str]) -> str:
