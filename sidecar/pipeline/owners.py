@@ -23,10 +23,6 @@ class OwnedKeys:
         self._by_count: dict[int, dict[str, None]] = {}  # n -> the owners holding n keys
         self._most = 0  # the largest n held by an owner
 
-    def __len__(self) -> int:
-        """Owners holding at least one key."""
-        return len(self._owned)
-
     def add(self, owner: str, key: str) -> None:
         """``key`` now belongs to ``owner`` (newest); a key given twice counts once."""
         keys = self._owned.setdefault(owner, OrderedDict())
