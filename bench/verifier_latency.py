@@ -25,9 +25,9 @@ import statistics
 import time
 from pathlib import Path
 
+from sidecar.claims.atomic import Claim
 from sidecar.claims.evidence import EvidenceChunk
 from sidecar.claims.scorer import ClaimScorer
-from sidecar.claims.segment import Claim
 from sidecar.claims.verifier import OnnxVerifier
 from sidecar.lab.verifier.sources import QARecord, read_halueval_qa, split_of
 
