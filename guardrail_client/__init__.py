@@ -10,6 +10,9 @@ sidecar's serving modules, FastStream, onnxruntime or torch)::
         await pub.final(rid, answer)
         result = await verdicts.verdict(rid, timeout=2.0)
 
+``SyncGuardrailPublisher`` and ``SyncVerdictClient`` take the same arguments and make the
+same calls, blocking only the calling thread, for threaded services.
+
 ``guardrail_client.hf.LookbackRecorder`` (needs torch + transformers, imported
 only from that module) records the attention summary of a Hugging Face model.
 """
@@ -28,6 +31,7 @@ from guardrail_client.exceptions import (
 from guardrail_client.keys import partition_for, request_key
 from guardrail_client.publisher import GuardrailPublisher, PublisherStats
 from guardrail_client.sync import SyncGuardrailPublisher
+from guardrail_client.sync_verdicts import SyncVerdictClient
 from guardrail_client.verdicts import OnTimeout, Source, VerdictClient, VerdictResult
 from sidecar.contracts.events import (
     AnswerVerdict,
@@ -58,6 +62,7 @@ __all__ = [
     "SidecarLimits",
     "Source",
     "SyncGuardrailPublisher",
+    "SyncVerdictClient",
     "VerdictClient",
     "VerdictResult",
     "VerdictTimeoutError",

@@ -15,21 +15,20 @@ has ended (the process forked, or the loop was stopped) raises too.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
 import logging
-import os
 import threading
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Literal, Self
 
 from guardrail_client.arguments import checked_timeout
 from guardrail_client.events import HitLike, OutgoingRecord, SidecarLimits
 from guardrail_client.exceptions import ClientAlreadyStartedError, ClientNotStartedError
+from guardrail_client.loop_thread import LoopThread
 from guardrail_client.publisher import GuardrailPublisher, PublisherStats
 from sidecar.contracts.events import (
     AttentionSummary,
@@ -40,7 +39,6 @@ from sidecar.contracts.events import (
 
 log = logging.getLogger("guardrail_client")
 
-T = TypeVar("T")
 AT_EXIT_FLUSH_S = 5.0  # how long a publisher still running at exit flushes
 State = Literal["stopped", "starting", "running", "stopping"]
 
@@ -82,9 +80,7 @@ class SyncGuardrailPublisher:
             limits=limits,
             **producer_options,
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._pid: int | None = None  # the process that started the loop thread
+        self._runner = LoopThread("guardrail-publisher-loop")
         self._state: State = "stopped"
         self._lock = threading.Lock()  # start() and stop() change the state under it
         self._outbox: deque[OutgoingRecord[Any]] = deque()  # accepted, not yet on the loop
@@ -109,14 +105,9 @@ class SyncGuardrailPublisher:
                 )
             self._state = "starting"
             self._wake_pending = False
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(
-                target=loop.run_forever, name="guardrail-publisher-loop", daemon=True
-            )
-            thread.start()
-            self._loop, self._thread, self._pid = loop, thread, os.getpid()
+            self._runner.start()
         try:
-            self._call(self._publisher.start(), timeout_s)
+            self._runner.call(self._publisher.start(), timeout_s)
         except BaseException:
             self._close_loop()
             raise
@@ -128,7 +119,7 @@ class SyncGuardrailPublisher:
         """The process exits without ``stop()`` (a worker recycled, ``sys.exit``): what the
         calls accepted is flushed for up to ``AT_EXIT_FLUSH_S`` and counted, not lost
         silently with the daemon loop thread (audit: 200 accepted events, none sent)."""
-        if self._state != "running" or self._pid != os.getpid():
+        if self._state != "running" or self._runner.forked:
             return
         log.warning(
             "SyncGuardrailPublisher was not stopped before the process exits: flushing what "
@@ -157,12 +148,12 @@ class SyncGuardrailPublisher:
                 return  # not started, or another stop() is under way
             atexit.unregister(self._at_exit)
             self._state = "stopping"  # the outbox is final: no hand-over from now on
-            loop, ended = self._loop, self._loop_ended()
+            loop, ended = self._runner.loop, self._runner.ended()
         assert loop is not None  # noqa: S101 - running
         try:
             if ended is None:
-                self._call(self._stop_on_loop(flush_timeout_s), flush_timeout_s + 10.0)
-            elif self._pid != os.getpid():  # the child must not touch the loop or the sockets
+                self._runner.call(self._stop_on_loop(flush_timeout_s), flush_timeout_s + 10.0)
+            elif self._runner.forked:  # the child must not touch the loop or the sockets
                 self._publisher.stats.dropped += len(self._outbox)
                 self._outbox.clear()
                 self._publisher._abandon(ended)
@@ -179,9 +170,9 @@ class SyncGuardrailPublisher:
                 raise ClientNotStartedError(
                     f"SyncGuardrailPublisher.flush() while it is {self._state}"
                 )
-            if ended := self._loop_ended():
+            if ended := self._runner.ended():
                 raise ClientNotStartedError(f"SyncGuardrailPublisher cannot flush: {ended}")
-        self._call(self._flush_on_loop(timeout_s), timeout_s + 1.0)
+        self._runner.call(self._flush_on_loop(timeout_s), timeout_s + 1.0)
 
     def __enter__(self) -> Self:
         self.start()
@@ -258,7 +249,7 @@ class SyncGuardrailPublisher:
             )
         if not self._wake_pending:  # a wake per batch; set before the move takes the batch
             self._wake_pending = True
-            loop = self._loop
+            loop = self._runner.loop
             if loop is not None:
                 # RuntimeError: a stop() closed the loop since, after it moved the outbox
                 with contextlib.suppress(RuntimeError):
@@ -270,7 +261,7 @@ class SyncGuardrailPublisher:
                 f"SyncGuardrailPublisher used while it is {self._state} "
                 "(before start() or after stop() began); the event was not accepted"
             )
-        if ended := self._loop_ended():
+        if ended := self._runner.ended():
             raise ClientNotStartedError(
                 f"SyncGuardrailPublisher refuses the event: {ended}, so it would never "
                 "be sent; stop() it, then start() it again"
@@ -298,26 +289,8 @@ class SyncGuardrailPublisher:
         self._move_outbox()
         await self._publisher.flush(timeout_s)
 
-    def _loop_ended(self) -> str | None:
-        """Why the loop thread can run nothing more (None while it can)."""
-        if self._pid != os.getpid():
-            return "the process forked after start(): the child has no loop thread"
-        if self._loop is None or not self._loop.is_running():  # cheaper than Thread.is_alive()
-            return "its event loop thread has ended (the loop stopped)"
-        return None
-
-    def _call(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
-        assert self._loop is not None  # noqa: S101 - started
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
-
     def _close_loop(self) -> None:
         with self._lock:
-            loop, thread, forked = self._loop, self._thread, self._pid != os.getpid()
-            self._loop = self._thread = self._pid = None
+            runner, self._runner = self._runner, LoopThread(self._runner.name)
             self._state = "stopped"
-        if loop is None or thread is None or forked:
-            return  # a forked child leaves the parent's loop (and its sockets) alone
-        if thread.is_alive():
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(10.0)
-        loop.close()
+        runner.close()

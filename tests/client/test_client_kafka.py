@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 import pytest
@@ -15,7 +16,9 @@ from guardrail_client import (
     Decision,
     GuardrailPublisher,
     SyncGuardrailPublisher,
+    SyncVerdictClient,
     VerdictClient,
+    VerdictResult,
     VerdictTimeoutError,
 )
 from sidecar.config import Settings
@@ -134,6 +137,41 @@ async def test_sync_publisher_numbers_deltas_and_names_the_tenant(
     assert events[-1]["deltas"] == 3
     assert all(dict(r.headers)["x-tenant"] == b"acme" for r in generation)
     assert len({r.partition for r in generation}) == 1
+
+
+def test_a_threaded_service_gets_each_requests_verdict_on_its_own_thread(
+    client_settings: Settings, start_sidecar: SidecarFactory
+) -> None:
+    """Flask-style: each request handled on a thread of its own, publishing with the sync
+    publisher and blocking on the sync verdict client until its verdict comes."""
+    settings, t = client_settings, client_settings.topics
+    start_sidecar()
+    bootstrap = settings.kafka.bootstrap_servers
+
+    def handle(rid: str) -> VerdictResult:
+        verdicts.expect(rid)
+        pub.retrieval(rid, QUERY, HITS, tenant="acme", collection="wiki")
+        pub.delta(rid, "Frankenstein was written ")
+        pub.final(rid, ANSWER)
+        return verdicts.verdict(rid, 90.0, tenant="acme")
+
+    with (
+        SyncGuardrailPublisher(
+            bootstrap,
+            generator_model=GENERATOR,
+            retrieval_topic=t.retrieval,
+            generation_topic=t.generation,
+        ) as pub,
+        SyncVerdictClient(bootstrap, verdicts_topic=t.verdicts, claims_topic=t.claims) as verdicts,
+        ThreadPoolExecutor(6) as pool,
+    ):
+        rids = [f"thread-{i}" for i in range(24)]
+        results = dict(zip(rids, pool.map(handle, rids), strict=True))
+    assert all(r.from_sidecar for r in results.values()), [
+        (rid, r.source) for rid, r in results.items() if not r.from_sidecar
+    ]
+    assert all(r.verdict is not None and r.verdict.request_id == rid for rid, r in results.items())
+    assert pub.stats.delivered == 3 * len(rids)
 
 
 async def test_three_replicas_each_get_their_own_verdicts_for_1000_concurrent_requests(

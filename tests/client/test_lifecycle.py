@@ -158,7 +158,7 @@ def test_a_sync_publisher_whose_loop_thread_ended_refuses_events(
     pub = SyncGuardrailPublisher(BOOTSTRAP, generator_model="g")
     pub.start()
     pub.delta("r1", "accepted while the loop ran")
-    loop, thread = pub._loop, pub._thread
+    loop, thread = pub._runner.loop, pub._runner._thread
     assert loop is not None and thread is not None
     loop.call_soon_threadsafe(loop.stop)  # the loop ends under the publisher
     thread.join()

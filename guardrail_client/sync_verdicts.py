@@ -1,0 +1,253 @@
+"""``SyncVerdictClient``: the verdict client for threaded services, on a loop thread of its own.
+
+A threaded service (Flask, Django, gunicorn's sync workers) publishes with
+``SyncGuardrailPublisher`` and waits for the verdict here, on the request's own
+thread: ``verdict()`` blocks that thread (never longer than its timeout plus a
+margin) while the ``VerdictClient`` underneath runs on a daemon thread, and any
+number of threads may wait at once. The same arguments, fallbacks and checks as
+``VerdictClient``: a bad request id or timeout raises on the caller's thread;
+before ``start()``, after ``stop()``, once the loop thread has ended or in a
+forked child (which has no loop thread), ``verdict()`` answers at once with the
+``unavailable`` fallback, as ``VerdictClient`` does when its consumer is not
+running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Self
+
+from guardrail_client.arguments import checked_request_id, checked_timeout
+from guardrail_client.exceptions import ClientAlreadyStartedError, ClientNotStartedError
+from guardrail_client.loop_thread import LoopThread
+from guardrail_client.verdicts import OnTimeout, VerdictClient, VerdictResult
+from guardrail_client.waiters import EXPECTED_MAX_ENTRIES, RECENT_MAX_BYTES
+from sidecar.contracts.events import ClaimVerdict
+
+# how much longer than its own deadline a blocked caller waits for the loop thread to answer
+# (a wedged or overloaded loop then gives the timeout fallback instead of a hung thread)
+LOOP_MARGIN_S: Final = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    error: BaseException
+
+
+_END: Final = object()  # the claims' async iteration ended
+
+
+class SyncVerdictClient:
+    """``VerdictClient`` with blocking calls (``with SyncVerdictClient(...) as verdicts``).
+
+    Takes ``VerdictClient``'s arguments. ``start()`` starts a daemon thread that
+    runs the client's consumer; ``verdict()`` and ``claims()`` block the calling
+    thread only. A second ``start()`` raises ``ClientAlreadyStartedError``.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        verdicts_topic: str = "rag.verdicts",
+        claims_topic: str | None = "rag.claims",
+        on_timeout: OnTimeout = "allow",
+        timeout_s: float = 5.0,
+        claims_settle_s: float = 0.5,
+        recent_max_entries: int = 10_000,
+        recent_ttl_s: float = 60.0,
+        start_timeout_s: float = 30.0,
+        recent_max_bytes: int = RECENT_MAX_BYTES,
+        expected_max_entries: int = EXPECTED_MAX_ENTRIES,
+        **consumer_options: Any,
+    ) -> None:
+        self._client = VerdictClient(
+            bootstrap_servers,
+            verdicts_topic=verdicts_topic,
+            claims_topic=claims_topic,
+            on_timeout=on_timeout,
+            timeout_s=timeout_s,
+            claims_settle_s=claims_settle_s,
+            recent_max_entries=recent_max_entries,
+            recent_ttl_s=recent_ttl_s,
+            start_timeout_s=start_timeout_s,
+            recent_max_bytes=recent_max_bytes,
+            expected_max_entries=expected_max_entries,
+            **consumer_options,
+        )
+        self._runner = LoopThread("guardrail-verdicts-loop")
+        self._lock = threading.Lock()  # start() and stop() under it
+        self._started = False
+
+    @property
+    def on_timeout(self) -> OnTimeout:
+        return self._client.on_timeout
+
+    @property
+    def timeout_s(self) -> float:
+        return self._client.timeout_s
+
+    @property
+    def records_read(self) -> int:
+        return self._client.records_read
+
+    @property
+    def running(self) -> bool:
+        """The consumer runs (on a loop thread of this process)."""
+        return self._runner.ended() is None and self._client.running
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the loop thread and the consumer (as ``VerdictClient.start()``: from the
+        topics' current ends; ``ClientBrokerError`` when the broker or a topic is missing)."""
+        with self._lock:
+            if self._started:
+                raise ClientAlreadyStartedError(
+                    "SyncVerdictClient.start() called again while it is started; call stop() first"
+                )
+            self._started = True
+            self._runner.start()
+            try:
+                self._runner.call(
+                    self._client.start(), self._client.start_timeout_s + LOOP_MARGIN_S
+                )
+            except BaseException:
+                self._close()
+                raise
+
+    def stop(self) -> None:
+        """Stop the consumer and the loop thread; threads still waiting get ``unavailable``."""
+        with self._lock:
+            if not self._started:
+                return
+            try:
+                if self._runner.ended() is None:
+                    self._runner.call(self._client.stop(), LOOP_MARGIN_S * 2)
+            finally:
+                self._close()
+
+    def _close(self) -> None:
+        runner, self._runner = self._runner, LoopThread(self._runner.name)
+        self._started = False
+        runner.close()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ waiting
+
+    def expect(self, request_id: str) -> None:
+        """As :meth:`VerdictClient.expect`; returns once the announcement is in place, so a
+        request published after it cannot beat it. Nothing to announce while not running
+        (its ``verdict()`` is ``unavailable`` then anyway)."""
+        checked_request_id(request_id)
+        if self._runner.ended() is None:
+            self._runner.call(self._expect(request_id), LOOP_MARGIN_S)
+
+    async def _expect(self, request_id: str) -> None:
+        self._client.expect(request_id)
+
+    def verdict(
+        self, request_id: str, timeout: float | None = None, *, tenant: str | None = None
+    ) -> VerdictResult:
+        """As :meth:`VerdictClient.verdict`, blocking this thread for at most ``timeout``
+        (``timeout_s`` when None) plus ``LOOP_MARGIN_S`` if the loop thread is too busy to
+        answer at the deadline (then the ``timeout`` fallback)."""
+        checked_request_id(request_id)
+        if timeout is not None:
+            checked_timeout("timeout", timeout)
+        started = time.monotonic()
+        loop = self._runner.loop
+        if loop is None or self._runner.ended() is not None:
+            return self._client._fallback(request_id, "unavailable", 0.0)
+        wait = timeout if timeout is not None else self._client.timeout_s
+        waiting = self._client.verdict(request_id, timeout, tenant=tenant)
+        try:
+            future = asyncio.run_coroutine_threadsafe(waiting, loop)
+        except RuntimeError:  # a stop() closed the loop since it was looked at
+            waiting.close()
+            return self._client._fallback(request_id, "unavailable", 0.0)
+        try:
+            return future.result(wait + LOOP_MARGIN_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            return self._client._fallback(request_id, "timeout", time.monotonic() - started)
+
+    def claims(
+        self, request_id: str, timeout: float | None = None, *, tenant: str | None = None
+    ) -> Generator[ClaimVerdict, None, None]:
+        """As :meth:`VerdictClient.claims`: the request's claim verdicts as they come, on
+        this thread; closing the iterator early stops the wait on the loop."""
+        checked_request_id(request_id)
+        if timeout is not None:
+            checked_timeout("timeout", timeout)
+        return self._claims(request_id, timeout, tenant)
+
+    def _claims(
+        self, request_id: str, timeout: float | None, tenant: str | None
+    ) -> Generator[ClaimVerdict, None, None]:
+        if self._client.claims_topic is None:
+            raise ClientNotStartedError(
+                "this SyncVerdictClient reads no claims (claims_topic=None)"
+            )
+        started = time.monotonic()
+        loop = self._runner.loop
+        if loop is None or self._runner.ended() is not None:
+            self._client._fallback(request_id, "unavailable", 0.0)  # raises under "raise"
+            return
+        items: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+        async def pump() -> None:
+            try:
+                async for claim in self._client.claims(request_id, timeout, tenant=tenant):
+                    items.put(claim)
+            except BaseException as exc:  # VerdictTimeoutError under "raise", a cancellation
+                items.put(_Raised(exc))
+                raise
+            finally:
+                items.put(_END)
+
+        pumping = pump()
+        try:
+            future = asyncio.run_coroutine_threadsafe(pumping, loop)
+        except RuntimeError:  # a stop() closed the loop since it was looked at
+            pumping.close()
+            self._client._fallback(request_id, "unavailable", 0.0)
+            return
+        deadline = (
+            started + (timeout if timeout is not None else self._client.timeout_s) + LOOP_MARGIN_S
+        )
+        try:
+            while True:
+                try:
+                    item = items.get(timeout=max(deadline - time.monotonic(), 0.0))
+                except queue.Empty:  # the loop thread did not end the iteration in time
+                    self._client._fallback(request_id, "timeout", time.monotonic() - started)
+                    return
+                if item is _END:
+                    return
+                if isinstance(item, _Raised):
+                    if isinstance(item.error, asyncio.CancelledError | GeneratorExit):
+                        return
+                    raise item.error
+                assert isinstance(item, ClaimVerdict)  # noqa: S101 - only these are put
+                yield item
+        finally:
+            future.cancel()  # ended early (break, close): the async iteration stops too
