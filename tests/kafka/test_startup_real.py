@@ -109,7 +109,10 @@ async def test_stop_leaves_a_step_never_confirmed_uncommitted_within_half_the_gr
             stopping = time.monotonic()
         took = time.monotonic() - stopping  # real_harness stops the service, then its clients
     assert took < 10, f"stop() took {took:.1f} s"  # the grace is 2 s; room for commit and close
-    assert any("1 step(s) not confirmed within 1.0 s" in r.getMessage() for r in caplog.records)
+    logged = [f"{r.name}: {r.getMessage()}" for r in caplog.records]
+    # a failure in one full run (not reproduced in 9 runs alone, 6 of them on a loaded CPU)
+    # showed no such line; the log lines say what happened instead
+    assert any("1 step(s) not confirmed within 1.0 s" in line for line in logged), logged
     assert h.service.publisher.in_flight == 0  # abandoned, not left running
     offsets = await committed(settings.kafka.bootstrap_servers, settings.kafka.group_id)
     assert sum(offsets.values()) == 0, offsets  # the request is read again by the next owner
