@@ -10,10 +10,18 @@ mean(m2) on the calibration set (seed Fig. 4) as a diagnostic.
 q_hat = +inf (k > n) is stored as ``null`` with the rank ``k`` and ``n`` kept, so
 the file stays plain JSON. Parsing and dumping are pure; reading and writing
 files is in :mod:`sidecar.conformal.storage`.
+
+``params_sha256`` is the sha256 of the whole document as canonical JSON (sorted keys,
+without the hash itself), written by ``calibrate``: a file whose values were edited
+afterwards is refused at load, instead of certifying under its old ``calibration_id``
+(audit: q_hat edited to 0.95 in a shipped file loaded, and every chunk became trusted).
+A file without it (written before the field existed) loads, with a warning.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -43,6 +51,8 @@ __all__ = [
     "Provenance",
     "SweepEntry",
     "build_artifact",
+    "params_sha256",
+    "with_params_sha256",
 ]
 
 SCHEMA_VERSION: Final = 1
@@ -251,6 +261,10 @@ class CalibrationArtifact(CalibrationEntry):
     provenance: Provenance | None = None
     alpha_sweep: list[SweepEntry] = Field(default_factory=list)
     mondrian: list[KeyEntry] = Field(default_factory=list)
+    params_sha256: Sha256 | None = Field(
+        default=None,
+        description="sha256 of the rest of the document (canonical JSON): edits are refused",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -267,6 +281,12 @@ class CalibrationArtifact(CalibrationEntry):
                     f"key {entry.key.label}: alpha {entry.calibration.alpha} differs from the "
                     f"artifact's alpha {self.alpha}"
                 )
+        if self.params_sha256 is not None and params_sha256(self) != self.params_sha256:
+            raise ValueError(
+                f"its values do not match its params_sha256 {self.params_sha256[:12]}...: the "
+                "file was edited after calibration; run `guardrail calibrate retrieval` again "
+                "rather than editing a calibration"
+            )
         return self
 
     def global_calibration(self) -> ConformalCalibration:
@@ -303,6 +323,20 @@ class CalibrationArtifact(CalibrationEntry):
     def loads(cls, text: str | bytes) -> CalibrationArtifact:
         """Parse and validate (raises pydantic's ``ValidationError``; see ``storage.load``)."""
         return cls.model_validate_json(text)
+
+
+def params_sha256(artifact: CalibrationArtifact) -> str:
+    """sha256 of ``artifact`` without its ``params_sha256``, as canonical JSON (sorted keys,
+    no spaces; floats as Python writes them, an exact round trip): indentation and key
+    order of the file do not change it, any value does."""
+    payload = artifact.model_dump(mode="json", exclude={"params_sha256"})
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def with_params_sha256(artifact: CalibrationArtifact) -> CalibrationArtifact:
+    """``artifact`` carrying the hash of its values (what ``calibrate`` writes)."""
+    return artifact.model_copy(update={"params_sha256": params_sha256(artifact)})
 
 
 def build_artifact(
@@ -347,7 +381,7 @@ def build_artifact(
                 detail=kc.detail,
             )
         )
-    return CalibrationArtifact(
+    artifact = CalibrationArtifact(
         schema_version=SCHEMA_VERSION,
         kind=ARTIFACT_KIND,
         calibration_id=f"{global_key.retriever}@{global_key.collection}:{data_hash[:12]}",
@@ -375,3 +409,4 @@ def build_artifact(
         alpha_sweep=[SweepEntry.from_point(p) for p in sweep],
         mondrian=entries,
     )
+    return with_params_sha256(artifact)

@@ -8,6 +8,7 @@ file and what was wrong.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -19,6 +20,8 @@ from sidecar.exceptions import ArtifactError
 from sidecar.hashing import not_a_regular_file
 
 __all__ = ["load_artifact", "save_artifact"]
+
+log = logging.getLogger("sidecar.conformal")
 
 
 def save_artifact(artifact: CalibrationArtifact, path: str | Path) -> Path:
@@ -68,10 +71,17 @@ def load_artifact(path: str | Path) -> CalibrationArtifact:
             f"{ARTIFACT_KIND!r}"
         )
     try:
-        return CalibrationArtifact.model_validate(raw)
+        artifact = CalibrationArtifact.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
             for err in exc.errors()
         )
         raise ArtifactError(f"calibration artifact {source} is invalid: {problems}") from exc
+    if artifact.params_sha256 is None:
+        log.warning(
+            "calibration artifact %s has no params_sha256 (written before it existed): an edit "
+            "of its values cannot be detected; run `guardrail calibrate retrieval` again",
+            source,
+        )
+    return artifact

@@ -120,6 +120,50 @@ def test_invalid_artifacts_raise_artifact_error(
     assert needle in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"q_hat": 0.95, "threshold": 0.05},  # consistent with each other: only the hash sees it
+        {"mondrian__1__calibration__q_hat": 0.95, "mondrian__1__calibration__threshold": 0.05},
+        {"n1": 0.0},
+        {"score_kind": "distance"},
+        {"retriever_id": "bm25"},
+        {"created_at": "2027-01-02T03:04:05Z"},
+    ],
+)
+def test_a_calibration_edited_after_it_was_written_is_refused(
+    artifact: CalibrationArtifact, tmp_path: Path, changes: dict[str, Any]
+) -> None:
+    """Audit: q_hat edited to 0.95 loaded under the old calibration_id; every chunk trusted."""
+    path = _tamper(tmp_path, artifact, **changes)
+    with pytest.raises(ArtifactError, match="edited after calibration"):
+        load_artifact(path)
+
+
+def test_the_hash_ignores_layout_and_a_file_without_one_loads_with_a_warning(
+    artifact: CalibrationArtifact, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert artifact.params_sha256 is not None
+    raw = json.loads(artifact.dumps())
+    reordered = tmp_path / "reordered.json"
+    reordered.write_text(json.dumps(dict(reversed(list(raw.items()))), indent=4))
+    with caplog.at_level("WARNING", logger="sidecar.conformal"):
+        assert load_artifact(reordered) == artifact
+    assert not caplog.records
+    older = _tamper(tmp_path, artifact, params_sha256=KeyError)
+    with caplog.at_level("WARNING", logger="sidecar.conformal"):
+        loaded = load_artifact(older)
+    assert loaded.params_sha256 is None and loaded.global_calibration() == (
+        artifact.global_calibration()
+    )
+    assert "no params_sha256" in caplog.text
+
+
+def test_the_shipped_calibration_carries_its_hash() -> None:
+    shipped = load_artifact(Path(__file__).parents[2] / "models/conformal/nq-open-minilm.json")
+    assert shipped.params_sha256 is not None
+
+
 def test_unreadable_files(tmp_path: Path, artifact: CalibrationArtifact) -> None:
     with pytest.raises(ArtifactError, match="does not exist"):
         load_artifact(tmp_path / "missing.json")
