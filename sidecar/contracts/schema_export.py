@@ -1,4 +1,5 @@
-"""Generate ``schemas/``: one JSON Schema per event and an AsyncAPI 3.0 document.
+"""Generate ``schemas/``: one JSON Schema per event, an AsyncAPI 3.0 document, and the
+JSON Schema of the decision policy's document.
 
 Consumers in other languages read these; ``guardrail schemas check`` (and a
 test) fails when they drift from the pydantic models.
@@ -48,6 +49,17 @@ def json_schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
     schema = model.model_json_schema(mode="serialization")
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = f"urn:guardrail-sidecar:schema:{name}:v{SCHEMA_VERSION}"
+    return schema
+
+
+def policy_schema() -> dict[str, Any]:
+    """The decision policy's YAML document (every field, its range and default): a reference
+    for policy authors, and what an editor validates a policy against."""
+    from sidecar.policy.config import PolicyConfig  # noqa: PLC0415 - not an event contract
+
+    schema = PolicyConfig.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "urn:guardrail-sidecar:schema:policy:v1"
     return schema
 
 
@@ -185,6 +197,7 @@ def render() -> dict[str, str]:
         f"{name}.schema.json": _dump(json_schema(name, model)) for name, model in MODELS.items()
     }
     files["asyncapi.json"] = _dump(asyncapi())
+    files["policy.schema.json"] = _dump(policy_schema())
     return files
 
 

@@ -16,10 +16,12 @@ allowed (``profiles.medical.max_hallucination_rate: must be <= 1 (got 1.5)``).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, Self
+from types import UnionType
+from typing import Annotated, Any, Final, Literal, Self, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -245,6 +247,43 @@ class PolicyConfig(_Model):
         return name, self.profiles[name]
 
 
+def _inner(annotation: Any) -> Any:
+    """``annotation`` without ``Annotated[...]`` and ``| None``."""
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    if get_origin(annotation) in (Union, UnionType):
+        rest = [a for a in get_args(annotation) if a is not type(None)]
+        annotation = rest[0] if len(rest) == 1 else annotation
+    return annotation
+
+
+def _model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The model whose fields ``loc`` (an error's location, less its last part) names."""
+    current: Any = PolicyConfig
+    for part in loc:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return None
+            current = _inner(field.annotation)
+        elif get_origin(current) in (dict, list):  # a profile's name, a list index
+            current = _inner(get_args(current)[-1])
+        else:
+            return None
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _no_such_field(loc: tuple[int | str, ...]) -> str:
+    """What to say of an unknown field: the closest name, and the names allowed there."""
+    model = _model_at(loc[:-1])
+    if model is None:
+        return "no such field"
+    names = list(model.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ";"
+    return f"no such field{hint} the fields here are {', '.join(names)}"
+
+
 def _describe(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
@@ -252,6 +291,8 @@ def _describe(exc: ValidationError) -> str:
         got = err.get("input")
         shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
         message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = _no_such_field(tuple(err["loc"]))
         lines.append(f"{where}: {message}{shown}")
     return "; ".join(lines)
 

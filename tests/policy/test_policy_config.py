@@ -98,7 +98,21 @@ collections: {handbook: enterprise}
         ),
         (
             "  general: {max_hallucination_rate: 0.3, strictness: true}",
-            "profiles.general.strictness: Extra inputs are not permitted",
+            "profiles.general.strictness: no such field; did you mean 'strict'? the fields "
+            "here are description, max_hallucination_rate, strict,",
+        ),
+        (
+            "  general: {max_hallucination_rate: 0.3, lookbak: {caveat_below: 0.5}}",
+            "profiles.general.lookbak: no such field; did you mean 'lookback'?",
+        ),
+        (
+            "  general: {max_hallucination_rate: 0.3, lookback: {caveat_belw: 0.5}}",
+            "profiles.general.lookback.caveat_belw: no such field; did you mean 'caveat_below'? "
+            "the fields here are block_below, caveat_below, when_missing (got 0.5)",
+        ),
+        (
+            "  general: {max_hallucination_rate: 0.3}\nxyzzy: 1",
+            "xyzzy: no such field; the fields here are schema_version, name, version,",
         ),
         (
             "  general: {max_hallucination_rate: 0.3, lookback: {block_below: 0.6, "
