@@ -375,6 +375,37 @@ async def _reach_kafka(settings: Settings, stop: asyncio.Event) -> dict[str, int
             return None
 
 
+async def _load_while_reaching_kafka(
+    settings: Settings, stop: asyncio.Event, processor: Processor | None
+) -> tuple[dict[str, int], Processor] | None:
+    """:func:`_reach_kafka` and :func:`build_processor` (on a thread) side by side: the
+    input topics' partition counts and the processor, or ``None`` when stopped first.
+    The first of the two to fail ends the start with its error."""
+    reaching = asyncio.ensure_future(_reach_kafka(settings, stop))
+    if processor is not None:
+        counts = await reaching
+        return None if counts is None else (counts, processor)
+    building = asyncio.ensure_future(asyncio.to_thread(build_processor, settings))
+    try:
+        await asyncio.wait({building, reaching}, return_when=asyncio.FIRST_EXCEPTION)
+        if building.done():
+            building.result()  # a policy or model error: raised now, Kafka or not
+        try:
+            counts = await reaching
+        except BrokerError as exc:  # no broker, and no waiting for it: a configuration
+            try:  # error found meanwhile is what is said (exit 2), the broker's logged too
+                await building
+            except Exception:
+                log.error("%s", exc)  # noqa: TRY400 - the broker's error, not this one
+                raise
+            raise
+        if counts is None:
+            return None  # stopped: the build thread finishes on its own
+        return counts, await building
+    finally:
+        reaching.cancel()
+
+
 async def serve(settings: Settings, processor: Processor | None = None) -> None:
     """Run until SIGTERM / SIGINT. ``processor``: replaces the one built from the
     settings' signals and policy (the bench's constant-verdict floor); ``None``
@@ -402,16 +433,18 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
         log.info("health endpoints on %s:%d", settings.http.host, health.port)
     setup = None
     try:
-        counts = await _reach_kafka(settings, stop)  # before anything slow: a wrong layout
-        if counts is None:  # fails fast
+        # the models and the policy load while Kafka is reached: a wrong topic layout does
+        # not wait for the models, and a policy typo or a broken model is not hidden behind
+        # a broker that does not answer yet (audit: only "cannot reach Kafka" retries)
+        loaded = await _load_while_reaching_kafka(settings, stop, processor)
+        if loaded is None:
             log.info("stopped while starting")
             return
+        counts, processor = loaded
         log.info("input topics: %s", format_counts(counts))
         setup = configure_from_env(
             settings.metrics.prometheus_port, settings.metrics.prometheus_host
         )
-        if processor is None:
-            processor = build_processor(settings)
         service = SidecarService(
             settings,
             processor,

@@ -3,6 +3,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -149,3 +152,57 @@ def test_run_stops_on_an_otlp_setting_before_touching_kafka(
     monkeypatch.setattr(runtime, "verify_topics", no_kafka)
     with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER_ARG must be a ratio"):
         asyncio.run(runtime.serve(Settings.load()))
+
+
+def test_run_reports_a_policy_error_while_kafka_does_not_answer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Audit: with ``wait_at_start`` and no broker, a policy typo was never reported (only
+    "cannot reach Kafka" retries); without it, the Kafka error hid the typo. The models and
+    the policy now load while Kafka is reached, and the first error ends the start."""
+    from sidecar import runtime
+    from sidecar.exceptions import BrokerError, ConfigError
+
+    policy = tmp_path / "policy.yaml"
+    shipped = Path(__file__).parents[2] / "models/policy/default.yaml"
+    policy.write_text(shipped.read_text().replace("caveat_below", "caveat_belw", 1))
+    monkeypatch.setenv("GUARDRAIL_POLICY__FILE", str(policy))
+    monkeypatch.setenv("GUARDRAIL_HTTP__ENABLED", "false")
+    asked: list[float] = []
+
+    async def unreachable(settings: Settings) -> dict[str, int]:
+        asked.append(time.monotonic())
+        raise BrokerError("cannot reach Kafka at 127.0.0.1:1")
+
+    monkeypatch.setattr(runtime, "verify_topics", unreachable)
+    for wait in ("true", "false"):
+        monkeypatch.setenv("GUARDRAIL_KAFKA__WAIT_AT_START", wait)
+        with pytest.raises(ConfigError, match="caveat_belw: no such field"):
+            asyncio.run(asyncio.wait_for(runtime.serve(Settings.load()), 60))
+    assert asked  # the broker was asked meanwhile, not after the models
+
+
+def test_run_reports_a_wrong_topic_layout_without_waiting_for_the_models(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sidecar import runtime
+    from sidecar.exceptions import ConfigError
+
+    monkeypatch.setenv("GUARDRAIL_HTTP__ENABLED", "false")
+    loading = threading.Event()
+
+    def models_still_loading(settings: Settings) -> None:
+        loading.wait(60)  # released once serve() has raised
+
+    async def split(settings: Settings) -> dict[str, int]:
+        raise ConfigError("rag.retrieval has 3 partitions and rag.generation 2")
+
+    monkeypatch.setattr(runtime, "build_processor", models_still_loading)
+    monkeypatch.setattr(runtime, "verify_topics", split)
+    loop = asyncio.new_event_loop()  # not asyncio.run: it would join the loading thread
+    try:
+        with pytest.raises(ConfigError, match="3 partitions"):
+            loop.run_until_complete(asyncio.wait_for(runtime.serve(Settings.load()), 20))
+    finally:
+        loading.set()
+        loop.close()
