@@ -122,12 +122,24 @@ class GoldenOutputs(BaseModel, Generic[InputT]):
             raise ValueError(f"{len(actual)} outputs for {n} golden cases")
         drift = max_drift(self.references * (len(actual) // n), actual)
         if not drift <= self.tolerance:  # NaN fails too
+            here = describe_cpu()
+            moved = (
+                f"{model} computes other outputs than at export: its {self.output} moved by up "
+                f"to {drift:.3g} on its {n} golden inputs, more than the allowed "
+                f"{self.tolerance:.3g}. This CPU: {here}; recorded on: {self.recorded_on}. "
+            )
+            if here == self.recorded_on:  # the same kernels: not the CPU (audit: blamed it)
+                raise ConfigError(
+                    moved + "The CPU features are the same, so the model's files were most "
+                    "likely changed since export (its metadata's golden outputs or "
+                    "parameters, which its ONNX sha256 does not cover): restore them from the "
+                    "release, or re-export the model"
+                )
             raise ConfigError(
-                f"{model} computes other outputs on this CPU than at export: its {self.output} "
-                f"moved by up to {drift:.3g} on its {n} golden inputs, more than the allowed "
-                f"{self.tolerance:.3g}. This CPU: {describe_cpu()}; recorded on: "
-                f"{self.recorded_on}. Run it on a node whose CPU matches, or re-export the "
-                "model with outputs that hold on this instruction set (see its model card)"
+                moved + "Either this CPU computes differently: run it on a node whose CPU "
+                "matches, or re-export the model with outputs that hold on this instruction "
+                "set (see its model card); or the model's files were changed since export: "
+                "restore them from the release"
             )
         return drift
 

@@ -6,9 +6,9 @@ and store the outputs (with the tolerance) in the artifact's JSON
 The export writes them too; this adds them to artifacts exported before, and
 leaves the ONNX file, its sha256 and the model version unchanged.
 
-check: recompute them as the loaders do and print the drift per model as JSON;
-exit 2 (a configuration error naming this CPU's features) when a model drifts
-past its tolerance. The model cards show how to run it under an emulated CPU.
+check: recompute them as the loaders do and print the drift per model as JSON
+(a model past its tolerance with the loader's message under ``problem``); exit 2
+when one is past it. The model cards show how to run it under an emulated CPU.
 
 onnxruntime is imported inside the run functions.
 """
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sidecar.exceptions import ArtifactError
+from sidecar.exceptions import ArtifactError, ConfigError
 from sidecar.golden import GoldenOutputs, describe_cpu
 
 __all__ = ["register", "run_check", "run_record"]
@@ -96,14 +96,22 @@ def run_check(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     for model_dir in args.model_dir:
         golden: GoldenOutputs[Any] | None
+        drift: float | None = None
+        problem: str | None = None
         if _kind(model_dir) == "verifier":
             verifier = OnnxVerifier.load(model_dir, threads=1, check_golden=False)
-            drift = verifier.check_golden(str(model_dir))
             golden, version = verifier.artifact.golden, verifier.version
+            try:
+                drift = verifier.check_golden(str(model_dir))
+            except ConfigError as exc:  # reported with the others, not instead of them
+                problem = str(exc)
         else:
             scorer = OnnxLookbackScorer.from_dir(model_dir, check_golden=False)
-            drift = scorer.check_golden()
             golden, version = scorer.metadata.golden, scorer.version
+            try:
+                drift = scorer.check_golden()
+            except ConfigError as exc:
+                problem = str(exc)
         results.append(
             {
                 "model": str(model_dir),
@@ -112,7 +120,13 @@ def run_check(args: argparse.Namespace) -> int:
                 "max_drift": drift,
                 "tolerance": None if golden is None else golden.tolerance,
                 "recorded_on": None if golden is None else golden.recorded_on,
+                "within_tolerance": None if golden is None else problem is None,
+                **({"problem": problem} if problem is not None else {}),
             }
         )
     sys.stdout.write(json.dumps({"cpu": describe_cpu(), "models": results}, indent=2) + "\n")
+    drifted = [r["model"] for r in results if r.get("problem")]
+    if drifted:
+        sys.stderr.write(f"guardrail golden check: past the tolerance: {', '.join(drifted)}\n")
+        return 2
     return 0

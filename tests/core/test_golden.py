@@ -68,6 +68,20 @@ def test_outputs_past_the_tolerance_refuse_with_the_cpu_and_the_drift(bad: float
         golden.check([0.25, -1.5, 0.25], model="m")
 
 
+def test_past_the_tolerance_on_the_recording_cpu_the_files_are_blamed_not_the_cpu() -> None:
+    """Audit: golden outputs edited in the metadata gave "run it on a node whose CPU
+    matches" on the very machine that recorded them."""
+    golden = record_golden(["a"], [0.25], output="logit", tolerance=1e-3)
+    assert golden.recorded_on == describe_cpu()
+    with pytest.raises(ConfigError, match="CPU features are the same") as info:
+        golden.check([0.5], model="m")
+    assert "node whose CPU matches" not in str(info.value)
+    elsewhere = golden.model_copy(update={"recorded_on": "x86_64 with avx2 fma, without ..."})
+    with pytest.raises(ConfigError, match="node whose CPU matches") as info:
+        elsewhere.check([0.5], model="m")
+    assert "files were changed since export" in str(info.value)
+
+
 def test_golden_outputs_round_trip_through_json() -> None:
     golden = record_golden([[0.0, 0.5], [1.0, 0.25]], [0.1, 0.9], output="p", tolerance=1e-5)
     again = GoldenOutputs[list[float]].model_validate_json(golden.model_dump_json())

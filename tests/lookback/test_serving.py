@@ -275,7 +275,7 @@ def test_a_changed_model_with_a_matching_sha256_refuses_to_load(
     meta = json.loads((model / "metadata.json").read_text("utf-8"))
     meta["onnx_sha256"] = hashlib.sha256(data).hexdigest()
     (model / "metadata.json").write_text(json.dumps(meta), encoding="utf-8")
-    with pytest.raises(ConfigError, match="computes other outputs on this CPU than at export"):
+    with pytest.raises(ConfigError, match=r"other outputs than at export.*most likely changed"):
         OnnxLookbackScorer.from_dir(model)
 
 
@@ -290,3 +290,25 @@ def test_a_model_without_golden_outputs_loads_with_a_warning(
         scorer = OnnxLookbackScorer.from_dir(model)
     assert scorer.check_golden() is None
     assert "has no golden outputs" in caplog.text and "guardrail golden record" in caplog.text
+
+
+def test_golden_check_reports_every_model_and_exits_2_when_one_drifted(
+    cw_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Audit: ``golden check`` of an edited model exited 2 without the report it exists for."""
+    from sidecar.cli.main import main
+
+    good = _copy_model(cw_model, tmp_path / "good")
+    edited = _copy_model(cw_model, tmp_path / "edited")
+    meta = json.loads((edited / "metadata.json").read_text("utf-8"))
+    meta["golden"]["cases"][0]["output"] += 0.2
+    (edited / "metadata.json").write_text(json.dumps(meta), encoding="utf-8")
+    assert main(["golden", "check", str(edited), str(good)]) == 2
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    by_model = {m["model"]: m for m in report["models"]}
+    assert by_model[str(good)]["within_tolerance"] is True
+    assert by_model[str(good)]["max_drift"] <= by_model[str(good)]["tolerance"]
+    assert by_model[str(edited)]["within_tolerance"] is False
+    assert "files were most likely changed" in by_model[str(edited)]["problem"]
+    assert str(edited) in out.err
