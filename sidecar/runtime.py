@@ -188,6 +188,56 @@ def build_policy(settings: Settings) -> Policy:
     return PolicyEngine.from_file(path, models=_served_models(settings), search=[shipped])
 
 
+UPSTREAM_OF_CONFIDENCE = ("certifier", "lookback", "verifier")  # the models it reads
+
+
+def served_model_versions(settings: Settings) -> dict[str, str]:
+    """The served versions of the models whose outputs the confidence reads (the conformal
+    calibration, the lookback model, the claim verifier with its band), enabled ones only."""
+    served = _served_models(
+        settings.model_copy(
+            update={"signals": settings.signals.model_copy(update={"confidence": False})}
+        )
+    )
+    return {name: served[name] for name in UPSTREAM_OF_CONFIDENCE if name in served}
+
+
+def check_confidence_inputs(
+    fitted_on: dict[str, str] | None, served: dict[str, str], where: Path
+) -> None:
+    """``ConfigError`` when a model the confidence was fitted on is served in another
+    version: its features then come from other scores, and its probabilities are no longer
+    calibrated (audit: a retrained lookback model moved one answer's confidence from 0.51
+    to 0.095, under the enterprise profile's block at 0.1, and nothing was said)."""
+    if fitted_on is None:
+        log.warning(
+            "the calibrated-confidence model %s does not say which models it was fitted on "
+            "(its card has no inputs): a change of the lookback model, the calibration or "
+            "the verifier cannot be detected; refit it with `guardrail train confidence`",
+            where,
+        )
+        return
+    moved = [
+        f"{name} {fitted_on[name]} -> {served[name]}"
+        for name in UPSTREAM_OF_CONFIDENCE
+        if name in fitted_on and name in served and _model(fitted_on[name]) != _model(served[name])
+    ]
+    if moved:
+        raise ConfigError(
+            f"the calibrated-confidence model {where} was fitted on other models than those "
+            f"served ({'; '.join(moved)}): its features come from their scores, so its "
+            "probabilities would not be calibrated. Refit it (`guardrail dataset outcomes`, "
+            "then `guardrail train confidence`), serve the models it was fitted on, or set "
+            "GUARDRAIL_SIGNALS__CONFIDENCE=false"
+        )
+
+
+def _model(version: str) -> str:
+    """A served version without the verifier's band (``+p0.9``: a served option, as the
+    claims switch is; the network and its calibration are what the features come from)."""
+    return version.split("+p", 1)[0]
+
+
 def _served_models(settings: Settings) -> dict[str, str]:
     """What a policy's allow certificates are checked against: the confidence model's
     version, the enabled signals (a certificate fitted with claims off is not one
@@ -239,7 +289,9 @@ def _served_models(settings: Settings) -> dict[str, str]:
         "the calibrated-confidence model",
         "GUARDRAIL_SIGNALS__CONFIDENCE",
     )
-    served["confidence"] = CalibratedConfidenceScorer.from_dir(path).version
+    scorer = CalibratedConfidenceScorer.from_dir(path)
+    check_confidence_inputs(scorer.fitted_on, served, path)
+    served["confidence"] = scorer.version
     return served
 
 

@@ -53,12 +53,22 @@ CARD_FILE = "card.json"
 class CalibratedConfidenceScorer:
     """Plain-number models (JSON) evaluated with numpy; no scikit-learn at run time."""
 
-    def __init__(self, answer: ConfidenceModel, chunks: ConfidenceModel, *, tau: float) -> None:
+    def __init__(
+        self,
+        answer: ConfidenceModel,
+        chunks: ConfidenceModel,
+        *,
+        tau: float,
+        fitted_on: dict[str, str] | None = None,
+    ) -> None:
         if not 0.0 <= tau <= 1.0:
             raise ArtifactError(f"retrieve-again tau must be in [0, 1], got {tau}")
         self.answer = answer
         self.chunks = chunks
         self.tau = tau
+        # the models whose outputs its features were computed from ("certifier", "lookback",
+        # "verifier" -> version; the card's ``inputs``); None: a card written before it
+        self.fitted_on = fitted_on
 
     @classmethod
     def from_dir(cls, path: Path, *, tau: float | None = None) -> CalibratedConfidenceScorer:
@@ -77,10 +87,19 @@ class CalibratedConfidenceScorer:
             card_tau = float(card["retrieve_again"]["tau"])
         except (ValueError, KeyError, TypeError) as exc:
             raise ArtifactError(f"{path / CARD_FILE} has no retrieve_again.tau: {exc}") from None
+        inputs = card.get("inputs")
+        if inputs is not None and not (
+            isinstance(inputs, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in inputs.items())
+        ):
+            raise ArtifactError(
+                f"{path / CARD_FILE}: inputs must map a signal to its model version, got {inputs!r}"
+            )
         return cls(
             ConfidenceModel.load(path / ANSWER_FILE),
             ConfidenceModel.load(path / CHUNKS_FILE, spec=CHUNK_SPEC),
             tau=card_tau if tau is None else tau,
+            fitted_on=inputs,
         )
 
     @property

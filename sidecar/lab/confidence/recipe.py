@@ -116,6 +116,7 @@ def train_from_rows(
     """Fit both models on outcome rows; write them and the card into ``out``."""
     from sidecar.lab.report.collect import default_processor_factory, load_rows  # noqa: PLC0415
     from sidecar.lab.report.evaluate import replay_rows  # noqa: PLC0415
+    from sidecar.runtime import served_model_versions  # noqa: PLC0415
 
     rows = [r for p in paths for r in load_rows(p)]
     if len(rows) < 20:
@@ -173,9 +174,21 @@ def train_from_rows(
         tau_stats=tau_stats,
         chunk_heldout={"n_requests": len(held_idx), "n_chunks": len(held_x), "auroc": chunk_auc},
         source={"rows": [str(p) for p in paths], "n_rows": len(rows)},
+        inputs=served_model_versions(settings),  # the models the rows were replayed through
     )
     _write(out, answer, chunks, card)
     return card
+
+
+def _inputs_of(versions: Sequence[tuple[str | None, str | None]]) -> dict[str, str]:
+    """The calibration and lookback versions the verdicts name, where all name one (the
+    verdicts do not name the claim verifier)."""
+    inputs = {}
+    for i, name in enumerate(("certifier", "lookback")):
+        seen = {v[i] for v in versions}
+        if len(seen) == 1 and (only := seen.pop()) is not None:
+            inputs[name] = only
+    return inputs
 
 
 def _card(
@@ -186,12 +199,16 @@ def _card(
     tau_stats: dict[str, float],
     chunk_heldout: dict[str, Any],
     source: dict[str, Any],
+    inputs: dict[str, str],
 ) -> dict[str, Any]:
     return {
         "format": "confidence-card/1",
         "version": f"{answer.version}+{chunks.version}",
         "created_at": datetime.now(UTC).isoformat(),
         "source": source,
+        # the models whose scores the features came from: the sidecar refuses to serve this
+        # confidence beside other versions of them (runtime.check_confidence_inputs)
+        "inputs": inputs,
         "answer": {
             "version": answer.version,
             "n": answer.training.n,
@@ -237,6 +254,7 @@ def train_from_kafka(
     topics = settings.topics
     records = asyncio.run(read_topics(settings, [topics.verdicts, topics.feedback]))
     features: dict[str, dict[str, float | None]] = {}
+    scored_by: dict[str, tuple[str | None, str | None]] = {}
     labels: dict[str, bool] = {}
     for topic, value in records:
         try:
@@ -244,6 +262,10 @@ def train_from_kafka(
                 verdict = AnswerVerdict.model_validate_json(value)
                 if verdict.confidence_features and verdict.stage == "final":
                     features[verdict.request_id] = verdict.confidence_features
+                    scored_by[verdict.request_id] = (
+                        verdict.signals.retrieval.calibration_version,
+                        verdict.signals.lookback.model_version,
+                    )
             else:
                 fb = FeedbackEvent.model_validate_json(value)
                 if not fb.abstained:
@@ -274,6 +296,7 @@ def train_from_kafka(
             "joined": len(joined),
             "chunks_from": str(source_dir),
         },
+        inputs=_inputs_of([scored_by[r] for r in joined]),
     )
     out.mkdir(parents=True, exist_ok=True)
     answer.save(out / ANSWER_FILE)

@@ -77,6 +77,7 @@ async def test_refit_from_verdicts_and_feedback(
     card = await asyncio.to_thread(train_from_kafka, settings, out, chunks_from=SHIPPED, seed=0)
 
     assert card["source"]["verdicts"] == n
+    assert card["inputs"] == {}  # these verdicts name no calibration or lookback version
     assert card["source"]["feedback"] == n - n // 4
     assert card["source"]["joined"] == n - n // 4
     model = ConfidenceModel.load(out / ANSWER_FILE)
