@@ -38,6 +38,7 @@ from sidecar.conformal.quantile import (
     order_statistic_rank,
 )
 from sidecar.exceptions import ConfigError, InputError, LifecycleError
+from sidecar.stats.binomial import beta_quantile
 
 __all__ = [
     "ConformalCalibration",
@@ -119,6 +120,17 @@ class ConformalCalibration:
         """Eq. (3): ``(1 - alpha, 1 - alpha + 1/(n + 1))``, bounds on P(correct chunk trusted)."""
         lo = float(1 - self.alpha)
         return lo, min(1.0, lo + 1.0 / (self.n + 1))
+
+    def coverage_spread(self, confidence: float = 0.9) -> tuple[float, float] | None:
+        """Where the coverage of *this* threshold lies across calibration sets of this size:
+        conditional on the calibration set it is ``Beta(k, n + 1 - k)`` (Vovk 2012;
+        Angelopoulos & Bates, "A gentle introduction", §3.2), and eq. (3) holds only on
+        average over them. The central ``confidence`` interval; None when not certifiable."""
+        if not self.certifiable:
+            return None
+        tail = (1.0 - confidence) / 2.0
+        a, b = self.k, self.n + 1 - self.k
+        return beta_quantile(a, b, tail), beta_quantile(a, b, 1.0 - tail)
 
     def explain(self) -> str:
         """One sentence on how q_hat was obtained, or why nothing can be certified."""

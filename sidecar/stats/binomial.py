@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from sidecar.exceptions import ConfigError
 
-__all__ = ["binomial_cdf", "clopper_pearson", "clopper_pearson_upper"]
+__all__ = ["beta_quantile", "binomial_cdf", "clopper_pearson", "clopper_pearson_upper"]
 
 _BISECTIONS = 50  # 2^-50: far below any probability a report prints
 
@@ -97,3 +97,21 @@ def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
     # the lower end for k is 1 - (the upper end for n - k failures)
     low = 0.0 if k == 0 else 1.0 - clopper_pearson_upper(n - k, n, one_sided)
     return low, high
+
+
+def beta_quantile(a: int, b: int, q: float) -> float:
+    """The ``q``-quantile of ``Beta(a, b)`` for whole ``a, b >= 1``, by bisection on
+    ``P(Beta(a, b) <= x) = P(Binomial(a + b - 1, x) >= a)``."""
+    if a < 1 or b < 1 or isinstance(a, bool) or isinstance(b, bool):
+        raise ConfigError(f"a and b must be whole numbers >= 1, got {a!r}, {b!r}")
+    if not 0.0 < q < 1.0:
+        raise ConfigError(f"q must be in (0, 1), got {q!r}")
+    n = a + b - 1
+    lo, hi = 0.0, 1.0
+    for _ in range(_BISECTIONS):
+        mid = (lo + hi) / 2.0
+        if 1.0 - binomial_cdf(a - 1, n, mid) < q:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0

@@ -150,3 +150,39 @@ def test_sweep_defaults_to_the_calibration_set(make_retrievals: SyntheticFactory
     explicit = alpha_sweep(cal.scores, cal.labels, [0.2], cal.scores, cal.labels)
     assert own == explicit
     assert np.isfinite(own[0].q_hat)
+
+
+def test_coverage_spread_is_where_the_coverage_of_simulated_calibrations_falls() -> None:
+    """Across calibration sets of n scores, the coverage of the threshold is Beta(k, n+1-k):
+    with uniform nonconformity it is q_hat itself. 4,000 simulated sets of n = 50."""
+    n, alpha = 50, 0.1
+    k = math.ceil((n + 1) * (1 - alpha))
+    cal = ConformalCalibration(
+        alpha=Fraction(1, 10), n1=0.0, n2=1.0, n=n, k=k, q_hat=0.5, threshold=0.5,
+        n_questions=n, n_chunks=n,
+    )  # fmt: skip
+    spread = cal.coverage_spread(0.9)
+    assert spread is not None
+    low, high = spread
+    rng = np.random.default_rng(7)
+    coverages = np.sort(rng.random((4000, n)), axis=1)[:, k - 1]  # the k-th smallest
+    inside = float(np.mean((coverages >= low) & (coverages <= high)))
+    assert abs(inside - 0.9) < 0.02, inside  # 3 standard errors of a share of 4,000
+    assert float(np.mean(coverages)) == pytest.approx(k / (n + 1), abs=0.005)  # eq. (3) mean
+    assert low < 1 - alpha < high
+
+
+def test_a_vacuous_calibration_has_no_coverage_spread() -> None:
+    assert _cal(0.2).calibration_.coverage_spread() is None
+
+
+def test_beta_quantile_matches_scipy() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    from sidecar.stats.binomial import beta_quantile
+
+    for a, b, q in [(1494, 166, 0.05), (9, 1, 0.05), (90, 11, 0.95), (3, 7, 0.5), (1, 1, 0.3)]:
+        assert beta_quantile(a, b, q) == pytest.approx(stats.beta.ppf(q, a, b), abs=1e-9)
+    with pytest.raises(ConfigError):
+        beta_quantile(0, 3, 0.5)
+    with pytest.raises(ConfigError):
+        beta_quantile(2, 3, 1.0)

@@ -32,6 +32,9 @@ __all__ = ["CalibrateSpec", "RetrievalData", "SplitDefaults", "calibrate", "comm
 
 log = logging.getLogger(__name__)
 
+SPREAD_CONFIDENCE = 0.9  # the central interval of the coverage a calibration's threshold gives
+SPREAD_WARN = 0.05  # warn when its lower end is this far below 1 - alpha (n near 100 at 0.1)
+
 
 @dataclass(frozen=True)
 class RetrievalData:
@@ -222,11 +225,17 @@ def calibrate(data: RetrievalData, spec: CalibrateSpec) -> dict[str, Any]:
     )
     g = mondrian.global_calibration
     if not g.certifiable and not spec.allow_vacuous:
+        none_correct = (
+            " None of the retrieved chunks is a correct one: does --corpus hold the questions' "
+            "own passages?"
+            if g.n == 0
+            else ""
+        )
         raise ConfigError(
-            f"no conformal threshold at alpha={spec.alpha}: {g.explain()}. A sidecar serving "
-            "this calibration trusts no chunk. Calibrate on more questions (--max-questions, "
-            "--cal-fraction) or a larger alpha, or pass --allow-vacuous to write it anyway; "
-            f"nothing was written to {spec.out}"
+            f"no conformal threshold at alpha={spec.alpha}: {g.explain()}.{none_correct} A "
+            "sidecar serving this calibration trusts no chunk. Calibrate on more questions "
+            "(--max-questions, --cal-fraction) or a larger alpha, or pass --allow-vacuous to "
+            f"write it anyway; nothing was written to {spec.out}"
         )
     path = save_artifact(artifact, spec.out)
     at_alpha = next(p for p in sweep if p.alpha == alpha) if alpha in default_alpha_grid() else None
@@ -249,6 +258,20 @@ def calibrate(data: RetrievalData, spec: CalibrateSpec) -> dict[str, Any]:
     }
     if at_alpha is not None:
         summary.update(m1_cal=at_alpha.m1_mean, m2_cal=at_alpha.m2_mean)
+    spread = g.coverage_spread(SPREAD_CONFIDENCE)
+    if spread is not None:
+        summary["coverage_spread_90"] = [spread[0], spread[1]]
+        if spread[0] < float(1 - g.alpha) - SPREAD_WARN:
+            log.warning(
+                "a calibration on n=%d correct chunks: the coverage its threshold gives lies, "
+                "over calibration sets of this size, between %.3f and %.3f (90%%; "
+                "Beta(k, n+1-k)); 1 - alpha = %.3f holds only on average over them. More "
+                "calibration questions narrow it (--max-questions, --cal-fraction)",
+                g.n,
+                spread[0],
+                spread[1],
+                float(1 - g.alpha),
+            )
     for entry in artifact.mondrian:
         if entry.fallback_reason is not None:
             log.warning("%s", entry.detail)

@@ -80,6 +80,10 @@ def test_calibrate_writes_a_valid_artifact(nq_slice: Slice, calibrated: dict[str
     assert 0.0 <= art.q_hat <= 1.0
     assert calibrated["q_hat"] == art.q_hat
     assert calibrated["n"] == art.n
+    # ~40 correct chunks: the coverage of this threshold is anything from ~0.8 to ~0.97
+    spread = calibrated["coverage_spread_90"]
+    assert isinstance(spread, list) and spread == sorted(spread)
+    assert spread[0] < 0.85 and spread[1] > 0.9
     # MiniLM finds the gold passage of most NQ questions among 160 passages; a random
     # ranking of ~280 chunks would put it in the top 10 for about 1 question in 25.
     assert isinstance(calibrated["recall_at_k"], float)
