@@ -149,6 +149,10 @@ def pad_rows(rows: ScoreRows) -> tuple[FloatArray, BoolArray]:
     for i, row in enumerate(rows):
         if len(row) == 0:
             continue
+        if any(isinstance(v, str | bytes | bool | np.bool_) for v in row):
+            # numpy reads "0.5" as 0.5 and True as 1.0: a file that quoted its scores or a
+            # column of flags would calibrate without a word (audit)
+            raise InputError("invalid-score", f"question {i}: scores must be numbers, got {row!r}")
         try:
             arr = np.asarray(row, dtype=np.float64)
         except (TypeError, ValueError) as exc:
@@ -176,9 +180,22 @@ def _pad_labels(labels: LabelRows, present: BoolArray) -> BoolArray:
                 "shape-mismatch",
                 f"question {i}: {len(row)} labels but {width} scores",
             )
+        if not all(_is_label(v) for v in row):
+            # bool("no") is True: labels given as text or as scores would all count (audit:
+            # "no" labels moved n from 40 to 200 and q_hat from 0.11 to 0.94)
+            raise InputError(
+                "invalid-label",
+                f"question {i}: labels must be true/false (or 1/0), got {list(row)!r}",
+            )
         if width:
             out[i, :width] = np.asarray(row, dtype=np.bool_)
     return out
+
+
+def _is_label(value: object) -> bool:
+    if isinstance(value, bool | np.bool_):
+        return True
+    return isinstance(value, int | np.integer) and value in (0, 1)
 
 
 def _calibrate_normalised(

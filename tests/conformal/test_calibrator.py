@@ -109,6 +109,38 @@ def test_bad_inputs() -> None:
     assert info.value.reason == "shape-mismatch"
 
 
+@pytest.mark.parametrize(
+    "scores", [[["0.9", "0.5"]], [[0.9, True]], [[b"0.9"]]], ids=["text", "flag", "bytes"]
+)
+def test_scores_that_numpy_would_convert_are_refused(scores: list[list[object]]) -> None:
+    """numpy reads "0.9" as 0.9 and True as 1.0: the audit's quoted scores calibrated."""
+    with pytest.raises(InputError, match="scores must be numbers") as info:
+        RetrievalCalibrator(0.1).fit(scores)  # type: ignore[arg-type]
+    assert info.value.reason == "invalid-score"
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        [["yes", "no", "no"], ["no", "no"], ["no", "yes", "no"]],  # bool("no") is True
+        [[1.0, 0.0, 0.0], [1.0, 0.0], [0.0, 1.0, 0.0]],
+        [[2, 0, 0], [1, 0], [0, 1, 0]],
+    ],
+    ids=["text", "floats", "counts"],
+)
+def test_labels_that_are_not_true_false_are_refused(labels: list[list[object]]) -> None:
+    """Audit: labels "no" read as True moved n from 40 to 200 and q_hat from 0.11 to 0.94."""
+    with pytest.raises(InputError, match="labels must be true/false") as info:
+        RetrievalCalibrator(0.1).fit(RAW).calibrate(RAW, labels)  # type: ignore[arg-type]
+    assert info.value.reason == "invalid-label"
+
+
+def test_labels_may_be_ones_and_zeros() -> None:
+    ints = [[int(v) for v in row] for row in LABELS]
+    got = RetrievalCalibrator(0.5).fit(RAW).calibrate(RAW, ints).calibration_  # type: ignore[arg-type]
+    assert got == _cal(0.5).calibration_
+
+
 def test_calibration_invariants_are_checked() -> None:
     good = _cal(0.5).calibration_
     with pytest.raises(ConfigError, match="k must be"):
