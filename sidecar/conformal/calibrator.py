@@ -39,6 +39,7 @@ from sidecar.conformal.quantile import (
 )
 from sidecar.exceptions import ConfigError, InputError, LifecycleError
 from sidecar.stats.binomial import beta_quantile
+from sidecar.stats.metrics import auroc
 
 __all__ = [
     "ConformalCalibration",
@@ -192,6 +193,28 @@ def _pad_labels(labels: LabelRows, present: BoolArray) -> BoolArray:
     return out
 
 
+DIRECTION_MIN_EACH = 20  # correct and wrong chunks each before their order is judged
+DIRECTION_MAX_AUROC = 0.4  # below it, correct chunks score lower: distances, not similarities
+
+
+def _check_direction(scores: FloatArray, correct: BoolArray) -> None:
+    """:class:`InputError` ``score-direction`` when the correct chunks score clearly lower
+    than the wrong ones: the scores are distances (lower is better), and a calibration
+    of them would trust the worst chunks (audit: fitted without a word)."""
+    n_correct = int(correct.sum())
+    if min(n_correct, correct.size - n_correct) < DIRECTION_MIN_EACH:
+        return
+    separation = auroc(scores, correct)
+    if separation < DIRECTION_MAX_AUROC:
+        raise InputError(
+            "score-direction",
+            f"the correct chunks score lower than the wrong ones (AUROC {separation:.2f} of "
+            f"{correct.size} chunks): these look like distances (lower is better); the "
+            "calibration needs similarities (higher is better): use 1 - distance for a cosine "
+            "distance, else -distance, here and in the events",
+        )
+
+
 def _is_label(value: object) -> bool:
     if isinstance(value, bool | np.bool_):
         return True
@@ -255,6 +278,7 @@ class RetrievalCalibrator:
         normaliser = self.normaliser_
         values, present = pad_rows(scores)
         correct_mask = _pad_labels(labels, present)
+        _check_direction(values[present], correct_mask[present])
         normalised, _ = normaliser.transform(values[correct_mask])
         self._calibration = _calibrate_normalised(
             normalised,

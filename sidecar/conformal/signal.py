@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from sidecar.conformal.certify import certify
 from sidecar.conformal.monitor import ExchangeabilityMonitor, MonitorStatus, monitor_key
+from sidecar.conformal.order import ScoreOrder
 from sidecar.conformal.registry import CalibrationRegistry
 from sidecar.contracts.events import RetrievalEvent, RetrievalSignal, SignalStatus
+from sidecar.contracts.verdicts import SCORES_RISING
 from sidecar.pipeline.ports import MonitorReading
 
 
@@ -22,6 +24,7 @@ class ConformalCertifier:
     def __init__(self, registry: CalibrationRegistry, monitor: ExchangeabilityMonitor) -> None:
         self.registry = registry
         self.monitor = monitor
+        self.order = ScoreOrder()  # per key: similarities, or distances read the wrong way
 
     @property
     def version(self) -> str:
@@ -29,7 +32,25 @@ class ConformalCertifier:
 
     def certify(self, event: RetrievalEvent) -> RetrievalSignal:
         resolved = self.registry.resolve(event.tenant, event.collection, event.retriever)
-        cert = certify([h.score for h in event.hits], resolved, depth=event.k)
+        scores = [h.score for h in event.hits]
+        cert = certify(scores, resolved, depth=event.k)
+        if self.order.observe(resolved.requested.label, scores):
+            # distances, read as similarities, would trust the worst chunks: none is trusted,
+            # and the monitor is not fed (observe_decided skips a fallback of this reason)
+            return RetrievalSignal(
+                status=SignalStatus.OK,
+                trusted_chunk_ids=[],
+                m1=False,
+                m2=0.0,
+                q_hat=cert.q_hat,
+                alpha=cert.alpha,
+                certifiable=cert.certifiable,
+                calibration_version=cert.calibration_id,
+                calibration_key=cert.calibration_key,
+                fallback=True,
+                fallback_reason=SCORES_RISING,
+                clipped_scores=cert.n_clipped,
+            )
         if not cert.certifiable:
             # no threshold at this alpha (k > n): the conformal set is every chunk, which
             # certifies none. Claims, coverage, confidence and the monitor read "trusted"
@@ -63,6 +84,8 @@ class ConformalCertifier:
         """Count a decided request's retrieval in its monitor window (once per request)."""
         if not signal.certifiable or signal.m1 is None or signal.calibration_key is None:
             return  # not certified (vacuous at this alpha): not fed, as before
+        if signal.fallback_reason == SCORES_RISING:
+            return  # not certified either: its m1 says nothing of the calibration
         if signal.alpha is None or signal.calibration_version is None:
             return
         key = monitor_key(signal.calibration_key, fallback=signal.fallback, tenant=event.tenant)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -44,6 +44,11 @@ class Reason(BaseModel):
     signal: Literal["retrieval", "lookback", "claims", "confidence", "policy", "pipeline"] = (
         "policy"
     )
+
+
+SCORES_RISING: Final = "scores-rise-down-the-list"
+"""``RetrievalSignal.fallback_reason`` of a retriever whose scores rise down its hit lists
+(distances, read the wrong way round by the calibration): nothing of it is certified."""
 
 
 class RetrievalSignal(BaseModel):

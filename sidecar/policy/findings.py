@@ -43,6 +43,7 @@ from sidecar.contracts.events import (
     Signals,
     SignalStatus,
 )
+from sidecar.contracts.verdicts import SCORES_RISING
 from sidecar.policy.config import Action, ConfidenceRules, LookbackRules, Profile
 
 __all__ = ["Finding", "SignalName", "evaluate_signals", "finding"]
@@ -94,6 +95,17 @@ def _retrieval(sig: RetrievalSignal, profile: Profile) -> list[Finding]:
     if sig.status is not SignalStatus.OK:
         return [_missing("retrieval", sig.status, rules.when_missing)]
     out: list[Finding] = []
+    if sig.fallback_reason == SCORES_RISING:
+        return [
+            finding(
+                rules.when_no_trusted_chunk,
+                "retrieval-scores-rising",
+                "this retriever's scores rise down its hit lists (hits come best first): they "
+                "look like distances, which the calibration reads the other way round, so no "
+                "chunk is certified; send similarities (e.g. 1 - cosine distance)",
+                "retrieval",
+            )
+        ]
     if sig.certifiable is False:
         out.append(
             finding(

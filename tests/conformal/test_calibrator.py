@@ -218,3 +218,13 @@ def test_beta_quantile_matches_scipy() -> None:
         beta_quantile(0, 3, 0.5)
     with pytest.raises(ConfigError):
         beta_quantile(2, 3, 1.0)
+
+
+def test_distances_are_refused_at_calibration(make_retrievals: SyntheticFactory) -> None:
+    """Audit: distances (1 - cosine) calibrated without a word; served, they trust the worst."""
+    data = make_retrievals(seed=3, n_questions=60)
+    RetrievalCalibrator(0.1).fit(data.scores).calibrate(data.scores, data.labels)
+    distances = [[1.0 - s for s in row] for row in data.scores]
+    with pytest.raises(InputError, match="look like distances") as info:
+        RetrievalCalibrator(0.1).fit(distances).calibrate(distances, data.labels)
+    assert info.value.reason == "score-direction"
