@@ -18,7 +18,7 @@ from sidecar.cli.groups import add_rag_runtime_args, get_group, progress_enabled
 if TYPE_CHECKING:
     from sidecar.lab.conformal.recipe import RetrievalData
 
-__all__ = ["register", "run_calibrate", "run_eval"]
+__all__ = ["register", "run_calibrate", "run_calibrate_scores", "run_eval"]
 
 DEFAULT_CHUNK_WORDS = 64
 DEFAULT_TOP_K = 10
@@ -61,6 +61,38 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "correct chunks); a sidecar serving it trusts no chunk",
     )
     p.set_defaults(func=run_calibrate)
+
+    own = calibrate.add_parser(
+        "scores",
+        help="Conformal calibration of your own retriever's labelled scores (JSON lines).",
+        description=(
+            "Calibrate the certification on your retriever's own labelled retrievals: one JSON "
+            'object a line, {"scores": [...best first], "labels": [true, false, ...], '
+            '"tenant": ..., "collection": ..., "retriever": ...} (the three names optional: '
+            "the options below fill them in). Each (tenant, collection, retriever) gets its own "
+            "Mondrian calibration beside the pooled one. Scores must be similarities (higher "
+            "is better). Serve the result with GUARDRAIL_SIGNALS__CALIBRATION."
+        ),
+    )
+    own.add_argument("--data", required=True, type=Path, help="labelled retrievals (JSON lines)")
+    own.add_argument("--out", required=True, type=Path, help="artifact path (JSON)")
+    own.add_argument(
+        "--alpha", default="0.1", help="significance level in (0, 1), exact (default 0.1)"
+    )
+    own.add_argument("--tenant", default="default", help="tenant of lines that name none")
+    own.add_argument("--collection", default="default", help="collection of lines that name none")
+    own.add_argument("--retriever", default="default", help="retriever of lines that name none")
+    own.add_argument(
+        "--embedding-model",
+        default="unspecified",
+        help="what produced the scores (recorded in the artifact)",
+    )
+    own.add_argument(
+        "--allow-vacuous",
+        action="store_true",
+        help="write the artifact even when it has no threshold at alpha (k > n)",
+    )
+    own.set_defaults(func=run_calibrate_scores)
 
     evaluate = get_group(sub, "eval", "Evaluate a guardrail signal on held-out data.")
     e = evaluate.add_parser(
@@ -179,6 +211,23 @@ def run_calibrate(args: argparse.Namespace) -> int:
         allow_vacuous=args.allow_vacuous,
     )
     _write(json.dumps(calibrate(_data(args), spec)))
+    return 0
+
+
+def run_calibrate_scores(args: argparse.Namespace) -> int:
+    """``guardrail calibrate scores``: a calibration of your retriever's labelled scores."""
+    from sidecar.lab.conformal.from_scores import calibrate_scores  # noqa: PLC0415
+
+    defaults = {"tenant": args.tenant, "collection": args.collection, "retriever": args.retriever}
+    summary = calibrate_scores(
+        args.data,
+        args.out,
+        alpha=args.alpha,
+        defaults=defaults,
+        embedding_model_id=args.embedding_model,
+        allow_vacuous=args.allow_vacuous,
+    )
+    _write(json.dumps(summary))
     return 0
 
 

@@ -23,12 +23,20 @@ from sidecar.exceptions import ConfigError
 from sidecar.hashing import sha256_file
 
 if TYPE_CHECKING:
+    from sidecar.conformal.calibrator import ConformalCalibration
     from sidecar.lab.retrieval.corpus import QARecord
     from sidecar.lab.retrieval.embedder import MiniLMEmbedder
     from sidecar.lab.retrieval.split import Split
     from sidecar.lab.retrieval.workflow import Corpus
 
-__all__ = ["CalibrateSpec", "RetrievalData", "SplitDefaults", "calibrate", "command_line"]
+__all__ = [
+    "CalibrateSpec",
+    "RetrievalData",
+    "SplitDefaults",
+    "calibrate",
+    "command_line",
+    "spread_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +161,26 @@ def _reproduce(data: RetrievalData, spec: CalibrateSpec, beta: float) -> str:
     return f"{command} --allow-vacuous" if spec.allow_vacuous else command
 
 
+def spread_of(g: ConformalCalibration) -> dict[str, list[float]]:
+    """``coverage_spread_90`` of a calibration for its summary (nothing when it has no
+    threshold), with a warning when its lower end is ``SPREAD_WARN`` below 1 - alpha."""
+    spread = g.coverage_spread(SPREAD_CONFIDENCE)
+    if spread is None:
+        return {}
+    if spread[0] < float(1 - g.alpha) - SPREAD_WARN:
+        log.warning(
+            "a calibration on n=%d correct chunks: the coverage its threshold gives lies, "
+            "over calibration sets of this size, between %.3f and %.3f (90%%; "
+            "Beta(k, n+1-k)); 1 - alpha = %.3f holds only on average over them. More "
+            "labelled retrievals narrow it",
+            g.n,
+            spread[0],
+            spread[1],
+            float(1 - g.alpha),
+        )
+    return {"coverage_spread_90": [spread[0], spread[1]]}
+
+
 def calibrate(data: RetrievalData, spec: CalibrateSpec) -> dict[str, Any]:
     """Write the calibration artifact to ``spec.out``; return the run's summary."""
     from sidecar.conformal.artifact import Provenance, build_artifact  # noqa: PLC0415
@@ -258,20 +286,7 @@ def calibrate(data: RetrievalData, spec: CalibrateSpec) -> dict[str, Any]:
     }
     if at_alpha is not None:
         summary.update(m1_cal=at_alpha.m1_mean, m2_cal=at_alpha.m2_mean)
-    spread = g.coverage_spread(SPREAD_CONFIDENCE)
-    if spread is not None:
-        summary["coverage_spread_90"] = [spread[0], spread[1]]
-        if spread[0] < float(1 - g.alpha) - SPREAD_WARN:
-            log.warning(
-                "a calibration on n=%d correct chunks: the coverage its threshold gives lies, "
-                "over calibration sets of this size, between %.3f and %.3f (90%%; "
-                "Beta(k, n+1-k)); 1 - alpha = %.3f holds only on average over them. More "
-                "calibration questions narrow it (--max-questions, --cal-fraction)",
-                g.n,
-                spread[0],
-                spread[1],
-                float(1 - g.alpha),
-            )
+    summary.update(spread_of(g))
     for entry in artifact.mondrian:
         if entry.fallback_reason is not None:
             log.warning("%s", entry.detail)
