@@ -46,6 +46,7 @@ from sidecar.confidence.calibration import (
 from sidecar.confidence.errors import ConfidenceDataError
 from sidecar.confidence.logistic import FloatArray
 from sidecar.confidence.spec import ANSWER_SPEC, FeatureSpec, FeatureValues, signal_value
+from sidecar.contracts.codec import summarise_validation
 from sidecar.exceptions import ArtifactError
 from sidecar.hashing import not_a_regular_file
 
@@ -376,4 +377,6 @@ class ConfidenceModel(BaseModel):
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            raise ArtifactError(f"{source} is not a valid confidence model: {exc}") from exc
+            raise ArtifactError(
+                f"{source} is not a valid confidence model: {summarise_validation(exc, 5)}"
+            ) from None

@@ -112,7 +112,9 @@ def _depth_exceeds(obj: Any, limit: int) -> bool:
     return False
 
 
-def _summarise(exc: ValidationError, limit: int = 3) -> str:
+def summarise_validation(exc: ValidationError, limit: int = 3) -> str:
+    """``where: what`` for the first ``limit`` problems of a pydantic error, and how many
+    more (not pydantic's own text, with its input dumps and documentation links)."""
     parts = []
     for err in exc.errors()[:limit]:
         loc = ".".join(str(p) for p in err["loc"]) or "<root>"
@@ -193,7 +195,7 @@ def decode_checked(kind: InputKind, raw: bytes, *, max_depth: int) -> InputEvent
     try:  # strict, as the fast path and the published JSON schemas: "k": "2" is no integer
         return model.model_validate_json(raw, strict=True)
     except ValidationError as exc:
-        raise InputError("schema-violation", _summarise(exc)) from None
+        raise InputError("schema-violation", summarise_validation(exc)) from None
 
 
 def request_id_hint(raw: bytes | None, key: bytes | None) -> str | None:

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Final, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sidecar.contracts.codec import summarise_validation
 from sidecar.exceptions import ArtifactError
 from sidecar.golden import GoldenOutputs
 from sidecar.lookback.features import feature_vector
@@ -170,8 +171,12 @@ def load_metadata(model_dir: str | Path) -> tuple[LookbackModelMetadata, bytes]:
         raise ArtifactError(f"{root} is not a lookback model directory ({METADATA_FILE} missing)")
     try:
         meta = LookbackModelMetadata.model_validate_json(meta_path.read_text("utf-8"))
-    except ValueError as exc:
-        raise ArtifactError(f"{meta_path} is not valid lookback model metadata: {exc}") from exc
+    except ValidationError as exc:
+        raise ArtifactError(
+            f"{meta_path} is not valid lookback model metadata: {summarise_validation(exc, 5)}"
+        ) from None
+    except (OSError, ValueError) as exc:  # not UTF-8, unreadable
+        raise ArtifactError(f"{meta_path} cannot be read: {exc}") from None
     onnx_path = root / meta.onnx_file
     if not onnx_path.is_file():
         raise ArtifactError(f"{onnx_path} is missing")

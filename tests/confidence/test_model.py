@@ -175,6 +175,18 @@ def test_wrong_format_is_refused(model: ConfidenceModel, tmp_path: Path) -> None
         ConfidenceModel.load(tmp_path / "absent.json")
 
 
+def test_an_invalid_model_is_described_without_pydantic_dumps(
+    model: ConfidenceModel, tmp_path: Path
+) -> None:
+    """Audit: the error was pydantic's own text, with its links to errors.pydantic.dev."""
+    with pytest.raises(ArtifactError) as info:
+        ConfidenceModel.load(_edited(model, tmp_path, intercept="nan?", seed_of_doubt=1))
+    message = str(info.value)
+    assert "intercept: Input should be a valid number" in message
+    assert "seed_of_doubt: Extra inputs are not permitted" in message
+    assert "errors.pydantic.dev" not in message and "input_value=" not in message
+
+
 def test_mismatched_features_are_refused(model: ConfidenceModel, tmp_path: Path) -> None:
     dropped = list(FEATURES[:-1])
     with pytest.raises(ArtifactError, match=r"missing \['certification_missing'\]"):

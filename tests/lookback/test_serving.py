@@ -20,7 +20,7 @@ from sidecar.contracts.events import (
     RetrievalSignal,
     SignalStatus,
 )
-from sidecar.exceptions import ConfigError, InputError
+from sidecar.exceptions import ArtifactError, ConfigError, InputError
 from sidecar.golden import describe_cpu
 from sidecar.lab.lookback.dataset import load_dataset
 from sidecar.lab.lookback.training import LookbackClassifier, split_by_question
@@ -312,3 +312,16 @@ def test_golden_check_reports_every_model_and_exits_2_when_one_drifted(
     assert by_model[str(edited)]["within_tolerance"] is False
     assert "files were most likely changed" in by_model[str(edited)]["problem"]
     assert str(edited) in out.err
+
+
+def test_invalid_metadata_is_described_without_pydantic_dumps(
+    cw_model: Path, tmp_path: Path
+) -> None:
+    model = _copy_model(cw_model, tmp_path / "m")
+    meta = json.loads((model / "metadata.json").read_text("utf-8"))
+    meta["layers"] = "thirty"
+    (model / "metadata.json").write_text(json.dumps(meta), encoding="utf-8")
+    with pytest.raises(ArtifactError) as info:
+        OnnxLookbackScorer.from_dir(model)
+    assert "layers: Input should be a valid integer" in str(info.value)
+    assert "errors.pydantic.dev" not in str(info.value)
