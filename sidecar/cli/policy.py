@@ -41,4 +41,17 @@ def run_check(args: argparse.Namespace) -> int:
                 f"delta {cert.delta:g}, {cert.key}; fitted with "
                 f"{', '.join(entry.signals) or 'no signals'}): {entry.path}\n"
             )
+    used = {config.default_profile, *config.tenants.values(), *config.collections.values()}
+    for name in config.profiles:
+        if name not in used:
+            sys.stdout.write(
+                f"  note: profile {name} is mapped from no tenant or collection and is not the "
+                "default: it decides nothing until one is\n"
+            )
+    shadowed = sorted(set(config.tenants) & set(config.collections))
+    if shadowed:
+        sys.stdout.write(
+            f"  note: {', '.join(shadowed)} named as a tenant and as a collection: the tenant's "
+            "profile wins\n"
+        )
     return 0

@@ -333,9 +333,18 @@ def parse_policy(text: str, source: str = "<policy>") -> PolicyConfig:
         raise ConfigError(f"{source}: invalid policy: {_describe(exc)}") from None
 
 
+MAX_POLICY_BYTES: Final = 1 << 20  # a policy is a few KB; the audit's 5 MB one took 5 s
+
+
 def load_policy(path: Path) -> PolicyConfig:
     if not path.is_file():
         raise ConfigError(f"policy file {path} does not exist")
+    size = path.stat().st_size
+    if size > MAX_POLICY_BYTES:
+        raise ConfigError(
+            f"policy file {path} is {size} bytes, more than {MAX_POLICY_BYTES}: a policy is a "
+            "few kilobytes of profiles and mappings (is this the right file?)"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:

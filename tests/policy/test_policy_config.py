@@ -159,3 +159,32 @@ def test_policy_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     bad.write_text(MINIMAL.replace("0.3", "3"), encoding="utf-8")
     assert main(["policy", "check", str(bad)]) == 2
     assert "max_hallucination_rate" in capsys.readouterr().err
+
+
+def test_policy_check_warns_of_a_profile_nothing_uses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["policy", "check", str(DEFAULT)]) == 0
+    shipped = capsys.readouterr().out  # its risk profiles wait for a tenant to be mapped
+    assert "note: profile medical is mapped from no tenant" in shipped
+    assert "note: profile nq-open" not in shipped
+    unused = tmp_path / "unused.yaml"
+    unused.write_text(
+        MINIMAL.replace(
+            "  general: {max_hallucination_rate: 0.3}",
+            "  general: {max_hallucination_rate: 0.3}\n  orphan: {max_hallucination_rate: 0.1}",
+        )
+        + "tenants: {wiki: general}\ncollections: {wiki: general}\n",
+        encoding="utf-8",
+    )
+    assert main(["policy", "check", str(unused)]) == 0
+    out = capsys.readouterr().out
+    assert "note: profile orphan is mapped from no tenant or collection" in out
+    assert "wiki named as a tenant and as a collection" in out
+
+
+def test_a_policy_file_of_megabytes_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_text(MINIMAL + "#" + "x" * (2 << 20) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="more than 1048576"):
+        load_policy(big)
