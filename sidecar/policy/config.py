@@ -212,7 +212,13 @@ class PolicyTexts(_Model):
 class PolicyConfig(_Model):
     schema_version: Literal[1] = 1
     name: ProfileName
-    version: Annotated[str, StringConstraints(min_length=1, max_length=32)] = "1"
+    version: Annotated[
+        str,
+        # YAML reads `version: 2` as a number and `version: 1.10` as 1.1: the first is
+        # taken as written (audit: refused), the second stays a number and is refused
+        BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
+        StringConstraints(min_length=1, max_length=32),
+    ] = "1"
     default_profile: ProfileName
     profiles: dict[ProfileName, Profile]
     tenants: dict[str, ProfileName] = Field(default_factory=dict)

@@ -188,3 +188,9 @@ def test_a_policy_file_of_megabytes_is_refused_before_it_is_parsed(tmp_path: Pat
     big.write_text(MINIMAL + "#" + "x" * (2 << 20) + "\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="more than 1048576"):
         load_policy(big)
+
+
+def test_a_version_written_as_a_whole_number_is_taken_as_written() -> None:
+    assert parse_policy(MINIMAL + "version: 2\n").version == "2"
+    with pytest.raises(ConfigError, match="version: Input should be a valid string"):
+        parse_policy(MINIMAL + "version: 1.10\n")  # YAML reads 1.1: quote it
