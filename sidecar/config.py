@@ -396,6 +396,30 @@ class HttpSettings(_Section):
         "rolling update's surge pod, an LLM pod with the sidecar injected) an idle member is "
         "ready; turn off to be ready before the first join",
     )
+    processing_stall_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        le=3600.0,
+        description="seconds one call may hold the processor thread (a batch, a tick) before "
+        "the sidecar is not ready and says so in the log: a hung call decides nothing while "
+        "the consumer and the probes look fine",
+    )
+    processing_fatal_s: float = Field(
+        default=120.0,
+        gt=0.0,
+        le=86_400.0,
+        description="... and before it is not live either, so the pod restarts (its inputs "
+        "stay uncommitted and are read again); at least processing_stall_s",
+    )
+
+    @model_validator(mode="after")
+    def _fatal_after_stall(self) -> Self:
+        if self.processing_fatal_s < self.processing_stall_s:
+            raise ValueError(
+                f"GUARDRAIL_HTTP__PROCESSING_FATAL_S ({self.processing_fatal_s:g}) must be at "
+                f"least GUARDRAIL_HTTP__PROCESSING_STALL_S ({self.processing_stall_s:g})"
+            )
+        return self
 
 
 class ModelSettings(_Section):

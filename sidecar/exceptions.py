@@ -99,6 +99,11 @@ class LocalKafkaError(GuardrailError):
     """The project's local Kafka broker could not be fetched, formatted or started."""
 
 
+class StopTimeoutError(GuardrailError):
+    """Stopping took longer than the shutdown grace (a processor call that never returns):
+    the process must end without waiting for that call's thread."""
+
+
 class SidecarNotReadyError(GuardrailError):
     """A sidecar process that a lab tool started (demo, chaos, bench) exited or never got ready."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sidecar.config import Settings
-from sidecar.exceptions import BrokerError, ConfigError
+from sidecar.exceptions import BrokerError, ConfigError, StopTimeoutError
 from sidecar.health import HealthServer
 from sidecar.kafka.app import SidecarService
 from sidecar.kafka.security import ssl_context
@@ -381,6 +381,7 @@ class _Started:
             "models_loaded": True,
             "inputs_co_partitioned": not state.split and state.topics_ok,
             "publishing": state.publishing,
+            "processing": state.processing,
             **(
                 {"group_joined": state.group_joined}
                 if self.settings.http.ready_requires_assignment
@@ -390,11 +391,13 @@ class _Started:
 
     def liveness(self) -> dict[str, bool]:
         """Each check the pod restarts for: a publish error retrying cannot fix; a consume
-        task that keeps failing (``ConsumerWatch``)."""
+        task that keeps failing (``ConsumerWatch``); a processor held by one call past
+        ``http.processing_fatal_s``."""
         state = self.service.state if self.service is not None else None
         return {
             "no_fatal_publish_error": state is None or state.fatal is None,
             "consumer_not_failing": state is None or state.consumer_failing is None,
+            "processor_not_wedged": state is None or not state.processor_wedged,
         }
 
 
@@ -518,7 +521,17 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
         )
         await stop.wait()
         log.info("stopping: finishing in-flight work and committing")
-        await asyncio.wait_for(service.stop(), timeout=settings.shutdown_grace_ms / 1000.0 or None)
+        grace_s = settings.shutdown_grace_ms / 1000.0
+        try:
+            await asyncio.wait_for(service.stop(), timeout=grace_s or None)
+        except TimeoutError:
+            held = service.state.processing_for()
+            raise StopTimeoutError(
+                f"stopping took longer than the shutdown grace ({grace_s:g} s, "
+                "GUARDRAIL_SHUTDOWN_GRACE_MS)"
+                + (f"; the processor has been on one call for {held:.0f} s" if held else "")
+                + ": exiting now; what was not committed is read again by the next owner"
+            ) from None
     finally:
         if health is not None:
             await health.stop()

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import sys
 from typing import Any
 
 import orjson
 
 from sidecar.config import Settings
+from sidecar.exceptions import StopTimeoutError
+
+log = logging.getLogger("sidecar")
 
 
 def register(sub: Any) -> None:
@@ -29,5 +34,12 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         sys.stdout.write(orjson.dumps(runtime.check(settings)).decode() + "\n")
         return 0
-    asyncio.run(runtime.serve(settings))
+    try:
+        asyncio.run(runtime.serve(settings))
+    except StopTimeoutError as exc:
+        # the processor thread is held by a call that never returns, and the interpreter
+        # joins it at exit: the process would never end (audit: 10 minutes after SIGTERM)
+        log.error("%s", exc)  # noqa: TRY400 - the message says it all, no traceback
+        logging.shutdown()
+        os._exit(1)
     return 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -115,7 +116,10 @@ class SidecarService:
         topics, kafka = settings.topics, settings.kafka
         self.tracker = OffsetTracker()
         self.keys = KeyIndex((topics.retrieval, topics.generation))
-        self.state = LoopState()
+        self.state = LoopState(
+            processing_stall_s=settings.http.processing_stall_s,
+            processing_fatal_s=settings.http.processing_fatal_s,
+        )
         self._stopping = asyncio.Event()
         # set while outputs can be published: the memory clients can at once; start() clears
         # it until the real producer is started (FastStream's consumer polls from inside
@@ -206,6 +210,9 @@ class SidecarService:
         )
         self._ticker: asyncio.Task[None] | None = None
         self._drainer: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._calls = itertools.count()
+        self._worker_calls: dict[int, float] = {}  # token -> monotonic start, calls out
         self._observe()
 
     @property
@@ -283,6 +290,7 @@ class SidecarService:
         await self.clients.producer.start()
         self._publishing.set()
         self._ticker = asyncio.create_task(self._tick_loop(), name="sidecar-ticker")
+        self._watchdog = asyncio.create_task(self._watch_processor(), name="sidecar-watchdog")
         self.state.started = True
 
     async def stop(self) -> None:
@@ -299,7 +307,7 @@ class SidecarService:
         self._stopping.set()
         self.queue.wake()
         async with self._handler_lock:
-            for task in (self._ticker, self._drainer):
+            for task in (self._ticker, self._drainer, self._watchdog):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -483,10 +491,47 @@ class SidecarService:
         self.intake.align(consumer, self.state.assigned, lag, self.queue.records, _monotonic_ms())
 
     async def _in_worker(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """Run a processor call on the worker thread (one at a time, in order)."""
+        """Run a processor call on the worker thread (one at a time, in order); while it is
+        out, ``state.processing_since`` holds the oldest such call's start."""
         if self._worker is None:
             return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+        token = next(self._calls)
+        self._worker_calls[token] = time.monotonic()
+        self.state.processing_since = min(self._worker_calls.values())
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+        finally:
+            del self._worker_calls[token]
+            self.state.processing_since = min(self._worker_calls.values(), default=None)
+
+    async def _watch_processor(self) -> None:
+        """Say when one call holds the processor past ``processing_stall_s`` (not ready) and
+        ``processing_fatal_s`` (not live), and when it is through: the ticker cannot, as
+        its own calls wait behind that one."""
+        state, said = self.state, 0  # 0: nothing said, 1: stalled, 2: wedged
+        interval = min(1.0, state.processing_stall_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            held = state.processing_for()
+            if said < 1 and held >= state.processing_stall_s:
+                said = 1
+                log.error(
+                    "the processor has been on one call for %.0f s (a hung call?): nothing is "
+                    "decided meanwhile; not ready, and not live after %.0f s "
+                    "(GUARDRAIL_HTTP__PROCESSING_STALL_S, __PROCESSING_FATAL_S)",
+                    held,
+                    state.processing_fatal_s,
+                )
+            if said < 2 and held >= state.processing_fatal_s:
+                said = 2
+                log.error(
+                    "the processor has been on one call for %.0f s: not live, the pod restarts "
+                    "(its inputs are uncommitted and are read again by the next owner)",
+                    held,
+                )
+            if said and state.processing_since is None:
+                log.warning("the processor is through the call that held it; deciding again")
+                said = 0
 
     # ------------------------------------------------------------------ time
 

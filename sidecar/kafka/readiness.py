@@ -37,6 +37,8 @@ from sidecar.kafka.topics import format_counts, partition_count_problem
 log = logging.getLogger("sidecar.kafka")
 
 PUBLISH_STALL_S = 10.0  # publishing failing this long: not ready (the loop keeps retrying)
+PROCESSING_STALL_S = 30.0  # one processor call this long: not ready (http.processing_stall_s)
+PROCESSING_FATAL_S = 120.0  # ... this long: not live, the pod restarts (http.processing_fatal_s)
 MISSING_TOPIC_FATAL_S = 30.0  # a destination topic missing this long: not live either
 PROBE_INTERVAL_S = 2.0
 PROBE_TIMEOUT_S = 2.0
@@ -76,6 +78,28 @@ class LoopState:
     publish_stall_s: float = PUBLISH_STALL_S
     missing_topic_fatal_s: float = MISSING_TOPIC_FATAL_S
     fatal: str | None = None  # why no retry can help (authorisation, configuration)
+    # monotonic s: the oldest call handed to the processor thread and not returned yet (a
+    # batch, a tick, a revocation's drop); None while it is idle
+    processing_since: float | None = None
+    processing_stall_s: float = PROCESSING_STALL_S
+    processing_fatal_s: float = PROCESSING_FATAL_S
+
+    def processing_for(self, now: float | None = None) -> float:
+        """How long the processor thread has been on its oldest call (0 while idle)."""
+        since = self.processing_since
+        return 0.0 if since is None else (time.monotonic() if now is None else now) - since
+
+    @property
+    def processing(self) -> bool:
+        """For readiness: false once one call has held the processor ``processing_stall_s``
+        (a hung native call, a judge request without a timeout): nothing is decided
+        meanwhile, while the consumer, the probes and the lag all look fine (audit)."""
+        return self.processing_for() < self.processing_stall_s
+
+    @property
+    def processor_wedged(self) -> bool:
+        """For liveness: one call has held the processor ``processing_fatal_s``."""
+        return self.processing_for() >= self.processing_fatal_s
 
     @property
     def publishing(self) -> bool:
@@ -109,9 +133,9 @@ class LoopState:
 
     @property
     def live(self) -> bool:
-        """For liveness: false after a fatal publish error, or while the consume task keeps
-        failing (a restart with the cause logged)."""
-        return self.fatal is None and self.consumer_failing is None
+        """For liveness: false after a fatal publish error, while the consume task keeps
+        failing (a restart with the cause logged), or while the processor is wedged."""
+        return self.fatal is None and self.consumer_failing is None and not self.processor_wedged
 
 
 CONSUMER_FAILURES_FATAL = 10  # consume tasks ending in an exception within the window

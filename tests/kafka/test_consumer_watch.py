@@ -1,8 +1,12 @@
-"""ConsumerWatch: a consume task that keeps failing makes the loop not live, not a spin."""
+"""ConsumerWatch: a consume task that keeps failing makes the loop not live, not a spin;
+and a call holding the processor makes it not ready, then not live."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+
+import pytest
 
 from sidecar.kafka.readiness import (
     CONSUMER_FAILURE_WINDOW_S,
@@ -63,3 +67,26 @@ async def test_cancelled_and_running_tasks_are_not_failures() -> None:
     ConsumerWatch(state).check(tasks)
     ConsumerWatch(state).check(None)
     assert tasks == [task] and state.consumer_failures == 0 and state.live
+
+
+def test_a_call_holding_the_processor_is_not_ready_then_not_live() -> None:
+    state = LoopState(processing_stall_s=30.0, processing_fatal_s=120.0)
+
+    def held(seconds: float | None) -> tuple[bool, bool, bool]:
+        """(ready as far as processing goes, wedged, live) with a call out that long."""
+        state.processing_since = None if seconds is None else time.monotonic() - seconds
+        return state.processing, state.processor_wedged, state.live
+
+    assert held(None) == (True, False, True)  # idle
+    assert held(29.0) == (True, False, True)
+    assert held(31.0) == (False, False, True)
+    assert held(121.0) == (False, True, False)
+    assert held(None) == (True, False, True)  # the call returned
+
+
+def test_the_processing_limits_must_be_in_order() -> None:
+    from sidecar.config import Settings
+    from sidecar.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match=r"PROCESSING_FATAL_S .* must be at least"):
+        Settings.load(http={"processing_stall_s": 60.0, "processing_fatal_s": 30.0})
