@@ -593,6 +593,15 @@ class MetricsSettings(_Section):
         description="address the metrics endpoint binds: 0.0.0.0 (IPv4), :: (IPv6 and, on "
         "dual-stack nodes, IPv4 too)",
     )
+    max_key_series: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        description="calibration keys exported as their own series by the per-key gauges "
+        "(guardrail.retrieval.*, guardrail.coverage.*): a key's tenant is producer text, so "
+        "thousands of them would flood the scrape; keys past it are counted in "
+        "guardrail.retrieval.monitor_keys{exported=false}, broken ones exported first",
+    )
 
 
 class TracingSettings(_Section):

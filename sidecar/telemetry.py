@@ -63,10 +63,11 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
@@ -147,6 +148,44 @@ def _observed(
         ]
 
     return read
+
+
+# the HELP text of each observed count (audit: every one was blank)
+COUNT_HELP: Final = {
+    "join.partition_mismatch": "requests whose events came on different partition numbers "
+    "(mixed partitioners): dead-lettered",
+    "join.rereads": "records of already decided requests read again after a rebalance or "
+    "restart: finished, not dead-lettered",
+    "claims.refused": "answers decided with claims unavailable: their evidence index alone "
+    "crossed max_request_bytes",
+    "join.byte_evictions": "open requests evicted to stay under join.max_bytes",
+    "feedback.unmatched": "feedback labels whose request was never decided here",
+    "feedback.replaced": "feedback labels that replaced an earlier label of their request",
+    "feedback.early": "feedback labels that came before their verdict and waited for it",
+    "pipeline.internal_errors": "events that hit a bug in the pipeline: dead-lettered "
+    "(internal-error) and logged",
+    "kafka.backpressure_pauses": "times input fetching was paused because the processing "
+    "queue was full",
+    "join.clock_held_ms": "milliseconds (cumulative) the join's clock was held back while "
+    "inputs were behind, so TTLs do not expire requests whose halves are still in Kafka",
+    "lookback.mismatches": "attention summaries the lookback model cannot score (another "
+    "generator or shape): scored unavailable",
+    "kafka.offset_resets": "input records gone before they were read (retention, delete-records)",
+}
+MAX_KEY_SERIES: Final = 100  # metrics.max_key_series
+_V = TypeVar("_V")
+
+
+def bounded_keys(
+    values: Mapping[str, _V], limit: int, alarming: Callable[[_V], bool]
+) -> dict[str, _V]:
+    """At most ``limit`` of ``values``' keys: alarming ones first, then the calibrations'
+    own keys before tenants' ``global[...]`` windows, then by name (the same keys from one
+    scrape to the next)."""
+    if len(values) <= limit:
+        return dict(values)
+    order = sorted(values, key=lambda k: (not alarming(values[k]), "[" in k, k))
+    return {k: values[k] for k in order[:limit]}
 
 
 class _Discarded:
@@ -424,35 +463,81 @@ class Telemetry:
             handle.request.end(max(handle.request_end_ns, now))
 
     def observe_counts(self, counts: Callable[[], dict[str, int]]) -> None:
-        """Cumulative counts kept by the pipeline, as observable counters ``guardrail.<name>``."""
+        """Cumulative counts kept by the pipeline, as observable counters ``guardrail.<name>``
+        (each with its :data:`COUNT_HELP` text)."""
         for name in counts():
 
             def _count(_options: CallbackOptions, name: str = name) -> Iterable[Observation]:
                 return [Observation(counts().get(name, 0))]
 
-            self.meter.create_observable_counter(f"guardrail.{name}", [_count])
+            self.meter.create_observable_counter(
+                f"guardrail.{name}", [_count], description=COUNT_HELP.get(name, "")
+            )
 
     def observe_monitor(
-        self, statuses: Callable[[], dict[str, tuple[float, float, float, bool]]]
+        self,
+        statuses: Callable[[], dict[str, tuple[float, float, float, bool]]],
+        max_keys: int = MAX_KEY_SERIES,
     ) -> None:
-        """The rolling mean(m1) monitor per calibration key: (mean, low, high, broken)."""
+        """The rolling mean(m1) monitor per calibration key: (mean, low, high, broken).
+
+        At most ``max_keys`` keys get series of their own (broken ones first, then the
+        calibrations' own keys, then tenants' ``global[...]`` windows): a key's tenant is
+        producer text, and 5,000 tenants made 8,197 series, a 1.6 MB scrape, and pushed the
+        real keys into the SDK's overflow series (audit). ``guardrail.retrieval.monitor_keys``
+        counts every key by ``exported`` and ``broken``, so an alarm on broken keys holds
+        whatever is cut."""
 
         def _gauge(index: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
             def read(_options: CallbackOptions) -> Iterable[Observation]:
+                kept = bounded_keys(statuses(), max_keys, lambda v: bool(v[3]))
                 return [
                     Observation(float(values[index]), {"calibration_key": key})
-                    for key, values in statuses().items()
+                    for key, values in kept.items()
                 ]
 
             return read
 
-        for index, name in enumerate(
-            ("m1_mean", "m1_wilson_low", "m1_wilson_high", "exchangeability_broken")
+        for index, (name, description) in enumerate(
+            (
+                ("m1_mean", "rolling mean(m1) of the key's certified retrievals"),
+                ("m1_wilson_low", "lower end of the Wilson interval of m1_mean"),
+                ("m1_wilson_high", "upper end of the Wilson interval of m1_mean"),
+                ("exchangeability_broken", "1 when m1_wilson_high < 1 - alpha: recalibrate"),
+            )
         ):
-            self.meter.create_observable_gauge(f"guardrail.retrieval.{name}", [_gauge(index)])
+            self.meter.create_observable_gauge(
+                f"guardrail.retrieval.{name}", [_gauge(index)], description=description
+            )
 
-    def observe_coverage(self, reports: Callable[[], dict[str, dict[str, float | None]]]) -> None:
-        """The coverage bound per calibration key (the latest values of each quantity).
+        def _keys(_options: CallbackOptions) -> Iterable[Observation]:
+            current = statuses()
+            kept = bounded_keys(current, max_keys, lambda v: bool(v[3]))
+            counts: Counter[tuple[bool, bool]] = Counter(
+                (key in kept, bool(values[3])) for key, values in current.items()
+            )
+            return [
+                Observation(counts[(exported, broken)], {
+                    "exported": str(exported).lower(), "broken": str(broken).lower()
+                })
+                for exported in (True, False)
+                for broken in (True, False)
+            ]  # fmt: skip
+
+        self.meter.create_observable_gauge(
+            "guardrail.retrieval.monitor_keys",
+            [_keys],
+            description="calibration keys the m1 monitor watches, by whether they have series "
+            "of their own (metrics.max_key_series) and whether exchangeability is broken",
+        )
+
+    def observe_coverage(
+        self,
+        reports: Callable[[], dict[str, dict[str, float | None]]],
+        max_keys: int = MAX_KEY_SERIES,
+    ) -> None:
+        """The coverage bound per calibration key (the latest values of each quantity), for
+        at most ``max_keys`` keys (violated ones first, as :meth:`observe_monitor`).
 
         ``reports()`` maps a calibration key to named values (``coverage``,
         ``coverage_low``, ``epsilon``, ``delta``, ``bound``, ``bound_high``,
@@ -486,18 +571,26 @@ class Telemetry:
             "certificate_labelled",
         )
 
+        def alarming(values: dict[str, float | None]) -> bool:
+            return bool(values.get("violated") or values.get("certificate_violated"))
+
         def _gauge(name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
             def read(_options: CallbackOptions) -> Iterable[Observation]:
                 return [
                     Observation(float(value), {"calibration_key": key})
-                    for key, values in reports().items()
+                    for key, values in bounded_keys(reports(), max_keys, alarming).items()
                     if (value := values.get(name)) is not None
                 ]
 
             return read
 
         for name in names:
-            self.meter.create_observable_gauge(f"guardrail.coverage.{name}", [_gauge(name)])
+            self.meter.create_observable_gauge(
+                f"guardrail.coverage.{name}",
+                [_gauge(name)],
+                description=f"coverage bound: {name.replace('_', ' ')} of the key's window "
+                "(docs/methods.md §Coverage bound)",
+            )
 
     def _count(self, out: Output, record: TraceRecord) -> None:
         attrs = record.attributes

@@ -36,7 +36,13 @@ from sidecar.kafka.assignor import co_partition_assignor
 from sidecar.kafka.clients import TP, KafkaClients, aiokafka_clients, memory_clients
 from sidecar.kafka.commits import Committer
 from sidecar.kafka.cut import KeyIndex
-from sidecar.kafka.intake import IntakeControl, Records, WorkQueue, measure_lag
+from sidecar.kafka.intake import (
+    IntakeControl,
+    Records,
+    WorkQueue,
+    measure_lag,
+    measure_uncommitted,
+)
 from sidecar.kafka.parsing import raw_decoder, tolerant_parser
 from sidecar.kafka.publish import Publisher, request_size_bytes
 from sidecar.kafka.readiness import BrokerProbe, ConsumerWatch, LoopState
@@ -213,6 +219,9 @@ class SidecarService:
         self._watchdog: asyncio.Task[None] | None = None
         self._calls = itertools.count()
         self._worker_calls: dict[int, float] = {}  # token -> monotonic start, calls out
+        # per partition: records from the commit point to the end (the lag gauge), measured
+        # by the watchdog every second (the ticker stops when the processor is held)
+        self.uncommitted: dict[TP, int] = {}
         self._observe()
 
     @property
@@ -238,7 +247,7 @@ class SidecarService:
         self.telemetry.observe(
             open_requests=lambda: len(store),
             evictions=lambda: store.evictions + store.expirations,
-            lag=lambda: dict(self.lag),
+            lag=lambda: dict(self.uncommitted),
         )
         self.telemetry.observe_counts(
             lambda: {
@@ -261,10 +270,13 @@ class SidecarService:
         if signals.certifier is not None:
             readings = signals.certifier.monitor_readings
             self.telemetry.observe_monitor(
-                lambda: {k: (r.m1_mean, r.low, r.high, r.broken) for k, r in readings().items()}
+                lambda: {k: (r.m1_mean, r.low, r.high, r.broken) for k, r in readings().items()},
+                max_keys=self.settings.metrics.max_key_series,
             )
         if signals.coverage is not None:
-            self.telemetry.observe_coverage(signals.coverage.gauge_values)
+            self.telemetry.observe_coverage(
+                signals.coverage.gauge_values, max_keys=self.settings.metrics.max_key_series
+            )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -512,6 +524,9 @@ class SidecarService:
         interval = min(1.0, state.processing_stall_s / 4)
         while True:
             await asyncio.sleep(interval)
+            self.uncommitted = measure_uncommitted(
+                self.clients.consumer, state.assigned, self.tracker
+            )
             held = state.processing_for()
             if said < 1 and held >= state.processing_stall_s:
                 said = 1

@@ -338,3 +338,38 @@ def test_without_spans_a_verdict_carries_its_inputs_trace_context_or_none() -> N
         got = dict(out.headers)
         assert got.pop("x-idempotency-key") == b"k"
         assert got == ({} if expected is None else {"traceparent": expected.encode()})
+
+
+def test_per_key_gauges_are_bounded_and_a_broken_key_is_never_cut() -> None:
+    """Audit: 5,000 tenants (the global calibration's per-tenant windows) made 8,197 series,
+    a 1.6 MB scrape, and pushed the real keys into the SDK's overflow series."""
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(meter=MeterProvider(metric_readers=[reader]).get_meter("t"))
+    own = {
+        "acme/docs/dense": (0.93, 0.9, 0.95, False),
+        "default/nq-open/minilm": (0.9, 0.88, 0.92, False),
+    }
+    tenants = {f"global[t{i:04d}]": (0.91, 0.8, 0.97, False) for i in range(500)}
+    tenants["global[t0450]"] = (0.4, 0.3, 0.5, True)  # the one alarm among them
+    telemetry.observe_monitor(lambda: {**tenants, **own}, max_keys=10)
+    telemetry.observe_coverage(
+        lambda: {k: {"coverage": 0.9, "violated": float(k == "global[t0300]")} for k in tenants},
+        max_keys=5,
+    )
+    got = points(reader)
+    m1 = {p.attributes["calibration_key"] for p in got["guardrail.retrieval.m1_mean"]}
+    assert len(m1) == 10
+    assert {"global[t0450]", *own} <= m1  # broken first, then the calibrations' own keys
+    broken = {
+        p.attributes["calibration_key"]: p.value
+        for p in got["guardrail.retrieval.exchangeability_broken"]
+    }
+    assert broken["global[t0450]"] == 1.0
+    keys = {
+        (p.attributes["exported"], p.attributes["broken"]): p.value
+        for p in got["guardrail.retrieval.monitor_keys"]
+    }
+    assert keys == {("true", "true"): 1, ("true", "false"): 9, ("false", "true"): 0,
+                    ("false", "false"): 492}  # fmt: skip
+    coverage = {p.attributes["calibration_key"] for p in got["guardrail.coverage.coverage"]}
+    assert len(coverage) == 5 and "global[t0300]" in coverage
