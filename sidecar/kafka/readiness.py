@@ -205,8 +205,13 @@ class BrokerProbe:
                 consumer.fetch_partitions(self.inputs + self.outputs), timeout=PROBE_TIMEOUT_S
             )
         except (KafkaError, TimeoutError) as exc:
-            if self.state.broker_ok:
-                log.warning("broker unreachable (%s); not ready until it is back", exc)
+            if self.state.broker_ok:  # a timeout has no text of its own (audit: "()")
+                why = (
+                    f"no answer to a metadata request within {PROBE_TIMEOUT_S:g} s"
+                    if isinstance(exc, TimeoutError)
+                    else f"{type(exc).__name__}: {exc}"
+                )
+                log.warning("broker unreachable (%s); not ready until it is back", why)
             self.state.broker_ok = False
             return
         if not self.state.broker_ok:

@@ -8,8 +8,10 @@ request_id so one consumer sees both halves of a request and its feedback).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -147,6 +149,37 @@ async def _counts_of(
         await asyncio.sleep(0.2)
 
 
+# what aiokafka logs (and does not raise) when the broker answers but refuses the client:
+# bad credentials, a mechanism it does not offer, a SASL client on a plain listener
+_REFUSALS = ("SaslAuthenticationFailed", "IllegalSaslStateError", "UnsupportedSaslMechanism")
+
+
+class _AuthRefusals(logging.Handler):
+    """Collects aiokafka's log lines that say the broker refused the client's authentication:
+    the bootstrap error it raises says only "Unable to bootstrap" (audit: reported as
+    "cannot reach Kafka", naming the bootstrap servers and the timeout to check)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        for name in _REFUSALS:
+            if name in message:
+                self.seen.append(message[message.index(name) :][:300])
+                return
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        logger = logging.getLogger("aiokafka")
+        logger.addHandler(self)
+        try:
+            yield
+        finally:
+            logger.removeHandler(self)
+
+
 async def verify_topics(settings: Settings) -> dict[str, int]:
     """Refuse to serve on a topic layout the join cannot work with; returns the input counts.
 
@@ -158,10 +191,18 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
     timeout_s = kafka.request_timeout_ms / 1000.0
     admin = AIOKafkaAdminClient(**aiokafka_client_args(kafka))
     started = time.monotonic()
+    refusals = _AuthRefusals()
     try:
-        await asyncio.wait_for(admin.start(), timeout=timeout_s)
+        with refusals.watching():
+            await asyncio.wait_for(admin.start(), timeout=timeout_s)
     except (KafkaError, OSError, TimeoutError) as exc:
         await admin.close()
+        if refusals.seen:  # it answered, and refused this client: retrying cannot help
+            raise ConfigError(
+                f"Kafka at {kafka.bootstrap_servers} refused this client's authentication "
+                f"({refusals.seen[-1]}): check GUARDRAIL_KAFKA__SECURITY_PROTOCOL, "
+                "__SASL_MECHANISM, __SASL_USERNAME and __SASL_PASSWORD"
+            ) from None
         detail = (str(exc).splitlines() or [""])[0] or type(exc).__name__
         took = (  # a refused connection or an unknown host fails long before the timeout
             f"within {timeout_s:g} s"

@@ -113,4 +113,7 @@ def test_wrong_password_fails_at_start_without_leaking_it(
         sidecar.signal(signal.SIGKILL)
     log = (tmp_path / "bad.log").read_text()
     assert wrong not in log
-    assert "auth" in log.lower() or "sasl" in log.lower()
+    # audit: said "cannot reach Kafka", naming the bootstrap servers and the timeout
+    assert "refused this client's authentication (SaslAuthenticationFailed" in log, log
+    assert "__SASL_USERNAME and __SASL_PASSWORD" in log and "cannot reach Kafka" not in log
+    assert sidecar.proc is not None and sidecar.proc.returncode == 2  # a configuration error
