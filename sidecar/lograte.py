@@ -42,6 +42,7 @@ _SUMMARY: Final = "repeat_summary"  # a LogRecord attribute: a count this module
 class _Window:
     opened: float  # when the last line of this message went through
     dropped: int = 0
+    last: float = 0.0  # when the last of the dropped lines came
     where: tuple[str, int] = ("", 0)  # the file and line that logged it (not the record:
     # its args and traceback could hold anything)
     text: str = ""  # the message of the line that went through
@@ -78,6 +79,7 @@ class RepeatFilter(logging.Filter):
         if window is not None and now - window.opened < self.interval_s:
             self._dropping += window.dropped == 0
             window.dropped += 1
+            window.last = now
             return False
         if window is not None and window.dropped:
             self._dropping -= 1
@@ -125,7 +127,12 @@ def _summary(key: tuple[str, int, str], window: _Window, now: float) -> logging.
     """The count of a message's dropped lines, as a record of its logger, level and line."""
     name, level, _ = key
     path, line = window.where
-    counted = _counted(window.text, window.dropped, now - window.opened)
+    # written after the flood ended: said as past, with when the last line came (audit: an
+    # ERROR count written 8 s after "broker reachable" read as a new failure)
+    counted = (
+        f"{window.text} ({window.dropped} more like it not logged, the last "
+        f"{now - window.last:.0f}s ago)"
+    )
     record = logging.LogRecord(name, level, path, line, counted, None, None)
     setattr(record, _SUMMARY, True)
     return record

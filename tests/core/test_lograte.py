@@ -114,7 +114,7 @@ def test_when_a_flood_stops_its_last_count_is_still_written() -> None:
         "aiokafka.cluster",
         logging.ERROR,
         "Topic rag.verdicts not found in cluster metadata "
-        "(499 more like it in the last 11s not logged)",
+        "(499 more like it not logged, the last 6s ago)",
     )
     assert report_repeats([handler]) == 0  # said once
     clock.now += 1.0  # a new flood of the same line: its first line goes through at once
@@ -122,7 +122,7 @@ def test_when_a_flood_stops_its_last_count_is_still_written() -> None:
     assert handler.lines[-1][2] == "Topic rag.verdicts not found in cluster metadata"
     handler.handle(_record("aiokafka.cluster", msg, "rag.verdicts"))
     assert report_repeats([handler], every=True) == 1  # at exit, before the interval ends
-    assert handler.lines[-1][2].endswith("(1 more like it in the last 0s not logged)")
+    assert handler.lines[-1][2].endswith("(1 more like it not logged, the last 0s ago)")
     assert [line[2] for line in handler.lines].count("quiet once") == 1
 
 
@@ -157,7 +157,7 @@ def test_the_command_line_writes_the_counts_it_held_back_on_its_way_out(
     handler = _command_line(monkeypatch, flood)
     assert [line[2] for line in handler.lines if line[0] == "aiokafka.cluster"] == [
         "Topic rag.x not found",
-        "Topic rag.x not found (49 more like it in the last 0s not logged)",
+        "Topic rag.x not found (49 more like it not logged, the last 0s ago)",
     ]
 
 
