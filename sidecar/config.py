@@ -397,15 +397,16 @@ class HttpSettings(_Section):
         "ready; turn off to be ready before the first join",
     )
     processing_stall_s: float = Field(
-        default=30.0,
+        default=60.0,
         gt=0.0,
         le=3600.0,
-        description="seconds one call may hold the processor thread (a batch, a tick) before "
-        "the sidecar is not ready and says so in the log: a hung call decides nothing while "
-        "the consumer and the probes look fine",
+        description="seconds a call may hold the processor thread (a batch, a tick) without "
+        "progress (a record admitted, a request scored) before the sidecar is not ready and "
+        "says so in the log: a hung call decides nothing while the consumer and the probes "
+        "look fine; a long batch with claims keeps progressing",
     )
     processing_fatal_s: float = Field(
-        default=120.0,
+        default=300.0,
         gt=0.0,
         le=86_400.0,
         description="... and before it is not live either, so the pod restarts (its inputs "

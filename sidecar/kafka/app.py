@@ -125,6 +125,7 @@ class SidecarService:
         self.state = LoopState(
             processing_stall_s=settings.http.processing_stall_s,
             processing_fatal_s=settings.http.processing_fatal_s,
+            progress=getattr(processor, "progress", None),  # the bench's floors have none
         )
         self._stopping = asyncio.Event()
         # set while outputs can be published: the memory clients can at once; start() clears
@@ -531,8 +532,8 @@ class SidecarService:
             if said < 1 and held >= state.processing_stall_s:
                 said = 1
                 log.error(
-                    "the processor has been on one call for %.0f s (a hung call?): nothing is "
-                    "decided meanwhile; not ready, and not live after %.0f s "
+                    "the processor has made no progress on its call for %.0f s (a hung "
+                    "call?): nothing is decided meanwhile; not ready, and not live after %.0f s "
                     "(GUARDRAIL_HTTP__PROCESSING_STALL_S, __PROCESSING_FATAL_S)",
                     held,
                     state.processing_fatal_s,
@@ -540,8 +541,9 @@ class SidecarService:
             if said < 2 and held >= state.processing_fatal_s:
                 said = 2
                 log.error(
-                    "the processor has been on one call for %.0f s: not live, the pod restarts "
-                    "(its inputs are uncommitted and are read again by the next owner)",
+                    "the processor has made no progress on its call for %.0f s: not live, the "
+                    "pod restarts (its inputs are uncommitted and are read again by the next "
+                    "owner)",
                     held,
                 )
             if said and state.processing_since is None:

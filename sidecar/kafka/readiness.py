@@ -33,12 +33,13 @@ from sidecar.exceptions import BrokerAccessError
 from sidecar.kafka.assignor import split_pairs
 from sidecar.kafka.clients import TP, ConsumerPort
 from sidecar.kafka.topics import format_counts, partition_count_problem
+from sidecar.pipeline.progress import Progress
 
 log = logging.getLogger("sidecar.kafka")
 
 PUBLISH_STALL_S = 10.0  # publishing failing this long: not ready (the loop keeps retrying)
-PROCESSING_STALL_S = 30.0  # one processor call this long: not ready (http.processing_stall_s)
-PROCESSING_FATAL_S = 120.0  # ... this long: not live, the pod restarts (http.processing_fatal_s)
+PROCESSING_STALL_S = 60.0  # a processor call without progress this long: not ready
+PROCESSING_FATAL_S = 300.0  # ... this long: not live, the pod restarts (http.processing_*_s)
 MISSING_TOPIC_FATAL_S = 30.0  # a destination topic missing this long: not live either
 PROBE_INTERVAL_S = 2.0
 PROBE_TIMEOUT_S = 2.0
@@ -83,11 +84,19 @@ class LoopState:
     processing_since: float | None = None
     processing_stall_s: float = PROCESSING_STALL_S
     processing_fatal_s: float = PROCESSING_FATAL_S
+    # the processor's beats (a record admitted, a request scored): a long batch with claims
+    # keeps beating, a hung call does not
+    progress: Progress | None = None
 
     def processing_for(self, now: float | None = None) -> float:
-        """How long the processor thread has been on its oldest call (0 while idle)."""
+        """How long a call has held the processor thread without progress: since the later
+        of its start and the processor's last beat (0 while idle)."""
         since = self.processing_since
-        return 0.0 if since is None else (time.monotonic() if now is None else now) - since
+        if since is None:
+            return 0.0
+        if self.progress is not None:
+            since = max(since, self.progress.at)
+        return (time.monotonic() if now is None else now) - since
 
     @property
     def processing(self) -> bool:

@@ -41,6 +41,7 @@ from sidecar.pipeline.join import InputRef, JoinStore, PendingRequest
 from sidecar.pipeline.labels import WaitingLabels
 from sidecar.pipeline.outputs import Step
 from sidecar.pipeline.ports import CertificateLedger, ClaimResult, Policy, SignalSuite
+from sidecar.pipeline.progress import Progress
 from sidecar.pipeline.scoring import Scored, Scoring
 
 log = logging.getLogger("sidecar.pipeline")
@@ -121,6 +122,11 @@ class Processor:
         return self._policy
 
     @property
+    def progress(self) -> Progress:
+        """Beats of the processor thread's work (a record admitted, a request scored)."""
+        return self.scoring.progress
+
+    @property
     def signals(self) -> SignalSuite:
         return self.scoring.signals
 
@@ -137,8 +143,10 @@ class Processor:
         step = Step()
         # by identity, in completion order (PendingRequest's dataclass == compares every field)
         completed: dict[int, PendingRequest] = {}
+        progress = self.progress
         for kind, raw, key, ref in items:
             self.counters.consumed += 1
+            progress.beat()
             try:
                 self._admit((kind, raw, key, ref), now_ms, step, completed)
             except Exception as exc:  # a bug of ours must cost this message only

@@ -40,6 +40,7 @@ from sidecar.pipeline.ports import (
     ConfidenceResult,
     SignalSuite,
 )
+from sidecar.pipeline.progress import Progress
 
 log = logging.getLogger("sidecar.pipeline")
 
@@ -83,6 +84,7 @@ class Scoring:
         self._clock_ns = clock_ns
         self._max_request_bytes = max_request_bytes
         self.claims_refused = 0  # sessions not kept: the index alone crossed max_request_bytes
+        self.progress = Progress()  # a beat per request scored (health: a long batch moves)
 
     def _open_claims(
         self, entry: PendingRequest, retrieval: RetrievalEvent, checker: ClaimChecker
@@ -141,6 +143,7 @@ class Scoring:
         for entry, lookback in zip(entries, lookbacks, strict=True):
             entry.stages.append(("score", t0, t1))
             claimed.append(self._claims(entry, lookback))
+            self.progress.beat()
         confidences = self._confidences(entries, [signals for signals, _, _ in claimed])
         return [
             Scored(signals=signals, confidence=confidence, final_claims=tail, claims_span_ns=span)

@@ -14,6 +14,7 @@ from sidecar.kafka.readiness import (
     ConsumerWatch,
     LoopState,
 )
+from sidecar.pipeline.progress import Progress
 
 
 def live(state: LoopState) -> bool:
@@ -82,6 +83,12 @@ def test_a_call_holding_the_processor_is_not_ready_then_not_live() -> None:
     assert held(31.0) == (False, False, True)
     assert held(121.0) == (False, True, False)
     assert held(None) == (True, False, True)  # the call returned
+    # a long batch that keeps progressing (claims verified request by request) is fine
+    state.progress = Progress()
+    state.progress.at = time.monotonic() - 5.0
+    assert held(500.0) == (True, False, True)
+    state.progress.at = time.monotonic() - 200.0  # ... until its beats stop
+    assert held(500.0) == (False, True, False)
 
 
 def test_the_processing_limits_must_be_in_order() -> None:
