@@ -68,20 +68,21 @@ class SyncVerdictClient:
         expected_max_entries: int = EXPECTED_MAX_ENTRIES,
         **consumer_options: Any,
     ) -> None:
-        self._client = VerdictClient(
-            bootstrap_servers,
-            verdicts_topic=verdicts_topic,
-            claims_topic=claims_topic,
-            on_timeout=on_timeout,
-            timeout_s=timeout_s,
-            claims_settle_s=claims_settle_s,
-            recent_max_entries=recent_max_entries,
-            recent_ttl_s=recent_ttl_s,
-            start_timeout_s=start_timeout_s,
-            recent_max_bytes=recent_max_bytes,
-            expected_max_entries=expected_max_entries,
+        self._args: dict[str, Any] = {
+            "verdicts_topic": verdicts_topic,
+            "claims_topic": claims_topic,
+            "on_timeout": on_timeout,
+            "timeout_s": timeout_s,
+            "claims_settle_s": claims_settle_s,
+            "recent_max_entries": recent_max_entries,
+            "recent_ttl_s": recent_ttl_s,
+            "start_timeout_s": start_timeout_s,
+            "recent_max_bytes": recent_max_bytes,
+            "expected_max_entries": expected_max_entries,
             **consumer_options,
-        )
+        }
+        self._bootstrap_servers = bootstrap_servers
+        self._client = VerdictClient(bootstrap_servers, **self._args)
         self._runner = LoopThread("guardrail-verdicts-loop")
         self._lock = threading.Lock()  # start() and stop() under it
         self._started = False
@@ -137,6 +138,8 @@ class SyncVerdictClient:
     def _close(self) -> None:
         runner, self._runner = self._runner, LoopThread(self._runner.name)
         self._started = False
+        if runner.forked:  # the parent's consumer is not this process's: a fresh client
+            self._client = VerdictClient(self._bootstrap_servers, **self._args)
         runner.close()
 
     def __enter__(self) -> Self:

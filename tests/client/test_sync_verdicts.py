@@ -209,6 +209,10 @@ def test_a_forked_child_gets_the_fallback_at_once_and_leaves_the_parents_client_
             result = client.verdict("r1")
             code = 0 if (result.source, result.decision) == ("unavailable", "block") else 2
             client.stop()
+            client.start()  # a worker's own client, after the fork (gunicorn post_fork)
+            offer(client, "r2", verdict("r2"))
+            code = code or (0 if client.verdict("r2", 5.0).from_sidecar else 4)
+            client.stop()
         except BaseException:
             code = 3
         os._exit(code)
