@@ -57,6 +57,7 @@ def test_own_scores_are_calibrated_per_key_and_served(
     artifact = load_artifact(out)
     assert artifact.calibration_id.startswith("dense-v2@docs:")  # the commonest key
     assert artifact.embedding_model_id == "e5-large" and artifact.params_sha256 is not None
+    assert artifact.score_kind == "similarity"
     # served: the sidecar certifies that retriever's events with its own calibration
     monkeypatch.setenv("GUARDRAIL_SIGNALS__CALIBRATION", str(out))
     monkeypatch.setenv("GUARDRAIL_SIGNALS__LOOKBACK", "false")

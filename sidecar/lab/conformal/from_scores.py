@@ -161,6 +161,7 @@ def calibrate_scores(
         s_thres=None,
         top_k=max(len(row) for row in data.scores),
         sweep=alpha_sweep(data.scores, data.labels, default_alpha_grid()),
+        score_kind="similarity",  # the team's own scores, higher is better (checked above)
     )
     written = save_artifact(artifact, out)
     return {
