@@ -97,6 +97,8 @@ class SyncGuardrailPublisher:
 
     def start(self, timeout_s: float = 30.0) -> None:
         checked_timeout("timeout_s", timeout_s, allow_zero=False)
+        if self._state == "running" and self._runner.forked:
+            self.stop()  # started before a fork: this process's own publisher from here on
         with self._lock:
             if self._state != "stopped":
                 raise ClientAlreadyStartedError(

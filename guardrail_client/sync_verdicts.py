@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import queue
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Coroutine, Generator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Self, TypeVar
 
 from guardrail_client.arguments import checked_request_id, checked_timeout
 from guardrail_client.exceptions import ClientAlreadyStartedError, ClientNotStartedError
@@ -30,6 +31,9 @@ from guardrail_client.loop_thread import LoopThread
 from guardrail_client.verdicts import OnTimeout, VerdictClient, VerdictResult
 from guardrail_client.waiters import EXPECTED_MAX_ENTRIES, RECENT_MAX_BYTES
 from sidecar.contracts.events import ClaimVerdict
+
+T = TypeVar("T")
+log = logging.getLogger("guardrail_client")
 
 # how much longer than its own deadline a blocked caller waits for the loop thread to answer
 # (a wedged or overloaded loop then gives the timeout fallback instead of a hung thread)
@@ -85,6 +89,11 @@ class SyncVerdictClient:
         self._client = VerdictClient(bootstrap_servers, **self._args)
         self._runner = LoopThread("guardrail-verdicts-loop")
         self._lock = threading.Lock()  # start() and stop() under it
+        # hand-overs to the loop and the end of accepting them, atomic with each other: a
+        # call never submits to a loop that stop() is about to end (its coroutine would
+        # never run, and the caller would wait for the loop margin instead of 'unavailable')
+        self._submit = threading.Lock()
+        self._accepting = False
         self._started = False
 
     @property
@@ -109,6 +118,8 @@ class SyncVerdictClient:
     def start(self) -> None:
         """Start the loop thread and the consumer (as ``VerdictClient.start()``: from the
         topics' current ends; ``ClientBrokerError`` when the broker or a topic is missing)."""
+        if self._started and self._runner.forked:
+            self.stop()  # started before a fork: this process's own client from here on
         with self._lock:
             if self._started:
                 raise ClientAlreadyStartedError(
@@ -123,24 +134,35 @@ class SyncVerdictClient:
             except BaseException:
                 self._close()
                 raise
+            with self._submit:
+                self._accepting = True
 
     def stop(self) -> None:
         """Stop the consumer and the loop thread; threads still waiting get ``unavailable``."""
         with self._lock:
             if not self._started:
                 return
+            with self._submit:
+                self._accepting = False
             try:
                 if self._runner.ended() is None:
-                    self._runner.call(self._client.stop(), LOOP_MARGIN_S * 2)
+                    self._runner.call(self._client.stop(), LOOP_MARGIN_S)
+            except TimeoutError:  # the loop is blocked: waiters give up at their margin
+                log.warning(
+                    "SyncVerdictClient.stop(): the consumer did not stop within %.0f s (its "
+                    "event loop is blocked); going on without it",
+                    LOOP_MARGIN_S,
+                )
             finally:
                 self._close()
 
     def _close(self) -> None:
         runner, self._runner = self._runner, LoopThread(self._runner.name)
         self._started = False
-        if runner.forked:  # the parent's consumer is not this process's: a fresh client
-            self._client = VerdictClient(self._bootstrap_servers, **self._args)
-        runner.close()
+        # a fresh client for the next start(): the old one may not have stopped (a blocked
+        # loop), or belongs to the parent (a fork)
+        self._client = VerdictClient(self._bootstrap_servers, **self._args)
+        runner.close(LOOP_MARGIN_S)
 
     def __enter__(self) -> Self:
         self.start()
@@ -161,11 +183,27 @@ class SyncVerdictClient:
         request published after it cannot beat it. Nothing to announce while not running
         (its ``verdict()`` is ``unavailable`` then anyway)."""
         checked_request_id(request_id)
-        if self._runner.ended() is None:
-            self._runner.call(self._expect(request_id), LOOP_MARGIN_S)
+        future = self._hand_over(self._expect(request_id))
+        if future is None:
+            return
+        try:
+            future.result(LOOP_MARGIN_S)
+        except TimeoutError:  # a blocked loop: the wait that follows falls back anyway
+            future.cancel()
 
     async def _expect(self, request_id: str) -> None:
         self._client.expect(request_id)
+
+    def _hand_over(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T] | None:
+        """``coro`` submitted to the running loop, or None (closed) when this client does
+        not accept calls now: before start(), once stop() began, its loop thread ended or
+        the process forked."""
+        with self._submit:
+            loop = self._runner.loop
+            if self._accepting and loop is not None and self._runner.ended() is None:
+                return asyncio.run_coroutine_threadsafe(coro, loop)
+        coro.close()
+        return None
 
     def verdict(
         self, request_id: str, timeout: float | None = None, *, tenant: str | None = None
@@ -177,21 +215,16 @@ class SyncVerdictClient:
         if timeout is not None:
             checked_timeout("timeout", timeout)
         started = time.monotonic()
-        loop = self._runner.loop
-        if loop is None or self._runner.ended() is not None:
-            return self._client._fallback(request_id, "unavailable", 0.0)
-        wait = timeout if timeout is not None else self._client.timeout_s
-        waiting = self._client.verdict(request_id, timeout, tenant=tenant)
-        try:
-            future = asyncio.run_coroutine_threadsafe(waiting, loop)
-        except RuntimeError:  # a stop() closed the loop since it was looked at
-            waiting.close()
-            return self._client._fallback(request_id, "unavailable", 0.0)
+        client = self._client
+        wait = timeout if timeout is not None else client.timeout_s
+        future = self._hand_over(client.verdict(request_id, timeout, tenant=tenant))
+        if future is None:
+            return client._fallback(request_id, "unavailable", 0.0)
         try:
             return future.result(wait + LOOP_MARGIN_S)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            return self._client._fallback(request_id, "timeout", time.monotonic() - started)
+            return client._fallback(request_id, "timeout", time.monotonic() - started)
 
     def claims(
         self, request_id: str, timeout: float | None = None, *, tenant: str | None = None
@@ -211,15 +244,12 @@ class SyncVerdictClient:
                 "this SyncVerdictClient reads no claims (claims_topic=None)"
             )
         started = time.monotonic()
-        loop = self._runner.loop
-        if loop is None or self._runner.ended() is not None:
-            self._client._fallback(request_id, "unavailable", 0.0)  # raises under "raise"
-            return
+        client = self._client
         items: queue.SimpleQueue[object] = queue.SimpleQueue()
 
         async def pump() -> None:
             try:
-                async for claim in self._client.claims(request_id, timeout, tenant=tenant):
+                async for claim in client.claims(request_id, timeout, tenant=tenant):
                     items.put(claim)
             except BaseException as exc:  # VerdictTimeoutError under "raise", a cancellation
                 items.put(_Raised(exc))
@@ -227,12 +257,9 @@ class SyncVerdictClient:
             finally:
                 items.put(_END)
 
-        pumping = pump()
-        try:
-            future = asyncio.run_coroutine_threadsafe(pumping, loop)
-        except RuntimeError:  # a stop() closed the loop since it was looked at
-            pumping.close()
-            self._client._fallback(request_id, "unavailable", 0.0)
+        future = self._hand_over(pump())
+        if future is None:
+            client._fallback(request_id, "unavailable", 0.0)  # raises under "raise"
             return
         deadline = (
             started + (timeout if timeout is not None else self._client.timeout_s) + LOOP_MARGIN_S
@@ -242,7 +269,7 @@ class SyncVerdictClient:
                 try:
                     item = items.get(timeout=max(deadline - time.monotonic(), 0.0))
                 except queue.Empty:  # the loop thread did not end the iteration in time
-                    self._client._fallback(request_id, "timeout", time.monotonic() - started)
+                    client._fallback(request_id, "timeout", time.monotonic() - started)
                     return
                 if item is _END:
                     return

@@ -4,6 +4,7 @@ records are offered to the waiter map on the client's loop thread, as its consum
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
 import threading
@@ -208,7 +209,6 @@ def test_a_forked_child_gets_the_fallback_at_once_and_leaves_the_parents_client_
         try:
             result = client.verdict("r1")
             code = 0 if (result.source, result.decision) == ("unavailable", "block") else 2
-            client.stop()
             client.start()  # a worker's own client, after the fork (gunicorn post_fork)
             offer(client, "r2", verdict("r2"))
             code = code or (0 if client.verdict("r2", 5.0).from_sidecar else 4)
@@ -230,3 +230,64 @@ def test_the_sync_client_takes_the_async_ones_arguments() -> None:
     assert list(sync) == list(native)
     assert all(sync[n].annotation == native[n].annotation for n in native)
     assert all(sync[n].default == native[n].default for n in native)
+
+
+def test_stop_with_the_loop_blocked_returns_and_the_client_starts_again(
+    fake_consumers: list[FakeConsumer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Audit: stop() blocked 20 s, raised RuntimeError (closing a running loop) and left a
+    client that could not start again; expect() raised a bare TimeoutError."""
+    monkeypatch.setattr("guardrail_client.sync_verdicts.LOOP_MARGIN_S", 0.5)
+    client = SyncVerdictClient(BOOTSTRAP)
+    client.start()
+    release = threading.Event()
+
+    async def block() -> None:
+        release.wait(10)  # a blocking call on the loop: nothing else runs there
+
+    assert client._runner.loop is not None
+    asyncio.run_coroutine_threadsafe(block(), client._runner.loop)
+    started = time.monotonic()
+    client.expect("r1")  # gives up after the margin, quietly
+    waited = client.verdict("r1", 0.1)
+    client.stop()
+    took = time.monotonic() - started
+    release.set()
+    assert waited.source == "timeout" and took < 3.0, took
+    client.start()  # a fresh loop and consumer
+    offer(client, "r2", verdict("r2"))
+    assert client.verdict("r2", 2.0).from_sidecar
+    client.stop()
+
+
+def test_calls_racing_stop_and_start_answer_within_their_timeout(
+    fake_consumers: list[FakeConsumer],
+) -> None:
+    """Audit: a call submitted while stop() ended the loop waited the whole margin (5 s)
+    for 'timeout' instead of 'unavailable' at once, and expect() raised."""
+    client = SyncVerdictClient(BOOTSTRAP)
+    client.start()
+    done = threading.Event()
+    took: list[float] = []
+    errors: list[BaseException] = []
+
+    def wait_in_a_loop() -> None:
+        while not done.is_set():
+            started = time.monotonic()
+            try:
+                client.expect("r1")
+                client.verdict("r1", 0.2)
+            except BaseException as exc:
+                errors.append(exc)
+            took.append(time.monotonic() - started)
+
+    with ThreadPoolExecutor(6) as pool:
+        for _ in range(6):
+            pool.submit(wait_in_a_loop)
+        for _ in range(10):
+            client.stop()
+            client.start()
+        done.set()
+    client.stop()
+    assert errors == []
+    assert max(took) < 1.5, max(took)  # the 0.2 s timeout, never the 5 s margin
