@@ -61,11 +61,30 @@ def test_a_fixed_retriever_is_believed_again(caplog: pytest.LogCaptureFixture) -
     assert "fall down the hit list again" in caplog.text
 
 
-def test_keys_are_bounded() -> None:
+def test_keys_are_bounded_and_new_keys_never_clear_a_judged_one() -> None:
+    """Audit: 4,096 other keys seen once each (any tenant can send them) cleared a judged
+    key, which was then certified the wrong way round again."""
     order = ScoreOrder()
+    for _ in range(MIN_LISTS):
+        order.observe("acme/docs/l2", RISING)
     for i in range(MAX_KEYS + 10):
         order.observe(f"k{i}", FALLING)
     assert len(order._counts) == MAX_KEYS
+    assert order.observe("acme/docs/l2", [0.5])  # still judged
+
+
+def test_ties_do_not_hide_a_distance_retriever() -> None:
+    """Audit: with a tie in 20 % of its lists (two chunks at one distance), a distance
+    retriever was never flagged."""
+    order, rng = ScoreOrder(), random.Random(3)
+    judged = False
+    for i in range(MIN_LISTS * 2):
+        scores = sorted(rng.random() for _ in range(4))
+        if i % 5 == 0:
+            scores[2] = scores[1]  # a tie
+        judged = order.observe("acme/docs/l2ties", scores)
+    assert judged
+    assert not order.observe("acme/docs/cos", [0.8, 0.8, 0.5])  # a tie in a falling list
 
 
 def test_a_distance_retriever_gets_no_trusted_chunk_and_a_reason_that_says_why(
