@@ -209,14 +209,28 @@ class PolicyTexts(_Model):
     )
 
 
+def _version_as_written(value: object) -> object:
+    """YAML reads ``version: 2`` as a number: taken as written (audit: refused). It reads
+    ``version: 1.10`` as the number 1.1, which is not what was written: refused, saying
+    to quote it."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        raise ValueError(  # noqa: TRY004 - pydantic reports a ValueError, not a TypeError
+            f"YAML reads this version as the number {value!r}, which may not be what was "
+            "written (1.10 reads as 1.1): quote it, e.g. version: '1.10'"
+        )
+    return value
+
+
 class PolicyConfig(_Model):
     schema_version: Literal[1] = 1
     name: ProfileName
     version: Annotated[
         str,
-        # YAML reads `version: 2` as a number and `version: 1.10` as 1.1: the first is
-        # taken as written (audit: refused), the second stays a number and is refused
-        BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
+        BeforeValidator(_version_as_written, json_schema_input_type=str | int),
         StringConstraints(min_length=1, max_length=32),
     ] = "1"
     default_profile: ProfileName

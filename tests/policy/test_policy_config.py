@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ from sidecar.cli.main import main
 from sidecar.exceptions import ConfigError
 from sidecar.policy.config import load_policy, parse_policy
 
-DEFAULT = Path(__file__).resolve().parents[2] / "models" / "policy" / "default.yaml"
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT = REPO / "models" / "policy" / "default.yaml"
 
 MINIMAL = """
 name: test
@@ -192,5 +194,7 @@ def test_a_policy_file_of_megabytes_is_refused_before_it_is_parsed(tmp_path: Pat
 
 def test_a_version_written_as_a_whole_number_is_taken_as_written() -> None:
     assert parse_policy(MINIMAL + "version: 2\n").version == "2"
-    with pytest.raises(ConfigError, match="version: Input should be a valid string"):
-        parse_policy(MINIMAL + "version: 1.10\n")  # YAML reads 1.1: quote it
+    with pytest.raises(ConfigError, match=r"reads this version as the number 1\.1.*quote it"):
+        parse_policy(MINIMAL + "version: 1.10\n")
+    schema = json.loads((REPO / "schemas/policy.schema.json").read_text())
+    assert {"type": "integer"} in schema["properties"]["version"]["anyOf"]  # as it is read
