@@ -398,6 +398,7 @@ class HttpSettings(_Section):
     )
     processing_stall_s: float = Field(
         default=60.0,
+        allow_inf_nan=False,
         gt=0.0,
         le=3600.0,
         description="seconds a call may hold the processor thread (a batch, a tick) without "
@@ -407,6 +408,7 @@ class HttpSettings(_Section):
     )
     processing_fatal_s: float = Field(
         default=300.0,
+        allow_inf_nan=False,
         gt=0.0,
         le=86_400.0,
         description="... and before it is not live either, so the pod restarts (its inputs "

@@ -102,6 +102,40 @@ def test_a_bad_line_is_named_by_its_number(
     assert not (tmp_path / "o").exists()
 
 
+def test_files_that_are_not_json_lines_say_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Audit: a JSON array said 'line 1: not JSON'; UTF-16 was blamed on line 2; a file
+    of empty lists failed in the normaliser without naming the data."""
+    cases = {
+        "array.json": (json.dumps(_retrievals(3)).encode(), "is a JSON array"),
+        "utf16.jsonl": (
+            "".join(json.dumps(r) + "\n" for r in _retrievals(3)).encode("utf-16"),
+            "is UTF-16",
+        ),
+        "empty.jsonl": (b'{"scores": [], "labels": []}\n' * 3, "no line has any hit"),
+    }
+    for name, (data, message) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        args = ["calibrate", "scores", "--data", str(tmp_path / name), "--out", str(tmp_path / "o")]
+        assert main(args) == 2, name
+        assert message in capsys.readouterr().err, name
+
+
+def test_a_distance_key_in_a_mixed_file_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = _retrievals(300)
+    for row in _retrievals(300, seed=1, distances=True):
+        row["retriever"] = "l2"
+        rows.append(row)
+    data = _write(tmp_path / "mixed.jsonl", rows)
+    assert main(["calibrate", "scores", "--data", str(data), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "key default/default/l2: " in err and "look like distances" in err
+    assert "default/default/bm25" not in err
+
+
 def test_distances_and_empty_files_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -97,3 +97,5 @@ def test_the_processing_limits_must_be_in_order() -> None:
 
     with pytest.raises(ConfigError, match=r"PROCESSING_FATAL_S .* must be at least"):
         Settings.load(http={"processing_stall_s": 60.0, "processing_fatal_s": 30.0})
+    with pytest.raises(ConfigError, match="PROCESSING_STALL_S: Input should be a finite number"):
+        Settings.load(http={"processing_stall_s": float("nan")})

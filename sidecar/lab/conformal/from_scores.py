@@ -92,6 +92,13 @@ def read_scores(path: Path, defaults: dict[str, str]) -> ScoresFile:
         data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"--data {path}: {exc.strerror or exc}") from None
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise ConfigError(f"--data {path} is UTF-16: save it as UTF-8 (JSON lines)")
+    if data.lstrip()[:1] == b"[":
+        raise ConfigError(
+            f"--data {path} is a JSON array: one JSON object a line is needed (JSON lines), "
+            'e.g. {"scores": [0.83, 0.71], "labels": [true, false]}'
+        )
     out = ScoresFile([], [], [], hashlib.sha256(data).hexdigest())
     for line_no, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
@@ -111,7 +118,27 @@ def read_scores(path: Path, defaults: dict[str, str]) -> ScoresFile:
         out.keys.append(key)
     if not out.scores:
         raise ConfigError(f"--data {path} holds no labelled retrieval (one JSON object a line)")
+    if not any(out.scores):
+        raise ConfigError(f"--data {path}: no line has any hit (every scores list is empty)")
     return out
+
+
+def _distance_keys(data: ScoresFile) -> str:
+    """``"key a/b/c, ...: "`` for the keys whose correct hits score clearly lower."""
+    from sidecar.conformal.calibrator import DIRECTION_MAX_AUROC  # noqa: PLC0415
+    from sidecar.stats.metrics import auroc  # noqa: PLC0415
+
+    by_key: dict[tuple[str, str, str], tuple[list[float], list[bool]]] = {}
+    for scores, labels, key in zip(data.scores, data.labels, data.keys, strict=True):
+        pooled = by_key.setdefault(key, ([], []))
+        pooled[0].extend(scores)
+        pooled[1].extend(labels)
+    low = [
+        "/".join(key)
+        for key, (scores, labels) in sorted(by_key.items())
+        if 0 < sum(labels) < len(labels) and auroc(scores, labels) < DIRECTION_MAX_AUROC
+    ]
+    return f"key {', '.join(low)}: " if low else ""
 
 
 def calibrate_scores(
@@ -143,6 +170,8 @@ def calibrate_scores(
             .calibration_
         )
     except InputError as exc:
+        if exc.reason == "score-direction":  # name the keys: a mixed file holds good ones too
+            raise ConfigError(f"--data {path}: {_distance_keys(data)}{exc.detail}") from None
         raise ConfigError(f"--data {path}: {exc.detail}") from None
     g = mondrian.global_calibration
     if not g.certifiable and not allow_vacuous:
