@@ -391,8 +391,8 @@ class _Started:
 
     def liveness(self) -> dict[str, bool]:
         """Each check the pod restarts for: a publish error retrying cannot fix; a consume
-        task that keeps failing (``ConsumerWatch``); a processor held by one call past
-        ``http.processing_fatal_s``."""
+        task that keeps failing (``ConsumerWatch``); a processor call without progress
+        past ``http.processing_fatal_s``."""
         state = self.service.state if self.service is not None else None
         return {
             "no_fatal_publish_error": state is None or state.fatal is None,
@@ -529,7 +529,7 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
             raise StopTimeoutError(
                 f"stopping took longer than the shutdown grace ({grace_s:g} s, "
                 "GUARDRAIL_SHUTDOWN_GRACE_MS)"
-                + (f"; the processor has been on one call for {held:.0f} s" if held else "")
+                + (f"; the processor has made no progress for {held:.0f} s" if held else "")
                 + ": exiting now; what was not committed is read again by the next owner"
             ) from None
     finally:

@@ -518,9 +518,9 @@ class SidecarService:
             self.state.processing_since = min(self._worker_calls.values(), default=None)
 
     async def _watch_processor(self) -> None:
-        """Say when one call holds the processor past ``processing_stall_s`` (not ready) and
-        ``processing_fatal_s`` (not live), and when it is through: the ticker cannot, as
-        its own calls wait behind that one."""
+        """Say when a call holds the processor without progress past ``processing_stall_s``
+        (not ready) and ``processing_fatal_s`` (not live), and when it is through: the
+        ticker cannot, as its own calls wait behind that one; and measure the lag gauge."""
         state, said = self.state, 0  # 0: nothing said, 1: stalled, 2: wedged
         interval = min(1.0, state.processing_stall_s / 4)
         while True:

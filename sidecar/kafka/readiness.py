@@ -100,14 +100,16 @@ class LoopState:
 
     @property
     def processing(self) -> bool:
-        """For readiness: false once one call has held the processor ``processing_stall_s``
-        (a hung native call, a judge request without a timeout): nothing is decided
-        meanwhile, while the consumer, the probes and the lag all look fine (audit)."""
+        """For readiness: false once a call has held the processor ``processing_stall_s``
+        without progress (a hung native call, a judge request without a timeout): nothing
+        is decided meanwhile, while the consumer, the probes and the lag all look fine
+        (audit)."""
         return self.processing_for() < self.processing_stall_s
 
     @property
     def processor_wedged(self) -> bool:
-        """For liveness: one call has held the processor ``processing_fatal_s``."""
+        """For liveness: a call has held the processor ``processing_fatal_s`` without
+        progress."""
         return self.processing_for() >= self.processing_fatal_s
 
     @property
