@@ -48,6 +48,11 @@ class _Raised:
 _END: Final = object()  # the claims' async iteration ended
 
 
+async def _expect(client: VerdictClient, request_id: str) -> None:
+    """On the loop of ``client`` (the one the call was handed to, not a later one)."""
+    client.expect(request_id)
+
+
 class SyncVerdictClient:
     """``VerdictClient`` with blocking calls (``with SyncVerdictClient(...) as verdicts``).
 
@@ -183,16 +188,13 @@ class SyncVerdictClient:
         request published after it cannot beat it. Nothing to announce while not running
         (its ``verdict()`` is ``unavailable`` then anyway)."""
         checked_request_id(request_id)
-        future = self._hand_over(self._expect(request_id))
+        future = self._hand_over(_expect(self._client, request_id))
         if future is None:
             return
         try:
             future.result(LOOP_MARGIN_S)
         except TimeoutError:  # a blocked loop: the wait that follows falls back anyway
             future.cancel()
-
-    async def _expect(self, request_id: str) -> None:
-        self._client.expect(request_id)
 
     def _hand_over(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T] | None:
         """``coro`` submitted to the running loop, or None (closed) when this client does
