@@ -11,10 +11,10 @@ The events say nothing about the direction, but their hits are in retrieval orde
 best first (the contract): a similarity retriever's scores fall down the list, a
 distance retriever's rise. One list proves little (a reranker reorders the hits, and
 two or three hits rise by chance), so :class:`ScoreOrder` counts, per requested key
-(tenant/collection/retriever), the lists whose scores rise strictly and the lists
-that do not, and calls a key's scores rising once ``MIN_LISTS`` lists were counted and
-at least ``RISING_SHARE`` of them rose. Counts are halved past ``WINDOW`` lists, so a
-retriever that is fixed is believed again after a while.
+(tenant/collection/retriever), the lists whose scores rise (no score below the one
+before, some above) and the lists that do not, and calls a key's scores rising once
+``MIN_LISTS`` lists were counted and at least ``RISING_SHARE`` of them rose. Counts are
+halved past ``WINDOW`` lists, so a retriever that is fixed is believed again after a while.
 """
 
 from __future__ import annotations

@@ -34,28 +34,13 @@ class ConformalCertifier:
         resolved = self.registry.resolve(event.tenant, event.collection, event.retriever)
         scores = [h.score for h in event.hits]
         cert = certify(scores, resolved, depth=event.k)
-        if self.order.observe(resolved.requested.label, scores):
-            # distances, read as similarities, would trust the worst chunks: none is trusted,
-            # and the monitor is not fed (observe_decided skips a fallback of this reason)
-            return RetrievalSignal(
-                status=SignalStatus.OK,
-                trusted_chunk_ids=[],
-                m1=False,
-                m2=0.0,
-                q_hat=cert.q_hat,
-                alpha=cert.alpha,
-                certifiable=cert.certifiable,
-                calibration_version=cert.calibration_id,
-                calibration_key=cert.calibration_key,
-                fallback=True,
-                fallback_reason=SCORES_RISING,
-                clipped_scores=cert.n_clipped,
-            )
-        if not cert.certifiable:
-            # no threshold at this alpha (k > n): the conformal set is every chunk, which
+        rising = self.order.observe(resolved.requested.label, scores)
+        if rising or not cert.certifiable:
+            # distances, read as similarities, would trust the worst chunks; and without a
+            # threshold at this alpha (k > n) the conformal set is every chunk, which
             # certifies none. Claims, coverage, confidence and the monitor read "trusted"
             # as certified, so nothing is trusted (and the monitor is not fed); the policy
-            # reads ``certifiable``.
+            # reads ``certifiable`` and the fallback reason.
             trusted: list[str] = []
             m1, m2, state, mean = False, 0.0, None, None
         else:
@@ -73,8 +58,8 @@ class ConformalCertifier:
             certifiable=cert.certifiable,
             calibration_version=cert.calibration_id,
             calibration_key=cert.calibration_key,
-            fallback=cert.fallback,
-            fallback_reason=cert.fallback_reason,
+            fallback=rising or cert.fallback,
+            fallback_reason=SCORES_RISING if rising else cert.fallback_reason,
             clipped_scores=cert.n_clipped,
             monitor=None if state is None else state.value,
             m1_mean=mean,

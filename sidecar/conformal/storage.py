@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from sidecar.conformal.artifact import ARTIFACT_KIND, SCHEMA_VERSION, CalibrationArtifact
+from sidecar.contracts.codec import summarise_validation
 from sidecar.exceptions import ArtifactError
 from sidecar.hashing import not_a_regular_file
 
@@ -73,10 +74,7 @@ def load_artifact(path: str | Path) -> CalibrationArtifact:
     try:
         artifact = CalibrationArtifact.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-            for err in exc.errors()
-        )
+        problems = summarise_validation(exc, limit=exc.error_count())  # every one of them
         raise ArtifactError(f"calibration artifact {source} is invalid: {problems}") from exc
     if artifact.params_sha256 is None:
         log.warning(

@@ -4,7 +4,7 @@ A consumed batch is one call to the processor thread, and with claims on it can
 legitimately take long (every completed request's claims are verified in it: a batch of
 125 answers of 9 claim-window pairs is ~20 s here, more on a slower CPU). The health
 checks (``LoopState.processing``) therefore count the time since the processor last
-showed progress (a record admitted, a request scored or decided), not the time since
+showed progress (a record admitted, a request scored), not the time since
 the call began: a hung call stops the beats, a long batch keeps them coming.
 """
 
