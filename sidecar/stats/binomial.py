@@ -71,14 +71,7 @@ def clopper_pearson_upper(k: int, n: int, level: float) -> float:
         raise ConfigError(f"level must be in (0, 1), got {level!r}")
     if k == n:
         return 1.0
-    tail = 1.0 - level
-    lo, hi = k / n, 1.0
-    for _ in range(_BISECTIONS):
-        mid = (lo + hi) / 2.0
-        if binomial_cdf(k, n, mid) > tail:
-            lo = mid
-        else:
-            hi = mid
+    _, hi = _cdf_root(k, n, 1.0 - level, k / n)
     return hi
 
 
@@ -106,12 +99,19 @@ def beta_quantile(a: int, b: int, q: float) -> float:
         raise ConfigError(f"a and b must be whole numbers >= 1, got {a!r}, {b!r}")
     if not 0.0 < q < 1.0:
         raise ConfigError(f"q must be in (0, 1), got {q!r}")
-    n = a + b - 1
-    lo, hi = 0.0, 1.0
+    lo, hi = _cdf_root(a - 1, a + b - 1, 1.0 - q, 0.0)
+    return (lo + hi) / 2.0
+
+
+def _cdf_root(k: int, n: int, target: float, lo: float) -> tuple[float, float]:
+    """The bracket ``[lo, hi]`` (width 2^-50 of where it started) around the ``p`` with
+    ``P(X <= k | p) = target``, by bisection from ``[lo, 1]`` (the tail falls as ``p``
+    grows). Clopper-Pearson bounds and Beta quantiles are both such roots."""
+    hi = 1.0
     for _ in range(_BISECTIONS):
         mid = (lo + hi) / 2.0
-        if 1.0 - binomial_cdf(a - 1, n, mid) < q:
+        if binomial_cdf(k, n, mid) > target:
             lo = mid
         else:
             hi = mid
-    return (lo + hi) / 2.0
+    return lo, hi
