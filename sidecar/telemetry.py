@@ -35,7 +35,9 @@ are where the spans belong.
 
 Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
   guardrail.verdicts            counter   decision, profile, stage   [guardrail_verdicts_total]
-                                          once per answer verdict (stage: stream | final)
+                                          once per answer verdict (stage: stream | final);
+                                          a final verdict's decisions under each profile
+                                          start at 0
   guardrail.verdict.reasons     counter   reason, decision   [guardrail_verdict_reasons_total]
   guardrail.claim_verdicts      counter   label
                                 (these three count what the broker confirmed, in plain dicts
@@ -51,6 +53,8 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
   guardrail.join.evictions      counter (observed: capacity + ttl)
   guardrail.join.open_requests  gauge
   guardrail.consumer.lag        gauge     topic, partition
+  guardrail.queue.records, .queue.bytes, guardrail.consumer.paused_partitions
+                                gauges    (what waits for the processor; what is paused)
   guardrail.join.partition_mismatch, .byte_evictions, .rereads, guardrail.claims.refused,
   guardrail.feedback.unmatched, .replaced, .early, guardrail.pipeline.internal_errors
                                 counters (cumulative, observed at collection)
@@ -77,6 +81,7 @@ from opentelemetry.trace import Link, Span, SpanKind, Tracer
 from opentelemetry.util.types import AttributeValue
 
 from sidecar import __version__
+from sidecar.contracts.verdicts import Decision
 from sidecar.pipeline.outputs import Destination, Output, TraceRecord
 from sidecar.stage_durations import (
     DESCRIPTION,
@@ -171,6 +176,13 @@ COUNT_HELP: Final = {
     "lookback.mismatches": "attention summaries the lookback model cannot score (another "
     "generator or shape): scored unavailable",
     "kafka.offset_resets": "input records gone before they were read (retention, delete-records)",
+}
+# the HELP text of each observed gauge (what waits in the sidecar, and what it stopped reading)
+GAUGE_HELP: Final = {
+    "queue.records": "consumed input records waiting for the processor",
+    "queue.bytes": "bytes of the consumed input records waiting for the processor",
+    "consumer.paused_partitions": "input partitions this instance has paused "
+    "(backpressure: the processing queue is full; alignment: one input topic is ahead)",
 }
 MAX_KEY_SERIES: Final = 100  # metrics.max_key_series
 _V = TypeVar("_V")
@@ -473,6 +485,26 @@ class Telemetry:
             self.meter.create_observable_counter(
                 f"guardrail.{name}", [_count], description=COUNT_HELP.get(name, "")
             )
+
+    def observe_gauges(self, gauges: Callable[[], dict[str, int]]) -> None:
+        """Current levels kept by the loop, as observable gauges ``guardrail.<name>``
+        (each with its :data:`GAUGE_HELP` text)."""
+        for name in gauges():
+
+            def _level(_options: CallbackOptions, name: str = name) -> Iterable[Observation]:
+                return [Observation(gauges().get(name, 0))]
+
+            self.meter.create_observable_gauge(
+                f"guardrail.{name}", [_level], description=GAUGE_HELP.get(name, "")
+            )
+
+    def preset_verdicts(self, profiles: Iterable[str]) -> None:
+        """A zero series for each decision of a final verdict under each profile (and
+        ``none``), so that a rate or an alert on ``guardrail_verdicts_total`` reads 0, not
+        nothing, before the first such verdict."""
+        for decision in Decision:
+            for profile in (*profiles, "none"):
+                self._verdicts.setdefault((decision.value, profile, "final"), 0)
 
     def observe_monitor(
         self,

@@ -267,6 +267,14 @@ class SidecarService:
                 "kafka.offset_resets": watch.resets if (watch := offset_resets()) else 0,
             }
         )
+        self.telemetry.observe_gauges(
+            lambda: {
+                "queue.records": self.queue.records,
+                "queue.bytes": self.queue.bytes,
+                "consumer.paused_partitions": len(self.intake.paused),
+            }
+        )
+        self.telemetry.preset_verdicts(processor.policy.profile_names)
         signals = processor.signals
         if signals.certifier is not None:
             readings = signals.certifier.monitor_readings

@@ -288,6 +288,11 @@ class Policy(Protocol):
         ``model_versions["policy"]``: two files that both say ``version: 1`` differ here."""
         ...
 
+    @property
+    def profile_names(self) -> tuple[str, ...]:
+        """The risk profiles that can decide (a verdict's ``profile.<name>`` reason)."""
+        ...
+
     def decide(
         self,
         retrieval: RetrievalEvent,

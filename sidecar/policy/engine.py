@@ -168,6 +168,10 @@ class PolicyEngine:
     def name(self) -> str:
         return f"{self.config.name}/{self.config.version}"
 
+    @property
+    def profile_names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.config.profiles))
+
     @functools.cached_property
     def fingerprint(self) -> str:
         """``name@<12 hex>`` of the parsed rules and every listed certificate: replicas on two

@@ -34,6 +34,7 @@ class PlaceholderPolicy:
 
     name = "placeholder/0"
     fingerprint = "placeholder/0"
+    profile_names: tuple[str, ...] = ()
 
     def decide(
         self,

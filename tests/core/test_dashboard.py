@@ -67,6 +67,9 @@ def exposed_sample_names() -> set[str]:
     telemetry.stage_durations.record("policy", 0.0005)
     telemetry.publish_retries.add(1)
     telemetry.observe(lambda: 1, lambda: 1, lambda: {("rag.generation", 0): 1})
+    telemetry.observe_gauges(
+        lambda: {"queue.records": 1, "queue.bytes": 1, "consumer.paused_partitions": 1}
+    )
     telemetry.observe_monitor(lambda: {"k": (0.9, 0.8, 0.95, False)})
     telemetry.observe_coverage(coverage_gauges)
     text = generate_latest(registry).decode()
@@ -98,6 +101,8 @@ def test_the_dashboard_shows_what_an_operator_needs() -> None:
         "guardrail_verdict_reasons_total",  # reasons
         "histogram_quantile(0.95, sum by (le, stage) (rate(guardrail_stage_duration_seconds_bucket",
         "guardrail_consumer_lag",
+        "guardrail_queue_records",
+        "guardrail_consumer_paused_partitions",
         "guardrail_dead_letters_total",
         "guardrail_coverage_window_requests",  # the fleet bound, from summed counts
     ):

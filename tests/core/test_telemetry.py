@@ -28,6 +28,7 @@ from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from sidecar.telemetry import (
     DURATION_BUCKETS_S,
+    GAUGE_HELP,
     MAX_KEY_ATTRIBUTE_BYTES,
     Telemetry,
     _record_attributes,
@@ -105,6 +106,42 @@ def test_verdicts_dead_letters_stages_and_gauges_are_counted(
     assert kinds["guardrail.join.evictions"] == ("{request}", "Sum")  # cumulative: a counter
     assert kinds["guardrail.join.open_requests"][1] == "Gauge"
     assert kinds["guardrail.consumer.lag"][1] == "Gauge"
+
+
+def test_level_gauges_read_the_loop_at_each_collection_and_decisions_start_at_zero() -> None:
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(meter=MeterProvider(metric_readers=[reader]).get_meter("t"))
+    levels = {"queue.records": 0, "queue.bytes": 0, "consumer.paused_partitions": 0}
+    telemetry.observe_gauges(lambda: dict(levels))
+    telemetry.preset_verdicts(("medical", "enterprise"))
+    got = points(reader)
+    assert {name: p[0].value for name, p in got.items() if name in GAUGES} == dict.fromkeys(
+        GAUGES, 0
+    )
+    zeros = {
+        (dict(p.attributes)["decision"], dict(p.attributes)["profile"]): p.value
+        for p in got["guardrail.verdicts"]
+    }
+    assert zeros == {
+        (d, p): 0 for d in ("allow", "caveat", "block") for p in ("medical", "enterprise", "none")
+    }
+    assert {dict(p.attributes)["stage"] for p in got["guardrail.verdicts"]} == {"final"}
+    levels.update({"queue.records": 500, "queue.bytes": 123_456, "consumer.paused_partitions": 3})
+    got = points(reader)
+    assert {name: got[name][0].value for name in GAUGES} == {
+        "guardrail.queue.records": 500,
+        "guardrail.queue.bytes": 123_456,
+        "guardrail.consumer.paused_partitions": 3,
+    }
+    assert all(instruments(reader)[name][1] == "Gauge" for name in GAUGES)
+    assert all(GAUGE_HELP[name.removeprefix("guardrail.")] for name in GAUGES)
+
+
+GAUGES = (
+    "guardrail.queue.records",
+    "guardrail.queue.bytes",
+    "guardrail.consumer.paused_partitions",
+)
 
 
 def test_coverage_bound_gauges_follow_the_monitor() -> None:

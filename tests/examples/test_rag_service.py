@@ -48,6 +48,7 @@ class ByQuestionPolicy:
 
     name = "by-question/1"
     fingerprint = "by-question/1@test"
+    profile_names: tuple[str, ...] = ()
 
     def decide(
         self,

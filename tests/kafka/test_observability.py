@@ -45,6 +45,7 @@ class MixPolicy:
 
     name = "mix/1"
     fingerprint = "mix/1@test"
+    profile_names = ("acme", "globex")
     reasons: dict[Decision, tuple[str, ...]] = {  # noqa: RUF012 - read only
         Decision.ALLOW: (),
         Decision.CAVEAT: ("weak-retrieval", "claims-unsupported"),
@@ -153,13 +154,22 @@ async def test_scraped_counters_equal_the_published_mix(
         (labels["decision"], labels["profile"], labels["stage"]): value
         for labels, value in metrics["guardrail_verdicts_total"]
     }
-    assert verdicts == {
+    # every decision under every profile has a series from the start: the rest read 0
+    zeros = {
+        (d, p, "final"): 0
+        for d in ("allow", "caveat", "block")
+        for p in (*MixPolicy.profile_names, "none")
+    }
+    assert verdicts == zeros | {
         ("allow", "acme", "final"): 4,
         ("caveat", "acme", "final"): 3,
         ("block", "globex", "final"): 2,
         ("block", "none", "final"): expired,
     }
-    assert verdicts == {(d, p, "final"): n for (d, p), n in published.items()}
+    assert verdicts == zeros | {(d, p, "final"): n for (d, p), n in published.items()}
+    # everything was decided: nothing waits, nothing is paused
+    for gauge in ("queue_records", "queue_bytes", "consumer_paused_partitions"):
+        assert [value for _, value in metrics[f"guardrail_{gauge}"]] == [0.0], gauge
     reasons = {
         (labels["reason"], labels["decision"]): value
         for labels, value in metrics["guardrail_verdict_reasons_total"]
