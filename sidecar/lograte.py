@@ -160,6 +160,62 @@ def limit_repeats(
             handler.addFilter(RepeatFilter(interval_s=interval_s))
 
 
+# aiokafka logs at ERROR, and retries, while a fresh broker is still creating the group
+# coordinator (its __consumer_offsets partitions): every first start of a sidecar against
+# a new cluster printed several ERROR lines that meant "retrying" (audit). Within the
+# grace period they are INFO; a coordinator still missing after it is an ERROR again.
+STARTUP_GRACE_S: Final = 60.0
+STARTUP_TRANSIENTS: Final = (
+    ("aiokafka.consumer.group_coordinator", "Group Coordinator Request failed: ", (
+        "GroupCoordinatorNotAvailableError", "CoordinatorNotAvailableError",
+        "CoordinatorLoadInProgressError", "NotCoordinatorForGroupError",
+    )),
+)  # fmt: skip
+
+
+# FastStream's WARNING on every start (the sidecar does not let it create topics); the
+# sidecar checks its topics itself before it subscribes, and says what it found
+REDUNDANT: Final = (
+    ("sidecar.kafka", "Auto create topics is disabled. Make sure the topics exist."),
+)
+
+
+class StartupTransients(logging.Filter):
+    """The client's "coordinator not available yet" lines of the first ``grace_s``, at INFO;
+    FastStream's start-up warning about topics the sidecar has checked (dropped)."""
+
+    def __init__(
+        self, grace_s: float = STARTUP_GRACE_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self._clock = clock
+        self._until = clock() + grace_s
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.INFO:
+            return True
+        if (record.name, record.msg) in REDUNDANT:
+            return False
+        for name, prefix, errors in STARTUP_TRANSIENTS:
+            if record.name != name or not str(record.msg).startswith(prefix):
+                continue
+            text = record.getMessage()
+            if any(error in text for error in errors) and self._clock() < self._until:
+                record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+                record.msg = (
+                    f"{text} (retrying: usual while a new cluster starts its group coordinator)"
+                )
+                record.args = None
+        return True
+
+
+def calm_startup(handlers: Iterable[logging.Handler], grace_s: float = STARTUP_GRACE_S) -> None:
+    """Put one :class:`StartupTransients` on each of ``handlers`` (before any other filter)."""
+    for handler in handlers:
+        if not any(isinstance(f, StartupTransients) for f in handler.filters):
+            handler.filters.insert(0, StartupTransients(grace_s))
+
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 

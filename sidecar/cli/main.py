@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from sidecar import __version__
 from sidecar.exceptions import ConfigError, GuardrailError
-from sidecar.lograte import limit_repeats, one_line, report_repeats
+from sidecar.lograte import calm_startup, limit_repeats, one_line, report_repeats
 
 # Modules that contribute sub-commands, in the order --help lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -65,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # a producer's malformed baggage header: a warning per member (180 per verdict, ~1 ms
     # of CPU with the line dropped), about text the sidecar only passes on
     logging.getLogger("opentelemetry.baggage").setLevel(logging.ERROR)
+    # the client's "no group coordinator yet" retries while a new cluster starts: INFO
+    calm_startup(logging.getLogger().handlers)
     # what they log at WARNING and above can come on every retry: one line per 10 s each
     limit_repeats(logging.getLogger().handlers)
     one_line(logging.getLogger().handlers)  # a producer's newline never starts a log line

@@ -12,7 +12,14 @@ import pytest
 
 from sidecar.cli import main as cli_main
 from sidecar.cli.main import main
-from sidecar.lograte import OneLine, RepeatFilter, limit_repeats, one_line, report_repeats
+from sidecar.lograte import (
+    OneLine,
+    RepeatFilter,
+    StartupTransients,
+    limit_repeats,
+    one_line,
+    report_repeats,
+)
 
 
 class Clock:
@@ -77,7 +84,7 @@ def test_the_command_line_limits_repeats_of_the_client_loggers(
         assert main(["config", "show"]) == 0  # configures logging as ``guardrail run`` does
         capsys.readouterr()
         limit_repeats(root.handlers)  # once per handler
-        assert [type(f) for f in handler.filters] == [RepeatFilter, OneLine]
+        assert [type(f) for f in handler.filters] == [StartupTransients, RepeatFilter, OneLine]
         flood = logging.getLogger("aiokafka.cluster")
         for _ in range(100):
             flood.error("Topic %s not found in cluster metadata", "rag.verdicts")
@@ -227,3 +234,47 @@ def test_the_command_line_keeps_every_message_on_one_line(
 
 def _boom() -> None:
     raise ValueError("boom")
+
+
+class _NotAvailable(Exception):
+    """Named as aiokafka's error is: the filter reads the rendered message."""
+
+    def __str__(self) -> str:
+        return "[Error 15] GroupCoordinatorNotAvailableError"
+
+
+def test_the_coordinators_startup_retries_are_info_only_within_the_grace_period() -> None:
+    """Every first start against a new cluster logged aiokafka's coordinator retries at ERROR."""
+    clock = Clock()
+    calm = StartupTransients(grace_s=60.0, clock=clock)
+    name, msg = "aiokafka.consumer.group_coordinator", "Group Coordinator Request failed: %s"
+    record = _record(name, msg, _NotAvailable())
+    assert calm.filter(record)
+    assert (record.levelno, record.levelname) == (logging.INFO, "INFO")
+    assert record.getMessage().startswith(
+        "Group Coordinator Request failed: [Error 15] GroupCoordinatorNotAvailableError (retrying"
+    )
+    # other failures of the same line, other lines and other loggers keep their level
+    for other in (
+        _record(name, msg, "[Error 29] GroupAuthorizationFailedError"),
+        _record(name, "Heartbeat failed: %r", _NotAvailable()),
+        _record("sidecar.kafka", msg, _NotAvailable()),
+    ):
+        assert calm.filter(other) and other.levelno == logging.ERROR
+    clock.now += 60.0  # still no coordinator after the grace period: an error again
+    late = _record(name, msg, _NotAvailable())
+    assert calm.filter(late) and late.levelno == logging.ERROR
+    assert (
+        late.getMessage()
+        == "Group Coordinator Request failed: [Error 15] GroupCoordinatorNotAvailableError"
+    )
+
+
+def test_faststreams_topic_warning_is_dropped_as_the_sidecar_checks_its_topics() -> None:
+    calm = StartupTransients(grace_s=60.0, clock=Clock())
+    text = "Auto create topics is disabled. Make sure the topics exist."
+    assert not calm.filter(_record("sidecar.kafka", text, level=logging.WARNING))
+    assert calm.filter(
+        _record("sidecar.kafka", "Topic rag.verdicts is missing", level=logging.WARNING)
+    )
+    assert calm.filter(_record("faststream", text, level=logging.WARNING))  # not ours to judge
