@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar.cli import config as config_cli
 from sidecar.config import JoinSettings, Settings
 from sidecar.environment import kubernetes_service_links
 from sidecar.exceptions import ConfigError
@@ -117,6 +119,52 @@ def test_secrets_never_appear_in_config_show(monkeypatch: pytest.MonkeyPatch) ->
     )
     assert "hunter2" not in out.stdout + out.stderr
     assert '"sasl_username": "svc"' in out.stdout
+
+
+def test_config_show_sources_names_the_variable_behind_each_changed_setting() -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.upper().startswith("GUARDRAIL_")},
+        "GUARDRAIL_JOIN__TTL_MS": "5000",
+        "GUARDRAIL_KAFKA": '{"group_id": "fleet-b"}',
+        "guardrail_kafka__security_protocol": "SASL_SSL",  # names are case-insensitive
+        "GUARDRAIL_KAFKA__SASL_MECHANISM": "PLAIN",
+        "GUARDRAIL_KAFKA__SASL_USERNAME": "svc",
+        "GUARDRAIL_KAFKA__SASL_PASSWORD": "hunter2-very-secret",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "config", "show", "--sources"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    )
+    lines = {line.split()[0]: line.split(maxsplit=1)[1] for line in out.stdout.splitlines()}
+    assert lines == {
+        "kafka.group_id": '"fleet-b"  <- GUARDRAIL_KAFKA (JSON)',
+        "kafka.security_protocol": '"SASL_SSL"  <- guardrail_kafka__security_protocol',
+        "kafka.sasl_mechanism": '"PLAIN"  <- GUARDRAIL_KAFKA__SASL_MECHANISM',
+        "kafka.sasl_username": '"svc"  <- GUARDRAIL_KAFKA__SASL_USERNAME',
+        "kafka.sasl_password": '"**********"  <- GUARDRAIL_KAFKA__SASL_PASSWORD',
+        "join.ttl_ms": "5000  <- GUARDRAIL_JOIN__TTL_MS",
+    }
+    assert "hunter2" not in out.stdout + out.stderr
+
+
+def test_config_show_all_lists_every_setting_once_defaults_included(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in [k for k in os.environ if k.upper().startswith("GUARDRAIL_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("GUARDRAIL_LOG_LEVEL", "DEBUG")
+    listed = config_cli.sources(Settings.load(), os.environ)
+    paths = [s.path for s in listed]
+    assert len(paths) == len(set(paths)) > 100
+    by_path = {s.path: s for s in listed}
+    assert by_path[("log_level",)].source == "GUARDRAIL_LOG_LEVEL"
+    assert by_path[("kafka", "bootstrap_servers")] == config_cli.Source(
+        ("kafka", "bootstrap_servers"), "127.0.0.1:9092", "default"
+    )
+    assert {s.source for s in listed} == {"default", "GUARDRAIL_LOG_LEVEL"}
 
 
 def test_run_fails_fast_on_bad_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
