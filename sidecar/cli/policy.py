@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run_check(args: argparse.Namespace) -> int:
     from sidecar.policy.engine import PolicyEngine  # noqa: PLC0415
+    from sidecar.policy.lint import inert_rules  # noqa: PLC0415
 
     engine = PolicyEngine.from_file(args.file)
     config = engine.config
@@ -48,6 +49,9 @@ def run_check(args: argparse.Namespace) -> int:
                 f"  note: profile {name} is mapped from no tenant or collection and is not the "
                 "default: it decides nothing until one is\n"
             )
+    for name, profile in config.profiles.items():
+        for note in inert_rules(name, profile):
+            sys.stdout.write(f"  note: {note}\n")
     shadowed = sorted(set(config.tenants) & set(config.collections))
     if shadowed:
         sys.stdout.write(
