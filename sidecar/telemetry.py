@@ -47,6 +47,8 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
   guardrail.stage.duration      histogram stage, seconds, buckets 50 us .. 5 s
                                           [guardrail_stage_duration_seconds_bucket]
                                           (join, certify, score, verify_claims, policy, publish;
+                                          answer_to_verdict: from the final event's Kafka
+                                          timestamp to the verdict's confirmation;
                                           a plain histogram read at scrape / export time:
                                           sidecar.stage_durations, stage_durations_otlp)
   guardrail.publish.retries     counter
@@ -456,12 +458,16 @@ class Telemetry:
         ``published``, the output the handle was opened for unless a dead letter replaced
         it (then the verdict it stands for is not counted)."""
         now = time.time_ns()
+        answered = 0
         if handle.counted is not None:
             out, record = handle.counted
             if published is None or published.destination is out.destination:
                 self._count(out, record)
+                answered = record.answered_ns
         if handle.traced:
             self.stage_durations.record("publish", (now - handle.started_ns) / 1e9)
+        if answered > 0:  # the producer's clock may be ahead of this one: never below 0
+            self.stage_durations.record("answer_to_verdict", max(0, now - answered) / 1e9)
         producer = handle.producer
         if producer is not None:
             partition = getattr(metadata, "partition", None)

@@ -491,6 +491,7 @@ class SidecarService:
                 partition=record.partition,
                 offset=record.offset,
                 headers=input_headers(record.headers),
+                timestamp_ms=record.timestamp,
             )
             kind = self._kinds.get(record.topic)
             if kind is None:  # not ours (a pattern or misconfigured subscription)

@@ -164,7 +164,7 @@ def held_ref(ref: InputRef) -> InputRef:
     )
     if len(kept) == len(headers):
         return ref
-    return InputRef(ref.topic, ref.partition, ref.offset, kept)
+    return InputRef(ref.topic, ref.partition, ref.offset, kept, ref.timestamp_ms)
 
 
 def check_key(key: bytes | None, request_id: str, where: str) -> None:
@@ -259,6 +259,7 @@ class Intake:
         entry.refs.append(ref)
         if type(event) is GenerationFinal:
             entry.final_headers = ref.headers
+            entry.final_timestamp_ms = ref.timestamp_ms
         entry.request_bytes += counted
         evictions = self.store.make_room(entry)
         made_room = self.store.hold_bytes(entry, size)

@@ -47,6 +47,7 @@ class InputRef:
     partition: int
     offset: int
     headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int = -1  # the record's Kafka timestamp (-1: none given)
 
     @property
     def tp(self) -> tuple[str, int]:
@@ -84,6 +85,7 @@ class PendingRequest:
     stream_blocked: bool = False
     early_label: FeedbackEvent | None = None  # feedback that came before the verdict
     final_headers: tuple[tuple[str, bytes], ...] = ()  # the final event's (trace context)
+    final_timestamp_ms: int = -1  # the final event's Kafka timestamp (-1: none given)
     stages: list[tuple[str, int, int]] = field(default_factory=list)  # (stage, start_ns, end_ns)
     first_record: int = 0  # the store's record count when this request opened
 

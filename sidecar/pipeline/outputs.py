@@ -62,6 +62,9 @@ class TraceRecord:
     end_ns: int
     attributes: dict[str, AttributeValue]
     stages: tuple[tuple[str, int, int], ...] = ()
+    # a verdict's answer: the final event's Kafka timestamp (epoch ns; 0: none), from which
+    # the broker's confirmation of the verdict is timed (stage answer_to_verdict)
+    answered_ns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +200,7 @@ def answer_output(
         end_ns=end_ns,
         attributes=attributes,
         stages=tuple(entry.stages),
+        answered_ns=max(0, entry.final_timestamp_ms) * 1_000_000,
     )
     out = Output(
         destination=Destination.VERDICTS,

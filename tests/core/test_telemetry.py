@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -353,6 +354,36 @@ def test_a_verdict_is_counted_once_whatever_its_reasons(
     assert verdicts == {("allow", "lenient"): 1, ("caveat", "strict"): 1}
     reasons = {p.attributes["reason"]: p.value for p in got["guardrail.verdict.reasons"]}
     assert reasons == {"a": 1, "b": 1, "c": 1}
+
+
+def test_a_verdict_is_timed_from_its_answers_kafka_timestamp_to_its_confirmation() -> None:
+    """stage answer_to_verdict: how long after the final event was written its verdict was
+    confirmed; none for an output without the answer's time or replaced by a dead letter."""
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(meter=MeterProvider(metric_readers=[reader]).get_meter("t"))
+    now = time.time_ns()
+    answered = {
+        "written 2 s ago": now - 2_000_000_000,
+        "no timestamp": 0,
+        "a clock ahead of ours": now + 60_000_000_000,
+    }
+    for answered_ns in answered.values():
+        record = TraceRecord("guardrail.request", (), 0, 1, {}, answered_ns=answered_ns)
+        out = Output(Destination.VERDICTS, b"r", b"{}", [], trace=record)
+        telemetry.after_publish(telemetry.before_publish(out, "rag.verdicts"))
+    replaced = Output(
+        Destination.VERDICTS, b"r", b"{}", [], trace=TraceRecord("r", (), 0, 1, {}, answered_ns=1)
+    )
+    dead = Output(Destination.DLQ, b"r", b"{}", [])
+    telemetry.after_publish(telemetry.before_publish(replaced, "rag.verdicts"), published=dead)
+    [point] = [
+        p
+        for p in points(reader)["guardrail.stage.duration"]
+        if p.attributes["stage"] == "answer_to_verdict"
+    ]
+    assert point.count == 2  # the one without a timestamp and the replaced one: not timed
+    assert 2.0 <= point.max < 2.0 + (time.time_ns() - now) / 1e9 + 1e-3
+    assert point.min == 0.0  # the clock ahead of ours
 
 
 def test_a_record_key_in_a_span_is_cut_to_a_request_ids_size() -> None:

@@ -188,6 +188,8 @@ async def test_scraped_counters_equal_the_published_mix(
     }
     assert counts["policy"] == len(mix)
     assert counts["publish"] == len(mix) + expired
+    # timed from the final event's Kafka timestamp: the expired requests had no final event
+    assert counts["answer_to_verdict"] == len(mix)
     bounds = {
         float(labels["le"])
         for labels, _ in metrics["guardrail_stage_duration_seconds_bucket"]
