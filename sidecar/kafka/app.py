@@ -398,6 +398,7 @@ class SidecarService:
         self.committer.forget(revoked)
         self.intake.forget(revoked)
         self.state.assigned -= revoked
+        self._queue_changed()  # the queue shrank: a backpressure pause may be over
         if dropped or queued:
             log.info(
                 "revoked %s: %d open requests, %d queued records left to their new owner",
@@ -510,7 +511,15 @@ class SidecarService:
         # the records of a poll FastStream has not handed to ``_handle`` yet are past the
         # position and not queued: for that moment (no await) they count as not behind
         lag = measure_lag(consumer, self.state.assigned, self.tracker)
-        self.intake.align(consumer, self.state.assigned, lag, self.queue.records, _monotonic_ms())
+        queue = self.queue
+        self.intake.align(
+            consumer,
+            self.state.assigned,
+            lag,
+            queue.records,
+            _monotonic_ms(),
+            queued_bytes=queue.bytes,
+        )
 
     async def _in_worker(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run a processor call on the worker thread (one at a time, in order); while it is

@@ -166,9 +166,18 @@ class IntakeControl:
         lag: dict[TP, int],
         queued: int,
         now_ms: float,
+        *,
+        queued_bytes: int = 0,
     ) -> None:
-        """Fresh lag: let the aligner decide, apply, and book whether the sidecar is behind."""
+        """Fresh lag: let the aligner decide, apply, and book whether the sidecar is behind.
+
+        Backpressure is decided again too: a queue emptied by a revocation changes no
+        record's arrival, so the pause it held would else outlive it, over partitions
+        assigned since, with nothing queued to lift it (audit: a replica stopped reading
+        for good after a rebalance under load, and stayed ready).
+        """
         self.lag = lag
+        self.backpressure.decide(queued, queued_bytes)
         if self.aligner is not None:
             self.aligner.decide(assigned, lambda tp: lag.get(tp, 0))
         self.apply(consumer, assigned)

@@ -186,3 +186,41 @@ async def test_large_records_pause_intake_by_bytes_not_only_by_count(
     assert service.backpressure.pauses > 0  # paused by bytes: the count is far from its depth
     assert not service.backpressure.paused
     assert (service.queue.records, service.queue.bytes) == (0, 0)
+
+
+async def test_a_rebalance_while_intake_is_paused_leaves_no_partition_paused(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Audit: a replica paused by a full queue when a second one joined dropped its queue to
+    the revocation, kept the pause, and put it on the partitions it got back: nothing came
+    in to lift it, its partitions were never read again, and it stayed ready. The second
+    replica joins while the first is paused: every request is still decided."""
+    settings = _settings(kafka_broker, unique_topics)
+    await create_topics(settings)
+    await _burst(settings, retrieval_event, final_event)
+    services = [
+        SidecarService(
+            settings,
+            Processor(settings, PlaceholderPolicy(), signals=SignalSuite(claims=SlowChecker())),
+        )
+        for _ in range(2)
+    ]
+    first, second = services
+    await first.start()
+    try:
+        await wait_until(lambda: first.backpressure.paused, 30, "the first replica pausing")
+        await second.start()
+        await wait_until(lambda: second.ready, 30, "the second replica's assignment")
+        verdicts = await read_verdicts(settings, REQUESTS, timeout_s=90, linger_s=0.5)
+        decided = {v["request_id"] for v in verdicts}
+        assert decided == {f"req-{i}" for i in range(REQUESTS)}, (
+            f"{REQUESTS - len(decided)} of {REQUESTS} never decided"
+        )
+        assert first.backpressure.pauses > 0
+        await wait_until(lambda: not first.intake.paused, 10, "the first replica reading again")
+    finally:
+        for service in services:
+            await service.stop()
