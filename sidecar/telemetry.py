@@ -178,6 +178,10 @@ COUNT_HELP: Final = {
     "lookback.mismatches": "attention summaries the lookback model cannot score (another "
     "generator or shape): scored unavailable",
     "kafka.offset_resets": "input records gone before they were read (retention, delete-records)",
+    "kafka.handover_skips": "input records skipped on assignment because their last owner had "
+    "finished them (the handover in its commit's metadata)",
+    "kafka.commit_fallbacks": "commits of a partition number whose handover did not fit the "
+    "offset metadata: committed at a cut lowered until no request straddles it",
 }
 # the HELP text of each observed gauge (what waits in the sidecar, and what it stopped reading)
 GAUGE_HELP: Final = {

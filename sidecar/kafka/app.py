@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.errors import KafkaError
 from faststream import AckPolicy
@@ -33,9 +33,16 @@ from faststream.kafka.annotations import KafkaMessage
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.kafka.assignor import co_partition_assignor
-from sidecar.kafka.clients import TP, KafkaClients, aiokafka_clients, memory_clients
+from sidecar.kafka.clients import (
+    TP,
+    AiokafkaConsumerPort,
+    KafkaClients,
+    aiokafka_clients,
+    memory_clients,
+)
 from sidecar.kafka.commits import Committer
 from sidecar.kafka.cut import KeyIndex
+from sidecar.kafka.handover import Handover, decode
 from sidecar.kafka.intake import (
     IntakeControl,
     Records,
@@ -64,6 +71,8 @@ log = logging.getLogger("sidecar.kafka")
 
 _T = TypeVar("_T")
 
+HANDOVER_TRIES = 3  # reads of the committed handovers on assignment before going without
+HANDOVER_TIMEOUT_S = 10.0
 REVOKE_SETTLE_S = 5.0  # on revocation, how long to wait for confirmations in flight
 WITHDRAWALS_AT_STOP_S = 5.0  # at shutdown, how long the fleet's withdrawals may take
 
@@ -98,7 +107,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._service.on_revoked({(tp.topic, tp.partition) for tp in revoked})
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._service.on_assigned({(tp.topic, tp.partition) for tp in assigned})
+        await self._service.on_assigned({(tp.topic, tp.partition) for tp in assigned})
 
 
 class SidecarService:
@@ -139,6 +148,10 @@ class SidecarService:
             topics.feedback: InputKind.FEEDBACK,
         }
         self.committer = Committer(self.tracker, self.keys, self.state)
+        self.handovers: dict[TP, Handover] = {}  # what the last owners finished (skipped)
+        self.handover_skips = 0  # records skipped so (a counter for telemetry)
+        self._handovers_read = asyncio.Event()
+        self._handovers_read.set()
         self.certificates: CertificateBoard | None = None
         destinations = {
             Destination.VERDICTS: topics.verdicts,
@@ -261,6 +274,8 @@ class SidecarService:
                 "feedback.early": counters.feedback_early,
                 "pipeline.internal_errors": counters.internal_errors,
                 "kafka.backpressure_pauses": self.backpressure.pauses,
+                "kafka.handover_skips": self.handover_skips,
+                "kafka.commit_fallbacks": self.committer.fallbacks,
                 "join.clock_held_ms": int(self.intake.clock.held_ms),
                 "lookback.mismatches": getattr(processor.signals.lookback, "mismatches", 0),
                 # the process's watch, once start() installed it
@@ -378,11 +393,70 @@ class SidecarService:
 
     # ------------------------------------------------------------------ rebalance
 
-    def on_assigned(self, assigned: set[TP]) -> None:
+    async def on_assigned(self, assigned: set[TP]) -> None:
         counts = self.clients.consumer.known_partitions(self.probe.inputs)
         self.probe.check_assignment(assigned, counts, self.settings.kafka.group_id)
+        self._handovers_read.clear()  # records that come meanwhile wait for it (_handle)
+        try:
+            await self._take_handovers(assigned)
+        finally:
+            self._handovers_read.set()
         if not self._stopping.is_set():  # new partitions come unpaused: pause what is due
             self.intake.apply(self.clients.consumer, assigned)
+
+    async def _take_handovers(self, assigned: set[TP]) -> None:
+        """Read what the partitions' last owner finished above its commit (its handover),
+        so that those records are skipped, not decided a second time or by halves."""
+        wanted = {tp for tp in assigned if tp[0] in self.keys.joined}
+        # the first assignment comes while the broker starts, before start() has the clients
+        group = getattr(self.subscriber, "consumer", None)
+        consumer = (
+            AiokafkaConsumerPort(group)
+            if isinstance(group, AIOKafkaConsumer)
+            else self.clients.consumer
+        )
+        found: dict[TP, tuple[int, str]] | None = None
+        for attempt in range(1, HANDOVER_TRIES + 1):
+            try:
+                found = await asyncio.wait_for(
+                    consumer.committed_metadata(wanted), HANDOVER_TIMEOUT_S
+                )
+                break
+            except (KafkaError, TimeoutError) as exc:
+                log.warning("reading the committed handovers failed (%r), try %d", exc, attempt)
+                await asyncio.sleep(0.2 * attempt)
+        if found is None:
+            log.warning(
+                "no handover read for %s: the records their last owner finished are read "
+                "again, and a request it decided across the commit may be answered incomplete",
+                sorted(wanted),
+            )
+            return
+        skipping = 0
+        for tp, (offset, metadata) in found.items():
+            handover = decode(offset, metadata)
+            if handover is not None and handover.horizon > handover.start:
+                self.handovers[tp] = handover
+                skipping += 1
+        if skipping:
+            log.info("assigned %d partitions with a handover from their last owner", skipping)
+
+    def _skip_finished(self, records: Records) -> Records:
+        """``records`` less those the partition's last owner finished (each finished here at
+        once); a partition's handover is dropped once its reading passes the horizon."""
+        kept = []
+        for record in records:
+            tp = (record.topic, record.partition)
+            handover = self.handovers.get(tp)
+            if handover is not None:
+                if handover.finished(record.offset):
+                    self.tracker.done(tp, record.offset)
+                    self.handover_skips += 1
+                    continue
+                if record.offset + 1 >= handover.horizon:
+                    del self.handovers[tp]
+            kept.append(record)
+        return tuple(kept)
 
     async def on_revoked(self, revoked: set[TP]) -> None:
         # the steps in flight finish their inputs once confirmed (milliseconds): wait for
@@ -397,6 +471,8 @@ class SidecarService:
         dropped = await self._in_worker(self.processor.store.drop_partitions, revoked)
         self.committer.forget(revoked)
         self.intake.forget(revoked)
+        for tp in revoked:
+            self.handovers.pop(tp, None)
         self.state.assigned -= revoked
         self._queue_changed()  # the queue shrank: a backpressure pause may be over
         if dropped or queued:
@@ -433,6 +509,8 @@ class SidecarService:
         """
         if self._stopping.is_set():
             return  # not tracked, not finished: the next owner reads it
+        if not self._handovers_read.is_set():  # an assignment's handovers are being read
+            await self._handovers_read.wait()
         aligner = self.intake.aligner
         for record in records:
             self.tracker.track((record.topic, record.partition), record.offset)
@@ -444,6 +522,8 @@ class SidecarService:
         for tp in self.state.assigned:
             if (position := consumer.position(tp)) is not None:
                 self.tracker.skipped_to(tp, position)
+        if self.handovers:
+            records = self._skip_finished(records)
         self.queue.put(records)
         self._queue_changed()
         if aligner is not None:  # align at intake: the queue keeps the order it is read in

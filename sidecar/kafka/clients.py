@@ -24,6 +24,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata
 from faststream.kafka import KafkaBroker
 
 from sidecar.config import KafkaSettings
@@ -48,7 +49,15 @@ class ConsumerPort(Protocol):
 
     def resume(self, partitions: Iterable[TP]) -> None: ...
 
-    async def commit(self, offsets: Mapping[TP, int]) -> None: ...
+    async def commit(
+        self, offsets: Mapping[TP, int], metadata: Mapping[TP, str] | None = None
+    ) -> None:
+        """Commit ``offsets`` for the group, each with its ``metadata`` text (default "")."""
+        ...
+
+    async def committed_metadata(self, partitions: Iterable[TP]) -> dict[TP, tuple[int, str]]:
+        """The group's committed offset and metadata of each of ``partitions`` that has one."""
+        ...
 
     def highwater(self, tp: TP) -> int | None:
         """The end of what the consumer can read of the partition, as of the last fetch:
@@ -129,8 +138,28 @@ class AiokafkaConsumerPort:
     def resume(self, partitions: Iterable[TP]) -> None:
         self._consumer.resume(*(TopicPartition(*tp) for tp in partitions))
 
-    async def commit(self, offsets: Mapping[TP, int]) -> None:
-        await self._consumer.commit({TopicPartition(*tp): off for tp, off in offsets.items()})
+    async def commit(
+        self, offsets: Mapping[TP, int], metadata: Mapping[TP, str] | None = None
+    ) -> None:
+        texts = metadata or {}
+        await self._consumer.commit(
+            {
+                TopicPartition(*tp): OffsetAndMetadata(off, texts.get(tp, ""))
+                for tp, off in offsets.items()
+            }
+        )
+
+    async def committed_metadata(self, partitions: Iterable[TP]) -> dict[TP, tuple[int, str]]:
+        # ``AIOKafkaConsumer.committed`` returns the offset only; its coordinator has both
+        wanted = [TopicPartition(*tp) for tp in partitions]
+        if not wanted:
+            return {}
+        found = await self._consumer._coordinator.fetch_committed_offsets(wanted)
+        return {
+            (tp.topic, tp.partition): (int(at.offset), str(at.metadata or ""))
+            for tp, at in found.items()
+            if at.offset is not None and at.offset >= 0
+        }
 
     def highwater(self, tp: TP) -> int | None:
         partition = TopicPartition(*tp)
@@ -347,6 +376,7 @@ class MemoryConsumerPort:
     assigned: set[TP] = field(default_factory=set)
     paused: set[TP] = field(default_factory=set)
     committed: dict[TP, int] = field(default_factory=dict)
+    metadata: dict[TP, str] = field(default_factory=dict)
 
     def assignment(self) -> set[TP]:
         return set(self.assigned)
@@ -357,8 +387,18 @@ class MemoryConsumerPort:
     def resume(self, partitions: Iterable[TP]) -> None:
         self.paused.difference_update(partitions)
 
-    async def commit(self, offsets: Mapping[TP, int]) -> None:
+    async def commit(
+        self, offsets: Mapping[TP, int], metadata: Mapping[TP, str] | None = None
+    ) -> None:
         self.committed.update(offsets)
+        self.metadata.update({tp: (metadata or {}).get(tp, "") for tp in offsets})
+
+    async def committed_metadata(self, partitions: Iterable[TP]) -> dict[TP, tuple[int, str]]:
+        return {
+            tp: (self.committed[tp], self.metadata.get(tp, ""))
+            for tp in partitions
+            if tp in self.committed
+        }
 
     def highwater(self, tp: TP) -> int | None:
         del tp

@@ -1,10 +1,17 @@
-"""Committing consumed offsets: the low-water mark of unfinished inputs, cut so no request is torn.
+"""Committing consumed offsets: the low-water mark of unfinished inputs, with a handover.
 
 Every consumed offset is pending (``OffsetTracker``) until the outputs it
 contributes to are confirmed by the broker; a partition's commit is its
-low-water mark, lowered to a cut that tears no request apart across the joined
-topics (``sidecar/kafka/cut.py``). A crash therefore re-reads whatever was not
-published yet: a verdict comes once or twice, never zero times.
+low-water mark. A crash therefore re-reads whatever was not published yet: a
+verdict comes once or twice, never zero times.
+
+Each input partition number's joined topics are committed together, from one
+snapshot, with a handover in their metadata (``sidecar/kafka/handover.py``): the
+records above the mark this owner already finished, which the next owner skips,
+so that no decided request comes back as a half. When a handover does not fit
+the metadata limit, that partition number falls back to a cut lowered until no
+request straddles it (``sidecar/kafka/cut.py``): correct, but it can stand still
+under steady traffic (``fallbacks`` counts those commits).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import asyncio
 
 from sidecar.kafka.clients import TP, ConsumerPort
 from sidecar.kafka.cut import KeyIndex
+from sidecar.kafka.handover import encode
 from sidecar.kafka.readiness import LoopState
 from sidecar.pipeline.offsets import OffsetTracker
 
@@ -25,9 +33,12 @@ class Committer:
         self.keys = keys
         self.state = state
         self._lock = asyncio.Lock()
+        self._metadata: dict[TP, str] = {}  # what the last commit of each partition carried
+        self.fallbacks = 0  # partition numbers committed at a lowered cut (no handover fitted)
 
     async def commit(self, consumer: ConsumerPort, only: set[TP] | None = None) -> dict[TP, int]:
-        """Commit, for every partition that moved (of ``only``, if given), its cut low-water."""
+        """Commit, for every partition that moved (of ``only``, if given), its low-water mark
+        and handover; returns the offsets committed."""
         async with self._lock:
             moved = self.tracker.committable()
             if only is not None:
@@ -39,22 +50,51 @@ class Committer:
                 for tp in self.keys.partners(moved)
                 if (only is None or tp in only) and (mark := self.tracker.low_water(tp)) is not None
             }
-            offsets = {
-                tp: off
-                for tp, off in self.keys.cut(low).items()
-                if self.state.last_committed.get(tp) != off
-            }
-            if offsets:
-                await consumer.commit(offsets)
+            plan = self._plan(low)
+            if plan:
+                await consumer.commit(
+                    {tp: off for tp, (off, _) in plan.items()},
+                    {tp: meta for tp, (_, meta) in plan.items()},
+                )
             self.tracker.mark_committed(moved)
+            offsets = {tp: off for tp, (off, _) in plan.items()}
             self.keys.committed(offsets)
-            if offsets:
+            if plan:
                 self.state.commits += 1
                 self.state.last_committed.update(offsets)
+                self._metadata.update({tp: meta for tp, (_, meta) in plan.items()})
             return offsets
+
+    def _plan(self, low: dict[TP, int]) -> dict[TP, tuple[int, str]]:
+        """Offset and metadata per partition to commit: each joined partition number whole,
+        with handovers from one snapshot, or at the lowered cut; unchanged ones left out."""
+        joined = self.keys.joined
+        plan: dict[TP, tuple[int, str]] = {
+            tp: (mark, "") for tp, mark in low.items() if tp[0] not in joined
+        }
+        for number in sorted({p for (t, p) in low if t in joined}):
+            marks = {(t, number): low[(t, number)] for t in joined if (t, number) in low}
+            handovers = {
+                tp: encode(
+                    mark, self.tracker.next_offset(tp) or mark, self.tracker.pending_offsets(tp)
+                )
+                for tp, mark in marks.items()
+            }
+            if all(meta is not None for meta in handovers.values()):
+                whole = {tp: (marks[tp], handovers[tp] or "") for tp in marks}
+            else:
+                self.fallbacks += 1
+                whole = {tp: (off, "") for tp, off in self.keys.cut(marks).items()}
+            if any(self._last(tp) != at for tp, at in whole.items()):
+                plan.update(whole)  # the partition number's topics together, or not at all
+        return {tp: at for tp, at in plan.items() if tp[0] in joined or self._last(tp) != at}
+
+    def _last(self, tp: TP) -> tuple[int | None, str]:
+        return self.state.last_committed.get(tp), self._metadata.get(tp, "")
 
     def forget(self, revoked: set[TP]) -> None:
         self.tracker.forget(revoked)
         self.keys.forget(revoked)
         for tp in revoked:
             self.state.last_committed.pop(tp, None)
+            self._metadata.pop(tp, None)

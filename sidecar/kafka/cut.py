@@ -38,6 +38,10 @@ class KeyIndex:
         if key is not None and len(key) <= MAX_REQUEST_KEY_BYTES and topic in self._joined:
             self._keys.setdefault((topic, partition), {})[offset] = key
 
+    @property
+    def joined(self) -> tuple[str, ...]:
+        return self._joined
+
     def __len__(self) -> int:
         return sum(len(keys) for keys in self._keys.values())
 

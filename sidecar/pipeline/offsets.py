@@ -62,6 +62,11 @@ class OffsetTracker:
         state = self._parts.get(tp)
         return state.next_offset if state is not None else None
 
+    def pending_offsets(self, tp: TopicPartition) -> list[int]:
+        """``tp``'s pending offsets, ascending (all at or above its low-water mark)."""
+        state = self._parts.get(tp)
+        return sorted(state.pending) if state is not None else []
+
     def low_water(self, tp: TopicPartition) -> int | None:
         """The offset a commit for ``tp`` may carry now (``None``: nothing seen)."""
         state = self._parts.get(tp)

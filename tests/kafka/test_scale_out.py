@@ -81,15 +81,18 @@ def _env(settings: Settings) -> dict[str, str]:
     }
 
 
-def interleaved(settings: Settings, ids: list[str], seed: int = 14) -> list[Record]:
+def interleaved(
+    settings: Settings, ids: list[str], seed: int = 14, spread: tuple[float, float] = (1.0, 12.0)
+) -> list[Record]:
     """Whole requests, several open at once and of different lengths, as a busy LLM service
     writes them: request i's retrieval at step i, its deltas and final spread over the next
-    1 to 12 steps (a long answer started early finishes after short ones started later)."""
+    1 to 12 steps (``spread``): a long answer started early finishes after short ones started
+    later."""
     rng = random.Random(seed)
     timed: list[tuple[float, int, Record]] = []
     for i, rid in enumerate(ids):
         records = request_records(settings.topics, rid)
-        length = rng.uniform(1.0, 12.0)
+        length = rng.uniform(*spread)
         steps = len(records) - 1
         for j, record in enumerate(records):
             timed.append((i + length * j / steps, len(timed), record))
@@ -468,3 +471,66 @@ async def test_static_membership_joins_and_decides_on_the_real_broker(
     finally:
         for s in services:
             await s.stop()
+
+
+async def _committed(bootstrap: str, group: str, topic: str) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return sum(m.offset for tp, m in offsets.items() if tp.topic == topic and m.offset >= 0)
+
+
+async def test_commits_keep_up_with_steady_overlapping_traffic_and_a_restart_repeats_nothing(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    fleet: list[SidecarProcess],
+) -> None:
+    """Audit: with requests that always overlap (a streaming service is never idle), the cut
+    lowered until no request straddled it stayed at the last idle moment: the committed
+    offset stood still while traffic flowed, the lag grew without end, and a restart decided
+    every request since again. With the handover in the commit's metadata the commit follows
+    the oldest open request, and the replica that takes over skips what was finished."""
+    partitions = 2
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions)
+    await create_topics(settings)
+    t = settings.topics
+    env = _env(settings)
+    fleet.append(SidecarProcess(env, tmp_path / "first.log"))
+    await asyncio.to_thread(fleet[0].start)
+    await wait_until(fleet[0].ready, 30, "the first replica ready")
+    ids = [f"st-{i}" for i in range(400)]
+    records = interleaved(settings, ids, spread=(10.0, 30.0))  # never a quiet moment
+    rate = len(records) / 10.0
+    seen = Seen()
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch(settings, seen, stop))
+    sender = asyncio.create_task(send(settings, records, rate_per_s=rate))
+    try:
+        await asyncio.sleep(3.0)
+        written = sum(
+            (
+                await end_offsets(settings.kafka.bootstrap_servers, [t.generation], partitions)
+            ).values()
+        )
+        await asyncio.sleep(2.0)  # four ticks of commits later
+        committed = await _committed(
+            settings.kafka.bootstrap_servers, settings.kafka.group_id, t.generation
+        )
+        assert written > 200 and committed >= written * 0.8, (written, committed)
+        # a restart mid-traffic: the replica that takes over reads the first one's handover
+        assert await asyncio.to_thread(fleet[0].signal, signal.SIGTERM) == 0, fleet[0].tail()
+        fleet.append(SidecarProcess(env, tmp_path / "second.log"))
+        await asyncio.to_thread(fleet[1].start)
+        assert await sender == len(records)
+        await wait_until(lambda: set(seen.count) >= set(ids), 45, "a verdict for every request")
+        await asyncio.sleep(2.0)  # late repeats, if any
+    finally:
+        stop.set()
+        await watcher
+    assert not seen.incomplete, fleet[1].tail(20000) + "\n-----\n" + fleet[0].tail(8000)
+    assert seen.duplicates == 0, f"{seen.duplicates} requests decided twice"
+    assert "handover from their last owner" in fleet[1].tail()
