@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sidecar.cli.groups import get_group, progress_enabled
+from sidecar.conformal.mondrian import key_label
 from sidecar.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _row_key(row: dict[str, Any]) -> str:
     r = row["retrieval"]
-    return f"{r['tenant']}/{r['collection']}/{r.get('retriever', 'default')}"
+    return key_label(r["tenant"], r["collection"], r.get("retriever", "default"))
 
 
 def _select(rows: Sequence[dict[str, Any]], key: str | None) -> tuple[str, list[dict[str, Any]]]:

@@ -40,10 +40,37 @@ __all__ = [
     "KeyCalibration",
     "MondrianCalibration",
     "MondrianCalibrator",
+    "key_label",
+    "key_part",
+    "split_label",
 ]
 
 GLOBAL_KEY_LABEL = "global"
 """How certifications and the monitor name the calibration pooled over all keys."""
+
+
+def key_part(text: str) -> str:
+    """A tenant, collection or retriever as it stands in a key's label: ``%`` and ``/``
+    percent-escaped, so two keys never share a label (audit: tenant ``org`` with collection
+    ``team/nq`` and tenant ``org/team`` with ``nq`` shared one, and one tenant's lists of
+    rising scores stopped the other's chunks from being certified)."""
+    if "/" not in text and "%" not in text:
+        return text
+    return text.replace("%", "%25").replace("/", "%2F")
+
+
+def key_label(tenant: str, collection: str, retriever: str) -> str:
+    """``tenant/collection/retriever``, each part escaped by :func:`key_part`."""
+    return f"{key_part(tenant)}/{key_part(collection)}/{key_part(retriever)}"
+
+
+def split_label(label: str) -> tuple[str, str, str] | None:
+    """The parts of a :func:`key_label` (``None``: not three parts)."""
+    parts = label.split("/")
+    if len(parts) != 3:
+        return None
+    tenant, collection, retriever = (p.replace("%2F", "/").replace("%25", "%") for p in parts)
+    return tenant, collection, retriever
 
 
 class CalibrationKey(NamedTuple):
@@ -55,8 +82,8 @@ class CalibrationKey(NamedTuple):
 
     @property
     def label(self) -> str:
-        """``tenant/collection/retriever``."""
-        return f"{self.tenant}/{self.collection}/{self.retriever}"
+        """``tenant/collection/retriever`` (:func:`key_label`)."""
+        return key_label(self.tenant, self.collection, self.retriever)
 
 
 class FallbackReason(StrEnum):

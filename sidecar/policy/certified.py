@@ -39,6 +39,7 @@ from pathlib import Path
 
 from sidecar.confidence.certificate_check import CertificateTracker
 from sidecar.confidence.certify_allow import AllowCertificate, load_certificate
+from sidecar.conformal.mondrian import key_label, split_label
 from sidecar.contracts.events import Reason, RetrievalEvent
 from sidecar.exceptions import ArtifactError, ConfigError
 from sidecar.policy.config import Action, AllowRules, PolicyConfig, Profile
@@ -66,8 +67,8 @@ def certificate_fingerprint(certificate: AllowCertificate) -> str:
 
 
 def request_key(retrieval: RetrievalEvent) -> str:
-    """The calibration key of a request: ``tenant/collection/retriever``."""
-    return f"{retrieval.tenant}/{retrieval.collection}/{retrieval.retriever}"
+    """The calibration key of a request: ``tenant/collection/retriever`` (escaped parts)."""
+    return key_label(retrieval.tenant, retrieval.collection, retrieval.retriever)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,8 +205,8 @@ def _check(
         raise ConfigError(
             f"{where}: certifies nothing at risk {cert.risk:g} with {cert.n} labels; {hint}"
         )
-    parts = cert.key.split("/")
-    if len(parts) != 3:
+    parts = split_label(cert.key)
+    if parts is None:
         raise ConfigError(f"{where}: key must be tenant/collection/retriever, got {cert.key!r}")
     served, _ = config.profile_for(parts[0], parts[1])
     if served != name:
