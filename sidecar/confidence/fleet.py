@@ -35,6 +35,7 @@ from typing import Generic, TypeVar
 from sidecar import __version__
 from sidecar.confidence.bound import BoundReport, CoverageTracker
 from sidecar.confidence.certificate_check import CertificateCheck, CertificateTracker
+from sidecar.conformal.monitor import monitor_key
 from sidecar.contracts.events import (
     AnswerVerdict,
     BoundEstimate,
@@ -128,6 +129,7 @@ class CoverageMonitor:
                 verdict.decision,
                 verdict.signals.retrieval,
                 verdict.certificate,
+                tenant=verdict.tenant,
             )
 
     def observe_decision(
@@ -136,8 +138,15 @@ class CoverageMonitor:
         decision: Decision,
         certification: RetrievalSignal,
         certificate: str | None,
+        *,
+        tenant: str | None = None,
     ) -> None:
-        """:meth:`observe_verdict` from a final verdict's values (the serving path's call)."""
+        """:meth:`observe_verdict` from a final verdict's values (the serving path's call).
+
+        A request the global calibration stood in for counts in its tenant's window
+        (``global[acme]``, as the m1 monitor counts it): one window for every tenant let
+        one tenant's labels set the bound reported for all of them (audit).
+        """
         with self._lock:
             name = request_key
             if certificate is not None and decision is Decision.ALLOW:
@@ -145,7 +154,11 @@ class CoverageMonitor:
             cert = certification
             if cert.m1 is None:
                 return  # not certified: coverage is unknown, not zero
-            key = cert.calibration_key or UNCERTIFIED_KEY
+            key = (
+                monitor_key(cert.calibration_key, fallback=cert.fallback, tenant=tenant)
+                if cert.calibration_key
+                else UNCERTIFIED_KEY
+            )
             seen = self._recent.get(name)
             if seen is None or seen[0] != key:
                 # the same request decided again (a replay, a re-send) is counted once

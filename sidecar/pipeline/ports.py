@@ -187,9 +187,12 @@ class CoverageObserver(Protocol):
         decision: Decision,
         certification: RetrievalSignal,
         certificate: str | None,
+        *,
+        tenant: str | None = None,
     ) -> None:
         """Count a final verdict: its decision, its retrieval certification and the allow
-        certificate it was taken under (``AnswerVerdict.certificate``)."""
+        certificate it was taken under (``AnswerVerdict.certificate``); ``tenant``: the
+        request's, whose window a stand-in global calibration counts it in."""
         ...
 
     def observe_feedback(self, feedback: FeedbackEvent, request_key: str | None = None) -> int:

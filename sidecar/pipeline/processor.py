@@ -369,7 +369,11 @@ class Processor:
         coverage = self.signals.coverage
         if coverage is not None:
             coverage.observe_decision(
-                entry.store_key, outcome.decision, scored.signals.retrieval, outcome.certificate
+                entry.store_key,
+                outcome.decision,
+                scored.signals.retrieval,
+                outcome.certificate,
+                tenant=retrieval.tenant,
             )
             waited = self.waiting_labels.take(entry.store_key)
             label = entry.early_label or waited

@@ -105,6 +105,28 @@ def test_requests_are_counted_per_calibration_key() -> None:
     assert m.tracker.counts(UNCERTIFIED_KEY).covered == 0
 
 
+def test_a_stand_in_global_calibration_counts_each_tenant_in_its_own_window() -> None:
+    """Audit: every tenant on the global calibration shared one window, so one tenant's 25
+    wrong labels set the bound reported (and alerted on) for all of them."""
+    m = monitor()
+    for rid, tenant, covered in (("a", "acme", True), ("b", "globex", False), ("c", "acme", True)):
+        m.observe_decision(
+            rid,
+            Decision.CAVEAT,
+            RetrievalSignal(
+                status=SignalStatus.OK, m1=covered, calibration_key="global", fallback=True
+            ),
+            None,
+            tenant=tenant,
+        )
+    own = RetrievalSignal(status=SignalStatus.OK, m1=True, calibration_key="acme/wiki")
+    m.observe_decision("d", Decision.ALLOW, own, None, tenant="acme")
+    assert m.tracker.keys() == ["acme/wiki", "global[acme]", "global[globex]"]
+    assert m.tracker.counts("global[acme]").requests == 2
+    assert m.tracker.counts("global[globex]").covered == 0
+    assert m.observe_feedback(feedback("b", correct=False)) == 1  # labels find their window
+
+
 # ------------------------------------------------------------------ feedback
 
 
