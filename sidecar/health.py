@@ -18,6 +18,13 @@ from sidecar.exceptions import ConfigError
 
 Check = Callable[[], dict[str, bool]]
 
+# a probe sends its request line at once; anyone else holding a connection open costs a
+# file descriptor each (audit: ~1,100 half-sent connections ran a pod with a 1,024-file
+# limit out of descriptors, failed its liveness probe and flooded its log)
+MAX_WAITING = 64  # connections waiting for their request line; past it the oldest is closed
+REQUEST_LINE_TIMEOUT_S = 2.0
+MAX_REQUEST_LINE = 8_192  # bytes; a longer line is refused (it raised, logged per connection)
+
 
 class HealthServer:
     def __init__(
@@ -28,6 +35,8 @@ class HealthServer:
         self._readiness = readiness
         self._liveness = liveness
         self._server: asyncio.Server | None = None
+        self._waiting: dict[asyncio.StreamWriter, None] = {}  # oldest first
+        self.evicted = 0  # connections closed to make room (tests read it)
 
     @property
     def port(self) -> int:
@@ -37,7 +46,9 @@ class HealthServer:
 
     async def start(self) -> None:
         try:
-            self._server = await asyncio.start_server(self._handle, self._host, self._port)
+            self._server = await asyncio.start_server(
+                self._handle, self._host, self._port, limit=MAX_REQUEST_LINE
+            )
         except OSError as exc:  # a port in use, an address not on this host, a bad name
             raise ConfigError(
                 f"the health endpoints cannot listen on {self._host}:{self._port}: {exc} "
@@ -51,8 +62,17 @@ class HealthServer:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._waiting) >= MAX_WAITING:  # room for this one: the oldest idle one goes
+            oldest = next(iter(self._waiting))
+            del self._waiting[oldest]
+            oldest.transport.abort()
+            self.evicted += 1
+        self._waiting[writer] = None
         try:
-            line = await asyncio.wait_for(reader.readline(), timeout=5)
+            try:
+                line = await asyncio.wait_for(reader.readline(), timeout=REQUEST_LINE_TIMEOUT_S)
+            finally:
+                self._waiting.pop(writer, None)
             parts = line.decode("latin-1").split()
             path = parts[1] if len(parts) >= 2 else "/"
             body: dict[str, Any]
@@ -74,7 +94,7 @@ class HealthServer:
                 + payload
             )
             await writer.drain()
-        except (TimeoutError, ConnectionError):
-            pass
+        except (TimeoutError, ConnectionError, ValueError, asyncio.IncompleteReadError):
+            pass  # no request line in time, a line over the limit, a connection cut short
         finally:
             writer.close()
