@@ -240,10 +240,11 @@ def configure_from_env(
         readers.append(PeriodicExportingMetricReader(metric_exporter))
     if prometheus_port:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415
-        from prometheus_client import start_http_server  # noqa: PLC0415
+
+        from sidecar.metrics_server import serve_metrics  # noqa: PLC0415
 
         try:
-            start_http_server(prometheus_port, addr=prometheus_host)
+            serve_metrics(prometheus_port, prometheus_host)
         except OSError as exc:  # a port in use, an address not on this host, a bad name
             raise ConfigError(
                 f"the Prometheus endpoint cannot listen on {prometheus_host}:{prometheus_port}: "
