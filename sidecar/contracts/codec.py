@@ -23,6 +23,7 @@ from typing import Annotated, Any, Final
 import orjson
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
+from sidecar.contracts.common import REQUEST_ID_MAX_CHARS, REQUEST_ID_PATTERN
 from sidecar.contracts.events import (
     SUPPORTED_SCHEMA_VERSIONS,
     FeedbackEvent,
@@ -198,13 +199,19 @@ def decode_checked(kind: InputKind, raw: bytes, *, max_depth: int) -> InputEvent
         raise InputError("schema-violation", summarise_validation(exc)) from None
 
 
+_REQUEST_ID = re.compile(REQUEST_ID_PATTERN)
+
+
 def request_id_hint(raw: bytes | None, key: bytes | None) -> str | None:
-    """Best-effort request id for a dead letter: the Kafka key, else nothing."""
-    if key:
+    """Best-effort request id for a dead letter: the Kafka key when it is one a request id
+    could be, else nothing (audit: a key with CR, LF, ANSI escapes and NUL went verbatim into
+    ``x-dlq-request-id``, which DLQ tools print; the key itself stays the record's key)."""
+    if key and len(key) <= REQUEST_ID_MAX_CHARS:
         try:
-            return key.decode("utf-8")[:128]
+            text = key.decode("ascii")
         except UnicodeDecodeError:
             return None
+        return text if _REQUEST_ID.match(text) else None
     return None
 
 

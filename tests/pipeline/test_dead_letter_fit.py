@@ -10,6 +10,8 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar.config import Settings
+from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import DeadLetterRecord
 from sidecar.exceptions import InputError, RecordTooLargeError
 from sidecar.pipeline.deadletters import (
@@ -20,6 +22,8 @@ from sidecar.pipeline.deadletters import (
 )
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination, Output
+from sidecar.pipeline.processor import Processor
+from sidecar.policy import PlaceholderPolicy
 
 LIMIT = 8_192
 FAILED_AT = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -152,3 +156,24 @@ def test_junk_headers_before_the_trace_headers_cannot_push_them_out() -> None:
     listed = dropped.decode().split(",")
     more = int(listed[-1].lstrip("+"))
     assert listed[-1].startswith("+") and len(listed) - 1 + more == 10_001 - len(kept)
+
+
+@pytest.mark.parametrize(
+    ("key", "named"),
+    [
+        (b"req-42", "req-42"),
+        (b"evil\r\n\x1b[31mkey\x00", None),  # audit: went verbatim into the header
+        (b"caf\xc3\xa9", None),  # not a request id's characters
+        (b"r" * 129, None),  # longer than any request id
+        (None, None),
+    ],
+)
+def test_a_dead_letter_names_the_key_as_its_request_only_when_it_could_be_one(
+    key: bytes | None, named: str | None
+) -> None:
+    processor = Processor(Settings.load(), PlaceholderPolicy())
+    step = processor.on_message(InputKind.RETRIEVAL, b"{not json", key, InputRef("r", 0, 7), 0)
+    [out] = step.outputs
+    headers = dict(out.headers)
+    assert headers.get("x-dlq-request-id") == (named.encode() if named else None)
+    assert out.key == key  # the original key travels as the record's key
