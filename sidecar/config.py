@@ -690,8 +690,8 @@ class Settings(BaseSettings):
         )
         try:
             return cls(**overrides)
-        except ValidationError as exc:
-            raise ConfigError(explain(exc, cls)) from None
+        except ValidationError as exc:  # its input values can be URLs with credentials
+            raise ConfigError(redact_text(explain(exc, cls))) from None
         except SettingsError as exc:  # GUARDRAIL_KAFKA= (a section given a non-JSON value)
             raise ConfigError(
                 f"{exc}: a section variable (e.g. GUARDRAIL_KAFKA) takes a JSON object; "
@@ -705,15 +705,31 @@ class Settings(BaseSettings):
         return dumped
 
 
-_URL_PASSWORD_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*:)[^/@]*@")
+MASK = "**********"
+# the password of a URL's user info, up to the last "@" of the URL (a password may hold "@"
+# or "/": audit, "https://bob:s3cr@tPW@llm" showed "tPW", "bob:ab/cd@llm" showed all)
+_URL_PASSWORD_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/@:\s'\"]*:)[^\s'\"]*@")
+# query parameters that carry credentials (?api_key=, &token=, &sig=, ...)
+_SECRET_PARAM_RE = re.compile(
+    r"([?&][^=&#\s'\"]*(?:token|key|secret|passw|pwd|sig|auth|credential)[^=&#\s'\"]*=)"
+    r"[^&#\s'\"]*",
+    re.IGNORECASE,
+)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with URL passwords and credential query values replaced by the mask."""
+    if "://" not in text and "=" not in text:
+        return text
+    return _SECRET_PARAM_RE.sub(rf"\1{MASK}", _URL_PASSWORD_RE.sub(rf"\1{MASK}@", text))
 
 
 def _redact_urls(value: Any) -> Any:
-    """``value`` with the password of every ``scheme://user:password@`` URL in it hidden."""
+    """``value`` with every URL's password and credential query values hidden."""
     if isinstance(value, dict):
         return {k: _redact_urls(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_redact_urls(v) for v in value]
     if isinstance(value, str):
-        return _URL_PASSWORD_RE.sub(r"\1**********@", value)
+        return redact_text(value)
     return value

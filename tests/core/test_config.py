@@ -167,6 +167,32 @@ def test_config_show_all_lists_every_setting_once_defaults_included(
     assert {s.source for s in listed} == {"default", "GUARDRAIL_LOG_LEVEL"}
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://bob:s3cr@tPW@llm:8000/v1", "https://bob:**********@llm:8000/v1"),
+        ("https://bob:ab/cd@llm/v1", "https://bob:**********@llm/v1"),
+        ("https://qd:6333/?api_key=TOPSECRET&x=1", "https://qd:6333/?api_key=**********&x=1"),
+        (
+            "https://qd/?X-Amz-Signature=abc&token=t0k",
+            "https://qd/?X-Amz-Signature=**********&token=**********",
+        ),
+        ("http://qdrant:6333", "http://qdrant:6333"),
+    ],
+)
+def test_config_show_hides_every_part_of_a_url_that_is_a_credential(
+    monkeypatch: pytest.MonkeyPatch, url: str, shown: str
+) -> None:
+    """Audit: a password holding '@' or '/' was shown in part or whole, query tokens as is."""
+    monkeypatch.setenv("GUARDRAIL_QDRANT__URL", url)
+    assert Settings.load().redacted()["qdrant"]["url"] == shown
+
+
+def test_a_refused_url_is_not_echoed_with_its_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    said = _error(monkeypatch, GUARDRAIL_JUDGE__ENDPOINT="ftp://bob:HUNTER2@judge")
+    assert "HUNTER2" not in said and "ftp://bob:**********@judge" in said
+
+
 def test_run_fails_fast_on_bad_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GUARDRAIL_JOIN__MAX_ENTRIES", "0")
     out = subprocess.run(
