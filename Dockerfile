@@ -150,6 +150,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONFAULTHANDLER=1 \
     HOME=/tmp \
     TMPDIR=/tmp \
+    GUARDRAIL_MODELS__DIR=/models \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 
 RUN groupadd --system --gid 10001 guardrail \
@@ -160,7 +161,9 @@ COPY --from=deps /opt/venv /opt/venv
 # GPU variant: let the dynamic linker find the CUDA / cuDNN libraries shipped
 # as wheels (an empty file, and a no-op, for the CPU variant).
 RUN cp /opt/venv/nvidia-libs.conf /etc/ld.so.conf.d/zz-guardrail-nvidia.conf && ldconfig
-# /models: an empty mount point, or the baked artifacts.
+# /models: an empty mount point, or the baked artifacts. GUARDRAIL_MODELS__DIR names it:
+# the default, "models", is relative, and the working directory (/tmp) is writable by
+# anyone in the container (audit: a models/ folder planted there was served).
 COPY --from=models /models /models
 # The project itself: the only layer a code change rebuilds.
 COPY --from=project /project/ /
