@@ -142,6 +142,10 @@ class LookbackClassifier:
             options={id(self._model): {"zipmap": False}},
             target_opset={"": ONNX_OPSET, "ai.onnx.ml": 3},
             final_types=None,
+            # skl2onnx names the graph with a random uuid: two exports of the same model
+            # differed, and so did the served version (its hash), which the confidence
+            # model and the certificates are bound to (audit)
+            name="lookback",
         )
         names = [o.name for o in onx.graph.output]
         if ONNX_OUTPUT not in names:

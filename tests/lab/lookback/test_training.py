@@ -75,6 +75,14 @@ def test_onnx_graph_outputs_plain_probabilities() -> None:
     assert inp.type.tensor_type.shape.dim[1].dim_value == LAYERS * HEADS * K
 
 
+def test_the_same_fit_exports_the_same_bytes() -> None:
+    """Audit: skl2onnx named the graph with a random uuid, so an identical retrain changed
+    the served model version, and the confidence model fitted on it was refused."""
+    rows = synthetic_rows(120)
+    exports = [LookbackClassifier(chunks=K).fit(rows.cw, rows.label).to_onnx() for _ in range(2)]
+    assert exports[0] == exports[1]
+
+
 def test_train_and_export_writes_consistent_metadata(cw_model: Path, dataset_dir: Path) -> None:
     meta, onnx_bytes = load_metadata(cw_model)
     data = load_dataset(dataset_dir)
