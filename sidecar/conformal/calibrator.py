@@ -30,6 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sidecar.conformal.normalise import MinMaxNormaliser
+from sidecar.conformal.order import RISING_SHARE, score_direction
 from sidecar.conformal.quantile import (
     AlphaLike,
     as_alpha,
@@ -215,6 +216,26 @@ def _check_direction(scores: FloatArray, correct: BoolArray) -> None:
         )
 
 
+ORDER_MIN_LISTS = 5  # hit lists with distinct scores before their order is read
+
+
+def _check_order(scores: ScoreRows) -> None:
+    """:class:`InputError` ``score-direction`` when the hit lists' scores rise down the list
+    (each list is best first): distances, as the serving side reads them (``ScoreOrder``).
+    The label check above needs 20 chunks of each kind; 18 lists of 1 - similarity were
+    calibrated without a word (audit), and served lists like them are refused."""
+    directions = [d for row in scores if (d := score_direction(list(row))) is not None]
+    rising = sum(d > 0 for d in directions)
+    if len(directions) >= ORDER_MIN_LISTS and rising >= RISING_SHARE * len(directions):
+        raise InputError(
+            "score-direction",
+            f"the scores rise down the hit list in {rising} of {len(directions)} lists; lists "
+            "come best first, so these look like distances (lower is better); the calibration "
+            "needs similarities (higher is better): use 1 - distance for a cosine distance, "
+            "else -distance, here and in the events",
+        )
+
+
 def _is_label(value: object) -> bool:
     if isinstance(value, bool | np.bool_):
         return True
@@ -279,6 +300,7 @@ class RetrievalCalibrator:
         values, present = pad_rows(scores)
         correct_mask = _pad_labels(labels, present)
         _check_direction(values[present], correct_mask[present])
+        _check_order(scores)
         normalised, _ = normaliser.transform(values[correct_mask])
         self._calibration = _calibrate_normalised(
             normalised,

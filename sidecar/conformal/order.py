@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Final
 
-__all__ = ["MAX_KEYS", "MIN_LISTS", "RISING_SHARE", "ScoreOrder"]
+__all__ = ["MAX_KEYS", "MIN_LISTS", "RISING_SHARE", "ScoreOrder", "score_direction"]
 
 log = logging.getLogger("sidecar.conformal")
 
@@ -35,7 +35,7 @@ WINDOW: Final = 200  # counts are halved past this many lists: recent lists weig
 MAX_KEYS: Final = 4096  # keys remembered (least recently seen forgotten first)
 
 
-def _direction(scores: Sequence[float]) -> int | None:
+def score_direction(scores: Sequence[float]) -> int | None:
     """+1 rising (no score below the one before, and some above), -1 not rising, None: not
     telling (fewer than two hits, or all equal). Ties do not break a rise: two chunks at
     the same distance are common (audit: with a tie in 20 % of its lists, a distance
@@ -55,7 +55,7 @@ class ScoreOrder:
 
     def observe(self, key: str, scores: Sequence[float]) -> bool:
         """Count one hit list of ``key``; True when the key's scores rise (read as distances)."""
-        direction = _direction(scores)
+        direction = score_direction(scores)
         counts = self._counts.get(key)
         if direction is not None:
             if counts is None:

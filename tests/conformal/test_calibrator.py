@@ -228,3 +228,16 @@ def test_distances_are_refused_at_calibration(make_retrievals: SyntheticFactory)
     with pytest.raises(InputError, match="look like distances") as info:
         RetrievalCalibrator(0.1).fit(distances).calibrate(distances, data.labels)
     assert info.value.reason == "score-direction"
+
+
+def test_a_few_lists_of_distances_are_refused_by_their_order() -> None:
+    """Audit: 18 lists of 1 - similarity, too few for the label check (20 of each kind),
+    were calibrated; served, lists like them are refused as rising (ScoreOrder)."""
+    rng = np.random.default_rng(5)
+    similarities = [sorted(rng.uniform(0.2, 0.9, 5).tolist(), reverse=True) for _ in range(18)]
+    labels = [[True, False, False, False, False] for _ in similarities]
+    RetrievalCalibrator(0.2).fit(similarities).calibrate(similarities, labels)  # best first
+    distances = [[1.0 - s for s in row] for row in similarities]  # still best first: rising
+    with pytest.raises(InputError, match="rise down the hit list in 18 of 18") as info:
+        RetrievalCalibrator(0.2).fit(distances).calibrate(distances, labels)
+    assert info.value.reason == "score-direction"
