@@ -25,7 +25,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from sidecar.cli.groups import get_group
+from sidecar.cli.groups import get_group, progress_enabled
 from sidecar.exceptions import ConfigError
 
 __all__ = ["register", "run_eval", "run_train"]
@@ -144,6 +144,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also score each claim against its best chunk (two verifier pairs per claim)",
     )
     e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress bar for --format pairs (default: when stderr is a terminal)",
+    )
     e.set_defaults(func=run_eval)
 
 
@@ -397,12 +403,13 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_eval_pairs(args: argparse.Namespace) -> int:
+    from sidecar.claims.scorer import ClaimScorer  # noqa: PLC0415
     from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
     from sidecar.lab.verifier.evaluate import (  # noqa: PLC0415
+        check_pair_items,
         finite_or_none,
         pair_report,
         read_pair_items,
-        score_pair_items,
     )
 
     items = read_pair_items(_existing(args.data, "--data"), args.limit)
@@ -410,18 +417,23 @@ def _run_eval_pairs(args: argparse.Namespace) -> int:
         raise ConfigError(f"no pairs in {args.data}")
     verifier = OnnxVerifier.load(args.model)
     artifact = verifier.artifact
-    probs = score_pair_items(
+    scorer = ClaimScorer(  # as the sidecar serves it (one pair set per claim, rules on)
         verifier,
-        items,
+        max_sentences=artifact.evidence_max_sentences,
+        max_chars=artifact.evidence_max_chars,
         max_windows=artifact.evidence_max_windows,
-        window_chars=artifact.evidence_max_chars,
     )
+    served, probs = check_pair_items(scorer, items, progress=progress_enabled(args))
+    verifier_only = finite_or_none(pair_report(probs, items, verifier.band))
     out = {
         "format": "pairs",
         "verifier": verifier.version,
         "max_windows": artifact.evidence_max_windows,
         "window_chars": artifact.evidence_max_chars,
-        **finite_or_none(pair_report(probs, items, verifier.band)),
+        **finite_or_none(pair_report(served, items, verifier.band)),
+        # the network alone, before the rule tier (what --format pairs reported before)
+        "verifier_only": {k: verifier_only[k] for k in ("accuracy", "auroc", "f1")},
+        "rule_overrides": sum(s != p for s, p in zip(served, probs, strict=True)),
     }
     classes = {item.label for item in items}
     if len(classes) < 2:

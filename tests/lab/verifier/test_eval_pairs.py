@@ -114,3 +114,28 @@ def test_the_command_on_a_pairs_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert out["n"] == 4 and out["supported"] == 2 and out["format"] == "pairs"
     keys = ("accuracy", "balanced_accuracy", "precision", "recall", "f1", "auroc", "ece")
     assert all(0.0 <= out[k] <= 1.0 for k in (*keys, "length_auroc"))
+
+
+
+def test_pairs_are_checked_as_served_with_the_rule_tier(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Audit: --format pairs scored the verifier alone; a claim whose year the evidence
+    contradicts is capped by the served rule tier, and the report must show that."""
+    evidence = "Bernard Hill (born 17 December 1944) is an English actor."
+    rows = [
+        {"evidence": evidence, "claim": "Bernard Hill was born on 17 December 1944.", "label": 1},
+        {"evidence": evidence, "claim": "Bernard Hill was born on 17 December 1945.", "label": 0},
+    ]
+    path = _write(tmp_path / "years.jsonl", rows)
+    args = ["eval", "claims", "--data", str(path), "--format", "pairs", "--model", str(MODEL)]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rule_overrides"] == 1  # the shifted year is capped at RULE_CAP, not the true one
+    assert set(out["verifier_only"]) == {"accuracy", "auroc", "f1"}
+
+
+def test_a_blank_claim_is_refused_with_its_line(tmp_path: Path) -> None:
+    path = _write(tmp_path / "p.jsonl", [{"evidence": "Text.", "claim": "  ", "label": 1}])
+    with pytest.raises(InputError, match=r"p.jsonl:1: .*claim \(not blank"):
+        read_pair_items(path)
