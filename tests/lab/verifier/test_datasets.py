@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sidecar.claims.calibration import Band, coverage
@@ -123,3 +124,23 @@ def test_the_band_table_fits_one_band_per_target_on_the_same_pairs() -> None:
     # a stricter precision never narrows the band on these pairs
     assert table[0].uncertain_share <= table[1].uncertain_share <= table[2].uncertain_share
     assert table[2].uncertain_share > 0.0
+
+
+def test_each_end_of_a_wide_band_holds_its_target_and_stricter_targets_nest() -> None:
+    """Audit: bands wider than 0.5 were re-centred, so "supported" missed its target precision
+    (0.84 at 0.85, 0.9 and 0.95) and the 0.95 band was looser than the 0.9 one."""
+    rng = np.random.default_rng(11)
+    labels = (rng.random(4_000) < 0.5).astype(int)
+    probs = np.clip(np.where(labels == 1, rng.beta(3, 2, 4_000), rng.beta(2, 3, 4_000)), 0, 1)
+    bands = {t: fit_band(probs.tolist(), labels.tolist(), t) for t in (0.85, 0.9, 0.95)}
+    for target, band in bands.items():
+        supported = probs >= band.supported_from
+        unsupported = probs < band.unsupported_below
+        assert labels[supported].mean() >= target, (target, band)
+        assert (1 - labels[unsupported]).mean() >= target, (target, band)
+    assert bands[0.85].supported_from <= bands[0.9].supported_from <= bands[0.95].supported_from
+    assert (
+        bands[0.85].unsupported_below
+        >= bands[0.9].unsupported_below
+        >= bands[0.95].unsupported_below
+    )

@@ -116,7 +116,6 @@ def test_the_command_on_a_pairs_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert all(0.0 <= out[k] <= 1.0 for k in (*keys, "length_auroc"))
 
 
-
 def test_pairs_are_checked_as_served_with_the_rule_tier(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
