@@ -24,9 +24,13 @@ import logging
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sidecar.cli.groups import get_group, progress_enabled
 from sidecar.exceptions import ConfigError
+
+if TYPE_CHECKING:  # the verifier imports onnxruntime: loaded when a command needs it
+    from sidecar.claims.verifier import OnnxVerifier
 
 __all__ = ["register", "run_eval", "run_train"]
 
@@ -130,7 +134,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         choices=["pairs", "halueval-qa", "halueval-summarization", "halueval-dialogue"],
         help="pairs: {evidence, claim, label 1|0 (1 = supported), question?, id?} per line",
     )
-    e.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="verifier directory")
+    e.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="verifier directory (default: the served one, GUARDRAIL_MODELS__DIR and "
+        "GUARDRAIL_SIGNALS__VERIFIER)",
+    )
+    e.add_argument(
+        "--target-precision",
+        type=float,
+        default=None,
+        help="the band of this target precision (default: the served one, "
+        "GUARDRAIL_SIGNALS__VERIFIER_TARGET_PRECISION)",
+    )
     e.add_argument("--limit", type=int, default=None, help="items (lines) to read at most")
     e.add_argument(
         "--split",
@@ -360,9 +377,26 @@ def _check_limit(limit: int | None) -> None:
         raise ConfigError(f"--limit must be >= 1 (or left out for all lines), got {limit}")
 
 
+def _served_verifier(args: argparse.Namespace) -> OnnxVerifier:
+    """The verifier ``eval claims`` measures: the one the sidecar serves, with its band,
+    unless --model / --target-precision say otherwise (audit: a relative default path and
+    the artifact's default band, whatever the served settings were)."""
+    from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
+    from sidecar.config import Settings  # noqa: PLC0415
+
+    settings = Settings.load()
+    signals = settings.signals
+    model = args.model
+    if model is None:
+        model = Path(settings.models.dir) / signals.verifier
+    precision = args.target_precision
+    if precision is None:
+        precision = signals.verifier_target_precision
+    return OnnxVerifier.load(model, target_precision=precision)
+
+
 def run_eval(args: argparse.Namespace) -> int:
     from sidecar.claims.scorer import ClaimScorer  # noqa: PLC0415
-    from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
     from sidecar.lab.verifier.evaluate import (  # noqa: PLC0415
         evaluate_items,
         held_out,
@@ -374,7 +408,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.format == "pairs":
         return _run_eval_pairs(args)
     split = args.split or ("test" if args.format == "halueval-qa" else "all")
-    verifier = OnnxVerifier.load(args.model)
+    verifier = _served_verifier(args)
     served = verifier.artifact
     scorer = ClaimScorer(
         verifier,
@@ -404,7 +438,6 @@ def run_eval(args: argparse.Namespace) -> int:
 
 def _run_eval_pairs(args: argparse.Namespace) -> int:
     from sidecar.claims.scorer import ClaimScorer  # noqa: PLC0415
-    from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
     from sidecar.lab.verifier.evaluate import (  # noqa: PLC0415
         check_pair_items,
         finite_or_none,
@@ -415,7 +448,7 @@ def _run_eval_pairs(args: argparse.Namespace) -> int:
     items = read_pair_items(_existing(args.data, "--data"), args.limit)
     if not items:
         raise ConfigError(f"no pairs in {args.data}")
-    verifier = OnnxVerifier.load(args.model)
+    verifier = _served_verifier(args)
     artifact = verifier.artifact
     scorer = ClaimScorer(  # as the sidecar serves it (one pair set per claim, rules on)
         verifier,

@@ -138,3 +138,20 @@ def test_a_blank_claim_is_refused_with_its_line(tmp_path: Path) -> None:
     path = _write(tmp_path / "p.jsonl", [{"evidence": "Text.", "claim": "  ", "label": 1}])
     with pytest.raises(InputError, match=r"p.jsonl:1: .*claim \(not blank"):
         read_pair_items(path)
+
+
+def test_the_served_verifier_and_band_are_measured_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Audit: --model defaulted to the relative models/verifier and the band to the
+    artifact's own, whatever GUARDRAIL_MODELS__DIR and the served target precision were."""
+    from sidecar.claims.verifier import load_artifact
+
+    rows = [{"evidence": "Mary Shelley wrote Frankenstein.", "claim": "She wrote it.", "label": 1}]
+    path = _write(tmp_path / "p.jsonl", rows)
+    monkeypatch.chdir(tmp_path)  # no models/ here
+    monkeypatch.setenv("GUARDRAIL_MODELS__DIR", str(MODEL.parent))
+    monkeypatch.setenv("GUARDRAIL_SIGNALS__VERIFIER_TARGET_PRECISION", "0.9")
+    assert main(["eval", "claims", "--data", str(path), "--format", "pairs", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["threshold"] == load_artifact(MODEL).band_for(0.9).supported_from
