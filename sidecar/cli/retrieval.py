@@ -227,6 +227,14 @@ def run_calibrate_scores(args: argparse.Namespace) -> int:
         embedding_model_id=args.embedding_model,
         allow_vacuous=args.allow_vacuous,
     )
+    if summary["mixed_scales"]:
+        sys.stderr.write(
+            "guardrail calibrate scores: warning: these keys' scores span under a tenth of "
+            f"the pooled range: {summary['mixed_scales']}; the global calibration, which "
+            "serves every key without its own (unknown keys, keys with too few labels), mixes "
+            "their scales and guarantees nothing for them: calibrate each scale in a file "
+            "of its own\n"
+        )
     _write(json.dumps(summary))
     return 0
 

@@ -52,6 +52,7 @@ def test_own_scores_are_calibrated_per_key_and_served(
     summary = json.loads(capsys.readouterr().out)
     assert summary["retrievals"] == 400 and summary["certifiable"] is True
     assert summary["keys"] == {"acme/docs/bm25": "own", "acme/docs/dense-v2": "own"}
+    assert summary["mixed_scales"] == {}  # one scale: nothing to warn of
     low, high = summary["coverage_spread_90"]
     assert low < 0.9 < high
     artifact = load_artifact(out)
@@ -147,3 +148,23 @@ def test_distances_and_empty_files_are_refused(
     assert main(["calibrate", "scores", "--data", str(empty), "--out", str(tmp_path / "o")]) == 2
     assert "holds no labelled retrieval" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_keys_on_another_scale_than_the_pool_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Audit: 0..1 and 0..1000 retrievers in one file; the global calibration (served to
+    every key without its own) mixed the scales and said nothing."""
+    rows = _retrievals(200)
+    for row in rows[:100]:
+        row["retriever"] = "bm25-raw"
+        row["scores"] = [round(float(v) * 1000, 2) for v in row["scores"]]  # type: ignore[attr-defined]
+    for row in rows[100:]:
+        row["retriever"] = "dense"
+    data = _write(tmp_path / "mixed.jsonl", rows)
+    code = main(["calibrate", "scores", "--data", str(data), "--out", str(tmp_path / "c.json")])
+    assert code == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert list(summary["mixed_scales"]) == ["default/default/dense"]
+    assert "mixes their scales" in captured.err

@@ -207,4 +207,37 @@ def calibrate_scores(
         "n2": g.n2,
         **spread_of(g),
         "keys": {entry.key.label: entry.fallback_reason or "own" for entry in artifact.mondrian},
+        "mixed_scales": _mixed_scales(data),
+    }
+
+
+MIXED_SCALE_SHARE: Final = 0.1  # a key whose scores span under this share of all of them
+
+
+def _mixed_scales(data: ScoresFile) -> dict[str, list[float]]:
+    """Keys whose scores span under a tenth of the pooled range, with their min and max.
+
+    The global calibration, which serves every key without its own (unknown keys, keys
+    with too few labels), normalises the pooled scores with one min and max: a key on
+    another scale is then certified against a threshold that means nothing for it (audit:
+    a 5-line key beside 0..1 and 0..1000 retrievers got 0.744 coverage for a promised 0.9,
+    and an unknown 0..1000 key had every chunk trusted). Empty when the scales agree.
+    """
+    spans: dict[tuple[str, str, str], list[float]] = {}
+    for row, key in zip(data.scores, data.keys, strict=True):
+        low, high = spans.setdefault(key, [math.inf, -math.inf])
+        spans[key] = [min(low, *row), max(high, *row)]
+    if len(spans) < 2:
+        return {}
+    low = min(lo for lo, _ in spans.values())
+    high = max(hi for _, hi in spans.values())
+    pooled = high - low
+    if pooled <= 0:
+        return {}
+    from sidecar.conformal.mondrian import key_label  # noqa: PLC0415
+
+    return {
+        key_label(*key): [round(lo, 6), round(hi, 6)]
+        for key, (lo, hi) in sorted(spans.items())
+        if hi - lo < MIXED_SCALE_SHARE * pooled
     }
