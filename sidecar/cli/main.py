@@ -78,6 +78,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GuardrailError as exc:
         sys.stderr.write(f"guardrail: {exc}\n")
         return 1
+    except (IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError) as exc:
+        # a path the user gave that cannot be written or read as asked (audit: --out naming
+        # a directory, or an existing file, ended in a traceback)
+        where = exc.filename2 or exc.filename or ""  # a rename's target, else the path
+        sys.stderr.write(f"guardrail: {where}: {exc.strerror or exc}\n")
+        return 1
     except KeyboardInterrupt:
         return 130
     finally:  # the counts of client lines held back since their last one went through

@@ -327,3 +327,19 @@ def test_confidence_files_and_hashes_refuse_what_is_not_a_file(tmp_path: Path, k
         ConfidenceModel.load(card)
     with pytest.raises(OSError, match="is not a regular file"):
         sha256_file(card)
+
+
+def test_an_output_path_that_is_a_directory_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Audit: ``calibrate scores --out DIR`` ended in an IsADirectoryError traceback."""
+    data = _write(tmp_path / "s.jsonl", b'{"scores": [0.9, 0.2], "labels": [true, false]}\n')
+    out = tmp_path / "already-a-directory"
+    out.mkdir()
+    code = main(["calibrate", "scores", "--data", str(data), "--out", str(out), "--allow-vacuous"])
+    assert code == 1
+    assert capsys.readouterr().err == f"guardrail: {out}: Is a directory\n"
+    assert (
+        list(out.iterdir()) == []
+        and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    )
