@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,31 @@ def _artifact(settings: Settings, relative: str, what: str, switch: str) -> Path
             f"{what} not found at {path} (GUARDRAIL_MODELS__DIR={settings.models.dir}); "
             f"mount the models there, or set {switch}=false to run without this signal"
         )
+    warn_if_others_can_write(path, what)
     return path
+
+
+def warn_if_others_can_write(path: Path, what: str) -> bool:
+    """Log a warning when ``path`` (or, for a folder, a file in it) is writable by anyone:
+    whoever can write a model or the policy decides what is allowed (audit: a
+    world-writable policy loaded without a word). Whether it warned. Group-writable files
+    (a umask of 002) are left alone."""
+    files = [path, *(p for p in path.iterdir() if p.is_file())] if path.is_dir() else [path]
+    loose = []
+    for file in files:
+        try:
+            mode = file.stat().st_mode
+        except OSError:
+            continue
+        if mode & stat.S_IWOTH:
+            loose.append(f"{file} ({stat.filemode(mode)})")
+    if loose:
+        log.warning(
+            "%s can be changed by any user: %s; mount it read-only or chmod o-w",
+            what,
+            ", ".join(loose[:5]) + (f" and {len(loose) - 5} more" if len(loose) > 5 else ""),
+        )
+    return bool(loose)
 
 
 def build_signals(settings: Settings) -> SignalSuite:
@@ -183,6 +208,7 @@ def build_policy(settings: Settings) -> Policy:
                 f"the default policy is not at {path} (GUARDRAIL_MODELS__DIR="
                 f"{settings.models.dir}); mount the models there or set GUARDRAIL_POLICY__FILE"
             )
+    warn_if_others_can_write(path, "the policy")
     # a policy mounted elsewhere (a ConfigMap) still finds the shipped certificates
     shipped = Path(settings.models.dir) / Path(DEFAULT_POLICY).parent
     return PolicyEngine.from_file(path, models=_served_models(settings), search=[shipped])

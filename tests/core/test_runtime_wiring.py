@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
+import pytest
+
 from sidecar import runtime
 from sidecar.confidence.fleet import CoverageMonitor
 from sidecar.config import Settings
 from sidecar.policy.engine import PolicyEngine
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_served_policy_re_tests_its_allow_certificates_on_the_monitors_feedback() -> None:
@@ -15,3 +22,25 @@ def test_the_served_policy_re_tests_its_allow_certificates_on_the_monitors_feedb
     assert policy.certificates is coverage.certificates
     # the shipped policy's certificate is registered with the monitor's tracker
     assert coverage.certificates.keys() == [c.certificate.key for c in policy.certified.values()]
+
+
+def test_a_policy_or_model_anyone_can_write_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Audit: a world-writable policy (and models folder) loaded without a word."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text((REPO / "models" / "policy" / "default.yaml").read_text())
+    policy.chmod(0o646)
+    monkeypatch.setenv("GUARDRAIL_POLICY__FILE", str(policy))
+    monkeypatch.setenv("GUARDRAIL_MODELS__DIR", str(REPO / "models"))
+    with caplog.at_level(logging.WARNING, logger="sidecar"):
+        runtime.build_policy(Settings.load())
+    [said] = [r.getMessage() for r in caplog.records if "can be changed by any user" in r.message]
+    assert said.startswith("the policy can be changed by any user") and "-rw-r--rw-" in said
+    policy.chmod(0o664)  # group-writable (a umask of 002): left alone
+    assert runtime.warn_if_others_can_write(policy, "the policy") is False
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"x")
+    (folder / "model.onnx").chmod(0o666)
+    assert runtime.warn_if_others_can_write(folder, "the lookback classifier") is True
