@@ -182,6 +182,8 @@ COUNT_HELP: Final = {
     "finished them (the handover in its commit's metadata)",
     "kafka.commit_fallbacks": "commits of a partition number whose handover did not fit the "
     "offset metadata: committed at a cut lowered until no request straddles it",
+    "kafka.commit_holds": "commits left out because a handover did not fit where one was "
+    "committed before: the last commit stands (the lag grows until it fits again)",
 }
 # the HELP text of each observed gauge (what waits in the sidecar, and what it stopped reading)
 GAUGE_HELP: Final = {

@@ -147,8 +147,8 @@ class SidecarService:
             topics.generation: InputKind.GENERATION,
             topics.feedback: InputKind.FEEDBACK,
         }
-        self.committer = Committer(self.tracker, self.keys, self.state)
         self.handovers: dict[TP, Handover] = {}  # what the last owners finished (skipped)
+        self.committer = Committer(self.tracker, self.keys, self.state, self.handovers)
         self.handover_skips = 0  # records skipped so (a counter for telemetry)
         self._handovers_read = asyncio.Event()
         self._handovers_read.set()
@@ -276,6 +276,7 @@ class SidecarService:
                 "kafka.backpressure_pauses": self.backpressure.pauses,
                 "kafka.handover_skips": self.handover_skips,
                 "kafka.commit_fallbacks": self.committer.fallbacks,
+                "kafka.commit_holds": self.committer.holds,
                 "join.clock_held_ms": int(self.intake.clock.held_ms),
                 "lookback.mismatches": getattr(processor.signals.lookback, "mismatches", 0),
                 # the process's watch, once start() installed it
@@ -434,6 +435,7 @@ class SidecarService:
             return
         skipping = 0
         for tp, (offset, metadata) in found.items():
+            self.committer.assigned_with(tp, offset, metadata)
             handover = decode(offset, metadata)
             if handover is not None and handover.horizon > handover.start:
                 self.handovers[tp] = handover

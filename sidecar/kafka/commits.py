@@ -8,10 +8,17 @@ verdict comes once or twice, never zero times.
 Each input partition number's joined topics are committed together, from one
 snapshot, with a handover in their metadata (``sidecar/kafka/handover.py``): the
 records above the mark this owner already finished, which the next owner skips,
-so that no decided request comes back as a half. When a handover does not fit
-the metadata limit, that partition number falls back to a cut lowered until no
-request straddles it (``sidecar/kafka/cut.py``): correct, but it can stand still
-under steady traffic (``fallbacks`` counts those commits).
+so that no decided request comes back as a half. The handover is committed again
+whenever it changes, not only when the mark moves (a request held open for its
+TTL held the mark, and with it the handover, back: audit). A partition taken with
+a handover passes on what of it this owner has not read yet.
+
+When a handover does not fit the metadata limit, a partition number that never
+had one falls back to a cut lowered until no request straddles it
+(``sidecar/kafka/cut.py``; ``fallbacks``): correct, but it can stand still under
+steady traffic. One that had a handover keeps its last commit instead
+(``holds``): the key index forgets the keys below a handover's mark, so a
+lowered cut from there could tear a request apart (audit).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import asyncio
 
 from sidecar.kafka.clients import TP, ConsumerPort
 from sidecar.kafka.cut import KeyIndex
-from sidecar.kafka.handover import encode
+from sidecar.kafka.handover import Handover, encode
 from sidecar.kafka.readiness import LoopState
 from sidecar.pipeline.offsets import OffsetTracker
 
@@ -28,19 +35,35 @@ from sidecar.pipeline.offsets import OffsetTracker
 class Committer:
     """Commits what moved, one commit at a time."""
 
-    def __init__(self, tracker: OffsetTracker, keys: KeyIndex, state: LoopState) -> None:
+    def __init__(
+        self,
+        tracker: OffsetTracker,
+        keys: KeyIndex,
+        state: LoopState,
+        inherited: dict[TP, Handover] | None = None,
+    ) -> None:
+        """``inherited``: the handovers partitions were assigned with, while they are still
+        being read (the service's, dropped as reading passes their horizons)."""
         self.tracker = tracker
         self.keys = keys
         self.state = state
+        self.inherited = inherited if inherited is not None else {}
         self._lock = asyncio.Lock()
         self._metadata: dict[TP, str] = {}  # what the last commit of each partition carried
         self.fallbacks = 0  # partition numbers committed at a lowered cut (no handover fitted)
+        self.holds = 0  # commits left out: a handover did not fit where one was committed
+
+    def assigned_with(self, tp: TP, offset: int, metadata: str) -> None:
+        """The commit a partition was assigned with (its offset and metadata): a handover
+        there means no lowered cut may be committed after it."""
+        self.state.last_committed[tp] = offset
+        self._metadata[tp] = metadata
 
     async def commit(self, consumer: ConsumerPort, only: set[TP] | None = None) -> dict[TP, int]:
         """Commit, for every partition that moved (of ``only``, if given), its low-water mark
         and handover; returns the offsets committed."""
         async with self._lock:
-            moved = self.tracker.committable()
+            moved = self.tracker.marks()  # the handover may change while the mark stands
             if only is not None:
                 moved = {tp: off for tp, off in moved.items() if tp in only}
             if not moved:
@@ -76,12 +99,18 @@ class Committer:
             marks = {(t, number): low[(t, number)] for t in joined if (t, number) in low}
             handovers = {
                 tp: encode(
-                    mark, self.tracker.next_offset(tp) or mark, self.tracker.pending_offsets(tp)
+                    mark,
+                    self.tracker.next_offset(tp) or mark,
+                    self.tracker.pending_offsets(tp),
+                    self.inherited.get(tp),
                 )
                 for tp, mark in marks.items()
             }
             if all(meta is not None for meta in handovers.values()):
                 whole = {tp: (marks[tp], handovers[tp] or "") for tp in marks}
+            elif any(self._metadata.get((t, number)) for t in joined):
+                self.holds += 1  # the last commit (a handover) stands: still consistent
+                continue
             else:
                 self.fallbacks += 1
                 whole = {tp: (off, "") for tp, off in self.keys.cut(marks).items()}

@@ -62,13 +62,26 @@ def _runs(offsets: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def encode(mark: int, horizon: int, pending: Sequence[int]) -> str | None:
+def encode(
+    mark: int,
+    horizon: int,
+    pending: Sequence[int],
+    inherited: Handover | None = None,
+) -> str | None:
     """The metadata of a commit at ``mark``: ``pending`` (sorted, in ``[mark, horizon)``)
-    are the records the next owner must read; ``None`` when it would not fit."""
-    parts = [
-        _b36(a - mark) if a == b else f"{_b36(a - mark)}-{_b36(b - mark)}"
-        for a, b in _runs(pending)
-    ]
+    are the records the next owner must read; ``None`` when it would not fit.
+
+    ``inherited``: the handover this owner took the partition with, while it has not read
+    to its horizon (``horizon`` is how far this owner read): what the last owner left
+    pending beyond that is still to be read, the rest of it is still finished, and the
+    next owner gets both (audit: a second takeover before the first had read to its
+    horizon lost the rest, and requests the first owner decided came back as halves).
+    """
+    runs = _runs(pending)
+    if inherited is not None and inherited.horizon > horizon:
+        runs += [(max(a, horizon), b) for a, b in inherited.pending if b >= horizon]
+        horizon = inherited.horizon
+    parts = [_b36(a - mark) if a == b else f"{_b36(a - mark)}-{_b36(b - mark)}" for a, b in runs]
     text = f"{FORMAT}:{_b36(mark)}:{_b36(horizon - mark)}:{','.join(parts)}"
     return text if len(text) <= MAX_METADATA_CHARS else None
 

@@ -76,6 +76,10 @@ class OffsetTracker:
             state.order.popleft()
         return state.order[0] if state.order else state.next_offset
 
+    def marks(self) -> dict[TopicPartition, int]:
+        """Every partition's low-water mark (moved since the last commit or not)."""
+        return {tp: mark for tp in self._parts if (mark := self.low_water(tp)) is not None}
+
     def committable(self) -> dict[TopicPartition, int]:
         """Offsets that moved since the last call; the caller commits exactly these."""
         out: dict[TopicPartition, int] = {}

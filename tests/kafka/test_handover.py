@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from sidecar.kafka.clients import MemoryConsumerPort
 from sidecar.kafka.commits import Committer
 from sidecar.kafka.cut import KeyIndex
-from sidecar.kafka.handover import MAX_METADATA_CHARS, decode, encode
+from sidecar.kafka.handover import MAX_METADATA_CHARS, Handover, decode, encode
 from sidecar.kafka.readiness import LoopState
 from sidecar.pipeline.offsets import OffsetTracker
 
@@ -130,3 +130,57 @@ def test_both_input_topics_of_a_partition_number_are_committed_from_one_snapshot
     assert {
         tp: decode(consumer.committed[tp], m) is not None for tp, m in consumer.metadata.items()
     }
+
+
+def test_a_partition_taken_with_a_handover_passes_on_what_it_has_not_read_yet() -> None:
+    """Audit: a second takeover before the first had read to the inherited horizon committed
+    only as far as it had read; the records its last owner had finished beyond that were
+    read again by the next one, and requests decided across them came back as halves."""
+    tracker, keys = OffsetTracker(), KeyIndex(("r", "g"))
+    inherited = {("g", 0): Handover(start=0, horizon=100, pending=((50, 50), (97, 99)))}
+    committer = Committer(tracker, keys, LoopState(), inherited)
+    for offset in range(10):  # read 0..9: finished before (skipped) or decided here
+        tracker.track(("g", 0), offset)
+        tracker.done(("g", 0), offset)
+    consumer = MemoryConsumerPort()
+    assert asyncio.run(committer.commit(consumer)) == {("g", 0): 10}
+    handover = decode(10, consumer.metadata[("g", 0)])
+    assert handover is not None and handover.horizon == 100
+    assert [o for o in range(10, 101) if not handover.finished(o)] == [50, 97, 98, 99, 100]
+
+
+def test_the_handover_is_committed_again_while_the_mark_stands() -> None:
+    """Audit: only a moved mark was committed; one request held open for its TTL froze the
+    handover, and a restart then decided again everything finished since."""
+    tracker, keys = OffsetTracker(), KeyIndex(("r", "g"))
+    committer = Committer(tracker, keys, LoopState())
+    consumer = MemoryConsumerPort()
+    tracker.track(("g", 0), 0)  # held open: the mark stays at 0
+    asyncio.run(committer.commit(consumer))
+    first = consumer.metadata[("g", 0)]
+    for offset in range(1, 30):
+        tracker.track(("g", 0), offset)
+        tracker.done(("g", 0), offset)
+    asyncio.run(committer.commit(consumer))
+    handover = decode(0, consumer.metadata[("g", 0)])
+    assert consumer.metadata[("g", 0)] != first
+    assert handover is not None and handover.horizon == 30 and handover.finished(29)
+    assert asyncio.run(committer.commit(consumer)) == {}  # nothing changed: nothing committed
+
+
+def test_after_a_handover_an_overflow_keeps_the_last_commit_rather_than_a_lowered_cut() -> None:
+    """Audit: the key index forgets keys below a handover's mark, so the fallback cut after
+    it committed marks a decided request straddled, with no metadata: a half for the next
+    owner. The last commit (a handover, consistent) stands instead."""
+    tracker, keys = OffsetTracker(), KeyIndex(("r", "g"))
+    state = LoopState()
+    committer = Committer(tracker, keys, state)
+    consumer = MemoryConsumerPort()
+    committer.assigned_with(("g", 0), 0, "h1:0:1:0")  # taken with a handover
+    for offset in range(0, 8_000):  # every other record pending: the handover cannot fit
+        tracker.track(("g", 0), offset)
+        if offset % 2:
+            tracker.done(("g", 0), offset)
+    assert asyncio.run(committer.commit(consumer)) == {}
+    assert (committer.holds, committer.fallbacks) == (1, 0)
+    assert consumer.committed == {}
