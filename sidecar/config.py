@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from sidecar.environment import check_environment, explain
 from sidecar.exceptions import ConfigError
+from sidecar.redact import redact_text
 
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _INT32_MAX = 2**31 - 1  # Kafka protocol fields (timeouts, fetch sizes) are int32
@@ -703,25 +704,6 @@ class Settings(BaseSettings):
         ``SecretStr`` fields and the password of any URL (``https://user:pw@host``)."""
         dumped: dict[str, Any] = _redact_urls(self.model_dump(mode="json"))
         return dumped
-
-
-MASK = "**********"
-# the password of a URL's user info, up to the last "@" of the URL (a password may hold "@"
-# or "/": audit, "https://bob:s3cr@tPW@llm" showed "tPW", "bob:ab/cd@llm" showed all)
-_URL_PASSWORD_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/@:\s'\"]*:)[^\s'\"]*@")
-# query parameters that carry credentials (?api_key=, &token=, &sig=, ...)
-_SECRET_PARAM_RE = re.compile(
-    r"([?&][^=&#\s'\"]*(?:token|key|secret|passw|pwd|sig|auth|credential)[^=&#\s'\"]*=)"
-    r"[^&#\s'\"]*",
-    re.IGNORECASE,
-)
-
-
-def redact_text(text: str) -> str:
-    """``text`` with URL passwords and credential query values replaced by the mask."""
-    if "://" not in text and "=" not in text:
-        return text
-    return _SECRET_PARAM_RE.sub(rf"\1{MASK}", _URL_PASSWORD_RE.sub(rf"\1{MASK}@", text))
 
 
 def _redact_urls(value: Any) -> Any:

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from sidecar.redact import redact_text
+
 REPEAT_INTERVAL_S = 10.0
 THIRD_PARTY_LOGGERS = ("aiokafka", "kafka", "faststream", "opentelemetry")
 # loggers whose arguments are the producers' text: one message per template, whatever text
@@ -224,14 +226,15 @@ def _escaped(match: re.Match[str]) -> str:
 
 
 class OneLine(logging.Filter):
-    """Every record's message on one line: control characters written as escapes.
+    """Every record's message on one line: control characters written as escapes, and
+    credentials in URLs masked (:func:`~sidecar.redact.redact_text`).
 
     The message is rendered once here (``msg`` becomes the text, ``args`` None);
     a traceback is not part of it and keeps its lines.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
+        text = redact_text(record.getMessage())  # an exporter's endpoint with ?token=...
         record.msg = _CONTROL.sub(_escaped, text) if _CONTROL.search(text) else text
         record.args = None
         return True

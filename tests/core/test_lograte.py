@@ -278,3 +278,21 @@ def test_faststreams_topic_warning_is_dropped_as_the_sidecar_checks_its_topics()
         _record("sidecar.kafka", "Topic rag.verdicts is missing", level=logging.WARNING)
     )
     assert calm.filter(_record("faststream", text, level=logging.WARNING))  # not ours to judge
+
+
+def test_a_log_line_never_carries_a_credential_of_a_url() -> None:
+    """Audit: the OTLP exporter logged its endpoint's query on every failed export:
+    ``Max retries exceeded with url: /v1/traces?token=QTOKEN``."""
+    record = _record(
+        "opentelemetry.exporter",
+        "Max retries exceeded with url: %s (%s)",
+        "/v1/traces?token=QTOKEN&x=1",
+        "https://bob:HUNTER2@otel:4318",
+    )
+    assert OneLine().filter(record)
+    said = record.getMessage()
+    assert "QTOKEN" not in said and "HUNTER2" not in said
+    assert said == (
+        "Max retries exceeded with url: /v1/traces?token=**********&x=1 "
+        "(https://bob:**********@otel:4318)"
+    )
