@@ -39,8 +39,41 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--offset", type=int, default=0, help="skip the first N questions of the part (default 0)"
     )
     d.add_argument("--out", type=Path, required=True, help="output directory")
+    for name in ("tenant", "collection", "retriever"):
+        d.add_argument(
+            f"--{name}",
+            default=None,
+            help=f"the {name} the events carry (default: the served calibration's key)",
+        )
     d.set_defaults(func=run_outcomes)
     register_eval_train(sub)
+
+
+def _event_key(args: argparse.Namespace, settings: Any) -> tuple[str, str, str]:
+    """The key the outcome events carry: --tenant / --collection / --retriever, else the
+    served calibration's own (audit: always default/nq-open/qdrant-minilm-l6, so a team's
+    own calibration served every row by its global fallback, and the certificate fitted
+    on them named the wrong key)."""
+    from sidecar.lab.generator.service import (  # noqa: PLC0415
+        DEFAULT_COLLECTION,
+        DEFAULT_RETRIEVER,
+        DEFAULT_TENANT,
+    )
+
+    served = (DEFAULT_TENANT, DEFAULT_COLLECTION, DEFAULT_RETRIEVER)
+    if settings.signals.retrieval:
+        from sidecar.conformal import load_artifact  # noqa: PLC0415
+
+        path = Path(settings.models.dir) / settings.signals.calibration
+        if path.is_file():
+            g = load_artifact(path).global_key
+            served = (g.tenant, g.collection, g.retriever)
+    given = (args.tenant, args.collection, args.retriever)
+    return (
+        given[0] or served[0],
+        given[1] or served[1],
+        given[2] or served[2],
+    )
 
 
 def run_outcomes(args: argparse.Namespace) -> int:
@@ -54,6 +87,7 @@ def run_outcomes(args: argparse.Namespace) -> int:
 
     questions = _offset_questions(args)
     settings = Settings.load()
+    key = _event_key(args, settings)
     loop = _loop(args)
     rows = list(
         collect_rows(
@@ -62,6 +96,7 @@ def run_outcomes(args: argparse.Namespace) -> int:
             default_processor_factory(settings),
             args.out / ROWS_FILE,
             progress=progress_enabled(args),
+            key=key,
         )
     )
     correct = sum(1 for r in rows if r["correct"])

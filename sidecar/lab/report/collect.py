@@ -132,8 +132,12 @@ def collect_rows(
     *,
     request_prefix: str = "report",
     progress: bool = False,
+    key: tuple[str, str, str] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Answer every question not yet in ``out`` and append its row; yields new rows."""
+    """Answer every question not yet in ``out`` and append its row; yields new rows.
+
+    ``key``: the (tenant, collection, retriever) the events carry (default: the lab
+    service's, ``default/nq-open/qdrant-minilm-l6``)."""
     from tqdm.auto import tqdm  # noqa: PLC0415
 
     from sidecar.lab.generator.service import events_for  # noqa: PLC0415
@@ -152,11 +156,19 @@ def collect_rows(
             list(zip(todo, hits, strict=True)), desc="RAG loop", disable=not progress
         ):
             answer = loop.answer(record, row_hits)
-            request = events_for(
-                answer,
-                loop.generator,
-                request_id=f"{request_prefix}-{record.index}",
-                k=loop.k,
+            rid = f"{request_prefix}-{record.index}"
+            request = (
+                events_for(answer, loop.generator, request_id=rid, k=loop.k)
+                if key is None
+                else events_for(
+                    answer,
+                    loop.generator,
+                    request_id=rid,
+                    k=loop.k,
+                    tenant=key[0],
+                    collection=key[1],
+                    retriever=key[2],
+                )
             )
             started = time.perf_counter()
             verdict, claims = process_events(processor, request.events)
