@@ -489,26 +489,26 @@ class Telemetry:
     def observe_counts(self, counts: Callable[[], dict[str, int]]) -> None:
         """Cumulative counts kept by the pipeline, as observable counters ``guardrail.<name>``
         (each with its :data:`COUNT_HELP` text)."""
-        for name in counts():
-
-            def _count(_options: CallbackOptions, name: str = name) -> Iterable[Observation]:
-                return [Observation(counts().get(name, 0))]
-
-            self.meter.create_observable_counter(
-                f"guardrail.{name}", [_count], description=COUNT_HELP.get(name, "")
-            )
+        self._observe_each(counts, COUNT_HELP, self.meter.create_observable_counter)
 
     def observe_gauges(self, gauges: Callable[[], dict[str, int]]) -> None:
         """Current levels kept by the loop, as observable gauges ``guardrail.<name>``
         (each with its :data:`GAUGE_HELP` text)."""
-        for name in gauges():
+        self._observe_each(gauges, GAUGE_HELP, self.meter.create_observable_gauge)
 
-            def _level(_options: CallbackOptions, name: str = name) -> Iterable[Observation]:
-                return [Observation(gauges().get(name, 0))]
+    @staticmethod
+    def _observe_each(
+        values: Callable[[], dict[str, int]],
+        help_texts: Mapping[str, str],
+        create: Callable[..., object],
+    ) -> None:
+        """One observable instrument per name of ``values()``, read at each collection."""
+        for name in values():
 
-            self.meter.create_observable_gauge(
-                f"guardrail.{name}", [_level], description=GAUGE_HELP.get(name, "")
-            )
+            def _read(_options: CallbackOptions, name: str = name) -> Iterable[Observation]:
+                return [Observation(values().get(name, 0))]
+
+            create(f"guardrail.{name}", [_read], description=help_texts.get(name, ""))
 
     def preset_verdicts(self, profiles: Iterable[str]) -> None:
         """A zero series for each decision of a final verdict under each profile (and

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from faststream.kafka import TestKafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 
@@ -143,6 +144,19 @@ class RealHarness:
                 for r in records:
                     self.received[r.topic].append(Msg(r.key, r.value, dict(r.headers)))
         return list(self.received[topic])
+
+
+async def committed(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    """The group's committed offsets (partitions without one left out)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {
+        (tp.topic, tp.partition): meta.offset for tp, meta in offsets.items() if meta.offset >= 0
+    }
 
 
 async def end_offsets(

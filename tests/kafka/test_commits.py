@@ -10,28 +10,15 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.lab.replay import Record, send
 from tests.conftest import EventFactory, dumps
-from tests.kafka.harness import read_settled, real_harness, settings_for, wait_until
+from tests.kafka.harness import committed, read_settled, real_harness, settings_for, wait_until
 
 pytestmark = pytest.mark.connected
-
-
-async def committed(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        offsets = await admin.list_consumer_group_offsets(group)
-    finally:
-        await admin.close()
-    return {
-        (tp.topic, tp.partition): meta.offset for tp, meta in offsets.items() if meta.offset >= 0
-    }
 
 
 async def test_commit_waits_for_the_verdict_publish(

@@ -26,8 +26,7 @@ from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.lab.replay import Record, send
 from sidecar.pipeline.outputs import idempotency_key
 from tests.conftest import EventFactory, dumps
-from tests.kafka.harness import read_settled, settings_for
-from tests.kafka.test_commits import committed
+from tests.kafka.harness import committed, read_settled, settings_for
 
 pytestmark = pytest.mark.connected
 

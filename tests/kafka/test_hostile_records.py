@@ -32,12 +32,12 @@ from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import (
     Msg,
     RealHarness,
+    committed,
     read_settled,
     real_harness,
     settings_for,
     wait_until,
 )
-from tests.kafka.test_commits import committed
 
 pytestmark = pytest.mark.connected
 

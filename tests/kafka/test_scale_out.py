@@ -46,7 +46,7 @@ from sidecar.lab.localkafka.broker import LocalKafka, free_port
 from sidecar.lab.replay import Record, send
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
-from tests.kafka.harness import end_offsets, wait_until
+from tests.kafka.harness import committed, end_offsets, wait_until
 
 pytestmark = pytest.mark.connected
 
@@ -473,16 +473,6 @@ async def test_static_membership_joins_and_decides_on_the_real_broker(
             await s.stop()
 
 
-async def _committed(bootstrap: str, group: str, topic: str) -> int:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        offsets = await admin.list_consumer_group_offsets(group)
-    finally:
-        await admin.close()
-    return sum(m.offset for tp, m in offsets.items() if tp.topic == topic and m.offset >= 0)
-
-
 async def test_commits_keep_up_with_steady_overlapping_traffic_and_a_restart_repeats_nothing(
     kafka_broker: LocalKafka,
     unique_topics: dict[str, str],
@@ -517,10 +507,9 @@ async def test_commits_keep_up_with_steady_overlapping_traffic_and_a_restart_rep
             ).values()
         )
         await asyncio.sleep(2.0)  # four ticks of commits later
-        committed = await _committed(
-            settings.kafka.bootstrap_servers, settings.kafka.group_id, t.generation
-        )
-        assert written > 200 and committed >= written * 0.8, (written, committed)
+        offsets = await committed(settings.kafka.bootstrap_servers, settings.kafka.group_id)
+        committed_records = sum(off for (topic, _), off in offsets.items() if topic == t.generation)
+        assert written > 200 and committed_records >= written * 0.8, (written, committed_records)
         # a restart mid-traffic: the replica that takes over reads the first one's handover
         assert await asyncio.to_thread(fleet[0].signal, signal.SIGTERM) == 0, fleet[0].tail()
         fleet.append(SidecarProcess(env, tmp_path / "second.log"))

@@ -31,8 +31,7 @@ from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.outputs import Output
 from tests.conftest import EventFactory, dumps
-from tests.kafka.harness import real_harness, settings_for, wait_until
-from tests.kafka.test_commits import committed
+from tests.kafka.harness import committed, real_harness, settings_for, wait_until
 from tests.kafka.test_hostile_records import all_committed, answered, produce, requests
 
 pytestmark = pytest.mark.connected

@@ -23,8 +23,7 @@ from guardrail_client.records import install_lenient_header_names
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
 from tests.conftest import EventFactory, dumps
-from tests.kafka.harness import end_offsets, real_harness, settings_for
-from tests.kafka.test_commits import committed
+from tests.kafka.harness import committed, end_offsets, real_harness, settings_for
 from tests.kafka.test_hostile_records import answered
 
 pytestmark = pytest.mark.connected
