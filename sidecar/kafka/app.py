@@ -152,6 +152,7 @@ class SidecarService:
         self.handover_skips = 0  # records skipped so (a counter for telemetry)
         self._handovers_read = asyncio.Event()
         self._handovers_read.set()
+        self._finished: set[tuple[str, int, int]] = set()  # kept records the handover named
         self.certificates: CertificateBoard | None = None
         destinations = {
             Destination.VERDICTS: topics.verdicts,
@@ -445,15 +446,24 @@ class SidecarService:
 
     def _skip_finished(self, records: Records) -> Records:
         """``records`` less those the partition's last owner finished (each finished here at
-        once); a partition's handover is dropped once its reading passes the horizon."""
+        once); a partition's handover is dropped once its reading passes the horizon.
+
+        Finished records of the generation topic stay, flagged (``_finished``): the
+        processor remembers a final's request as decided, so a late event of it is
+        ``after-final`` here too."""
         kept = []
+        generation = self.settings.topics.generation
         for record in records:
             tp = (record.topic, record.partition)
             handover = self.handovers.get(tp)
             if handover is not None:
                 if handover.finished(record.offset):
-                    self.tracker.done(tp, record.offset)
                     self.handover_skips += 1
+                    if record.topic == generation:
+                        self._finished.add((record.topic, record.partition, record.offset))
+                        kept.append(record)
+                    else:
+                        self.tracker.done(tp, record.offset)
                     continue
                 if record.offset + 1 >= handover.horizon:
                     del self.handovers[tp]
@@ -475,6 +485,7 @@ class SidecarService:
         self.intake.forget(revoked)
         for tp in revoked:
             self.handovers.pop(tp, None)
+        self._finished = {f for f in self._finished if (f[0], f[1]) not in revoked}
         self.state.assigned -= revoked
         self._queue_changed()  # the queue shrank: a backpressure pause may be over
         if dropped or queued:
@@ -575,7 +586,11 @@ class SidecarService:
                 offset=record.offset,
                 headers=input_headers(record.headers),
                 timestamp_ms=record.timestamp,
+                finished=bool(self._finished)
+                and (record.topic, record.partition, record.offset) in self._finished,
             )
+            if ref.finished:
+                self._finished.discard((record.topic, record.partition, record.offset))
             kind = self._kinds.get(record.topic)
             if kind is None:  # not ours (a pattern or misconfigured subscription)
                 self.tracker.done(ref.tp, ref.offset)

@@ -201,6 +201,7 @@ class Intake:
         # consumer resumes from the committed offset, which open requests hold back)
         self._read_up_to: dict[tuple[str, int], int] = {}
         self.rereads = 0  # records of decided requests read again: finished, not dead-lettered
+        self.handed_over = 0  # finals a last owner decided, remembered as decided here
 
     def admit(
         self, kind: InputKind, raw: bytes | None, key: bytes | None, ref: InputRef, now_ms: float
@@ -367,6 +368,30 @@ class Intake:
                 f"the answer has {len(event.answer)} characters, the limit is "
                 f"{limits.max_answer_chars} (max_answer_chars)",
             )
+
+    def finished_before(
+        self, kind: InputKind, raw: bytes | None, ref: InputRef, now_ms: float
+    ) -> Admission:
+        """A record the partition's last owner finished (its handover): a final event's
+        request is remembered as decided, as if decided here, so a late or re-sent event of
+        it is ``after-final`` (audit: B, skipping what A decided, answered A's re-sent final
+        ``incomplete``, under another idempotency key). Nothing else of it is kept."""
+        try:
+            event = decode_input(
+                kind,
+                raw,
+                max_bytes=self._limits.max_message_bytes,
+                max_depth=self._limits.max_json_depth,
+            )
+            if type(event) is GenerationFinal:
+                tenant = None if self._tenant_from_events else self._trusted_tenant(ref)
+                store_key = self.store_key(event.request_id, tenant)
+                if self.store.get(store_key) is None:
+                    self.store.close(store_key, now_ms)
+                    self.handed_over += 1
+        except InputError:
+            pass  # the last owner dead-lettered it already
+        return Duplicate()
 
     def _decided(self, store_key: str, now_ms: float) -> bool:
         return self.store.get(store_key) is None and self.store.was_closed(store_key, now_ms)

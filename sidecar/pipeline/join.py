@@ -48,6 +48,8 @@ class InputRef:
     offset: int
     headers: tuple[tuple[str, bytes], ...] = ()
     timestamp_ms: int = -1  # the record's Kafka timestamp (-1: none given)
+    # the partition's last owner finished it (its handover): only remembered, not held
+    finished: bool = False
 
     @property
     def tp(self) -> tuple[str, int]:

@@ -161,7 +161,11 @@ class Processor:
         self, item: BatchItem, now_ms: float, step: Step, completed: dict[int, PendingRequest]
     ) -> None:
         kind, raw, key, ref = item
-        admission = self.intake.admit(kind, raw, key, ref, now_ms)
+        admission = (
+            self.intake.finished_before(kind, raw, ref, now_ms)
+            if ref.finished
+            else self.intake.admit(kind, raw, key, ref, now_ms)
+        )
         match admission:
             case Labelled(feedback, tenant):
                 step.extend(self._feedback(feedback, tenant, ref, now_ms))
