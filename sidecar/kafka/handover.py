@@ -26,17 +26,21 @@ Metadata that does not fit the broker's limit (``offset.metadata.max.bytes``,
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["FORMAT", "MAX_METADATA_CHARS", "Handover", "decode", "encode"]
+__all__ = ["BITMAP_FORMAT", "FORMAT", "MAX_METADATA_CHARS", "Handover", "decode", "encode"]
 
 log = logging.getLogger("sidecar.kafka")
 
-FORMAT: Final = "h1"
+FORMAT: Final = "h1"  # pending offsets as runs
+BITMAP_FORMAT: Final = "h2"  # pending offsets as one bit per record of the span
+MAX_BITMAP_BITS: Final = 22_500  # 3,750 base64 characters
 MAX_METADATA_CHARS: Final = 3_800  # below the brokers' default offset.metadata.max.bytes (4,096)
 _DIGITS: Final = "0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -81,9 +85,22 @@ def encode(
     if inherited is not None and inherited.horizon > horizon:
         runs += [(max(a, horizon), b) for a, b in inherited.pending if b >= horizon]
         horizon = inherited.horizon
+    head = f"{_b36(mark)}:{_b36(horizon - mark)}"
     parts = [_b36(a - mark) if a == b else f"{_b36(a - mark)}-{_b36(b - mark)}" for a, b in runs]
-    text = f"{FORMAT}:{_b36(mark)}:{_b36(horizon - mark)}:{','.join(parts)}"
-    return text if len(text) <= MAX_METADATA_CHARS else None
+    listed = f"{FORMAT}:{head}:{','.join(parts)}"
+    if len(listed) <= MAX_METADATA_CHARS:
+        return listed
+    # a streaming answer's many deltas, interleaved with decided ones, make many short runs:
+    # one bit per record of the span then says more in fewer characters (audit: at ~800
+    # pending records a partition the runs no longer fit and commits stood still)
+    if (horizon - mark) > MAX_BITMAP_BITS:
+        return None
+    bits = bytearray((horizon - mark + 7) // 8)
+    for a, b in runs:
+        for offset in range(a - mark, b - mark + 1):
+            bits[offset >> 3] |= 1 << (offset & 7)
+    mapped = f"{BITMAP_FORMAT}:{head}:{base64.urlsafe_b64encode(bits).decode().rstrip('=')}"
+    return mapped if len(mapped) <= MAX_METADATA_CHARS else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,16 +123,30 @@ def _first(run: tuple[int, int]) -> int:
     return run[0]
 
 
+def _bitmap_runs(mark: int, span: int, text: str) -> list[tuple[int, int]]:
+    """The pending runs of an ``h2`` bitmap (``ValueError``: not one of ``span`` bits)."""
+    if span > MAX_BITMAP_BITS:
+        raise ValueError("span too long for a bitmap")
+    try:
+        bits = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(str(exc)) from None
+    if len(bits) != (span + 7) // 8:
+        raise ValueError("bitmap length differs from its span")
+    pending = [mark + i for i in range(span) if bits[i >> 3] >> (i & 7) & 1]
+    return _runs(pending)
+
+
 def decode(committed: int, metadata: str) -> Handover | None:
     """The handover a commit at ``committed`` carries (``None``: none, or not for this offset:
     metadata another tool wrote, or an offset reset since)."""
-    if not metadata.startswith(FORMAT + ":"):
+    if not metadata.startswith((FORMAT + ":", BITMAP_FORMAT + ":")):
         return None
     try:
-        _, mark_text, span_text, ranges = metadata.split(":")
+        kind, mark_text, span_text, ranges = metadata.split(":")
         mark, span = int(mark_text, 36), int(span_text, 36)
-        runs = []
-        for part in ranges.split(",") if ranges else ():
+        runs = _bitmap_runs(mark, span, ranges) if kind == BITMAP_FORMAT else []
+        for part in ranges.split(",") if ranges and kind == FORMAT else ():
             a, _, b = part.partition("-")
             runs.append((mark + int(a, 36), mark + int(b or a, 36)))
     except ValueError:

@@ -34,10 +34,18 @@ def test_the_next_owner_skips_exactly_what_was_finished_between_the_mark_and_the
         assert handover.finished(offset) is finished, offset
 
 
-def test_metadata_past_the_limit_is_not_written() -> None:
-    every_other = list(range(0, 4_000, 2))  # 2,000 single-offset runs
-    assert encode(0, 4_000, every_other) is None
+def test_many_short_runs_go_as_a_bitmap_and_past_its_limit_nothing_is_written() -> None:
+    """Second review: a streaming answer's deltas made ~800 pending records a partition,
+    interleaved with decided ones: the runs no longer fit, and commits stood still."""
     assert encode(0, 4_000, list(range(2_000))) == "h1:0:334:0-1jj"  # one run: short
+    every_other = list(range(7, 20_007, 2))  # 10,000 single-offset runs over 20,000 records
+    metadata = encode(7, 20_007, every_other)
+    assert metadata is not None and metadata.startswith("h2:") and len(metadata) < 3_400
+    handover = decode(7, metadata)
+    assert handover is not None and handover.horizon == 20_007
+    assert [o for o in range(5, 20_010) if handover.finished(o)] == list(range(8, 20_007, 2))
+    assert encode(0, 60_000, list(range(0, 60_000, 2))) is None  # past both encodings
+    assert decode(7, metadata[:-4]) is None  # a bitmap cut short is no handover
 
 
 @pytest.mark.parametrize(
@@ -101,7 +109,7 @@ def test_under_steady_overlapping_traffic_the_commit_moves_with_the_oldest_open_
 def test_a_handover_that_does_not_fit_falls_back_to_the_lowered_cut() -> None:
     tracker, keys = OffsetTracker(), KeyIndex(("r", "g"))
     committer = Committer(tracker, keys, LoopState())
-    for offset in range(0, 8_000):  # every other record still pending: 4,000 runs
+    for offset in range(0, 60_000):  # every other record still pending: 30,000 runs
         tracker.track(("g", 0), offset)
         keys.note("g", 0, offset, f"k{offset // 2}".encode())
         if offset % 2:
@@ -177,7 +185,7 @@ def test_after_a_handover_an_overflow_keeps_the_last_commit_rather_than_a_lowere
     committer = Committer(tracker, keys, state)
     consumer = MemoryConsumerPort()
     committer.assigned_with(("g", 0), 0, "h1:0:1:0")  # taken with a handover
-    for offset in range(0, 8_000):  # every other record pending: the handover cannot fit
+    for offset in range(0, 60_000):  # every other record pending: the handover cannot fit
         tracker.track(("g", 0), offset)
         if offset % 2:
             tracker.done(("g", 0), offset)
