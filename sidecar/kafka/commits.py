@@ -33,7 +33,7 @@ from sidecar.pipeline.offsets import OffsetTracker
 
 
 class Committer:
-    """Commits what moved, one commit at a time."""
+    """Commits what changed (a mark or a handover), one commit at a time."""
 
     def __init__(
         self,
@@ -60,8 +60,8 @@ class Committer:
         self._metadata[tp] = metadata
 
     async def commit(self, consumer: ConsumerPort, only: set[TP] | None = None) -> dict[TP, int]:
-        """Commit, for every partition that moved (of ``only``, if given), its low-water mark
-        and handover; returns the offsets committed."""
+        """Commit, for every partition whose mark or handover changed (of ``only``, if
+        given), its low-water mark and handover; returns the offsets committed."""
         async with self._lock:
             moved = self.tracker.marks()  # the handover may change while the mark stands
             if only is not None:
