@@ -80,12 +80,20 @@ def test_jsonl_fake_gzip_is_one_line(tmp_path: Path) -> None:
         list(iter_json_objects(path))
 
 
-@pytest.mark.parametrize("label", ["1.0", "0.0", "1e0", "true", '"1"'])
-def test_pair_labels_are_the_integers_0_and_1(tmp_path: Path, label: str) -> None:
+@pytest.mark.parametrize("label", ["1.0", "0.0", "1e0", '"true"', '"1"', "null"])
+def test_pair_labels_are_the_integers_0_and_1_or_true_and_false(tmp_path: Path, label: str) -> None:
     line = f'{{"evidence": "e", "claim": "c", "label": {label}}}\n'
     path = _write(tmp_path / "p.jsonl", line.encode())
-    with pytest.raises(InputError, match=r"p.jsonl:1: .*label \(1 or 0\)"):
+    with pytest.raises(InputError, match=r"p.jsonl:1: .*label \(1 or 0, or true / false\)"):
         read_pair_items(path)
+
+
+def test_json_booleans_are_pair_labels_as_calibrate_scores_takes_them(tmp_path: Path) -> None:
+    """Audit: eval claims refused true/false while calibrate scores took them."""
+    lines = b'{"evidence": "e", "claim": "c", "label": true}\n'
+    lines += b'{"evidence": "e", "claim": "d", "label": false}\n'
+    items = read_pair_items(_write(tmp_path / "p.jsonl", lines))
+    assert [i.label for i in items] == [1, 0]
 
 
 def test_undefined_numbers_are_null_not_nan() -> None:

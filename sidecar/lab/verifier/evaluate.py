@@ -236,8 +236,10 @@ def read_pair_items(path: Path, limit: int | None = None) -> list[PairItem]:
         if not bad and not str(obj["claim"]).strip():
             bad.append("claim (not blank: an empty claim asserts nothing to check)")
         label: Any = obj.get("label")
+        if isinstance(label, bool):  # true / false, as calibrate scores takes them (audit)
+            label = int(label)
         if type(label) is not int or label not in (0, 1):
-            bad.append("label (1 or 0)")
+            bad.append("label (1 or 0, or true / false)")
         question = obj.get("question", "")
         if question is None:
             question = ""
@@ -250,7 +252,8 @@ def read_pair_items(path: Path, limit: int | None = None) -> list[PairItem]:
             raise InputError(
                 "schema-violation",
                 f"{path}:{lineno}: format pairs needs evidence (string), claim (string), "
-                f"label (1 or 0), optional question and id; wrong or missing: {', '.join(bad)}",
+                f"label (1 or 0, or true / false), optional question and id; wrong or missing: "
+                f"{', '.join(bad)}",
             )
         out.append(
             PairItem(str(obj["claim"]), str(obj["evidence"]), int(label), question, str(item_id))

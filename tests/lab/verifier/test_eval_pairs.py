@@ -41,8 +41,8 @@ def test_the_reader_takes_optional_question_and_id(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("row", "wrong"),
     [
-        ({"evidence": "E", "claim": "C", "label": 2}, "label (1 or 0)"),
-        ({"evidence": "E", "claim": "C", "label": True}, "label (1 or 0)"),
+        ({"evidence": "E", "claim": "C", "label": 2}, "label (1 or 0"),
+        ({"evidence": "E", "claim": "C", "label": "1"}, "label (1 or 0"),
         ({"claim": "C", "label": 1}, "evidence"),
         ({"evidence": "E", "claim": "C", "label": 1, "question": 3}, "question"),
     ],
