@@ -39,6 +39,14 @@ def _artifact(settings: Settings, relative: str, what: str, switch: str) -> Path
             f"{what} not found at {path} (GUARDRAIL_MODELS__DIR={settings.models.dir}); "
             f"mount the models there, or set {switch}=false to run without this signal"
         )
+    return path
+
+
+def _served_artifact(settings: Settings, relative: str, what: str, switch: str) -> Path:
+    """:func:`_artifact` for a model :func:`build_signals` loads and serves, checked for
+    writers other than its owner (here only: the versions read for the policy resolve the
+    same paths again, and each warning came twice)."""
+    path = _artifact(settings, relative, what, switch)
     warn_if_others_can_write(path, what)
     return path
 
@@ -78,7 +86,7 @@ def build_signals(settings: Settings) -> SignalSuite:
         )
         from sidecar.conformal.signal import ConformalCertifier  # noqa: PLC0415
 
-        path = _artifact(
+        path = _served_artifact(
             settings, sig.calibration, "the conformal calibration", "GUARDRAIL_SIGNALS__RETRIEVAL"
         )
         registry = CalibrationRegistry(
@@ -94,7 +102,7 @@ def build_signals(settings: Settings) -> SignalSuite:
     if sig.lookback:
         from sidecar.lookback import OnnxLookbackScorer  # noqa: PLC0415
 
-        model_dir = _artifact(
+        model_dir = _served_artifact(
             settings, sig.lookback_model, "the lookback classifier", "GUARDRAIL_SIGNALS__LOOKBACK"
         )
         lookback = OnnxLookbackScorer.from_dir(
@@ -104,7 +112,7 @@ def build_signals(settings: Settings) -> SignalSuite:
     if sig.claims:
         from sidecar.claims.verifier import load_claim_checker  # noqa: PLC0415
 
-        verifier_dir = _artifact(
+        verifier_dir = _served_artifact(
             settings, sig.verifier, "the claim verifier", "GUARDRAIL_SIGNALS__CLAIMS"
         )
         claims = load_claim_checker(
@@ -125,7 +133,7 @@ def build_signals(settings: Settings) -> SignalSuite:
     if sig.confidence:
         from sidecar.confidence.scorer import CalibratedConfidenceScorer  # noqa: PLC0415
 
-        confidence_dir = _artifact(
+        confidence_dir = _served_artifact(
             settings,
             sig.confidence_model,
             "the calibrated-confidence model",

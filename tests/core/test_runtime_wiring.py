@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,20 @@ def test_a_policy_or_model_anyone_can_write_is_warned_of(
     (folder / "model.onnx").write_bytes(b"x")
     (folder / "model.onnx").chmod(0o666)
     assert runtime.warn_if_others_can_write(folder, "the lookback classifier") is True
+
+
+def test_a_served_model_anyone_can_write_is_warned_of_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The policy's check of the served versions resolves the models again: the warning came
+    twice for each."""
+    models = tmp_path / "models"
+    shutil.copytree(REPO / "models", models)
+    (models / "conformal" / "nq-open-minilm.json").chmod(0o646)
+    monkeypatch.setenv("GUARDRAIL_MODELS__DIR", str(models))
+    settings = Settings.load()
+    with caplog.at_level(logging.WARNING, logger="sidecar"):
+        runtime.build_signals(settings)
+        runtime.build_policy(settings)
+    said = [r.getMessage() for r in caplog.records if "can be changed by any user" in r.message]
+    assert len(said) == 1 and said[0].startswith("the conformal calibration")
