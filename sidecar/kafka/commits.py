@@ -63,23 +63,20 @@ class Committer:
         """Commit, for every partition whose mark or handover changed (of ``only``, if
         given), its low-water mark and handover; returns the offsets committed."""
         async with self._lock:
-            moved = self.tracker.marks()  # the handover may change while the mark stands
+            # every partition's mark (the handover may change while the mark stands); a
+            # partner not read yet has none and keeps its last commit
+            low = self.tracker.marks()
             if only is not None:
-                moved = {tp: off for tp, off in moved.items() if tp in only}
-            if not moved:
+                low = {tp: off for tp, off in low.items() if tp in only}
+            if not low:
                 return {}
-            low = {
-                tp: mark
-                for tp in self.keys.partners(moved)
-                if (only is None or tp in only) and (mark := self.tracker.low_water(tp)) is not None
-            }
             plan = self._plan(low)
             if plan:
                 await consumer.commit(
                     {tp: off for tp, (off, _) in plan.items()},
                     {tp: meta for tp, (_, meta) in plan.items()},
                 )
-            self.tracker.mark_committed(moved)
+            self.tracker.mark_committed(low)
             offsets = {tp: off for tp, (off, _) in plan.items()}
             self.keys.committed(offsets)
             if plan:
