@@ -34,6 +34,7 @@ from sidecar.contracts.events import (
     FeedbackEvent,
     GenerationDelta,
     GenerationFinal,
+    InputEvent,
     RetrievalEvent,
 )
 from sidecar.exceptions import InputError
@@ -214,13 +215,8 @@ class Intake:
         event: RetrievalEvent | GenerationDelta | GenerationFinal | FeedbackEvent | None = None
         try:
             _check_read(ref)
-            event = decode_input(
-                kind,
-                raw,
-                max_bytes=self._limits.max_message_bytes,
-                max_depth=self._limits.max_json_depth,
-            )
-            tenant = None if self._tenant_from_events else self._trusted_tenant(ref)
+            event = self._decode(kind, raw)
+            tenant = self._tenant(ref)
             if isinstance(event, FeedbackEvent):
                 check_key(key, event.request_id, "the feedback topic")
                 return Labelled(event, tenant)
@@ -369,6 +365,18 @@ class Intake:
                 f"{limits.max_answer_chars} (max_answer_chars)",
             )
 
+    def _decode(self, kind: InputKind, raw: bytes | None) -> InputEvent | FeedbackEvent:
+        return decode_input(
+            kind,
+            raw,
+            max_bytes=self._limits.max_message_bytes,
+            max_depth=self._limits.max_json_depth,
+        )
+
+    def _tenant(self, ref: InputRef) -> str | None:
+        """The trusted tenant of a record (``None``: tenancy comes from the events)."""
+        return None if self._tenant_from_events else self._trusted_tenant(ref)
+
     def finished_before(
         self, kind: InputKind, raw: bytes | None, ref: InputRef, now_ms: float
     ) -> Admission:
@@ -377,15 +385,9 @@ class Intake:
         it is ``after-final`` (audit: B, skipping what A decided, answered A's re-sent final
         ``incomplete``, under another idempotency key). Nothing else of it is kept."""
         try:
-            event = decode_input(
-                kind,
-                raw,
-                max_bytes=self._limits.max_message_bytes,
-                max_depth=self._limits.max_json_depth,
-            )
+            event = self._decode(kind, raw)
             if type(event) is GenerationFinal:
-                tenant = None if self._tenant_from_events else self._trusted_tenant(ref)
-                store_key = self.store_key(event.request_id, tenant)
+                store_key = self.store_key(event.request_id, self._tenant(ref))
                 if self.store.get(store_key) is None:
                     self.store.close(store_key, now_ms)
                     self.handed_over += 1
