@@ -140,7 +140,14 @@ def collect_rows(
     service's, ``default/nq-open/qdrant-minilm-l6``)."""
     from tqdm.auto import tqdm  # noqa: PLC0415
 
-    from sidecar.lab.generator.service import events_for  # noqa: PLC0415
+    from sidecar.lab.generator.service import (  # noqa: PLC0415
+        DEFAULT_COLLECTION,
+        DEFAULT_RETRIEVER,
+        DEFAULT_TENANT,
+        events_for,
+    )
+
+    tenant, collection, retriever = key or (DEFAULT_TENANT, DEFAULT_COLLECTION, DEFAULT_RETRIEVER)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     done: set[int] = set()
@@ -156,19 +163,14 @@ def collect_rows(
             list(zip(todo, hits, strict=True)), desc="RAG loop", disable=not progress
         ):
             answer = loop.answer(record, row_hits)
-            rid = f"{request_prefix}-{record.index}"
-            request = (
-                events_for(answer, loop.generator, request_id=rid, k=loop.k)
-                if key is None
-                else events_for(
-                    answer,
-                    loop.generator,
-                    request_id=rid,
-                    k=loop.k,
-                    tenant=key[0],
-                    collection=key[1],
-                    retriever=key[2],
-                )
+            request = events_for(
+                answer,
+                loop.generator,
+                request_id=f"{request_prefix}-{record.index}",
+                k=loop.k,
+                tenant=tenant,
+                collection=collection,
+                retriever=retriever,
             )
             started = time.perf_counter()
             verdict, claims = process_events(processor, request.events)
