@@ -90,6 +90,18 @@ def test_auroc_and_report_by_hand() -> None:
     assert (report.accuracy, report.precision, report.recall) == (0.5, 0.5, 0.5)
 
 
+@pytest.mark.parametrize("spread", [1.0, 3.0, 8.0, 20.0])
+def test_platt_fit_converges_on_over_confident_logits(spread: float) -> None:
+    # A network right about its classes but over-confident by ``spread``: the plain Newton
+    # fit from scale 1 diverged from spread 3 on (scale 63, bias -2.8e11).
+    rng = np.random.default_rng(0)
+    z = rng.normal(0.0, spread, 4000)
+    y = (rng.random(4000) < 1 / (1 + np.exp(-(z / spread - 1 / 3)))).astype(int)
+    platt = fit_platt(z.tolist(), [0.0] * 4000, y.tolist())
+    assert platt.logit_scale == pytest.approx(1 / spread, rel=0.15)
+    assert platt.bias == pytest.approx(-1 / 3, abs=0.15)
+
+
 def test_calibration_and_band() -> None:
     logits = [4.0, 3.0, 2.0, -2.0, -3.0, -4.0, 1.0, -1.0, 0.5, -0.5] * 3
     labels = [1, 1, 0, 0, 0, 0, 1, 0, 1, 0] * 3
