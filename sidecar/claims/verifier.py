@@ -343,6 +343,24 @@ class OnnxVerifier:
         one call; the window with the highest logit gives the claim its
         logit and its coverage. A claim without windows gets 0.
         """
+        z, covered, scored = self.window_features(claims, windows, questions)
+        out = [0.0] * len(claims)
+        if scored.any():
+            probs = self.calibration.probability(z[scored], covered[scored])
+            for k, p in zip(np.flatnonzero(scored).tolist(), probs, strict=True):
+                out[k] = float(p)
+        return out
+
+    def window_features(
+        self,
+        claims: Sequence[str],
+        windows: Sequence[Sequence[str]],
+        questions: Sequence[str] | None = None,
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+        """What calibration reads of each claim: the logit and the coverage of its best window
+        (highest logit, as :meth:`window_probabilities` serves it), and whether it had a window
+        at all (without one, both are 0 and the claim is served p = 0 whatever the calibration).
+        """
         if len(windows) != len(claims):
             raise ValueError(f"{len(windows)} window lists for {len(claims)} claims")
         asked = list(questions) if questions is not None else [""] * len(claims)
@@ -354,17 +372,19 @@ class OnnxVerifier:
         for i, k in enumerate(owners):
             if k not in best or z[i] > z[best[k]]:
                 best[k] = i
-        out = [0.0] * len(claims)
+        logits = np.zeros(len(claims), dtype=np.float64)
+        covered = np.zeros(len(claims), dtype=np.float64)
+        scored = np.zeros(len(claims), dtype=np.bool_)
         if best:
-            chosen = [best[k] for k in sorted(best)]
-            covered = self.coverages(
+            owned = sorted(best)
+            chosen = [best[k] for k in owned]
+            logits[owned] = z[chosen]
+            covered[owned] = self.coverages(
                 [pairs[i] for i in chosen],
                 [flat_q[i] for i in chosen] if questions is not None else None,
             )
-            probs = self.calibration.probability(z[chosen], covered)
-            for k, p in zip(sorted(best), probs, strict=True):
-                out[k] = float(p)
-        return out
+            scored[owned] = True
+        return logits, covered, scored
 
 
 def record_verifier_golden(

@@ -32,7 +32,7 @@ from sidecar.exceptions import ConfigError
 if TYPE_CHECKING:  # the verifier imports onnxruntime: loaded when a command needs it
     from sidecar.claims.verifier import OnnxVerifier
 
-__all__ = ["register", "run_eval", "run_train"]
+__all__ = ["register", "run_calibrate", "run_eval", "run_train"]
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +168,52 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a progress bar for --format pairs (default: when stderr is a terminal)",
     )
     e.set_defaults(func=run_eval)
+
+    calibrate = get_group(sub, "calibrate", "Calibrate a guardrail signal on labelled data.")
+    c = calibrate.add_parser(
+        "verifier",
+        help="Re-fit the claim verifier's calibration and band on your own labelled pairs.",
+        description=(
+            "Score your labelled (claim, evidence) pairs with the verifier (the same JSON lines "
+            "as eval claims --format pairs: {evidence, claim, label 1|0, question?, id?}), fit "
+            "its Platt scaling and uncertain band again on them, and write a complete verifier "
+            "directory with its own version (<network>+cal-<hash>). The network is unchanged. "
+            "--holdout of the documents (by evidence text) are kept out of the fit and report "
+            "the old and the new calibration. Serve the result with "
+            "GUARDRAIL_SIGNALS__VERIFIER=<--out path>."
+        ),
+    )
+    c.add_argument("--data", type=Path, required=True, help="labelled pairs, one JSON per line")
+    c.add_argument("--out", type=Path, required=True, help="new verifier directory (not existing)")
+    c.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="verifier to re-calibrate (default: the served one, GUARDRAIL_MODELS__DIR and "
+        "GUARDRAIL_SIGNALS__VERIFIER)",
+    )
+    c.add_argument(
+        "--target-precision",
+        type=float,
+        default=None,
+        help="precision of 'supported' and 'unsupported' the served band holds on the fit "
+        "pairs, in [0.5, 1) (default: the verifier's own target, else 0.8)",
+    )
+    c.add_argument(
+        "--holdout",
+        type=float,
+        default=0.2,
+        help="share of the documents kept out of the fit to report on, in [0, 1) (default 0.2)",
+    )
+    c.add_argument("--limit", type=int, default=None, help="pairs (lines) to read at most")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a progress bar (default: when stderr is a terminal)",
+    )
+    c.set_defaults(func=run_calibrate)
 
 
 def _add_mixture_arguments(p: argparse.ArgumentParser) -> None:
@@ -475,6 +521,47 @@ def _run_eval_pairs(args: argparse.Namespace) -> int:
             "need both labels (null)"
         )
     _print(out, as_json=args.json)
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """``guardrail calibrate verifier``: the served network, calibrated on the user's pairs."""
+    from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
+    from sidecar.config import Settings  # noqa: PLC0415
+    from sidecar.lab.verifier.evaluate import read_pair_items  # noqa: PLC0415
+    from sidecar.lab.verifier.recalibrate import (  # noqa: PLC0415
+        check_out,
+        pair_features,
+        recalibrate,
+        split_by_evidence,
+        write_recalibrated,
+    )
+
+    _check_limit(args.limit)
+    model = args.model
+    if model is None:
+        settings = Settings.load()
+        model = Path(settings.models.dir) / settings.signals.verifier
+    precision = args.target_precision
+    if precision is not None and not 0.5 <= precision < 1.0:
+        raise ConfigError(f"--target-precision must be in [0.5, 1), got {precision:g}")
+    data = _existing(args.data, "--data")
+    items = read_pair_items(data, args.limit)
+    if not items:
+        raise ConfigError(f"no pairs in {args.data}")
+    fit_items, held_items = split_by_evidence(items, args.holdout)
+    check_out(args.out, model)  # before the scoring, which takes minutes
+    verifier = OnnxVerifier.load(model)
+    if precision is None:
+        precision = verifier.artifact.target_precision or 0.8
+    progress = progress_enabled(args)
+    fit = pair_features(verifier, fit_items, progress=progress)
+    held = pair_features(verifier, held_items, progress=progress)
+    cal = recalibrate(verifier, fit, held, held_items, target_precision=precision)
+    summary = write_recalibrated(verifier, model, args.out, cal, data=data, holdout=args.holdout)
+    for warning in summary["warnings"]:
+        sys.stderr.write(f"guardrail calibrate verifier: warning: {warning}\n")
+    _print(summary, as_json=args.json)
     return 0
 
 
