@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
+from sidecar.contracts.common import NAME_MAX_CHARS, NAME_PATTERN
 from sidecar.environment import check_environment, explain
 from sidecar.exceptions import ConfigError
 from sidecar.redact import redact_text
@@ -443,7 +444,12 @@ class TenancySettings(_Section):
 
     source: Literal["event", "header", "fixed"] = "event"
     header: NonBlank = "x-tenant"
-    tenant: str | None = None
+    tenant: (
+        Annotated[
+            str, StringConstraints(min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)
+        ]
+        | None
+    ) = None
 
     @model_validator(mode="after")
     def _fixed_needs_tenant(self) -> Self:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ValidationError
 
+from sidecar.contracts.common import NAME_PATTERN, NAME_RULE
 from sidecar.exceptions import ConfigError
 
 PREFIX = "GUARDRAIL_"
@@ -94,8 +95,17 @@ def explain(exc: ValidationError, settings: type[BaseModel] | None = None) -> st
         if kind == "extra_forbidden":
             lines.append(f"  {where}: no such setting{shown}{_fields_hint(settings, loc)}")
             continue
+        if kind == "string_pattern_mismatch":
+            said = _PATTERNS.get(str(err.get("ctx", {}).get("pattern")), said)
         lines.append(f"  {where}: {said}{shown}{_ALLOWED.get(kind, '')}")
     return "\n".join(lines)
+
+
+# what a pattern means, where pydantic would quote the regular expression
+_PATTERNS = {
+    NAME_PATTERN: f"a name with {NAME_RULE}",
+    r"\S": "must not be blank",
+}
 
 
 # what a value of these types may be, where pydantic's message does not say it

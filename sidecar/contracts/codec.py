@@ -23,7 +23,12 @@ from typing import Annotated, Any, Final
 import orjson
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
-from sidecar.contracts.common import REQUEST_ID_MAX_CHARS, REQUEST_ID_PATTERN
+from sidecar.contracts.common import (
+    NAME_PATTERN,
+    NAME_RULE,
+    REQUEST_ID_MAX_CHARS,
+    REQUEST_ID_PATTERN,
+)
 from sidecar.contracts.events import (
     SUPPORTED_SCHEMA_VERSIONS,
     FeedbackEvent,
@@ -119,7 +124,8 @@ def summarise_validation(exc: ValidationError, limit: int = 3) -> str:
     parts = []
     for err in exc.errors()[:limit]:
         loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-        parts.append(f"{loc}: {err['msg']}")
+        pattern = (err.get("ctx") or {}).get("pattern")
+        parts.append(f"{loc}: {NAME_RULE}" if pattern == NAME_PATTERN else f"{loc}: {err['msg']}")
     more = exc.error_count() - limit
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 

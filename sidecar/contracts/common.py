@@ -17,7 +17,18 @@ RequestId = Annotated[
     str,
     StringConstraints(min_length=1, max_length=REQUEST_ID_MAX_CHARS, pattern=REQUEST_ID_PATTERN),
 ]
-Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+# Ids and names (tenant, collection, retriever, chunk and document ids, ...) end up in logs,
+# metric labels, span attributes and terminals: no control characters (C0, DEL, C1), line
+# separators or bidirectional overrides, which rewrite what a log line or a label shows
+# (audit: an ESC sequence in a collection name reached the Prometheus labels as is).
+# (Escapes, not the characters: Python's re, pydantic's Rust regex and the JSON Schema's
+# ECMA-262 all read them, and error messages that quote the pattern stay printable.)
+NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]+$"
+NAME_RULE = "no control characters, line separators or bidirectional overrides"
+NAME_MAX_CHARS = 256
+Name = Annotated[
+    str, StringConstraints(min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)
+]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 

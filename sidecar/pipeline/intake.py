@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from guardrail_client.inflate import UNREAD_HEADER
 from sidecar.config import LimitSettings, TenancySettings
 from sidecar.contracts.codec import InputKind, decode_input
+from sidecar.contracts.common import NAME_PATTERN, NAME_RULE
 from sidecar.contracts.events import (
     FeedbackEvent,
     GenerationDelta,
@@ -42,6 +44,7 @@ from sidecar.pipeline.join import InputRef, JoinStore, PendingRequest
 from sidecar.pipeline.ports import NOT_CONFIGURED_RETRIEVAL, SignalSuite
 
 log = logging.getLogger("sidecar.pipeline")
+_NAME = re.compile(NAME_PATTERN)
 
 MAX_DELTAS_PER_REQUEST = 100_000
 MAX_TENANT_CHARS = 256  # as the events' ``tenant`` (contracts.common.Name)
@@ -316,6 +319,11 @@ class Intake:
                 "untrusted-tenant",
                 f"the {tenancy.header} header holds {len(tenant)} characters; a tenant has "
                 f"1 to {MAX_TENANT_CHARS}",
+            )
+        if _NAME.fullmatch(tenant) is None:  # as the events' own tenant (contracts.common.Name)
+            raise InputError(
+                "untrusted-tenant",
+                f"the {tenancy.header} header holds characters a tenant may not have ({NAME_RULE})",
             )
         return tenant
 

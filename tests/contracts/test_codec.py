@@ -246,3 +246,36 @@ def test_values_the_published_schema_refuses_are_refused_on_both_paths(
     with pytest.raises(InputError) as info:
         decode_input(kind, json.dumps({**good, **event}).encode(), **LIMITS)
     assert info.value.reason == "schema-violation"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("collection", "docs\x1b[2J\x1b[31m"),  # an ANSI escape: clears the operator's terminal
+        ("tenant", "acme\nlevel=ERROR forged log line"),
+        ("retriever", "bm25\u202egnp.exe"),  # a bidirectional override
+        ("doc_id", "d\x00"),
+        ("chunk_id", "c\x85"),  # a C1 control (NEL)
+    ],
+)
+@pytest.mark.parametrize("escaped", [True, False], ids=["json-escape", "raw-utf8"])
+def test_control_characters_in_names_are_schema_violations(
+    retrieval_event: EventFactory, field: str, value: str, escaped: bool
+) -> None:
+    """Names reach logs, metric labels and span attributes: control characters, line
+    separators and bidi overrides are refused on both decode paths (an escape in the JSON
+    sends the record down the checked path; raw UTF-8 takes the fast one where it can)."""
+    if field in ("doc_id", "chunk_id"):
+        hit = {"chunk_id": "c", "doc_id": "d", "score": 0.5, "text": "x", field: value}
+        event = retrieval_event(k=1, hits=[hit])
+    else:
+        event = retrieval_event(**{field: value})
+    raw = json.dumps(event, ensure_ascii=escaped).encode()
+    with pytest.raises(InputError) as info:
+        decode_input(InputKind.RETRIEVAL, raw, **LIMITS)
+    assert info.value.reason == "schema-violation"
+    assert field in str(info.value)
+    # printable names in any script stay valid
+    fine = {**event, field: "Dokumente 文档 · ü"} if field not in ("doc_id", "chunk_id") else None
+    if fine is not None:
+        decode_input(InputKind.RETRIEVAL, json.dumps(fine, ensure_ascii=escaped).encode(), **LIMITS)

@@ -41,6 +41,12 @@ def test_environment_with_nested_delimiter(monkeypatch: pytest.MonkeyPatch) -> N
         ({"GUARDRAIL_KAFKA__SECURITY_PROTOCOL": "TLS"}, "PLAINTEXT"),
         ({"GUARDRAIL_NOT_A_SETTING": "1"}, "GUARDRAIL_NOT_A_SETTING"),
         (
+            {"GUARDRAIL_TENANCY__SOURCE": "fixed", "GUARDRAIL_TENANCY__TENANT": "acme\x1b[31m"},
+            "GUARDRAIL_TENANCY__TENANT: a name with no control characters, line separators or "
+            "bidirectional overrides (got 'acme\\x1b[31m')",
+        ),
+        ({"GUARDRAIL_TENANCY__HEADER": " "}, "GUARDRAIL_TENANCY__HEADER: must not be blank"),
+        (
             {
                 "GUARDRAIL_LIMITS__MAX_MESSAGE_BYTES": "4194304",
                 "GUARDRAIL_KAFKA__MAX_BATCH_INFLATED_BYTES": "2097152",

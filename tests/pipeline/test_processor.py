@@ -201,6 +201,10 @@ def test_tenant_from_a_trusted_header(
     assert reason(()) == "untrusted-tenant"
     assert reason((("x-tenant", b""),)) == "untrusted-tenant"  # not a tenant called ""
     assert reason((("x-tenant", b"a" * 257),)) == "untrusted-tenant"
+    # what an event's tenant may not hold, the header may not either (a generation event's
+    # tenant comes from the header alone, unchecked against any event field)
+    assert reason((("x-tenant", b"acme\x1b[2J"),)) == "untrusted-tenant"
+    assert reason((("x-tenant", "acme\u202e".encode()),)) == "untrusted-tenant"
     assert reason((("x-tenant", b"globex"),)) == "tenant-mismatch"
     assert reason((("x-tenant", b"acme"),)) is None
 
