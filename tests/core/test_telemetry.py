@@ -366,6 +366,12 @@ def test_a_verdict_is_timed_from_its_answers_kafka_timestamp_to_its_confirmation
         "written 2 s ago": now - 2_000_000_000,
         "no timestamp": 0,
         "a clock ahead of ours": now + 60_000_000_000,
+        # no latency at all (audit): a stamp from 1970, 1990, 2100, 8 days back, 6 min ahead
+        "timestamp 1 ms": 1_000_000,
+        "1990": 631_152_000_000 * 1_000_000,
+        "2100": 4_102_444_800_000 * 1_000_000,
+        "8 days back": now - 8 * 86_400 * 1_000_000_000,
+        "6 minutes ahead": now + 360_000_000_000,
     }
     for answered_ns in answered.values():
         record = TraceRecord("guardrail.request", (), 0, 1, {}, answered_ns=answered_ns)
@@ -381,7 +387,7 @@ def test_a_verdict_is_timed_from_its_answers_kafka_timestamp_to_its_confirmation
         for p in points(reader)["guardrail.stage.duration"]
         if p.attributes["stage"] == "answer_to_verdict"
     ]
-    assert point.count == 2  # the one without a timestamp and the replaced one: not timed
+    assert point.count == 2  # without a timestamp, replaced, or stamped far off: not timed
     assert 2.0 <= point.max < 2.0 + (time.time_ns() - now) / 1e9 + 1e-3
     assert point.min == 0.0  # the clock ahead of ours
 
