@@ -336,8 +336,9 @@ class RetrievalCalibrator:
     def predict(self, scores: Sequence[float]) -> BoolArray:
         """Trusted mask for one retrieval's raw scores (eq. 4: ``s >= 1 - q_hat``)."""
         calibration = self.calibration_
-        normalised, _ = calibration.normaliser.transform_values(scores)
-        return np.asarray(normalised, dtype=np.float64) >= calibration.threshold
+        normaliser = calibration.normaliser
+        normaliser.transform_values(scores)  # validates: non-finite scores raise
+        return normaliser.unclipped(scores) >= calibration.threshold
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,9 +361,9 @@ class RetrievalMetrics:
 def _trusted_matrix(
     values: FloatArray, present: BoolArray, normaliser: MinMaxNormaliser, threshold: float
 ) -> tuple[BoolArray, int]:
-    normalised, n_clipped = normaliser.transform(values)
+    _, n_clipped = normaliser.transform(values)
     with np.errstate(invalid="ignore"):
-        trusted = (normalised >= threshold) & present
+        trusted = (normaliser.unclipped(values) >= threshold) & present
     return trusted, n_clipped
 
 
@@ -448,7 +449,8 @@ def alpha_sweep(
     correct_normalised, _ = normaliser.transform(cal_values[cal_correct])
     ev_values, ev_present = pad_rows(eval_scores)
     ev_correct = None if eval_labels is None else _pad_labels(eval_labels, ev_present)
-    ev_normalised, n_clipped = normaliser.transform(ev_values)
+    _, n_clipped = normaliser.transform(ev_values)
+    ev_normalised = normaliser.unclipped(ev_values)  # eq. 4 compares the unclipped score
     points: list[SweepPoint] = []
     for alpha in alphas:
         cal = _calibrate_normalised(

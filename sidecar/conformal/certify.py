@@ -100,6 +100,9 @@ def certify(
     n_clipped = 0
     for j, raw in enumerate(raw_scores):
         v = _normalised(j, raw, n1, cal.n2, span)
+        # eq. 4 on the unclipped score: a score below n1 fails a threshold of 0
+        if v >= threshold:
+            trusted.append(j)
         if v < 0.0:
             v = 0.0
             n_clipped += 1
@@ -107,8 +110,6 @@ def certify(
             v = 1.0
             n_clipped += 1
         normalised.append(v)
-        if v >= threshold:
-            trusted.append(j)
 
     if depth is None:
         depth = len(normalised)

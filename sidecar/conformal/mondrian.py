@@ -20,8 +20,6 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import NamedTuple, Self
 
-import numpy as np
-
 from sidecar.conformal.calibrator import (
     BoolArray,
     ConformalCalibration,
@@ -253,5 +251,6 @@ class MondrianCalibrator:
     def predict(self, scores: Sequence[float], key: CalibrationKey) -> BoolArray:
         """Trusted mask for one retrieval of ``key`` with the calibration that key uses."""
         calibration, _ = self.calibration_.select(CalibrationKey(*key))
-        normalised, _ = MinMaxNormaliser(calibration.n1, calibration.n2).transform_values(scores)
-        return np.asarray(normalised, dtype=np.float64) >= calibration.threshold
+        normaliser = MinMaxNormaliser(calibration.n1, calibration.n2)
+        normaliser.transform_values(scores)  # validates: non-finite scores raise
+        return normaliser.unclipped(scores) >= calibration.threshold

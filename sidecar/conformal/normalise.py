@@ -82,6 +82,15 @@ class MinMaxNormaliser:
             out = np.clip(out, 0.0, 1.0)
         return out, n_clipped
 
+    def unclipped(self, scores: npt.ArrayLike) -> npt.NDArray[np.float64]:
+        """``(s - n1) / (n2 - n1)`` without clipping: what the trust rule ``s' >= 1 - q_hat``
+        (eq. 4) compares. Clipping first would lift a score below n1 to 0 and pass a cut
+        of 0 (k = n with the smallest calibration score correct): audit."""
+        values = np.asarray(scores, dtype=np.float64)
+        with np.errstate(over="ignore"):
+            out: npt.NDArray[np.float64] = (values - self.n1) / self.span
+        return out
+
     def transform_values(self, scores: Sequence[float]) -> tuple[list[float], int]:
         """Pure-Python path for a handful of scores (one retrieval event).
 

@@ -241,3 +241,28 @@ def test_a_few_lists_of_distances_are_refused_by_their_order() -> None:
     with pytest.raises(InputError, match="rise down the hit list in 18 of 18") as info:
         RetrievalCalibrator(0.2).fit(distances).calibrate(distances, labels)
     assert info.value.reason == "score-direction"
+
+
+# ten questions, one correct chunk each: n = 10, k = ceil(11 * 0.9) = 10 = n, so the cut is
+# the smallest correct score, which is also n1: the threshold is 0 on the normalised scale
+ALL_CORRECT = [[float(v)] for v in range(1, 11)]
+ALL_CORRECT_LABELS = [[True]] * 10
+BELOW_N1 = 0.5  # raw, below n1 = 1: its normalised score is -1/18 < 0 = 1 - q_hat
+
+
+def test_a_score_below_the_calibrated_range_fails_a_zero_threshold() -> None:
+    """Eq. 4 trusts s' >= 1 - q_hat; a score below n1 has s' < 0 and fails a cut at 0.
+    Clipping it to 0 first trusted it (audit: with k = n the coverage of correct chunks
+    was 1.0 for every calibration, not k/(n+1) = 0.909, above eq. 3's upper bound)."""
+    fitted = RetrievalCalibrator(0.1).fit(ALL_CORRECT).calibrate(ALL_CORRECT, ALL_CORRECT_LABELS)
+    cal = fitted.calibration_
+    assert (cal.n, cal.k, cal.threshold) == (10, 10, 0.0)
+    assert fitted.predict([5.0, 1.0, BELOW_N1]).tolist() == [True, True, False]
+    metrics = evaluate(cal, [[5.0, 1.0, BELOW_N1]], [[True, True, True]])
+    assert metrics.coverage == pytest.approx(2 / 3)
+    assert metrics.m2_mean == pytest.approx(2 / 3)
+    assert metrics.n_clipped == 1  # still counted as clipped
+    (point,) = alpha_sweep(
+        ALL_CORRECT, ALL_CORRECT_LABELS, [0.1], [[5.0, 1.0, BELOW_N1]], [[True, True, True]]
+    )
+    assert point.coverage == pytest.approx(2 / 3)

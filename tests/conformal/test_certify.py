@@ -169,3 +169,20 @@ def test_a_vacuous_calibration_certifies_nothing_in_the_served_signal() -> None:
     # the certification itself keeps the conformal convention: the set is every chunk
     resolved = CalibrationRegistry(artifact).resolve("t", "c", "r")
     assert certify([0.91, 0.5, 0.2], resolved).trusted_indices == (0, 1, 2)
+
+
+def test_a_score_below_the_calibrated_range_fails_a_zero_threshold() -> None:
+    """k = n (n = 10 at alpha = 0.1) cuts at the smallest correct score; when that is n1
+    the threshold is 0. A raw score below n1, inside the one-span margin, is clipped to 0
+    for the report but is below the cut (s' < 0, eq. 4): not trusted."""
+    raw = [[float(v)] for v in range(1, 11)]
+    labels = [[True]] * 10
+    cal = RetrievalCalibrator(0.1).fit(raw).calibrate(raw, labels).calibration_
+    assert cal.threshold == 0.0
+    cert = certify([5.0, 1.0, 0.5], cal)
+    assert cert.trusted_indices == (0, 1)
+    assert cert.m2 == pytest.approx(2 / 3)
+    assert (cert.normalised_scores[2], cert.n_clipped) == (0.0, 1)
+    key = CalibrationKey("t", "c", "r")
+    mondrian = MondrianCalibrator(0.1).fit(raw, [key] * 10).calibrate(raw, labels, [key] * 10)
+    assert mondrian.predict([5.0, 1.0, 0.5], key).tolist() == [True, True, False]
