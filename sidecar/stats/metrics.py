@@ -165,12 +165,17 @@ def nll(probs: npt.ArrayLike, labels: npt.ArrayLike, eps: float = 1e-12) -> floa
 def auroc(scores: npt.ArrayLike, labels: npt.ArrayLike) -> float:
     """Area under the ROC curve: P(score of a positive > score of a negative), ties count 1/2.
 
-    Mann-Whitney U over average ranks. Raises ``ConfigError`` unless both classes occur.
+    Mann-Whitney U over average ranks. Raises ``ConfigError`` unless both classes occur,
+    :class:`DataError` for a NaN score (a NaN sorts last: it would rank highest). Infinite
+    scores rank first or last, tied with each other.
     """
     s = np.asarray(scores, dtype=np.float64).ravel()
     y = np.asarray(labels).ravel().astype(bool)
     if s.shape != y.shape:
         raise ConfigError(f"{s.shape[0]} scores for {y.shape[0]} labels")
+    bad = np.flatnonzero(np.isnan(s))
+    if bad.size:
+        raise DataError(f"scores must not be NaN, got one at index {int(bad[0])}")
     n_pos = int(y.sum())
     n_neg = int(y.size - n_pos)
     if n_pos == 0 or n_neg == 0:
@@ -179,7 +184,7 @@ def auroc(scores: npt.ArrayLike, labels: npt.ArrayLike) -> float:
     sorted_s = s[order]
     ranks = np.empty(s.size, dtype=np.float64)
     # Average ranks (1-based) over runs of tied scores.
-    boundaries = np.flatnonzero(np.diff(sorted_s)) + 1
+    boundaries = np.flatnonzero(sorted_s[1:] != sorted_s[:-1]) + 1  # inf - inf is NaN: no diff
     starts = np.concatenate(([0], boundaries))
     ends = np.concatenate((boundaries, [s.size]))
     for start, end in zip(starts, ends, strict=True):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from sklearn.metrics import roc_auc_score
 
-from sidecar.exceptions import ConfigError
+from sidecar.exceptions import ConfigError, DataError
 from sidecar.lab.answers import is_correct, normalize_answer
 from sidecar.stats.metrics import auroc
 
@@ -57,3 +59,17 @@ def test_auroc_extremes() -> None:
     assert auroc([0.5, 0.5], [0, 1]) == 0.5
     with pytest.raises(ConfigError, match="2 scores for 3 labels"):
         auroc([0.1, 0.2], [0, 1, 1])
+
+
+def test_auroc_refuses_nan_scores() -> None:
+    """A NaN sorts last, so it read as the highest score: auroc([nan, 0.2, 0.3], [1, 0, 1])
+    was 1.0 without a word (audit)."""
+    with pytest.raises(DataError, match="NaN"):
+        auroc([math.nan, 0.2, 0.3], [1, 0, 1])
+
+
+def test_auroc_ties_infinite_scores() -> None:
+    """Two -inf scores (a log-probability of 0) are one tie, counted 1/2: pairs (-inf, -inf)
+    1/2, (-inf, 0.2) 0, (0.3, -inf) 1, (0.3, 0.2) 1 -> 2.5 / 4 (sklearn refuses inf)."""
+    scores, labels = [-math.inf, -math.inf, 0.2, 0.3], [1, 0, 0, 1]
+    assert auroc(scores, labels) == pytest.approx(0.625)
