@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from sidecar.config import Settings
+from sidecar.config import KafkaSettings, Settings
 from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka.security import aiokafka_client_args
 
@@ -61,9 +62,15 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 async def create_topics(settings: Settings) -> dict[str, str]:
     """Create the sidecar's topics; returns name -> "created" | "exists"."""
     admin = AIOKafkaAdminClient(**aiokafka_client_args(settings.kafka))
+    refusals = _AuthRefusals()
     try:
-        await admin.start()
+        with refusals.watching():
+            await admin.start()
     except KafkaError as exc:
+        await admin.close()
+        refused = refusals.refusal(settings.kafka)
+        if refused is not None:
+            raise refused from None
         raise BrokerError(
             f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {exc}"
         ) from exc
@@ -152,32 +159,101 @@ async def _counts_of(
 # what aiokafka logs (and does not raise) when the broker answers but refuses the client:
 # bad credentials, a mechanism it does not offer, a SASL client on a plain listener
 _REFUSALS = ("SaslAuthenticationFailed", "IllegalSaslStateError", "UnsupportedSaslMechanism")
+# ... when this client refuses the broker's TLS certificate (a CA that did not sign it, a
+# name the certificate does not hold, an expired one): in aiokafka's error line
+_CERT_REFUSALS = ("CERTIFICATE_VERIFY_FAILED",)
+# ... when the broker refuses this client's certificate (mutual TLS: none sent, or one from
+# a CA it does not trust): the TLS alert is logged only at DEBUG ("Closing connection"), and
+# the error line says "Connection ... closed" as for a broker that went away
+_CLIENT_CERT_REFUSALS = (
+    "ALERT_BAD_CERTIFICATE",
+    "ALERT_CERTIFICATE_REQUIRED",
+    "ALERT_CERTIFICATE_UNKNOWN",
+    "ALERT_UNKNOWN_CA",
+    "ALERT_CERTIFICATE_EXPIRED",
+    "ALERT_CERTIFICATE_REVOKED",
+)
+_CONN_LOGGER = "aiokafka.conn"
+_SSL_SOURCE = re.compile(r" ?\(_ssl\.c:\d+\)\)*")
 
 
 class _AuthRefusals(logging.Handler):
-    """Collects aiokafka's log lines that say the broker refused the client's authentication:
-    the bootstrap error it raises says only "Unable to bootstrap" (audit: reported as
-    "cannot reach Kafka", naming the bootstrap servers and the timeout to check)."""
+    """Collects aiokafka's log lines that say the broker refused the client's authentication
+    (SASL, or its TLS certificate) or the client refused the broker's certificate: the
+    bootstrap error it raises says only "Unable to bootstrap" (audit: reported as "cannot
+    reach Kafka", naming the bootstrap servers and the timeout to check, and retried for
+    ever under GUARDRAIL_KAFKA__WAIT_AT_START)."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.seen: list[str] = []
+        self.seen: list[str] = []  # SASL
+        self.server_cert: list[str] = []  # this client refused the broker's certificate
+        self.client_cert: list[str] = []  # the broker refused this client's certificate
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        for name in _REFUSALS:
-            if name in message:
-                self.seen.append(message[message.index(name) :][:300])
-                return
+        for names, found in (
+            (_REFUSALS, self.seen),
+            (_CERT_REFUSALS, self.server_cert),
+            (_CLIENT_CERT_REFUSALS, self.client_cert),
+        ):
+            for name in names:
+                if name in message:
+                    at = message.index(name)
+                    if names is not _REFUSALS:  # from "[SSL: ...", without "(_ssl.c:1006))"
+                        ssl_at = message.rfind("[SSL: ", 0, at)
+                        at = at if ssl_at < 0 else ssl_at
+                    found.append(_SSL_SOURCE.sub("", message[at:])[:300])
+                    return
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
         logger = logging.getLogger("aiokafka")
         logger.addHandler(self)
+        # the TLS alert of a refused client certificate comes at DEBUG: read it while
+        # starting, without passing on what the log would not have shown
+        conn = logging.getLogger(_CONN_LOGGER)
+        own_level, shown_from = conn.level, conn.getEffectiveLevel()
+
+        def seen_then_shown(record: logging.LogRecord) -> bool:
+            if record.levelno < shown_from:
+                self.emit(record)  # the handler on "aiokafka" will not see it
+                return False
+            return True
+
+        conn.setLevel(min(shown_from, logging.DEBUG))
+        conn.addFilter(seen_then_shown)
         try:
             yield
         finally:
+            conn.removeFilter(seen_then_shown)
+            conn.setLevel(own_level)
             logger.removeHandler(self)
+
+    def refusal(self, kafka: KafkaSettings) -> ConfigError | None:
+        """The configuration error its lines show (None: no refusal seen)."""
+        servers = kafka.bootstrap_servers
+        if self.seen:  # it answered, and refused this client: retrying cannot help
+            return ConfigError(
+                f"Kafka at {servers} refused this client's authentication "
+                f"({self.seen[-1]}): check GUARDRAIL_KAFKA__SECURITY_PROTOCOL, "
+                "__SASL_MECHANISM, __SASL_USERNAME and __SASL_PASSWORD"
+            )
+        if self.server_cert:
+            return ConfigError(
+                f"the TLS certificate of Kafka at {servers} was not accepted "
+                f"({self.server_cert[-1]}): GUARDRAIL_KAFKA__SSL_CAFILE="
+                f"{kafka.ssl_cafile or '(unset: the system CAs)'} must hold the CA that signed "
+                "it, and it must name the host given in GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS"
+            )
+        if self.client_cert:
+            return ConfigError(
+                f"Kafka at {servers} refused this client's TLS certificate "
+                f"({self.client_cert[-1]}): its listener requires one signed by a CA it trusts; "
+                f"check GUARDRAIL_KAFKA__SSL_CERTFILE={kafka.ssl_certfile or '(unset)'} and "
+                f"__SSL_KEYFILE={kafka.ssl_keyfile or '(unset)'}"
+            )
+        return None
 
 
 async def verify_topics(settings: Settings) -> dict[str, int]:
@@ -197,12 +273,9 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
             await asyncio.wait_for(admin.start(), timeout=timeout_s)
     except (KafkaError, OSError, TimeoutError) as exc:
         await admin.close()
-        if refusals.seen:  # it answered, and refused this client: retrying cannot help
-            raise ConfigError(
-                f"Kafka at {kafka.bootstrap_servers} refused this client's authentication "
-                f"({refusals.seen[-1]}): check GUARDRAIL_KAFKA__SECURITY_PROTOCOL, "
-                "__SASL_MECHANISM, __SASL_USERNAME and __SASL_PASSWORD"
-            ) from None
+        refused = refusals.refusal(kafka)
+        if refused is not None:  # it answered, and one side refused the other: retrying
+            raise refused from None  # cannot help
         detail = (str(exc).splitlines() or [""])[0] or type(exc).__name__
         took = (  # a refused connection or an unknown host fails long before the timeout
             f"within {timeout_s:g} s"
