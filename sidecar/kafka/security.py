@@ -16,6 +16,14 @@ from sidecar.config import KafkaSettings
 from sidecar.exceptions import ConfigError
 
 
+class _EncryptedKeyError(Exception):
+    """The client key asks for a passphrase."""
+
+
+def _no_password() -> str:
+    raise _EncryptedKeyError
+
+
 def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
     """The TLS context of ``*SSL`` protocols; ``ConfigError`` naming the file it cannot use."""
     if not kafka.security_protocol.endswith("SSL"):
@@ -29,7 +37,15 @@ def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
         ) from None
     if kafka.ssl_certfile:
         try:
-            context.load_cert_chain(kafka.ssl_certfile, kafka.ssl_keyfile)
+            # an encrypted key: OpenSSL's own fallback prompts for its passphrase on the
+            # terminal (audit: `guardrail run` under a TTY waited there for ever)
+            context.load_cert_chain(kafka.ssl_certfile, kafka.ssl_keyfile, password=_no_password)
+        except _EncryptedKeyError:
+            raise ConfigError(
+                f"GUARDRAIL_KAFKA__SSL_KEYFILE={kafka.ssl_keyfile or kafka.ssl_certfile}: the "
+                "private key is encrypted, and no passphrase can be configured; give it "
+                "unencrypted (openssl pkey -in KEY -out KEY.pem), kept in a Secret"
+            ) from None
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(
                 f"GUARDRAIL_KAFKA__SSL_CERTFILE={kafka.ssl_certfile} / "

@@ -112,6 +112,30 @@ def test_check_stops_on_tls_files_it_cannot_load(
     assert says in capsys.readouterr().err
 
 
+def test_an_encrypted_client_key_is_named_and_never_prompted_for(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """An encrypted key (no passphrase setting exists) is a configuration error saying so:
+    OpenSSL's own fallback prompted on the terminal (a hang under a TTY) or, without one,
+    said "Invalid argument" under "they must be readable PEM files that match"."""
+    key, crt = tmp_path / "client.key", tmp_path / "client.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-days", "2", "-subj", "/CN=c",
+         "-passout", "pass:secret-pass", "-keyout", str(key), "-out", str(crt)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    for name, value in {
+        "SECURITY_PROTOCOL": "SSL",
+        "SSL_CERTFILE": str(crt),
+        "SSL_KEYFILE": str(key),
+    }.items():
+        monkeypatch.setenv(f"GUARDRAIL_KAFKA__{name}", value)
+    assert main(["run", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert f"GUARDRAIL_KAFKA__SSL_KEYFILE={key}: the private key is encrypted" in err, err
+
+
 def test_the_metrics_port_cannot_be_the_health_port(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
