@@ -106,9 +106,23 @@ async def _flow(
         _line(out, "[coverage]", _coverage_line(report))
 
 
+# The demo's broker is its own, local and plaintext: a shell set up for the team's TLS or
+# SASL cluster must not carry those settings to it (audit: the demo failed to connect).
+_LOCAL_KAFKA: dict[str, object] = {
+    "security_protocol": "PLAINTEXT",
+    "sasl_mechanism": None,
+    "sasl_username": None,
+    "sasl_password": None,
+    "ssl_cafile": None,
+    "ssl_certfile": None,
+    "ssl_keyfile": None,
+}
+_CLUSTER_ONLY = tuple(f"GUARDRAIL_KAFKA__{name.upper()}" for name in _LOCAL_KAFKA)
+
+
 def _sidecar_env(broker: LocalKafka, http_port: int, *, claims: bool) -> dict[str, str]:
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k.upper() not in _CLUSTER_ONLY},
         "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap_servers,
         "GUARDRAIL_HTTP__PORT": str(http_port),
         "GUARDRAIL_HTTP__HOST": "127.0.0.1",
@@ -360,7 +374,9 @@ def run_demo(
         broker.start()
         http_port = free_port()
         env = _sidecar_env(broker, http_port, claims=claims)
-        settings = Settings.load(kafka={"bootstrap_servers": broker.bootstrap_servers})
+        settings = Settings.load(
+            kafka={"bootstrap_servers": broker.bootstrap_servers, **_LOCAL_KAFKA}
+        )
         created = asyncio.run(create_topics(settings))
         _line(out, "[demo]", f"topics: {', '.join(created)}")
         log_path = workdir / "sidecar.log"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import re
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +37,22 @@ def _demo(*, claims: bool) -> tuple[dict[str, tuple[str, set[str]]], tuple[int, 
     return verdicts, summary, text
 
 
-def test_the_demo_with_claims_off_allows_only_the_certified_answer() -> None:
+def test_the_demo_with_claims_off_allows_only_the_certified_answer(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # run from a shell set up for the team's TLS + SASL cluster: the demo's own broker is
+    # local and plaintext, so those settings must not reach it (audit: no connection)
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not read: the demo's broker has no TLS\n", encoding="utf-8")
+    cluster = {
+        "SECURITY_PROTOCOL": "SASL_SSL",
+        "SASL_MECHANISM": "SCRAM-SHA-512",
+        "SASL_USERNAME": "team",
+        "SASL_PASSWORD": "team-secret",
+        "SSL_CAFILE": str(ca),
+    }
+    for name, value in cluster.items():
+        monkeypatch.setenv(f"GUARDRAIL_KAFKA__{name}", value)
     verdicts, summary, text = _demo(claims=False)
     assert summary == (7, 0, 4), text  # 7 verdicts, no claim verdicts, 4 dead letters
     assert verdicts["req-demo-004"] == ("BLOCK", {"incomplete"})
