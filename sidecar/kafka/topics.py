@@ -72,7 +72,8 @@ async def create_topics(settings: Settings) -> dict[str, str]:
         if refused is not None:
             raise refused from None
         raise BrokerError(
-            f"cannot reach Kafka at {settings.kafka.bootstrap_servers}: {exc}"
+            f"cannot reach Kafka at {settings.kafka.bootstrap_servers} "
+            f"(GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS; {_protocol_hint(settings.kafka)}): {exc}"
         ) from exc
     try:
         specs = topic_specs(settings)
@@ -175,6 +176,14 @@ _CLIENT_CERT_REFUSALS = (
 )
 _CONN_LOGGER = "aiokafka.conn"
 _SSL_SOURCE = re.compile(r" ?\(_ssl\.c:\d+\)\)*")
+
+
+def _protocol_hint(kafka: KafkaSettings) -> str:
+    """Which protocol was spoken: a listener of another one closes the connection without a
+    word (TLS audit: "Connection ... closed", or an error line with an empty message)."""
+    return (
+        f"__SECURITY_PROTOCOL={kafka.security_protocol}: the listener at that address must speak it"
+    )
 
 
 class _AuthRefusals(logging.Handler):
@@ -284,7 +293,8 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
         )
         raise BrokerError(
             f"cannot reach Kafka at {kafka.bootstrap_servers} {took} "
-            f"(GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS, __REQUEST_TIMEOUT_MS): {detail}"
+            f"(GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS, __REQUEST_TIMEOUT_MS; "
+            f"{_protocol_hint(kafka)}): {detail}"
         ) from None
     except asyncio.CancelledError:  # SIGTERM while connecting: close what was opened
         await admin.close()

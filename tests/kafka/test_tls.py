@@ -21,7 +21,7 @@ from aiokafka.helpers import create_ssl_context
 
 from guardrail_client import GuardrailPublisher, RetrievalHit, VerdictClient
 from sidecar.config import TOPIC_ROLES, Settings
-from sidecar.exceptions import ConfigError, SidecarNotReadyError
+from sidecar.exceptions import BrokerError, ConfigError, SidecarNotReadyError
 from sidecar.kafka.topics import create_topics, verify_topics
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka, ensure_jars, free_port
@@ -243,3 +243,17 @@ def test_wrong_ca_ends_the_start_even_when_waiting_for_kafka(
     assert "CERTIFICATE_VERIFY_FAILED" in log and "GUARDRAIL_KAFKA__SSL_CAFILE" in log, log
     assert "trying again" not in log, log
     assert sidecar.proc is not None and sidecar.proc.returncode == 2  # a configuration error
+
+
+async def test_a_plaintext_client_at_a_tls_listener_is_told_which_protocol_it_spoke(
+    tls_broker: TlsBroker,
+) -> None:
+    """The listener closes the connection without a word (audit: "Connection ... closed",
+    nothing naming the protocol): the error says which one this client spoke."""
+    settings = Settings.load(
+        kafka={"bootstrap_servers": tls_broker.mtls, "request_timeout_ms": 3000}
+    )
+    with pytest.raises(BrokerError, match="__SECURITY_PROTOCOL=PLAINTEXT: the listener"):
+        await verify_topics(settings)
+    with pytest.raises(BrokerError, match="__SECURITY_PROTOCOL=PLAINTEXT: the listener"):
+        await create_topics(settings)
