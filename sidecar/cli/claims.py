@@ -557,7 +557,19 @@ def run_calibrate(args: argparse.Namespace) -> int:
     progress = progress_enabled(args)
     fit = pair_features(verifier, fit_items, progress=progress)
     held = pair_features(verifier, held_items, progress=progress)
-    cal = recalibrate(verifier, fit, held, held_items, target_precision=precision)
+    try:  # the old calibration at the same target precision, when it has a band for it
+        before_band = verifier.artifact.band_for(precision)
+    except ConfigError:
+        before_band = verifier.band
+        if held_items:
+            sys.stderr.write(
+                f"guardrail calibrate verifier: warning: {verifier.version} has no band for "
+                f"target precision {precision:g}: the held-out 'before' numbers use its own "
+                "band\n"
+            )
+    cal = recalibrate(
+        verifier, fit, held, held_items, target_precision=precision, before_band=before_band
+    )
     summary = write_recalibrated(verifier, model, args.out, cal, data=data, holdout=args.holdout)
     for warning in summary["warnings"]:
         sys.stderr.write(f"guardrail calibrate verifier: warning: {warning}\n")

@@ -162,11 +162,15 @@ def recalibrate(
     held_items: Sequence[PairItem],
     *,
     target_precision: float,
+    before_band: Band | None = None,
 ) -> Recalibration:
     """Fit Platt scaling and the band table on ``fit``; report both calibrations on ``held``.
 
     Pairs without a window (empty evidence) are served p = 0 whatever the calibration, so
-    they are left out of the fit; they stay in the held-out report.
+    they are left out of the fit; they stay in the held-out report. ``before_band``: the old
+    calibration's band for ``target_precision`` (default: the verifier's served band), so
+    both sides of the report hold the same target (audit: at --target-precision 0.9 the old
+    side was reported at its own 0.8 band, threshold 0.54 instead of its 0.9 band's 0.75).
     """
     ok = fit.scored
     labels = fit.labels[ok].tolist()
@@ -184,7 +188,11 @@ def recalibrate(
         old = verifier.calibration
         report = {
             "before": finite_or_none(
-                pair_report(held.probabilities(old), held_items, verifier.band)
+                pair_report(
+                    held.probabilities(old),
+                    held_items,
+                    verifier.band if before_band is None else before_band,
+                )
             ),
             "after": finite_or_none(pair_report(held.probabilities(platt), held_items, band)),
         }
