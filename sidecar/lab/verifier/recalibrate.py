@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ __all__ = [
 ]
 
 CARD_FILE = "MODEL_CARD.md"
+VERSION_MAX = 64  # VerifierArtifact.version's limit
 SMALL_FIT = 200  # fewer fit pairs than this: the summary warns that the band is noisy
 
 
@@ -209,14 +211,42 @@ def recalibrate(
 
 
 def check_out(out: Path, model_dir: Path) -> None:
-    """``ConfigError`` unless ``out`` is a new (or empty) directory other than ``model_dir``."""
+    """``ConfigError`` unless ``out`` is a new (or empty) directory outside ``model_dir`` that
+    can be written (its parents are made here, before the scoring, which takes minutes)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(
             f"--out {out} exists and is not an empty directory; give a new directory "
             "(the verifier it writes is served with GUARDRAIL_SIGNALS__VERIFIER=<that path>)"
         )
-    if out.resolve() == model_dir.resolve():
-        raise ConfigError(f"--out {out} is the verifier being calibrated; give a new directory")
+    if out.resolve().is_relative_to(model_dir.resolve()):
+        raise ConfigError(
+            f"--out {out} is the verifier being calibrated or inside it; give a new directory "
+            "beside it"
+        )
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ConfigError(f"--out {out}: {above} is a file, not a directory; give a new directory")
+    try:  # audit: an unwritable --out failed after the scoring, with a traceback
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _staging(out).rmdir()
+    except OSError as exc:
+        raise ConfigError(
+            f"--out {out}: cannot write a directory there ({exc.strerror or exc}); give a new "
+            "directory in a writable place"
+        ) from None
+
+
+def _staging(out: Path) -> Path:
+    """A new directory beside ``out`` (the umask's mode, as ``out`` itself would have)."""
+    staging = out.parent / f".{out.name}.partial-{secrets.token_hex(4)}"
+    staging.mkdir()
+    return staging
+
+
+def _versioned(network: str, cal_id: str) -> str:
+    """``<network>+cal-<id>``, the network's name cut so the version fits its 64 characters."""
+    suffix = f"+cal-{cal_id}"
+    return network[: VERSION_MAX - len(suffix)] + suffix
 
 
 def _calibration_id(network: str, cal: Recalibration, data_sha256: str) -> str:
@@ -247,7 +277,7 @@ def write_recalibrated(
     check_out(out, model_dir)
     data_sha = sha256_file(data)
     network = artifact.version.split("+", 1)[0]
-    version = f"{network}+cal-{_calibration_id(network, cal, data_sha)}"
+    version = _versioned(network, _calibration_id(network, cal, data_sha))
     provenance: dict[str, float | int | str] = {
         "from_version": artifact.version,
         "data": data.name,
@@ -278,17 +308,25 @@ def write_recalibrated(
             "created_at": datetime.now(UTC),
         }
     )
-    out.mkdir(parents=True, exist_ok=True)
-    for name in (artifact.onnx_file, artifact.tokenizer_file):
-        shutil.copyfile(model_dir / name, out / name)
     type(artifact).model_validate_json(new.model_dump_json())  # what the sidecar will load
-    save_artifact(out, new)
     card = model_dir / CARD_FILE
     previous = card.read_text(encoding="utf-8") if card.is_file() else ""
-    (out / CARD_FILE).write_text(
-        _card_section(artifact.version, version, cal, provenance) + "\n" + previous,
-        encoding="utf-8",
-    )
+    # Written beside --out, then renamed onto it: a failure or Ctrl-C midway leaves no
+    # half-written verifier (audit: the ONNX file without verifier.json, refused on rerun).
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = _staging(out)
+    try:
+        for name in (artifact.onnx_file, artifact.tokenizer_file):
+            shutil.copyfile(model_dir / name, staging / name)
+        save_artifact(staging, new)
+        (staging / CARD_FILE).write_text(
+            _card_section(artifact.version, version, cal, provenance) + "\n" + previous,
+            encoding="utf-8",
+        )
+        staging.rename(out)  # onto a new path, or onto the empty directory --out may be
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return {
         "verifier_in": artifact.version,
         "verifier_out": version,

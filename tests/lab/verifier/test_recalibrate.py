@@ -208,3 +208,59 @@ def test_before_is_the_old_calibration_at_the_same_target_precision(
     shipped = load_artifact(MODEL)
     assert summary["held_out"]["before"]["threshold"] == shipped.band_for(0.9).supported_from
     assert summary["held_out"]["after"]["threshold"] == summary["band"][1]
+
+
+def test_out_inside_the_model_or_unwritable_is_refused_before_scoring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # audit: --out models/verifier/mine wrote a verifier inside the served one; --out under
+    # a file failed only after the scoring (exit 1), and /proc/x with a traceback
+    model = tmp_path / "verifier"
+    model.mkdir()
+    for f in MODEL.iterdir():
+        (model / f.name).symlink_to(f)
+    data = _write(tmp_path / "pairs.jsonl", _pairs(6))
+    (tmp_path / "a-file").write_text("x", encoding="utf-8")
+
+    def no_scoring(*_: object, **__: object) -> None:
+        raise AssertionError("scored before refusing --out")
+
+    monkeypatch.setattr("sidecar.lab.verifier.recalibrate.pair_features", no_scoring)
+    argv = ["calibrate", "verifier", "--data", str(data), "--model", str(model), "--out"]
+    for out, says in (
+        (model / "mine", "is the verifier being calibrated or inside it"),
+        (tmp_path / "a-file" / "mine", "is a file, not a directory"),
+        (Path("/proc/guardrail-out"), "cannot write a directory there"),
+    ):
+        assert main([*argv, str(out)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in model.iterdir()) == sorted(p.name for p in MODEL.iterdir())
+
+
+def test_a_long_network_name_is_cut_and_a_failed_write_leaves_no_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verifier = OnnxVerifier.load(MODEL)
+    items = [PairItem(str(r["claim"]), str(r["evidence"]), int(r["label"])) for r in _pairs(3)]  # type: ignore[call-overload]
+    feats = pair_features(verifier, items)
+    cal = recalibrate(verifier, feats, feats, items, target_precision=0.8)
+    data = _write(tmp_path / "pairs.jsonl", _pairs(3))
+    # audit: a 60-character network name gave a 73-character version: a traceback after
+    # the ONNX file was copied, and the half-written --out refused the rerun
+    long = verifier.artifact.model_copy(update={"version": "n" * 60})
+    monkeypatch.setattr(verifier, "artifact", long)
+    summary = write_recalibrated(verifier, MODEL, tmp_path / "long", cal, data=data, holdout=0)
+    assert len(summary["verifier_out"]) == 64
+    assert summary["verifier_out"].startswith("n" * 51 + "+cal-")
+    assert load_artifact(tmp_path / "long").version == summary["verifier_out"]
+
+    def broken(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("sidecar.lab.verifier.recalibrate.save_artifact", broken)
+    out = tmp_path / "mine"
+    with pytest.raises(OSError, match="No space"):
+        write_recalibrated(verifier, MODEL, out, cal, data=data, holdout=0)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
