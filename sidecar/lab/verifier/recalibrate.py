@@ -288,7 +288,9 @@ def write_recalibrated(
         "n_fit_scored": cal.n_fit_scored,
         "n_holdout": cal.n_holdout,
     }
-    metrics = dict(artifact.metrics)
+    # a re-calibrated verifier's own recalibration numbers are not this one's (audit: with
+    # --holdout 0 the previous run's held-out before/after stayed under the new version)
+    metrics = {k: v for k, v in artifact.metrics.items() if not k.startswith("recalibration")}
     metrics["recalibration"] = provenance
     for side, numbers in cal.report.items():
         metrics[f"recalibration/held-out/{side}"] = {

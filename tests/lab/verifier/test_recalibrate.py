@@ -264,3 +264,25 @@ def test_a_long_network_name_is_cut_and_a_failed_write_leaves_no_out(
         write_recalibrated(verifier, MODEL, out, cal, data=data, holdout=0)
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_recalibrated_verifier_keeps_no_numbers_of_the_calibration_it_replaces(
+    tmp_path: Path,
+) -> None:
+    verifier = OnnxVerifier.load(MODEL)
+    items = [PairItem(str(r["claim"]), str(r["evidence"]), int(r["label"])) for r in _pairs(3)]  # type: ignore[call-overload]
+    feats = pair_features(verifier, items)
+    data = _write(tmp_path / "pairs.jsonl", _pairs(3))
+    first = recalibrate(verifier, feats, feats, items, target_precision=0.8)
+    write_recalibrated(verifier, MODEL, tmp_path / "one", first, data=data, holdout=0.5)
+    assert "recalibration/held-out/after" in load_artifact(tmp_path / "one").metrics
+    again = OnnxVerifier.load(tmp_path / "one")
+    empty = _features(np.zeros(0), np.zeros(0))
+    second = recalibrate(again, feats, empty, [], target_precision=0.8)  # --holdout 0
+    summary = write_recalibrated(
+        again, tmp_path / "one", tmp_path / "two", second, data=data, holdout=0
+    )
+    written = load_artifact(tmp_path / "two")
+    assert summary["verifier_out"].count("+cal-") == 1
+    assert written.metrics["recalibration"]["from_version"] == again.version
+    assert not [k for k in written.metrics if k.startswith("recalibration/")]
