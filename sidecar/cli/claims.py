@@ -530,6 +530,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from sidecar.config import Settings  # noqa: PLC0415
     from sidecar.lab.verifier.evaluate import read_pair_items  # noqa: PLC0415
     from sidecar.lab.verifier.recalibrate import (  # noqa: PLC0415
+        check_fit_items,
         check_out,
         pair_features,
         recalibrate,
@@ -550,7 +551,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if not items:
         raise ConfigError(f"no pairs in {args.data}")
     fit_items, held_items = split_by_evidence(items, args.holdout)
-    check_out(args.out, model)  # before the scoring, which takes minutes
+    check_fit_items(fit_items, len(items))  # before the scoring, which takes minutes
+    check_out(args.out, model)
     verifier = OnnxVerifier.load(model)
     if precision is None:
         precision = verifier.artifact.target_precision or 0.8

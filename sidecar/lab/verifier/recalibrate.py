@@ -52,6 +52,7 @@ __all__ = [
     "CARD_FILE",
     "PairFeatures",
     "Recalibration",
+    "check_fit_items",
     "check_out",
     "evidence_group",
     "pair_features",
@@ -83,6 +84,23 @@ def split_by_evidence(
     for item in items:
         (held if evidence_group(item.evidence) < holdout else fit).append(item)
     return fit, held
+
+
+def check_fit_items(fit: Sequence[PairItem], n_items: int) -> None:
+    """``ConfigError`` before any scoring when the fit part cannot be fitted: fewer than 10
+    pairs with evidence, or one label only (audit: 300 pairs of one label were scored for
+    minutes before the fit refused them; empty evidence was answered "lower --holdout")."""
+    usable = [item.label for item in fit if item.evidence.strip()]
+    if len(usable) >= 10 and len(set(usable)) == 2:
+        return
+    blank = len(fit) - len(usable)
+    raise ConfigError(
+        f"calibration needs >= 10 fitted pairs of both labels with evidence; of {n_items} "
+        f"pairs the fit part has {len(usable)} with evidence ({sum(usable)} supported)"
+        + (f" and {blank} with empty evidence (served p = 0, not fitted)" if blank else "")
+        + ": add pairs of both labels with their evidence"
+        + (", or lower --holdout" if len(fit) < n_items else "")
+    )
 
 
 @dataclass(frozen=True)

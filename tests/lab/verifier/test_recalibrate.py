@@ -286,3 +286,25 @@ def test_a_recalibrated_verifier_keeps_no_numbers_of_the_calibration_it_replaces
     assert summary["verifier_out"].count("+cal-") == 1
     assert written.metrics["recalibration"]["from_version"] == again.version
     assert not [k for k in written.metrics if k.startswith("recalibration/")]
+
+
+def test_a_fit_part_that_cannot_be_fitted_is_refused_before_scoring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_scoring(*_: object, **__: object) -> None:
+        raise AssertionError("scored pairs that cannot be fitted")
+
+    monkeypatch.setattr("sidecar.lab.verifier.recalibrate.pair_features", no_scoring)
+    monkeypatch.setattr("sidecar.claims.verifier.OnnxVerifier.load", no_scoring)
+    one_label = [r for r in _pairs(6) if r["label"] == 1]
+    no_evidence = [dict(r, evidence=" ") for r in _pairs(6)]
+    for rows, holdout, says in (
+        (one_label, "0", "24 with evidence (24 supported): add pairs of both labels"),
+        (no_evidence, "0", "0 with evidence (0 supported) and 48 with empty evidence"),
+        (_pairs(2), "0.9", "or lower --holdout"),
+    ):
+        data = _write(tmp_path / "pairs.jsonl", rows)
+        argv = ["calibrate", "verifier", "--data", str(data), "--model", str(MODEL)]
+        assert main([*argv, "--out", str(tmp_path / "mine"), "--holdout", holdout]) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1, err
