@@ -550,6 +550,13 @@ def run_calibrate(args: argparse.Namespace) -> int:
     items = read_pair_items(data, args.limit)
     if not items:
         raise ConfigError(f"no pairs in {args.data}")
+    repeated = len(items) - len({(i.claim, i.evidence, i.question) for i in items})
+    if repeated:  # audit: 30 pairs written 5 times were reported as 135 fitted pairs
+        sys.stderr.write(
+            f"guardrail calibrate verifier: warning: {repeated} of {len(items)} pairs repeat "
+            "an earlier line (same claim, evidence and question); each line is fitted, so "
+            "repeats weigh more and the pair counts overstate the data\n"
+        )
     fit_items, held_items = split_by_evidence(items, args.holdout)
     check_fit_items(fit_items, len(items))  # before the scoring, which takes minutes
     check_out(args.out, model)

@@ -171,6 +171,7 @@ def test_the_command_writes_a_verifier_the_eval_serves(
     assert summary["n_fit"] + summary["n_holdout"] == 48
     assert summary["held_out"]["after"]["n"] == summary["n_holdout"]
     assert "fitted pairs: the band's ends rest on few pairs" in captured.err
+    assert "repeat an earlier line" not in captured.err
     assert (
         main(
             [
@@ -233,8 +234,9 @@ def test_out_inside_the_model_or_unwritable_is_refused_before_scoring(
         (Path("/proc/guardrail-out"), "cannot write a directory there"),
     ):
         assert main([*argv, str(out)]) == 2
-        err = capsys.readouterr().err
-        assert says in err and len(err.strip().splitlines()) == 1, err
+        lines = capsys.readouterr().err.strip().splitlines()
+        # one error line (after the warning about repeated lines, where they repeat)
+        assert says in lines[-1] and all("warning" in line for line in lines[:-1]), lines
     assert sorted(p.name for p in model.iterdir()) == sorted(p.name for p in MODEL.iterdir())
 
 
@@ -306,5 +308,14 @@ def test_a_fit_part_that_cannot_be_fitted_is_refused_before_scoring(
         data = _write(tmp_path / "pairs.jsonl", rows)
         argv = ["calibrate", "verifier", "--data", str(data), "--model", str(MODEL)]
         assert main([*argv, "--out", str(tmp_path / "mine"), "--holdout", holdout]) == 2
-        err = capsys.readouterr().err
-        assert says in err and len(err.strip().splitlines()) == 1, err
+        lines = capsys.readouterr().err.strip().splitlines()
+        # one error line (after the warning about repeated lines, where they repeat)
+        assert says in lines[-1] and all("warning" in line for line in lines[:-1]), lines
+
+
+def test_repeated_lines_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _pairs(2)
+    data = _write(tmp_path / "pairs.jsonl", rows + rows[:5])
+    argv = ["calibrate", "verifier", "--data", str(data), "--out", str(tmp_path / "o")]
+    assert main([*argv, "--model", str(MODEL), "--holdout", "0", "--json"]) == 0
+    assert "5 of 21 pairs repeat an earlier line" in capsys.readouterr().err
