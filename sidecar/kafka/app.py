@@ -184,6 +184,12 @@ class SidecarService:
                 topics.generation,
                 slack_ms=kafka.align_slack_ms,
                 min_backlog=kafka.max_poll_records,
+                # a pause that holds for more partner records than half the join store's
+                # share of a partition is clock skew, not a backlog it can level
+                max_lead_records=max(
+                    kafka.max_poll_records,
+                    settings.join.max_entries // (2 * topics.partitions),
+                ),
             )
             if kafka.align_inputs
             else None

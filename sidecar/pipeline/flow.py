@@ -34,7 +34,17 @@ event time at all: one record cannot move a side. Before, the highest timestamp
 ever consumed was the side's time, and one junk record stamped 59 minutes ahead
 (Kafka 4 accepts up to an hour; older brokers anything) made its side "ahead"
 for the rest of a catch-up: 970 of 1,500 requests of a backlog came out
-``incomplete``. Pure bookkeeping, no Kafka here: the service applies the
+``incomplete``. A producer whose clock is off (one side's clock 10 minutes
+behind the other's, every record of a side stamped beyond the tolerance, a
+few records stamped minutes ahead) kept a side paused for the whole backlog
+of its partner all the same, which is no alignment at all (audit: 1,023-1,200
+of the same 1,500 requests incomplete, as many as with alignment off). So a
+pause has a budget, ``max_lead_records`` of its partner's records read while
+it holds: a gap the partner has not closed by then is taken for clock skew
+between the two sides, learned per partition (:meth:`InputAligner.skew_ms`),
+and the sides are compared net of it from then on; a partner that has no event
+time at all by then (every timestamp ignored) leaves the pair unaligned until
+it has one. Pure bookkeeping, no Kafka here: the service applies the
 decisions with ``consumer.pause`` / ``consumer.resume``.
 """
 
@@ -76,22 +86,34 @@ class InputAligner:
         slack_ms: int = 0,
         min_backlog: int = 1,
         wall_ms: Callable[[], float] = lambda: time.time() * 1000,
+        *,
+        max_lead_records: int | None = None,
     ) -> None:
+        """``max_lead_records``: partner records read while a side is paused after which
+        the gap left is taken for clock skew (``None``: no budget, pauses hold as long as
+        the partner has a backlog)."""
         if left == right:
             raise ValueError("the aligned topics must differ")
         if slack_ms < 0:
             raise ValueError(f"slack_ms must be >= 0, got {slack_ms}")
         if min_backlog < 1:
             raise ValueError(f"min_backlog must be >= 1, got {min_backlog}")
+        if max_lead_records is not None and max_lead_records < 1:
+            raise ValueError(f"max_lead_records must be >= 1, got {max_lead_records}")
         self.left = left
         self.right = right
         self.slack_ms = slack_ms
         self.min_backlog = min_backlog
         self._wall_ms = wall_ms
+        self.max_lead_records = max_lead_records
+        self._read_while_paused: dict[TopicPartition, int] = {}  # paused side -> partner reads
+        self._skew: dict[int, int] = {}  # per partition: how far right's clock runs ahead, ms
+        self._blind: set[int] = set()  # partitions left unaligned: a partner without a time
         self._recent: dict[TopicPartition, deque[int]] = {}  # the last WINDOW timestamps
         self._paused: set[TopicPartition] = set()
         self.pauses = 0  # how many times a partition was paused (a counter for telemetry)
         self.future = 0  # timestamps ignored: too far ahead of the wall clock
+        self.skews = 0  # how many times a pause ran out of budget (skew learned or unaligned)
 
     @property
     def paused(self) -> frozenset[TopicPartition]:
@@ -99,7 +121,12 @@ class InputAligner:
 
     def observe(self, topic: str, partition: int, timestamp_ms: int | None) -> None:
         """A record of ``topic[partition]`` with this timestamp was consumed."""
-        if timestamp_ms is None or timestamp_ms < 0 or topic not in (self.left, self.right):
+        if topic not in (self.left, self.right):
+            return
+        other = (self.right if topic == self.left else self.left, partition)
+        if other in self._read_while_paused:  # any record read counts, whatever its stamp
+            self._read_while_paused[other] += 1
+        if timestamp_ms is None or timestamp_ms < 0:
             return
         if timestamp_ms > self._wall_ms() + FUTURE_TOLERANCE_MS:
             self.future += 1
@@ -118,11 +145,25 @@ class InputAligner:
         ordered = sorted(recent)
         return ordered[-CONFIRMING] if len(ordered) >= CONFIRMING else ordered[0]
 
+    def skew_ms(self, partition: int) -> int:
+        """How far the right side's timestamps are taken to run ahead of the left's on
+        ``partition`` (learned when a pause ran out of budget; 0 until then)."""
+        return self._skew.get(partition, 0)
+
+    def _aligned_time(self, tp: TopicPartition) -> int | None:
+        at = self.event_time(tp)
+        if at is None or tp[0] == self.left:
+            return at
+        return at - self._skew.get(tp[1], 0)
+
     def forget(self, tps: Iterable[TopicPartition]) -> None:
         """Partitions left this consumer (revoked): their state goes with them."""
         for tp in tps:
             self._recent.pop(tp, None)
             self._paused.discard(tp)
+            self._read_while_paused.pop(tp, None)
+            self._skew.pop(tp[1], None)
+            self._blind.discard(tp[1])
 
     def decide(
         self, assigned: Iterable[TopicPartition], backlog: Callable[[TopicPartition], int]
@@ -146,6 +187,10 @@ class InputAligner:
         pause = frozenset(want - self._paused)
         resume = frozenset(self._paused - want)
         self._paused = want
+        for tp in pause:
+            self._read_while_paused[tp] = 0
+        for tp in set(self._read_while_paused) - want:
+            self._read_while_paused.pop(tp, None)
         self.pauses += len(pause)
         return FlowDecision(pause, resume)
 
@@ -154,14 +199,29 @@ class InputAligner:
     ) -> TopicPartition | None:
         """The side of ``partition`` to keep paused, if any."""
         left, right = (self.left, partition), (self.right, partition)
+        if partition in self._blind:
+            if self.event_time(left) is None or self.event_time(right) is None:
+                return None
+            self._blind.discard(partition)
         for side, other in ((left, right), (right, left)):
-            at = self.event_time(side)
+            at = self._aligned_time(side)
             if backlog(other) < self.min_backlog or at is None:
                 continue
             # a partner with a backlog but nothing consumed yet is behind by definition
-            partner = self.event_time(other)
+            partner = self._aligned_time(other)
             gap = at - (partner if partner is not None else -(1 << 62))
             limit = self.slack_ms // 2 if side in self._paused else self.slack_ms
-            if gap > limit:
+            if gap <= limit:
+                continue
+            budget = self.max_lead_records
+            if budget is None or self._read_while_paused.get(side, 0) < budget:
                 return side
+            # the partner was read for a whole budget and is still behind: not a backlog
+            # the pause can level but the two producers' clocks (or junk stamps)
+            self.skews += 1
+            if partner is None:
+                self._blind.add(partition)
+            else:
+                self._skew[partition] = self.skew_ms(partition) + (gap if side == right else -gap)
+            return None
         return None

@@ -177,3 +177,60 @@ def test_one_record_cannot_move_a_side() -> None:
     for _ in range(10 * WINDOW):
         a.observe(G, 0, now + 3_600_000)
     assert a.event_time((G, 0)) == now - 60_000
+
+
+def test_a_skewed_clock_cannot_hold_a_side_for_the_partners_whole_backlog() -> None:
+    """Generation's producer clock 10 minutes behind retrieval's: retrieval was "ahead" and
+    stayed paused until generation's whole backlog was read, so the join store filled with
+    final-only halves (audit: 1,177 of 1,500 backlog requests incomplete, as with alignment
+    off). After ``max_lead_records`` partner records the gap is taken for skew."""
+    skew = 10 * 60_000
+    a = InputAligner(R, G, min_backlog=1, max_lead_records=20)
+    observe(a, R, 0, 1_000_000)
+    observe(a, G, 0, 1_000_000 - skew)
+    assert decide(a, g0=500).pause == {(R, 0)}
+    for i in range(19):  # the partner is read, and stays 10 minutes behind
+        a.observe(G, 0, 1_000_000 - skew + i)
+    assert not decide(a, g0=481)  # within the budget: the pause holds
+    a.observe(G, 0, 1_000_000 - skew + 19)
+    d = decide(a, g0=480)
+    assert d.resume == {(R, 0)} and not d.pause
+    assert a.skews == 1
+    assert a.skew_ms(0) == -(skew - 19 + CONFIRMING - 1)  # generation runs behind
+    # from now on the sides are compared net of the skew: a real lead still pauses
+    observe(a, R, 0, 1_000_000 + 5_000)
+    assert decide(a, g0=480).pause == {(R, 0)}
+    observe(a, G, 0, 1_000_000 + 5_000 - skew + 19)
+    assert decide(a, g0=400).resume == {(R, 0)}
+    a.forget({(R, 0), (G, 0)})
+    assert a.skew_ms(0) == 0
+
+
+def test_a_partner_without_any_usable_timestamp_leaves_the_pair_unaligned() -> None:
+    """Every generation record stamped beyond the tolerance (a clock 10 minutes ahead, or
+    year 2100): generation has no event time and counted as behind for its whole backlog."""
+    now = 1_800_000_000_000
+    a = InputAligner(R, G, min_backlog=1, max_lead_records=10, wall_ms=lambda: now)
+    observe(a, R, 0, now)
+    assert decide(a, g0=500).pause == {(R, 0)}
+    for _ in range(10):
+        a.observe(G, 0, now + 10 * 60_000)
+    assert a.event_time((G, 0)) is None
+    assert decide(a, g0=490).resume == {(R, 0)}
+    assert not decide(a, g0=480)  # and it is not paused again
+    observe(a, G, 0, now - 1_000)  # generation has a time again: aligned as before
+    observe(a, R, 0, now + 1_000)
+    assert decide(a, g0=480).pause == {(R, 0)}
+
+
+def test_without_a_budget_a_pause_holds_while_the_partner_has_a_backlog() -> None:
+    a = InputAligner(R, G, min_backlog=1)
+    observe(a, R, 0, 1_000_000)
+    observe(a, G, 0, 400_000)
+    assert decide(a, g0=5_000).pause == {(R, 0)}
+    for _ in range(1_000):
+        a.observe(G, 0, 400_000)
+    assert not decide(a, g0=4_000)
+    assert a.paused == {(R, 0)}
+    with pytest.raises(ValueError, match="max_lead_records"):
+        InputAligner(R, G, max_lead_records=0)
