@@ -44,12 +44,23 @@ it holds: a gap the partner has not closed by then is taken for clock skew
 between the two sides, learned per partition (:meth:`InputAligner.skew_ms`),
 and the sides are compared net of it from then on; a partner that has no event
 time at all by then (every timestamp ignored) leaves the pair unaligned until
-it has one. Pure bookkeeping, no Kafka here: the service applies the
+it has one. The budget is the larger of ``max_lead_records`` and the partner
+records that match twice the side's lead in production (its records read since
+it was last level, at most ``max_lead_records``), counted at the partner's
+records per record of the side's (read since the assignment plus backlog: the
+production ratio of the span). A streaming answer is one retrieval and 30-100
+generation records; a budget of partner records alone ran out while generation
+was still reading the answers of one retrieval fetch, every pause took that gap
+for skew, and the skews added up, so retrieval ran ahead further at each pause
+until the store evicted (audit, real broker, 3,000 requests of 100 deltas,
+store 1,000: 1,561 incomplete, skew "learned" -35 s with identical clocks; 0
+and none learned now). Pure bookkeeping, no Kafka here: the service applies the
 decisions with ``consumer.pause`` / ``consumer.resume``.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -107,6 +118,9 @@ class InputAligner:
         self._wall_ms = wall_ms
         self.max_lead_records = max_lead_records
         self._read_while_paused: dict[TopicPartition, int] = {}  # paused side -> partner reads
+        self._budget: dict[TopicPartition, int] = {}  # paused side -> partner reads it may hold
+        self._lead: dict[TopicPartition, int] = {}  # side -> its records read since it was level
+        self._read: dict[TopicPartition, int] = {}  # side -> its records read since assigned
         self._skew: dict[int, int] = {}  # per partition: how far right's clock runs ahead, ms
         self._blind: set[int] = set()  # partitions left unaligned: a partner without a time
         self._recent: dict[TopicPartition, deque[int]] = {}  # the last WINDOW timestamps
@@ -124,6 +138,8 @@ class InputAligner:
         if topic not in (self.left, self.right):
             return
         other = (self.right if topic == self.left else self.left, partition)
+        self._lead[(topic, partition)] = self._lead.get((topic, partition), 0) + 1
+        self._read[(topic, partition)] = self._read.get((topic, partition), 0) + 1
         if other in self._read_while_paused:  # any record read counts, whatever its stamp
             self._read_while_paused[other] += 1
         if timestamp_ms is None or timestamp_ms < 0:
@@ -162,6 +178,9 @@ class InputAligner:
             self._recent.pop(tp, None)
             self._paused.discard(tp)
             self._read_while_paused.pop(tp, None)
+            self._budget.pop(tp, None)
+            self._lead.pop(tp, None)
+            self._read.pop(tp, None)
             self._skew.pop(tp[1], None)
             self._blind.discard(tp[1])
 
@@ -189,10 +208,31 @@ class InputAligner:
         self._paused = want
         for tp in pause:
             self._read_while_paused[tp] = 0
+            if (budget := self._budget_of(tp, backlog)) is not None:
+                self._budget[tp] = budget
         for tp in set(self._read_while_paused) - want:
             self._read_while_paused.pop(tp, None)
+            self._budget.pop(tp, None)
+        for tp in assigned - want:  # level (or not aligned): a later lead counts from here
+            if tp[0] in (self.left, self.right):
+                self._lead[tp] = 0
         self.pauses += len(pause)
         return FlowDecision(pause, resume)
+
+    def _budget_of(
+        self, side: TopicPartition, backlog: Callable[[TopicPartition], int]
+    ) -> int | None:
+        """Partner records a pause of ``side`` may wait for before the gap is taken for skew:
+        ``max_lead_records``, or the partner's records matching twice the side's lead (at
+        most ``max_lead_records`` of the side's): as many as before for a partner with no
+        more records than the side, so the gap left by a skew is no wider."""
+        if self.max_lead_records is None:
+            return None
+        other = (self.right if side[0] == self.left else self.left, side[1])
+        records = {tp: self._read.get(tp, 0) + backlog(tp) for tp in (side, other)}
+        per_record = records[other] / max(1, records[side])
+        lead = min(2 * self._lead.get(side, 0), self.max_lead_records)
+        return max(self.max_lead_records, math.ceil(lead * per_record))
 
     def _ahead(
         self, partition: int, backlog: Callable[[TopicPartition], int]
@@ -213,7 +253,7 @@ class InputAligner:
             limit = self.slack_ms // 2 if side in self._paused else self.slack_ms
             if gap <= limit:
                 continue
-            budget = self.max_lead_records
+            budget = self._budget.get(side, self.max_lead_records)
             if budget is None or self._read_while_paused.get(side, 0) < budget:
                 return side
             # the partner was read for a whole budget and is still behind: not a backlog

@@ -188,7 +188,7 @@ def test_a_skewed_clock_cannot_hold_a_side_for_the_partners_whole_backlog() -> N
     a = InputAligner(R, G, min_backlog=1, max_lead_records=20)
     observe(a, R, 0, 1_000_000)
     observe(a, G, 0, 1_000_000 - skew)
-    assert decide(a, g0=500).pause == {(R, 0)}
+    assert decide(a, r0=500, g0=500).pause == {(R, 0)}  # both sides have a backlog
     for i in range(19):  # the partner is read, and stays 10 minutes behind
         a.observe(G, 0, 1_000_000 - skew + i)
     assert not decide(a, g0=481)  # within the budget: the pause holds
@@ -212,7 +212,7 @@ def test_a_partner_without_any_usable_timestamp_leaves_the_pair_unaligned() -> N
     now = 1_800_000_000_000
     a = InputAligner(R, G, min_backlog=1, max_lead_records=10, wall_ms=lambda: now)
     observe(a, R, 0, now)
-    assert decide(a, g0=500).pause == {(R, 0)}
+    assert decide(a, r0=500, g0=500).pause == {(R, 0)}  # both sides have a backlog
     for _ in range(10):
         a.observe(G, 0, now + 10 * 60_000)
     assert a.event_time((G, 0)) is None
@@ -234,3 +234,93 @@ def test_without_a_budget_a_pause_holds_while_the_partner_has_a_backlog() -> Non
     assert a.paused == {(R, 0)}
     with pytest.raises(ValueError, match="max_lead_records"):
         InputAligner(R, G, max_lead_records=0)
+
+
+def drain(
+    a: InputAligner, requests: int, per_answer: int, fetch: int, poll: int, gen_skew_ms: int = 0
+) -> int:
+    """A backlog of ``requests`` on partition 0, read the way the consumer reads it: a
+    retrieval fetch of ``fetch`` records (big records, one per request), a generation poll
+    of ``poll`` (``per_answer`` small records per request, stamped 3 s after its retrieval,
+    plus ``gen_skew_ms``), then a decision. Returns the most requests that retrieval ran
+    ahead of generation beyond those 3 s, i.e. the half-requests the store held."""
+    start = 1_700_000_000_000
+    ret = [start + i * 20 for i in range(requests)]  # 50 requests/s
+    gen = [t + 3_000 + gen_skew_ms for t in ret for _ in range(per_answer)]
+    r = g = most = 0
+    while r < len(ret) or g < len(gen):
+        if (R, 0) not in a.paused:
+            for ts in ret[r : r + fetch]:
+                a.observe(R, 0, ts)
+            r = min(len(ret), r + fetch)
+        if (G, 0) not in a.paused:
+            for ts in gen[g : g + poll]:
+                a.observe(G, 0, ts)
+            g = min(len(gen), g + poll)
+        left = {(R, 0): len(ret) - r, (G, 0): len(gen) - g}
+        a.decide({(R, 0), (G, 0)}, left.__getitem__)
+        most = max(most, abs(r - g // per_answer - 3_000 // 20))
+    return most
+
+
+def test_a_streaming_backlog_is_not_taken_for_clock_skew() -> None:
+    """101 generation records per answer (100 deltas and the final), identical clocks, a
+    retrieval fetch of 40 records: generation needs 4,040 records to level one fetch, more
+    than a budget of 500. Every pause ran out, its gap was taken for skew and added to the
+    last, and retrieval ran further ahead at each (audit, real broker, 3,000 requests,
+    store 1,000: skew "learned" -35 s, 1,561 incomplete; base 0)."""
+    a = InputAligner(R, G, min_backlog=500, max_lead_records=500)
+    most = drain(a, requests=3_000, per_answer=101, fetch=40, poll=500)
+    assert a.pauses > 20
+    assert a.skews == 0
+    assert a.skew_ms(0) == 0
+    b = InputAligner(R, G, min_backlog=500)  # no budget at all: as far apart
+    assert most == drain(b, requests=3_000, per_answer=101, fetch=40, poll=500) <= 500
+
+
+def test_a_few_records_per_answer_stay_level() -> None:
+    a = InputAligner(R, G, min_backlog=500, max_lead_records=500)
+    most = drain(a, requests=3_000, per_answer=2, fetch=40, poll=500)
+    assert a.skews == 0
+    b = InputAligner(R, G, min_backlog=500)
+    assert most == drain(b, requests=3_000, per_answer=2, fetch=40, poll=500)
+
+
+@pytest.mark.parametrize("gen_skew_ms", [-10 * 60_000, 4 * 60_000])
+def test_a_skewed_streaming_producer_is_still_learned(gen_skew_ms: int) -> None:
+    """Generation's clock 10 minutes behind (or 4 minutes ahead), 101 records per answer:
+    the skew is learned once, less what the partner closed while it read its budget, and
+    the sides stay level from then on (2ff24ff: 60-75 exhausted pauses, the skew off by
+    40 s, retrieval 2,100 requests ahead)."""
+    a = InputAligner(R, G, min_backlog=500, max_lead_records=500, wall_ms=lambda: 2e12)
+    most = drain(a, 3_000, 101, fetch=40, poll=500, gen_skew_ms=gen_skew_ms)
+    assert a.skews == 1
+    assert abs(a.skew_ms(0) - gen_skew_ms) < 10_000  # a budget of retrievals: 500 x 20 ms
+    # the partner may have read up to a budget past level when the gap is taken for skew
+    assert most <= 500
+
+
+def test_a_skewed_producer_of_whole_answers_is_still_learned() -> None:
+    """One generation record per answer, its clock 10 minutes behind: learned once."""
+    a = InputAligner(R, G, min_backlog=500, max_lead_records=500, wall_ms=lambda: 2e12)
+    drain(a, 3_000, 1, fetch=40, poll=500, gen_skew_ms=-10 * 60_000)
+    assert a.skews == 1
+    assert abs(a.skew_ms(0) + 10 * 60_000) < 30_000  # less what generation read past level
+
+
+def test_a_partner_with_no_more_records_keeps_the_plain_budget() -> None:
+    """Retrieval's clock 10 minutes behind, one final per answer, generation a poll of 500
+    records ahead: the budget stays ``max_lead_records``. Scaled by the lead (1,000) it let
+    retrieval read further past level before the gap was taken for skew, and the store
+    held that many more half-requests (audit, store 300: 5-32 incomplete instead of 0)."""
+    a = InputAligner(R, G, min_backlog=1, max_lead_records=50)
+    for i in range(500):
+        a.observe(G, 0, 1_000_000 + i)
+    observe(a, R, 0, 400_000)
+    assert decide(a, r0=2_000, g0=2_000).pause == {(G, 0)}
+    for i in range(49):
+        a.observe(R, 0, 400_000 + i)
+    assert not decide(a, r0=1_951, g0=2_000)
+    a.observe(R, 0, 400_049)
+    assert decide(a, r0=1_950, g0=2_000).resume == {(G, 0)}
+    assert a.skews == 1
