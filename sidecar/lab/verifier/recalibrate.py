@@ -236,6 +236,10 @@ def check_out(out: Path, model_dir: Path) -> None:
             f"--out {out} exists and is not an empty directory; give a new directory "
             "(the verifier it writes is served with GUARDRAIL_SIGNALS__VERIFIER=<that path>)"
         )
+    if Path.cwd().resolve().is_relative_to(out.resolve()):
+        # "." has no name: the staging directory would be made inside it and renamed onto
+        # it (EBUSY after the scoring); renaming onto the shell's own directory is no better
+        raise ConfigError(f"--out {out} is the current directory or above it; give a new directory")
     if out.resolve().is_relative_to(model_dir.resolve()):
         raise ConfigError(
             f"--out {out} is the verifier being calibrated or inside it; give a new directory "

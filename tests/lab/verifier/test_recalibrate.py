@@ -319,3 +319,19 @@ def test_repeated_lines_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[
     argv = ["calibrate", "verifier", "--data", str(data), "--out", str(tmp_path / "o")]
     assert main([*argv, "--model", str(MODEL), "--holdout", "0", "--json"]) == 0
     assert "5 of 21 pairs repeat an earlier line" in capsys.readouterr().err
+
+
+def test_out_as_the_current_directory_is_refused_before_scoring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--out .`` in an empty directory passed the check, then failed after the scoring:
+    the staging directory was made inside "." and renamed onto it (OSError EBUSY)."""
+    from sidecar.lab.verifier.recalibrate import check_out
+
+    here = tmp_path / "empty"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for out in (Path(), here):
+        with pytest.raises(ConfigError, match="current directory"):
+            check_out(out, MODEL)
+    assert list(here.iterdir()) == []
