@@ -42,7 +42,12 @@ def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
             context.load_cert_chain(kafka.ssl_certfile, kafka.ssl_keyfile, password=_no_password)
         except _EncryptedKeyError:
             raise ConfigError(
-                f"GUARDRAIL_KAFKA__SSL_KEYFILE={kafka.ssl_keyfile or kafka.ssl_certfile}: the "
+                (
+                    f"GUARDRAIL_KAFKA__SSL_KEYFILE={kafka.ssl_keyfile}"
+                    if kafka.ssl_keyfile
+                    else f"GUARDRAIL_KAFKA__SSL_CERTFILE={kafka.ssl_certfile} (its key)"
+                )
+                + ": the "
                 "private key is encrypted, and no passphrase can be configured; give it "
                 "unencrypted (openssl pkey -in KEY -out KEY.pem), kept in a Secret"
             ) from None

@@ -134,6 +134,14 @@ def test_an_encrypted_client_key_is_named_and_never_prompted_for(
     assert main(["run", "--check"]) == 2
     err = capsys.readouterr().err
     assert f"GUARDRAIL_KAFKA__SSL_KEYFILE={key}: the private key is encrypted" in err, err
+    # the key inside the certificate file (no SSL_KEYFILE): the variable set is named
+    both = tmp_path / "both.pem"
+    both.write_text(crt.read_text() + key.read_text())
+    monkeypatch.setenv("GUARDRAIL_KAFKA__SSL_CERTFILE", str(both))
+    monkeypatch.delenv("GUARDRAIL_KAFKA__SSL_KEYFILE")
+    assert main(["run", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert f"GUARDRAIL_KAFKA__SSL_CERTFILE={both} (its key): the private key is encrypted" in err
 
 
 def test_the_metrics_port_cannot_be_the_health_port(
