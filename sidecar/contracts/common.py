@@ -17,16 +17,20 @@ RequestId = Annotated[
     str,
     StringConstraints(min_length=1, max_length=REQUEST_ID_MAX_CHARS, pattern=REQUEST_ID_PATTERN),
 ]
-# Ids and names (tenant, collection, retriever, chunk and document ids, ...) end up in logs,
-# metric labels, span attributes and terminals: no control characters (C0, DEL, C1), line
-# separators or bidirectional overrides, which rewrite what a log line or a label shows
-# (audit: an ESC sequence in a collection name reached the Prometheus labels as is).
+NAME_MAX_CHARS = 256
+Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX_CHARS)]
+# The names that key calibrations and label metrics (tenant, collection, retriever) reach
+# metric labels, span attributes and terminals as they are: no control characters (C0,
+# DEL, C1), line separators or bidirectional overrides, which rewrite what a label or a
+# log line shows (audit: an ESC sequence in a collection name reached the Prometheus
+# exposition as is). Ids that only reach JSON (chunk and document ids, the generator, a
+# feedback source) keep plain Name: one bidi mark copied from a right-to-left document
+# into a doc_id must not cost the request its verdict (review).
 # (Escapes, not the characters: Python's re, pydantic's Rust regex and the JSON Schema's
 # ECMA-262 all read them, and error messages that quote the pattern stay printable.)
 NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]+$"
 NAME_RULE = "no control characters, line separators or bidirectional overrides"
-NAME_MAX_CHARS = 256
-Name = Annotated[
+LabelName = Annotated[
     str, StringConstraints(min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)
 ]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, model_validator
 
-from sidecar.contracts.common import EventBase, FiniteFloat, Name, RequestId
+from sidecar.contracts.common import EventBase, FiniteFloat, LabelName, Name, RequestId
 
 
 class RetrievalHit(BaseModel):
@@ -38,9 +38,9 @@ class RetrievalEvent(EventBase):
 
     event_type: Literal["retrieval"] = "retrieval"
     request_id: RequestId
-    tenant: Name
-    collection: Name
-    retriever: Name = Field(
+    tenant: LabelName
+    collection: LabelName
+    retriever: LabelName = Field(
         default="default", description="Retriever id (embedding model + index), calibration key."
     )
     query: Annotated[str, StringConstraints(max_length=20_000)]

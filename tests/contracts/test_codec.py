@@ -254,28 +254,40 @@ def test_values_the_published_schema_refuses_are_refused_on_both_paths(
         ("collection", "docs\x1b[2J\x1b[31m"),  # an ANSI escape: clears the operator's terminal
         ("tenant", "acme\nlevel=ERROR forged log line"),
         ("retriever", "bm25\u202egnp.exe"),  # a bidirectional override
-        ("doc_id", "d\x00"),
-        ("chunk_id", "c\x85"),  # a C1 control (NEL)
+        ("tenant", "t\x00"),
+        ("collection", "c\x85"),  # a C1 control (NEL)
     ],
 )
 @pytest.mark.parametrize("escaped", [True, False], ids=["json-escape", "raw-utf8"])
-def test_control_characters_in_names_are_schema_violations(
+def test_control_characters_in_label_names_are_schema_violations(
     retrieval_event: EventFactory, field: str, value: str, escaped: bool
 ) -> None:
-    """Names reach logs, metric labels and span attributes: control characters, line
-    separators and bidi overrides are refused on both decode paths (an escape in the JSON
-    sends the record down the checked path; raw UTF-8 takes the fast one where it can)."""
-    if field in ("doc_id", "chunk_id"):
-        hit = {"chunk_id": "c", "doc_id": "d", "score": 0.5, "text": "x", field: value}
-        event = retrieval_event(k=1, hits=[hit])
-    else:
-        event = retrieval_event(**{field: value})
+    """Tenant, collection and retriever key calibrations and label metrics and spans:
+    control characters, line separators and bidi overrides are refused on both decode
+    paths (an escape in the JSON sends the record down the checked path; raw UTF-8 takes
+    the fast one where it can). Printable names in any script stay valid."""
+    event = retrieval_event(**{field: value})
     raw = json.dumps(event, ensure_ascii=escaped).encode()
     with pytest.raises(InputError) as info:
         decode_input(InputKind.RETRIEVAL, raw, **LIMITS)
     assert info.value.reason == "schema-violation"
-    assert field in str(info.value)
-    # printable names in any script stay valid
-    fine = {**event, field: "Dokumente 文档 · ü"} if field not in ("doc_id", "chunk_id") else None
-    if fine is not None:
-        decode_input(InputKind.RETRIEVAL, json.dumps(fine, ensure_ascii=escaped).encode(), **LIMITS)
+    assert str(info.value) == f"{field}: no control characters, line separators or " + (
+        "bidirectional overrides"
+    )
+    fine = {**event, field: "Dokumente 文档 · ü"}
+    decode_input(InputKind.RETRIEVAL, json.dumps(fine, ensure_ascii=escaped).encode(), **LIMITS)
+
+
+def test_ids_that_only_reach_json_may_hold_a_bidi_mark(retrieval_event: EventFactory) -> None:
+    """A doc_id copied from a right-to-left document (U+202B ... U+202C) is not a label: the
+    request keeps its verdict (review of the first rule, which refused every name)."""
+    hit = {
+        "chunk_id": "c\u202b1\u202c",
+        "doc_id": "d\u202b\u05e2\u05d1\u05e8\u05d9\u05ea\u202c",
+        "score": 0.5,
+        "text": "x",
+    }
+    event = retrieval_event(k=1, hits=[hit])
+    decoded = decode_input(InputKind.RETRIEVAL, json.dumps(event).encode(), **LIMITS)
+    assert isinstance(decoded, RetrievalEvent)
+    assert decoded.hits[0].doc_id == "d\u202b\u05e2\u05d1\u05e8\u05d9\u05ea\u202c"
