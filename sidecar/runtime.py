@@ -538,6 +538,8 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
             settings,
             processor,
             telemetry=Telemetry.from_setup(setup, stage_spans=settings.tracing.stage_spans),
+            # the real count (review: topics.partitions is what `topics create` would make)
+            input_partitions=counts.get(settings.topics.retrieval),
         )
         if settings.gc_freeze:
             freeze_startup_objects()

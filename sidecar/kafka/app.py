@@ -120,9 +120,13 @@ class SidecarService:
         broker: KafkaBroker | None = None,
         telemetry: Telemetry | None = None,
         assignor: type[AbstractPartitionAssignor] | None = None,
+        *,
+        input_partitions: int | None = None,
     ) -> None:
         """``assignor``: the group's partition assignment strategy (default: a fresh
-        ``CoPartitionAssignor``; tests pass aiokafka's round-robin as the control)."""
+        ``CoPartitionAssignor``; tests pass aiokafka's round-robin as the control).
+        ``input_partitions``: the input topics' partition count as Kafka gave it at start
+        (default: ``topics.partitions``, the count ``topics create`` uses)."""
         self.settings = settings
         self.processor = processor
         self.telemetry = telemetry or Telemetry()
@@ -188,7 +192,7 @@ class SidecarService:
                 # share of a partition is clock skew, not a backlog it can level
                 max_lead_records=max(
                     kafka.max_poll_records,
-                    settings.join.max_entries // (2 * topics.partitions),
+                    settings.join.max_entries // (2 * (input_partitions or topics.partitions)),
                 ),
             )
             if kafka.align_inputs
