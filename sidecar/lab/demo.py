@@ -117,7 +117,12 @@ _LOCAL_KAFKA: dict[str, object] = {
     "ssl_certfile": None,
     "ssl_keyfile": None,
 }
-_CLUSTER_ONLY = tuple(f"GUARDRAIL_KAFKA__{name.upper()}" for name in _LOCAL_KAFKA)
+# ... nor the section as one JSON variable, nor a replication factor its one node cannot hold
+_CLUSTER_ONLY = (
+    *(f"GUARDRAIL_KAFKA__{name.upper()}" for name in _LOCAL_KAFKA),
+    "GUARDRAIL_KAFKA",
+    "GUARDRAIL_TOPICS__REPLICATION_FACTOR",
+)
 
 
 def _sidecar_env(broker: LocalKafka, http_port: int, *, claims: bool) -> dict[str, str]:
@@ -375,7 +380,8 @@ def run_demo(
         http_port = free_port()
         env = _sidecar_env(broker, http_port, claims=claims)
         settings = Settings.load(
-            kafka={"bootstrap_servers": broker.bootstrap_servers, **_LOCAL_KAFKA}
+            kafka={"bootstrap_servers": broker.bootstrap_servers, **_LOCAL_KAFKA},
+            topics={"replication_factor": 1},
         )
         created = asyncio.run(create_topics(settings))
         _line(out, "[demo]", f"topics: {', '.join(created)}")

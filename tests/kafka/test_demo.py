@@ -53,6 +53,7 @@ def test_the_demo_with_claims_off_allows_only_the_certified_answer(
     }
     for name, value in cluster.items():
         monkeypatch.setenv(f"GUARDRAIL_KAFKA__{name}", value)
+    monkeypatch.setenv("GUARDRAIL_TOPICS__REPLICATION_FACTOR", "3")  # the cluster's, not one node's
     verdicts, summary, text = _demo(claims=False)
     assert summary == (7, 0, 4), text  # 7 verdicts, no claim verdicts, 4 dead letters
     assert verdicts["req-demo-004"] == ("BLOCK", {"incomplete"})
