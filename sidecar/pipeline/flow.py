@@ -264,8 +264,9 @@ class InputAligner:
                 return None
             # What most of the two windows say, not their CONFIRMING-th highest: a burst of
             # junk stamps (4 of 16 records 4 min ahead) held in the paused side's window
-            # was learned as a 4-minute skew that stayed until revocation (review: the
-            # side then ran 1,709-2,530 requests ahead, 150 without the burst).
+            # was learned as a 4-minute skew that stayed until revocation (review, 101
+            # records per answer: the side then ran 1,709 requests ahead, 150 without it;
+            # with one record per answer a burst still leaves one ~18 s skew).
             typical = self._typical(side) - self._typical(other)
             if typical > limit:
                 self.skews += 1
