@@ -320,7 +320,7 @@ class Intake:
                 f"the {tenancy.header} header holds {len(tenant)} characters; a tenant has "
                 f"1 to {MAX_TENANT_CHARS}",
             )
-        if _NAME.fullmatch(tenant) is None:  # as the events' own tenant (contracts.common.Name)
+        if _NAME.fullmatch(tenant) is None:  # as the events' own tenant (common.LabelName)
             raise InputError(
                 "untrusted-tenant",
                 f"the {tenancy.header} header holds characters a tenant may not have ({NAME_RULE})",
