@@ -65,6 +65,7 @@ __all__ = [
     "evaluate_pairs",
     "held_out",
     "pair_report",
+    "pair_windows",
     "read_items",
     "read_pair_items",
     "score_item",
@@ -279,6 +280,18 @@ class WindowScorer(Protocol):
     ) -> list[float]: ...
 
 
+def pair_windows(
+    items: Sequence[PairItem], *, max_windows: int, window_chars: int
+) -> list[tuple[str, ...]]:
+    """Each item's evidence windows for its claim, as the sidecar cuts them (best first)."""
+    return [
+        EvidenceIndex([EvidenceChunk("evidence", item.evidence)]).windows(
+            item.claim, item.question, max_windows=max_windows, max_chars=window_chars
+        )
+        for item in items
+    ]
+
+
 def score_pair_items(
     verifier: WindowScorer,
     items: Sequence[PairItem],
@@ -287,12 +300,7 @@ def score_pair_items(
     window_chars: int,
 ) -> list[float]:
     """p(supported) per item: its claim against up to ``max_windows`` windows of its evidence."""
-    windows = [
-        EvidenceIndex([EvidenceChunk("evidence", item.evidence)]).windows(
-            item.claim, item.question, max_windows=max_windows, max_chars=window_chars
-        )
-        for item in items
-    ]
+    windows = pair_windows(items, max_windows=max_windows, window_chars=window_chars)
     return verifier.window_probabilities(
         [item.claim for item in items], windows, [item.question for item in items]
     )

@@ -38,12 +38,11 @@ import numpy.typing as npt
 
 from sidecar.claims.artifact import PrecisionBand
 from sidecar.claims.calibration import Band, Platt
-from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
 from sidecar.claims.verifier import METADATA_FILE, save_artifact
 from sidecar.exceptions import ConfigError
 from sidecar.hashing import sha256_file
 from sidecar.lab.verifier.calibration import BAND_TARGETS, band_table, fit_platt
-from sidecar.lab.verifier.evaluate import PairItem, finite_or_none, pair_report
+from sidecar.lab.verifier.evaluate import PairItem, finite_or_none, pair_report, pair_windows
 
 if TYPE_CHECKING:
     from sidecar.claims.verifier import OnnxVerifier
@@ -131,15 +130,11 @@ def pair_features(
     with tqdm(total=len(items), desc="pairs", unit="pair", disable=not progress) as bar:
         for start in range(0, len(items), step):
             part = items[start : start + step]
-            windows = [
-                EvidenceIndex([EvidenceChunk("evidence", item.evidence)]).windows(
-                    item.claim,
-                    item.question,
-                    max_windows=artifact.evidence_max_windows,
-                    max_chars=artifact.evidence_max_chars,
-                )
-                for item in part
-            ]
+            windows = pair_windows(
+                part,
+                max_windows=artifact.evidence_max_windows,
+                window_chars=artifact.evidence_max_chars,
+            )
             z, c, ok = verifier.window_features(
                 [item.claim for item in part], windows, [item.question for item in part]
             )
@@ -337,8 +332,7 @@ def write_recalibrated(
     previous = card.read_text(encoding="utf-8") if card.is_file() else ""
     # Written beside --out, then renamed onto it: a failure or Ctrl-C midway leaves no
     # half-written verifier (audit: the ONNX file without verifier.json, refused on rerun).
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = _staging(out)
+    staging = _staging(out)  # check_out made out's parents
     try:
         for name in (artifact.onnx_file, artifact.tokenizer_file):
             shutil.copyfile(model_dir / name, staging / name)
