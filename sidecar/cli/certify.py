@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sidecar.cli.groups import get_group, progress_enabled
+from sidecar.cli.groups import add_progress_arg, get_group, progress_enabled
 from sidecar.conformal.mondrian import key_label
 from sidecar.exceptions import ConfigError
 
@@ -64,12 +64,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--out", type=Path, required=True, help="certificate file to write (JSON)")
     p.add_argument("--json", action="store_true", help="print the certificate as JSON")
-    p.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="tqdm progress bars (default: when stderr is a terminal)",
-    )
+    add_progress_arg(p)
     p.set_defaults(func=run_calibrate_policy)
 
 

@@ -26,11 +26,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sidecar.cli.groups import get_group, progress_enabled
+from sidecar.cli.groups import add_progress_arg, get_group, progress_enabled
 from sidecar.exceptions import ConfigError
 
 if TYPE_CHECKING:  # the verifier imports onnxruntime: loaded when a command needs it
     from sidecar.claims.verifier import OnnxVerifier
+    from sidecar.config import Settings
 
 __all__ = ["register", "run_calibrate", "run_eval", "run_train"]
 
@@ -161,12 +162,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also score each claim against its best chunk (two verifier pairs per claim)",
     )
     e.add_argument("--json", action="store_true", help="print one JSON object")
-    e.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="a progress bar for --format pairs (default: when stderr is a terminal)",
-    )
+    add_progress_arg(e, "a progress bar for --format pairs")
     e.set_defaults(func=run_eval)
 
     calibrate = get_group(sub, "calibrate", "Calibrate a guardrail signal on labelled data.")
@@ -207,12 +203,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     c.add_argument("--limit", type=int, default=None, help="pairs (lines) to read at most")
     c.add_argument("--json", action="store_true", help="print one JSON object")
-    c.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="a progress bar (default: when stderr is a terminal)",
-    )
+    add_progress_arg(c, "a progress bar")
     c.set_defaults(func=run_calibrate)
 
 
@@ -431,14 +422,20 @@ def _served_verifier(args: argparse.Namespace) -> OnnxVerifier:
     from sidecar.config import Settings  # noqa: PLC0415
 
     settings = Settings.load()
-    signals = settings.signals
-    model = args.model
-    if model is None:
-        model = Path(settings.models.dir) / signals.verifier
     precision = args.target_precision
     if precision is None:
-        precision = signals.verifier_target_precision
-    return OnnxVerifier.load(model, target_precision=precision)
+        precision = settings.signals.verifier_target_precision
+    return OnnxVerifier.load(_model_dir(args, settings), target_precision=precision)
+
+
+def _model_dir(args: argparse.Namespace, settings: Settings | None = None) -> Path:
+    """``--model``, else the served verifier (GUARDRAIL_MODELS__DIR / __SIGNALS__VERIFIER)."""
+    if args.model is not None:
+        return Path(args.model)
+    from sidecar.config import Settings  # noqa: PLC0415
+
+    settings = settings or Settings.load()
+    return Path(settings.models.dir) / settings.signals.verifier
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -527,7 +524,6 @@ def _run_eval_pairs(args: argparse.Namespace) -> int:
 def run_calibrate(args: argparse.Namespace) -> int:
     """``guardrail calibrate verifier``: the served network, calibrated on the user's pairs."""
     from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
-    from sidecar.config import Settings  # noqa: PLC0415
     from sidecar.lab.verifier.evaluate import read_pair_items  # noqa: PLC0415
     from sidecar.lab.verifier.recalibrate import (  # noqa: PLC0415
         check_fit_items,
@@ -539,10 +535,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     )
 
     _check_limit(args.limit)
-    model = args.model
-    if model is None:
-        settings = Settings.load()
-        model = Path(settings.models.dir) / settings.signals.verifier
+    model = _model_dir(args)
     precision = args.target_precision
     if precision is not None and not 0.5 <= precision < 1.0:
         raise ConfigError(f"--target-precision must be in [0.5, 1), got {precision:g}")

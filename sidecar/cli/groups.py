@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sidecar.exceptions import ConfigError
 
-__all__ = ["add_rag_runtime_args", "get_group", "progress_enabled"]
+__all__ = ["add_progress_arg", "add_rag_runtime_args", "get_group", "progress_enabled"]
 
 
 def add_rag_runtime_args(p: argparse.ArgumentParser) -> None:
@@ -23,11 +23,17 @@ def add_rag_runtime_args(p: argparse.ArgumentParser) -> None:
     where.add_argument("--qdrant-path", type=Path, help="embedded Qdrant on disk (reused)")
     where.add_argument("--qdrant-url", help="Qdrant server URL (default: embedded, in memory)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    add_progress_arg(p)
+
+
+def add_progress_arg(p: argparse.ArgumentParser, what: str = "tqdm progress bars") -> None:
+    """``--progress`` / ``--no-progress``; unset, :func:`progress_enabled` shows bars only on a
+    terminal."""
     p.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="tqdm progress bars (default: when stderr is a terminal)",
+        help=f"{what} (default: when stderr is a terminal)",
     )
 
 
