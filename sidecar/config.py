@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from sidecar.contracts.common import NAME_MAX_CHARS, NAME_PATTERN
+from sidecar.contracts.common import LabelName
 from sidecar.environment import check_environment, explain
 from sidecar.exceptions import ConfigError
 from sidecar.redact import redact_text
@@ -444,12 +444,7 @@ class TenancySettings(_Section):
 
     source: Literal["event", "header", "fixed"] = "event"
     header: NonBlank = "x-tenant"
-    tenant: (
-        Annotated[
-            str, StringConstraints(min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)
-        ]
-        | None
-    ) = None
+    tenant: LabelName | None = None  # as an event's tenant
 
     @model_validator(mode="after")
     def _fixed_needs_tenant(self) -> Self:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from guardrail_client.inflate import UNREAD_HEADER
 from sidecar.config import LimitSettings, TenancySettings
 from sidecar.contracts.codec import InputKind, decode_input
-from sidecar.contracts.common import NAME_PATTERN, NAME_RULE
+from sidecar.contracts.common import NAME_MAX_CHARS, NAME_PATTERN, NAME_RULE
 from sidecar.contracts.events import (
     FeedbackEvent,
     GenerationDelta,
@@ -47,7 +47,7 @@ log = logging.getLogger("sidecar.pipeline")
 _NAME = re.compile(NAME_PATTERN)
 
 MAX_DELTAS_PER_REQUEST = 100_000
-MAX_TENANT_CHARS = 256  # as the events' ``tenant`` (contracts.common.Name)
+MAX_TENANT_CHARS = NAME_MAX_CHARS  # as the events' ``tenant`` (contracts.common.LabelName)
 
 # What a held event keeps of its record's headers: the W3C trace context only (the
 # verdict's trace parent). Other headers (a producer may send megabytes of them) are
