@@ -127,7 +127,7 @@ class InputAligner:
         self._paused: set[TopicPartition] = set()
         self.pauses = 0  # how many times a partition was paused (a counter for telemetry)
         self.future = 0  # timestamps ignored: too far ahead of the wall clock
-        self.skews = 0  # how many times a pause ran out of budget (skew learned or unaligned)
+        self.skews = 0  # pauses out of budget that learned a skew or left the pair unaligned
 
     @property
     def paused(self) -> frozenset[TopicPartition]:
@@ -137,7 +137,7 @@ class InputAligner:
         """A record of ``topic[partition]`` with this timestamp was consumed."""
         if topic not in (self.left, self.right):
             return
-        other = (self.right if topic == self.left else self.left, partition)
+        other = self._partner((topic, partition))
         self._lead[(topic, partition)] = self._lead.get((topic, partition), 0) + 1
         self._read[(topic, partition)] = self._read.get((topic, partition), 0) + 1
         if other in self._read_while_paused:  # any record read counts, whatever its stamp
@@ -168,9 +168,15 @@ class InputAligner:
 
     def _aligned_time(self, tp: TopicPartition) -> int | None:
         at = self.event_time(tp)
-        if at is None or tp[0] == self.left:
-            return at
-        return at - self._skew.get(tp[1], 0)
+        return None if at is None else self._net_of_skew(tp, at)
+
+    def _net_of_skew(self, tp: TopicPartition, timestamp_ms: int) -> int:
+        """A timestamp of ``tp`` on the left side's clock (the right's runs ``skew_ms`` ahead)."""
+        return timestamp_ms if tp[0] == self.left else timestamp_ms - self.skew_ms(tp[1])
+
+    def _partner(self, tp: TopicPartition) -> TopicPartition:
+        """The other input topic's partition of the same number."""
+        return (self.right if tp[0] == self.left else self.left, tp[1])
 
     def forget(self, tps: Iterable[TopicPartition]) -> None:
         """Partitions left this consumer (revoked): their state goes with them."""
@@ -228,7 +234,7 @@ class InputAligner:
         more records than the side, so the gap left by a skew is no wider."""
         if self.max_lead_records is None:
             return None
-        other = (self.right if side[0] == self.left else self.left, side[1])
+        other = self._partner(side)
         records = {tp: self._read.get(tp, 0) + backlog(tp) for tp in (side, other)}
         per_record = records[other] / max(1, records[side])
         lead = min(2 * self._lead.get(side, 0), self.max_lead_records)
@@ -280,5 +286,4 @@ class InputAligner:
         """The median of the side's recent timestamps, net of the learned skew (called only
         for a side with an event time)."""
         ordered = sorted(self._recent[tp])
-        mid = ordered[len(ordered) // 2]
-        return mid if tp[0] == self.left else mid - self._skew.get(tp[1], 0)
+        return self._net_of_skew(tp, ordered[len(ordered) // 2])
