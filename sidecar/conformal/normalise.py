@@ -72,10 +72,7 @@ class MinMaxNormaliser:
 
         NaN entries (used as padding by callers) pass through as NaN and are not counted.
         """
-        values = np.asarray(scores, dtype=np.float64)
-        # a tiny calibration span can push far-away scores past float64: +/-inf, then clipped
-        with np.errstate(over="ignore"):
-            out = (values - self.n1) / self.span
+        out = self.unclipped(scores)  # +/-inf past float64 for a tiny span, then clipped
         outside = (out < 0.0) | (out > 1.0)
         n_clipped = int(np.count_nonzero(outside))
         if n_clipped:
