@@ -54,6 +54,11 @@ class KafkaSettings(_Section):
     ssl_cafile: NonBlank | None = None
     ssl_certfile: NonBlank | None = None
     ssl_keyfile: NonBlank | None = None
+    ssl_key_password: SecretStr | None = Field(
+        default=None,
+        description="the passphrase of an encrypted client key (Kafka's ssl.key.password); "
+        "needs ssl_certfile",
+    )
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     isolation_level: Literal["read_committed", "read_uncommitted"] = Field(
         default="read_committed",
@@ -243,7 +248,7 @@ class KafkaSettings(_Section):
         if self.security_protocol not in ("SSL", "SASL_SSL"):
             ignored += [
                 name
-                for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+                for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password")
                 if getattr(self, name) is not None
             ]
         if ignored:
@@ -256,6 +261,12 @@ class KafkaSettings(_Section):
                     else "SSL or SASL_SSL"
                 )
                 + ", or unset them"
+            )
+        if self.ssl_key_password is not None and self.ssl_certfile is None:
+            raise ValueError(
+                "ssl_key_password set without ssl_certfile: the passphrase is for the client "
+                "key; set GUARDRAIL_KAFKA__SSL_CERTFILE (and GUARDRAIL_KAFKA__SSL_KEYFILE if "
+                "the key is in its own file), or unset GUARDRAIL_KAFKA__SSL_KEY_PASSWORD"
             )
         return self
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 from typing import Any
 
 from faststream.security import (
@@ -24,6 +25,15 @@ def _no_password() -> str:
     raise _EncryptedKeyError
 
 
+def _is_encrypted(path: str) -> bool:
+    """Whether the PEM file at ``path`` holds an encrypted private key (PKCS#8 or legacy)."""
+    try:
+        text = Path(path).read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return False
+    return "BEGIN ENCRYPTED PRIVATE KEY" in text or "Proc-Type: 4,ENCRYPTED" in text
+
+
 def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
     """The TLS context of ``*SSL`` protocols; ``ConfigError`` naming the file it cannot use."""
     if not kafka.security_protocol.endswith("SSL"):
@@ -36,22 +46,32 @@ def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
             f"({exc}); it must be a readable PEM file"
         ) from None
     if kafka.ssl_certfile:
+        key_names = (
+            f"GUARDRAIL_KAFKA__SSL_KEYFILE={kafka.ssl_keyfile}"
+            if kafka.ssl_keyfile
+            else f"GUARDRAIL_KAFKA__SSL_CERTFILE={kafka.ssl_certfile} (its key)"
+        )
+        passphrase = kafka.ssl_key_password
         try:
-            # an encrypted key: OpenSSL's own fallback prompts for its passphrase on the
-            # terminal (audit: `guardrail run` under a TTY waited there for ever)
-            context.load_cert_chain(kafka.ssl_certfile, kafka.ssl_keyfile, password=_no_password)
+            # an encrypted key and no passphrase: OpenSSL's own fallback prompts for it on
+            # the terminal (audit: `guardrail run` under a TTY waited there for ever)
+            context.load_cert_chain(
+                kafka.ssl_certfile,
+                kafka.ssl_keyfile,
+                password=_no_password if passphrase is None else passphrase.get_secret_value(),
+            )
         except _EncryptedKeyError:
             raise ConfigError(
-                (
-                    f"GUARDRAIL_KAFKA__SSL_KEYFILE={kafka.ssl_keyfile}"
-                    if kafka.ssl_keyfile
-                    else f"GUARDRAIL_KAFKA__SSL_CERTFILE={kafka.ssl_certfile} (its key)"
-                )
-                + ": the "
-                "private key is encrypted, and no passphrase can be configured; give it "
-                "unencrypted (openssl pkey -in KEY -out KEY.pem), kept in a Secret"
+                f"{key_names}: the private key is encrypted; set its passphrase in "
+                "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD (from a Secret), or give the key "
+                "unencrypted (openssl pkey -in KEY -out KEY.pem)"
             ) from None
         except (OSError, ssl.SSLError) as exc:
+            if passphrase is not None and _is_encrypted(kafka.ssl_keyfile or kafka.ssl_certfile):
+                raise ConfigError(
+                    f"{key_names}: GUARDRAIL_KAFKA__SSL_KEY_PASSWORD does not decrypt the "
+                    f"private key ({exc}); it must be the key's passphrase"
+                ) from None
             raise ConfigError(
                 f"GUARDRAIL_KAFKA__SSL_CERTFILE={kafka.ssl_certfile} / "
                 f"GUARDRAIL_KAFKA__SSL_KEYFILE={kafka.ssl_keyfile}: cannot load the client "

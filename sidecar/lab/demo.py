@@ -116,6 +116,7 @@ _LOCAL_KAFKA: dict[str, object] = {
     "ssl_cafile": None,
     "ssl_certfile": None,
     "ssl_keyfile": None,
+    "ssl_key_password": None,
 }
 # ... nor the section as one JSON variable, nor a replication factor its one node cannot hold
 _CLUSTER_ONLY = (

@@ -115,9 +115,10 @@ def test_check_stops_on_tls_files_it_cannot_load(
 def test_an_encrypted_client_key_is_named_and_never_prompted_for(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """An encrypted key (no passphrase setting exists) is a configuration error saying so:
-    OpenSSL's own fallback prompted on the terminal (a hang under a TTY) or, without one,
-    said "Invalid argument" under "they must be readable PEM files that match"."""
+    """An encrypted key without GUARDRAIL_KAFKA__SSL_KEY_PASSWORD is a configuration error
+    saying so: OpenSSL's own fallback prompted on the terminal (a hang under a TTY) or,
+    without one, said "Invalid argument" under "they must be readable PEM files that
+    match"."""
     key, crt = tmp_path / "client.key", tmp_path / "client.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-days", "2", "-subj", "/CN=c",
@@ -142,6 +143,45 @@ def test_an_encrypted_client_key_is_named_and_never_prompted_for(
     assert main(["run", "--check"]) == 2
     err = capsys.readouterr().err
     assert f"GUARDRAIL_KAFKA__SSL_CERTFILE={both} (its key): the private key is encrypted" in err
+
+
+def test_an_encrypted_client_key_opens_with_its_passphrase(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """GUARDRAIL_KAFKA__SSL_KEY_PASSWORD decrypts the key; a wrong one is named as wrong
+    (not as an unreadable file), and the passphrase never reaches the output."""
+    key, crt = tmp_path / "client.key", tmp_path / "client.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-days", "2", "-subj", "/CN=c",
+         "-passout", "pass:secret-pass", "-keyout", str(key), "-out", str(crt)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    for name, value in {
+        "SECURITY_PROTOCOL": "SSL",
+        "SSL_CERTFILE": str(crt),
+        "SSL_KEYFILE": str(key),
+        "SSL_KEY_PASSWORD": "secret-pass",
+    }.items():
+        monkeypatch.setenv(f"GUARDRAIL_KAFKA__{name}", value)
+    assert main(["run", "--check"]) == 0
+    assert "secret-pass" not in "".join(capsys.readouterr())
+    monkeypatch.setenv("GUARDRAIL_KAFKA__SSL_KEY_PASSWORD", "not-the-pass")
+    assert main(["run", "--check"]) == 2
+    out, err = capsys.readouterr()
+    assert (
+        f"GUARDRAIL_KAFKA__SSL_KEYFILE={key}: GUARDRAIL_KAFKA__SSL_KEY_PASSWORD does not "
+        "decrypt the private key"
+    ) in err, err
+    assert "not-the-pass" not in out + err
+    # a passphrase with no client certificate to use it for is refused, not ignored
+    monkeypatch.delenv("GUARDRAIL_KAFKA__SSL_CERTFILE")
+    monkeypatch.delenv("GUARDRAIL_KAFKA__SSL_KEYFILE")
+    assert main(["run", "--check"]) == 2
+    assert "ssl_key_password set without ssl_certfile" in capsys.readouterr().err
+    monkeypatch.setenv("GUARDRAIL_KAFKA__SECURITY_PROTOCOL", "PLAINTEXT")
+    assert main(["run", "--check"]) == 2
+    assert "ssl_key_password set, but security_protocol=PLAINTEXT" in capsys.readouterr().err
 
 
 def test_the_metrics_port_cannot_be_the_health_port(

@@ -235,6 +235,37 @@ def test_every_pod_spec_turns_service_links_off(name: str, helm: Path, example_c
     )
 
 
+@pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 2 * RUN_TIMEOUT_S)
+def test_an_encrypted_client_key_gets_its_passphrase_from_a_secret(
+    helm: Path, example_chart: Path
+) -> None:
+    """kafka.ssl.keyPasswordSecret becomes GUARDRAIL_KAFKA__SSL_KEY_PASSWORD from the
+    Secret (never a literal value); without a client certificate it is refused at render."""
+    workloads = guardrail_workloads(rendering("ci-mtls", helm, example_chart))
+    assert any(w.name.startswith("Deployment/") for w in workloads)
+    for workload in workloads:  # the sidecar and the helm test pod's `run --check`
+        (item,) = [e for e in workload.container["env"] if e["name"].endswith("KEY_PASSWORD")]
+        assert item == {
+            "name": "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD",
+            "valueFrom": {
+                "secretKeyRef": {"name": "guardrail-kafka-client-key", "key": "password"}
+            },
+        }, workload.name
+    refused = subprocess.run(
+        [str(helm), "template", "guardrail", str(CHART), "--kube-version", KUBE_VERSION,
+         "--set", "kafka.securityProtocol=SSL", "--set", "kafka.ssl.keyPasswordSecret=k"],
+        capture_output=True,
+        text=True,
+        env=_helm_env(),
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "kafka.ssl.keyPasswordSecret is set but kafka.ssl.clientCertSecret is not" in (
+        refused.stderr
+    )
+
+
 # --------------------------------------------------------------- image-only rollback
 
 # What the chart's default values rendered before GUARDRAIL_KAFKA__ISOLATION_LEVEL was

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.connected
 
 USER, PASSWORD = "guardrail", "s3cret-Tls-Scram-Pa55"
 STORE_PASSWORD = "changeit"  # noqa: S105 - the test broker's PKCS12 keystores
+KEY_PASSWORD = "client-Key-Pa55"  # noqa: S105 - an encrypted client key's passphrase
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -139,12 +140,17 @@ async def test_sasl_ssl_sidecar_and_mtls_clients_decide(
     client on mutual TLS: every client reaches the broker only through its TLS listeners."""
     certs = tls_broker.certs
     topics = {n: unique_topics[n] for n in TOPIC_ROLES}
+    # the topics are made through the mTLS listener with the client key encrypted and its
+    # passphrase in the setting (GUARDRAIL_KAFKA__SSL_KEY_PASSWORD)
+    _openssl("pkey", "-in", "client.key", "-aes256", "-passout", f"pass:{KEY_PASSWORD}",
+             "-out", str(tmp_path / "client-encrypted.key"), cwd=certs)  # fmt: skip
     mtls = {
         "bootstrap_servers": tls_broker.mtls,
         "security_protocol": "SSL",
         "ssl_cafile": str(certs / "ca.pem"),
         "ssl_certfile": str(certs / "client.pem"),
-        "ssl_keyfile": str(certs / "client.key"),
+        "ssl_keyfile": str(tmp_path / "client-encrypted.key"),
+        "ssl_key_password": KEY_PASSWORD,
     }
     await create_topics(Settings.load(kafka=mtls, topics=topics))
     env = sasl_ssl_env(tls_broker, unique_topics, certs / "ca.pem")

@@ -99,6 +99,9 @@ template that renders a workload, so a bad combination fails `helm template`.
 {{- if and (or $v.kafka.ssl.caSecret $v.kafka.ssl.clientCertSecret) (not (has $v.kafka.securityProtocol (list "SSL" "SASL_SSL"))) }}
 {{- fail (printf "kafka.ssl.* is set but kafka.securityProtocol=%s does not use TLS; use SSL or SASL_SSL" $v.kafka.securityProtocol) }}
 {{- end }}
+{{- if and $v.kafka.ssl.keyPasswordSecret (not $v.kafka.ssl.clientCertSecret) }}
+{{- fail "kafka.ssl.keyPasswordSecret is set but kafka.ssl.clientCertSecret is not: the passphrase is for the client key in that Secret; set both, or neither" }}
+{{- end }}
 {{- if and (eq $v.mode "standalone") $v.autoscaling.enabled }}
 {{- if gt (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas) }}
 {{- fail (printf "autoscaling.minReplicas (%d) must be <= autoscaling.maxReplicas (%d)" (int $v.autoscaling.minReplicas) (int $v.autoscaling.maxReplicas)) }}

@@ -181,6 +181,13 @@ convention. Credentials only ever come from Secrets.
 - name: GUARDRAIL_KAFKA__SSL_KEYFILE
   value: /etc/guardrail/kafka-client/tls.key
 {{- end }}
+{{- if $v.kafka.ssl.keyPasswordSecret }}
+- name: GUARDRAIL_KAFKA__SSL_KEY_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $v.kafka.ssl.keyPasswordSecret }}
+      key: {{ $v.kafka.ssl.keyPasswordKey }}
+{{- end }}
 - name: GUARDRAIL_TOPICS__RETRIEVAL
   value: {{ $v.topics.retrieval | quote }}
 - name: GUARDRAIL_TOPICS__GENERATION
