@@ -193,7 +193,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=float,
         default=None,
         help="precision of 'supported' and 'unsupported' the served band holds on the fit "
-        "pairs, in [0.5, 1) (default: the verifier's own target, else 0.8)",
+        "pairs, in [0.5, 1) (default: the served one, "
+        "GUARDRAIL_SIGNALS__VERIFIER_TARGET_PRECISION, else the verifier's own target)",
     )
     c.add_argument(
         "--holdout",
@@ -524,6 +525,7 @@ def _run_eval_pairs(args: argparse.Namespace) -> int:
 def run_calibrate(args: argparse.Namespace) -> int:
     """``guardrail calibrate verifier``: the served network, calibrated on the user's pairs."""
     from sidecar.claims.verifier import OnnxVerifier  # noqa: PLC0415
+    from sidecar.config import Settings  # noqa: PLC0415
     from sidecar.lab.verifier.evaluate import read_pair_items  # noqa: PLC0415
     from sidecar.lab.verifier.recalibrate import (  # noqa: PLC0415
         check_fit_items,
@@ -535,8 +537,11 @@ def run_calibrate(args: argparse.Namespace) -> int:
     )
 
     _check_limit(args.limit)
-    model = _model_dir(args)
+    settings = Settings.load()
+    model = _model_dir(args, settings)
     precision = args.target_precision
+    if precision is None:  # the served band's, as `eval claims` measures it
+        precision = settings.signals.verifier_target_precision
     if precision is not None and not 0.5 <= precision < 1.0:
         raise ConfigError(f"--target-precision must be in [0.5, 1), got {precision:g}")
     data = _existing(args.data, "--data")

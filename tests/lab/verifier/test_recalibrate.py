@@ -196,15 +196,23 @@ def test_the_command_writes_a_verifier_the_eval_serves(
     assert "exists and is not an empty directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("how", ["flag", "served-setting"])
 def test_before_is_the_old_calibration_at_the_same_target_precision(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
 ) -> None:
     # audit: at --target-precision 0.9 the held-out "before" was the shipped verifier at its
     # own 0.8 band (threshold 0.54), not at its 0.9 band (0.75): the comparison was skewed
     data = _write(tmp_path / "pairs.jsonl", _pairs(6))
     argv = ["calibrate", "verifier", "--data", str(data), "--model", str(MODEL)]
     argv += ["--out", str(tmp_path / "mine"), "--holdout", "0.5", "--json"]
-    assert main([*argv, "--target-precision", "0.9"]) == 0
+    if how == "flag":
+        argv += ["--target-precision", "0.9"]
+    else:  # no flag: the served band's precision, as `eval claims` measures it
+        monkeypatch.setenv("GUARDRAIL_SIGNALS__VERIFIER_TARGET_PRECISION", "0.9")
+    assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out)
     shipped = load_artifact(MODEL)
     assert summary["held_out"]["before"]["threshold"] == shipped.band_for(0.9).supported_from
