@@ -77,6 +77,9 @@ class PendingRequest:
     streamed_chars: int = 0
     held_chars: int = 0  # deltas' text held ahead of a gap in the sequence, not streamed yet
     refs: list[InputRef] = field(default_factory=list)
+    # the partition numbers ``refs`` came on, each with the topic of its first input: a
+    # partition check per event costs the partition count, not the request's event count
+    partitions: dict[int, str] = field(default_factory=dict)
     certification: RetrievalSignal | None = None
     claims: ClaimSession | None = None
     claims_refused: bool = False  # its session would outgrow the request's byte budget
