@@ -317,7 +317,7 @@ def _split_vp(body: str, s: int, e: int, tokens: _Tokens) -> list[tuple[int, int
 
 def claims_of_sentence(sentence: Sentence, first_index: int) -> list[Claim]:
     """The atomic claims of one completed sentence (spans into the whole answer)."""
-    if sentence.kind in ("question", "heading", "intro"):
+    if sentence.kind in ("question", "heading", "intro", "code"):
         return []
     raw = sentence.raw
     offset = content_start(raw)

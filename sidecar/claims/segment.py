@@ -19,7 +19,8 @@ Scripts. The claim rules read Latin-script English (the verifier is an
 English MiniLM): a sentence mostly in another script (Cyrillic, Greek, CJK,
 Arabic ...) yields no claim, and is counted in
 :attr:`ClaimSegmenter.unreadable` (reason ``claims-unreadable``) instead of
-passing as a sentence with nothing to check.
+passing as a sentence with nothing to check. So is each line of a fenced code
+block: program text is no claim the verifier can read, and unverified.
 
 Final answer versus stream (:meth:`ClaimSegmenter.finish`): when the final
 answer does not extend the streamed text, the final answer is segmented
@@ -91,14 +92,14 @@ class _Cutter:
         self.claims: list[Claim] = []
         self.keys: list[_Key] = []
         self.unchecked = 0
-        self.unreadable = 0  # sentences in a script the rules do not read, that gave no claim
+        self.unreadable = 0  # units the rules do not read (another script, code): no claim
         self._max = max_claims
 
     def take(self, sentences: list[Sentence], next_index: int) -> list[Claim]:
         out: list[Claim] = []
         for sentence in sentences:
             found = claims_of_sentence(sentence, next_index + len(out))
-            if not found and unreadable(sentence.text):
+            if not found and (sentence.kind == "code" or unreadable(sentence.text)):
                 self.unreadable += 1
             room = self._max - len(self.claims)
             if len(found) > room:

@@ -9,6 +9,11 @@ claim verdict can go out the moment its sentence ends. A sentence is complete wh
 * a line ends (list items, headings and table rows are one unit per line), or
 * the stream finished (:meth:`SentenceSplitter.finish`).
 
+Lines of a fenced code block (from a line opening with ````` or ``~~~`` to the
+line that closes it, fences included) are units of kind ``code``: program text,
+never a claim (``print(text)`` was read as the claim "Print(text)." and, found
+in no evidence, blocked a well-supported answer).
+
 A full stop is not a boundary when it belongs to a decimal (``3.14``: the next
 character is a digit, never whitespace), a numbered-list marker (``1. Item``),
 an initial (``J. K. Rowling``) or an abbreviation (``Dr.``, ``e.g.``, ``U.S.``,
@@ -49,7 +54,9 @@ __all__ = [
     "split_sentences",
 ]
 
-SentenceKind = Literal["statement", "question", "exclamation", "list-item", "heading", "intro"]
+SentenceKind = Literal[
+    "statement", "question", "exclamation", "list-item", "heading", "intro", "code"
+]
 
 MAX_UNIT_CHARS: Final = 1_000
 """The longest unit (sentence, list item, line) in characters; longer ones are cut.
@@ -105,6 +112,8 @@ _HEADING: Final = re.compile(
     r"[ \t]*+(?:#{1,6}[ \t]|\*\*[^*]++\*\*:?[ \t]*$|[A-Z][^.!?]{0,60}:[ \t]*$)"
 )
 _EMPHASIS: Final = re.compile(r"\*\*|__|`")
+_FENCES: Final = ("```", "~~~")  # a line opening with one opens or closes a code block
+_CODE: Final[tuple[int, SentenceKind]] = (0, "code")  # (list marker length, kind)
 
 
 def _span_end(pattern: re.Pattern[str], text: str, pos: int, endpos: int | None = None) -> int:
@@ -173,6 +182,7 @@ class SentenceSplitter:
         self._length = 0
         self._start = 0  # where the next unit starts (may point at whitespace)
         self._line_blank = True  # only whitespace between the last line break and ``_start``
+        self._fence: str | None = None  # the fence of the code block the text is in
         self._scan = 0  # the first character not yet examined as a boundary
         self._run: tuple[int, int, int] | None = None  # (start, end of terminators, end of closers)
         self._finished = False
@@ -362,12 +372,24 @@ class SentenceSplitter:
         word = self._buf[gap - base : end - base]
         return word[:1].isupper() and word.lower() in _OPENERS
 
+    def _code(self, body: str, line_start: bool) -> bool:
+        """Is this unit (``body``: its text without leading blanks) part of a fenced code
+        block? A line opening with a fence opens a block, or closes the one it is in."""
+        fence = next((f for f in _FENCES if body.startswith(f)), None) if line_start else None
+        if fence is None:
+            return self._fence is not None
+        if self._fence is None:
+            self._fence = fence
+        elif self._fence == fence:
+            self._fence = None
+        return True
+
     def _emit(self, start: int, end: int) -> Sentence | None:
         raw = self._buf[start - self._base : end - self._base]
         body = raw.lstrip()
         stripped_left = len(raw) - len(body)
         line_start = self._line_blank
-        marker, kind = _classify(body, line_start)
+        marker, kind = _CODE if self._code(body, line_start) else _classify(body, line_start)
         body = body[marker:]
         lead = len(body) - len(body.lstrip())
         body = body.strip()

@@ -129,8 +129,8 @@ class ClaimsSignal(BaseModel):
         default=0,
         ge=0,
         description="Sentences of the answer in a script the claim checker does not read "
-        "(not Latin: Cyrillic, Greek, CJK ...): no claim was taken from them, none verified "
-        "(policy reason claims-unreadable).",
+        "(not Latin: Cyrillic, Greek, CJK ...), and lines of fenced code blocks: no claim was "
+        "taken from them, none verified (policy reason claims-unreadable).",
     )
 
 

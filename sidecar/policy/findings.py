@@ -22,9 +22,9 @@ Two claim findings do not come from the labels:
   (``sidecar.claims.segment.MAX_CLAIMS_PER_ANSWER``); the rest is counted in
   ``ClaimsSignal.unchecked`` and unverified, like a partly missing signal.
 * ``claims-unreadable`` (the profile's ``claims.when_missing``): sentences of
-  the answer in a script the claim checker does not read (not Latin) gave no
-  claim (``ClaimsSignal.unreadable``): unverified, like a partly missing
-  signal, never read as "nothing to check".
+  the answer in a script the claim checker does not read (not Latin), and
+  lines of fenced code blocks, gave no claim (``ClaimsSignal.unreadable``):
+  unverified, like a partly missing signal, never read as "nothing to check".
 
 Pure logic: no I/O.
 """
@@ -228,7 +228,7 @@ def _claims(sig: ClaimsSignal, profile: Profile) -> list[Finding]:
                 rules.when_missing,
                 "claims-unreadable",
                 f"{sig.unreadable} sentence(s) in a script the claim checker does not read "
-                "(not Latin) were not verified",
+                "(not Latin), or line(s) of fenced program code, were not verified",
                 "claims",
             )
         )

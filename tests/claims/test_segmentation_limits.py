@@ -264,3 +264,31 @@ def test_claims_do_not_depend_on_deltas_and_point_into_the_answer(
         assert s0 <= claim.span[0] < claim.span[1] <= s1 <= len(text)
         assert text[claim.span[0] : claim.span[1]].strip()
     assert not segmenter.mismatch and segmenter.superseded == ()
+
+
+CODE_ANSWER = (
+    "You can read a file with open() and read().\n\n```python\nwith open('data.txt') as f:\n"
+    "    text = f.read(). print(text)\nprint(text)\n```\n\n~~~\nx = 3.14\n~~~\n"
+    "The with statement closes the file automatically."
+)
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(CODE_ANSWER)), max_size=12))
+def test_lines_of_a_fenced_code_block_are_no_claims_but_counted_however_cut(
+    cuts: list[int],
+) -> None:
+    """Audit: ``print(text)`` in a code block was the claim "Print(text).", unsupported by
+    the shipped verifier, and blocked an answer whose prose was all supported."""
+    segmenter = ClaimSegmenter()
+    found = []
+    last = 0
+    for cut in [*sorted(cuts), len(CODE_ANSWER)]:
+        found += segmenter.feed(CODE_ANSWER[last:cut])
+        last = cut
+    found += segmenter.finish(CODE_ANSWER)
+    assert [c.text for c in found] == [
+        "You can read a file with open() and read().",
+        "The with statement closes the file automatically.",
+    ]
+    # the fences' and the code's lines that hold a letter or digit: not verified, counted
+    assert segmenter.unreadable == 6

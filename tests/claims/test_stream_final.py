@@ -277,3 +277,42 @@ def test_the_processor_publishes_the_new_claims_and_the_mismatch(
     assert signal.stream_mismatch and signal.superseded_claims == [1] and signal.n == 2
     assert "stream-final-mismatch" in [r.code for r in verdict.reasons]
     assert verdict.decision is not Decision.ALLOW
+
+
+def test_an_answer_with_a_code_block_is_judged_on_its_prose_and_says_the_code_is_unchecked(
+    lexical: LexicalVerifier,
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Audit: each line of a fenced code block was a claim ("Print(frankenstein)."), found
+    in no evidence: under the default policy the answer was blocked
+    (claims-hallucination-rate-exceeded) though its prose was all supported."""
+    suite = SignalSuite(claims=VerifierClaimChecker(ClaimScorer(lexical)))
+    p = Processor(settings_factory(), PolicyEngine(load_policy(POLICY)), signals=suite)
+    answer = (
+        "Mary Shelley wrote Frankenstein.\n```python\nbook = load('frankenstein')\n"
+        "print(book.author)\n```\nFrankenstein is gothic fiction."
+    )
+    out = []
+    for k, (kind, event) in enumerate(
+        [
+            (InputKind.RETRIEVAL, retrieval_event()),
+            (InputKind.GENERATION, delta_event(seq=0, text=answer[:40])),
+            (InputKind.GENERATION, delta_event(seq=1, text=answer[40:])),
+            (InputKind.GENERATION, final_event(answer=answer)),
+        ]
+    ):
+        step = p.on_message(kind, dumps(event), None, InputRef(kind.value, 0, k), 0.0)
+        out += step.outputs
+    claims = [ClaimVerdict.model_validate(orjson.loads(o.value)) for o in out[:-1]]
+    assert [c.text for c in claims] == [
+        "Mary Shelley wrote Frankenstein.",
+        "Frankenstein is gothic fiction.",
+    ]
+    verdict = AnswerVerdict.model_validate(orjson.loads(out[-1].value))
+    codes = [r.code for r in verdict.reasons]
+    assert verdict.signals.claims.unreadable == 3  # the fence's and the code's lines
+    assert "claims-unreadable" in codes and "claims-hallucination-rate-exceeded" not in codes
+    assert verdict.decision is Decision.CAVEAT  # enterprise: claims.when_missing
