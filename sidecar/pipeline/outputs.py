@@ -27,6 +27,7 @@ from sidecar.contracts.events import (
     Decision,
     Reason,
 )
+from sidecar.exceptions import InputError
 from sidecar.pipeline.join import InputRef, PendingRequest
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
 
@@ -213,10 +214,22 @@ def answer_output(
 
 
 def incomplete_verdict(
-    entry: PendingRequest, why: str, *, policy: str, produced_at: datetime
+    entry: PendingRequest,
+    why: str,
+    *,
+    policy: str,
+    produced_at: datetime,
+    refused: InputError | None = None,
 ) -> AnswerVerdict:
-    """``block`` / ``incomplete``: the caller always gets an answer, naming what never came."""
-    missing = entry.missing()
+    """``block`` / ``incomplete``: the caller always gets an answer, naming what never came
+    (``refused``: the dead-lettered retrieval or final that left it unable to complete)."""
+    missing = ", ".join(entry.missing()) or "nothing"
+    message = (
+        f"request evicted from the join store ({why}) before it was complete; missing: {missing}"
+        if refused is None
+        else f"request cannot complete: an event of it was dead-lettered ({refused.reason}: "
+        f"{refused.detail[:300]}); missing: {missing}"
+    )
     return AnswerVerdict(
         request_id=entry.request_id,
         idempotency_key=incomplete_key(entry),
@@ -225,10 +238,7 @@ def incomplete_verdict(
         reasons=[
             Reason(
                 code="incomplete",
-                message=(
-                    f"request evicted from the join store ({why}) before it was complete; "
-                    f"missing: {', '.join(missing) or 'nothing'}"
-                ),
+                message=message,
                 signal="pipeline",
             )
         ],

@@ -172,10 +172,12 @@ class Processor:
             case Duplicate():
                 self.counters.duplicates += 1
                 step.done.append(ref)
-            case Rejected(error, evicted):
+            case Rejected(error, evicted, ends):
                 for old in evicted:
                     step.extend(self._incomplete(old, "capacity", now_ms))
                 step.extend(self.dead_letter(raw, key, ref, error))
+                if ends is not None:  # its retrieval or final refused: decided now
+                    step.extend(self._incomplete(ends, "dead-lettered", now_ms, refused=error))
             case Held(entry, evicted):
                 for old in evicted:
                     step.extend(self._incomplete(old, "capacity", now_ms))
@@ -406,7 +408,9 @@ class Processor:
         )
         return outputs.verdict_output(verdict, entry, self._clock_ns())
 
-    def _incomplete(self, entry: PendingRequest, why: str, now_ms: float) -> Step:
+    def _incomplete(
+        self, entry: PendingRequest, why: str, now_ms: float, *, refused: InputError | None = None
+    ) -> Step:
         self.counters.incomplete += 1
         # an undecided request takes no label: one that waited for it is unmatched
         waited = self.waiting_labels.take(entry.store_key)
@@ -414,7 +418,7 @@ class Processor:
         self.counters.verdicts += 1
         self.store.close(entry.store_key, now_ms)
         verdict = outputs.incomplete_verdict(
-            entry, why, policy=self._policy.name, produced_at=self._wall_clock()
+            entry, why, policy=self._policy.name, produced_at=self._wall_clock(), refused=refused
         )
         return outputs.verdict_output(verdict, entry, self._clock_ns())
 

@@ -78,6 +78,42 @@ def test_limits_are_enforced(
     assert reasons(gap) == ["answer-too-long"]
 
 
+def test_a_refused_final_or_retrieval_decides_its_request_at_once(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    delta_event: EventFactory,
+) -> None:
+    """Audit: an over-long final was dead-lettered, and its request then waited out the
+    join TTL (30 s) for an ``incomplete`` verdict saying the final was missing."""
+    p = processor(settings_factory, limits={"max_hits": 1, "max_answer_chars": 50})
+    one_hit = retrieval_event("req-1", k=1)
+    one_hit["hits"] = one_hit["hits"][:1]
+    assert p.on_message(R, dumps(one_hit), None, ref("r", 0), 0.0).outputs == []
+    assert reasons(p.on_message(G, dumps(delta_event("req-1", 0, "y")), None, ref("g", 0), 0)) == []
+    step = p.on_message(G, dumps(final_event("req-1", answer="x" * 51)), None, ref("g", 1), 0.0)
+    assert reasons(step) == ["answer-too-long"]
+    [v] = verdicts(step)
+    assert (v.request_id, v.decision, v.reasons[0].code) == ("req-1", "block", "incomplete")
+    assert "dead-lettered (answer-too-long: the answer has 51 characters" in v.reasons[0].message
+    assert v.reasons[0].message.endswith("missing: generation.final")
+    assert len(p.store) == 0
+    # every record of the request is finished: the final by its dead letter, the retrieval
+    # and the delta by the verdict (their offsets no longer hold the commit back)
+    assert sorted((r.topic, r.offset) for r in step.done) == [("g", 0), ("g", 1), ("r", 0)]
+    # the first event of its request: decided too; the retrieval after it is after-final
+    [v2] = verdicts(p.on_message(R, dumps(retrieval_event("req-2")), None, ref("r", 1), 0.0))
+    assert "dead-lettered (too-many-hits" in v2.reasons[0].message
+    assert v2.reasons[0].message.endswith("missing: retrieval, generation.final")
+    late = p.on_message(G, dumps(final_event("req-2")), None, ref("g", 2), 0.0)
+    assert reasons(late) == ["after-final"] and verdicts(late) == []
+    # a delta over the limit leaves the request open: its final may still come, and fit
+    crossing = dumps(delta_event("req-3", 0, "z" * 51))
+    step = p.on_message(G, crossing, None, ref("g", 3), 0.0)
+    assert reasons(step) == ["answer-too-long"] and verdicts(step) == []
+    assert p.on_tick(1.0).outputs == []
+
+
 def test_one_request_cannot_hold_more_than_its_byte_budget(
     settings_factory: Callable[..., Settings], delta_event: EventFactory
 ) -> None:
@@ -472,7 +508,11 @@ def test_a_refused_record_costs_no_other_request_its_place(
     bad = retrieval_event("bad-1")
     bad["hits"][0]["text"] = "w" * 5_000
     step = p.on_message(R, dumps(bad), None, ref("r", 2), 0.0)
-    assert reasons(step) == ["request-too-large"] and verdicts(step) == []
+    assert reasons(step) == ["request-too-large"]
+    # its own request cannot complete: decided now, naming the dead letter
+    [ended] = verdicts(step)
+    assert ended.request_id == "bad-1" and ended.reasons[0].code == "incomplete"
+    assert "dead-lettered (request-too-large" in ended.reasons[0].message
     assert len(p.store) == 2 and p.store.evictions == 0
     done = verdicts(p.on_message(G, dumps(final_event("good-1")), None, ref("g", 0), 0.0))
     assert [(v.request_id, v.reasons[0].code) for v in done] != [("good-1", "incomplete")]

@@ -181,12 +181,15 @@ def test_unscorable_summary_is_dead_lettered_and_the_request_ends_incomplete(
     step = p.on_message(
         G, dumps(final_event(generator_model="gen-b")), None, InputRef("g", 0, 0), 0.0
     )
-    [out] = step.outputs
+    out, ended = step.outputs
     assert out.destination is Destination.DLQ
     assert DeadLetterRecord.from_headers(out.headers).reason == "generator-mismatch"
-    expired = p.on_tick(10**9)
-    v = AnswerVerdict.model_validate(orjson.loads(expired.outputs[0].value))
+    # nothing can complete the request now: decided at once, not after the join TTL
+    assert ended.destination is Destination.VERDICTS
+    v = AnswerVerdict.model_validate(orjson.loads(ended.value))
     assert v.reasons[0].code == "incomplete"
+    assert "dead-lettered (generator-mismatch" in v.reasons[0].message
+    assert len(p.store) == 0 and p.on_tick(10**9).outputs == []
 
 
 def test_a_failing_signal_is_reported_unavailable_not_fatal(
