@@ -25,6 +25,7 @@ import hashlib
 import logging
 import re
 import sys
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,7 +41,7 @@ from sidecar.contracts.events import (
     RetrievalEvent,
 )
 from sidecar.exceptions import InputError
-from sidecar.pipeline.join import InputRef, JoinStore, PendingRequest
+from sidecar.pipeline.join import MAX_REFUSAL_DETAIL, InputRef, JoinStore, PendingRequest
 from sidecar.pipeline.ports import NOT_CONFIGURED_RETRIEVAL, SignalSuite
 
 log = logging.getLogger("sidecar.pipeline")
@@ -66,6 +67,9 @@ HELD_EVENT_OVERHEAD = 160
 HELD_HIT_OVERHEAD = 480
 
 JoinedEvent = RetrievalEvent | GenerationDelta | GenerationFinal
+# requests whose first event was refused after it was read, remembered so that the rest of
+# the request is decided at once naming the refusal (~0.7 KB each at most)
+MAX_REFUSALS_REMEMBERED = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +87,8 @@ class Duplicate:
 class Rejected:
     error: InputError
     evicted: tuple[PendingRequest, ...] = ()
-    # the request this refused retrieval or final leaves unable to complete: decided now
-    # (``incomplete``, naming the dead letter) instead of waiting out the join TTL
-    ends: PendingRequest | None = None
+    # the request of a retrieval or final refused after it was read (``PendingRequest.refuse``)
+    request: PendingRequest | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +212,9 @@ class Intake:
         self._read_up_to: dict[tuple[str, int], int] = {}
         self.rereads = 0  # records of decided requests read again: finished, not dead-lettered
         self.handed_over = 0  # finals a last owner decided, remembered as decided here
+        # store key -> (half, reason, detail) of requests whose first event was refused
+        # after it was read (``_refused_half``), the oldest forgotten first
+        self._refused_first: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
 
     def admit(
         self, kind: InputKind, raw: bytes | None, key: bytes | None, ref: InputRef, now_ms: float
@@ -240,6 +246,10 @@ class Intake:
                 exc.request_id = event.request_id  # the dead letter names the event's request
             return Rejected(exc)
         entry = self.store.open(store_key, now_ms, request_id=event.request_id, tenant=tenant)
+        if self._refused_first and not entry.refs:
+            earlier = self._refused_first.pop(store_key, None)
+            if earlier is not None:
+                entry.refuse(*earlier)
         ref = held_ref(ref)
         size = held_bytes(event, raw, ref.headers)
         # a delta counts its text and the headers it keeps against the request's limit;
@@ -253,15 +263,7 @@ class Intake:
             identical = self._hold(entry, event, raw or b"")
         except InputError as exc:
             exc.request_id = exc.request_id or event.request_id
-            # a retrieval or final refused (over a limit, a lookback summary that does not
-            # fit): nothing can complete its request now, so it is decided now. Before, it
-            # waited out the join TTL, and its incomplete verdict said the final was
-            # missing though it had come (audit: 30 s per over-long answer)
-            ends = type(event) is not GenerationDelta and exc.reason != "duplicate-conflict"
-            if not ends and not entry.refs:  # a fresh entry that holds nothing: not kept
-                self.store.discard(store_key)
-            # it cost no other request its place: room comes after
-            return Rejected(exc, ends=entry if ends else None)
+            return self._refused(exc, event, entry)
         if identical:
             return Duplicate()
         self._check_partitions(entry, ref)
@@ -273,6 +275,31 @@ class Intake:
         evictions = self.store.make_room(entry)
         made_room = self.store.hold_bytes(entry, size)
         return Held(entry, (*evictions, *made_room))
+
+    def _refused(self, exc: InputError, event: JoinedEvent, entry: PendingRequest) -> Rejected:
+        """An event refused once its request's entry was open. It costs no other request
+        its place (room is made only for held events), and a fresh entry is not kept.
+
+        A retrieval or final refused (over a limit, a lookback summary that does not fit;
+        not a conflicting duplicate, whose first copy is held): once the rest of its
+        request is here, the request cannot complete and is decided ``incomplete`` naming
+        this dead letter (before, it waited out the join TTL, and its verdict said the
+        final was missing though it had come: 30 s per over-long answer, in the audit).
+        Its refusal is remembered aside when it was the request's first event."""
+        if type(event) is GenerationDelta or exc.reason == "duplicate-conflict":
+            if not entry.refs:
+                self.store.discard(entry.store_key)
+            return Rejected(exc)
+        part = event.event_type
+        entry.refuse(part, exc.reason, exc.detail)
+        if entry.refs or entry.cannot_complete:
+            return Rejected(exc, request=entry)
+        self.store.discard(entry.store_key)
+        remembered = self._refused_first
+        remembered[entry.store_key] = (part, exc.reason, exc.detail[:MAX_REFUSAL_DETAIL])
+        while len(remembered) > MAX_REFUSALS_REMEMBERED:
+            remembered.popitem(last=False)
+        return Rejected(exc)
 
     def _check_partitions(self, entry: PendingRequest, ref: InputRef) -> None:
         """Both halves of a request on different partition numbers: mixed partitioners.

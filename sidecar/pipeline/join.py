@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from sidecar.pipeline.ports import ClaimResult, ClaimSession
 
 
+MAX_REFUSAL_DETAIL = 300  # characters of a refusal's detail an incomplete verdict repeats
+
+
 @dataclass(frozen=True, slots=True)
 class InputRef:
     """Where an input message came from (enough to commit it and to trace it)."""
@@ -93,6 +96,10 @@ class PendingRequest:
     final_timestamp_ms: int = -1  # the final event's Kafka timestamp (-1: none given)
     stages: list[tuple[str, int, int]] = field(default_factory=list)  # (stage, start_ns, end_ns)
     first_record: int = 0  # the store's record count when this request opened
+    # its retrieval or final dead-lettered after it was read (over a limit, a lookback
+    # summary that does not fit): the first such refusal, and every half refused
+    refused: tuple[str, str] | None = None  # (reason, detail)
+    refused_parts: frozenset[str] = frozenset()
 
     def trace_parent(self) -> tuple[tuple[str, bytes], ...]:
         """Headers carrying the LLM service's trace context: the final's, else any input's."""
@@ -150,6 +157,17 @@ class PendingRequest:
         new_text = "".join(self.parts[self.claims_fed :])
         self.claims_fed = len(self.parts)
         return new_text
+
+    def refuse(self, part: str, reason: str, detail: str) -> None:
+        """``part`` (``retrieval`` / ``generation.final``) was dead-lettered: it may still
+        come again (a producer's corrected re-send), else the request cannot complete."""
+        self.refused = self.refused or (reason, detail[:MAX_REFUSAL_DETAIL])
+        self.refused_parts |= {part}
+
+    @property
+    def cannot_complete(self) -> bool:
+        """Every half it misses was dead-lettered: decided ``incomplete`` now, not at the TTL."""
+        return self.refused is not None and set(self.missing()) <= self.refused_parts
 
     def missing(self) -> list[str]:
         return [

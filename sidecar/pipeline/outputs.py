@@ -27,7 +27,6 @@ from sidecar.contracts.events import (
     Decision,
     Reason,
 )
-from sidecar.exceptions import InputError
 from sidecar.pipeline.join import InputRef, PendingRequest
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
 
@@ -214,22 +213,23 @@ def answer_output(
 
 
 def incomplete_verdict(
-    entry: PendingRequest,
-    why: str,
-    *,
-    policy: str,
-    produced_at: datetime,
-    refused: InputError | None = None,
+    entry: PendingRequest, why: str, *, policy: str, produced_at: datetime
 ) -> AnswerVerdict:
     """``block`` / ``incomplete``: the caller always gets an answer, naming what never came
-    (``refused``: the dead-lettered retrieval or final that left it unable to complete)."""
+    (and the dead letter that left the request unable to complete, when there was one)."""
     missing = ", ".join(entry.missing()) or "nothing"
-    message = (
-        f"request evicted from the join store ({why}) before it was complete; missing: {missing}"
-        if refused is None
-        else f"request cannot complete: an event of it was dead-lettered ({refused.reason}: "
-        f"{refused.detail[:300]}); missing: {missing}"
-    )
+    if entry.refused is None:
+        message = (
+            f"request evicted from the join store ({why}) before it was complete; "
+            f"missing: {missing}"
+        )
+    else:
+        reason, detail = entry.refused
+        message = (
+            f"request cannot complete: its {' and '.join(sorted(entry.refused_parts))} "
+            f"{'was' if len(entry.refused_parts) == 1 else 'were'} dead-lettered "
+            f"({reason}: {detail}); missing: {missing}"
+        )
     return AnswerVerdict(
         request_id=entry.request_id,
         idempotency_key=incomplete_key(entry),

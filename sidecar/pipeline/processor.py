@@ -172,12 +172,12 @@ class Processor:
             case Duplicate():
                 self.counters.duplicates += 1
                 step.done.append(ref)
-            case Rejected(error, evicted, ends):
+            case Rejected(error, evicted, request):
                 for old in evicted:
                     step.extend(self._incomplete(old, "capacity", now_ms))
                 step.extend(self.dead_letter(raw, key, ref, error))
-                if ends is not None:  # its retrieval or final refused: decided now
-                    step.extend(self._incomplete(ends, "dead-lettered", now_ms, refused=error))
+                if request is not None and request.cannot_complete:
+                    step.extend(self._incomplete(request, "dead-lettered", now_ms))
             case Held(entry, evicted):
                 for old in evicted:
                     step.extend(self._incomplete(old, "capacity", now_ms))
@@ -186,6 +186,8 @@ class Processor:
                     # batch can evict it (an incomplete verdict beside its real one)
                     self.store.close(entry.store_key, now_ms)
                     completed.setdefault(id(entry), entry)
+                elif entry.cannot_complete:  # the other half came, and was dead-lettered
+                    step.extend(self._incomplete(entry, "dead-lettered", now_ms))
                 else:
                     step.outputs.extend(self._stream(entry))
                     for old in self._hold_claims(entry):
@@ -408,9 +410,7 @@ class Processor:
         )
         return outputs.verdict_output(verdict, entry, self._clock_ns())
 
-    def _incomplete(
-        self, entry: PendingRequest, why: str, now_ms: float, *, refused: InputError | None = None
-    ) -> Step:
+    def _incomplete(self, entry: PendingRequest, why: str, now_ms: float) -> Step:
         self.counters.incomplete += 1
         # an undecided request takes no label: one that waited for it is unmatched
         waited = self.waiting_labels.take(entry.store_key)
@@ -418,7 +418,7 @@ class Processor:
         self.counters.verdicts += 1
         self.store.close(entry.store_key, now_ms)
         verdict = outputs.incomplete_verdict(
-            entry, why, policy=self._policy.name, produced_at=self._wall_clock(), refused=refused
+            entry, why, policy=self._policy.name, produced_at=self._wall_clock()
         )
         return outputs.verdict_output(verdict, entry, self._clock_ns())
 

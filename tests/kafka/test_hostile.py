@@ -139,6 +139,12 @@ async def test_poison_values_and_exceeded_limits_cost_one_record_each(
     for rid in ordinary:  # exactly one verdict, decided on its merits
         [v] = verdicts[rid]
         assert not [r for r in v["reasons"] if r["code"] in {"incomplete", "internal-error"}], v
+    # a request whose retrieval or final was refused is decided at once, naming it (before:
+    # after the join TTL, "missing: generation.final" though the final had come)
+    for rid, why in (("req-wide", "too-many-hits"), ("req-long", "answer-too-long")):
+        [v] = verdicts[rid]
+        assert v["reasons"][0]["code"] == "incomplete", v
+        assert f"dead-lettered ({why}:" in v["reasons"][0]["message"], v
     reasons = dlq_reasons(dead)
     assert reasons["score-out-of-range"] == 1
     assert reasons["too-many-hits"] == 1

@@ -13,7 +13,12 @@ import pytest
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import AnswerVerdict, AttentionSummary, DeadLetterRecord
-from sidecar.pipeline.intake import HELD_EVENT_OVERHEAD, HELD_HIT_OVERHEAD, MAX_TRACE_HEADER_BYTES
+from sidecar.pipeline.intake import (
+    HELD_EVENT_OVERHEAD,
+    HELD_HIT_OVERHEAD,
+    MAX_REFUSALS_REMEMBERED,
+    MAX_TRACE_HEADER_BYTES,
+)
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination, Step
 from sidecar.pipeline.processor import Processor
@@ -101,15 +106,30 @@ def test_a_refused_final_or_retrieval_decides_its_request_at_once(
     # every record of the request is finished: the final by its dead letter, the retrieval
     # and the delta by the verdict (their offsets no longer hold the commit back)
     assert sorted((r.topic, r.offset) for r in step.done) == [("g", 0), ("g", 1), ("r", 0)]
-    # the first event of its request: decided too; the retrieval after it is after-final
-    [v2] = verdicts(p.on_message(R, dumps(retrieval_event("req-2")), None, ref("r", 1), 0.0))
-    assert "dead-lettered (too-many-hits" in v2.reasons[0].message
-    assert v2.reasons[0].message.endswith("missing: retrieval, generation.final")
-    late = p.on_message(G, dumps(final_event("req-2")), None, ref("g", 2), 0.0)
-    assert reasons(late) == ["after-final"] and verdicts(late) == []
+    # the first event of its request: it holds no place in the store, and the request is
+    # decided when the rest of it comes
+    first = p.on_message(R, dumps(retrieval_event("req-2")), None, ref("r", 1), 0.0)
+    assert reasons(first) == ["too-many-hits"] and verdicts(first) == [] and len(p.store) == 0
+    rest = p.on_message(G, dumps(final_event("req-2")), None, ref("g", 2), 0.0)
+    [v2] = verdicts(rest)
+    assert reasons(rest) == [] and v2.request_id == "req-2"
+    assert "its retrieval was dead-lettered (too-many-hits" in v2.reasons[0].message
+    assert v2.reasons[0].message.endswith("missing: retrieval")
+    assert sorted((r.topic, r.offset) for r in rest.done) == [("g", 2)]
+    # both halves refused: decided at the second
+    p.on_message(R, dumps(retrieval_event("req-5")), None, ref("r", 2), 0.0)
+    both = p.on_message(G, dumps(final_event("req-5", answer="x" * 51)), None, ref("g", 3), 0)
+    [v5] = verdicts(both)
+    assert "its generation.final and retrieval were dead-lettered" in v5.reasons[0].message
+    assert len(p.store) == 0
+    # first halves refused are remembered aside within a bound, never in the store
+    long_final = dumps(final_event("req-x", answer="x" * 51))
+    for i in range(MAX_REFUSALS_REMEMBERED + 10):
+        p.on_message(G, long_final.replace(b"req-x", f"x{i}".encode()), None, ref("g", 5 + i), 0)
+    assert len(p.store) == 0 and len(p.intake._refused_first) == MAX_REFUSALS_REMEMBERED
     # a delta over the limit leaves the request open: its final may still come, and fit
     crossing = dumps(delta_event("req-3", 0, "z" * 51))
-    step = p.on_message(G, crossing, None, ref("g", 3), 0.0)
+    step = p.on_message(G, crossing, None, ref("g", 4), 0.0)
     assert reasons(step) == ["answer-too-long"] and verdicts(step) == []
     assert p.on_tick(1.0).outputs == []
 
@@ -508,11 +528,7 @@ def test_a_refused_record_costs_no_other_request_its_place(
     bad = retrieval_event("bad-1")
     bad["hits"][0]["text"] = "w" * 5_000
     step = p.on_message(R, dumps(bad), None, ref("r", 2), 0.0)
-    assert reasons(step) == ["request-too-large"]
-    # its own request cannot complete: decided now, naming the dead letter
-    [ended] = verdicts(step)
-    assert ended.request_id == "bad-1" and ended.reasons[0].code == "incomplete"
-    assert "dead-lettered (request-too-large" in ended.reasons[0].message
+    assert reasons(step) == ["request-too-large"] and verdicts(step) == []
     assert len(p.store) == 2 and p.store.evictions == 0
     done = verdicts(p.on_message(G, dumps(final_event("good-1")), None, ref("g", 0), 0.0))
     assert [(v.request_id, v.reasons[0].code) for v in done] != [("good-1", "incomplete")]
