@@ -19,8 +19,11 @@ instead of the SDK's per-record path.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +63,10 @@ SAMPLERS = (
     "parentbased_traceidratio",
 )
 RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
+# what the last export may take when the caller names no limit (the SDK's own default)
+SHUTDOWN_TIMEOUT_S = 30.0
+
+log = logging.getLogger("sidecar")
 
 
 EXPORTERS = ("otlp", "none")  # what OTEL_{TRACES,METRICS}_EXPORTER may say here
@@ -185,7 +192,9 @@ def installed(provider: object) -> bool:
 class TelemetrySetup:
     """What :func:`configure_from_env` installed, for ``Telemetry.from_setup``."""
 
-    shutdown: Callable[[], None]
+    shutdown: Callable[[float], None]
+    """Export what is held and stop the exporters, taking at most the seconds given: an
+    OTLP endpoint that does not answer costs that long, not the SDK's 30 s per provider."""
     tracing: bool
     """A tracer provider records spans (ours from OTLP, or one installed before us)."""
     metrics: bool
@@ -216,7 +225,7 @@ def configure_from_env(
         from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
         from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
 
-        provider = TracerProvider(resource=_resource(Resource))
+        provider = TracerProvider(resource=_resource(Resource), shutdown_on_exit=False)
         provider.add_span_processor(BatchSpanProcessor(span_exporter))
         trace.set_tracer_provider(provider)
         hooks.append(provider.shutdown)
@@ -260,13 +269,14 @@ def configure_from_env(
         from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
         from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
 
-        meter_provider = MeterProvider(metric_readers=readers, resource=_resource(Resource))
+        meter_provider = MeterProvider(
+            metric_readers=readers, resource=_resource(Resource), shutdown_on_exit=False
+        )
         metrics.set_meter_provider(meter_provider)
         hooks.append(meter_provider.shutdown)
 
-    def shutdown() -> None:
-        for hook in hooks:
-            hook()
+    def shutdown(timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        _within(hooks, timeout_s)
 
     return TelemetrySetup(
         shutdown=shutdown,
@@ -274,6 +284,45 @@ def configure_from_env(
         metrics=installed(metrics.get_meter_provider()),
         stage_durations=local,
     )
+
+
+def _within(hooks: list[Callable[[], Any]], timeout_s: float) -> None:
+    """Run each of ``hooks`` on a daemon thread of its own, all waited for at most
+    ``timeout_s`` together.
+
+    The SDK's providers take no deadline of their own (``TracerProvider.shutdown`` waits
+    up to 30 s for its batch processor, ``MeterProvider.shutdown`` 30 s more, and each
+    export up to ``OTEL_EXPORTER_OTLP_TIMEOUT``): with the endpoint unreachable or silent,
+    a SIGTERM took 42-49 s to end the process (audit), past the shutdown grace and the
+    pod's termination grace. Spans and metrics stop side by side (one slow exporter does
+    not eat the other's time); what is not exported by then is dropped, and the threads,
+    daemons, do not hold the process (the providers are built without exit handlers).
+    """
+
+    def guarded(hook: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                hook()
+            except Exception:  # one provider's failure must not hide the others'
+                log.exception("stopping telemetry failed")
+
+        return run
+
+    workers = [
+        threading.Thread(target=guarded(hook), name="guardrail-telemetry-stop", daemon=True)
+        for hook in hooks
+    ]
+    for worker in workers:
+        worker.start()
+    deadline = time.monotonic() + max(0.0, timeout_s)
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+    if any(worker.is_alive() for worker in workers):
+        log.warning(
+            "telemetry export did not finish within %.1f s of stopping: spans and metrics "
+            "the OTLP endpoint has not received are dropped",
+            timeout_s,
+        )
 
 
 def _stage_durations() -> LocalStageDurations:

@@ -242,7 +242,7 @@ def test_without_stage_spans_the_stages_are_attributes_of_the_request_span() -> 
 
 
 def test_the_sidecar_passes_its_stage_spans_setting_on() -> None:
-    setup = TelemetrySetup(shutdown=lambda: None, tracing=True, metrics=False)
+    setup = TelemetrySetup(shutdown=lambda _timeout_s: None, tracing=True, metrics=False)
     assert Telemetry.from_setup(setup).stage_spans
     assert not Telemetry.from_setup(setup, stage_spans=False).stage_spans
 
@@ -251,14 +251,18 @@ def test_the_setup_decides_where_stage_durations_go() -> None:
     """Prometheus alone: the plain histogram; another reader: the SDK's; none: nowhere."""
     local = LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION)
     served = Telemetry.from_setup(
-        TelemetrySetup(shutdown=lambda: None, tracing=False, metrics=True, stage_durations=local)
+        TelemetrySetup(
+            shutdown=lambda _timeout_s: None, tracing=False, metrics=True, stage_durations=local
+        )
     )
     assert served.stage_durations is local and served.stage_duration is None
     assert not served.spans
-    read = Telemetry.from_setup(TelemetrySetup(shutdown=lambda: None, tracing=True, metrics=True))
+    read = Telemetry.from_setup(
+        TelemetrySetup(shutdown=lambda _timeout_s: None, tracing=True, metrics=True)
+    )
     assert isinstance(read.stage_durations, OtelStageDurations) and read.spans
     unread = Telemetry.from_setup(
-        TelemetrySetup(shutdown=lambda: None, tracing=False, metrics=False)
+        TelemetrySetup(shutdown=lambda _timeout_s: None, tracing=False, metrics=False)
     )
     assert unread.stage_duration is None
     assert not isinstance(unread.stage_durations, OtelStageDurations | LocalStageDurations)
