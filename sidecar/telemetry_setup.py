@@ -27,11 +27,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry import metrics, trace
 
 from sidecar import __version__
 from sidecar.exceptions import ConfigError
+from sidecar.redact import redact_text
 from sidecar.stage_durations import (
     DESCRIPTION,
     DURATION_BUCKETS_S,
@@ -47,6 +49,7 @@ __all__ = [
     "describe_env",
     "exporter_choice",
     "installed",
+    "otlp_endpoint",
     "otlp_protocol",
     "traces_sampler",
 ]
@@ -113,6 +116,40 @@ def otlp_protocol(signal: str) -> str:
     return protocol
 
 
+def otlp_endpoint(signal: str) -> str:
+    """The OTLP endpoint for ``signal`` (TRACES or METRICS): the per-signal variable, else
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``; an http or https URL with a host (and a port in
+    1-65535 if it names one).
+
+    Checked because the exporters take anything and fail at each export: ``localhost:4318``
+    (no scheme), ``http://collector:99999`` or a typo started the sidecar, ``run --check``
+    said ok, and every span and metric was dropped with an ERROR line per interval
+    (audit); gRPC dialled port 99999 as 34463.
+    """
+    own = f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT"
+    name = own if os.environ.get(own) else "OTEL_EXPORTER_OTLP_ENDPOINT"
+    value = os.environ.get(name, "")
+    url = value.strip()
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when not a number in 0-65535
+    except ValueError:
+        parts, port = None, None
+    if (
+        parts is None
+        or parts.scheme.lower() not in ("http", "https")
+        or not parts.hostname
+        or port == 0
+        or any(c.isspace() for c in url)
+    ):
+        raise ConfigError(
+            f"{name} must be an http:// or https:// URL with a host and an optional port in "
+            f"1-65535 (e.g. http://otel-collector:4317 for grpc, :4318 for http/protobuf; "
+            f"https:// for TLS), got {redact_text(repr(value))}"
+        )
+    return url
+
+
 def traces_sampler() -> tuple[str, float | None]:
     """The sampler ``OTEL_TRACES_SAMPLER`` names and its ratio (``OTEL_TRACES_SAMPLER_ARG``).
 
@@ -148,8 +185,10 @@ def describe_env() -> dict[str, str]:
     if _enabled("TRACES"):
         name, ratio = traces_sampler()
         sampler = name if ratio is None else f"{name} {ratio:g}"
+        otlp_endpoint("TRACES")
         described["traces"] = f"otlp {otlp_protocol('TRACES')}, {sampler}"
     if _enabled("METRICS"):
+        otlp_endpoint("METRICS")
         described["metrics"] = f"otlp {otlp_protocol('METRICS')}"
     return described
 

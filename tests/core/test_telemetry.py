@@ -37,6 +37,7 @@ from sidecar.telemetry import (
 from sidecar.telemetry_setup import (
     configure_from_env,
     describe_env,
+    otlp_endpoint,
     otlp_protocol,
     traces_sampler,
 )
@@ -216,6 +217,53 @@ def test_an_unknown_otlp_protocol_fails_at_start_naming_what_is_allowed(
         r"got 'http/json'",
     ):
         configure_from_env()
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "localhost:4318",  # no scheme: the HTTP exporter failed every export
+        "otel-collector:4317",
+        "not a url",
+        "http://127.0.0.1:99999",  # gRPC dialled 34463
+        "http://127.0.0.1:0",
+        "http://[::1",
+        "ftp://collector:4318",
+        "http://:4318",
+        "http://user:hunter2@exa mple:4318",
+    ],
+)
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_an_otlp_endpoint_the_exporters_cannot_use_fails_at_start_naming_what_is_allowed(
+    monkeypatch: pytest.MonkeyPatch, endpoint: str, protocol: str
+) -> None:
+    """Audit: each of these started the sidecar (``run --check``: ok) and every span and
+    metric was dropped at export, an ERROR line per interval."""
+    for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    with pytest.raises(
+        ConfigError, match=r"OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or"
+    ) as e:
+        describe_env()
+    assert "hunter2" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"OTEL_EXPORTER_OTLP_ENDPOINT must be an http:// or"):
+        configure_from_env()
+
+
+def test_a_signals_own_otlp_endpoint_is_the_one_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel-collector:4318")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://traces.example/v1/traces")
+    assert otlp_endpoint("TRACES") == "https://traces.example/v1/traces"
+    assert otlp_endpoint("METRICS") == "http://otel-collector:4318"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "collector:4318/v1/metrics")
+    with pytest.raises(ConfigError, match=r"^OTEL_EXPORTER_OTLP_METRICS_ENDPOINT must be"):
+        otlp_endpoint("METRICS")
+    for good in ("http://[::1]:4317", "HTTPS://otel-collector.observability.svc:4317", "http://c"):
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", good)
+        assert otlp_endpoint("METRICS") == good
 
 
 @pytest.mark.parametrize(
