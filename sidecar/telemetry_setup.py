@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 from opentelemetry import metrics, trace
@@ -45,6 +45,7 @@ __all__ = [
     "PROTOCOLS",
     "SAMPLERS",
     "TelemetrySetup",
+    "batch_settings",
     "configure_from_env",
     "describe_env",
     "exporter_choice",
@@ -178,6 +179,54 @@ def traces_sampler() -> tuple[str, float | None]:
     return name, ratio
 
 
+# the SDK's defaults of what it reads from the environment for the batch span processor
+# and the periodic metric reader (milliseconds, or spans)
+_BATCH_DEFAULTS: Final = {
+    "OTEL_BSP_SCHEDULE_DELAY": 5000,
+    "OTEL_BSP_EXPORT_TIMEOUT": 30000,
+    "OTEL_BSP_MAX_QUEUE_SIZE": 2048,
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": 512,
+}
+_READER_DEFAULTS: Final = {
+    "OTEL_METRIC_EXPORT_INTERVAL": 60000,
+    "OTEL_METRIC_EXPORT_TIMEOUT": 30000,
+}
+
+
+def _positive(name: str, default: int, *, whole: bool) -> float:
+    """``name``'s value as the SDK reads it (``int`` or ``float``), which must be above 0."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value) if whole else float(value)
+    except ValueError:
+        number = math.nan
+    if not number > 0 or math.isinf(number):
+        kind = "a whole number" if whole else "a number"
+        raise ConfigError(f"{name} must be {kind} above 0, got {value!r}")
+    return number
+
+
+def batch_settings(signal: str) -> dict[str, float]:
+    """The ``OTEL_BSP_*`` (TRACES) or ``OTEL_METRIC_EXPORT_*`` (METRICS) values, checked.
+
+    The SDK reads a value that is not a number as its default (with a line at most), and
+    raises a bare ``ValueError`` for 0 or a negative one, or a batch above the queue,
+    when the sidecar has already reached Kafka: a traceback, and ``run --check`` had said
+    ok (audit)."""
+    if signal == "TRACES":
+        got = {k: _positive(k, d, whole=True) for k, d in _BATCH_DEFAULTS.items()}
+        queue, batch = got["OTEL_BSP_MAX_QUEUE_SIZE"], got["OTEL_BSP_MAX_EXPORT_BATCH_SIZE"]
+        if batch > queue:
+            raise ConfigError(
+                f"OTEL_BSP_MAX_EXPORT_BATCH_SIZE ({batch:g}) must be at most "
+                f"OTEL_BSP_MAX_QUEUE_SIZE ({queue:g})"
+            )
+        return got
+    return {k: _positive(k, d, whole=False) for k, d in _READER_DEFAULTS.items()}
+
+
 def describe_env() -> dict[str, str]:
     """What :func:`configure_from_env` would export over OTLP, checked without installing
     anything (``guardrail run --check``). Raises ``ConfigError`` as it would."""
@@ -186,9 +235,11 @@ def describe_env() -> dict[str, str]:
         name, ratio = traces_sampler()
         sampler = name if ratio is None else f"{name} {ratio:g}"
         otlp_endpoint("TRACES")
+        batch_settings("TRACES")
         described["traces"] = f"otlp {otlp_protocol('TRACES')}, {sampler}"
     if _enabled("METRICS"):
         otlp_endpoint("METRICS")
+        batch_settings("METRICS")
         described["metrics"] = f"otlp {otlp_protocol('METRICS')}"
     return described
 

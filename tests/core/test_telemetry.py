@@ -253,6 +253,47 @@ def test_an_otlp_endpoint_the_exporters_cannot_use_fails_at_start_naming_what_is
         configure_from_env()
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"OTEL_BSP_MAX_QUEUE_SIZE": "0"},
+            r"OTEL_BSP_MAX_QUEUE_SIZE must be a whole number above 0",
+        ),
+        (
+            {"OTEL_BSP_SCHEDULE_DELAY": "-1"},
+            r"OTEL_BSP_SCHEDULE_DELAY must be a whole number above",
+        ),
+        ({"OTEL_BSP_MAX_QUEUE_SIZE": "lots"}, r"OTEL_BSP_MAX_QUEUE_SIZE .* got 'lots'"),
+        (
+            {"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4096"},
+            r"OTEL_BSP_MAX_EXPORT_BATCH_SIZE \(4096\) must be at most OTEL_BSP_MAX_QUEUE_SIZE "
+            r"\(2048\)",
+        ),
+        (
+            {"OTEL_METRIC_EXPORT_INTERVAL": "0"},
+            r"OTEL_METRIC_EXPORT_INTERVAL must be a number above",
+        ),
+        ({"OTEL_METRIC_EXPORT_TIMEOUT": "soon"}, r"OTEL_METRIC_EXPORT_TIMEOUT .* got 'soon'"),
+    ],
+)
+def test_a_batch_setting_the_sdk_would_reject_or_replace_fails_at_start(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    """Audit: 0 or a negative value raised the SDK's bare ValueError once Kafka was reached
+    (a traceback; ``run --check`` said ok); a word was read as the default."""
+    for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=message):
+        describe_env()
+    with pytest.raises(ConfigError, match=message):
+        configure_from_env()
+
+
 def test_a_signals_own_otlp_endpoint_is_the_one_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel-collector:4318")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "https://traces.example/v1/traces")
