@@ -17,7 +17,8 @@ sidecar's own are ``guardrail.*``):
                          a link to the producer context (``traceparent``) of each record.
   guardrail.request      INTERNAL, one per answer verdict, a child of the LLM service's
                          span (the inputs' ``traceparent``), linked to the consumer span
-                         that completed it; children, one per stage:
+                         that completed it and to inputs in other traces (a retrieval's);
+                         children, one per stage:
     guardrail.join / .certify / .score / .verify_claims / .policy
     send rag.verdicts    PRODUCER, until the broker confirmed the record (partition and
                          offset set then); the verdict's headers carry ITS context.
@@ -425,12 +426,17 @@ class Telemetry:
             return PublishHandle(producer, None, now, now)
         parent = extract(_carrier(record.parent))
         consumer = trace.get_current_span().get_span_context()
+        links = [Link(consumer)] if consumer.is_valid else []
+        for headers in record.links:  # inputs written under other traces (a retrieval's)
+            linked = trace.get_current_span(extract(_carrier(headers))).get_span_context()
+            if linked.is_valid:
+                links.append(Link(linked))
         request = self.tracer.start_span(
             record.name,
             context=parent,
             start_time=record.start_ns,
             attributes=record.attributes,
-            links=[Link(consumer)] if consumer.is_valid else None,
+            links=links or None,
         )
         ctx = trace.set_span_in_context(request, parent)
         if not request.is_recording():  # sampled out: its children would be too (~4 us each)

@@ -19,6 +19,7 @@ events can never join another tenant's request.
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -57,6 +58,40 @@ class InputRef:
     @property
     def tp(self) -> tuple[str, int]:
         return (self.topic, self.partition)
+
+
+# a W3C traceparent as a propagator reads it (version-traceid-parentid-flags, ids not all
+# zeros, at most 512 characters): which input's context a verdict continues
+_TRACEPARENT = re.compile(
+    rb"[ \t]*[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
+    rb"(?:-[^\r\n]*)?[ \t]*"
+)
+_TRACEPARENT_MAX_BYTES = 512
+MAX_TRACE_LINKS = 8  # other traces a verdict's span links to (a retrieval's, usually)
+
+
+def _last_traceparent(headers: tuple[tuple[str, bytes], ...]) -> bytes | None:
+    """The value a propagator reads: the last ``traceparent`` header (``None``: none)."""
+    found = None
+    for name, value in headers:
+        if name == "traceparent":
+            found = value
+    return found
+
+
+def _readable_parent(headers: tuple[tuple[str, bytes], ...]) -> bool:
+    value = _last_traceparent(headers)
+    return (
+        value is not None
+        and len(value) <= _TRACEPARENT_MAX_BYTES
+        and _TRACEPARENT.fullmatch(value) is not None
+    )
+
+
+def _trace_id(headers: tuple[tuple[str, bytes], ...]) -> bytes:
+    """The trace id part of the last ``traceparent`` (empty: none)."""
+    value = _last_traceparent(headers)
+    return value.strip()[3:35] if value else b""
 
 
 @dataclass(slots=True)
@@ -102,13 +137,39 @@ class PendingRequest:
     refused_parts: frozenset[str] = frozenset()
 
     def trace_parent(self) -> tuple[tuple[str, bytes], ...]:
-        """Headers carrying the LLM service's trace context: the final's, else any input's."""
+        """Headers carrying the LLM service's trace context: the final's, else the latest
+        input's. A ``traceparent`` no propagator can read is passed over for another
+        input's (audit: a final's malformed one cost the verdict the retrieval's trace);
+        when none can be read, the final's headers, else any input's, as they came."""
+        if _readable_parent(self.final_headers):
+            return self.final_headers
+        for ref in reversed(self.refs):
+            if _readable_parent(ref.headers):
+                return ref.headers
         if any(k == "traceparent" for k, _ in self.final_headers):
             return self.final_headers
         carriers = [
             ref.headers for ref in self.refs if any(k == "traceparent" for k, _ in ref.headers)
         ]
         return carriers[-1] if carriers else ()
+
+    def trace_links(
+        self, parent: tuple[tuple[str, bytes], ...]
+    ) -> tuple[tuple[tuple[str, bytes], ...], ...]:
+        """The inputs' trace contexts in other traces than ``parent``'s, one per trace (at
+        most :data:`MAX_TRACE_LINKS`): a retrieval written under another trace than the
+        answer is linked from the verdict, not only from the poll that read it."""
+        traces = {_trace_id(parent)}
+        links: list[tuple[tuple[str, bytes], ...]] = []
+        for ref in self.refs:
+            trace_id = _trace_id(ref.headers)
+            if trace_id in traces or not _readable_parent(ref.headers):
+                continue
+            traces.add(trace_id)
+            links.append(ref.headers)
+            if len(links) == MAX_TRACE_LINKS:
+                break
+        return tuple(links)
 
     @property
     def complete(self) -> bool:

@@ -65,6 +65,8 @@ class TraceRecord:
     # a verdict's answer: the final event's Kafka timestamp (epoch ns; 0: none), from which
     # the broker's confirmation of the verdict is timed (stage answer_to_verdict)
     answered_ns: int = 0
+    # other inputs' trace context headers, in other traces than ``parent``'s: linked
+    links: tuple[tuple[tuple[str, bytes], ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,14 +195,16 @@ def answer_output(
     end_ns: int,
 ) -> Step:
     """:func:`verdict_output` of a verdict already encoded (``answer_verdict_json``)."""
+    parent = entry.trace_parent()
     trace = TraceRecord(
         name="guardrail.request",
-        parent=entry.trace_parent(),
+        parent=parent,
         start_ns=entry.first_seen_ns,
         end_ns=end_ns,
         attributes=attributes,
         stages=tuple(entry.stages),
         answered_ns=max(0, entry.final_timestamp_ms) * 1_000_000,
+        links=entry.trace_links(parent),
     )
     out = Output(
         destination=Destination.VERDICTS,

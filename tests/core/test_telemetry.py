@@ -9,6 +9,9 @@ import pytest
 from aiokafka import ConsumerRecord
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from sidecar.confidence.fleet import CoverageMonitor
 from sidecar.config import Settings
@@ -536,3 +539,47 @@ def test_per_key_gauges_are_bounded_and_a_broken_key_is_never_cut() -> None:
                     ("false", "false"): 492}  # fmt: skip
     coverage = {p.attributes["calibration_key"] for p in got["guardrail.coverage.coverage"]}
     assert len(coverage) == 5 and "global[t0300]" in coverage
+
+
+@pytest.mark.parametrize(
+    ("final_parent", "want_parent"),
+    [
+        (b"00-1bf7651916cd43dd8448eb211c80319d-c7ad6b7169203332-01", "final"),
+        (b"garbage", "retrieval"),  # the final's cannot be read: the retrieval's is continued
+        (b"00-\xff\xfe-\x80-01", "retrieval"),
+    ],
+)
+def test_a_verdict_continues_a_readable_input_trace_and_links_the_other_half(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    final_parent: bytes,
+    want_parent: str,
+) -> None:
+    """Audit: a retrieval written under another trace than the answer was linked from no
+    verdict span, and a final's malformed ``traceparent`` cost the verdict the retrieval's
+    readable one (a new root trace)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry = Telemetry(tracer=provider.get_tracer("t"))
+    processor = Processor(settings_factory(), PlaceholderPolicy())
+    retrieval_parent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    inputs = [
+        (InputKind.RETRIEVAL, dumps(retrieval_event()), ("traceparent", retrieval_parent)),
+        (InputKind.GENERATION, dumps(final_event()), ("traceparent", final_parent)),
+    ]
+    for offset, (kind, raw, header) in enumerate(inputs):
+        ref = InputRef("in", 0, offset, (header,))
+        for out in processor.on_message(kind, raw, None, ref, 0).outputs:
+            telemetry.after_publish(telemetry.before_publish(out, "rag.verdicts"))
+    [request] = [s for s in exporter.get_finished_spans() if s.name == "guardrail.request"]
+    assert request.parent is not None
+    trace_ids = {"retrieval": 0x0AF7651916CD43DD8448EB211C80319C}
+    trace_ids["final"] = 0x1BF7651916CD43DD8448EB211C80319D
+    assert request.context.trace_id == trace_ids[want_parent]
+    linked = {link.context.trace_id for link in request.links}
+    if want_parent == "final":  # the retrieval's trace is linked from the verdict
+        assert trace_ids["retrieval"] in linked
+    else:
+        assert linked == set()
