@@ -320,6 +320,33 @@ def test_held_events_keep_only_trace_headers_and_count_them(
     assert ("x-blob", b"\xfe") in step.outputs[0].headers
 
 
+def test_copies_of_a_trace_header_cost_one_header_not_the_request(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Audit: 120 copies of an 8 KiB ``baggage`` (a ~1 MB record, within Kafka's default)
+    on each of five records were all held and counted: the request was dead-lettered
+    ``request-too-large``, though a propagator reads only the last copy."""
+    p = processor(settings_factory)
+    trace = ("traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")
+    copies = tuple(("baggage", b"k=" + b"v" * 8000) for _ in range(119))
+    last = ("baggage", b"k=last")
+    headers = (trace, *copies, last, trace)
+    events = [(R, dumps(retrieval_event("req-1")))]
+    events += [(G, dumps(delta_event("req-1", seq, t))) for seq, t in enumerate(["Mary ", "S"])]
+    events.append((G, dumps(final_event("req-1"))))
+    got = []
+    for offset, (kind, raw) in enumerate(events):
+        if offset == 1:
+            entry = p.store.get("req-1")
+            assert entry is not None and entry.refs[0].headers == (trace, last)
+        got += p.on_message(kind, raw, None, InputRef("in", 0, offset, headers), 0.0).outputs
+    [verdict] = got
+    assert verdict.destination is Destination.VERDICTS
+
+
 def test_header_tenancy_scopes_requests_and_checks_every_event(
     settings_factory: Callable[..., Settings],
     retrieval_event: EventFactory,
