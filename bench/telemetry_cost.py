@@ -14,7 +14,7 @@ them, each mode in its own child process:
 * ``traced_stage_attributes``: as ``traced`` with ``GUARDRAIL_TRACING__STAGE_SPANS=false``
   (the stages as attributes of the request span, not child spans);
 * ``otlp_metrics``: Prometheus and an OTLP metric exporter (stage durations in
-  the plain histogram both read, ``sidecar.stage_durations_otlp``; the exporter is
+  the plain histogram both read, ``sidecar.local_metrics_otlp``; the exporter is
   never reached while timing).
 
 Best of 5 rounds of 20,000 calls each. Not a timed test.

@@ -13,7 +13,7 @@ Prometheus on (the Helm chart's default), a fifth of the fast path's CPU.
   writes the family the SDK's Prometheus exporter wrote
   (``guardrail_stage_duration_seconds``, same buckets, labels ``stage`` and the
   ``otel_scope_*`` labels of the rest of the page); the OTLP metric exporter
-  reads it at export time (``sidecar.stage_durations_otlp``) and sends the
+  reads it at export time (``sidecar.local_metrics_otlp``) and sends the
   metric the SDK's histogram would have sent.
 * Nowhere (``Telemetry`` discards them) when no metric is read at all (the
   API's no-op meter).

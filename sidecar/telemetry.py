@@ -51,7 +51,7 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
                                           answer_to_verdict: from the final event's Kafka
                                           timestamp to the verdict's confirmation;
                                           a plain histogram read at scrape / export time:
-                                          sidecar.stage_durations, stage_durations_otlp)
+                                          sidecar.stage_durations, local_metrics_otlp)
   guardrail.publish.retries     counter
   guardrail.join.evictions      counter (observed: capacity + ttl)
   guardrail.join.open_requests  gauge

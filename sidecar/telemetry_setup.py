@@ -13,7 +13,7 @@ function call).
 What was installed comes back as a :class:`TelemetrySetup`, which tells
 ``Telemetry`` whether spans are recorded at all and where stage durations go
 (``sidecar.stage_durations``): a plain histogram that Prometheus reads at scrape
-time and the OTLP exporter at export time (``sidecar.stage_durations_otlp``),
+time and the OTLP exporter at export time (``sidecar.local_metrics_otlp``),
 instead of the SDK's per-record path.
 """
 
@@ -291,7 +291,7 @@ class TelemetrySetup:
     """A meter provider reads the instruments (ours, or one installed before us)."""
     stage_durations: LocalStageDurations | None = None
     """Set when our readers read stage durations from the plain histogram (Prometheus
-    at scrape time, OTLP through ``StageDurationsExporter``) instead of the SDK's."""
+    at scrape time, OTLP through ``LocalMetricsExporter``) instead of the SDK's."""
 
 
 def configure_from_env(
@@ -328,14 +328,14 @@ def configure_from_env(
             PeriodicExportingMetricReader,
         )
 
-        from sidecar.stage_durations_otlp import (  # noqa: PLC0415
-            StageDurationsExporter,
+        from sidecar.local_metrics_otlp import (  # noqa: PLC0415
+            LocalMetricsExporter,
             exports_explicit_buckets,
         )
 
         if exports_explicit_buckets(metric_exporter):
             local = _stage_durations()
-            metric_exporter = StageDurationsExporter(metric_exporter, local)
+            metric_exporter = LocalMetricsExporter(metric_exporter, local)
         readers.append(PeriodicExportingMetricReader(metric_exporter))
     if prometheus_port:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415

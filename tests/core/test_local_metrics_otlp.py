@@ -1,6 +1,6 @@
 """The plain stage histogram over OTLP: the metric the SDK's histogram would have exported.
 
-``StageDurationsExporter`` adds ``guardrail.stage.duration`` to each export of
+``LocalMetricsExporter`` adds ``guardrail.stage.duration`` to each export of
 the wrapped OTLP exporter, built from ``LocalStageDurations``. Held against the
 SDK's own explicit-bucket histogram fed the same records, cumulative and delta.
 """
@@ -37,6 +37,7 @@ from opentelemetry.sdk.metrics.view import (
 )
 
 from sidecar import __version__
+from sidecar.local_metrics_otlp import LocalMetricsExporter, exports_explicit_buckets
 from sidecar.stage_durations import (
     DESCRIPTION,
     DURATION_BUCKETS_S,
@@ -44,7 +45,6 @@ from sidecar.stage_durations import (
     SCOPE,
     LocalStageDurations,
 )
-from sidecar.stage_durations_otlp import StageDurationsExporter, exports_explicit_buckets
 
 STAGES = ("join", "certify", "score", "policy", "publish")
 
@@ -149,7 +149,7 @@ def test_each_export_carries_what_the_sdk_histogram_would_have(
         temporality = AggregationTemporality.CUMULATIVE
     sdk = Sdk(temporality)
     local = LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION)
-    exporter = StageDurationsExporter(Captured(temporality), local)
+    exporter = LocalMetricsExporter(Captured(temporality), local)
     try:
         for batch in rounds:
             _feed(batch, sdk, local)
@@ -160,7 +160,7 @@ def test_each_export_carries_what_the_sdk_histogram_would_have(
 
 def test_delta_points_start_where_the_last_export_ended() -> None:
     local = LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION)
-    exporter = StageDurationsExporter(Captured(AggregationTemporality.DELTA), local)
+    exporter = LocalMetricsExporter(Captured(AggregationTemporality.DELTA), local)
     local.record("join", 0.001)
     started = _points(exporter.stage_metric(100))["join"]
     local.record("join", 0.002)
@@ -173,7 +173,7 @@ def test_delta_points_start_where_the_last_export_ended() -> None:
 
 def test_cumulative_points_keep_the_first_record_as_start_and_fold_min_and_max() -> None:
     local = LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION)
-    exporter = StageDurationsExporter(Captured(), local)
+    exporter = LocalMetricsExporter(Captured(), local)
     local.record("policy", 0.5)
     first = _points(exporter.stage_metric(10**19))["policy"]
     local.record("policy", 0.25)
@@ -183,10 +183,10 @@ def test_cumulative_points_keep_the_first_record_as_start_and_fold_min_and_max()
     assert second.time_unix_nano == 10**19 + 5
 
 
-def _exported_with(data: MetricsData) -> tuple[StageDurationsExporter, Captured]:
+def _exported_with(data: MetricsData) -> tuple[LocalMetricsExporter, Captured]:
     inner = Captured()
     local = LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION)
-    exporter = StageDurationsExporter(inner, local)
+    exporter = LocalMetricsExporter(inner, local)
     local.record("publish", 0.003)
     assert exporter.export(data, timeout_millis=1234) is MetricExportResult.SUCCESS
     return exporter, inner
@@ -228,7 +228,7 @@ def test_the_stage_histogram_gets_its_own_scope_when_the_batch_has_none() -> Non
 
 def test_an_export_without_stage_records_is_passed_on_untouched() -> None:
     inner = Captured()
-    exporter = StageDurationsExporter(
+    exporter = LocalMetricsExporter(
         inner, LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION)
     )
     data = _sdk_data(SCOPE)
@@ -245,7 +245,7 @@ def test_a_failing_stage_histogram_leaves_the_sdks_metrics_going_out(
     inner = Captured()
     local = LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION)
     local.record("join", 0.001)
-    exporter = StageDurationsExporter(inner, local)
+    exporter = LocalMetricsExporter(inner, local)
 
     def broken() -> None:
         raise RuntimeError("boom")
@@ -261,7 +261,7 @@ def test_a_window_that_saw_no_record_exports_no_min_or_max() -> None:
     """A record that raced the min/max window swap: counted, and OTLP gets no min/max
     rather than a made-up one."""
     local = LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION)
-    exporter = StageDurationsExporter(Captured(), local)
+    exporter = LocalMetricsExporter(Captured(), local)
     local.record("score", 0.004)
     assert local.take_extrema("score") == (0.004, 0.004)  # as if the swap won the race
     metric = exporter.stage_metric(5)
@@ -348,7 +348,7 @@ setup.shutdown()
         (
             None,
             False,
-            {"local": True, "exporters": ["StageDurationsExporter"], "served": False},
+            {"local": True, "exporters": ["LocalMetricsExporter"], "served": False},
         ),
         (
             "base2_exponential_bucket_histogram",
@@ -360,7 +360,7 @@ setup.shutdown()
             True,
             {
                 "local": True,
-                "exporters": ["StageDurationsExporter", "PrometheusMetricReader"],
+                "exporters": ["LocalMetricsExporter", "PrometheusMetricReader"],
                 "served": True,
             },
         ),

@@ -1,6 +1,6 @@
 """The plain stage histogram, exported over OTLP beside the SDK's own metrics.
 
-:class:`StageDurationsExporter` wraps the OTLP metric exporter: each time the
+:class:`LocalMetricsExporter` wraps the OTLP metric exporter: each time the
 SDK's periodic reader exports, the wrapper adds one ``guardrail.stage.duration``
 metric built from :class:`~sidecar.stage_durations.LocalStageDurations` to the
 batch, shaped as the SDK's explicit-bucket histogram would have shaped it (same
@@ -47,7 +47,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from sidecar import __version__
 from sidecar.stage_durations import DESCRIPTION, INSTRUMENT, SCOPE, LocalStageDurations
 
-__all__ = ["StageDurationsExporter", "exports_explicit_buckets"]
+__all__ = ["LocalMetricsExporter", "exports_explicit_buckets"]
 
 log = logging.getLogger("sidecar.telemetry")
 
@@ -74,7 +74,7 @@ class _Exported:
     high: float = -math.inf
 
 
-class StageDurationsExporter(MetricExporter):
+class LocalMetricsExporter(MetricExporter):
     """``inner`` with the stage histogram added to every export."""
 
     def __init__(self, inner: MetricExporter, local: LocalStageDurations) -> None:
