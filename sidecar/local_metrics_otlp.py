@@ -1,13 +1,18 @@
-"""The plain stage histogram, exported over OTLP beside the SDK's own metrics.
+"""The sidecar's own metrics, exported over OTLP beside the SDK's.
 
 :class:`LocalMetricsExporter` wraps the OTLP metric exporter: each time the
-SDK's periodic reader exports, the wrapper adds one ``guardrail.stage.duration``
-metric built from :class:`~sidecar.stage_durations.LocalStageDurations` to the
-batch, shaped as the SDK's explicit-bucket histogram would have shaped it (same
-name, unit, description, bounds, ``stage`` attribute and instrumentation scope;
-cumulative or delta, as the exporter prefers). So an OTLP metric exporter no
-longer sends every stage record through the SDK's ``Histogram.record``
-(~6.6 us each, ~7 per verdict).
+SDK's periodic reader exports, the wrapper adds to the batch, in the sidecar's
+instrumentation scope, what is kept outside the SDK:
+
+* one ``guardrail.stage.duration`` metric built from
+  :class:`~sidecar.stage_durations.LocalStageDurations`, shaped as the SDK's
+  explicit-bucket histogram would have shaped it (same name, unit, description,
+  bounds, ``stage`` attribute; cumulative or delta, as the exporter prefers). So
+  an OTLP metric exporter no longer sends every stage record through the SDK's
+  ``Histogram.record`` (~6.6 us each, ~7 per verdict);
+* the per-calibration-key gauges of :class:`~sidecar.keyed_gauges.KeyedGauges`
+  (``guardrail.retrieval.*``, ``guardrail.coverage.*``), as the SDK's observable
+  gauges would have sent them, without the SDK's memory of every key ever seen.
 
 Differences from the SDK's histogram, both within one record in flight: a
 record landing while an export reads the histogram may count in this export's
@@ -33,21 +38,24 @@ from typing import Any, cast
 from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
+    Gauge,
     Histogram,
     HistogramDataPoint,
     Metric,
     MetricExporter,
     MetricExportResult,
     MetricsData,
+    NumberDataPoint,
     ScopeMetrics,
 )
 from opentelemetry.sdk.metrics.view import DefaultAggregation, ExplicitBucketHistogramAggregation
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from sidecar import __version__
+from sidecar.keyed_gauges import LABEL, KeyedGauges
 from sidecar.stage_durations import DESCRIPTION, INSTRUMENT, SCOPE, LocalStageDurations
 
-__all__ = ["LocalMetricsExporter", "exports_explicit_buckets"]
+__all__ = ["LocalMetricsExporter", "exports_explicit_buckets", "keyed_gauge_metrics"]
 
 log = logging.getLogger("sidecar.telemetry")
 
@@ -60,6 +68,30 @@ def exports_explicit_buckets(exporter: MetricExporter) -> bool:
     return preferred is None or isinstance(
         preferred, DefaultAggregation | ExplicitBucketHistogramAggregation
     )
+
+
+def keyed_gauge_metrics(keyed: KeyedGauges, now_ns: int) -> list[Metric]:
+    """The per-key gauges read now, as the SDK's observable gauges export them: a
+    ``Gauge`` of one point per key, no unit, no start time."""
+    return [
+        Metric(
+            name=reading.name,
+            description=reading.description,
+            unit="",
+            data=Gauge(
+                data_points=[
+                    NumberDataPoint(
+                        attributes={LABEL: key},
+                        start_time_unix_nano=cast(int, None),  # as the SDK's gauges
+                        time_unix_nano=now_ns,
+                        value=value,
+                    )
+                    for key, value in reading.values.items()
+                ]
+            ),
+        )
+        for reading in keyed.read()
+    ]
 
 
 @dataclass(slots=True)
@@ -75,15 +107,22 @@ class _Exported:
 
 
 class LocalMetricsExporter(MetricExporter):
-    """``inner`` with the stage histogram added to every export."""
+    """``inner`` with the stage histogram (when ``local`` is given: the exporter takes
+    explicit buckets) and the per-key gauges (when ``keyed`` is) added to every export."""
 
-    def __init__(self, inner: MetricExporter, local: LocalStageDurations) -> None:
+    def __init__(
+        self,
+        inner: MetricExporter,
+        local: LocalStageDurations | None,
+        keyed: KeyedGauges | None = None,
+    ) -> None:
         super().__init__(
             preferred_temporality=inner._preferred_temporality,
             preferred_aggregation=inner._preferred_aggregation,
         )
         self.inner = inner
         self.local = local
+        self.keyed = keyed
         temporality = (inner._preferred_temporality or {}).get(HistogramInstrument)
         self.temporality = (
             AggregationTemporality.DELTA
@@ -96,7 +135,7 @@ class LocalMetricsExporter(MetricExporter):
         self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
     ) -> MetricExportResult:
         return self.inner.export(
-            self.with_stage_durations(metrics_data), timeout_millis=timeout_millis, **kwargs
+            self.with_local_metrics(metrics_data), timeout_millis=timeout_millis, **kwargs
         )
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
@@ -105,27 +144,32 @@ class LocalMetricsExporter(MetricExporter):
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
-    def with_stage_durations(self, metrics_data: MetricsData) -> MetricsData:
-        """``metrics_data`` with the stage histogram in the sidecar's scope (if any stage
-        has a point to export)."""
+    def with_local_metrics(self, metrics_data: MetricsData) -> MetricsData:
+        """``metrics_data`` with the stage histogram and the per-key gauges in the
+        sidecar's scope (those that have a point to export)."""
+        now_ns = time.time_ns()
+        added: list[Metric] = []
         try:
-            metric = self.stage_metric(time.time_ns())
+            metric = self.stage_metric(now_ns)
         except Exception:  # the SDK's own metrics still go out
             log.exception("the stage histogram could not be added to this OTLP export")
-            return metrics_data
-        if metric is None or not metrics_data.resource_metrics:
+        else:
+            added += [metric] if metric is not None else []
+        if self.keyed is not None:
+            added += keyed_gauge_metrics(self.keyed, now_ns)  # a failing read is logged there
+        if not added or not metrics_data.resource_metrics:
             return metrics_data
         first, *rest = metrics_data.resource_metrics
         scopes = list(first.scope_metrics)
         for i, scoped in enumerate(scopes):
             if scoped.scope.name == SCOPE:
-                scopes[i] = replace(scoped, metrics=[*scoped.metrics, metric])
+                scopes[i] = replace(scoped, metrics=[*scoped.metrics, *added])
                 break
         else:
             scopes.append(
                 ScopeMetrics(
                     scope=InstrumentationScope(SCOPE, __version__),
-                    metrics=[metric],
+                    metrics=added,
                     schema_url="",
                 )
             )
@@ -133,6 +177,8 @@ class LocalMetricsExporter(MetricExporter):
 
     def stage_metric(self, now_ns: int) -> Metric | None:
         """The stage histogram's points at ``now_ns``; ``None`` when there is none."""
+        if self.local is None:
+            return None
         points = []
         for stage, snapshot in sorted(self.local.snapshot().items()):
             low, high = self.local.take_extrema(stage)

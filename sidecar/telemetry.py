@@ -65,6 +65,9 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
                                 gauges    calibration_key (the rolling m1 monitor)
   guardrail.coverage.*          gauges    calibration_key (the coverage bound:
                                           docs/methods.md §Coverage bound)
+                                (these per-key gauges are read at scrape / export time
+                                outside the SDK, which remembers every key it ever saw:
+                                sidecar.keyed_gauges)
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ from opentelemetry.util.types import AttributeValue
 
 from sidecar import __version__
 from sidecar.contracts.verdicts import Decision
+from sidecar.keyed_gauges import LABEL, KeyedGauges, KeyedValues
 from sidecar.pipeline.outputs import Destination, Output, TraceRecord
 from sidecar.stage_durations import (
     DESCRIPTION,
@@ -256,13 +260,16 @@ class Telemetry:
         spans: bool = True,
         stage_spans: bool = True,
         stage_durations: StageDurations | None = None,
+        keyed_gauges: KeyedGauges | None = None,
     ) -> None:
         """``spans=False``: no tracer records them, so none is opened; the verdicts'
         headers still carry the inputs' trace context, as the API's no-op tracer
         propagates it. ``stage_spans=False``: a traced verdict's stages become
         attributes of its request span instead of child spans. ``stage_durations``:
         where stage durations go instead of the meter's histogram (see
-        :meth:`from_setup`)."""
+        :meth:`from_setup`). ``keyed_gauges``: where the per-calibration-key gauges go
+        instead of the meter's observable gauges (our Prometheus and OTLP readers read
+        it; the SDK would keep every key it ever saw)."""
         self.tracer = tracer or trace.get_tracer(SCOPE, __version__)
         self.meter = meter or metrics.get_meter(SCOPE, __version__)
         self.spans = spans
@@ -302,6 +309,7 @@ class Telemetry:
             )
             stage_durations = OtelStageDurations(self.stage_duration)
         self.stage_durations = stage_durations
+        self.keyed_gauges = keyed_gauges
         self.publish_retries = self.meter.create_counter(
             "guardrail.publish.retries", unit="{retry}"
         )
@@ -313,14 +321,20 @@ class Telemetry:
     def from_setup(cls, setup: TelemetrySetup, *, stage_spans: bool = True) -> Telemetry:
         """As the sidecar runs: spans only when a tracer provider records them; stage
         durations in the plain histogram our Prometheus and OTLP readers read, in the
-        SDK's when another meter provider (or aggregation) reads them, or nowhere."""
+        SDK's when another meter provider (or aggregation) reads them, or nowhere; the
+        per-key gauges where our readers read them, else on the meter."""
         if setup.stage_durations is not None:
             durations: StageDurations | None = setup.stage_durations
         elif setup.metrics:
             durations = None  # the meter's histogram
         else:
             durations = _NO_STAGE_DURATIONS
-        return cls(spans=setup.tracing, stage_spans=stage_spans, stage_durations=durations)
+        return cls(
+            spans=setup.tracing,
+            stage_spans=stage_spans,
+            stage_durations=durations,
+            keyed_gauges=setup.keyed_gauges,
+        )
 
     def observe(
         self,
@@ -546,28 +560,24 @@ class Telemetry:
         real keys into the SDK's overflow series (audit). ``guardrail.retrieval.monitor_keys``
         counts every key by ``exported`` and ``broken``, so an alarm on broken keys holds
         whatever is cut."""
-
-        def _gauge(index: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
-            def read(_options: CallbackOptions) -> Iterable[Observation]:
-                kept = bounded_keys(statuses(), max_keys, lambda v: bool(v[3]))
-                return [
-                    Observation(float(values[index]), {"calibration_key": key})
-                    for key, values in kept.items()
-                ]
-
-            return read
-
-        for index, (name, description) in enumerate(
+        gauges = (
+            ("guardrail.retrieval.m1_mean", "rolling mean(m1) of the key's certified retrievals"),
+            ("guardrail.retrieval.m1_wilson_low", "lower end of the Wilson interval of m1_mean"),
+            ("guardrail.retrieval.m1_wilson_high", "upper end of the Wilson interval of m1_mean"),
             (
-                ("m1_mean", "rolling mean(m1) of the key's certified retrievals"),
-                ("m1_wilson_low", "lower end of the Wilson interval of m1_mean"),
-                ("m1_wilson_high", "upper end of the Wilson interval of m1_mean"),
-                ("exchangeability_broken", "1 when m1_wilson_high < 1 - alpha: recalibrate"),
-            )
-        ):
-            self.meter.create_observable_gauge(
-                f"guardrail.retrieval.{name}", [_gauge(index)], description=description
-            )
+                "guardrail.retrieval.exchangeability_broken",
+                "1 when m1_wilson_high < 1 - alpha: recalibrate",
+            ),
+        )
+
+        def read() -> KeyedValues:
+            kept = bounded_keys(statuses(), max_keys, lambda v: bool(v[3]))
+            return {
+                name: {key: float(values[index]) for key, values in kept.items()}
+                for index, (name, _) in enumerate(gauges)
+            }
+
+        self._observe_keyed(gauges, read)
 
         def _keys(_options: CallbackOptions) -> Iterable[Observation]:
             current = statuses()
@@ -633,23 +643,44 @@ class Telemetry:
         def alarming(values: dict[str, float | None]) -> bool:
             return bool(values.get("violated") or values.get("certificate_violated"))
 
-        def _gauge(name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
-            def read(_options: CallbackOptions) -> Iterable[Observation]:
-                return [
-                    Observation(float(value), {"calibration_key": key})
-                    for key, values in bounded_keys(reports(), max_keys, alarming).items()
+        def read() -> KeyedValues:
+            kept = bounded_keys(reports(), max_keys, alarming)
+            return {
+                f"guardrail.coverage.{name}": {
+                    key: float(value)
+                    for key, values in kept.items()
                     if (value := values.get(name)) is not None
-                ]
+                }
+                for name in names
+            }
 
-            return read
+        self._observe_keyed(
+            [
+                (
+                    f"guardrail.coverage.{name}",
+                    f"coverage bound: {name.replace('_', ' ')} of the key's window "
+                    "(docs/methods.md §Coverage bound)",
+                )
+                for name in names
+            ],
+            read,
+        )
 
-        for name in names:
-            self.meter.create_observable_gauge(
-                f"guardrail.coverage.{name}",
-                [_gauge(name)],
-                description=f"coverage bound: {name.replace('_', ' ')} of the key's window "
-                "(docs/methods.md §Coverage bound)",
-            )
+    def _observe_keyed(
+        self, gauges: Sequence[tuple[str, str]], read: Callable[[], KeyedValues]
+    ) -> None:
+        """Per-key gauges (name, description) whose values ``read()`` gives: in
+        :attr:`keyed_gauges` when our readers read them there, else as the meter's
+        observable gauges (another meter provider's, or the API's no-op)."""
+        if self.keyed_gauges is not None:
+            self.keyed_gauges.add(gauges, read)
+            return
+        for name, description in gauges:
+
+            def observe(_options: CallbackOptions, name: str = name) -> Iterable[Observation]:
+                return [Observation(value, {LABEL: key}) for key, value in read()[name].items()]
+
+            self.meter.create_observable_gauge(name, [observe], description=description)
 
     def _count(self, out: Output, record: TraceRecord) -> None:
         attrs = record.attributes

@@ -14,7 +14,9 @@ What was installed comes back as a :class:`TelemetrySetup`, which tells
 ``Telemetry`` whether spans are recorded at all and where stage durations go
 (``sidecar.stage_durations``): a plain histogram that Prometheus reads at scrape
 time and the OTLP exporter at export time (``sidecar.local_metrics_otlp``),
-instead of the SDK's per-record path.
+instead of the SDK's per-record path; and where the per-calibration-key gauges go
+(``sidecar.keyed_gauges``): read the same way, instead of through the SDK, which
+remembers every key it ever saw.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from opentelemetry import metrics, trace
 
 from sidecar import __version__
 from sidecar.exceptions import ConfigError
+from sidecar.keyed_gauges import KeyedGauges
 from sidecar.redact import redact_text
 from sidecar.stage_durations import (
     DESCRIPTION,
@@ -292,6 +295,9 @@ class TelemetrySetup:
     stage_durations: LocalStageDurations | None = None
     """Set when our readers read stage durations from the plain histogram (Prometheus
     at scrape time, OTLP through ``LocalMetricsExporter``) instead of the SDK's."""
+    keyed_gauges: KeyedGauges | None = None
+    """Set when our readers read the per-calibration-key gauges (Prometheus at scrape
+    time, OTLP through ``LocalMetricsExporter``): always, with a reader of ours."""
 
 
 def configure_from_env(
@@ -323,6 +329,9 @@ def configure_from_env(
     # the stage histogram need not go through the SDK unless its exporter wants
     # another aggregation than explicit buckets
     local: LocalStageDurations | None = None
+    # the per-key gauges never go through the SDK with a reader of ours: it keeps every
+    # key it ever saw, and puts those past 2,000 in one overflow series
+    keyed = KeyedGauges(_SCOPE_LABELS) if metric_exporter is not None or prometheus_port else None
     if metric_exporter is not None:
         from opentelemetry.sdk.metrics.export import (  # noqa: PLC0415
             PeriodicExportingMetricReader,
@@ -335,7 +344,7 @@ def configure_from_env(
 
         if exports_explicit_buckets(metric_exporter):
             local = _stage_durations()
-            metric_exporter = LocalMetricsExporter(metric_exporter, local)
+        metric_exporter = LocalMetricsExporter(metric_exporter, local, keyed)
         readers.append(PeriodicExportingMetricReader(metric_exporter))
     if prometheus_port:
         from opentelemetry.exporter.prometheus import PrometheusMetricReader  # noqa: PLC0415
@@ -355,6 +364,7 @@ def configure_from_env(
             local = _stage_durations()
         if local is not None:
             _serve(local, hooks)
+        _serve(keyed, hooks)
     if readers:
         from opentelemetry.sdk.metrics import MeterProvider  # noqa: PLC0415
         from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
@@ -373,6 +383,7 @@ def configure_from_env(
         tracing=installed(trace.get_tracer_provider()),
         metrics=installed(metrics.get_meter_provider()),
         stage_durations=local,
+        keyed_gauges=keyed,
     )
 
 
@@ -415,26 +426,25 @@ def _within(hooks: list[Callable[[], Any]], timeout_s: float) -> None:
         )
 
 
+# the labels the SDK's Prometheus exporter puts on every other metric of the page
+_SCOPE_LABELS: Final = {
+    "otel_scope_name": SCOPE,
+    "otel_scope_version": __version__,
+    "otel_scope_schema_url": "",
+}
+
+
 def _stage_durations() -> LocalStageDurations:
     """The plain stage histogram, labelled as the SDK labels its instruments."""
-    return LocalStageDurations(
-        DURATION_BUCKETS_S,
-        description=DESCRIPTION,
-        # the labels the SDK's Prometheus exporter puts on every other metric of the page
-        scope={
-            "otel_scope_name": SCOPE,
-            "otel_scope_version": __version__,
-            "otel_scope_schema_url": "",
-        },
-    )
+    return LocalStageDurations(DURATION_BUCKETS_S, description=DESCRIPTION, scope=_SCOPE_LABELS)
 
 
-def _serve(local: LocalStageDurations, hooks: list[Callable[[], Any]]) -> None:
-    """Put ``local`` in the registry ``/metrics`` serves (removed at shutdown)."""
+def _serve(collector: Any, hooks: list[Callable[[], Any]]) -> None:
+    """Put ``collector`` in the registry ``/metrics`` serves (removed at shutdown)."""
     from prometheus_client import REGISTRY  # noqa: PLC0415
 
-    REGISTRY.register(local)
-    hooks.append(lambda: REGISTRY.unregister(local))
+    REGISTRY.register(collector)
+    hooks.append(lambda: REGISTRY.unregister(collector))
 
 
 def _resource(resource_cls: Any) -> Any:

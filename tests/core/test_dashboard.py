@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.confidence.fleet import CoverageMonitor
 from sidecar.contracts.events import Decision, FeedbackEvent, RetrievalSignal, SignalStatus
+from sidecar.keyed_gauges import KeyedGauges
 from sidecar.pipeline.outputs import AttributeValue, Destination, Output, TraceRecord
 from sidecar.telemetry import Telemetry
 
@@ -43,10 +44,13 @@ def coverage_gauges() -> dict[str, dict[str, float | None]]:
 
 
 def exposed_sample_names() -> set[str]:
-    """Every sample name the real Prometheus exporter writes for the sidecar's instruments."""
+    """Every sample name the real Prometheus exporter writes for the sidecar's instruments,
+    with the per-key gauges in the same registry (as ``configure_from_env`` serves them)."""
     registry = CollectorRegistry()
     provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
-    telemetry = Telemetry(meter=provider.get_meter("test"))
+    keyed = KeyedGauges()
+    registry.register(keyed)
+    telemetry = Telemetry(meter=provider.get_meter("test"), keyed_gauges=keyed)
     counted: list[tuple[Destination, dict[str, AttributeValue]]] = [
         (
             Destination.VERDICTS,

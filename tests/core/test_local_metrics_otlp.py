@@ -3,6 +3,7 @@
 ``LocalMetricsExporter`` adds ``guardrail.stage.duration`` to each export of
 the wrapped OTLP exporter, built from ``LocalStageDurations``. Held against the
 SDK's own explicit-bucket histogram fed the same records, cumulative and delta.
+(The per-key gauges it adds too: ``test_keyed_gauges.py``.)
 """
 
 from __future__ import annotations
@@ -319,6 +320,7 @@ _SETUP_PROBE = """
 import json, socket
 from opentelemetry import metrics
 from prometheus_client import REGISTRY
+from sidecar.telemetry import Telemetry
 from sidecar.telemetry_setup import configure_from_env
 
 port = None
@@ -329,14 +331,19 @@ if PROMETHEUS:
 setup = configure_from_env(port)
 readers = metrics.get_meter_provider()._metric_readers
 exporters = [type(getattr(r, "_exporter", r)).__name__ for r in readers]
-local = setup.stage_durations
+local, keyed = setup.stage_durations, setup.keyed_gauges
+telemetry = Telemetry.from_setup(setup)
 print(json.dumps({
     "local": local is not None,
     "exporters": exporters,
     "served": local is not None and local in REGISTRY._collector_to_names,
+    "keyed_served": keyed in REGISTRY._collector_to_names,
     "wrapped_local": [local is not None
                       and getattr(getattr(r, "_exporter", None), "local", None) is local
                       for r in readers],
+    "wrapped_keyed": [getattr(getattr(r, "_exporter", None), "keyed", None) is keyed
+                      for r in readers],
+    "telemetry_keyed": keyed is not None and telemetry.keyed_gauges is keyed,
 }))
 setup.shutdown()
 """
@@ -350,10 +357,10 @@ setup.shutdown()
             False,
             {"local": True, "exporters": ["LocalMetricsExporter"], "served": False},
         ),
-        (
+        (  # the stage histogram stays on the SDK; the per-key gauges do not
             "base2_exponential_bucket_histogram",
             False,
-            {"local": False, "exporters": ["OTLPMetricExporter"], "served": False},
+            {"local": False, "exporters": ["LocalMetricsExporter"], "served": False},
         ),
         (
             None,
@@ -366,7 +373,7 @@ setup.shutdown()
         ),
     ],
 )
-def test_the_sidecars_setup_exports_the_plain_histogram_over_otlp(
+def test_the_sidecars_setup_exports_the_local_metrics_over_otlp(
     aggregation: str | None, prometheus: bool, want: dict[str, object]
 ) -> None:
     """As ``guardrail run`` configures it (a fresh process: the providers are global)."""
@@ -387,6 +394,11 @@ def test_the_sidecars_setup_exports_the_plain_histogram_over_otlp(
         check=True,
     )
     got = json.loads(done.stdout.splitlines()[-1])
-    wrapped = got.pop("wrapped_local")
+    wrapped, wrapped_keyed = got.pop("wrapped_local"), got.pop("wrapped_keyed")
+    # the per-key gauges: read by the OTLP reader's exporter, served when Prometheus is
+    # on, and where the sidecar's Telemetry puts them
+    assert got.pop("keyed_served") is prometheus
+    assert got.pop("telemetry_keyed") is True
+    assert wrapped_keyed[0] is True
     assert got == want
     assert wrapped[0] is want["local"]  # the OTLP reader's exporter reads that histogram

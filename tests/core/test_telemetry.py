@@ -26,6 +26,8 @@ from sidecar.contracts.events import (
     SignalStatus,
 )
 from sidecar.exceptions import ConfigError
+from sidecar.keyed_gauges import KeyedGauges
+from sidecar.local_metrics_otlp import keyed_gauge_metrics
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination, Output, TraceRecord, verdict_attributes
 from sidecar.pipeline.processor import Processor
@@ -56,6 +58,11 @@ def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
             for m in sm.metrics:
                 out[m.name] = list(m.data.data_points)
     return out
+
+
+def keyed_points(keyed: KeyedGauges) -> dict[str, list[Any]]:
+    """The per-key gauges' points, as the OTLP exporter sends them (``points``' shape)."""
+    return {m.name: list(m.data.data_points) for m in keyed_gauge_metrics(keyed, 1)}
 
 
 def instruments(reader: InMemoryMetricReader) -> dict[str, tuple[str, str]]:
@@ -151,8 +158,8 @@ GAUGES = (
 
 def test_coverage_bound_gauges_follow_the_monitor() -> None:
     """Verdicts and feedback through a CoverageMonitor show up as guardrail.coverage.* gauges."""
-    reader = InMemoryMetricReader()
-    telemetry = Telemetry(meter=MeterProvider(metric_readers=[reader]).get_meter("t"))
+    keyed = KeyedGauges()
+    telemetry = Telemetry(meter=MeterProvider().get_meter("t"), keyed_gauges=keyed)
     monitor = CoverageMonitor(window=100, probe=(10, 2))
     telemetry.observe_coverage(monitor.gauge_values)
     for i, covered in enumerate([True, True, True, False]):
@@ -170,7 +177,7 @@ def test_coverage_bound_gauges_follow_the_monitor() -> None:
             )
         )
         monitor.observe_feedback(FeedbackEvent(request_id=f"r{i}", correct=i != 0, source="t"))
-    got = points(reader)
+    got = keyed_points(keyed)
     value = {
         name: got[f"guardrail.coverage.{name}"][0] for name in ("coverage", "epsilon", "delta")
     }
@@ -510,7 +517,10 @@ def test_per_key_gauges_are_bounded_and_a_broken_key_is_never_cut() -> None:
     """Audit: 5,000 tenants (the global calibration's per-tenant windows) made 8,197 series,
     a 1.6 MB scrape, and pushed the real keys into the SDK's overflow series."""
     reader = InMemoryMetricReader()
-    telemetry = Telemetry(meter=MeterProvider(metric_readers=[reader]).get_meter("t"))
+    keyed = KeyedGauges()
+    telemetry = Telemetry(
+        meter=MeterProvider(metric_readers=[reader]).get_meter("t"), keyed_gauges=keyed
+    )
     own = {
         "acme/docs/dense": (0.93, 0.9, 0.95, False),
         "default/nq-open/minilm": (0.9, 0.88, 0.92, False),
@@ -522,7 +532,7 @@ def test_per_key_gauges_are_bounded_and_a_broken_key_is_never_cut() -> None:
         lambda: {k: {"coverage": 0.9, "violated": float(k == "global[t0300]")} for k in tenants},
         max_keys=5,
     )
-    got = points(reader)
+    got = {**keyed_points(keyed), **points(reader)}  # monitor_keys: on the SDK
     m1 = {p.attributes["calibration_key"] for p in got["guardrail.retrieval.m1_mean"]}
     assert len(m1) == 10
     assert {"global[t0450]", *own} <= m1  # broken first, then the calibrations' own keys
