@@ -230,3 +230,14 @@ async def test_spans_reach_an_otlp_receiver_with_the_llm_span_as_parent(
     assert any(
         scope == SCOPE and metric.name == "guardrail.verdicts" for scope, metric in receiver.metrics
     )
+    # the per-key gauges (read outside the SDK, added to the batches the same way): the
+    # request's calibration key, as the SDK's observable gauge sent it
+    broken = [
+        point
+        for scope, metric in receiver.metrics
+        if scope == SCOPE and metric.name == "guardrail.retrieval.exchangeability_broken"
+        for point in metric.gauge.data_points
+    ]
+    assert broken, "no guardrail.retrieval.exchangeability_broken point"
+    assert {a.key for p in broken for a in p.attributes} == {"calibration_key"}
+    assert {p.as_double for p in broken} <= {0.0, 1.0}
