@@ -169,6 +169,7 @@ class SidecarService:
             self.state,
             (topics.retrieval, topics.generation, topics.feedback),
             tuple(destinations.values()),
+            on_inputs_gone=self._forget_inputs,
         )
         self.consumer_watch = ConsumerWatch(self.state)
         self.publisher = Publisher(
@@ -505,6 +506,30 @@ class SidecarService:
                 dropped,
                 queued,
             )
+
+    def _forget_inputs(self, topics: set[str]) -> None:
+        """Input ``topics`` were deleted under the loop: forget their partitions' offsets.
+
+        The broker drops a deleted topic's committed offsets; the tracker's, retried by
+        every commit until one succeeded, used to land on the topic created again under
+        the same name (audit: the consumer then started there, the new topic's first
+        records were skipped without a word, and the old handover marked some of the new
+        ones finished: requests with no verdict at all); meanwhile that commit held up the
+        ticks (TTL sweeps, every other partition's commits). Forgotten, and the commit in
+        flight abandoned, nothing is committed for them: a topic created again is read
+        from ``auto_offset_reset``.
+        """
+        gone = {tp for tp in self.state.assigned if tp[0] in topics}
+        self.committer.abandon()
+        self.committer.forget(gone)
+        for tp in gone:
+            self.handovers.pop(tp, None)
+        self._finished = {f for f in self._finished if (f[0], f[1]) not in gone}
+        log.warning(
+            "input topic(s) %s deleted: what was read from them is not committed; "
+            "created again, they are read from GUARDRAIL_KAFKA__AUTO_OFFSET_RESET (%s)",
+            ", ".join(sorted(topics)), self.settings.kafka.auto_offset_reset,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ consume
 

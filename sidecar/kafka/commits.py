@@ -50,6 +50,8 @@ class Committer:
         self.inherited = inherited if inherited is not None else {}
         self._lock = asyncio.Lock()
         self._metadata: dict[TP, str] = {}  # what the last commit of each partition carried
+        self._inflight: asyncio.Task[None] | None = None  # the commit being sent
+        self._abandoned = False  # ``abandon`` cancelled it
         self.fallbacks = 0  # partition numbers committed at a lowered cut (no handover fitted)
         self.holds = 0  # commits left out: a handover did not fit where one was committed
 
@@ -71,11 +73,8 @@ class Committer:
             if not low:
                 return {}
             plan = self._plan(low)
-            if plan:
-                await consumer.commit(
-                    {tp: off for tp, (off, _) in plan.items()},
-                    {tp: meta for tp, (_, meta) in plan.items()},
-                )
+            if plan and not await self._send(consumer, plan):
+                return {}
             self.tracker.mark_committed(low)
             offsets = {tp: off for tp, (off, _) in plan.items()}
             self.keys.committed(offsets)
@@ -84,6 +83,36 @@ class Committer:
                 self.state.last_committed.update(offsets)
                 self._metadata.update({tp: meta for tp, (_, meta) in plan.items()})
             return offsets
+
+    async def _send(self, consumer: ConsumerPort, plan: dict[TP, tuple[int, str]]) -> bool:
+        """Send the commit; False if ``abandon`` cancelled it meanwhile."""
+        self._abandoned = False
+        sending = asyncio.create_task(  # noqa: RUF006 - kept in self._inflight, awaited below
+            consumer.commit(
+                {tp: off for tp, (off, _) in plan.items()},
+                {tp: meta for tp, (_, meta) in plan.items()},
+            ),
+            name="sidecar-commit",
+        )
+        self._inflight = sending
+        try:
+            await sending
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not self._abandoned or (current is not None and current.cancelling()):
+                raise
+            return False
+        finally:
+            self._inflight = None
+        return True
+
+    def abandon(self) -> None:
+        """Cancel the commit being sent: a topic in it was deleted. aiokafka retries a commit
+        to a missing topic until the topic is back, and this one would then carry the old
+        topic's offsets onto the new one; the loop's ticks waited for it all along."""
+        if self._inflight is not None and not self._inflight.done():
+            self._abandoned = True
+            self._inflight.cancel()
 
     def _plan(self, low: dict[TP, int]) -> dict[TP, tuple[int, str]]:
         """Offset and metadata per partition to commit: each joined partition number whole,

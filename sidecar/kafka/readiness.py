@@ -203,12 +203,18 @@ class BrokerProbe:
         outputs: Sequence[str] = (),
         *,
         clock: Callable[[], float] = time.monotonic,
+        on_inputs_gone: Callable[[set[str]], None] | None = None,
     ) -> None:
+        """``on_inputs_gone``: called with the input topics a probe no longer finds (once
+        each time one goes missing): what was read from them belongs to a topic that is
+        gone, and must never be committed to one created again under the same name."""
         self.state = state
         self.inputs = tuple(inputs)
         self.outputs = tuple(t for t in dict.fromkeys(outputs) if t not in self.inputs)
         self._clock = clock
         self._outputs_seen: set[str] = set()
+        self._on_inputs_gone = on_inputs_gone
+        self._inputs_gone: set[str] = set()
 
     async def probe(self, consumer: ConsumerPort) -> None:
         try:
@@ -230,7 +236,12 @@ class BrokerProbe:
         self.state.broker_ok = True
         if counts is not None:
             inputs = {t: n for t, n in counts.items() if t in self.inputs}
-            if self.check_partition_counts(inputs):
+            gone = set(self.inputs) - set(inputs)
+            if (newly := gone - self._inputs_gone) and self._on_inputs_gone is not None:
+                self._on_inputs_gone(newly)
+            back = self._inputs_gone - gone  # created again: read it now, not in 5 min
+            self._inputs_gone = gone
+            if self.check_partition_counts(inputs) or back:
                 consumer.refresh_metadata()  # the group rebalances onto the new partitions now
             self.check_outputs(counts)
 
