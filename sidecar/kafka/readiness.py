@@ -215,6 +215,7 @@ class BrokerProbe:
         self._outputs_seen: set[str] = set()
         self._on_inputs_gone = on_inputs_gone
         self._inputs_gone: set[str] = set()
+        self._problem_seen: dict[str, int] | None = None  # the counts the last error named
 
     async def probe(self, consumer: ConsumerPort) -> None:
         try:
@@ -287,8 +288,9 @@ class BrokerProbe:
             )  # fmt: skip
             state.input_partitions = seen
         ok = problem is None
-        if not ok and (state.topics_ok or seen != state.input_partitions):
-            log.error("input topics: %s; not ready", problem)
+        if not ok and (state.topics_ok or seen != self._problem_seen):
+            log.error("input topics: %s; not ready", problem)  # once per change, not per probe
+        self._problem_seen = None if ok else seen
         if first and ok:
             state.input_partitions = seen
         state.topics_ok = ok

@@ -144,3 +144,27 @@ async def test_a_call_while_a_refresh_is_under_way_shares_it_without_waiting() -
     await asyncio.sleep(0.05)
     assert not later.done() and client.requests == 1
     later.cancel()
+
+
+def test_unequal_input_partition_counts_are_logged_once_per_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A topic grown alone (``kafka-topics --alter`` on one of them) is an error until the
+    others follow: logged when it starts and when the counts change, not every probe (audit:
+    one ERROR line every 2 s per replica for as long as it lasted)."""
+    state = LoopState()
+    probe = BrokerProbe(state, INPUTS, OUTPUTS)
+    caplog.set_level(logging.ERROR, logger="sidecar.kafka")
+    probe.check_partition_counts(dict.fromkeys(INPUTS, 3))
+    for _ in range(5):
+        probe.check_partition_counts({"rag.retrieval": 5, "rag.generation": 3})
+    assert not state.topics_ok
+    probe.check_partition_counts({"rag.retrieval": 6, "rag.generation": 3})
+    probe.check_partition_counts({"rag.retrieval": 6, "rag.generation": 3})
+    errors = [r.getMessage() for r in caplog.records if "input topics" in r.getMessage()]
+    assert len(errors) == 2, errors
+    assert probe.check_partition_counts(dict.fromkeys(INPUTS, 6))  # grown together: read them
+    assert state.topics_ok
+    probe.check_partition_counts({"rag.retrieval": 7, "rag.generation": 6})
+    errors = [r.getMessage() for r in caplog.records if "input topics" in r.getMessage()]
+    assert len(errors) == 3, errors
