@@ -124,7 +124,7 @@ async def test_an_input_topic_deleted_and_created_again_under_traffic_is_read_fr
                 await sender
             finally:
                 await producer.stop()
-            verdicts = answered(await h.collect(t.verdicts, 300, timeout_s=40))
+            verdicts = answered(await h.collect(t.verdicts, 300, timeout_s=60))
     assert len(sent_after) > 100
     missing = sorted({f"req-{i}" for i in range(300)} - set(verdicts))
     assert not missing, missing  # a request whose final was deleted is answered incomplete
