@@ -112,13 +112,8 @@ def test_check_stops_on_tls_files_it_cannot_load(
     assert says in capsys.readouterr().err
 
 
-def test_an_encrypted_client_key_is_named_and_never_prompted_for(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    """An encrypted key without GUARDRAIL_KAFKA__SSL_KEY_PASSWORD is a configuration error
-    saying so: OpenSSL's own fallback prompted on the terminal (a hang under a TTY) or,
-    without one, said "Invalid argument" under "they must be readable PEM files that
-    match"."""
+def _encrypted_client_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed client certificate and its key, encrypted with ``secret-pass``."""
     key, crt = tmp_path / "client.key", tmp_path / "client.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-days", "2", "-subj", "/CN=c",
@@ -126,6 +121,17 @@ def test_an_encrypted_client_key_is_named_and_never_prompted_for(
         check=True,
         capture_output=True,
     )  # fmt: skip
+    return key, crt
+
+
+def test_an_encrypted_client_key_is_named_and_never_prompted_for(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """An encrypted key without GUARDRAIL_KAFKA__SSL_KEY_PASSWORD is a configuration error
+    saying so: OpenSSL's own fallback prompted on the terminal (a hang under a TTY) or,
+    without one, said "Invalid argument" under "they must be readable PEM files that
+    match"."""
+    key, crt = _encrypted_client_pair(tmp_path)
     for name, value in {
         "SECURITY_PROTOCOL": "SSL",
         "SSL_CERTFILE": str(crt),
@@ -150,13 +156,7 @@ def test_an_encrypted_client_key_opens_with_its_passphrase(
 ) -> None:
     """GUARDRAIL_KAFKA__SSL_KEY_PASSWORD decrypts the key; a wrong one is named as wrong
     (not as an unreadable file), and the passphrase never reaches the output."""
-    key, crt = tmp_path / "client.key", tmp_path / "client.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-days", "2", "-subj", "/CN=c",
-         "-passout", "pass:secret-pass", "-keyout", str(key), "-out", str(crt)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
+    key, crt = _encrypted_client_pair(tmp_path)
     for name, value in {
         "SECURITY_PROTOCOL": "SSL",
         "SSL_CERTFILE": str(crt),
