@@ -134,14 +134,18 @@ def otlp_endpoint(signal: str) -> str:
     name = own if os.environ.get(own) else "OTEL_EXPORTER_OTLP_ENDPOINT"
     value = os.environ.get(name, "")
     url = value.strip()
+    # the gRPC exporter also dials a bare host:port (TLS unless OTEL_EXPORTER_OTLP_INSECURE
+    # is true): a configuration that worked before this check must keep starting
+    bare = otlp_protocol(signal) == "grpc" and "://" not in url
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(f"//{url}" if bare else url)
         port = parts.port  # ValueError when not a number in 0-65535
     except ValueError:
         parts, port = None, None
     if (
         parts is None
-        or parts.scheme.lower() not in ("http", "https")
+        or (not bare and parts.scheme.lower() not in ("http", "https"))
+        or (bare and (port is None or parts.path not in ("", "/")))
         or not parts.hostname
         or port == 0
         or any(c.isspace() for c in url)
@@ -149,7 +153,7 @@ def otlp_endpoint(signal: str) -> str:
         raise ConfigError(
             f"{name} must be an http:// or https:// URL with a host and an optional port in "
             f"1-65535 (e.g. http://otel-collector:4317 for grpc, :4318 for http/protobuf; "
-            f"https:// for TLS), got {redact_text(repr(value))}"
+            f"https:// for TLS; grpc also takes host:port), got {redact_text(repr(value))}"
         )
     return url
 

@@ -232,9 +232,7 @@ def test_an_unknown_otlp_protocol_fails_at_start_naming_what_is_allowed(
 @pytest.mark.parametrize(
     "endpoint",
     [
-        "localhost:4318",  # no scheme: the HTTP exporter failed every export
-        "otel-collector:4317",
-        "not a url",
+        "not a url",  # (a bare host:port: test_grpc_takes_a_bare_host_and_port_http_does_not)
         "http://127.0.0.1:99999",  # gRPC dialled 34463
         "http://127.0.0.1:0",
         "http://[::1",
@@ -302,6 +300,22 @@ def test_a_batch_setting_the_sdk_would_reject_or_replace_fails_at_start(
         describe_env()
     with pytest.raises(ConfigError, match=message):
         configure_from_env()
+
+
+def test_grpc_takes_a_bare_host_and_port_http_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gRPC exporter dials ``otel-collector:4317`` as it is (TLS unless
+    OTEL_EXPORTER_OTLP_INSECURE=true): a configuration that worked keeps starting."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "otel-collector:4317")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    assert otlp_endpoint("TRACES") == "otel-collector:4317"
+    for bad in ("otel-collector", "otel-collector:99999", "otel-collector:4317/v1", "c:0"):
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", bad)
+        with pytest.raises(ConfigError, match="grpc also takes host:port"):
+            otlp_endpoint("TRACES")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "otel-collector:4317")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    with pytest.raises(ConfigError, match="must be an http:// or https:// URL"):
+        otlp_endpoint("TRACES")  # no scheme: the HTTP exporter failed every export
 
 
 def test_a_signals_own_otlp_endpoint_is_the_one_checked(monkeypatch: pytest.MonkeyPatch) -> None:
