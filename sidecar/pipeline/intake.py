@@ -318,10 +318,12 @@ class Intake:
         self.partition_mismatches += 1
         if self.partition_mismatches == 1:
             log.warning(
-                "request %s arrived on %s[%d] and %s[%d]: its producers do not partition the "
-                "same way; every producer must use Kafka's murmur2 partitioner on key = "
-                "request_id (librdkafka: partitioner=murmur2_random). Counted in "
-                "guardrail.join.partition_mismatch; warned once.",
+                "request %s arrived on %s[%d] and %s[%d]: the input topics' partition "
+                "counts changed while it was in flight (the readiness probe logs that), or "
+                "its producers do not partition the same way: every producer must use "
+                "Kafka's murmur2 partitioner on key = request_id (librdkafka: "
+                "partitioner=murmur2_random). Counted in guardrail.join.partition_mismatch; "
+                "warned once.",
                 entry.request_id,
                 seen[other],
                 other,
