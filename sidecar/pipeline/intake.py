@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from guardrail_client.inflate import UNREAD_HEADER
 from sidecar.config import LimitSettings, TenancySettings
-from sidecar.contracts.codec import InputKind, decode_input
+from sidecar.contracts.codec import InputKind, decode_input, request_id_hint
 from sidecar.contracts.common import NAME_MAX_CHARS, NAME_PATTERN, NAME_RULE
 from sidecar.contracts.events import (
     FeedbackEvent,
@@ -246,7 +246,10 @@ class Intake:
         except InputError as exc:
             if event is not None and exc.request_id is None:
                 exc.request_id = event.request_id  # the dead letter names the event's request
-            return Rejected(exc)
+            unreadable_retrieval = event is None and kind is InputKind.RETRIEVAL
+            return (
+                self._unreadable(exc, key, ref, now_ms) if unreadable_retrieval else Rejected(exc)
+            )
         entry = self.store.open(store_key, now_ms, request_id=event.request_id, tenant=tenant)
         if self._refused_first and not entry.refs:
             earlier = self._refused_first.pop(store_key, None)
@@ -297,11 +300,40 @@ class Intake:
         if entry.refs or entry.cannot_complete:
             return Rejected(exc, request=entry)
         self.store.discard(entry.store_key)
+        self._remember_refusal(entry.store_key, part, exc)
+        return Rejected(exc)
+
+    def _unreadable(
+        self, exc: InputError, key: bytes | None, ref: InputRef, now_ms: float
+    ) -> Rejected:
+        """A record of the retrieval topic that could not be read (malformed JSON, a schema
+        violation): its Kafka key names its request (the key of every readable input is its
+        request id), so the request is decided ``incomplete`` naming this dead letter once
+        the rest has come, as for a retrieval over a limit (before: at the join TTL,
+        "missing: retrieval"). No key a request id could be, or no trusted tenant: nothing."""
+        request_id = request_id_hint(None, key)
+        if request_id is None:
+            return Rejected(exc)
+        try:
+            tenant = self._tenant(ref)
+        except InputError:
+            return Rejected(exc)
+        store_key = self.store_key(request_id, tenant)
+        entry = self.store.get(store_key)
+        if entry is not None:
+            entry.refuse("retrieval", exc.reason, exc.detail)
+            return Rejected(exc, request=entry)
+        if not self._decided(store_key, now_ms):
+            self._remember_refusal(store_key, "retrieval", exc)
+        return Rejected(exc)
+
+    def _remember_refusal(self, store_key: str, part: str, exc: InputError) -> None:
+        """The refused first half of a request, for when the rest comes (the oldest of
+        :data:`MAX_REFUSALS_REMEMBERED` forgotten first)."""
         remembered = self._refused_first
-        remembered[entry.store_key] = (part, exc.reason, exc.detail[:MAX_REFUSAL_DETAIL])
+        remembered[store_key] = (part, exc.reason, exc.detail[:MAX_REFUSAL_DETAIL])
         while len(remembered) > MAX_REFUSALS_REMEMBERED:
             remembered.popitem(last=False)
-        return Rejected(exc)
 
     def _check_partitions(self, entry: PendingRequest, ref: InputRef) -> None:
         """Both halves of a request on different partition numbers: mixed partitioners.

@@ -221,7 +221,10 @@ class PendingRequest:
 
     def refuse(self, part: str, reason: str, detail: str) -> None:
         """``part`` (``retrieval`` / ``generation.final``) was dead-lettered: it may still
-        come again (a producer's corrected re-send), else the request cannot complete."""
+        come again (a producer's corrected re-send), else the request cannot complete. A
+        refused second copy of a part it holds changes nothing."""
+        if part not in self.missing():
+            return
         self.refused = self.refused or (reason, detail[:MAX_REFUSAL_DETAIL])
         self.refused_parts |= {part}
 

@@ -134,6 +134,42 @@ def test_a_refused_final_or_retrieval_decides_its_request_at_once(
     assert p.on_tick(1.0).outputs == []
 
 
+def test_an_unreadable_retrieval_decides_its_request_by_its_key(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """A retrieval record that cannot be read names its request by its Kafka key (every
+    readable input's key is its request id): the request is decided when the rest comes,
+    naming the dead letter, not at the TTL as "missing: retrieval"."""
+    p = processor(settings_factory, limits={"max_hits": 1})
+    # the final first, then the broken retrieval: decided at once
+    assert p.on_message(G, dumps(final_event("req-1")), b"req-1", ref("g", 0), 0.0).outputs == []
+    step = p.on_message(R, b'{"schema_version": 1, "event_', b"req-1", ref("r", 0), 0.0)
+    assert reasons(step) == ["malformed-json"]
+    [v] = verdicts(step)
+    assert v.request_id == "req-1" and "its retrieval was dead-lettered (malformed-json" in (
+        v.reasons[0].message
+    )
+    # the broken retrieval first: remembered aside, decided when the final comes
+    wrong = retrieval_event("req-2", k="three")
+    assert verdicts(p.on_message(R, dumps(wrong), b"req-2", ref("r", 1), 0.0)) == []
+    [v2] = verdicts(p.on_message(G, dumps(final_event("req-2")), b"req-2", ref("g", 1), 0.0))
+    assert "its retrieval was dead-lettered (schema-violation" in v2.reasons[0].message
+    # no key, or none a request id could be: nothing remembered, the TTL decides as before
+    for offset, key in enumerate((None, b"two words")):
+        p.on_message(R, b"[]", key, ref("r", 2 + offset), 0.0)
+    assert len(p.intake._refused_first) == 0
+    # a refused second copy of a retrieval the request holds does not end it
+    one_hit = retrieval_event("req-3", k=1)
+    one_hit["hits"] = one_hit["hits"][:1]
+    p.on_message(R, dumps(one_hit), b"req-3", ref("r", 4), 0.0)
+    step = p.on_message(R, dumps(retrieval_event("req-3")), b"req-3", ref("r", 5), 0.0)
+    assert reasons(step) == ["too-many-hits"] and verdicts(step) == []
+    [v3] = verdicts(p.on_message(G, dumps(final_event("req-3")), b"req-3", ref("g", 2), 0.0))
+    assert v3.reasons[0].code != "incomplete"
+
+
 def test_one_request_cannot_hold_more_than_its_byte_budget(
     settings_factory: Callable[..., Settings], delta_event: EventFactory
 ) -> None:
