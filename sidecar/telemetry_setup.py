@@ -70,6 +70,9 @@ SAMPLERS = (
     "parentbased_traceidratio",
 )
 RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
+# gRPC name-resolver schemes the gRPC exporter hands to its channel as they are (a URL
+# with no host part: ``unix:///run/otel.sock``, ``dns:///otel-collector:4317``)
+GRPC_TARGET_SCHEMES = ("unix", "unix-abstract", "dns", "ipv4", "ipv6")
 # what the last export may take when the caller names no limit (the SDK's own default)
 SHUTDOWN_TIMEOUT_S = 30.0
 
@@ -134,9 +137,19 @@ def otlp_endpoint(signal: str) -> str:
     name = own if os.environ.get(own) else "OTEL_EXPORTER_OTLP_ENDPOINT"
     value = os.environ.get(name, "")
     url = value.strip()
+    grpc = otlp_protocol(signal) == "grpc"
+    scheme, colon, target = url.partition(":")
+    if (
+        grpc
+        and colon
+        and scheme.lower() in GRPC_TARGET_SCHEMES
+        and target.strip("/")
+        and not any(c.isspace() for c in url)
+    ):
+        return url  # a gRPC target (a collector on a Unix socket): its channel resolves it
     # the gRPC exporter also dials a bare host:port (TLS unless OTEL_EXPORTER_OTLP_INSECURE
     # is true): a configuration that worked before this check must keep starting
-    bare = otlp_protocol(signal) == "grpc" and "://" not in url
+    bare = grpc and "://" not in url
     try:
         parts = urlsplit(f"//{url}" if bare else url)
         port = parts.port  # ValueError when not a number in 0-65535
@@ -153,7 +166,8 @@ def otlp_endpoint(signal: str) -> str:
         raise ConfigError(
             f"{name} must be an http:// or https:// URL with a host and an optional port in "
             f"1-65535 (e.g. http://otel-collector:4317 for grpc, :4318 for http/protobuf; "
-            f"https:// for TLS; grpc also takes host:port), got {redact_text(repr(value))}"
+            f"https:// for TLS; grpc also takes host:port and unix:, dns:, ipv4:, ipv6: "
+            f"targets), got {redact_text(repr(value))}"
         )
     return url
 

@@ -312,10 +312,22 @@ def test_grpc_takes_a_bare_host_and_port_http_does_not(monkeypatch: pytest.Monke
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", bad)
         with pytest.raises(ConfigError, match="grpc also takes host:port"):
             otlp_endpoint("TRACES")
+    # gRPC targets the exporter hands to its channel as they are (a collector on a Unix
+    # socket, DNS resolution): they export, and stopped the start
+    for target in ("unix:///run/otel/otlp.sock", "unix:otlp.sock", "dns:///otel-collector:4317"):
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", target)
+        assert otlp_endpoint("TRACES") == target
+    for bad in ("unix://", "dns:", "file:///run/otel.sock"):
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", bad)
+        with pytest.raises(ConfigError, match="grpc also takes host:port"):
+            otlp_endpoint("TRACES")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "otel-collector:4317")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
     with pytest.raises(ConfigError, match="must be an http:// or https:// URL"):
         otlp_endpoint("TRACES")  # no scheme: the HTTP exporter failed every export
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "unix:///run/otel/otlp.sock")
+    with pytest.raises(ConfigError, match="must be an http:// or https:// URL"):
+        otlp_endpoint("TRACES")  # the HTTP exporter posts to URLs only
 
 
 def test_a_signals_own_otlp_endpoint_is_the_one_checked(monkeypatch: pytest.MonkeyPatch) -> None:
