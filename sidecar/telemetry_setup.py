@@ -214,8 +214,15 @@ _READER_DEFAULTS: Final = {
 }
 
 
+# what the SDK takes that a count or a delay may not be: a timeout of 0 (it never checks
+# one), and an export interval of inf (no periodic export: the metrics go out at stopping)
+_ZERO_ALLOWED: Final = ("OTEL_BSP_EXPORT_TIMEOUT", "OTEL_METRIC_EXPORT_TIMEOUT")
+_INF_ALLOWED: Final = ("OTEL_METRIC_EXPORT_INTERVAL",)
+
+
 def _positive(name: str, default: int, *, whole: bool) -> float:
-    """``name``'s value as the SDK reads it (``int`` or ``float``), which must be above 0."""
+    """``name``'s value as the SDK reads it (``int`` or ``float``), which must be above 0
+    (at least 0: a timeout; inf: the metric export interval)."""
     value = os.environ.get(name)
     if value is None or value == "":
         return default
@@ -223,9 +230,11 @@ def _positive(name: str, default: int, *, whole: bool) -> float:
         number = int(value) if whole else float(value)
     except ValueError:
         number = math.nan
-    if not number > 0 or math.isinf(number):
+    least_ok = number >= 0 if name in _ZERO_ALLOWED else number > 0
+    if not least_ok or (math.isinf(number) and name not in _INF_ALLOWED):
         kind = "a whole number" if whole else "a number"
-        raise ConfigError(f"{name} must be {kind} above 0, got {value!r}")
+        bound = "of at least 0" if name in _ZERO_ALLOWED else "above 0"
+        raise ConfigError(f"{name} must be {kind} {bound}, got {value!r}")
     return number
 
 

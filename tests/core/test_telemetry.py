@@ -302,6 +302,29 @@ def test_a_batch_setting_the_sdk_would_reject_or_replace_fails_at_start(
         configure_from_env()
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OTEL_BSP_EXPORT_TIMEOUT": "0"},
+        {"OTEL_METRIC_EXPORT_TIMEOUT": "0"},
+        {"OTEL_METRIC_EXPORT_INTERVAL": "inf"},  # the SDK's "only when stopping"
+    ],
+)
+def test_a_batch_setting_the_sdk_takes_still_starts(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> None:
+    """The SDK never checks a timeout, and reads an infinite interval as no periodic
+    export: each started before the check, and stopped the start with it."""
+    for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    described = describe_env()
+    assert set(described) >= {"traces", "metrics"}
+
+
 def test_grpc_takes_a_bare_host_and_port_http_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
     """The gRPC exporter dials ``otel-collector:4317`` as it is (TLS unless
     OTEL_EXPORTER_OTLP_INSECURE=true): a configuration that worked keeps starting."""
