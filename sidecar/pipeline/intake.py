@@ -25,7 +25,6 @@ import hashlib
 import logging
 import re
 import sys
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,6 +41,7 @@ from sidecar.contracts.events import (
 )
 from sidecar.exceptions import InputError
 from sidecar.pipeline.join import MAX_REFUSAL_DETAIL, InputRef, JoinStore, PendingRequest
+from sidecar.pipeline.owners import OwnedKeys
 from sidecar.pipeline.ports import NOT_CONFIGURED_RETRIEVAL, SignalSuite
 
 log = logging.getLogger("sidecar.pipeline")
@@ -68,7 +68,8 @@ HELD_HIT_OVERHEAD = 480
 
 JoinedEvent = RetrievalEvent | GenerationDelta | GenerationFinal
 # requests whose first event was refused after it was read, remembered so that the rest of
-# the request is decided at once naming the refusal (~0.7 KB each at most)
+# the request is decided at once naming the refusal (~0.7 KB each at most); past it, the
+# tenant remembering the most forgets its oldest (one tenant's flood forgets its own)
 MAX_REFUSALS_REMEMBERED = 4096
 
 
@@ -215,8 +216,10 @@ class Intake:
         self.rereads = 0  # records of decided requests read again: finished, not dead-lettered
         self.handed_over = 0  # finals a last owner decided, remembered as decided here
         # store key -> (half, reason, detail) of requests whose first event was refused
-        # after it was read (``_refused_half``), the oldest forgotten first
-        self._refused_first: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
+        # after it was read (``_refused``), and their keys by trusted tenant ("" when events
+        # name it): past the bound, the tenant remembering the most forgets its oldest
+        self._refused_first: dict[str, tuple[str, str, str]] = {}
+        self._refused_owners = OwnedKeys()
 
     def admit(
         self, kind: InputKind, raw: bytes | None, key: bytes | None, ref: InputRef, now_ms: float
@@ -251,9 +254,11 @@ class Intake:
                 self._unreadable(exc, key, ref, now_ms) if unreadable_retrieval else Rejected(exc)
             )
         entry = self.store.open(store_key, now_ms, request_id=event.request_id, tenant=tenant)
+        earlier = None
         if self._refused_first and not entry.refs:
             earlier = self._refused_first.pop(store_key, None)
             if earlier is not None:
+                self._refused_owners.remove(tenant or "", store_key)
                 entry.refuse(*earlier)
         ref = held_ref(ref)
         size = held_bytes(event, raw, ref.headers)
@@ -268,7 +273,7 @@ class Intake:
             identical = self._hold(entry, event, raw or b"")
         except InputError as exc:
             exc.request_id = exc.request_id or event.request_id
-            return self._refused(exc, event, entry)
+            return self._refused(exc, event, entry, earlier)
         if identical:
             return Duplicate()
         self._check_partitions(entry, ref)
@@ -281,7 +286,13 @@ class Intake:
         made_room = self.store.hold_bytes(entry, size)
         return Held(entry, (*evictions, *made_room))
 
-    def _refused(self, exc: InputError, event: JoinedEvent, entry: PendingRequest) -> Rejected:
+    def _refused(
+        self,
+        exc: InputError,
+        event: JoinedEvent,
+        entry: PendingRequest,
+        earlier: tuple[str, str, str] | None,
+    ) -> Rejected:
         """An event refused once its request's entry was open. It costs no other request
         its place (room is made only for held events), and a fresh entry is not kept.
 
@@ -290,17 +301,21 @@ class Intake:
         request is here, the request cannot complete and is decided ``incomplete`` naming
         this dead letter (before, it waited out the join TTL, and its verdict said the
         final was missing though it had come: 30 s per over-long answer, in the audit).
-        Its refusal is remembered aside when it was the request's first event."""
+        Its refusal is remembered aside when it was the request's first event; so is
+        ``earlier``, the refusal remembered for the request before, when the fresh entry
+        it was taken into is not kept."""
         if type(event) is GenerationDelta or exc.reason == "duplicate-conflict":
             if not entry.refs:
                 self.store.discard(entry.store_key)
+                if earlier is not None:  # a refused delta does not forget the refused half
+                    self._remember(entry.store_key, entry.tenant, earlier)
             return Rejected(exc)
         part = event.event_type
         entry.refuse(part, exc.reason, exc.detail)
         if entry.refs or entry.cannot_complete:
             return Rejected(exc, request=entry)
         self.store.discard(entry.store_key)
-        self._remember_refusal(entry.store_key, part, exc)
+        self._remember(entry.store_key, entry.tenant, (part, exc.reason, exc.detail))
         return Rejected(exc)
 
     def _unreadable(
@@ -324,16 +339,22 @@ class Intake:
             entry.refuse("retrieval", exc.reason, exc.detail)
             return Rejected(exc, request=entry)
         if not self._decided(store_key, now_ms):
-            self._remember_refusal(store_key, "retrieval", exc)
+            self._remember(store_key, tenant, ("retrieval", exc.reason, exc.detail))
         return Rejected(exc)
 
-    def _remember_refusal(self, store_key: str, part: str, exc: InputError) -> None:
-        """The refused first half of a request, for when the rest comes (the oldest of
-        :data:`MAX_REFUSALS_REMEMBERED` forgotten first)."""
-        remembered = self._refused_first
-        remembered[store_key] = (part, exc.reason, exc.detail[:MAX_REFUSAL_DETAIL])
+    def _remember(self, store_key: str, tenant: str | None, refusal: tuple[str, str, str]) -> None:
+        """Remember a request's refused first half (half, reason, detail); past the bound
+        the tenant remembering the most forgets its oldest: one tenant's 4,096 refused
+        retrievals no longer make every other tenant's refused requests wait out the TTL."""
+        remembered, owners = self._refused_first, self._refused_owners
+        half, reason, detail = refusal
+        remembered[store_key] = (half, reason, detail[:MAX_REFUSAL_DETAIL])
+        owners.add(tenant or "", store_key)
         while len(remembered) > MAX_REFUSALS_REMEMBERED:
-            remembered.popitem(last=False)
+            owner = next(owners.largest())
+            oldest = next(owners.keys_of(owner))
+            owners.remove(owner, oldest)
+            del remembered[oldest]
 
     def _check_partitions(self, entry: PendingRequest, ref: InputRef) -> None:
         """Both halves of a request on different partition numbers: mixed partitioners.

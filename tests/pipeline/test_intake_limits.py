@@ -170,6 +170,58 @@ def test_an_unreadable_retrieval_decides_its_request_by_its_key(
     assert v3.reasons[0].code != "incomplete"
 
 
+def test_one_tenants_refused_first_halves_forget_only_its_own(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Tenant A's flood of refused first halves past the memory's bound made tenant B's
+    request, refused first, wait out the TTL: the memory forgets A's oldest, never B's."""
+    p = processor(
+        settings_factory, limits={"max_hits": 1}, tenancy={"source": "header", "header": "x-t"}
+    )
+    b_refused = dumps(retrieval_event("victim", tenant="b"))
+    assert reasons(p.on_message(R, b_refused, None, ref("r", 0, x_t="b"), 0.0)) == ["too-many-hits"]
+    flood = dumps(retrieval_event("flood", tenant="a"))
+    for i in range(MAX_REFUSALS_REMEMBERED + 10):
+        raw = flood.replace(b'"flood"', f'"f{i}"'.encode())
+        assert reasons(p.on_message(R, raw, None, ref("r", 1 + i, x_t="a"), 0.0))
+    assert len(p.intake._refused_first) == MAX_REFUSALS_REMEMBERED
+    [v] = verdicts(p.on_message(G, dumps(final_event("victim")), None, ref("g", 0, x_t="b"), 0))
+    assert (v.tenant, v.reasons[0].code) == ("b", "incomplete")
+    assert "its retrieval was dead-lettered (too-many-hits" in v.reasons[0].message
+    # A's oldest were forgotten, its newest are remembered
+    [a_new] = verdicts(
+        p.on_message(
+            G,
+            dumps(final_event(f"f{MAX_REFUSALS_REMEMBERED + 9}")),
+            None,
+            ref("g", 1, x_t="a"),
+            0.0,
+        )
+    )
+    assert "dead-lettered" in a_new.reasons[0].message
+    assert verdicts(p.on_message(G, dumps(final_event("f0")), None, ref("g", 2, x_t="a"), 0)) == []
+
+
+def test_a_refused_first_delta_keeps_the_refused_half_remembered(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """The refused retrieval was taken out of the memory into the fresh entry of the
+    request's first delta; that delta refused too, the entry was discarded and the
+    retrieval's refusal with it: the request waited out the TTL."""
+    p = processor(settings_factory, limits={"max_hits": 1, "max_answer_chars": 50})
+    first = p.on_message(R, dumps(retrieval_event("q")), None, ref("r", 0), 0.0)
+    assert reasons(first) == ["too-many-hits"]
+    long_delta = p.on_message(G, dumps(delta_event("q", 0, "z" * 51)), None, ref("g", 0), 0.0)
+    assert reasons(long_delta) == ["answer-too-long"] and len(p.store) == 0
+    [v] = verdicts(p.on_message(G, dumps(final_event("q")), None, ref("g", 1), 0.0))
+    assert "its retrieval was dead-lettered (too-many-hits" in v.reasons[0].message
+
+
 def test_one_request_cannot_hold_more_than_its_byte_budget(
     settings_factory: Callable[..., Settings], delta_event: EventFactory
 ) -> None:
