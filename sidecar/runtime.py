@@ -28,6 +28,7 @@ from sidecar.telemetry_setup import configure_from_env, describe_env
 if TYPE_CHECKING:
     from sidecar.claims.judge import JudgeConfig
     from sidecar.confidence.fleet import CoverageMonitor
+    from sidecar.policy.watch import PolicyFileWatch
 
 log = logging.getLogger("sidecar")
 MAX_START_RETRY_S = 30.0  # the longest pause between attempts to reach Kafka at start
@@ -499,6 +500,58 @@ async def _load_while_reaching_kafka(
         reaching.cancel()
 
 
+def _policy_watch(settings: Settings, processor: Processor) -> PolicyFileWatch | None:
+    """A watch on the served policy's file (``None``: a policy not read from a file)."""
+    from sidecar.policy.engine import PolicyEngine  # noqa: PLC0415
+    from sidecar.policy.watch import PolicyFileWatch  # noqa: PLC0415
+
+    policy = processor.policy
+    if not isinstance(policy, PolicyEngine) or policy.source is None:
+        return None
+    return PolicyFileWatch(
+        policy.source, policy.fingerprint, lambda: build_policy(settings).fingerprint
+    )
+
+
+async def _watch_policy(
+    watch: PolicyFileWatch, stop: asyncio.Event, interval_s: float | None = None
+) -> None:
+    """Until ``stop``: re-read the policy file every ``interval_s`` (default
+    ``POLICY_CHECK_INTERVAL_S``) and log what changed."""
+    from sidecar.policy.watch import POLICY_CHECK_INTERVAL_S  # noqa: PLC0415
+
+    interval_s = POLICY_CHECK_INTERVAL_S if interval_s is None else interval_s
+    while True:
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+        except TimeoutError:
+            pass
+        else:
+            return
+        try:
+            notice = await asyncio.to_thread(watch.check)
+        except Exception:  # a watch must never stop the sidecar
+            log.exception("checking the policy file failed")
+            continue
+        if notice is not None:
+            log.log(
+                logging.WARNING if notice.level == "warning" else logging.INFO, "%s", notice.message
+            )
+
+
+async def _until_stopped(settings: Settings, processor: Processor, stop: asyncio.Event) -> None:
+    """Wait for SIGTERM / SIGINT, re-reading the policy file meanwhile."""
+    watch = _policy_watch(settings, processor)
+    if watch is None:
+        await stop.wait()
+        return
+    watching = asyncio.create_task(_watch_policy(watch, stop), name="sidecar-policy-watch")
+    try:
+        await stop.wait()
+    finally:
+        watching.cancel()
+
+
 async def serve(settings: Settings, processor: Processor | None = None) -> None:
     """Run until SIGTERM / SIGINT. ``processor``: replaces the one built from the
     settings' signals and policy (the bench's constant-verdict floor); ``None``
@@ -561,7 +614,7 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
             settings.kafka.group_id,
             settings.kafka.bootstrap_servers,
         )
-        await stop.wait()
+        await _until_stopped(settings, processor, stop)
         stopping_at = time.monotonic()
         log.info("stopping: finishing in-flight work and committing")
         try:

@@ -48,6 +48,7 @@ __all__ = [
     "RetrievalRules",
     "load_policy",
     "parse_policy",
+    "read_policy_text",
 ]
 
 Action = Literal["allow", "caveat", "block"]
@@ -356,7 +357,8 @@ def parse_policy(text: str, source: str = "<policy>") -> PolicyConfig:
 MAX_POLICY_BYTES: Final = 1 << 20  # a policy is a few KB; the audit's 5 MB one took 5 s
 
 
-def load_policy(path: Path) -> PolicyConfig:
+def read_policy_text(path: Path) -> str:
+    """The policy file's text, or ``ConfigError`` when it is missing, too large or not UTF-8."""
     if not path.is_file():
         raise ConfigError(f"policy file {path} does not exist")
     size = path.stat().st_size
@@ -369,4 +371,8 @@ def load_policy(path: Path) -> PolicyConfig:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 (byte offset {exc.start})") from None
-    return parse_policy(text, str(path))
+    return text
+
+
+def load_policy(path: Path) -> PolicyConfig:
+    return parse_policy(read_policy_text(path), str(path))

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sidecar.confidence.certificate_check import CertificateTracker
@@ -54,12 +54,13 @@ from sidecar.policy.config import (
     PolicyConfig,
     PolicyTexts,
     Profile,
-    load_policy,
+    parse_policy,
+    read_policy_text,
 )
 from sidecar.policy.findings import Finding, evaluate_signals, finding
 from sidecar.policy.rewrite import remove_unsupported, verified_only
 
-__all__ = ["PolicyEngine", "strict_outcome"]
+__all__ = ["PolicyEngine", "PolicySource", "strict_outcome"]
 
 _DECISION = {"allow": Decision.ALLOW, "caveat": Decision.CAVEAT, "block": Decision.BLOCK}
 # reasons are frozen: the constant ones are built once
@@ -111,6 +112,15 @@ def strict_outcome(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PolicySource:
+    """The file a policy was read from and the sha256 of the text that was read (what
+    :class:`~sidecar.policy.watch.PolicyFileWatch` compares the file on disk with)."""
+
+    path: Path
+    sha256: str
+
+
 @functools.cache
 def _profile_reason(name: str) -> Reason:
     """``profile.<name>``: one frozen reason per profile, built once."""
@@ -142,6 +152,7 @@ class PolicyEngine:
         self.certified: dict[str, CertifiedAllow] = load_certificates(config, dirs, models)
         self.certificates = CertificateTracker()
         self.attach_certificates(self.certificates)
+        self.source: PolicySource | None = None  # set by from_file
 
     @classmethod
     def from_file(
@@ -155,7 +166,12 @@ class PolicyEngine:
 
         Relative certificate paths: the file's folder first, then ``search``.
         """
-        return cls(load_policy(path), base_dir=path.parent, models=models, search=search)
+        text = read_policy_text(path)
+        engine = cls(
+            parse_policy(text, str(path)), base_dir=path.parent, models=models, search=search
+        )
+        engine.source = PolicySource(path, hashlib.sha256(text.encode("utf-8")).hexdigest())
+        return engine
 
     def attach_certificates(self, tracker: CertificateTracker) -> None:
         """Re-test the certificates with ``tracker`` (the coverage monitor's, fed by feedback)."""
