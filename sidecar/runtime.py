@@ -334,6 +334,18 @@ def _served_models(settings: Settings) -> dict[str, str]:
     return served
 
 
+def _signals_off(settings: Settings) -> list[str]:
+    """The signals this sidecar does not serve (verdict reason ``<signal>-not-configured``)."""
+    sig = settings.signals
+    served = {
+        "retrieval": sig.retrieval,
+        "lookback": sig.lookback,
+        "claims": sig.claims,
+        "confidence": sig.confidence,
+    }
+    return [name for name, on in served.items() if not on]
+
+
 def build_processor(settings: Settings) -> Processor:
     """The processor ``run`` serves: the settings' policy and signals, wired together.
 
@@ -343,8 +355,12 @@ def build_processor(settings: Settings) -> Processor:
     """
     from sidecar.confidence.fleet import CoverageMonitor  # noqa: PLC0415
     from sidecar.policy.engine import PolicyEngine  # noqa: PLC0415
+    from sidecar.policy.lint import constant_decisions  # noqa: PLC0415
 
     policy = build_policy(settings)
+    if isinstance(policy, PolicyEngine):
+        for note in constant_decisions(policy.config, _signals_off(settings)):
+            log.warning("%s", note)
     signals = build_signals(settings)
     if isinstance(policy, PolicyEngine) and isinstance(signals.coverage, CoverageMonitor):
         policy.attach_certificates(signals.coverage.certificates)

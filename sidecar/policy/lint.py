@@ -9,9 +9,28 @@ defaults (``confidence.block_below: 0``) are not noted: they are off on purpose.
 
 from __future__ import annotations
 
-from sidecar.policy.config import ConfidenceRules, LookbackRules, Profile
+from collections.abc import Collection
 
-__all__ = ["inert_rules"]
+from sidecar.policy.config import (
+    SEVERITY,
+    Action,
+    ClaimsRules,
+    ConfidenceRules,
+    LookbackRules,
+    PolicyConfig,
+    Profile,
+    RetrievalRules,
+)
+
+__all__ = ["OFF_SWITCHES", "constant_decisions", "inert_rules"]
+
+OFF_SWITCHES = {
+    "retrieval": "GUARDRAIL_SIGNALS__RETRIEVAL",
+    "lookback": "GUARDRAIL_SIGNALS__LOOKBACK",
+    "claims": "GUARDRAIL_SIGNALS__CLAIMS",
+    "confidence": "GUARDRAIL_SIGNALS__CONFIDENCE",
+}
+"""The signals a sidecar can serve with off, and the setting that turns each on."""
 
 
 def _thresholds(where: str, rules: LookbackRules | ConfidenceRules, what: str) -> list[str]:
@@ -61,5 +80,45 @@ def inert_rules(name: str, profile: Profile) -> list[str]:
         notes.append(
             f"{where}.claims: every reliability level allows and no unsupported claim caveats "
             "or blocks: verified claims never change a decision"
+        )
+    return notes
+
+
+def _when_off(profile: Profile, signal: str) -> Action | None:
+    """The action every answer gets from ``signal`` being off (``None``: none; a
+    confidence rule whose thresholds are both 0 is not used, so not missed)."""
+    if signal == "confidence":
+        rules = profile.confidence
+        return None if rules.block_below == rules.caveat_below == 0.0 else rules.when_missing
+    section: RetrievalRules | LookbackRules | ClaimsRules = getattr(profile, signal)
+    return section.when_missing
+
+
+def constant_decisions(config: PolicyConfig, off: Collection[str]) -> list[str]:
+    """Profiles that decide (the default, or mapped from a tenant or collection) and that,
+    with the signals ``off`` not served, can never allow an answer: a missing signal is a
+    finding with the profile's ``when_missing`` action, on every answer."""
+    used = {config.default_profile, *config.tenants.values(), *config.collections.values()}
+    notes = []
+    for name, profile in config.profiles.items():
+        if name not in used:
+            continue
+        floor: list[tuple[Action, str]] = []
+        for signal in OFF_SWITCHES:
+            action = _when_off(profile, signal) if signal in off else None
+            if action is not None and action != "allow":
+                floor.append((action, signal))
+        if not floor:
+            continue
+        worst = max(SEVERITY[a] for a, _ in floor)
+        because = ", ".join(
+            f"{OFF_SWITCHES[s]}=false and profiles.{name}.{s}.when_missing is {a}"
+            for a, s in floor
+            if SEVERITY[a] == worst
+        )
+        outcome = "is blocked" if worst == SEVERITY["block"] else "gets at least a caveat"
+        notes.append(
+            f"profile {name}: every answer {outcome}, none is ever allowed ({because}); "
+            "turn the signal on or set its when_missing to allow"
         )
     return notes

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.cli.main import main
 from sidecar.policy.config import load_policy, parse_policy
-from sidecar.policy.lint import inert_rules
+from sidecar.policy.lint import constant_decisions, inert_rules
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,3 +73,39 @@ def test_policy_check_prints_the_notes(tmp_path: Path) -> None:
     assert "note: profiles.gen.escalate_below_reliability is 0: no answer is ever escalated" in (
         out.stdout
     )
+
+
+def test_a_profile_that_the_served_signals_never_let_allow_is_named() -> None:
+    """With the shipped settings claim checks are off, and the shipped default profile
+    (enterprise) says ``claims.when_missing: caveat``: no answer it decides is ever
+    allowed. ``run`` and ``run --check`` said nothing of it."""
+    config = load_policy(REPO / "models" / "policy" / "default.yaml")
+    assert constant_decisions(config, []) == []
+    (note,) = constant_decisions(config, ["claims"])
+    assert note.startswith("profile enterprise: every answer gets at least a caveat")
+    assert "GUARDRAIL_SIGNALS__CLAIMS=false" in note
+    assert "profiles.enterprise.claims.when_missing is caveat" in note
+
+
+def test_a_mapped_profile_that_blocks_every_answer_is_named_and_unused_ones_are_not() -> None:
+    config = parse_policy(
+        "name: t\ndefault_profile: open\ntenants: {clinic: med}\nprofiles:\n"
+        "  open: {max_hallucination_rate: 0.3, claims: {when_missing: allow},"
+        " retrieval: {when_missing: allow}}\n"
+        "  med: {max_hallucination_rate: 0.05, claims: {when_missing: block},"
+        " lookback: {when_missing: caveat}}\n"
+        "  spare: {max_hallucination_rate: 0.05, claims: {when_missing: block}}\n"
+    )
+    notes = constant_decisions(config, ["claims", "lookback", "retrieval", "confidence"])
+    assert [n.split(":", 1)[0] for n in notes] == ["profile med"]
+    assert "every answer is blocked" in notes[0]
+    assert "claims.when_missing is block" in notes[0]
+    assert "lookback" not in notes[0]  # the most severe reason is the one said
+
+
+def test_run_check_warns_of_a_profile_that_never_allows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="sidecar"):
+        assert main(["run", "--check"]) == 0
+    assert "profile enterprise: every answer gets at least a caveat" in caplog.text
