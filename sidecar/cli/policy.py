@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run_check(args: argparse.Namespace) -> int:
     from sidecar.policy.engine import PolicyEngine  # noqa: PLC0415
-    from sidecar.policy.lint import inert_rules  # noqa: PLC0415
+    from sidecar.policy.lint import inert_rules, literal_patterns  # noqa: PLC0415
 
     engine = PolicyEngine.from_file(args.file)
     config = engine.config
@@ -52,6 +52,8 @@ def run_check(args: argparse.Namespace) -> int:
     for name, profile in config.profiles.items():
         for note in inert_rules(name, profile):
             sys.stdout.write(f"  note: {note}\n")
+    for note in literal_patterns(config):
+        sys.stdout.write(f"  note: {note}\n")
     shadowed = sorted(set(config.tenants) & set(config.collections))
     if shadowed:
         sys.stdout.write(

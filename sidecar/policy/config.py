@@ -305,6 +305,12 @@ def _no_such_field(loc: tuple[int | str, ...]) -> str:
     return f"no such field{hint} the fields here are {', '.join(names)}"
 
 
+_YAML_BOOLEAN = (
+    "YAML reads an unquoted yes, no, on, off, true or false (in any case) as a boolean; "
+    "quote a name that reads so, e.g. 'NO'"
+)
+
+
 def _describe(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
@@ -314,6 +320,10 @@ def _describe(exc: ValidationError) -> str:
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = _no_such_field(tuple(err["loc"]))
+        if isinstance(got, bool) and err["type"] == "string_type":
+            message += f": {_YAML_BOOLEAN}"
+            if err["loc"][-1] == "[key]":  # pydantic names the key by its hash: 0 or 1
+                where = f"{err['loc'][0]}: a key"
         lines.append(f"{where}: {message}{shown}")
     return "; ".join(lines)
 

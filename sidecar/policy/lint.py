@@ -22,7 +22,7 @@ from sidecar.policy.config import (
     RetrievalRules,
 )
 
-__all__ = ["OFF_SWITCHES", "constant_decisions", "inert_rules"]
+__all__ = ["OFF_SWITCHES", "constant_decisions", "inert_rules", "literal_patterns"]
 
 OFF_SWITCHES = {
     "retrieval": "GUARDRAIL_SIGNALS__RETRIEVAL",
@@ -122,3 +122,15 @@ def constant_decisions(config: PolicyConfig, off: Collection[str]) -> list[str]:
             "turn the signal on or set its when_missing to allow"
         )
     return notes
+
+
+def literal_patterns(config: PolicyConfig) -> list[str]:
+    """Tenant and collection keys that read as patterns (``acme-*``): a key matches one
+    tenant or collection exactly, so such a key maps only a name spelt with the ``*``."""
+    return [
+        f"{section}.{key!r} is matched literally: keys are exact names, no wildcards, so "
+        f"no other {section[:-1]} gets profile {profile} from it; list each name"
+        for section, mapping in (("tenants", config.tenants), ("collections", config.collections))
+        for key, profile in mapping.items()
+        if any(c in key for c in "*?[")
+    ]

@@ -198,3 +198,32 @@ def test_a_version_written_as_a_whole_number_is_taken_as_written() -> None:
         parse_policy(MINIMAL + "version: 1.10\n")
     schema = json.loads((REPO / "schemas/policy.schema.json").read_text())
     assert {"type": "integer"} in schema["properties"]["version"]["anyOf"]  # as it is read
+
+
+def test_a_tenant_key_yaml_reads_as_a_boolean_says_to_quote_it() -> None:
+    """A tenant called NO (Norway) or a collection called off: YAML 1.1 reads them as
+    booleans, and the error named the key ``tenants.0.[key]``, ``(got False)``."""
+    with pytest.raises(ConfigError) as caught:
+        parse_policy(MINIMAL + "tenants: {NO: general}\ncollections: {docs: yes}\n")
+    said = str(caught.value)
+    assert "tenants: a key: Input should be a valid string: YAML reads an unquoted" in said
+    assert "quote" in said
+    assert "collections.docs: Input should be a valid string: YAML reads" in said
+    assert "tenants.0" not in said
+
+
+def test_policy_check_notes_a_mapping_key_that_reads_as_a_wildcard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``acme-*`` maps only a tenant spelt ``acme-*``; ``acme-eu`` got the default
+    profile while ``policy check`` said ok and nothing else."""
+    path = tmp_path / "wild.yaml"
+    path.write_text(
+        MINIMAL + "  med: {max_hallucination_rate: 0.05}\ntenants: {'acme-*': med}\n",
+        encoding="utf-8",
+    )
+    config = load_policy(path)
+    assert config.profile_for("acme-*", None)[0] == "med"
+    assert config.profile_for("acme-eu", None)[0] == "general"
+    assert main(["policy", "check", str(path)]) == 0
+    assert "note: tenants.'acme-*' is matched literally" in capsys.readouterr().out
