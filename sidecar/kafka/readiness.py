@@ -205,9 +205,10 @@ class BrokerProbe:
         clock: Callable[[], float] = time.monotonic,
         on_inputs_gone: Callable[[set[str]], None] | None = None,
     ) -> None:
-        """``on_inputs_gone``: called with the input topics a probe no longer finds (once
-        each time one goes missing): what was read from them belongs to a topic that is
-        gone, and must never be committed to one created again under the same name."""
+        """``on_inputs_gone``: called with the input topics the probe no longer finds (seen
+        before, missing from two metadata answers in a row; once each time one goes
+        missing): what was read from them belongs to a topic that is gone, and must never
+        be committed to one created again under the same name."""
         self.state = state
         self.inputs = tuple(inputs)
         self.outputs = tuple(t for t in dict.fromkeys(outputs) if t not in self.inputs)
@@ -215,6 +216,8 @@ class BrokerProbe:
         self._outputs_seen: set[str] = set()
         self._on_inputs_gone = on_inputs_gone
         self._inputs_gone: set[str] = set()
+        self._inputs_seen: set[str] = set()
+        self._missing_before: set[str] = set()  # inputs the last metadata answer lacked
         self._problem_seen: dict[str, int] | None = None  # the counts the last error named
 
     async def probe(self, consumer: ConsumerPort) -> None:
@@ -237,7 +240,13 @@ class BrokerProbe:
         self.state.broker_ok = True
         if counts is not None:
             inputs = {t: n for t, n in counts.items() if t in self.inputs}
-            gone = set(self.inputs) - set(inputs)
+            self._inputs_seen.update(inputs)
+            # deleted: seen before, and missing from two metadata answers in a row (one
+            # answer without it may be a metadata glitch; forgetting a live topic's pending
+            # offsets would commit past requests still open)
+            missing = {t for t in self.inputs if t not in inputs and t in self._inputs_seen}
+            gone = missing & self._missing_before
+            self._missing_before = missing
             if (newly := gone - self._inputs_gone) and self._on_inputs_gone is not None:
                 self._on_inputs_gone(newly)
             back = self._inputs_gone - gone  # created again: read it now, not in 5 min
