@@ -261,6 +261,16 @@ def test_an_otlp_endpoint_the_exporters_cannot_use_fails_at_start_naming_what_is
         configure_from_env()
 
 
+def _otlp_on(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    """Both signals exported to an OTLP endpoint, with ``env`` on top."""
+    for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
 @pytest.mark.parametrize(
     ("env", "message"),
     [
@@ -290,12 +300,7 @@ def test_a_batch_setting_the_sdk_would_reject_or_replace_fails_at_start(
 ) -> None:
     """Audit: 0 or a negative value raised the SDK's bare ValueError once Kafka was reached
     (a traceback; ``run --check`` said ok); a word was read as the default."""
-    for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    _otlp_on(monkeypatch, env)
     with pytest.raises(ConfigError, match=message):
         describe_env()
     with pytest.raises(ConfigError, match=message):
@@ -315,12 +320,7 @@ def test_a_batch_setting_the_sdk_takes_still_starts(
 ) -> None:
     """The SDK never checks a timeout, and reads an infinite interval as no periodic
     export: each started before the check, and stopped the start with it."""
-    for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("OTEL_TRACES_SAMPLER", raising=False)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    _otlp_on(monkeypatch, env)
     described = describe_env()
     assert set(described) >= {"traces", "metrics"}
 
