@@ -333,8 +333,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    """A mapping whose own keys are unique; merged keys (``<<: *base``) may be overridden."""
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            continue  # what it brings in may be overridden here, as YAML's merge keys intend
         key = loader.construct_object(key_node, deep=True)
         if key in seen:
             raise yaml.constructor.ConstructorError(
@@ -342,6 +345,9 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[An
             )
         seen.add(key)
     return loader.construct_mapping(node, deep=True)
+
+
+_MERGE_TAG: Final = "tag:yaml.org,2002:merge"
 
 
 _UniqueKeyLoader.add_constructor(

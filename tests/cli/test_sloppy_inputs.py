@@ -108,6 +108,37 @@ def test_a_policy_key_given_twice_is_refused() -> None:
         parse_policy(text, "p.yaml")
 
 
+_PROFILES_WITH_ANCHORS = """\
+schema_version: 1
+name: anchors
+profiles:
+  base: &base
+    max_hallucination_rate: 0.2
+    escalate_on_block: true
+  strict:
+    <<: *base
+    max_hallucination_rate: 0.05
+default_profile: base
+"""
+
+
+def test_policy_merge_keys_work_and_may_override_what_they_merge() -> None:
+    """Audit: ``<<: *base`` was refused with PyYAML's 'could not determine a constructor'."""
+    config = parse_policy(_PROFILES_WITH_ANCHORS, "p.yaml")
+    base, strict = config.profiles["base"], config.profiles["strict"]
+    assert strict.escalate_on_block and base.escalate_on_block
+    assert (base.max_hallucination_rate, strict.max_hallucination_rate) == (0.2, 0.05)
+
+
+def test_a_key_given_twice_beside_a_merge_key_is_still_refused() -> None:
+    text = _PROFILES_WITH_ANCHORS.replace(
+        "    max_hallucination_rate: 0.05\n",
+        "    max_hallucination_rate: 0.05\n    max_hallucination_rate: 0.1\n",
+    )
+    with pytest.raises(ConfigError, match="duplicate key 'max_hallucination_rate'"):
+        parse_policy(text, "p.yaml")
+
+
 @pytest.mark.parametrize(
     ("name", "value", "match"),
     [
