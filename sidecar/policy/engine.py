@@ -119,6 +119,7 @@ class PolicySource:
 
     path: Path
     sha256: str
+    certificates: tuple[Path, ...] = ()  # the certificate files it lists, as resolved
 
 
 @functools.cache
@@ -170,7 +171,12 @@ class PolicyEngine:
         engine = cls(
             parse_policy(text, str(path)), base_dir=path.parent, models=models, search=search
         )
-        engine.source = PolicySource(path, hashlib.sha256(text.encode("utf-8")).hexdigest())
+        listed = (e for entry in engine.certified.values() for e in entry.listed or (entry,))
+        engine.source = PolicySource(
+            path,
+            hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            tuple(dict.fromkeys(e.path for e in listed)),
+        )
         return engine
 
     def attach_certificates(self, tracker: CertificateTracker) -> None:

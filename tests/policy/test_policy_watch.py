@@ -8,6 +8,7 @@ pod. Before the watch, a running sidecar kept the old policy without a word.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from sidecar.policy.config import parse_policy
 from sidecar.policy.engine import PolicyEngine
 from sidecar.policy.watch import PolicyFileWatch
 from sidecar.runtime import _until_stopped, build_processor
+from tests.policy import test_certified_allow as certified
 
 POLICY = """\
 name: team
@@ -101,6 +103,54 @@ def test_a_file_that_would_not_load_says_a_restart_would_not_start(
     assert notice.level == "warning"
     assert "would not load" in notice.message
     assert engine.fingerprint in notice.message
+
+
+def _certified_policy(tmp_path: Path) -> Path:
+    (tmp_path / "certs").mkdir()
+    (tmp_path / "certs" / "nq.json").write_text(certified.certificate().model_dump_json(), "utf-8")
+    path = tmp_path / "policy.yaml"
+    path.write_text(certified.POLICY.replace("BELOW", "caveat"), "utf-8")
+    return path
+
+
+def test_a_changed_certificate_file_is_a_warning_naming_it(tmp_path: Path) -> None:
+    """Audit: the watch read only the policy file, though a start loads its certificates
+    and the fingerprint covers them: a re-certified threshold went unnoticed."""
+    path = _certified_policy(tmp_path)
+    watch, engine = _watch(path)
+    cert = tmp_path / "certs" / "nq.json"
+    cert.write_text(certified.certificate(risk=0.3).model_dump_json(), "utf-8")
+    notice = watch.check()
+    assert notice is not None
+    assert notice.level == "warning"
+    assert f"the certificate file {cert} changed" in notice.message
+    assert PolicyEngine.from_file(path).fingerprint in notice.message
+    assert engine.fingerprint in notice.message
+    assert watch.check() is None  # once per change
+
+
+def test_a_certificate_rewritten_with_the_same_content_is_not_a_policy_change(
+    tmp_path: Path,
+) -> None:
+    path = _certified_policy(tmp_path)
+    watch, engine = _watch(path)
+    cert = tmp_path / "certs" / "nq.json"
+    cert.write_text(json.dumps(json.loads(cert.read_text("utf-8")), indent=2), "utf-8")
+    notice = watch.check()
+    assert notice is not None
+    assert (notice.level, engine.fingerprint in notice.message) == ("info", True)
+    assert "not its rules" in notice.message
+
+
+def test_a_deleted_certificate_file_says_a_restart_would_not_start(tmp_path: Path) -> None:
+    path = _certified_policy(tmp_path)
+    watch, _ = _watch(path)
+    (tmp_path / "certs" / "nq.json").unlink()
+    notice = watch.check()
+    assert notice is not None
+    assert notice.level == "warning"
+    assert "would not load" in notice.message
+    assert "nq.json" in notice.message
 
 
 def test_a_policy_not_read_from_a_file_has_no_source() -> None:
