@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -172,6 +173,106 @@ def otlp_endpoint(signal: str) -> str:
     return url
 
 
+def _signal_variable(signal: str, suffix: str) -> tuple[str, str | None]:
+    """The variable the exporters read for ``signal``: ``OTEL_EXPORTER_OTLP_<signal>_<suffix>``
+    when set, else ``OTEL_EXPORTER_OTLP_<suffix>``; and its value (``None``: unset or empty)."""
+    own = f"OTEL_EXPORTER_OTLP_{signal}_{suffix}"
+    name = own if os.environ.get(own, "").strip() else f"OTEL_EXPORTER_OTLP_{suffix}"
+    return name, os.environ.get(name, "").strip() or None
+
+
+DEFAULT_EXPORT_TIMEOUT_S: Final = 10.0  # the Python exporters' own default
+LONG_EXPORT_TIMEOUT_S: Final = 600.0
+
+
+def export_timeout_s(signal: str) -> float:
+    """Seconds one OTLP export may take for ``signal``: ``OTEL_EXPORTER_OTLP_[<signal>_]TIMEOUT``.
+
+    Read here and passed to the exporter, because the gRPC exporter raised a bare
+    ``ValueError`` (a traceback) for a value that is not a number, even an empty one, and
+    took a negative one (every export then failed at once); the HTTP one used its default
+    with a warning (audit). Seconds, as the Python exporters read it (the specification
+    says milliseconds: :func:`describe_env` warns of a value above ten minutes).
+    """
+    name, value = _signal_variable(signal, "TIMEOUT")
+    own = f"OTEL_EXPORTER_OTLP_{signal}_TIMEOUT"
+    if own in os.environ and not os.environ[own].strip() and otlp_protocol(signal) == "grpc":
+        raise ConfigError(  # the gRPC exporter reads its own variable whatever it is passed
+            f"{own} is set but empty, which the gRPC exporter cannot read: unset it or give "
+            "a number of seconds above 0"
+        )
+    if value is None:
+        return DEFAULT_EXPORT_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(
+            f"{name} must be a number of seconds above 0 (the Python OTLP exporters read "
+            f"seconds; the specification says milliseconds), got {value!r}"
+        )
+    return seconds
+
+
+# what each exporter takes for OTEL_EXPORTER_OTLP_[<signal>_]COMPRESSION
+COMPRESSIONS: Final = {"grpc": ("gzip", "none"), "http/protobuf": ("gzip", "deflate", "none")}
+
+
+def export_compression(signal: str) -> str:
+    """``OTEL_EXPORTER_OTLP_[<signal>_]COMPRESSION`` for ``signal``, one of
+    :data:`COMPRESSIONS` (``none`` when unset): the gRPC exporter raised for any other
+    value, ``none`` included, and the HTTP one sent uncompressed with a warning (audit)."""
+    name, value = _signal_variable(signal, "COMPRESSION")
+    protocol = otlp_protocol(signal)
+    choice = (value or "none").lower()
+    if choice not in COMPRESSIONS[protocol]:
+        allowed = ", ".join(COMPRESSIONS[protocol])
+        raise ConfigError(f"{name} must be one of {allowed} with {protocol}, got {value!r}")
+    return choice
+
+
+# what the SDK's header parser takes (opentelemetry.util.re, liberal): a name of HTTP
+# token characters, and a value of printable ASCII but for " , ; \ (percent-encode those)
+_HEADER_ITEM: Final = re.compile(
+    r"[ \t]*[\x21\x23-\x27\x2a\x2b\x2d\x2e\x30-\x39\x41-\x5a\x5e-\x7a\x7c\x7e]+[ \t]*="
+    r"[ \t]*[\x20\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*[ \t]*"
+)
+
+
+def check_export_headers(signal: str) -> None:
+    """``OTEL_EXPORTER_OTLP_[<signal>_]HEADERS`` is a comma-separated list of name=value.
+
+    The exporters drop an item they cannot read with a warning and export without it:
+    a collector's API key written with a stray character sent every span unauthenticated
+    (refused, dropped) while the sidecar said nothing more (audit). The values are often
+    secrets: the message names the item by its position, never its text.
+    """
+    name, value = _signal_variable(signal, "HEADERS")
+    items = [item for item in re.split(r"[ \t]*,[ \t]*", value or "") if item]
+    for position, item in enumerate(items, start=1):
+        if not _HEADER_ITEM.fullmatch(item.strip()):
+            raise ConfigError(
+                f"{name}: item {position} of {len(items)} is not name=value (a name of "
+                "letters, digits and !#$%&'*+-.^_`|~; a value of printable ASCII with "
+                '" , ; \\ percent-encoded, e.g. api-key=abc%2C1); its text is not shown'
+            )
+
+
+def check_resource_attributes() -> None:
+    """``OTEL_RESOURCE_ATTRIBUTES`` is a comma-separated list of key=value with a key: the
+    SDK dropped any other item with a warning, and the spans went out without it (audit)."""
+    value = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    items = [item for item in value.split(",") if item.strip()]
+    for item in items:
+        key, equals, _ = item.partition("=")
+        if not equals or not key.strip():
+            raise ConfigError(
+                f"OTEL_RESOURCE_ATTRIBUTES must be a comma-separated list of key=value "
+                f"(values percent-encoded), got the item {redact_text(repr(item))}"
+            )
+
+
 def traces_sampler() -> tuple[str, float | None]:
     """The sampler ``OTEL_TRACES_SAMPLER`` names and its ratio (``OTEL_TRACES_SAMPLER_ARG``).
 
@@ -261,17 +362,49 @@ def describe_env() -> dict[str, str]:
     """What :func:`configure_from_env` would export over OTLP, checked without installing
     anything (``guardrail run --check``). Raises ``ConfigError`` as it would."""
     described = {}
+    check_resource_attributes()
     if _enabled("TRACES"):
         name, ratio = traces_sampler()
         sampler = name if ratio is None else f"{name} {ratio:g}"
-        otlp_endpoint("TRACES")
+        _check_exporter("TRACES")
         batch_settings("TRACES")
         described["traces"] = f"otlp {otlp_protocol('TRACES')}, {sampler}"
     if _enabled("METRICS"):
-        otlp_endpoint("METRICS")
+        _check_exporter("METRICS")
         batch_settings("METRICS")
         described["metrics"] = f"otlp {otlp_protocol('METRICS')}"
     return described
+
+
+def _check_exporter(signal: str) -> None:
+    otlp_endpoint(signal)
+    seconds = export_timeout_s(signal)
+    if seconds > LONG_EXPORT_TIMEOUT_S:
+        log.warning(
+            "%s is read as %g seconds, as the Python OTLP exporters read it (%g milliseconds, "
+            "as the specification reads it, would be %g s): an export to a silent collector "
+            "may block that long",
+            _signal_variable(signal, "TIMEOUT")[0], seconds, seconds, seconds / 1000,
+        )  # fmt: skip
+    export_compression(signal)
+    check_export_headers(signal)
+
+
+def _grpc_options(signal: str) -> dict[str, Any]:
+    """What the gRPC exporter would misread from the environment, read here."""
+    from grpc import Compression  # noqa: PLC0415
+
+    kinds = {"gzip": Compression.Gzip, "none": Compression.NoCompression}
+    return {"timeout": export_timeout_s(signal), "compression": kinds[export_compression(signal)]}
+
+
+def _http_options(signal: str) -> dict[str, Any]:
+    from opentelemetry.exporter.otlp.proto.http import Compression  # noqa: PLC0415
+
+    return {
+        "timeout": export_timeout_s(signal),
+        "compression": Compression(export_compression(signal)),
+    }
 
 
 def _span_exporter() -> Any:
@@ -280,12 +413,12 @@ def _span_exporter() -> Any:
             OTLPSpanExporter as GrpcSpanExporter,
         )
 
-        return GrpcSpanExporter()
+        return GrpcSpanExporter(**_grpc_options("TRACES"))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
         OTLPSpanExporter as HttpSpanExporter,
     )
 
-    return HttpSpanExporter()
+    return HttpSpanExporter(**_http_options("TRACES"))
 
 
 def _metric_exporter() -> Any:
@@ -294,12 +427,12 @@ def _metric_exporter() -> Any:
             OTLPMetricExporter as GrpcMetricExporter,
         )
 
-        return GrpcMetricExporter()
+        return GrpcMetricExporter(**_grpc_options("METRICS"))
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # noqa: PLC0415
         OTLPMetricExporter as HttpMetricExporter,
     )
 
-    return HttpMetricExporter()
+    return HttpMetricExporter(**_http_options("METRICS"))
 
 
 def installed(provider: object) -> bool:

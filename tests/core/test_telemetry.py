@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from sidecar import telemetry_setup
 from sidecar.confidence.fleet import CoverageMonitor
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
@@ -323,6 +324,88 @@ def test_a_batch_setting_the_sdk_takes_still_starts(
     _otlp_on(monkeypatch, env)
     described = describe_env()
     assert set(described) >= {"traces", "metrics"}
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"OTEL_EXPORTER_OTLP_TIMEOUT": "soon"}, r"OTEL_EXPORTER_OTLP_TIMEOUT must be a number of"),
+        ({"OTEL_EXPORTER_OTLP_TIMEOUT": "-5"}, r"seconds above 0 .* got '-5'"),
+        ({"OTEL_EXPORTER_OTLP_TIMEOUT": "0"}, r"got '0'"),
+        ({"OTEL_EXPORTER_OTLP_TIMEOUT": "nan"}, r"got 'nan'"),
+        ({"OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "inf"}, r"OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"),
+        ({"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}, r"COMPRESSION must be one of gzip, .*'zstd'"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "br"}, r"OTEL_EXPORTER_OTLP_TRACES_COMPRESS"),
+        ({"OTEL_EXPORTER_OTLP_HEADERS": "api-key=s3cret,oops"}, r"item 2 of 2 is not name=value"),
+        ({"OTEL_EXPORTER_OTLP_HEADERS": "api-key=s3cr\u00e9t"}, r"item 1 of 1"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "=s3cret"}, r"OTEL_EXPORTER_OTLP_TRACES_HEADERS"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "team=rag,prod"}, r"key=value .* got the item 'prod'"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "=rag"}, r"OTEL_RESOURCE_ATTRIBUTES"),
+    ],
+)
+def test_an_export_setting_the_exporters_would_crash_on_or_drop_fails_at_start(
+    monkeypatch: pytest.MonkeyPatch, protocol: str, env: dict[str, str], message: str
+) -> None:
+    """Audit: with grpc, a timeout that is not a number or an unknown compression (even
+    ``none``) raised from the exporter's constructor (a traceback after ``run --check``
+    said ok); http fell back to defaults, and both dropped a header item or a resource
+    attribute they could not read with a warning: an API key lost, spans refused."""
+    _otlp_on(monkeypatch, {"OTEL_EXPORTER_OTLP_PROTOCOL": protocol, **env})
+    with pytest.raises(ConfigError, match=message) as refused:
+        describe_env()
+    assert "s3cr" not in str(refused.value)  # header values are secrets
+    with pytest.raises(ConfigError, match=message):
+        configure_from_env()
+
+
+def test_an_empty_own_timeout_is_refused_where_the_grpc_exporter_cannot_read_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _otlp_on(monkeypatch, {"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": ""})
+    assert set(describe_env()) == {"traces", "metrics"}  # http reads it as unset
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    with pytest.raises(ConfigError, match="TRACES_TIMEOUT is set but empty"):
+        describe_env()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"OTEL_EXPORTER_OTLP_COMPRESSION": "none"},  # the gRPC exporter raised for it
+        {"OTEL_EXPORTER_OTLP_COMPRESSION": " GZIP "},
+        {  # each signal's own variable wins
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip",
+            "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION": "none",
+            "OTEL_EXPORTER_OTLP_COMPRESSION": "x",
+        },
+        {"OTEL_EXPORTER_OTLP_TIMEOUT": "2.5", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "30"},
+        {"OTEL_EXPORTER_OTLP_TIMEOUT": ""},
+        {"OTEL_EXPORTER_OTLP_HEADERS": "api-key=abc%2C1, x-tenant = a b ,"},
+        {"OTEL_RESOURCE_ATTRIBUTES": "team=rag,deployment.environment=prod,"},
+    ],
+)
+def test_export_settings_the_exporters_read_build_both_exporters(
+    monkeypatch: pytest.MonkeyPatch, protocol: str, env: dict[str, str]
+) -> None:
+    _otlp_on(monkeypatch, {"OTEL_EXPORTER_OTLP_PROTOCOL": protocol, **env})
+    assert set(describe_env()) == {"traces", "metrics"}
+    spans, metrics = telemetry_setup._span_exporter(), telemetry_setup._metric_exporter()
+    if protocol == "grpc":  # what the environment says reached the exporter
+        timeout = telemetry_setup.export_timeout_s("TRACES")
+        assert spans._timeout == pytest.approx(timeout)
+        assert metrics._timeout == pytest.approx(telemetry_setup.export_timeout_s("METRICS"))
+
+
+def test_a_timeout_that_reads_as_milliseconds_is_warned_of(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _otlp_on(monkeypatch, {"OTEL_EXPORTER_OTLP_TIMEOUT": "10000"})
+    with caplog.at_level("WARNING", logger="sidecar"):
+        describe_env()
+    assert "read as 10000 seconds" in caplog.text
+    assert "would be 10 s" in caplog.text
 
 
 def test_grpc_takes_a_bare_host_and_port_http_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
