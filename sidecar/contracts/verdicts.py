@@ -13,6 +13,7 @@ from typing import Annotated, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from sidecar.contracts.common import EventBase, FiniteFloat, Probability, RequestId
+from sidecar.contracts.reasons import reason_code_description
 
 
 class Decision(StrEnum):
@@ -39,7 +40,11 @@ class Reason(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    code: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64)]
+    code: Annotated[
+        str,
+        StringConstraints(pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64),
+        Field(description=reason_code_description()),
+    ]
     message: str
     signal: Literal["retrieval", "lookback", "claims", "confidence", "policy", "pipeline"] = (
         "policy"

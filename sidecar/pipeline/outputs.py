@@ -27,12 +27,11 @@ from sidecar.contracts.events import (
     Decision,
     Reason,
 )
+from sidecar.contracts.reasons import PROFILE_REASON_PREFIX
 from sidecar.pipeline.join import InputRef, PendingRequest
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
 
 IDEMPOTENCY_HEADER = "x-idempotency-key"
-# the policy names the risk profile that decided as a reason ``profile.<name>``
-PROFILE_REASON_PREFIX = "profile."
 
 Header = tuple[str, bytes]
 

@@ -45,7 +45,7 @@ from sidecar.contracts.events import (
     Signals,
     SignalStatus,
 )
-from sidecar.pipeline.outputs import PROFILE_REASON_PREFIX
+from sidecar.contracts.reasons import PROFILE_REASON_PREFIX
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
 from sidecar.policy.certified import CertifiedAllow, certificate_fingerprint, load_certificates
 from sidecar.policy.config import (
