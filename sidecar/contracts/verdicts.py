@@ -205,9 +205,21 @@ class AnswerVerdict(EventBase):
     idempotency_key: str = Field(
         description="Same inputs give the same key: a replay after a crash is recognisable."
     )
-    tenant: str | None = None
-    decision: Decision
-    reasons: list[Reason]
+    tenant: str | None = Field(
+        default=None,
+        description="the request's tenant: its retrieval event's (with header or fixed "
+        "tenancy, the trusted tenant it was checked against); a request whose retrieval never "
+        "came names the trusted tenant, or null when tenants come from the events",
+    )
+    decision: Decision = Field(
+        description="allow: show the answer; caveat: show rewritten_answer when it is set "
+        "(else the answer) followed by caveat_text; block: withhold the answer "
+        "(rewritten_answer, when set, is the verified claims only or the refusal text)"
+    )
+    reasons: list[Reason] = Field(
+        description="why, in order: on a decided answer profile.<name> first, then what each "
+        "signal found (Reason.code lists the codes)"
+    )
     stage: Literal["stream", "final"] = Field(
         default="final",
         description="stream: strict mode blocked mid-answer; the final verdict still follows",
@@ -249,8 +261,18 @@ class AnswerVerdict(EventBase):
         default=None,
         description="calibration key (tenant/collection/retriever) of the certificate in force",
     )
-    caveat_text: str | None = None
-    rewritten_answer: str | None = None
+    caveat_text: str | None = Field(
+        default=None,
+        description="the note to show with the answer: set on every caveat, and on a block "
+        "whose rewritten_answer holds verified claims; null otherwise",
+    )
+    rewritten_answer: str | None = Field(
+        default=None,
+        description="the text to show instead of the answer: on a caveat, the answer with its "
+        "unsupported claims removed (caveat_text then says they were); on a block, the "
+        "verified claims only, or the policy's refusal; null when the answer is shown as it is "
+        "(allow, a caveat without known unsupported claims) or withheld without a text",
+    )
     model_versions: dict[str, str] = Field(default_factory=dict)
     timings_ms: dict[str, FiniteFloat] = Field(default_factory=dict)
     produced_at: datetime

@@ -81,3 +81,17 @@ def test_asyncapi_names_every_topic() -> None:
         t.reports,
         t.certificates,
     }
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["tenant", "decision", "reasons", "stage", "escalate", "caveat_text", "rewritten_answer"],
+)
+def test_the_verdict_fields_a_ui_acts_on_are_described(field: str) -> None:
+    # a team writing its UI from schemas/ alone must learn what to show: a caveat's
+    # rewritten_answer is the answer without its unsupported claims, and caveat_text says so
+    schema = json.loads((REPO / "schemas" / "answer.verdict.schema.json").read_text())
+    description = schema["properties"][field].get("description", "")
+    assert description, f"answer.verdict.schema.json: {field} has no description"
+    if field in ("decision", "caveat_text"):
+        assert "rewritten_answer" in description
