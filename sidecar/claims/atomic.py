@@ -350,11 +350,18 @@ def claims_of_sentence(sentence: Sentence, first_index: int) -> list[Claim]:
 
 
 _EMPHASIS: Final = re.compile(r"\*\*|__|`")
+# a claim that ends with a terminator of another script (an English sentence closed by
+# "。" or "।") ends with its English one: the verifier reads English
+_ENGLISH_END: Final = str.maketrans(
+    {"\u3002": ".", "\uff61": ".", "\u0964": ".", "\u0965": ".", "\u06d4": ".",
+     "\uff01": "!", "\uff1f": "?", "\u061f": "?"}
+)  # fmt: skip
 
 
 def _clean(text: str) -> str:
     text = _EMPHASIS.sub("", text).strip()
     text = text[0].upper() + text[1:] if text and text[0].islower() else text
+    text = text[:-1] + text[-1:].translate(_ENGLISH_END)
     if text and text[-1] not in ".!?":
         text = text.rstrip(",;:") + "."
     return text

@@ -4,8 +4,13 @@ The sources cut an answer into claims after it is complete (docs/methods.md
 §Claim verification); the sidecar does it while the answer streams, so a
 claim verdict can go out the moment its sentence ends. A sentence is complete when
 
-* a terminator run (``.``, ``!``, ``?``, ``...``, ``…``, optionally followed by
-  closing quotes or brackets) is followed by whitespace, or
+* a terminator run (``.``, ``!``, ``?``, ``...``, ``…``, the Devanagari danda
+  ``।``/``॥``, the Arabic ``؟`` and the Urdu full stop U+06D4, optionally
+  followed by closing quotes or brackets) is followed by whitespace, or
+* a run holds a CJK terminator (``。``, ``｡``, the full-width ``!`` and ``?``),
+  whatever follows: those scripts put no space after a sentence (before, a
+  Chinese sentence between two English ones was read with them as one claim,
+  and never counted unreadable), or
 * a line ends (list items, headings and table rows are one unit per line), or
 * the stream finished (:meth:`SentenceSplitter.finish`).
 
@@ -65,11 +70,16 @@ About the most a 256-token verifier input holds; a real sentence is far shorter.
 MAX_GAP_CHARS: Final = 64
 """Blank space after an ambiguous abbreviation (``U.S.``) longer than this ends the sentence."""
 
-_TERMINATOR_CHARS: Final = ".!?\u2026"
-_CLOSER_CHARS: Final = "\"'\u201d\u2019)]\u00bb"
-_INTERESTING: Final = re.compile(r"[\n.!?\u2026]")
-_TERMINATORS: Final = re.compile(r"[.!?\u2026]*")
-_CLOSERS: Final = re.compile(r"[\"'\u201d\u2019)\]\u00bb]*")
+# CJK full stop, exclamation and question marks (full width) and the halfwidth full stop
+_CJK_TERMINATOR_CHARS: Final = "\u3002\uff01\uff1f\uff61"
+# ... and the Devanagari danda and double danda, the Arabic question mark, the Urdu full stop
+_TERMINATOR_CHARS: Final = ".!?\u2026\u0964\u0965\u061f\u06d4" + _CJK_TERMINATOR_CHARS
+# closing quotes and brackets, with the CJK corner quotes and full-width brackets
+_CLOSER_CHARS: Final = "\"'\u201d\u2019)]\u00bb\u300d\u300f\uff09\u3011\u300b\u3009"
+_INTERESTING: Final = re.compile(f"[\n{re.escape(_TERMINATOR_CHARS)}]")
+_TERMINATORS: Final = re.compile(f"[{re.escape(_TERMINATOR_CHARS)}]*")
+_CLOSERS: Final = re.compile(f"[{re.escape(_CLOSER_CHARS)}]*")
+_CJK_TERMINATOR: Final = re.compile(f"[{_CJK_TERMINATOR_CHARS}]")
 _SPACES: Final = re.compile(r"[ \t]*")
 _GAP: Final = re.compile(r"[^\S\n]*")
 _ALL_SPACE: Final = re.compile(r"\s*")
@@ -152,7 +162,7 @@ def _classify(raw: str, line_start: bool) -> tuple[int, SentenceKind]:
                 kind = "intro"
             return marker.end(), kind
     body = raw.rstrip()
-    if body.endswith(("?", '?"', "?)")):
+    if body.endswith(("?", '?"', "?)", "\uff1f", "\u061f")):
         return 0, "question"
     if body.endswith(":"):
         return 0, "intro"
@@ -314,6 +324,8 @@ class SentenceSplitter:
 
     def _is_boundary(self, i: int, j: int, final: bool) -> bool | None:
         """Is the terminator run ``text[i:j]`` a sentence end? ``None``: not known yet."""
+        if _CJK_TERMINATOR.search(self._buf, i - self._base, j - self._base):
+            return True  # "。" ends a sentence without a space: "东京在日本。Paris is ..."
         if j < self._length and not self._at(j).isspace():
             return False  # "3.14", "e.g.,", "U.S.-based", "?!x"
         if j - i != 1 or self._at(i) != ".":

@@ -21,6 +21,8 @@ TEXTS = [
     "Aspirin reduces fever by inhibiting COX enzymes and is effective for mild pain. "
     "The recommended adult dose is 325-650mg every 4-6 hours, and it should not be given "
     "to children under 12.",
+    "Paris is in France。巴黎在法国！东京呢？「东京在日本。」Berlin is in Germany. "  # noqa: RUF001 - CJK on purpose
+    "पेरिस फ्रांस में है। Rome is in Italy؟ 3.14 is pi。",
 ]
 
 

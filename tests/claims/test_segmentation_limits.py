@@ -168,6 +168,15 @@ def test_a_final_within_the_room_left_is_verified_whole() -> None:
         ("The novel was written by Лев Толстой in 1869.", 0, 1),
         ("José Martí was born in Havana in 1853.", 0, 1),
         ("The tower is in Paris.", 0, 1),
+        # terminators of other scripts end a sentence: without them the sentence in the other
+        # script was read with the English around it as one claim (audit: "Paris is the
+        # capital of France。巴黎是德国的首都。" was one claim, unsupported by the shipped
+        # verifier, and no sentence was counted unreadable)
+        ("Paris is in France。巴黎在法国。Berlin is in Germany.", 1, 2),
+        ("Paris is in France。「巴黎在法国！」东京呢？Berlin is in Germany.", 2, 2),  # noqa: RUF001
+        ("पेरिस फ्रांस में है। Paris is in France.", 1, 1),
+        ("پیرس فرانس میں ہے۔ Paris is in France.", 1, 1),  # noqa: RUF001 - Urdu
+        ("هل باريس في فرنسا؟ Paris is in France.", 1, 1),
     ],
 )
 def test_sentences_in_a_script_the_rules_do_not_read_are_counted(
@@ -176,6 +185,22 @@ def test_sentences_in_a_script_the_rules_do_not_read_are_counted(
     segmenter = ClaimSegmenter()
     found = segmenter.feed(answer) + segmenter.finish(answer)
     assert (segmenter.unreadable, len(found)) == (unreadable, claims)
+
+
+def test_an_english_sentence_closed_by_another_scripts_terminator_is_its_own_claim() -> None:
+    answer = "Paris is in France。巴黎在法国。Berlin is in Germany। Rome is in Italy｡"
+    found = segment_claims(answer)
+    # the verifier reads the English terminator; the span keeps the answer's own
+    assert [c.text for c in found] == [
+        "Paris is in France.",
+        "Berlin is in Germany.",
+        "Rome is in Italy.",
+    ]
+    assert [answer[c.span[0] : c.span[1]] for c in found] == [
+        "Paris is in France。",
+        "Berlin is in Germany।",
+        "Rome is in Italy｡",
+    ]
 
 
 def test_a_long_sentence_is_cut_at_whitespace_within_the_limit() -> None:
