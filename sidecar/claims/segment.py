@@ -98,9 +98,12 @@ class _Cutter:
     def take(self, sentences: list[Sentence], next_index: int) -> list[Claim]:
         out: list[Claim] = []
         for sentence in sentences:
-            found = claims_of_sentence(sentence, next_index + len(out))
-            if not found and (sentence.kind == "code" or unreadable(sentence.text)):
+            # before the rules: they count numbers and Latin names as words, and made a claim
+            # of a sentence in another script that held two of them
+            if sentence.kind == "code" or unreadable(sentence.text):
                 self.unreadable += 1
+                continue
+            found = claims_of_sentence(sentence, next_index + len(out))
             room = self._max - len(self.claims)
             if len(found) > room:
                 self.unchecked += len(found) - room

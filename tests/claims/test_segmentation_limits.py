@@ -165,6 +165,12 @@ def test_a_final_within_the_room_left_is_verified_whole() -> None:
         ("Фрэнсис Скотт Фицджеральд родился в 1896 году. Paris is in France.", 1, 1),
         ("弗朗西斯·斯科特·菲茨杰拉德出生于1896年。", 1, 0),
         ("Ο Παρθενώνας χτίστηκε το 438 π.Χ.", 1, 0),  # noqa: RUF001 - Greek on purpose
+        # numbers and Latin names are words to the rules: a sentence in another script with
+        # two of them was a claim, unsupported by the shipped verifier, never counted
+        # unreadable (audit: all three below, each true to its evidence)
+        ("Фрэнсис Скотт Фицджеральд родился 24 сентября 1896 года.", 1, 0),
+        ("弗朗西斯·斯科特·菲茨杰拉德出生于1896年9月24日。", 1, 0),
+        ("आइंस्टीन का जन्म 1879 में Ulm, Germany में हुआ था।", 1, 0),
         ("The novel was written by Лев Толстой in 1869.", 0, 1),
         ("José Martí was born in Havana in 1853.", 0, 1),
         ("The tower is in Paris.", 0, 1),
