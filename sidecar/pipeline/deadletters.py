@@ -179,6 +179,14 @@ def _note(text: str, limit: int) -> bytes:
     return text.encode("utf-8")[:limit].decode("utf-8", errors="ignore").encode("utf-8")
 
 
+def _utf8_prefix(value: bytes, size: int) -> bytes:
+    """At most ``size`` bytes of UTF-8 ``value``, never ending inside a character (a detail
+    quoting non-ASCII input, cut by bytes, was no longer UTF-8: audit)."""
+    if size <= 0:
+        return b""
+    return value[:size].decode("utf-8", "ignore").encode("utf-8")
+
+
 def _fit_detail(own: list[Header], budget: int, out: Output) -> list[Header]:
     """The ``x-dlq-*`` headers within ``budget`` bytes, cutting ``x-dlq-detail`` if need be."""
     size = sum(HEADER_OVERHEAD_BYTES + len(k.encode("utf-8")) + len(v) for k, v in own)
@@ -186,7 +194,7 @@ def _fit_detail(own: list[Header], budget: int, out: Output) -> list[Header]:
         return own
     detail = dlq_header("detail")
     excess = size - budget
-    cut = [(k, v[: max(0, len(v) - excess)] if k == detail else v) for k, v in own]
+    cut = [(k, _utf8_prefix(v, len(v) - excess) if k == detail else v) for k, v in own]
     if sum(HEADER_OVERHEAD_BYTES + len(k.encode("utf-8")) + len(v) for k, v in cut) > budget:
         raise RecordTooLargeError(
             str(out.destination),

@@ -97,6 +97,19 @@ def test_a_limit_below_the_dead_letters_own_headers_cuts_the_detail_then_gives_u
     assert caught.value.dead_letter and not caught.value.retriable
 
 
+@pytest.mark.parametrize("limit", range(1_000, 1_012))
+def test_a_cut_detail_is_still_utf8(limit: int) -> None:
+    """Audit: the detail was cut by bytes, and could end inside a character it quoted."""
+    quoted = InputError("malformed-json", "unexpected text: " + "\u00e9\u6771\U0001f600" * 300)
+    ref = InputRef(topic="rag.generation", partition=0, offset=1)
+    out = dead_letter_output(b"x" * 4_000, b"k", ref, quoted, failed_at=FAILED_AT)
+    fitted = fit_dead_letter(out, limit, "small topic")
+    assert record_size(fitted.key, fitted.value, fitted.headers) <= limit
+    detail = fitted.header("x-dlq-detail")
+    assert detail is not None and detail.startswith(b"unexpected text: ")
+    assert str(quoted).startswith(detail.decode("utf-8"))  # strict: raises if cut inside
+
+
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(
     value=st.binary(max_size=20_000),
