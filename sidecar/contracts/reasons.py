@@ -66,8 +66,10 @@ REASON_CODES: Final[dict[str, str]] = {
     "strict-unsupported-claim": "block: a strict profile and an unsupported claim (also the "
     "reason of a stage=stream verdict)",
     # calibrated confidence and certified allow (signal "confidence")
-    "confidence-not-configured": "the profile reads the calibrated confidence and this "
-    "answer has none",
+    "confidence-not-configured": "the profile reads the calibrated confidence and no "
+    "confidence model is served",
+    "confidence-unavailable": "the profile reads the calibrated confidence and the served "
+    "model gave none for this answer (it failed, or its value was not finite)",
     "confidence-very-low": "confidence below the profile's block_below",
     "confidence-low": "confidence below the profile's caveat_below",
     "certified-allow": "confidence at or above the certified threshold (certified_risk, "

@@ -304,9 +304,11 @@ class Policy(Protocol):
         *,
         claims: Sequence[ClaimResult] | None = None,
         confidence: float | None = None,
+        confidence_status: SignalStatus = SignalStatus.NOT_CONFIGURED,
     ) -> PolicyOutcome:
         """``claims``: the per-claim results (texts, spans, labels) for the rewrite;
-        ``confidence``: the calibrated p(correct), ``None`` when not configured."""
+        ``confidence``: the calibrated p(correct), ``None`` when there is none, and then
+        ``confidence_status`` says why (no model served, or none for this answer)."""
         ...
 
     def check_stream(

@@ -33,7 +33,7 @@ from sidecar import __version__
 from sidecar.config import Settings
 from sidecar.contracts.answer_json import answer_verdict_json
 from sidecar.contracts.codec import InputKind
-from sidecar.contracts.events import FeedbackEvent
+from sidecar.contracts.events import FeedbackEvent, SignalStatus
 from sidecar.exceptions import InputError
 from sidecar.pipeline import deadletters, outputs
 from sidecar.pipeline.intake import Duplicate, Held, Intake, Labelled, Rejected
@@ -334,6 +334,9 @@ class Processor:
             scored.signals,
             claims=entry.claims.results if entry.claims is not None else None,
             confidence=confidence.p_correct if confidence else None,
+            confidence_status=SignalStatus.NOT_CONFIGURED
+            if self.signals.confidence is None
+            else SignalStatus.UNAVAILABLE,  # served, but failed or not finite for this answer
         )
         t_done = self._clock_ns()
         entry.stages.append(("policy", t_policy, t_done))

@@ -236,9 +236,10 @@ class PolicyEngine:
         *,
         claims: Sequence[ClaimResult] | None = None,
         confidence: float | None = None,
+        confidence_status: SignalStatus = SignalStatus.NOT_CONFIGURED,
     ) -> PolicyOutcome:
         name, profile = self.profile(retrieval)
-        findings = evaluate_signals(signals, profile, confidence)
+        findings = evaluate_signals(signals, profile, confidence, confidence_status)
         entry = self.certified.get(name)
         certified = None
         if entry is not None:

@@ -279,22 +279,26 @@ def _claims(sig: ClaimsSignal, profile: Profile) -> list[Finding]:
     return out
 
 
-def _confidence(confidence: float | None, profile: Profile) -> list[Finding]:
+def _confidence(confidence: float | None, profile: Profile, status: SignalStatus) -> list[Finding]:
     rules = profile.confidence
     if rules.block_below == 0.0 and rules.caveat_below == 0.0:
         return []  # the profile does not use the calibrated confidence
     if confidence is None:
-        return [_missing("confidence", SignalStatus.NOT_CONFIGURED, rules.when_missing)]
+        return [_missing("confidence", status, rules.when_missing)]
     return _thresholds(confidence, rules, "confidence", "calibrated p(correct)")
 
 
 def evaluate_signals(
-    signals: Signals, profile: Profile, confidence: float | None = None
+    signals: Signals,
+    profile: Profile,
+    confidence: float | None = None,
+    confidence_status: SignalStatus = SignalStatus.NOT_CONFIGURED,
 ) -> list[Finding]:
-    """All findings for one answer under ``profile`` (retrieval, lookback, claims, confidence)."""
+    """All findings for one answer under ``profile`` (retrieval, lookback, claims, confidence);
+    ``confidence_status``: why ``confidence`` is ``None`` (not configured, or unavailable)."""
     return [
         *_retrieval(signals.retrieval, profile),
         *_lookback(signals.lookback, profile),
         *_claims(signals.claims, profile),
-        *_confidence(confidence, profile),
+        *_confidence(confidence, profile, confidence_status),
     ]

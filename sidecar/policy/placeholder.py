@@ -16,6 +16,7 @@ from sidecar.contracts.events import (
     RetrievalEvent,
     RetrievalSignal,
     Signals,
+    SignalStatus,
 )
 
 if TYPE_CHECKING:
@@ -44,8 +45,9 @@ class PlaceholderPolicy:
         *,
         claims: Sequence[ClaimResult] | None = None,
         confidence: float | None = None,
+        confidence_status: SignalStatus = SignalStatus.NOT_CONFIGURED,
     ) -> PolicyOutcome:
-        del retrieval, final, signals, claims, confidence
+        del retrieval, final, signals, claims, confidence, confidence_status
         return PolicyOutcome(
             decision=Decision.CAVEAT,
             reasons=[NO_SIGNALS],

@@ -76,11 +76,10 @@ def _built_codes() -> set[str]:
     """The codes built from a template, each spelled out (``profile.<name>`` for any profile)."""
     built = {
         _missing(signal, status, action).reason.code
-        for signal in ("retrieval", "lookback", "claims")
+        for signal in ("retrieval", "lookback", "claims", "confidence")
         for status in (SignalStatus.NOT_CONFIGURED, SignalStatus.UNAVAILABLE)
         for action in SEVERITY
     }
-    built.add(_missing("confidence", SignalStatus.NOT_CONFIGURED, "caveat").reason.code)
     built |= {f"claims-reliability-{level.lower()}" for level in ("HIGH", "MEDIUM", "LOW")}
     built |= {f"{s}-{w}" for s in ("lookback", "confidence") for w in ("low", "very-low")}
     built.add(f"{PROFILE_REASON_PREFIX}<name>")

@@ -35,8 +35,10 @@ from sidecar.pipeline.outputs import Destination, Step
 from sidecar.pipeline.ports import ConfidenceResult, ConfidenceScorer, SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
+from sidecar.policy.config import load_policy
+from sidecar.policy.engine import PolicyEngine
 from tests.confidence.factories import fit_models
-from tests.conftest import EventFactory, dumps
+from tests.conftest import REPO, EventFactory, dumps
 from tests.fakes import ThresholdCertifier
 
 R, G, F = InputKind.RETRIEVAL, InputKind.GENERATION, InputKind.FEEDBACK
@@ -585,3 +587,42 @@ def test_a_failing_confidence_batch_is_scored_one_by_one_and_costs_one_request(
     assert verdicts["req-1"].confidence == verdicts["req-3"].confidence == 0.42
     assert verdicts["req-2"].confidence is None and verdicts["req-2"].chunk_forecast == []
     assert len(step.done) == 6
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_a_missing_confidence_says_whether_the_model_is_served(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    served: bool,
+) -> None:
+    """Audit: an answer the served confidence model failed on read ``confidence-not-configured``,
+    as if no model were loaded; ``confidence-unavailable`` was never produced."""
+    config = load_policy(REPO / "models/policy/default.yaml")
+    engine = PolicyEngine(config.model_copy(update={"default_profile": "medical"}))
+    scorer = BatchFailingScorer(fail_id="req-2") if served else None
+    suite = SignalSuite(certifier=ThresholdCertifier(calibration_key=KEY), confidence=scorer)
+    processor = Processor(settings_factory(), engine, signals=suite, wall_clock=lambda: FIXED)
+    feed = Feed(processor)
+    items = []
+    for rid in ("req-1", "req-2"):
+        items.append((R, dumps(retrieval_event(rid)), None, feed.ref(R)))
+        items.append((G, dumps(final_event(rid)), None, feed.ref(G)))
+    verdicts = {
+        v.request_id: {r.code for r in v.reasons}
+        for v in (
+            AnswerVerdict.model_validate(orjson.loads(o.value))
+            for o in processor.on_batch(items, 0.0).outputs
+            if o.destination is Destination.VERDICTS
+        )
+    }
+    missing = {"confidence-unavailable", "confidence-not-configured"}
+    if served:  # req-1 scored 0.42, below medical's caveat_below 0.6
+        assert verdicts["req-1"] & missing == set() and "confidence-low" in verdicts["req-1"]
+        assert verdicts["req-2"] & missing == {"confidence-unavailable"}
+    else:
+        assert (
+            verdicts["req-1"] & missing
+            == verdicts["req-2"] & missing
+            == {"confidence-not-configured"}
+        )
