@@ -11,7 +11,8 @@ claim verdict can go out the moment its sentence ends. A sentence is complete wh
   whatever follows: those scripts put no space after a sentence (before, a
   Chinese sentence between two English ones was read with them as one claim,
   and never counted unreadable), or
-* a line ends (list items, headings and table rows are one unit per line), or
+* a line ends (list items, headings and table rows are one unit per line; the
+  Unicode line and paragraph separators and NEL end a line as ``\n`` does), or
 * the stream finished (:meth:`SentenceSplitter.finish`).
 
 Lines of a fenced code block (from a line opening with ````` or ``~~~`` to the
@@ -80,6 +81,9 @@ _INTERESTING: Final = re.compile(f"[\n{re.escape(_TERMINATOR_CHARS)}]")
 _TERMINATORS: Final = re.compile(f"[{re.escape(_TERMINATOR_CHARS)}]*")
 _CLOSERS: Final = re.compile(f"[{re.escape(_CLOSER_CHARS)}]*")
 _CJK_TERMINATOR: Final = re.compile(f"[{_CJK_TERMINATOR_CHARS}]")
+# what ends a line besides "\n", read as "\n" (one character for one: spans still point
+# into the answer): a list written with U+2028 between its items was one claim (audit)
+_LINE_ENDS: Final = str.maketrans(dict.fromkeys("\u2028\u2029\x85", "\n"))
 _SPACES: Final = re.compile(r"[ \t]*")
 _GAP: Final = re.compile(r"[^\S\n]*")
 _ALL_SPACE: Final = re.compile(r"\s*")
@@ -216,7 +220,7 @@ class SentenceSplitter:
             return []
         self._parts.append(piece)
         self._length += len(piece)
-        self._buf += piece
+        self._buf += piece.translate(_LINE_ENDS)
         return self._drain(final=False)
 
     def finish(self) -> list[Sentence]:

@@ -209,6 +209,18 @@ def test_an_english_sentence_closed_by_another_scripts_terminator_is_its_own_cla
     ]
 
 
+@pytest.mark.parametrize("separator", ["\n", "\u2028", "\u2029", "\x85"])
+def test_a_unicode_line_separator_ends_a_line(separator: str) -> None:
+    """Audit: ``- A\u2028- B`` was one claim (the rewrite then removed the whole answer)."""
+    answer = f"- Paris is in France{separator}- Berlin is in Germany"
+    found = segment_claims(answer)
+    assert [c.text for c in found] == ["Paris is in France.", "Berlin is in Germany."]
+    assert [answer[c.span[0] : c.span[1]] for c in found] == [
+        "Paris is in France",
+        "Berlin is in Germany",
+    ]
+
+
 def test_a_long_sentence_is_cut_at_whitespace_within_the_limit() -> None:
     text = "The list goes on " + "and on " * 400 + "until it ends."
     units = split_sentences(text)
@@ -244,7 +256,7 @@ _ATOMS = st.sampled_from(
         ".", ". ", "!", "?", "\u2026", "...", "\n", " ", "  ", "\t", ",", ";", ":", '"', ")",
         "\u201d", "a", "x", "The", "It", "the", "Mr.", "U.S.", "Dr.", "etc.", "J.", "1.",
         "3.14", " and ", ", and ", " is ", "was", "Sure, ", "I think ", "- ", "**", "#",
-        "Paris", "Thames", "\u00a0",
+        "Paris", "Thames", "\u00a0", "\u2028",
     ]
 )  # fmt: skip
 _TEXTS = st.lists(_ATOMS, max_size=400).map("".join)
