@@ -518,17 +518,28 @@ class SidecarService:
         ticks (TTL sweeps, every other partition's commits). Forgotten, and the commit in
         flight abandoned, nothing is committed for them: a topic created again is read
         from ``auto_offset_reset``.
+
+        The topics' incarnation moves on (``OffsetTracker.retire``): requests still open
+        with their records, and a batch the worker is deciding now, finish nothing of the
+        new topic when decided (before, their ``done`` landed on the new topic's record at
+        the same offset, whose commit then went past it with no verdict). Their records
+        still queued are dropped: ``_process`` tags a record with the incarnation current
+        when it takes it from the queue, which would be the new topic's.
         """
         gone = {tp for tp in self.state.assigned if tp[0] in topics}
         self.committer.abandon()
         self.committer.forget(gone)
+        self.tracker.retire(topics)
+        queued = self.queue.drop(gone)
+        self._queue_changed()
         for tp in gone:
             self.handovers.pop(tp, None)
         self._finished = {f for f in self._finished if (f[0], f[1]) not in gone}
         log.warning(
-            "input topic(s) %s deleted: what was read from them is not committed; "
-            "created again, they are read from GUARDRAIL_KAFKA__AUTO_OFFSET_RESET (%s)",
-            ", ".join(sorted(topics)), self.settings.kafka.auto_offset_reset,
+            "input topic(s) %s deleted: what was read from them is not committed, and "
+            "their %d records still queued are dropped; created again, they are read from "
+            "GUARDRAIL_KAFKA__AUTO_OFFSET_RESET (%s)",
+            ", ".join(sorted(topics)), queued, self.settings.kafka.auto_offset_reset,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ consume
@@ -623,6 +634,7 @@ class SidecarService:
                 timestamp_ms=record.timestamp,
                 finished=bool(self._finished)
                 and (record.topic, record.partition, record.offset) in self._finished,
+                incarnation=self.tracker.incarnation(record.topic),
             )
             if ref.finished:
                 self._finished.discard((record.topic, record.partition, record.offset))

@@ -388,7 +388,7 @@ class Publisher:
         if step.done and after is not None and not await self._finished(after):
             return False
         for ref in step.done:
-            self.tracker.done(ref.tp, ref.offset)
+            self.tracker.done(ref.tp, ref.offset, ref.incarnation)
         return True
 
     @staticmethod

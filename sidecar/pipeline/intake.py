@@ -177,7 +177,9 @@ def held_ref(ref: InputRef) -> InputRef:
     kept = tuple((k, v) for k, v in last.items() if len(v) <= MAX_TRACE_HEADER_BYTES)
     if kept == headers:
         return ref
-    return InputRef(ref.topic, ref.partition, ref.offset, kept, ref.timestamp_ms)
+    return InputRef(
+        ref.topic, ref.partition, ref.offset, kept, ref.timestamp_ms, incarnation=ref.incarnation
+    )
 
 
 def check_key(key: bytes | None, request_id: str, where: str) -> None:

@@ -54,6 +54,9 @@ class InputRef:
     timestamp_ms: int = -1  # the record's Kafka timestamp (-1: none given)
     # the partition's last owner finished it (its handover): only remembered, not held
     finished: bool = False
+    # the life of its topic it was read in (``OffsetTracker.incarnation``): a topic deleted
+    # and created again under the same name starts over at offset 0, other records
+    incarnation: int = 0
 
     @property
     def tp(self) -> tuple[str, int]:

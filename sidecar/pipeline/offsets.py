@@ -29,6 +29,7 @@ class OffsetTracker:
 
     def __init__(self) -> None:
         self._parts: dict[TopicPartition, _PartitionState] = {}
+        self._incarnations: dict[str, int] = {}  # per topic: how often it was ``retire``d
 
     def track(self, tp: TopicPartition, offset: int) -> None:
         """Record a freshly consumed message as pending."""
@@ -48,8 +49,13 @@ class OffsetTracker:
         if state is not None and state.next_offset is not None and position > state.next_offset:
             state.next_offset = position
 
-    def done(self, tp: TopicPartition, offset: int) -> None:
-        """Mark a message finished: its results are published."""
+    def done(self, tp: TopicPartition, offset: int, incarnation: int | None = None) -> None:
+        """Mark a message finished: its results are published. ``incarnation``: the life of
+        its topic it was read in (``None``: the current one); a message of a topic retired
+        since finishes nothing, as its offset now names a record of the topic created again
+        under the same name."""
+        if incarnation is not None and incarnation != self.incarnation(tp[0]):
+            return
         state = self._parts.get(tp)
         if state is not None:
             state.pending.discard(offset)
@@ -99,3 +105,15 @@ class OffsetTracker:
         """Drop revoked partitions: their new owner re-reads from the committed offset."""
         for tp in partitions:
             self._parts.pop(tp, None)
+
+    def incarnation(self, topic: str) -> int:
+        """Which life of ``topic`` its messages are read in now: 0, then one more each time
+        it is retired."""
+        return self._incarnations.get(topic, 0)
+
+    def retire(self, topics: set[str]) -> None:
+        """``topics`` were deleted: drop their partitions, and from now on ignore a ``done``
+        for what was read from them (requests still open, a batch being decided)."""
+        self.forget({tp for tp in self._parts if tp[0] in topics})
+        for topic in topics:
+            self._incarnations[topic] = self.incarnation(topic) + 1

@@ -54,6 +54,25 @@ def test_forget_drops_revoked_partitions() -> None:
     assert t.pending_count() == 0
 
 
+def test_a_done_read_before_its_topic_was_retired_finishes_nothing_of_the_new_one() -> None:
+    """A deleted topic created again under the same name starts over at offset 0: what
+    was read from the old one names records of the new one, which stay pending."""
+    t = OffsetTracker()
+    other = ("rag.generation", 0)
+    t.track(TP, 0)
+    t.track(other, 3)
+    old = t.incarnation(TP[0])
+    t.retire({TP[0]})
+    assert t.low_water(TP) is None and t.low_water(other) == 3  # only the deleted topic's
+    t.track(TP, 0)  # the new topic's first record
+    t.done(TP, 0, old)
+    assert t.pending_offsets(TP) == [0]
+    t.done(TP, 0, t.incarnation(TP[0]))
+    assert t.pending_offsets(TP) == []
+    t.done(other, 3, 0)  # the generation topic was not retired: still its first life
+    assert t.low_water(other) == 4
+
+
 @given(
     st.lists(st.booleans(), min_size=1, max_size=200),
 )
