@@ -69,6 +69,18 @@ class KafkaSettings(_Section):
     )
     # the broker's group.max.session.timeout.ms defaults to 1,800,000 (30 min)
     session_timeout_ms: int = Field(default=10_000, ge=1_000, le=1_800_000)
+    rebalance_timeout_ms: int = Field(
+        default=300_000,
+        ge=1_000,
+        le=_INT32_MAX,
+        description="how long the group waits for a member to rejoin when it rebalances. A "
+        "member rejoins once the batch in its processor is through (a batch with claims on "
+        "takes seconds to minutes), so that its verdicts are committed, not decided again "
+        "by the next owner. aiokafka's default, session_timeout_ms, dropped a member busy "
+        "longer than that from every rebalance: two replicas over a backlog of 15 s batches "
+        "took the partitions from each other for good and decided nothing (Java's consumer "
+        "uses max.poll.interval.ms, 300000). At least session_timeout_ms",
+    )
     max_poll_records: int = Field(default=500, ge=1)
     max_queued_records: int = Field(
         default=1_000,
@@ -192,6 +204,15 @@ class KafkaSettings(_Section):
                     "[1, 65535]"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _rebalance_outlasts_session(self) -> Self:
+        if self.rebalance_timeout_ms < self.session_timeout_ms:
+            raise ValueError(
+                f"rebalance_timeout_ms must be at least session_timeout_ms="
+                f"{self.session_timeout_ms}, got {self.rebalance_timeout_ms}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _queue_holds_a_poll(self) -> Self:

@@ -214,6 +214,7 @@ class SidecarService:
             "isolation_level": kafka.isolation_level,
             "max_records": kafka.max_poll_records,
             "session_timeout_ms": kafka.session_timeout_ms,
+            "rebalance_timeout_ms": kafka.rebalance_timeout_ms,
             "fetch_max_wait_ms": kafka.fetch_max_wait_ms,
             "max_partition_fetch_bytes": kafka.max_partition_fetch_bytes,
             "listener": _Rebalance(self),

@@ -53,6 +53,10 @@ def test_environment_with_nested_delimiter(monkeypatch: pytest.MonkeyPatch) -> N
             },
             "at least the message limit",
         ),
+        (
+            {"GUARDRAIL_KAFKA__REBALANCE_TIMEOUT_MS": "5000"},
+            "rebalance_timeout_ms must be at least session_timeout_ms=10000, got 5000",
+        ),
     ],
 )
 def test_bad_configuration_says_what_is_wrong(

@@ -1,0 +1,121 @@
+"""A rebalance while the processor is in a long batch (a throttled pod, claims on).
+
+A replica holds every partition and works on a batch that takes longer than the
+group's session timeout (a batch of answers with claims on takes seconds to minutes
+on a slow CPU) when a second replica joins. The first can rejoin only once its batch
+is through; the group must wait for it, and the requests of that batch must be
+decided once, by it, whichever replica owns their partition afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from sidecar.config import Settings
+from sidecar.kafka.app import SidecarService
+from sidecar.kafka.topics import create_topics
+from sidecar.lab.chaos.corpus import final, retrieval
+from sidecar.lab.localkafka.broker import LocalKafka
+from sidecar.lab.replay import Record, send
+from sidecar.pipeline.outputs import Step
+from sidecar.pipeline.processor import BatchItem, Processor
+from sidecar.policy import PlaceholderPolicy
+from tests.kafka.harness import incomplete_count, wait_until
+
+pytestmark = pytest.mark.connected
+
+REQUESTS = 12
+POLL = 8  # records a poll takes: the backlog is several batches
+SESSION_TIMEOUT_MS = 6_000  # the test broker's group.min.session.timeout.ms
+BATCH_S = 10.0  # each batch: longer than the session timeout once the second replica joins
+
+
+class SlowProcessor(Processor):
+    """A processor whose every non-empty batch takes ``BATCH_S`` (a CPU-throttled pod)."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, PlaceholderPolicy())
+        self.batch_started = threading.Event()
+
+    def on_batch(self, items: Sequence[BatchItem], now_ms: float) -> Step:
+        if items:
+            self.batch_started.set()
+            time.sleep(BATCH_S)  # on the worker thread, as the verifier's work is
+        return super().on_batch(items, now_ms)
+
+
+async def test_a_replica_joining_during_a_batch_longer_than_the_session_timeout(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """Audit: the group waited for a rejoin only as long as the session timeout (aiokafka's
+    default rebalance timeout). The busy replica was dropped, the other took every partition,
+    started a batch of its own, and was dropped in turn when the first rejoined: two
+    replicas over 60 requests in 15 s batches decided none in 120 s (12 rebalances)."""
+    settings = Settings.load(
+        kafka={
+            "bootstrap_servers": kafka_broker.bootstrap_servers,
+            "group_id": unique_topics["group"],
+            "session_timeout_ms": SESSION_TIMEOUT_MS,
+            "max_poll_records": POLL,
+            "max_queued_records": 2 * POLL,
+        },
+        topics={k: v for k, v in unique_topics.items() if k != "group"},
+        join={"ttl_ms": 3_000, "sweep_interval_ms": 100},
+        http={"enabled": False},
+    )
+    await create_topics(settings)
+    t = settings.topics
+    ids = [f"req-{i}" for i in range(REQUESTS)]
+    records = [Record(t.retrieval, rid.encode(), orjson.dumps(retrieval(rid))) for rid in ids]
+    records += [
+        Record(t.generation, rid.encode(), orjson.dumps(final(rid, "It is 42."))) for rid in ids
+    ]
+    assert await send(settings, records) == len(records)  # the backlog
+    first, second = (SidecarService(settings, SlowProcessor(settings)) for _ in range(2))
+    busy = first.processor
+    assert isinstance(busy, SlowProcessor)
+    await first.start()
+    try:
+        await wait_until(busy.batch_started.is_set, 30, "the first replica's first batch")
+        await second.start()  # joins while that batch has ~BATCH_S to go
+        verdicts = await _verdicts(settings, set(ids), timeout_s=6 * BATCH_S)
+    finally:
+        for service in (first, second):
+            await service.stop()
+    decided = Counter(v["request_id"] for v in verdicts)
+    assert set(decided) == set(ids), f"{REQUESTS - len(decided)} of {REQUESTS} never decided"
+    assert incomplete_count(verdicts) == 0
+
+
+async def _verdicts(settings: Settings, ids: set[str], timeout_s: float) -> list[dict[str, Any]]:
+    """The verdicts published until every one of ``ids`` has one, or ``timeout_s`` is over;
+    then a second more (for a verdict published twice)."""
+    consumer = AIOKafkaConsumer(
+        settings.topics.verdicts,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    out: list[dict[str, Any]] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        linger = None
+        while linger is None or time.monotonic() < linger:
+            batch = await consumer.getmany(timeout_ms=200)
+            out.extend(orjson.loads(r.value) for rs in batch.values() for r in rs)
+            if linger is None and (
+                {v["request_id"] for v in out} >= ids or time.monotonic() > deadline
+            ):
+                linger = time.monotonic() + 1.0
+    finally:
+        await consumer.stop()
+    return out
