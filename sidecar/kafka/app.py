@@ -483,16 +483,21 @@ class SidecarService:
         return tuple(kept)
 
     async def on_revoked(self, revoked: set[TP]) -> None:
-        # the steps in flight finish their inputs once confirmed (milliseconds): wait for
-        # them, bounded, so the commit below covers their verdicts and the new owner does
-        # not publish them again
-        await self.publisher.settle(REVOKE_SETTLE_S)
-        try:
-            await self.commit(only=revoked)
-        except KafkaError as exc:
-            log.warning("commit before revocation failed (%s); the new owner re-reads", exc)
+        # nothing more of theirs goes to the processor; the batch it has in hand goes through
+        # to its publish first (the group waits for this member: kafka.rebalance_timeout_ms),
+        # then the steps in flight finish their inputs once confirmed (milliseconds): waited
+        # for, bounded, so the commit below covers their verdicts and the new owner does not
+        # decide them again (audit: committed before the batch in hand was through, whose
+        # requests the new owner then decided a second time, 8 of 30)
         queued = self.queue.drop(revoked)
-        dropped = await self._in_worker(self.processor.store.drop_partitions, revoked)
+        async with self._handler_lock:
+            await self.publisher.settle(REVOKE_SETTLE_S)
+            try:
+                await self.commit(only=revoked)
+            except KafkaError as exc:
+                log.warning("commit before revocation failed (%s); the new owner re-reads", exc)
+            queued += self.queue.drop(revoked)
+            dropped = await self._in_worker(self.processor.store.drop_partitions, revoked)
         self.committer.forget(revoked)
         self.intake.forget(revoked)
         for tp in revoked:

@@ -9,6 +9,7 @@ decided once, by it, whichever replica owns their partition afterwards.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -17,7 +18,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from sidecar.config import Settings
 from sidecar.kafka.app import SidecarService
@@ -28,11 +29,10 @@ from sidecar.lab.replay import Record, send
 from sidecar.pipeline.outputs import Step
 from sidecar.pipeline.processor import BatchItem, Processor
 from sidecar.policy import PlaceholderPolicy
-from tests.kafka.harness import incomplete_count, wait_until
+from tests.kafka.harness import committed, end_offsets, incomplete_count, wait_until
 
 pytestmark = pytest.mark.connected
 
-REQUESTS = 12
 POLL = 8  # records a poll takes: the backlog is several batches
 SESSION_TIMEOUT_MS = 6_000  # the test broker's group.min.session.timeout.ms
 BATCH_S = 10.0  # each batch: longer than the session timeout once the second replica joins
@@ -59,13 +59,25 @@ async def test_a_replica_joining_during_a_batch_longer_than_the_session_timeout(
     default rebalance timeout). The busy replica was dropped, the other took every partition,
     started a batch of its own, and was dropped in turn when the first rejoined: two
     replicas over 60 requests in 15 s batches decided none in 120 s (12 rebalances)."""
+    ids, verdicts = await _join_during_a_batch(kafka_broker, unique_topics, requests=12, poll=8)
+    decided = Counter(v["request_id"] for v in verdicts)
+    assert set(decided) == set(ids), f"{len(set(ids) - set(decided))} of {len(ids)} never decided"
+    assert incomplete_count(verdicts) == 0
+
+
+async def _join_during_a_batch(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], *, requests: int, poll: int
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """A backlog of ``requests`` whole requests; the second replica joins once the first has
+    begun its first batch (of ``poll`` records). Returns the request ids and every verdict
+    published once the group has committed them all (or given up)."""
     settings = Settings.load(
         kafka={
             "bootstrap_servers": kafka_broker.bootstrap_servers,
             "group_id": unique_topics["group"],
             "session_timeout_ms": SESSION_TIMEOUT_MS,
-            "max_poll_records": POLL,
-            "max_queued_records": 2 * POLL,
+            "max_poll_records": poll,
+            "max_queued_records": 2 * poll,
         },
         topics={k: v for k, v in unique_topics.items() if k != "group"},
         join={"ttl_ms": 3_000, "sweep_interval_ms": 100},
@@ -73,12 +85,12 @@ async def test_a_replica_joining_during_a_batch_longer_than_the_session_timeout(
     )
     await create_topics(settings)
     t = settings.topics
-    ids = [f"req-{i}" for i in range(REQUESTS)]
+    ids = [f"req-{i}" for i in range(requests)]
     records = [Record(t.retrieval, rid.encode(), orjson.dumps(retrieval(rid))) for rid in ids]
     records += [
         Record(t.generation, rid.encode(), orjson.dumps(final(rid, "It is 42."))) for rid in ids
     ]
-    assert await send(settings, records) == len(records)  # the backlog
+    assert await send(settings, records) == len(records)
     first, second = (SidecarService(settings, SlowProcessor(settings)) for _ in range(2))
     busy = first.processor
     assert isinstance(busy, SlowProcessor)
@@ -86,36 +98,57 @@ async def test_a_replica_joining_during_a_batch_longer_than_the_session_timeout(
     try:
         await wait_until(busy.batch_started.is_set, 30, "the first replica's first batch")
         await second.start()  # joins while that batch has ~BATCH_S to go
-        verdicts = await _verdicts(settings, set(ids), timeout_s=6 * BATCH_S)
+        await _until_committed(settings, timeout_s=6 * BATCH_S)
     finally:
         for service in (first, second):
             await service.stop()
-    decided = Counter(v["request_id"] for v in verdicts)
-    assert set(decided) == set(ids), f"{REQUESTS - len(decided)} of {REQUESTS} never decided"
-    assert incomplete_count(verdicts) == 0
+    verdicts = await _all_verdicts(settings)
+    return ids, verdicts
 
 
-async def _verdicts(settings: Settings, ids: set[str], timeout_s: float) -> list[dict[str, Any]]:
-    """The verdicts published until every one of ``ids`` has one, or ``timeout_s`` is over;
-    then a second more (for a verdict published twice)."""
-    consumer = AIOKafkaConsumer(
-        settings.topics.verdicts,
-        bootstrap_servers=settings.kafka.bootstrap_servers,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
+async def _until_committed(settings: Settings, timeout_s: float) -> None:
+    """Until the group has committed every input record (everything decided and published),
+    or ``timeout_s`` is over."""
+    t = settings.topics
+    bootstrap, group = settings.kafka.bootstrap_servers, settings.kafka.group_id
+    ends = await end_offsets(bootstrap, [t.retrieval, t.generation], t.partitions)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = await committed(bootstrap, group)
+        if all(done.get(tp) == end for tp, end in ends.items()):
+            return
+        await asyncio.sleep(0.5)
+
+
+async def _all_verdicts(settings: Settings) -> list[dict[str, Any]]:
+    """Every verdict on the verdict topic."""
+    t = settings.topics
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await consumer.start()
-    out: list[dict[str, Any]] = []
     try:
-        deadline = time.monotonic() + timeout_s
-        linger = None
-        while linger is None or time.monotonic() < linger:
+        partitions = [TopicPartition(t.verdicts, p) for p in range(t.partitions)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        out: list[dict[str, Any]] = []
+        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
             batch = await consumer.getmany(timeout_ms=200)
             out.extend(orjson.loads(r.value) for rs in batch.values() for r in rs)
-            if linger is None and (
-                {v["request_id"] for v in out} >= ids or time.monotonic() > deadline
-            ):
-                linger = time.monotonic() + 1.0
     finally:
         await consumer.stop()
     return out
+
+
+async def test_the_batch_in_hand_at_a_revocation_is_committed_not_decided_again(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """The first replica's first batch holds every request whole, from every partition, when
+    the second joins and takes some of them. Audit: the revocation committed before that
+    batch was through, its verdicts went out after the commit, and the new owner decided
+    those requests again (8 of 30 twice); the first replica re-read its own and worked
+    through them once more."""
+    ids, verdicts = await _join_during_a_batch(kafka_broker, unique_topics, requests=30, poll=500)
+    decided = Counter(v["request_id"] for v in verdicts)
+    assert set(decided) == set(ids), f"{len(set(ids) - set(decided))} of {len(ids)} never decided"
+    twice = sorted(rid for rid, n in decided.items() if n > 1)
+    assert not twice, f"{len(twice)} of {len(ids)} decided twice: {twice}"
