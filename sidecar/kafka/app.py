@@ -484,20 +484,27 @@ class SidecarService:
 
     async def on_revoked(self, revoked: set[TP]) -> None:
         # nothing more of theirs goes to the processor; the batch it has in hand goes through
-        # to its publish first (the group waits for this member: kafka.rebalance_timeout_ms),
-        # then the steps in flight finish their inputs once confirmed (milliseconds): waited
-        # for, bounded, so the commit below covers their verdicts and the new owner does not
-        # decide them again (audit: committed before the batch in hand was through, whose
-        # requests the new owner then decided a second time, 8 of 30)
+        # to its publish first, then the steps in flight finish their inputs once confirmed
+        # (milliseconds): waited for, bounded, so the commit below covers their verdicts and
+        # the new owner does not decide them again (audit: committed before the batch in hand
+        # was through, whose requests the new owner then decided a second time, 8 of 30)
         queued = self.queue.drop(revoked)
-        async with self._handler_lock:
+        in_hand = await self._batch_in_hand_through()
+        try:
             await self.publisher.settle(REVOKE_SETTLE_S)
             try:
                 await self.commit(only=revoked)
             except KafkaError as exc:
                 log.warning("commit before revocation failed (%s); the new owner re-reads", exc)
             queued += self.queue.drop(revoked)
-            dropped = await self._in_worker(self.processor.store.drop_partitions, revoked)
+            if in_hand:
+                dropped = await self._in_worker(self.processor.store.drop_partitions, revoked)
+            else:  # after the batch in hand, before any later one (the worker keeps the order)
+                dropped = 0
+                self._after_batch_in_hand(self.processor.store.drop_partitions, revoked)
+        finally:
+            if in_hand:
+                self._handler_lock.release()
         self.committer.forget(revoked)
         self.intake.forget(revoked)
         for tp in revoked:
@@ -512,6 +519,35 @@ class SidecarService:
                 dropped,
                 queued,
             )
+
+    async def _batch_in_hand_through(self) -> bool:
+        """Take the handler lock once the batch in the processor is published (True), or
+        give up after half the time the group waits for this member to rejoin (False).
+
+        A batch can outlast any rebalance timeout (500 answers of 64 claim pairs on a
+        throttled CPU): waiting for it past that dropped the member from the group, and two
+        replicas took the partitions from each other for good (audit). Left out, its
+        requests on the revoked partitions may be decided again by their new owner, under
+        the same idempotency keys."""
+        wait_s = self.settings.kafka.rebalance_timeout_ms / 2000
+        try:
+            await asyncio.wait_for(self._handler_lock.acquire(), wait_s)
+        except TimeoutError:
+            log.warning(
+                "revocation: the batch in the processor is not through after %.0f s (half of "
+                "GUARDRAIL_KAFKA__REBALANCE_TIMEOUT_MS); committing without it: its requests "
+                "on the revoked partitions may be decided again by their new owner",
+                wait_s,
+            )
+            return False
+        return True
+
+    def _after_batch_in_hand(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn`` on the worker thread after the call it has in hand, not waiting for it."""
+        if self._worker is None:
+            fn(*args)
+        else:
+            self._worker.submit(fn, *args)
 
     def _forget_inputs(self, topics: set[str]) -> None:
         """Input ``topics`` were deleted under the loop: forget their partitions' offsets.

@@ -66,7 +66,12 @@ async def test_a_replica_joining_during_a_batch_longer_than_the_session_timeout(
 
 
 async def _join_during_a_batch(
-    kafka_broker: LocalKafka, unique_topics: dict[str, str], *, requests: int, poll: int
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    *,
+    requests: int,
+    poll: int,
+    rebalance_timeout_ms: int = 300_000,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """A backlog of ``requests`` whole requests; the second replica joins once the first has
     begun its first batch (of ``poll`` records). Returns the request ids and every verdict
@@ -78,6 +83,7 @@ async def _join_during_a_batch(
             "session_timeout_ms": SESSION_TIMEOUT_MS,
             "max_poll_records": poll,
             "max_queued_records": 2 * poll,
+            "rebalance_timeout_ms": rebalance_timeout_ms,
         },
         topics={k: v for k, v in unique_topics.items() if k != "group"},
         join={"ttl_ms": 3_000, "sweep_interval_ms": 100},
@@ -152,3 +158,23 @@ async def test_the_batch_in_hand_at_a_revocation_is_committed_not_decided_again(
     assert set(decided) == set(ids), f"{len(set(ids) - set(decided))} of {len(ids)} never decided"
     twice = sorted(rid for rid, n in decided.items() if n > 1)
     assert not twice, f"{len(twice)} of {len(ids)} decided twice: {twice}"
+
+
+async def test_a_batch_longer_than_the_rebalance_timeout_costs_second_verdicts_not_the_group(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """A batch may outlast any rebalance timeout (500 answers of 64 claim pairs on a throttled
+    CPU). Waiting for it past the time the group waits for this member dropped the member, and
+    the two replicas took the partitions from each other for good: the member waits for its
+    batch in hand half that time, then leaves it out of the commit (its requests may be
+    decided again by their new owner, under the same idempotency keys)."""
+    ids, verdicts = await _join_during_a_batch(
+        kafka_broker, unique_topics, requests=12, poll=8, rebalance_timeout_ms=SESSION_TIMEOUT_MS
+    )
+    decided = Counter(v["request_id"] for v in verdicts)
+    assert set(decided) == set(ids), f"{len(set(ids) - set(decided))} of {len(ids)} never decided"
+    assert incomplete_count(verdicts) == 0
+    keys: dict[str, set[str]] = {}
+    for v in verdicts:
+        keys.setdefault(v["request_id"], set()).add(v["idempotency_key"])
+    assert all(len(k) == 1 for k in keys.values())  # a second verdict repeats the first's key
