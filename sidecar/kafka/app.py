@@ -243,6 +243,9 @@ class SidecarService:
         )
         self._ticker: asyncio.Task[None] | None = None
         self._drainer: asyncio.Task[None] | None = None
+        # partitions revoked while the drainer holds a batch it took from the queue and
+        # waits for the handler lock (``None``: it holds none)
+        self._revoked_in_hand: set[TP] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._calls = itertools.count()
         self._worker_calls: dict[int, float] = {}  # token -> monotonic start, calls out
@@ -488,7 +491,7 @@ class SidecarService:
         # (milliseconds): waited for, bounded, so the commit below covers their verdicts and
         # the new owner does not decide them again (audit: committed before the batch in hand
         # was through, whose requests the new owner then decided a second time, 8 of 30)
-        queued = self.queue.drop(revoked)
+        queued = self._drop_queued(revoked)
         in_hand = await self._batch_in_hand_through()
         try:
             await self.publisher.settle(REVOKE_SETTLE_S)
@@ -496,7 +499,7 @@ class SidecarService:
                 await self.commit(only=revoked)
             except KafkaError as exc:
                 log.warning("commit before revocation failed (%s); the new owner re-reads", exc)
-            queued += self.queue.drop(revoked)
+            queued += self._drop_queued(revoked)  # and what the drainer took meanwhile
             if in_hand:
                 dropped = await self._in_worker(self.processor.store.drop_partitions, revoked)
             else:  # after the batch in hand, before any later one (the worker keeps the order)
@@ -519,6 +522,15 @@ class SidecarService:
                 dropped,
                 queued,
             )
+
+    def _drop_queued(self, revoked: set[TP]) -> int:
+        """Drop ``revoked``'s queued records, and those of the batch the drainer took from the
+        queue and waits to process: it processes them after the revocation, which has
+        committed without them and forgotten their offsets (audit: decided again by the
+        new owner, which re-reads them). How many were queued."""
+        if self._revoked_in_hand is not None:
+            self._revoked_in_hand |= revoked
+        return self.queue.drop(revoked)
 
     async def _batch_in_hand_through(self) -> bool:
         """Take the handler lock once the batch in the processor is published (True), or
@@ -655,9 +667,15 @@ class SidecarService:
         while True:
             records = await self.queue.get()
             self._queue_changed()
+            self._revoked_in_hand = set()
             async with self._handler_lock:
+                revoked, self._revoked_in_hand = self._revoked_in_hand, None
                 if self._stopping.is_set():
                     return
+                if revoked:  # a revocation came first: left to the new owner, as if queued
+                    records = tuple(r for r in records if (r.topic, r.partition) not in revoked)
+                    if not records:
+                        continue
                 try:
                     with self.telemetry.consuming(records, self.settings.kafka.group_id):
                         await self._process(records)

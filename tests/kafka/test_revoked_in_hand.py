@@ -1,0 +1,64 @@
+"""A revocation while the drainer holds a batch it took from the queue.
+
+The drainer takes a batch from the queue, then waits for the handler lock; a revocation
+waiting for the batch in the processor gets the lock first, commits without that batch's
+records and forgets their offsets. Processed after it, their requests would be decided
+again by the partitions' new owner, which re-reads them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+from faststream.kafka import TestKafkaBroker
+
+from sidecar.pipeline.outputs import Step
+from sidecar.pipeline.processor import BatchItem
+from tests.conftest import EventFactory
+from tests.kafka.harness import wait_until
+from tests.kafka.test_topic_deleted import _read, _service
+
+
+async def test_a_batch_taken_from_the_queue_before_a_revocation_is_left_to_the_new_owner(
+    unique_topics: dict[str, str], retrieval_event: EventFactory, final_event: EventFactory
+) -> None:
+    service = _service(unique_topics)
+    t = service.settings.topics
+    processor = service.processor
+    deciding, release = threading.Event(), threading.Event()
+    on_batch = processor.on_batch
+
+    def held_on_batch(items: Sequence[BatchItem], now_ms: float) -> Step:
+        if any(b'"req-a"' in (value or b"") for _, value, _, _ in items):
+            deciding.set()
+            release.wait(5)
+        return on_batch(items, now_ms)
+
+    async def no_commit(only: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
+        del only
+        return {}
+
+    processor.on_batch = held_on_batch  # type: ignore[method-assign]
+    service.commit = no_commit  # type: ignore[method-assign]
+    revoked = {(t.retrieval, 0), (t.generation, 0)}
+    async with TestKafkaBroker(service.broker):
+        await service._handle(
+            _read(t.retrieval, 0, retrieval_event("req-a"))
+            + _read(t.generation, 0, final_event("req-a"))
+        )
+        assert await asyncio.to_thread(deciding.wait, 5)  # req-a is in the processor
+        revoking = asyncio.create_task(service.on_revoked(revoked))
+        await asyncio.sleep(0.05)  # it waits for the batch in hand
+        # a batch fetched before the revocation, handed over while it runs
+        await service._handle(
+            _read(t.retrieval, 1, retrieval_event("req-b"))
+            + _read(t.generation, 1, final_event("req-b"))
+        )
+        release.set()
+        await asyncio.wait_for(revoking, 10)
+        await wait_until(lambda: service.queue.records == 0, 5, "the queue drained")
+        await asyncio.sleep(0.2)  # room for the drainer to process what it held
+        assert processor.counters.verdicts == 1  # req-a's; req-b is the new owner's
+        assert len(processor.store) == 0
