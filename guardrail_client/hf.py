@@ -17,6 +17,11 @@ arrays. Retained: two ``L x H x K`` and two ``L x H`` float64 arrays plus one
 vocabulary-sized log-probability row, whatever the sequence length; no
 attention tensor outlives its hook call.
 
+A sliding-window layer (Mistral, Gemma2's local layers, ...) whose cache keeps only
+the last ``window`` keys returns a row over those keys alone: the positions before
+them are outside its window (attention 0), so the segment sums count only the
+positions the row covers.
+
 Not thread-safe per model: one recording at a time (``record`` refuses a second).
 Batch size 1, greedy or sampled decoding with one forward pass per token (no
 beam search, no assisted decoding).
@@ -132,8 +137,11 @@ class Recording:
         prompt_length: int,
         chunk_spans: Sequence[Span],
         eos_token_ids: Sequence[int],
+        windows: Sequence[int | None] | None = None,
     ) -> None:
         self.spans = _check_spans(prompt_length, chunk_spans)
+        self.windows = tuple(windows) if windows is not None else (None,) * layers
+        """Per layer: the sliding window (keys a query sees), ``None`` for full attention."""
         self.prompt_length = prompt_length
         self.layers = layers
         self.heads = heads
@@ -185,14 +193,24 @@ class Recording:
             )
         n_output = self.forwards - 1
         keys = self.prompt_length + n_output
-        if weights.shape[-1] < keys:
+        seen = int(weights.shape[-1])
+        window = self.windows[index]
+        if seen >= keys:
+            first = 0  # the row covers positions 0..keys-1; later keys are masked
+            row = weights[0, :, -1, :keys].to(torch.float64)  # (H, keys)
+        elif window is not None and seen >= window:
+            first = keys - seen  # a sliding layer's cache: the last ``seen`` positions
+            row = weights[0, :, -1, :].to(torch.float64)  # (H, seen)
+        else:
             raise ConfigError(
-                f"step {n_output} sees {weights.shape[-1]} keys; a {self.prompt_length}-token "
+                f"step {n_output} sees {seen} keys at layer {index}; a {self.prompt_length}-token "
                 f"prompt and {n_output} answer tokens need {keys} (one forward pass per token)"
             )
-        row = weights[0, :, -1, :keys].to(torch.float64)  # (H, keys); later keys are masked
         segments = [(0, self.prompt_length), (self.prompt_length, keys), *self.spans]
-        sums = torch.stack([row[:, s:e].sum(dim=-1) for s, e in segments], dim=-1)
+        sums = torch.stack(
+            [row[:, max(s - first, 0) : max(e - first, 0)].sum(dim=-1) for s, e in segments],
+            dim=-1,
+        )
         self.peak_work_bytes = max(self.peak_work_bytes, row.element_size() * row.nelement())
         chunk, context = lookback_step(
             sums.cpu().numpy(),
@@ -247,6 +265,29 @@ class Recording:
         )
 
 
+def _sliding_windows(text_config: Any, layers: int) -> tuple[int | None, ...]:
+    """Per layer, the sliding window of its attention (``None``: it sees every key).
+
+    As transformers' caches read the config: ``layer_types`` when given
+    (``sliding_attention`` / ``chunked_attention`` / ``full_attention``), else one
+    ``sliding_window`` (or ``attention_chunk_size``) for every layer.
+    """
+    window = getattr(text_config, "sliding_window", None)
+    chunk = getattr(text_config, "attention_chunk_size", None)
+    types = getattr(text_config, "layer_types", None)
+    if types is None:
+        kind = (
+            "sliding_attention"
+            if window is not None
+            else "chunked_attention"
+            if chunk is not None
+            else "full_attention"
+        )
+        types = [kind] * layers
+    sizes: dict[str, Any] = {"sliding_attention": window, "chunked_attention": chunk}
+    return tuple(None if sizes.get(k) is None else int(sizes[k]) for k in list(types)[:layers])
+
+
 def find_attention_modules(model: Any, layers: int) -> list[Any]:
     """The ``layers`` attention modules of ``model`` (``*.self_attn``, ``*.attn``, ...)."""
     named = list(model.named_modules())
@@ -284,6 +325,7 @@ class LookbackRecorder:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.layers = int(text.num_hidden_layers)
         self.heads = int(text.num_attention_heads)
+        self.windows = _sliding_windows(text, self.layers)
         self.model = model
         self.attention = tuple(attention_modules or find_attention_modules(model, self.layers))
         if len(self.attention) != self.layers:
@@ -309,6 +351,7 @@ class LookbackRecorder:
             prompt_length=prompt_length,
             chunk_spans=chunk_spans,
             eos_token_ids=self.eos_token_ids,
+            windows=self.windows,
         )
 
         def pre(_m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""LookbackRecorder on tiny seeded Llama, Qwen2 and Gemma2 models: ratios, steps, memory.
+"""LookbackRecorder on tiny seeded Llama, Qwen2, Gemma2 and Mistral models: ratios, steps, memory.
 
 Each model is built from a config with random weights (seed 0, no download). The
 recorder wraps ``model.generate()``; the reference is the project's summariser
@@ -18,6 +18,8 @@ from transformers import (
     Gemma2ForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -106,6 +108,35 @@ def test_recorder_equals_the_summariser_and_the_definition(model: Any) -> None:
     np.testing.assert_array_equal(summary.to_array(), expected.summary().to_array())
     fc_summary = got.summary("fc")
     assert (fc_summary.chunks, fc_summary.variant) == (1, "fc")
+
+
+def mistral_window(window: int) -> Any:
+    torch.manual_seed(0)
+    return _sharpen(MistralForCausalLM(MistralConfig(**_shape(2, 4), sliding_window=window)))
+
+
+def gemma2_window(window: int) -> Any:
+    torch.manual_seed(0)  # layers alternate: sliding (local), full (global), sliding
+    return _sharpen(
+        Gemma2ForCausalLM(Gemma2Config(**_shape(3, 4), head_dim=8, sliding_window=window))
+    )
+
+
+@pytest.mark.parametrize("build", [mistral_window, gemma2_window], ids=["mistral", "gemma2"])
+def test_a_sliding_window_shorter_than_the_prompt_follows_the_definition(build: Builder) -> None:
+    # The cache of a sliding layer keeps only the last window of keys, so a decoding step
+    # sees fewer keys than the prompt has; the earlier ones are outside the window.
+    model = build(8)
+    prompt = prompt_of(CHUNKS)
+    assert prompt.length > 8
+    got = LookbackRecorder(model, eos_token_ids=[EOS]).generate(
+        prompt.input_ids, prompt.chunks, max_new_tokens=6
+    )
+    cw, fc, steps = reference(model, prompt, got.answer_ids)
+    assert got.steps == steps > 1
+    np.testing.assert_allclose(got.chunk_ratios, cw, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got.context_ratios, fc, rtol=1e-4, atol=1e-5)
+    assert got.summary().chunks == 3
 
 
 def test_the_eos_step_is_left_out_unless_the_answer_is_empty(model: Any) -> None:
