@@ -23,8 +23,9 @@ them are outside its window (attention 0), so the segment sums count only the
 positions the row covers.
 
 Not thread-safe per model: one recording at a time (``record`` refuses a second).
-Batch size 1, greedy or sampled decoding with one forward pass per token (no
-beam search, no assisted decoding).
+Batch size 1 without padding, greedy or sampled decoding with one forward pass per
+token (no beam search, no assisted or prompt-lookup decoding): a forward pass whose
+last query is not the step's position is refused.
 """
 
 from __future__ import annotations
@@ -170,8 +171,27 @@ class Recording:
 
     # ------------------------------------------------------------------ hooks
 
-    def begin_forward(self, input_ids: torch.Tensor | None) -> None:
-        """A forward pass starts: the token it feeds ends the previous step."""
+    def begin_forward(
+        self, input_ids: torch.Tensor | None, position_ids: torch.Tensor | None = None
+    ) -> None:
+        """A forward pass starts: the token it feeds ends the previous step.
+
+        Its last query must be the step's: position ``prompt_length - 1`` for the
+        first pass, one further for each later one (one new token per pass).
+        """
+        expected = self.prompt_length - 1 + self.forwards
+        if position_ids is not None and position_ids.ndim == 2:
+            last = int(position_ids[0, -1])
+        elif input_ids is not None and self.forwards and input_ids.shape[-1] != 1:
+            last = int(input_ids.shape[-1]) - 1  # no cache: the whole sequence again
+        else:
+            last = expected
+        if last != expected:
+            raise ConfigError(
+                f"forward pass {self.forwards + 1} ends at position {last}, not {expected}: the "
+                f"recorder follows a {self.prompt_length}-token prompt without padding and one "
+                "new token per forward pass (no assisted or prompt-lookup decoding)"
+            )
         if self._step_logprobs is not None:
             if input_ids is None:
                 raise ConfigError("a decoding step fed no input_ids; the recorder needs token ids")
@@ -356,7 +376,7 @@ class LookbackRecorder:
 
         def pre(_m: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             ids = kwargs.get("input_ids", args[0] if args else None)
-            rec.begin_forward(ids)
+            rec.begin_forward(ids, kwargs.get("position_ids"))
 
         def attention_hook(index: int) -> Any:
             def hook(_m: Any, _args: Any, output: Any) -> None:

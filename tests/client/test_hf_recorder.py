@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from transformers import (
+    DynamicCache,
     Gemma2Config,
     Gemma2ForCausalLM,
     LlamaConfig,
@@ -188,6 +189,48 @@ def test_the_recorder_works_inside_a_caller_owned_generate_with_a_streamer() -> 
     # the hooks are gone after the block: a plain forward pass records nothing
     model(input_ids=ids)
     assert rec.forwards == 5
+
+
+def test_a_cached_prefix_and_uncached_steps_follow_the_definition() -> None:
+    model = llama()
+    prompt = prompt_of(CHUNKS)
+    recorder = LookbackRecorder(model, eos_token_ids=[EOS])
+    uncached = recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=5, use_cache=False)
+    cache = DynamicCache(config=model.config)  # the first 30 prompt tokens, run before
+    with torch.no_grad():
+        model(input_ids=torch.tensor([prompt.input_ids[:30]]), cache=cache)
+    prefixed = recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=5, cache=cache)
+    for got in (uncached, prefixed):
+        cw, fc, _ = reference(model, prompt, got.answer_ids)
+        np.testing.assert_allclose(got.chunk_ratios, cw, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got.context_ratios, fc, rtol=1e-4, atol=1e-5)
+
+
+def test_forward_passes_it_cannot_follow_are_refused() -> None:
+    # Prompt lookup feeds candidate tokens after the prompt (and later after each token):
+    # the last query row is then a candidate's, not the step's.
+    model = llama()
+    prompt = prompt_of(CHUNKS)
+    recorder = LookbackRecorder(model, eos_token_ids=[EOS])
+    with pytest.raises(ConfigError, match="assisted"):
+        recorder.generate(
+            prompt.input_ids, prompt.chunks, max_new_tokens=4, prompt_lookup_num_tokens=3
+        )
+    # a left-padded prompt: the pads are not context, and positions start after them
+    pad = 3
+    ids = torch.tensor([[0] * pad + list(prompt.input_ids)])
+    mask = torch.tensor([[0] * pad + [1] * prompt.length])
+    spans = [(s + pad, e + pad) for s, e in prompt.chunks]
+    with (
+        pytest.raises(ConfigError, match="padding"),
+        torch.no_grad(),
+        recorder.record(ids.shape[1], spans),
+    ):
+        model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0
+        )
+    # and the recorder is free again
+    assert recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=2).steps == 2
 
 
 def test_bad_setups_are_refused_with_what_is_allowed() -> None:
