@@ -22,7 +22,8 @@ the last ``window`` keys returns a row over those keys alone: the positions befo
 them are outside its window (attention 0), so the segment sums count only the
 positions the row covers.
 
-Not thread-safe per model: one recording at a time (``record`` refuses a second).
+Not thread-safe per model: one recording at a time per model, whichever recorder
+(``record`` refuses a second).
 Batch size 1 without padding, greedy or sampled decoding with one forward pass per
 token (no beam search, no assisted or prompt-lookup decoding): a forward pass whose
 last query is not the step's position is refused.
@@ -30,6 +31,8 @@ last query is not the step's position is refused.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -63,6 +66,10 @@ FloatArray = npt.NDArray[np.float64]
 
 _TINY = 1e-30
 _ATTENTION_SUFFIXES = (".self_attn", ".attn", ".attention", ".self_attention")
+# the models a recording's hooks are on, whichever recorder put them there: the hooks of
+# two recordings on one model would each see the other generation's forward passes
+_RECORDING: weakref.WeakSet[Any] = weakref.WeakSet()
+_RECORDING_LOCK = threading.Lock()
 
 
 def lookback_step(
@@ -363,8 +370,6 @@ class LookbackRecorder:
     @contextmanager
     def record(self, prompt_length: int, chunk_spans: Sequence[Span]) -> Iterator[Recording]:
         """Hooks on while the block runs one ``generate()`` over a ``prompt_length`` prompt."""
-        if self._active is not None:
-            raise ConfigError("this recorder is already recording; one generation at a time")
         rec = Recording(
             layers=self.layers,
             heads=self.heads,
@@ -388,19 +393,31 @@ class LookbackRecorder:
         def post(_m: Any, _args: Any, output: Any) -> None:
             rec.logits(output.logits if hasattr(output, "logits") else output[0])
 
-        handles = [self.model.register_forward_pre_hook(pre, with_kwargs=True)]
-        handles += [
-            module.register_forward_hook(attention_hook(i))
-            for i, module in enumerate(self.attention)
-        ]
-        handles.append(self.model.register_forward_hook(post))
-        self._active = rec
+        with _RECORDING_LOCK:
+            if self._active is not None:
+                raise ConfigError("this recorder is already recording; one generation at a time")
+            if self.model in _RECORDING:
+                raise ConfigError(
+                    "another recorder is already recording on this model; one generation at "
+                    "a time per model (serialise the generations, e.g. with a lock)"
+                )
+            _RECORDING.add(self.model)
+            self._active = rec
+        handles: list[Any] = []
         try:
+            handles.append(self.model.register_forward_pre_hook(pre, with_kwargs=True))
+            handles += [
+                module.register_forward_hook(attention_hook(i))
+                for i, module in enumerate(self.attention)
+            ]
+            handles.append(self.model.register_forward_hook(post))
             yield rec
         finally:
             for handle in handles:
                 handle.remove()
-            self._active = None
+            with _RECORDING_LOCK:
+                _RECORDING.discard(self.model)
+                self._active = None
 
     def generate(
         self,

@@ -233,6 +233,19 @@ def test_forward_passes_it_cannot_follow_are_refused() -> None:
     assert recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=2).steps == 2
 
 
+def test_one_recording_at_a_time_per_model_whichever_recorder() -> None:
+    # A server that builds a recorder per request: the hooks of both would see
+    # both generations' forward passes.
+    model = llama(2, 2)
+    prompt = prompt_of(CHUNKS[:1])
+    first = LookbackRecorder(model, eos_token_ids=[EOS])
+    second = LookbackRecorder(model, eos_token_ids=[EOS])
+    with first.record(prompt.length, prompt.chunks):
+        with pytest.raises(ConfigError, match="already recording on this model"):
+            second.generate(prompt.input_ids, prompt.chunks, max_new_tokens=2)
+    assert second.generate(prompt.input_ids, prompt.chunks, max_new_tokens=2).steps == 2
+
+
 def test_bad_setups_are_refused_with_what_is_allowed() -> None:
     sdpa = LlamaForCausalLM(LlamaConfig(**{**_shape(2, 2), "attn_implementation": "sdpa"}))
     with pytest.raises(ConfigError, match="eager"):
