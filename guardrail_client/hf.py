@@ -429,21 +429,35 @@ class LookbackRecorder:
     ) -> LookbackRecord:
         """``model.generate`` (greedy unless told otherwise) with the ratios recorded.
 
-        Extra keyword arguments (``streamer``, ``do_sample``, ...) go to ``generate``.
+        Extra keyword arguments (``streamer``, ``do_sample``, ``pad_token_id``, ...) go to
+        ``generate``; the prompt, its attention mask and the end-of-sequence ids are the
+        recorder's.
         """
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if int(generate_kwargs.get("num_beams", 1)) != 1:
-            raise ConfigError("the recorder follows one sequence: num_beams must be 1")
+        taken = sorted(generate_kwargs.keys() & {"input_ids", "attention_mask", "eos_token_id"})
+        if taken:
+            raise ConfigError(
+                f"{', '.join(taken)} set by the recorder: the prompt is input_ids (one, "
+                "unpadded) and the end-of-sequence ids are LookbackRecorder(eos_token_ids=...)"
+            )
+        config = getattr(self.model, "generation_config", None)
+        for name in ("num_beams", "num_return_sequences"):
+            value = generate_kwargs.get(name, getattr(config, name, 1))
+            if int(value or 1) != 1:
+                raise ConfigError(
+                    f"the recorder follows one sequence: {name} must be 1, got {value} "
+                    f"(pass {name}=1 to override the model's generation config)"
+                )
         ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.model.device)
         generate_kwargs.setdefault("do_sample", False)
+        generate_kwargs.setdefault("pad_token_id", self.eos_token_ids[0])
         with torch.inference_mode(), self.record(len(input_ids), chunk_spans) as rec:
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new_tokens,
                 eos_token_id=list(self.eos_token_ids),
-                pad_token_id=self.eos_token_ids[0],
                 **generate_kwargs,
             )
             return rec.finish(out[0, len(input_ids) :].tolist())

@@ -246,6 +246,22 @@ def test_one_recording_at_a_time_per_model_whichever_recorder() -> None:
     assert second.generate(prompt.input_ids, prompt.chunks, max_new_tokens=2).steps == 2
 
 
+def test_generate_takes_a_pad_id_and_names_the_arguments_it_sets_itself() -> None:
+    model = llama(2, 2)
+    prompt = prompt_of(CHUNKS[:1])
+    recorder = LookbackRecorder(model, eos_token_ids=[EOS])
+    plain = recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=3)
+    padded = recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=3, pad_token_id=0)
+    np.testing.assert_array_equal(padded.chunk_ratios, plain.chunk_ratios)
+    with pytest.raises(ConfigError, match="eos_token_ids"):
+        recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=3, eos_token_id=5)
+    model.generation_config.num_beams = 2  # a model whose generation config asks for beams
+    with pytest.raises(ConfigError, match="num_beams must be 1"):
+        recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=3)
+    beams_off = recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=3, num_beams=1)
+    np.testing.assert_array_equal(beams_off.chunk_ratios, plain.chunk_ratios)
+
+
 def test_bad_setups_are_refused_with_what_is_allowed() -> None:
     sdpa = LlamaForCausalLM(LlamaConfig(**{**_shape(2, 2), "attn_implementation": "sdpa"}))
     with pytest.raises(ConfigError, match="eager"):
