@@ -187,12 +187,13 @@ class Recording:
         first pass, one further for each later one (one new token per pass).
         """
         expected = self.prompt_length - 1 + self.forwards
+        fed = 1 if input_ids is None else int(input_ids.shape[-1])
         if position_ids is not None and position_ids.ndim == 2:
             last = int(position_ids[0, -1])
-        elif input_ids is not None and self.forwards and input_ids.shape[-1] != 1:
-            last = int(input_ids.shape[-1]) - 1  # no cache: the whole sequence again
+        elif fed > (1 if self.forwards else self.prompt_length):
+            last = fed - 1  # without position ids: more than the whole sequence, or no cache
         else:
-            last = expected
+            last = expected  # one new token, or (first pass) a prompt after a cached prefix
         if last != expected:
             raise ConfigError(
                 f"forward pass {self.forwards + 1} ends at position {last}, not {expected}: the "

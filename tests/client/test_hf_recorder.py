@@ -25,7 +25,12 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from guardrail_client.hf import LookbackRecorder, find_attention_modules, lookback_step
+from guardrail_client.hf import (
+    LookbackRecorder,
+    Recording,
+    find_attention_modules,
+    lookback_step,
+)
 from sidecar.exceptions import ConfigError
 from sidecar.lab.generator.lookback import LookbackSummariser
 from sidecar.lab.generator.prompt import SegmentedPrompt
@@ -231,6 +236,19 @@ def test_forward_passes_it_cannot_follow_are_refused() -> None:
         )
     # and the recorder is free again
     assert recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=2).steps == 2
+
+
+def test_without_position_ids_the_fed_length_says_where_a_pass_ends() -> None:
+    def first_pass(fed: int) -> None:
+        rec = Recording(
+            layers=1, heads=1, prompt_length=10, chunk_spans=[(0, 3)], eos_token_ids=[0]
+        )
+        rec.begin_forward(torch.zeros((1, fed), dtype=torch.long))
+
+    first_pass(10)  # the prompt
+    first_pass(4)  # its last 4 tokens after a cached prefix
+    with pytest.raises(ConfigError, match="ends at position 12, not 9"):
+        first_pass(13)  # the prompt and 3 candidate tokens (assisted decoding)
 
 
 def test_one_recording_at_a_time_per_model_whichever_recorder() -> None:
