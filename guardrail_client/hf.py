@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sidecar.contracts.events import FLOAT16_MAX, AttentionSummary
-from sidecar.exceptions import ConfigError
+from sidecar.exceptions import ConfigError, DataError
 
 try:
     import torch
@@ -283,6 +283,16 @@ class Recording:
             self._fold(ids[-1])  # the EOS step counts only for an empty answer
         self._step_logprobs = None
         steps = self._steps
+        if not (
+            np.isfinite(self._logprob_sum)
+            and np.isfinite(self._sum_chunk).all()
+            and np.isfinite(self._sum_context).all()
+        ):
+            # NaN would pass min(0.0, ...) as a certain answer (0.0) or fail the contract
+            raise DataError(
+                "the model's log-probabilities or attention ratios are not finite (a float16 "
+                "overflow?); run it in bfloat16 or float32"
+            )
         return LookbackRecord(
             answer_ids=tuple(answer),
             chunk_ratios=(self._sum_chunk / steps).astype(np.float32),

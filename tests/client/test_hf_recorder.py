@@ -31,7 +31,7 @@ from guardrail_client.hf import (
     find_attention_modules,
     lookback_step,
 )
-from sidecar.exceptions import ConfigError
+from sidecar.exceptions import ConfigError, DataError
 from sidecar.lab.generator.lookback import LookbackSummariser
 from sidecar.lab.generator.prompt import SegmentedPrompt
 from tests.lab.generator.test_lookback_math import EOS, VOCAB, prompt_of, reference
@@ -278,6 +278,24 @@ def test_generate_takes_a_pad_id_and_names_the_arguments_it_sets_itself() -> Non
         recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=3)
     beams_off = recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=3, num_beams=1)
     np.testing.assert_array_equal(beams_off.chunk_ratios, plain.chunk_ratios)
+
+
+def test_a_non_finite_logit_is_an_error_not_a_certain_answer() -> None:
+    # A float16 overflow gives +inf logits: log p is NaN, and min(0.0, NaN) read 0.0,
+    # a perfectly confident answer.
+    model = llama(2, 2)
+    prompt = prompt_of(CHUNKS[:1])
+    recorder = LookbackRecorder(model, eos_token_ids=[EOS])
+
+    def overflow(_m: Any, _args: Any, logits: torch.Tensor) -> torch.Tensor:
+        return logits.index_fill(-1, torch.tensor([3, 4]), float("inf"))
+
+    handle = model.lm_head.register_forward_hook(overflow)
+    try:
+        with pytest.raises(DataError, match="not finite"):
+            recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=3)
+    finally:
+        handle.remove()
 
 
 def test_bad_setups_are_refused_with_what_is_allowed() -> None:
