@@ -471,4 +471,5 @@ class LookbackRecorder:
                 eos_token_id=list(self.eos_token_ids),
                 **generate_kwargs,
             )
-            return rec.finish(out[0, len(input_ids) :].tolist())
+            sequences = getattr(out, "sequences", out)  # return_dict_in_generate: an output
+            return rec.finish(sequences[0, len(input_ids) :].tolist())

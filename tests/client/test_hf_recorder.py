@@ -273,6 +273,9 @@ def test_generate_takes_a_pad_id_and_names_the_arguments_it_sets_itself() -> Non
     np.testing.assert_array_equal(padded.chunk_ratios, plain.chunk_ratios)
     with pytest.raises(ConfigError, match="eos_token_ids"):
         recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=3, eos_token_id=5)
+    model.generation_config.return_dict_in_generate = True  # generate() returns an output object
+    as_dict = recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=3)
+    np.testing.assert_array_equal(as_dict.chunk_ratios, plain.chunk_ratios)
     model.generation_config.num_beams = 2  # a model whose generation config asks for beams
     with pytest.raises(ConfigError, match="num_beams must be 1"):
         recorder.generate(prompt.input_ids, prompt.chunks, max_new_tokens=3)
