@@ -16,7 +16,8 @@ and labels, and never lets the LLM hold up the stream:
 
 HTTP is the standard library (``urllib``), so the serving image needs nothing
 more. The API key (from the settings' secret) is sent as a Bearer token and
-kept out of ``repr`` and logs.
+kept out of ``repr`` and logs. Redirects are not followed (a failure): urllib
+would resend the key to whatever host the reply names, and let it answer.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import urllib.request
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from email.message import Message
 from typing import Any, Final, Literal
 
 from sidecar.contracts.events import ClaimLabel
@@ -133,12 +135,29 @@ class JudgeVerdict:
     latency_ms: float
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: the 3xx is an HTTP error (urllib would send the Authorization
+    header on to the new host, https or not, and take its reply as the verdict)."""
+
+    def redirect_request(  # noqa: PLR0917 - urllib calls it so
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Message,
+        newurl: str,
+    ) -> None:
+        del req, fp, code, msg, headers, newurl
+
+
 class HttpJudge:
     """One blocking chat-completions call per claim (run it through :class:`JudgeRunner`)."""
 
     def __init__(self, config: JudgeConfig) -> None:
         self.config = config
         self._url = config.endpoint.rstrip("/") + "/chat/completions"
+        self._opener = urllib.request.build_opener(_NoRedirect)
 
     def messages(self, claim: str, context: str) -> list[dict[str, str]]:
         ctx = context[: self.config.context_chars]
@@ -167,7 +186,7 @@ class HttpJudge:
         request = urllib.request.Request(  # noqa: S310 - the URL scheme is checked in the config
             self._url, data=json.dumps(body).encode("utf-8"), headers=headers, method="POST"
         )
-        with urllib.request.urlopen(request, timeout=self.config.timeout_s) as response:  # noqa: S310
+        with self._opener.open(request, timeout=self.config.timeout_s) as response:
             payload: Any = json.loads(response.read().decode("utf-8"))
         content = payload["choices"][0]["message"]["content"]
         label = parse_label(str(content))

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -32,9 +33,11 @@ UNCERTAIN_CLAIM = "Metformin lowers glucose production."
 
 @dataclass
 class Stub:
-    mode: str = "verified"  # verified | slow | error | garbage
+    mode: str = "verified"  # verified | slow | error | garbage | redirect
     delay_s: float = 1.0
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    location: str = ""  # where "redirect" sends the client
+    authorizations: list[str | None] = field(default_factory=list)
 
 
 def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
@@ -42,16 +45,29 @@ def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             del format, args
 
+        def do_GET(self) -> None:  # where a redirected POST arrives (urllib turns it into a GET)
+            stub.authorizations.append(self.headers.get("Authorization"))
+            self.reply(json.dumps({"status": "verified"}))
+
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             stub.bodies.append(json.loads(self.rfile.read(length)))
+            stub.authorizations.append(self.headers.get("Authorization"))
+            if stub.mode == "redirect":
+                self.send_response(302)
+                self.send_header("Location", stub.location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if stub.mode == "slow":
                 time.sleep(stub.delay_s)
             if stub.mode == "error":
                 self.send_response(500)
                 self.end_headers()
                 return
-            content = "not json" if stub.mode == "garbage" else json.dumps({"status": stub.mode})
+            self.reply("not json" if stub.mode == "garbage" else json.dumps({"status": stub.mode}))
+
+        def reply(self, content: str) -> None:
             body = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
             try:
                 self.send_response(200)
@@ -65,19 +81,26 @@ def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-@pytest.fixture
-def stub() -> Iterator[tuple[Stub, str]]:
-    state = Stub()
+@contextmanager
+def serving(state: Stub) -> Iterator[str]:
+    """A stub judge on 127.0.0.1 while the block runs; yields its base URL."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield state, f"http://127.0.0.1:{server.server_address[1]}/v1"
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture
+def stub() -> Iterator[tuple[Stub, str]]:
+    state = Stub()
+    with serving(state) as url:
+        yield state, url
 
 
 def trusted() -> RetrievalSignal:
@@ -178,6 +201,22 @@ def test_the_per_answer_budget_caps_calls(
     assert state.bodies[0]["messages"][0]["content"] == THREE_WAY_PROMPT
     # the seed 001 reply "verified" is no seed 001 label... but maps all the same
     assert [r.label for r in session.results].count(ClaimLabel.SUPPORTED) == 2
+
+
+def test_a_redirect_is_not_followed_and_the_key_stays_home(
+    stub: tuple[Stub, str], retrieval: RetrievalFactory
+) -> None:
+    state, url = stub
+    elsewhere = Stub()
+    with serving(elsewhere) as other:
+        state.mode, state.location = "redirect", other.replace("/v1", "/collect")
+        labels, _, runner = run_answer(url, retrieval, timeout_s=5.0, api_key="sk-judge-secret")
+        runner.close()
+    assert state.authorizations == ["Bearer sk-judge-secret"]  # the endpoint itself got it
+    # another host got neither the key nor the chance to answer for the endpoint
+    assert elsewhere.authorizations == []
+    assert labels == [ClaimLabel.UNCERTAIN]
+    assert runner.stats["failed"] == 1
 
 
 @pytest.mark.parametrize(
