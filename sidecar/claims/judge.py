@@ -18,12 +18,17 @@ HTTP is the standard library (``urllib``), so the serving image needs nothing
 more. The API key (from the settings' secret) is sent as a Bearer token and
 kept out of ``repr`` and logs. Redirects are not followed (a failure): urllib
 would resend the key to whatever host the reply names, and let it answer.
+``timeout_s`` bounds the whole call, connecting to the last byte of the reply
+(the socket timeout alone bounds each read: a reply that trickles a byte at a
+time held a worker, and the process's exit, for as long as its server liked).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
+import socket
 import threading
 import time
 import urllib.error
@@ -151,13 +156,104 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         del req, fp, code, msg, headers, newurl
 
 
+class _Deadline:
+    """Ends one call at its deadline by shutting its socket down, whatever it is reading."""
+
+    def __init__(self, seconds: float) -> None:
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self.expired = False
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        """Cut ``sock`` off at the deadline (a duplicate: TLS takes the original over)."""
+        dup = sock.dup()
+        with self._lock:
+            self._sockets.append(dup)
+            expired = self.expired
+        if expired:
+            _shut(dup)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _shut(sock)
+
+    def close(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            sock.close()
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed: the call is over
+
+
+class _Call(urllib.request.Request):
+    """A request that carries its call's deadline to the connection."""
+
+    def __init__(self, deadline: _Deadline, url: str, data: bytes, headers: dict[str, str]) -> None:
+        super().__init__(url, data=data, headers=headers, method="POST")
+        self.deadline = deadline
+
+
+class _WatchedHTTPConnection(http.client.HTTPConnection):
+    deadline: _Deadline | None = None
+
+    def connect(self) -> None:
+        super().connect()  # (TLS, for the subclass below, wraps the socket after this)
+        if self.deadline is not None:
+            self.deadline.watch(self.sock)
+
+
+class _WatchedHTTPSConnection(http.client.HTTPSConnection, _WatchedHTTPConnection):
+    pass
+
+
+def _watched(http_class: Any, req: urllib.request.Request) -> Any:
+    """``http_class`` for urllib's ``do_open``, its socket handed to the call's deadline."""
+    deadline = req.deadline if isinstance(req, _Call) else None
+    https = isinstance(http_class, type) and issubclass(http_class, http.client.HTTPSConnection)
+    base = _WatchedHTTPSConnection if https else _WatchedHTTPConnection
+
+    def connection(host: str, **kwargs: Any) -> http.client.HTTPConnection:
+        conn = base(host, **kwargs)
+        conn.deadline = deadline
+        return conn
+
+    return connection
+
+
+class _HTTPHandler(urllib.request.HTTPHandler):
+    def do_open(
+        self, http_class: Any, req: urllib.request.Request, **http_conn_args: Any
+    ) -> http.client.HTTPResponse:
+        return super().do_open(_watched(http_class, req), req, **http_conn_args)
+
+
+class _HTTPSHandler(urllib.request.HTTPSHandler):
+    def do_open(
+        self, http_class: Any, req: urllib.request.Request, **http_conn_args: Any
+    ) -> http.client.HTTPResponse:
+        return super().do_open(_watched(http_class, req), req, **http_conn_args)
+
+
 class HttpJudge:
     """One blocking chat-completions call per claim (run it through :class:`JudgeRunner`)."""
 
     def __init__(self, config: JudgeConfig) -> None:
         self.config = config
         self._url = config.endpoint.rstrip("/") + "/chat/completions"
-        self._opener = urllib.request.build_opener(_NoRedirect)
+        self._opener = urllib.request.build_opener(_NoRedirect, _HTTPHandler, _HTTPSHandler)
 
     def messages(self, claim: str, context: str) -> list[dict[str, str]]:
         ctx = context[: self.config.context_chars]
@@ -183,11 +279,21 @@ class HttpJudge:
         headers = {"Content-Type": "application/json"}
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
-        request = urllib.request.Request(  # noqa: S310 - the URL scheme is checked in the config
-            self._url, data=json.dumps(body).encode("utf-8"), headers=headers, method="POST"
-        )
-        with self._opener.open(request, timeout=self.config.timeout_s) as response:
-            payload: Any = json.loads(response.read().decode("utf-8"))
+        deadline = _Deadline(self.config.timeout_s)
+        request = _Call(deadline, self._url, json.dumps(body).encode("utf-8"), headers)
+        late = f"judge call took over timeout_s={self.config.timeout_s}"
+        try:
+            with self._opener.open(request, timeout=self.config.timeout_s) as response:
+                raw = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            if deadline.expired:
+                raise TimeoutError(late) from exc
+            raise
+        finally:
+            deadline.close()
+        if deadline.expired:  # cut off mid-read: what was read is not the reply
+            raise TimeoutError(late)
+        payload: Any = json.loads(raw.decode("utf-8"))
         content = payload["choices"][0]["message"]["content"]
         label = parse_label(str(content))
         if label is None:

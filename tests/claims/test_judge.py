@@ -33,7 +33,7 @@ UNCERTAIN_CLAIM = "Metformin lowers glucose production."
 
 @dataclass
 class Stub:
-    mode: str = "verified"  # verified | slow | error | garbage | redirect
+    mode: str = "verified"  # verified | slow | error | garbage | redirect | trickle-*
     delay_s: float = 1.0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     location: str = ""  # where "redirect" sends the client
@@ -59,6 +59,9 @@ def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
+            if stub.mode.startswith("trickle-"):
+                self.trickle(headers_first=stub.mode == "trickle-body")
+                return
             if stub.mode == "slow":
                 time.sleep(stub.delay_s)
             if stub.mode == "error":
@@ -66,6 +69,20 @@ def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 return
             self.reply("not json" if stub.mode == "garbage" else json.dumps({"status": stub.mode}))
+
+        def trickle(self, *, headers_first: bool) -> None:
+            """A byte every 20 ms, never a whole reply: each read is quick, the call endless."""
+            if headers_first:
+                data = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b" " * 100_000
+            else:  # one header line that never ends
+                data = b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 60_000
+            try:
+                for k in range(len(data)):
+                    self.wfile.write(data[k : k + 1])
+                    self.wfile.flush()
+                    time.sleep(0.02)
+            except OSError:
+                pass  # the client hung up: what is being tested
 
         def reply(self, content: str) -> None:
             body = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
@@ -217,6 +234,24 @@ def test_a_redirect_is_not_followed_and_the_key_stays_home(
     assert elsewhere.authorizations == []
     assert labels == [ClaimLabel.UNCERTAIN]
     assert runner.stats["failed"] == 1
+
+
+@pytest.mark.parametrize("mode", ["trickle-body", "trickle-headers"])
+def test_a_reply_that_trickles_is_cut_off_and_counts_as_a_failure(
+    stub: tuple[Stub, str], mode: str
+) -> None:
+    # The socket timeout bounds each read; a byte every 20 ms passed it forever, held a
+    # worker (and the process's exit), and the breaker never heard of it.
+    state, url = stub
+    state.mode = mode
+    runner = JudgeRunner(
+        JudgeConfig(endpoint=url, model="stub", timeout_s=0.3, failure_threshold=1, cooldown_s=60)
+    )
+    future = runner.submit(UNCERTAIN_CLAIM, EVIDENCE, runner.budget())
+    assert future is not None
+    assert isinstance(future.exception(timeout=60), TimeoutError)  # 60 s: only a guard
+    runner.close()
+    assert runner.stats["failed"] == 1 and runner.open
 
 
 @pytest.mark.parametrize(
