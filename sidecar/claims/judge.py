@@ -21,6 +21,7 @@ would resend the key to whatever host the reply names, and let it answer.
 ``timeout_s`` bounds the whole call, connecting to the last byte of the reply
 (the socket timeout alone bounds each read: a reply that trickles a byte at a
 time held a worker, and the process's exit, for as long as its server liked).
+A reply over ``MAX_REPLY_BYTES`` is a failure, read no further.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from sidecar.exceptions import ConfigError
 
 __all__ = [
     "FOUR_WAY_PROMPT",
+    "MAX_REPLY_BYTES",
     "THREE_WAY_PROMPT",
     "HttpJudge",
     "JudgeBudget",
@@ -81,6 +83,9 @@ FOUR_WAY_PROMPT: Final = (
     "irrelevant: claim is about general knowledge, not specific to the question"
 )
 """The four-way prompt (verified ... irrelevant), verbatim from its source."""
+
+MAX_REPLY_BYTES: Final = 1 << 20
+"""The longest judge reply read (a status and a short quote need a few hundred bytes)."""
 
 _LABELS: Final = {
     "supported": ClaimLabel.SUPPORTED,
@@ -284,7 +289,7 @@ class HttpJudge:
         late = f"judge call took over timeout_s={self.config.timeout_s}"
         try:
             with self._opener.open(request, timeout=self.config.timeout_s) as response:
-                raw = response.read()
+                raw = response.read(MAX_REPLY_BYTES + 1)
         except (OSError, http.client.HTTPException) as exc:
             if deadline.expired:
                 raise TimeoutError(late) from exc
@@ -293,6 +298,8 @@ class HttpJudge:
             deadline.close()
         if deadline.expired:  # cut off mid-read: what was read is not the reply
             raise TimeoutError(late)
+        if len(raw) > MAX_REPLY_BYTES:
+            raise ValueError(f"judge reply is over MAX_REPLY_BYTES={MAX_REPLY_BYTES}")
         payload: Any = json.loads(raw.decode("utf-8"))
         content = payload["choices"][0]["message"]["content"]
         label = parse_label(str(content))

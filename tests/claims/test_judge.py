@@ -33,7 +33,7 @@ UNCERTAIN_CLAIM = "Metformin lowers glucose production."
 
 @dataclass
 class Stub:
-    mode: str = "verified"  # verified | slow | error | garbage | redirect | trickle-*
+    mode: str = "verified"  # verified | slow | error | garbage | redirect | trickle-* | huge
     delay_s: float = 1.0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     location: str = ""  # where "redirect" sends the client
@@ -68,7 +68,8 @@ def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
                 self.send_response(500)
                 self.end_headers()
                 return
-            self.reply("not json" if stub.mode == "garbage" else json.dumps({"status": stub.mode}))
+            status = "verified" if stub.mode == "huge" else stub.mode
+            self.reply("not json" if stub.mode == "garbage" else json.dumps({"status": status}))
 
         def trickle(self, *, headers_first: bool) -> None:
             """A byte every 20 ms, never a whole reply: each read is quick, the call endless."""
@@ -86,6 +87,8 @@ def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
 
         def reply(self, content: str) -> None:
             body = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
+            if stub.mode == "huge":  # a valid reply, padded to 16 MiB
+                body += b" " * (16 * 1024 * 1024 - len(body))
             try:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -252,6 +255,18 @@ def test_a_reply_that_trickles_is_cut_off_and_counts_as_a_failure(
     assert isinstance(future.exception(timeout=60), TimeoutError)  # 60 s: only a guard
     runner.close()
     assert runner.stats["failed"] == 1 and runner.open
+
+
+def test_a_huge_reply_is_refused_unread(
+    stub: tuple[Stub, str], retrieval: RetrievalFactory
+) -> None:
+    # it was read whole into memory, decoded and parsed (a 100 MB reply: +200 MB per worker)
+    state, url = stub
+    state.mode = "huge"
+    labels, _, runner = run_answer(url, retrieval, timeout_s=5.0)
+    runner.close()
+    assert labels == [ClaimLabel.UNCERTAIN]
+    assert runner.stats["failed"] == 1
 
 
 @pytest.mark.parametrize(
