@@ -34,6 +34,7 @@ UNCERTAIN_CLAIM = "Metformin lowers glucose production."
 @dataclass
 class Stub:
     mode: str = "verified"  # verified | slow | error | garbage | redirect | trickle-* | huge
+    # | cut-short | bad-status-line | nested
     delay_s: float = 1.0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     location: str = ""  # where "redirect" sends the client
@@ -61,6 +62,13 @@ def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
                 return
             if stub.mode.startswith("trickle-"):
                 self.trickle(headers_first=stub.mode == "trickle-body")
+                return
+            if stub.mode in {"cut-short", "bad-status-line"}:
+                head = b"HTTP/1.1 200 OK\r\nContent-Length: 999\r\n\r\n{"
+                self.wfile.write(head if stub.mode == "cut-short" else b"HTTP/1.1 ok\r\n\r\n")
+                return  # and the connection closes
+            if stub.mode == "nested":
+                self.reply("[" * 100_000 + "]" * 100_000)
                 return
             if stub.mode == "slow":
                 time.sleep(stub.delay_s)
@@ -257,6 +265,20 @@ def test_a_reply_that_trickles_is_cut_off_and_counts_as_a_failure(
     assert runner.stats["failed"] == 1 and runner.open
 
 
+@pytest.mark.parametrize("mode", ["cut-short", "bad-status-line", "nested"])
+def test_every_failure_counts_for_the_breaker(
+    stub: tuple[Stub, str], retrieval: RetrievalFactory, mode: str
+) -> None:
+    # http.client's errors and a RecursionError were no failure: a judge answering so
+    # was called forever
+    state, url = stub
+    state.mode = mode
+    labels, _, runner = run_answer(url, retrieval, timeout_s=5.0, failure_threshold=1)
+    runner.close()
+    assert labels == [ClaimLabel.UNCERTAIN]
+    assert runner.stats["failed"] == 1 and runner.open
+
+
 def test_a_huge_reply_is_refused_unread(
     stub: tuple[Stub, str], retrieval: RetrievalFactory
 ) -> None:
@@ -281,6 +303,7 @@ def test_a_huge_reply_is_refused_unread(
         ('{"status": "maybe"}', None),
         ("[]", None),
         ("no json", None),
+        ("[" * 100_000 + "]" * 100_000, None),  # raised RecursionError
     ],
 )
 def test_parse_label(reply: str, label: ClaimLabel | None) -> None:
