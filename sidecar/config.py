@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from typing import Annotated, Any, Literal, Self
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -612,12 +613,36 @@ class JudgeSettings(_Section):
                 f"judge endpoint must be an http(s) URL, got {self.endpoint!r} "
                 "(GUARDRAIL_JUDGE__ENDPOINT)"
             )
+        problem = _endpoint_problem(self.endpoint)
+        if problem is not None:
+            raise ValueError(
+                f"judge endpoint {self.endpoint!r} {problem} (GUARDRAIL_JUDGE__ENDPOINT: a base "
+                "URL such as https://llm:8000/v1, to which /chat/completions is added)"
+            )
         if not self.model:
             raise ValueError(
                 "a judge endpoint needs a model name (GUARDRAIL_JUDGE__MODEL), "
                 "e.g. the served model's id"
             )
         return self
+
+
+def _endpoint_problem(url: str) -> str | None:
+    """What makes ``url`` unusable as the judge's base URL (every call would fail)."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "holds a space or a control character"
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        return "holds user info: give the key as GUARDRAIL_JUDGE__API_KEY"
+    if not parts.hostname:
+        return "names no host"
+    try:
+        parts.port  # noqa: B018 - raises for a port that is no number in 0-65535
+    except ValueError:
+        return "has a port that is no number in 0-65535"
+    if parts.query or parts.fragment:
+        return "has a query or a fragment"
+    return None
 
 
 class MetricsSettings(_Section):

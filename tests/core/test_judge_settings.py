@@ -58,6 +58,19 @@ def test_judge_settings_reach_the_claim_checker(monkeypatch: pytest.MonkeyPatch)
             "http(s) URL",
         ),
         ({"GUARDRAIL_JUDGE__TIMEOUT_S": "0"}, "GUARDRAIL_JUDGE__TIMEOUT_S"),
+        # loaded, then every call failed ("no host given", a DNS look-up of "bob:pw@llm"):
+        # the judge was off, said only by a "failing" warning each cool-down
+        *(
+            ({"GUARDRAIL_JUDGE__ENDPOINT": url, "GUARDRAIL_JUDGE__MODEL": "m"}, expected)
+            for url, expected in [
+                ("http://", "no host"),
+                ("http://:8000/v1", "no host"),
+                ("http://llm:80x/v1", "port"),
+                ("http://llm 8000/v1", "space"),
+                ("https://bob:pw@llm/v1", "GUARDRAIL_JUDGE__API_KEY"),
+                ("https://llm/v1?api-version=1", "query"),
+            ]
+        ),
     ],
 )
 def test_bad_judge_settings_fail_at_load(
@@ -67,6 +80,14 @@ def test_bad_judge_settings_fail_at_load(
         monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
         Settings.load()
+
+
+def test_a_bad_endpoint_error_shows_no_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GUARDRAIL_JUDGE__ENDPOINT", "https://bob:hunter2@llm/v1")
+    monkeypatch.setenv("GUARDRAIL_JUDGE__MODEL", "m")
+    with pytest.raises(ConfigError) as info:
+        Settings.load()
+    assert "hunter2" not in str(info.value)
 
 
 def test_a_judge_without_the_claim_check_fails_fast() -> None:
