@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import ipaddress
 import logging
 import signal
 import stat
@@ -12,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from sidecar.config import Settings
 from sidecar.exceptions import BrokerError, ConfigError, StopTimeoutError
@@ -160,6 +162,13 @@ def _judge_config(settings: Settings) -> JudgeConfig | None:
         return None
     from sidecar.claims.judge import JudgeConfig  # noqa: PLC0415
 
+    url = urlsplit(judge.endpoint)
+    if judge.api_key is not None and url.scheme == "http" and not _loopback(url.hostname):
+        log.warning(
+            "GUARDRAIL_JUDGE__ENDPOINT is plain http to %s: the judge's API key crosses the "
+            "network unencrypted (use https, or a judge on this host)",
+            url.hostname,
+        )
     return JudgeConfig(
         endpoint=judge.endpoint,
         model=judge.model,
@@ -171,6 +180,15 @@ def _judge_config(settings: Settings) -> JudgeConfig | None:
         max_workers=judge.max_workers,
         api_key=judge.api_key.get_secret_value() if judge.api_key is not None else None,
     )
+
+
+def _loopback(host: str | None) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False
 
 
 def build_coverage(settings: Settings) -> CoverageMonitor:

@@ -90,6 +90,30 @@ def test_a_bad_endpoint_error_shows_no_password(monkeypatch: pytest.MonkeyPatch)
     assert "hunter2" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("endpoint", "warned"),
+    [
+        ("http://llm.example.com/v1", True),
+        ("https://llm.example.com/v1", False),
+        ("http://localhost:8000/v1", False),
+        ("http://127.0.0.1:8000/v1", False),
+        ("http://[::1]:8000/v1", False),
+    ],
+)
+def test_an_api_key_sent_in_clear_is_warned_about(
+    caplog: pytest.LogCaptureFixture, endpoint: str, warned: bool
+) -> None:
+    settings = Settings.load(
+        judge={"endpoint": endpoint, "model": "m", "api_key": "sk-very-secret"}
+    )
+    with caplog.at_level("WARNING", logger="sidecar"):
+        config = runtime._judge_config(settings)
+    assert config is not None
+    said = [r.getMessage() for r in caplog.records if "unencrypted" in r.getMessage()]
+    assert bool(said) is warned
+    assert all("sk-very-secret" not in m for m in said)
+
+
 def test_a_judge_without_the_claim_check_fails_fast() -> None:
     settings = Settings.load(judge={"endpoint": "http://llm:8000/v1", "model": "m"})
     with pytest.raises(ConfigError, match="GUARDRAIL_SIGNALS__CLAIMS=true"):
