@@ -195,6 +195,7 @@ class SidecarService:
                     kafka.max_poll_records,
                     settings.join.max_entries // (2 * (input_partitions or topics.partitions)),
                 ),
+                labels=topics.feedback,
             )
             if kafka.align_inputs
             else None

@@ -54,8 +54,21 @@ was still reading the answers of one retrieval fetch, every pause took that gap
 for skew, and the skews added up, so retrieval ran ahead further at each pause
 until the store evicted (audit, real broker, 3,000 requests of 100 deltas,
 store 1,000: 1,561 incomplete, skew "learned" -35 s with identical clocks; 0
-and none learned now). Pure bookkeeping, no Kafka here: the service applies the
-decisions with ``consumer.pause`` / ``consumer.resume``.
+and none learned now).
+
+Labels (``rag.feedback``, co-partitioned too) come after their request's answer.
+Re-deciding old traffic (a group reset to yesterday, a second group) finds them
+all in Kafka: small records, read far ahead of the inputs they label, and a label
+read before any event of its request waits in a bounded pool that gave up its
+oldest, the very labels of the requests decided next (audit: 1,293 of 13,000
+labels unmatched). So the labels' partition is paused, too, while its event time
+leads the pair's (the least advanced side that has a backlog) and resumed when it
+does not or when the pair has less than ``min_backlog`` left: labels are read about
+when they were written, after their answers, as live. Their producer's clock is not
+learned: a skew only delays labels until the pair has (almost) nothing left.
+
+Pure bookkeeping, no Kafka here: the service applies the decisions with
+``consumer.pause`` / ``consumer.resume``.
 """
 
 from __future__ import annotations
@@ -99,11 +112,12 @@ class InputAligner:
         wall_ms: Callable[[], float] = lambda: time.time() * 1000,
         *,
         max_lead_records: int | None = None,
+        labels: str | None = None,
     ) -> None:
         """``max_lead_records``: partner records read while a side is paused after which
         the gap left is taken for clock skew (``None``: no budget, pauses hold as long as
-        the partner has a backlog)."""
-        if left == right:
+        the partner has a backlog). ``labels``: the feedback topic, held behind the pair."""
+        if left == right or labels in (left, right):
             raise ValueError("the aligned topics must differ")
         if slack_ms < 0:
             raise ValueError(f"slack_ms must be >= 0, got {slack_ms}")
@@ -113,6 +127,7 @@ class InputAligner:
             raise ValueError(f"max_lead_records must be >= 1, got {max_lead_records}")
         self.left = left
         self.right = right
+        self.labels = labels
         self.slack_ms = slack_ms
         self.min_backlog = min_backlog
         self._wall_ms = wall_ms
@@ -135,13 +150,14 @@ class InputAligner:
 
     def observe(self, topic: str, partition: int, timestamp_ms: int | None) -> None:
         """A record of ``topic[partition]`` with this timestamp was consumed."""
-        if topic not in (self.left, self.right):
+        if topic not in (self.left, self.right, self.labels):
             return
-        other = self._partner((topic, partition))
-        self._lead[(topic, partition)] = self._lead.get((topic, partition), 0) + 1
-        self._read[(topic, partition)] = self._read.get((topic, partition), 0) + 1
-        if other in self._read_while_paused:  # any record read counts, whatever its stamp
-            self._read_while_paused[other] += 1
+        if topic != self.labels:
+            other = self._partner((topic, partition))
+            self._lead[(topic, partition)] = self._lead.get((topic, partition), 0) + 1
+            self._read[(topic, partition)] = self._read.get((topic, partition), 0) + 1
+            if other in self._read_while_paused:  # any record read counts, whatever its stamp
+                self._read_while_paused[other] += 1
         if timestamp_ms is None or timestamp_ms < 0:
             return
         if timestamp_ms > self._wall_ms() + FUTURE_TOLERANCE_MS:
@@ -205,14 +221,16 @@ class InputAligner:
         partitions = {p for topic, p in assigned if topic == self.left} & {
             p for topic, p in assigned if topic == self.right
         }
+        labels = {(self.labels, p) for p in partitions if self.labels is not None} & assigned
         for p in partitions:
             ahead = self._ahead(p, backlog)
             if ahead is not None:
                 want.add(ahead)
+        want |= {tp for tp in labels if self._labels_ahead(tp, backlog)}
         pause = frozenset(want - self._paused)
         resume = frozenset(self._paused - want)
         self._paused = want
-        for tp in pause:
+        for tp in pause - labels:
             self._read_while_paused[tp] = 0
             if (budget := self._budget_of(tp, backlog)) is not None:
                 self._budget[tp] = budget
@@ -281,6 +299,22 @@ class InputAligner:
                 )
             return None  # resumed either way: junk leaves the window as the side reads on
         return None
+
+    def _labels_ahead(self, tp: TopicPartition, backlog: Callable[[TopicPartition], int]) -> bool:
+        """Whether the labels' partition ``tp`` is to wait: its event time leads the least
+        advanced side of its pair that still has a backlog."""
+        behind = [
+            side for side in ((self.left, tp[1]), (self.right, tp[1]))
+            if backlog(side) >= self.min_backlog
+        ]  # fmt: skip
+        at = self.event_time(tp)
+        if not behind or at is None:
+            return False
+        times = [self._aligned_time(side) for side in behind]
+        if any(t is None for t in times):  # a side with a backlog and nothing read yet
+            return True
+        limit = self.slack_ms // 2 if tp in self._paused else self.slack_ms
+        return at - min(t for t in times if t is not None) > limit
 
     def _typical(self, tp: TopicPartition) -> int:
         """The median of the side's recent timestamps, net of the learned skew (called only

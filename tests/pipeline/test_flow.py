@@ -347,3 +347,61 @@ def test_a_burst_of_junk_stamps_is_not_learned_as_skew(at: int) -> None:
     assert (a.skews, a.skew_ms(0)) == (0, 0)
     clean = InputAligner(R, G, min_backlog=500, max_lead_records=1_666, wall_ms=lambda: 2e12)
     assert most == drain(clean, 6_000, 101, fetch=40, poll=500) <= 200
+
+
+F = "rag.feedback"
+WITH_LABELS = PAIRS | {(F, 0), (F, 1)}
+
+
+def decide_with_labels(aligner: InputAligner, **lag: int) -> FlowDecision:
+    table = backlog_of(**lag)
+    return aligner.decide(WITH_LABELS, lambda tp: table.get(tp, 0))
+
+
+def test_labels_ahead_of_the_inputs_wait_while_the_inputs_have_a_backlog() -> None:
+    """Re-deciding yesterday: the labels, all in Kafka already, were read far ahead of the
+    requests they label and overflowed the pool that waits for them."""
+    a = InputAligner(R, G, labels=F)
+    observe(a, R, 0, 1_000)
+    observe(a, G, 0, 1_000)
+    observe(a, F, 0, 61_000)  # labelled a minute after the answers read so far
+    assert decide_with_labels(a, r0=50, g0=50).pause == {(F, 0)}
+    observe(a, R, 0, 61_000)
+    decide_with_labels(a, r0=50, g0=50)
+    assert (F, 0) in a.paused  # retrieval caught up, generation (the finals) not yet
+    observe(a, G, 0, 61_000)
+    assert decide_with_labels(a, r0=50, g0=50).resume == {(F, 0), (R, 0)}  # level: read on
+
+
+def test_labels_never_wait_for_inputs_with_nothing_left_to_read() -> None:
+    """Live traffic (a label's request long decided) or a producer clock far ahead: the
+    labels are held only while the inputs have a backlog to level."""
+    a = InputAligner(R, G, labels=F, min_backlog=10)
+    observe(a, R, 0, 1_000)
+    observe(a, G, 0, 1_000)
+    observe(a, F, 0, 3_600_000)
+    assert not decide_with_labels(a, r0=9, g0=9)
+    assert decide_with_labels(a, g0=10).pause == {(F, 0)}
+    assert decide_with_labels(a, g0=0).resume == {(F, 0)}
+
+
+def test_labels_wait_for_inputs_not_read_yet_and_partitions_are_independent() -> None:
+    a = InputAligner(R, G, labels=F)
+    observe(a, R, 1, 1_000)
+    observe(a, G, 1, 1_000)
+    observe(a, F, 1, 500)  # labels of partition 1 behind its inputs: read on
+    observe(a, F, 0, 500)  # partition 0's inputs: a backlog, nothing read yet
+    assert decide_with_labels(a, r0=5, g0=5, r1=5, g1=5).pause == {(F, 0)}
+
+
+def test_without_a_labels_topic_labels_are_never_paused() -> None:
+    a = InputAligner(R, G)
+    observe(a, R, 0, 1_000)
+    observe(a, G, 0, 1_000)
+    observe(a, F, 0, 61_000)
+    assert not decide_with_labels(a, r0=50, g0=50)
+
+
+def test_the_labels_topic_must_differ_from_the_inputs() -> None:
+    with pytest.raises(ValueError, match="differ"):
+        InputAligner(R, G, labels=G)
