@@ -25,13 +25,18 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sidecar.lab.replay import load_file, send  # noqa: PLC0415
+    from sidecar.lab.replay import iter_file, send  # noqa: PLC0415
 
     overrides: dict[str, Any] = {}
     if args.bootstrap_servers:
         overrides["kafka"] = {"bootstrap_servers": args.bootstrap_servers}
     settings = Settings.load(**overrides)
-    records = load_file(args.file, settings)
-    sent = asyncio.run(send(settings, records, args.rate))
+    # every line checked before the first is sent; then the file is read again as it goes
+    total = sum(1 for _ in iter_file(args.file, settings))
+
+    def progress(sent: int) -> None:
+        sys.stderr.write(f"replay: {sent} of {total} messages ({sent / total:.0%})\n")
+
+    sent = asyncio.run(send(settings, iter_file(args.file, settings), args.rate, progress=progress))
     sys.stdout.write(f"replayed {sent} messages from {args.file}\n")
     return 0
