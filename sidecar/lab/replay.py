@@ -2,7 +2,9 @@
 
 A replay file has one JSON object per line, either
   * an event (it has ``event_type``): sent to the retrieval, generation or feedback
-    topic by its type, keyed by its ``request_id``; or
+    topic by its type, keyed by its ``request_id``, as the line's own bytes (a
+    verdict's idempotency key is drawn from them: a replay of recorded traffic is
+    recognised as the same requests); or
   * an envelope ``{"topic": "retrieval"|"generation"|"feedback", "key": str, "raw": str,
     "headers": {str: str}}``: ``raw`` is sent byte for byte (UTF-8), which is how
     recordings carry broken input on purpose.
@@ -56,7 +58,7 @@ def parse_line(line: str, settings: Settings, where: str) -> Record:
         kind = obj["event_type"] if obj["event_type"] in ("retrieval", "feedback") else "generation"
         rid = obj.get("request_id")
         key = rid.encode("utf-8") if isinstance(rid, str) else None
-        return Record(topics[kind], key, orjson.dumps(obj))
+        return Record(topics[kind], key, line.strip().encode("utf-8"))
     if obj.get("topic") in topics and isinstance(obj.get("raw"), str):
         raw_headers = obj.get("headers") or {}
         if not isinstance(raw_headers, dict):

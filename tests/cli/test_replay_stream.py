@@ -19,6 +19,7 @@ import orjson
 import pytest
 
 from sidecar.cli.main import main
+from sidecar.config import Settings
 from sidecar.lab import replay
 
 EVENTS = 20_000
@@ -101,3 +102,20 @@ def test_a_bad_line_at_the_end_stops_the_replay_before_anything_is_sent(
     assert main(["replay", str(path), "--bootstrap-servers", "127.0.0.1:1"]) == 2
     assert producer.sent == []
     assert "day.jsonl:101: not a JSON object" in capsys.readouterr().err
+
+
+def test_a_recorded_event_is_replayed_with_its_own_bytes(tmp_path: Path) -> None:
+    """A verdict's idempotency key is drawn from the input bytes: a recording of another
+    producer's events (a Go service escapes ``<`` as ``\\u003c``, Python's json.dumps
+    writes ``", "``) was re-encoded compact, so its replay's verdicts came under other
+    keys than the recorded traffic's, never recognisable as the same requests."""
+    recorded = [
+        b'{"schema_version": 1, "event_type": "retrieval", "request_id": "req-1", "k": 0}',
+        b'{"schema_version":1,"event_type":"generation.final","request_id":"req-1",'
+        b'"answer":"a \\u003c b","generator_model":"m"}',
+    ]
+    path = tmp_path / "recorded.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(recorded) + b"\r\n")  # BOM, CRLF
+    records = replay.load_file(path, Settings.load())
+    assert [r.value for r in records] == recorded
+    assert [r.key for r in records] == [b"req-1", b"req-1"]
