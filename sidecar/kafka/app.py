@@ -32,7 +32,7 @@ from faststream.kafka.annotations import KafkaMessage
 
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
-from sidecar.kafka.assignor import co_partition_assignor
+from sidecar.kafka.assignor import co_partition_assignor, deployment_of
 from sidecar.kafka.clients import (
     TP,
     AiokafkaConsumerPort,
@@ -209,7 +209,9 @@ class SidecarService:
         common: dict[str, Any] = {
             "group_id": kafka.group_id,
             "group_instance_id": kafka.group_instance_id,
-            "partition_assignment_strategy": (assignor or co_partition_assignor(),),
+            "partition_assignment_strategy": (
+                assignor or co_partition_assignor(deployment_of(topics)),
+            ),
             "ack_policy": AckPolicy.MANUAL,
             "auto_offset_reset": kafka.auto_offset_reset,
             "isolation_level": kafka.isolation_level,

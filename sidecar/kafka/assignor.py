@@ -17,6 +17,15 @@ rebalance moves only what it must. With static membership (a
 ``group_instance_id``) the broker's member ids start with the instance id, so
 the order, and with it the assignment, also survives restarts.
 
+One group is one deployment. A shadow sidecar (another policy, its own verdict
+topic) started with production's group id joins production's group and takes its
+share of the partitions: their requests get their verdicts on the shadow's topic
+only (audit: 95 of 300, every member ready, nothing logged). So each member says in
+its join metadata where it publishes (``deployment``), and the leader names a group
+whose members disagree, in its log and in every member's assignment, so that each
+member says it too. It does not refuse the assignment: the partitions would go
+unread.
+
 ``co_partition`` and ``split_pairs`` are pure (no Kafka); ``CoPartitionAssignor``
 is the aiokafka adapter.
 """
@@ -34,6 +43,8 @@ from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
     ConsumerProtocolMemberMetadata,
 )
+
+from sidecar.config import TopicSettings
 
 log = logging.getLogger("sidecar.kafka.assignor")
 
@@ -144,19 +155,61 @@ def split_pairs(
     return problems
 
 
-def encode_owned(numbers: Iterable[int]) -> bytes:
-    return json.dumps({"owned": sorted(set(numbers))}).encode("ascii")
+def encode_owned(numbers: Iterable[int], deployment: str = "") -> bytes:
+    data: dict[str, object] = {"owned": sorted(set(numbers))}
+    if deployment:
+        data["deployment"] = deployment
+    return json.dumps(data).encode("ascii")
+
+
+def _field(user_data: bytes, name: str) -> object:
+    try:
+        data = json.loads(user_data)
+    except ValueError:
+        return None
+    return data.get(name) if isinstance(data, dict) else None
 
 
 def decode_owned(user_data: bytes) -> list[int]:
     """The numbers a member reports holding; anything unreadable counts as none."""
-    try:
-        owned = json.loads(user_data)["owned"]
-    except (ValueError, TypeError, KeyError):
-        return []
+    owned = _field(user_data, "owned")
     if not isinstance(owned, list):
         return []
     return [p for p in owned if isinstance(p, int) and not isinstance(p, bool)]
+
+
+def decode_deployment(user_data: bytes) -> str | None:
+    """Where a member says it publishes (``None``: it does not say, an older build)."""
+    deployment = _field(user_data, "deployment")
+    return deployment if isinstance(deployment, str) and deployment else None
+
+
+def mixed_deployments(deployments: Mapping[str, str | None]) -> dict[str, list[str]]:
+    """Deployment -> its members, when the members that say one do not all say the same
+    (else empty)."""
+    by: dict[str, list[str]] = {}
+    for member, deployment in sorted(deployments.items()):
+        if deployment is not None:
+            by.setdefault(deployment, []).append(member)
+    return by if len(by) > 1 else {}
+
+
+def deployment_of(topics: TopicSettings) -> str:
+    """Where a sidecar publishes: what one group's members must agree on."""
+    return (
+        f"verdicts={topics.verdicts} claims={topics.claims} dlq={topics.dlq} "
+        f"reports={topics.reports} certificates={topics.certificates}"
+    )
+
+
+def _mixed_message(deployments: Iterable[str]) -> str:
+    return (
+        "this consumer group holds more than one deployment, publishing to: "
+        + " | ".join(sorted(deployments))
+        + ". Each takes a share of the partitions, and their requests are decided by it "
+        "alone (a shadow or replay sidecar started with production's group id?): give "
+        "every deployment its own GUARDRAIL_KAFKA__GROUP_ID"
+    )
 
 
 class CoPartitionAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
@@ -171,6 +224,7 @@ class CoPartitionAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
     name = "guardrail-copartition"
     version = 0
     _owned: ClassVar[frozenset[int]] = frozenset()
+    _deployment: ClassVar[str] = ""
 
     @classmethod
     def assign(
@@ -189,20 +243,43 @@ class CoPartitionAssignor(AbstractPartitionAssignor):  # type: ignore[misc]
         previous = {m: decode_owned(meta.user_data) for m, meta in members.items()}
         plan = co_partition(subscriptions, counts, previous)
         log.info("co-partitioned assignment: %s", plan)
+        mixed = mixed_deployments(
+            {m: decode_deployment(meta.user_data) for m, meta in members.items()}
+        )
+        told = b""
+        if mixed:
+            log.error(
+                "%s (members: %s)",
+                _mixed_message(mixed),
+                "; ".join(f"{', '.join(ms)} -> {d}" for d, ms in mixed.items()),
+            )
+            told = json.dumps({"mixed": sorted(mixed)}).encode("utf-8")
         return {
-            member: ConsumerProtocolMemberAssignment(cls.version, sorted(plan[member].items()), b"")
+            member: ConsumerProtocolMemberAssignment(
+                cls.version, sorted(plan[member].items()), told
+            )
             for member in members
         }
 
     @classmethod
     def metadata(cls, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
-        return ConsumerProtocolMemberMetadata(cls.version, sorted(topics), encode_owned(cls._owned))
+        return ConsumerProtocolMemberMetadata(
+            cls.version, sorted(topics), encode_owned(cls._owned, cls._deployment)
+        )
 
     @classmethod
     def on_assignment(cls, assignment: ConsumerProtocolMemberAssignment) -> None:
         cls._owned = frozenset(p for _, partitions in assignment.assignment for p in partitions)
+        mixed = _field(assignment.user_data or b"", "mixed")
+        if isinstance(mixed, list) and all(isinstance(d, str) for d in mixed):
+            log.error("%s; this member: %s", _mixed_message(mixed), cls._deployment or "?")
 
 
-def co_partition_assignor() -> type[CoPartitionAssignor]:
-    """A fresh ``CoPartitionAssignor`` class whose remembered numbers belong to one consumer."""
-    return type("CoPartitionAssignor", (CoPartitionAssignor,), {"_owned": frozenset()})
+def co_partition_assignor(deployment: str = "") -> type[CoPartitionAssignor]:
+    """A fresh ``CoPartitionAssignor`` class whose remembered numbers belong to one consumer;
+    ``deployment``: where this member publishes, compared with the group's other members."""
+    return type(
+        "CoPartitionAssignor",
+        (CoPartitionAssignor,),
+        {"_owned": frozenset(), "_deployment": deployment},
+    )

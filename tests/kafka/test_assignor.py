@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from unittest.mock import MagicMock
 
+import pytest
 from aiokafka.cluster import ClusterMetadata
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
@@ -188,3 +190,44 @@ def test_topics_without_metadata_are_left_out() -> None:
         ("r", 0),
         ("r", 1),
     ]
+
+
+def test_a_second_deployment_in_the_group_is_named_on_every_member(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A shadow sidecar (its own policy, its own verdict topic) started with production's
+    GUARDRAIL_KAFKA__GROUP_ID joined production's group: it took one of three partition
+    numbers, and 95 of 300 production requests got their verdict on the shadow's topic
+    only, while every member was ready and nothing was logged (audit, real processes).
+    Each member now says where it publishes; the leader names a group whose members
+    publish to different topics, and so does every member told so by its assignment."""
+    topics = list(INPUTS)
+    counts = dict.fromkeys(topics, 3)
+    prod = co_partition_assignor("verdicts=rag.verdicts claims=rag.claims")
+    shadow = co_partition_assignor("verdicts=shadow.verdicts claims=rag.claims")
+    members = {"a": prod.metadata(topics), "b": prod.metadata(topics), "c": shadow.metadata(topics)}
+    with caplog.at_level(logging.ERROR, logger="sidecar.kafka.assignor"):
+        result = prod.assign(_cluster(counts), members)
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1
+        assert "shadow.verdicts" in said[0] and "rag.verdicts" in said[0]
+        assert "GUARDRAIL_KAFKA__GROUP_ID" in said[0]
+        caplog.clear()
+        shadow.on_assignment(result["c"])  # the member that is not the leader hears it too
+        told = [r.getMessage() for r in caplog.records]
+    assert len(told) == 1 and "shadow.verdicts" in told[0]
+    assert {tp.partition for tp in result["c"].partitions()}  # still assigned: a warning
+
+
+def test_one_deployment_and_older_members_raise_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    topics = list(INPUTS)
+    prod = co_partition_assignor("verdicts=rag.verdicts")
+    older = ConsumerProtocolMemberMetadata(0, topics, encode_owned([1]))  # says no deployment
+    members = {"a": prod.metadata(topics), "b": prod.metadata(topics), "c": older}
+    with caplog.at_level(logging.WARNING, logger="sidecar.kafka.assignor"):
+        result = prod.assign(_cluster(dict.fromkeys(topics, 3)), members)
+        prod.on_assignment(result["a"])
+    assert not caplog.records
+    assert decode_owned(prod.metadata(topics).user_data) == sorted(
+        {tp.partition for tp in result["a"].partitions()}
+    )
