@@ -32,6 +32,7 @@ from sidecar.contracts.events import (
     RetrievalHit,
     RetrievalSignal,
     Signals,
+    SignalStatus,
 )
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
@@ -58,8 +59,9 @@ class ByQuestionPolicy:
         *,
         claims: Sequence[ClaimResult] | None = None,
         confidence: float | None = None,
+        confidence_status: SignalStatus = SignalStatus.NOT_CONFIGURED,
     ) -> PolicyOutcome:
-        del signals, claims, confidence
+        del signals, claims, confidence, confidence_status
         assert final.answer == ANSWER and final.deltas == len(PIECES)
         reason = Reason(code="test-policy", message="decided by the question", signal="policy")
         if "block" in retrieval.query:

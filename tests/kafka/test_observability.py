@@ -28,6 +28,7 @@ from sidecar.contracts.events import (
     RetrievalEvent,
     RetrievalSignal,
     Signals,
+    SignalStatus,
 )
 from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
@@ -60,8 +61,9 @@ class MixPolicy:
         *,
         claims: Sequence[ClaimResult] | None = None,
         confidence: float | None = None,
+        confidence_status: SignalStatus = SignalStatus.NOT_CONFIGURED,
     ) -> PolicyOutcome:
-        del signals, claims, confidence
+        del signals, claims, confidence, confidence_status
         decision = Decision(final.answer.split()[0])
         profile = Reason(code=f"profile.{retrieval.tenant}", message="risk profile")
         return PolicyOutcome(
