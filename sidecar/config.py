@@ -80,7 +80,8 @@ class KafkaSettings(_Section):
         "by the next owner. aiokafka's default, session_timeout_ms, dropped a member busy "
         "longer than that from every rebalance: two replicas over a backlog of 15 s batches "
         "took the partitions from each other for good and decided nothing (Java's consumer "
-        "uses max.poll.interval.ms, 300000). At least session_timeout_ms",
+        "uses max.poll.interval.ms, 300000). At least session_timeout_ms (unset, it follows a "
+        "longer session_timeout_ms)",
     )
     max_poll_records: int = Field(default=500, ge=1)
     max_queued_records: int = Field(
@@ -205,6 +206,21 @@ class KafkaSettings(_Section):
                     "[1, 65535]"
                 )
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rebalance_follows_a_long_session(cls, data: Any) -> Any:
+        """Left unset, ``rebalance_timeout_ms`` is at least ``session_timeout_ms``: before it
+        existed aiokafka waited the session timeout, and a session above 300 s started."""
+        if not isinstance(data, dict) or data.get("rebalance_timeout_ms") is not None:
+            return data
+        try:
+            session = int(data.get("session_timeout_ms", 0))
+        except (TypeError, ValueError):
+            return data  # the field's own check says what is wrong
+        if session > cls.model_fields["rebalance_timeout_ms"].default:
+            return {**data, "rebalance_timeout_ms": session}
+        return data
 
     @model_validator(mode="after")
     def _rebalance_outlasts_session(self) -> Self:

@@ -77,6 +77,18 @@ def _error(monkeypatch: pytest.MonkeyPatch, **env: str) -> str:
     return str(info.value)
 
 
+def test_a_long_session_timeout_that_started_before_still_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # before rebalance_timeout_ms, aiokafka waited the session timeout for a rejoin: a
+    # session above 300 s left the new setting unset must not refuse to start
+    monkeypatch.setenv("GUARDRAIL_KAFKA__SESSION_TIMEOUT_MS", "400000")
+    kafka = Settings.load().kafka
+    assert (kafka.session_timeout_ms, kafka.rebalance_timeout_ms) == (400_000, 400_000)
+    monkeypatch.setenv("GUARDRAIL_KAFKA__SESSION_TIMEOUT_MS", "20000")
+    assert Settings.load().kafka.rebalance_timeout_ms == 300_000  # the default stands
+
+
 def test_an_unknown_field_of_a_section_is_answered_with_the_sections_settings(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
