@@ -580,14 +580,15 @@ class SidecarService:
         with their records, and a batch the worker is deciding now, finish nothing of the
         new topic when decided (before, their ``done`` landed on the new topic's record at
         the same offset, whose commit then went past it with no verdict). Their records
-        still queued are dropped: ``_process`` tags a record with the incarnation current
-        when it takes it from the queue, which would be the new topic's.
+        still queued are dropped, and so are those of a batch the drainer took from the
+        queue and waits to process: ``_process`` tags a record with the incarnation current
+        when it builds its ref, which would be the new topic's.
         """
         gone = {tp for tp in self.state.assigned if tp[0] in topics}
         self.committer.abandon()
         self.committer.forget(gone)
         self.tracker.retire(topics)
-        queued = self.queue.drop(gone)
+        queued = self._drop_queued(gone)  # and a batch the drainer holds, as at a revocation
         self._queue_changed()
         for tp in gone:
             self.handovers.pop(tp, None)

@@ -111,3 +111,28 @@ async def test_records_still_queued_from_a_deleted_topic_are_dropped(
     assert service.queue.records == 1
     [kept] = await service.queue.get()
     assert (kept.topic, kept.offset) == (t.generation, 7)
+
+
+async def test_a_batch_the_drainer_holds_from_a_deleted_topic_is_dropped(
+    unique_topics: dict[str, str], retrieval_event: EventFactory, final_event: EventFactory
+) -> None:
+    """The drainer took req-old's records from the queue and waits for the handler lock when
+    the topic is deleted: tagged when processed, they would carry the new topic's
+    incarnation, and finish offset 0 of the topic created again (req-new's)."""
+    service = _service(unique_topics)
+    t = service.settings.topics
+    retrieval = (t.retrieval, 0)
+    async with TestKafkaBroker(service.broker):
+        await service._handler_lock.acquire()  # a batch in hand
+        await service._handle(
+            _read(t.retrieval, 0, retrieval_event("req-old"))
+            + _read(t.generation, 0, final_event("req-old"))
+        )
+        await wait_until(lambda: service.queue.records == 0, 5, "the drainer took the batch")
+        service._forget_inputs({t.retrieval})
+        await service._handle(_read(t.retrieval, 0, retrieval_event("req-new")))
+        service._handler_lock.release()
+        await wait_until(lambda: len(service.processor.store) == 2, 5, "both requests open")
+        # req-old's final is read, its retrieval went with the topic; req-new's is the new one
+        assert service.processor.counters.verdicts == 0
+        assert service.tracker.pending_offsets(retrieval) == [0]
