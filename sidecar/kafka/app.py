@@ -20,7 +20,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -108,6 +108,12 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         await self._service.on_assigned({(tp.topic, tp.partition) for tp in assigned})
+
+
+def _log_failure(done: Future[object]) -> None:
+    """A worker call's done callback: log its exception, if any."""
+    if not done.cancelled() and (error := done.exception()) is not None:
+        log.error("a processor call nobody waited for failed", exc_info=error)
 
 
 class SidecarService:
@@ -558,11 +564,12 @@ class SidecarService:
         return True
 
     def _after_batch_in_hand(self, fn: Callable[..., object], *args: Any) -> None:
-        """Run ``fn`` on the worker thread after the call it has in hand, not waiting for it."""
+        """Run ``fn`` on the worker thread after the call it has in hand, not waiting for it;
+        its failure is logged (nobody awaits it: it went unseen, audit)."""
         if self._worker is None:
             fn(*args)
         else:
-            self._worker.submit(fn, *args)
+            self._worker.submit(fn, *args).add_done_callback(_log_failure)
 
     def _forget_inputs(self, topics: set[str]) -> None:
         """Input ``topics`` were deleted under the loop: forget their partitions' offsets.

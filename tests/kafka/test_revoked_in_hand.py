@@ -9,9 +9,11 @@ again by the partitions' new owner, which re-reads them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Sequence
 
+import pytest
 from faststream.kafka import TestKafkaBroker
 
 from sidecar.pipeline.outputs import Step
@@ -62,3 +64,22 @@ async def test_a_batch_taken_from_the_queue_before_a_revocation_is_left_to_the_n
         await asyncio.sleep(0.2)  # room for the drainer to process what it held
         assert processor.counters.verdicts == 1  # req-a's; req-b is the new owner's
         assert len(processor.store) == 0
+
+
+async def test_a_call_left_to_run_after_the_batch_in_hand_says_when_it_fails(
+    unique_topics: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """After the wait for the batch in hand timed out, the revocation hands the drop of its
+    partitions' open requests to the worker and goes on; its failure went unseen (review)."""
+    service = _service(unique_topics)
+    ran = threading.Event()
+
+    def broken() -> None:
+        ran.set()
+        raise RuntimeError("drop failed")
+
+    with caplog.at_level(logging.ERROR, logger="sidecar"):
+        service._after_batch_in_hand(broken)
+        assert await asyncio.to_thread(ran.wait, 5)
+        await wait_until(lambda: "drop failed" in caplog.text, 5, "the failure logged")
+    assert "a processor call nobody waited for failed" in caplog.text
