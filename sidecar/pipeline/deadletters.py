@@ -176,7 +176,7 @@ def _names(names: Sequence[str], limit: int) -> bytes:
 
 def _note(text: str, limit: int) -> bytes:
     """``text`` as UTF-8, at most ``limit`` bytes, never ending in half a character."""
-    return text.encode("utf-8")[:limit].decode("utf-8", errors="ignore").encode("utf-8")
+    return _utf8_prefix(text.encode("utf-8"), limit)
 
 
 def _utf8_prefix(value: bytes, size: int) -> bytes:
@@ -184,7 +184,7 @@ def _utf8_prefix(value: bytes, size: int) -> bytes:
     quoting non-ASCII input, cut by bytes, was no longer UTF-8: audit)."""
     if size <= 0:
         return b""
-    return value[:size].decode("utf-8", "ignore").encode("utf-8")
+    return value[:size].decode("utf-8", errors="ignore").encode("utf-8")
 
 
 def _fit_detail(own: list[Header], budget: int, out: Output) -> list[Header]:
