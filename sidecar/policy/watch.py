@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from sidecar.exceptions import ConfigError
+from sidecar.hashing import sha256_file
 from sidecar.policy.config import read_policy_text
 from sidecar.policy.engine import PolicySource
 
@@ -104,9 +105,10 @@ class PolicyFileWatch:
 
 
 def _sha256_of(path: Path) -> str:
-    """The file's sha256, ``""`` when it cannot be read."""
+    """The file's sha256 (the project's one file hash, which refuses a FIFO rather than
+    block on it), ``""`` when it cannot be read."""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return sha256_file(path)
     except OSError:
         return ""
 
