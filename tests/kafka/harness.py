@@ -46,7 +46,8 @@ class Harness(Protocol):
 def settings_for(
     names: dict[str, str], bootstrap: str = "127.0.0.1:9092", **extra: Any
 ) -> Settings:
-    """Test settings; ``kafka=`` / ``topics=`` in ``extra`` add to (not replace) those sections."""
+    """Test settings; ``kafka=`` / ``topics=`` / ``join=`` in ``extra`` add to (not replace)
+    those sections."""
     return Settings.load(
         kafka={
             "bootstrap_servers": bootstrap,
@@ -54,7 +55,7 @@ def settings_for(
             **extra.pop("kafka", {}),
         },
         topics={**{k: v for k, v in names.items() if k != "group"}, **extra.pop("topics", {})},
-        join={"ttl_ms": 5000, "sweep_interval_ms": 100},
+        join={"ttl_ms": 5000, "sweep_interval_ms": 100, **extra.pop("join", {})},
         http={"enabled": False},
         **extra,
     )

@@ -29,7 +29,13 @@ from sidecar.lab.replay import Record, send
 from sidecar.pipeline.outputs import Step
 from sidecar.pipeline.processor import BatchItem, Processor
 from sidecar.policy import PlaceholderPolicy
-from tests.kafka.harness import committed, end_offsets, incomplete_count, wait_until
+from tests.kafka.harness import (
+    committed,
+    end_offsets,
+    incomplete_count,
+    settings_for,
+    wait_until,
+)
 
 pytestmark = pytest.mark.connected
 
@@ -76,18 +82,16 @@ async def _join_during_a_batch(
     """A backlog of ``requests`` whole requests; the second replica joins once the first has
     begun its first batch (of ``poll`` records). Returns the request ids and every verdict
     published once the group has committed them all (or given up)."""
-    settings = Settings.load(
+    settings = settings_for(
+        unique_topics,
+        kafka_broker.bootstrap_servers,
         kafka={
-            "bootstrap_servers": kafka_broker.bootstrap_servers,
-            "group_id": unique_topics["group"],
             "session_timeout_ms": SESSION_TIMEOUT_MS,
             "max_poll_records": poll,
             "max_queued_records": 2 * poll,
             "rebalance_timeout_ms": rebalance_timeout_ms,
         },
-        topics={k: v for k, v in unique_topics.items() if k != "group"},
-        join={"ttl_ms": 3_000, "sweep_interval_ms": 100},
-        http={"enabled": False},
+        join={"ttl_ms": 3_000},
     )
     await create_topics(settings)
     t = settings.topics
