@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sidecar.claims.sentences import split_sentences
+from sidecar.words import fold
 
 __all__ = [
     "EvidenceChunk",
@@ -71,9 +72,10 @@ def _stem(token: str) -> str:
 
 
 def content_terms(text: str) -> list[str]:
-    """Lower-cased, stemmed content words and numbers (commas in numbers removed)."""
+    """Folded (:func:`~sidecar.words.fold`), stemmed content words and numbers (commas in
+    numbers removed)."""
     out = []
-    for tok in _TOKEN.findall(text.lower()):
+    for tok in _TOKEN.findall(fold(text)):
         if tok in _STOP:
             continue
         if tok[0].isdigit():

@@ -31,6 +31,7 @@ from sidecar.contracts.events import (
     Signals,
     SignalStatus,
 )
+from sidecar.words import fold
 
 __all__ = [
     "ANSWER_FEATURES",
@@ -181,7 +182,8 @@ def missing_terms(query: str, texts: Sequence[str], limit: int = 5) -> list[str]
     """Content words of ``query`` that appear in none of ``texts`` (a reformulation hint).
 
     A word appears when it is one of a text's words (``[a-z0-9]+`` runs of the
-    lowercased text). Only the query's few words are looked for (``str.find``
+    folded text, :func:`~sidecar.words.fold`: "Zürich" and "Zurich" are one word).
+    Only the query's few words are looked for (``str.find``
     and a look at the characters around each hit) rather than every word of the
     chunks split out; a word found inside longer words more than
     ``_MAX_PROBES`` times falls back to splitting, once per call, and so do
@@ -189,11 +191,11 @@ def missing_terms(query: str, texts: Sequence[str], limit: int = 5) -> list[str]
     the work stays linear in the text.
     """
     words = list(
-        dict.fromkeys(w for w in _WORD.findall(query.lower()) if len(w) > 2 and w not in _STOPWORDS)
+        dict.fromkeys(w for w in _WORD.findall(fold(query)) if len(w) > 2 and w not in _STOPWORDS)
     )
     if not words:
         return []
-    haystack = "\n".join(t.lower() for t in texts)  # "\n" ends a word: none spans two texts
+    haystack = fold("\n".join(texts))  # "\n" ends a word: none spans two texts
     split: set[str] | None = None
     if len(words) * len(haystack) > _SCAN_BUDGET:  # split once: linear in the text
         split = set(_WORD.findall(haystack))
