@@ -11,7 +11,13 @@ and labels, and never lets the LLM hold up the stream:
   waits at most ``timeout_s`` from each call's submission;
 * a per-answer budget (``max_calls_per_answer``) caps the cost;
 * a circuit breaker stops calling for ``cooldown_s`` after
-  ``failure_threshold`` consecutive failures (timeouts, HTTP errors, bad JSON);
+  ``failure_threshold`` consecutive failures (timeouts, HTTP errors, bad JSON),
+  or at once when the judge says it is rate-limited (HTTP 429, or 503 with a
+  ``Retry-After``), for as long as its ``Retry-After`` asks (up to
+  ``MAX_BACK_OFF_S``); after the pause one call probes the judge (half-open)
+  and the rest wait for its outcome: a success closes the breaker, a failure
+  opens it again (a judge that recovered no longer took a burst of calls
+  after each cool-down, nor one still failing ``failure_threshold`` more);
 * a call that fails or is late leaves the verifier's label in place.
 
 HTTP is the standard library (``urllib``), so the serving image needs nothing
@@ -32,11 +38,13 @@ import logging
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from email.message import Message
+from email.utils import parsedate_to_datetime
 from typing import Any, Final, Literal
 
 from sidecar.contracts.events import ClaimLabel
@@ -44,6 +52,7 @@ from sidecar.exceptions import ConfigError
 
 __all__ = [
     "FOUR_WAY_PROMPT",
+    "MAX_BACK_OFF_S",
     "MAX_REPLY_BYTES",
     "THREE_WAY_PROMPT",
     "HttpJudge",
@@ -85,6 +94,9 @@ FOUR_WAY_PROMPT: Final = (
 
 MAX_REPLY_BYTES: Final = 1 << 20
 """The longest judge reply read (a status and a short quote need a few hundred bytes)."""
+
+MAX_BACK_OFF_S: Final = 600.0
+"""The longest pause a judge's ``Retry-After`` gets (a reply asking for a day is not obeyed)."""
 
 _LABELS: Final = {
     "supported": ClaimLabel.SUPPORTED,
@@ -325,6 +337,8 @@ class JudgeRunner:
     _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
     _failures: int = field(init=False, default=0)
     _open_until: float = field(init=False, default=0.0)
+    _tripped: bool = field(init=False, default=False)  # opened, and no success since
+    _probing: bool = field(init=False, default=False)  # the half-open probe is in flight
     _pending: int = field(init=False, default=0)
     stats: dict[str, int] = field(init=False, default_factory=dict)
 
@@ -349,9 +363,11 @@ class JudgeRunner:
         """Start a call, or ``None`` (budget spent, breaker open, pool saturated)."""
         with self._lock:
             saturated = self._pending >= 2 * self.config.max_workers
-            if budget.remaining <= 0 or self.clock() < self._open_until or saturated:
+            paused = self._tripped and (self.clock() < self._open_until or self._probing)
+            if budget.remaining <= 0 or paused or saturated:
                 self.stats["skipped"] += 1
                 return None
+            self._probing = self._tripped  # after the pause, this call is the probe
             budget.remaining -= 1
             self._pending += 1
             self.stats["calls"] += 1
@@ -362,8 +378,8 @@ class JudgeRunner:
         assert self.call is not None  # noqa: S101 - set in __post_init__
         try:
             label = self.call(claim, context)
-        except Exception:  # any failure counts (http.client's own errors are no OSError)
-            self._record(ok=False)
+        except Exception as exc:  # any failure counts (http.client's own errors are no OSError)
+            self._record(ok=False, back_off_s=_back_off_s(exc))
             raise
         finally:
             with self._lock:
@@ -371,18 +387,26 @@ class JudgeRunner:
         self._record(ok=True)
         return JudgeVerdict(label, (time.perf_counter() - started) * 1000.0)
 
-    def _record(self, ok: bool) -> None:
+    def _record(self, ok: bool, back_off_s: float | None = None) -> None:
+        """A call's outcome; ``back_off_s``: the judge said it is rate-limited (``None``: no)."""
         with self._lock:
+            self._probing = False
             if ok:
-                self._failures = 0
+                self._failures, self._tripped = 0, False
                 self.stats["ok"] += 1
                 return
             self._failures += 1
             self.stats["failed"] += 1
-            if self._failures >= self.config.failure_threshold:
-                self._open_until = self.clock() + self.config.cooldown_s
-                self._failures = 0
-                log.warning("LLM judge failing; not calling it for %.0f s", self.config.cooldown_s)
+            if self._tripped or back_off_s is not None:
+                why = "still failing" if back_off_s is None else "rate-limited"
+            elif self._failures >= self.config.failure_threshold:
+                why = f"{self._failures} failures in a row"
+            else:
+                return
+            pause = max(self.config.cooldown_s, back_off_s or 0.0)
+            self._open_until = self.clock() + pause
+            self._tripped, self._failures = True, 0
+            log.warning("LLM judge %s; not calling it for %.0f s", why, pause)
 
     def collect(self, future: Future[JudgeVerdict], deadline: float) -> JudgeVerdict | None:
         """The verdict if it arrives before ``deadline`` (``time.monotonic``), else ``None``."""
@@ -399,3 +423,22 @@ class JudgeRunner:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _back_off_s(exc: BaseException) -> float | None:
+    """The pause a rate-limited judge asks for: HTTP 429, or 503 with a ``Retry-After``
+    (seconds or a date), capped at ``MAX_BACK_OFF_S``; ``None`` for any other failure."""
+    if not isinstance(exc, urllib.error.HTTPError) or exc.code not in {429, 503}:
+        return None
+    value = (exc.headers.get("Retry-After") or "").strip() if exc.headers else ""
+    seconds: float | None = None
+    if value.isascii() and value.isdigit():
+        seconds = float(value)
+    elif value:
+        try:
+            seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            seconds = None
+    if seconds is None:
+        return 0.0 if exc.code == 429 else None  # a 429 without a pause: the cool-down
+    return min(max(seconds, 0.0), MAX_BACK_OFF_S)

@@ -34,11 +34,12 @@ UNCERTAIN_CLAIM = "Metformin lowers glucose production."
 @dataclass
 class Stub:
     mode: str = "verified"  # verified | slow | error | garbage | redirect | trickle-* | huge
-    # | cut-short | bad-status-line | nested
+    # | cut-short | bad-status-line | nested | 429 | 503
     delay_s: float = 1.0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     location: str = ""  # where "redirect" sends the client
     authorizations: list[str | None] = field(default_factory=list)
+    retry_after: str | None = None  # the Retry-After header of a 429 or 503
 
 
 def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
@@ -74,6 +75,13 @@ def _handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
                 time.sleep(stub.delay_s)
             if stub.mode == "error":
                 self.send_response(500)
+                self.end_headers()
+                return
+            if stub.mode in {"429", "503"}:
+                self.send_response(int(stub.mode))
+                if stub.retry_after is not None:
+                    self.send_header("Retry-After", stub.retry_after)
+                self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
             status = "verified" if stub.mode == "huge" else stub.mode
@@ -315,3 +323,101 @@ def test_config_is_checked() -> None:
         JudgeConfig(endpoint="ftp://x", model="m")
     with pytest.raises(ConfigError, match="timeout_s"):
         JudgeConfig(endpoint="http://x", model="m", timeout_s=0)
+
+
+@dataclass
+class Clock:
+    now: float = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_after_the_cool_down_one_probe_goes_out_and_its_outcome_decides() -> None:
+    # after each cool-down every answer's calls went out again: a judge still down took
+    # failure_threshold more failures (and up to 2 x max_workers calls) before it reopened
+    clock, outcomes = Clock(), iter([False, False, True, True, True])
+    release = threading.Event()
+
+    def call(claim: str, context: str) -> ClaimLabel:
+        del claim, context
+        release.wait(10)
+        if not next(outcomes):
+            raise OSError("judge down")
+        return ClaimLabel.SUPPORTED
+
+    config = JudgeConfig(endpoint="http://judge/v1", model="m", failure_threshold=1, cooldown_s=30)
+    runner = JudgeRunner(config, call=call, clock=clock)
+    release.set()
+    first = runner.submit("c", "x", runner.budget())
+    assert first is not None and isinstance(first.exception(timeout=10), OSError)
+    assert runner.open and runner.submit("c", "x", runner.budget()) is None
+    clock.now += 31  # the pause is over: one probe, the others wait for it
+    release.clear()
+    probe = runner.submit("c", "x", runner.budget())
+    assert probe is not None
+    assert runner.submit("c", "x", runner.budget()) is None
+    release.set()
+    assert isinstance(probe.exception(timeout=10), OSError)
+    assert runner.open  # the probe failed: paused again at once
+    clock.now += 31
+    probe = runner.submit("c", "x", runner.budget())
+    assert probe is not None and probe.result(timeout=10).label is ClaimLabel.SUPPORTED
+    calls = [runner.submit("c", "x", runner.budget()) for _ in range(2)]  # closed again
+    assert [f.result(timeout=10).label for f in calls if f is not None] == [
+        ClaimLabel.SUPPORTED
+    ] * 2
+    runner.close()
+    assert runner.stats["failed"] == 2 and runner.stats["skipped"] == 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "retry_after", "pause_s"),
+    [
+        ("429", "120", 120.0),
+        ("429", None, 30.0),  # no pause asked: the cool-down
+        ("503", "45", 45.0),
+        ("429", "86400", 600.0),  # a day is not obeyed: MAX_BACK_OFF_S
+        ("429", "5", 30.0),  # never shorter than the cool-down
+        ("429", "soon", 30.0),  # unreadable: the cool-down
+    ],
+)
+def test_a_rate_limited_judge_is_paused_at_once_for_as_long_as_it_asks(
+    stub: tuple[Stub, str], mode: str, retry_after: str | None, pause_s: float
+) -> None:
+    # a 429 counted as one failure of failure_threshold: the judge that asked for a pause
+    # kept getting calls, and its Retry-After was not read
+    state, url = stub
+    state.mode, state.retry_after = mode, retry_after
+    clock = Clock()
+    config = JudgeConfig(endpoint=url, model="stub", timeout_s=5.0, failure_threshold=3)
+    runner = JudgeRunner(config, clock=clock)
+    future = runner.submit(UNCERTAIN_CLAIM, EVIDENCE, runner.budget())
+    assert future is not None and future.exception(timeout=10) is not None
+    runner.close()
+    assert runner.open
+    clock.now += pause_s - 1
+    assert runner.open
+    clock.now += 2
+    assert not runner.open
+
+
+def test_an_http_date_retry_after_and_a_503_without_one() -> None:
+    from email.message import Message
+    from email.utils import formatdate
+    from urllib.error import HTTPError
+
+    from sidecar.claims.judge import _back_off_s
+
+    def error(code: int, retry_after: str | None) -> HTTPError:
+        headers = Message()
+        if retry_after is not None:
+            headers["Retry-After"] = retry_after
+        return HTTPError("http://judge/v1", code, "busy", headers, None)
+
+    in_90_s = formatdate(time.time() + 90, usegmt=True)
+    assert _back_off_s(error(429, in_90_s)) == pytest.approx(90, abs=2)
+    assert _back_off_s(error(429, formatdate(time.time() - 90, usegmt=True))) == 0.0
+    assert _back_off_s(error(503, None)) is None  # an overloaded proxy: an ordinary failure
+    assert _back_off_s(error(500, "60")) is None
+    assert _back_off_s(OSError("refused")) is None
