@@ -740,6 +740,21 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _judge_waits_within_the_stall_limit(self) -> Self:
+        # an answer's claims wait for their judge calls on the processor thread, up to
+        # timeout_s: a hung judge at timeout_s 60 held it for the whole (default) stall limit
+        # and made the sidecar, and the pod it shares, not ready
+        stall = self.http.processing_stall_s
+        if self.judge.endpoint is not None and self.judge.timeout_s > stall / 2:
+            raise ValueError(
+                f"GUARDRAIL_JUDGE__TIMEOUT_S ({self.judge.timeout_s:g}) is over half of "
+                f"GUARDRAIL_HTTP__PROCESSING_STALL_S ({stall:g}): an answer waits up to the "
+                "judge's timeout on the processor thread, so a hung judge would make the "
+                f"sidecar not ready; allowed: at most {stall / 2:g} (or raise the stall limit)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _ports_distinct(self) -> Self:
         port = self.metrics.prometheus_port
         if port is not None and self.http.enabled and port == self.http.port:

@@ -122,6 +122,25 @@ def test_a_check_across_settings_speaks_without_pydantics_prefix(
     assert "Value error" not in said
 
 
+def test_a_judge_timeout_over_half_the_stall_limit_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # an answer waits for its judge calls on the processor thread: a hung judge at the
+    # allowed timeout_s 60 held it for the whole default stall limit (60 s), not ready
+    judge = {"GUARDRAIL_JUDGE__ENDPOINT": "http://127.0.0.1:8000/v1", "GUARDRAIL_JUDGE__MODEL": "m"}
+    said = _error(monkeypatch, **judge, GUARDRAIL_JUDGE__TIMEOUT_S="60")
+    assert (
+        "GUARDRAIL_JUDGE__TIMEOUT_S (60) is over half of GUARDRAIL_HTTP__PROCESSING_STALL_S (60)"
+        in said
+    )
+    assert "allowed: at most 30 (or raise the stall limit)" in said
+    monkeypatch.setenv("GUARDRAIL_HTTP__PROCESSING_STALL_S", "120")
+    assert Settings.load().judge.timeout_s == 60.0
+    monkeypatch.delenv("GUARDRAIL_JUDGE__ENDPOINT")  # no judge: its timeout waits for nothing
+    monkeypatch.setenv("GUARDRAIL_HTTP__PROCESSING_STALL_S", "10")
+    assert Settings.load().judge.timeout_s == 60.0
+
+
 def test_secrets_never_appear_in_config_show(monkeypatch: pytest.MonkeyPatch) -> None:
     env = {
         "GUARDRAIL_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
