@@ -31,6 +31,7 @@ last query is not the step's position is refused.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -41,7 +42,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from sidecar.contracts.events import FLOAT16_MAX, AttentionSummary
+from sidecar.contracts.events import FLOAT16_MAX, MAX_CHUNKS, AttentionSummary
 from sidecar.exceptions import ConfigError, DataError
 
 try:
@@ -124,12 +125,24 @@ def _check_spans(prompt_length: int, chunk_spans: Sequence[Span]) -> tuple[Span,
         raise ConfigError(f"prompt_length must be >= 1, got {prompt_length}")
     if not chunk_spans:
         raise ConfigError("at least one chunk span is needed (K >= 1)")
+    if len(chunk_spans) > MAX_CHUNKS:  # the summary could be recorded, never sent
+        raise ConfigError(
+            f"{len(chunk_spans)} chunk spans; an attention summary holds at most {MAX_CHUNKS}"
+        )
     spans = tuple((int(s), int(e)) for s, e in chunk_spans)
     for i, (start, end) in enumerate(spans):
         if not 0 <= start < end <= prompt_length:
             raise ConfigError(
                 f"chunk span {i} is [{start}, {end}); spans must be non-empty and lie "
                 f"within the {prompt_length}-token prompt"
+            )
+    # a token in two spans counts for both chunks: the producer's chunk offsets are wrong
+    order = sorted(range(len(spans)), key=lambda i: spans[i])
+    for a, b in itertools.pairwise(order):
+        if spans[b][0] < spans[a][1]:
+            raise ConfigError(
+                f"chunk spans {a} {list(spans[a])} and {b} {list(spans[b])} overlap; each "
+                "prompt token belongs to at most one chunk"
             )
     return spans
 

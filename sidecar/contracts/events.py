@@ -30,6 +30,7 @@ from sidecar.contracts.common import (
 from sidecar.contracts.deadletter import DLQ_HEADER_PREFIX, DeadLetterRecord, dlq_header
 from sidecar.contracts.inputs import (
     FLOAT16_MAX,
+    MAX_CHUNKS,
     AttentionSummary,
     FeedbackEvent,
     GenerationDelta,
@@ -62,6 +63,7 @@ from sidecar.contracts.verdicts import (
 __all__ = [
     "DLQ_HEADER_PREFIX",
     "FLOAT16_MAX",
+    "MAX_CHUNKS",
     "SCHEMA_VERSION",
     "SUPPORTED_SCHEMA_VERSIONS",
     "AnswerVerdict",

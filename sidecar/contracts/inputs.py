@@ -21,6 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraint
 
 from sidecar.contracts.common import EventBase, FiniteFloat, LabelName, Name, RequestId
 
+MAX_CHUNKS: Final = 1024
+"""The most hits a retrieval, and chunks an attention summary, may hold."""
+
 
 class RetrievalHit(BaseModel):
     """One retrieved chunk, in retrieval order (best first)."""
@@ -44,8 +47,8 @@ class RetrievalEvent(EventBase):
         default="default", description="Retriever id (embedding model + index), calibration key."
     )
     query: Annotated[str, StringConstraints(max_length=20_000)]
-    k: int = Field(ge=1, le=1024, description="K: how many chunks were asked for.")
-    hits: list[RetrievalHit] = Field(max_length=1024)
+    k: int = Field(ge=1, le=MAX_CHUNKS, description="K: how many chunks were asked for.")
+    hits: list[RetrievalHit] = Field(max_length=MAX_CHUNKS)
     created_at: datetime | None = None
 
     @model_validator(mode="after")
@@ -88,7 +91,7 @@ class AttentionSummary(BaseModel):
 
     layers: int = Field(ge=1, le=1024)
     heads: int = Field(ge=1, le=1024)
-    chunks: int = Field(ge=1, le=1024)
+    chunks: int = Field(ge=1, le=MAX_CHUNKS)
     variant: Literal["cw", "fc"] = Field(
         default="cw", description="cw: chunk-wise lookback ratios; fc: full-context."
     )

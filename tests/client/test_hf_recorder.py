@@ -311,6 +311,13 @@ def test_bad_setups_are_refused_with_what_is_allowed() -> None:
         recorder.generate(list(range(10)), [(4, 12)], max_new_tokens=2)
     with pytest.raises(ConfigError, match="K >= 1"):
         recorder.generate(list(range(10)), [], max_new_tokens=2)
+    # both were recorded: overlapping spans counted their shared tokens for two chunks, and
+    # 1,025 chunks failed only at summary(), after the whole generation
+    with pytest.raises(ConfigError, match=r"chunk spans 1 \[3, 6\] and 0 \[5, 8\] overlap"):
+        recorder.generate(list(range(10)), [(5, 8), (3, 6)], max_new_tokens=2)
+    with pytest.raises(ConfigError, match="1025 chunk spans; an attention summary holds at most"):
+        recorder.generate(list(range(2000)), [(i, i + 1) for i in range(1025)], max_new_tokens=2)
+    recorder.generate(list(range(10)), [(5, 8), (2, 5)], max_new_tokens=2)  # touching is fine
     with pytest.raises(ConfigError, match="num_beams"):
         recorder.generate(list(range(10)), [(2, 5)], max_new_tokens=2, num_beams=2)
     with pytest.raises(ConfigError, match="attention modules"):
