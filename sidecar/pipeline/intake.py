@@ -211,10 +211,11 @@ class Intake:
         self._clock_ns = clock_ns
         self._tenant_from_events = tenancy.source == "event"
         self.partition_mismatches = 0
-        # the highest offset admitted per input partition, kept across revocations: a
-        # record at or below it is read a second time (a rebalance or a restart of the
-        # consumer resumes from the committed offset, which open requests hold back)
-        self._read_up_to: dict[tuple[str, int], int] = {}
+        # the highest offset admitted per input partition and life of its topic, kept across
+        # revocations: a record at or below it is read a second time (a rebalance or a
+        # restart of the consumer resumes from the committed offset, which open requests
+        # hold back); a topic deleted and created again starts its offsets over
+        self._read_up_to: dict[tuple[str, int, int], int] = {}
         self.rereads = 0  # records of decided requests read again: finished, not dead-lettered
         self.handed_over = 0  # finals a last owner decided, remembered as decided here
         # store key -> (half, reason, detail) of requests whose first event was refused
@@ -227,10 +228,10 @@ class Intake:
         self, kind: InputKind, raw: bytes | None, key: bytes | None, ref: InputRef, now_ms: float
     ) -> Admission:
         self.store.note_record()
-        read_up_to = self._read_up_to.get(ref.tp, -1)
-        reread = ref.offset <= read_up_to
+        position = (ref.topic, ref.partition, ref.incarnation)
+        reread = ref.offset <= self._read_up_to.get(position, -1)
         if not reread:
-            self._read_up_to[ref.tp] = ref.offset
+            self._read_up_to[position] = ref.offset
         event: RetrievalEvent | GenerationDelta | GenerationFinal | FeedbackEvent | None = None
         try:
             _check_read(ref)

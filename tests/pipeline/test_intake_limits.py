@@ -382,6 +382,25 @@ def test_records_read_again_after_a_rebalance_are_finished_not_dead_lettered(
     assert first.request_id == "req-1"
 
 
+def test_a_topic_created_again_starts_its_offsets_over_and_reads_nothing_twice(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Re-read detection was keyed by partition alone: after the generation topic was
+    deleted and created again (``OffsetTracker.retire``), a decided request's final re-sent
+    to the new topic, at an offset the old one had passed, was dropped as a duplicate read
+    without a word, where a re-send is ``after-final``."""
+    p = processor(settings_factory)
+    p.on_message(R, dumps(retrieval_event("req-1")), None, ref("r", 0), 0.0)
+    p.on_message(G, dumps(final_event("other")), None, ref("g", 0), 0.0)
+    [first] = verdicts(p.on_message(G, dumps(final_event("req-1")), None, ref("g", 1), 0.0))
+    again = InputRef("g", 0, 1, (), incarnation=1)  # the new topic's second record
+    resent = p.on_message(G, dumps(final_event("req-1")), None, again, 0.0)
+    assert reasons(resent) == ["after-final"] and p.intake.rereads == 0
+    assert first.request_id == "req-1"
+
+
 def test_held_events_keep_only_trace_headers_and_count_them(
     settings_factory: Callable[..., Settings], delta_event: EventFactory
 ) -> None:
