@@ -19,7 +19,7 @@ from sidecar.config import Settings
 from sidecar.exceptions import BrokerError, ConfigError, StopTimeoutError
 from sidecar.health import HealthServer
 from sidecar.kafka.app import SidecarService
-from sidecar.kafka.security import ssl_context
+from sidecar.kafka.security import TLS_CHECK_INTERVAL_S, TlsFilesWatch, ssl_context
 from sidecar.kafka.topics import format_counts, verify_topics
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
@@ -573,17 +573,45 @@ async def _watch_policy(
             )
 
 
+async def _watch_tls(
+    watch: TlsFilesWatch, stop: asyncio.Event, interval_s: float = TLS_CHECK_INTERVAL_S
+) -> None:
+    """Until ``stop``: every ``interval_s``, load the Kafka TLS files again when they changed
+    on disk (a renewed client certificate, a CA bundle with a new CA), and say so."""
+    while True:
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+        except TimeoutError:
+            pass
+        else:
+            return
+        try:
+            said = await asyncio.to_thread(watch.changed)
+            said = said or watch.apply()  # on the loop, where the clients connect
+        except Exception:  # a watch must never stop the sidecar
+            log.exception("checking the Kafka TLS files failed")
+            continue
+        if said is not None:
+            log.log(*said)
+
+
 async def _until_stopped(settings: Settings, processor: Processor, stop: asyncio.Event) -> None:
-    """Wait for SIGTERM / SIGINT, re-reading the policy file meanwhile."""
-    watch = _policy_watch(settings, processor)
-    if watch is None:
-        await stop.wait()
-        return
-    watching = asyncio.create_task(_watch_policy(watch, stop), name="sidecar-policy-watch")
+    """Wait for SIGTERM / SIGINT, re-reading the policy file and the Kafka TLS files
+    meanwhile."""
+    watches = []
+    policy = _policy_watch(settings, processor)
+    if policy is not None:
+        watches.append(
+            asyncio.create_task(_watch_policy(policy, stop), name="sidecar-policy-watch")
+        )
+    if settings.kafka.security_protocol.endswith("SSL"):
+        tls = TlsFilesWatch(settings.kafka)
+        watches.append(asyncio.create_task(_watch_tls(tls, stop), name="sidecar-tls-watch"))
     try:
         await stop.wait()
     finally:
-        watching.cancel()
+        for task in watches:
+            task.cancel()
 
 
 async def serve(settings: Settings, processor: Processor | None = None) -> None:

@@ -1,8 +1,22 @@
-"""Client security (SASL / SSL) from settings, for FastStream and plain aiokafka."""
+"""Client security (SASL / SSL) from settings, for FastStream and plain aiokafka.
+
+Every client of the process (the FastStream consumer and producer, the admin and
+plain aiokafka clients) gets one shared TLS context (:func:`shared_ssl_context`),
+which :class:`TlsFilesWatch` keeps in step with the files on disk: cert-manager
+renews a client certificate, and the kubelet updates the mounted Secret, long
+before it expires, but the process read it once at start, so a pod older than
+the certificate lost the brokers at its next reconnection (a broker's rolling
+restart) after the old certificate expired. A renewed certificate and key, or a
+CA bundle with a new CA, are loaded into the shared context when they change and
+load; new connections use them, open ones keep theirs. A CA dropped from the
+bundle stays trusted until a restart (OpenSSL adds trust anchors, never removes).
+"""
 
 from __future__ import annotations
 
+import logging
 import ssl
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +29,23 @@ from faststream.security import (
 
 from sidecar.config import KafkaSettings
 from sidecar.exceptions import ConfigError
+from sidecar.hashing import sha256_file
+
+__all__ = [
+    "TLS_CHECK_INTERVAL_S",
+    "TlsFilesWatch",
+    "aiokafka_client_args",
+    "faststream_security",
+    "shared_ssl_context",
+    "ssl_context",
+]
+
+TLS_CHECK_INTERVAL_S = 30.0
+"""How often the running sidecar hashes its Kafka TLS files (a few KB) for a renewal."""
+
+_TlsKey = tuple[str | None, str | None, str | None, str | None]
+_SHARED: dict[_TlsKey, ssl.SSLContext] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 class _EncryptedKeyError(Exception):
@@ -80,9 +111,112 @@ def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
     return context
 
 
+def _tls_key(kafka: KafkaSettings) -> _TlsKey:
+    password = kafka.ssl_key_password
+    return (
+        kafka.ssl_cafile,
+        kafka.ssl_certfile,
+        kafka.ssl_keyfile,
+        password.get_secret_value() if password is not None else None,
+    )
+
+
+def shared_ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
+    """The process's one TLS context for these settings (made by :func:`ssl_context` the
+    first time): the context every client gets, and :class:`TlsFilesWatch` reloads."""
+    if not kafka.security_protocol.endswith("SSL"):
+        return None
+    key = _tls_key(kafka)
+    with _SHARED_LOCK:
+        context = _SHARED.get(key)
+        if context is None:
+            made = ssl_context(kafka)
+            assert made is not None  # noqa: S101 - an *SSL protocol
+            context = _SHARED[key] = made
+    return context
+
+
+class TlsFilesWatch:
+    """Loads the Kafka TLS files into the shared context again when they change on disk.
+
+    :meth:`changed` (file reads: run it off the event loop) hashes the CA bundle, the
+    client certificate and its key, and when their bytes changed, loads them into a new
+    context as a start would; :meth:`apply` (on the event loop, where the clients make
+    their connections) then loads them into the shared one. Files that changed but do
+    not load (a renewal caught half-written, a key that does not match) are said once
+    per change, and the context keeps what it holds.
+    """
+
+    def __init__(self, kafka: KafkaSettings) -> None:
+        context = shared_ssl_context(kafka)
+        if context is None:
+            raise ConfigError("TlsFilesWatch needs an SSL or SASL_SSL security protocol")
+        self._kafka = kafka
+        self._context = context
+        self._files = [p for p in (kafka.ssl_cafile, kafka.ssl_certfile, kafka.ssl_keyfile) if p]
+        self._loaded = self._seen = self._digests()
+        self._pending: dict[str, str] | None = None
+
+    def _digests(self) -> dict[str, str]:
+        out = {}
+        for path in self._files:
+            try:
+                out[path] = sha256_file(Path(path))
+            except OSError as exc:
+                out[path] = f"unreadable: {exc}"
+        return out
+
+    def changed(self) -> tuple[int, str] | None:
+        """A log level and line when the files changed since the last look; the files are
+        then ready for :meth:`apply` if they load."""
+        now = self._digests()
+        if now == self._seen:
+            return None
+        self._seen, self._pending = now, None
+        if now == self._loaded:  # back to what the context holds
+            return None
+        names = ", ".join(path for path in self._files if now[path] != self._loaded[path])
+        try:
+            ssl_context(self._kafka)  # loads as a start would, or says which file does not
+        except ConfigError as exc:
+            return logging.ERROR, (
+                f"the Kafka TLS files changed on disk ({names}) and do not load: "
+                f"{exc}; new connections keep using the files loaded before"
+            )
+        self._pending = now
+        return None
+
+    def apply(self) -> tuple[int, str] | None:
+        """Load the files :meth:`changed` found ready into the shared context; a log level
+        and line when it did, or tried."""
+        if self._pending is None:
+            return None
+        kafka, context, ready = self._kafka, self._context, self._pending
+        self._pending = None
+        if self._digests() != ready:  # changed again since: the next look loads them first
+            return None
+        names = ", ".join(path for path in self._files if ready[path] != self._loaded[path])
+        password = kafka.ssl_key_password
+        try:
+            if kafka.ssl_cafile:
+                context.load_verify_locations(cafile=kafka.ssl_cafile)
+            if kafka.ssl_certfile:
+                context.load_cert_chain(
+                    kafka.ssl_certfile,
+                    kafka.ssl_keyfile,
+                    password=_no_password if password is None else password.get_secret_value(),
+                )
+        except (OSError, ssl.SSLError, _EncryptedKeyError) as exc:  # rewritten under it
+            return logging.ERROR, f"loading the Kafka TLS files changed on disk ({names}): {exc}"
+        self._loaded = ready
+        return logging.INFO, (
+            f"reloaded the Kafka TLS files changed on disk ({names}): new connections use them"
+        )
+
+
 def faststream_security(kafka: KafkaSettings) -> BaseSecurity | None:
     """FastStream's security object for the configured protocol (None: plaintext)."""
-    context = ssl_context(kafka)
+    context = shared_ssl_context(kafka)
     if not kafka.security_protocol.startswith("SASL"):
         return BaseSecurity(ssl_context=context, use_ssl=True) if context else None
     assert kafka.sasl_username is not None  # noqa: S101 - checked by KafkaSettings
@@ -107,7 +241,7 @@ def aiokafka_client_args(kafka: KafkaSettings) -> dict[str, Any]:
         "security_protocol": kafka.security_protocol,
         "request_timeout_ms": kafka.request_timeout_ms,
     }
-    context = ssl_context(kafka)
+    context = shared_ssl_context(kafka)
     if context is not None:
         args["ssl_context"] = context
     if kafka.security_protocol.startswith("SASL"):

@@ -1,0 +1,196 @@
+"""A renewed client certificate, or a CA bundle with a new CA, reaches new connections.
+
+The process read its TLS files once: a pod that outlived its client certificate (renewed
+by cert-manager, updated in the mounted Secret by the kubelet) lost the brokers at its
+next reconnection once the old one expired. A local TLS server that asks for a client
+certificate stands in for a broker: it sees what the shared context presents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidecar.config import KafkaSettings
+from sidecar.kafka.security import (
+    TlsFilesWatch,
+    aiokafka_client_args,
+    faststream_security,
+    shared_ssl_context,
+)
+from sidecar.runtime import _watch_tls
+from tests.kafka.test_tls import _ca, _signed
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("tls-reload")
+    for ca in ("ca", "ca2"):
+        _ca(d, ca)
+    _signed(d, "server", "IP:127.0.0.1")
+    _signed(d, "server2", "IP:127.0.0.1", ca="ca2")
+    for client in ("client1", "client2"):
+        _signed(d, client, "DNS:client")
+    return d
+
+
+@contextmanager
+def tls_server(certs: Path, server: str = "server") -> Iterator[tuple[int, list[str]]]:
+    """A server asking for a client certificate signed by "ca"; yields its port and the
+    common names of the client certificates it was shown."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(certs / f"{server}.pem", certs / f"{server}.key")
+    context.load_verify_locations(certs / "ca.pem")
+    context.verify_mode = ssl.CERT_REQUIRED
+    seen: list[str] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            try:
+                with context.wrap_socket(conn, server_side=True) as tls:
+                    peer: Any = tls.getpeercert()
+                    seen.append(str(dict(x[0] for x in peer["subject"])["commonName"]))
+            except (ssl.SSLError, OSError):
+                conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], seen
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+def connect(context: ssl.SSLContext, port: int) -> None:
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        tls.recv(1)  # the server closes after the handshake
+
+
+def put(certs: Path, live: Path, client: str, ca: str = "ca.pem") -> None:
+    """Write the files as the kubelet does: whole, then swapped in."""
+    for source, name in (
+        (ca, "ca.pem"),
+        (f"{client}.pem", "tls.crt"),
+        (f"{client}.key", "tls.key"),
+    ):
+        tmp = live / f".{name}.tmp"
+        tmp.write_bytes((certs / source).read_bytes())
+        tmp.replace(live / name)
+
+
+def settings(live: Path) -> KafkaSettings:
+    return KafkaSettings(
+        security_protocol="SSL",
+        ssl_cafile=str(live / "ca.pem"),
+        ssl_certfile=str(live / "tls.crt"),
+        ssl_keyfile=str(live / "tls.key"),
+    )
+
+
+def test_every_client_shares_one_context(certs: Path, tmp_path: Path) -> None:
+    put(certs, tmp_path, "client1")
+    kafka = settings(tmp_path)
+    context = shared_ssl_context(kafka)
+    security = faststream_security(kafka)
+    assert security is not None and security.ssl_context is context
+    assert aiokafka_client_args(kafka)["ssl_context"] is context
+
+
+def test_a_renewed_client_certificate_is_presented_by_new_connections(
+    certs: Path, tmp_path: Path
+) -> None:
+    put(certs, tmp_path, "client1")
+    kafka = settings(tmp_path)
+    context = shared_ssl_context(kafka)
+    assert context is not None
+    watch = TlsFilesWatch(kafka)
+    with tls_server(certs) as (port, seen):
+        connect(context, port)
+        assert watch.changed() is None and watch.apply() is None  # nothing changed
+        put(certs, tmp_path, "client2")
+        connect(context, port)  # read once at start: the old certificate, until the watch
+        assert watch.changed() is None  # they load
+        level, said = watch.apply() or (0, "")
+        assert level == logging.INFO and "reloaded the Kafka TLS files" in said
+        assert str(tmp_path / "tls.crt") in said and "ca.pem" not in said
+        connect(context, port)
+    assert seen == ["client1", "client1", "client2"]
+
+
+def test_files_that_do_not_load_are_said_once_and_the_context_keeps_its_own(
+    certs: Path, tmp_path: Path
+) -> None:
+    put(certs, tmp_path, "client1")
+    kafka = settings(tmp_path)
+    context = shared_ssl_context(kafka)
+    assert context is not None
+    watch = TlsFilesWatch(kafka)
+    # a renewal caught half-way: the new certificate, the old key
+    (tmp_path / "tls.crt").write_bytes((certs / "client2.pem").read_bytes())
+    level, said = watch.changed() or (0, "")
+    assert level == logging.ERROR and "do not load" in said and "tls.crt" in said
+    assert watch.apply() is None and watch.changed() is None  # said once
+    (tmp_path / "tls.key").write_bytes((certs / "client2.key").read_bytes())
+    assert watch.changed() is None
+    with tls_server(certs) as (port, seen):
+        connect(context, port)  # the old pair until the watch loads the new one
+        assert watch.apply() is not None
+        connect(context, port)
+    assert seen == ["client1", "client2"]
+
+
+def test_a_ca_bundle_with_a_new_ca_is_trusted_after_the_reload(certs: Path, tmp_path: Path) -> None:
+    put(certs, tmp_path, "client1")
+    kafka = settings(tmp_path)
+    context = shared_ssl_context(kafka)
+    assert context is not None
+    watch = TlsFilesWatch(kafka)
+    with tls_server(certs, "server2") as (port, seen):  # the brokers moved to a new CA
+        with pytest.raises(ssl.SSLCertVerificationError):
+            connect(context, port)
+        bundle = (certs / "ca.pem").read_bytes() + (certs / "ca2.pem").read_bytes()
+        (certs / "bundle.pem").write_bytes(bundle)
+        put(certs, tmp_path, "client1", ca="bundle.pem")
+        assert watch.changed() is None
+        assert watch.apply() is not None
+        connect(context, port)
+    assert seen == ["client1"]
+
+
+async def test_the_running_sidecar_looks_at_its_tls_files_now_and_then(
+    certs: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    put(certs, tmp_path, "client1")
+    watch = TlsFilesWatch(settings(tmp_path))
+    stop = asyncio.Event()
+    with caplog.at_level(logging.INFO, logger="sidecar"):
+        watching = asyncio.create_task(_watch_tls(watch, stop, interval_s=0.05))
+        put(certs, tmp_path, "client2")
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if "reloaded the Kafka TLS files" in caplog.text:
+                break
+        stop.set()
+        await asyncio.wait_for(watching, 5)
+    assert caplog.text.count("reloaded the Kafka TLS files") == 1
