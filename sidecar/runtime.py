@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -547,6 +548,17 @@ def _policy_watch(settings: Settings, processor: Processor) -> PolicyFileWatch |
     )
 
 
+async def _every(interval_s: float, stop: asyncio.Event) -> AsyncIterator[None]:
+    """Once every ``interval_s`` until ``stop`` is set (at once when it is)."""
+    while True:
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+        except TimeoutError:
+            yield
+        else:
+            return
+
+
 async def _watch_policy(
     watch: PolicyFileWatch, stop: asyncio.Event, interval_s: float | None = None
 ) -> None:
@@ -554,14 +566,7 @@ async def _watch_policy(
     ``POLICY_CHECK_INTERVAL_S``) and log what changed."""
     from sidecar.policy.watch import POLICY_CHECK_INTERVAL_S  # noqa: PLC0415
 
-    interval_s = POLICY_CHECK_INTERVAL_S if interval_s is None else interval_s
-    while True:
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=interval_s)
-        except TimeoutError:
-            pass
-        else:
-            return
+    async for _ in _every(POLICY_CHECK_INTERVAL_S if interval_s is None else interval_s, stop):
         try:
             notice = await asyncio.to_thread(watch.check)
         except Exception:  # a watch must never stop the sidecar
@@ -578,13 +583,7 @@ async def _watch_tls(
 ) -> None:
     """Until ``stop``: every ``interval_s``, load the Kafka TLS files again when they changed
     on disk (a renewed client certificate, a CA bundle with a new CA), and say so."""
-    while True:
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=interval_s)
-        except TimeoutError:
-            pass
-        else:
-            return
+    async for _ in _every(interval_s, stop):
         try:
             said = await asyncio.to_thread(watch.changed)
             said = said or watch.apply()  # on the loop, where the clients connect

@@ -108,6 +108,15 @@ def settings(live: Path) -> KafkaSettings:
     )
 
 
+def watched(certs: Path, live: Path) -> tuple[ssl.SSLContext, TlsFilesWatch]:
+    """The first client certificate in ``live``: the shared context, and its watch."""
+    put(certs, live, "client1")
+    kafka = settings(live)
+    context = shared_ssl_context(kafka)
+    assert context is not None
+    return context, TlsFilesWatch(kafka)
+
+
 def test_every_client_shares_one_context(certs: Path, tmp_path: Path) -> None:
     put(certs, tmp_path, "client1")
     kafka = settings(tmp_path)
@@ -120,11 +129,7 @@ def test_every_client_shares_one_context(certs: Path, tmp_path: Path) -> None:
 def test_a_renewed_client_certificate_is_presented_by_new_connections(
     certs: Path, tmp_path: Path
 ) -> None:
-    put(certs, tmp_path, "client1")
-    kafka = settings(tmp_path)
-    context = shared_ssl_context(kafka)
-    assert context is not None
-    watch = TlsFilesWatch(kafka)
+    context, watch = watched(certs, tmp_path)
     with tls_server(certs) as (port, seen):
         connect(context, port)
         assert watch.changed() is None and watch.apply() is None  # nothing changed
@@ -141,11 +146,7 @@ def test_a_renewed_client_certificate_is_presented_by_new_connections(
 def test_files_that_do_not_load_are_said_once_and_the_context_keeps_its_own(
     certs: Path, tmp_path: Path
 ) -> None:
-    put(certs, tmp_path, "client1")
-    kafka = settings(tmp_path)
-    context = shared_ssl_context(kafka)
-    assert context is not None
-    watch = TlsFilesWatch(kafka)
+    context, watch = watched(certs, tmp_path)
     # a renewal caught half-way: the new certificate, the old key
     (tmp_path / "tls.crt").write_bytes((certs / "client2.pem").read_bytes())
     level, said = watch.changed() or (0, "")
@@ -161,11 +162,7 @@ def test_files_that_do_not_load_are_said_once_and_the_context_keeps_its_own(
 
 
 def test_a_ca_bundle_with_a_new_ca_is_trusted_after_the_reload(certs: Path, tmp_path: Path) -> None:
-    put(certs, tmp_path, "client1")
-    kafka = settings(tmp_path)
-    context = shared_ssl_context(kafka)
-    assert context is not None
-    watch = TlsFilesWatch(kafka)
+    context, watch = watched(certs, tmp_path)
     with tls_server(certs, "server2") as (port, seen):  # the brokers moved to a new CA
         with pytest.raises(ssl.SSLCertVerificationError):
             connect(context, port)
@@ -181,8 +178,7 @@ def test_a_ca_bundle_with_a_new_ca_is_trusted_after_the_reload(certs: Path, tmp_
 async def test_the_running_sidecar_looks_at_its_tls_files_now_and_then(
     certs: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    put(certs, tmp_path, "client1")
-    watch = TlsFilesWatch(settings(tmp_path))
+    _, watch = watched(certs, tmp_path)
     stop = asyncio.Event()
     with caplog.at_level(logging.INFO, logger="sidecar"):
         watching = asyncio.create_task(_watch_tls(watch, stop, interval_s=0.05))
