@@ -58,8 +58,9 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
   guardrail.consumer.lag        gauge     topic, partition
   guardrail.queue.records, .queue.bytes, guardrail.consumer.paused_partitions
                                 gauges    (what waits for the processor; what is paused)
-  guardrail.join.partition_mismatch, .byte_evictions, .rereads, guardrail.claims.refused,
-  guardrail.feedback.unmatched, .replaced, .early, guardrail.pipeline.internal_errors
+  guardrail.join.partition_mismatch, .misrouted, .byte_evictions, .rereads,
+  guardrail.claims.refused, guardrail.feedback.unmatched, .replaced, .early,
+  guardrail.pipeline.internal_errors
                                 counters (cumulative, observed at collection)
   guardrail.retrieval.m1_mean, .m1_wilson_low, .m1_wilson_high, .exchangeability_broken
                                 gauges    calibration_key (the rolling m1 monitor)
@@ -172,7 +173,10 @@ def _observed(
 # the HELP text of each observed count (audit: every one was blank)
 COUNT_HELP: Final = {
     "join.partition_mismatch": "requests whose events came on different partition numbers "
-    "(mixed partitioners): dead-lettered",
+    "(mixed partitioners, or partition counts changed): joined here, counted once each",
+    "join.misrouted": "requests with an input on another partition than murmur2 of its "
+    "request id (a producer not using Kafka's default partitioner): its halves may be read "
+    "by two replicas and each decided incomplete",
     "join.rereads": "records of already decided requests read again after a rebalance or "
     "restart: finished, not dead-lettered",
     "claims.refused": "answers decided with claims unavailable: their evidence index alone "

@@ -291,6 +291,7 @@ class SidecarService:
         self.telemetry.observe_counts(
             lambda: {
                 "join.partition_mismatch": processor.intake.partition_mismatches,
+                "join.misrouted": processor.intake.misrouted,
                 "join.rereads": processor.intake.rereads,
                 "claims.refused": processor.scoring.claims_refused,
                 "join.byte_evictions": store.byte_evictions,
@@ -696,6 +697,9 @@ class SidecarService:
     async def _process(self, records: Records) -> None:
         """One consumed batch, inside its CONSUMER span (``_drain`` holds the lock)."""
         items = []
+        # the partition count each record's topic has now: intake checks it is where its
+        # request id hashes to (a producer with another partitioner tears requests apart)
+        counts = self.clients.consumer.known_partitions(self._kinds)
         for record in records:
             ref = InputRef(
                 topic=record.topic,
@@ -706,6 +710,7 @@ class SidecarService:
                 finished=bool(self._finished)
                 and (record.topic, record.partition, record.offset) in self._finished,
                 incarnation=self.tracker.incarnation(record.topic),
+                partitions=counts.get(record.topic, 0),
             )
             if ref.finished:
                 self._finished.discard((record.topic, record.partition, record.offset))

@@ -57,6 +57,9 @@ class InputRef:
     # the life of its topic it was read in (``OffsetTracker.incarnation``): a topic deleted
     # and created again under the same name starts over at offset 0, other records
     incarnation: int = 0
+    # its topic's partition count when it was read (0: not known, as in memory): with it,
+    # intake tells whether the record is on the partition its request id hashes to
+    partitions: int = 0
 
     @property
     def tp(self) -> tuple[str, int]:
@@ -121,6 +124,9 @@ class PendingRequest:
     # the partition numbers ``refs`` came on, each with the topic of its first input: a
     # partition check per event costs the partition count, not the request's event count
     partitions: dict[int, str] = field(default_factory=dict)
+    # (topic, partition, home) of its first input read on another partition than ``home``,
+    # the one murmur2 puts its request id on: its producer partitions otherwise
+    misrouted: tuple[str, int, int] | None = None
     certification: RetrievalSignal | None = None
     claims: ClaimSession | None = None
     claims_refused: bool = False  # its session would outgrow the request's byte budget

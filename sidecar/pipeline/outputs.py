@@ -219,7 +219,8 @@ def incomplete_verdict(
     entry: PendingRequest, why: str, *, policy: str, produced_at: datetime
 ) -> AnswerVerdict:
     """``block`` / ``incomplete``: the caller always gets an answer, naming what never came
-    (and the dead letter that left the request unable to complete, when there was one)."""
+    (and the dead letter that left the request unable to complete, when there was one, and
+    an input that came on another partition than its request id hashes to)."""
     missing = ", ".join(entry.missing()) or "nothing"
     if entry.refused is None:
         message = (
@@ -232,6 +233,14 @@ def incomplete_verdict(
             f"request cannot complete: its {' and '.join(sorted(entry.refused_parts))} "
             f"{'was' if len(entry.refused_parts) == 1 else 'were'} dead-lettered "
             f"({reason}: {detail}); missing: {missing}"
+        )
+    if entry.misrouted is not None:  # its halves may be read by two replicas: say why
+        topic, partition, home = entry.misrouted
+        message += (
+            f"; its input on {topic}[{partition}] belongs on partition {home} (murmur2 of "
+            "its request id): a producer does not use Kafka's default partitioner "
+            "(librdkafka: set partitioner=murmur2_random), so the rest may have gone to "
+            "another replica"
         )
     return AnswerVerdict(
         request_id=entry.request_id,

@@ -34,7 +34,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+from confluent_kafka import Producer
 
+from guardrail_client.keys import partition_for
 from sidecar.config import Settings
 from sidecar.kafka.app import SidecarService
 from sidecar.kafka.assignor import co_partition_assignor
@@ -106,6 +108,7 @@ class Seen:
     keys: dict[str, set[str]] = field(default_factory=dict)
     count: Counter[str] = field(default_factory=Counter)
     incomplete: set[str] = field(default_factory=set)
+    messages: dict[str, list[str]] = field(default_factory=dict)  # incomplete verdicts' texts
     first_at: dict[str, float] = field(default_factory=dict)
     last_at: float = 0.0
 
@@ -117,6 +120,7 @@ class Seen:
         self.last_at = now
         if any(r["code"] == "incomplete" for r in verdict["reasons"]):
             self.incomplete.add(rid)
+            self.messages.setdefault(rid, []).extend(r["message"] for r in verdict["reasons"])
 
     @property
     def duplicates(self) -> int:
@@ -310,6 +314,81 @@ async def test_round_robin_tears_requests_apart_and_the_co_partition_assignor_do
             f"\n{assignor}, 2 members x 3 partitions: {n} requests, "
             f"{sum(seen.count.values())} verdicts, {len(seen.incomplete)} incomplete; "
             f"split: {splits}"
+        )
+    finally:
+        for s in services:
+            await s.stop()
+
+
+def _produce_with_librdkafka_defaults(bootstrap: str, records: list[Record]) -> dict[str, int]:
+    """Produce as a librdkafka client does out of the box (``consistent_random``: CRC32 of
+    the key); returns the partition each key went to (-1: not delivered)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    placed: dict[str, int] = {}
+
+    def delivered(err: object, msg: Any) -> None:
+        placed[msg.key().decode()] = -1 if err else msg.partition()
+
+    for record in records:
+        producer.produce(record.topic, record.value, record.key, on_delivery=delivered)
+    assert producer.flush(30) == 0
+    return placed
+
+
+async def test_a_producer_with_another_partitioner_is_named_in_each_torn_requests_verdict(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """Retrieval events from aiokafka (murmur2, Kafka's default), generation events from a
+    librdkafka producer left at its default partitioner (CRC32): a request whose two
+    hashes differ has its halves on two partition numbers, which the co-partitioning
+    assignor may give to two replicas. Neither can decide it on its merits; before, each
+    decided it ``incomplete`` saying only which half was missing, and nothing counted or
+    logged it (3 replicas x 3 partitions: 21 of 30 requests, 42 verdicts, every counter
+    0). Now the replica holding an input off its murmur2 partition counts it and its
+    verdict names the partitioner."""
+    partitions = 3
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions)
+    await create_topics(settings)
+    t = settings.topics
+    services = [_service(settings, co_partition_assignor()) for _ in range(2)]
+    for s in services:
+        await s.start()
+    try:
+        await wait_until(
+            lambda: (
+                all(s.state.assigned for s in services)
+                and sum(len(s.state.assigned) for s in services) == 3 * partitions
+            ),
+            30,
+            "both members assigned",
+        )
+        ids = [f"rdk-{i}" for i in range(30)]
+        records = [r for rid in ids for r in request_records(t, rid)]
+        generation = [r for r in records if r.topic == t.generation]
+        seen = Seen()
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(watch(settings, seen, stop))
+        await send(settings, [r for r in records if r.topic == t.retrieval])
+        placed = await asyncio.to_thread(
+            _produce_with_librdkafka_defaults, settings.kafka.bootstrap_servers, generation
+        )
+        assert placed.keys() == set(ids) and -1 not in placed.values()
+        moved = {rid for rid, p in placed.items() if p != partition_for(rid, partitions)}
+        assert 0 < len(moved) < len(ids)  # the two partitioners differ
+        await wait_until(lambda: set(seen.count) >= set(ids), 30, "a verdict for every request")
+        await asyncio.sleep(TTL_MS / 1000 + 1.0)  # the other half's verdict, when torn
+        stop.set()
+        await watcher
+        owner = {tp[1]: i for i, s in enumerate(services) for tp in s.state.assigned}
+        torn = {rid for rid in moved if owner[partition_for(rid, partitions)] != owner[placed[rid]]}
+        assert torn and seen.incomplete == torn  # two replicas: torn, as before
+        assert sum(s.processor.intake.misrouted for s in services) == len(moved)
+        for rid, messages in seen.messages.items():
+            if rid in torn:
+                assert any("belongs on partition" in m for m in messages), messages
+        print(  # the measurement the report quotes (pytest -s)
+            f"\n{len(ids)} requests, {len(moved)} with generation off its murmur2 partition, "
+            f"{len(torn)} torn between the 2 replicas: {sum(seen.count.values())} verdicts"
         )
     finally:
         for s in services:
