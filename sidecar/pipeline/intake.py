@@ -189,11 +189,14 @@ def held_ref(ref: InputRef) -> InputRef:
     )
 
 
+KEY_MISMATCH = "key-mismatch"
+
+
 def check_key(key: bytes | None, request_id: str, where: str) -> None:
     """Every topic the sidecar reads is keyed by request_id (co-partitioning relies on it)."""
     if key is not None and key != request_id.encode("utf-8"):
         raise InputError(
-            "key-mismatch",
+            KEY_MISMATCH,
             f"message key {key[:64]!r} differs from request_id {request_id!r}; "
             f"{where} must be keyed by request_id",
         )
@@ -258,19 +261,8 @@ class Intake:
                 return Duplicate()
             self._check_not_decided(event, store_key, now_ms)
         except InputError as exc:
-            if event is not None and exc.request_id is None:
-                exc.request_id = event.request_id  # the dead letter names the event's request
-            unreadable_retrieval = event is None and kind is InputKind.RETRIEVAL
-            return (
-                self._unreadable(exc, key, ref, now_ms) if unreadable_retrieval else Rejected(exc)
-            )
-        entry = self.store.open(store_key, now_ms, request_id=event.request_id, tenant=tenant)
-        earlier = None
-        if self._refused_first and not entry.refs:
-            earlier = self._refused_first.pop(store_key, None)
-            if earlier is not None:
-                self._refused_owners.remove(tenant or "", store_key)
-                entry.refuse(*earlier)
+            return self._rejected(exc, kind, event, key, ref, now_ms=now_ms)
+        entry, earlier = self._open(store_key, event.request_id, tenant, now_ms)
         ref = held_ref(ref)
         size = held_bytes(event, raw, ref.headers)
         # a delta counts its text and the headers it keeps against the request's limit;
@@ -296,6 +288,61 @@ class Intake:
         evictions = self.store.make_room(entry)
         made_room = self.store.hold_bytes(entry, size)
         return Held(entry, (*evictions, *made_room))
+
+    def _open(
+        self, store_key: str, request_id: str, tenant: str | None, now_ms: float
+    ) -> tuple[PendingRequest, tuple[str, str, str] | None]:
+        """The request's entry, opened if need be; a fresh one takes over the refusal
+        remembered for its request (returned too: ``_refused`` remembers it again when the
+        fresh entry is not kept)."""
+        entry = self.store.open(store_key, now_ms, request_id=request_id, tenant=tenant)
+        earlier = None
+        if self._refused_first and not entry.refs:
+            earlier = self._refused_first.pop(store_key, None)
+            if earlier is not None:
+                self._refused_owners.remove(tenant or "", store_key)
+                entry.refuse(*earlier)
+        return entry, earlier
+
+    def _rejected(
+        self,
+        exc: InputError,
+        kind: InputKind,
+        event: InputEvent | FeedbackEvent | None,
+        key: bytes | None,
+        ref: InputRef,
+        *,
+        now_ms: float,
+    ) -> Rejected:
+        """A message refused before its request's entry was opened (``event``: what was read
+        of it, if anything)."""
+        if event is None:
+            if kind is InputKind.RETRIEVAL:
+                return self._unreadable(exc, key, ref, now_ms)
+            return Rejected(exc)
+        if exc.request_id is None:
+            exc.request_id = event.request_id  # the dead letter names the event's request
+        if exc.reason == KEY_MISMATCH and isinstance(event, RetrievalEvent | GenerationFinal):
+            return self._mis_keyed(exc, event, self._tenant(ref), now_ms)
+        return Rejected(exc)
+
+    def _mis_keyed(
+        self,
+        exc: InputError,
+        event: RetrievalEvent | GenerationFinal,
+        tenant: str | None,
+        now_ms: float,
+    ) -> Rejected:
+        """A retrieval or final keyed by another id than its request_id (a producer keying
+        by a session id): dead-lettered, and refused as a half of the request its body
+        names, as one over a limit is, so that the request is decided ``incomplete`` naming
+        the key once the rest has come (audit: it waited out the TTL for a verdict saying
+        only what was missing, and a request with both halves mis-keyed got no verdict)."""
+        store_key = self.store_key(event.request_id, tenant)
+        if self._decided(store_key, now_ms):
+            return Rejected(exc)
+        entry, earlier = self._open(store_key, event.request_id, tenant, now_ms)
+        return self._refused(exc, event, entry, earlier)
 
     def _refused(
         self,

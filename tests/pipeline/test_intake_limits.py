@@ -172,6 +172,43 @@ def test_an_unreadable_retrieval_decides_its_request_by_its_key(
     assert v3.reasons[0].code != "incomplete"
 
 
+def test_a_mis_keyed_retrieval_or_final_decides_its_request_naming_the_key(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    delta_event: EventFactory,
+) -> None:
+    """A producer that keys records by another id than the body's request_id (a session
+    id, as a Java service keyed for ordering): each such record is dead-lettered
+    ``key-mismatch``. Audit: a request whose retrieval was mis-keyed waited out the TTL
+    for an ``incomplete`` verdict saying only "missing: retrieval", and a request with
+    both halves mis-keyed got no verdict at all (its caller waited out its own timeout)."""
+    p = processor(settings_factory, join={"ttl_ms": 1_000})
+    # the retrieval mis-keyed, the final keyed right: decided when the final comes
+    first = p.on_message(R, dumps(retrieval_event("req-1")), b"session-9", ref("r", 0), 0.0)
+    assert reasons(first) == ["key-mismatch"] and verdicts(first) == []
+    [v1] = verdicts(p.on_message(G, dumps(final_event("req-1")), b"req-1", ref("g", 0), 0.0))
+    assert "its retrieval was dead-lettered (key-mismatch: message key b'session-9'" in (
+        v1.reasons[0].message
+    )
+    # both halves mis-keyed: decided at the second
+    p.on_message(R, dumps(retrieval_event("req-2")), b"session-9", ref("r", 1), 0.0)
+    both = p.on_message(G, dumps(final_event("req-2")), b"session-9", ref("g", 1), 0.0)
+    assert reasons(both) == ["key-mismatch"]
+    [v2] = verdicts(both)
+    assert v2.request_id == "req-2"
+    assert "its generation.final and retrieval were dead-lettered (key-mismatch" in (
+        v2.reasons[0].message
+    )
+    # a mis-keyed delta leaves its request open: the rest may still come keyed right
+    p.on_message(R, dumps(retrieval_event("req-3")), b"req-3", ref("r", 2), 0.0)
+    delta = p.on_message(G, dumps(delta_event("req-3", 0, "x")), b"session-9", ref("g", 2), 0)
+    assert reasons(delta) == ["key-mismatch"] and verdicts(delta) == []
+    [v3] = verdicts(p.on_message(G, dumps(final_event("req-3")), b"req-3", ref("g", 3), 0.0))
+    assert v3.reasons[0].code != "incomplete"
+    assert len(p.store) == 0 and verdicts(p.on_tick(5_000.0)) == []
+
+
 def test_one_tenants_refused_first_halves_forget_only_its_own(
     settings_factory: Callable[..., Settings],
     retrieval_event: EventFactory,
