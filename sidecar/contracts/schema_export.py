@@ -67,12 +67,17 @@ def policy_schema() -> dict[str, Any]:
 # partition p of every input topic on one member, which joins a request only if its
 # events landed on the same partition number of each topic.
 INPUT_PARTITIONING = (
-    "Key every record with its request_id and partition with Kafka's default murmur2 "
-    "partitioner (murmur2 of the key modulo the partition count, as the Java client and "
-    "aiokafka do); the input topics (retrieval, generation, feedback) must have equal "
-    "partition counts. librdkafka-based clients (confluent-kafka, kcat, node-rdkafka, "
-    "...) default to `consistent_random` (CRC32), which sends a request's events to "
-    "different partition numbers: set `partitioner=murmur2_random` there."
+    "Key every record with its request_id (its UTF-8 bytes) and partition with Kafka's "
+    "default murmur2 partitioner (murmur2 of the key modulo the partition count, as the "
+    "Java client, aiokafka, franz-go and KafkaJS 2 do); the input topics (retrieval, "
+    "generation, feedback) must have equal partition counts. Clients whose default differs "
+    "send a request's events to other partition numbers: librdkafka-based ones "
+    "(confluent-kafka, kcat, node-rdkafka, confluent-kafka-go, .NET) default to "
+    "`consistent_random` (CRC32): set `partitioner=murmur2_random`; segmentio/kafka-go "
+    "defaults to round-robin: set `Balancer: &kafka.Murmur2Balancer{}`; Sarama hashes with "
+    "FNV-1a: give `NewCustomHashPartitioner` a murmur2 hasher; KafkaJS 1 needs "
+    "`Partitioners.JavaCompatiblePartitioner`. The sidecar counts a record off its murmur2 "
+    "partition in guardrail.join.misrouted."
 )
 
 
