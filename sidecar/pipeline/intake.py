@@ -221,7 +221,7 @@ class Intake:
         self._clock_ns = clock_ns
         self._tenant_from_events = tenancy.source == "event"
         self.partition_mismatches = 0  # requests whose inputs came on two partition numbers
-        self.misrouted = 0  # requests with an input off the partition murmur2 puts it on
+        self.misrouted = 0  # requests (and labels) with an input off its murmur2 partition
         # the highest offset admitted per input partition and life of its topic, kept across
         # revocations: a record at or below it is read a second time (a rebalance or a
         # restart of the consumer resumes from the committed offset, which open requests
@@ -250,6 +250,7 @@ class Intake:
             tenant = self._tenant(ref)
             if isinstance(event, FeedbackEvent):
                 check_key(key, event.request_id, "the feedback topic")
+                self._off_home(event.request_id, ref)  # its request's replica may be another
                 return Labelled(event, tenant)
             check_key(key, event.request_id, "input topics")
             self._check_tenant(event, tenant)
@@ -431,22 +432,10 @@ class Intake:
         if partition in seen:
             return
         seen[partition] = ref.topic
-        if ref.partitions > 0 and entry.misrouted is None:
-            home = partition_for(entry.request_id, ref.partitions)
-            if partition != home:
+        if entry.misrouted is None:
+            home = self._off_home(entry.request_id, ref)
+            if home is not None:
                 entry.misrouted = (ref.topic, partition, home)
-                self.misrouted += 1
-                if self.misrouted == 1:
-                    log.warning(
-                        "request %s arrived on %s[%d], but murmur2 of its request id puts it "
-                        "on partition %d of %d: its producer does not use Kafka's default "
-                        "partitioner on key = request_id (librdkafka's default is "
-                        "consistent_random: set partitioner=murmur2_random), or the topic's "
-                        "partition count changed since it was written. A request whose halves "
-                        "are read by two replicas is decided incomplete by each. Counted in "
-                        "guardrail.join.misrouted; warned once.",
-                        entry.request_id, ref.topic, partition, home, ref.partitions,
-                    )  # fmt: skip
         if len(seen) != 2:  # counted once, when a second partition number appears
             return
         self.partition_mismatches += 1
@@ -461,6 +450,29 @@ class Intake:
                 "warned once.",
                 entry.request_id, seen[other], other, ref.topic, partition,
             )  # fmt: skip
+
+    def _off_home(self, request_id: str, ref: InputRef) -> int | None:
+        """The partition murmur2 puts ``request_id`` on, when ``ref`` is on another (counted
+        in ``misrouted``, the first one logged); ``None`` when it is there, or when its
+        topic's partition count is not known."""
+        if ref.partitions <= 0:
+            return None
+        home = partition_for(request_id, ref.partitions)
+        if home == ref.partition:
+            return None
+        self.misrouted += 1
+        if self.misrouted == 1:
+            log.warning(
+                "an input of request %s arrived on %s[%d], but murmur2 of its request id puts "
+                "it on partition %d of %d: its producer does not use Kafka's default "
+                "partitioner on key = request_id (librdkafka's default is consistent_random: "
+                "set partitioner=murmur2_random), or the topic's partition count changed "
+                "since it was written. A request whose halves (or label) are read by two "
+                "replicas is decided incomplete by each (its label unmatched). Counted in "
+                "guardrail.join.misrouted; warned once.",
+                request_id, ref.topic, ref.partition, home, ref.partitions,
+            )  # fmt: skip
+        return home
 
     def store_key(self, request_id: str, tenant: str | None) -> str:
         """Request ids are scoped by the trusted tenant (when there is one)."""

@@ -604,6 +604,11 @@ def test_an_input_off_its_murmur2_partition_is_counted_and_its_incomplete_verdic
     assert f"its input on g[{crc}] belongs on partition {home}" in by_id[rid]
     assert "murmur2_random" in by_id[rid]
     assert "partition" not in by_id["req-ok"] and "partition" not in by_id[rid + "-x"]
+    # a label off its request's partition goes to another replica than the request: counted
+    label = {"schema_version": 1, "event_type": "feedback", "request_id": rid, "correct": True}
+    off = InputRef("f", crc, 0, partitions=partitions)
+    step = p.on_message(InputKind.FEEDBACK, dumps({**label, "source": "user"}), None, off, 3e3)
+    assert reasons(step) == [] and p.intake.misrouted == 2
 
 
 class _CountingRefs(list[InputRef]):
