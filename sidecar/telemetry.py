@@ -174,9 +174,10 @@ def _observed(
 COUNT_HELP: Final = {
     "join.partition_mismatch": "requests whose events came on different partition numbers "
     "(mixed partitioners, or partition counts changed): joined here, counted once each",
-    "join.misrouted": "requests (and feedback labels) with an input on another partition "
-    "than murmur2 of its request id (a producer not using Kafka's default partitioner): its "
-    "halves may be read by two replicas and each decided incomplete, a label unmatched",
+    "join.misrouted": "requests decided incomplete, and feedback labels, with an input on "
+    "another partition than murmur2 of its request id (a producer not using Kafka's default "
+    "partitioner): its halves may be read by two replicas and each decided incomplete, a "
+    "label unmatched",
     "join.rereads": "records of already decided requests read again after a rebalance or "
     "restart: finished, not dead-lettered",
     "claims.refused": "answers decided with claims unavailable: their evidence index alone "

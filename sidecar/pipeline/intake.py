@@ -221,7 +221,8 @@ class Intake:
         self._clock_ns = clock_ns
         self._tenant_from_events = tenancy.source == "event"
         self.partition_mismatches = 0  # requests whose inputs came on two partition numbers
-        self.misrouted = 0  # requests (and labels) with an input off its murmur2 partition
+        # requests decided incomplete, and labels, with an input off its murmur2 partition
+        self.misrouted = 0
         # the highest offset admitted per input partition and life of its topic, kept across
         # revocations: a record at or below it is read a second time (a rebalance or a
         # restart of the consumer resumes from the committed offset, which open requests
@@ -416,26 +417,15 @@ class Intake:
             del remembered[oldest]
 
     def _check_partitions(self, entry: PendingRequest, ref: InputRef) -> None:
-        """Where a request's inputs came from, checked once per partition number it holds
-        inputs on, not per input (an answer of 100,000 deltas made it quadratic; audit:
-        40,000 one-character deltas took 14 s, 100,000 minutes, of the processor thread).
-
-        An input on another partition than the one murmur2 puts its request id on is
-        ``misrouted``: its producer does not partition as Kafka's default does, and the
-        request's other half may be on a partition another replica reads. Neither half
-        then meets the other, each replica decides it ``incomplete`` at the TTL, and
-        before, nothing said why (audit: 3 replicas, generation events from librdkafka's
-        default partitioner: 21 of 30 requests got two ``incomplete`` verdicts each, and
-        every counter stayed 0). Halves that meet on two partition numbers count as a
-        ``partition_mismatch`` (mixed partitioners, or partition counts that changed)."""
+        """Halves that meet on two partition numbers: a ``partition_mismatch`` (mixed
+        partitioners, or partition counts that changed). Checked once per partition number
+        a request holds inputs on, not per input (an answer of 100,000 deltas made it
+        quadratic; audit: 40,000 one-character deltas took 14 s, 100,000 minutes, of the
+        processor thread)."""
         partition, seen = ref.partition, entry.partitions
         if partition in seen:
             return
         seen[partition] = ref.topic
-        if entry.misrouted is None:
-            home = self._off_home(entry.request_id, ref)
-            if home is not None:
-                entry.misrouted = (ref.topic, partition, home)
         if len(seen) != 2:  # counted once, when a second partition number appears
             return
         self.partition_mismatches += 1
@@ -450,6 +440,29 @@ class Intake:
                 "warned once.",
                 entry.request_id, seen[other], other, ref.topic, partition,
             )  # fmt: skip
+
+    def note_misrouted(self, entry: PendingRequest) -> None:
+        """A request decided ``incomplete``: its first input on another partition than the
+        one murmur2 puts its request id on, in ``entry.misrouted`` (counted in
+        ``misrouted``). Its producer does not partition as Kafka's default does, and the
+        request's other half may be on a partition another replica reads: neither half
+        meets the other and each replica decides it ``incomplete`` at the TTL; before,
+        nothing said why (audit: 3 replicas, generation events from librdkafka's default
+        partitioner: 21 of 30 requests got two ``incomplete`` verdicts each, and every
+        counter stayed 0). Looked at here, not as each request's first input comes: a
+        murmur2 per request cost the fast path ~25 µs, a third of what the no-op
+        passthrough spends on a whole answer."""
+        checked: set[int] = set()
+        for ref in entry.refs:
+            if ref.partition in checked:
+                continue
+            home = self._off_home(entry.request_id, ref)
+            if home is not None:
+                entry.misrouted = (ref.topic, ref.partition, home)
+                return
+            checked.add(ref.partition)
+            if len(checked) == len(entry.partitions):
+                return
 
     def _off_home(self, request_id: str, ref: InputRef) -> int | None:
         """The partition murmur2 puts ``request_id`` on, when ``ref`` is on another (counted

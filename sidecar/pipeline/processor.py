@@ -420,6 +420,7 @@ class Processor:
         self.counters.feedback_unmatched += (entry.early_label or waited) is not None
         self.counters.verdicts += 1
         self.store.close(entry.store_key, now_ms)
+        self.intake.note_misrouted(entry)  # its halves may be on two replicas: say why
         verdict = outputs.incomplete_verdict(
             entry, why, policy=self._policy.name, produced_at=self._wall_clock()
         )
