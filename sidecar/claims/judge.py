@@ -367,30 +367,32 @@ class JudgeRunner:
             if budget.remaining <= 0 or paused or saturated:
                 self.stats["skipped"] += 1
                 return None
-            self._probing = self._tripped  # after the pause, this call is the probe
+            probe = self._probing = self._tripped  # after the pause, this call is the probe
             budget.remaining -= 1
             self._pending += 1
             self.stats["calls"] += 1
-        return self._pool.submit(self._run, claim, context)
+        return self._pool.submit(self._run, claim, context, probe)
 
-    def _run(self, claim: str, context: str) -> JudgeVerdict:
+    def _run(self, claim: str, context: str, probe: bool) -> JudgeVerdict:
         started = time.perf_counter()
         assert self.call is not None  # noqa: S101 - set in __post_init__
         try:
             label = self.call(claim, context)
         except Exception as exc:  # any failure counts (http.client's own errors are no OSError)
-            self._record(ok=False, back_off_s=_back_off_s(exc))
+            self._record(ok=False, probe=probe, back_off_s=_back_off_s(exc))
             raise
         finally:
             with self._lock:
                 self._pending -= 1
-        self._record(ok=True)
+        self._record(ok=True, probe=probe)
         return JudgeVerdict(label, (time.perf_counter() - started) * 1000.0)
 
-    def _record(self, ok: bool, back_off_s: float | None = None) -> None:
-        """A call's outcome; ``back_off_s``: the judge said it is rate-limited (``None``: no)."""
+    def _record(self, *, ok: bool, probe: bool, back_off_s: float | None = None) -> None:
+        """A call's outcome; ``probe``: the call after a pause; ``back_off_s``: the judge
+        said it is rate-limited (``None``: it did not). A call sent before the breaker
+        opened may end while the probe is out: it does not let a second probe go."""
         with self._lock:
-            self._probing = False
+            self._probing = self._probing and not probe
             if ok:
                 self._failures, self._tripped = 0, False
                 self.stats["ok"] += 1

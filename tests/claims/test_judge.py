@@ -371,6 +371,38 @@ def test_after_the_cool_down_one_probe_goes_out_and_its_outcome_decides() -> Non
     assert runner.stats["failed"] == 2 and runner.stats["skipped"] == 2
 
 
+def test_a_call_sent_before_the_pause_does_not_let_a_second_probe_go() -> None:
+    clock = Clock()
+    gates: dict[str, tuple[threading.Event, bool]] = {
+        name: (threading.Event(), ok) for name, ok in (("a", False), ("b", False), ("p", True))
+    }
+
+    def call(claim: str, context: str) -> ClaimLabel:
+        del context
+        gate, ok = gates[claim]
+        gate.wait(10)
+        if not ok:
+            raise OSError("judge down")
+        return ClaimLabel.SUPPORTED
+
+    config = JudgeConfig(endpoint="http://judge/v1", model="m", failure_threshold=1, cooldown_s=30)
+    runner = JudgeRunner(config, call=call, clock=clock)
+    a, b = (runner.submit(n, "x", runner.budget()) for n in "ab")
+    assert a is not None and b is not None
+    gates["a"][0].set()
+    assert isinstance(a.exception(timeout=10), OSError) and runner.open
+    clock.now += 31
+    probe = runner.submit("p", "x", runner.budget())
+    assert probe is not None
+    gates["b"][0].set()  # sent before the pause, it fails while the probe is out
+    assert isinstance(b.exception(timeout=10), OSError)
+    clock.now += 31  # past the pause its failure started: the probe is still out
+    assert runner.submit("p", "x", runner.budget()) is None  # one probe at a time
+    gates["p"][0].set()
+    assert probe.result(timeout=10).label is ClaimLabel.SUPPORTED
+    runner.close()
+
+
 @pytest.mark.parametrize(
     ("mode", "retry_after", "pause_s"),
     [
