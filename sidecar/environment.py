@@ -11,8 +11,9 @@ import ipaddress
 import logging
 import re
 from collections.abc import Mapping, Sequence
+from typing import get_args
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from sidecar.contracts.common import NAME_PATTERN, NAME_RULE
 from sidecar.exceptions import ConfigError
@@ -76,6 +77,8 @@ def explain(exc: ValidationError, settings: type[BaseModel] | None = None) -> st
     pydantic's ``Value error,``.
     An unknown field of a section (``GUARDRAIL_JOIN__TTL``) is answered with the
     section's fields, the closest first, when ``settings`` (the model) is given.
+    The value given is shown, but never a secret's (a ``SecretStr`` field) nor that of
+    a field the section does not have.
     """
     lines = ["invalid configuration:"]
     for err in exc.errors():
@@ -90,11 +93,13 @@ def explain(exc: ValidationError, settings: type[BaseModel] | None = None) -> st
         if kind == "value_error" and not _is_field(settings, loc):
             lines.append(f"  {where}: {said}" if loc else f"  {said}")
             continue
-        got = err.get("input")
-        shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
-        if kind == "extra_forbidden":
-            lines.append(f"  {where}: no such setting{shown}{_fields_hint(settings, loc)}")
+        if kind == "extra_forbidden":  # its value not shown: it may be a misspelled secret's
+            # (audit: GUARDRAIL_KAFKA__SASL_PASWORD printed the password on the way out)
+            lines.append(f"  {where}: no such setting{_fields_hint(settings, loc)}")
             continue
+        got = err.get("input")
+        hidden = isinstance(got, dict) or got is None or _is_secret(settings, loc)
+        shown = "" if hidden else f" (got {got!r})"
         if kind == "string_pattern_mismatch":
             said = _PATTERNS.get(str(err.get("ctx", {}).get("pattern")), said)
         lines.append(f"  {where}: {said}{shown}{_ALLOWED.get(kind, '')}")
@@ -140,6 +145,13 @@ def _is_field(settings: type[BaseModel] | None, loc: Sequence[str]) -> bool:
     if not loc or section is None:
         return False
     return loc[-1] in section.model_fields and _model_of(section, loc[-1]) is None
+
+
+def _is_secret(settings: type[BaseModel] | None, loc: Sequence[str]) -> bool:
+    """Is ``loc`` a field that holds a credential (a ``SecretStr``)?"""
+    section = _section(settings, loc)
+    field = section.model_fields.get(loc[-1]) if section is not None and loc else None
+    return field is not None and SecretStr in (field.annotation, *get_args(field.annotation))
 
 
 def _fields_hint(settings: type[BaseModel] | None, loc: Sequence[str]) -> str:
