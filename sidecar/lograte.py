@@ -6,10 +6,13 @@ metadata`` (at ERROR, so the WARNING floor on its loggers lets it through) came
 log in 30 s. ``RepeatFilter`` on the handlers lets the first of each message
 through, drops the same message (logger, level, text) for ``interval_s``, and
 lets the next one after that through with the number dropped meanwhile.
-Records of other loggers pass untouched. When the flood stops, no next line comes:
-:func:`report_repeats` (the service's ticker, and ``guardrail`` on its way out) writes
-one line for each message whose interval ended with lines dropped, so the last count
-is not lost.
+Records of other loggers pass untouched, but for the sidecar's own lines logged with
+``extra=PER_INPUT``: those that can come once per consumed record or request (a dead
+letter cut to fit the DLQ wrote 170 bytes of log per oversized record a producer sent,
+170 KB per 1,000; a traceback per request while a scorer fails). When the flood stops,
+no next line comes: :func:`report_repeats` (the service's ticker, and ``guardrail`` on
+its way out) writes one line for each message whose interval ended with lines dropped,
+so the last count is not lost.
 
 OpenTelemetry's propagators log what they cannot parse, with the producer's text in
 the message: one ``baggage`` header of 180 malformed members gave 180 WARNING lines
@@ -24,8 +27,9 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final
 
 from sidecar.redact import redact_text
@@ -38,6 +42,11 @@ MAX_KEYS = 1_000  # distinct messages remembered; windows that ended are forgott
 
 
 _SUMMARY: Final = "repeat_summary"  # a LogRecord attribute: a count this module wrote
+_PER_INPUT: Final = "per_input"  # a LogRecord attribute: a line that can come per input
+# ``log.warning(..., extra=PER_INPUT)``: a line of the sidecar's own that a producer's
+# records can repeat, one per record or request; limited by its template (its arguments
+# are a request id, a size: varied junk is one line per interval all the same)
+PER_INPUT: Final[Mapping[str, object]] = MappingProxyType({_PER_INPUT: True})
 
 
 @dataclass(slots=True)
@@ -51,7 +60,8 @@ class _Window:
 
 
 class RepeatFilter(logging.Filter):
-    """Lets a message of ``loggers`` (and their children) through once per ``interval_s``."""
+    """Lets a message of ``loggers`` (and their children), or one logged with
+    :data:`PER_INPUT`, through once per ``interval_s``."""
 
     def __init__(
         self,
@@ -71,10 +81,11 @@ class RepeatFilter(logging.Filter):
         return any(_under(name, n) for n in self._loggers)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self._limited(record.name) or getattr(record, _SUMMARY, False):
+        per_input = getattr(record, _PER_INPUT, False)
+        if not (per_input or self._limited(record.name)) or getattr(record, _SUMMARY, False):
             return True
         text = record.getMessage()
-        by_template = any(_under(record.name, n) for n in self._templates)
+        by_template = per_input or any(_under(record.name, n) for n in self._templates)
         key = (record.name, record.levelno, str(record.msg) if by_template else text)
         now = self._clock()
         window = self._windows.get(key)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import io
+import logging
 import shutil
 import sys
 import threading
@@ -23,6 +24,7 @@ import pytest
 
 from sidecar.config import Settings
 from sidecar.lab.localkafka.broker import LocalKafka, ensure_jars, free_port
+from sidecar.lograte import limit_repeats, one_line
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -243,3 +245,35 @@ def unique_topics() -> dict[str, str]:
         "certificates": f"t.{suffix}.certificates",
         "group": f"g.{suffix}",
     }
+
+
+class LogLines(logging.Handler):
+    """What the root logger writes, filtered as ``guardrail`` sets it up (``limit_repeats``,
+    ``one_line``): each record's message, and its text as written (tracebacks included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+        self.written: list[str] = []
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+        self.written.append(self.format(record) + "\n")
+
+
+@pytest.fixture
+def log_lines() -> Iterator[LogLines]:
+    """The root logger's only handler for the test, as the command line's would be."""
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    handler = LogLines()
+    root.handlers = [handler]
+    root.setLevel(logging.INFO)
+    limit_repeats(root.handlers)
+    one_line(root.handlers)
+    try:
+        yield handler
+    finally:
+        root.handlers = saved
+        root.setLevel(level)

@@ -63,6 +63,7 @@ from sidecar.exceptions import (
 )
 from sidecar.kafka.clients import ProducerPort
 from sidecar.kafka.readiness import LoopState
+from sidecar.lograte import PER_INPUT
 from sidecar.pipeline.deadletters import fit_dead_letter, record_size, undeliverable_output
 from sidecar.pipeline.offsets import OffsetTracker
 from sidecar.pipeline.outputs import Destination, Output, Step
@@ -323,13 +324,18 @@ class Publisher:
         fitted = fit_dead_letter(out, limit, why)
         if fitted is not out:
             self.state.truncated_dead_letters += 1
-            log.warning("dead letter for %s truncated: %s", dlq, why)
+            log.warning("dead letter for %s truncated: %s", dlq, why, extra=PER_INPUT)
         return fitted
 
     def _undeliverable(self, out: Output, error: RecordTooLargeError) -> Output:
         self.state.undeliverable_outputs += 1
         topic = self.destinations[out.destination]
-        log.error("an output for %s can never be published (%s); dead-lettered", topic, error)
+        log.error(
+            "an output for %s can never be published (%s); dead-lettered",
+            topic,
+            error,
+            extra=PER_INPUT,
+        )
         reason = InputError("output-too-large", str(error))
         return undeliverable_output(out, topic, reason, failed_at=datetime.now(UTC))
 

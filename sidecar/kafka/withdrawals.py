@@ -11,7 +11,9 @@ follows it, and hands every record to the policy's
 
 Records for keys this replica does not certify are ignored, and a record that is not
 a withdrawal (bad JSON, another key inside than the record's key) is logged and
-ignored. A withdrawal only takes an allow away; a tombstone gives a withdrawn one
+ignored: one line per interval for all of them (a producer's 1,000 junk records under
+a certified key wrote 1,000 lines, 171 KB), the first in full. Tombstones are each
+logged. A withdrawal only takes an allow away; a tombstone gives a withdrawn one
 back, so who may write the topic is for the broker's ACLs to say.
 """
 
@@ -29,6 +31,7 @@ from sidecar.config import Settings
 from sidecar.contracts.events import CertificateWithdrawal
 from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka.security import aiokafka_client_args
+from sidecar.lograte import PER_INPUT
 from sidecar.pipeline.ports import CertificateLedger
 
 __all__ = ["CertificateBoard", "read_withdrawals", "reinstate"]
@@ -154,7 +157,7 @@ class CertificateBoard:
             self.ignored += 1
             log.warning(
                 "%s[%d]@%d has no key, or one that is not UTF-8: ignored",
-                record.topic, record.partition, record.offset,
+                record.topic, record.partition, record.offset, extra=PER_INPUT,
             )  # fmt: skip
             return
         if not (self._every_key or key in self._ledger.keys()):
@@ -176,6 +179,7 @@ class CertificateBoard:
             log.warning(
                 "%s[%d]@%d is not a certificate withdrawal, ignored: %s",
                 record.topic, record.partition, record.offset, str(exc).splitlines()[0][:200],
+                extra=PER_INPUT,
             )  # fmt: skip
             return
         if withdrawal.calibration_key != key:
@@ -184,6 +188,7 @@ class CertificateBoard:
             log.warning(
                 "%s[%d]@%d names %s under the key %s, ignored",
                 record.topic, record.partition, record.offset, withdrawal.calibration_key, key,
+                extra=PER_INPUT,
             )  # fmt: skip
             return
         self._ledger.apply(key, withdrawal)

@@ -35,6 +35,7 @@ from sidecar.contracts.answer_json import answer_verdict_json
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import FeedbackEvent, SignalStatus
 from sidecar.exceptions import InputError
+from sidecar.lograte import PER_INPUT
 from sidecar.pipeline import deadletters, outputs
 from sidecar.pipeline.intake import Duplicate, Held, Intake, Labelled, Rejected
 from sidecar.pipeline.join import InputRef, JoinStore, PendingRequest
@@ -150,7 +151,13 @@ class Processor:
             try:
                 self._admit((kind, raw, key, ref), now_ms, step, completed)
             except Exception as exc:  # a bug of ours must cost this message only
-                log.exception("internal error on %s[%d]@%d", ref.topic, ref.partition, ref.offset)
+                log.exception(
+                    "internal error on %s[%d]@%d",
+                    ref.topic,
+                    ref.partition,
+                    ref.offset,
+                    extra=PER_INPUT,
+                )
                 error = InputError("internal-error", _describe(exc))
                 step.extend(self.dead_letter(raw, key, ref, error))
         if completed:
@@ -296,11 +303,13 @@ class Processor:
             try:
                 step.outputs.extend(self._stream(entry))
             except Exception:
-                log.exception("streaming the last claims failed for %s", entry.request_id)
+                log.exception(
+                    "streaming the last claims failed for %s", entry.request_id, extra=PER_INPUT
+                )
         try:
             scored = self.scoring.score(entries)
         except Exception:  # scoring guards each signal; this is a bug of ours
-            log.exception("scoring a batch of %d requests failed", len(entries))
+            log.exception("scoring a batch of %d requests failed", len(entries), extra=PER_INPUT)
             for entry in entries:
                 step.extend(self._failed(entry, "scoring failed"))
             return step
@@ -310,7 +319,7 @@ class Processor:
             try:
                 step.extend(self._decide(entry, result, now_ms, signals_ns, versions))
             except Exception as exc:  # this request pays, never its batch
-                log.exception("deciding %s failed", entry.request_id)
+                log.exception("deciding %s failed", entry.request_id, extra=PER_INPUT)
                 step.extend(self._failed(entry, _describe(exc)))
         return step
 

@@ -29,6 +29,7 @@ from sidecar.contracts.events import (
     Signals,
     SignalStatus,
 )
+from sidecar.lograte import PER_INPUT
 from sidecar.pipeline.join import PendingRequest
 from sidecar.pipeline.ports import (
     NOT_CONFIGURED_CLAIMS,
@@ -109,6 +110,7 @@ class Scoring:
                 entry.request_id,
                 session.held_bytes,
                 limit,
+                extra=PER_INPUT,
             )
             return None
         return session
@@ -129,7 +131,9 @@ class Scoring:
         try:
             results = entry.claims.feed(new_text)
         except Exception:  # one request's verifier failure must not cost the batch
-            log.exception("streaming claim verification failed for %s", entry.request_id)
+            log.exception(
+                "streaming claim verification failed for %s", entry.request_id, extra=PER_INPUT
+            )
             return [], (0, 0)
         entry.claim_results.extend(results)
         return results, (t0, self._clock_ns())
@@ -159,13 +163,17 @@ class Scoring:
         try:
             return [_checked_lookback(s) for s in scorer.score_batch(pairs, hit_ids=hits)]
         except Exception:
-            log.warning("batched lookback scoring failed; scoring one by one", exc_info=True)
+            log.warning(
+                "batched lookback scoring failed; scoring one by one",
+                exc_info=True,
+                extra=PER_INPUT,
+            )
         out = []
         for entry, (final, certification), ids in zip(entries, pairs, hits, strict=True):
             try:
                 out.append(_checked_lookback(scorer.score(final, certification, hit_ids=ids)))
             except Exception:
-                log.exception("lookback scoring failed for %s", entry.request_id)
+                log.exception("lookback scoring failed for %s", entry.request_id, extra=PER_INPUT)
                 out.append(UNAVAILABLE_LOOKBACK)
         return out
 
@@ -181,7 +189,7 @@ class Scoring:
             try:
                 tail, claims = entry.claims.finish(_final(entry).answer)
             except Exception:
-                log.exception("claim verification failed for %s", entry.request_id)
+                log.exception("claim verification failed for %s", entry.request_id, extra=PER_INPUT)
                 claims = UNAVAILABLE_CLAIMS
             entry.claim_results.extend(tail)
         span = (t_claims, self._clock_ns())
@@ -202,7 +210,11 @@ class Scoring:
                     [(_retrieval(e), _final(e), s) for e, s in zip(entries, signals, strict=True)]
                 )
             except Exception:
-                log.warning("batched confidence scoring failed; scoring one by one", exc_info=True)
+                log.warning(
+                    "batched confidence scoring failed; scoring one by one",
+                    exc_info=True,
+                    extra=PER_INPUT,
+                )
             else:
                 return [
                     _checked_confidence(entry, result)
@@ -217,14 +229,14 @@ class Scoring:
         try:
             result = scorer.score(_retrieval(entry), _final(entry), signals)
         except Exception:
-            log.exception("confidence scoring failed for %s", entry.request_id)
+            log.exception("confidence scoring failed for %s", entry.request_id, extra=PER_INPUT)
             return None
         return _checked_confidence(entry, result)
 
 
 def _checked_confidence(entry: PendingRequest, result: ConfidenceResult) -> ConfidenceResult | None:
     if not _confidence_is_finite(result):
-        log.warning("confidence for %s is not finite; left out", entry.request_id)
+        log.warning("confidence for %s is not finite; left out", entry.request_id, extra=PER_INPUT)
         return None
     return result
 

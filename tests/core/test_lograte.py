@@ -13,6 +13,7 @@ import pytest
 from sidecar.cli import main as cli_main
 from sidecar.cli.main import main
 from sidecar.lograte import (
+    PER_INPUT,
     OneLine,
     RepeatFilter,
     StartupTransients,
@@ -189,6 +190,30 @@ def test_a_producers_varied_junk_under_one_template_is_one_line_per_interval() -
     # the Kafka client's lines are still told apart by their text (one topic, another)
     assert limiter.filter(_record("aiokafka.cluster", "Topic %s not found", "a"))
     assert limiter.filter(_record("aiokafka.cluster", "Topic %s not found", "b"))
+
+
+def test_a_sidecar_line_that_comes_per_input_is_one_line_per_interval_by_template() -> None:
+    """A producer's oversized records wrote ``dead letter ... truncated`` once each (170 KB
+    of log per 1,000); a failing scorer, a traceback per request."""
+    clock = Clock()
+    limiter = RepeatFilter(interval_s=10.0, clock=clock)
+    template = "lookback scoring failed for %s"
+
+    def per_input(request_id: str) -> logging.LogRecord:
+        record = _record("sidecar.pipeline", template, request_id)
+        record.__dict__.update(PER_INPUT)  # what extra=PER_INPUT does
+        return record
+
+    passed = [limiter.filter(per_input(f"req-{i}")) for i in range(1_000)]
+    assert passed == [True] + [False] * 999  # each request id another text: one template
+    for _ in range(3):  # the same template without the mark is never held back
+        assert limiter.filter(_record("sidecar.pipeline", template, "req-x"))
+    clock.now += 10.0
+    record = per_input("req-1000")
+    assert limiter.filter(record)
+    assert record.getMessage() == (
+        "lookback scoring failed for req-1000 (999 more like it in the last 10s not logged)"
+    )
 
 
 def test_no_message_can_start_a_line_of_its_own() -> None:
