@@ -28,7 +28,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from sidecar.contracts.common import LabelName
 from sidecar.environment import check_environment, explain
 from sidecar.exceptions import ConfigError
-from sidecar.redact import redact_text
+from sidecar.redact import redact_text, redact_url
 
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _INT32_MAX = 2**31 - 1  # Kafka protocol fields (timeouts, fetch sizes) are int32
@@ -624,15 +624,15 @@ class JudgeSettings(_Section):
     def _complete(self) -> Self:
         if self.endpoint is None:
             return self
+        shown = repr(redact_url(self.endpoint))
         if not self.endpoint.startswith(("http://", "https://")):
             raise ValueError(
-                f"judge endpoint must be an http(s) URL, got {self.endpoint!r} "
-                "(GUARDRAIL_JUDGE__ENDPOINT)"
+                f"judge endpoint must be an http(s) URL, got {shown} (GUARDRAIL_JUDGE__ENDPOINT)"
             )
         problem = _endpoint_problem(self.endpoint)
         if problem is not None:
             raise ValueError(
-                f"judge endpoint {self.endpoint!r} {problem} (GUARDRAIL_JUDGE__ENDPOINT: a base "
+                f"judge endpoint {shown} {problem} (GUARDRAIL_JUDGE__ENDPOINT: a base "
                 "URL such as https://llm:8000/v1, to which /chat/completions is added)"
             )
         if not self.model:
@@ -645,11 +645,12 @@ class JudgeSettings(_Section):
 
 def _endpoint_problem(url: str) -> str | None:
     """What makes ``url`` unusable as the judge's base URL (every call would fail)."""
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:  # first: a password with
+        # a space in it was said to be the problem, masked (no space to be seen)
+        return "holds user info: give the key as GUARDRAIL_JUDGE__API_KEY"
     if any(c.isspace() or not c.isprintable() for c in url):
         return "holds a space or a control character"
-    parts = urlsplit(url)
-    if parts.username is not None or parts.password is not None:
-        return "holds user info: give the key as GUARDRAIL_JUDGE__API_KEY"
     if not parts.hostname:
         return "names no host"
     try:
@@ -802,5 +803,5 @@ def _redact_urls(value: Any) -> Any:
     if isinstance(value, list):
         return [_redact_urls(v) for v in value]
     if isinstance(value, str):
-        return redact_text(value)
+        return redact_url(value)
     return value

@@ -3,13 +3,15 @@
 ``config show``, configuration errors and every log line go through :func:`redact_text`
 (audit: a password holding "@" or "/" was shown in part or whole, ``?api_key=`` as is,
 and the OpenTelemetry exporter logged its endpoint's ``?token=`` on every failed export).
+A value that is one URL (a setting) goes through :func:`redact_url` first: in text, the
+mask of a password stops at a quote or a space, so one holding them was shown (audit).
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["MASK", "redact_text"]
+__all__ = ["MASK", "redact_text", "redact_url"]
 
 MASK = "**********"
 # the password of a URL's user info, up to the last "@" of the URL (a password may hold "@"
@@ -28,3 +30,13 @@ def redact_text(text: str) -> str:
     if "://" not in text and "=" not in text:
         return text
     return _SECRET_PARAM_RE.sub(rf"\1{MASK}", _URL_PASSWORD_RE.sub(rf"\1{MASK}@", text))
+
+
+def redact_url(url: str) -> str:
+    """``url``, one URL as configured, with all of its user info's password masked (whatever
+    it holds: a quote, a space, "/" or "@"), then as :func:`redact_text`."""
+    scheme, sep, rest = url.partition("://")
+    user_info, at, host = rest.rpartition("@")  # the last "@": a password may hold one
+    if sep and at and ":" in user_info:
+        url = f"{scheme}://{user_info.partition(':')[0]}:{MASK}@{host}"
+    return redact_text(url)

@@ -37,7 +37,7 @@ from opentelemetry import metrics, trace
 from sidecar import __version__
 from sidecar.exceptions import ConfigError
 from sidecar.keyed_gauges import KeyedGauges
-from sidecar.redact import redact_text
+from sidecar.redact import redact_text, redact_url
 from sidecar.stage_durations import (
     DESCRIPTION,
     DURATION_BUCKETS_S,
@@ -168,7 +168,7 @@ def otlp_endpoint(signal: str) -> str:
             f"{name} must be an http:// or https:// URL with a host and an optional port in "
             f"1-65535 (e.g. http://otel-collector:4317 for grpc, :4318 for http/protobuf; "
             f"https:// for TLS; grpc also takes host:port and unix:, dns:, ipv4:, ipv6: "
-            f"targets), got {redact_text(repr(value))}"
+            f"targets), got {redact_url(value)!r}"
         )
     return url
 

@@ -216,6 +216,10 @@ def test_config_show_all_lists_every_setting_once_defaults_included(
             "https://qd/?X-Amz-Signature=**********&token=**********",
         ),
         ("http://qdrant:6333", "http://qdrant:6333"),
+        # a quote or a space in the password: the text's mask stops at them (audit)
+        ('https://bob:hun"ter2@qd:6333', "https://bob:**********@qd:6333"),
+        ("https://bob:hun'ter2@qd:6333", "https://bob:**********@qd:6333"),
+        ("https://bob:hun ter2@qd:6333", "https://bob:**********@qd:6333"),
     ],
 )
 def test_config_show_hides_every_part_of_a_url_that_is_a_credential(
