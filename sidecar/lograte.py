@@ -19,13 +19,13 @@ the message: one ``baggage`` header of 180 malformed members gave 180 WARNING li
 per verdict (audit). Its loggers are limited too, by the message's template rather
 than its text, so varied junk is still one line per interval. And :class:`OneLine`
 writes every record's message on one line (control characters escaped): a newline
-in a producer's header or request id cannot start a forged line of the log.
+in a producer's header or request id cannot start a forged line of the log, nor a C1
+CSI or a bidirectional override colour it or show it in another order.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -229,16 +229,20 @@ def calm_startup(handlers: Iterable[logging.Handler], grace_s: float = STARTUP_G
             handler.filters.insert(0, StartupTransients(grace_s))
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
-
-
-def _escaped(match: re.Match[str]) -> str:
-    return repr(match.group())[1:-1]  # "\n", "\x1b", "\u2028"
+def _printable(text: str) -> str:
+    """``text`` with each character that is not printable written as ``repr`` writes it:
+    C0 and C1 controls (a newline; U+009B, a CSI as ESC [ is), line separators, the
+    bidirectional controls (a right-to-left override made ``x<RLO>gnp.exe`` read
+    ``xexe.png``: audit), zero-width and other invisible format characters."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class OneLine(logging.Filter):
-    """Every record's message on one line: control characters written as escapes, and
-    credentials in URLs masked (:func:`~sidecar.redact.redact_text`).
+    """Every record's message on one line: characters that are not printable written as
+    escapes (:func:`_printable`), and credentials in URLs masked
+    (:func:`~sidecar.redact.redact_text`).
 
     The message is rendered once here (``msg`` becomes the text, ``args`` None);
     a traceback is not part of it and keeps its lines.
@@ -246,7 +250,7 @@ class OneLine(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = redact_text(record.getMessage())  # an exporter's endpoint with ?token=...
-        record.msg = _CONTROL.sub(_escaped, text) if _CONTROL.search(text) else text
+        record.msg = _printable(text)
         record.args = None
         return True
 

@@ -243,6 +243,25 @@ def test_no_message_can_start_a_line_of_its_own() -> None:
     assert lines[-1] == "ValueError: boom"
 
 
+def test_no_message_can_colour_or_reorder_its_line() -> None:
+    """Audit: a withdrawal on ``rag.certificates`` under a certified key, its
+    ``calibration_key`` a producer's text, was logged with a C1 CSI (U+009B: a colour
+    or cursor sequence, ESC escaped but not it) and a right-to-left override (U+202E:
+    ``x<RLO>gnp.exe`` reads ``xexe.png`` in ``kubectl logs``) as they came."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    one_line([handler])
+    spoof = "x\u202egnp.exe\u202c \x9b31mred\x9b0m \u2066\u2069\u200f\u061c\x85 \u200b\U000e0041"
+    handler.handle(_record("sidecar.kafka.certificates", "names %s under the key", spoof))
+    assert stream.getvalue() == (
+        "names x\\u202egnp.exe\\u202c \\x9b31mred\\x9b0m \\u2066\\u2069\\u200f\\u061c\\x85 "
+        "\\u200b\\U000e0041 under the key\n"  # and the invisible: zero-width, a tag letter
+    )
+    handler.handle(_record("sidecar", "%s", "é ü 日本 ✓"))  # printable text stays as it is
+    assert stream.getvalue().endswith("é ü 日本 ✓\n")
+
+
 def test_the_command_line_keeps_every_message_on_one_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
