@@ -34,9 +34,13 @@ def redact_text(text: str) -> str:
 
 def redact_url(url: str) -> str:
     """``url``, one URL as configured, with all of its user info's password masked (whatever
-    it holds: a quote, a space, "/" or "@"), then as :func:`redact_text`."""
+    it holds: a quote, a space, "/" or "@"), or all of a user info without a password (a
+    token given as the user: ``https://<token>@host``); then as :func:`redact_text`."""
     scheme, sep, rest = url.partition("://")
     user_info, at, host = rest.rpartition("@")  # the last "@": a password may hold one
-    if sep and at and ":" in user_info:
-        url = f"{scheme}://{user_info.partition(':')[0]}:{MASK}@{host}"
+    user, colon, _ = user_info.partition(":")
+    if sep and at and colon:
+        url = f"{scheme}://{user}:{MASK}@{host}"
+    elif sep and at and "/" not in user_info:  # not an "@" in the path
+        url = f"{scheme}://{MASK}@{host}"
     return redact_text(url)

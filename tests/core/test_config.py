@@ -220,6 +220,9 @@ def test_config_show_all_lists_every_setting_once_defaults_included(
         ('https://bob:hun"ter2@qd:6333', "https://bob:**********@qd:6333"),
         ("https://bob:hun'ter2@qd:6333", "https://bob:**********@qd:6333"),
         ("https://bob:hun ter2@qd:6333", "https://bob:**********@qd:6333"),
+        # a token given as the user (https://<token>@host) was shown whole (audit)
+        ("https://ghp_T0KEN@qd:6333", "https://**********@qd:6333"),
+        ("https://qd/v1/@scope", "https://qd/v1/@scope"),  # an "@" in the path
     ],
 )
 def test_config_show_hides_every_part_of_a_url_that_is_a_credential(
