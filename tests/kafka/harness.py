@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from faststream.kafka.annotations import KafkaMessage
 
 from sidecar.config import Settings
 from sidecar.kafka.app import SidecarService
+from sidecar.kafka.intake import Records
 from sidecar.kafka.topics import create_topics
 from sidecar.pipeline.ports import CertificateLedger, Policy, SignalSuite
 from sidecar.pipeline.processor import Processor
@@ -76,6 +78,20 @@ class MemoryHarness:
         t = settings.topics
         for topic in (t.verdicts, t.claims, t.dlq):
             self._listen(topic)
+        # FastStream's in-memory broker gives every record offset 0: numbered here as a
+        # partition numbers them, or the offset tracker takes every request's inputs for one
+        self._next_offset: dict[tuple[str, int], int] = defaultdict(int)
+        handle = self.service._handle
+
+        async def numbered(records: Records) -> None:
+            await handle(tuple(self._numbered(r) for r in records))
+
+        self.service._handle = numbered  # type: ignore[method-assign]
+
+    def _numbered(self, record: ConsumerRecord[bytes, bytes]) -> ConsumerRecord[bytes, bytes]:
+        tp = (record.topic, record.partition)
+        offset, self._next_offset[tp] = self._next_offset[tp], self._next_offset[tp] + 1
+        return dataclasses.replace(record, offset=offset)
 
     def _listen(self, topic: str) -> None:
         sink = self.received[topic]

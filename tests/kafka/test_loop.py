@@ -60,6 +60,26 @@ async def test_request_split_across_topics_is_joined(
     assert msg.headers[IDEMPOTENCY_HEADER].decode() == verdict.idempotency_key
 
 
+async def test_each_record_read_is_pending_until_its_request_is_decided(
+    harness: Harness, retrieval_event: EventFactory, final_event: EventFactory
+) -> None:
+    """Every record is its own pending input. In memory, FastStream gives every record
+    offset 0: two requests' inputs were one pending offset, the first request decided
+    finished the other's too, and a test that waited for "inputs finished" read the
+    counters while the second verdict still waited for its confirmation (a full run on
+    a loaded CPU counted 0 verdicts)."""
+    t = harness.settings.topics
+    tracker = harness.service.tracker
+    rids = ["req-p1", "req-p2"]
+    for rid in rids:
+        await harness.publish(t.retrieval, dumps(retrieval_event(rid)), rid.encode())
+    await wait_until(lambda: tracker.pending_count() == len(rids), 10, "both retrievals read")
+    for rid in rids:
+        await harness.publish(t.generation, dumps(final_event(rid)), rid.encode())
+    assert len(await harness.collect(t.verdicts, len(rids))) == len(rids)
+    await wait_until(lambda: tracker.pending_count() == 0, 10, "every input finished")
+
+
 async def test_malformed_message_goes_to_the_dlq_and_the_loop_continues(
     harness: Harness, retrieval_event: EventFactory, final_event: EventFactory
 ) -> None:
