@@ -468,6 +468,8 @@ class _Started:
         task that keeps failing (``ConsumerWatch``); a processor call without progress
         past ``http.processing_fatal_s``."""
         state = self.service.state if self.service is not None else None
+        if state is not None:
+            state.check_missing()  # an output topic missing too long: fatal from now on
         return {
             "no_fatal_publish_error": state is None or state.fatal is None,
             "consumer_not_failing": state is None or state.consumer_failing is None,

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from sidecar.config import Settings
 from sidecar.kafka.clients import MetadataThrottle
 from sidecar.kafka.readiness import BrokerProbe, LoopState
+from sidecar.runtime import _Started
 
 
 class Clock:
+    """The probe's clock, moved by hand; on ``time.monotonic``'s scale, which ``LoopState``
+    reads its clocks against."""
+
     def __init__(self) -> None:
-        self.now = 1_000.0
+        self.now = time.monotonic()
 
     def __call__(self) -> float:
         return self.now
@@ -52,6 +59,29 @@ def test_an_output_topic_deleted_under_the_loop_is_unready_then_fatal(
     assert len(gone_lines) == 1  # once, not on every probe
     probe.check_outputs(everything)
     assert state.outputs_missing == {}
+
+
+def test_a_missing_output_topic_is_fatal_when_liveness_is_read_past_its_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Between two probes: checked only when a probe found the topic missing, the deadline
+    passed unseen until the next one (2 s apart, plus the metadata round trip), and a
+    topic missing for 15 s made the loop not live 16.6-17.1 s after the probe found it."""
+    state = LoopState()
+    probe = BrokerProbe(state, INPUTS, OUTPUTS)
+    caplog.set_level(logging.WARNING, logger="sidecar.kafka")
+    probe.check_outputs(dict.fromkeys(INPUTS + OUTPUTS, 3))
+    probe.check_outputs(dict.fromkeys(INPUTS, 3))
+    assert (state.live, state.fatal) == (True, None)
+    for topic in state.outputs_missing:  # found missing that long ago; no probe since
+        state.outputs_missing[topic] -= state.missing_topic_fatal_s
+    sidecar = _Started(Settings.load(http={"enabled": False}))
+    sidecar.service = SimpleNamespace(state=state)  # type: ignore[assignment]
+    assert sidecar.liveness()["no_fatal_publish_error"] is False  # what /livez answers
+    assert state.live is False
+    assert state.fatal is not None and "rag.verdicts" in state.fatal
+    fatal = [r.getMessage() for r in caplog.records if "FATAL" in r.getMessage()]
+    assert len(fatal) == 1  # read twice, logged once
 
 
 def test_a_missing_output_topic_makes_publishing_false_after_the_stall_time() -> None:
