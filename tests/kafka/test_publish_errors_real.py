@@ -4,11 +4,11 @@ Bounds stated here: readiness goes false within the request timeout (the
 producer's metadata wait) + ``PUBLISH_STALL_S`` + 5 s of slack, and the log
 names the topic; with the verdict topic deleted under traffic, within
 ``PUBLISH_STALL_S`` + 4 s at the default 30 s request timeout, and liveness
-within the missing-topic time + 4 s; a verdict too large for its topic is dead-lettered
-(``output-too-large``) and the loop moves on, also when the topic's limit was
-lowered after start (the broker's refusal breaks aiokafka's idempotent
-producer on that partition: it is replaced); verdicts that each fit their topic
-are never refused as a batch.
+within the missing-topic time + 4 s of the probe finding the topic gone; a verdict
+too large for its topic is dead-lettered (``output-too-large``) and the loop moves
+on, also when the topic's limit was lowered after start (the broker's refusal
+breaks aiokafka's idempotent producer on that partition: it is replaced);
+verdicts that each fit their topic are never refused as a batch.
 """
 
 from __future__ import annotations
@@ -89,9 +89,9 @@ async def test_a_verdict_topic_deleted_under_traffic_is_unready_in_time_then_not
     aiokafka retried each record for 30 s, then the loop's own retry waited as long) and
     ``FATAL`` came after 91 s; aiokafka's sender asked for metadata ~2,700 times a second
     meanwhile. Now: not ready ``PUBLISH_STALL_S`` after the deletion, not live
-    ``missing_topic_fatal_s`` after it (15 s here, for time; 30 s by default), metadata
-    asked for at most ~10 times a second; once the topic is back, every request sent
-    after the deletion gets its verdict."""
+    ``missing_topic_fatal_s`` after the probe found the topic gone (15 s here, for time; 30 s
+    by default), metadata asked for at most ~10 times a second; once the topic is back,
+    every request sent after the deletion gets its verdict."""
     settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
     assert settings.kafka.request_timeout_ms == 30_000
     t = settings.topics
@@ -123,8 +123,15 @@ async def test_a_verdict_topic_deleted_under_traffic_is_unready_in_time_then_not
             unready_s = time.monotonic() - deleted
             assert unready_s >= PUBLISH_STALL_S - 0.5, unready_s
             assert state.live
+            # the missing time counts from the probe that found the topic gone (README): the
+            # broker applies a deletion after the controller accepted it, and the probe asks
+            # every 2 s; counted from the deletion, a loaded CPU took 19.1 s (4.1 s to find it)
+            assert t.verdicts in state.outputs_missing, "the probe has not found it gone"
+            found = state.outputs_missing[t.verdicts]
             state.missing_topic_fatal_s = 15.0
-            await wait_until(lambda: not state.live, 15.0 + 4.0 - unready_s, "liveness to drop")
+            await wait_until(
+                lambda: not state.live, found + 15.0 + 4.0 - time.monotonic(), "liveness to drop"
+            )
             fatal_s = time.monotonic() - deleted
             assert fatal_s >= 15.0 - 0.5, fatal_s
             rate = (asked[0] - asked_before) / fatal_s
@@ -135,7 +142,9 @@ async def test_a_verdict_topic_deleted_under_traffic_is_unready_in_time_then_not
         assert len(fatal) == 1 and t.verdicts in fatal[0], fatal
         await create_topics(settings)  # the operator puts it back: publishing resumes
         after = {rid for rid, at in sent if at > deleted + 0.5}
-        assert len(after) >= 100
+        # more than the publisher keeps in flight: some waited behind the retried ones (the
+        # traffic's own pace is the CPU's: 78-99 requests, not 10 a second, on a loaded one)
+        assert len(after) > settings.kafka.batches_in_flight, len(after)
         deadline = time.monotonic() + 60
         while True:
             verdicts = await read_settled(settings.kafka.bootstrap_servers, t.verdicts)
