@@ -151,9 +151,10 @@ def run_answer(
     session = checker.open(retrieval(EVIDENCE), trusted())
     started = time.monotonic()
     streamed = session.feed(UNCERTAIN_CLAIM + " ")
-    feed_s = time.monotonic() - started
-    assert [r.label for r in streamed] == [ClaimLabel.UNCERTAIN]  # never waits in feed
-    assert feed_s < 0.2
+    # never waits in feed: the streamed label is the verifier's, though the stub's
+    # "verified" comes back well within the timeout (a bound on feed's seconds failed at
+    # 0.25 s on a loaded machine: behaviour is checked here, speed in the bench)
+    assert [r.label for r in streamed] == [ClaimLabel.UNCERTAIN]
     session.finish(UNCERTAIN_CLAIM)
     elapsed = time.monotonic() - started
     return [r.label for r in session.results], elapsed, runner

@@ -6,7 +6,6 @@ failed for <id>`` with its traceback (~600 bytes; 1,000 requests a second: 600 K
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from sidecar.config import Settings
@@ -38,7 +37,7 @@ def test_a_failing_signal_logs_one_traceback_per_interval_with_a_count(
     assert failed == ["lookback scoring failed for req-0"]  # was one per request
     # the batch's traceback and the first request's
     assert sum(text.count("Traceback") for text in log_lines.written) == 2
-    assert report_repeats(logging.getLogger().handlers, every=True) == 1
+    assert report_repeats([log_lines], every=True) == 1
     assert log_lines.lines[-1] == (
         f"lookback scoring failed for req-0 ({REQUESTS - 1} more like it not logged, "
         "the last 0s ago)"
