@@ -161,9 +161,10 @@ class Publisher:
         self._max_in_flight = in_flight
         self._producer_generation = 0  # bumped by every producer reset
         self._reset_lock = asyncio.Lock()
-        # an output over a limit read earlier: the limit is read again (at most every
-        # limits_refresh_s, on the loop's tick), so a topic's limit raised by its operator
-        # counts without a restart (a withdrawal announced again fits then)
+        # an output over a limit read earlier: the limits are read again every
+        # limits_refresh_s (on the loop's tick) until one was raised, so a topic's limit
+        # raised by its operator counts without a restart, and without another output
+        # lost to the dead-letter topic first (a withdrawal announced again fits then)
         self.limits_refresh_s = LIMITS_REFRESH_S
         self._over_limit = False
         self._limits_read_at = time.monotonic()
@@ -185,14 +186,20 @@ class Publisher:
         return own
 
     async def refresh_limits(self) -> bool:
-        """Read the topics' limits again if an output was over one since they were last
-        read, ``limits_refresh_s`` ago or more; True when it read them."""
+        """Read the topics' limits again, ``limits_refresh_s`` after the last read, while
+        an output was over one and none has been raised since; True when it read them.
+
+        Read once after each over-limit output, a limit raised after that read went
+        unseen until another output was over it (and was dead-lettered for it): the
+        operator's fix cost one more record, or never came into force for a topic that
+        rarely sees one that large."""
         if not self._over_limit or time.monotonic() - self._limits_read_at < self.limits_refresh_s:
             return False
-        self._over_limit = False
         before = dict(self.limits)
         own = await self.read_topic_limits()
         raised = {d.value: v for d, v in self.limits.items() if v > before[d]}
+        if raised:
+            self._over_limit = False
         if raised and own:
             log.warning("output topic limit(s) raised since they were read: %s", raised)
             async with self._reset_lock:  # its batches were capped by the smallest limit

@@ -299,6 +299,26 @@ async def test_a_broker_size_refusal_resets_the_producer_and_reads_the_limits_ag
     assert tracker.pending_count() == 0 and pub.state.undeliverable_outputs == 1
 
 
+async def test_a_limit_raised_after_the_next_read_still_counts_without_another_loss() -> None:
+    """An output over its topic's limit has the limits read again on a later tick. Read
+    once, a limit the operator raised after that read went unseen until another output was
+    over it, and dead-lettered for it (the real-broker test failed when its tick read the
+    limits before the operator's change landed)."""
+    producer, tracker = HeldProducer(), consumed(OffsetTracker(), range(1))
+    producer.own_limits = {"out.verdicts": 2}
+    pub = publisher(producer, tracker, pipelined=True)
+    await pub.read_topic_limits()
+    pub.limits_refresh_s = 0.0
+    await pub.submit(step(0, outputs=1))  # over 2 bytes: dead-lettered
+    assert producer.topics == ["out.dlq"]
+    assert await pub.refresh_limits()  # read again: still 2
+    assert await pub.refresh_limits()  # and again, while none was raised
+    producer.own_limits = {"out.verdicts": 1_000}  # the operator raises it
+    assert await pub.refresh_limits() and pub.limits[Destination.VERDICTS] == 1_000
+    assert producer.resets == 1  # batches were capped at the old limit
+    assert not await pub.refresh_limits()  # raised: no more reads until the next refusal
+
+
 async def test_a_record_refused_with_its_batch_is_sent_again_not_dead_lettered() -> None:
     """The broker checks the limit per batch: a record refused with others may fit on its
     own. It is sent again as it is; refused twice more on its own, it is dead-lettered."""
