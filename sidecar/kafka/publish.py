@@ -168,6 +168,7 @@ class Publisher:
         self.limits_refresh_s = LIMITS_REFRESH_S
         self._over_limit = False
         self._limits_read_at = time.monotonic()
+        self._limits_logged = False
         # steps with outputs not yet confirmed: when each was handed over (monotonic s)
         self._unconfirmed: dict[int, float] = {}
         self._steps = itertools.count()
@@ -179,10 +180,14 @@ class Publisher:
         own = await self.producer.topic_limits(self.destinations.values())
         if not own:
             return {}
+        before = dict(self.limits)
         for dest, topic in self.destinations.items():
             if topic in own:  # read again after a refusal: a limit raised since counts too
                 self.limits[dest] = min(self._configured[dest], own[topic])
-        log.info("record limits per output topic: %s", self.limits)
+        if self.limits != before or not self._limits_logged:  # read every 30 s at times
+            self._limits_logged = True
+            shown = ", ".join(f"{d.value}={n}" for d, n in self.limits.items())
+            log.info("record limits per output topic: %s", shown)
         return own
 
     async def refresh_limits(self) -> bool:

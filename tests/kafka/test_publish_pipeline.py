@@ -7,6 +7,7 @@ finished, and when, is observed directly (no broker, no timing).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Iterable
 from typing import Any
 
@@ -299,7 +300,9 @@ async def test_a_broker_size_refusal_resets_the_producer_and_reads_the_limits_ag
     assert tracker.pending_count() == 0 and pub.state.undeliverable_outputs == 1
 
 
-async def test_a_limit_raised_after_the_next_read_still_counts_without_another_loss() -> None:
+async def test_a_limit_raised_after_the_next_read_still_counts_without_another_loss(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """An output over its topic's limit has the limits read again on a later tick. Read
     once, a limit the operator raised after that read went unseen until another output was
     over it, and dead-lettered for it (the real-broker test failed when its tick read the
@@ -307,6 +310,7 @@ async def test_a_limit_raised_after_the_next_read_still_counts_without_another_l
     producer, tracker = HeldProducer(), consumed(OffsetTracker(), range(1))
     producer.own_limits = {"out.verdicts": 2}
     pub = publisher(producer, tracker, pipelined=True)
+    caplog.set_level(logging.INFO, logger="sidecar")
     await pub.read_topic_limits()
     pub.limits_refresh_s = 0.0
     await pub.submit(step(0, outputs=1))  # over 2 bytes: dead-lettered
@@ -317,6 +321,8 @@ async def test_a_limit_raised_after_the_next_read_still_counts_without_another_l
     assert await pub.refresh_limits() and pub.limits[Destination.VERDICTS] == 1_000
     assert producer.resets == 1  # batches were capped at the old limit
     assert not await pub.refresh_limits()  # raised: no more reads until the next refusal
+    said = [r.getMessage() for r in caplog.records if "record limits" in r.getMessage()]
+    assert len(said) == 2 and "verdicts=1000," in said[1]  # when they changed, not per read
 
 
 async def test_a_record_refused_with_its_batch_is_sent_again_not_dead_lettered() -> None:
