@@ -41,4 +41,9 @@ class EventBase(BaseModel):
     # every event: frozen, no unknown fields, no NaN, an explicit schema_version
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[1] = Field(
+        default=1,
+        description="The contract version the event was written under: 1 in this release. "
+        "The sidecar dead-letters an input without it (missing-schema-version) or with "
+        "another value (unknown-schema-version).",
+    )
