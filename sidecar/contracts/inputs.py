@@ -30,26 +30,51 @@ class RetrievalHit(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    chunk_id: Name
-    doc_id: Name
+    chunk_id: Name = Field(
+        description="the chunk's id (1-256 characters): names it in trusted_chunk_ids, "
+        "chunk_forecast and evidence_chunk_ids"
+    )
+    doc_id: Name = Field(description="id of the document the chunk was cut from")
     score: FiniteFloat = Field(description="Raw vector-store score (e.g. Qdrant cosine).")
-    text: Annotated[str, StringConstraints(max_length=100_000)]
+    text: Annotated[str, StringConstraints(max_length=100_000)] = Field(
+        description="the chunk's text: the evidence the answer's claims are checked against"
+    )
 
 
 class RetrievalEvent(EventBase):
     """What the LLM service retrieved for one request."""
 
-    event_type: Literal["retrieval"] = "retrieval"
-    request_id: RequestId
-    tenant: LabelName
-    collection: LabelName
+    event_type: Literal["retrieval"] = Field(default="retrieval", description="retrieval")
+    request_id: RequestId = Field(
+        description="the request's id (1-128 characters of letters, digits and . _ : -): "
+        "joins this event with the request's generation events; key the record with it"
+    )
+    tenant: LabelName = Field(
+        description="the tenant: picks the policy profile (tenant mapping first) and is part "
+        "of the calibration key; with header or fixed tenancy it must equal the trusted "
+        "tenant (else dead-lettered: tenant-mismatch)"
+    )
+    collection: LabelName = Field(
+        description="the collection searched: part of the calibration key, and picks the "
+        "policy profile when the tenant has no mapping"
+    )
     retriever: LabelName = Field(
         default="default", description="Retriever id (embedding model + index), calibration key."
     )
-    query: Annotated[str, StringConstraints(max_length=20_000)]
+    query: Annotated[str, StringConstraints(max_length=20_000)] = Field(
+        description="the user's question: steers the claims' evidence selection (and the "
+        "verifier reads it when its model was trained so) and gives the retrieve-again "
+        "advice's missing_terms"
+    )
     k: int = Field(ge=1, le=MAX_CHUNKS, description="K: how many chunks were asked for.")
-    hits: list[RetrievalHit] = Field(max_length=MAX_CHUNKS)
-    created_at: datetime | None = None
+    hits: list[RetrievalHit] = Field(
+        max_length=MAX_CHUNKS,
+        description="the retrieved chunks, best first, at most k; the attention summary's "
+        "chunk columns follow this order",
+    )
+    created_at: datetime | None = Field(
+        default=None, description="when the producer wrote it; optional, not read by the sidecar"
+    )
 
     @model_validator(mode="after")
     def _hits_within_k(self) -> Self:
@@ -61,10 +86,19 @@ class RetrievalEvent(EventBase):
 class GenerationDelta(EventBase):
     """One streamed piece of the answer; ``seq`` counts from 0 without gaps."""
 
-    event_type: Literal["generation.delta"] = "generation.delta"
-    request_id: RequestId
-    seq: int = Field(ge=0, le=1_000_000)
-    text: Annotated[str, StringConstraints(max_length=100_000)]
+    event_type: Literal["generation.delta"] = Field(
+        default="generation.delta", description="generation.delta"
+    )
+    request_id: RequestId = Field(description="the request's id, as on its retrieval event")
+    seq: int = Field(
+        ge=0,
+        le=1_000_000,
+        description="the piece's position, from 0 without gaps: pieces are appended in seq "
+        "order; a re-sent seq must repeat its text (else dead-lettered: duplicate-conflict)",
+    )
+    text: Annotated[str, StringConstraints(max_length=100_000)] = Field(
+        description="this piece of the answer's text"
+    )
 
 
 # A little-endian float16 is NaN or Inf when its five exponent bits are all set: bits
@@ -89,13 +123,19 @@ class AttentionSummary(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    layers: int = Field(ge=1, le=1024)
-    heads: int = Field(ge=1, le=1024)
-    chunks: int = Field(ge=1, le=MAX_CHUNKS)
+    layers: int = Field(ge=1, le=1024, description="L: the generator's attention layers")
+    heads: int = Field(ge=1, le=1024, description="H: attention heads per layer")
+    chunks: int = Field(
+        ge=1,
+        le=MAX_CHUNKS,
+        description="K: chunk columns, in the retrieval's hit order (1 for variant fc)",
+    )
     variant: Literal["cw", "fc"] = Field(
         default="cw", description="cw: chunk-wise lookback ratios; fc: full-context."
     )
-    dtype: Literal["float16"] = "float16"
+    dtype: Literal["float16"] = Field(
+        default="float16", description="the element type of values: float16"
+    )
     values: str = Field(description="base64 of L*H*K little-endian float16 values, finite, >= 0")
 
     # the decoded ``values``, kept by the validator: the summary is base64-decoded once
@@ -180,15 +220,34 @@ class AttentionSummary(BaseModel):
 class GenerationFinal(EventBase):
     """The end of a generation: the whole answer and what the generator knows about it."""
 
-    event_type: Literal["generation.final"] = "generation.final"
-    request_id: RequestId
-    answer: Annotated[str, StringConstraints(max_length=200_000)]
-    generator_model: Name
+    event_type: Literal["generation.final"] = Field(
+        default="generation.final", description="generation.final"
+    )
+    request_id: RequestId = Field(description="the request's id, as on its retrieval event")
+    answer: Annotated[str, StringConstraints(max_length=200_000)] = Field(
+        description="the whole answer: what is verified and decided (it may differ from the "
+        "streamed deltas: policy reason stream-final-mismatch)"
+    )
+    generator_model: Name = Field(
+        description="the model that generated the answer: the verdict's "
+        "model_versions.generator; an attention summary from another generator than the "
+        "lookback model's is not scored (unavailable, or dead-lettered: generator-mismatch, "
+        "as configured)"
+    )
     deltas: int | None = Field(
         default=None, ge=0, description="How many deltas were sent before this event."
     )
-    attention: AttentionSummary | None = None
-    mean_token_logprob: FiniteFloat | None = Field(default=None, le=0.0)
+    attention: AttentionSummary | None = Field(
+        default=None,
+        description="the lookback ratios the lookback signal scores; null: a served lookback "
+        "model reports this answer unavailable",
+    )
+    mean_token_logprob: FiniteFloat | None = Field(
+        default=None,
+        le=0.0,
+        description="mean log-probability (natural log, <= 0) of the answer's tokens: a "
+        "feature of the calibrated confidence; null when the generator does not give it",
+    )
 
 
 class FeedbackEvent(EventBase):
@@ -200,14 +259,16 @@ class FeedbackEvent(EventBase):
     confidence on verdicts joined with feedback.
     """
 
-    event_type: Literal["feedback"] = "feedback"
-    request_id: RequestId
+    event_type: Literal["feedback"] = Field(default="feedback", description="feedback")
+    request_id: RequestId = Field(description="the answered request the label is for")
     correct: bool = Field(description="was the answer correct?")
     abstained: bool = Field(
         default=False, description="the generator declined to answer (not a hallucination)"
     )
     source: Name = Field(description="who labelled it: user, reviewer, grader, ...")
-    created_at: datetime | None = None
+    created_at: datetime | None = Field(
+        default=None, description="when the label was given; optional, not read by the sidecar"
+    )
 
 
 InputEvent = RetrievalEvent | GenerationDelta | GenerationFinal
