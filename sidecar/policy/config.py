@@ -76,20 +76,50 @@ class RetrievalRules(_Model):
     See docs/methods.md §Retrieval certification.
     """
 
-    when_no_trusted_chunk: Action = "caveat"
-    min_trusted_fraction: Rate = 0.0
-    when_low_trusted_fraction: Action = "caveat"
-    when_missing: Action = "caveat"
+    when_no_trusted_chunk: Action = Field(
+        default="caveat",
+        description="action when no chunk is trusted: retrieval-no-trusted-chunk, "
+        "retrieval-not-certifiable (no threshold at this alpha) and retrieval-scores-rising",
+    )
+    min_trusted_fraction: Rate = Field(
+        default=0.0,
+        description="least m2 (share of the k requested chunks that are trusted, 0..1); "
+        "below it: when_low_trusted_fraction. 0 turns the rule off",
+    )
+    when_low_trusted_fraction: Action = Field(
+        default="caveat",
+        description="action when m2 is below min_trusted_fraction (retrieval-low-trusted-fraction)",
+    )
+    when_missing: Action = Field(
+        default="caveat",
+        description="action when the retrieval signal is not ok "
+        "(retrieval-not-configured, retrieval-unavailable)",
+    )
     # the rolling mean(m1) fell below 1 - alpha: the coverage guarantee no longer holds
-    when_exchangeability_broken: Action = "caveat"
+    when_exchangeability_broken: Action = Field(
+        default="caveat",
+        description="action while the key's rolling mean(m1) is significantly below "
+        "1 - alpha (exchangeability-broken: recalibrate)",
+    )
 
 
 class _ThresholdRules(_Model):
     """A probability signal: block below one threshold, caveat below another."""
 
-    block_below: Rate = 0.0
-    caveat_below: Rate = 0.0
-    when_missing: Action = "allow"
+    block_below: Rate = Field(
+        default=0.0,
+        description="block when the probability is below this (<signal>-very-low); 0: never",
+    )
+    caveat_below: Rate = Field(
+        default=0.0,
+        description="caveat when the probability is below this (<signal>-low); at least "
+        "block_below",
+    )
+    when_missing: Action = Field(
+        default="allow",
+        description="action when the probability is missing (<signal>-not-configured, "
+        "<signal>-unavailable)",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -103,18 +133,45 @@ class _ThresholdRules(_Model):
 class LookbackRules(_ThresholdRules):
     """Lookback-ratio p(factual) (docs/methods.md §Lookback-ratio factuality)."""
 
-    caveat_below: Rate = 0.5
+    caveat_below: Rate = Field(
+        default=0.5,
+        description="caveat when p_factual is below this (lookback-low); at least block_below",
+    )
 
 
 class ClaimsRules(_Model):
     """Claim verification (docs/methods.md §Claim verification)."""
 
-    reliability_actions: dict[Level, Action] = Field(default_factory=_tier_actions)
-    caveat_on_any_unsupported: bool = False
-    when_missing: Action = "caveat"
-    when_no_claims: Action = "caveat"
-    when_untrusted_evidence: Action = "allow"
-    verified_only_from_untrusted_evidence: bool = False
+    reliability_actions: dict[Level, Action] = Field(
+        default_factory=_tier_actions,
+        description="the action of each reliability tier (claims-reliability-<tier>); needs "
+        "HIGH, MEDIUM and LOW",
+    )
+    caveat_on_any_unsupported: bool = Field(
+        default=False,
+        description="caveat whenever a claim is unsupported (claims-unsupported-present), "
+        "whatever the tier",
+    )
+    when_missing: Action = Field(
+        default="caveat",
+        description="action when the claims signal is not ok (claims-not-configured, "
+        "claims-unavailable) and when some claims went unverified (claims-over-limit, "
+        "claims-unreadable)",
+    )
+    when_no_claims: Action = Field(
+        default="caveat",
+        description="action when the answer holds no checkable claim (claims-none)",
+    )
+    when_untrusted_evidence: Action = Field(
+        default="allow",
+        description="action when the claims were checked against all retrieved chunks, none "
+        "being trusted (claims-evidence-untrusted)",
+    )
+    verified_only_from_untrusted_evidence: bool = Field(
+        default=False,
+        description="on a block, show the claims verified against untrusted chunks as the "
+        "verified-only answer; false: such a block shows the refusal",
+    )
 
     @model_validator(mode="after")
     def _all_levels(self) -> Self:
@@ -164,24 +221,59 @@ class AllowRules(_Model):
     confidence, gets ``below``.
     """
 
-    certified: CertificateFiles
-    below: Literal["caveat", "block"] = "caveat"
-    when_violated: Literal["caveat", "block"] = "caveat"
+    certified: CertificateFiles = Field(
+        description="the certificate file ('guardrail calibrate policy'), relative to the "
+        "policy file, or a list of up to 8: the first that applies to the served signals is "
+        "used"
+    )
+    below: Literal["caveat", "block"] = Field(
+        default="caveat",
+        description="action instead of allow when the confidence is below the certified "
+        "threshold or missing, the request is of another calibration key, or the "
+        "certificate does not apply",
+    )
+    when_violated: Literal["caveat", "block"] = Field(
+        default="caveat",
+        description="action for every answer of the key while the re-test finds the "
+        "certificate broken or the fleet withdrew it (certificate-violated)",
+    )
 
 
 class Profile(_Model):
     """One risk profile."""
 
-    description: str = ""
-    max_hallucination_rate: Rate
-    strict: bool = False
-    escalate_below_reliability: Rate | None = None
-    escalate_on_block: bool = False
-    retrieval: RetrievalRules = RetrievalRules()
-    lookback: LookbackRules = LookbackRules()
-    claims: ClaimsRules = ClaimsRules()
-    confidence: ConfidenceRules = ConfidenceRules()
-    allow: AllowRules | None = None
+    description: str = Field(default="", description="free text for people; not a rule")
+    max_hallucination_rate: Rate = Field(
+        description="block when the claims' hallucination_rate is above this, 0..1 "
+        "(claims-hallucination-rate-exceeded)"
+    )
+    strict: bool = Field(
+        default=False,
+        description="block on any unsupported claim (strict-unsupported-claim), mid-stream "
+        "too: a stage=stream verdict as soon as a streamed claim is unsupported",
+    )
+    escalate_below_reliability: Rate | None = Field(
+        default=None,
+        description="set escalate (a human should look) when the claims' reliability is "
+        "below this; null: never for reliability",
+    )
+    escalate_on_block: bool = Field(default=False, description="set escalate on every block")
+    retrieval: RetrievalRules = Field(
+        default=RetrievalRules(), description="rules for the retrieval certification"
+    )
+    lookback: LookbackRules = Field(
+        default=LookbackRules(), description="thresholds on the lookback p_factual"
+    )
+    claims: ClaimsRules = Field(default=ClaimsRules(), description="rules for claim verification")
+    confidence: ConfidenceRules = Field(
+        default=ConfidenceRules(),
+        description="thresholds on the calibrated confidence (both 0 by default: not used)",
+    )
+    allow: AllowRules | None = Field(
+        default=None,
+        description="certified allow: allow only at or above a certified confidence "
+        "threshold; null: allow needs no certificate",
+    )
 
     def rules_sha256(self) -> str:
         """sha256 of the rules a certificate's scope depends on (all but ``allow``, texts)."""
@@ -192,21 +284,41 @@ class Profile(_Model):
 class PolicyTexts(_Model):
     """User-facing texts (the defaults follow the tiers of docs/methods.md §Claim verification)."""
 
-    caveat_removed: str = (
-        "Note: Some claims in the original answer could not be verified against the "
-        "retrieved context and have been removed. Please verify with primary sources "
-        "before relying on this answer."
+    caveat_removed: str = Field(
+        default=(
+            "Note: Some claims in the original answer could not be verified against the "
+            "retrieved context and have been removed. Please verify with primary sources "
+            "before relying on this answer."
+        ),
+        description="caveat_text of a caveat whose rewritten_answer has the unsupported "
+        "claims removed",
     )
-    caveat_unverified: str = (
-        "Note: This answer could not be fully verified against the retrieved context. "
-        "Please verify with primary sources before relying on it."
+    caveat_unverified: str = Field(
+        default=(
+            "Note: This answer could not be fully verified against the retrieved context. "
+            "Please verify with primary sources before relying on it."
+        ),
+        description="caveat_text of every other caveat (the answer shown as it is)",
     )
-    verified_only_caveat: str = "Answer limited to context-verified claims."
-    verified_intro: str = "Based on the retrieved context, the following can be confirmed:"
-    verified_outro: str = "Additional information could not be verified from the available context."
-    refusal: str = (
-        "The retrieved context does not contain sufficient information to reliably answer "
-        "this question. Please consult authoritative sources."
+    verified_only_caveat: str = Field(
+        default="Answer limited to context-verified claims.",
+        description="caveat_text of a block whose rewritten_answer lists the verified claims",
+    )
+    verified_intro: str = Field(
+        default="Based on the retrieved context, the following can be confirmed:",
+        description="first line of a block's verified-only rewritten_answer, before the "
+        "bulleted claims",
+    )
+    verified_outro: str = Field(
+        default="Additional information could not be verified from the available context.",
+        description="last line of a block's verified-only rewritten_answer, after the claims",
+    )
+    refusal: str = Field(
+        default=(
+            "The retrieved context does not contain sufficient information to reliably "
+            "answer this question. Please consult authoritative sources."
+        ),
+        description="rewritten_answer of a block with no usable verified claim",
     )
 
 
@@ -227,18 +339,35 @@ def _version_as_written(value: object) -> object:
 
 
 class PolicyConfig(_Model):
-    schema_version: Literal[1] = 1
-    name: ProfileName
+    schema_version: Literal[1] = Field(default=1, description="the policy format: 1")
+    name: ProfileName = Field(
+        description="the policy's name (lower-case letters, digits, '-'; up to 32): the "
+        "verdict's policy reads 'name/version'"
+    )
     version: Annotated[
         str,
         BeforeValidator(_version_as_written, json_schema_input_type=str | int),
         StringConstraints(min_length=1, max_length=32),
-    ] = "1"
-    default_profile: ProfileName
-    profiles: dict[ProfileName, Profile]
-    tenants: dict[str, ProfileName] = Field(default_factory=dict)
-    collections: dict[str, ProfileName] = Field(default_factory=dict)
-    texts: PolicyTexts = PolicyTexts()
+    ] = Field(
+        default="1",
+        description="the policy's version as written (a whole number is taken as text; "
+        "quote one with a dot, e.g. '1.10')",
+    )
+    default_profile: ProfileName = Field(
+        description="the profile of a request whose tenant and collection have no mapping"
+    )
+    profiles: dict[ProfileName, Profile] = Field(description="the risk profiles, by name")
+    tenants: dict[str, ProfileName] = Field(
+        default_factory=dict,
+        description="tenant -> profile name; looked up first",
+    )
+    collections: dict[str, ProfileName] = Field(
+        default_factory=dict,
+        description="collection -> profile name; looked up when the tenant has no mapping",
+    )
+    texts: PolicyTexts = Field(
+        default=PolicyTexts(), description="the user-facing texts of caveats and blocks"
+    )
 
     @model_validator(mode="after")
     def _references(self) -> Self:
