@@ -84,12 +84,18 @@ INPUT_PARTITIONING = (
 def asyncapi() -> dict[str, Any]:
     topics = TopicSettings()
     ref = {name: {"$ref": f"./{name}.schema.json"} for name in MODELS}
-    key = {
+    by_request = {
         "type": "string",
         "description": "request_id (the input topics are co-partitioned by it: murmur2)",
     }
+    # reports and withdrawals are per calibration key (pipeline/outputs.py), not per request
+    by_calibration_key = {
+        "type": "string",
+        "description": "calibration_key: the key of the window reported or of the "
+        "certificate withdrawn (rag.certificates is compacted by it)",
+    }
 
-    def message(name: str, title: str) -> dict[str, Any]:
+    def message(name: str, title: str, key: dict[str, str] = by_request) -> dict[str, Any]:
         return {
             "name": name,
             "title": title,
@@ -137,7 +143,9 @@ def asyncapi() -> dict[str, Any]:
             "address": topics.reports,
             "messages": {
                 "coverageReport": message(
-                    "coverage.report", "Fleet coverage bound per calibration key (periodic)"
+                    "coverage.report",
+                    "Fleet coverage bound per calibration key (periodic)",
+                    by_calibration_key,
                 )
             },
         },
@@ -148,7 +156,9 @@ def asyncapi() -> dict[str, Any]:
             "certifies an allow reads it from its start before serving, and writes it.",
             "messages": {
                 "certificateWithdrawn": message(
-                    "certificate.withdrawn", "An allow certificate withdrawn for the fleet"
+                    "certificate.withdrawn",
+                    "An allow certificate withdrawn for the fleet",
+                    by_calibration_key,
                 )
             },
         },

@@ -1,17 +1,21 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import jsonschema
 import orjson
 import pytest
 
+from sidecar.confidence.fleet import CoverageMonitor
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind, decode_input
+from sidecar.contracts.events import CertificateWithdrawal, Decision, RetrievalSignal, SignalStatus
 from sidecar.contracts.schema_export import render, stale_files
 from sidecar.lab.demo import bundled_sample
 from sidecar.lab.replay import load_file
+from sidecar.pipeline.outputs import report_output, withdrawal_output
 from tests.conftest import REPO, EventFactory
 
 
@@ -95,3 +99,35 @@ def test_the_verdict_fields_a_ui_acts_on_are_described(field: str) -> None:
     assert description, f"answer.verdict.schema.json: {field} has no description"
     if field in ("decision", "caveat_text"):
         assert "rewritten_answer" in description
+
+
+def test_asyncapi_names_the_key_each_output_is_published_under() -> None:
+    # a consumer compacting or partitioning by the record key reads it from asyncapi.json:
+    # reports and withdrawals are keyed by their calibration key, never by a request id
+    doc = json.loads((REPO / "schemas" / "asyncapi.json").read_text())
+
+    def key_of(channel: str) -> str:
+        (message,) = doc["channels"][channel]["messages"].values()
+        description: str = message["bindings"]["kafka"]["key"]["description"]
+        return description.split(":", 1)[0].split(" ", 1)[0]
+
+    monitor = CoverageMonitor()
+    trusted = RetrievalSignal(status=SignalStatus.OK, m1=True, calibration_key="acme/docs/default")
+    monitor.observe_decision("r-1", Decision.ALLOW, trusted, None, tenant="acme")
+    (report,) = monitor.reports()
+    withdrawal = CertificateWithdrawal(
+        calibration_key="acme/docs/default",
+        certificates=["0123456789abcdef"],
+        risk=0.1,
+        delta=0.05,
+        labelled=10,
+        errors=6,
+        error_low=0.3,
+        error_high=0.85,
+        withdrawn_at=datetime.now(UTC),
+        sidecar_version="test",
+    )
+    assert report_output(report).key == b"acme/docs/default"
+    assert withdrawal_output(withdrawal).key == b"acme/docs/default"
+    assert key_of("reports") == key_of("certificates") == "calibration_key"
+    assert {key_of(c) for c in ("retrieval", "feedback", "claims", "verdicts")} == {"request_id"}
