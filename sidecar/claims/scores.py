@@ -11,6 +11,8 @@ Hallucination rate::
     factual_claims = len(claims) - irrelevant
     hallucination_rate = unverified / factual_claims   (0.0 when factual_claims == 0)
 
+(the four-way "unverified" is our ``unsupported``).
+
 The three-way labels have no ``irrelevant``; the four-way source leaves
 irrelevant claims out of the denominator because "it's unfair to penalize the
 LLM for correctly stating" general knowledge. The sidecar applies the same rule
