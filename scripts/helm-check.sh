@@ -93,7 +93,7 @@ if grep -q "rollingUpdate" "$RENDERED/chart-recreate.yaml"; then
 fi
 
 # The validator must be able to fail: a manifest with an unknown field, a
-# wrongly typed one and a bad CRD field is rejected, or the schema setup is broken.
+# wrongly typed one and bad CRD fields are rejected, or the schema setup is broken.
 log "kubeconform self-test: a broken manifest is rejected"
 kubeconform_args=(
   -strict
@@ -115,13 +115,18 @@ apiVersion: monitoring.coreos.com/v1
 kind: ServiceMonitor
 metadata: {name: broken}
 spec: {selector: {}, endpoints: [{port: metrics, intervall: 30s}]}
+---
+apiVersion: monitoring.coreos.com/v1
+kind: PrometheusRule
+metadata: {name: broken}
+spec: {groups: [{name: g, rules: [{alert: A, expresion: up == 0}]}]}
 YAML
 )"
 if verdict="$(kubeconform "${kubeconform_args[@]}" -kubernetes-version "${KUBE_VERSIONS[0]}" -summary - <<<"$broken" 2>&1)"; then
   die "kubeconform accepted a broken manifest: $verdict"
 fi
-grep -q "Invalid: 2" <<<"$verdict" || die "kubeconform did not reject both broken resources: $verdict"
-echo "rejected as expected: unknown field, wrong type, unknown CRD field" >&2
+grep -q "Invalid: 3" <<<"$verdict" || die "kubeconform did not reject the three broken resources: $verdict"
+echo "rejected as expected: unknown field, wrong type, unknown CRD fields (ServiceMonitor, PrometheusRule)" >&2
 
 for v in "${KUBE_VERSIONS[@]}"; do
   log "kubeconform $KUBECONFORM_VERSION -strict, Kubernetes $v (offline: kubernetes-validate $KUBERNETES_VALIDATE_VERSION + Prometheus Operator $PROMETHEUS_OPERATOR_VERSION CRD schemas)"
@@ -155,6 +160,8 @@ expect_failure "the metrics port on the health port" "need two different ports" 
   --set metrics.prometheus.port=8080
 expect_failure "a drain longer than the pod's grace period" "must be above shutdownGraceMs" \
   --set shutdownGraceMs=60000
+expect_failure "an alert's for that is not a duration" "/prometheusRule/alerts/down/for" \
+  --set prometheusRule.enabled=true --set prometheusRule.alerts.down.for=soon
 expect_failure "a PDB bound that is neither a count nor a percentage" "/podDisruptionBudget/maxUnavailable" \
   --set podDisruptionBudget.maxUnavailable=half
 

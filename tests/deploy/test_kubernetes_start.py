@@ -42,21 +42,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.deploy.dockerfile import Dockerfile
 from tests.deploy.kubelet import services_env
 from tests.deploy.podpython import PodPython, pod_python
+from tests.deploy.tools import (
+    CHART,
+    EXAMPLE,
+    HELM_BUILD_TIMEOUT_S,
+    KUBE_VERSION,
+    NAMESPACE,
+    ROOT,
+    RUN_TIMEOUT_S,
+    helm_env,
+    render,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "guardrail-sidecar"
-EXAMPLE = ROOT / "helm" / "example-llm-service"
 DOCKERFILE = ROOT / "Dockerfile"
-KUBE_VERSION = "1.31.0"
-NAMESPACE = "rag"
-# The first run builds helm with `go install` (minutes); later runs reuse it.
-HELM_BUILD_TIMEOUT_S = 900
-RUN_TIMEOUT_S = 120
 POD_TMP = "/tmp"  # noqa: S108 - the container's path (an emptyDir), not the host's
 
 # A Service of the namespace that is not the chart's: an LLM team's own.
@@ -82,62 +84,6 @@ KUBERNETES_SERVICE: dict[str, Any] = {
 
 
 @pytest.fixture(scope="session")
-def helm() -> Path:
-    """The pinned helm binary, built by scripts/lib/deploy-tools.sh when missing."""
-    built = subprocess.run(
-        [
-            "bash",
-            "-c",
-            'source "$1" && tools_init && helm_tool >&2 && command -v helm',
-            "helm-tool",
-            str(ROOT / "scripts" / "lib" / "deploy-tools.sh"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=HELM_BUILD_TIMEOUT_S,
-        check=False,
-    )
-    assert built.returncode == 0, (
-        "could not build the pinned helm (needs Go and the Go module proxy, as "
-        f"`make helm-check` does):\n{built.stderr[-3000:]}"
-    )
-    return Path(built.stdout.strip().splitlines()[-1])
-
-
-def _helm_env() -> dict[str, str]:
-    tools = ROOT / ".tools" / "helm-home"
-    return os.environ | {
-        "HELM_CACHE_HOME": str(tools / "cache"),
-        "HELM_CONFIG_HOME": str(tools / "config"),
-        "HELM_DATA_HOME": str(tools / "data"),
-    }
-
-
-def render(helm: Path, chart: Path, *args: str) -> list[dict[str, Any]]:
-    release = "llm" if chart.name == EXAMPLE.name else "guardrail"
-    out = subprocess.run(
-        [
-            str(helm),
-            "template",
-            release,
-            str(chart),
-            "-n",
-            NAMESPACE,
-            "--kube-version",
-            KUBE_VERSION,
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        env=_helm_env(),
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
-    assert out.returncode == 0, f"helm template {chart.name} {args} failed:\n{out.stderr}"
-    return [m for m in yaml.safe_load_all(out.stdout) if m]
-
-
-@pytest.fixture(scope="session")
 def example_chart(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """helm/example-llm-service with its dependency built, in a copy (the tree stays clean)."""
     root = tmp_path_factory.mktemp("charts")
@@ -148,7 +94,7 @@ def example_chart(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         [str(helm), "dependency", "build", "--skip-refresh", str(example)],
         capture_output=True,
         text=True,
-        env=_helm_env(),
+        env=helm_env(),
         timeout=RUN_TIMEOUT_S,
         check=False,
     )
@@ -256,7 +202,7 @@ def test_an_encrypted_client_key_gets_its_passphrase_from_a_secret(
          "--set", "kafka.securityProtocol=SSL", "--set", "kafka.ssl.keyPasswordSecret=k"],
         capture_output=True,
         text=True,
-        env=_helm_env(),
+        env=helm_env(),
         timeout=RUN_TIMEOUT_S,
         check=False,
     )  # fmt: skip

@@ -50,6 +50,30 @@ app.kubernetes.io/name: {{ include "guardrail-sidecar.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/*
+The PromQL label matchers (no braces) of this release's series in the alerts:
+prometheusRule.selector, else the namespace and the job the chart's ServiceMonitor
+(the Service's name) or PodMonitor (<namespace>/<PodMonitor name>) gives them.
+*/}}
+{{- define "guardrail-sidecar.alertSelector" -}}
+{{- if .Values.prometheusRule.selector }}
+{{- .Values.prometheusRule.selector }}
+{{- else }}
+{{- $full := include "guardrail-sidecar.fullname" . }}
+{{- printf "namespace=%q,job=~%q" .Release.Namespace (printf "%s|%s/%s" $full .Release.Namespace $full) }}
+{{- end }}
+{{- end }}
+
+{{/* An alert's labels: (list .Values.prometheusRule <the alert's values>). */}}
+{{- define "guardrail-sidecar.alertLabels" -}}
+{{- $r := index . 0 }}
+{{- $alert := index . 1 }}
+{{- with $r.alertLabels }}
+{{- toYaml (omit . "severity") }}
+{{ end }}
+{{- printf "severity: %s" ($alert.severity | quote) }}
+{{- end }}
+
 {{/* The ServiceAccount of the standalone Deployment. */}}
 {{- define "guardrail-sidecar.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
