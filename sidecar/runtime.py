@@ -581,11 +581,12 @@ async def _watch_policy(
 
 
 async def _watch_tls(
-    watch: TlsFilesWatch, stop: asyncio.Event, interval_s: float = TLS_CHECK_INTERVAL_S
+    watch: TlsFilesWatch, stop: asyncio.Event, interval_s: float | None = None
 ) -> None:
-    """Until ``stop``: every ``interval_s``, load the Kafka TLS files again when they changed
-    on disk (a renewed client certificate, a CA bundle with a new CA), and say so."""
-    async for _ in _every(interval_s, stop):
+    """Until ``stop``: every ``interval_s`` (default ``TLS_CHECK_INTERVAL_S``), load the Kafka
+    TLS files again when they changed on disk (a renewed client certificate, a CA bundle
+    with a new CA), and say so."""
+    async for _ in _every(TLS_CHECK_INTERVAL_S if interval_s is None else interval_s, stop):
         try:
             said = await asyncio.to_thread(watch.changed)
             said = said or watch.apply()  # on the loop, where the clients connect
@@ -597,22 +598,35 @@ async def _watch_tls(
 
 
 async def _until_stopped(settings: Settings, processor: Processor, stop: asyncio.Event) -> None:
-    """Wait for SIGTERM / SIGINT, re-reading the policy file and the Kafka TLS files
-    meanwhile."""
-    watches = []
-    policy = _policy_watch(settings, processor)
-    if policy is not None:
-        watches.append(
-            asyncio.create_task(_watch_policy(policy, stop), name="sidecar-policy-watch")
-        )
-    if settings.kafka.security_protocol.endswith("SSL"):
-        tls = TlsFilesWatch(settings.kafka)
-        watches.append(asyncio.create_task(_watch_tls(tls, stop), name="sidecar-tls-watch"))
+    """Wait for SIGTERM / SIGINT, re-reading the policy file meanwhile."""
+    watch = _policy_watch(settings, processor)
+    if watch is None:
+        await stop.wait()
+        return
+    watching = asyncio.create_task(_watch_policy(watch, stop), name="sidecar-policy-watch")
     try:
         await stop.wait()
     finally:
-        for task in watches:
-            task.cancel()
+        watching.cancel()
+
+
+def _tls_watch(settings: Settings, stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """The Kafka TLS files' watch (``None``: no TLS), from before Kafka is first reached:
+    a start that waits for the brokers (``kafka.wait_at_start``) retries with the shared
+    context, which read the files at the first try (each try read them again before it
+    was shared): a certificate that expired while the brokers were away ended the start
+    (a refused certificate is a configuration error) with its renewal on disk."""
+    if not settings.kafka.security_protocol.endswith("SSL"):
+        return None
+    watch = TlsFilesWatch(settings.kafka)
+    return asyncio.create_task(_watch_tls(watch, stop), name="sidecar-tls-watch")
+
+
+def _log_levels(settings: Settings) -> None:
+    logging.getLogger().setLevel(settings.log_level)
+    if settings.log_level == "DEBUG":
+        for name in ("aiokafka", "faststream"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
 
 
 async def serve(settings: Settings, processor: Processor | None = None) -> None:
@@ -623,12 +637,10 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
     The signal handlers and the health endpoints come first: a pod deleted while it
     starts stops at once, and its probes answer (live; ready once the service runs).
     """
-    logging.getLogger().setLevel(settings.log_level)
-    if settings.log_level == "DEBUG":
-        for name in ("aiokafka", "faststream"):
-            logging.getLogger(name).setLevel(logging.DEBUG)
+    _log_levels(settings)
     _preflight(settings)
     stop = asyncio.Event()
+    tls_watch = _tls_watch(settings, stop)  # a TLS file that does not load: stops here
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -691,6 +703,8 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
                 + ": exiting now; what was not committed is read again by the next owner"
             ) from None
     finally:
+        if tls_watch is not None:
+            tls_watch.cancel()
         if health is not None:
             await health.stop()
         if setup is not None:

@@ -44,7 +44,8 @@ TLS_CHECK_INTERVAL_S = 30.0
 """How often the running sidecar hashes its Kafka TLS files (a few KB) for a renewal."""
 
 _TlsKey = tuple[str | None, str | None, str | None, str | None]
-_SHARED: dict[_TlsKey, ssl.SSLContext] = {}
+# each context with the digests of the files it was made from (read before them)
+_SHARED: dict[_TlsKey, tuple[ssl.SSLContext, dict[str, str]]] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -126,14 +127,34 @@ def shared_ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
     first time): the context every client gets, and :class:`TlsFilesWatch` reloads."""
     if not kafka.security_protocol.endswith("SSL"):
         return None
+    return _shared(kafka)[0]
+
+
+def _shared(kafka: KafkaSettings) -> tuple[ssl.SSLContext, dict[str, str]]:
+    """The shared context of an ``*SSL`` protocol, and the digests of the files it holds."""
     key = _tls_key(kafka)
     with _SHARED_LOCK:
-        context = _SHARED.get(key)
-        if context is None:
+        shared = _SHARED.get(key)
+        if shared is None:
+            digests = _digests(_tls_files(kafka))  # first: a change after it is seen
             made = ssl_context(kafka)
             assert made is not None  # noqa: S101 - an *SSL protocol
-            context = _SHARED[key] = made
-    return context
+            shared = _SHARED[key] = (made, digests)
+    return shared
+
+
+def _tls_files(kafka: KafkaSettings) -> list[str]:
+    return [p for p in (kafka.ssl_cafile, kafka.ssl_certfile, kafka.ssl_keyfile) if p]
+
+
+def _digests(files: list[str]) -> dict[str, str]:
+    out = {}
+    for path in files:
+        try:
+            out[path] = sha256_file(Path(path))
+        except OSError as exc:
+            out[path] = f"unreadable: {exc}"
+    return out
 
 
 class TlsFilesWatch:
@@ -148,23 +169,18 @@ class TlsFilesWatch:
     """
 
     def __init__(self, kafka: KafkaSettings) -> None:
-        context = shared_ssl_context(kafka)
-        if context is None:
+        if not kafka.security_protocol.endswith("SSL"):
             raise ConfigError("TlsFilesWatch needs an SSL or SASL_SSL security protocol")
         self._kafka = kafka
-        self._context = context
-        self._files = [p for p in (kafka.ssl_cafile, kafka.ssl_certfile, kafka.ssl_keyfile) if p]
-        self._loaded = self._seen = self._digests()
+        # what the context was made from, not what the files hold now: a watch started after
+        # the clients first reached Kafka took a renewal made meanwhile for the one loaded
+        self._context, self._loaded = _shared(kafka)
+        self._seen = self._loaded
+        self._files = _tls_files(kafka)
         self._pending: dict[str, str] | None = None
 
     def _digests(self) -> dict[str, str]:
-        out = {}
-        for path in self._files:
-            try:
-                out[path] = sha256_file(Path(path))
-            except OSError as exc:
-                out[path] = f"unreadable: {exc}"
-        return out
+        return _digests(self._files)
 
     def changed(self) -> tuple[int, str] | None:
         """A log level and line when the files changed since the last look; the files are

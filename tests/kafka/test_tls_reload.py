@@ -20,13 +20,15 @@ from typing import Any
 
 import pytest
 
-from sidecar.config import KafkaSettings
+from sidecar import runtime
+from sidecar.config import HttpSettings, KafkaSettings, Settings
 from sidecar.kafka.security import (
     TlsFilesWatch,
     aiokafka_client_args,
     faststream_security,
     shared_ssl_context,
 )
+from sidecar.pipeline.processor import Processor
 from sidecar.runtime import _watch_tls
 from tests.kafka.test_tls import _ca, _signed
 
@@ -190,3 +192,54 @@ async def test_the_running_sidecar_looks_at_its_tls_files_now_and_then(
         stop.set()
         await asyncio.wait_for(watching, 5)
     assert caplog.text.count("reloaded the Kafka TLS files") == 1
+
+
+def test_a_renewal_before_the_watch_starts_is_loaded_by_it(certs: Path, tmp_path: Path) -> None:
+    # the clients' context is made as Kafka is first reached; the watch starts once the
+    # service runs, minutes later when the brokers were slow to answer: a certificate
+    # renewed meanwhile was taken for the one loaded, and never loaded
+    put(certs, tmp_path, "client1")
+    context = shared_ssl_context(settings(tmp_path))
+    assert context is not None
+    put(certs, tmp_path, "client2")
+    watch = TlsFilesWatch(settings(tmp_path))
+    assert watch.changed() is None
+    level, said = watch.apply() or (0, "")
+    assert level == logging.INFO and "reloaded the Kafka TLS files" in said
+    with tls_server(certs) as (port, seen):
+        connect(context, port)
+    assert seen == ["client2"]
+
+
+async def test_a_start_waiting_for_the_brokers_retries_with_a_renewed_certificate(
+    certs: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a start that waits for Kafka (wait_at_start) tries again with the shared context:
+    # before the watch ran from the start, a certificate renewed meanwhile never reached
+    # those tries (one that expired while the brokers were away ended the start)
+    put(certs, tmp_path, "client1")
+    kafka = settings(tmp_path).model_copy(update={"wait_at_start": True})
+    monkeypatch.setattr(runtime, "TLS_CHECK_INTERVAL_S", 0.05)
+    with tls_server(certs) as (port, seen):
+
+        async def reaching(
+            settings: Settings, stop: asyncio.Event, processor: Processor | None
+        ) -> None:
+            del processor
+            context = aiokafka_client_args(settings.kafka)["ssl_context"]
+            await asyncio.to_thread(connect, context, port)
+            put(certs, tmp_path, "client2")
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                if "reloaded the Kafka TLS files" in caplog.text:
+                    break
+            await asyncio.to_thread(connect, context, port)  # the next try
+            stop.set()  # the test ends here: no broker to reach
+
+        monkeypatch.setattr(runtime, "_load_while_reaching_kafka", reaching)
+        with caplog.at_level(logging.INFO, logger="sidecar"):
+            await runtime.serve(Settings(kafka=kafka, http=HttpSettings(enabled=False)))
+    assert seen == ["client1", "client2"]
