@@ -1,16 +1,17 @@
 """Text folded for word matching: lower case, Latin letters without their accents.
 
-The lexical matchers (the claim checker's content terms, the confidence scorer's
-missing query words) read ``[a-z0-9]`` runs. Lower-casing alone cut a Latin word
-with an accent into pieces (audit: "Zürich" gave the term "rich", "København"
-"benhavn", "Straße" "stra"), so "Zürich" in a claim did not meet "Zurich" in the
-evidence and the reformulation hint named "rich" as missing. :func:`fold` spells
-out the few letters that have no decomposition, decomposes the rest (canonical
-decomposition, which at most quadruples a text where a compatibility one can
-multiply it 18 times) and drops the combining marks, so a word reads the same with
-or without its accents. ASCII text comes back lower-cased and otherwise unchanged
-(the common case costs one ``isascii`` scan). Other scripts keep their letters
-(without their marks, as Latin ones), which the ``[a-z0-9]`` matchers do not read.
+The lexical matchers (the claim checker's content terms, the confidence scorer's missing
+query words) read ``[a-z0-9]`` runs. Lower-casing alone cut a Latin word with an accent
+into pieces (audit: "Zürich" gave the term "rich", "København" "benhavn", "Straße"
+"stra"), so "Zürich" in a claim did not meet "Zurich" in the evidence and the
+reformulation hint named "rich" as missing. :func:`fold` spells out the few letters that
+have no decomposition (and the ligatures "ﬁ", "ﬂ", ... of text taken from PDFs, which
+only a compatibility decomposition splits), decomposes the rest (canonical
+decomposition, which at most quadruples a text where a compatibility one can multiply it
+18 times) and drops the combining marks, so a word reads the same with or without its
+accents. ASCII text comes back lower-cased and otherwise unchanged (the common case
+costs one ``isascii`` scan). Other scripts keep their letters (without their marks, as
+Latin ones), which the ``[a-z0-9]`` matchers do not read.
 
 Every step is a scan in C, never a Python call per character or per combining mark: a
 hostile 1 MB of accented letters costs less than splitting it into content terms.
@@ -37,6 +38,15 @@ _SPELLED: Final = {
     "\u0131": "i",  # dotless i
     "ħ": "h",
     "ŧ": "t",
+    # the Latin ligatures of U+FB00-FB06, which text taken from PDFs is full of (without
+    # them "ﬁnancial" read "nancial", and "ﬁrm proﬁt ﬂowed" did not meet "firm profit flowed")
+    "\ufb00": "ff",
+    "\ufb01": "fi",
+    "\ufb02": "fl",
+    "\ufb03": "ffi",
+    "\ufb04": "ffl",
+    "\ufb05": "st",
+    "\ufb06": "st",
 }
 _SPELLED_RE: Final = re.compile("[" + "".join(_SPELLED) + "]")
 # combining marks: diacritics, their extensions and supplements, marks for symbols, half marks

@@ -26,6 +26,14 @@ def test_accented_latin_letters_fold_to_their_base_letters() -> None:
     assert fold("Zu\u0308rich") == "zurich"
 
 
+def test_ligatures_of_text_taken_from_pdfs_are_spelled_out() -> None:
+    # before: "ﬁrm proﬁt ﬂowed" gave the terms ['rm', 'pro', 'owed']
+    assert fold("ﬁrm proﬁt ﬂowed, ﬀ ﬃ ﬄ ﬅ ﬆ") == "firm profit flowed, ff ffi ffl st st"
+    assert content_terms("The ﬁrm's proﬁt ﬂowed") == content_terms("The firm's profit flowed")
+    assert coverage("The firm reported a profit.", "The ﬁrm reported a proﬁt.") == 1.0
+    assert missing_terms("firm profit flowed", ["The ﬁrm's proﬁt ﬂowed offshore"]) == []
+
+
 def test_other_scripts_keep_their_letters() -> None:
     assert fold("Москва 東京") == "москва 東京"
 
