@@ -222,8 +222,15 @@ class TlsFilesWatch:
                     kafka.ssl_keyfile,
                     password=_no_password if password is None else password.get_secret_value(),
                 )
-        except (OSError, ssl.SSLError, _EncryptedKeyError) as exc:  # rewritten under it
-            return logging.ERROR, f"loading the Kafka TLS files changed on disk ({names}): {exc}"
+        except (OSError, ssl.SSLError, _EncryptedKeyError) as exc:
+            # rewritten between the hash and the load (a writer that replaces the certificate
+            # and the key one after the other): OpenSSL may have dropped the old key with
+            # the new certificate, so new connections can fail until the next look loads
+            # the files as they end up (they differ from those seen, so it does)
+            return logging.ERROR, (
+                f"loading the Kafka TLS files changed on disk ({names}) failed: {exc}; new "
+                f"connections may fail until the next look in {TLS_CHECK_INTERVAL_S:.0f} s"
+            )
         self._loaded = ready
         return logging.INFO, (
             f"reloaded the Kafka TLS files changed on disk ({names}): new connections use them"
