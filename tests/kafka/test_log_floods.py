@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from aiokafka import ConsumerRecord
 
-from sidecar.contracts.events import CertificateWithdrawal
-from sidecar.kafka.withdrawals import CertificateBoard
+from sidecar.kafka.withdrawals import CertificateBoard, _Latest
 from sidecar.lograte import report_repeats
 from sidecar.pipeline.outputs import Destination
 from tests.conftest import EventFactory, LogLines, dumps
@@ -20,26 +19,6 @@ from tests.kafka.harness import memory_harness, settings_for, wait_until
 
 FLOOD = 200
 KEY = b"default/nq-open/qdrant-minilm-l6"
-
-
-class _Ledger:
-    """Takes every record of the certificates topic (as ``guardrail certificates list``)."""
-
-    def __init__(self) -> None:
-        self.latest: dict[str, CertificateWithdrawal | None] = {}
-
-    def keys(self) -> list[str]:
-        return list(self.latest)
-
-    def apply(self, key: str, withdrawal: CertificateWithdrawal | None) -> None:
-        self.latest[key] = withdrawal
-
-    def displaced(self, key: str) -> None:
-        del key
-
-    def take_withdrawals(self, *, unconfirmed: bool = False) -> list[CertificateWithdrawal]:
-        del unconfirmed
-        return []
 
 
 async def test_oversized_records_for_the_dlq_log_one_line_with_a_count(
@@ -87,7 +66,7 @@ def test_junk_on_the_certificates_topic_logs_one_line_with_a_count(log_lines: Lo
     """Audit: 1,000 records that are no withdrawal under a certified key of a running
     sidecar's ``rag.certificates`` wrote 1,000 WARNING lines (170,890 bytes)."""
     settings = settings_for({"group": "g"})
-    board = CertificateBoard(settings, _Ledger(), every_key=True)
+    board = CertificateBoard(settings, _Latest(), every_key=True)
     topic = settings.topics.certificates
     for offset in range(FLOOD):
         board.apply(ConsumerRecord(topic, 0, offset, 0, 0, KEY, b"junk", None, 4, 4, []))
