@@ -24,7 +24,8 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -272,25 +273,38 @@ def _service(settings: Settings, assignor: Any) -> SidecarService:
     return SidecarService(settings, Processor(settings, PlaceholderPolicy()), assignor=assignor)
 
 
-@pytest.mark.parametrize("assignor", ["roundrobin", "copartition"])
-async def test_round_robin_tears_requests_apart_and_the_co_partition_assignor_does_not(
-    kafka_broker: LocalKafka, unique_topics: dict[str, str], assignor: str
-) -> None:
-    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions=3)
-    await create_topics(settings)
-    strategy = RoundRobinPartitionAssignor if assignor == "roundrobin" else None
-    services = [_service(settings, strategy or co_partition_assignor()) for _ in range(2)]
+@asynccontextmanager
+async def _two_members(
+    settings: Settings, assignor: Callable[[], Any], assigned: int
+) -> AsyncIterator[list[SidecarService]]:
+    """Two started members of one group (``assignor()`` each: a fresh co-partition class
+    remembers one consumer's numbers), each holding partitions, ``assigned`` in all."""
+    services = [_service(settings, assignor()) for _ in range(2)]
     for s in services:
         await s.start()
     try:
         await wait_until(
             lambda: (
                 all(s.state.assigned for s in services)
-                and sum(len(s.state.assigned) for s in services) == 9
-            ),  # 3 input topics x 3
+                and sum(len(s.state.assigned) for s in services) == assigned
+            ),
             30,
             "both members assigned",
         )
+        yield services
+    finally:
+        for s in services:
+            await s.stop()
+
+
+@pytest.mark.parametrize("assignor", ["roundrobin", "copartition"])
+async def test_round_robin_tears_requests_apart_and_the_co_partition_assignor_does_not(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], assignor: str
+) -> None:
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions=3)
+    await create_topics(settings)
+    strategy = (lambda: RoundRobinPartitionAssignor) if assignor == "roundrobin" else None
+    async with _two_members(settings, strategy or co_partition_assignor, 9) as services:
         n = 100
         ids = [f"rr-{i}" for i in range(n)]
         seen = Seen()
@@ -315,9 +329,6 @@ async def test_round_robin_tears_requests_apart_and_the_co_partition_assignor_do
             f"{sum(seen.count.values())} verdicts, {len(seen.incomplete)} incomplete; "
             f"split: {splits}"
         )
-    finally:
-        for s in services:
-            await s.stop()
 
 
 def _produce_with_librdkafka_defaults(bootstrap: str, records: list[Record]) -> dict[str, int]:
@@ -350,18 +361,7 @@ async def test_a_producer_with_another_partitioner_is_named_in_each_torn_request
     settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions)
     await create_topics(settings)
     t = settings.topics
-    services = [_service(settings, co_partition_assignor()) for _ in range(2)]
-    for s in services:
-        await s.start()
-    try:
-        await wait_until(
-            lambda: (
-                all(s.state.assigned for s in services)
-                and sum(len(s.state.assigned) for s in services) == 3 * partitions
-            ),
-            30,
-            "both members assigned",
-        )
+    async with _two_members(settings, co_partition_assignor, 3 * partitions) as services:
         ids = [f"rdk-{i}" for i in range(30)]
         records = [r for rid in ids for r in request_records(t, rid)]
         generation = [r for r in records if r.topic == t.generation]
@@ -393,9 +393,6 @@ async def test_a_producer_with_another_partitioner_is_named_in_each_torn_request
             f"\n{len(ids)} requests, {len(moved)} with generation off its murmur2 partition, "
             f"{len(torn)} torn between the 2 replicas: {sum(seen.count.values())} verdicts"
         )
-    finally:
-        for s in services:
-            await s.stop()
 
 
 # ---------------------------------------------------------------- start-up refusals
