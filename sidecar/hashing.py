@@ -7,7 +7,7 @@ import hashlib
 import stat
 from pathlib import Path
 
-__all__ = ["not_a_regular_file", "sha256_file", "sha256_tree"]
+__all__ = ["not_a_regular_file", "sha256_file", "sha256_or_empty", "sha256_tree"]
 
 _BLOCK = 1 << 20
 
@@ -41,6 +41,15 @@ def _file_digest(path: Path) -> hashlib._Hash:
 def sha256_file(path: str | Path) -> str:
     """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
     return _file_digest(Path(path)).hexdigest()
+
+
+def sha256_or_empty(path: str | Path) -> str:
+    """:func:`sha256_file`, or ``""`` when the file cannot be read (what a watch compares:
+    a file gone or unreadable differs from every readable one)."""
+    try:
+        return sha256_file(path)
+    except OSError:
+        return ""
 
 
 def sha256_tree(path: str | Path) -> str:

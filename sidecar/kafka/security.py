@@ -29,7 +29,7 @@ from faststream.security import (
 
 from sidecar.config import KafkaSettings
 from sidecar.exceptions import ConfigError
-from sidecar.hashing import sha256_file
+from sidecar.hashing import sha256_or_empty
 
 __all__ = [
     "TLS_CHECK_INTERVAL_S",
@@ -148,13 +148,7 @@ def _tls_files(kafka: KafkaSettings) -> list[str]:
 
 
 def _digests(files: list[str]) -> dict[str, str]:
-    out = {}
-    for path in files:
-        try:
-            out[path] = sha256_file(Path(path))
-        except OSError as exc:
-            out[path] = f"unreadable: {exc}"
-    return out
+    return {path: sha256_or_empty(path) for path in files}
 
 
 class TlsFilesWatch:
@@ -179,13 +173,10 @@ class TlsFilesWatch:
         self._files = _tls_files(kafka)
         self._pending: dict[str, str] | None = None
 
-    def _digests(self) -> dict[str, str]:
-        return _digests(self._files)
-
     def changed(self) -> tuple[int, str] | None:
         """A log level and line when the files changed since the last look; the files are
         then ready for :meth:`apply` if they load."""
-        now = self._digests()
+        now = _digests(self._files)
         if now == self._seen:
             return None
         self._seen, self._pending = now, None
@@ -209,7 +200,7 @@ class TlsFilesWatch:
             return None
         kafka, context, ready = self._kafka, self._context, self._pending
         self._pending = None
-        if self._digests() != ready:  # changed again since: the next look loads them first
+        if _digests(self._files) != ready:  # changed again since: the next look loads them first
             return None
         names = ", ".join(path for path in self._files if ready[path] != self._loaded[path])
         password = kafka.ssl_key_password

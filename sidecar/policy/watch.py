@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from sidecar.exceptions import ConfigError
-from sidecar.hashing import sha256_file
+from sidecar.hashing import sha256_or_empty
 from sidecar.policy.config import read_policy_text
 from sidecar.policy.engine import PolicySource
 
@@ -53,7 +53,7 @@ class PolicyFileWatch:
         self._fingerprint_of_file = fingerprint_of_file
         # the certificates as they are now: the engine keeps no bytes of what it loaded
         self._loaded = {source.path: source.sha256} | {
-            path: _sha256_of(path) for path in source.certificates
+            path: sha256_or_empty(path) for path in source.certificates
         }
         self._seen = self._loaded
 
@@ -66,7 +66,7 @@ class PolicyFileWatch:
         except (ConfigError, OSError) as exc:
             digests, unreadable = {path: ""}, str(exc)
         for certificate in self._source.certificates:  # whether it loads: a start says
-            digests[certificate] = _sha256_of(certificate)
+            digests[certificate] = sha256_or_empty(certificate)
         if digests == self._seen:
             return None
         self._seen = digests
@@ -102,15 +102,6 @@ class PolicyFileWatch:
             f"{what} changed on disk and the policy would not load: {unreadable}; "
             f"{still}, and a restarted replica would not start until the file is fixed",
         )
-
-
-def _sha256_of(path: Path) -> str:
-    """The file's sha256 (the project's one file hash, which refuses a FIFO rather than
-    block on it), ``""`` when it cannot be read."""
-    try:
-        return sha256_file(path)
-    except OSError:
-        return ""
 
 
 def _named(changed: list[Path], policy: Path) -> str:
