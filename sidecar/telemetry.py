@@ -201,6 +201,14 @@ COUNT_HELP: Final = {
     "offset metadata: committed at a cut lowered until no request straddles it",
     "kafka.commit_holds": "commits left out because a handover did not fit where one was "
     "committed before: the last commit stands (the lag grows until it fits again)",
+    "judge.calls": "LLM judge calls sent (claims the verifier left uncertain)",
+    "judge.ok": "LLM judge calls that returned a usable label",
+    "judge.failed": "LLM judge calls that failed (error, timeout, unusable reply, "
+    "rate-limited): the verifier's label stands",
+    "judge.late": "LLM judge replies not back when their answer was decided: the verifier's "
+    "label stands",
+    "judge.skipped": "LLM judge calls not sent: the answer's call budget spent, the breaker "
+    "open, or the call pool saturated",
 }
 # the HELP text of each observed gauge (what waits in the sidecar, and what it stopped reading)
 GAUGE_HELP: Final = {
@@ -208,6 +216,8 @@ GAUGE_HELP: Final = {
     "queue.bytes": "bytes of the consumed input records waiting for the processor",
     "consumer.paused_partitions": "input partitions this instance has paused "
     "(backpressure: the processing queue is full; alignment: one input topic is ahead)",
+    "judge.breaker_open": "1 while the LLM judge is not called (failures in a row, or it "
+    "asked for a pause with 429 / Retry-After), else 0",
 }
 MAX_KEY_SERIES: Final = 100  # metrics.max_key_series
 _V = TypeVar("_V")

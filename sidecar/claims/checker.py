@@ -279,6 +279,11 @@ class VerifierClaimChecker:
         return self._scorer
 
     @property
+    def judge(self) -> JudgeRunner | None:
+        """The LLM judge's runner, when one is configured (its counts become metrics)."""
+        return self._judge
+
+    @property
     def version(self) -> str:
         suffix = "+judge" if self._judge is not None else ""
         rules = "+rules" if self._scorer.rules else ""

@@ -316,6 +316,10 @@ class SidecarService:
                 "consumer.paused_partitions": len(self.intake.paused),
             }
         )
+        judge = getattr(processor.signals.claims, "judge", None)  # VerifierClaimChecker's
+        if judge is not None:
+            self.telemetry.observe_counts(judge.counts)
+            self.telemetry.observe_gauges(lambda: {"judge.breaker_open": int(judge.open)})
         self.telemetry.preset_verdicts(processor.policy.profile_names)
         signals = processor.signals
         if signals.certifier is not None:
