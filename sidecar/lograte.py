@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -245,14 +246,40 @@ class OneLine(logging.Filter):
     (:func:`~sidecar.redact.redact_text`).
 
     The message is rendered once here (``msg`` becomes the text, ``args`` None);
-    a traceback is not part of it and keeps its lines.
+    a traceback keeps its lines, and each exception's own text in it is one line, escaped
+    and masked as a message is (:func:`_traceback_text`).
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = redact_text(record.getMessage())  # an exporter's endpoint with ?token=...
         record.msg = _printable(text)
         record.args = None
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and not record.exc_text:  # the formatter uses exc_text as given
+            record.exc_text = _traceback_text(exc)
         return True
+
+
+# the lines of a traceback that are its own layout, not an exception's text
+_LAYOUT: Final = (
+    "Traceback (most recent call last):",
+    "  File ",
+    "\nThe above exception was the direct cause",
+    "\nDuring handling of the above exception",
+)
+
+
+def _traceback_text(exc: BaseException) -> str:
+    """The standard traceback of ``exc``, with each exception's own text (``Type: message``,
+    its notes) on one line, escaped and masked as a message is: a newline in it (a
+    producer's text quoted in an error) cannot start a forged line of its own."""
+    out = []
+    for chunk in traceback.TracebackException.from_exception(exc).format():
+        if chunk.startswith(_LAYOUT):
+            out.append("\n".join(_printable(line) for line in chunk.split("\n")))
+        else:
+            out.append(_printable(redact_text(chunk.removesuffix("\n"))) + "\n")
+    return "".join(out).removesuffix("\n")
 
 
 def one_line(handlers: Iterable[logging.Handler]) -> None:

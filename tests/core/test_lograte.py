@@ -243,6 +243,36 @@ def test_no_message_can_start_a_line_of_its_own() -> None:
     assert lines[-1] == "ValueError: boom"
 
 
+def test_an_exceptions_text_in_a_traceback_cannot_forge_a_line_or_colour_it() -> None:
+    """A traceback kept the exception's text raw: an error quoting a producer's text
+    (``ValueError(f"bad chunk {doc_id}")``) wrote a forged ``CRITICAL`` line at the start of
+    a line, an ESC sequence and a right-to-left override, and a URL's password, as they
+    came. Each exception's own text is one escaped, masked line now; the frames keep theirs."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    one_line([handler])
+    doc_id = "d1\n2030-01-01 00:00:00,000 CRITICAL sidecar.kafka: FATAL forged\x1b[2J\u202egnp"
+    url = "http://u:hunter2@judge:80/v1"
+    record = _record("sidecar.pipeline", "internal error on %s", "req-1")
+    try:
+        _chained(KeyError(url), ValueError(f"bad chunk {doc_id}"))
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    handler.handle(record)
+    text = stream.getvalue()
+    lines = text.splitlines()
+    assert lines[0] == "ERROR sidecar.pipeline: internal error on req-1"
+    assert [line for line in lines if "CRITICAL" in line] == [
+        "ValueError: bad chunk d1\\n2030-01-01 00:00:00,000 CRITICAL sidecar.kafka: FATAL "
+        "forged\\x1b[2J\\u202egnp"
+    ]
+    assert "hunter2" not in text and "\x1b" not in text and "\u202e" not in text
+    assert "The above exception was the direct cause of the following exception:" in lines
+    assert sum(line.startswith("Traceback (most recent call last):") for line in lines) == 2
+    assert any(line.startswith('  File "') for line in lines)  # the frames keep their lines
+
+
 def test_no_message_can_colour_or_reorder_its_line() -> None:
     """Audit: a withdrawal on ``rag.certificates`` under a certified key, its
     ``calibration_key`` a producer's text, was logged with a C1 CSI (U+009B: a colour
@@ -278,6 +308,13 @@ def test_the_command_line_keeps_every_message_on_one_line(
 
 def _boom() -> None:
     raise ValueError("boom")
+
+
+def _chained(cause: Exception, error: Exception) -> None:
+    try:
+        raise cause
+    except type(cause) as caught:
+        raise error from caught
 
 
 class _NotAvailable(Exception):
