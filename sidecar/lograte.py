@@ -43,6 +43,9 @@ MAX_KEYS = 1_000  # distinct messages remembered; windows that ended are forgott
 
 
 _SUMMARY: Final = "repeat_summary"  # a LogRecord attribute: a count this module wrote
+# a window's key: logger, level, the message (its template, or its text) and the type of
+# the exception whose traceback it carries ("" without one)
+_Key = tuple[str, int, str, str]
 _PER_INPUT: Final = "per_input"  # a LogRecord attribute: a line that can come per input
 # ``log.warning(..., extra=PER_INPUT)``: a line of the sidecar's own that a producer's
 # records can repeat, one per record or request; limited by its template (its arguments
@@ -75,7 +78,7 @@ class RepeatFilter(logging.Filter):
         self._templates = tuple(n for n in BY_TEMPLATE if n in self._loggers)
         self.interval_s = interval_s
         self._clock = clock
-        self._windows: dict[tuple[str, int, str], _Window] = {}
+        self._windows: dict[_Key, _Window] = {}
         self._dropping = 0  # windows with dropped > 0: ``ended`` looks only when some are
 
     def _limited(self, name: str) -> bool:
@@ -87,7 +90,10 @@ class RepeatFilter(logging.Filter):
             return True
         text = record.getMessage()
         by_template = per_input or any(_under(record.name, n) for n in self._templates)
-        key = (record.name, record.levelno, str(record.msg) if by_template else text)
+        # a traceback's exception type is part of what the line says: a scorer failing on
+        # a second cause while the first one's lines are held back is logged at once
+        failure = type(record.exc_info[1]).__qualname__ if record.exc_info else ""
+        key = (record.name, record.levelno, str(record.msg) if by_template else text, failure)
         now = self._clock()
         window = self._windows.get(key)
         if window is not None and now - window.opened < self.interval_s:
@@ -137,15 +143,15 @@ def _counted(text: str, dropped: int, seconds: float) -> str:
     return f"{text} ({dropped} more like it in the last {seconds:.0f}s not logged)"
 
 
-def _summary(key: tuple[str, int, str], window: _Window, now: float) -> logging.LogRecord:
+def _summary(key: _Key, window: _Window, now: float) -> logging.LogRecord:
     """The count of a message's dropped lines, as a record of its logger, level and line."""
-    name, level, _ = key
+    name, level, _, failure = key
     path, line = window.where
     # written after the flood ended: said as past, with when the last line came (audit: an
     # ERROR count written 8 s after "broker reachable" read as a new failure)
+    like = f"more like it ({failure})" if failure else "more like it"
     counted = (
-        f"{window.text} ({window.dropped} more like it not logged, the last "
-        f"{now - window.last:.0f}s ago)"
+        f"{window.text} ({window.dropped} {like} not logged, the last {now - window.last:.0f}s ago)"
     )
     record = logging.LogRecord(name, level, path, line, counted, None, None)
     setattr(record, _SUMMARY, True)

@@ -216,6 +216,36 @@ def test_a_sidecar_line_that_comes_per_input_is_one_line_per_interval_by_templat
     )
 
 
+def test_a_second_cause_of_a_per_input_failure_is_logged_while_the_first_is_held() -> None:
+    """Lines were told apart by template only: a scorer failing with a ValueError per
+    request held back, for 10 s, the first traceback of a new cause (a MemoryError) too,
+    and the operator saw only the cause that came first."""
+    clock = Clock()
+    limiter = RepeatFilter(interval_s=10.0, clock=clock)
+
+    def failing(request_id: str, error: Exception) -> logging.LogRecord:
+        record = _record("sidecar.pipeline", "lookback scoring failed for %s", request_id)
+        record.__dict__.update(PER_INPUT)
+        try:
+            raise error
+        except type(error):
+            record.exc_info = sys.exc_info()
+        return record
+
+    first = [limiter.filter(failing(f"a{i}", ValueError("shape"))) for i in range(50)]
+    other = [limiter.filter(failing(f"b{i}", MemoryError())) for i in range(50)]
+    assert first == [True] + [False] * 49
+    assert other == [True] + [False] * 49  # the new cause's first line, at once
+    clock.now += 10.0
+    summaries = sorted(r.getMessage() for r in limiter.ended())
+    assert summaries == [
+        "lookback scoring failed for a0 (49 more like it (ValueError) not logged, the last "
+        "10s ago)",
+        "lookback scoring failed for b0 (49 more like it (MemoryError) not logged, the last "
+        "10s ago)",
+    ]
+
+
 def test_no_message_can_start_a_line_of_its_own() -> None:
     """A newline in a producer's text (a header, a request id) wrote a forged line:
     ``... CRITICAL sidecar.kafka: FATAL forged by a producer`` at the start of a line."""
