@@ -173,6 +173,10 @@ class TlsFilesWatch:
         self._files = _tls_files(kafka)
         self._pending: dict[str, str] | None = None
 
+    def _differing(self, digests: dict[str, str]) -> str:
+        """The files whose ``digests`` differ from those of the files loaded."""
+        return ", ".join(path for path in self._files if digests[path] != self._loaded[path])
+
     def changed(self) -> tuple[int, str] | None:
         """A log level and line when the files changed since the last look; the files are
         then ready for :meth:`apply` if they load."""
@@ -182,7 +186,7 @@ class TlsFilesWatch:
         self._seen, self._pending = now, None
         if now == self._loaded:  # back to what the context holds
             return None
-        names = ", ".join(path for path in self._files if now[path] != self._loaded[path])
+        names = self._differing(now)
         try:
             ssl_context(self._kafka)  # loads as a start would, or says which file does not
         except ConfigError as exc:
@@ -202,7 +206,7 @@ class TlsFilesWatch:
         self._pending = None
         if _digests(self._files) != ready:  # changed again since: the next look loads them first
             return None
-        names = ", ".join(path for path in self._files if ready[path] != self._loaded[path])
+        names = self._differing(ready)
         password = kafka.ssl_key_password
         try:
             if kafka.ssl_cafile:
