@@ -154,6 +154,8 @@ expect_failure "more consumers than partitions" "must be <= topics.partitions" \
 expect_failure "a CA secret without TLS" "does not use TLS" --set kafka.ssl.caSecret=kafka-ca
 expect_failure "an injected PodMonitor without selector" "metrics.podMonitor.selector is required" \
   --set mode=inject --set metrics.podMonitor.enabled=true
+expect_failure "a ServiceMonitor and a PodMonitor scraping the same pods" "would double" \
+  --set metrics.serviceMonitor.enabled=true --set metrics.podMonitor.enabled=true
 expect_failure "an unquoted numeric image tag (YAML makes 20241105 a float: 2.0241105e+07)" \
   "/image/tag" --set image.tag=20241105
 expect_failure "the metrics port on the health port" "need two different ports" \

@@ -140,6 +140,9 @@ template that renders a workload, so a bad combination fails `helm template`.
 {{- if and $v.metrics.serviceMonitor.enabled (or (ne $v.mode "standalone") (not $v.service.enabled) (not $v.metrics.prometheus.enabled)) }}
 {{- fail "metrics.serviceMonitor needs mode=standalone, service.enabled and metrics.prometheus.enabled (use metrics.podMonitor for injected sidecars)" }}
 {{- end }}
+{{- if and $v.metrics.serviceMonitor.enabled $v.metrics.podMonitor.enabled }}
+{{- fail "metrics.serviceMonitor and metrics.podMonitor are both enabled: Prometheus would scrape every pod twice, under two jobs, and every sum (verdicts, dead letters, the fleet's coverage counts) would double; enable one (podMonitor for injected sidecars)" }}
+{{- end }}
 {{- if and $v.metrics.podMonitor.enabled (not $v.metrics.prometheus.enabled) }}
 {{- fail "metrics.podMonitor needs metrics.prometheus.enabled" }}
 {{- end }}
