@@ -26,6 +26,7 @@ CSI or a bidirectional override colour it or show it in another order.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
@@ -65,7 +66,14 @@ class _Window:
 
 class RepeatFilter(logging.Filter):
     """Lets a message of ``loggers`` (and their children), or one logged with
-    :data:`PER_INPUT`, through once per ``interval_s``."""
+    :data:`PER_INPUT`, through once per ``interval_s``.
+
+    Thread-safe: logging runs a handler's filters outside the handler's lock, and the
+    loop, the processor thread, the judge's and the exporters' threads all log, while the
+    ticker takes the counts (:meth:`ended`). Unlocked, a new message logged by one thread
+    while another looked through the windows failed that one ("dictionary changed size
+    during iteration", out of the ticker's tick: the ticker was gone), and counts were lost.
+    """
 
     def __init__(
         self,
@@ -80,6 +88,7 @@ class RepeatFilter(logging.Filter):
         self._clock = clock
         self._windows: dict[_Key, _Window] = {}
         self._dropping = 0  # windows with dropped > 0: ``ended`` looks only when some are
+        self._lock = threading.Lock()  # over the windows and ``_dropping``
 
     def _limited(self, name: str) -> bool:
         return any(_under(name, n) for n in self._loggers)
@@ -94,41 +103,43 @@ class RepeatFilter(logging.Filter):
         # a second cause while the first one's lines are held back is logged at once
         failure = type(record.exc_info[1]).__qualname__ if record.exc_info else ""
         key = (record.name, record.levelno, str(record.msg) if by_template else text, failure)
-        now = self._clock()
-        window = self._windows.get(key)
-        if window is not None and now - window.opened < self.interval_s:
-            self._dropping += window.dropped == 0
-            window.dropped += 1
-            window.last = now
-            return False
-        if window is not None and window.dropped:
-            self._dropping -= 1
-            record.msg = _counted(text, window.dropped, now - window.opened)
-            record.args = None
-        if len(self._windows) >= MAX_KEYS:
-            self._forget(now)
-        self._windows[key] = _Window(now, where=(record.pathname, record.lineno), text=text)
+        with self._lock:
+            now = self._clock()
+            window = self._windows.get(key)
+            if window is not None and now - window.opened < self.interval_s:
+                self._dropping += window.dropped == 0
+                window.dropped += 1
+                window.last = now
+                return False
+            if window is not None and window.dropped:
+                self._dropping -= 1
+                record.msg = _counted(text, window.dropped, now - window.opened)
+                record.args = None
+            if len(self._windows) >= MAX_KEYS:
+                self._forget(now)
+            self._windows[key] = _Window(now, where=(record.pathname, record.lineno), text=text)
         return True
 
     def ended(self, *, every: bool = False) -> list[logging.LogRecord]:
         """A line for each message whose interval ended with lines dropped (``every``: each
         message with lines dropped, ended or not), with the count; those messages are
         forgotten (the next line of one goes through as a first)."""
-        if not self._dropping:
-            return []
-        now = self._clock()
-        done = [
-            key
-            for key, window in self._windows.items()
-            if window.dropped and (every or now - window.opened >= self.interval_s)
-        ]
-        out: list[logging.LogRecord] = []
-        for key in done:  # forgotten: the message's next line goes through at once
-            out.append(_summary(key, self._windows.pop(key), now))
-            self._dropping -= 1
-        return out
+        with self._lock:
+            if not self._dropping:
+                return []
+            now = self._clock()
+            done = [
+                key
+                for key, window in self._windows.items()
+                if window.dropped and (every or now - window.opened >= self.interval_s)
+            ]
+            out: list[logging.LogRecord] = []
+            for key in done:  # forgotten: the message's next line goes through at once
+                out.append(_summary(key, self._windows.pop(key), now))
+                self._dropping -= 1
+            return out
 
-    def _forget(self, now: float) -> None:
+    def _forget(self, now: float) -> None:  # under the lock
         ended = [k for k, w in self._windows.items() if now - w.opened >= self.interval_s]
         for key in ended or list(self._windows)[: MAX_KEYS // 2]:
             self._dropping -= self._windows.pop(key).dropped > 0

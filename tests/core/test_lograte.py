@@ -6,6 +6,7 @@ import argparse
 import io
 import logging
 import sys
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -132,6 +133,54 @@ def test_when_a_flood_stops_its_last_count_is_still_written() -> None:
     assert report_repeats([handler], every=True) == 1  # at exit, before the interval ends
     assert handler.lines[-1][2].endswith("(1 more like it not logged, the last 0s ago)")
     assert [line[2] for line in handler.lines].count("quiet once") == 1
+
+
+def test_a_line_logged_on_another_thread_while_the_ticker_counts_does_not_break_it() -> None:
+    """The ticker (the loop's thread) writes the counts while the processor thread logs
+    its per-input lines: logging runs a handler's filters outside the handler's lock, so
+    both threads are in the one ``RepeatFilter`` at once. Unlocked, a line whose message
+    was new, logged while ``ended`` looked through the messages, failed it with
+    "dictionary changed size during iteration", out of the tick: the ticker, which
+    commits and expires the join, was gone (and the count it held with it)."""
+    ticker = threading.current_thread()
+    switch, logged = threading.Event(), threading.Event()
+
+    class Stamp(float):
+        """A clock reading: the ticker's subtraction in ``ended`` is where the thread
+        switch comes (the interpreter switches threads between any two bytecodes)."""
+
+        def __sub__(self, other: float) -> float:
+            if threading.current_thread() is ticker and switch.is_set():
+                switch.clear()
+                other_thread.set()
+                logged.wait(0.5)  # it logs now, or waits for the filter's lock
+            return float(self) - float(other)
+
+    handler = _Lines()
+    limiter = RepeatFilter(interval_s=10.0, clock=lambda: Stamp(500.0))
+    handler.addFilter(limiter)
+    for text in ("flood", "flood", "flood", "quiet"):
+        handler.handle(_record("aiokafka.conn", text))
+    other_thread = threading.Event()
+
+    def processor() -> None:
+        other_thread.wait(5.0)
+        record = _record("sidecar.pipeline", "scoring failed for %s", "req-1")
+        record.__dict__.update(PER_INPUT)
+        handler.handle(record)
+        logged.set()
+
+    worker = threading.Thread(target=processor)
+    worker.start()
+    switch.set()
+    try:
+        assert report_repeats([handler]) == 0  # no interval has ended: nothing to say yet
+    finally:
+        other_thread.set()
+        worker.join()
+    assert [line[2] for line in handler.lines] == ["flood", "quiet", "scoring failed for req-1"]
+    assert report_repeats([handler], every=True) == 1
+    assert handler.lines[-1][2] == "flood (2 more like it not logged, the last 0s ago)"
 
 
 def _command_line(
