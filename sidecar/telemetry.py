@@ -256,8 +256,8 @@ class PublishHandle:
 
     producer: Span | None
     request: Span | None
-    request_end_ns: int
-    started_ns: int
+    request_end_ns: int  # wall clock (epoch ns)
+    started_ns: int  # monotonic ns: the publish stage is timed from it
     traced: bool = False
     # a verdict or claim verdict: counted once the broker confirms it (not a dead letter
     # that replaced it)
@@ -432,14 +432,14 @@ class Telemetry:
 
     def _open(self, out: Output, topic: str) -> PublishHandle:
         record = out.trace
-        now = time.time_ns()
-        if record is not None:
+        now, started = time.time_ns(), time.monotonic_ns()
+        if record is not None:  # monotonic times: a step of the wall clock times no stage
             for stage, start, end in record.stages:
                 self.stage_durations.record(stage, (end - start) / 1e9)
         if not self.spans:
             if record is not None and record.parent:  # no parent: nothing to inject (~2 us)
                 self._propagate(out, extract(_carrier(record.parent)))
-            return PublishHandle(None, None, now, now, traced=record is not None)
+            return PublishHandle(None, None, now, started, traced=record is not None)
         producing: dict[str, AttributeValue] = {
             "messaging.system": MESSAGING_SYSTEM,
             "messaging.destination.name": topic,
@@ -452,7 +452,8 @@ class Telemetry:
             producer = self.tracer.start_span(
                 f"send {topic}", kind=SpanKind.PRODUCER, attributes=producing
             )
-            return PublishHandle(producer, None, now, now)
+            return PublishHandle(producer, None, now, started)
+        wall = now - started  # the record's monotonic times as wall-clock times, from now
         parent = extract(_carrier(record.parent))
         consumer = trace.get_current_span().get_span_context()
         links = [Link(consumer)] if consumer.is_valid else []
@@ -463,17 +464,19 @@ class Telemetry:
         request = self.tracer.start_span(
             record.name,
             context=parent,
-            start_time=record.start_ns,
+            start_time=record.start_ns + wall,
             attributes=record.attributes,
             links=links or None,
         )
         ctx = trace.set_span_in_context(request, parent)
         if not request.is_recording():  # sampled out: its children would be too (~4 us each)
             self._propagate(out, ctx)
-            return PublishHandle(None, request, record.end_ns, now, traced=True)
+            return PublishHandle(None, request, record.end_ns + wall, started, traced=True)
         if self.stage_spans:
             for stage, start, end in record.stages:
-                self.tracer.start_span(f"guardrail.{stage}", context=ctx, start_time=start).end(end)
+                self.tracer.start_span(
+                    f"guardrail.{stage}", context=ctx, start_time=start + wall
+                ).end(end + wall)
         else:  # ~15 us a child span; an attribute is a dict entry
             request.set_attributes(
                 {
@@ -485,7 +488,7 @@ class Telemetry:
             f"send {topic}", context=ctx, kind=SpanKind.PRODUCER, attributes=producing
         )
         self._propagate(out, trace.set_span_in_context(producer, ctx))
-        return PublishHandle(producer, request, record.end_ns, now, traced=True)
+        return PublishHandle(producer, request, record.end_ns + wall, started, traced=True)
 
     @staticmethod
     def _propagate(out: Output, context: Context) -> None:
@@ -513,7 +516,7 @@ class Telemetry:
                 self._count(out, record)
                 answered = record.answered_ns
         if handle.traced:
-            self.stage_durations.record("publish", (now - handle.started_ns) / 1e9)
+            self.stage_durations.record("publish", (time.monotonic_ns() - handle.started_ns) / 1e9)
         # the producer's clock may be ahead of this one: never below 0; a stamp far off is
         # no measurement (see ANSWER_AHEAD_MAX_NS)
         if answered > 0 and -ANSWER_AHEAD_MAX_NS <= now - answered <= ANSWER_AGE_MAX_NS:

@@ -106,7 +106,9 @@ class PendingRequest:
 
     request_id: str
     first_seen_ms: float
-    first_seen_ns: int = 0  # wall clock (epoch ns), for trace spans
+    # monotonic ns (``time.monotonic_ns``): stages are timed from it, and a trace span's
+    # wall-clock start is worked out when the span is opened (``Telemetry``)
+    first_seen_ns: int = 0
     key: str = ""  # the store key (request id, scoped by the trusted tenant); "" = request_id
     tenant: str | None = None  # the trusted tenant, when tenancy is not taken from the event
     bytes_held: int = 0  # raw input bytes + decoded attention (the store's byte budget)
@@ -307,7 +309,7 @@ class JoinStore:
         entry = PendingRequest(
             request_id=request_id or key,
             first_seen_ms=now_ms,
-            first_seen_ns=time.time_ns(),
+            first_seen_ns=time.monotonic_ns(),
             key=key,
             tenant=tenant,
             first_record=self.records,

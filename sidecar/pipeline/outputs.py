@@ -52,7 +52,10 @@ class TraceRecord:
     """A finished span tree to export for one output (exported by the adapter, not here).
 
     ``parent`` carries the upstream W3C trace context (the input's headers); the
-    adapter writes the new span's context into the output's headers.
+    adapter writes the new span's context into the output's headers. ``start_ns``,
+    ``end_ns`` and the stages' times are monotonic ns (``time.monotonic_ns``): stage
+    durations are their differences, and the adapter puts the spans on the wall clock
+    when it opens them.
     """
 
     name: str
@@ -327,7 +330,7 @@ def stream_block_output(
             name="guardrail.stream_block",
             parent=entry.trace_parent(),
             start_ns=entry.first_seen_ns,
-            end_ns=time.time_ns(),
+            end_ns=time.monotonic_ns(),
             attributes=verdict_attributes(verdict),
         ),
     )

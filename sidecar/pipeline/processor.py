@@ -86,8 +86,10 @@ class Processor:
         signals: SignalSuite | None = None,
         certificates: CertificateLedger | None = None,
         wall_clock: Callable[[], datetime] = _wall_clock,
-        clock_ns: Callable[[], int] = time.time_ns,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
+        """``clock_ns``: what the stages are timed on (monotonic: a step of the wall clock
+        timed a stage at -1 h or +1 h); ``wall_clock``: the events' ``produced_at``."""
         self._policy = policy
         # the policy's allow certificates, shared with the fleet (the adapter reads
         # rag.certificates into it; withdrawals found here are published on ticks)

@@ -33,6 +33,7 @@ from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.outputs import Destination, Output, TraceRecord, verdict_attributes
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
+from sidecar.stage_durations import LocalStageDurations
 from sidecar.telemetry import (
     DURATION_BUCKETS_S,
     GAUGE_HELP,
@@ -623,6 +624,54 @@ def test_a_verdict_is_timed_from_its_answers_kafka_timestamp_to_its_confirmation
     assert point.count == 2  # without a timestamp, replaced, or stamped far off: not timed
     assert 2.0 <= point.max < 2.0 + (time.time_ns() - now) / 1e9 + 1e-3
     assert point.min == 0.0  # the clock ahead of ours
+
+
+def test_a_step_of_the_wall_clock_does_not_time_a_stage(
+    monkeypatch: pytest.MonkeyPatch,
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Stage durations were differences of the wall clock (``time.time_ns``): set back an
+    hour (NTP stepping it, a VM resumed) between a request's retrieval and its answer, it
+    timed the join at -3,600 s (the histogram's sum went down, read as a counter reset);
+    set forward while the verdict waited for the broker, the publish at +3,600 s. Stages
+    are timed on the monotonic clock; spans still get wall-clock times."""
+    real, hour = time.time_ns, 3_600 * 1_000_000_000
+    ahead = [hour]  # the wall clock an hour ahead ...
+    monkeypatch.setattr(time, "time_ns", lambda: real() + ahead[0])
+    durations = LocalStageDurations(DURATION_BUCKETS_S, description="stages")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry = Telemetry(tracer=provider.get_tracer("t"), stage_durations=durations)
+    processor = Processor(settings_factory(), PlaceholderPolicy())
+    processor.on_message(
+        InputKind.RETRIEVAL, dumps(retrieval_event()), None, InputRef("r", 0, 0), 0
+    )
+    ahead[0] = 0  # ... set right while the answer is generated
+    step = processor.on_message(
+        InputKind.GENERATION, dumps(final_event()), None, InputRef("g", 0, 0), 0
+    )
+    [verdict] = [o for o in step.outputs if o.destination is Destination.VERDICTS]
+    handle = telemetry.before_publish(verdict, "rag.verdicts")
+    ahead[0] = hour  # and an hour ahead again while the broker confirms the verdict
+    telemetry.after_publish(handle)
+    stages = durations.snapshot()
+    assert {"join", "certify", "score", "policy", "publish"} <= stages.keys()
+    for stage, (counts, total, _) in stages.items():
+        assert 0.0 <= total < 60.0, (stage, total)
+        assert counts[-1] == 0, stage  # none in +Inf (over 5 s)
+    spans = exporter.get_finished_spans()
+    [request] = [s for s in spans if s.name == "guardrail.request"]
+    children = [s for s in spans if s.name in {f"guardrail.{name}" for name in stages}]
+    assert {s.name for s in children} >= {"guardrail.join", "guardrail.policy"}
+    assert request.start_time is not None and request.end_time is not None
+    for child in children:
+        assert child.start_time is not None and child.end_time is not None
+        assert request.start_time <= child.start_time <= child.end_time <= request.end_time
+    # the spans are on the wall clock as it reads now, not an hour off (a minute's slack)
+    assert abs(request.start_time - real()) < 60_000_000_000
 
 
 def test_a_record_key_in_a_span_is_cut_to_a_request_ids_size() -> None:
