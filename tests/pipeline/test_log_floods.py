@@ -39,6 +39,6 @@ def test_a_failing_signal_logs_one_traceback_per_interval_with_a_count(
     assert sum(text.count("Traceback") for text in log_lines.written) == 2
     assert report_repeats([log_lines], every=True) == 1
     assert log_lines.lines[-1] == (
-        f"lookback scoring failed for req-0 ({REQUESTS - 1} more like it not logged, "
-        "the last 0s ago)"
+        f"lookback scoring failed for req-0 ({REQUESTS - 1} more like it (RuntimeError) not "
+        "logged, the last 0s ago)"
     )
