@@ -19,7 +19,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -58,7 +58,7 @@ from sidecar.kafka.resets import installed as offset_resets
 from sidecar.kafka.resets import watch_offset_resets
 from sidecar.kafka.security import faststream_security
 from sidecar.kafka.withdrawals import CertificateBoard
-from sidecar.lograte import report_repeats
+from sidecar.lograte import PER_INPUT, report_repeats
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
 from sidecar.pipeline.flow import InputAligner
 from sidecar.pipeline.join import InputRef
@@ -356,9 +356,26 @@ class SidecarService:
             await self.clients.producer.limit_batches(min(own.values()))
         await self.clients.producer.start()
         self._publishing.set()
-        self._ticker = asyncio.create_task(self._tick_loop(), name="sidecar-ticker")
-        self._watchdog = asyncio.create_task(self._watch_processor(), name="sidecar-watchdog")
+        self._ticker = self._background(self._tick_loop(), "sidecar-ticker")
+        self._watchdog = self._background(self._watch_processor(), "sidecar-watchdog")
         self.state.started = True
+
+    def _background(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A task the loop needs until stop(): one that ends before (a bug out of it) is
+        fatal, so the pod restarts with the cause in its log. Unwatched, a ticker gone made
+        no more commits nor TTL sweeps while the probes stayed green."""
+        task = asyncio.create_task(work, name=name)
+        task.add_done_callback(self._background_ended)
+        return task
+
+    def _background_ended(self, task: asyncio.Task[None]) -> None:
+        if self._stopping.is_set() or task.cancelled():
+            return
+        exc = task.exception()
+        why = f"{exc!r}" if exc is not None else "it returned"
+        self.state.fail(f"the {task.get_name()} task ended ({why}) while the sidecar runs")
+        if exc is not None:
+            log.error("the %s task ended", task.get_name(), exc_info=exc)
 
     async def stop(self) -> None:
         """Graceful stop: pause intake, finish the batch in hand, commit the low watermark.
@@ -375,7 +392,7 @@ class SidecarService:
         self.queue.wake()
         async with self._handler_lock:
             for task in (self._ticker, self._drainer, self._watchdog):
-                if task is not None:
+                if task is not None and not task.done():  # one that ended was said fatal
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
@@ -658,7 +675,7 @@ class SidecarService:
         if aligner is not None:  # align at intake: the queue keeps the order it is read in
             await self.align()
         if self._drainer is None:
-            self._drainer = asyncio.create_task(self._drain(), name="sidecar-processor")
+            self._drainer = self._background(self._drain(), "sidecar-processor")
         kafka = self.settings.kafka
         await self.queue.wait_for_room(
             kafka.max_queued_records + kafka.max_poll_records,
@@ -821,4 +838,6 @@ class SidecarService:
                 await self.publisher.refresh_limits()
             except KafkaError as exc:
                 log.warning("tick: %s (will retry)", exc)
+            except Exception:  # a bug: said (one traceback per 10 s), and the next tick retries
+                log.exception("tick failed (will retry)", extra=PER_INPUT)
             report_repeats(logging.getLogger().handlers)  # a flood of client lines that ended
