@@ -35,8 +35,9 @@ class DeadLetterRecord(BaseModel):
             "schema-violation, missing-schema-version, unknown-schema-version, "
             "wrong-event-type, untrusted-tenant, tenant-mismatch, duplicate-conflict, "
             "after-final, unknown-collection, or output-too-large (an output its own topic "
-            "refused). More may be added within schema_version 1: match on the ones you "
-            "handle, treat others as unusable input."
+            "refused); the README's dead-letter reasons table lists every one with what was "
+            "wrong and what the producer should do. More may be added within schema_version "
+            "1: match on the ones you handle, treat others as unusable input."
         ),
     ]
     detail: Annotated[str, StringConstraints(max_length=2_000)] = Field(
