@@ -65,9 +65,14 @@ def tables(text: str) -> list[Table]:
     return found
 
 
-def tables_headed(text: str, first_cell: str) -> list[Table]:
-    """The tables whose first header cell is ``first_cell`` (any case)."""
-    return [t for t in tables(text) if t.key == first_cell.lower()]
+def table_headed(text: str, first_cell: str) -> Table:
+    """The one table whose first header cell is ``first_cell`` (any case)."""
+    found = [t for t in tables(text) if t.key == first_cell.lower()]
+    assert len(found) == 1, (
+        f"the README needs one table whose first column is headed {first_cell!r}; "
+        f"found {len(found)}"
+    )
+    return found[0]
 
 
 def code_spans(text: str) -> list[str]:

@@ -27,7 +27,7 @@ from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from sidecar.telemetry import Telemetry
 from tests.conftest import REPO
-from tests.docs.markdown import code_spans, readme_text, tables_headed
+from tests.docs.markdown import code_spans, readme_text, table_headed
 from tests.fakes import ThresholdCertifier
 
 _NAME = re.compile(r"(guardrail)?(\.[a-z0-9_]+)+")
@@ -58,7 +58,7 @@ def code_instruments() -> dict[str, str]:
 
 def readme_instruments() -> dict[str, str]:
     """Every instrument the README's metrics table names: name -> the kind it gives."""
-    [table] = tables_headed(readme_text(), "instrument")
+    table = table_headed(readme_text(), "instrument")
     named: dict[str, str] = {}
     for cells in table.rows:
         kind = re.match(r"\s*(counter|gauge|histogram)", cells[1])

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from sidecar.config import Settings
-from tests.docs.markdown import code_spans, readme_text, split_top, tables_headed
+from tests.docs.markdown import code_spans, readme_text, split_top, table_headed
 
 PREFIX = "GUARDRAIL_"
 _FULL = re.compile(r"(?<![A-Za-z0-9_])GUARDRAIL_[A-Z0-9_]*[A-Z0-9]")
@@ -84,7 +84,7 @@ def _spelled_out(tokens: list[str]) -> list[str]:
 
 
 def readme_rows() -> list[Row]:
-    [table] = tables_headed(readme_text(), "variable")
+    table = table_headed(readme_text(), "variable")
     rows = []
     for cells in table.rows:
         first = _spelled_out(code_spans(cells[0]))
