@@ -1,9 +1,9 @@
 """The README's metrics table names every instrument the sidecar creates, and no other.
 
 The instruments are read from the serving wiring itself: a ``SidecarService`` built
-offline around a processor with the m̄1 monitor and the coverage bound (so every
-instrument the sidecar can register is registered), its meter a mock that records
-each ``create_*`` call. The README side is the first cell of the table headed
+offline around a processor with the m̄1 monitor, the claim check with an LLM judge and
+the coverage bound (so every instrument the sidecar can register is registered), its
+meter a mock that records each ``create_*`` call. The README side is the first cell of the table headed
 ``instrument``: each code span naming ``guardrail.<name>``; a span ``.<name>`` after
 one names a sibling (``guardrail.join.evictions``, ``.misrouted``), and
 ``guardrail.feedback.{unmatched,replaced,early}`` names three. The second cell
@@ -19,6 +19,9 @@ from unittest.mock import MagicMock
 
 from opentelemetry.metrics import NoOpMeter
 
+from sidecar.claims.checker import VerifierClaimChecker
+from sidecar.claims.judge import JudgeConfig, JudgeRunner
+from sidecar.claims.scorer import ClaimScorer
 from sidecar.confidence.fleet import CoverageMonitor
 from sidecar.config import Settings
 from sidecar.kafka.app import SidecarService
@@ -26,6 +29,7 @@ from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from sidecar.telemetry import Telemetry
+from tests.claims.conftest import LexicalVerifier
 from tests.conftest import REPO
 from tests.docs.markdown import code_spans, readme_text, table_headed
 from tests.fakes import ThresholdCertifier
@@ -48,11 +52,15 @@ def code_instruments() -> dict[str, str]:
     """Every instrument the serving wiring creates: name -> counter | gauge | histogram."""
     settings = Settings()
     meter = MagicMock(spec_set=NoOpMeter("readme"))
+    judge = JudgeRunner(JudgeConfig(endpoint="http://judge.invalid/v1", model="m"))
     signals = SignalSuite(
-        certifier=ThresholdCertifier(calibration_key="t/c/r"), coverage=CoverageMonitor()
+        certifier=ThresholdCertifier(calibration_key="t/c/r"),
+        claims=VerifierClaimChecker(ClaimScorer(LexicalVerifier()), judge=judge),
+        coverage=CoverageMonitor(),
     )
     processor = Processor(settings, PlaceholderPolicy(), signals=signals)
     SidecarService(settings, processor, telemetry=Telemetry(meter=meter))
+    judge.close()
     return {args[0]: _KIND[method] for method, args, _ in meter.method_calls}
 
 
