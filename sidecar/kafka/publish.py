@@ -193,6 +193,8 @@ class Publisher:
     async def refresh_limits(self) -> bool:
         """Read the topics' limits again, ``limits_refresh_s`` after the last read, while
         an output was over one and none has been raised since; True when it read them.
+        An output over the sidecar's own limit (below the topic's) is no reason: raising
+        the topic's could not let it through, and the limits were read every 30 s for good.
 
         Read once after each over-limit output, a limit raised after that read went
         unseen until another output was over it (and was dead-lettered for it): the
@@ -324,7 +326,8 @@ class Publisher:
         if out.destination is not Destination.DLQ:
             if size <= self.limits[out.destination]:
                 return out
-            self._over_limit = True
+            # the topic's limit binds, not the sidecar's own: the operator can raise it
+            self._over_limit |= self.limits[out.destination] < self._configured[out.destination]
             why = f"{size} bytes with headers exceed the {self.limits[out.destination]}-byte limit"
             out = self._undeliverable(out, RecordTooLargeError(topic, why))
             size = record_size(out.key, out.value, out.headers)

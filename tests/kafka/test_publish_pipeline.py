@@ -325,6 +325,21 @@ async def test_a_limit_raised_after_the_next_read_still_counts_without_another_l
     assert len(said) == 2 and "verdicts=1000," in said[1]  # when they changed, not per read
 
 
+async def test_an_output_over_the_sidecars_own_limit_reads_no_topic_limits_again() -> None:
+    """The topic allows more than the sidecar's own request limit: an output over the
+    latter cannot be let through by raising the topic's, and the limits were read again
+    every 30 s for as long as the pod lived."""
+    producer, tracker = HeldProducer(), consumed(OffsetTracker(), range(1))
+    producer.own_limits = {"out.verdicts": 5_000_000}  # above the sidecar's 1 MB
+    pub = publisher(producer, tracker, pipelined=True)
+    await pub.read_topic_limits()
+    pub.limits_refresh_s = 0.0
+    pub.limits[Destination.VERDICTS] = pub._configured[Destination.VERDICTS] = 2  # its own
+    await pub.submit(step(0, outputs=1))  # over 2 bytes: dead-lettered
+    assert producer.topics == ["out.dlq"]
+    assert not await pub.refresh_limits()
+
+
 async def test_a_record_refused_with_its_batch_is_sent_again_not_dead_lettered() -> None:
     """The broker checks the limit per batch: a record refused with others may fit on its
     own. It is sent again as it is; refused twice more on its own, it is dead-lettered."""
