@@ -3,11 +3,11 @@
 The instruments are read from the serving wiring itself: a ``SidecarService`` built
 offline around a processor with the m̄1 monitor, the claim check with an LLM judge and
 the coverage bound (so every instrument the sidecar can register is registered), its
-meter a mock that records each ``create_*`` call. The README side is the first cell of the table headed
-``instrument``: each code span naming ``guardrail.<name>``; a span ``.<name>`` after
-one names a sibling (``guardrail.join.evictions``, ``.misrouted``), and
-``guardrail.feedback.{unmatched,replaced,early}`` names three. The second cell
-says the kind: ``counter``, ``gauge`` or ``histogram`` (plural or not).
+meter a mock that records each ``create_*`` call. The README side is the first cell of
+the table headed ``instrument``: each code span naming ``guardrail.<name>``; a span
+``.<name>`` after one names a sibling (``guardrail.join.evictions``, ``.misrouted``),
+and ``guardrail.feedback.{unmatched,replaced,early}`` names three. The second cell says
+the kind: ``counter``, ``gauge`` or ``histogram`` (plural or not).
 """
 
 from __future__ import annotations
