@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sidecar.cli.demo",
     "sidecar.cli.topics",
     "sidecar.cli.certificates",
+    "sidecar.cli.dlq",
     "sidecar.cli.kafka",
     "sidecar.cli.config",
     "sidecar.cli.schemas",

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sidecar.contracts.deadletter import DeadLetterRecord
+from sidecar.dlq.reasons import NOT_REDRIVABLE, REDRIVABLE
 from tests.conftest import REPO
 from tests.docs.markdown import code_spans, readme_text, table_headed
 
@@ -168,3 +169,15 @@ def test_the_schema_examples_are_reasons_the_readme_lists() -> None:
     assert unlisted == [], (
         f"schemas/dead-letter.schema.json gives reasons the README lacks: {unlisted}"
     )
+
+
+def test_the_readme_says_which_reasons_a_redrive_sends_as_the_command_does() -> None:
+    """The table's ``guardrail dlq redrive`` column is :mod:`sidecar.dlq.reasons`: ``no``
+    for a reason the command refuses, ``yes, once …`` naming what must change first."""
+    table = table_headed(readme_text(), "reason")
+    column = table.header.index("`guardrail dlq redrive`")
+    said = {code_spans(cells[0])[0]: cells[column].replace("`", "") for cells in table.rows}
+    expected = {r: "no" for r in NOT_REDRIVABLE} | {
+        r: f"yes, once {what}" for r, what in REDRIVABLE.items()
+    }
+    assert said == expected

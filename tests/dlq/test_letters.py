@@ -1,0 +1,176 @@
+"""Dead letters read back: lenient headers, a bounded tally, a redrive's choice, --since."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from sidecar.contracts.deadletter import DeadLetterRecord
+from sidecar.dlq.letters import (
+    NO_REASON,
+    SAMPLES_PER_REASON,
+    DeadLetter,
+    RedrivePlan,
+    Skip,
+    Tally,
+    parse_since,
+    read_dead_letter,
+    redriven_headers,
+)
+from sidecar.dlq.reasons import NOT_REDRIVABLE, REDRIVABLE
+from sidecar.exceptions import ConfigError
+from tests.docs.test_readme_dead_letters import code_reasons
+
+NOW = datetime(2026, 12, 2, 19, 0, tzinfo=UTC)
+INPUTS = frozenset({"rag.retrieval", "rag.generation", "rag.feedback"})
+
+
+def letter(
+    reason: str = "too-many-hits",
+    *,
+    topic: str = "rag.retrieval",
+    request_id: str | None = "r1",
+    offset: int = 0,
+    extra: list[tuple[str, bytes]] | None = None,
+    value: bytes | None = b"{}",
+) -> DeadLetter:
+    record = DeadLetterRecord(
+        reason=reason,
+        detail=f"detail of {reason}",
+        source_topic=topic,
+        source_partition=2,
+        source_offset=7,
+        request_id=request_id,
+        failed_at=NOW,
+        sidecar_version="0",
+    )
+    headers: list[tuple[str, bytes | None]] = [("traceparent", b"00-ab"), ("x-app", None)]
+    headers += [*record.to_headers(), *(extra or [])]
+    return read_dead_letter(
+        partition=0,
+        offset=offset,
+        timestamp_ms=1_700_000_000_000 + offset * 1000,
+        key=request_id.encode() if request_id else None,
+        value=value,
+        headers=headers,
+    )
+
+
+def test_a_dead_letter_is_read_from_its_headers_and_redriven_without_them() -> None:
+    got = letter(extra=[("X-DLQ-Other", b"a newer field")])
+    assert (got.reason, got.source_topic, got.source_partition) == (
+        "too-many-hits",
+        "rag.retrieval",
+        2,
+    )
+    assert (got.request_id, got.failed_at, got.truncated) == ("r1", NOW, False)
+    # the original headers in order, a null value as Kafka's consumer gives it back: empty
+    assert redriven_headers(got) == [("traceparent", b"00-ab"), ("x-app", b"")]
+
+
+def test_junk_on_the_topic_is_counted_not_fatal() -> None:
+    junk = read_dead_letter(
+        partition=0,
+        offset=0,
+        timestamp_ms=-1,
+        key=None,
+        value=b"x",
+        headers=[("x-dlq-source-partition", b"two")],
+    )
+    assert (junk.reason, junk.source_partition, junk.source_topic) == (NO_REASON, None, None)
+    tally = Tally()
+    tally.add(junk)
+    assert tally.to_json()["by_reason"] == {NO_REASON: 1}
+    assert tally.to_json()["first"] is None
+
+
+def test_the_tally_keeps_counts_and_a_few_samples_only() -> None:
+    tally = Tally()
+    for i in range(1000):
+        tally.add(letter("oversize" if i % 10 else "malformed-json", request_id=f"r{i}", offset=i))
+    out = tally.to_json()
+    assert out["total"] == 1000
+    assert out["by_reason"] == {"oversize": 900, "malformed-json": 100}
+    assert out["by_source_topic"] == {"rag.retrieval": 1000}
+    assert out["samples"]["malformed-json"]["request_ids"] == ["r0", "r10", "r20"]
+    assert len(out["samples"]["oversize"]["request_ids"]) == SAMPLES_PER_REASON
+    assert out["samples"]["oversize"]["details"] == ["detail of oversize"]  # distinct ones
+    assert out["first"] < out["last"]
+    text = "\n".join(tally.render("rag.dlq"))
+    assert "900  oversize  (redrive once GUARDRAIL_LIMITS__MAX_MESSAGE_BYTES is raised)" in text
+    assert "100  malformed-json\n" in text
+
+
+def test_a_redrive_skips_what_cannot_be_sent_as_it_was() -> None:
+    plan = RedrivePlan(
+        reasons=frozenset({"too-many-hits", "output-too-large", "internal-error"}),
+        request_ids=frozenset(),
+        input_topics=INPUTS,
+        join_topics=("rag.retrieval", "rag.generation"),
+    )
+    assert plan.consider(letter())
+    assert plan.consider(letter(topic="rag.generation"))  # the same request's other half
+    assert plan.consider(letter(request_id="r2"))  # one side only
+    assert not plan.consider(letter("output-too-large", topic="rag.verdicts"))
+    assert not plan.consider(letter(extra=[("x-dlq-truncated", b"true")]))
+    assert not plan.consider(letter("internal-error", value=None))
+    assert not plan.consider(letter("malformed-json"))
+    assert not plan.consider(letter(topic="rag.dlq"))  # never fed back into the DLQ
+    out = plan.to_json(sent=0, dry_run=True)
+    assert out["selected"] == 3
+    assert out["skipped"] == {Skip.NOT_AN_INPUT: 2, Skip.TRUNCATED: 1, Skip.NO_VALUE: 1}
+    assert (out["not_selected"], out["one_sided_requests"]) == (1, 1)
+
+
+def test_a_redrive_by_request_id_takes_those_only() -> None:
+    plan = RedrivePlan(
+        reasons=frozenset({"oversize"}),
+        request_ids=frozenset({"r2"}),
+        input_topics=INPUTS,
+        join_topics=("rag.retrieval", "rag.generation"),
+    )
+    assert [plan.consider(letter("oversize", request_id=r)) for r in ("r1", "r2", None)] == [
+        False,
+        True,
+        False,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2h", NOW - timedelta(hours=2)),
+        ("1h30m", NOW - timedelta(minutes=90)),
+        ("90s", NOW - timedelta(seconds=90)),
+        ("1d", NOW - timedelta(days=1)),
+        ("2026-12-02T17:00:00Z", datetime(2026, 12, 2, 17, tzinfo=UTC)),
+        ("2026-12-02T19:00:00+02:00", datetime(2026, 12, 2, 17, tzinfo=UTC)),
+    ],
+)
+def test_since_takes_a_zoned_time_or_a_duration(text: str, expected: datetime) -> None:
+    assert parse_since(text, NOW) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("yesterday", "neither an ISO 8601 time"),
+        ("", "neither an ISO 8601 time"),
+        ("2h ago", "neither an ISO 8601 time"),
+        ("-2h", "neither an ISO 8601 time"),
+        ("2026-12-02T17:00", "has no time zone"),
+        ("2026-12-02", "has no time zone"),
+        ("2026-12-03T00:00:00Z", "in the future"),
+    ],
+)
+def test_since_refuses_a_guess(text: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_since(text, NOW)
+
+
+def test_every_reason_the_sidecar_writes_is_classified_for_a_redrive_once() -> None:
+    raised = set(code_reasons())
+    assert set(REDRIVABLE) & set(NOT_REDRIVABLE) == set()
+    assert sorted(raised - {*REDRIVABLE, *NOT_REDRIVABLE}) == []
+    assert sorted({*REDRIVABLE, *NOT_REDRIVABLE} - raised) == []

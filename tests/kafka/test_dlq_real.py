@@ -1,0 +1,191 @@
+"""``guardrail dlq inspect|redrive`` on the real broker, against dead letters the sidecar wrote.
+
+A sidecar with tight limits dead-letters three requests whose retrieval has too many
+hits and whose final is too long (both halves: each request is decided ``incomplete``
+naming the dead letter), two records that are not JSON and one that breaks its
+schema. ``inspect`` counts them; ``redrive`` refuses the reasons whose bytes would be
+refused again, counts without sending by default, and once a sidecar with the limits
+raised runs, sends the six dead letters back with their original key and headers:
+each request is decided on its own inputs, and nothing new is dead-lettered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import time
+from contextlib import redirect_stderr, redirect_stdout
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from sidecar.cli.main import main
+from sidecar.config import Settings
+from sidecar.dlq.letters import Tally
+from sidecar.kafka.dlq import DlqScan
+from sidecar.kafka.topics import create_topics
+from sidecar.lab.localkafka.broker import LocalKafka
+from tests.conftest import EventFactory, dumps
+from tests.kafka.harness import (
+    end_offsets,
+    incomplete_count,
+    read_settled,
+    real_harness,
+    settings_for,
+)
+
+pytestmark = pytest.mark.connected
+
+REQUESTS = [f"big-{i}" for i in range(3)]
+
+
+async def cli(settings: Settings, *argv: str) -> tuple[int, str, str]:
+    """``guardrail ARGV`` as a user runs it (its own event loop: a thread here)."""
+
+    def run() -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main([*argv, "--bootstrap-servers", settings.kafka.bootstrap_servers])
+        return code, out.getvalue(), err.getvalue()
+
+    return await asyncio.to_thread(run)
+
+
+async def test_inspect_counts_and_a_redrive_after_the_limits_are_raised_decides_the_requests(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    bootstrap = kafka_broker.bootstrap_servers
+    tight = settings_for(unique_topics, bootstrap, limits={"max_hits": 1, "max_answer_chars": 20})
+    t = tight.topics
+    for role in ("retrieval", "generation", "feedback", "dlq"):  # what the CLI reads
+        monkeypatch.setenv(f"GUARDRAIL_TOPICS__{role.upper()}", unique_topics[role])
+    async with real_harness(tight) as h:
+        for i, rid in enumerate(REQUESTS):
+            headers = {"x-app": f"app-{i}", "X-DLQ-Reason": "the producer's own"}
+            await h.publish(t.retrieval, dumps(retrieval_event(rid)), rid.encode(), headers)
+            long_final = final_event(rid, answer="Mary Shelley wrote it. " * 3)
+            await h.publish(t.generation, dumps(long_final), rid.encode(), headers)
+        for i in range(2):
+            await h.publish(t.retrieval, b'{"schema_version": 1, ', f"junk-{i}".encode())
+        bad = retrieval_event("bad-0", k="two")
+        await h.publish(t.retrieval, dumps(bad), b"bad-0")
+        letters = await h.collect(t.dlq, 9, timeout_s=60)
+        assert len(letters) == 9, [m.headers.get("x-dlq-reason") for m in letters]
+        first = await h.collect(t.verdicts, 3, timeout_s=30)
+        assert incomplete_count([json.loads(v.value) for v in first]) == 3
+    # what a dead letter carries: the original key and headers (the producer's own x-dlq-*
+    # header is not carried: it would read as the sidecar's)
+    hits = [m for m in letters if m.headers["x-dlq-reason"] == b"too-many-hits"]
+    assert sorted(m.key or b"" for m in hits) == [r.encode() for r in REQUESTS]
+    assert {m.headers["x-app"] for m in hits} == {b"app-0", b"app-1", b"app-2"}
+
+    code, out, err = await cli(tight, "dlq", "inspect", "--json", "--no-progress")
+    assert code == 0, err
+    seen = json.loads(out)
+    assert seen["total"] == 9
+    assert seen["by_reason"] == {
+        "too-many-hits": 3,
+        "answer-too-long": 3,
+        "malformed-json": 2,
+        "schema-violation": 1,
+    }
+    assert seen["by_source_topic"] == {t.retrieval: 6, t.generation: 3}
+    assert set(seen["samples"]["too-many-hits"]["request_ids"]) == set(REQUESTS)
+    assert seen["samples"]["schema-violation"]["request_ids"] == ["bad-0"]
+    assert seen["first"] is not None
+    assert seen["first"] <= seen["last"]
+    code, out, _ = await cli(tight, "dlq", "inspect", "--reason", "malformed-json", "--json")
+    assert (code, json.loads(out)["total"]) == (0, 2)
+    code, out, _ = await cli(tight, "dlq", "inspect", "--limit", "4", "--json")
+    assert json.loads(out)["total"] == 4
+    assert json.loads(out)["stopped_at_limit"] is True
+    later = datetime.now(UTC).isoformat()  # after every dead letter: none to read
+    code, out, _ = await cli(tight, "dlq", "inspect", "--since", later, "--json")
+    assert (code, json.loads(out)["total"], json.loads(out)["first"]) == (0, 0, None)
+    code, out, _ = await cli(tight, "dlq", "inspect", "--since", "1h")
+    assert code == 0
+    assert "9 dead letter(s)" in out
+    assert "too-many-hits" in out
+
+    # bytes that would be refused again: refused, nothing read or sent
+    code, _, err = await cli(tight, "dlq", "redrive", "--reason", "malformed-json", "--yes")
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert "malformed-json" in err
+    assert "--force" in err
+
+    inputs_before = await end_offsets(bootstrap, [t.retrieval, t.generation], 3)
+    redrive = ["dlq", "redrive", "--reason", "too-many-hits", "--reason", "answer-too-long"]
+    code, out, _ = await cli(tight, *redrive, "--json")  # a dry run by default
+    dry = json.loads(out)
+    assert (code, dry["dry_run"], dry["selected"], dry["sent"]) == (0, True, 6, 0)
+    assert dry["not_selected"] == 3
+    assert dry["one_sided_requests"] == 0
+    assert await end_offsets(bootstrap, [t.retrieval, t.generation], 3) == inputs_before
+
+    # the limits raised (a new sidecar, the same group): the dead letters sent back
+    loose = settings_for(unique_topics, bootstrap)
+    async with real_harness(loose) as h2:
+        code, out, _ = await cli(loose, *redrive, "--yes", "--json")
+        sent = json.loads(out)
+        assert (code, sent["dry_run"], sent["sent"], sent["skipped"]) == (0, False, 6, {})
+        got = await h2.collect(t.verdicts, 6, timeout_s=60)
+        verdicts = [json.loads(v.value) for v in got]
+        second = [v for v in verdicts if incomplete_count([v]) == 0]
+        assert sorted(v["request_id"] for v in second) == REQUESTS, verdicts
+    # nothing new in the DLQ: the redrive never writes there, and the sidecar took them
+    dlq = await read_settled(bootstrap, t.dlq, settle_s=1.0)
+    assert len(dlq) == 9
+    # the records sent back: the original bytes, key and headers, no x-dlq-* header
+    for topic in (t.retrieval, t.generation):
+        records = await read_settled(bootstrap, topic, settle_s=0.5)
+        for i, rid in enumerate(REQUESTS):
+            original, again = sorted((r for r in records if r.key == rid.encode()), key=offset)
+            assert again.value == original.value
+            assert list(again.headers) == [("x-app", f"app-{i}".encode())]
+
+
+def offset(record: Any) -> int:
+    return int(record.offset)
+
+
+async def test_a_transactional_dlq_is_read_to_its_end_without_aborted_letters(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """Written in transactions, the DLQ ends in a commit marker (an offset no record has)
+    and may hold aborted dead letters, which the retry wrote again: the scan stops at the
+    marker, at once, and counts the committed letters only."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    await create_topics(settings)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        transactional_id=f"txn-{unique_topics['group']}",
+        enable_idempotence=True,
+    )
+    await producer.start()
+    try:
+        for reason, commit in (("oversize", False), ("oversize", True), ("too-deep", True)):
+            await producer.begin_transaction()
+            headers = [("x-dlq-reason", reason.encode())]
+            await producer.send_and_wait(settings.topics.dlq, b"{}", key=b"r1", headers=headers)
+            if commit:
+                await producer.commit_transaction()
+            else:
+                await producer.abort_transaction()
+    finally:
+        await producer.stop()
+    tally = Tally()
+    started = time.monotonic()
+    async with DlqScan(settings) as scan:
+        assert scan.to_read == 6  # three letters and three markers: offsets 0 to 5
+        async for letter in scan.letters():
+            tally.add(letter)
+    assert time.monotonic() - started < 10  # not the stall guard's 30 s
+    assert dict(tally.by_reason) == {"oversize": 1, "too-deep": 1}
