@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
@@ -277,26 +277,34 @@ class OneLine(logging.Filter):
         return True
 
 
-# the lines of a traceback that are its own layout, not an exception's text
-_LAYOUT: Final = (
-    "Traceback (most recent call last):",
-    "  File ",
-    "\nThe above exception was the direct cause",
-    "\nDuring handling of the above exception",
-)
-
-
 def _traceback_text(exc: BaseException) -> str:
     """The standard traceback of ``exc``, with each exception's own text (``Type: message``,
     its notes) on one line, escaped and masked as a message is: a newline in it (a
-    producer's text quoted in an error) cannot start a forged line of its own."""
-    out = []
-    for chunk in traceback.TracebackException.from_exception(exc).format():
-        if chunk.startswith(_LAYOUT):
-            out.append("\n".join(_printable(line) for line in chunk.split("\n")))
-        else:
-            out.append(_printable(redact_text(chunk.removesuffix("\n"))) + "\n")
-    return "".join(out).removesuffix("\n")
+    producer's text quoted in an error) cannot start a forged line of its own.
+
+    The text is escaped where the traceback module makes it (``format_exception_only`` of
+    each exception in the chain and in a group), not picked out of the output afterwards:
+    the module writes each line of a note as a line of its own, and a group member's frames
+    behind a ``|`` margin, so neither can be told from the layout there."""
+    root = traceback.TracebackException.from_exception(exc)
+    nodes = [root]
+    while nodes:
+        node = nodes.pop()
+        own = _printable(redact_text("".join(node.format_exception_only()).removesuffix("\n")))
+        node.format_exception_only = _said(own)  # type: ignore[method-assign]
+        linked = (node.__cause__, node.__context__, *(node.exceptions or ()))
+        nodes += [n for n in linked if n is not None]
+    lines = "".join(root.format()).removesuffix("\n").split("\n")
+    return "\n".join(_printable(line) for line in lines)  # the frames' own lines
+
+
+def _said(line: str) -> Callable[..., Generator[str, None, None]]:
+    """An exception's ``format_exception_only`` that gives its one escaped ``line``."""
+
+    def format_exception_only(*_: object, **__: object) -> Generator[str, None, None]:
+        yield f"{line}\n"
+
+    return format_exception_only
 
 
 def one_line(handlers: Iterable[logging.Handler]) -> None:

@@ -352,6 +352,38 @@ def test_an_exceptions_text_in_a_traceback_cannot_forge_a_line_or_colour_it() ->
     assert any(line.startswith('  File "') for line in lines)  # the frames keep their lines
 
 
+def test_a_note_or_a_group_member_in_a_traceback_cannot_forge_a_line() -> None:
+    """The standard traceback writes each line of an exception's notes (``add_note``) as a
+    line of its own, and an exception group's members behind a ``|`` margin: a note quoting
+    a producer's text wrote a forged ``CRITICAL`` line at the start of a line, and a group
+    member's frames ran together on one escaped line (``File ...\\n  |     raise``). A note
+    is part of its exception's one line now, and a group's frames keep their lines."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    one_line([handler])
+    forged = "2030-01-01 00:00:00,000 CRITICAL sidecar.kafka: FATAL forged"
+    for group in (False, True):
+        record = _record("sidecar.pipeline", "internal error on %s", "req-1")
+        try:
+            try:
+                _boom()
+            except ValueError as exc:
+                exc.add_note(f"while reading doc d1\n{forged}")
+                if group:
+                    raise ExceptionGroup("scoring failed", [exc]) from None
+                raise
+        except Exception:  # the ValueError, or the group around it
+            record.exc_info = sys.exc_info()
+        handler.handle(record)
+    lines = stream.getvalue().splitlines()
+    own = f"ValueError: boom\\nwhile reading doc d1\\n{forged}"
+    assert [line for line in lines if "CRITICAL" in line] == [own, f"    | {own}"]
+    frames = [line.strip(" |") for line in lines if line.strip(" |").startswith("File ")]
+    assert len(frames) == 5 and all("\\n" not in line for line in frames)
+    assert 'raise ValueError("boom")' in [line.strip(" |") for line in lines]
+
+
 def test_no_message_can_colour_or_reorder_its_line() -> None:
     """Audit: a withdrawal on ``rag.certificates`` under a certified key, its
     ``calibration_key`` a producer's text, was logged with a C1 CSI (U+009B: a colour
