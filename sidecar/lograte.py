@@ -101,7 +101,8 @@ class RepeatFilter(logging.Filter):
         by_template = per_input or any(_under(record.name, n) for n in self._templates)
         # a traceback's exception type is part of what the line says: a scorer failing on
         # a second cause while the first one's lines are held back is logged at once
-        failure = type(record.exc_info[1]).__qualname__ if record.exc_info else ""
+        exc = record.exc_info[1] if record.exc_info else None  # (None, None, None): none
+        failure = "" if exc is None else type(exc).__qualname__
         key = (record.name, record.levelno, str(record.msg) if by_template else text, failure)
         with self._lock:
             now = self._clock()

@@ -295,6 +295,23 @@ def test_a_second_cause_of_a_per_input_failure_is_logged_while_the_first_is_held
     ]
 
 
+def test_a_per_input_line_logged_with_exc_info_but_no_exception_has_no_failure_type() -> None:
+    """``log.exception`` outside an ``except`` (or ``exc_info=True`` with none in hand)
+    gives ``exc_info`` ``(None, None, None)``: its type was keyed as ``NoneType``, and the
+    count said "more like it (NoneType)", an exception that never was."""
+    clock = Clock()
+    limiter = RepeatFilter(interval_s=10.0, clock=clock)
+    for i in range(3):
+        record = _record("sidecar.pipeline", "no model for %s", f"r{i}")
+        record.__dict__.update(PER_INPUT)
+        record.exc_info = (None, None, None)
+        limiter.filter(record)
+    clock.now += 10.0
+    assert [r.getMessage() for r in limiter.ended()] == [
+        "no model for r0 (2 more like it not logged, the last 10s ago)"
+    ]
+
+
 def test_no_message_can_start_a_line_of_its_own() -> None:
     """A newline in a producer's text (a header, a request id) wrote a forged line:
     ``... CRITICAL sidecar.kafka: FATAL forged by a producer`` at the start of a line."""
