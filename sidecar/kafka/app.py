@@ -813,15 +813,17 @@ class SidecarService:
 
     async def _tick_loop(self) -> None:
         interval = self.settings.join.sweep_interval_ms / 1000.0
-        prober = asyncio.create_task(
-            self.probe.run(self.clients.consumer, self._stopping), name="sidecar-broker-probe"
+        # watched as the ticker is: a probe gone left broker_ok as it was (ready, broker or not)
+        prober = self._background(
+            self.probe.run(self.clients.consumer, self._stopping), "sidecar-broker-probe"
         )
         try:
             await self._ticks(interval)
         finally:
-            prober.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await prober
+            if not prober.done():  # one that ended was said fatal
+                prober.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await prober
 
     async def _ticks(self, interval: float) -> None:
         while not self._stopping.is_set():

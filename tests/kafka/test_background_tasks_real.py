@@ -61,3 +61,22 @@ async def test_a_background_task_that_ends_makes_the_sidecar_not_live(
         await wait_until(lambda: not h.service.state.live, 30, "liveness to drop")
         fatal = h.service.state.fatal or ""
         assert "sidecar-ticker" in fatal and "a bug outside the tick's guard" in fatal
+
+
+async def test_a_broker_probe_that_raises_makes_the_sidecar_not_live(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker probe is the ticker's own task: ended by a bug (anything but the
+    ``KafkaError`` and timeout it handles), it ended silently, and ``broker_ok`` kept its
+    last value: ready while the broker was gone, and no more missing topics found."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+
+    async def broken(*_: object) -> None:
+        raise RuntimeError("a bug in the probe")
+
+    async with real_harness(settings) as h:
+        assert h.service.state.live
+        monkeypatch.setattr(h.service.probe, "probe", broken)
+        await wait_until(lambda: not h.service.state.live, 30, "liveness to drop")
+        fatal = h.service.state.fatal or ""
+        assert "sidecar-broker-probe" in fatal and "a bug in the probe" in fatal
