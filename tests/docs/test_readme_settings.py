@@ -164,6 +164,19 @@ def test_every_stated_default_is_the_code_default() -> None:
     assert wrong == [], "README defaults that are not the code's:\n" + "\n".join(wrong)
 
 
+def test_a_default_written_as_a_number_is_read_as_one() -> None:
+    """A part that starts with a number states a default: one the reader cannot take
+    (``30s`` for a setting in ms, ``1e6``, ``500ms``) was read as stating none, and went
+    unchecked, the unit of a wrong default included."""
+    unread = [
+        f"{name}: {part!r}"
+        for row in readme_rows()
+        for name, part in stated_parts(row).items()
+        if re.match(r"-?\d", part) and _value(part) is None
+    ]
+    assert unread == [], "README defaults written as no default can be read:\n" + "\n".join(unread)
+
+
 def test_every_allowed_value_of_a_fixed_list_is_in_its_row() -> None:
     settings = code_settings()
     missing = []
