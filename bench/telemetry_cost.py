@@ -90,7 +90,7 @@ def measure(
         _record_spans(traced)
 
     telemetry = Telemetry.from_setup(configure_from_env(prometheus_port), stage_spans=stage_spans)
-    now = time.time_ns()
+    now = time.monotonic_ns()  # a TraceRecord holds monotonic times, as the processor does
     stages = tuple((s, now + 1000 * i, now + 1000 * (i + 1)) for i, s in enumerate(STAGES))
     attributes: dict[str, str | bool | int | float | list[str]] = {
         "guardrail.request_id": "r-1",
