@@ -100,7 +100,10 @@ DATA_NOTE: Final = (
 )
 """Said after the tagged claim and context in every judge call."""
 
-_TAG = re.compile(r"<\s*(/?)\s*(claim|context)\b", re.IGNORECASE)
+# between a tag's parts: white space and the invisible (zero-width, joiners, a BOM); its
+# "<" and "/" also as their full-width look-alikes
+_GAP: Final = r"[\s\u200b-\u200f\u2060\ufeff]*"
+_TAG = re.compile(rf"[<\uff1c]{_GAP}([/\uff0f]?){_GAP}(claim|context)\b", re.IGNORECASE)
 
 
 def _enclosed(tag: str, text: str) -> str:
@@ -109,7 +112,7 @@ def _enclosed(tag: str, text: str) -> str:
     ``</context>`` in a retrieved document would otherwise close the block early, and what
     follows it would read as the user's own words; ``&lt;/context>`` reads as text.
     """
-    inert = _TAG.sub(lambda m: f"&lt;{m.group(1)}{m.group(2)}", text)
+    inert = _TAG.sub(lambda m: f"&lt;{'/' if m.group(1) else ''}{m.group(2)}", text)
     return f"<{tag}>\n{inert}\n</{tag}>"
 
 
