@@ -11,6 +11,7 @@ import asyncio
 import gc
 import io
 import logging
+import os
 import shutil
 import sys
 import threading
@@ -23,10 +24,17 @@ import orjson
 import pytest
 
 from sidecar.config import Settings
-from sidecar.lab.localkafka.broker import LocalKafka, ensure_jars, free_port
+from sidecar.lab.localkafka.broker import LocalKafka, ensure_jars, free_port, lib_for
 from sidecar.lograte import limit_repeats, one_line
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def kafka_lib() -> Path:
+    """The lab broker's jars: ``$GUARDRAIL_LAB_KAFKA_VERSION``'s (default 4.3.1), fetched
+    under ``$KAFKA_LOCAL_HOME`` (default the checkout's ``.kafka``) on first use."""
+    return ensure_jars(lib_for(Path(os.environ.get("KAFKA_LOCAL_HOME") or REPO / ".kafka")))
+
 
 # ------------------------------------------------------------------ CI guard
 
@@ -219,7 +227,7 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafk
     It fails (never skips) when the broker cannot start: a missing broker is a
     broken environment, not a reason to pass.
     """
-    lib = ensure_jars(REPO / ".kafka" / "lib")
+    lib = kafka_lib()
     instance = tmp_path_factory.mktemp("kafka")
     broker = LocalKafka(instance, lib, port=free_port(), controller_port=free_port())
     broker.start()

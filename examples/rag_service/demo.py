@@ -26,7 +26,7 @@ from examples.rag_service.app import MODE_HEADER
 from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.demo import wait_http
-from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
+from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port, lib_for
 from sidecar.lab.lookback.dataset import select_part
 from sidecar.lab.retrieval.corpus import load_questions
 
@@ -87,7 +87,7 @@ def main() -> int:
         )
         return 2
     home = default_home()
-    lib = ensure_jars(home / "lib")
+    lib = ensure_jars(lib_for(home))
     home.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="demo-service-", dir=home))
     broker = LocalKafka(workdir / "broker", lib, port=free_port(), controller_port=free_port())

@@ -52,7 +52,7 @@ from sidecar.contracts.events import DLQ_HEADER_PREFIX
 from sidecar.exceptions import InputError
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.demo import bundled_sample, expected_request_ids
-from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
+from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port, lib_for
 from sidecar.lab.replay import Record, load_file, send
 from tests.deploy.test_kubernetes_start import Workload, container_env, guardrail_workloads
 from tests.deploy.test_runtime_image import FORBIDDEN_DISTRIBUTIONS, FORBIDDEN_MODULES
@@ -346,7 +346,7 @@ def check_verdicts(settings: Settings, version: str) -> None:
 
 def check_against_broker(image: str, chart: ChartContainer, version: str) -> None:
     home = default_home()
-    lib = ensure_jars(home / "lib")
+    lib = ensure_jars(lib_for(home))
     workdir = Path(tempfile.mkdtemp(prefix="image-check-", dir=home))
     broker = LocalKafka(workdir / "broker", lib, port=free_port(), controller_port=free_port())
     name = f"guardrail-image-check-{os.getpid()}"

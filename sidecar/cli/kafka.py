@@ -34,11 +34,12 @@ def run(args: argparse.Namespace) -> int:
         LocalKafka,
         default_home,
         ensure_jars,
+        lib_for,
     )
 
     home: Path = (args.home or default_home()).resolve()
     action = args.kafka_command
-    lib = ensure_jars(home / "lib") if action in {"fetch", "start"} else home / "lib"
+    lib = ensure_jars(lib_for(home)) if action in {"fetch", "start"} else lib_for(home)
     if action == "fetch":
         sys.stdout.write(f"Kafka jars in {lib}\n")
         return 0

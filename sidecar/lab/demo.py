@@ -32,7 +32,7 @@ from sidecar.contracts.codec import encode
 from sidecar.contracts.events import DLQ_HEADER_PREFIX, FeedbackEvent
 from sidecar.exceptions import ConfigError, SidecarNotReadyError
 from sidecar.kafka.topics import create_topics
-from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
+from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port, lib_for
 from sidecar.lab.replay import Record, load_file, send
 
 
@@ -366,7 +366,7 @@ def run_demo(
             f"(from {Path.cwd()}): run from the checkout or give --questions FILE"
         )
     home = default_home()
-    lib = ensure_jars(home / "lib")
+    lib = ensure_jars(lib_for(home))
     home.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="demo-", dir=home))
     broker = LocalKafka(workdir / "broker", lib, port=free_port(), controller_port=free_port())

@@ -15,9 +15,9 @@ from sidecar.config import TOPIC_ROLES, Settings
 from sidecar.exceptions import SidecarNotReadyError
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.process import SidecarProcess
-from sidecar.lab.localkafka.broker import LocalKafka, ensure_jars, free_port
+from sidecar.lab.localkafka.broker import LocalKafka, free_port
 from sidecar.lab.replay import Record, send
-from tests.conftest import REPO, EventFactory, dumps
+from tests.conftest import EventFactory, dumps, kafka_lib
 
 pytestmark = pytest.mark.connected
 
@@ -29,7 +29,7 @@ def scram_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafk
     instance = tmp_path_factory.mktemp("kafka-scram")
     broker = LocalKafka(
         instance,
-        ensure_jars(REPO / ".kafka" / "lib"),
+        kafka_lib(),
         port=free_port(),
         controller_port=free_port(),
         sasl_port=free_port(),

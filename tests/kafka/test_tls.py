@@ -24,8 +24,14 @@ from sidecar.config import TOPIC_ROLES, Settings
 from sidecar.exceptions import BrokerError, ConfigError, SidecarNotReadyError
 from sidecar.kafka.topics import create_topics, verify_topics
 from sidecar.lab.chaos.process import SidecarProcess
-from sidecar.lab.localkafka.broker import LocalKafka, ensure_jars, free_port
-from tests.conftest import REPO
+from sidecar.lab.localkafka.broker import (
+    KAFKA_VERSION,
+    LocalKafka,
+    free_port,
+    jars_version,
+    major_version,
+)
+from tests.conftest import kafka_lib
 
 pytestmark = pytest.mark.connected
 
@@ -85,11 +91,17 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsBroker]:
     listeners = f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}," + ",".join(
         f"{name}://127.0.0.1:{p}" for name, p in ports.items()
     )
+    lib = kafka_lib()
+    advertised = listeners
+    if (
+        major_version(jars_version(lib) or KAFKA_VERSION) < 4
+    ):  # 3.7 refuses an advertised controller
+        advertised = listeners.replace(f"CONTROLLER://127.0.0.1:{controller},", "")
     module = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
     # later keys win in a .properties file: these replace LocalKafka's listener lines
     extra = f"""
 listeners={listeners}
-advertised.listeners={listeners}
+advertised.listeners={advertised}
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,MTLS:SSL,BADHOST:SSL
 ssl.keystore.type=PKCS12
 ssl.keystore.location={broker_store}
@@ -105,7 +117,7 @@ listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config={module}
 """
     broker = LocalKafka(
         instance,
-        ensure_jars(REPO / ".kafka" / "lib"),
+        lib,
         port=port,
         controller_port=controller,
         extra_properties=extra,

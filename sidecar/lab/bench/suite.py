@@ -25,7 +25,7 @@ from sidecar.lab.bench.profile import profile_paths
 from sidecar.lab.bench.ratios import floors_report, half_capacity, incomplete_failure, machine
 from sidecar.lab.bench.stages import run_claim_stages, run_stages
 from sidecar.lab.chaos.process import SidecarProcess
-from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
+from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port, lib_for
 
 
 def _log(msg: str) -> None:
@@ -185,7 +185,7 @@ def run_bench(quick: bool = False, out: Path | None = None) -> dict[str, Any]:
         workdir = Path(tmp)
         broker = LocalKafka(
             workdir / "broker",
-            ensure_jars(home / "lib"),
+            ensure_jars(lib_for(home)),
             port=free_port(),
             controller_port=free_port(),
             heap_mb=1024,

@@ -22,7 +22,7 @@ from sidecar.lab.chaos.builder import AttentionShape
 from sidecar.lab.chaos.hostile import HostileFactory
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.chaos.proxy import ThrottlingProxy
-from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port
+from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port, lib_for
 
 # hostile: limits small enough that records at every limit are cheap to build and send;
 # the tenant comes from a trusted header, so another tenant's ids and a missing or
@@ -66,7 +66,7 @@ class Chaos:
         self.workdir = workdir
         self.rng = random.Random(seed)  # noqa: S311 - reproducible fault timing
         self.quick = quick
-        lib = ensure_jars(default_home() / "lib")
+        lib = ensure_jars(lib_for(default_home()))
         proxied = free_port()
         self.proxy = ThrottlingProxy(upstream_port=proxied)
         self.broker = LocalKafka(

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -17,9 +18,13 @@ from pathlib import Path
 
 from sidecar.exceptions import ConfigError, LocalKafkaError
 
-KAFKA_VERSION = "4.3.1"
+KAFKA_VERSION = "4.3.1"  # the default broker, and the one `make test` runs against
+VERSION_ENV = "GUARDRAIL_LAB_KAFKA_VERSION"  # another release of Apache Kafka, e.g. 3.7.2
+OLDEST_VERSION = (3, 5)  # KRaft formats with SCRAM users (--add-scram) since 3.5
 POM = Path(__file__).with_name("pom.xml")
 READY_LINE = "Kafka Server started"
+_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+_BROKER_JAR = re.compile(r"kafka_2\.13-(\d+\.\d+\.\d+)\.jar")
 
 LOG4J2 = """\
 status = warn
@@ -33,17 +38,88 @@ logger.raft.name = kafka.server.KafkaRaftServer
 logger.raft.level = INFO
 """
 
+# Kafka 3.x logs through log4j 1 (reload4j): the same console, level and ready line.
+LOG4J1 = """\
+log4j.rootLogger=WARN, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.server.KafkaRaftServer=INFO
+"""
+
+
+def _parse_version(version: str) -> tuple[int, int, int]:
+    match = _VERSION.fullmatch(version)
+    if match is None:
+        raise ConfigError(
+            f"{VERSION_ENV}={version!r} is not an Apache Kafka release (MAJOR.MINOR.PATCH, "
+            f"e.g. 3.9.2)"
+        )
+    parsed = (int(match[1]), int(match[2]), int(match[3]))
+    if parsed[:2] < OLDEST_VERSION:
+        oldest = ".".join(map(str, OLDEST_VERSION))
+        raise ConfigError(
+            f"{VERSION_ENV}={version}: the lab broker runs KRaft with SCRAM users formatted in, "
+            f"which needs Kafka {oldest} or later"
+        )
+    return parsed
+
+
+def major_version(version: str) -> int:
+    """3 for ``3.7.2``: the 3.x brokers configure KRaft and log differently from 4.x."""
+    return _parse_version(version)[0]
+
+
+def kafka_version() -> str:
+    """The broker release to run: ``$GUARDRAIL_LAB_KAFKA_VERSION`` or :data:`KAFKA_VERSION`."""
+    version = os.environ.get(VERSION_ENV, "").strip() or KAFKA_VERSION
+    _parse_version(version)
+    return version
+
+
+def lib_for(home: Path, version: str | None = None) -> Path:
+    """Where a release's jars live under ``home``: ``lib`` for the default, else ``lib-V``.
+
+    Each release has its own directory, so switching versions never mixes two brokers'
+    jars on one classpath nor re-fetches the default's.
+    """
+    version = version or kafka_version()
+    return home / ("lib" if version == KAFKA_VERSION else f"lib-{version}")
+
+
+def jars_version(lib_dir: Path) -> str | None:
+    """The release whose ``kafka_2.13-V.jar`` is in ``lib_dir`` (None: no broker jar)."""
+    found = sorted(
+        match[1]
+        for jar in lib_dir.glob("kafka_2.13-*.jar")
+        if (match := _BROKER_JAR.fullmatch(jar.name)) is not None
+    )
+    if len(found) > 1:
+        raise LocalKafkaError(
+            f"{lib_dir} holds the jars of several Kafka releases ({', '.join(found)}); "
+            "each release needs a directory of its own (lib_for)"
+        )
+    return found[0] if found else None
+
 
 def default_home() -> Path:
     """``$KAFKA_LOCAL_HOME`` or ``./.kafka`` (git-ignored)."""
     return Path(os.environ.get("KAFKA_LOCAL_HOME", ".kafka")).resolve()
 
 
-def ensure_jars(lib_dir: Path | None = None) -> Path:
-    """Fetch the broker's jars with Maven unless they are already there."""
-    lib = (lib_dir or default_home() / "lib").resolve()
-    if (lib / f"kafka_2.13-{KAFKA_VERSION}.jar").exists():
+def ensure_jars(lib_dir: Path | None = None, version: str | None = None) -> Path:
+    """Fetch the jars of ``version`` (default :func:`kafka_version`) unless they are there."""
+    version = version or kafka_version()
+    major = major_version(version)
+    lib = (lib_dir or lib_for(default_home(), version)).resolve()
+    present = jars_version(lib) if lib.is_dir() else None
+    if present == version:
         return lib
+    if present is not None:
+        raise LocalKafkaError(
+            f"{lib} holds Kafka {present}'s jars, not {version}'s: give each release its own "
+            f"directory (lib_for(home, version) is {lib_for(lib.parent, version)})"
+        )
     mvn = shutil.which("mvn")
     if mvn is None:
         raise LocalKafkaError("Maven (mvn) is not on PATH; it is needed to fetch the Kafka jars")
@@ -56,11 +132,14 @@ def ensure_jars(lib_dir: Path | None = None) -> Path:
         str(POM),
         "dependency:copy-dependencies",
         f"-Dkafka.lib.dir={lib}",
+        f"-Dkafka.version={version}",
     ]
+    if major < 4:
+        cmd.append("-Dkafka3")  # the pom's log4j 1 (reload4j) binding
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if result.returncode != 0 or not (lib / f"kafka_2.13-{KAFKA_VERSION}.jar").exists():
+    if result.returncode != 0 or not (lib / f"kafka_2.13-{version}.jar").exists():
         raise LocalKafkaError(
-            f"fetching Kafka {KAFKA_VERSION} jars failed (exit {result.returncode}):\n"
+            f"fetching Kafka {version} jars failed (exit {result.returncode}):\n"
             f"{result.stdout[-2000:]}{result.stderr[-2000:]}"
         )
     return lib
@@ -151,6 +230,20 @@ class LocalKafka:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def version(self) -> str:
+        """The release whose jars are in ``lib_dir`` (:data:`KAFKA_VERSION` when none are)."""
+        return jars_version(self.lib_dir) or KAFKA_VERSION
+
+    @property
+    def _kafka3(self) -> bool:
+        """A 3.x broker: static ``controller.quorum.voters``, no ``--standalone``, log4j 1.
+
+        3.9 has dynamic quorums (``--standalone``) too, but a static voter set formats
+        and starts on every 3.x that runs KRaft, so the lab uses it throughout 3.x.
+        """
+        return major_version(self.version) < 4
+
+    @property
     def _pid_file(self) -> Path:
         return self.instance_dir / "broker.pid"
 
@@ -183,6 +276,11 @@ class LocalKafka:
         )
         protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
         advertised = listeners
+        quorum = f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}"
+        if self._kafka3:
+            # 3.7 refuses a controller listener among a broker's advertised listeners (3.9 not)
+            advertised = f"PLAINTEXT://127.0.0.1:{self.port}"
+            quorum = f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}"
         if self.proxied_port is not None:
             listeners += f",PROXIED://127.0.0.1:{self.proxied_port}"
             advertised += f",PROXIED://127.0.0.1:{self.proxied_advertised_port}"
@@ -201,7 +299,7 @@ class LocalKafka:
         props = f"""\
 process.roles=broker,controller
 node.id=1
-controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}
+{quorum}
 listeners={listeners}
 advertised.listeners={advertised}
 controller.listener.names=CONTROLLER
@@ -225,6 +323,7 @@ message.max.bytes=16777216
         server = self.instance_dir / "server.properties"
         server.write_text(props)
         (self.instance_dir / "log4j2.properties").write_text(LOG4J2)
+        (self.instance_dir / "log4j.properties").write_text(LOG4J1)
         ports = {"port": self.port, "controller_port": self.controller_port}
         if self.proxied_port is not None and self.proxied_advertised_port is not None:
             ports["proxied_port"] = self.proxied_port
@@ -236,10 +335,15 @@ message.max.bytes=16777216
         java = shutil.which("java")
         if java is None:
             raise LocalKafkaError("java is not on PATH; Kafka needs a Java 17+ runtime")
+        logging = (
+            f"-Dlog4j.configuration=file:{self.instance_dir / 'log4j.properties'}"
+            if self._kafka3
+            else f"-Dlog4j2.configurationFile={self.instance_dir / 'log4j2.properties'}"
+        )
         return [
             java,
             f"-Xmx{heap_mb}m",
-            f"-Dlog4j2.configurationFile={self.instance_dir / 'log4j2.properties'}",
+            logging,
             f"-Dkafka.logs.dir={self.instance_dir / 'logs'}",
             "-cp",
             f"{self.lib_dir}/*",
@@ -257,10 +361,12 @@ message.max.bytes=16777216
         for user, password in self.scram_users.items():
             for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
                 scram += ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
+        # 3.x: the static voter set in server.properties is the quorum (never both)
+        standalone = [] if self._kafka3 else ["--standalone"]
         cmd = self._java(
             "kafka.tools.StorageTool",
             "format",
-            "--standalone",
+            *standalone,
             "-t",
             cluster_id,
             "-c",
@@ -362,7 +468,7 @@ message.max.bytes=16777216
             "bootstrap_servers": self.bootstrap_servers,
             "serving": pid is not None and _port_open(self.port),
             "instance_dir": str(self.instance_dir),
-            "kafka_version": KAFKA_VERSION,
+            "kafka_version": self.version,
         }
 
     @classmethod
