@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def kafka_lib() -> Path:
-    """The lab broker's jars: ``$GUARDRAIL_LAB_KAFKA_VERSION``'s (default 4.3.1), fetched
+    """The lab broker's jars: ``$KAFKA_LOCAL_VERSION``'s (default 4.3.1), fetched
     under ``$KAFKA_LOCAL_HOME`` (default the checkout's ``.kafka``) on first use."""
     return ensure_jars(lib_for(Path(os.environ.get("KAFKA_LOCAL_HOME") or REPO / ".kafka")))
 

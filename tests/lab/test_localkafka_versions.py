@@ -1,4 +1,4 @@
-"""The lab broker's release is selectable (GUARDRAIL_LAB_KAFKA_VERSION): 3.x brokers get
+"""The lab broker's release is selectable (KAFKA_LOCAL_VERSION): 3.x brokers get
 their own jar directory, log4j 1, and a static KRaft voter set instead of --standalone."""
 
 from __future__ import annotations

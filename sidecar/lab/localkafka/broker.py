@@ -19,7 +19,9 @@ from pathlib import Path
 from sidecar.exceptions import ConfigError, LocalKafkaError
 
 KAFKA_VERSION = "4.3.1"  # the default broker, and the one `make test` runs against
-VERSION_ENV = "GUARDRAIL_LAB_KAFKA_VERSION"  # another release of Apache Kafka, e.g. 3.7.2
+# another Apache Kafka release, e.g. 3.7.2; beside KAFKA_LOCAL_HOME, not GUARDRAIL_*: the
+# sidecar refuses GUARDRAIL_* names that are no setting, and the tests pass the environment on
+VERSION_ENV = "KAFKA_LOCAL_VERSION"
 OLDEST_VERSION = (3, 5)  # KRaft formats with SCRAM users (--add-scram) since 3.5
 POM = Path(__file__).with_name("pom.xml")
 READY_LINE = "Kafka Server started"
@@ -71,7 +73,7 @@ def major_version(version: str) -> int:
 
 
 def kafka_version() -> str:
-    """The broker release to run: ``$GUARDRAIL_LAB_KAFKA_VERSION`` or :data:`KAFKA_VERSION`."""
+    """The broker release to run: ``$KAFKA_LOCAL_VERSION`` or :data:`KAFKA_VERSION`."""
     version = os.environ.get(VERSION_ENV, "").strip() or KAFKA_VERSION
     _parse_version(version)
     return version
