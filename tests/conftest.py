@@ -24,7 +24,13 @@ import orjson
 import pytest
 
 from sidecar.config import Settings
-from sidecar.lab.localkafka.broker import LocalKafka, ensure_jars, free_port, lib_for
+from sidecar.lab.localkafka.broker import (
+    LocalKafka,
+    ensure_jars,
+    free_port,
+    kafka_version,
+    lib_for,
+)
 from sidecar.lograte import limit_repeats, one_line
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,6 +62,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _connected["skipped"] += 1
     elif report.when == "call":
         _connected["passed" if report.passed else "failed"] += 1
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which broker release the real-broker tests run against (``KAFKA_LOCAL_VERSION``)."""
+    return f"lab Kafka broker: {kafka_version()} (KAFKA_LOCAL_VERSION)"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
