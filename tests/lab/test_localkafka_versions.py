@@ -3,6 +3,7 @@ their own jar directory, log4j 1, and a static KRaft voter set instead of --stan
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,6 @@ from typing import Any
 import pytest
 
 from sidecar.exceptions import ConfigError, LocalKafkaError
-from sidecar.lab.localkafka import broker as localkafka
 from sidecar.lab.localkafka.broker import (
     KAFKA_VERSION,
     VERSION_ENV,
@@ -87,8 +87,8 @@ def test_ensure_jars_asks_maven_for_the_release_and_its_logging(
         (tmp_path / "lib" / f"kafka_2.13-{version}.jar").touch()
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(localkafka.shutil, "which", lambda name: f"/usr/bin/{name}")
-    monkeypatch.setattr(localkafka.subprocess, "run", run)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(subprocess, "run", run)
     assert ensure_jars(tmp_path / "lib", version) == (tmp_path / "lib").resolve()
     (cmd,) = calls
     assert f"-Dkafka.version={version}" in cmd
@@ -102,8 +102,8 @@ def _format_command(broker: LocalKafka, monkeypatch: pytest.MonkeyPatch) -> list
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(localkafka.shutil, "which", lambda name: f"/usr/bin/{name}")
-    monkeypatch.setattr(localkafka.subprocess, "run", run)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(subprocess, "run", run)
     broker._format(broker._write_config())
     (cmd,) = calls
     return cmd
