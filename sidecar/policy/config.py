@@ -201,8 +201,10 @@ def _one_or_more(value: object) -> object:
 
 CertificateFiles = Annotated[
     tuple[CertificateFile, ...],
-    BeforeValidator(_one_or_more),
+    # the bounds before the validator: after it, pydantic >= 2.12 writes them into the
+    # JSON schema as maxLength/minLength, which no validator applies to an array
     Field(min_length=1, max_length=8),
+    BeforeValidator(_one_or_more),
 ]
 """One certificate file or a list of them (at most 8), kept as a tuple."""
 

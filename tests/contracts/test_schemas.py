@@ -7,6 +7,7 @@ from pathlib import Path
 import jsonschema
 import orjson
 import pytest
+from pydantic import ValidationError
 
 from sidecar.confidence.fleet import CoverageMonitor
 from sidecar.config import Settings
@@ -16,6 +17,7 @@ from sidecar.contracts.schema_export import render, stale_files
 from sidecar.lab.demo import bundled_sample
 from sidecar.lab.replay import load_file
 from sidecar.pipeline.outputs import report_output, withdrawal_output
+from sidecar.policy.config import AllowRules
 from tests.conftest import REPO, EventFactory
 
 
@@ -131,3 +133,21 @@ def test_asyncapi_names_the_key_each_output_is_published_under() -> None:
     assert withdrawal_output(withdrawal).key == b"acme/docs/default"
     assert key_of("reports") == key_of("certificates") == "calibration_key"
     assert {key_of(c) for c in ("retrieval", "feedback", "claims", "verdicts")} == {"request_id"}
+
+
+@pytest.mark.parametrize("count", [0, 1, 8, 9])
+def test_the_policy_schema_bounds_the_certificate_list_as_the_model_does(count: int) -> None:
+    """The bounds are on an array: maxLength/minLength there (pydantic >= 2.12 wrote them
+    after the validator) were ignored, and a list of 9 passed an editor's check."""
+    schema = json.loads((REPO / "schemas" / "policy.schema.json").read_text())
+    allow = {**schema["$defs"]["AllowRules"], "$defs": schema["$defs"]}
+    certified = [f"c{i}.json" for i in range(count)]
+    errors = list(jsonschema.Draft202012Validator(allow).iter_errors({"certified": certified}))
+    try:
+        AllowRules.model_validate({"certified": certified})
+    except ValidationError:
+        model_accepts = False
+    else:
+        model_accepts = True
+    assert model_accepts == (0 < count <= 8)
+    assert (errors == []) == model_accepts, [e.message for e in errors]
