@@ -248,7 +248,7 @@ def calm_startup(handlers: Iterable[logging.Handler], grace_s: float = STARTUP_G
             handler.filters.insert(0, StartupTransients(grace_s))
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     """``text`` with each character that is not printable written as ``repr`` writes it:
     C0 and C1 controls (a newline; U+009B, a CSI as ESC [ is), line separators, the
     bidirectional controls (a right-to-left override made ``x<RLO>gnp.exe`` read
@@ -260,7 +260,7 @@ def _printable(text: str) -> str:
 
 class OneLine(logging.Filter):
     """Every record's message on one line: characters that are not printable written as
-    escapes (:func:`_printable`), and credentials in URLs masked
+    escapes (:func:`printable`), and credentials in URLs masked
     (:func:`~sidecar.redact.redact_text`).
 
     The message is rendered once here (``msg`` becomes the text, ``args`` None);
@@ -270,7 +270,7 @@ class OneLine(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = redact_text(record.getMessage())  # an exporter's endpoint with ?token=...
-        record.msg = _printable(text)
+        record.msg = printable(text)
         record.args = None
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None and not record.exc_text:  # the formatter uses exc_text as given
@@ -291,12 +291,12 @@ def _traceback_text(exc: BaseException) -> str:
     nodes = [root]
     while nodes:
         node = nodes.pop()
-        own = _printable(redact_text("".join(node.format_exception_only()).removesuffix("\n")))
+        own = printable(redact_text("".join(node.format_exception_only()).removesuffix("\n")))
         node.format_exception_only = _said(own)  # type: ignore[method-assign]
         linked = (node.__cause__, node.__context__, *(node.exceptions or ()))
         nodes += [n for n in linked if n is not None]
     lines = "".join(root.format()).removesuffix("\n").split("\n")
-    return "\n".join(_printable(line) for line in lines)  # the frames' own lines
+    return "\n".join(printable(line) for line in lines)  # the frames' own lines
 
 
 def _said(line: str) -> Callable[..., Generator[str, None, None]]:

@@ -19,6 +19,7 @@ from typing import Any, Final
 from sidecar.contracts.deadletter import DLQ_HEADER_PREFIX, dlq_header
 from sidecar.dlq.reasons import REDRIVABLE
 from sidecar.exceptions import ConfigError
+from sidecar.lograte import printable
 
 __all__ = [
     "NO_REASON",
@@ -245,7 +246,11 @@ class Tally:
         }
 
     def render(self, topic: str) -> list[str]:
-        """The tally as lines for a terminal."""
+        """The tally as lines for a terminal: the text read from the topic (reasons, request
+        ids, details, source topics: a producer's, or a foreign writer's) with each character
+        that is not printable written as an escape, so an ESC, a CSI, a newline or a
+        bidirectional override in a dead letter cannot drive the on-call engineer's terminal
+        or forge a line of the report."""
         if not self.total:
             return [f"{topic}: no dead letters in the range read"]
         lines = [
@@ -257,13 +262,16 @@ class Tally:
         for reason, n in self.by_reason.most_common():
             fix = REDRIVABLE.get(reason)
             hint = f"  (redrive once {fix})" if fix else ""
-            lines.append(f"  {n:>8}  {reason}{hint}")
+            lines.append(f"  {n:>8}  {printable(reason)}{hint}")
             s = self.samples.get(reason)
             if s and s.request_ids:
-                lines.append(f"            request ids: {', '.join(s.request_ids)}")
-            lines.extend(f"            detail: {detail}" for detail in (s.details if s else ()))
+                ids = ", ".join(printable(rid) for rid in s.request_ids)
+                lines.append(f"            request ids: {ids}")
+            lines.extend(
+                f"            detail: {printable(detail)}" for detail in (s.details if s else ())
+            )
         lines.append("by source topic:")
-        lines.extend(f"  {n:>8}  {t}" for t, n in self.by_source_topic.most_common())
+        lines.extend(f"  {n:>8}  {printable(t)}" for t, n in self.by_source_topic.most_common())
         return lines
 
 

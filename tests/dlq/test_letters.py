@@ -174,3 +174,36 @@ def test_every_reason_the_sidecar_writes_is_classified_for_a_redrive_once() -> N
     assert set(REDRIVABLE) & set(NOT_REDRIVABLE) == set()
     assert sorted(raised - {*REDRIVABLE, *NOT_REDRIVABLE}) == []
     assert sorted({*REDRIVABLE, *NOT_REDRIVABLE} - raised) == []
+
+
+def test_the_text_report_escapes_what_a_producer_or_a_foreign_writer_put_in_the_topic() -> None:
+    """A DLQ written before x-dlq-request-id was checked (de1ba59) holds raw keys, and anyone
+    who may write to the topic writes any header: an ESC / CSI sequence, a C1 CSI, a newline
+    forging a line of the report, a right-to-left override. Printed raw, they drove the
+    on-call engineer's terminal (the screen cleared, the title set, 'exe.png' shown)."""
+    hostile = read_dead_letter(
+        partition=0,
+        offset=0,
+        timestamp_ms=1_700_000_000_000,
+        key=None,
+        value=b"{}",
+        headers=[
+            ("x-dlq-reason", b"oversize"),
+            ("x-dlq-request-id", b"r\x1b[2J\r\n  999  forged \xc2\x9b31m\xe2\x80\xaegnp.exe"),
+            ("x-dlq-detail", b"d\x1b]0;owned\x07\nby source topic:"),
+            ("x-dlq-source-topic", b"rag.retrieval\x1b[8m"),
+        ],
+    )
+    tally = Tally()
+    tally.add(hostile)
+    lines = tally.render("rag.dlq")
+    text = "\n".join(lines)
+    assert all(c.isprintable() for line in lines for c in line), text
+    assert sum(line == "by source topic:" for line in lines) == 1
+    assert r"r\x1b[2J\r\n  999  forged \x9b31m\u202egnp.exe" in text
+    assert r"detail: d\x1b]0;owned\x07\nby source topic:" in text
+    assert r"rag.retrieval\x1b[8m" in text
+    # --json keeps the text as it was read (json.dumps escapes it)
+    assert tally.to_json()["samples"]["oversize"]["details"] == [
+        "d\x1b]0;owned\x07\nby source topic:"
+    ]
