@@ -23,6 +23,7 @@ from sidecar.lograte import printable
 
 __all__ = [
     "NO_REASON",
+    "OTHER",
     "DeadLetter",
     "RedrivePlan",
     "Skip",
@@ -34,8 +35,11 @@ __all__ = [
 ]
 
 NO_REASON: Final = "(none)"
+OTHER: Final = "(other)"  # a reason or topic past the ones a tally tracks
 SAMPLES_PER_REASON: Final = 3
 MAX_SAMPLE_DETAIL_CHARS: Final = 200
+MAX_TALLY_KEYS: Final = 256  # distinct reasons, and distinct source topics, counted apart
+MAX_TALLY_KEY_CHARS: Final = 249  # Kafka's longest topic name; a reason is at most 64
 
 Header = tuple[str, bytes]
 
@@ -199,9 +203,9 @@ class _Samples:
     details: list[str] = field(default_factory=list)
 
     def add(self, letter: DeadLetter) -> None:
-        if letter.request_id and len(self.request_ids) < SAMPLES_PER_REASON:
-            if letter.request_id not in self.request_ids:
-                self.request_ids.append(letter.request_id)
+        rid = (letter.request_id or "")[:MAX_SAMPLE_DETAIL_CHARS]
+        if rid and len(self.request_ids) < SAMPLES_PER_REASON and rid not in self.request_ids:
+            self.request_ids.append(rid)
         detail = letter.detail[:MAX_SAMPLE_DETAIL_CHARS]
         if detail and len(self.details) < SAMPLES_PER_REASON and detail not in self.details:
             self.details.append(detail)
@@ -210,7 +214,10 @@ class _Samples:
 @dataclass
 class Tally:
     """Counts of dead letters by reason and source topic, their time range, a few samples
-    per reason: memory bounded by the number of distinct reasons and topics."""
+    per reason: memory bounded. The sidecar writes a few dozen reasons and topics, but
+    anyone who may write to the topic writes any header: past :data:`MAX_TALLY_KEYS`
+    distinct reasons (or source topics), and for one over :data:`MAX_TALLY_KEY_CHARS`
+    characters, a letter is counted under :data:`OTHER`."""
 
     total: int = 0
     truncated: int = 0
@@ -223,13 +230,14 @@ class Tally:
     def add(self, letter: DeadLetter) -> None:
         self.total += 1
         self.truncated += letter.truncated
-        self.by_reason[letter.reason] += 1
-        self.by_source_topic[letter.source_topic or NO_REASON] += 1
+        reason = _key(self.by_reason, letter.reason)
+        self.by_reason[reason] += 1
+        self.by_source_topic[_key(self.by_source_topic, letter.source_topic or NO_REASON)] += 1
         ts = letter.timestamp_ms
         if ts >= 0:
             self.first_ms = ts if self.first_ms is None else min(self.first_ms, ts)
             self.last_ms = ts if self.last_ms is None else max(self.last_ms, ts)
-        self.samples.setdefault(letter.reason, _Samples()).add(letter)
+        self.samples.setdefault(reason, _Samples()).add(letter)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -273,6 +281,16 @@ class Tally:
         lines.append("by source topic:")
         lines.extend(f"  {n:>8}  {printable(t)}" for t, n in self.by_source_topic.most_common())
         return lines
+
+
+def _key(counts: Counter[str], text: str) -> str:
+    """``text`` as a tally's key: itself while the tally can track it, else :data:`OTHER`."""
+    if text in counts:
+        return text
+    room = MAX_TALLY_KEYS - (OTHER not in counts)  # a key left for OTHER itself
+    if len(counts) >= room or len(text) > MAX_TALLY_KEY_CHARS:
+        return OTHER
+    return text
 
 
 def _iso(ms: int | None) -> str | None:

@@ -8,7 +8,9 @@ import pytest
 
 from sidecar.contracts.deadletter import DeadLetterRecord
 from sidecar.dlq.letters import (
+    MAX_TALLY_KEYS,
     NO_REASON,
+    OTHER,
     SAMPLES_PER_REASON,
     DeadLetter,
     RedrivePlan,
@@ -207,3 +209,44 @@ def test_the_text_report_escapes_what_a_producer_or_a_foreign_writer_put_in_the_
     assert tally.to_json()["samples"]["oversize"]["details"] == [
         "d\x1b]0;owned\x07\nby source topic:"
     ]
+
+
+def test_the_tally_stays_bounded_on_a_topic_anyone_wrote_to() -> None:
+    """The sidecar writes a few dozen reasons, but a foreign writer's records carry any
+    x-dlq-reason and x-dlq-source-topic: 200,000 distinct ones held 200,000 counters and
+    sample lists (143 MB traced) where the docstring promised a bounded tally; a
+    megabyte-long request id was kept whole in the samples."""
+    tally = Tally()
+    tally.add(letter("oversize", request_id="r" * 1_000_000))
+    long_reason = [("x-dlq-reason", b"x" * 100_000)]  # longer than any reason or topic name
+    tally.add(
+        read_dead_letter(
+            partition=0, offset=0, timestamp_ms=0, key=None, value=None, headers=long_reason
+        )
+    )
+    n = 20_000
+    for i in range(n):
+        tally.add(
+            read_dead_letter(
+                partition=0,
+                offset=i,
+                timestamp_ms=i,
+                key=None,
+                value=b"x",
+                headers=[
+                    ("x-dlq-reason", f"reason-{i}".encode()),
+                    ("x-dlq-source-topic", f"topic-{i}".encode()),
+                    ("x-dlq-request-id", f"r{i}".encode()),
+                ],
+            )
+        )
+    tally.add(letter("oversize"))  # counted apart still: it was tracked before
+    out = tally.to_json()
+    assert out["total"] == n + 3
+    assert sum(out["by_reason"].values()) == n + 3
+    assert sum(out["by_source_topic"].values()) == n + 3
+    assert len(out["by_reason"]) == len(out["by_source_topic"]) == MAX_TALLY_KEYS
+    assert len(out["samples"]) == MAX_TALLY_KEYS
+    assert out["by_reason"]["oversize"] == 2
+    assert out["by_reason"][OTHER] == n + 1 - (MAX_TALLY_KEYS - 2)
+    assert max(len(r) for s in out["samples"].values() for r in s["request_ids"]) <= 200
