@@ -18,11 +18,15 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar.cli.groups import add_progress_arg, progress_enabled
 from sidecar.config import Settings
-from sidecar.exceptions import ConfigError
+from sidecar.exceptions import ConfigError, GuardrailError
+
+if TYPE_CHECKING:
+    from sidecar.dlq.letters import RedrivePlan
+    from sidecar.kafka.dlq import Redriver
 
 
 def register(sub: Any) -> None:
@@ -185,6 +189,34 @@ def _redrive_refusal(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _partial(
+    args: argparse.Namespace,
+    plan: RedrivePlan,
+    redriver: Redriver | None,
+    at: list[str],
+    exc: BaseException,
+) -> None:
+    """The counts of a redrive that stopped part way: on stdout (``--json``: the report with
+    ``error``, ``unconfirmed`` and ``last_read``), the error itself left to the caller."""
+    sent = redriver.sent if redriver is not None else 0
+    unconfirmed = redriver.unconfirmed if redriver is not None else 0
+    error = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
+    last = at[0] if at else None
+    if args.json:
+        report = plan.to_json(sent=sent, dry_run=redriver is None)
+        report |= {"error": error, "unconfirmed": unconfirmed, "last_read": last}
+        sys.stdout.write(json.dumps(report, sort_keys=True) + "\n")
+        return
+    if last is None:  # stopped before a dead letter was read: the error says it all
+        return
+    sys.stdout.write(
+        f"stopped ({error}) after reading {plan.not_selected + sum(plan.skipped.values())} "
+        f"dead letter(s) not sent and {sum(plan.chosen.values())} selected, up to DLQ "
+        f"partition@offset {last or 'none'}: {sent} sent and confirmed, {unconfirmed} "
+        "handed to the producer unconfirmed (they may or may not have been written)\n"
+    )
+
+
 def run_redrive(args: argparse.Namespace) -> int:
     from sidecar.dlq.letters import RedrivePlan  # noqa: PLC0415
     from sidecar.kafka.dlq import DlqScan, Redriver  # noqa: PLC0415
@@ -205,19 +237,27 @@ def run_redrive(args: argparse.Namespace) -> int:
         join_topics=(t.retrieval, t.generation),
     )
     sending = bool(args.yes)
+    redriver = Redriver(settings, plan.input_topics) if sending else None
+    at: list[str] = []  # the DLQ partition@offset of the last letter read
 
-    async def go() -> int:
+    async def go() -> None:
         async with DlqScan(settings, since) as dlq:
-            redriver = Redriver(settings, plan.input_topics) if sending else None
             async with redriver if redriver is not None else contextlib.nullcontext():
                 with _bar(args, dlq.to_read, "dlq redrive") as bar:
                     async for letter in dlq.letters():
                         bar.update(1)
+                        at[:] = [f"{letter.partition}@{letter.offset}"]
                         if plan.consider(letter) and redriver is not None:
                             await redriver.send(letter)
-            return redriver.sent if redriver is not None else 0
 
-    sent = asyncio.run(go())
+    try:
+        asyncio.run(go())
+    except (GuardrailError, KeyboardInterrupt) as exc:
+        # what was sent before the failure (or Ctrl-C) is said, so a second redrive can be
+        # narrowed to the rest instead of sending them all again
+        _partial(args, plan, redriver, at, exc)
+        raise
+    sent = redriver.sent if redriver is not None else 0
     report = plan.to_json(sent=sent, dry_run=not sending)
     if args.json:
         sys.stdout.write(json.dumps(report, sort_keys=True) + "\n")

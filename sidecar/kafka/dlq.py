@@ -213,6 +213,12 @@ class Redriver:
             raise BrokerError(f"a redriven dead letter was not confirmed: {exc}") from None
         self.sent += 1
 
+    @property
+    def unconfirmed(self) -> int:
+        """Sends handed to the producer whose outcome is not known (after a failure: they
+        may or may not have been written)."""
+        return len(self._unconfirmed)
+
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
@@ -221,7 +227,19 @@ class Redriver:
                 while self._unconfirmed:
                     await self._confirm_one()
         finally:
-            await self._stop()
+            await self._stop()  # flushes what it can
+            self._settle()
+
+    def _settle(self) -> None:
+        """After a failure or an interruption: the sends confirmed by then counted as sent,
+        the rest left :attr:`unconfirmed`."""
+        pending: deque[asyncio.Future[Any]] = deque()
+        for future in self._unconfirmed:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.sent += 1
+            else:
+                pending.append(future)
+        self._unconfirmed = pending
 
     async def _stop(self) -> None:
         if self._producer is not None:
