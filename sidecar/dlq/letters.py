@@ -299,6 +299,7 @@ def _iso(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000.0, tz=UTC).isoformat(timespec="seconds")
 
 
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 
 
@@ -310,7 +311,10 @@ def parse_since(text: str, now: datetime) -> datetime:
     match = _DURATION.fullmatch(text)
     if text and match and any(match.groups()):
         d, h, m, s = (int(g) if g else 0 for g in match.groups())
-        return now - timedelta(days=d, hours=h, minutes=m, seconds=s)
+        try:
+            return max(_EPOCH, now - timedelta(days=d, hours=h, minutes=m, seconds=s))
+        except OverflowError:  # before year 1: every record is later
+            return _EPOCH
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
@@ -325,4 +329,4 @@ def parse_since(text: str, now: datetime) -> datetime:
         )
     if when > now:
         raise ConfigError(f"--since {text!r} is in the future (now is {now.isoformat()})")
-    return when
+    return max(_EPOCH, when)  # Kafka looks up no time before it (a ValueError in aiokafka)

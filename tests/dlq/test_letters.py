@@ -148,6 +148,11 @@ def test_a_redrive_by_request_id_takes_those_only() -> None:
         ("1d", NOW - timedelta(days=1)),
         ("2026-12-02T17:00:00Z", datetime(2026, 12, 2, 17, tzinfo=UTC)),
         ("2026-12-02T19:00:00+02:00", datetime(2026, 12, 2, 17, tzinfo=UTC)),
+        # before the epoch, or too long ago for a datetime: from the start (an
+        # OverflowError traceback, or aiokafka's ValueError for a negative time, before)
+        ("1969-07-20T20:17:00Z", datetime(1970, 1, 1, tzinfo=UTC)),
+        ("99999999999d", datetime(1970, 1, 1, tzinfo=UTC)),
+        ("800000d", datetime(1970, 1, 1, tzinfo=UTC)),
     ],
 )
 def test_since_takes_a_zoned_time_or_a_duration(text: str, expected: datetime) -> None:
