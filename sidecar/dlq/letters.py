@@ -234,7 +234,7 @@ class Tally:
         self.by_reason[reason] += 1
         self.by_source_topic[_key(self.by_source_topic, letter.source_topic or NO_REASON)] += 1
         ts = letter.timestamp_ms
-        if ts >= 0:
+        if 0 <= ts <= _LAST_MS:  # -1: none; past year 9999: junk no datetime can show
             self.first_ms = ts if self.first_ms is None else min(self.first_ms, ts)
             self.last_ms = ts if self.last_ms is None else max(self.last_ms, ts)
         self.samples.setdefault(reason, _Samples()).add(letter)
@@ -300,6 +300,7 @@ def _iso(ms: int | None) -> str | None:
 
 
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_LAST_MS: Final = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 
 

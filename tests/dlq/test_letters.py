@@ -85,6 +85,16 @@ def test_junk_on_the_topic_is_counted_not_fatal() -> None:
     tally.add(junk)
     assert tally.to_json()["by_reason"] == {NO_REASON: 1}
     assert tally.to_json()["first"] is None
+    # a foreign writer's CreateTime past year 9999 (a broker before Kafka 4.0 takes any):
+    # counted, left out of the time range (a ValueError after the whole scan, before)
+    far = read_dead_letter(
+        partition=0, offset=1, timestamp_ms=2**62, key=None, value=b"x", headers=[]
+    )
+    tally.add(far)
+    tally.add(letter())
+    assert tally.to_json()["total"] == 3
+    assert tally.to_json()["first"] == tally.to_json()["last"] == "2023-11-14T22:13:20+00:00"
+    assert "3 dead letter(s) from 2023-11-14T22:13:20+00:00" in tally.render("rag.dlq")[0]
 
 
 def test_the_tally_keeps_counts_and_a_few_samples_only() -> None:
