@@ -5,7 +5,9 @@ committed, no sidecar's group is disturbed): every partition is assigned, read f
 its start or from the first record at or after ``since`` (``offsets_for_times``) up
 to the end offsets taken when the scan started, so a DLQ that grows while it is read
 cannot keep it going. It reads committed records only (``read_committed``): a dead
-letter of an aborted transaction was written again by the retry that followed.
+letter of an aborted transaction was written again by the retry that followed. Header
+names are read leniently and a compressed batch inflates within
+``GUARDRAIL_KAFKA__MAX_BATCH_INFLATED_BYTES``, as the sidecar's own consumer reads.
 
 :class:`Redriver` sends a dead letter's original bytes, key and headers to its source
 topic through an idempotent producer (``acks=all``), holding at most
@@ -28,6 +30,7 @@ from aiokafka.errors import KafkaError
 from sidecar.config import Settings
 from sidecar.dlq.letters import DeadLetter, read_dead_letter, redriven_headers
 from sidecar.exceptions import BrokerError, ConfigError
+from sidecar.kafka.records import install_lenient_header_names
 from sidecar.kafka.security import aiokafka_client_args
 
 __all__ = ["MAX_UNCONFIRMED", "DlqScan", "Redriver"]
@@ -50,6 +53,13 @@ class DlqScan:
 
     async def __aenter__(self) -> Self:
         kafka = self._settings.kafka
+        # before the consumer reads anything: a header name that is not UTF-8 (anyone who may
+        # write to the DLQ writes any header) raised out of every fetch, and a compressed
+        # batch inflated whole; the sidecar's own consumer has been guarded so since
+        install_lenient_header_names(
+            max_batch_inflated_bytes=kafka.max_batch_inflated_bytes,
+            max_poll_bytes=kafka.max_poll_bytes,
+        )
         consumer = self._consumer = AIOKafkaConsumer(
             **aiokafka_client_args(kafka),
             group_id=None,

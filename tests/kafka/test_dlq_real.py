@@ -14,9 +14,13 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import subprocess
+import sys
 import time
 from contextlib import redirect_stderr, redirect_stdout
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +28,7 @@ from aiokafka import AIOKafkaProducer
 
 from sidecar.cli.main import main
 from sidecar.config import Settings
-from sidecar.dlq.letters import Tally
+from sidecar.dlq.letters import NO_REASON, Tally
 from sidecar.kafka.dlq import DlqScan
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
@@ -38,6 +42,8 @@ from tests.kafka.harness import (
 )
 
 pytestmark = pytest.mark.connected
+
+REPO = Path(__file__).resolve().parents[2]
 
 REQUESTS = [f"big-{i}" for i in range(3)]
 
@@ -189,3 +195,40 @@ async def test_a_transactional_dlq_is_read_to_its_end_without_aborted_letters(
             tally.add(letter)
     assert time.monotonic() - started < 10  # not the stall guard's 30 s
     assert dict(tally.by_reason) == {"oversize": 1, "too-deep": 1}
+
+
+async def test_a_dead_letter_whose_header_name_is_not_utf8_is_read_not_fatal(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], tmp_path: Path
+) -> None:
+    """A record on the DLQ with a header name that is not UTF-8 (a Go or C client writing
+    to the topic, as the sidecar's inputs are guarded against): the CLI's consumer read
+    names strictly, so every fetch raised UnicodeDecodeError and `guardrail dlq inspect`
+    (and `redrive`) ended in a traceback, never reading past it. Run as a user runs it: a
+    process of its own, in which nothing else made aiokafka's reader lenient."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    await create_topics(settings)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
+    await producer.start()
+    try:
+        headers = [("x-dlq-reason", b"oversize"), ("x-dlq-source-topic", b"rag.retrieval")]
+        await producer.send_and_wait(settings.topics.dlq, b"{}", key=b"r1", headers=headers)
+    finally:
+        await producer.stop()
+    body = tmp_path / "value"
+    body.write_bytes(b"{}")
+    subprocess.run(
+        [sys.executable, "-m", "tests.kafka.bad_header_name", settings.kafka.bootstrap_servers,
+         settings.topics.dlq, "r2", str(body)],
+        check=True, cwd=REPO, env={**os.environ, "AIOKAFKA_NO_EXTENSIONS": "1"}, timeout=60,
+    )  # fmt: skip
+    env = {**os.environ, "GUARDRAIL_TOPICS__DLQ": settings.topics.dlq}
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "sidecar", "dlq", "inspect", "--json", "--no-progress",
+         "--bootstrap-servers", settings.kafka.bootstrap_servers],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout)
+    assert seen["total"] == 2
+    assert seen["by_reason"] == {"oversize": 1, NO_REASON: 1}
