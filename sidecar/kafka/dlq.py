@@ -217,10 +217,12 @@ class Redriver:
             await self._confirm_one()
 
     async def _confirm_one(self) -> None:
+        future = self._unconfirmed[0]
         try:
-            await self._unconfirmed.popleft()
-        except KafkaError as exc:
+            await future
+        except KafkaError as exc:  # left among the unconfirmed: it may have been written
             raise BrokerError(f"a redriven dead letter was not confirmed: {exc}") from None
+        self._unconfirmed.popleft()
         self.sent += 1
 
     @property

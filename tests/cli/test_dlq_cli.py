@@ -156,3 +156,18 @@ async def test_a_redriver_left_on_a_failure_counts_the_sends_confirmed_by_then()
     redriver._unconfirmed.extend([ok, failed, pending])
     await redriver.__aexit__(BrokerError, BrokerError("gone"), None)
     assert (redriver.sent, redriver.unconfirmed) == (1, 2)
+
+
+async def test_a_send_not_confirmed_on_leaving_is_counted_unconfirmed() -> None:
+    """Leaving the block normally waits for each send; the first that fails raises, and it,
+    like the ones behind it not yet confirmed, is unconfirmed (it was dropped uncounted)."""
+    loop = asyncio.get_running_loop()
+    redriver = Redriver(Settings.load(), {"rag.retrieval"})
+    ok, failed, later = loop.create_future(), loop.create_future(), loop.create_future()
+    ok.set_result(None)
+    failed.set_exception(KafkaError("gone"))
+    later.set_result(None)
+    redriver._unconfirmed.extend([ok, failed, later])
+    with pytest.raises(BrokerError, match="not confirmed"):
+        await redriver.__aexit__(None, None, None)
+    assert (redriver.sent, redriver.unconfirmed) == (2, 1)
