@@ -125,14 +125,20 @@ class Skip(StrEnum):
     """Why a dead letter the reasons selected is not sent again."""
 
     NOT_AN_INPUT = "source-not-an-input-topic"  # also an output's own (output-too-large)
+    SOURCE_MISSING = "source-topic-missing"  # deleted since (a send would wait, or create it)
     TRUNCATED = "truncated"  # only the first bytes of the original are left
     NO_VALUE = "no-value"  # a tombstone: the sidecar would dead-letter it again
 
 
-def redrive_skip(letter: DeadLetter, input_topics: Collection[str]) -> Skip | None:
-    """``None`` when ``letter`` can be sent again as it was, else why not."""
+def redrive_skip(
+    letter: DeadLetter, input_topics: Collection[str], existing: Collection[str] | None = None
+) -> Skip | None:
+    """``None`` when ``letter`` can be sent again as it was, else why not (``existing``: the
+    topics the cluster has, when known)."""
     if letter.source_topic not in input_topics:
         return Skip.NOT_AN_INPUT
+    if existing is not None and letter.source_topic not in existing:
+        return Skip.SOURCE_MISSING
     if letter.truncated:
         return Skip.TRUNCATED
     if letter.value is None:
@@ -150,12 +156,15 @@ class RedrivePlan:
     ``reasons`` and ``request_ids`` select (no ids: every request); a selected letter is
     sent unless :func:`redrive_skip` says why not. ``join_topics`` (retrieval,
     generation) count the requests whose selected letters come from one of them only:
-    their other half was read already, so a redrive cannot complete them."""
+    their other half was read already, so a redrive cannot complete them.
+    ``existing_topics``, once the cluster was asked: a letter of an input topic not among
+    them is skipped (a send would wait for the topic, or have the broker create it)."""
 
     reasons: frozenset[str]
     request_ids: frozenset[str]
     input_topics: frozenset[str]
     join_topics: tuple[str, str]
+    existing_topics: frozenset[str] | None = None
     chosen: Counter[str] = field(default_factory=Counter)
     skipped: Counter[str] = field(default_factory=Counter)
     not_selected: int = 0
@@ -168,7 +177,7 @@ class RedrivePlan:
         ):
             self.not_selected += 1
             return False
-        why = redrive_skip(letter, self.input_topics)
+        why = redrive_skip(letter, self.input_topics, self.existing_topics)
         if why is not None:
             self.skipped[why] += 1
             return False

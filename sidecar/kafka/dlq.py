@@ -50,6 +50,7 @@ class DlqScan:
         self._consumer: AIOKafkaConsumer[bytes, bytes] | None = None
         self._end: dict[TopicPartition, int] = {}
         self.to_read = 0  # records between the start positions and the end offsets
+        self.topics: frozenset[str] = frozenset()  # the cluster's topics when it started
 
     async def __aenter__(self) -> Self:
         kafka = self._settings.kafka
@@ -86,7 +87,8 @@ class DlqScan:
 
     async def _open(self, consumer: AIOKafkaConsumer[bytes, bytes]) -> None:
         await consumer.start()
-        if self.topic not in await consumer.topics():  # a metadata request for every topic
+        self.topics = frozenset(await consumer.topics())  # a metadata request for every topic
+        if self.topic not in self.topics:
             raise ConfigError(
                 f"topic {self.topic} (GUARDRAIL_TOPICS__DLQ) does not exist on "
                 f"{self._settings.kafka.bootstrap_servers}"

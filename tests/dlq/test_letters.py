@@ -265,3 +265,16 @@ def test_the_tally_stays_bounded_on_a_topic_anyone_wrote_to() -> None:
     assert out["by_reason"]["oversize"] == 2
     assert out["by_reason"][OTHER] == n + 1 - (MAX_TALLY_KEYS - 2)
     assert max(len(r) for s in out["samples"].values() for r in s["request_ids"]) <= 200
+
+
+def test_a_redrive_skips_a_letter_whose_source_topic_the_cluster_no_longer_has() -> None:
+    plan = RedrivePlan(
+        reasons=frozenset({"oversize"}),
+        request_ids=frozenset(),
+        input_topics=INPUTS,
+        join_topics=("rag.retrieval", "rag.generation"),
+        existing_topics=frozenset({"rag.generation", "rag.dlq"}),
+    )
+    assert not plan.consider(letter("oversize"))
+    assert plan.consider(letter("oversize", topic="rag.generation"))
+    assert plan.to_json(sent=0, dry_run=True)["skipped"] == {Skip.SOURCE_MISSING: 1}

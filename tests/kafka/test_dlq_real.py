@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.cli.main import main
 from sidecar.config import Settings
@@ -232,3 +233,47 @@ async def test_a_dead_letter_whose_header_name_is_not_utf8_is_read_not_fatal(
     seen = json.loads(done.stdout)
     assert seen["total"] == 2
     assert seen["by_reason"] == {"oversize": 1, NO_REASON: 1}
+
+
+async def test_a_redrive_skips_letters_of_a_source_topic_that_is_gone(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead letter of an input topic deleted since (or not made yet): the first send to it
+    waited GUARDRAIL_KAFKA__REQUEST_TIMEOUT_MS for metadata, then stopped the whole redrive,
+    the letters behind it of topics that exist never sent (on a broker that auto-creates
+    topics, the send would have made the input topic again with the broker's defaults).
+    It is skipped and counted instead, in the dry run too, and nothing asks for the topic."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    t = settings.topics
+    await create_topics(settings)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+    await admin.start()
+    try:
+        await admin.delete_topics([t.retrieval])
+        for _ in range(100):  # until the metadata no longer has it
+            if t.retrieval not in await admin.list_topics():
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await admin.close()
+    for role in ("retrieval", "generation", "feedback", "dlq"):
+        monkeypatch.setenv(f"GUARDRAIL_TOPICS__{role.upper()}", unique_topics[role])
+    monkeypatch.setenv("GUARDRAIL_KAFKA__REQUEST_TIMEOUT_MS", "5000")
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
+    await producer.start()
+    try:
+        for rid, topic in (("r1", t.retrieval), ("r2", t.generation)):
+            headers = [("x-dlq-reason", b"oversize"), ("x-dlq-source-topic", topic.encode())]
+            await producer.send_and_wait(t.dlq, b"{}", key=rid.encode(), headers=headers)
+    finally:
+        await producer.stop()
+    redrive = ["dlq", "redrive", "--reason", "oversize", "--json", "--no-progress"]
+    code, out, err = await cli(settings, *redrive)
+    dry = json.loads(out)
+    assert (code, dry["selected"], dry["skipped"]) == (0, 1, {"source-topic-missing": 1}), err
+    code, out, err = await cli(settings, *redrive, "--yes")
+    sent = json.loads(out)
+    assert (code, sent["sent"], sent["skipped"]) == (0, 1, {"source-topic-missing": 1}), err
+    assert [r.key for r in await read_settled(settings.kafka.bootstrap_servers, t.generation)] == [
+        b"r2"
+    ]
