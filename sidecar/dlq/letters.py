@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, Final
 
+from sidecar.contracts.common import REQUEST_ID_MAX_CHARS
 from sidecar.contracts.deadletter import DLQ_HEADER_PREFIX, dlq_header
 from sidecar.dlq.reasons import REDRIVABLE
 from sidecar.exceptions import ConfigError
@@ -183,7 +184,8 @@ class RedrivePlan:
             return False
         self.chosen[letter.reason] += 1
         rid, topic = letter.request_id, letter.source_topic
-        if rid and topic in self.join_topics:
+        # a longer "request id" is no request's (a foreign writer's): not held to be counted
+        if rid and len(rid) <= REQUEST_ID_MAX_CHARS and topic in self.join_topics:
             sides = self._sides
             if rid in sides or len(sides) < MAX_TRACKED_REQUESTS:
                 sides[rid] = sides.get(rid, 0) | (1 << self.join_topics.index(topic))

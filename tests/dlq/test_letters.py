@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -278,3 +279,37 @@ def test_a_redrive_skips_a_letter_whose_source_topic_the_cluster_no_longer_has()
     assert not plan.consider(letter("oversize"))
     assert plan.consider(letter("oversize", topic="rag.generation"))
     assert plan.to_json(sent=0, dry_run=True)["skipped"] == {Skip.SOURCE_MISSING: 1}
+
+
+def test_a_redrive_holds_no_megabyte_request_ids_to_count_one_sided_requests() -> None:
+    """A foreign writer's dead letters name request ids of a megabyte: the plan kept each
+    to count one-sided requests, 200 MB for 200 letters (100,000 were allowed)."""
+    plan = RedrivePlan(
+        reasons=frozenset({"oversize"}),
+        request_ids=frozenset(),
+        input_topics=INPUTS,
+        join_topics=("rag.retrieval", "rag.generation"),
+    )
+    tracemalloc.start()
+    try:
+        for i in range(200):
+            huge = f"{i:03d}" + "r" * 1_000_000
+            assert plan.consider(
+                read_dead_letter(
+                    partition=0,
+                    offset=i,
+                    timestamp_ms=0,
+                    key=None,
+                    value=b"{}",
+                    headers=[
+                        ("x-dlq-reason", b"oversize"),
+                        ("x-dlq-source-topic", b"rag.retrieval"),
+                        ("x-dlq-request-id", huge.encode()),
+                    ],
+                )
+            )
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 10_000_000, held
+    assert plan.to_json(sent=0, dry_run=True)["selected"] == 200
