@@ -193,26 +193,27 @@ def _partial(
     args: argparse.Namespace,
     plan: RedrivePlan,
     redriver: Redriver | None,
-    at: list[str],
+    at: dict[int, int],
     exc: BaseException,
 ) -> None:
     """The counts of a redrive that stopped part way: on stdout (``--json``: the report with
-    ``error``, ``unconfirmed`` and ``last_read``), the error itself left to the caller."""
+    ``error``, ``unconfirmed`` and ``last_read``: the DLQ ``partition@offset`` of the last
+    letter read in each partition), the error itself left to the caller."""
     sent = redriver.sent if redriver is not None else 0
     unconfirmed = redriver.unconfirmed if redriver is not None else 0
     error = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
-    last = at[0] if at else None
+    last = [f"{p}@{o}" for p, o in sorted(at.items())]
     if args.json:
         report = plan.to_json(sent=sent, dry_run=redriver is None)
         report |= {"error": error, "unconfirmed": unconfirmed, "last_read": last}
         sys.stdout.write(json.dumps(report, sort_keys=True) + "\n")
         return
-    if last is None:  # stopped before a dead letter was read: the error says it all
+    if not last:  # stopped before a dead letter was read: the error says it all
         return
     sys.stdout.write(
         f"stopped ({error}) after reading {plan.not_selected + sum(plan.skipped.values())} "
         f"dead letter(s) not sent and {sum(plan.chosen.values())} selected, up to DLQ "
-        f"partition@offset {last or 'none'}: {sent} sent and confirmed, {unconfirmed} "
+        f"partition@offset {', '.join(last)}: {sent} sent and confirmed, {unconfirmed} "
         "handed to the producer unconfirmed (they may or may not have been written)\n"
     )
 
@@ -238,7 +239,7 @@ def run_redrive(args: argparse.Namespace) -> int:
     )
     sending = bool(args.yes)
     redriver = Redriver(settings, plan.input_topics) if sending else None
-    at: list[str] = []  # the DLQ partition@offset of the last letter read
+    at: dict[int, int] = {}  # DLQ partition: the offset of the last letter read there
 
     async def go() -> None:
         async with DlqScan(settings, since) as dlq:
@@ -247,7 +248,7 @@ def run_redrive(args: argparse.Namespace) -> int:
                 with _bar(args, dlq.to_read, "dlq redrive") as bar:
                     async for letter in dlq.letters():
                         bar.update(1)
-                        at[:] = [f"{letter.partition}@{letter.offset}"]
+                        at[letter.partition] = letter.offset
                         if plan.consider(letter) and redriver is not None:
                             await redriver.send(letter)
 

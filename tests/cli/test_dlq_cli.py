@@ -69,7 +69,7 @@ def test_force_takes_a_refused_reason_and_then_needs_the_broker(
 
 
 class FakeScan:
-    """Five dead letters, 'too-many-hits', on rag.retrieval: what the scan would read."""
+    """Five dead letters, 'too-many-hits', on rag.retrieval, on two DLQ partitions."""
 
     def __init__(self, settings: object, since: object = None) -> None:
         self.to_read = 5
@@ -84,7 +84,7 @@ class FakeScan:
     async def letters(self) -> AsyncIterator[DeadLetter]:
         for i in range(5):
             yield read_dead_letter(
-                partition=0,
+                partition=i % 2,
                 offset=10 + i,
                 timestamp_ms=0,
                 key=f"r{i}".encode(),
@@ -138,12 +138,12 @@ def test_a_redrive_that_stops_part_way_says_what_it_sent(
     assert main([*argv, "--json"]) == code
     out = json.loads(capsys.readouterr().out)
     assert (out["sent"], out["selected"], out["unconfirmed"]) == (2, 3, 0)
-    assert out["last_read"] == "0@12"
+    assert out["last_read"] == ["0@12", "1@11"]
     assert error in out["error"]
     assert main(argv) == code
     text = capsys.readouterr().out
     assert "2 sent and confirmed" in text
-    assert "up to DLQ partition@offset 0@12" in text
+    assert "up to DLQ partition@offset 0@12, 1@11:" in text
 
 
 async def test_a_redriver_left_on_a_failure_counts_the_sends_confirmed_by_then() -> None:
