@@ -26,6 +26,7 @@ from typing import Any, Final, Self
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
+from aiokafka.partitioner import murmur2
 
 from sidecar.config import Settings
 from sidecar.dlq.letters import DeadLetter, read_dead_letter, redriven_headers
@@ -163,7 +164,8 @@ class Redriver:
     """``async with Redriver(settings) as r: await r.send(letter)``: the original bytes,
     key and headers to the source topic; the key's partition (the default partitioner,
     murmur2, as every producer of the inputs), the source partition for a record
-    without a key. Leaving the block waits for every send to be confirmed."""
+    without a key (the request id's, as a key's, when that partition is gone). Leaving
+    the block waits for every send to be confirmed."""
 
     def __init__(self, settings: Settings, input_topics: Collection[str]) -> None:
         self._settings = settings
@@ -199,9 +201,16 @@ class Redriver:
         if producer is None or topic is None or topic not in self._input_topics:
             raise RuntimeError(f"not an input topic, or outside `async with`: {topic}")
         partition = None
-        if letter.key is None and letter.source_partition is not None:
-            known = await producer.partitions_for(topic)
-            partition = letter.source_partition if letter.source_partition in known else None
+        if letter.key is None:
+            known = sorted(await producer.partitions_for(topic))
+            if letter.source_partition in known:
+                partition = letter.source_partition
+            elif letter.request_id is not None and known:
+                # its source partition is gone (the topic made again with fewer): where the
+                # key would go, so a request's two keyless halves still meet (a random
+                # partition each split them)
+                index = (murmur2(letter.request_id.encode()) & 0x7FFFFFFF) % len(known)
+                partition = known[index]
         try:
             future = await producer.send(
                 topic,

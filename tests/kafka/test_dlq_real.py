@@ -26,11 +26,12 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.partitioner import murmur2
 
 from sidecar.cli.main import main
 from sidecar.config import Settings
-from sidecar.dlq.letters import NO_REASON, Tally
-from sidecar.kafka.dlq import DlqScan
+from sidecar.dlq.letters import NO_REASON, Tally, read_dead_letter
+from sidecar.kafka.dlq import DlqScan, Redriver
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
 from tests.conftest import EventFactory, dumps
@@ -277,3 +278,41 @@ async def test_a_redrive_skips_letters_of_a_source_topic_that_is_gone(
     assert [r.key for r in await read_settled(settings.kafka.bootstrap_servers, t.generation)] == [
         b"r2"
     ]
+
+
+async def test_keyless_halves_whose_source_partition_is_gone_still_meet(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """Keyless dead letters of partition 7 of an input topic made again with 3 partitions:
+    each was sent to a random partition, so a request's retrieval and final were split
+    (decided incomplete, or misrouted). Both now go where the request id, as a key, would."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    t = settings.topics
+    await create_topics(settings)
+    rids = [f"kl-{i}" for i in range(10)]
+    letters = [
+        read_dead_letter(
+            partition=0,
+            offset=0,
+            timestamp_ms=0,
+            key=None,
+            value=rid.encode(),
+            headers=[
+                ("x-dlq-reason", b"oversize"),
+                ("x-dlq-source-topic", topic.encode()),
+                ("x-dlq-source-partition", b"7"),
+                ("x-dlq-request-id", rid.encode()),
+            ],
+        )
+        for rid in rids
+        for topic in (t.retrieval, t.generation)
+    ]
+    async with Redriver(settings, {t.retrieval, t.generation}) as redriver:
+        for letter in letters:
+            await redriver.send(letter)
+    assert redriver.sent == 20
+    where: dict[bytes, set[int]] = {}
+    for topic in (t.retrieval, t.generation):
+        for r in await read_settled(settings.kafka.bootstrap_servers, topic, settle_s=0.5):
+            where.setdefault(r.value, set()).add(r.partition)
+    assert where == {rid.encode(): {(murmur2(rid.encode()) & 0x7FFFFFFF) % 3} for rid in rids}
