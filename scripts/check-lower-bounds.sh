@@ -8,7 +8,7 @@
 #   2. `uv pip install --resolution lowest-direct -e ".[dev,train]"` (no torch: the
 #      serving path and the client must not need it), and the versions it chose;
 #   3. pytest on the unit tests (no real broker, none that import torch);
-#      `--connected` adds the real-broker tests (tests/kafka/*_real.py) with
+#      `--connected` runs the real-broker tests (tests/kafka/*_real.py) instead, with
 #      --require-connected, which checks the aiokafka / faststream bounds.
 #
 # Needs PyPI (nothing else). Not part of `make test`: on 2 shared cores the
