@@ -300,31 +300,39 @@ def test_promtool_accepts_every_rendering_of_the_rules(
 
 
 @pytest.mark.timeout(TOOLS_TIMEOUT_S)
-def test_the_default_selector_is_the_job_of_the_charts_own_monitors(helm: Path) -> None:
-    """A ServiceMonitor's targets get job=<Service name>; a PodMonitor's job=<namespace>/<name>."""
+@pytest.mark.parametrize("monitor", ["ServiceMonitor", "PodMonitor"])
+def test_the_default_selector_is_the_job_of_the_charts_own_monitors(
+    helm: Path, monitor: str
+) -> None:
+    """A ServiceMonitor's targets get job=<Service name>; a PodMonitor's job=<namespace>/<name>.
+
+    The chart renders one of the two (both at once is refused: every pod scraped twice);
+    with either, the rules' job matcher must select the job that monitor gives its targets.
+    """
+    key = {"ServiceMonitor": "serviceMonitor", "PodMonitor": "podMonitor"}[monitor]
     manifests = render(
-        helm,
-        CHART,
-        "--set",
-        "prometheusRule.enabled=true",
-        "--set",
-        "metrics.serviceMonitor.enabled=true",
-        "--set",
-        "metrics.podMonitor.enabled=true",
+        helm, CHART, "--set", "prometheusRule.enabled=true", "--set", f"metrics.{key}.enabled=true"
     )
     by_kind = {m["kind"]: m for m in manifests}
-    (port,) = [
-        p["port"]
-        for p in by_kind["Service"]["spec"]["ports"]
-        if p["name"] == by_kind["ServiceMonitor"]["spec"]["endpoints"][0]["port"]
-    ]
-    assert port == 9464
-    service, pod_monitor = (by_kind[k]["metadata"]["name"] for k in ("Service", "PodMonitor"))
-    jobs = f"{service}|{NAMESPACE}/{pod_monitor}"
+    other = ({"ServiceMonitor", "PodMonitor"} - {monitor}).pop()
+    assert monitor in by_kind and other not in by_kind
+    if monitor == "ServiceMonitor":
+        (port,) = [
+            p["port"]
+            for p in by_kind["Service"]["spec"]["ports"]
+            if p["name"] == by_kind["ServiceMonitor"]["spec"]["endpoints"][0]["port"]
+        ]
+        assert port == 9464
+        job = by_kind["Service"]["metadata"]["name"]
+    else:
+        job = f"{NAMESPACE}/{by_kind['PodMonitor']['metadata']['name']}"
     for rule in by_kind["PrometheusRule"]["spec"]["groups"][0]["rules"]:
         for _, matchers in selectors(rule["expr"]):
             assert ("namespace", "=", NAMESPACE) in matchers, rule["expr"]
-            assert ("job", "=~", jobs) in matchers, rule["expr"]
+            (pattern,) = [v for label, op, v in matchers if label == "job" and op == "=~"]
+            # Prometheus anchors =~ matchers at both ends
+            assert re.fullmatch(pattern, job), (rule["alert"], pattern, job)
+            assert not re.fullmatch(pattern, f"{NAMESPACE}/another-app"), pattern
 
 
 def unit_test(
