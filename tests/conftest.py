@@ -91,8 +91,13 @@ TASK_DUMP_LEAD_S = 15.0  # before pytest-timeout fails the test
 
 
 def _running_loops() -> list[asyncio.AbstractEventLoop]:
+    """The running event loops among all objects. ``type(o)``, not ``isinstance``: that reads
+    ``o.__class__``, and a deprecated torch object warns on it (an error under
+    ``filterwarnings = error``), which ended the dump of a hung test before it printed."""
     return [
-        o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running()
+        o
+        for o in gc.get_objects()
+        if issubclass(type(o), asyncio.AbstractEventLoop) and o.is_running()
     ]
 
 
@@ -131,8 +136,11 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
         return
 
     def dump() -> None:
-        for loop in _running_loops():
-            loop.call_soon_threadsafe(_print_tasks, loop)
+        try:
+            for loop in _running_loops():
+                loop.call_soon_threadsafe(_print_tasks, loop)
+        except Exception as exc:  # a report that failed must not fail the test
+            sys.stderr.write(f"+++ the asyncio task dump failed: {exc!r}\n")
 
     timer = threading.Timer(settings.timeout - TASK_DUMP_LEAD_S, dump)
     timer.daemon = True
