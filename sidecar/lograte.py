@@ -25,11 +25,12 @@ CSI or a bidirectional override colour it or show it in another order.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
@@ -89,6 +90,7 @@ class RepeatFilter(logging.Filter):
         self._windows: dict[_Key, _Window] = {}
         self._dropping = 0  # windows with dropped > 0: ``ended`` looks only when some are
         self._lock = threading.Lock()  # over the windows and ``_dropping``
+        self._holder: int | None = None  # the thread in :meth:`_held`
 
     def _limited(self, name: str) -> bool:
         return any(_under(name, n) for n in self._loggers)
@@ -104,7 +106,9 @@ class RepeatFilter(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None  # (None, None, None): none
         failure = "" if exc is None else type(exc).__qualname__
         key = (record.name, record.levelno, str(record.msg) if by_template else text, failure)
-        with self._lock:
+        if self._holder == threading.get_ident():
+            return True  # logged from inside this filter, on its own thread: see ``_held``
+        with self._held():
             now = self._clock()
             window = self._windows.get(key)
             if window is not None and now - window.opened < self.interval_s:
@@ -125,7 +129,7 @@ class RepeatFilter(logging.Filter):
         """A line for each message whose interval ended with lines dropped (``every``: each
         message with lines dropped, ended or not), with the count; those messages are
         forgotten (the next line of one goes through as a first)."""
-        with self._lock:
+        with self._held():
             if not self._dropping:
                 return []
             now = self._clock()
@@ -139,6 +143,20 @@ class RepeatFilter(logging.Filter):
                 out.append(_summary(key, self._windows.pop(key), now))
                 self._dropping -= 1
             return out
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        """The lock, with the thread that holds it noted. A line logged on that thread
+        while it holds the lock (by a finalizer the garbage collector runs in the middle
+        of an allocation here: aiokafka's and asyncio's ``__del__`` log an unclosed
+        connection) goes through uncounted: it waited on the lock its own thread held,
+        and the thread (the event loop's) hung for good."""
+        with self._lock:
+            self._holder = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._holder = None
 
     def _forget(self, now: float) -> None:  # under the lock
         ended = [k for k, w in self._windows.items() if now - w.opened >= self.interval_s]

@@ -183,6 +183,48 @@ def test_a_line_logged_on_another_thread_while_the_ticker_counts_does_not_break_
     assert handler.lines[-1][2] == "flood (2 more like it not logged, the last 0s ago)"
 
 
+def test_a_line_logged_by_a_finalizer_inside_the_filter_does_not_hang_its_thread() -> None:
+    """The garbage collector runs finalizers in the middle of an allocation, on the thread
+    that allocates; aiokafka's and asyncio's ``__del__`` log an unclosed connection. One
+    run while the filter held its lock logged through that same filter: the line waited on
+    the lock its own thread held, and that thread (the event loop's) hung for good."""
+    handler = _Lines()
+    inside = {"counting": False, "ending": False}
+
+    class Stamp(float):
+        """A clock reading; subtracting it is where a finalizer logs, as the GC may."""
+
+        def __sub__(self, other: float) -> float:
+            for where, pending in inside.items():
+                if pending:
+                    inside[where] = False
+                    handler.handle(_record("aiokafka.conn", f"unclosed connection ({where})"))
+            return float(self) - float(other)
+
+    now = {"t": 100.0}
+    handler.addFilter(RepeatFilter(interval_s=10.0, clock=lambda: Stamp(now["t"])))
+
+    def logs() -> None:
+        for _ in range(3):
+            handler.handle(_record("aiokafka.conn", "flood"))
+        inside["counting"] = True
+        handler.handle(_record("aiokafka.conn", "flood"))  # the finalizer runs in here
+        now["t"] += 20.0
+        inside["ending"] = True
+        report_repeats([handler])  # and in here
+
+    thread = threading.Thread(target=logs, daemon=True)
+    thread.start()
+    thread.join(10.0)
+    assert not thread.is_alive(), "the thread hung on the filter's own lock"
+    assert [line[2] for line in handler.lines] == [
+        "flood",
+        "unclosed connection (counting)",
+        "unclosed connection (ending)",
+        "flood (3 more like it not logged, the last 20s ago)",
+    ]
+
+
 def _command_line(
     monkeypatch: pytest.MonkeyPatch, command: Callable[[argparse.Namespace], int]
 ) -> _Lines:
