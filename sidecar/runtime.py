@@ -622,6 +622,18 @@ def _tls_watch(settings: Settings, stop: asyncio.Event) -> asyncio.Task[None] | 
     return asyncio.create_task(_watch_tls(watch, stop), name="sidecar-tls-watch")
 
 
+def _release(processor: Processor | None, tls_watch: asyncio.Task[None] | None) -> None:
+    """At exit: the TLS files' watch ends, and the claim checker is closed (after the service
+    stopped: the last batch's claims are decided), cutting off an LLM judge's calls still in
+    flight. Left open, the judge's pool threads (not daemons) held the exit for up to its
+    ``timeout_s`` after the final commit."""
+    if tls_watch is not None:
+        tls_watch.cancel()
+    close = getattr(processor.signals.claims, "close", None) if processor is not None else None
+    if callable(close):
+        close()
+
+
 def _log_levels(settings: Settings) -> None:
     logging.getLogger().setLevel(settings.log_level)
     if settings.log_level == "DEBUG":
@@ -703,8 +715,7 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
                 + ": exiting now; what was not committed is read again by the next owner"
             ) from None
     finally:
-        if tls_watch is not None:
-            tls_watch.cancel()
+        _release(processor, tls_watch)
         if health is not None:
             await health.stop()
         if setup is not None:

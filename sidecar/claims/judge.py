@@ -203,7 +203,7 @@ class _Deadline:
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self.expired = False
-        self._timer = threading.Timer(seconds, self._expire)
+        self._timer = threading.Timer(seconds, self.expire)
         self._timer.daemon = True
         self._timer.start()
 
@@ -216,7 +216,8 @@ class _Deadline:
         if expired:
             _shut(dup)
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
+        """End the call now (its deadline, or the judge closed): its sockets shut down."""
         with self._lock:
             self.expired = True
             sockets = list(self._sockets)
@@ -294,6 +295,24 @@ class HttpJudge:
         self.config = config
         self._url = config.endpoint.rstrip("/") + "/chat/completions"
         self._opener = urllib.request.build_opener(_NoRedirect, _HTTPHandler, _HTTPSHandler)
+        self._lock = threading.Lock()
+        self._calls: set[_Deadline] = set()  # the calls in flight, cut off by close()
+        self._closed = False
+
+    def close(self) -> None:
+        """Cut off the calls in flight (each fails as one past its deadline) and refuse
+        new ones. Left running at shutdown, the pool's threads (not daemons) held the
+        process's exit for up to ``timeout_s`` after the final commit, SIGTERM or not."""
+        with self._lock:
+            self._closed = True
+            calls = list(self._calls)
+        for deadline in calls:
+            deadline.expire()
+
+    def _cut_off(self, late: str) -> str:
+        """Why a call was cut off: its deadline, or the judge closed."""
+        with self._lock:
+            return "judge call cut off: the judge is closed" if self._closed else late
 
     def messages(self, claim: str, context: str) -> list[dict[str, str]]:
         """The system prompt verbatim, and the claim and context each inside its own tags.
@@ -325,6 +344,13 @@ class HttpJudge:
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
         deadline = _Deadline(self.config.timeout_s)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._calls.add(deadline)
+        if closed:
+            deadline.close()
+            raise ConnectionAbortedError("judge call not sent: the judge is closed")
         request = _Call(deadline, self._url, json.dumps(body).encode("utf-8"), headers)
         late = f"judge call took over timeout_s={self.config.timeout_s}"
         try:
@@ -332,12 +358,14 @@ class HttpJudge:
                 raw = response.read(MAX_REPLY_BYTES + 1)
         except (OSError, http.client.HTTPException) as exc:
             if deadline.expired:
-                raise TimeoutError(late) from exc
+                raise TimeoutError(self._cut_off(late)) from exc
             raise
         finally:
             deadline.close()
+            with self._lock:
+                self._calls.discard(deadline)
         if deadline.expired:  # cut off mid-read: what was read is not the reply
-            raise TimeoutError(late)
+            raise TimeoutError(self._cut_off(late))
         if len(raw) > MAX_REPLY_BYTES:
             raise ValueError(f"judge reply is over MAX_REPLY_BYTES={MAX_REPLY_BYTES}")
         payload: Any = json.loads(raw.decode("utf-8"))
@@ -458,7 +486,12 @@ class JudgeRunner:
         return future.result()
 
     def close(self) -> None:
+        """Calls not started are dropped, those in flight cut off (an :class:`HttpJudge`'s
+        ``close``): the pool's threads end at once and the process can exit."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        close = getattr(self.call, "close", None)
+        if callable(close):
+            close()
 
 
 def _back_off_s(exc: BaseException) -> float | None:

@@ -288,6 +288,33 @@ def test_a_reply_that_trickles_is_cut_off_and_counts_as_a_failure(
     assert runner.stats["failed"] == 1 and runner.open
 
 
+def test_closing_the_judge_cuts_off_the_call_in_flight_and_refuses_new_ones(
+    stub: tuple[Stub, str],
+) -> None:
+    """At shutdown the sidecar closes the judge: a call in flight held a pool thread (not a
+    daemon) and with it the process's exit, for up to ``timeout_s`` after the final commit
+    (measured before: 4.5 s at a 2 s timeout). Now it ends at once, as a failure."""
+    state, url = stub
+    state.mode, state.delay_s = "slow", 60.0
+    runner = JudgeRunner(JudgeConfig(endpoint=url, model="stub", timeout_s=60.0))
+    future = runner.submit(UNCERTAIN_CLAIM, EVIDENCE, runner.budget())
+    assert future is not None
+    deadline = time.monotonic() + 30
+    while not state.bodies and time.monotonic() < deadline:  # the call is in flight
+        time.sleep(0.01)
+    assert len(state.bodies) == 1
+    runner.close()
+    # 30 s: only a guard (the call's own deadline is 60 s; cut off, it ends in milliseconds)
+    cut = future.exception(timeout=30)
+    assert isinstance(cut, TimeoutError) and "closed" in str(cut), cut
+    assert runner.stats["failed"] == 1
+    judge = runner.call
+    assert isinstance(judge, HttpJudge)
+    with pytest.raises(ConnectionAbortedError, match="closed"):
+        judge(UNCERTAIN_CLAIM, EVIDENCE)
+    assert len(state.bodies) == 1  # not sent
+
+
 @pytest.mark.parametrize("mode", ["cut-short", "bad-status-line", "nested"])
 def test_every_failure_counts_for_the_breaker(
     stub: tuple[Stub, str], retrieval: RetrievalFactory, mode: str

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,12 @@ import pytest
 from sidecar import runtime
 from sidecar.confidence.fleet import CoverageMonitor
 from sidecar.config import Settings
+from sidecar.contracts.events import RetrievalEvent, RetrievalSignal
+from sidecar.pipeline.ports import ClaimSession, SignalSuite
+from sidecar.pipeline.processor import Processor
+from sidecar.policy import PlaceholderPolicy
 from sidecar.policy.engine import PolicyEngine
+from sidecar.telemetry import Telemetry
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,3 +70,52 @@ def test_a_served_model_anyone_can_write_is_warned_of_once(
         runtime.build_policy(settings)
     said = [r.getMessage() for r in caplog.records if "can be changed by any user" in r.message]
     assert len(said) == 1 and said[0].startswith("the conformal calibration")
+
+
+def test_the_claim_checker_is_closed_when_the_sidecar_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An LLM judge's calls in flight are cut off at exit (``VerifierClaimChecker.close``):
+    nothing called it, and the judge's pool threads (not daemons) held the process's exit
+    for up to ``timeout_s`` after the final commit."""
+    events: list[str] = []
+
+    class Claims:
+        version = "spy"
+
+        def open(self, retrieval: RetrievalEvent, certification: RetrievalSignal) -> ClaimSession:
+            raise AssertionError("no answer comes")
+
+        def close(self) -> None:
+            events.append("claims closed")
+
+    class Service:
+        """The Kafka service, left out: started, then SIGTERM; stopped."""
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            del args, kwargs
+
+        async def start(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)  # serve()'s handler sets its stop event
+
+        async def stop(self) -> None:
+            events.append("service stopped")
+
+    class Setup:
+        def shutdown(self, timeout_s: float) -> None:
+            del timeout_s
+
+    async def counts(settings: Settings) -> dict[str, int]:
+        return {settings.topics.retrieval: 1, settings.topics.generation: 1}
+
+    monkeypatch.setenv("GUARDRAIL_HTTP__ENABLED", "false")
+    monkeypatch.setenv("GUARDRAIL_GC_FREEZE", "false")
+    monkeypatch.setattr(runtime, "verify_topics", counts)
+    monkeypatch.setattr(runtime, "SidecarService", Service)
+    monkeypatch.setattr(runtime, "configure_from_env", lambda *args: Setup())
+    monkeypatch.setattr(Telemetry, "from_setup", staticmethod(lambda *a, **k: None))
+    processor = Processor(
+        Settings.load(), PlaceholderPolicy(), signals=SignalSuite(claims=Claims())
+    )
+    asyncio.run(asyncio.wait_for(runtime.serve(Settings.load(), processor), 30))
+    assert events == ["service stopped", "claims closed"]
