@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from sidecar import __version__
 from sidecar.exceptions import ConfigError, GuardrailError
-from sidecar.lograte import calm_startup, limit_repeats, one_line, report_repeats
+from sidecar.lograte import calm_startup, limit_repeats, one_line, printable, report_repeats
+from sidecar.redact import redact_text
 
 # Modules that contribute sub-commands, in the order --help lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -53,6 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def said(text: str) -> str:
+    """An error's text for the terminal, as the log writes a message: each character that
+    is not printable escaped and credentials in URLs masked. Its lines stay lines (the
+    settings' errors list one per setting), each after the first indented, so none can
+    pass for a line of its own: a path or a broker's reply quoted in an error wrote ESC
+    sequences and a forged line to the terminal raw."""
+    first, *rest = redact_text(text).split("\n")
+    lines = [printable(first)]
+    lines += [printable(line if line.startswith(" ") else f"  {line}") for line in rest]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -74,16 +87,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except ConfigError as exc:
-        sys.stderr.write(f"guardrail: configuration error: {exc}\n")
+        sys.stderr.write(f"guardrail: configuration error: {said(str(exc))}\n")
         return 2
     except GuardrailError as exc:
-        sys.stderr.write(f"guardrail: {exc}\n")
+        sys.stderr.write(f"guardrail: {said(str(exc))}\n")
         return 1
     except (IsADirectoryError, NotADirectoryError, FileExistsError, PermissionError) as exc:
         # a path the user gave that cannot be written or read as asked (audit: --out naming
         # a directory, or an existing file, ended in a traceback)
         where = exc.filename2 or exc.filename or ""  # a rename's target, else the path
-        sys.stderr.write(f"guardrail: {where}: {exc.strerror or exc}\n")
+        sys.stderr.write(f"guardrail: {said(f'{where}: {exc.strerror or exc}')}\n")
         return 1
     except KeyboardInterrupt:
         return 130

@@ -278,3 +278,34 @@ def test_run_reports_a_wrong_topic_layout_without_waiting_for_the_models(
     finally:
         loading.set()
         loop.close()
+
+
+def test_an_errors_text_cannot_colour_the_terminal_or_forge_a_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The log escapes what it writes; the fatal line on stderr did not. A policy path
+    holding an ESC sequence and a newline (or a broker's reply quoted in an error) reached
+    the terminal raw: the colour took, and the text after the newline stood as a line of
+    its own."""
+    monkeypatch.setenv("GUARDRAIL_HTTP__ENABLED", "false")
+    monkeypatch.setenv("GUARDRAIL_POLICY__FILE", "/nonexistent/p\x1b[31m\nguardrail: all clear")
+    assert main(["run", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\\x1b[31m" in err
+    first, *rest = err.rstrip("\n").split("\n")
+    assert first.startswith("guardrail: configuration error: GUARDRAIL_POLICY__FILE=")
+    assert rest == ["  guardrail: all clear does not exist"]
+
+
+def test_each_setting_of_a_settings_error_keeps_its_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GUARDRAIL_KAFKA__SECURITY_PROTOCOL", "TLS")
+    monkeypatch.setenv("GUARDRAIL_LOG_LEVEL", "LOUD")
+    assert main(["run", "--check"]) == 2
+    lines = capsys.readouterr().err.rstrip("\n").split("\n")
+    assert lines[0] == "guardrail: configuration error: invalid configuration:"
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "  GUARDRAIL_KAFKA__SECURITY_PROTOCOL",
+        "  GUARDRAIL_LOG_LEVEL",
+    ]
