@@ -89,8 +89,8 @@ class RepeatFilter(logging.Filter):
         self._clock = clock
         self._windows: dict[_Key, _Window] = {}
         self._dropping = 0  # windows with dropped > 0: ``ended`` looks only when some are
-        self._lock = threading.Lock()  # over the windows and ``_dropping``
-        self._holder: int | None = None  # the thread in :meth:`_held`
+        self._lock = threading.RLock()  # over the windows and ``_dropping``
+        self._inside = False  # a thread is in :meth:`_held` (read and written under the lock)
 
     def _limited(self, name: str) -> bool:
         return any(_under(name, n) for n in self._loggers)
@@ -106,9 +106,9 @@ class RepeatFilter(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None  # (None, None, None): none
         failure = "" if exc is None else type(exc).__qualname__
         key = (record.name, record.levelno, str(record.msg) if by_template else text, failure)
-        if self._holder == threading.get_ident():
-            return True  # logged from inside this filter, on its own thread: see ``_held``
-        with self._held():
+        with self._held() as first:
+            if not first:
+                return True  # logged from inside this filter, on its own thread: see ``_held``
             now = self._clock()
             window = self._windows.get(key)
             if window is not None and now - window.opened < self.interval_s:
@@ -129,8 +129,8 @@ class RepeatFilter(logging.Filter):
         """A line for each message whose interval ended with lines dropped (``every``: each
         message with lines dropped, ended or not), with the count; those messages are
         forgotten (the next line of one goes through as a first)."""
-        with self._held():
-            if not self._dropping:
+        with self._held() as first:
+            if not first or not self._dropping:
                 return []
             now = self._clock()
             done = [
@@ -145,18 +145,26 @@ class RepeatFilter(logging.Filter):
             return out
 
     @contextlib.contextmanager
-    def _held(self) -> Iterator[None]:
-        """The lock, with the thread that holds it noted. A line logged on that thread
-        while it holds the lock (by a finalizer the garbage collector runs in the middle
-        of an allocation here: aiokafka's and asyncio's ``__del__`` log an unclosed
-        connection) goes through uncounted: it waited on the lock its own thread held,
-        and the thread (the event loop's) hung for good."""
+    def _held(self) -> Iterator[bool]:
+        """The lock, and whether this thread holds it for the first time (False: a line
+        logged from inside the filter, which goes through uncounted).
+
+        Such a line comes from a finalizer the garbage collector runs in the middle of an
+        allocation on the thread that holds the lock (aiokafka's and asyncio's ``__del__``
+        log an unclosed connection); waiting on the lock its own thread held, that thread
+        (the event loop's) hung for good. The lock is reentrant, and the flag is read under
+        it: a thread ident noted after the lock was taken and cleared before it was let go
+        left both ends out, and a collection run by the lock's own ``__exit__`` (it
+        allocates its arguments' tuple) still hung the thread (a repeatable test)."""
         with self._lock:
-            self._holder = threading.get_ident()
+            if self._inside:
+                yield False
+                return
+            self._inside = True
             try:
-                yield
+                yield True
             finally:
-                self._holder = None
+                self._inside = False
 
     def _forget(self, now: float) -> None:  # under the lock
         ended = [k for k, w in self._windows.items() if now - w.opened >= self.interval_s]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import logging
 import sys
@@ -223,6 +224,56 @@ def test_a_line_logged_by_a_finalizer_inside_the_filter_does_not_hang_its_thread
         "unclosed connection (ending)",
         "flood (3 more like it not logged, the last 20s ago)",
     ]
+
+
+def test_a_finalizer_the_collector_runs_as_the_filter_lets_its_lock_go_does_not_hang() -> None:
+    """A real collection, not a stand-in: on the thread that holds the filter's lock, the
+    lock's own ``__exit__`` allocates (the tuple of its arguments), and an allocation can
+    run the collector and a finalizer that logs. The thread noted as the holder was
+    cleared before that, so the line waited on the lock its own thread held: hung.
+
+    Deterministic on CPython 3.11: the collector runs at every allocation of a tracked
+    object (threshold 1, and each finalizer allocates), and each finalizer leaves the free
+    list of 3-tuples empty, so the ``__exit__`` call's tuple is such an allocation."""
+    handler = _Lines()
+    handler.addFilter(RepeatFilter(interval_s=10.0))
+    armed = threading.Event()
+    held: list[object] = []
+
+    class Unclosed:
+        """Cyclic garbage that logs when finalized (aiokafka's unclosed connection)."""
+
+        def __init__(self) -> None:
+            self.me = self
+
+        def __del__(self) -> None:
+            if armed.is_set():
+                handler.handle(_record("aiokafka.conn", "unclosed connection"))
+                Unclosed()  # the next collection's garbage
+                held.append([(i, i, i) for i in range(2_100)])  # past the free list's 2,000
+
+    done = threading.Event()
+
+    def logs() -> None:
+        handler.handle(_record("aiokafka.conn", "flood"))
+        armed.set()
+        Unclosed()
+        for _ in range(3):
+            handler.handle(_record("aiokafka.conn", "flood"))
+        armed.clear()
+        done.set()
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        threading.Thread(target=logs, daemon=True).start()
+        hung = not done.wait(20.0)
+    finally:
+        armed.clear()  # a hung thread holds the lock: no finalizer may log through it again
+        gc.set_threshold(*threshold)
+        held.clear()
+    assert not hung, "the thread hung on the filter's own lock"
+    assert [line[2] for line in handler.lines] == ["flood", "unclosed connection"]
 
 
 def _command_line(
