@@ -207,14 +207,16 @@ class _Deadline:
         self._timer.daemon = True
         self._timer.start()
 
-    def watch(self, sock: socket.socket) -> None:
-        """Cut ``sock`` off at the deadline (a duplicate: TLS takes the original over)."""
+    def watch(self, sock: socket.socket) -> bool:
+        """Cut ``sock`` off at the deadline (a duplicate: TLS takes the original over);
+        whether it is past already (``sock`` shut down now)."""
         dup = sock.dup()
         with self._lock:
             self._sockets.append(dup)
             expired = self.expired
         if expired:
             _shut(dup)
+        return expired
 
     def expire(self) -> None:
         """End the call now (its deadline, or the judge closed): its sockets shut down."""
@@ -248,12 +250,49 @@ class _Call(urllib.request.Request):
 
 
 class _WatchedHTTPConnection(http.client.HTTPConnection):
+    """Its socket is handed to the call's deadline before it connects (TLS, for the
+    subclass below, wraps it after): a call still connecting (a judge whose host drops
+    the packets) is cut off too. Watched once connected, it connected on for up to
+    ``timeout_s`` after the judge was closed, holding the process's exit."""
+
     deadline: _Deadline | None = None
 
-    def connect(self) -> None:
-        super().connect()  # (TLS, for the subclass below, wraps the socket after this)
-        if self.deadline is not None:
-            self.deadline.watch(self.sock)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._create_connection = self._connect_watched
+
+    def _connect_watched(
+        self,
+        address: tuple[str, int],
+        timeout: float | None,
+        source_address: tuple[str, int] | None = None,
+    ) -> socket.socket:
+        """``socket.create_connection``, each socket watched before it connects (a
+        shutdown while connecting ends the connect; one before it does not)."""
+        deadline = self.deadline
+        if deadline is None:
+            return socket.create_connection(address, timeout, source_address)
+        host, port = address
+        failure: OSError = OSError(f"no address found for {host}")
+        for family, kind, proto, _, where in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            try:
+                if deadline.watch(sock):  # before it connected: the shutdown does not stop it
+                    raise ConnectionAbortedError("judge call cut off before it connected")
+                sock.settimeout(timeout)
+                if source_address is not None:
+                    sock.bind(source_address)
+                sock.connect(where)
+            except OSError as exc:
+                sock.close()
+                failure = exc
+                if deadline.expired:
+                    break
+                continue
+            if deadline.expired:  # cut off as it connected: the shutdown came too early
+                _shut(sock)
+            return sock
+        raise failure
 
 
 class _WatchedHTTPSConnection(http.client.HTTPSConnection, _WatchedHTTPConnection):

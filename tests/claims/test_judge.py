@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -313,6 +314,36 @@ def test_closing_the_judge_cuts_off_the_call_in_flight_and_refuses_new_ones(
     with pytest.raises(ConnectionAbortedError, match="closed"):
         judge(UNCERTAIN_CLAIM, EVIDENCE)
     assert len(state.bodies) == 1  # not sent
+
+
+def test_closing_the_judge_cuts_off_a_call_still_connecting() -> None:
+    """A judge whose host drops the packets: the call waits in ``connect``. Its socket was
+    handed to the deadline only once connected, so ``close`` did not reach it: the call
+    (and the process's exit) went on for ``timeout_s`` (7.5 s after close at 8 s)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    queued = []  # its accept queue full: the next connection's SYN is dropped, unanswered
+    for _ in range(3):
+        queued.append(sock := socket.socket())
+        sock.setblocking(False)
+        sock.connect_ex(("127.0.0.1", port))
+    try:
+        runner = JudgeRunner(
+            JudgeConfig(endpoint=f"http://127.0.0.1:{port}/v1", model="stub", timeout_s=60.0)
+        )
+        future = runner.submit(UNCERTAIN_CLAIM, EVIDENCE, runner.budget())
+        assert future is not None
+        time.sleep(0.5)
+        assert future.running(), future.exception()  # still connecting
+        runner.close()
+        # 20 s: only a guard (the call's own deadline is 60 s; cut off, it ends at once)
+        cut = future.exception(timeout=20)
+        assert isinstance(cut, TimeoutError) and "closed" in str(cut), cut
+    finally:
+        for sock in (*queued, listener):
+            sock.close()
 
 
 @pytest.mark.parametrize("mode", ["cut-short", "bad-status-line", "nested"])
