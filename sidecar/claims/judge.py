@@ -436,6 +436,7 @@ class JudgeRunner:
     _tripped: bool = field(init=False, default=False)  # opened, and no success since
     _probing: bool = field(init=False, default=False)  # the half-open probe is in flight
     _pending: int = field(init=False, default=0)
+    _closed: bool = field(init=False, default=False)  # its calls cut off: no breaker verdict
     stats: dict[str, int] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -500,6 +501,8 @@ class JudgeRunner:
                 return
             self._failures += 1
             self.stats["failed"] += 1
+            if self._closed:  # cut off at shutdown: no word on the judge (it warned "LLM
+                return  # judge 3 failures in a row" on each stop with three calls out)
             if self._tripped or back_off_s is not None:
                 why = "still failing" if back_off_s is None else "rate-limited"
             elif self._failures >= self.config.failure_threshold:
@@ -526,7 +529,10 @@ class JudgeRunner:
 
     def close(self) -> None:
         """Calls not started are dropped, those in flight cut off (an :class:`HttpJudge`'s
-        ``close``): the pool's threads end at once and the process can exit."""
+        ``close``): the pool's threads end at once and the process can exit. The calls
+        cut off count as failed, but neither open the breaker nor log."""
+        with self._lock:
+            self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
         close = getattr(self.call, "close", None)
         if callable(close):

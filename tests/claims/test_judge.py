@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 import threading
@@ -344,6 +345,30 @@ def test_closing_the_judge_cuts_off_a_call_still_connecting() -> None:
     finally:
         for sock in (*queued, listener):
             sock.close()
+
+
+def test_calls_cut_off_at_close_neither_open_the_breaker_nor_warn(
+    stub: tuple[Stub, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three calls out when the sidecar stopped: each cut off counted a failure in a row,
+    and every such stop logged "LLM judge 3 failures in a row; not calling it for 30 s"
+    (WARNING) of a judge that was answering, with its breaker gauge at 1."""
+    state, url = stub
+    state.mode, state.delay_s = "slow", 60.0
+    runner = JudgeRunner(JudgeConfig(endpoint=url, model="stub", timeout_s=60.0))
+    futures = [runner.submit(UNCERTAIN_CLAIM, EVIDENCE, runner.budget()) for _ in range(3)]
+    deadline = time.monotonic() + 30
+    while len(state.bodies) < 3 and time.monotonic() < deadline:  # all three in flight
+        time.sleep(0.01)
+    assert len(state.bodies) == 3
+    with caplog.at_level(logging.WARNING, logger="sidecar.claims.judge"):
+        runner.close()
+        for future in futures:
+            assert future is not None
+            assert isinstance(future.exception(timeout=30), TimeoutError)
+    assert runner.stats["failed"] == 3  # counted, as any call that gave no label
+    assert not runner.open
+    assert [r.getMessage() for r in caplog.records] == []
 
 
 @pytest.mark.parametrize("mode", ["cut-short", "bad-status-line", "nested"])
