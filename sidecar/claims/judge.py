@@ -466,7 +466,9 @@ class JudgeRunner:
         with self._lock:
             saturated = self._pending >= 2 * self.config.max_workers
             paused = self._tripped and (self.clock() < self._open_until or self._probing)
-            if budget.remaining <= 0 or paused or saturated:
+            # closed: the pool takes no more calls (it raised RuntimeError, out of the claim
+            # check of an answer the processor was still deciding at a forced exit)
+            if budget.remaining <= 0 or paused or saturated or self._closed:
                 self.stats["skipped"] += 1
                 return None
             probe = self._probing = self._tripped  # after the pause, this call is the probe
@@ -515,7 +517,11 @@ class JudgeRunner:
             log.warning("LLM judge %s; not calling it for %.0f s", why, pause)
 
     def collect(self, future: Future[JudgeVerdict], deadline: float) -> JudgeVerdict | None:
-        """The verdict if it arrives before ``deadline`` (``time.monotonic``), else ``None``."""
+        """The verdict if it arrives before ``deadline`` (``time.monotonic``), else ``None``.
+        A call dropped unstarted by :meth:`close` is ``None`` at once (``wait`` does not see
+        a future cancelled so as done: it waited out the deadline)."""
+        if future.cancelled():
+            return None
         done, _ = wait([future], timeout=max(0.0, deadline - time.monotonic()))
         if not done:
             with self._lock:

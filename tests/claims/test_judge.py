@@ -371,6 +371,33 @@ def test_calls_cut_off_at_close_neither_open_the_breaker_nor_warn(
     assert [r.getMessage() for r in caplog.records] == []
 
 
+def test_after_close_an_answer_still_being_checked_falls_back_at_once(
+    stub: tuple[Stub, str],
+) -> None:
+    """At a forced exit (the shutdown grace spent) the judge is closed while the processor
+    thread still decides answers: a new call raised RuntimeError (the pool shut down), and
+    the answer's claim check failed with it; a call queued at close, dropped unstarted,
+    was waited for until its deadline (``wait`` does not count a cancelled future done)."""
+    state, url = stub
+    state.mode, state.delay_s = "slow", 60.0
+    runner = JudgeRunner(JudgeConfig(endpoint=url, model="stub", timeout_s=60.0, max_workers=1))
+    budget = runner.budget()
+    running = runner.submit(UNCERTAIN_CLAIM, EVIDENCE, budget)
+    queued = runner.submit(UNCERTAIN_CLAIM, EVIDENCE, budget)
+    assert running is not None and queued is not None
+    deadline = time.monotonic() + 30
+    while not state.bodies and time.monotonic() < deadline:  # the first call is in flight
+        time.sleep(0.01)
+    runner.close()
+    assert queued.cancelled()
+    started = time.monotonic()
+    assert runner.collect(queued, started + 20.0) is None
+    assert time.monotonic() - started < 5.0  # not its 20 s deadline
+    assert runner.submit(UNCERTAIN_CLAIM, EVIDENCE, runner.budget()) is None
+    assert runner.stats["skipped"] == 1
+    assert len(state.bodies) == 1
+
+
 @pytest.mark.parametrize("mode", ["cut-short", "bad-status-line", "nested"])
 def test_every_failure_counts_for_the_breaker(
     stub: tuple[Stub, str], retrieval: RetrievalFactory, mode: str
