@@ -276,6 +276,10 @@ class AiokafkaProducerPort:
         self._sizes = producer_size_args(kafka, max_request_size)
         self._producer = self._new()
         self._retired: set[asyncio.Task[None]] = set()
+        # ``send`` calls under way per producer: a retired one is stopped once they are
+        # through (one waiting for a topic's metadata on a stopped producer waited forever)
+        self._sending: dict[AIOKafkaProducer, int] = {}
+        self._sent = asyncio.Event()  # a producer's last send under way returned
 
     def _new(self) -> AIOKafkaProducer:
         producer = AIOKafkaProducer(
@@ -314,16 +318,38 @@ class AiokafkaProducerPort:
         old, self._producer = self._producer, fresh
         # the old one flushes in the background: its records on the broken partition fail
         # their confirmations and are sent again through the new one
-        retiring = asyncio.create_task(old.stop(), name="retire-producer")
+        retiring = asyncio.create_task(self._retire(old), name="retire-producer")
         self._retired.add(retiring)
         retiring.add_done_callback(self._retired.discard)
+
+    async def _retire(self, old: AIOKafkaProducer) -> None:
+        """Stop ``old`` once the records handed to it meanwhile are in its buffer.
+
+        A ``send`` first waits for its topic's metadata (up to ``request_timeout_ms``), and
+        aiokafka leaves that wait pending for good once the producer stops: a send through
+        the old producer that was waiting when the ticker replaced it (an operator raised
+        a topic's limit) never returned, the processor task kept its lock, and the
+        sidecar's stop waited on that lock for ever."""
+        while old in self._sending:
+            self._sent.clear()
+            await self._sent.wait()
+        await old.stop()
 
     async def send(
         self, topic: str, value: bytes, key: bytes | None, headers: Headers
     ) -> Awaitable[Any]:
-        confirmation: Awaitable[Any] = await self._producer.send(
-            topic, value, key=key, headers=list(headers)
-        )
+        producer = self._producer
+        self._sending[producer] = self._sending.get(producer, 0) + 1
+        try:
+            confirmation: Awaitable[Any] = await producer.send(
+                topic, value, key=key, headers=list(headers)
+            )
+        finally:
+            if self._sending[producer] > 1:
+                self._sending[producer] -= 1
+            else:
+                del self._sending[producer]
+                self._sent.set()
         return confirmation
 
     async def topic_limits(self, topics: Iterable[str]) -> dict[str, int]:

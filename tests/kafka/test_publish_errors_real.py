@@ -24,6 +24,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from sidecar.contracts.events import DeadLetterRecord
+from sidecar.kafka.clients import AiokafkaProducerPort
+from sidecar.kafka.publish import request_size_bytes
 from sidecar.kafka.readiness import PUBLISH_STALL_S
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
@@ -238,6 +240,34 @@ async def test_a_limit_raised_by_the_operator_counts_without_a_restart(
         [verdict] = await h.collect(t.verdicts, 1, timeout_s=30)
         assert verdict.key == b"req-after"
         assert h.service.state.producer_resets == 1  # its batches were capped at 256 bytes
+
+
+async def test_a_send_waiting_for_metadata_when_the_producer_is_replaced_returns(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """The ticker replaces the producer when a topic's limit was raised; a send through the
+    old one may be waiting for its topic's metadata then. Stopping the old producer left
+    that wait pending for good: the processor task that sent held its lock, and the
+    sidecar's stop waited on that lock for ever (stopped during the test above at random
+    moments, it hung 2 times in ~360). The old producer is now stopped once its sends
+    are through: the record goes out, and the confirmation comes."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    t = settings.topics
+    port = AiokafkaProducerPort(settings.kafka, request_size_bytes(t.max_message_bytes))
+    await port.start()
+    try:
+        # no such topic yet: the send waits for its metadata (up to the request timeout)
+        sending = asyncio.create_task(port.send(t.verdicts, b"verdict", b"req-1", []))
+        await asyncio.sleep(0.5)
+        assert not sending.done()
+        await port.reset()
+        await create_topics(settings)
+        async with asyncio.timeout(settings.kafka.request_timeout_ms / 1000 - 1):
+            confirmation = await sending
+            metadata = await confirmation
+        assert metadata.topic == t.verdicts
+    finally:
+        await port.stop()
 
 
 async def _create_topic(bootstrap: str, topic: str, max_message_bytes: int) -> None:
