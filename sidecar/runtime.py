@@ -416,6 +416,7 @@ def check(settings: Settings) -> dict[str, object]:
     otlp = _preflight(settings)
     ssl_context(settings.kafka)  # the TLS files load (ConfigError naming the one that does not)
     processor = build_processor(settings)
+    processor.signals.close()  # an LLM judge is built, never called
     return {
         "config": "ok",
         "policy": processor.policy.name,
@@ -629,9 +630,8 @@ def _release(processor: Processor | None, tls_watch: asyncio.Task[None] | None) 
     ``timeout_s`` after the final commit."""
     if tls_watch is not None:
         tls_watch.cancel()
-    close = getattr(processor.signals.claims, "close", None) if processor is not None else None
-    if callable(close):
-        close()
+    if processor is not None:
+        processor.signals.close()
 
 
 def _log_levels(settings: Settings) -> None:

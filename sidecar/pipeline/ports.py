@@ -242,6 +242,14 @@ class SignalSuite:
     confidence: ConfidenceScorer | None = None
     coverage: CoverageObserver | None = None
 
+    def close(self) -> None:
+        """Release what the components hold: an LLM judge's calls in flight are cut off.
+        Left open, the judge's pool threads (not daemons) held the process's exit for up to
+        its ``timeout_s``. Closing twice is harmless."""
+        close = getattr(self.claims, "close", None)
+        if callable(close):
+            close()
+
     def versions(self) -> dict[str, str]:
         out = {}
         for name, part in (

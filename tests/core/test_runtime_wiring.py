@@ -119,3 +119,41 @@ def test_the_claim_checker_is_closed_when_the_sidecar_stops(
     )
     asyncio.run(asyncio.wait_for(runtime.serve(Settings.load(), processor), 30))
     assert events == ["service stopped", "claims closed"]
+
+
+class _ClosedClaims:
+    """A claim checker that records its close (an LLM judge's calls in flight cut off)."""
+
+    version = "spy"
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def open(self, retrieval: RetrievalEvent, certification: RetrievalSignal) -> ClaimSession:
+        raise AssertionError("no answer comes")
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_a_replay_closes_its_processors_claim_checker_even_when_it_fails() -> None:
+    """``guardrail eval report`` / ``certify`` replay through a processor they build: its
+    LLM judge was never closed, and a call in flight held their exit up to ``timeout_s``."""
+    from sidecar.lab.report.evaluate import replay_rows
+
+    claims = _ClosedClaims()
+    processor = Processor(Settings.load(), PlaceholderPolicy(), signals=SignalSuite(claims=claims))
+    assert replay_rows([], lambda: processor) == []
+    assert claims.closed == 1
+    with pytest.raises(KeyError):  # a row the replay cannot read: closed all the same
+        replay_rows([{}], lambda: processor)
+    assert claims.closed == 2
+
+
+def test_a_suite_without_a_closable_claim_checker_closes_quietly() -> None:
+    SignalSuite().close()
+    claims = _ClosedClaims()
+    suite = SignalSuite(claims=claims)
+    suite.close()
+    suite.close()
+    assert claims.closed == 2  # closing twice is the checker's to allow (the judge's is)

@@ -139,13 +139,18 @@ def profile_paths(n_fast: int = 1000, n_claims: int = 100) -> dict[str, Any]:
     settings = Settings.load()
     policy, signals = runtime.build_policy(settings), runtime.build_signals(settings)
     claim_settings = Settings.load(signals={"claims": True})
-    return {
-        "fast_path": profile_requests(settings, policy, signals, n=n_fast),
-        "claim_path": profile_requests(
-            claim_settings,
-            policy,  # the policy file does not depend on which signals run
-            runtime.build_signals(claim_settings),
-            n=n_claims,
-            shape=LoadShape(k=5, deltas=5, claims=5, attention=None),
-        ),
-    }
+    claim_signals = runtime.build_signals(claim_settings)
+    try:  # closed after: an LLM judge's calls in flight are cut off (its threads held the exit)
+        return {
+            "fast_path": profile_requests(settings, policy, signals, n=n_fast),
+            "claim_path": profile_requests(
+                claim_settings,
+                policy,  # the policy file does not depend on which signals run
+                claim_signals,
+                n=n_claims,
+                shape=LoadShape(k=5, deltas=5, claims=5, attention=None),
+            ),
+        }
+    finally:
+        signals.close()
+        claim_signals.close()

@@ -109,14 +109,8 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
         startups.append(time.monotonic() - t0)
         rss = p.rss_mb()
         await asyncio.to_thread(p.signal, 15)
-    settings = Settings.load()
     _log("stages in isolation")
-    policy, signals = runtime.build_policy(settings), runtime.build_signals(settings)
-    stages = run_stages(settings, policy, signals)
-    claim_settings = Settings.load(signals={"claims": True})
-    claim_signals = runtime.build_signals(claim_settings)
-    if claim_signals.claims is not None:
-        stages["claims"] = run_claim_stages(claim_signals.claims, shape=claims_shape)
+    stages = _stages(claims_shape)
     _log("profiles: whole requests through the processor (fast path, claim path)")
     profiles = profile_paths()
     res = {k: asdict(v) for k, v in runs.items()}
@@ -147,6 +141,26 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
         "stages": stages,
         "profiles": profiles,
     }
+
+
+def _stages(claims_shape: LoadShape) -> dict[str, Any]:
+    """Each stage in isolation, the claim check's with the claim settings; the signals
+    are closed after (an LLM judge's calls in flight cut off: its threads held the exit)."""
+    from sidecar import runtime  # noqa: PLC0415
+
+    settings = Settings.load()
+    policy, signals = runtime.build_policy(settings), runtime.build_signals(settings)
+    try:
+        stages = run_stages(settings, policy, signals)
+    finally:
+        signals.close()
+    claim_signals = runtime.build_signals(Settings.load(signals={"claims": True}))
+    try:
+        if claim_signals.claims is not None:
+            stages["claims"] = run_claim_stages(claim_signals.claims, shape=claims_shape)
+    finally:
+        claim_signals.close()
+    return stages
 
 
 def _drain_ratio(runs: dict[str, RunResult], num: str, den: str) -> float:

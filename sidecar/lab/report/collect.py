@@ -157,50 +157,53 @@ def collect_rows(
     if not todo:
         return
     processor = processor_factory()
-    hits = loop.retrieve(todo, progress=progress)
-    with out.open("a", encoding="utf-8") as fh:
-        for record, row_hits in tqdm(
-            list(zip(todo, hits, strict=True)), desc="RAG loop", disable=not progress
-        ):
-            answer = loop.answer(record, row_hits)
-            request = events_for(
-                answer,
-                loop.generator,
-                request_id=f"{request_prefix}-{record.index}",
-                k=loop.k,
-                tenant=tenant,
-                collection=collection,
-                retriever=retriever,
-            )
-            started = time.perf_counter()
-            verdict, claims = process_events(processor, request.events)
-            sidecar_ms = (time.perf_counter() - started) * 1000.0
-            row = {
-                "qid": record.index,
-                "question": record.question,
-                "answers": list(record.answers),
-                "answer": request.final.answer,
-                "correct": answer.correct,
-                "generation_s": round(answer.seconds, 3),
-                "sidecar_ms": round(sidecar_ms, 3),
-                "chunks": [
-                    {
-                        "chunk_id": h.chunk_id,
-                        "score": h.score,
-                        "contains_answer": contains_answer(h.text, record.answers),
-                        "gold_passage": h.doc_id in record.gold_doc_ids,
-                    }
-                    for h in row_hits
-                ],
-                "retrieval": request.retrieval.model_dump(mode="json"),
-                "deltas": [d.text for d in request.deltas],
-                "final": request.final.model_dump(mode="json"),
-                "verdict": verdict,
-                "claims": claims,
-            }
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-            fh.flush()
-            yield row
+    try:
+        hits = loop.retrieve(todo, progress=progress)
+        with out.open("a", encoding="utf-8") as fh:
+            for record, row_hits in tqdm(
+                list(zip(todo, hits, strict=True)), desc="RAG loop", disable=not progress
+            ):
+                answer = loop.answer(record, row_hits)
+                request = events_for(
+                    answer,
+                    loop.generator,
+                    request_id=f"{request_prefix}-{record.index}",
+                    k=loop.k,
+                    tenant=tenant,
+                    collection=collection,
+                    retriever=retriever,
+                )
+                started = time.perf_counter()
+                verdict, claims = process_events(processor, request.events)
+                sidecar_ms = (time.perf_counter() - started) * 1000.0
+                row = {
+                    "qid": record.index,
+                    "question": record.question,
+                    "answers": list(record.answers),
+                    "answer": request.final.answer,
+                    "correct": answer.correct,
+                    "generation_s": round(answer.seconds, 3),
+                    "sidecar_ms": round(sidecar_ms, 3),
+                    "chunks": [
+                        {
+                            "chunk_id": h.chunk_id,
+                            "score": h.score,
+                            "contains_answer": contains_answer(h.text, record.answers),
+                            "gold_passage": h.doc_id in record.gold_doc_ids,
+                        }
+                        for h in row_hits
+                    ],
+                    "retrieval": request.retrieval.model_dump(mode="json"),
+                    "deltas": [d.text for d in request.deltas],
+                    "final": request.final.model_dump(mode="json"),
+                    "verdict": verdict,
+                    "claims": claims,
+                }
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                fh.flush()
+                yield row
+    finally:  # an LLM judge's calls in flight are cut off; its threads held the exit
+        processor.signals.close()
 
 
 def default_processor_factory(settings: Settings) -> Callable[[], Processor]:

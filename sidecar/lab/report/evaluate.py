@@ -74,11 +74,14 @@ def replay_rows(
 
     processor = processor_factory()
     out = []
-    for row in tqdm(rows, desc="replay", disable=not progress):
-        verdict, claims = process_events(processor, row_events(row))
-        if verdict is None:
-            raise RuntimeError(f"no verdict for question {row['qid']}")
-        out.append(Replayed(row, verdict, claims))
+    try:
+        for row in tqdm(rows, desc="replay", disable=not progress):
+            verdict, claims = process_events(processor, row_events(row))
+            if verdict is None:
+                raise RuntimeError(f"no verdict for question {row['qid']}")
+            out.append(Replayed(row, verdict, claims))
+    finally:
+        processor.signals.close()
     return out
 
 
