@@ -301,7 +301,9 @@ def _served_models(settings: Settings) -> dict[str, str]:
     version, the enabled signals (a certificate fitted with claims off is not one
     for claims on) and the versions of the enabled signals' models (the conformal
     calibration, the lookback model, the claim verifier): the confidence reads their
-    outputs, so a certificate fitted under one says nothing under another."""
+    outputs, so a certificate fitted under one says nothing under another. ``judge``: an
+    LLM judge refines the claim labels (a certificate fitted without one does not apply
+    with one, nor the reverse)."""
     sig = settings.signals
     enabled = [
         name
@@ -337,6 +339,8 @@ def _served_models(settings: Settings) -> dict[str, str]:
         artifact = load_artifact(verifier_dir)
         artifact.band_for(sig.verifier_target_precision)  # a band it lacks: fail here, say which
         served["verifier"] = artifact.served_version(sig.verifier_target_precision)
+        if settings.judge.endpoint is not None:  # (a model name is required with it)
+            served["judge"] = "on"  # its labels replace the verifier's uncertain ones
     if not sig.confidence:
         return served
     from sidecar.confidence.scorer import CalibratedConfidenceScorer  # noqa: PLC0415

@@ -264,12 +264,21 @@ def _served_mismatch(entry: CertifiedAllow, models: Mapping[str, str], where: st
     fitted_verifier = cert.model_versions.get("verifier")
     served_verifier = models.get("verifier")
     if fitted_verifier is not None and served_verifier is not None:
-        # "+rules" / "+judge" say how it was served; "+p0.9": another band than its own
+        # "+rules" / "+judge" say how it was served (the judge: compared below); "+p0.9":
+        # another band than its own
         fitted_as = "+".join(p for p in fitted_verifier.split("+") if p not in ("rules", "judge"))
         if fitted_as != served_verifier:
             return (
                 f"fitted with claim verifier {fitted_as}, the sidecar serves {served_verifier} "
                 "(the confidence depends on its labels)"
+            )
+        fitted_judge = "judge" in fitted_verifier.split("+")
+        if fitted_judge != ("judge" in models):
+            return (
+                f"fitted {'with' if fitted_judge else 'without'} an LLM judge, the sidecar "
+                f"{'serves none' if fitted_judge else 'serves one'} (the judge relabels the "
+                "uncertain claims, and the confidence depends on the labels); fit one with the "
+                "judge's settings as served"
             )
     return None
 

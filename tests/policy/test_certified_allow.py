@@ -469,3 +469,35 @@ def test_the_runtime_checks_certificates_against_the_served_models() -> None:
     assert off == {k: served[k] for k in ("certifier", "lookback")} | {
         "signals": "certifier,lookback"
     }
+
+
+@pytest.mark.parametrize(("fitted", "served_judge"), [("v+rules", True), ("v+rules+judge", False)])
+def test_a_certificate_fitted_with_or_without_the_judge_applies_only_so(
+    tmp_path: Path, fitted: str, served_judge: bool
+) -> None:
+    """The judge relabels the verifier's uncertain claims and the confidence reads the
+    labels: a certificate fitted without it applied with it (the suffix was dropped), and
+    the reverse. The same judge setting as fitted applies."""
+    cert = certificate().model_copy(
+        update={"model_versions": {"lookback": "l", "verifier": fitted, "confidence": MODEL}}
+    )
+    models = {"confidence": MODEL, "signals": "confidence,lookback,verifier", "verifier": "v"}
+    judged = models | {"judge": "on"}
+    policy = engine(tmp_path, cert, models=judged if served_judge else models)
+    outcome = policy.decide(retrieval(), FINAL, SIGNALS, confidence=0.9)
+    assert outcome.decision is Decision.CAVEAT
+    [reason] = [r for r in outcome.reasons if r.code == "certificate-not-applicable"]
+    said = "fitted without an LLM judge" if served_judge else "fitted with an LLM judge"
+    assert said in reason.message
+    as_fitted = engine(tmp_path, cert, models=models if served_judge else judged)
+    assert as_fitted.decide(retrieval(), FINAL, SIGNALS, confidence=0.9).decision is Decision.ALLOW
+
+
+def test_the_runtime_says_when_it_serves_a_judge() -> None:
+    from sidecar.runtime import _served_models
+
+    repo = Path(__file__).resolve().parents[2] / "models"
+    judge = {"endpoint": "http://127.0.0.1:9/v1", "model": "m"}
+    on = Settings.load(models={"dir": str(repo)}, signals={"claims": True}, judge=judge)
+    assert _served_models(on)["judge"] == "on"
+    assert "judge" not in _served_models(Settings.load(models={"dir": str(repo)}))
