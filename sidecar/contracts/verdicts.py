@@ -159,8 +159,8 @@ class LookbackSignal(BaseModel):
     )
     model_version: str | None = Field(
         default=None,
-        description="the lookback model that scored it, 'name@<onnx sha256 prefix>'; null "
-        "when no model is served (and on some unavailable results)",
+        description="the lookback model that scored it (or failed to), 'name@<onnx sha256 "
+        "prefix>'; null when no model is served",
     )
 
 

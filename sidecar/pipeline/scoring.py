@@ -45,7 +45,6 @@ from sidecar.pipeline.progress import Progress
 
 log = logging.getLogger("sidecar.pipeline")
 
-UNAVAILABLE_LOOKBACK = LookbackSignal(status=SignalStatus.UNAVAILABLE)
 UNAVAILABLE_CLAIMS = ClaimsSignal(status=SignalStatus.UNAVAILABLE)
 
 
@@ -174,7 +173,7 @@ class Scoring:
                 out.append(_checked_lookback(scorer.score(final, certification, hit_ids=ids)))
             except Exception:
                 log.exception("lookback scoring failed for %s", entry.request_id, extra=PER_INPUT)
-                out.append(UNAVAILABLE_LOOKBACK)
+                out.append(_unavailable_lookback(scorer.version))
         return out
 
     def _claims(
@@ -264,5 +263,11 @@ def _final(entry: PendingRequest) -> GenerationFinal:
 def _checked_lookback(signal: LookbackSignal) -> LookbackSignal:
     """A probability that is not finite is no score (the contract also rejects it)."""
     if signal.p_factual is not None and not math.isfinite(signal.p_factual):
-        return UNAVAILABLE_LOOKBACK
+        return _unavailable_lookback(signal.model_version)
     return signal
+
+
+def _unavailable_lookback(model_version: str | None) -> LookbackSignal:
+    """Served, but not scored: named by the model that failed, as the scorer's own
+    unavailable results are (a scoring error here left ``model_version`` null)."""
+    return LookbackSignal(status=SignalStatus.UNAVAILABLE, model_version=model_version)

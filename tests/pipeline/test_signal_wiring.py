@@ -205,6 +205,7 @@ def test_a_failing_signal_is_reported_unavailable_not_fatal(
     verdicts = [o for o in step.outputs if o.destination is Destination.VERDICTS]
     v = AnswerVerdict.model_validate(orjson.loads(verdicts[0].value))
     assert v.signals.lookback.status is SignalStatus.UNAVAILABLE
+    assert v.signals.lookback.model_version == "lookback/1"  # the model that failed (was null)
     assert len(step.done) == 2
 
 
