@@ -41,7 +41,16 @@ from sidecar.kafka.topics import create_topics
 from sidecar.lab.demo import DEMO_PROBE, bundled_sample, expected_request_ids, wait_http
 from sidecar.lab.localkafka.broker import LocalKafka, free_port
 from sidecar.lab.replay import load_file, send
-from tests.deploy.tools import CHART, HELM_BUILD_TIMEOUT_S, NAMESPACE, ROOT, RUN_TIMEOUT_S, render
+from tests.deploy.tools import (
+    CHART,
+    HELM_BUILD_TIMEOUT_S,
+    KUBE_VERSION,
+    NAMESPACE,
+    ROOT,
+    RUN_TIMEOUT_S,
+    helm_env,
+    render,
+)
 from tests.kafka.harness import settings_for
 
 ALERT_CASES = Path(__file__).parent / "alerts" / "prometheusrule.test.yaml"
@@ -267,6 +276,12 @@ RENDERINGS: dict[str, tuple[str, ...]] = {
         "prometheusRule.alerts.consumerLag.threshold=50000",
         "--set",
         "prometheusRule.alerts.deadLetters.window=30m",
+        # a fraction through --set reaches the chart as a string ("0.25"): the schema
+        # refused it (want number), so --set could not move a ratio
+        "--set",
+        "prometheusRule.alerts.deadLetters.ratio=0.25",
+        "--set",
+        "prometheusRule.alerts.hallucinationBound.target=.2",
         "--set-json",
         'prometheusRule.alertLabels={"team":"rag","severity":"ignored"}',
     ),
@@ -301,6 +316,26 @@ def test_promtool_accepts_every_rendering_of_the_rules(
             assert rule["labels"]["team"] == "rag"
         (lag,) = [r for r in found if r["alert"] == "GuardrailConsumerLagGrowing"]
         assert "> 50000" in lag["expr"]
+        (dead,) = [r for r in found if r["alert"] == "GuardrailDeadLettersHigh"]
+        assert re.search(r"\) > 0\.25\s*$", dead["expr"]), dead["expr"]
+        (bound,) = [r for r in found if r["alert"] == "GuardrailHallucinationBoundHigh"]
+        assert re.search(r"> \.2\b", bound["expr"]), bound["expr"]
+
+
+@pytest.mark.timeout(TOOLS_TIMEOUT_S)
+@pytest.mark.parametrize(
+    "value", ["0", "0.0", "1.5", "abc", "0.3 or vector(1)", "-0.1", "5e-2", "0.3\n"]
+)
+def test_a_threshold_given_as_a_string_must_spell_a_fraction(helm: Path, value: str) -> None:
+    """A string ratio goes into the rule's PromQL as written: only a number in (0, 1] may."""
+    out = subprocess.run(
+        [str(helm), "template", "guardrail", str(CHART), "--kube-version", KUBE_VERSION,
+         "--set", "prometheusRule.enabled=true",
+         "--set-string", f"prometheusRule.alerts.incompleteVerdicts.ratio={value}"],
+        capture_output=True, text=True, env=helm_env(), timeout=RUN_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert "/prometheusRule/alerts/incompleteVerdicts/ratio" in out.stderr, out.stderr
 
 
 @pytest.mark.timeout(TOOLS_TIMEOUT_S)
