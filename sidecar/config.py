@@ -51,6 +51,12 @@ class KafkaSettings(_Section):
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
+    sasl_password_file: NonBlank | None = Field(
+        default=None,
+        description="a file holding the SASL password instead of sasl_password (a mounted "
+        "Secret): read again every 30 s, and a changed password is used by new connections "
+        "without a restart",
+    )
     # a path, or unset: an empty value was read as unset (the system CAs, no client cert)
     ssl_cafile: NonBlank | None = None
     ssl_certfile: NonBlank | None = None
@@ -257,7 +263,7 @@ class KafkaSettings(_Section):
                 for name, value in (
                     ("sasl_mechanism", self.sasl_mechanism),
                     ("sasl_username", self.sasl_username),
-                    ("sasl_password", self.sasl_password),
+                    ("sasl_password", self.sasl_password_file or self.sasl_password),
                 )
                 if value is None
                 or not str(
@@ -268,8 +274,15 @@ class KafkaSettings(_Section):
                 raise ValueError(
                     f"security_protocol={self.security_protocol} needs "
                     f"{', '.join(missing)} (GUARDRAIL_KAFKA__SASL_MECHANISM, "
-                    "GUARDRAIL_KAFKA__SASL_USERNAME, GUARDRAIL_KAFKA__SASL_PASSWORD)"
+                    "GUARDRAIL_KAFKA__SASL_USERNAME, GUARDRAIL_KAFKA__SASL_PASSWORD or "
+                    "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _password_once(self) -> Self:
+        if self.sasl_password is not None and self.sasl_password_file is not None:
+            raise ValueError(_both_set("GUARDRAIL_KAFKA__SASL_PASSWORD"))
         return self
 
     @model_validator(mode="after")
@@ -280,7 +293,12 @@ class KafkaSettings(_Section):
         if not self.security_protocol.startswith("SASL"):
             ignored += [
                 name
-                for name in ("sasl_mechanism", "sasl_username", "sasl_password")
+                for name in (
+                    "sasl_mechanism",
+                    "sasl_username",
+                    "sasl_password",
+                    "sasl_password_file",
+                )
                 if getattr(self, name) is not None
             ]
         if self.security_protocol not in ("SSL", "SASL_SSL"):
@@ -609,6 +627,11 @@ class JudgeSettings(_Section):
     endpoint: str | None = Field(default=None, description="base URL, e.g. http://llm:8000/v1")
     model: str | None = None
     api_key: SecretStr | None = None
+    api_key_file: NonBlank | None = Field(
+        default=None,
+        description="a file holding the API key instead of api_key (a mounted Secret): read "
+        "again every 30 s, and a changed key is sent by the next calls without a restart",
+    )
     prompt: Literal["three-way", "four-way"] = Field(
         default="four-way",
         description="four-way: verified / partially verified / unverified / irrelevant; "
@@ -622,6 +645,8 @@ class JudgeSettings(_Section):
 
     @model_validator(mode="after")
     def _complete(self) -> Self:
+        if self.api_key is not None and self.api_key_file is not None:
+            raise ValueError(_both_set("GUARDRAIL_JUDGE__API_KEY"))
         if self.endpoint is None:
             return self
         shown = repr(redact_url(self.endpoint))
@@ -641,6 +666,14 @@ class JudgeSettings(_Section):
                 "e.g. the served model's id"
             )
         return self
+
+
+def _both_set(variable: str) -> str:
+    return (
+        f"{variable} and {variable}_FILE are both set: give the secret one way, the value "
+        f"itself or a file holding it ({variable}_FILE, read again while running), and "
+        "unset the other"
+    )
 
 
 def _endpoint_problem(url: str) -> str | None:

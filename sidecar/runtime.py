@@ -11,7 +11,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -20,11 +20,17 @@ from sidecar.config import Settings
 from sidecar.exceptions import BrokerError, ConfigError, StopTimeoutError
 from sidecar.health import HealthServer
 from sidecar.kafka.app import SidecarService
-from sidecar.kafka.security import TLS_CHECK_INTERVAL_S, TlsFilesWatch, ssl_context
+from sidecar.kafka.security import (
+    TLS_CHECK_INTERVAL_S,
+    TlsFilesWatch,
+    sasl_password,
+    ssl_context,
+)
 from sidecar.kafka.topics import format_counts, verify_topics
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import Policy
+from sidecar.secretfile import SECRET_CHECK_INTERVAL_S, check_secret_files, secret_file
 from sidecar.telemetry import Telemetry
 from sidecar.telemetry_setup import configure_from_env, describe_env
 
@@ -164,7 +170,8 @@ def _judge_config(settings: Settings) -> JudgeConfig | None:
     from sidecar.claims.judge import JudgeConfig  # noqa: PLC0415
 
     url = urlsplit(judge.endpoint)
-    if judge.api_key is not None and url.scheme == "http" and not _loopback(url.hostname):
+    keyed = judge.api_key is not None or judge.api_key_file is not None
+    if keyed and url.scheme == "http" and not _loopback(url.hostname):
         log.warning(
             "GUARDRAIL_JUDGE__ENDPOINT is plain http to %s: the judge's API key crosses the "
             "network unencrypted (use https, or a judge on this host)",
@@ -179,8 +186,19 @@ def _judge_config(settings: Settings) -> JudgeConfig | None:
         failure_threshold=judge.failure_threshold,
         cooldown_s=judge.cooldown_s,
         max_workers=judge.max_workers,
-        api_key=judge.api_key.get_secret_value() if judge.api_key is not None else None,
+        api_key=_judge_api_key(settings),
     )
+
+
+def _judge_api_key(settings: Settings) -> str | Callable[[], str] | None:
+    """The judge's API key: the value of ``api_key``, or the reader of ``api_key_file``'s
+    current key (read now: ``ConfigError`` when the file holds none)."""
+    judge = settings.judge
+    if judge.api_key_file is not None:
+        return secret_file(
+            judge.api_key_file, "GUARDRAIL_JUDGE__API_KEY_FILE", "the next judge calls"
+        ).value
+    return judge.api_key.get_secret_value() if judge.api_key is not None else None
 
 
 def _loopback(host: str | None) -> bool:
@@ -412,7 +430,17 @@ def _preflight(settings: Settings) -> dict[str, str]:
     OTLP environment (``ConfigError`` when the SDK would misread it); what goes out."""
     for note in unread_settings(settings):
         log.warning("%s", note)
+    _read_secret_files(settings)
     return describe_env()
+
+
+def _read_secret_files(settings: Settings) -> None:
+    """Read the ``..._FILE`` secrets that will be used: a file that holds none stops the
+    start here (``ConfigError``, naming the setting and the file, never the secret)."""
+    if settings.kafka.security_protocol.startswith("SASL"):
+        sasl_password(settings.kafka)
+    if settings.judge.endpoint is not None:
+        _judge_api_key(settings)
 
 
 def check(settings: Settings) -> dict[str, object]:
@@ -602,6 +630,26 @@ async def _watch_tls(
             log.log(*said)
 
 
+async def _watch_secrets(stop: asyncio.Event, interval_s: float | None = None) -> None:
+    """Until ``stop``: every ``interval_s`` (default ``SECRET_CHECK_INTERVAL_S``), read the
+    secret files again (the SASL password, the judge's key), and say what changed."""
+    async for _ in _every(SECRET_CHECK_INTERVAL_S if interval_s is None else interval_s, stop):
+        try:
+            said = await asyncio.to_thread(check_secret_files)
+        except Exception:  # a watch must never stop the sidecar
+            log.exception("checking the secret files failed")
+            continue
+        for level, line in said:
+            log.log(level, "%s", line)
+
+
+def _secret_watch(settings: Settings, stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """The secret files' watch (``None``: no secret is read from a file)."""
+    if settings.kafka.sasl_password_file is None and settings.judge.api_key_file is None:
+        return None
+    return asyncio.create_task(_watch_secrets(stop), name="sidecar-secret-watch")
+
+
 async def _until_stopped(settings: Settings, processor: Processor, stop: asyncio.Event) -> None:
     """Wait for SIGTERM / SIGINT, re-reading the policy file meanwhile."""
     watch = _policy_watch(settings, processor)
@@ -627,13 +675,14 @@ def _tls_watch(settings: Settings, stop: asyncio.Event) -> asyncio.Task[None] | 
     return asyncio.create_task(_watch_tls(watch, stop), name="sidecar-tls-watch")
 
 
-def _release(processor: Processor | None, tls_watch: asyncio.Task[None] | None) -> None:
-    """At exit: the TLS files' watch ends, and the claim checker is closed (after the service
+def _release(processor: Processor | None, *watches: asyncio.Task[None] | None) -> None:
+    """At exit: the file watches end, and the claim checker is closed (after the service
     stopped: the last batch's claims are decided), cutting off an LLM judge's calls still in
     flight. Left open, the judge's pool threads (not daemons) held the exit for up to its
     ``timeout_s`` after the final commit."""
-    if tls_watch is not None:
-        tls_watch.cancel()
+    for watch in watches:
+        if watch is not None:
+            watch.cancel()
     if processor is not None:
         processor.signals.close()
 
@@ -657,6 +706,7 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
     _preflight(settings)
     stop = asyncio.Event()
     tls_watch = _tls_watch(settings, stop)  # a TLS file that does not load: stops here
+    secret_watch = _secret_watch(settings, stop)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -719,7 +769,7 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
                 + ": exiting now; what was not committed is read again by the next owner"
             ) from None
     finally:
-        _release(processor, tls_watch)
+        _release(processor, tls_watch, secret_watch)
         if health is not None:
             await health.stop()
         if setup is not None:

@@ -160,7 +160,9 @@ class JudgeConfig:
     failure_threshold: int = 3
     cooldown_s: float = 30.0
     max_workers: int = 4
-    api_key: str | None = field(default=None, repr=False)  # sent as a Bearer token, never logged
+    # sent as a Bearer token, never logged; a callable is asked before each call (a key
+    # read from a file that is read again: a rotated key is sent from the next call on)
+    api_key: str | Callable[[], str] | None = field(default=None, repr=False)
     context_chars: int = 3000  # the three-way source's context budget
 
     def __post_init__(self) -> None:
@@ -380,8 +382,11 @@ class HttpJudge:
             "response_format": {"type": "json_object"},
         }
         headers = {"Content-Type": "application/json"}
-        if self.config.api_key:
-            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        key = self.config.api_key
+        if callable(key):
+            key = key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
         deadline = _Deadline(self.config.timeout_s)
         with self._lock:
             closed = self._closed

@@ -10,6 +10,11 @@ restart) after the old certificate expired. A renewed certificate and key, or a
 CA bundle with a new CA, are loaded into the shared context when they change and
 load; new connections use them, open ones keep theirs. A CA dropped from the
 bundle stays trusted until a restart (OpenSSL adds trust anchors, never removes).
+
+A SASL password given as a file (``sasl_password_file``) rotates the same way: the
+clients are handed a :class:`RotatingPassword`, and each aiokafka client reads the
+file's current secret when it authenticates a new connection (see
+:func:`_follow_rotations`); open connections stay authenticated as they were.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from aiokafka.client import AIOKafkaClient
 from faststream.security import (
     BaseSecurity,
     SASLPlaintext,
@@ -30,12 +36,15 @@ from faststream.security import (
 from sidecar.config import KafkaSettings
 from sidecar.exceptions import ConfigError
 from sidecar.hashing import sha256_or_empty
+from sidecar.secretfile import SecretFile, secret_file
 
 __all__ = [
     "TLS_CHECK_INTERVAL_S",
+    "RotatingPassword",
     "TlsFilesWatch",
     "aiokafka_client_args",
     "faststream_security",
+    "sasl_password",
     "shared_ssl_context",
     "ssl_context",
 ]
@@ -232,13 +241,83 @@ class TlsFilesWatch:
         )
 
 
+class RotatingPassword(str):
+    """The SASL password of ``sasl_password_file``: its text is the password at start,
+    :attr:`source` the file read again while running. FastStream and aiokafka keep the
+    object as they were given it; an aiokafka client turns it into the file's current
+    password when it opens a connection (:func:`_follow_rotations`)."""
+
+    source: SecretFile
+
+    def __new__(cls, source: SecretFile) -> RotatingPassword:
+        made = super().__new__(cls, source.value())
+        made.source = source
+        return made
+
+    def __repr__(self) -> str:
+        return f"RotatingPassword({self.source.path!r})"  # never the password
+
+
+class _CurrentPassword:
+    """A data descriptor for ``AIOKafkaClient._sasl_plain_password``.
+
+    aiokafka copies ``sasl_plain_password`` into its client at construction and passes
+    that attribute to ``create_conn`` for every connection it opens (the bootstrap, and
+    each broker's first connection or reconnection); the connection then authenticates
+    with the string it was given. A client made before a rotation would authenticate
+    with the old password for good. Read through this descriptor, a
+    :class:`RotatingPassword` yields its file's current password each time; any other
+    value (a password given as a variable, None) is returned as it was set.
+    """
+
+    _SLOT = "_guardrail_sasl_plain_password"
+
+    def __get__(self, client: object, owner: type | None = None) -> object:
+        if client is None:
+            return self
+        value = client.__dict__.get(self._SLOT)
+        return value.source.value() if isinstance(value, RotatingPassword) else value
+
+    def __set__(self, client: object, value: object) -> None:
+        client.__dict__[self._SLOT] = value
+
+
+_FOLLOW_LOCK = threading.Lock()
+
+
+def _follow_rotations() -> None:
+    """Make every aiokafka client read a :class:`RotatingPassword` anew for each
+    connection it opens (idempotent; clients made before keep working: the descriptor
+    reads what they stored under their own name as well)."""
+    with _FOLLOW_LOCK:
+        if isinstance(AIOKafkaClient.__dict__.get("_sasl_plain_password"), _CurrentPassword):
+            return
+        AIOKafkaClient._sasl_plain_password = _CurrentPassword()
+
+
+def sasl_password(kafka: KafkaSettings) -> str:
+    """The SASL password to give the clients: ``sasl_password``, or a
+    :class:`RotatingPassword` of ``sasl_password_file`` (read the first time:
+    ``ConfigError`` when the file holds none)."""
+    if kafka.sasl_password_file is not None:
+        _follow_rotations()
+        return RotatingPassword(
+            secret_file(
+                kafka.sasl_password_file,
+                "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE",
+                "new Kafka connections",
+            )
+        )
+    assert kafka.sasl_password is not None  # noqa: S101 - checked by KafkaSettings
+    return kafka.sasl_password.get_secret_value()
+
+
 def faststream_security(kafka: KafkaSettings) -> BaseSecurity | None:
     """FastStream's security object for the configured protocol (None: plaintext)."""
     context = shared_ssl_context(kafka)
     if not kafka.security_protocol.startswith("SASL"):
         return BaseSecurity(ssl_context=context, use_ssl=True) if context else None
     assert kafka.sasl_username is not None  # noqa: S101 - checked by KafkaSettings
-    assert kafka.sasl_password is not None  # noqa: S101
     cls = {
         "PLAIN": SASLPlaintext,
         "SCRAM-SHA-256": SASLScram256,
@@ -246,7 +325,7 @@ def faststream_security(kafka: KafkaSettings) -> BaseSecurity | None:
     }[kafka.sasl_mechanism or "PLAIN"]
     return cls(
         username=kafka.sasl_username,
-        password=kafka.sasl_password.get_secret_value(),
+        password=sasl_password(kafka),
         use_ssl=context is not None,
         ssl_context=context,
     )
@@ -263,8 +342,7 @@ def aiokafka_client_args(kafka: KafkaSettings) -> dict[str, Any]:
     if context is not None:
         args["ssl_context"] = context
     if kafka.security_protocol.startswith("SASL"):
-        assert kafka.sasl_password is not None  # noqa: S101 - checked by KafkaSettings
         args["sasl_mechanism"] = kafka.sasl_mechanism
         args["sasl_plain_username"] = kafka.sasl_username
-        args["sasl_plain_password"] = kafka.sasl_password.get_secret_value()
+        args["sasl_plain_password"] = sasl_password(kafka)
     return args

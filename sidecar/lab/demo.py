@@ -113,6 +113,7 @@ _LOCAL_KAFKA: dict[str, object] = {
     "sasl_mechanism": None,
     "sasl_username": None,
     "sasl_password": None,
+    "sasl_password_file": None,
     "ssl_cafile": None,
     "ssl_certfile": None,
     "ssl_keyfile": None,

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from sidecar import runtime
 from sidecar.claims.checker import VerifierClaimChecker
 from sidecar.claims.judge import (
     DATA_NOTE,
@@ -39,6 +41,7 @@ from sidecar.kafka.app import SidecarService
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
+from sidecar.secretfile import check_secret_files
 from sidecar.telemetry import Telemetry
 from tests.claims.conftest import LexicalVerifier, RetrievalFactory
 
@@ -187,6 +190,50 @@ def test_a_verdict_in_time_refines_the_label(
     assert body["messages"][0]["content"] == FOUR_WAY_PROMPT
     assert UNCERTAIN_CLAIM in body["messages"][1]["content"]
     assert body["model"] == "stub" and body["temperature"] == 0
+
+
+def test_a_key_rotated_in_its_file_is_sent_by_the_next_call(
+    stub: tuple[Stub, str], retrieval: RetrievalFactory, tmp_path: Path
+) -> None:
+    """GUARDRAIL_JUDGE__API_KEY_FILE: the running judge sends the key the file holds at
+    the sidecar's last look (every 30 s), without a restart; before, the key was a
+    variable read at start, and a rotated key meant 401s until the pod restarted."""
+    state, url = stub
+    key_file = tmp_path / "api-key"
+    key_file.write_text("sk-before-rotation\n")
+    settings = Settings.load(
+        signals={"claims": True},
+        judge={"endpoint": url, "model": "stub", "timeout_s": 5.0, "api_key_file": str(key_file)},
+    )
+    config = runtime._judge_config(settings)
+    assert config is not None and "sk-" not in repr(config)
+    runner = JudgeRunner(config)
+    checker = VerifierClaimChecker(ClaimScorer(LexicalVerifier()), judge=runner)
+
+    def answer() -> list[ClaimLabel]:
+        session = checker.open(retrieval(EVIDENCE), trusted())
+        session.feed(UNCERTAIN_CLAIM + " ")
+        session.finish(UNCERTAIN_CLAIM)
+        return [r.label for r in session.results]
+
+    try:
+        assert answer() == [ClaimLabel.SUPPORTED]
+        key_file.write_text("sk-after-rotation\n")  # the kubelet updates the mounted Secret
+        assert answer() == [ClaimLabel.SUPPORTED]  # not looked at yet: the key read before
+        said = check_secret_files()  # the sidecar's look
+        assert any(str(key_file) in line and "changed" in line for _, line in said), said
+        assert answer() == [ClaimLabel.SUPPORTED]
+        key_file.unlink()  # gone mid-life: the last key stays
+        check_secret_files()
+        assert answer() == [ClaimLabel.SUPPORTED]
+    finally:
+        runner.close()
+    assert state.authorizations == [
+        "Bearer sk-before-rotation",
+        "Bearer sk-before-rotation",
+        "Bearer sk-after-rotation",
+        "Bearer sk-after-rotation",
+    ]
 
 
 def test_a_slow_judge_falls_back_within_the_timeout(

@@ -1,4 +1,6 @@
-"""SASL/SCRAM against a real broker configured for it; credentials never leak."""
+"""SASL/SCRAM against a real broker configured for it; credentials never leak, and a
+password rotated on the broker and in GUARDRAIL_KAFKA__SASL_PASSWORD_FILE reaches the
+connections opened after it without a restart."""
 
 from __future__ import annotations
 
@@ -9,19 +11,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from sidecar.config import TOPIC_ROLES, Settings
 from sidecar.exceptions import SidecarNotReadyError
+from sidecar.kafka.security import aiokafka_client_args
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka, free_port
 from sidecar.lab.replay import Record, send
+from sidecar.secretfile import check_secret_files
 from tests.conftest import EventFactory, dumps, kafka_lib
 
 pytestmark = pytest.mark.connected
 
 USER, PASSWORD = "guardrail", "s3cret-Scram-Pa55word"
+# a user of its own for the rotation test: the others keep their password
+ROTATED_USER, OLD_PASSWORD, NEW_PASSWORD = "rotated", "0ld-Rotating-Pa55", "n3w-Rotated-Pa55"
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +39,7 @@ def scram_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafk
         port=free_port(),
         controller_port=free_port(),
         sasl_port=free_port(),
-        scram_users={USER: PASSWORD},
+        scram_users={USER: PASSWORD, ROTATED_USER: OLD_PASSWORD},
     )
     broker.start()
     try:
@@ -117,3 +123,58 @@ def test_wrong_password_fails_at_start_without_leaking_it(
     assert "refused this client's authentication (SaslAuthenticationFailed" in log, log
     assert "__SASL_USERNAME and __SASL_PASSWORD" in log and "cannot reach Kafka" not in log
     assert sidecar.proc is not None and sidecar.proc.returncode == 2  # a configuration error
+
+
+async def _reconnects(producer: AIOKafkaProducer) -> bool:
+    """Whether the producer's client, its connections closed, opens and authenticates a
+    new one (as after a broker's restart or an idle connection's close)."""
+    client = producer.client
+    node = next(iter(client.cluster.brokers())).nodeId
+    for conn in list(client._conns.values()):
+        conn.close()
+    return bool(await client.ready(node))
+
+
+async def test_a_password_rotated_in_its_file_authenticates_new_connections(
+    scram_broker: LocalKafka, unique_topics: dict[str, str], tmp_path: Path
+) -> None:
+    """The operator changes the user's SCRAM password on the broker, then the mounted
+    Secret: a client made before both opens its next connection with the new password
+    once the file was read again. Before, the password was an environment variable read
+    at start, and every connection after the broker's change was refused until a restart."""
+    secret = tmp_path / "sasl-password"
+    secret.write_text(OLD_PASSWORD + "\n")  # as `kubectl create secret --from-file` often holds
+    settings = Settings.load(
+        kafka={
+            "bootstrap_servers": scram_broker.sasl_bootstrap_servers,
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_username": ROTATED_USER,
+            "sasl_password_file": str(secret),
+        },
+        topics={n: unique_topics[n] for n in TOPIC_ROLES},
+    )
+    await create_topics(settings)
+    producer = AIOKafkaProducer(**aiokafka_client_args(settings.kafka))
+    await producer.start()  # authenticated with the old password
+    try:
+        await asyncio.to_thread(scram_broker.set_scram_password, ROTATED_USER, NEW_PASSWORD)
+        refused = False
+        for _ in range(50):  # the broker applies the change through its metadata log
+            if not await _reconnects(producer):
+                refused = True
+                break
+            await asyncio.sleep(0.2)
+        assert refused, "the broker still accepts the old password"
+        secret.write_text(NEW_PASSWORD + "\n")
+        assert not await _reconnects(producer)  # the file is not read between looks
+        said = check_secret_files()  # the sidecar's 30 s look
+        assert any("the secret changed on disk" in line for _, line in said), said
+        assert all(NEW_PASSWORD not in line and OLD_PASSWORD not in line for _, line in said)
+        assert await _reconnects(producer)
+        await producer.send_and_wait(unique_topics["verdicts"], b"after the rotation")
+    finally:
+        await producer.stop()
+    fresh = AIOKafkaProducer(**aiokafka_client_args(settings.kafka))
+    await fresh.start()  # a client made after the look authenticates too
+    await fresh.stop()

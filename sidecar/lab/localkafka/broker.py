@@ -382,6 +382,34 @@ message.max.bytes=16777216
                 f"formatting the KRaft storage failed:\n{result.stdout}{result.stderr}"
             )
 
+    def set_scram_password(self, user: str, password: str, timeout_s: float = 60.0) -> None:
+        """Give the SCRAM user ``user`` the password ``password`` on the running broker (both
+        mechanisms; a new user is made), as an operator rotating it does with kafka-configs."""
+        if not self.sasl_port:
+            raise LocalKafkaError("set_scram_password needs a broker with sasl_port set")
+        for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):  # one per request, or refused
+            cmd = self._java(
+                "kafka.admin.ConfigCommand",
+                "--bootstrap-server",
+                self.bootstrap_servers,
+                "--alter",
+                "--add-config",
+                f"{mechanism}=[password={password}]",
+                "--entity-type",
+                "users",
+                "--entity-name",
+                user,
+                heap_mb=256,
+            )
+            result = subprocess.run(
+                cmd, capture_output=True, text=True, check=False, timeout=timeout_s
+            )
+            if result.returncode != 0:
+                raise LocalKafkaError(  # not its output: its errors repeat the password
+                    f"altering the {mechanism} credentials of {user} failed "
+                    f"(exit {result.returncode})"
+                )
+
     def start(self, timeout_s: float = 90.0) -> None:
         """Start the broker (formatting on first use) and wait until it serves."""
         if self.pid() is not None:

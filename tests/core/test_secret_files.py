@@ -1,0 +1,211 @@
+"""Secrets read from ``..._FILE`` settings: checked at start, read again while running.
+
+Before, the SASL password and the judge's API key came from environment variables
+only, read once: rotating them (a Kubernetes Secret updated, a Vault agent writing
+a file) took a pod restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from sidecar import runtime
+from sidecar.config import Settings
+from sidecar.exceptions import ConfigError
+from sidecar.secretfile import SecretFile, check_secret_files, secret_file
+
+SECRET = "s3cret-Rotating-Pa55"  # noqa: S105 - a test secret, looked for in messages
+SASL = {
+    "GUARDRAIL_KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+    "GUARDRAIL_KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
+    "GUARDRAIL_KAFKA__SASL_USERNAME": "guardrail",
+}
+JUDGE = {
+    "GUARDRAIL_JUDGE__ENDPOINT": "https://judge.example:8443/v1",
+    "GUARDRAIL_JUDGE__MODEL": "judge-7b",
+}
+
+
+def _load(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> Settings:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return Settings.load()
+
+
+def _secret(tmp_path: Path, text: str = SECRET + "\n", name: str = "secret") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------- settings
+
+
+def test_the_password_and_the_key_can_be_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = str(_secret(tmp_path))
+    settings = _load(
+        monkeypatch,
+        {
+            **SASL,
+            **JUDGE,
+            "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE": path,
+            "GUARDRAIL_JUDGE__API_KEY_FILE": path,
+        },
+    )
+    assert settings.kafka.sasl_password_file == path
+    assert settings.kafka.sasl_password is None
+    assert settings.judge.api_key_file == path
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        (
+            {
+                **SASL,
+                "GUARDRAIL_KAFKA__SASL_PASSWORD": SECRET,
+                "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE": "/run/secrets/kafka",
+            },
+            "GUARDRAIL_KAFKA__SASL_PASSWORD",
+        ),
+        (
+            {
+                **JUDGE,
+                "GUARDRAIL_JUDGE__API_KEY": SECRET,
+                "GUARDRAIL_JUDGE__API_KEY_FILE": "/run/secrets/judge",
+            },
+            "GUARDRAIL_JUDGE__API_KEY",
+        ),
+    ],
+)
+def test_a_secret_given_both_ways_stops_the_start_and_says_which(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], variable: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _load(monkeypatch, env)
+    message = str(caught.value)
+    assert f"{variable} and {variable}_FILE are both set" in message
+    assert "unset the other" in message
+    assert SECRET not in message
+
+
+def test_a_password_file_counts_for_sasl_and_needs_a_sasl_protocol(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with pytest.raises(ConfigError, match="needs sasl_password") as missing:
+        _load(monkeypatch, SASL)
+    assert "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE" in str(missing.value)
+    monkeypatch.delenv("GUARDRAIL_KAFKA__SECURITY_PROTOCOL")
+    with pytest.raises(ConfigError, match="sasl_password_file set, but security_protocol"):
+        _load(monkeypatch, {"GUARDRAIL_KAFKA__SASL_PASSWORD_FILE": "/run/secrets/kafka"})
+
+
+# ---------------------------------------------------------------- the file
+
+
+def test_the_secret_is_the_file_without_its_trailing_line_break(tmp_path: Path) -> None:
+    assert SecretFile(str(_secret(tmp_path)), "X_FILE", "users").value() == SECRET
+    crlf = _secret(tmp_path, SECRET + " \r\n", "crlf")
+    assert SecretFile(str(crlf), "X_FILE", "users").value() == SECRET + " "  # spaces are its own
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (None, "cannot be read (No such file or directory)"),
+        ("", "is empty"),
+        ("\n\n", "is empty"),
+        (SECRET + "\nsecond line\n", "holds a control character"),
+        (b"\xff\xfe" + SECRET.encode(), "is not UTF-8 text"),
+    ],
+)
+def test_a_file_that_holds_no_secret_stops_the_start_without_showing_it(
+    tmp_path: Path, content: str | bytes | None, why: str
+) -> None:
+    path = tmp_path / "secret"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError) as caught:
+        SecretFile(str(path), "GUARDRAIL_JUDGE__API_KEY_FILE", "the next judge calls")
+    message = str(caught.value)
+    assert message.startswith(f"GUARDRAIL_JUDGE__API_KEY_FILE={path}: the file {why}")
+    assert "it must be a readable file holding the secret" in message
+    assert SECRET not in message
+
+
+def test_a_rotation_is_read_and_an_outage_is_said_once(tmp_path: Path) -> None:
+    path = _secret(tmp_path)
+    secret = SecretFile(str(path), "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE", "new Kafka connections")
+    assert secret.check() is None  # unchanged: nothing to say
+    path.write_text("rotated-Pa55\n")
+    level, line = secret.check() or (0, "")
+    assert (level, secret.value()) == (logging.INFO, "rotated-Pa55")
+    assert "the secret changed on disk; new Kafka connections use it" in line
+    path.unlink()  # the kubelet between two versions of the Secret, or a Secret deleted
+    level, line = secret.check() or (0, "")
+    assert level == logging.ERROR and "cannot be read" in line
+    assert "keep using the secret read before" in line
+    path.write_text("\n")
+    assert [secret.check() for _ in range(5)] == [None] * 5  # one ERROR per outage
+    assert secret.value() == "rotated-Pa55"
+    path.write_text("rotated-Pa55")
+    level, line = secret.check() or (0, "")
+    assert level == logging.INFO and "reads again, unchanged" in line
+    path.unlink()
+    assert (secret.check() or (0, ""))[0] == logging.ERROR  # a new outage is said again
+    for said in (line, str(secret.check())):
+        assert "rotated-Pa55" not in said and SECRET not in said
+
+
+# ---------------------------------------------------------------- the running sidecar
+
+
+def test_a_missing_secret_file_stops_the_start_before_kafka(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    settings = _load(
+        monkeypatch,
+        {
+            **SASL,
+            "GUARDRAIL_KAFKA__SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:9",  # never reached
+            "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE": str(tmp_path / "not-mounted"),
+            "GUARDRAIL_HTTP__ENABLED": "false",
+        },
+    )
+    with pytest.raises(ConfigError, match=r"GUARDRAIL_KAFKA__SASL_PASSWORD_FILE=.*cannot be read"):
+        asyncio.run(asyncio.wait_for(runtime.serve(settings), timeout=30))
+
+
+async def test_the_running_sidecar_reads_its_secret_files_now_and_then(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = _secret(tmp_path)
+    secret = secret_file(str(path), "GUARDRAIL_JUDGE__API_KEY_FILE", "the next judge calls")
+    stop = asyncio.Event()
+    with caplog.at_level(logging.INFO, logger="sidecar"):
+        watching = asyncio.create_task(runtime._watch_secrets(stop, interval_s=0.02))
+        path.write_text("rotated-key\n")
+        for _ in range(250):
+            await asyncio.sleep(0.02)
+            if secret.value() == "rotated-key":
+                break
+        path.unlink()
+        await asyncio.sleep(0.3)  # about 15 looks at a missing file
+        stop.set()
+        await watching
+    assert secret.value() == "rotated-key"
+    ours = [r for r in caplog.records if str(path) in r.getMessage()]  # other tests' files
+    assert [r.levelno for r in ours] == [logging.INFO, logging.ERROR], caplog.text
+    assert "the secret changed on disk" in ours[0].getMessage()
+    assert "rotated-key" not in caplog.text and SECRET not in caplog.text
+    said = [line for _, line in check_secret_files() if str(path) in line]
+    assert said == []  # the outage goes on: still nothing more to say

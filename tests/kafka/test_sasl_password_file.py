@@ -1,0 +1,99 @@
+"""A SASL password read from a file reaches every Kafka client's next connection.
+
+aiokafka copies ``sasl_plain_password`` into each client at construction and hands
+that copy to every connection it opens; FastStream keeps the password in the
+arguments it builds its producer, admin client and (per subscriber start) consumers
+from. Without help a client made before a rotation authenticated with the old
+password for good. Here ``create_conn`` is replaced by a recorder: what each client,
+made before the rotation, gives its next connection. tests/kafka/test_sasl.py shows
+the same against a real SCRAM broker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import aiokafka.client
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaConnectionError
+
+from sidecar.config import Settings
+from sidecar.kafka.app import make_broker
+from sidecar.kafka.security import RotatingPassword, aiokafka_client_args, sasl_password
+from sidecar.secretfile import check_secret_files
+
+BEFORE, AFTER = "pa55-before-Rotation", "pa55-after-Rotation"
+
+
+def _settings(path: Path) -> Settings:
+    return Settings.load(
+        kafka={
+            "bootstrap_servers": "127.0.0.1:9",
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_username": "guardrail",
+            "sasl_password_file": str(path),
+        }
+    )
+
+
+async def test_clients_made_before_a_rotation_connect_with_the_new_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "sasl-password"
+    path.write_text(BEFORE + "\n")
+    settings = _settings(path)
+    given: list[str] = []
+
+    async def create_conn(host: str, port: int, **kwargs: Any) -> None:
+        given.append(kwargs["sasl_plain_password"])
+        raise KafkaConnectionError("a recorder, not a broker")
+
+    monkeypatch.setattr(aiokafka.client, "create_conn", create_conn)
+    broker = make_broker(settings)  # FastStream: what its producer, admin, consumers get
+    producer = AIOKafkaProducer(**broker._connection_kwargs)
+    admin = AIOKafkaAdminClient(**aiokafka_client_args(settings.kafka))
+    consumer = AIOKafkaConsumer(**aiokafka_client_args(settings.kafka))
+    clients = [producer.client, admin._client, consumer._client]
+    try:
+        for client in clients:
+            with pytest.raises(KafkaConnectionError):
+                await client.bootstrap()
+        assert given == [BEFORE] * 3
+        path.write_text(AFTER + "\n")
+        said = check_secret_files()
+        assert any(str(path) in line for _, line in said)
+        given.clear()
+        for client in clients:
+            with pytest.raises(KafkaConnectionError):
+                await client.bootstrap()
+        assert given == [AFTER] * 3
+    finally:
+        await producer.stop()
+        await admin.close()
+        await consumer.stop()
+    assert all(type(p) is str for p in given)  # the connection gets the text, as before
+
+
+def test_the_password_object_never_shows_the_password(tmp_path: Path) -> None:
+    path = tmp_path / "sasl-password"
+    path.write_text(BEFORE)
+    password = sasl_password(_settings(path).kafka)
+    assert isinstance(password, RotatingPassword)
+    assert BEFORE not in repr(password) and str(path) in repr(password)
+    assert BEFORE not in repr(make_broker(_settings(path))._connection_kwargs)
+
+
+def test_a_password_given_as_a_variable_is_handed_over_as_it_is() -> None:
+    settings = Settings.load(
+        kafka={
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "PLAIN",
+            "sasl_username": "guardrail",
+            "sasl_password": BEFORE,
+        }
+    )
+    assert type(aiokafka_client_args(settings.kafka)["sasl_plain_password"]) is str
