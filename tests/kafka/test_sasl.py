@@ -63,14 +63,21 @@ def sasl_env(broker: LocalKafka, topics: dict[str, str], password: str) -> dict[
     }
 
 
+@pytest.mark.parametrize("given_as", ["variable", "file"])
 async def test_scram_sidecar_decides_and_never_logs_the_password(
     scram_broker: LocalKafka,
     unique_topics: dict[str, str],
     tmp_path: Path,
     retrieval_event: EventFactory,
     final_event: EventFactory,
+    given_as: str,
 ) -> None:
     env = sasl_env(scram_broker, unique_topics, PASSWORD)
+    if given_as == "file":  # GUARDRAIL_KAFKA__SASL_PASSWORD_FILE through FastStream's clients
+        secret = tmp_path / "sasl-password"
+        secret.write_text(PASSWORD + "\n")
+        del env["GUARDRAIL_KAFKA__SASL_PASSWORD"]
+        env["GUARDRAIL_KAFKA__SASL_PASSWORD_FILE"] = str(secret)
     topics = {n: unique_topics[n] for n in TOPIC_ROLES}
     settings = Settings.load(
         kafka={
