@@ -118,6 +118,7 @@ RENDERINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "ci-inject": ("chart", ("-f", str(CHART / "ci" / "inject-values.yaml"))),
     "ci-mtls": ("chart", ("-f", str(CHART / "ci" / "mtls-values.yaml"))),
+    "ci-sasl-files": ("chart", ("-f", str(CHART / "ci" / "sasl-files-values.yaml"))),
     "example-llm-service": ("example", ()),
 }
 
@@ -210,6 +211,58 @@ def test_an_encrypted_client_key_gets_its_passphrase_from_a_secret(
     assert "kafka.ssl.keyPasswordSecret is set but kafka.ssl.clientCertSecret is not" in (
         refused.stderr
     )
+
+
+@pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 3 * RUN_TIMEOUT_S)
+def test_the_sasl_password_and_the_judge_key_can_be_files_the_kubelet_updates(
+    helm: Path, example_chart: Path
+) -> None:
+    """kafka.sasl.passwordAsFile and judge.apiKeySecret: each secret is a file of a Secret
+    volume mounted whole (a subPath mount is never updated when the Secret changes), named
+    by its ..._FILE variable, which the sidecar reads again; no variable holds the secret.
+    Both ways at once, or a password file without SASL, is refused at render."""
+    workloads = guardrail_workloads(rendering("ci-sasl-files", helm, example_chart))
+    assert any(w.name.startswith("Deployment/") for w in workloads)
+    for workload in workloads:  # the sidecar and the helm test pod's `run --check`
+        env = {e["name"] for e in workload.container["env"]}
+        assert not env & {"GUARDRAIL_KAFKA__SASL_PASSWORD", "GUARDRAIL_JUDGE__API_KEY"}
+        volumes = {v["name"]: v for v in workload.pod["volumes"]}
+        for variable, secret, key in (
+            ("GUARDRAIL_KAFKA__SASL_PASSWORD_FILE", "guardrail-kafka-user", "password"),
+            ("GUARDRAIL_JUDGE__API_KEY_FILE", "llm-judge", "api-key"),
+        ):
+            path = _env_value(workload.container, variable)
+            (mount,) = [
+                m
+                for m in workload.container["volumeMounts"]
+                if path.startswith(m["mountPath"].rstrip("/") + "/")
+            ]
+            assert mount.get("readOnly") is True and "subPath" not in mount, mount
+            source = volumes[mount["name"]]["secret"]
+            assert source["secretName"] == secret
+            relative = path.removeprefix(mount["mountPath"].rstrip("/") + "/")
+            assert {"key": key, "path": relative} in source["items"], workload.name
+    for args, said in (
+        (
+            ("--set", "judge.apiKeySecret=llm-judge", "--set", "extraEnv[0].name="
+             "GUARDRAIL_JUDGE__API_KEY", "--set", "extraEnv[0].value=k"),
+            "judge.apiKeySecret is set and extraEnv holds GUARDRAIL_JUDGE__API_KEY",
+        ),
+        (
+            ("--set", "kafka.sasl.passwordAsFile=true"),
+            "kafka.sasl.passwordAsFile is set but kafka.securityProtocol=PLAINTEXT",
+        ),
+    ):  # fmt: skip
+        refused = subprocess.run(
+            [str(helm), "template", "guardrail", str(CHART), "--kube-version", KUBE_VERSION,
+             *args],
+            capture_output=True,
+            text=True,
+            env=helm_env(),
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )  # fmt: skip
+        assert refused.returncode != 0 and said in refused.stderr, refused.stderr
 
 
 # --------------------------------------------------------------- image-only rollback
@@ -407,6 +460,20 @@ def pod_root() -> Iterator[Path]:
     shutil.rmtree(root)
 
 
+def _fill_secret(host: Path, secret: Mapping[str, Any]) -> None:
+    """A Secret volume's files: TLS material as a real self-signed pair (run --check loads
+    it, connects to nothing); a password or an API key (a ..._FILE setting) as a
+    placeholder line."""
+    host.mkdir(parents=True)
+    cert, key = _tls_pair()
+    for item in secret.get("items", [{"key": k, "path": k} for k in ("tls.crt", "tls.key")]):
+        path = item["path"]
+        if path.endswith((".crt", ".pem", ".key")):
+            (host / path).write_bytes(key if path.endswith(".key") else cert)
+        else:
+            (host / path).write_text(f"placeholder-{secret['secretName']}-{item['key']}\n")
+
+
 def build_filesystem(
     root: Path,
     workload: Workload,
@@ -441,13 +508,7 @@ def build_filesystem(
                 )
                 (host / item["path"]).write_text(data)
         elif "secret" in volume:
-            # TLS material: a real self-signed pair (run --check loads it, connects to nothing)
-            host.mkdir(parents=True)
-            cert, key = _tls_pair()
-            for item in volume["secret"].get(
-                "items", [{"key": k, "path": k} for k in ("tls.crt", "tls.key")]
-            ):
-                (host / item["path"]).write_bytes(key if item["path"].endswith(".key") else cert)
+            _fill_secret(host, volume["secret"])
         else:
             raise AssertionError(f"volume {volume} is not modelled by this test")
         if mount.get("readOnly"):
@@ -510,7 +571,7 @@ def start(
 
 @pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 4 * RUN_TIMEOUT_S)
 @pytest.mark.parametrize(
-    "name", ["chart-defaults", "values-prod", "values-dev", "example-llm-service"]
+    "name", ["chart-defaults", "values-prod", "values-dev", "example-llm-service", "ci-sasl-files"]
 )
 def test_the_rendered_pod_starts_beside_service_links(
     name: str, helm: Path, example_chart: Path, pod_root: Path

@@ -123,6 +123,16 @@ template that renders a workload, so a bad combination fails `helm template`.
 {{- if and (or $v.kafka.ssl.caSecret $v.kafka.ssl.clientCertSecret) (not (has $v.kafka.securityProtocol (list "SSL" "SASL_SSL"))) }}
 {{- fail (printf "kafka.ssl.* is set but kafka.securityProtocol=%s does not use TLS; use SSL or SASL_SSL" $v.kafka.securityProtocol) }}
 {{- end }}
+{{- if $v.judge.apiKeySecret }}
+{{- range $v.extraEnv }}
+{{- if eq .name "GUARDRAIL_JUDGE__API_KEY" }}
+{{- fail "judge.apiKeySecret is set and extraEnv holds GUARDRAIL_JUDGE__API_KEY: the sidecar takes the judge's key one way; remove GUARDRAIL_JUDGE__API_KEY from extraEnv (the mounted file is read again when the Secret changes), or unset judge.apiKeySecret" }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and $v.kafka.sasl.passwordAsFile (not (hasPrefix "SASL" $v.kafka.securityProtocol)) }}
+{{- fail (printf "kafka.sasl.passwordAsFile is set but kafka.securityProtocol=%s does not use SASL; use SASL_SSL or SASL_PLAINTEXT, or unset it" $v.kafka.securityProtocol) }}
+{{- end }}
 {{- if and $v.kafka.ssl.keyPasswordSecret (not $v.kafka.ssl.clientCertSecret) }}
 {{- fail "kafka.ssl.keyPasswordSecret is set but kafka.ssl.clientCertSecret is not: the passphrase is for the client key in that Secret; set both, or neither" }}
 {{- end }}

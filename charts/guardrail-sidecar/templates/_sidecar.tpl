@@ -165,11 +165,20 @@ convention. Credentials only ever come from Secrets.
     secretKeyRef:
       name: {{ $v.kafka.sasl.existingSecret }}
       key: {{ $v.kafka.sasl.usernameKey }}
+{{- if $v.kafka.sasl.passwordAsFile }}
+- name: GUARDRAIL_KAFKA__SASL_PASSWORD_FILE
+  value: {{ printf "/etc/guardrail/kafka-sasl/%s" $v.kafka.sasl.passwordKey | quote }}
+{{- else }}
 - name: GUARDRAIL_KAFKA__SASL_PASSWORD
   valueFrom:
     secretKeyRef:
       name: {{ $v.kafka.sasl.existingSecret }}
       key: {{ $v.kafka.sasl.passwordKey }}
+{{- end }}
+{{- end }}
+{{- if $v.judge.apiKeySecret }}
+- name: GUARDRAIL_JUDGE__API_KEY_FILE
+  value: {{ printf "/etc/guardrail/judge/%s" $v.judge.apiKeyKey | quote }}
 {{- end }}
 {{- if $v.kafka.ssl.caSecret }}
 - name: GUARDRAIL_KAFKA__SSL_CAFILE
@@ -278,6 +287,16 @@ convention. Credentials only ever come from Secrets.
   mountPath: /etc/guardrail/kafka-client
   readOnly: true
 {{- end }}
+{{- if and (hasPrefix "SASL" $v.kafka.securityProtocol) $v.kafka.sasl.passwordAsFile }}
+- name: guardrail-kafka-sasl
+  mountPath: /etc/guardrail/kafka-sasl
+  readOnly: true
+{{- end }}
+{{- if $v.judge.apiKeySecret }}
+- name: guardrail-judge
+  mountPath: /etc/guardrail/judge
+  readOnly: true
+{{- end }}
 {{- with $v.extraVolumeMounts }}
 {{ toYaml . }}
 {{- end }}
@@ -318,6 +337,24 @@ convention. Credentials only ever come from Secrets.
 - name: guardrail-kafka-client
   secret:
     secretName: {{ $v.kafka.ssl.clientCertSecret }}
+{{- end }}
+{{- /* whole directories, never subPath: the kubelet updates these files when the
+Secret changes, and the sidecar reads them again (a subPath mount is never updated) */ -}}
+{{- if and (hasPrefix "SASL" $v.kafka.securityProtocol) $v.kafka.sasl.passwordAsFile }}
+- name: guardrail-kafka-sasl
+  secret:
+    secretName: {{ $v.kafka.sasl.existingSecret }}
+    items:
+      - key: {{ $v.kafka.sasl.passwordKey }}
+        path: {{ $v.kafka.sasl.passwordKey }}
+{{- end }}
+{{- with $v.judge.apiKeySecret }}
+- name: guardrail-judge
+  secret:
+    secretName: {{ . }}
+    items:
+      - key: {{ $v.judge.apiKeyKey }}
+        path: {{ $v.judge.apiKeyKey }}
 {{- end }}
 {{- end }}
 
