@@ -257,6 +257,12 @@ class RotatingPassword(str):
     def __repr__(self) -> str:
         return f"RotatingPassword({self.source.path!r})"  # never the password
 
+    def __copy__(self) -> RotatingPassword:
+        return self  # a copy of the arguments (or a deep one) still follows the file
+
+    def __deepcopy__(self, memo: dict[int, object]) -> RotatingPassword:
+        return self
+
 
 class _CurrentPassword:
     """A data descriptor for ``AIOKafkaClient._sasl_plain_password``.
@@ -270,7 +276,9 @@ class _CurrentPassword:
     value (a password given as a variable, None) is returned as it was set.
     """
 
-    _SLOT = "_guardrail_sasl_plain_password"
+    # the instance's own entry: a data descriptor is looked up before it, and a client
+    # made before the descriptor was installed is read as it stored its password
+    _SLOT = "_sasl_plain_password"
 
     def __get__(self, client: object, owner: type | None = None) -> object:
         if client is None:
@@ -287,8 +295,7 @@ _FOLLOW_LOCK = threading.Lock()
 
 def _follow_rotations() -> None:
     """Make every aiokafka client read a :class:`RotatingPassword` anew for each
-    connection it opens (idempotent; clients made before keep working: the descriptor
-    reads what they stored under their own name as well)."""
+    connection it opens (idempotent; a client made before reads as it did)."""
     with _FOLLOW_LOCK:
         if isinstance(AIOKafkaClient.__dict__.get("_sasl_plain_password"), _CurrentPassword):
             return

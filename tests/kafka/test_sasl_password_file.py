@@ -11,6 +11,7 @@ the same against a real SCRAM broker.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import aiokafka.client
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaConnectionError
 
 from sidecar.config import Settings
@@ -97,3 +99,22 @@ def test_a_password_given_as_a_variable_is_handed_over_as_it_is() -> None:
         }
     )
     assert type(aiokafka_client_args(settings.kafka)["sasl_plain_password"]) is str
+
+
+async def test_a_client_made_before_the_first_password_file_reads_its_own_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(AIOKafkaClient, "_sasl_plain_password", raising=False)  # a fresh process
+    plain = AIOKafkaClient(
+        bootstrap_servers="127.0.0.1:9",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="guardrail",
+        sasl_plain_password=BEFORE,
+    )
+    path = tmp_path / "sasl-password"
+    path.write_text(AFTER)
+    password = sasl_password(_settings(path).kafka)  # installs the rotation's reading
+    assert plain._sasl_plain_password == BEFORE
+    assert copy.deepcopy({"p": password})["p"] is password  # copied arguments follow the file
+    await plain.close()
