@@ -11,8 +11,10 @@ claim verdict can go out the moment its sentence ends. A sentence is complete wh
   whatever follows: those scripts put no space after a sentence (before, a
   Chinese sentence between two English ones was read with them as one claim,
   and never counted unreadable), or
-* a line ends (list items, headings and table rows are one unit per line; the
-  Unicode line and paragraph separators and NEL end a line as ``\n`` does), or
+* a line ends (list items, headings and table rows are one unit per line;
+  whatever ``str.splitlines`` ends a line at does: ``\n``, ``\r\n``, a lone
+  ``\r``, ``\v``, ``\f``, the information separators U+001C-U+001E, NEL and the
+  Unicode line and paragraph separators), or
 * the stream finished (:meth:`SentenceSplitter.finish`).
 
 Lines of a fenced code block (from a line opening with ````` or ``~~~`` to the
@@ -81,9 +83,11 @@ _INTERESTING: Final = re.compile(f"[\n{re.escape(_TERMINATOR_CHARS)}]")
 _TERMINATORS: Final = re.compile(f"[{re.escape(_TERMINATOR_CHARS)}]*")
 _CLOSERS: Final = re.compile(f"[{re.escape(_CLOSER_CHARS)}]*")
 _CJK_TERMINATOR: Final = re.compile(f"[{_CJK_TERMINATOR_CHARS}]")
-# what ends a line besides "\n", read as "\n" (one character for one: spans still point
-# into the answer): a list written with U+2028 between its items was one claim (audit)
-_LINE_ENDS: Final = str.maketrans(dict.fromkeys("\u2028\u2029\x85", "\n"))
+# what ends a line besides "\n" (those of ``str.splitlines``), read as "\n", one character
+# for one, so spans still point into the answer ("\r\n" reads "\n\n": its empty second line
+# is no unit): a list written with U+2028, or with old Mac "\r", between its items was one
+# claim (audit)
+_LINE_ENDS: Final = str.maketrans(dict.fromkeys("\r\v\f\x1c\x1d\x1e\x85\u2028\u2029", "\n"))
 _SPACES: Final = re.compile(r"[ \t]*")
 _GAP: Final = re.compile(r"[^\S\n]*")
 _ALL_SPACE: Final = re.compile(r"\s*")

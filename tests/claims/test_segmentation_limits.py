@@ -209,16 +209,34 @@ def test_an_english_sentence_closed_by_another_scripts_terminator_is_its_own_cla
     ]
 
 
-@pytest.mark.parametrize("separator", ["\n", "\u2028", "\u2029", "\x85"])
-def test_a_unicode_line_separator_ends_a_line(separator: str) -> None:
-    """Audit: ``- A\u2028- B`` was one claim (the rewrite then removed the whole answer)."""
-    answer = f"- Paris is in France{separator}- Berlin is in Germany"
+# what ``str.splitlines`` ends a line at, "\r\n" counted as one line end
+LINE_ENDS = ["\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+def test_the_line_ends_tested_are_those_of_str_splitlines() -> None:
+    ends = {chr(c) for c in range(0x110000) if len(f"a{chr(c)}b".splitlines()) == 2}
+    assert ends == {e for e in LINE_ENDS if len(e) == 1}
+
+
+@pytest.mark.parametrize("separator", LINE_ENDS)
+def test_a_line_end_of_any_kind_ends_a_line_however_the_deltas_cut_it(separator: str) -> None:
+    """Audit: ``- A\u2028- B`` was one claim (the rewrite then removed the whole answer);
+    so were a lone "\r" (old Mac line ends), "\v", "\f" and the information separators,
+    which ``str.splitlines`` ends a line at. "\r\n" is one line end, also when a delta ends
+    between its two characters: no empty claim, no second boundary."""
+    answer = f"- Paris is in France{separator}- Berlin is in Germany{separator}"
     found = segment_claims(answer)
     assert [c.text for c in found] == ["Paris is in France.", "Berlin is in Germany."]
     assert [answer[c.span[0] : c.span[1]] for c in found] == [
         "Paris is in France",
         "Berlin is in Germany",
     ]
+    for cut in range(1, len(answer)):  # every cut into two deltas, "\r" | "\n" among them
+        segmenter = ClaimSegmenter()
+        streamed = segmenter.feed(answer[:cut]) + segmenter.feed(answer[cut:])
+        assert streamed + segmenter.finish(answer) == found, cut
+    units = split_sentences(f"Paris is in France{separator}{separator}Berlin.")
+    assert [u.raw for u in units] == ["Paris is in France", "Berlin."]
 
 
 def test_a_long_sentence_is_cut_at_whitespace_within_the_limit() -> None:
@@ -256,7 +274,7 @@ _ATOMS = st.sampled_from(
         ".", ". ", "!", "?", "\u2026", "...", "\n", " ", "  ", "\t", ",", ";", ":", '"', ")",
         "\u201d", "a", "x", "The", "It", "the", "Mr.", "U.S.", "Dr.", "etc.", "J.", "1.",
         "3.14", " and ", ", and ", " is ", "was", "Sure, ", "I think ", "- ", "**", "#",
-        "Paris", "Thames", "\u00a0", "\u2028",
+        "Paris", "Thames", "\u00a0", "\u2028", "\r", "\r\n", "\f",
     ]
 )  # fmt: skip
 _TEXTS = st.lists(_ATOMS, max_size=400).map("".join)
