@@ -8,14 +8,18 @@ claim verdict can go out the moment its sentence ends. A sentence is complete wh
   ``।``/``॥``, the Arabic ``؟`` and the Urdu full stop U+06D4, optionally
   followed by closing quotes or brackets) is followed by whitespace, or
 * a run holds a CJK terminator (``。``, ``｡``, the full-width ``!`` and ``?``),
-  whatever follows: those scripts put no space after a sentence (before, a
-  Chinese sentence between two English ones was read with them as one claim,
-  and never counted unreadable), or
+  whatever follows but a combining mark: those scripts put no space after a
+  sentence (before, a Chinese sentence between two English ones was read with
+  them as one claim, and never counted unreadable), or
 * a line ends (list items, headings and table rows are one unit per line;
   whatever ``str.splitlines`` ends a line at does: ``\n``, ``\r\n``, a lone
   ``\r``, ``\v``, ``\f``, the information separators U+001C-U+001E, NEL and the
   Unicode line and paragraph separators), or
 * the stream finished (:meth:`SentenceSplitter.finish`).
+
+No unit ends between a character and what extends it (a combining mark, a
+variation selector, an emoji skin tone or ZWJ sequence), however the deltas
+cut the text: a decomposed ``e`` + U+0301 split across two deltas is one ``é``.
 
 Lines of a fenced code block (from a line opening with ````` or ``~~~`` to the
 line that closes it, fences included) are units of kind ``code``: program text,
@@ -37,7 +41,8 @@ decision looks at most a bounded distance back (``_MAX_WORD_CHARS``) and
 ahead (``MAX_GAP_CHARS`` + the longest opener); a decision that waits for
 more text is re-taken at bounded cost; and no unit grows past
 ``MAX_UNIT_CHARS``: a sentence longer than that is cut at its last whitespace
-in the second half of the window (or hard at the limit when there is none),
+in the second half of the window (or hard at the limit when there is none,
+moved back before a character whose combining marks it would cut off),
 and the rest continues as the next unit. The splitter only keeps the current
 unit as a working buffer, so appending a delta costs the delta plus at most
 one unit. The cut depends on the text alone, never on the deltas.
@@ -48,6 +53,7 @@ Pure logic: no I/O, no third-party imports.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Final, Literal
 
@@ -132,6 +138,16 @@ _HEADING: Final = re.compile(
 _EMPHASIS: Final = re.compile(r"\*\*|__|`")
 _FENCES: Final = ("```", "~~~")  # a line opening with one opens or closes a code block
 _CODE: Final[tuple[int, SentenceKind]] = (0, "code")  # (list marker length, kind)
+
+
+def _extends_grapheme(char: str) -> bool:
+    """Is ``char`` part of the character before it (a combining mark, a variation selector,
+    ZWJ or ZWNJ, an emoji skin tone: UAX #29 Extend, SpacingMark and ZWJ, near enough)?"""
+    return (
+        unicodedata.category(char)[0] == "M"
+        or char in "\u200c\u200d"
+        or "\U0001f3fb" <= char <= "\U0001f3ff"
+    )
 
 
 def _span_end(pattern: re.Pattern[str], text: str, pos: int, endpos: int | None = None) -> int:
@@ -316,12 +332,22 @@ class SentenceSplitter:
         limit = start + self._cap
         window = self._buf[start - self._base + self._cap // 2 : limit - self._base]
         at = max(window.rfind(c) for c in " \t\u00a0\u3000")
-        cut = start + self._cap // 2 + at if at >= 0 else limit
+        cut = start + self._cap // 2 + at if at >= 0 else self._grapheme_start(limit)
         self._append(out, self._emit(start, cut))
         self._start = cut
         self._line_blank = False
         self._run = None
         return cut
+
+    def _grapheme_start(self, limit: int) -> int:
+        """The hard cut at ``limit``, moved back before the character whose combining marks
+        (or skin tone, ZWJ sequence ...) it would cut off; ``limit`` itself when the second
+        half of the unit is all such marks."""
+        floor = self._start + self._cap // 2
+        cut = limit
+        while cut > floor and (_extends_grapheme(self._at(cut)) or self._at(cut - 1) == "\u200d"):
+            cut -= 1
+        return cut if cut > floor else limit
 
     def _compact(self) -> None:
         """Drop what lies before the current unit from the working buffer."""
@@ -333,7 +359,9 @@ class SentenceSplitter:
     def _is_boundary(self, i: int, j: int, final: bool) -> bool | None:
         """Is the terminator run ``text[i:j]`` a sentence end? ``None``: not known yet."""
         if _CJK_TERMINATOR.search(self._buf, i - self._base, j - self._base):
-            return True  # "。" ends a sentence without a space: "东京在日本。Paris is ..."
+            # "。" ends a sentence without a space: "东京在日本。Paris is ...", but never
+            # between a character and its combining mark
+            return j >= self._length or not _extends_grapheme(self._at(j))
         if j < self._length and not self._at(j).isspace():
             return False  # "3.14", "e.g.,", "U.S.-based", "?!x"
         if j - i != 1 or self._at(i) != ".":

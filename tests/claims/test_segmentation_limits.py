@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import random
 import time
+import unicodedata
 from collections.abc import Callable
 
 import pytest
@@ -237,6 +238,71 @@ def test_a_line_end_of_any_kind_ends_a_line_however_the_deltas_cut_it(separator:
         assert streamed + segmenter.finish(answer) == found, cut
     units = split_sentences(f"Paris is in France{separator}{separator}Berlin.")
     assert [u.raw for u in units] == ["Paris is in France", "Berlin."]
+
+
+def _extends_grapheme(char: str) -> bool:
+    """A combining mark, variation selector, ZWJ or emoji skin tone: part of the character
+    before it (UAX #29 Extend, SpacingMark, ZWJ)."""
+    return (
+        unicodedata.category(char)[0] == "M"
+        or char == "\u200d"
+        or "\U0001f3fb" <= char <= "\U0001f3ff"
+    )
+
+
+def _no_unit_ends_inside_a_grapheme(text: str, units: list[Sentence]) -> bool:
+    return not any(
+        u.end < len(text) and (_extends_grapheme(text[u.end]) or text[u.end - 1] == "\u200d")
+        for u in units
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # a CJK terminator ends a unit whatever follows: here its combining mark
+        "\u6771\u4eac\u5728\u65e5\u672c\u3002\u0301 Paris is in France.",
+        # no whitespace within the limit: the unit was cut hard at it, between "e" and its
+        # accent (decomposed text, NFD, as macOS writes it; Thai has no spaces between words)
+        "x" * (MAX_UNIT_CHARS - 1) + "e\u0301" + "y" * 100,
+        "x" * (MAX_UNIT_CHARS - 2) + "e\u0301\u0323" + "y" * 100,
+        "x" * (MAX_UNIT_CHARS - 1) + "\U0001f44d\U0001f3fd" + "y" * 100,
+        "x" * (MAX_UNIT_CHARS - 2) + "\U0001f469\u200d\U0001f4bb" + "y" * 100,
+    ],
+)
+def test_no_unit_ends_between_a_character_and_its_combining_mark(text: str) -> None:
+    whole = split_sentences(text)
+    assert _no_unit_ends_inside_a_grapheme(text, whole), [(u.start, u.end) for u in whole]
+    for cut in range(1, len(text)):  # every cut into two deltas, inside the grapheme among them
+        assert _stream(text, [cut], MAX_UNIT_CHARS) == whole, cut
+    assert all(u.end - u.start <= MAX_UNIT_CHARS for u in whole)
+
+
+def test_a_unit_of_combining_marks_alone_is_still_cut_at_the_limit() -> None:
+    text = "e" + "\u0301" * (3 * MAX_UNIT_CHARS)  # hostile: no grapheme boundary to cut at
+    # (the later units hold no letter or digit: no unit)
+    assert [(u.start, u.end) for u in split_sentences(text)] == [(0, MAX_UNIT_CHARS)]
+
+
+_GRAPHEMES = st.sampled_from(
+    [
+        "e\u0301", "a\u0301\u0323", "\u3002\u0301", "\u0e01\u0e34", "\U0001f44d\U0001f3fd",
+        "\u2764\ufe0f", "\U0001f469\u200d\U0001f4bb", "x", "xx", ".", "\u3002",
+    ]
+)  # fmt: skip
+# runs without whitespace, long enough to be cut hard at the limit, between separators
+_GRAPHEME_TEXTS = st.lists(
+    st.tuples(st.lists(_GRAPHEMES, max_size=150).map("".join), st.sampled_from([" ", ". ", "\n"])),
+    max_size=6,
+).map(lambda runs: "".join(run + gap for run, gap in runs))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_GRAPHEME_TEXTS, st.lists(st.integers(min_value=1, max_value=2_000), max_size=40))
+def test_units_never_end_inside_a_grapheme_however_cut(text: str, cuts: list[int]) -> None:
+    whole = _stream(text, [], _SMALL_UNIT)
+    assert _stream(text, cuts, _SMALL_UNIT) == whole
+    assert _no_unit_ends_inside_a_grapheme(text, whole)
 
 
 def test_a_long_sentence_is_cut_at_whitespace_within_the_limit() -> None:
