@@ -25,11 +25,12 @@ Per answer (docs/methods.md §Claim verification):
    answer-level scores (:mod:`sidecar.claims.scores`).
 
 The final answer is what gets verified. When it is not the streamed text
-continued (``ClaimsSignal.stream_mismatch``), its claims whose sentence was
-verified identically from the stream keep that verdict (and index), the
-others are verified at ``finish``; streamed claims it no longer holds leave
-:attr:`VerifierClaimSession.results` and the summary and are listed in
-``ClaimsSignal.superseded_claims``. Claims past the segmenter's per-answer
+continued (``ClaimsSignal.stream_mismatch``; the same text in another Unicode
+normal form, NFC versus NFD, is no mismatch), its claims whose sentence was
+verified identically from the stream keep that verdict (and index, their spans
+moved into the final answer), the others are verified at ``finish``; streamed
+claims it no longer holds leave :attr:`VerifierClaimSession.results` and the
+summary and are listed in ``ClaimsSignal.superseded_claims``. Claims past the segmenter's per-answer
 limit, and claims that come after the answer's verification budget was spent,
 are counted in ``ClaimsSignal.unchecked``, never verified: one huge answer
 cannot hold the sidecar for long. The budget counts work, not time: the

@@ -25,11 +25,18 @@ block: program text is no claim the verifier can read, and unverified.
 Final answer versus stream (:meth:`ClaimSegmenter.finish`): when the final
 answer does not extend the streamed text, the final answer is segmented
 afresh; a claim of it whose sentence was already cut identically from the
-stream (with the same context) keeps that claim's index (its verdict was
-published and stands, its spans now point into the final answer); the others
-get new indices and are returned for verification; streamed claims the final
-answer no longer holds are listed in :attr:`ClaimSegmenter.superseded` (their
-published verdicts no longer count).
+stream (with the same context, compared in Unicode normal form NFC) keeps that
+claim's index (its verdict was published and stands, its spans now point into
+the final answer); the others get new indices and are returned for
+verification; streamed claims the final answer no longer holds are listed in
+:attr:`ClaimSegmenter.superseded` (their published verdicts no longer count).
+A final that is the streamed text in another normal form (deltas decomposed,
+NFD, by one detokenizer and the final composed, NFC, by another) is no
+:attr:`ClaimSegmenter.mismatch` while every streamed claim stands: canonically
+equivalent text is the same text. Compatibility forms (NFKC would read "x²" as
+"x2" and a ligature as its letters) and invisible characters (a zero-width
+space, a word joiner) stay a mismatch: they may change what a reader sees or
+what the words mean.
 
 Context: a claim that opens with a pronoun or demonstrative ("It reduces
 ...") gets the text of the claims before it that it leans on as
@@ -46,6 +53,7 @@ LLM judge can re-check such claims. Pure logic: no I/O.
 
 from __future__ import annotations
 
+import unicodedata
 from collections import deque
 from dataclasses import replace
 from typing import Final
@@ -82,6 +90,17 @@ def _key(sentence: Sentence, claim: Claim) -> _Key:
         claim.text,
         claim.context,
     )
+
+
+def _nfc(text: str) -> str:
+    return unicodedata.normalize("NFC", text)  # the text itself when already NFC (ASCII)
+
+
+def _canonical(key: _Key) -> _Key:
+    """``key`` under NFC: the same claim of a sentence in another Unicode normal form (its
+    span cut at the same characters: a claim never ends inside one) has the same key."""
+    raw, start, end, text, context = key
+    return (_nfc(raw), len(_nfc(raw[:start])), len(_nfc(raw[:end])), _nfc(text), _nfc(context))
 
 
 class _Cutter:
@@ -174,14 +193,20 @@ class ClaimSegmenter:
         if self._final is not None:
             raise LifecycleError("finish() called twice on one claim segmenter")
         splitter = self._stream.splitter
-        if answer is None or _extends(answer, splitter):
+        if answer is None or _extends(answer, splitter.text):
             rest = answer[splitter.length :] if answer is not None else ""
             out = self._take(splitter.feed(rest)) if rest else []
             out += self._take(splitter.finish())
             self._final = list(self._stream.claims)
             return out
-        self.mismatch = True
-        return self._refit(answer)
+        out = self._refit(answer)
+        # canonically equivalent (NFC) text is the same text: deltas decomposed by one
+        # detokenizer and a final composed by another. Compatibility forms (NFKC: "x²" is
+        # not "x2") and invisible characters stay a mismatch, and so does a final whose
+        # claims were cut otherwise, so that a published verdict no longer stands
+        same = _extends(_nfc(answer), _nfc(splitter.text))
+        self.mismatch = not same or bool(self.superseded)
+        return out
 
     def _refit(self, answer: str) -> list[Claim]:
         """The final answer differs from the stream: its claims, reusing identical ones."""
@@ -189,12 +214,12 @@ class ClaimSegmenter:
         fresh.take(fresh.splitter.feed(answer) + fresh.splitter.finish(), 0)
         streamed: dict[_Key, deque[Claim]] = {}
         for key, claim in zip(self._stream.keys, self._stream.claims, strict=True):
-            streamed.setdefault(key, deque()).append(claim)
+            streamed.setdefault(_canonical(key), deque()).append(claim)
         final: list[Claim] = []
         new: list[Claim] = []
         kept: set[int] = set()
         for key, claim in zip(fresh.keys, fresh.claims, strict=True):
-            same = streamed.get(key)
+            same = streamed.get(_canonical(key))
             if same:
                 old = same.popleft()
                 kept.add(old.index)
@@ -220,11 +245,10 @@ class ClaimSegmenter:
         return new
 
 
-def _extends(answer: str, splitter: SentenceSplitter) -> bool:
+def _extends(answer: str, streamed: str) -> bool:
     """Is ``answer`` the streamed text, continued (or with only trailing blanks dropped)?"""
-    if len(answer) >= splitter.length:
-        return answer.startswith(splitter.text)
-    streamed = splitter.text
+    if len(answer) >= len(streamed):
+        return answer.startswith(streamed)
     return streamed.startswith(answer) and streamed[len(answer) :].isspace()
 
 

@@ -226,7 +226,8 @@ class GenerationFinal(EventBase):
     request_id: RequestId = Field(description="the request's id, as on its retrieval event")
     answer: Annotated[str, StringConstraints(max_length=200_000)] = Field(
         description="the whole answer: what is verified and decided (it may differ from the "
-        "streamed deltas: policy reason stream-final-mismatch)"
+        "streamed deltas: policy reason stream-final-mismatch; the deltas' text in another "
+        "Unicode normal form, NFC or NFD, is no difference)"
     )
     generator_model: Name = Field(
         description="the model that generated the answer: the verdict's "

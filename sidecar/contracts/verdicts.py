@@ -224,8 +224,10 @@ class ClaimsSignal(BaseModel):
     )
     stream_mismatch: bool = Field(
         default=False,
-        description="The final answer is not the streamed deltas' text: the final answer was "
-        "verified (policy reason stream-final-mismatch).",
+        description="The final answer is not the streamed deltas' text (in another Unicode "
+        "normal form, NFC or NFD, it is the same text; a compatibility form or an invisible "
+        "character differs): the final answer was verified (policy reason "
+        "stream-final-mismatch).",
     )
     superseded_claims: list[int] = Field(
         default_factory=list,
@@ -331,7 +333,12 @@ class ClaimVerdict(EventBase):
         description="the claim's number within the request, from 0 in stream order; a claim "
         "the final answer no longer holds keeps its number (signals.claims.superseded_claims)",
     )
-    span: tuple[int, int] = Field(description="[start, end) character offsets into the answer")
+    span: tuple[int, int] = Field(
+        description="[start, end) character (code point) offsets into the answer: into the "
+        "deltas' text joined for a claim verdict published while the answer streamed, into "
+        "the final answer for one published with it (when the final is the deltas' text in "
+        "another Unicode normal form, the streamed spans index the deltas' form)"
+    )
     text: str = Field(
         description="the claim as verified: the span's words, with the subject copied in "
         "when a sentence's second verb phrase was split off ('Aspirin is effective for pain')"

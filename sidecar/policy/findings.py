@@ -13,10 +13,12 @@ verification.
 Two claim findings do not come from the labels:
 
 * ``stream-final-mismatch`` (caveat in every profile): the final answer is not
-  the text the deltas streamed. The final answer was verified; the claim
-  verdicts published for streamed sentences it no longer holds are listed
-  in ``ClaimsSignal.superseded_claims`` and not counted. Whoever watched the
-  stream saw text this verdict does not judge.
+  the text the deltas streamed (the same text in another Unicode normal form,
+  NFC versus NFD, is; a compatibility form or an invisible character is not).
+  The final answer was verified; the claim verdicts published for streamed
+  sentences it no longer holds are listed in ``ClaimsSignal.superseded_claims``
+  and not counted. Whoever watched the stream saw text this verdict does not
+  judge.
 * ``claims-over-limit`` (the profile's ``claims.when_missing``): the answer
   holds more claims than the sidecar verifies per answer
   (``sidecar.claims.segment.MAX_CLAIMS_PER_ANSWER``); the rest is counted in

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 
 import orjson
@@ -31,6 +32,7 @@ from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy.config import load_policy
 from sidecar.policy.engine import PolicyEngine
+from sidecar.policy.rewrite import remove_unsupported
 from tests.claims.conftest import REPO, LexicalVerifier, RetrievalFactory
 from tests.conftest import EventFactory, dumps
 
@@ -110,6 +112,66 @@ def test_a_final_answer_shorter_than_the_stream_supersedes_what_it_dropped() -> 
     assert [c.index for c in seg.claims] == [0]
 
 
+ACCENTED = "Renée Müller opened the café in Zürich. It served crème brûlée to Đậu Núñez."
+
+
+def _nfd(text: str) -> str:
+    return unicodedata.normalize("NFD", text)
+
+
+@pytest.mark.parametrize(
+    ("streamed", "final"),
+    [
+        (_nfd(ACCENTED) + " ", ACCENTED),  # deltas decomposed (macOS text), final composed
+        (ACCENTED + " ", _nfd(ACCENTED)),
+        (_nfd(ACCENTED[:45]), ACCENTED),  # ... and the final continues the stream
+        (_nfd(ACCENTED).replace("\u0323\u0302", "\u0302\u0323") + " ", ACCENTED),  # marks reordered
+    ],
+    ids=["nfd-stream", "nfd-final", "nfd-continued", "marks-reordered"],
+)
+def test_a_final_in_another_unicode_normal_form_is_no_mismatch(streamed: str, final: str) -> None:
+    """Deltas decomposed (NFD) by one detokenizer path and a final composed (NFC) by another
+    are the same text: the final was flagged stream-final-mismatch, every streamed verdict
+    superseded and its claims verified again. The streamed claims now keep their verdicts,
+    their spans moved into the final answer; only claims the stream did not hold are new."""
+    seg = ClaimSegmenter()
+    streamed_claims = []
+    for k in range(0, len(streamed), 3):  # every third character: "e" | U+0301 among the cuts
+        streamed_claims += seg.feed(streamed[k : k + 3])
+    tail = seg.finish(final)
+    assert not seg.mismatch and seg.superseded == ()
+    assert [c.index for c in seg.claims] == [c.index for c in streamed_claims + tail]
+    nfc = unicodedata.normalize("NFC", final)
+    assert [unicodedata.normalize("NFC", c.text) for c in seg.claims] == [
+        c.text for c in segment_claims(nfc)
+    ]
+    for claim in seg.claims:  # spans point into the final answer, in the final's form
+        assert final[claim.span[0] : claim.span[1]] == claim.text
+    if streamed.endswith(" "):  # the stream completed every sentence
+        assert tail == []  # nothing to verify again
+
+
+@pytest.mark.parametrize(
+    "final",
+    [
+        ACCENTED.replace("Zürich", "Zu\u0308rich\u200b"),  # a zero-width space: other text
+        ACCENTED.replace("Renée", "Ren\u00e9e\u2060"),  # a word joiner
+        ACCENTED.replace("café", "ca\ufb00é"),  # a compatibility ligature (NFKC: "caffé")
+        ACCENTED.replace("Zürich.", "Zürich\u00b2."),  # a superscript (NFKC: "Zürich2")
+        ACCENTED.replace("Đậu Núñez", "Đậu\u00a0Núñez"),  # a no-break space (NFKC: " ")
+    ],
+    ids=["zero-width-space", "word-joiner", "ligature", "superscript", "no-break-space"],
+)
+def test_invisible_characters_and_compatibility_forms_stay_a_mismatch(final: str) -> None:
+    """Only canonical equivalence (NFC) is the same text: an invisible character may hide
+    text from a reader and a compatibility form (NFKC) may change the meaning ("x²" is not
+    "x2"), so the stream a reader saw is not the final verified."""
+    seg = ClaimSegmenter()
+    _stream(seg, _nfd(ACCENTED) + " ")
+    seg.finish(final)
+    assert seg.mismatch and seg.superseded
+
+
 def _session(lexical: LexicalVerifier, retrieval: RetrievalFactory) -> VerifierClaimSession:
     return VerifierClaimChecker(ClaimScorer(lexical)).open(retrieval(EVIDENCE), CERTIFIED)
 
@@ -167,6 +229,34 @@ def test_the_rewrite_uses_spans_into_the_final_answer(
     assert outcome.rewritten_answer is not None
     assert "Paris is the capital of France." in outcome.rewritten_answer
     assert "1234" not in outcome.rewritten_answer
+
+
+def test_a_final_in_another_normal_form_is_rewritten_with_spans_into_it(
+    lexical: LexicalVerifier, retrieval: RetrievalFactory
+) -> None:
+    """The stream's spans index the decomposed deltas; the rewrite cuts the composed final:
+    with the streamed spans the verified-only text was cut at the wrong characters."""
+    evidence = "Zürich is in Switzerland. Malmö is in Sweden."
+    final = "Zürich is in Switzerland. Malmö is in Sweden. Malmö has 1234 bridges."
+    session = VerifierClaimChecker(ClaimScorer(lexical)).open(retrieval(evidence), CERTIFIED)
+    assert [r.index for r in session.feed(_nfd(final) + "\n")] == [0, 1, 2]
+    calls = len(lexical.calls)
+    tail, signal = session.finish(final)
+    assert tail == [] and len(lexical.calls) == calls  # nothing verified again
+    assert not signal.stream_mismatch and signal.superseded_claims == []
+    assert signal.n == 3 and signal.unsupported == 1  # 1234 is not in the evidence
+    for r in session.results:
+        assert final[r.span[0] : r.span[1]] == r.text.rstrip(".") + "."
+    assert remove_unsupported(final, session.results) == (
+        "Zürich is in Switzerland. Malmö is in Sweden."
+    )
+    outcome = PolicyEngine(load_policy(POLICY)).decide(
+        retrieval(evidence),
+        GenerationFinal(request_id="req-1", answer=final, generator_model="gen"),
+        Signals(retrieval=CERTIFIED, claims=signal),
+        claims=session.results,
+    )
+    assert "stream-final-mismatch" not in [r.code for r in outcome.reasons]
 
 
 def _codes_and_decision(signal: ClaimsSignal, profile: str) -> tuple[list[str], Decision]:
@@ -277,6 +367,45 @@ def test_the_processor_publishes_the_new_claims_and_the_mismatch(
     assert signal.stream_mismatch and signal.superseded_claims == [1] and signal.n == 2
     assert "stream-final-mismatch" in [r.code for r in verdict.reasons]
     assert verdict.decision is not Decision.ALLOW
+
+
+def test_the_processor_keeps_streamed_verdicts_of_a_final_in_another_normal_form(
+    lexical: LexicalVerifier,
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Deltas decomposed, "e" and its accent in two deltas; the final composed. The
+    published claim verdicts' spans index the deltas' text (what the stream showed); the
+    answer verdict reports no mismatch, and nothing is published again."""
+    suite = SignalSuite(claims=VerifierClaimChecker(ClaimScorer(lexical)))
+    p = Processor(settings_factory(), PolicyEngine(load_policy(POLICY)), signals=suite)
+    offsets = iter(range(100))
+
+    def feed(kind: InputKind, raw: bytes) -> list[tuple[Destination, bytes]]:
+        step = p.on_message(kind, raw, None, InputRef(kind.value, 0, next(offsets)), 0.0)
+        return [(o.destination, o.value) for o in step.outputs]
+
+    feed(InputKind.RETRIEVAL, dumps(retrieval_event()))
+    pieces = ["Mary Shelley wrote Frankenstein in Gene", "\u0300ve. It was published in 1818. "]
+    out = []
+    for seq, piece in enumerate(pieces):
+        out += feed(InputKind.GENERATION, dumps(delta_event(seq=seq, text=piece)))
+    streamed = [ClaimVerdict.model_validate(orjson.loads(v)) for _, v in out]
+    assert [v.claim_index for v in streamed] == [0, 1]
+    deltas_text = "".join(pieces)
+    assert [deltas_text[v.span[0] : v.span[1]] for v in streamed] == [
+        "Mary Shelley wrote Frankenstein in Gene\u0300ve.",
+        "It was published in 1818.",
+    ]
+    answer = "Mary Shelley wrote Frankenstein in Genève. It was published in 1818."
+    out = feed(InputKind.GENERATION, dumps(final_event(answer=answer)))
+    assert [d for d, _ in out] == [Destination.VERDICTS]
+    [verdict] = [AnswerVerdict.model_validate(orjson.loads(v)) for _, v in out]
+    signal = verdict.signals.claims
+    assert not signal.stream_mismatch and signal.superseded_claims == [] and signal.n == 2
+    assert "stream-final-mismatch" not in [r.code for r in verdict.reasons]
 
 
 def test_an_answer_with_a_code_block_is_judged_on_its_prose_and_says_the_code_is_unchecked(
