@@ -11,6 +11,7 @@ import pytest
 from sidecar.claims.checker import VerifierClaimChecker, VerifierClaimSession
 from sidecar.claims.scorer import ClaimScorer
 from sidecar.claims.segment import ClaimSegmenter, segment_claims
+from sidecar.claims.sentences import MAX_UNIT_CHARS
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import (
@@ -229,6 +230,18 @@ def test_the_rewrite_uses_spans_into_the_final_answer(
     assert outcome.rewritten_answer is not None
     assert "Paris is the capital of France." in outcome.rewritten_answer
     assert "1234" not in outcome.rewritten_answer
+
+
+def test_a_final_in_another_normal_form_cut_into_other_claims_stays_a_mismatch() -> None:
+    """A unit is cut at MAX_UNIT_CHARS characters, and decomposed text is longer: the stream
+    cut this sentence, the final did not. The streamed claim verdicts that no longer stand
+    were published all the same, so the caveat stays."""
+    final = "Renée Müller and " * 56 + "José opened the café in Zürich. It is small."
+    assert len(final) < MAX_UNIT_CHARS < len(_nfd(final))
+    seg = ClaimSegmenter()
+    _stream(seg, _nfd(final) + " ", step=50)
+    seg.finish(final)
+    assert seg.mismatch and seg.superseded
 
 
 def test_a_final_in_another_normal_form_is_rewritten_with_spans_into_it(
