@@ -20,6 +20,7 @@ from sidecar.config import Settings
 from sidecar.exceptions import BrokerError, ConfigError, StopTimeoutError
 from sidecar.health import HealthServer
 from sidecar.kafka.app import SidecarService
+from sidecar.kafka.readiness import LoopState
 from sidecar.kafka.security import (
     TLS_CHECK_INTERVAL_S,
     TlsFilesWatch,
@@ -482,32 +483,16 @@ class _Started:
         service = self.service
         if service is None:
             return {"started": False}
-        state = service.state
-        return {
-            "broker_connected": state.broker_ok,
-            "models_loaded": True,
-            "inputs_co_partitioned": not state.split and state.topics_ok,
-            "publishing": state.publishing,
-            "processing": state.processing,
-            **(
-                {"group_joined": state.group_joined}
-                if self.settings.http.ready_requires_assignment
-                else {}
-            ),
-        }
+        return service.state.readiness_checks(self.settings.http.ready_requires_assignment)
 
     def liveness(self) -> dict[str, bool]:
-        """Each check the pod restarts for: a publish error retrying cannot fix; a consume
-        task that keeps failing (``ConsumerWatch``); a processor call without progress
-        past ``http.processing_fatal_s``."""
+        """The loop's liveness checks (all pass while it starts), once an output topic
+        missing too long has been judged fatal."""
         state = self.service.state if self.service is not None else None
-        if state is not None:
-            state.check_missing()  # an output topic missing too long: fatal from now on
-        return {
-            "no_fatal_publish_error": state is None or state.fatal is None,
-            "consumer_not_failing": state is None or state.consumer_failing is None,
-            "processor_not_wedged": state is None or not state.processor_wedged,
-        }
+        if state is None:
+            return LoopState().liveness_checks()
+        state.check_missing()  # an output topic missing too long: fatal from now on
+        return state.liveness_checks()
 
 
 async def _reach_kafka(settings: Settings, stop: asyncio.Event) -> dict[str, int] | None:

@@ -56,6 +56,11 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
   guardrail.join.evictions      counter (observed: capacity + ttl)
   guardrail.join.open_requests  gauge
   guardrail.consumer.lag        gauge     topic, partition
+  guardrail.consumer.records    counter   topic, outcome (accepted, dead-lettered, duplicate)
+                                          input records consumed, added once per batch
+  guardrail.ready, guardrail.live
+                                gauges    1 while /readyz, /livez answer 200 (read at
+                                          collection from the same checks)
   guardrail.queue.records, .queue.bytes, guardrail.consumer.paused_partitions
                                 gauges    (what waits for the processor; what is paused)
   guardrail.join.partition_mismatch, .misrouted, .byte_evictions, .rereads,
@@ -218,6 +223,10 @@ GAUGE_HELP: Final = {
     "(backpressure: the processing queue is full; alignment: one input topic is ahead)",
     "judge.breaker_open": "1 while the LLM judge is not called (failures in a row, or it "
     "asked for a pause with 429 / Retry-After), else 0",
+    "ready": "1 while /readyz answers 200 (broker reached, inputs co-partitioned, publishing "
+    "and processing keep up, group joined), else 0",
+    "live": "1 while /livez answers 200 (no fatal publish error, the consumer not failing, "
+    "the processor not wedged), else 0",
 }
 MAX_KEY_SERIES: Final = 100  # metrics.max_key_series
 _V = TypeVar("_V")
@@ -537,6 +546,24 @@ class Telemetry:
         """Cumulative counts kept by the pipeline, as observable counters ``guardrail.<name>``
         (each with its :data:`COUNT_HELP` text)."""
         self._observe_each(counts, COUNT_HELP, self.meter.create_observable_counter)
+
+    def observe_consumed(self, counts: Callable[[], dict[tuple[str, str], int]]) -> None:
+        """Input records consumed, ``(topic, outcome) -> n`` (cumulative; the processor adds a
+        batch's records once), as ``guardrail.consumer.records``."""
+
+        def read(_options: CallbackOptions) -> Iterable[Observation]:
+            return [
+                Observation(n, {"topic": topic, "outcome": outcome})
+                for (topic, outcome), n in counts().items()
+            ]
+
+        self.meter.create_observable_counter(
+            "guardrail.consumer.records",
+            [read],
+            unit="{record}",
+            description="input records consumed, by topic and outcome (accepted, "
+            "dead-lettered, duplicate: read again or re-sent identical)",
+        )
 
     def observe_gauges(self, gauges: Callable[[], dict[str, int]]) -> None:
         """Current levels kept by the loop, as observable gauges ``guardrail.<name>``

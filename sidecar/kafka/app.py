@@ -65,6 +65,7 @@ from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.offsets import OffsetTracker
 from sidecar.pipeline.outputs import Destination
 from sidecar.pipeline.processor import Processor
+from sidecar.pipeline.tally import Outcome
 from sidecar.telemetry import Telemetry
 
 log = logging.getLogger("sidecar.kafka")
@@ -157,9 +158,13 @@ class SidecarService:
             topics.generation: InputKind.GENERATION,
             topics.feedback: InputKind.FEEDBACK,
         }
+        self._topic_of_kind = {kind.value: topic for topic, kind in self._kinds.items()}
         self.handovers: dict[TP, Handover] = {}  # what the last owners finished (skipped)
         self.committer = Committer(self.tracker, self.keys, self.state, self.handovers)
         self.handover_skips = 0  # records skipped so (a counter for telemetry)
+        # those of them the processor never sees (all but the generation topic's), by topic:
+        # consumed records too (guardrail.consumer.records, outcome duplicate)
+        self.handover_dropped: dict[str, int] = {}
         self._handovers_read = asyncio.Event()
         self._handovers_read.set()
         self._finished: set[tuple[str, int, int]] = set()  # kept records the handover named
@@ -280,6 +285,18 @@ class SidecarService:
         state = self.state
         return state.started and bool(state.assigned) and not state.split and state.topics_ok
 
+    def consumed(self) -> dict[tuple[str, str], int]:
+        """Input records consumed, ``(topic, outcome) -> n``: the processor's tally by kind
+        under the configured topic names, and the records a handover skipped before it."""
+        topics = self._topic_of_kind
+        counts = {
+            (topics[kind], outcome): n
+            for (kind, outcome), n in self.processor.counters.inputs.counts().items()
+        }
+        for topic, n in dict(self.handover_dropped).items():
+            counts[(topic, Outcome.DUPLICATE.value)] += n
+        return counts
+
     def _observe(self) -> None:
         processor = self.processor
         store, counters = processor.store, processor.counters
@@ -314,6 +331,18 @@ class SidecarService:
                 "queue.records": self.queue.records,
                 "queue.bytes": self.queue.bytes,
                 "consumer.paused_partitions": len(self.intake.paused),
+            }
+        )
+        self.telemetry.observe_consumed(self.consumed)
+        # what /readyz and /livez answer, read at collection (nothing per request)
+        requires_assignment = self.settings.http.ready_requires_assignment
+        self.telemetry.observe_gauges(
+            lambda: {
+                "ready": int(
+                    self.state.started
+                    and all(self.state.readiness_checks(requires_assignment).values())
+                ),
+                "live": int(all(self.state.liveness_checks().values())),
             }
         )
         judge = getattr(processor.signals.claims, "judge", None)  # VerifierClaimChecker's
@@ -510,6 +539,8 @@ class SidecarService:
                         kept.append(record)
                     else:
                         self.tracker.done(tp, record.offset)
+                        dropped = self.handover_dropped
+                        dropped[record.topic] = dropped.get(record.topic, 0) + 1
                     continue
                 if record.offset + 1 >= handover.horizon:
                     del self.handovers[tp]

@@ -154,6 +154,30 @@ class LoopState:
             self.fatal = why
             log.error("FATAL %s; not live until restarted", why)
 
+    def readiness_checks(self, requires_assignment: bool) -> dict[str, bool]:
+        """What ``/readyz`` answers once the loop runs, and ``guardrail.ready`` reads
+        (``requires_assignment``: ``http.ready_requires_assignment``)."""
+        return {
+            "broker_connected": self.broker_ok,
+            "models_loaded": True,
+            "inputs_co_partitioned": not self.split and self.topics_ok,
+            "publishing": self.publishing,
+            "processing": self.processing,
+            **({"group_joined": self.group_joined} if requires_assignment else {}),
+        }
+
+    def liveness_checks(self) -> dict[str, bool]:
+        """Each check the pod restarts for: a publish error retrying cannot fix; a consume
+        task that keeps failing (``ConsumerWatch``); a processor call without progress
+        past ``processing_fatal_s``. Reads only (``guardrail.live`` reads it at scrape
+        time, off the loop): ``/livez`` first has :meth:`check_missing` judge an output
+        topic missing too long, as the probe does every ``PROBE_INTERVAL_S``."""
+        return {
+            "no_fatal_publish_error": self.fatal is None,
+            "consumer_not_failing": self.consumer_failing is None,
+            "processor_not_wedged": not self.processor_wedged,
+        }
+
     @property
     def live(self) -> bool:
         """For liveness: false after a fatal publish error (an output topic missing too

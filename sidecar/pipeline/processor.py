@@ -44,10 +44,12 @@ from sidecar.pipeline.outputs import Step
 from sidecar.pipeline.ports import CertificateLedger, ClaimResult, Policy, SignalSuite
 from sidecar.pipeline.progress import Progress
 from sidecar.pipeline.scoring import Scored, Scoring
+from sidecar.pipeline.tally import InputTally, Outcome
 
 log = logging.getLogger("sidecar.pipeline")
 
 BatchItem = tuple[InputKind, bytes | None, bytes | None, InputRef]
+_GENERATION, _RETRIEVAL = InputKind.GENERATION, InputKind.RETRIEVAL  # one global read each
 
 
 @dataclass(slots=True)
@@ -65,6 +67,7 @@ class Counters:
     reports: int = 0
     internal_errors: int = 0
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    inputs: InputTally = field(default_factory=InputTally)  # by kind and outcome
 
 
 def _wall_clock() -> datetime:
@@ -147,9 +150,14 @@ class Processor:
         # by identity, in completion order (PendingRequest's dataclass == compares every field)
         completed: dict[int, PendingRequest] = {}
         progress = self.progress
+        retrieval = feedback = 0  # records per kind (generation: the rest), tallied once
         for kind, raw, key, ref in items:
-            self.counters.consumed += 1
             progress.beat()
+            if kind is not _GENERATION:  # most records are deltas: one test each
+                if kind is _RETRIEVAL:
+                    retrieval += 1
+                else:
+                    feedback += 1
             try:
                 self._admit((kind, raw, key, ref), now_ms, step, completed)
             except Exception as exc:  # a bug of ours must cost this message only
@@ -162,6 +170,9 @@ class Processor:
                 )
                 error = InputError("internal-error", _describe(exc))
                 step.extend(self.dead_letter(raw, key, ref, error))
+                self.counters.inputs.add(kind, Outcome.DEAD_LETTERED)
+        self.counters.consumed += len(items)
+        self.counters.inputs.batch(retrieval, len(items) - retrieval - feedback, feedback)
         if completed:
             step.extend(self._decide_all(list(completed.values()), now_ms))
         return step
@@ -180,11 +191,13 @@ class Processor:
                 step.extend(self._feedback(feedback, tenant, ref, now_ms))
             case Duplicate():
                 self.counters.duplicates += 1
+                self.counters.inputs.add(kind, Outcome.DUPLICATE)
                 step.done.append(ref)
             case Rejected(error, evicted, request):
                 for old in evicted:
                     step.extend(self._incomplete(old, "capacity", now_ms))
                 step.extend(self.dead_letter(raw, key, ref, error))
+                self.counters.inputs.add(kind, Outcome.DEAD_LETTERED)
                 if request is not None and request.cannot_complete:
                     step.extend(self._incomplete(request, "dead-lettered", now_ms))
             case Held(entry, evicted):

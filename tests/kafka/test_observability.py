@@ -310,3 +310,82 @@ async def _wait_for(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
             return found[0]
         await asyncio.sleep(0.025)
     raise AssertionError(f"no finished span {name!r}")
+
+
+@pytest.fixture(params=["memory", pytest.param("connected", marks=pytest.mark.connected)])
+async def scraped_harness(
+    request: pytest.FixtureRequest, unique_topics: dict[str, str], scrape: tuple[Telemetry, str]
+) -> AsyncIterator[tuple[Harness, str]]:
+    """A harness whose telemetry the real Prometheus exporter reads over HTTP."""
+    telemetry, url = scrape
+    if request.param == "memory":
+        async with memory_harness(settings_for(unique_topics), telemetry) as h:
+            yield h, url
+    else:
+        broker: LocalKafka = request.getfixturevalue("kafka_broker")
+        settings = settings_for(unique_topics, broker.bootstrap_servers)
+        async with real_harness(settings, telemetry) as h:
+            yield h, url
+
+
+def _consumed(
+    metrics: dict[str, list[tuple[dict[str, str], float]]],
+) -> dict[tuple[str, str], float]:
+    return {
+        (labels["topic"], labels["outcome"]): value
+        for labels, value in metrics.get("guardrail_consumer_records_total", [])
+    }
+
+
+async def test_consumed_records_are_counted_by_topic_and_outcome(
+    scraped_harness: tuple[Harness, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """An on-call engineer reads intake per topic, and the share of it dead-lettered, from
+    the sidecar's own metrics (before, only verdicts and dead letters were counted)."""
+    h, url = scraped_harness
+    t = h.settings.topics
+    zeros = {
+        (topic, outcome): 0.0
+        for topic in (t.retrieval, t.generation, t.feedback)
+        for outcome in ("accepted", "dead-lettered", "duplicate")
+    }
+    # every configured topic and outcome has a series from the start, and no other
+    assert _consumed(await asyncio.to_thread(scraped, url)) == zeros
+    for i in range(3):
+        rid = f"req-{i}"
+        await h.publish(t.retrieval, dumps(retrieval_event(rid)), rid.encode())
+        await h.publish(t.generation, dumps(final_event(rid)), rid.encode())
+    # an identical re-send of an open request's retrieval: a duplicate, not a new input
+    await h.publish(t.retrieval, dumps(retrieval_event("req-d")), b"req-d")
+    await h.publish(t.retrieval, dumps(retrieval_event("req-d")), b"req-d")
+    await h.publish(t.generation, dumps(final_event("req-d")), b"req-d")
+    label = {"schema_version": 1, "event_type": "feedback", "request_id": "req-0",
+             "correct": True, "source": "user"}  # fmt: skip
+    await h.publish(t.feedback, orjson.dumps(label), b"req-0")
+    for topic in (t.retrieval, t.generation, t.feedback):  # one unreadable record each
+        await h.publish(topic, b"{", b"broken")
+    await h.collect(t.verdicts, 4)
+    await h.collect(t.dlq, 3)
+    expected = zeros | {
+        (t.retrieval, "accepted"): 4,
+        (t.retrieval, "duplicate"): 1,
+        (t.retrieval, "dead-lettered"): 1,
+        (t.generation, "accepted"): 4,
+        (t.generation, "dead-lettered"): 1,
+        (t.feedback, "accepted"): 1,
+        (t.feedback, "dead-lettered"): 1,
+    }
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10.0
+    while (got := await asyncio.to_thread(scraped, url)) and _consumed(got) != expected:
+        if loop.time() > deadline:
+            break
+        await asyncio.sleep(0.05)
+    assert _consumed(got) == expected
+    # the ratio an alert reads: dead-lettered inputs are the dead letters counted apart
+    dead = sum(v for labels, v in got["guardrail_dead_letters_total"])
+    assert dead == sum(
+        v for (_, outcome), v in _consumed(got).items() if outcome == "dead-lettered"
+    )
