@@ -68,7 +68,8 @@ TRAFFIC_TIMEOUT_S = 120.0
 
 _SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}")
 _MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
-_GROUPING = re.compile(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)")
+_BY = re.compile(r"\bby\s*\(([^)]*)\)\s*\(")
+_ON = re.compile(r"\bon\s*\(([^)]*)\)")
 _NAMED = re.compile(r"\bguardrail_[a-z0-9_]+")
 
 
@@ -94,6 +95,33 @@ def write_rules(path: Path, found: list[dict[str, Any]]) -> Path:
 def selectors(expr: str) -> list[tuple[str, list[tuple[str, str, str]]]]:
     """Each ``name{matchers}`` of an expression, its matchers as (label, op, value)."""
     return [(name, _MATCHER.findall(body)) for name, body in _SELECTOR.findall(expr)]
+
+
+def _labels(text: str) -> set[str]:
+    return {label.strip() for label in text.split(",") if label.strip()}
+
+
+def grouped(expr: str) -> list[tuple[set[str], str]]:
+    """Each aggregation ``by (labels) (inner)`` of an expression, as (labels, inner).
+
+    A join ``on (labels)`` must join on labels that the aggregations on either side of it
+    keep (checked here), so they reach the series as those aggregations' own labels.
+    """
+    aggregations: list[tuple[int, set[str], str]] = []  # (where, labels, inner)
+    for match in _BY.finditer(expr):
+        start, depth = match.end() - 1, 0  # the "(" that opens what is aggregated
+        for end in range(start, len(expr)):
+            depth += {"(": 1, ")": -1}.get(expr[end], 0)
+            if depth == 0:
+                break
+        aggregations.append((match.start(), _labels(match.group(1)), expr[start : end + 1]))
+    for join in _ON.finditer(expr):
+        on = _labels(join.group(1))
+        before = [labels for at, labels, _ in aggregations if at < join.start()][-1:]
+        after = [labels for at, labels, _ in aggregations if at > join.start()][:1]
+        for labels in before + after:
+            assert on <= labels, f"joins on {sorted(on)}, an aggregation keeps {labels}: {expr}"
+    return [(labels, inner) for _, labels, inner in aggregations]
 
 
 def promtool_run(promtool: Path, *args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -249,18 +277,14 @@ def test_every_series_an_alert_reads_is_in_a_real_scrape(
                 assert any(s.get(label) == value for s in series), (
                     f"{name}{{{label}={value!r}}} never appears: {series}"
                 )
-    for rule in found:  # a label grouped or joined on is on every series aggregated
-        grouped = {
-            label.strip()
-            for labels in _GROUPING.findall(rule["expr"])
-            for label in labels.split(",")
-        } - TARGET_LABELS
-        for name, _ in selectors(rule["expr"]):
-            if name not in SCRAPE_SERIES | JUDGE_SERIES:
-                for label in grouped:
-                    assert all(label in s for s, _ in got[name]), (
-                        f"{rule['alert']} groups by {label}, which {name} lacks"
-                    )
+    for rule in found:  # a label grouped by is on every series of that aggregation
+        for labels, inner in grouped(rule["expr"]):
+            for name, _ in selectors(inner):
+                if name not in SCRAPE_SERIES | JUDGE_SERIES:
+                    for label in labels - TARGET_LABELS:
+                        assert all(label in s for s, _ in got[name]), (
+                            f"{rule['alert']} groups by {label}, which {name} lacks"
+                        )
 
 
 # ------------------------------------------------------------------ promtool
