@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka import ConsumerRecord
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -30,8 +31,12 @@ from sidecar.contracts.events import (
     Signals,
     SignalStatus,
 )
+from sidecar.kafka.app import SidecarService
+from sidecar.kafka.handover import Handover
 from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
+from sidecar.pipeline.processor import Processor
+from sidecar.policy import PlaceholderPolicy
 from sidecar.telemetry import Telemetry
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import Harness, memory_harness, real_harness, settings_for
@@ -389,3 +394,28 @@ async def test_consumed_records_are_counted_by_topic_and_outcome(
     assert dead == sum(
         v for (_, outcome), v in _consumed(got).items() if outcome == "dead-lettered"
     )
+
+
+def test_records_a_handover_skips_are_counted_as_duplicates(
+    unique_topics: dict[str, str],
+) -> None:
+    """A retrieval or label its last owner finished never reaches the processor, and is
+    consumed all the same: intake per topic must not read low after a rebalance."""
+    settings = settings_for(unique_topics)
+    t = settings.topics
+    service = SidecarService(settings, Processor(settings, PlaceholderPolicy()))
+    for topic in (t.retrieval, t.feedback):
+        service.handovers[(topic, 0)] = Handover(start=0, horizon=3, pending=((1, 1),))
+    records = [
+        ConsumerRecord(topic, 0, offset, 0, 0, b"k", b"{}", None, 1, 2, ())
+        for topic in (t.retrieval, t.feedback)
+        for offset in range(4)
+    ]
+    kept = service._skip_finished(tuple(records))
+    assert [(r.topic, r.offset) for r in kept] == [
+        (topic, offset) for topic in (t.retrieval, t.feedback) for offset in (1, 3)
+    ]
+    consumed = service.consumed()
+    assert consumed[(t.retrieval, "duplicate")] == 2
+    assert consumed[(t.feedback, "duplicate")] == 2
+    assert sum(consumed.values()) == 4  # the kept ones are counted when processed
