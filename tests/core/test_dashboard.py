@@ -74,6 +74,8 @@ def exposed_sample_names() -> set[str]:
     telemetry.observe_gauges(
         lambda: {"queue.records": 1, "queue.bytes": 1, "consumer.paused_partitions": 1}
     )
+    telemetry.observe_consumed(lambda: {("rag.generation", "accepted"): 1})
+    telemetry.observe_gauges(lambda: {"ready": 1, "live": 1})
     telemetry.observe_monitor(lambda: {"k": (0.9, 0.8, 0.95, False)})
     telemetry.observe_coverage(coverage_gauges)
     text = generate_latest(registry).decode()
@@ -108,6 +110,8 @@ def test_the_dashboard_shows_what_an_operator_needs() -> None:
         "guardrail_queue_records",
         "guardrail_consumer_paused_partitions",
         "guardrail_dead_letters_total",
+        "guardrail_consumer_records_total",  # intake by topic, the share dead-lettered
+        "guardrail_ready",
         "guardrail_coverage_window_requests",  # the fleet bound, from summed counts
     ):
         assert needed in exprs, needed
