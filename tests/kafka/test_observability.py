@@ -342,6 +342,14 @@ def _consumed(
     }
 
 
+async def _until_counted(url: str, series: tuple[str, str], n: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10.0
+    while _consumed(await asyncio.to_thread(scraped, url)).get(series) != n:
+        assert loop.time() < deadline, f"{series} never reached {n}"
+        await asyncio.sleep(0.05)
+
+
 async def test_consumed_records_are_counted_by_topic_and_outcome(
     scraped_harness: tuple[Harness, str],
     retrieval_event: EventFactory,
@@ -362,9 +370,13 @@ async def test_consumed_records_are_counted_by_topic_and_outcome(
         rid = f"req-{i}"
         await h.publish(t.retrieval, dumps(retrieval_event(rid)), rid.encode())
         await h.publish(t.generation, dumps(final_event(rid)), rid.encode())
-    # an identical re-send of an open request's retrieval: a duplicate, not a new input
+    # an identical re-send of an open request's retrieval: a duplicate, not a new input.
+    # Its final goes out once the re-send was read: on a real broker the generation topic
+    # can be fetched ahead, and a re-send read after its request was decided is a new
+    # record of a decided request (dead-lettered), not this case
     await h.publish(t.retrieval, dumps(retrieval_event("req-d")), b"req-d")
     await h.publish(t.retrieval, dumps(retrieval_event("req-d")), b"req-d")
+    await _until_counted(url, (t.retrieval, "duplicate"), 1)
     await h.publish(t.generation, dumps(final_event("req-d")), b"req-d")
     label = {"schema_version": 1, "event_type": "feedback", "request_id": "req-0",
              "correct": True, "source": "user"}  # fmt: skip
