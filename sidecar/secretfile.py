@@ -15,26 +15,64 @@ No message holds the secret.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import threading
-from pathlib import Path
 
 from sidecar.exceptions import ConfigError
 
-__all__ = ["SECRET_CHECK_INTERVAL_S", "SecretFile", "check_secret_files", "secret_file"]
+__all__ = [
+    "MAX_SECRET_BYTES",
+    "SECRET_CHECK_INTERVAL_S",
+    "SecretFile",
+    "check_secret_files",
+    "secret_file",
+]
 
 SECRET_CHECK_INTERVAL_S = 30.0
 """How often the running sidecar reads its secret files again."""
+
+MAX_SECRET_BYTES = 64 * 1024
+"""A larger file is no secret (a path set wrong): refused, never read whole into memory."""
 
 _OPEN: dict[tuple[str, str], SecretFile] = {}
 _OPEN_LOCK = threading.Lock()
 
 
-def _read(path: str) -> str | tuple[None, str]:
-    """The secret in ``path``, or ``(None, why not)``: the reason never holds the text."""
+def _read_bytes(path: str) -> bytes | tuple[None, str]:
+    """The bytes of ``path``, or ``(None, why not)``.
+
+    Only a regular file (a Secret volume's, behind its symlinks) is read: a FIFO's read
+    blocked until a writer came (the start hung, and a watch thread never returned,
+    holding the exit), a device such as /dev/zero never ended."""
     try:
-        data = Path(path).read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         return None, f"cannot be read ({exc.strerror or type(exc).__name__})"
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            return None, f"is {_kind(mode)}, not a regular file"
+        data = b""
+        while len(data) <= MAX_SECRET_BYTES:
+            chunk = os.read(fd, MAX_SECRET_BYTES + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or type(exc).__name__})"
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SECRET_BYTES:
+        return None, f"is larger than {MAX_SECRET_BYTES // 1024} KiB"
+    return data
+
+
+def _read(path: str) -> str | tuple[None, str]:
+    """The secret in ``path``, or ``(None, why not)``: the reason never holds the text."""
+    data = _read_bytes(path)
+    if isinstance(data, tuple):
+        return data
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -45,6 +83,16 @@ def _read(path: str) -> str | tuple[None, str]:
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
         return None, "holds a control character (a line break inside the secret?)"
     return text
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a pipe (FIFO)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a socket" if stat.S_ISSOCK(mode) else "no file"
 
 
 class SecretFile:

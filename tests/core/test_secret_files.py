@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ import pytest
 from sidecar import runtime
 from sidecar.config import Settings
 from sidecar.exceptions import ConfigError
-from sidecar.secretfile import SecretFile, check_secret_files, secret_file
+from sidecar.secretfile import MAX_SECRET_BYTES, SecretFile, check_secret_files, secret_file
 
 SECRET = "s3cret-Rotating-Pa55"  # noqa: S105 - a test secret, looked for in messages
 SASL = {
@@ -139,6 +142,69 @@ def test_a_file_that_holds_no_secret_stops_the_start_without_showing_it(
     assert message.startswith(f"GUARDRAIL_JUDGE__API_KEY_FILE={path}: the file {why}")
     assert "it must be a readable file holding the secret" in message
     assert SECRET not in message
+
+
+def _made_in_a_thread(path: str) -> SecretFile | BaseException | None:
+    """``SecretFile(path)`` or what it raised; ``None`` when it has not returned in 5 s."""
+    made: list[SecretFile | BaseException] = []
+
+    def make() -> None:
+        try:
+            made.append(SecretFile(path, "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE", "users"))
+        except BaseException as exc:  # handed to the test
+            made.append(exc)
+
+    thread = threading.Thread(target=make, daemon=True)  # a hung read must not hold pytest
+    thread.start()
+    thread.join(5)
+    return made[0] if made else None
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (os.mkfifo, "is a pipe (FIFO), not a regular file"),  # its read waited for a writer
+        (os.mkdir, "is a directory, not a regular file"),
+        (
+            lambda path: path.write_bytes(b"x" * (MAX_SECRET_BYTES + 1)),
+            f"is larger than {MAX_SECRET_BYTES // 1024} KiB",
+        ),
+    ],
+    ids=["fifo", "directory", "huge"],
+)
+def test_only_a_regular_file_of_a_secret_s_size_is_read(
+    tmp_path: Path, make: Callable[[Path], object], why: str
+) -> None:
+    """A FIFO's read blocked until a writer came (the start hung for good, holding the
+    secret files' lock; at a later look a watch thread never returned and held the
+    process's exit), a device such as /dev/zero never ended, a huge file was read whole."""
+    path = tmp_path / "secret"
+    make(path)
+    made = _made_in_a_thread(str(path))
+    assert made is not None, "reading the file did not return"
+    assert isinstance(made, ConfigError)
+    assert str(made).startswith(f"GUARDRAIL_KAFKA__SASL_PASSWORD_FILE={path}: the file {why}")
+
+
+def test_a_device_is_no_secret_file() -> None:
+    made = _made_in_a_thread("/dev/zero")  # read whole, it filled the memory
+    assert isinstance(made, ConfigError)
+    assert "the file is a device, not a regular file" in str(made)
+
+
+def test_a_secret_file_that_turns_into_a_pipe_keeps_the_secret(tmp_path: Path) -> None:
+    path = _secret(tmp_path)
+    secret = SecretFile(str(path), "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE", "new Kafka connections")
+    path.unlink()
+    os.mkfifo(path)
+    said: list[tuple[int, str] | None] = []
+    thread = threading.Thread(target=lambda: said.append(secret.check()), daemon=True)
+    thread.start()
+    thread.join(5)
+    assert said, "the look at the file did not return"
+    level, line = said[0] or (0, "")
+    assert level == logging.ERROR and "is a pipe (FIFO), not a regular file" in line
+    assert secret.value() == SECRET
 
 
 def test_a_rotation_is_read_and_an_outage_is_said_once(tmp_path: Path) -> None:
