@@ -74,7 +74,7 @@ def _read(path: str) -> str | tuple[None, str]:
     if isinstance(data, tuple):
         return data
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a leading BOM (Notepad) is no part of the secret
     except UnicodeDecodeError:
         return None, "is not UTF-8 text"
     text = text.rstrip("\r\n")

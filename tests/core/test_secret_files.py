@@ -118,6 +118,15 @@ def test_the_secret_is_the_file_without_its_trailing_line_break(tmp_path: Path) 
     assert SecretFile(str(crlf), "X_FILE", "users").value() == SECRET + " "  # spaces are its own
 
 
+def test_a_byte_order_mark_is_no_part_of_the_secret(tmp_path: Path) -> None:
+    """A file saved by Windows Notepad (or PowerShell's Out-File -Encoding utf8) opens
+    with U+FEFF; kept, it was the password's first character: invisible, and every
+    SASL authentication failed with no word of why."""
+    path = tmp_path / "secret"
+    path.write_bytes(b"\xef\xbb\xbf" + SECRET.encode() + b"\r\n")
+    assert SecretFile(str(path), "X_FILE", "users").value() == SECRET
+
+
 @pytest.mark.parametrize(
     ("content", "why"),
     [
