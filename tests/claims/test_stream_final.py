@@ -345,13 +345,12 @@ def test_the_session_reports_unreadable_sentences(
     assert signal.unreadable == 1 and signal.n == 1
 
 
-def test_the_processor_publishes_the_new_claims_and_the_mismatch(
-    lexical: LexicalVerifier,
-    settings_factory: Callable[..., Settings],
-    retrieval_event: EventFactory,
-    delta_event: EventFactory,
-    final_event: EventFactory,
-) -> None:
+Feed = Callable[[InputKind, bytes], list[tuple[Destination, bytes]]]
+
+
+def _feeder(lexical: LexicalVerifier, settings_factory: Callable[..., Settings]) -> Feed:
+    """One message at a time into a processor with the claim check on (the lexical
+    verifier) and the shipped default policy: what it published, in order."""
     suite = SignalSuite(claims=VerifierClaimChecker(ClaimScorer(lexical)))
     p = Processor(settings_factory(), PolicyEngine(load_policy(POLICY)), signals=suite)
     offsets = iter(range(100))
@@ -360,6 +359,17 @@ def test_the_processor_publishes_the_new_claims_and_the_mismatch(
         step = p.on_message(kind, raw, None, InputRef(kind.value, 0, next(offsets)), 0.0)
         return [(o.destination, o.value) for o in step.outputs]
 
+    return feed
+
+
+def test_the_processor_publishes_the_new_claims_and_the_mismatch(
+    lexical: LexicalVerifier,
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    feed = _feeder(lexical, settings_factory)
     feed(InputKind.RETRIEVAL, dumps(retrieval_event()))
     out = feed(
         InputKind.GENERATION,
@@ -392,14 +402,7 @@ def test_the_processor_keeps_streamed_verdicts_of_a_final_in_another_normal_form
     """Deltas decomposed, "e" and its accent in two deltas; the final composed. The
     published claim verdicts' spans index the deltas' text (what the stream showed); the
     answer verdict reports no mismatch, and nothing is published again."""
-    suite = SignalSuite(claims=VerifierClaimChecker(ClaimScorer(lexical)))
-    p = Processor(settings_factory(), PolicyEngine(load_policy(POLICY)), signals=suite)
-    offsets = iter(range(100))
-
-    def feed(kind: InputKind, raw: bytes) -> list[tuple[Destination, bytes]]:
-        step = p.on_message(kind, raw, None, InputRef(kind.value, 0, next(offsets)), 0.0)
-        return [(o.destination, o.value) for o in step.outputs]
-
+    feed = _feeder(lexical, settings_factory)
     feed(InputKind.RETRIEVAL, dumps(retrieval_event()))
     pieces = ["Mary Shelley wrote Frankenstein in Gene", "\u0300ve. It was published in 1818. "]
     out = []

@@ -50,11 +50,11 @@ from tests.deploy.tools import (
     CHART,
     EXAMPLE,
     HELM_BUILD_TIMEOUT_S,
-    KUBE_VERSION,
     NAMESPACE,
     ROOT,
     RUN_TIMEOUT_S,
     helm_env,
+    refusal,
     render,
 )
 
@@ -198,19 +198,10 @@ def test_an_encrypted_client_key_gets_its_passphrase_from_a_secret(
                 "secretKeyRef": {"name": "guardrail-kafka-client-key", "key": "password"}
             },
         }, workload.name
-    refused = subprocess.run(
-        [str(helm), "template", "guardrail", str(CHART), "--kube-version", KUBE_VERSION,
-         "--set", "kafka.securityProtocol=SSL", "--set", "kafka.ssl.keyPasswordSecret=k"],
-        capture_output=True,
-        text=True,
-        env=helm_env(),
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )  # fmt: skip
-    assert refused.returncode != 0
-    assert "kafka.ssl.keyPasswordSecret is set but kafka.ssl.clientCertSecret is not" in (
-        refused.stderr
+    said = refusal(
+        helm, CHART, "--set", "kafka.securityProtocol=SSL", "--set", "kafka.ssl.keyPasswordSecret=k"
     )
+    assert "kafka.ssl.keyPasswordSecret is set but kafka.ssl.clientCertSecret is not" in said
 
 
 @pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 3 * RUN_TIMEOUT_S)
@@ -253,16 +244,8 @@ def test_the_sasl_password_and_the_judge_key_can_be_files_the_kubelet_updates(
             "kafka.sasl.passwordAsFile is set but kafka.securityProtocol=PLAINTEXT",
         ),
     ):  # fmt: skip
-        refused = subprocess.run(
-            [str(helm), "template", "guardrail", str(CHART), "--kube-version", KUBE_VERSION,
-             *args],
-            capture_output=True,
-            text=True,
-            env=helm_env(),
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )  # fmt: skip
-        assert refused.returncode != 0 and said in refused.stderr, refused.stderr
+        refused = refusal(helm, CHART, *args)
+        assert said in refused, refused
 
 
 # --------------------------------------------------------------- image-only rollback

@@ -58,8 +58,22 @@ def helm_env() -> dict[str, str]:
 
 def render(helm: Path, chart: Path, *args: str) -> list[dict[str, Any]]:
     """``helm template`` of ``chart`` (release ``guardrail``, or ``llm`` for the example)."""
+    out = _template(helm, chart, *args)
+    assert out.returncode == 0, f"helm template {chart.name} {args} failed:\n{out.stderr}"
+    return [m for m in yaml.safe_load_all(out.stdout) if m]
+
+
+def refusal(helm: Path, chart: Path, *args: str) -> str:
+    """What ``helm template`` of ``chart`` with ``args`` says on stderr as it refuses them
+    (an assertion error when it renders)."""
+    out = _template(helm, chart, *args)
+    assert out.returncode != 0, f"helm template {chart.name} {args} rendered:\n{out.stdout[-2000:]}"
+    return out.stderr
+
+
+def _template(helm: Path, chart: Path, *args: str) -> subprocess.CompletedProcess[str]:
     release = "llm" if chart.name == EXAMPLE.name else "guardrail"
-    out = subprocess.run(
+    return subprocess.run(
         [
             str(helm),
             "template",
@@ -77,5 +91,3 @@ def render(helm: Path, chart: Path, *args: str) -> list[dict[str, Any]]:
         timeout=RUN_TIMEOUT_S,
         check=False,
     )
-    assert out.returncode == 0, f"helm template {chart.name} {args} failed:\n{out.stderr}"
-    return [m for m in yaml.safe_load_all(out.stdout) if m]
