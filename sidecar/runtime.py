@@ -416,14 +416,24 @@ def build_processor(settings: Settings) -> Processor:
 def unread_settings(settings: Settings) -> list[str]:
     """Settings that are accepted but that nothing in the serving path reads, each with
     why; ``run`` and ``run --check`` log them as warnings."""
+    out = []
     qdrant = settings.qdrant
     if qdrant.url or qdrant.path or qdrant.api_key is not None:
-        return [
+        out.append(
             "GUARDRAIL_QDRANT__* is set, but the sidecar never queries Qdrant: the retrieval "
             "events carry the hits and their scores (the calibration and dataset commands "
             "take --qdrant-url / --qdrant-path)"
-        ]
-    return []
+        )
+    judge = settings.judge
+    if judge.endpoint is None and (judge.api_key is not None or judge.api_key_file is not None):
+        # the chart's judge.apiKeySecret mounts the key; the endpoint is set apart
+        out.append(
+            "GUARDRAIL_JUDGE__API_KEY"
+            + ("_FILE" if judge.api_key_file is not None else "")
+            + " is set, but no LLM judge is (GUARDRAIL_JUDGE__ENDPOINT is unset): the key "
+            "is never sent; set the endpoint and model, with GUARDRAIL_SIGNALS__CLAIMS=true"
+        )
+    return out
 
 
 def _preflight(settings: Settings) -> dict[str, str]:

@@ -208,6 +208,21 @@ def test_qdrant_settings_are_flagged_as_read_by_nothing(
     assert "never queries Qdrant" in caplog.text
 
 
+def test_a_judge_key_without_a_judge_is_flagged_as_read_by_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The chart's judge.apiKeySecret mounts the key whether or not an endpoint is set:
+    a key with no judge was read by nothing, without a word."""
+    key = tmp_path / "key"
+    key.write_text("s3cret-value\n", encoding="utf-8")
+    monkeypatch.setenv("GUARDRAIL_JUDGE__API_KEY_FILE", str(key))
+    (note,) = unread_settings(Settings.load())
+    assert note.startswith("GUARDRAIL_JUDGE__API_KEY_FILE is set, but no LLM judge is")
+    assert "s3cret" not in note
+    monkeypatch.setenv("GUARDRAIL_QDRANT__URL", "http://qdrant:6333")
+    assert len(unread_settings(Settings.load())) == 2  # each said
+
+
 def test_run_stops_on_an_otlp_setting_before_touching_kafka(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
