@@ -18,6 +18,7 @@ Pure logic: no I/O.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from sidecar.claims.sentences import split_sentences
@@ -25,6 +26,10 @@ from sidecar.contracts.events import ClaimLabel
 from sidecar.pipeline.ports import ClaimResult
 
 __all__ = ["remove_unsupported", "verified_only"]
+
+# what str.splitlines breaks at (sentences.split_sentences reads the same line ends)
+_LINE_ENDS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"
+_BEFORE_LINE_END = re.compile(f"[^\\S{_LINE_ENDS}]+(?=[{_LINE_ENDS}])")
 
 
 def remove_unsupported(answer: str, claims: Sequence[ClaimResult]) -> str:
@@ -47,9 +52,9 @@ def remove_unsupported(answer: str, claims: Sequence[ClaimResult]) -> str:
             out.append(gap + kept)
         # every claim of the sentence is unsupported: drop it with its marker
     out.append(answer[previous_end:])
-    text = "".join(out)
-    lines = [line.rstrip() for line in text.split("\n")]
-    return "\n".join(lines).strip()
+    # the spaces a dropped sentence left before a line end go; the line end stays as
+    # the answer wrote it ("\r\n" too: ``rstrip`` of "\n"-lines turned it into "\n")
+    return _BEFORE_LINE_END.sub("", "".join(out)).strip()
 
 
 def verified_only(

@@ -359,3 +359,21 @@ def test_the_policy_fingerprint_tells_two_files_with_one_version_apart(
     )
     [out] = [o for o in step.outputs if o.destination is Destination.VERDICTS]
     assert orjson.loads(out.value)["model_versions"]["policy"] == a.fingerprint
+
+
+@pytest.mark.parametrize("newline", ["\r\n", "\r", "\u2028"])
+def test_remove_unsupported_keeps_the_answers_line_ends(newline: str) -> None:
+    """The rewrite trimmed each "\\n"-line with ``rstrip()``, which also ate the "\\r" of a
+    CRLF answer (and spaces before a lone "\\r" or U+2028 stayed): a Windows-style answer
+    came back with "\\n" line ends. Only the spaces a dropped sentence left go now."""
+    answer = newline.join(
+        ["Overview:", "- Aspirin reduces fever.", "- The dose is 500mg.", "Aspirin inhibits COX."]
+    )
+    claims = results(answer, [S, U, S])
+    expected = newline.join(["Overview:", "- Aspirin reduces fever.", "Aspirin inhibits COX."])
+    assert remove_unsupported(answer, claims) == expected
+    spaced = newline.join(
+        ["Overview:", "- Aspirin reduces fever. The dose is 500mg.  ", "Aspirin inhibits COX."]
+    )
+    got = remove_unsupported(spaced, results(spaced, [S, U, S]))
+    assert got == expected
