@@ -10,6 +10,15 @@ and a changed secret is what the next use reads (a new Kafka connection, the
 next judge call). A file that cannot be read, or is empty, stops the start; later,
 it keeps the secret read before and is said once (ERROR) until it reads again.
 No message holds the secret.
+
+A file is taken only once it reads the same twice ``SECRET_SETTLE_S`` apart, its
+size, modification time and inode unchanged: a writer that rewrites it in place
+(``echo new > file``, a Vault agent's sink) truncates it and then writes it, and a
+single read between the two took an empty file, or the first bytes of the new
+secret, for the secret. The kubelet's update (a symlink swapped to a whole new
+file) reads whole either way. A writer that pauses longer than ``SECRET_SETTLE_S``
+in the middle of a secret can still be read half-way: write such files to a
+temporary name and rename them into place.
 """
 
 from __future__ import annotations
@@ -18,12 +27,16 @@ import logging
 import os
 import stat
 import threading
+import time
+from collections.abc import Sequence
 
 from sidecar.exceptions import ConfigError
 
 __all__ = [
     "MAX_SECRET_BYTES",
     "SECRET_CHECK_INTERVAL_S",
+    "SECRET_SETTLE_BUDGET_S",
+    "SECRET_SETTLE_S",
     "SecretFile",
     "check_secret_files",
     "secret_file",
@@ -35,12 +48,26 @@ SECRET_CHECK_INTERVAL_S = 30.0
 MAX_SECRET_BYTES = 64 * 1024
 """A larger file is no secret (a path set wrong): refused, never read whole into memory."""
 
+SECRET_SETTLE_S = 0.25
+"""A file's content is taken once it read the same twice this far apart."""
+
+SECRET_SETTLE_BUDGET_S = 5.0
+"""How long a look waits for files that keep changing before it gives up until the next."""
+
 _OPEN: dict[tuple[str, str], SecretFile] = {}
 _OPEN_LOCK = threading.Lock()
 
 
-def _read_bytes(path: str) -> bytes | tuple[None, str]:
-    """The bytes of ``path``, or ``(None, why not)``.
+_Stamp = tuple[int, int, int, int]  # device, inode, size, modification time (ns)
+
+
+def _stamp(st: os.stat_result) -> _Stamp:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _read_bytes(path: str) -> tuple[bytes | str, _Stamp | None]:
+    """The bytes of ``path`` (or why not, a ``str``), with the file's stamp when it did
+    not change while read (``None``: it did, or it is no file).
 
     Only a regular file (a Secret volume's, behind its symlinks) is read: a FIFO's read
     blocked until a writer came (the start hung, and a watch thread never returned,
@@ -48,31 +75,61 @@ def _read_bytes(path: str) -> bytes | tuple[None, str]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        return None, f"cannot be read ({exc.strerror or type(exc).__name__})"
+        return f"cannot be read ({exc.strerror or type(exc).__name__})", None
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            return None, f"is {_kind(mode)}, not a regular file"
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            return f"is {_kind(before.st_mode)}, not a regular file", None
         data = b""
         while len(data) <= MAX_SECRET_BYTES:
             chunk = os.read(fd, MAX_SECRET_BYTES + 1 - len(data))
             if not chunk:
                 break
             data += chunk
+        after = _stamp(os.fstat(fd))
     except OSError as exc:
-        return None, f"cannot be read ({exc.strerror or type(exc).__name__})"
+        return f"cannot be read ({exc.strerror or type(exc).__name__})", None
     finally:
         os.close(fd)
     if len(data) > MAX_SECRET_BYTES:
-        return None, f"is larger than {MAX_SECRET_BYTES // 1024} KiB"
-    return data
+        return f"is larger than {MAX_SECRET_BYTES // 1024} KiB", after
+    return data, after if after == _stamp(before) else None
 
 
-def _read(path: str) -> str | tuple[None, str]:
-    """The secret in ``path``, or ``(None, why not)``: the reason never holds the text."""
-    data = _read_bytes(path)
-    if isinstance(data, tuple):
-        return data
+def _settled(paths: Sequence[str]) -> dict[str, bytes | str]:
+    """What each file in ``paths`` holds (its bytes, or why not), once every one of them
+    read the same twice ``SECRET_SETTLE_S`` apart with its stamp unchanged; a file still
+    changing after ``SECRET_SETTLE_BUDGET_S`` is said to be so. The files are read
+    together: two that change together (a username and its password, one Secret) are
+    taken from the same moment."""
+    deadline = time.monotonic() + SECRET_SETTLE_BUDGET_S
+    before = {path: _read_bytes(path) for path in paths}
+    while True:
+        time.sleep(SECRET_SETTLE_S)
+        now = {path: _read_bytes(path) for path in paths}
+        changing = [
+            path
+            for path in paths
+            if now[path] != before[path]
+            or (now[path][1] is None and not isinstance(now[path][0], str))
+        ]
+        if not changing:
+            return {path: read for path, (read, _) in now.items()}
+        if time.monotonic() >= deadline:
+            out: dict[str, bytes | str] = {path: read for path, (read, _) in now.items()}
+            for path in changing:
+                out[path] = (
+                    f"kept changing for {SECRET_SETTLE_BUDGET_S:.0f} s (still being written?)"
+                )
+            return out
+        before = now
+
+
+def _decode(data: bytes | str) -> str | tuple[None, str]:
+    """The secret in a file's ``data``, or ``(None, why not)``: the reason never holds
+    the text."""
+    if isinstance(data, str):
+        return None, data
     try:
         text = data.decode("utf-8-sig")  # a leading BOM (Notepad) is no part of the secret
     except UnicodeDecodeError:
@@ -83,6 +140,11 @@ def _read(path: str) -> str | tuple[None, str]:
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
         return None, "holds a control character (a line break inside the secret?)"
     return text
+
+
+def _read(path: str) -> str | tuple[None, str]:
+    """The secret in ``path`` once the file is settled, or ``(None, why not)``."""
+    return _decode(_settled([path])[path])
 
 
 def _kind(mode: int) -> str:
@@ -119,7 +181,10 @@ class SecretFile:
 
     def check(self) -> tuple[int, str] | None:
         """Read the file again; a log level and line when that changed something to say."""
-        read = _read(self.path)
+        return self._take(_read(self.path))
+
+    def _take(self, read: str | tuple[None, str]) -> tuple[int, str] | None:
+        """Hold ``read`` (a settled reading of the file); what to say."""
         if isinstance(read, tuple):
             if self._failing:
                 return None  # said once per outage, not every look
@@ -155,4 +220,7 @@ def check_secret_files() -> list[tuple[int, str]]:
     """Read every secret file opened by :func:`secret_file` again; what to log."""
     with _OPEN_LOCK:
         opened = list(_OPEN.values())
-    return [said for secret in opened if (said := secret.check()) is not None]
+    if not opened:
+        return []
+    read = _settled(sorted({secret.path for secret in opened}))
+    return [said for secret in opened if (said := secret._take(_decode(read[secret.path])))]

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,13 @@ import pytest
 from sidecar import runtime
 from sidecar.config import Settings
 from sidecar.exceptions import ConfigError
-from sidecar.secretfile import MAX_SECRET_BYTES, SecretFile, check_secret_files, secret_file
+from sidecar.secretfile import (
+    MAX_SECRET_BYTES,
+    SECRET_SETTLE_S,
+    SecretFile,
+    check_secret_files,
+    secret_file,
+)
 
 SECRET = "s3cret-Rotating-Pa55"  # noqa: S105 - a test secret, looked for in messages
 SASL = {
@@ -274,7 +281,11 @@ async def test_the_running_sidecar_reads_its_secret_files_now_and_then(
             if secret.value() == "rotated-key":
                 break
         path.unlink()
-        await asyncio.sleep(0.3)  # about 15 looks at a missing file
+        for _ in range(500):  # a look takes SECRET_SETTLE_S at least
+            await asyncio.sleep(0.02)
+            if any(r.levelno == logging.ERROR for r in caplog.records):
+                break
+        await asyncio.sleep(4 * SECRET_SETTLE_S)  # a few more looks at the missing file
         stop.set()
         await watching
     assert secret.value() == "rotated-key"
@@ -284,3 +295,78 @@ async def test_the_running_sidecar_reads_its_secret_files_now_and_then(
     assert "rotated-key" not in caplog.text and SECRET not in caplog.text
     said = [line for _, line in check_secret_files() if str(path) in line]
     assert said == []  # the outage goes on: still nothing more to say
+
+
+def test_a_secret_rewritten_in_place_is_never_taken_half_written(tmp_path: Path) -> None:
+    """``echo new > file``, or a Vault agent rendering its sink in place, truncates the
+    file and then writes it: a look in between read an empty file (an ERROR about an
+    outage that was none) or the first bytes of the new secret, which new Kafka
+    connections (or the next judge calls) then used until the next look."""
+    path = _secret(tmp_path)
+    secret = SecretFile(str(path), "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE", "new Kafka connections")
+    rotated = "rotated-" + "Pa55" * 12
+    written = threading.Event()
+
+    def rewrite_in_place() -> None:
+        with path.open("w", encoding="utf-8") as file:  # truncated here
+            for char in rotated + "\n":
+                time.sleep(0.002)
+                file.write(char)
+                file.flush()
+        written.set()
+
+    writer = threading.Thread(target=rewrite_in_place)
+    writer.start()
+    seen, said = set(), []
+    while not written.is_set():
+        said.append(secret.check())
+        seen.add(secret.value())
+    writer.join()
+    said.append(secret.check())
+    seen.add(secret.value())
+    assert seen <= {SECRET, rotated}, f"{len(seen - {SECRET, rotated})} half-written secrets taken"
+    assert secret.value() == rotated
+    levels = [level for level, _ in filter(None, said)]
+    assert levels == [logging.INFO], said  # the change, and no outage
+
+
+def test_a_start_during_an_in_place_rewrite_waits_for_the_whole_secret(tmp_path: Path) -> None:
+    """A pod starting while its secret file is rewritten read it empty (the start
+    stopped: 'the file is empty') or half-written (and authenticated with that)."""
+    path = _secret(tmp_path)
+    rotated = "rotated-" + "Pa55" * 12
+    with path.open("w", encoding="utf-8") as file:  # truncated: the writer is at work
+        file.write(rotated[:5])
+        file.flush()
+        finish = threading.Timer(0.1, lambda: path.write_text(rotated + "\n"))
+        finish.start()
+        secret = SecretFile(str(path), "GUARDRAIL_JUDGE__API_KEY_FILE", "the next judge calls")
+    finish.join()
+    assert secret.value() == rotated
+
+
+def test_a_file_that_never_settles_keeps_the_secret_read_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sidecar.secretfile.SECRET_SETTLE_BUDGET_S", 1.0)
+    path = _secret(tmp_path)
+    secret = SecretFile(str(path), "GUARDRAIL_JUDGE__API_KEY_FILE", "the next judge calls")
+    stop = threading.Event()
+
+    def keep_writing() -> None:
+        count = 0
+        while not stop.is_set():
+            count += 1
+            path.write_text(f"key-{count}\n")
+            time.sleep(0.01)
+
+    writer = threading.Thread(target=keep_writing)
+    writer.start()
+    try:
+        level, line = secret.check() or (0, "")
+    finally:
+        stop.set()
+        writer.join()
+    assert level == logging.ERROR
+    assert "the file kept changing for 1 s (still being written?)" in line
+    assert secret.value() == SECRET
