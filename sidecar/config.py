@@ -50,6 +50,13 @@ class KafkaSettings(_Section):
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_username: str | None = None
+    sasl_username_file: NonBlank | None = Field(
+        default=None,
+        description="a file holding the SASL username instead of sasl_username (a key of the "
+        "Secret that holds the password): read again with the password file, so that a user "
+        "rotated with its password (Vault's dynamic Kafka credentials) is used by new "
+        "connections without a restart",
+    )
     sasl_password: SecretStr | None = None
     sasl_password_file: NonBlank | None = Field(
         default=None,
@@ -65,6 +72,12 @@ class KafkaSettings(_Section):
         default=None,
         description="the passphrase of an encrypted client key (Kafka's ssl.key.password); "
         "needs ssl_certfile",
+    )
+    ssl_key_password_file: NonBlank | None = Field(
+        default=None,
+        description="a file holding the client key's passphrase instead of ssl_key_password: "
+        "read with the TLS files, at start and whenever they change on disk (a key "
+        "re-encrypted with a new passphrase)",
     )
     auto_offset_reset: Literal["earliest", "latest"] = "earliest"
     isolation_level: Literal["read_committed", "read_uncommitted"] = Field(
@@ -262,7 +275,7 @@ class KafkaSettings(_Section):
                 name
                 for name, value in (
                     ("sasl_mechanism", self.sasl_mechanism),
-                    ("sasl_username", self.sasl_username),
+                    ("sasl_username", self.sasl_username_file or self.sasl_username),
                     ("sasl_password", self.sasl_password_file or self.sasl_password),
                 )
                 if value is None
@@ -274,15 +287,24 @@ class KafkaSettings(_Section):
                 raise ValueError(
                     f"security_protocol={self.security_protocol} needs "
                     f"{', '.join(missing)} (GUARDRAIL_KAFKA__SASL_MECHANISM, "
-                    "GUARDRAIL_KAFKA__SASL_USERNAME, GUARDRAIL_KAFKA__SASL_PASSWORD or "
-                    "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE)"
+                    "GUARDRAIL_KAFKA__SASL_USERNAME or GUARDRAIL_KAFKA__SASL_USERNAME_FILE, "
+                    "GUARDRAIL_KAFKA__SASL_PASSWORD or GUARDRAIL_KAFKA__SASL_PASSWORD_FILE)"
                 )
         return self
 
     @model_validator(mode="after")
     def _password_once(self) -> Self:
-        if self.sasl_password is not None and self.sasl_password_file is not None:
-            raise ValueError(_both_set("GUARDRAIL_KAFKA__SASL_PASSWORD"))
+        for variable, value, file in (
+            ("GUARDRAIL_KAFKA__SASL_USERNAME", self.sasl_username, self.sasl_username_file),
+            ("GUARDRAIL_KAFKA__SASL_PASSWORD", self.sasl_password, self.sasl_password_file),
+            (
+                "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD",
+                self.ssl_key_password,
+                self.ssl_key_password_file,
+            ),
+        ):
+            if value is not None and file is not None:
+                raise ValueError(_both_set(variable))
         return self
 
     @model_validator(mode="after")
@@ -296,6 +318,7 @@ class KafkaSettings(_Section):
                 for name in (
                     "sasl_mechanism",
                     "sasl_username",
+                    "sasl_username_file",
                     "sasl_password",
                     "sasl_password_file",
                 )
@@ -304,7 +327,13 @@ class KafkaSettings(_Section):
         if self.security_protocol not in ("SSL", "SASL_SSL"):
             ignored += [
                 name
-                for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password")
+                for name in (
+                    "ssl_cafile",
+                    "ssl_certfile",
+                    "ssl_keyfile",
+                    "ssl_key_password",
+                    "ssl_key_password_file",
+                )
                 if getattr(self, name) is not None
             ]
         if ignored:
@@ -318,12 +347,13 @@ class KafkaSettings(_Section):
                 )
                 + ", or unset them"
             )
-        if self.ssl_key_password is not None and self.ssl_certfile is None:
-            raise ValueError(
-                "ssl_key_password set without ssl_certfile: the passphrase is for the client "
-                "key; set GUARDRAIL_KAFKA__SSL_CERTFILE (and GUARDRAIL_KAFKA__SSL_KEYFILE if "
-                "the key is in its own file), or unset GUARDRAIL_KAFKA__SSL_KEY_PASSWORD"
-            )
+        for name in ("ssl_key_password", "ssl_key_password_file"):
+            if getattr(self, name) is not None and self.ssl_certfile is None:
+                raise ValueError(
+                    f"{name} set without ssl_certfile: the passphrase is for the client key; "
+                    "set GUARDRAIL_KAFKA__SSL_CERTFILE (and GUARDRAIL_KAFKA__SSL_KEYFILE if "
+                    f"the key is in its own file), or unset GUARDRAIL_KAFKA__{name.upper()}"
+                )
         return self
 
 

@@ -25,6 +25,7 @@ from sidecar.kafka.security import (
     TLS_CHECK_INTERVAL_S,
     TlsFilesWatch,
     sasl_password,
+    sasl_username,
     ssl_context,
 )
 from sidecar.kafka.topics import format_counts, verify_topics
@@ -449,6 +450,7 @@ def _read_secret_files(settings: Settings) -> None:
     """Read the ``..._FILE`` secrets that will be used: a file that holds none stops the
     start here (``ConfigError``, naming the setting and the file, never the secret)."""
     if settings.kafka.security_protocol.startswith("SASL"):
+        sasl_username(settings.kafka)
         sasl_password(settings.kafka)
     if settings.judge.endpoint is not None:
         _judge_api_key(settings)
@@ -640,7 +642,8 @@ async def _watch_secrets(stop: asyncio.Event, interval_s: float | None = None) -
 
 def _secret_watch(settings: Settings, stop: asyncio.Event) -> asyncio.Task[None] | None:
     """The secret files' watch (``None``: no secret is read from a file)."""
-    if settings.kafka.sasl_password_file is None and settings.judge.api_key_file is None:
+    files = (settings.kafka.sasl_username_file, settings.kafka.sasl_password_file)
+    if files == (None, None) and settings.judge.api_key_file is None:
         return None
     return asyncio.create_task(_watch_secrets(stop), name="sidecar-secret-watch")
 

@@ -23,6 +23,7 @@ temporary name and rename them into place.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat
@@ -39,6 +40,7 @@ __all__ = [
     "SECRET_SETTLE_S",
     "SecretFile",
     "check_secret_files",
+    "secret_digest",
     "secret_file",
 ]
 
@@ -123,6 +125,13 @@ def _settled(paths: Sequence[str]) -> dict[str, bytes | str]:
                 )
             return out
         before = now
+
+
+def secret_digest(path: str) -> str:
+    """A digest of what ``path`` holds now, to tell when it changed (one read, no waiting
+    for it to settle; a file that is none, or unreadable, has a digest of its own)."""
+    read, _ = _read_bytes(path)
+    return read if isinstance(read, str) else hashlib.sha256(read).hexdigest()
 
 
 def _decode(data: bytes | str) -> str | tuple[None, str]:

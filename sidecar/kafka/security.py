@@ -11,10 +11,13 @@ CA bundle with a new CA, are loaded into the shared context when they change and
 load; new connections use them, open ones keep theirs. A CA dropped from the
 bundle stays trusted until a restart (OpenSSL adds trust anchors, never removes).
 
-A SASL password given as a file (``sasl_password_file``) rotates the same way: the
-clients are handed a :class:`RotatingPassword`, and each aiokafka client reads the
-file's current secret when it authenticates a new connection (see
-:func:`_follow_rotations`); open connections stay authenticated as they were.
+A SASL password given as a file (``sasl_password_file``) rotates the same way, and
+so does a username given as a file (``sasl_username_file``, a user rotated with its
+password): the clients are handed a :class:`RotatingSecret`, and each aiokafka
+client reads the file's current secret when it authenticates a new connection (see
+:func:`_follow_rotations`); open connections stay authenticated as they were. The
+client key's passphrase given as a file (``ssl_key_password_file``) is one of the
+TLS files: read when they are loaded, at start and when any of them changes.
 """
 
 from __future__ import annotations
@@ -36,15 +39,16 @@ from faststream.security import (
 from sidecar.config import KafkaSettings
 from sidecar.exceptions import ConfigError
 from sidecar.hashing import sha256_or_empty
-from sidecar.secretfile import SecretFile, secret_file
+from sidecar.secretfile import SecretFile, secret_digest, secret_file
 
 __all__ = [
     "TLS_CHECK_INTERVAL_S",
-    "RotatingPassword",
+    "RotatingSecret",
     "TlsFilesWatch",
     "aiokafka_client_args",
     "faststream_security",
     "sasl_password",
+    "sasl_username",
     "shared_ssl_context",
     "ssl_context",
 ]
@@ -75,10 +79,32 @@ def _is_encrypted(path: str) -> bool:
     return "BEGIN ENCRYPTED PRIVATE KEY" in text or "Proc-Type: 4,ENCRYPTED" in text
 
 
+def _key_password(kafka: KafkaSettings) -> str | None:
+    """The client key's passphrase: ``ssl_key_password``, or what ``ssl_key_password_file``
+    holds now (``ConfigError`` when it holds none); ``None``: neither is set."""
+    if kafka.ssl_key_password_file is not None:
+        return SecretFile(
+            kafka.ssl_key_password_file,
+            "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE",
+            "new Kafka connections",
+        ).value()
+    password = kafka.ssl_key_password
+    return None if password is None else password.get_secret_value()
+
+
+def _password_setting(kafka: KafkaSettings) -> str:
+    return "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD" + ("_FILE" if kafka.ssl_key_password_file else "")
+
+
 def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
     """The TLS context of ``*SSL`` protocols; ``ConfigError`` naming the file it cannot use."""
     if not kafka.security_protocol.endswith("SSL"):
         return None
+    return _context(kafka, _key_password(kafka))
+
+
+def _context(kafka: KafkaSettings, passphrase: str | None) -> ssl.SSLContext:
+    """:func:`ssl_context` with the client key's ``passphrase`` read already."""
     try:
         context = ssl.create_default_context(cafile=kafka.ssl_cafile)
     except (OSError, ssl.SSLError) as exc:
@@ -92,25 +118,25 @@ def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
             if kafka.ssl_keyfile
             else f"GUARDRAIL_KAFKA__SSL_CERTFILE={kafka.ssl_certfile} (its key)"
         )
-        passphrase = kafka.ssl_key_password
         try:
             # an encrypted key and no passphrase: OpenSSL's own fallback prompts for it on
             # the terminal (audit: `guardrail run` under a TTY waited there for ever)
             context.load_cert_chain(
                 kafka.ssl_certfile,
                 kafka.ssl_keyfile,
-                password=_no_password if passphrase is None else passphrase.get_secret_value(),
+                password=_no_password if passphrase is None else passphrase,
             )
         except _EncryptedKeyError:
             raise ConfigError(
                 f"{key_names}: the private key is encrypted; set its passphrase in "
-                "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD (from a Secret), or give the key "
-                "unencrypted (openssl pkey -in KEY -out KEY.pem)"
+                "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD or GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE "
+                "(from a Secret), or give the key unencrypted (openssl pkey -in KEY -out "
+                "KEY.pem)"
             ) from None
         except (OSError, ssl.SSLError) as exc:
             if passphrase is not None and _is_encrypted(kafka.ssl_keyfile or kafka.ssl_certfile):
                 raise ConfigError(
-                    f"{key_names}: GUARDRAIL_KAFKA__SSL_KEY_PASSWORD does not decrypt the "
+                    f"{key_names}: {_password_setting(kafka)} does not decrypt the "
                     f"private key ({exc}); it must be the key's passphrase"
                 ) from None
             raise ConfigError(
@@ -127,7 +153,7 @@ def _tls_key(kafka: KafkaSettings) -> _TlsKey:
         kafka.ssl_cafile,
         kafka.ssl_certfile,
         kafka.ssl_keyfile,
-        password.get_secret_value() if password is not None else None,
+        password.get_secret_value() if password is not None else kafka.ssl_key_password_file,
     )
 
 
@@ -145,7 +171,7 @@ def _shared(kafka: KafkaSettings) -> tuple[ssl.SSLContext, dict[str, str]]:
     with _SHARED_LOCK:
         shared = _SHARED.get(key)
         if shared is None:
-            digests = _digests(_tls_files(kafka))  # first: a change after it is seen
+            digests = _digests(_tls_files(kafka), kafka)  # first: a change after it is seen
             made = ssl_context(kafka)
             assert made is not None  # noqa: S101 - an *SSL protocol
             shared = _SHARED[key] = (made, digests)
@@ -153,11 +179,15 @@ def _shared(kafka: KafkaSettings) -> tuple[ssl.SSLContext, dict[str, str]]:
 
 
 def _tls_files(kafka: KafkaSettings) -> list[str]:
-    return [p for p in (kafka.ssl_cafile, kafka.ssl_certfile, kafka.ssl_keyfile) if p]
+    files = (kafka.ssl_cafile, kafka.ssl_certfile, kafka.ssl_keyfile, kafka.ssl_key_password_file)
+    return [p for p in files if p]
 
 
-def _digests(files: list[str]) -> dict[str, str]:
-    return {path: sha256_or_empty(path) for path in files}
+def _digests(files: list[str], kafka: KafkaSettings) -> dict[str, str]:
+    secret = kafka.ssl_key_password_file  # read as a secret: a regular file, never a pipe
+    return {
+        path: secret_digest(path) if path == secret else sha256_or_empty(path) for path in files
+    }
 
 
 class TlsFilesWatch:
@@ -180,7 +210,7 @@ class TlsFilesWatch:
         self._context, self._loaded = _shared(kafka)
         self._seen = self._loaded
         self._files = _tls_files(kafka)
-        self._pending: dict[str, str] | None = None
+        self._pending: tuple[dict[str, str], str | None] | None = None
 
     def _differing(self, digests: dict[str, str]) -> str:
         """The files whose ``digests`` differ from those of the files loaded."""
@@ -189,7 +219,7 @@ class TlsFilesWatch:
     def changed(self) -> tuple[int, str] | None:
         """A log level and line when the files changed since the last look; the files are
         then ready for :meth:`apply` if they load."""
-        now = _digests(self._files)
+        now = _digests(self._files, self._kafka)
         if now == self._seen:
             return None
         self._seen, self._pending = now, None
@@ -197,13 +227,14 @@ class TlsFilesWatch:
             return None
         names = self._differing(now)
         try:
-            ssl_context(self._kafka)  # loads as a start would, or says which file does not
+            password = _key_password(self._kafka)
+            _context(self._kafka, password)  # loads as a start would, or says which does not
         except ConfigError as exc:
             return logging.ERROR, (
                 f"the Kafka TLS files changed on disk ({names}) and do not load: "
                 f"{exc}; new connections keep using the files loaded before"
             )
-        self._pending = now
+        self._pending = now, password
         return None
 
     def apply(self) -> tuple[int, str] | None:
@@ -211,12 +242,11 @@ class TlsFilesWatch:
         and line when it did, or tried."""
         if self._pending is None:
             return None
-        kafka, context, ready = self._kafka, self._context, self._pending
+        kafka, context, (ready, password) = self._kafka, self._context, self._pending
         self._pending = None
-        if _digests(self._files) != ready:  # changed again since: the next look loads them first
+        if _digests(self._files, kafka) != ready:  # changed again since: the next look loads them
             return None
         names = self._differing(ready)
-        password = kafka.ssl_key_password
         try:
             if kafka.ssl_cafile:
                 context.load_verify_locations(cafile=kafka.ssl_cafile)
@@ -224,7 +254,7 @@ class TlsFilesWatch:
                 context.load_cert_chain(
                     kafka.ssl_certfile,
                     kafka.ssl_keyfile,
-                    password=_no_password if password is None else password.get_secret_value(),
+                    password=_no_password if password is None else password,
                 )
         except (OSError, ssl.SSLError, _EncryptedKeyError) as exc:
             # rewritten between the hash and the load (a writer that replaces the certificate
@@ -241,82 +271,92 @@ class TlsFilesWatch:
         )
 
 
-class RotatingPassword(str):
-    """The SASL password of ``sasl_password_file``: its text is the password at start,
-    :attr:`source` the file read again while running. FastStream and aiokafka keep the
-    object as they were given it; an aiokafka client turns it into the file's current
-    password when it opens a connection (:func:`_follow_rotations`)."""
+class RotatingSecret(str):
+    """A SASL credential read from a file (``sasl_password_file``, ``sasl_username_file``):
+    its text is the credential at start, :attr:`source` the file read again while running.
+    FastStream and aiokafka keep the object as they were given it; an aiokafka client turns
+    it into the file's current text when it opens a connection (:func:`_follow_rotations`)."""
 
     source: SecretFile
 
-    def __new__(cls, source: SecretFile) -> RotatingPassword:
+    def __new__(cls, source: SecretFile) -> RotatingSecret:
         made = super().__new__(cls, source.value())
         made.source = source
         return made
 
     def __repr__(self) -> str:
-        return f"RotatingPassword({self.source.path!r})"  # never the password
+        return f"RotatingSecret({self.source.path!r})"  # never the secret
 
-    def __copy__(self) -> RotatingPassword:
+    def __copy__(self) -> RotatingSecret:
         return self  # a copy of the arguments (or a deep one) still follows the file
 
-    def __deepcopy__(self, memo: dict[int, object]) -> RotatingPassword:
+    def __deepcopy__(self, memo: dict[int, object]) -> RotatingSecret:
         return self
 
 
-class _CurrentPassword:
-    """A data descriptor for ``AIOKafkaClient._sasl_plain_password``.
+class _Current:
+    """A data descriptor for ``AIOKafkaClient._sasl_plain_password`` (and ``..._username``).
 
-    aiokafka copies ``sasl_plain_password`` into its client at construction and passes
-    that attribute to ``create_conn`` for every connection it opens (the bootstrap, and
-    each broker's first connection or reconnection); the connection then authenticates
-    with the string it was given. A client made before a rotation would authenticate
-    with the old password for good. Read through this descriptor, a
-    :class:`RotatingPassword` yields its file's current password each time; any other
-    value (a password given as a variable, None) is returned as it was set.
+    aiokafka copies ``sasl_plain_password`` and ``sasl_plain_username`` into its client at
+    construction and passes those attributes to ``create_conn`` for every connection it
+    opens (the bootstrap, and each broker's first connection or reconnection); the
+    connection then authenticates with the strings it was given. A client made before a
+    rotation would authenticate with the old credentials for good. Read through this
+    descriptor, a :class:`RotatingSecret` yields its file's current text each time; any
+    other value (a credential given as a variable, None) is returned as it was set.
     """
 
-    # the instance's own entry: a data descriptor is looked up before it, and a client
-    # made before the descriptor was installed is read as it stored its password
-    _SLOT = "_sasl_plain_password"
+    def __init__(self, slot: str) -> None:
+        # the instance's own entry: a data descriptor is looked up before it, and a client
+        # made before the descriptor was installed is read as it stored its credentials
+        self._slot = slot
 
     def __get__(self, client: object, owner: type | None = None) -> object:
         if client is None:
             return self
-        value = client.__dict__.get(self._SLOT)
-        return value.source.value() if isinstance(value, RotatingPassword) else value
+        value = client.__dict__.get(self._slot)
+        return value.source.value() if isinstance(value, RotatingSecret) else value
 
     def __set__(self, client: object, value: object) -> None:
-        client.__dict__[self._SLOT] = value
+        client.__dict__[self._slot] = value
 
 
 _FOLLOW_LOCK = threading.Lock()
+_ROTATING_SLOTS = ("_sasl_plain_username", "_sasl_plain_password")
 
 
 def _follow_rotations() -> None:
-    """Make every aiokafka client read a :class:`RotatingPassword` anew for each
-    connection it opens (idempotent; a client made before reads as it did)."""
+    """Make every aiokafka client read a :class:`RotatingSecret` anew for each connection
+    it opens (idempotent; a client made before reads as it did)."""
     with _FOLLOW_LOCK:
-        if isinstance(AIOKafkaClient.__dict__.get("_sasl_plain_password"), _CurrentPassword):
-            return
-        AIOKafkaClient._sasl_plain_password = _CurrentPassword()
+        for slot in _ROTATING_SLOTS:
+            if not isinstance(AIOKafkaClient.__dict__.get(slot), _Current):
+                setattr(AIOKafkaClient, slot, _Current(slot))
+
+
+def _rotating(path: str, setting: str) -> RotatingSecret:
+    _follow_rotations()
+    return RotatingSecret(secret_file(path, setting, "new Kafka connections"))
 
 
 def sasl_password(kafka: KafkaSettings) -> str:
     """The SASL password to give the clients: ``sasl_password``, or a
-    :class:`RotatingPassword` of ``sasl_password_file`` (read the first time:
+    :class:`RotatingSecret` of ``sasl_password_file`` (read the first time:
     ``ConfigError`` when the file holds none)."""
     if kafka.sasl_password_file is not None:
-        _follow_rotations()
-        return RotatingPassword(
-            secret_file(
-                kafka.sasl_password_file,
-                "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE",
-                "new Kafka connections",
-            )
-        )
+        return _rotating(kafka.sasl_password_file, "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE")
     assert kafka.sasl_password is not None  # noqa: S101 - checked by KafkaSettings
     return kafka.sasl_password.get_secret_value()
+
+
+def sasl_username(kafka: KafkaSettings) -> str:
+    """The SASL username to give the clients: ``sasl_username``, or a
+    :class:`RotatingSecret` of ``sasl_username_file`` (read the first time:
+    ``ConfigError`` when the file holds none)."""
+    if kafka.sasl_username_file is not None:
+        return _rotating(kafka.sasl_username_file, "GUARDRAIL_KAFKA__SASL_USERNAME_FILE")
+    assert kafka.sasl_username is not None  # noqa: S101 - checked by KafkaSettings
+    return kafka.sasl_username
 
 
 def faststream_security(kafka: KafkaSettings) -> BaseSecurity | None:
@@ -324,14 +364,13 @@ def faststream_security(kafka: KafkaSettings) -> BaseSecurity | None:
     context = shared_ssl_context(kafka)
     if not kafka.security_protocol.startswith("SASL"):
         return BaseSecurity(ssl_context=context, use_ssl=True) if context else None
-    assert kafka.sasl_username is not None  # noqa: S101 - checked by KafkaSettings
     cls = {
         "PLAIN": SASLPlaintext,
         "SCRAM-SHA-256": SASLScram256,
         "SCRAM-SHA-512": SASLScram512,
     }[kafka.sasl_mechanism or "PLAIN"]
     return cls(
-        username=kafka.sasl_username,
+        username=sasl_username(kafka),
         password=sasl_password(kafka),
         use_ssl=context is not None,
         ssl_context=context,
@@ -350,6 +389,6 @@ def aiokafka_client_args(kafka: KafkaSettings) -> dict[str, Any]:
         args["ssl_context"] = context
     if kafka.security_protocol.startswith("SASL"):
         args["sasl_mechanism"] = kafka.sasl_mechanism
-        args["sasl_plain_username"] = kafka.sasl_username
+        args["sasl_plain_username"] = sasl_username(kafka)
         args["sasl_plain_password"] = sasl_password(kafka)
     return args

@@ -112,12 +112,14 @@ _LOCAL_KAFKA: dict[str, object] = {
     "security_protocol": "PLAINTEXT",
     "sasl_mechanism": None,
     "sasl_username": None,
+    "sasl_username_file": None,
     "sasl_password": None,
     "sasl_password_file": None,
     "ssl_cafile": None,
     "ssl_certfile": None,
     "ssl_keyfile": None,
     "ssl_key_password": None,
+    "ssl_key_password_file": None,
 }
 # ... nor the section as one JSON variable, nor a replication factor its one node cannot hold
 _CLUSTER_ONLY = (

@@ -92,7 +92,25 @@ def test_the_password_and_the_key_can_be_files(
             },
             "GUARDRAIL_JUDGE__API_KEY",
         ),
+        (
+            {
+                **SASL,
+                "GUARDRAIL_KAFKA__SASL_PASSWORD": "x",
+                "GUARDRAIL_KAFKA__SASL_USERNAME_FILE": "/run/secrets/kafka-user",
+            },
+            "GUARDRAIL_KAFKA__SASL_USERNAME",
+        ),
+        (
+            {
+                "GUARDRAIL_KAFKA__SECURITY_PROTOCOL": "SSL",
+                "GUARDRAIL_KAFKA__SSL_CERTFILE": "/run/tls/tls.crt",
+                "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD": SECRET,
+                "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE": "/run/tls/key-password",
+            },
+            "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD",
+        ),
     ],
+    ids=["sasl-password", "judge-key", "sasl-username", "ssl-key-password"],
 )
 def test_a_secret_given_both_ways_stops_the_start_and_says_which(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str], variable: str
@@ -103,6 +121,53 @@ def test_a_secret_given_both_ways_stops_the_start_and_says_which(
     assert f"{variable} and {variable}_FILE are both set" in message
     assert "unset the other" in message
     assert SECRET not in message
+
+
+def test_the_username_and_the_key_passphrase_can_be_files(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = str(_secret(tmp_path))
+    sasl = _load(
+        monkeypatch,
+        {
+            **{k: v for k, v in SASL.items() if k != "GUARDRAIL_KAFKA__SASL_USERNAME"},
+            "GUARDRAIL_KAFKA__SASL_USERNAME_FILE": path,
+            "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE": path,
+        },
+    )
+    assert (sasl.kafka.sasl_username_file, sasl.kafka.sasl_username) == (path, None)
+    monkeypatch.delenv("GUARDRAIL_KAFKA__SASL_USERNAME_FILE")
+    with pytest.raises(ConfigError, match="needs sasl_username") as missing:
+        Settings.load()
+    assert "GUARDRAIL_KAFKA__SASL_USERNAME_FILE" in str(missing.value)
+    for name in SASL:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("GUARDRAIL_KAFKA__SASL_PASSWORD_FILE")
+    tls = {"GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE": path}
+    with pytest.raises(ConfigError, match="ssl_key_password_file set, but security_protocol"):
+        _load(monkeypatch, tls)
+    monkeypatch.setenv("GUARDRAIL_KAFKA__SECURITY_PROTOCOL", "SSL")
+    with pytest.raises(ConfigError, match="ssl_key_password_file set without ssl_certfile"):
+        Settings.load()
+    settings = _load(monkeypatch, {"GUARDRAIL_KAFKA__SSL_CERTFILE": "/run/tls/tls.crt"})
+    assert settings.kafka.ssl_key_password_file == path
+
+
+@pytest.mark.parametrize("name", ["SASL_USERNAME_FILE", "SASL_PASSWORD_FILE"])
+def test_an_unreadable_sasl_file_stops_the_start_before_kafka(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, name: str
+) -> None:
+    path = str(_secret(tmp_path))
+    env = {
+        **{k: v for k, v in SASL.items() if k != "GUARDRAIL_KAFKA__SASL_USERNAME"},
+        "GUARDRAIL_KAFKA__SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "GUARDRAIL_KAFKA__SASL_USERNAME_FILE": path,
+        "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE": path,
+        f"GUARDRAIL_KAFKA__{name}": str(tmp_path / "not-mounted"),
+    }
+    settings = _load(monkeypatch, env)
+    with pytest.raises(ConfigError, match=rf"GUARDRAIL_KAFKA__{name}=.*cannot be read"):
+        runtime.check(settings)
 
 
 def test_a_password_file_counts_for_sasl_and_needs_a_sasl_protocol(

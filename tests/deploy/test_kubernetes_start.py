@@ -205,23 +205,33 @@ def test_an_encrypted_client_key_gets_its_passphrase_from_a_secret(
 
 
 @pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 3 * RUN_TIMEOUT_S)
-def test_the_sasl_password_and_the_judge_key_can_be_files_the_kubelet_updates(
-    helm: Path, example_chart: Path
+@pytest.mark.parametrize("name", ["ci-sasl-files", "values-prod"])
+def test_the_sasl_credentials_and_the_judge_key_can_be_files_the_kubelet_updates(
+    helm: Path, example_chart: Path, name: str
 ) -> None:
-    """kafka.sasl.passwordAsFile and judge.apiKeySecret: each secret is a file of a Secret
-    volume mounted whole (a subPath mount is never updated when the Secret changes), named
-    by its ..._FILE variable, which the sidecar reads again; no variable holds the secret.
-    Both ways at once, or a password file without SASL, is refused at render."""
-    workloads = guardrail_workloads(rendering("ci-sasl-files", helm, example_chart))
+    """kafka.sasl.passwordAsFile, kafka.sasl.usernameAsFile and judge.apiKeySecret: each
+    secret is a file of a Secret volume mounted whole (a subPath mount is never updated
+    when the Secret changes), named by its ..._FILE variable, which the sidecar reads
+    again; no variable holds the secret. Both ways at once, or a SASL file without SASL,
+    is refused at render. values-prod rotates its SASL user without a restart."""
+    workloads = guardrail_workloads(rendering(name, helm, example_chart))
     assert any(w.name.startswith("Deployment/") for w in workloads)
+    sasl_secret = "guardrail-kafka-user" if name == "ci-sasl-files" else "kafka-guardrail-sasl"
+    files = [
+        ("GUARDRAIL_KAFKA__SASL_USERNAME_FILE", sasl_secret, "username"),
+        ("GUARDRAIL_KAFKA__SASL_PASSWORD_FILE", sasl_secret, "password"),
+    ]
+    if name == "ci-sasl-files":
+        files.append(("GUARDRAIL_JUDGE__API_KEY_FILE", "llm-judge", "api-key"))
     for workload in workloads:  # the sidecar and the helm test pod's `run --check`
         env = {e["name"] for e in workload.container["env"]}
-        assert not env & {"GUARDRAIL_KAFKA__SASL_PASSWORD", "GUARDRAIL_JUDGE__API_KEY"}
+        assert not env & {
+            "GUARDRAIL_KAFKA__SASL_USERNAME",
+            "GUARDRAIL_KAFKA__SASL_PASSWORD",
+            "GUARDRAIL_JUDGE__API_KEY",
+        }
         volumes = {v["name"]: v for v in workload.pod["volumes"]}
-        for variable, secret, key in (
-            ("GUARDRAIL_KAFKA__SASL_PASSWORD_FILE", "guardrail-kafka-user", "password"),
-            ("GUARDRAIL_JUDGE__API_KEY_FILE", "llm-judge", "api-key"),
-        ):
+        for variable, secret, key in files:
             path = _env_value(workload.container, variable)
             (mount,) = [
                 m
@@ -242,6 +252,19 @@ def test_the_sasl_password_and_the_judge_key_can_be_files_the_kubelet_updates(
         (
             ("--set", "kafka.sasl.passwordAsFile=true"),
             "kafka.sasl.passwordAsFile is set but kafka.securityProtocol=PLAINTEXT",
+        ),
+        (
+            ("--set", "kafka.sasl.usernameAsFile=true"),
+            "kafka.sasl.usernameAsFile is set but kafka.securityProtocol=PLAINTEXT",
+        ),
+        (
+            ("-f", str(ROOT / "helm" / "values-prod.yaml"), "--set",
+             "kafka.sasl.usernameKey=password"),
+            'kafka.sasl.usernameKey and kafka.sasl.passwordKey are both "password"',
+        ),
+        (
+            ("--set", "kafka.sasl.usernameAsFile=yes"),
+            "usernameAsFile",
         ),
     ):  # fmt: skip
         refused = refusal(helm, CHART, *args)

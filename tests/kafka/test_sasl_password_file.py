@@ -24,7 +24,7 @@ from aiokafka.errors import KafkaConnectionError
 
 from sidecar.config import Settings
 from sidecar.kafka.app import make_broker
-from sidecar.kafka.security import RotatingPassword, aiokafka_client_args, sasl_password
+from sidecar.kafka.security import RotatingSecret, aiokafka_client_args, sasl_password
 from sidecar.secretfile import check_secret_files
 
 BEFORE, AFTER = "pa55-before-Rotation", "pa55-after-Rotation"
@@ -84,7 +84,7 @@ def test_the_password_object_never_shows_the_password(tmp_path: Path) -> None:
     path = tmp_path / "sasl-password"
     path.write_text(BEFORE)
     password = sasl_password(_settings(path).kafka)
-    assert isinstance(password, RotatingPassword)
+    assert isinstance(password, RotatingSecret)
     assert BEFORE not in repr(password) and str(path) in repr(password)
     assert BEFORE not in repr(make_broker(_settings(path))._connection_kwargs)
 
@@ -118,3 +118,54 @@ async def test_a_client_made_before_the_first_password_file_reads_its_own_passwo
     assert plain._sasl_plain_password == BEFORE
     assert copy.deepcopy({"p": password})["p"] is password  # copied arguments follow the file
     await plain.close()
+
+
+async def test_a_user_rotated_with_its_password_reaches_clients_made_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Vault's dynamic Kafka credentials, a SCRAM user replaced by a new one: the username
+    and the password change together, in one Secret. The username was a variable read at
+    start, so a new password alone authenticated nobody."""
+    user, password = tmp_path / "username", tmp_path / "password"
+    user.write_text("guardrail-v1\n")
+    password.write_text(BEFORE + "\n")
+    settings = Settings.load(
+        kafka={
+            "bootstrap_servers": "127.0.0.1:9",
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username_file": str(user),
+            "sasl_password_file": str(password),
+        }
+    )
+    given: list[tuple[str, str]] = []
+
+    async def create_conn(host: str, port: int, **kwargs: Any) -> None:
+        given.append((kwargs["sasl_plain_username"], kwargs["sasl_plain_password"]))
+        raise KafkaConnectionError("a recorder, not a broker")
+
+    monkeypatch.setattr(aiokafka.client, "create_conn", create_conn)
+    broker = make_broker(settings)
+    producer = AIOKafkaProducer(**broker._connection_kwargs)
+    consumer = AIOKafkaConsumer(**aiokafka_client_args(settings.kafka))
+    clients = [producer.client, consumer._client]
+    try:
+        for client in clients:
+            with pytest.raises(KafkaConnectionError):
+                await client.bootstrap()
+        assert given == [("guardrail-v1", BEFORE)] * 2
+        user.write_text("guardrail-v2\n")
+        password.write_text(AFTER + "\n")
+        said = check_secret_files()
+        for path in (user, password):
+            assert any(f"={path}: the secret changed on disk" in line for _, line in said), said
+        given.clear()
+        for client in clients:
+            with pytest.raises(KafkaConnectionError):
+                await client.bootstrap()
+        assert given == [("guardrail-v2", AFTER)] * 2
+    finally:
+        await producer.stop()
+        await consumer.stop()
+    assert all(type(u) is str and type(p) is str for u, p in given)
+    assert "guardrail-v" not in repr(broker._connection_kwargs)

@@ -30,7 +30,7 @@ from sidecar.kafka.security import (
 )
 from sidecar.pipeline.processor import Processor
 from sidecar.runtime import _watch_tls
-from tests.kafka.test_tls import _ca, _signed
+from tests.kafka.test_tls import _ca, _openssl, _signed
 
 
 @pytest.fixture(scope="module")
@@ -243,3 +243,52 @@ async def test_a_start_waiting_for_the_brokers_retries_with_a_renewed_certificat
         with caplog.at_level(logging.INFO, logger="sidecar"):
             await runtime.serve(Settings(kafka=kafka, http=HttpSettings(enabled=False)))
     assert seen == ["client1", "client2"]
+
+
+def test_a_key_re_encrypted_with_a_new_passphrase_in_its_file_is_loaded(
+    certs: Path, tmp_path: Path
+) -> None:
+    """GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE is read with the TLS files: at start, and
+    when the client key is renewed and encrypted with another passphrase (the Secret's
+    keys updated together). The passphrase was a variable read at start: the renewed key
+    did not load until a restart."""
+    for client, passphrase in (("client1", "first-Pa55"), ("client2", "second-Pa55")):
+        _openssl("pkey", "-in", f"{client}.key", "-aes256", "-passout", f"pass:{passphrase}",
+                 "-out", f"{client}.enc.key", cwd=certs)  # fmt: skip
+    live = tmp_path
+
+    def put_encrypted(client: str, passphrase: str) -> None:
+        for data, name in (
+            ((certs / "ca.pem").read_bytes(), "ca.pem"),
+            ((certs / f"{client}.pem").read_bytes(), "tls.crt"),
+            ((certs / f"{client}.enc.key").read_bytes(), "tls.key"),
+            (passphrase.encode() + b"\n", "key-password"),
+        ):
+            tmp = live / f".{name}.tmp"
+            tmp.write_bytes(data)
+            tmp.replace(live / name)
+
+    put_encrypted("client1", "first-Pa55")
+    kafka = KafkaSettings(
+        security_protocol="SSL",
+        ssl_cafile=str(live / "ca.pem"),
+        ssl_certfile=str(live / "tls.crt"),
+        ssl_keyfile=str(live / "tls.key"),
+        ssl_key_password_file=str(live / "key-password"),
+    )
+    context = shared_ssl_context(kafka)
+    assert context is not None
+    watch = TlsFilesWatch(kafka)
+    with tls_server(certs) as (port, seen):
+        connect(context, port)
+        put_encrypted("client2", "second-Pa55")
+        assert watch.changed() is None  # they load, with the new passphrase
+        level, said = watch.apply() or (0, "")
+        assert level == logging.INFO and "key-password" in said and "Pa55" not in said
+        connect(context, port)
+        (live / "key-password").write_text("wrong-Pa55\n")
+        level, said = watch.changed() or (0, "")
+        assert level == logging.ERROR and "does not decrypt the private key" in said
+        assert "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE" in said and "Pa55" not in said
+        connect(context, port)  # the key loaded before stays
+    assert seen == ["client1", "client2", "client2"]
