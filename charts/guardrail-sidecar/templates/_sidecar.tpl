@@ -160,11 +160,16 @@ convention. Credentials only ever come from Secrets.
 {{- if hasPrefix "SASL" $v.kafka.securityProtocol }}
 - name: GUARDRAIL_KAFKA__SASL_MECHANISM
   value: {{ $v.kafka.sasl.mechanism | quote }}
+{{- if $v.kafka.sasl.usernameAsFile }}
+- name: GUARDRAIL_KAFKA__SASL_USERNAME_FILE
+  value: {{ printf "/etc/guardrail/kafka-sasl/%s" $v.kafka.sasl.usernameKey | quote }}
+{{- else }}
 - name: GUARDRAIL_KAFKA__SASL_USERNAME
   valueFrom:
     secretKeyRef:
       name: {{ $v.kafka.sasl.existingSecret }}
       key: {{ $v.kafka.sasl.usernameKey }}
+{{- end }}
 {{- if $v.kafka.sasl.passwordAsFile }}
 - name: GUARDRAIL_KAFKA__SASL_PASSWORD_FILE
   value: {{ printf "/etc/guardrail/kafka-sasl/%s" $v.kafka.sasl.passwordKey | quote }}
@@ -287,7 +292,7 @@ convention. Credentials only ever come from Secrets.
   mountPath: /etc/guardrail/kafka-client
   readOnly: true
 {{- end }}
-{{- if and (hasPrefix "SASL" $v.kafka.securityProtocol) $v.kafka.sasl.passwordAsFile }}
+{{- if and (hasPrefix "SASL" $v.kafka.securityProtocol) (or $v.kafka.sasl.passwordAsFile $v.kafka.sasl.usernameAsFile) }}
 - name: guardrail-kafka-sasl
   mountPath: /etc/guardrail/kafka-sasl
   readOnly: true
@@ -340,13 +345,19 @@ convention. Credentials only ever come from Secrets.
 {{- end }}
 {{- /* whole directories, never subPath: the kubelet updates these files when the
 Secret changes, and the sidecar reads them again (a subPath mount is never updated) */ -}}
-{{- if and (hasPrefix "SASL" $v.kafka.securityProtocol) $v.kafka.sasl.passwordAsFile }}
+{{- if and (hasPrefix "SASL" $v.kafka.securityProtocol) (or $v.kafka.sasl.passwordAsFile $v.kafka.sasl.usernameAsFile) }}
 - name: guardrail-kafka-sasl
   secret:
     secretName: {{ $v.kafka.sasl.existingSecret }}
     items:
+{{- if $v.kafka.sasl.usernameAsFile }}
+      - key: {{ $v.kafka.sasl.usernameKey }}
+        path: {{ $v.kafka.sasl.usernameKey }}
+{{- end }}
+{{- if $v.kafka.sasl.passwordAsFile }}
       - key: {{ $v.kafka.sasl.passwordKey }}
         path: {{ $v.kafka.sasl.passwordKey }}
+{{- end }}
 {{- end }}
 {{- with $v.judge.apiKeySecret }}
 - name: guardrail-judge
