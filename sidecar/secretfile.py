@@ -1,7 +1,9 @@
 """Credentials read from files that are read again while the sidecar runs.
 
 A ``..._FILE`` setting (``GUARDRAIL_KAFKA__SASL_PASSWORD_FILE``,
-``GUARDRAIL_JUDGE__API_KEY_FILE``) names a file whose text, trailing line breaks
+``GUARDRAIL_KAFKA__SASL_USERNAME_FILE``, ``GUARDRAIL_JUDGE__API_KEY_FILE``; the
+client key's passphrase file is read with the TLS files, sidecar/kafka/security.py)
+names a file whose text, trailing line breaks
 dropped, is the secret: a mounted Kubernetes Secret, which the kubelet updates in
 place when the Secret changes, or a Vault agent's sink. The environment is read
 once, so a password given as a variable stayed the one of the pod's start; a

@@ -246,7 +246,8 @@ class _AuthRefusals(logging.Handler):
             return ConfigError(
                 f"Kafka at {servers} refused this client's authentication "
                 f"({self.seen[-1]}): check GUARDRAIL_KAFKA__SECURITY_PROTOCOL, "
-                "__SASL_MECHANISM, __SASL_USERNAME and __SASL_PASSWORD (or __SASL_PASSWORD_FILE)"
+                "__SASL_MECHANISM, __SASL_USERNAME and __SASL_PASSWORD (or the files named by "
+                "__SASL_USERNAME_FILE and __SASL_PASSWORD_FILE)"
             )
         if self.server_cert:
             return ConfigError(

@@ -5,8 +5,11 @@ connections opened after it without a restart."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,6 +66,16 @@ def sasl_env(broker: LocalKafka, topics: dict[str, str], password: str) -> dict[
     }
 
 
+def as_files(env: dict[str, str], where: Path) -> dict[str, str]:
+    """``env`` with the SASL username and password in files (a mounted Secret's)."""
+    out = dict(env)
+    for name in ("USERNAME", "PASSWORD"):
+        path = where / f"sasl-{name.lower()}"
+        path.write_text(out.pop(f"GUARDRAIL_KAFKA__SASL_{name}") + "\n")
+        out[f"GUARDRAIL_KAFKA__SASL_{name}_FILE"] = str(path)
+    return out
+
+
 @pytest.mark.parametrize("given_as", ["variable", "file"])
 async def test_scram_sidecar_decides_and_never_logs_the_password(
     scram_broker: LocalKafka,
@@ -73,11 +86,8 @@ async def test_scram_sidecar_decides_and_never_logs_the_password(
     given_as: str,
 ) -> None:
     env = sasl_env(scram_broker, unique_topics, PASSWORD)
-    if given_as == "file":  # GUARDRAIL_KAFKA__SASL_PASSWORD_FILE through FastStream's clients
-        secret = tmp_path / "sasl-password"
-        secret.write_text(PASSWORD + "\n")
-        del env["GUARDRAIL_KAFKA__SASL_PASSWORD"]
-        env["GUARDRAIL_KAFKA__SASL_PASSWORD_FILE"] = str(secret)
+    if given_as == "file":  # GUARDRAIL_KAFKA__SASL_*_FILE through FastStream's clients
+        env = as_files(env, tmp_path)
     topics = {n: unique_topics[n] for n in TOPIC_ROLES}
     settings = Settings.load(
         kafka={
@@ -185,3 +195,78 @@ async def test_a_password_rotated_in_its_file_authenticates_new_connections(
     fresh = AIOKafkaProducer(**aiokafka_client_args(settings.kafka))
     await fresh.start()  # a client made after the look authenticates too
     await fresh.stop()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["topics", "create"], ["dlq", "inspect", "--json"], ["certificates", "list"]],
+    ids=["topics", "dlq", "certificates"],
+)
+def test_the_commands_authenticate_with_the_credential_files(
+    scram_broker: LocalKafka, unique_topics: dict[str, str], tmp_path: Path, argv: list[str]
+) -> None:
+    """The commands read the settings ``run`` reads, the ..._FILE ones too."""
+    env = as_files(sasl_env(scram_broker, unique_topics, PASSWORD), tmp_path)
+    outside = {k: v for k, v in os.environ.items() if not k.startswith("GUARDRAIL_")}
+    if argv[0] != "topics":
+        create = subprocess.run(
+            [sys.executable, "-m", "sidecar", "topics", "create"],
+            env=outside | env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert create.returncode == 0, create.stderr[-3000:]
+    done = subprocess.run(
+        [sys.executable, "-m", "sidecar", *argv],
+        env=outside | env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert PASSWORD not in done.stdout + done.stderr
+    wrong = tmp_path / "sasl-password"
+    wrong.write_text("not-the-Pa55word\n")
+    refused = subprocess.run(
+        [sys.executable, "-m", "sidecar", *argv],
+        env=outside | env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0  # the file is what the command authenticates with
+    assert "SaslAuthenticationFailed" in refused.stderr, refused.stderr[-3000:]
+    assert "not-the-Pa55word" not in refused.stdout + refused.stderr
+
+
+async def test_a_user_rotated_with_its_password_in_their_files_authenticates(
+    scram_broker: LocalKafka, unique_topics: dict[str, str], tmp_path: Path
+) -> None:
+    """Vault's dynamic credentials: a new SCRAM user with its own password replaces the
+    old; the Secret's two keys change together. A client made before connects as the new
+    user once the files were read again."""
+    user, password = tmp_path / "username", tmp_path / "password"
+    user.write_text(USER + "\n")
+    password.write_text(PASSWORD + "\n")
+    settings = Settings.load(
+        kafka={
+            "bootstrap_servers": scram_broker.sasl_bootstrap_servers,
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_username_file": str(user),
+            "sasl_password_file": str(password),
+        },
+        topics={n: unique_topics[n] for n in TOPIC_ROLES},
+    )
+    await create_topics(settings)
+    producer = AIOKafkaProducer(**aiokafka_client_args(settings.kafka))
+    await producer.start()
+    try:
+        new_user, new_password = f"v-{unique_topics['group'][-8:]}", "dyn4mic-Pa55word"
+        await asyncio.to_thread(scram_broker.set_scram_password, new_user, new_password)
+        user.write_text(new_user + "\n")
+        password.write_text(new_password + "\n")
+        said = check_secret_files()
+        assert sum("the secret changed on disk" in line for _, line in said) >= 2, said
+        assert all(new_password not in line for _, line in said)
+        for _ in range(50):  # the broker applies the new user through its metadata log
+            if await _reconnects(producer):
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("the new user was never accepted")
+        await producer.send_and_wait(unique_topics["verdicts"], b"as the new user")
+    finally:
+        await producer.stop()
