@@ -33,6 +33,7 @@ from sidecar.dlq.letters import DeadLetter, read_dead_letter, redriven_headers
 from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka.records import install_lenient_header_names
 from sidecar.kafka.security import aiokafka_client_args
+from sidecar.kafka.topics import refusals_said
 
 __all__ = ["MAX_UNCONFIRMED", "DlqScan", "Redriver"]
 
@@ -74,7 +75,8 @@ class DlqScan:
         )
         timeout_s = kafka.request_timeout_ms / 1000.0
         try:
-            await asyncio.wait_for(self._open(consumer), timeout=timeout_s)
+            with refusals_said(kafka):
+                await asyncio.wait_for(self._open(consumer), timeout=timeout_s)
         except (KafkaError, OSError, TimeoutError) as exc:
             await self._stop()
             raise BrokerError(
@@ -186,7 +188,11 @@ class Redriver:
             max_request_size=self._settings.topics.max_message_bytes + 65_536,
         )
         try:
-            await producer.start()
+            with refusals_said(kafka):
+                await producer.start()
+        except ConfigError:
+            await self._stop()
+            raise
         except (KafkaError, OSError) as exc:
             await self._stop()
             raise BrokerError(

@@ -62,7 +62,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 async def create_topics(settings: Settings) -> dict[str, str]:
     """Create the sidecar's topics; returns name -> "created" | "exists"."""
     admin = AIOKafkaAdminClient(**aiokafka_client_args(settings.kafka))
-    refusals = _AuthRefusals()
+    refusals = AuthRefusals()
     try:
         with refusals.watching():
             await admin.start()
@@ -186,7 +186,7 @@ def _protocol_hint(kafka: KafkaSettings) -> str:
     )
 
 
-class _AuthRefusals(logging.Handler):
+class AuthRefusals(logging.Handler):
     """Collects aiokafka's log lines that say the broker refused the client's authentication
     (SASL, or its TLS certificate) or the client refused the broker's certificate: the
     bootstrap error it raises says only "Unable to bootstrap" (audit: reported as "cannot
@@ -266,6 +266,23 @@ class _AuthRefusals(logging.Handler):
         return None
 
 
+@contextlib.contextmanager
+def refusals_said(kafka: KafkaSettings) -> Iterator[None]:
+    """Inside it, a Kafka client's failure to connect whose log lines show a refusal (the
+    broker refused the credentials or the client's certificate, or the client the
+    broker's certificate) is raised as the ``ConfigError`` that says which settings to
+    check: aiokafka's own error says only "Unable to bootstrap"."""
+    refusals = AuthRefusals()
+    try:
+        with refusals.watching():
+            yield
+    except (KafkaError, OSError, TimeoutError):
+        refused = refusals.refusal(kafka)
+        if refused is not None:
+            raise refused from None
+        raise
+
+
 async def verify_topics(settings: Settings) -> dict[str, int]:
     """Refuse to serve on a topic layout the join cannot work with; returns the input counts.
 
@@ -277,7 +294,7 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
     timeout_s = kafka.request_timeout_ms / 1000.0
     admin = AIOKafkaAdminClient(**aiokafka_client_args(kafka))
     started = time.monotonic()
-    refusals = _AuthRefusals()
+    refusals = AuthRefusals()
     try:
         with refusals.watching():
             await asyncio.wait_for(admin.start(), timeout=timeout_s)

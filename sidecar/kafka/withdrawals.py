@@ -31,6 +31,7 @@ from sidecar.config import Settings
 from sidecar.contracts.events import CertificateWithdrawal
 from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka.security import aiokafka_client_args
+from sidecar.kafka.topics import refusals_said
 from sidecar.lograte import PER_INPUT
 from sidecar.pipeline.ports import CertificateLedger
 
@@ -78,7 +79,8 @@ class CertificateBoard:
         timeout_s = self._kafka.request_timeout_ms / 1000.0
         catch_up = self._new_consumer(fetch_max_wait_ms=10)
         try:
-            positions = await asyncio.wait_for(self.read_to_end(catch_up), timeout=timeout_s)
+            with refusals_said(self._kafka):
+                positions = await asyncio.wait_for(self.read_to_end(catch_up), timeout=timeout_s)
             if len(positions) != 1:  # a key's records must stay on one partition
                 raise ConfigError(
                     f"{self.topic} (GUARDRAIL_TOPICS__CERTIFICATES) has {len(positions)} "
@@ -241,9 +243,10 @@ async def read_withdrawals(settings: Settings) -> dict[str, CertificateWithdrawa
     board = CertificateBoard(settings, ledger, every_key=True)
     consumer = board._new_consumer(fetch_max_wait_ms=10)
     try:
-        await asyncio.wait_for(
-            board.read_to_end(consumer), timeout=settings.kafka.request_timeout_ms / 1000.0
-        )
+        with refusals_said(settings.kafka):
+            await asyncio.wait_for(
+                board.read_to_end(consumer), timeout=settings.kafka.request_timeout_ms / 1000.0
+            )
     finally:
         with contextlib.suppress(KafkaError, OSError):
             await consumer.stop()

@@ -199,8 +199,13 @@ async def test_a_password_rotated_in_its_file_authenticates_new_connections(
 
 @pytest.mark.parametrize(
     "argv",
-    [["topics", "create"], ["dlq", "inspect", "--json"], ["certificates", "list"]],
-    ids=["topics", "dlq", "certificates"],
+    [
+        ["topics", "create"],
+        ["dlq", "inspect", "--json"],
+        ["dlq", "redrive", "--yes", "--reason", "internal-error"],
+        ["certificates", "list"],
+    ],
+    ids=["topics", "dlq-inspect", "dlq-redrive", "certificates-list"],
 )
 def test_the_commands_authenticate_with_the_credential_files(
     scram_broker: LocalKafka, unique_topics: dict[str, str], tmp_path: Path, argv: list[str]
@@ -226,8 +231,11 @@ def test_the_commands_authenticate_with_the_credential_files(
         [sys.executable, "-m", "sidecar", *argv],
         env=outside | env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    assert refused.returncode != 0  # the file is what the command authenticates with
-    assert "SaslAuthenticationFailed" in refused.stderr, refused.stderr[-3000:]
+    # the file is what the command authenticates with; dlq inspect said "cannot read
+    # rag.dlq ... within 30 s: Unable to bootstrap" (exit 1), certificates list a traceback
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "refused this client's authentication (SaslAuthenticationFailed" in refused.stderr
+    assert "__SASL_PASSWORD_FILE" in refused.stderr
     assert "not-the-Pa55word" not in refused.stdout + refused.stderr
 
 
