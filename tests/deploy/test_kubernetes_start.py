@@ -118,6 +118,24 @@ RENDERINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "ci-inject": ("chart", ("-f", str(CHART / "ci" / "inject-values.yaml"))),
     "ci-mtls": ("chart", ("-f", str(CHART / "ci" / "mtls-values.yaml"))),
+    "ci-mtls-key-file": (
+        "chart",
+        ("-f", str(CHART / "ci" / "mtls-values.yaml"), "--set", "kafka.ssl.keyPasswordAsFile=true"),
+    ),
+    # values-prod with a client certificate whose key's passphrase is a file
+    "values-prod+key-file": (
+        "chart",
+        (
+            "-f",
+            str(ROOT / "helm" / "values-prod.yaml"),
+            "--set",
+            "kafka.ssl.clientCertSecret=guardrail-kafka-client",
+            "--set",
+            "kafka.ssl.keyPasswordSecret=guardrail-kafka-client-key",
+            "--set",
+            "kafka.ssl.keyPasswordAsFile=true",
+        ),
+    ),
     "ci-sasl-files": ("chart", ("-f", str(CHART / "ci" / "sasl-files-values.yaml"))),
     "example-llm-service": ("example", ()),
 }
@@ -202,6 +220,23 @@ def test_an_encrypted_client_key_gets_its_passphrase_from_a_secret(
         helm, CHART, "--set", "kafka.securityProtocol=SSL", "--set", "kafka.ssl.keyPasswordSecret=k"
     )
     assert "kafka.ssl.keyPasswordSecret is set but kafka.ssl.clientCertSecret is not" in said
+    # keyPasswordAsFile: the passphrase is a file of the Secret, read with the TLS files
+    for workload in guardrail_workloads(rendering("ci-mtls-key-file", helm, example_chart)):
+        env = {e["name"] for e in workload.container["env"]}
+        assert "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD" not in env
+        path = _env_value(workload.container, "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE")
+        assert path == "/etc/guardrail/kafka-key-password/password"
+        (mount,) = [
+            m for m in workload.container["volumeMounts"] if path.startswith(m["mountPath"] + "/")
+        ]
+        assert mount.get("readOnly") is True and "subPath" not in mount, mount
+        (volume,) = [v for v in workload.pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["secret"] == {
+            "secretName": "guardrail-kafka-client-key",
+            "items": [{"key": "password", "path": "password"}],
+        }
+    said = refusal(helm, CHART, "--set", "kafka.ssl.keyPasswordAsFile=true")
+    assert "kafka.ssl.keyPasswordAsFile is set but kafka.ssl.keyPasswordSecret is not" in said
 
 
 @pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 3 * RUN_TIMEOUT_S)
@@ -577,7 +612,15 @@ def start(
 
 @pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 4 * RUN_TIMEOUT_S)
 @pytest.mark.parametrize(
-    "name", ["chart-defaults", "values-prod", "values-dev", "example-llm-service", "ci-sasl-files"]
+    "name",
+    [
+        "chart-defaults",
+        "values-prod",
+        "values-dev",
+        "example-llm-service",
+        "ci-sasl-files",
+        "values-prod+key-file",
+    ],
 )
 def test_the_rendered_pod_starts_beside_service_links(
     name: str, helm: Path, example_chart: Path, pod_root: Path

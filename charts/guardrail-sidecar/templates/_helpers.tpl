@@ -139,6 +139,9 @@ template that renders a workload, so a bad combination fails `helm template`.
 {{- if and $v.kafka.sasl.usernameAsFile $v.kafka.sasl.passwordAsFile (eq $v.kafka.sasl.usernameKey $v.kafka.sasl.passwordKey) }}
 {{- fail (printf "kafka.sasl.usernameKey and kafka.sasl.passwordKey are both %q: the username and the password are two keys of the Secret" $v.kafka.sasl.usernameKey) }}
 {{- end }}
+{{- if and $v.kafka.ssl.keyPasswordAsFile (not $v.kafka.ssl.keyPasswordSecret) }}
+{{- fail "kafka.ssl.keyPasswordAsFile is set but kafka.ssl.keyPasswordSecret is not: it mounts the passphrase of that Secret; set both, or neither" }}
+{{- end }}
 {{- if and $v.kafka.ssl.keyPasswordSecret (not $v.kafka.ssl.clientCertSecret) }}
 {{- fail "kafka.ssl.keyPasswordSecret is set but kafka.ssl.clientCertSecret is not: the passphrase is for the client key in that Secret; set both, or neither" }}
 {{- end }}

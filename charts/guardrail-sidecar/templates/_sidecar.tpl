@@ -195,7 +195,10 @@ convention. Credentials only ever come from Secrets.
 - name: GUARDRAIL_KAFKA__SSL_KEYFILE
   value: /etc/guardrail/kafka-client/tls.key
 {{- end }}
-{{- if $v.kafka.ssl.keyPasswordSecret }}
+{{- if and $v.kafka.ssl.keyPasswordSecret $v.kafka.ssl.keyPasswordAsFile }}
+- name: GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE
+  value: {{ printf "/etc/guardrail/kafka-key-password/%s" $v.kafka.ssl.keyPasswordKey | quote }}
+{{- else if $v.kafka.ssl.keyPasswordSecret }}
 - name: GUARDRAIL_KAFKA__SSL_KEY_PASSWORD
   valueFrom:
     secretKeyRef:
@@ -292,6 +295,11 @@ convention. Credentials only ever come from Secrets.
   mountPath: /etc/guardrail/kafka-client
   readOnly: true
 {{- end }}
+{{- if and $v.kafka.ssl.keyPasswordSecret $v.kafka.ssl.keyPasswordAsFile }}
+- name: guardrail-kafka-key-password
+  mountPath: /etc/guardrail/kafka-key-password
+  readOnly: true
+{{- end }}
 {{- if and (hasPrefix "SASL" $v.kafka.securityProtocol) (or $v.kafka.sasl.passwordAsFile $v.kafka.sasl.usernameAsFile) }}
 - name: guardrail-kafka-sasl
   mountPath: /etc/guardrail/kafka-sasl
@@ -342,6 +350,14 @@ convention. Credentials only ever come from Secrets.
 - name: guardrail-kafka-client
   secret:
     secretName: {{ $v.kafka.ssl.clientCertSecret }}
+{{- end }}
+{{- if and $v.kafka.ssl.keyPasswordSecret $v.kafka.ssl.keyPasswordAsFile }}
+- name: guardrail-kafka-key-password
+  secret:
+    secretName: {{ $v.kafka.ssl.keyPasswordSecret }}
+    items:
+      - key: {{ $v.kafka.ssl.keyPasswordKey }}
+        path: {{ $v.kafka.ssl.keyPasswordKey }}
 {{- end }}
 {{- /* whole directories, never subPath: the kubelet updates these files when the
 Secret changes, and the sidecar reads them again (a subPath mount is never updated) */ -}}
