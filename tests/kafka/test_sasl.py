@@ -204,8 +204,9 @@ async def test_a_password_rotated_in_its_file_authenticates_new_connections(
         ["dlq", "inspect", "--json"],
         ["dlq", "redrive", "--yes", "--reason", "internal-error"],
         ["certificates", "list"],
+        ["certificates", "reinstate", "acme/wiki/dense"],
     ],
-    ids=["topics", "dlq-inspect", "dlq-redrive", "certificates-list"],
+    ids=["topics", "dlq-inspect", "dlq-redrive", "certificates-list", "certificates-reinstate"],
 )
 def test_the_commands_authenticate_with_the_credential_files(
     scram_broker: LocalKafka, unique_topics: dict[str, str], tmp_path: Path, argv: list[str]
@@ -223,7 +224,11 @@ def test_the_commands_authenticate_with_the_credential_files(
         [sys.executable, "-m", "sidecar", *argv],
         env=outside | env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    if argv[1] == "reinstate":  # read the topic as it authenticated: nothing withdrawn
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert "acme/wiki/dense is not withdrawn" in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr[-3000:]
     assert PASSWORD not in done.stdout + done.stderr
     wrong = tmp_path / "sasl-password"
     wrong.write_text("not-the-Pa55word\n")
