@@ -3,7 +3,10 @@ their own jar directory, log4j 1, and a static KRaft voter set instead of --stan
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -145,3 +148,95 @@ def test_a_4x_broker_is_configured_as_before(
     cmd = _format_command(broker, monkeypatch)
     assert "--standalone" in cmd
     assert f"-Dlog4j2.configurationFile={tmp_path / 'instance' / 'log4j2.properties'}" in cmd
+
+
+def _running_from(instance: Path, port: int, version: str) -> None:
+    """``instance`` as a start of a ``version`` broker on ``port`` left it, its pid alive
+    (this process stands in for the broker's)."""
+    instance.mkdir(parents=True, exist_ok=True)
+    (instance / "broker.pid").write_text(str(os.getpid()))
+    ports = {"port": port, "controller_port": port + 1, "kafka_version": version}
+    (instance / "ports.json").write_text(json.dumps(ports))
+
+
+def test_a_start_of_another_release_is_refused_while_one_runs_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`KAFKA_LOCAL_VERSION=3.7.2 guardrail kafka start` while the 4.3.1 broker ran from the
+    same home said "ready" (the 4.3.1 one answered on the port) and `status` said 3.7.2."""
+    with socket.socket() as serving:
+        serving.bind(("127.0.0.1", 0))
+        serving.listen()
+        port = serving.getsockname()[1]
+        _running_from(tmp_path / "broker", port, KAFKA_VERSION)
+        broker = LocalKafka(tmp_path / "broker", _lib(tmp_path, "3.7.2"), port=port)
+        assert broker.status()["kafka_version"] == KAFKA_VERSION  # the one running
+        with pytest.raises(LocalKafkaError, match=f"a Kafka {KAFKA_VERSION} broker .* already"):
+            broker.start()
+        again = LocalKafka(tmp_path / "broker", _lib(tmp_path, KAFKA_VERSION), port=port)
+        again.start()  # the same broker asked for again: it is there
+
+
+def test_a_start_on_another_port_names_the_broker_that_runs(tmp_path: Path) -> None:
+    """`guardrail kafka start` (port 9092) beside a broker started with --port 19092 said
+    "a broker process is running … but port 9092 is closed", not which one, nor what to do."""
+    _running_from(tmp_path / "broker", 19092, KAFKA_VERSION)
+    broker = LocalKafka(tmp_path / "broker", _lib(tmp_path, KAFKA_VERSION), port=19094)
+    with pytest.raises(LocalKafkaError, match=r"127.0.0.1:19092: stop it first"):
+        broker.start()
+
+
+def test_data_another_release_formatted_is_refused_before_java_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A home whose broker was 4.3.1, stopped and started again as 3.7.2: Kafka 3.7.2 died on
+    4.3.1's metadata with a Java stack trace ("No MetadataVersion with metadata version 30")."""
+    instance = tmp_path / "broker"
+    (instance / "data").mkdir(parents=True)
+    (instance / "data" / "meta.properties").touch()
+    (instance / "formatted-by").write_text(KAFKA_VERSION)
+
+    def no_java(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"java ran: {args}")
+
+    monkeypatch.setattr(subprocess, "Popen", no_java)
+    monkeypatch.setattr(subprocess, "run", no_java)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    broker = LocalKafka(instance, _lib(tmp_path, "3.7.2"), port=19092, controller_port=19093)
+    with pytest.raises(LocalKafkaError, match=f"Kafka {KAFKA_VERSION} broker, which Kafka 3.7.2"):
+        broker.start()
+
+
+def test_formatting_records_the_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    broker = LocalKafka(
+        tmp_path / "instance", _lib(tmp_path, "3.7.2"), port=19092, controller_port=19093
+    )
+    _format_command(broker, monkeypatch)
+    assert (tmp_path / "instance" / "formatted-by").read_text() == "3.7.2"
+    assert json.loads((tmp_path / "instance" / "ports.json").read_text())["kafka_version"] == (
+        "3.7.2"
+    )
+
+
+def test_a_home_whose_data_was_removed_starts_any_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the refusal says to do (remove the data) is enough: the next start formats."""
+    instance = tmp_path / "broker"
+    instance.mkdir()
+    (instance / "formatted-by").write_text(KAFKA_VERSION)  # its data/ removed since
+    broker = LocalKafka(instance, _lib(tmp_path, "3.7.2"), port=19092, controller_port=19093)
+    started: list[list[str]] = []
+
+    def popen(cmd: list[str], **_: Any) -> Any:
+        started.append(cmd)
+        raise OSError("stop here")
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(
+        subprocess, "run", lambda cmd, **_: subprocess.CompletedProcess(cmd, 0, "", "")
+    )
+    with pytest.raises(OSError, match="stop here"):
+        broker.start()
+    assert started and (instance / "formatted-by").read_text() == "3.7.2"

@@ -15,6 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sidecar.exceptions import ConfigError, LocalKafkaError
 
@@ -326,7 +327,11 @@ message.max.bytes=16777216
         server.write_text(props)
         (self.instance_dir / "log4j2.properties").write_text(LOG4J2)
         (self.instance_dir / "log4j.properties").write_text(LOG4J1)
-        ports = {"port": self.port, "controller_port": self.controller_port}
+        ports: dict[str, int | str] = {
+            "port": self.port,
+            "controller_port": self.controller_port,
+            "kafka_version": self.version,
+        }
         if self.proxied_port is not None and self.proxied_advertised_port is not None:
             ports["proxied_port"] = self.proxied_port
             ports["proxied_advertised_port"] = self.proxied_advertised_port
@@ -381,6 +386,7 @@ message.max.bytes=16777216
             raise LocalKafkaError(
                 f"formatting the KRaft storage failed:\n{result.stdout}{result.stderr}"
             )
+        self._formatted_by_file.write_text(self.version)
 
     def set_scram_password(self, user: str, password: str, timeout_s: float = 60.0) -> None:
         """Give the SCRAM user ``user`` the password ``password`` on the running broker (both
@@ -410,14 +416,49 @@ message.max.bytes=16777216
                     f"(exit {result.returncode})"
                 )
 
+    def _recorded(self) -> dict[str, Any]:
+        """What the last start wrote to ``ports.json`` (ports, release); empty when none."""
+        try:
+            recorded = json.loads((self.instance_dir / "ports.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return recorded if isinstance(recorded, dict) else {}
+
+    @property
+    def _formatted_by_file(self) -> Path:
+        return self.instance_dir / "formatted-by"
+
     def start(self, timeout_s: float = 90.0) -> None:
         """Start the broker (formatting on first use) and wait until it serves."""
-        if self.pid() is not None:
+        running = self.pid()
+        if running is not None:
+            recorded = self._recorded()
+            port, version = recorded.get("port", self.port), recorded.get("kafka_version")
+            if port != self.port or version not in (None, self.version):
+                which = f"a Kafka {version} broker" if version else "a broker"
+                raise LocalKafkaError(
+                    f"{which} (pid {running}) is already running from {self.instance_dir} "
+                    f"on 127.0.0.1:{port}: stop it first (`guardrail kafka stop`), or start "
+                    "this one in another home (--home or KAFKA_LOCAL_HOME)"
+                )
             if _port_open(self.port):
                 return
             raise LocalKafkaError(
                 f"a broker process is running from {self.instance_dir} "
                 f"but port {self.port} is closed"
+            )
+        formatted = (self.instance_dir / "data" / "meta.properties").exists()
+        formatted_by = (
+            self._formatted_by_file.read_text().strip()
+            if formatted and self._formatted_by_file.exists()
+            else None
+        )
+        if formatted_by not in (None, self.version):
+            data = self.instance_dir / "data"
+            raise LocalKafkaError(
+                f"{data} holds the data of a Kafka {formatted_by} broker, which Kafka "
+                f"{self.version} cannot start on: remove it (rm -r {data}) to start afresh, "
+                "or give each release a home of its own (--home or KAFKA_LOCAL_HOME)"
             )
         for port in (self.port, self.controller_port, self.proxied_port):
             if port is not None and _port_open(port):
@@ -498,7 +539,8 @@ message.max.bytes=16777216
             "bootstrap_servers": self.bootstrap_servers,
             "serving": pid is not None and _port_open(self.port),
             "instance_dir": str(self.instance_dir),
-            "kafka_version": self.version,
+            # the running broker's release, not the one $KAFKA_LOCAL_VERSION names now
+            "kafka_version": self._recorded().get("kafka_version", self.version),
         }
 
     @classmethod
