@@ -32,11 +32,15 @@ def run(args: argparse.Namespace) -> int:
         overrides["kafka"] = {"bootstrap_servers": args.bootstrap_servers}
     settings = Settings.load(**overrides)
     # every line checked before the first is sent; then the file is read again as it goes
-    total = sum(1 for _ in iter_file(args.file, settings))
+    total, topics = 0, set[str]()
+    for record in iter_file(args.file, settings):
+        total += 1
+        topics.add(record.topic)
 
     def progress(sent: int) -> None:
         sys.stderr.write(f"replay: {sent} of {total} messages ({sent / total:.0%})\n")
 
-    sent = asyncio.run(send(settings, iter_file(args.file, settings), args.rate, progress=progress))
+    records = iter_file(args.file, settings)
+    sent = asyncio.run(send(settings, records, args.rate, progress=progress, topics=topics))
     sys.stdout.write(f"replayed {sent} messages from {args.file}\n")
     return 0

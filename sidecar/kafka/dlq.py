@@ -94,7 +94,8 @@ class DlqScan:
         if self.topic not in self.topics:
             raise ConfigError(
                 f"topic {self.topic} (GUARDRAIL_TOPICS__DLQ) does not exist on "
-                f"{self._settings.kafka.bootstrap_servers}"
+                f"{self._settings.kafka.bootstrap_servers}; create it first "
+                "(`guardrail topics create`)"
             )
         consumer.subscribe([self.topic])  # no group: every partition is assigned
         while not consumer.assignment():  # noqa: ASYNC110 (no event for it without a group)

@@ -112,6 +112,11 @@ class CertificateBoard:
         """Start ``consumer`` on every partition of the topic and apply what it holds now;
         returns where it stopped, per partition."""
         await consumer.start()
+        if self.topic not in await consumer.topics():  # else: waits out the timeout unsaid
+            raise ConfigError(
+                f"topic {self.topic} (GUARDRAIL_TOPICS__CERTIFICATES) does not exist on "
+                f"{self._kafka.bootstrap_servers}; create it first (`guardrail topics create`)"
+            )
         consumer.subscribe([self.topic])  # no group: every partition, from the start
         # metadata first (a topic just created included); without a group aiokafka has no
         # event for the assignment
@@ -242,11 +247,17 @@ async def read_withdrawals(settings: Settings) -> dict[str, CertificateWithdrawa
     ledger = _Latest()
     board = CertificateBoard(settings, ledger, every_key=True)
     consumer = board._new_consumer(fetch_max_wait_ms=10)
+    timeout_s = settings.kafka.request_timeout_ms / 1000.0
     try:
         with refusals_said(settings.kafka):
-            await asyncio.wait_for(
-                board.read_to_end(consumer), timeout=settings.kafka.request_timeout_ms / 1000.0
-            )
+            await asyncio.wait_for(board.read_to_end(consumer), timeout=timeout_s)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        took = f" within {timeout_s:g} s" if isinstance(exc, TimeoutError) else ""
+        raise BrokerError(
+            f"cannot read {settings.topics.certificates} (GUARDRAIL_TOPICS__CERTIFICATES) at "
+            f"{settings.kafka.bootstrap_servers}{took} (GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS, "
+            f"__REQUEST_TIMEOUT_MS): {exc or type(exc).__name__}"
+        ) from None
     finally:
         with contextlib.suppress(KafkaError, OSError):
             await consumer.stop()

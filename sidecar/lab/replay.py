@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -109,11 +109,14 @@ async def send(
     *,
     progress: Callable[[int], None] | None = None,
     progress_every: int = 10_000,
+    topics: Collection[str] = (),
 ) -> int:
     """Send records in order (idempotent producer, acks=all); returns how many.
 
     ``records`` is consumed as it is sent; at most :data:`MAX_UNCONFIRMED` records wait
-    for the broker's confirmation. ``progress(sent)`` every ``progress_every`` records."""
+    for the broker's confirmation. ``progress(sent)`` every ``progress_every`` records.
+    ``topics`` (those the records go to) must all exist, or nothing is sent: a missing one
+    is ``ConfigError`` at once, not a wait of the producer's metadata timeout."""
     producer = AIOKafkaProducer(
         **aiokafka_client_args(settings.kafka),
         acks="all",
@@ -131,6 +134,14 @@ async def send(
     sent = 0
     started = time.monotonic()
     try:
+        if topics:
+            missing = sorted(set(topics) - (await producer.client.fetch_all_metadata()).topics())
+            if missing:
+                raise ConfigError(
+                    f"topic(s) {', '.join(missing)} do not exist on "
+                    f"{settings.kafka.bootstrap_servers}; create them first "
+                    "(`guardrail topics create`); nothing was sent"
+                )
         futures: deque[Any] = deque()
         for record in records:
             if rate_per_s:

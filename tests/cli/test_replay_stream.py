@@ -25,6 +25,18 @@ from sidecar.lab import replay
 EVENTS = 20_000
 
 
+class _Cluster:
+    """aiokafka's client, as far as the replay asks it: the cluster's topic names."""
+
+    existing: ClassVar[set[str]] = {"rag.retrieval", "rag.generation", "rag.feedback"}
+
+    async def fetch_all_metadata(self) -> _Cluster:
+        return self
+
+    def topics(self) -> set[str]:
+        return set(self.existing)
+
+
 class _Producer:
     """Stands in for aiokafka's producer: keeps what was sent, confirms at once."""
 
@@ -32,6 +44,7 @@ class _Producer:
 
     def __init__(self, **kwargs: Any) -> None:
         del kwargs
+        self.client = _Cluster()
 
     async def start(self) -> None:
         return None
@@ -102,6 +115,23 @@ def test_a_bad_line_at_the_end_stops_the_replay_before_anything_is_sent(
     assert main(["replay", str(path), "--bootstrap-servers", "127.0.0.1:1"]) == 2
     assert producer.sent == []
     assert "day.jsonl:101: not a JSON object" in capsys.readouterr().err
+
+
+def test_a_topic_that_does_not_exist_stops_the_replay_before_anything_is_sent(
+    tmp_path: Path,
+    producer: type[_Producer],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before `guardrail topics create`, the replay sent into aiokafka's metadata wait:
+    60 s of ERROR lines, then a traceback (UnknownTopicOrPartitionError)."""
+    monkeypatch.setattr(_Cluster, "existing", {"rag.retrieval"})
+    path = _recording(tmp_path / "day.jsonl", 10)
+    assert main(["replay", str(path), "--bootstrap-servers", "127.0.0.1:1"]) == 2
+    assert producer.sent == []
+    err = capsys.readouterr().err
+    assert "topic(s) rag.generation do not exist on 127.0.0.1:1" in err
+    assert "guardrail topics create" in err
 
 
 def test_a_recorded_event_is_replayed_with_its_own_bytes(tmp_path: Path) -> None:
