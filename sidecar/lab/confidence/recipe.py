@@ -110,6 +110,9 @@ def choose_tau(best: Sequence[float], no_answer: Sequence[bool]) -> tuple[float,
     return best_tau, best_stats
 
 
+MIN_ROWS = 20  # outcome rows train_from_rows fits on, at the least
+
+
 def train_from_rows(
     settings: Settings, paths: Sequence[Path], out: Path, *, seed: int = 0
 ) -> dict[str, Any]:
@@ -119,8 +122,12 @@ def train_from_rows(
     from sidecar.runtime import served_model_versions  # noqa: PLC0415
 
     rows = [r for p in paths for r in load_rows(p)]
-    if len(rows) < 20:
-        raise ConfigError(f"{len(rows)} outcome rows is too few to fit a confidence model")
+    if len(rows) < MIN_ROWS:
+        raise ConfigError(
+            f"{len(rows)} outcome rows is too few to fit a confidence model: it needs at "
+            f"least {MIN_ROWS} (the shipped one was fitted on 400); record more with "
+            "`guardrail dataset outcomes … --limit N` (it resumes where it stopped)"
+        )
     replayed = replay_rows(rows, default_processor_factory(_without_confidence(settings)))
     answer_x: list[FeatureValues] = []
     answer_y: list[int] = []
