@@ -71,6 +71,9 @@ class DemoResult:
 REAL_QUESTIONS = Path("../shared/data/nq-open/nq-open-oracle.dev.jsonl.gz")
 """``--real``'s questions and passages: the shared data folder beside the checkout."""
 
+REAL_QDRANT = Path("out/demo/qdrant")
+"""``--real``'s embedded Qdrant (``out/`` is git-ignored): the corpus is embedded once."""
+
 DEMO_PROBE = Path("models/confidence/report/leakage-probe.json")
 """The shipped leakage probe of SmolLM2 (docs/methods.md §Coverage bound) in a checkout."""
 
@@ -325,7 +328,7 @@ def real_records(settings: Settings, questions: Path, n: int, out: TextIO) -> li
         f"real generator: SmolLM2-135M answers {n} held-out questions from {questions}",
     )
     records = []
-    for req in demo_requests(questions, n=n, threads=1):
+    for req in demo_requests(questions, n=n, threads=1, qdrant_path=REAL_QDRANT):
         key = req.request_id.encode()
         for event in req.events:
             topic = (
