@@ -32,7 +32,12 @@ from sidecar.kafka.topics import format_counts, verify_topics
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import Policy
-from sidecar.secretfile import SECRET_CHECK_INTERVAL_S, check_secret_files, secret_file
+from sidecar.secretfile import (
+    SECRET_CHECK_INTERVAL_S,
+    read_secret_files,
+    secret_file,
+    take_secret_readings,
+)
 from sidecar.telemetry import Telemetry
 from sidecar.telemetry_setup import configure_from_env, describe_env
 
@@ -632,7 +637,8 @@ async def _watch_secrets(stop: asyncio.Event, interval_s: float | None = None) -
     secret files again (the SASL password, the judge's key), and say what changed."""
     async for _ in _every(SECRET_CHECK_INTERVAL_S if interval_s is None else interval_s, stop):
         try:
-            said = await asyncio.to_thread(check_secret_files)
+            readings = await asyncio.to_thread(read_secret_files)
+            said = take_secret_readings(readings)  # on the loop, where the clients connect
         except Exception:  # a watch must never stop the sidecar
             log.exception("checking the secret files failed")
             continue

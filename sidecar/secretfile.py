@@ -41,9 +41,12 @@ __all__ = [
     "SECRET_SETTLE_BUDGET_S",
     "SECRET_SETTLE_S",
     "SecretFile",
+    "SecretReadings",
     "check_secret_files",
+    "read_secret_files",
     "secret_digest",
     "secret_file",
+    "take_secret_readings",
 ]
 
 SECRET_CHECK_INTERVAL_S = 30.0
@@ -227,11 +230,31 @@ def secret_file(path: str, setting: str, used_by: str) -> SecretFile:
     return opened
 
 
-def check_secret_files() -> list[tuple[int, str]]:
-    """Read every secret file opened by :func:`secret_file` again; what to log."""
+SecretReadings = list[tuple[SecretFile, str | tuple[None, str]]]
+"""What :func:`read_secret_files` read: each opened secret with its file's reading."""
+
+
+def read_secret_files() -> SecretReadings:
+    """Read every secret file opened by :func:`secret_file` again, settled (file I/O and
+    sleeps: off the event loop); :func:`take_secret_readings` then holds what was read."""
     with _OPEN_LOCK:
         opened = list(_OPEN.values())
     if not opened:
         return []
     read = _settled(sorted({secret.path for secret in opened}))
-    return [said for secret in opened if (said := secret._take(_decode(read[secret.path])))]
+    return [(secret, _decode(read[secret.path])) for secret in opened]
+
+
+def take_secret_readings(readings: SecretReadings) -> list[tuple[int, str]]:
+    """Hold ``readings`` (of :func:`read_secret_files`) all at once; what to log. Run it on
+    the event loop, where the Kafka clients read their credentials: a connection opened
+    there sees the username and the password both before or both after. Taken one after
+    the other on the watch thread, a connection opened in between paired the new username
+    with the old password (a refused authentication, then a retry)."""
+    return [said for secret, read in readings if (said := secret._take(read))]
+
+
+def check_secret_files() -> list[tuple[int, str]]:
+    """Read every secret file opened by :func:`secret_file` again and hold what it holds
+    (:func:`read_secret_files`, then :func:`take_secret_readings`); what to log."""
+    return take_secret_readings(read_secret_files())

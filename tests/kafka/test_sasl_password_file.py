@@ -11,7 +11,10 @@ the same against a real SCRAM broker.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +25,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaConnectionError
 
+from sidecar import runtime
 from sidecar.config import Settings
 from sidecar.kafka.app import make_broker
 from sidecar.kafka.security import RotatingSecret, aiokafka_client_args, sasl_password
-from sidecar.secretfile import check_secret_files
+from sidecar.secretfile import SecretFile, check_secret_files
 
 BEFORE, AFTER = "pa55-before-Rotation", "pa55-after-Rotation"
 
@@ -169,3 +173,69 @@ async def test_a_user_rotated_with_its_password_reaches_clients_made_before(
         await consumer.stop()
     assert all(type(u) is str and type(p) is str for u, p in given)
     assert "guardrail-v" not in repr(broker._connection_kwargs)
+
+
+async def test_a_connection_opened_during_a_rotation_never_pairs_the_new_user_with_the_old_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch took the username and the password one after the other on its thread; a
+    connection the event loop opened in between authenticated as the new user with the old
+    password (a refused authentication, then aiokafka's retry). Here a connection is opened
+    right after each file is taken, and the watch thread waits for it, as a busy loop would."""
+    user, password = tmp_path / "username", tmp_path / "password"
+    user.write_text("guardrail-v1\n")
+    password.write_text(BEFORE + "\n")
+    settings = Settings.load(
+        kafka={
+            "bootstrap_servers": "127.0.0.1:9",
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username_file": str(user),
+            "sasl_password_file": str(password),
+        }
+    )
+    given: list[tuple[str, str]] = []
+    connected = threading.Event()
+
+    async def create_conn(host: str, port: int, **kwargs: Any) -> None:
+        given.append((kwargs["sasl_plain_username"], kwargs["sasl_plain_password"]))
+        connected.set()
+        raise KafkaConnectionError("a recorder, not a broker")
+
+    monkeypatch.setattr(aiokafka.client, "create_conn", create_conn)
+    client = AIOKafkaClient(**aiokafka_client_args(settings.kafka))
+    loop, on_loop = asyncio.get_running_loop(), threading.get_ident()
+    opened: list[asyncio.Future[None]] = []
+    take = SecretFile._take
+
+    def taking(secret: SecretFile, read: str | tuple[None, str]) -> tuple[int, str] | None:
+        said = take(secret, read)
+        if secret.path in (str(user), str(password)):
+            connected.clear()
+            loop.call_soon_threadsafe(lambda: opened.append(asyncio.ensure_future(connect())))
+            if threading.get_ident() != on_loop:
+                assert connected.wait(10)  # the loop is free meanwhile: it connects
+        return said
+
+    async def connect() -> None:
+        with contextlib.suppress(KafkaConnectionError):
+            await client.bootstrap()
+
+    monkeypatch.setattr(SecretFile, "_take", taking)
+    user.write_text("guardrail-v2\n")
+    password.write_text(AFTER + "\n")
+    stop = asyncio.Event()
+    watching = asyncio.create_task(runtime._watch_secrets(stop, interval_s=0.02))
+    try:
+        for _ in range(500):
+            await asyncio.sleep(0.02)
+            if len(given) >= 2:
+                break
+    finally:
+        stop.set()
+        await watching
+        await asyncio.gather(*opened)
+        await client.close()
+    assert len(given) >= 2, given
+    assert set(given) <= {("guardrail-v1", BEFORE), ("guardrail-v2", AFTER)}, given
+    assert given[-1] == ("guardrail-v2", AFTER)
