@@ -47,6 +47,7 @@ __all__ = [
     "secret_digest",
     "secret_file",
     "take_secret_readings",
+    "unfit_file",
 ]
 
 SECRET_CHECK_INTERVAL_S = 30.0
@@ -72,9 +73,10 @@ def _stamp(st: os.stat_result) -> _Stamp:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _read_bytes(path: str) -> tuple[bytes | str, _Stamp | None]:
+def _read_bytes(path: str, limit: int = MAX_SECRET_BYTES) -> tuple[bytes | str, _Stamp | None]:
     """The bytes of ``path`` (or why not, a ``str``), with the file's stamp when it did
-    not change while read (``None``: it did, or it is no file).
+    not change while read (``None``: it did, or it is no file); more than ``limit`` bytes
+    are refused unread.
 
     Only a regular file (a Secret volume's, behind its symlinks) is read: a FIFO's read
     blocked until a writer came (the start hung, and a watch thread never returned,
@@ -87,9 +89,11 @@ def _read_bytes(path: str) -> tuple[bytes | str, _Stamp | None]:
         before = os.fstat(fd)
         if not stat.S_ISREG(before.st_mode):
             return f"is {_kind(before.st_mode)}, not a regular file", None
+        if before.st_size > limit:
+            return f"is larger than {_bytes(limit)}", None
         data = b""
-        while len(data) <= MAX_SECRET_BYTES:
-            chunk = os.read(fd, MAX_SECRET_BYTES + 1 - len(data))
+        while len(data) <= limit:
+            chunk = os.read(fd, limit + 1 - len(data))
             if not chunk:
                 break
             data += chunk
@@ -98,9 +102,34 @@ def _read_bytes(path: str) -> tuple[bytes | str, _Stamp | None]:
         return f"cannot be read ({exc.strerror or type(exc).__name__})", None
     finally:
         os.close(fd)
-    if len(data) > MAX_SECRET_BYTES:
-        return f"is larger than {MAX_SECRET_BYTES // 1024} KiB", after
+    if len(data) > limit:
+        return f"is larger than {_bytes(limit)}", after
     return data, after if after == _stamp(before) else None
+
+
+def _bytes(count: int) -> str:
+    return f"{count >> 20} MiB" if count >= 1 << 20 else f"{count >> 10} KiB"
+
+
+def unfit_file(path: str, limit: int) -> str | None:
+    """Why ``path`` must not be handed to a reader that opens it itself (OpenSSL loading a
+    certificate): it is no regular file (a FIFO blocks the read until a writer comes, a
+    device never ends) or it is larger than ``limit`` bytes. ``None``: it is fit, or it
+    cannot be opened (the reader then says why in its own words). Looked at through a
+    non-blocking descriptor: the look itself never blocks."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(st.st_mode):
+        return f"is {_kind(st.st_mode)}, not a regular file"
+    return f"is larger than {_bytes(limit)}" if st.st_size > limit else None
 
 
 def _settled(paths: Sequence[str]) -> dict[str, bytes | str]:
@@ -132,10 +161,11 @@ def _settled(paths: Sequence[str]) -> dict[str, bytes | str]:
         before = now
 
 
-def secret_digest(path: str) -> str:
+def secret_digest(path: str, limit: int = MAX_SECRET_BYTES) -> str:
     """A digest of what ``path`` holds now, to tell when it changed (one read, no waiting
-    for it to settle; a file that is none, or unreadable, has a digest of its own)."""
-    read, _ = _read_bytes(path)
+    for it to settle; a file that is none, unreadable, or larger than ``limit`` bytes has
+    a digest of its own)."""
+    read, _ = _read_bytes(path, limit)
     return read if isinstance(read, str) else hashlib.sha256(read).hexdigest()
 
 

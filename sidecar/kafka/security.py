@@ -38,10 +38,10 @@ from faststream.security import (
 
 from sidecar.config import KafkaSettings
 from sidecar.exceptions import ConfigError
-from sidecar.hashing import sha256_or_empty
-from sidecar.secretfile import SecretFile, secret_digest, secret_file
+from sidecar.secretfile import SecretFile, secret_digest, secret_file, unfit_file
 
 __all__ = [
+    "MAX_TLS_FILE_BYTES",
     "TLS_CHECK_INTERVAL_S",
     "RotatingSecret",
     "TlsFilesWatch",
@@ -55,6 +55,10 @@ __all__ = [
 
 TLS_CHECK_INTERVAL_S = 30.0
 """How often the running sidecar hashes its Kafka TLS files (a few KB) for a renewal."""
+
+MAX_TLS_FILE_BYTES = 4 * 1024 * 1024
+"""A larger CA bundle, certificate or key is none (a path set wrong): refused unread. A
+system CA bundle is about 200 KiB."""
 
 _TlsKey = tuple[str | None, str | None, str | None, str | None]
 # each context with the digests of the files it was made from (read before them)
@@ -103,8 +107,26 @@ def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
     return _context(kafka, _key_password(kafka))
 
 
+def _refuse_unfit_files(kafka: KafkaSettings) -> None:
+    """``ConfigError`` naming a TLS file OpenSSL must not open: a FIFO blocked the start,
+    or the watch thread for ever (OpenSSL opens and reads the path itself), a device
+    never ended, and no PEM file is larger than ``MAX_TLS_FILE_BYTES``."""
+    for name, path in (
+        ("SSL_CAFILE", kafka.ssl_cafile),
+        ("SSL_CERTFILE", kafka.ssl_certfile),
+        ("SSL_KEYFILE", kafka.ssl_keyfile),
+    ):
+        why = unfit_file(path, MAX_TLS_FILE_BYTES) if path else None
+        if why is not None:
+            raise ConfigError(
+                f"GUARDRAIL_KAFKA__{name}={path}: the file {why}; it must be a readable PEM "
+                f"file of at most {MAX_TLS_FILE_BYTES >> 20} MiB"
+            )
+
+
 def _context(kafka: KafkaSettings, passphrase: str | None) -> ssl.SSLContext:
     """:func:`ssl_context` with the client key's ``passphrase`` read already."""
+    _refuse_unfit_files(kafka)
     try:
         context = ssl.create_default_context(cafile=kafka.ssl_cafile)
     except (OSError, ssl.SSLError) as exc:
@@ -184,9 +206,11 @@ def _tls_files(kafka: KafkaSettings) -> list[str]:
 
 
 def _digests(files: list[str], kafka: KafkaSettings) -> dict[str, str]:
-    secret = kafka.ssl_key_password_file  # read as a secret: a regular file, never a pipe
+    # read as the secrets are: a regular file only, never a pipe, and never read past a cap
+    secret = kafka.ssl_key_password_file
     return {
-        path: secret_digest(path) if path == secret else sha256_or_empty(path) for path in files
+        path: secret_digest(path) if path == secret else secret_digest(path, MAX_TLS_FILE_BYTES)
+        for path in files
     }
 
 

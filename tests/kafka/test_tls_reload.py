@@ -9,11 +9,13 @@ certificate stands in for a broker: it sees what the shared context presents.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import socket
 import ssl
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,11 +24,14 @@ import pytest
 
 from sidecar import runtime
 from sidecar.config import HttpSettings, KafkaSettings, Settings
+from sidecar.exceptions import ConfigError
 from sidecar.kafka.security import (
+    MAX_TLS_FILE_BYTES,
     TlsFilesWatch,
     aiokafka_client_args,
     faststream_security,
     shared_ssl_context,
+    ssl_context,
 )
 from sidecar.pipeline.processor import Processor
 from sidecar.runtime import _watch_tls
@@ -292,3 +297,83 @@ def test_a_key_re_encrypted_with_a_new_passphrase_in_its_file_is_loaded(
         assert "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE" in said and "Pa55" not in said
         connect(context, port)  # the key loaded before stays
     assert seen == ["client1", "client2", "client2"]
+
+
+def _within(seconds: float, call: Callable[[], object]) -> tuple[bool, object]:
+    """Run ``call`` on a daemon thread: whether it returned within ``seconds``, and what it
+    returned or raised (a hang shows as a failure, not as a test run that never ends)."""
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except BaseException as exc:  # handed to the test
+            out.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return not thread.is_alive(), out[0] if out else None
+
+
+def _release(fifo: Path) -> None:
+    """End a read blocked on ``fifo`` (the old code's), so its thread does not outlive the test."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+@pytest.mark.parametrize("name", ["tls.crt", "tls.key", "ca.pem"])
+def test_a_tls_file_that_becomes_a_pipe_is_said_once_and_the_watch_returns(
+    certs: Path, tmp_path: Path, name: str
+) -> None:
+    """The watch loaded changed files with OpenSSL, which opens the path and reads it: a
+    FIFO put where a file was (a path set wrong, a sidecar writing the file through a pipe)
+    blocked the watch thread until a writer came, for ever, and the exit waited on it."""
+    context, watch = watched(certs, tmp_path)
+    path = tmp_path / name
+    path.unlink()
+    os.mkfifo(path)
+    try:
+        returned, said = _within(10, watch.changed)
+    finally:
+        _release(path)
+    assert returned, "the watch thread blocked on the pipe"
+    assert isinstance(said, tuple) and said[0] == logging.ERROR, said
+    assert f"={path}: the file is a pipe (FIFO), not a regular file" in said[1]
+    assert "keep using the files loaded before" in said[1]
+    assert watch.apply() is None and _within(10, watch.changed) == (True, None)  # said once
+    path.unlink()
+    put(certs, tmp_path, "client2")
+    with tls_server(certs) as (port, seen):
+        assert watch.changed() is None and watch.apply() is not None  # a file again: loaded
+        connect(context, port)
+    assert seen == ["client2"]
+
+
+@pytest.mark.parametrize(
+    ("name", "setting"),
+    [("ca.pem", "SSL_CAFILE"), ("tls.crt", "SSL_CERTFILE"), ("tls.key", "SSL_KEYFILE")],
+)
+def test_a_start_with_a_tls_file_that_is_a_pipe_stops_naming_the_setting(
+    tmp_path: Path, certs: Path, name: str, setting: str
+) -> None:
+    put(certs, tmp_path, "client1")
+    path = tmp_path / name
+    path.unlink()
+    os.mkfifo(path)
+    try:
+        returned, raised = _within(10, lambda: ssl_context(settings(tmp_path)))
+    finally:
+        _release(path)
+    assert returned, "the start blocked on the pipe"
+    assert isinstance(raised, ConfigError), raised
+    assert f"GUARDRAIL_KAFKA__{setting}={path}: the file is a pipe (FIFO)" in str(raised)
+
+
+def test_a_tls_file_larger_than_any_pem_bundle_is_refused(certs: Path, tmp_path: Path) -> None:
+    """A path set to a large file (a log, an image) was read whole into memory every 30 s."""
+    put(certs, tmp_path, "client1")
+    with (tmp_path / "ca.pem").open("ab") as bundle:
+        bundle.truncate(MAX_TLS_FILE_BYTES + 1)
+    with pytest.raises(ConfigError, match=r"SSL_CAFILE=.*: the file is larger than 4 MiB"):
+        ssl_context(settings(tmp_path))
