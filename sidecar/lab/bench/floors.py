@@ -48,6 +48,7 @@ log = logging.getLogger("sidecar.bench.floors")
 
 FINAL_MARKER = b'"event_type":"generation.final"'
 NOOP_POLICY = "bench-noop/0"
+_GENERATION, _RETRIEVAL = InputKind.GENERATION, InputKind.RETRIEVAL  # as the processor reads them
 
 
 def is_final(raw: bytes | None) -> bool:
@@ -92,17 +93,26 @@ class ConstantVerdictProcessor(Processor):
         self._template = _VerdictTemplate()
 
     def on_batch(self, items: Sequence[BatchItem], now_ms: float) -> Step:
+        """Every record is accepted and counted as the sidecar counts it, once per batch
+        (``guardrail.consumer.records``): the floor pays for the same counter."""
         del now_ms
         step = Step()
+        retrieval = feedback = 0
         for kind, raw, key, ref in items:
-            self.counters.consumed += 1
-            if kind is InputKind.GENERATION and key is not None and is_final(raw):
+            if kind is not _GENERATION:
+                if kind is _RETRIEVAL:
+                    retrieval += 1
+                else:
+                    feedback += 1
+            elif key is not None and is_final(raw):
                 request_id = key.decode("utf-8", errors="replace")
                 step.outputs.append(
                     Output(Destination.VERDICTS, key, self._template.encode(request_id), [])
                 )
                 self.counters.verdicts += 1
             step.done.append(ref)
+        self.counters.consumed += len(items)
+        self.counters.inputs.batch(retrieval, len(items) - retrieval - feedback, feedback)
         return step
 
 

@@ -48,6 +48,27 @@ def test_constant_verdict_processor_answers_each_final_once_and_finishes_every_i
     assert processor.counters.consumed == len(items) and processor.counters.verdicts == 3
 
 
+def test_constant_verdict_processor_counts_consumed_records_as_the_sidecar_does(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    """The floor feeds ``guardrail.consumer.records`` (the processor's input tally), so the
+    no-op passthrough pays for the same per-batch counter the sidecar does."""
+    processor = ConstantVerdictProcessor(settings_factory())
+    items = []
+    for i in range(2):
+        items += request_items(answer_events(f"c-{i}", LoadShape()), f"c-{i}", i)
+    feedback_ref = items[0][3]
+    items.append((InputKind.FEEDBACK, b"{}", b"c-0", feedback_ref))
+    processor.on_batch(items, 0.0)
+    processor.on_batch(items[:1], 0.0)
+    counts = processor.counters.inputs.counts()
+    generation = sum(1 for kind, *_ in items if kind is InputKind.GENERATION)
+    assert counts[("retrieval", "accepted")] == 3
+    assert counts[("generation", "accepted")] == generation
+    assert counts[("feedback", "accepted")] == 1
+    assert sum(counts.values()) == processor.counters.consumed == len(items) + 1
+
+
 def test_constant_verdict_processor_skips_keyless_and_non_generation_records(
     settings_factory: Callable[..., Settings],
 ) -> None:
