@@ -152,6 +152,8 @@ class PendingRequest:
         input's. A ``traceparent`` no propagator can read is passed over for another
         input's (audit: a final's malformed one cost the verdict the retrieval's trace);
         when none can be read, the final's headers, else any input's, as they came."""
+        if not self.final_headers and not self._any_headers():
+            return ()  # no input carried a header (tracing off upstream): ~6 us a verdict less
         if _readable_parent(self.final_headers):
             return self.final_headers
         for ref in reversed(self.refs):
@@ -170,6 +172,8 @@ class PendingRequest:
         """The inputs' trace contexts in other traces than ``parent``'s, one per trace (at
         most :data:`MAX_TRACE_LINKS`): a retrieval written under another trace than the
         answer is linked from the verdict, not only from the poll that read it."""
+        if not self._any_headers():
+            return ()
         traces = {_trace_id(parent)}
         links: list[tuple[tuple[str, bytes], ...]] = []
         for ref in self.refs:
@@ -181,6 +185,13 @@ class PendingRequest:
             if len(links) == MAX_TRACE_LINKS:
                 break
         return tuple(links)
+
+    def _any_headers(self) -> bool:
+        """Whether any input held carries a header (a plain loop: the common case has none)."""
+        for ref in self.refs:
+            if ref.headers:
+                return True
+        return False
 
     @property
     def complete(self) -> bool:
