@@ -113,6 +113,11 @@ class _Terms:
     intercept: float
     platt: tuple[float, float] | None  # (a, b) of a Platt calibrator, else None
     calibrator: Calibrator
+    # the indicator values of each pattern of missing signals seen (at most 2 ** signals
+    # patterns; a serving process sees a handful): one lookup a row, not a test per group
+    indicator_values: dict[tuple[str, ...], tuple[float, ...]] = field(
+        default_factory=dict, compare=False
+    )
 
 
 class ConfidenceTraining(BaseModel):
@@ -308,7 +313,14 @@ class ConfidenceModel(BaseModel):
                 row.append(value)
             else:
                 row.append(signal_value(name, value))
-        row.extend(0.0 if members.isdisjoint(missing) else 1.0 for members in terms.indicators)
+        pattern = tuple(missing)
+        flags = terms.indicator_values.get(pattern)
+        if flags is None:
+            flags = tuple(
+                0.0 if members.isdisjoint(missing) else 1.0 for members in terms.indicators
+            )
+            terms.indicator_values[pattern] = flags
+        row.extend(flags)
         return row
 
     def predict_many(self, values_list: Sequence[FeatureValues]) -> FloatArray:

@@ -341,6 +341,9 @@ def test_predict_many_is_predict_bit_for_bit(model: ConfidenceModel, method: str
         {},  # every signal missing
     ]
     assert variant.predict_many(mixed).tolist() == variant.predict(mixed).tolist()
+    # again, with each pattern of missing signals' indicators remembered from the first pass
+    assert len(variant._serving().indicator_values) >= 2  # none missing, all missing, ...
+    assert variant.predict_many(mixed[::-1]).tolist() == variant.predict(mixed[::-1]).tolist()
     assert variant.predict_many([]).shape == (0,)
     with pytest.raises(ConfidenceDataError, match="unknown features"):
         variant.predict_many([full_row(), {**full_row(), "bogus": 1.0}])
