@@ -83,14 +83,16 @@ def certify(
         cal = calibration.calibration
         cal_id = calibration.calibration_id
         used = calibration.used_key
-        requested: str | None = calibration.requested.label
-        reason = None if calibration.fallback_reason is None else str(calibration.fallback_reason)
+        requested: str | None = calibration.requested_label
+        reason = calibration.reason_text
+        alpha = calibration.alpha
     else:
         cal = calibration
         cal_id = calibration_id
         used = GLOBAL_KEY_LABEL
         requested = None
         reason = None
+        alpha = float(cal.alpha)
 
     n1 = cal.n1
     span = cal.n2 - cal.n1
@@ -125,7 +127,7 @@ def certify(
         m2=len(trusted) / depth if depth else 0.0,
         depth=depth,
         normalised_scores=tuple(normalised),
-        alpha=float(cal.alpha),
+        alpha=alpha,
         q_hat=cal.q_hat if certifiable else None,
         threshold=threshold if certifiable else None,
         certifiable=certifiable,

@@ -19,7 +19,7 @@ immutable after construction.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sidecar.conformal.artifact import CalibrationArtifact
@@ -52,6 +52,18 @@ class ResolvedCalibration:
     """``tenant/collection/retriever`` of the calibration used, or ``global``."""
     fallback_reason: FallbackReason | None
     detail: str
+    # read by every certification of the key, worked out once per resolution (the registry
+    # keeps it per key): the requested key's label, the reason as text, alpha as a float
+    # (recomputed, two labels and a Fraction's float cost ~2.5 us a retrieval)
+    requested_label: str = field(init=False, repr=False, compare=False)
+    reason_text: str | None = field(init=False, repr=False, compare=False)
+    alpha: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        reason = None if self.fallback_reason is None else str(self.fallback_reason)
+        object.__setattr__(self, "requested_label", self.requested.label)
+        object.__setattr__(self, "reason_text", reason)
+        object.__setattr__(self, "alpha", float(self.calibration.alpha))
 
     @property
     def fallback(self) -> bool:

@@ -34,7 +34,7 @@ class ConformalCertifier:
         resolved = self.registry.resolve(event.tenant, event.collection, event.retriever)
         scores = [h.score for h in event.hits]
         cert = certify(scores, resolved, depth=event.k)
-        rising = self.order.observe(resolved.requested.label, scores)
+        rising = self.order.observe(resolved.requested_label, scores)
         if rising or not cert.certifiable:
             # distances, read as similarities, would trust the worst chunks; and without a
             # threshold at this alpha (k > n) the conformal set is every chunk, which

@@ -89,6 +89,18 @@ def test_resolved_calibration_carries_key_and_fallback() -> None:
     assert cert.calibration_id == "r@c:abc"
     assert (cert.calibration_key, cert.requested_key) == ("global", "t/c/r")
     assert (cert.fallback, cert.fallback_reason) == (True, "unknown-key")
+    assert cert.alpha == float(_calibration().alpha)
+
+
+def test_resolved_calibration_works_out_what_each_certification_reads_once() -> None:
+    """The label (escaped), the reason's text and alpha, as each certification read them."""
+    key = CalibrationKey("org/team", "c%1", "r")
+    own = ResolvedCalibration(_calibration(), "id", key, key.label, None, "")
+    assert (own.requested_label, own.reason_text) == ("org%2Fteam/c%251/r", None)
+    assert own.alpha == float(_calibration().alpha) and type(own.alpha) is float
+    other = ResolvedCalibration(_calibration(), "id", key, "global", FallbackReason.UNKNOWN_KEY, "")
+    assert other.reason_text == "unknown-key" == str(FallbackReason.UNKNOWN_KEY)
+    assert certify([5.0], other).requested_key == key.label
 
 
 @settings(max_examples=200, deadline=None)
