@@ -220,6 +220,8 @@ class Intake:
         self._tenancy = tenancy
         self._clock_ns = clock_ns
         self._tenant_from_events = tenancy.source == "event"
+        self._max_message_bytes = limits.max_message_bytes
+        self._max_json_depth = limits.max_json_depth
         self.partition_mismatches = 0  # requests whose inputs came on two partition numbers
         # requests decided incomplete, and labels, with an input off its murmur2 partition
         self.misrouted = 0
@@ -245,17 +247,26 @@ class Intake:
         if not reread:
             self._read_up_to[position] = ref.offset
         event: RetrievalEvent | GenerationDelta | GenerationFinal | FeedbackEvent | None = None
+        # the common record (no headers, tenancy from the events) calls nothing it need not
         try:
-            _check_read(ref)
-            event = self._decode(kind, raw)
-            tenant = self._tenant(ref)
+            if ref.headers:
+                _check_read(ref)
+            event = decode_input(
+                kind, raw, max_bytes=self._max_message_bytes, max_depth=self._max_json_depth
+            )
+            tenant = None if self._tenant_from_events else self._trusted_tenant(ref)
             if isinstance(event, FeedbackEvent):
                 check_key(key, event.request_id, "the feedback topic")
                 self._off_home(event.request_id, ref)  # its request's replica may be another
                 return Labelled(event, tenant)
-            check_key(key, event.request_id, "input topics")
-            self._check_tenant(event, tenant)
-            store_key = self.store_key(event.request_id, tenant)
+            request_id = event.request_id
+            if key is not None and key != request_id.encode("utf-8"):
+                check_key(key, request_id, "input topics")  # raises, naming both
+            if tenant is None:
+                store_key = request_id
+            else:
+                self._check_tenant(event, tenant)
+                store_key = self.store_key(request_id, tenant)
             if reread and self._decided(store_key, now_ms):
                 # read before and its request decided since: the verdict is out (a producer's
                 # re-send is a new record, at a new offset, and stays after-final)
@@ -289,7 +300,7 @@ class Intake:
         entry.request_bytes += counted
         evictions = self.store.make_room(entry)
         made_room = self.store.hold_bytes(entry, size)
-        return Held(entry, (*evictions, *made_room))
+        return Held(entry, (*evictions, *made_room) if evictions or made_room else ())
 
     def _open(
         self, store_key: str, request_id: str, tenant: str | None, now_ms: float
@@ -574,10 +585,7 @@ class Intake:
 
     def _decode(self, kind: InputKind, raw: bytes | None) -> InputEvent | FeedbackEvent:
         return decode_input(
-            kind,
-            raw,
-            max_bytes=self._limits.max_message_bytes,
-            max_depth=self._limits.max_json_depth,
+            kind, raw, max_bytes=self._max_message_bytes, max_depth=self._max_json_depth
         )
 
     def _tenant(self, ref: InputRef) -> str | None:
