@@ -173,8 +173,21 @@ def answer_attributes(
         "guardrail.profile": "none" if profile is None else profile,
         "guardrail.reasons": codes,
         "guardrail.policy": policy,
-        **{f"guardrail.model.{k}": v for k, v in model_versions.items()},
+        **{_model_attribute(k): v for k, v in model_versions.items()},
     }
+
+
+_MODEL_ATTRIBUTES: dict[str, str] = {}  # model name -> its attribute (a handful: the signals')
+
+
+def _model_attribute(name: str) -> str:
+    """``guardrail.model.<name>``, formatted once per name (five f-strings a verdict, before)."""
+    attribute = _MODEL_ATTRIBUTES.get(name)
+    if attribute is None:
+        attribute = f"guardrail.model.{name}"
+        if len(_MODEL_ATTRIBUTES) < 256:  # names are the sidecar's own; bounded all the same
+            _MODEL_ATTRIBUTES[name] = attribute
+    return attribute
 
 
 def verdict_output(verdict: AnswerVerdict, entry: PendingRequest, end_ns: int) -> Step:
