@@ -119,11 +119,22 @@ def held_bytes(
     retrieval whose chunks each hold one emoji takes ~4x its UTF-8 bytes, which the
     raw size alone would not count.
     """
-    size = max(len(raw or b""), _text_bytes(event)) + HELD_EVENT_OVERHEAD
-    if type(event) is RetrievalEvent:
-        size += HELD_HIT_OVERHEAD * len(event.hits)
-    if type(event) is GenerationFinal and event.attention is not None:
-        size += event.attention.decoded_bytes
+    # the memory of the event's texts (sys.getsizeof: header and 1-4 bytes a character),
+    # and what each kind holds beside them, in one dispatch on its type
+    extra = HELD_EVENT_OVERHEAD
+    if type(event) is GenerationDelta:
+        text = sys.getsizeof(event.text)
+    elif type(event) is RetrievalEvent:
+        hits = event.hits
+        text = sys.getsizeof(event.query) + sum(sys.getsizeof(h.text) for h in hits)
+        extra += HELD_HIT_OVERHEAD * len(hits)
+    elif type(event) is GenerationFinal:
+        text = sys.getsizeof(event.answer)
+        if event.attention is not None:
+            extra += event.attention.decoded_bytes
+    else:
+        text = 0
+    size = max(len(raw) if raw else 0, text) + extra
     for name, value in headers:
         size += len(name) + len(value)
     return size
@@ -135,17 +146,6 @@ def _delta_bytes(text: str, headers: tuple[tuple[str, bytes], ...]) -> int:
     for name, value in headers:
         size += len(name) + len(value)
     return size
-
-
-def _text_bytes(event: JoinedEvent) -> int:
-    """The memory of the event's texts (``sys.getsizeof``: header and 1-4 bytes a char)."""
-    if type(event) is RetrievalEvent:
-        return sys.getsizeof(event.query) + sum(sys.getsizeof(h.text) for h in event.hits)
-    if type(event) is GenerationFinal:
-        return sys.getsizeof(event.answer)
-    if type(event) is GenerationDelta:
-        return sys.getsizeof(event.text)
-    return 0
 
 
 def _check_read(ref: InputRef) -> None:
