@@ -698,6 +698,27 @@ def _log_levels(settings: Settings) -> None:
             logging.getLogger(name).setLevel(logging.DEBUG)
 
 
+def _unfinished_stop(service: SidecarService, grace_s: float) -> str:
+    """The one line said when stopping outlasts the shutdown grace: the step it was at,
+    whether the final commit was confirmed, and what the next owner does again."""
+    held = service.state.processing_for()
+    pending = service.tracker.pending_count()
+    if service.final_commit_confirmed:
+        commit = "the final commit was confirmed"
+    else:
+        commit = (
+            "the final commit was not confirmed: what was decided since the last one is "
+            "decided again by the next owner (same idempotency keys)"
+        )
+    return (
+        f"stopping took longer than the shutdown grace ({grace_s:g} s, "
+        f"GUARDRAIL_SHUTDOWN_GRACE_MS), at {service.stop_step or 'its end'}"
+        + (f"; the processor has made no progress for {held:.0f} s" if held else "")
+        + f": exiting now; {commit}; {pending} input record(s) not finished are left to "
+        "the next owner"
+    )
+
+
 async def serve(settings: Settings, processor: Processor | None = None) -> None:
     """Run until SIGTERM / SIGINT. ``processor``: replaces the one built from the
     settings' signals and policy (the bench's constant-verdict floor); ``None``
@@ -765,13 +786,7 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
         try:
             await asyncio.wait_for(service.stop(), timeout=grace_s or None)
         except TimeoutError:
-            held = service.state.processing_for()
-            raise StopTimeoutError(
-                f"stopping took longer than the shutdown grace ({grace_s:g} s, "
-                "GUARDRAIL_SHUTDOWN_GRACE_MS)"
-                + (f"; the processor has made no progress for {held:.0f} s" if held else "")
-                + ": exiting now; what was not committed is read again by the next owner"
-            ) from None
+            raise StopTimeoutError(_unfinished_stop(service, grace_s)) from None
     finally:
         _release(processor, tls_watch, secret_watch)
         if health is not None:

@@ -111,6 +111,10 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._service.on_assigned({(tp.topic, tp.partition) for tp in assigned})
 
 
+def _nothing() -> None:
+    """A worker call that only marks its place in the queue."""
+
+
 def _log_failure(done: Future[object]) -> None:
     """A worker call's done callback: log its exception, if any."""
     if not done.cancelled() and (error := done.exception()) is not None:
@@ -266,6 +270,10 @@ class SidecarService:
         # per partition: records from the commit point to the end (the lag gauge), measured
         # by the watchdog every second (the ticker stops when the processor is held)
         self.uncommitted: dict[TP, int] = {}
+        # what stop() is doing now, and whether its final commit was confirmed: what the
+        # line says when the shutdown grace runs out first (``runtime.serve``)
+        self.stop_step = ""
+        self.final_commit_confirmed = False
         self._observe()
 
     @property
@@ -419,7 +427,9 @@ class SidecarService:
         consumer.pause(consumer.assignment())
         self._stopping.set()
         self.queue.wake()
+        self.stop_step = "waiting for the processor's call in hand"
         async with self._handler_lock:
+            self.stop_step = "stopping the ticker"
             for task in (self._ticker, self._drainer, self._watchdog):
                 if task is not None and not task.done():  # one that ended was said fatal
                     task.cancel()
@@ -427,6 +437,7 @@ class SidecarService:
                         await task
             # the steps in flight: confirmed, or left pending for the next owner (bounded, so
             # the commit of what is through and the clients' close fit the grace period)
+            self.stop_step = "waiting for the broker to confirm the last verdicts"
             settle_s = self.settings.shutdown_grace_ms / 2000
             if not await self.publisher.settle(settle_s):
                 abandoned = self.publisher.abandon()
@@ -435,18 +446,30 @@ class SidecarService:
                     "uncommitted and are read again",
                     abandoned, settle_s,
                 )  # fmt: skip
+            self.stop_step = "publishing certificate withdrawals"
             await self._withdrawals_at_stop()
+            self.stop_step = "the final commit"
             try:
                 await self.committer.commit(consumer)
+                self.final_commit_confirmed = True
             except KafkaError as exc:
                 log.warning("final commit failed (%s); the next owner re-reads", exc)
+        self.stop_step = "closing the Kafka clients"
         await self.subscriber.stop()
         await self.broker.stop()
         await self.clients.producer.stop()
         if self.certificates is not None:
             await self.certificates.stop()
         if self._worker is not None:
-            self._worker.shutdown(wait=True)
+            # the calls submitted before (a tick's, whose task was cancelled above while its
+            # call ran on) finish first, awaited on the loop: ``shutdown(wait=True)`` blocked
+            # the loop, so a call that never returns held the process past the shutdown grace
+            # for good, until the kubelet's SIGKILL (audit: a hung on_tick, 90 s and counting)
+            self.stop_step = "waiting for the processor's last calls"
+            last = self._worker.submit(_nothing)
+            self._worker.shutdown(wait=False)
+            await asyncio.wrap_future(last)
+        self.stop_step = ""
         self.state.started = False
 
     async def _withdrawals_at_stop(self) -> None:
