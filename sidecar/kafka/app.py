@@ -397,6 +397,16 @@ class SidecarService:
         self._watchdog = self._background(self._watch_processor(), "sidecar-watchdog")
         self.state.started = True
 
+    async def close_unstarted(self) -> None:
+        """Close what a start cut short (a SIGTERM while the clients started) had opened:
+        nothing was decided yet, so there is nothing to commit."""
+        await self.broker.stop()
+        await self.clients.producer.stop()
+        if self.certificates is not None:
+            await self.certificates.stop()
+        if self._worker is not None:
+            self._worker.shutdown(wait=False)
+
     def _background(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         """A task the loop needs until stop(): one that ends before (a bug out of it) is
         fatal, so the pod restarts with the cause in its log. Unwatched, a ticker gone made

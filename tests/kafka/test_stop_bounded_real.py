@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -55,6 +56,23 @@ def on_tick(self, *args, **kwargs):
         time.sleep(0.05)
     return served(self, *args, **kwargs)
 processor.Processor.on_tick = on_tick
+from sidecar.cli.main import main
+sys.exit(main(["run"]))
+"""
+
+# the sidecar's own CLI, its start held before the output topics' limits are read until the
+# go file exists (the test freezes the broker meanwhile)
+HELD_START_RUN = """
+import asyncio, os, sys
+import sidecar.kafka.publish as publish
+served = publish.Publisher.read_topic_limits
+async def read_topic_limits(self):
+    hook = os.environ["TEST_HOOK"]
+    open(hook + ".at", "w").close()
+    while not os.path.exists(hook + ".go"):
+        await asyncio.sleep(0.05)
+    return await served(self)
+publish.Publisher.read_topic_limits = read_topic_limits
 from sidecar.cli.main import main
 sys.exit(main(["run"]))
 """
@@ -272,3 +290,47 @@ async def test_sigterm_with_a_processor_call_hung_ends_within_the_grace(
         line = _ended_within_grace(run, code, took)
     assert "at waiting for the processor's last calls" in line, line
     assert "the final commit was confirmed" in line, line
+
+
+async def test_sigterm_while_starting_against_a_hung_broker_ends_within_the_grace(
+    broker: LocalKafka, unique_topics: dict[str, str], tmp_path: Path
+) -> None:
+    """The broker freezes while the clients start (the output topics' limits are read, the
+    producer bootstraps), and the pod is deleted: the start is cut short. It used to wait
+    for each client in turn, each ``request_timeout_ms`` (59.7 s with a 4 s grace)."""
+    settings = settings_for(unique_topics, broker.bootstrap_servers)
+    await create_topics(settings)
+    hook = tmp_path / "hook"
+    env = {
+        **sidecar_env(
+            broker.bootstrap_servers,
+            {k: v for k, v in unique_topics.items() if k != "group"},
+            unique_topics["group"],
+        ),
+        "GUARDRAIL_SHUTDOWN_GRACE_MS": str(GRACE_MS),
+        "TEST_HOOK": str(hook),
+    }
+    proc = SidecarProcess(env, tmp_path / "sidecar.log", argv=("-c", HELD_START_RUN))
+    with proc.log.open("ab") as out:
+        proc.proc = subprocess.Popen(  # not proc.start(): it waits for /readyz
+            [sys.executable, *proc.argv], env=proc.env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while not Path(f"{hook}.at").exists():
+            assert proc.proc.poll() is None, proc.tail()
+            assert time.monotonic() < deadline, proc.tail()
+            await asyncio.sleep(0.05)
+        pid = broker.pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        Path(f"{hook}.go").touch()
+        await asyncio.sleep(0.5)  # the limits' read is sent to the frozen broker
+        code, took = await sigterm(proc)
+    finally:
+        if proc.pid is not None:
+            proc.signal(signal.SIGKILL)
+    log = proc.tail(20_000)
+    assert code == 0, log
+    assert took < GRACE_MS / 1000 + MARGIN_S, (took, log)
+    assert "stopped while starting" in log, log
