@@ -23,7 +23,7 @@ from typing import Any
 from sidecar.config import Settings
 from sidecar.exceptions import ConfigError
 from sidecar.lab.bench.e2e import LoadShape, answer_events
-from sidecar.lab.bench.stages import request_items
+from sidecar.lab.bench.stages import as_served, request_items
 from sidecar.pipeline.ports import Policy, SignalSuite
 from sidecar.pipeline.processor import Processor
 
@@ -86,12 +86,13 @@ def profile_requests(
     processor = Processor(settings, policy, signals=signals)
     events = [answer_events(f"prof-{i}", shape) for i in range(n)]
     profiler = Profiler(interval=0.001)
-    t0 = time.perf_counter()
-    profiler.start()
-    for i, events_i in enumerate(events):
-        processor.on_batch(request_items(events_i, events_i[0]["request_id"], i), 0.0)
-    session = profiler.stop()
-    wall = time.perf_counter() - t0
+    with as_served(settings):
+        t0 = time.perf_counter()
+        profiler.start()
+        for i, events_i in enumerate(events):
+            processor.on_batch(request_items(events_i, events_i[0]["request_id"], i), 0.0)
+        session = profiler.stop()
+        wall = time.perf_counter() - t0
     root = session.root_frame()
     self_time: dict[tuple[str, str, int], float] = defaultdict(float)
     if root is not None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from sidecar import runtime
 from sidecar.claims.checker import VerifierClaimChecker
 from sidecar.config import Settings
+from sidecar.lab.bench import stages
 from sidecar.lab.bench.e2e import LoadShape, answer_events, percentiles
 from sidecar.lab.bench.profile import package_of, profile_requests
 from sidecar.lab.bench.stages import run_claim_stages, run_stages
@@ -86,3 +88,27 @@ def test_claim_stages_time_segmentation_selection_and_the_verifier() -> None:
         per_claim["p50_us"] / out["windows_per_claim"], rel=0.02
     )
     assert run_claim_stages(object(), n=5) == {}  # type: ignore[arg-type]  # not a verifier
+
+
+def test_the_whole_request_is_timed_with_the_startup_objects_frozen_as_served(
+    settings_factory: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``guardrail run`` freezes what it loaded (GUARDRAIL_GC_FREEZE); the in-process
+    stages timed the processor without, so each full collection walked the models."""
+    frozen_while_timed: list[int] = []
+    timed = stages._time
+
+    def recording(fn: Callable[[], object], n: int) -> dict[str, float]:
+        frozen_while_timed.append(gc.get_freeze_count())
+        return timed(fn, n)
+
+    monkeypatch.setattr(stages, "_time", recording)
+    before = gc.get_freeze_count()
+    out = run_stages(settings_factory(), PlaceholderPolicy(), SignalSuite(), n=30)
+    assert out["whole_request_processor"]["p50_us"] > 0
+    decode_retrieval, whole = frozen_while_timed[0], frozen_while_timed[2]
+    assert decode_retrieval == before and whole > before  # the processor's timing only
+    assert gc.get_freeze_count() == before  # given back
+    frozen_while_timed.clear()
+    run_stages(settings_factory(gc_freeze=False), PlaceholderPolicy(), SignalSuite(), n=30)
+    assert set(frozen_while_timed) == {before}
