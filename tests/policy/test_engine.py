@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -377,3 +378,18 @@ def test_remove_unsupported_keeps_the_answers_line_ends(newline: str) -> None:
     )
     got = remove_unsupported(spaced, results(spaced, [S, U, S]))
     assert got == expected
+
+
+def test_remove_unsupported_takes_linear_time_on_a_long_run_of_spaces() -> None:
+    """The line-end trim was a regex (spaces, then a line end ahead), which backtracked over
+    a run of spaces from each of its characters: an answer with 20,000 spaces in a kept
+    sentence took 8 s on the worker (40,000: 34 s; a 1 MiB answer, hours), the processor
+    held while the watchdog counted. Split at the line ends, it is one pass (~1 ms)."""
+    first = "Paris is in Germany."
+    answer = f"{first} Lyon{' ' * 20_000}is big.\n  - Lyon is a city.  \r\nEnd."
+    claims = [ClaimResult(0, (0, len(first)), first, U, 0.1)]
+    started = time.perf_counter()
+    got = remove_unsupported(answer, claims)
+    elapsed = time.perf_counter() - started
+    assert got == f"Lyon{' ' * 20_000}is big.\n  - Lyon is a city.\r\nEnd."
+    assert elapsed < 1.0, f"{elapsed:.2f} s for 20,000 spaces"
