@@ -46,6 +46,7 @@ __all__ = [
     "read_secret_files",
     "secret_digest",
     "secret_file",
+    "secret_files",
     "take_secret_readings",
     "unfit_file",
 ]
@@ -205,12 +206,21 @@ class SecretFile:
     """One secret and the file it is read from: :meth:`value` is the last good reading,
     :meth:`check` reads the file again (file I/O: off the event loop)."""
 
-    def __init__(self, path: str, setting: str, used_by: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        setting: str,
+        used_by: str,
+        *,
+        read: str | tuple[None, str] | None = None,
+    ) -> None:
         """``setting``: the variable that names the file (for messages); ``used_by``: who
-        takes a changed secret ("new Kafka connections"). ``ConfigError`` when the file
+        takes a changed secret ("new Kafka connections"); ``read``: the file's settled
+        reading, taken with others (``None``: read it now). ``ConfigError`` when the file
         does not hold a secret now."""
         self.path, self.setting, self._used_by = path, setting, used_by
-        read = _read(path)
+        if read is None:
+            read = _read(path)
         if isinstance(read, tuple):
             raise ConfigError(
                 f"{setting}={path}: the file {read[1]}; it must be a readable file holding "
@@ -258,6 +268,20 @@ def secret_file(path: str, setting: str, used_by: str) -> SecretFile:
         if opened is None:
             opened = _OPEN[key] = SecretFile(path, setting, used_by)
     return opened
+
+
+def secret_files(specs: Sequence[tuple[str, str, str]]) -> list[SecretFile]:
+    """:func:`secret_file` for each ``(path, setting, used_by)``, the files not opened yet
+    read together (settled from one moment, as the watch reads them): opened one after the
+    other, a username read before a Secret's update and its password after it were taken
+    as a pair at start (an authentication the broker refuses: exit 2)."""
+    with _OPEN_LOCK:
+        new = [(path, setting) for path, setting, _ in specs if (setting, path) not in _OPEN]
+        read = _settled(sorted({path for path, _ in new})) if new else {}
+        for path, setting, used_by in specs:
+            if (setting, path) not in _OPEN:
+                _OPEN[setting, path] = SecretFile(path, setting, used_by, read=_decode(read[path]))
+        return [_OPEN[setting, path] for path, setting, _ in specs]
 
 
 SecretReadings = list[tuple[SecretFile, str | tuple[None, str]]]

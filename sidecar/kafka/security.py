@@ -38,7 +38,7 @@ from faststream.security import (
 
 from sidecar.config import KafkaSettings
 from sidecar.exceptions import ConfigError
-from sidecar.secretfile import SecretFile, secret_digest, secret_file, unfit_file
+from sidecar.secretfile import SecretFile, secret_digest, secret_file, secret_files, unfit_file
 
 __all__ = [
     "MAX_TLS_FILE_BYTES",
@@ -358,8 +358,19 @@ def _follow_rotations() -> None:
                 setattr(AIOKafkaClient, slot, _Current(slot))
 
 
-def _rotating(path: str, setting: str) -> RotatingSecret:
+def _rotating(kafka: KafkaSettings, path: str, setting: str) -> RotatingSecret:
     _follow_rotations()
+    # the username and password files are opened together (one moment of the Secret)
+    secret_files(
+        [
+            (file, name, "new Kafka connections")
+            for file, name in (
+                (kafka.sasl_username_file, "GUARDRAIL_KAFKA__SASL_USERNAME_FILE"),
+                (kafka.sasl_password_file, "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE"),
+            )
+            if file is not None
+        ]
+    )
     return RotatingSecret(secret_file(path, setting, "new Kafka connections"))
 
 
@@ -368,7 +379,7 @@ def sasl_password(kafka: KafkaSettings) -> str:
     :class:`RotatingSecret` of ``sasl_password_file`` (read the first time:
     ``ConfigError`` when the file holds none)."""
     if kafka.sasl_password_file is not None:
-        return _rotating(kafka.sasl_password_file, "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE")
+        return _rotating(kafka, kafka.sasl_password_file, "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE")
     assert kafka.sasl_password is not None  # noqa: S101 - checked by KafkaSettings
     return kafka.sasl_password.get_secret_value()
 
@@ -378,7 +389,7 @@ def sasl_username(kafka: KafkaSettings) -> str:
     :class:`RotatingSecret` of ``sasl_username_file`` (read the first time:
     ``ConfigError`` when the file holds none)."""
     if kafka.sasl_username_file is not None:
-        return _rotating(kafka.sasl_username_file, "GUARDRAIL_KAFKA__SASL_USERNAME_FILE")
+        return _rotating(kafka, kafka.sasl_username_file, "GUARDRAIL_KAFKA__SASL_USERNAME_FILE")
     assert kafka.sasl_username is not None  # noqa: S101 - checked by KafkaSettings
     return kafka.sasl_username
 

@@ -12,14 +12,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
-from sidecar import runtime
+from sidecar import runtime, secretfile
 from sidecar.config import Settings
 from sidecar.exceptions import ConfigError
+from sidecar.kafka.security import sasl_password, sasl_username
 from sidecar.secretfile import (
     MAX_SECRET_BYTES,
     SECRET_SETTLE_S,
@@ -435,3 +436,36 @@ def test_a_file_that_never_settles_keeps_the_secret_read_before(
     assert level == logging.ERROR
     assert "the file kept changing for 1 s (still being written?)" in line
     assert secret.value() == SECRET
+
+
+def test_the_start_reads_a_username_and_its_password_from_one_moment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The start opened the username file, then the password file, each settled on its
+    own (0.25 s at least): a Secret updated between the two (the kubelet swaps both at
+    once) gave the new user with the old password, or the old user with the new one, and
+    the broker refused the start (exit 2). The two are read together now, as the watch
+    reads them."""
+    user = _secret(tmp_path, "guardrail-v1\n", "username")
+    password = _secret(tmp_path, "pa55-v1\n", "password")
+    settings = _load(
+        monkeypatch,
+        {
+            **{k: v for k, v in SASL.items() if k != "GUARDRAIL_KAFKA__SASL_USERNAME"},
+            "GUARDRAIL_KAFKA__SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "GUARDRAIL_KAFKA__SASL_USERNAME_FILE": str(user),
+            "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE": str(password),
+        },
+    )
+    settled = secretfile._settled
+
+    def then_updated(paths: Sequence[str]) -> dict[str, bytes | str]:
+        read = settled(paths)
+        user.write_text("guardrail-v2\n")  # the Secret changes right after this read
+        password.write_text("pa55-v2\n")
+        return read
+
+    monkeypatch.setattr(secretfile, "_settled", then_updated)
+    runtime.check(settings)
+    pair = (str(sasl_username(settings.kafka)), str(sasl_password(settings.kafka)))
+    assert pair in {("guardrail-v1", "pa55-v1"), ("guardrail-v2", "pa55-v2")}, pair
