@@ -46,7 +46,13 @@ def _settings(args: argparse.Namespace) -> Settings:
 def run_list(args: argparse.Namespace) -> int:
     from sidecar.kafka.withdrawals import read_withdrawals  # noqa: PLC0415
 
-    latest = asyncio.run(read_withdrawals(_settings(args)))
+    settings = _settings(args)
+    latest = asyncio.run(read_withdrawals(settings))
+    if not latest:  # said on stderr: stdout stays JSON lines (none) for a script
+        sys.stderr.write(
+            f"{settings.topics.certificates}: no certificate withdrawals (no allow "
+            "certificate was withdrawn or reinstated)\n"
+        )
     for key in sorted(latest):
         record = latest[key]
         row = (

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 
 import orjson
 import pytest
@@ -199,3 +199,21 @@ async def _latest(settings: Settings) -> list[dict[str, object]]:
     code, out = await cli(settings, "certificates", "list")
     assert code == 0
     return [orjson.loads(line) for line in out.splitlines()]
+
+
+async def test_list_on_an_empty_topic_says_so_on_stderr(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, `certificates list` printed nothing at all: no way to tell an empty topic
+    from a command that did not run."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    await create_topics(settings)
+    monkeypatch.setenv("GUARDRAIL_TOPICS__CERTIFICATES", settings.topics.certificates)
+    err = io.StringIO()
+    with redirect_stderr(err):
+        code, out = await cli(settings, "certificates", "list")
+    assert (code, out) == (0, "")  # stdout stays JSON lines (none) for a script
+    assert err.getvalue() == (
+        f"{settings.topics.certificates}: no certificate withdrawals (no allow certificate "
+        "was withdrawn or reinstated)\n"
+    )
