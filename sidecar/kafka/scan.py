@@ -1,0 +1,175 @@
+"""Read a range of topics without a consumer group: what the read-only CLI commands share.
+
+:class:`TopicScan` assigns every partition of its topics (or, given a request id, only
+the one Kafka's default partitioner puts that key on: the partition every producer of
+a request's records writes it to), reads each from its start or from the first record
+at or after ``since`` (``offsets_for_times``) up to the end offsets taken when the scan
+started, so a topic that grows while it is read cannot keep it going. No offsets are
+committed and no sidecar's group is disturbed. It reads committed records only
+(``read_committed``): a record of an aborted transaction was written again by the
+retry that followed. Header names are read leniently and a compressed batch inflates
+within ``GUARDRAIL_KAFKA__MAX_BATCH_INFLATED_BYTES``, as the sidecar's own consumer
+reads. ``guardrail dlq inspect|redrive`` and ``guardrail verdicts`` read through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Final, Self
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+
+from guardrail_client.keys import partition_for
+from sidecar.config import Settings
+from sidecar.exceptions import BrokerError, ConfigError
+from sidecar.kafka.records import install_lenient_header_names
+from sidecar.kafka.security import aiokafka_client_args
+from sidecar.kafka.topics import refusals_said
+
+__all__ = ["TopicScan"]
+
+_POLL_MS: Final = 500
+
+
+class TopicScan:
+    """``async with TopicScan(settings, [(topic, "GUARDRAIL_TOPICS__X")], since) as scan``:
+    ``scan.to_read`` records, then ``async for record in scan.records()``.
+
+    ``key``: read only the partition of each topic that Kafka's default partitioner
+    (murmur2) puts this request id on (the records of other keys there are yielded too:
+    filtering on the key is for the caller)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        topics: Sequence[tuple[str, str]],
+        since: datetime | None = None,
+        *,
+        key: str | None = None,
+        client_id: str = "guardrail-scan",
+    ) -> None:
+        self._named = list(topics)  # (topic, the setting that names it)
+        self._settings = settings
+        self._since = since
+        self._key = key
+        self._client_id = client_id
+        self._consumer: AIOKafkaConsumer[bytes, bytes] | None = None
+        self._end: dict[TopicPartition, int] = {}
+        self.to_read = 0  # records between the start positions and the end offsets
+        self.cluster_topics: frozenset[str] = frozenset()  # the cluster's topics at the start
+
+    @property
+    def _what(self) -> str:
+        return ", ".join(f"{topic} ({setting})" for topic, setting in self._named)
+
+    async def __aenter__(self) -> Self:
+        kafka = self._settings.kafka
+        # before the consumer reads anything: a header name that is not UTF-8 (anyone who may
+        # write to a topic writes any header) raised out of every fetch, and a compressed
+        # batch inflated whole; the sidecar's own consumer has been guarded so since
+        install_lenient_header_names(
+            max_batch_inflated_bytes=kafka.max_batch_inflated_bytes,
+            max_poll_bytes=kafka.max_poll_bytes,
+        )
+        consumer = self._consumer = AIOKafkaConsumer(
+            **aiokafka_client_args(kafka),
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            client_id=self._client_id,
+            fetch_max_wait_ms=100,
+            max_partition_fetch_bytes=self._settings.topics.max_message_bytes + 65_536,
+        )
+        timeout_s = kafka.request_timeout_ms / 1000.0
+        try:
+            with refusals_said(kafka):
+                await asyncio.wait_for(self._open(consumer), timeout=timeout_s)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            await self._stop()
+            raise BrokerError(
+                f"cannot read {self._what} at {kafka.bootstrap_servers} "
+                f"within {timeout_s:g} s: {exc or type(exc).__name__}"
+            ) from None
+        except BaseException:
+            await self._stop()
+            raise
+        return self
+
+    async def _open(self, consumer: AIOKafkaConsumer[bytes, bytes]) -> None:
+        await consumer.start()
+        self.cluster_topics = frozenset(await consumer.topics())  # metadata for every topic
+        for topic, setting in self._named:
+            if topic not in self.cluster_topics:
+                raise ConfigError(
+                    f"topic {topic} ({setting}) does not exist on "
+                    f"{self._settings.kafka.bootstrap_servers}; create it first "
+                    "(`guardrail topics create`)"
+                )
+        wanted = {topic for topic, _ in self._named}
+        consumer.subscribe(sorted(wanted))  # no group: every partition is assigned
+        while {tp.topic for tp in consumer.assignment()} != wanted:  # noqa: ASYNC110 (no event)
+            await asyncio.sleep(0.01)
+        tps = sorted(consumer.assignment())
+        if self._key is not None:  # where every producer of the request's records puts them
+            counts = {t: len(consumer.partitions_for_topic(t) or ()) for t in sorted(wanted)}
+            tps = [TopicPartition(t, partition_for(self._key, n)) for t, n in counts.items()]
+            consumer.unsubscribe()
+            consumer.assign(tps)
+        self._end = await consumer.end_offsets(tps)
+        if self._since is None:
+            await consumer.seek_to_beginning(*tps)
+        else:
+            ms = int(self._since.timestamp() * 1000)
+            found = await consumer.offsets_for_times(dict.fromkeys(tps, ms))
+            for tp in tps:
+                at = found.get(tp)
+                consumer.seek(tp, self._end[tp] if at is None else min(at.offset, self._end[tp]))
+        for tp in tps:
+            self.to_read += max(0, self._end[tp] - await consumer.position(tp))
+
+    async def records(self) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+        """The records up to the end offsets taken at the start, in offset order within
+        each partition."""
+        consumer = self._consumer
+        if consumer is None:
+            raise RuntimeError("TopicScan.records() outside `async with`")
+        end = self._end
+        behind = [tp for tp in end if await consumer.position(tp) < end[tp]]
+        stalled_s = 0.0
+        limit_s = self._settings.kafka.request_timeout_ms / 1000.0
+        while behind:
+            try:
+                batch = await consumer.getmany(*behind, timeout_ms=_POLL_MS)
+            except KafkaError as exc:
+                raise BrokerError(f"reading {self._what} failed: {exc}") from None
+            stalled_s = 0.0 if batch else stalled_s + _POLL_MS / 1000.0
+            for tp, records in batch.items():
+                for r in records:
+                    if r.offset < end[tp]:
+                        yield r
+            before = behind
+            behind = [tp for tp in behind if await consumer.position(tp) < end[tp]]
+            if behind == before and stalled_s >= limit_s:
+                at = [f"{tp.topic}[{tp.partition}]@{await consumer.position(tp)}" for tp in behind]
+                ends = [f"{tp.topic}[{tp.partition}]@{end[tp]}" for tp in behind]
+                raise BrokerError(
+                    f"reading {self._what} made no progress for {stalled_s:g} s at "
+                    f"{', '.join(at)} (the end offsets taken at the start: {', '.join(ends)})"
+                )
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._stop()
+
+    async def _stop(self) -> None:
+        if self._consumer is not None:
+            with contextlib.suppress(KafkaError, OSError):
+                await self._consumer.stop()
+            self._consumer = None
