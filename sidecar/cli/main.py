@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "sidecar.cli.topics",
     "sidecar.cli.certificates",
     "sidecar.cli.dlq",
+    "sidecar.cli.verdicts",
     "sidecar.cli.kafka",
     "sidecar.cli.config",
     "sidecar.cli.schemas",

@@ -66,3 +66,17 @@ def test_dlq_names_the_missing_topic_and_what_to_do(
     err = capsys.readouterr().err
     assert f"topic {no_topics['dlq']} (GUARDRAIL_TOPICS__DLQ) does not exist" in err
     assert "guardrail topics create" in err
+
+
+@pytest.mark.parametrize("flags", [[], ["--request-id", "r-1", "--json"]])
+def test_verdicts_names_the_missing_topic_and_what_to_do(
+    no_topics: dict[str, str], capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    started = time.monotonic()
+    assert main(["verdicts", *flags]) == 2
+    assert time.monotonic() - started < QUICK_S
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    said = f"topic {no_topics['verdicts']} (GUARDRAIL_TOPICS__VERDICTS) does not exist"
+    assert said in captured.err
+    assert "guardrail topics create" in captured.err

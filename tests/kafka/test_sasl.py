@@ -205,8 +205,16 @@ async def test_a_password_rotated_in_its_file_authenticates_new_connections(
         ["dlq", "redrive", "--yes", "--reason", "internal-error"],
         ["certificates", "list"],
         ["certificates", "reinstate", "acme/wiki/dense"],
+        ["verdicts", "--claims"],
     ],
-    ids=["topics", "dlq-inspect", "dlq-redrive", "certificates-list", "certificates-reinstate"],
+    ids=[
+        "topics",
+        "dlq-inspect",
+        "dlq-redrive",
+        "certificates-list",
+        "certificates-reinstate",
+        "verdicts",
+    ],
 )
 def test_the_commands_authenticate_with_the_credential_files(
     scram_broker: LocalKafka, unique_topics: dict[str, str], tmp_path: Path, argv: list[str]

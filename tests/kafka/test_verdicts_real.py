@@ -1,0 +1,181 @@
+"""``guardrail verdicts`` on the real broker, against verdict records on the topic.
+
+Verdicts keyed by request id (the default partitioner, as the sidecar publishes them),
+a tenant that holds ESC sequences, a bidi override and a forged line, a record whose
+value is not UTF-8 under a request's key, one that is not JSON under a key of ESC
+sequences, and a verdict put by hand on another partition than its key's. The command
+reads them without a group, shows each as one escaped line (or its JSON document),
+the unreadable ones with their place, and filters by request id (its murmur2
+partition alone), tenant, decision, time and the newest N.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from guardrail_client.keys import partition_for
+from sidecar.cli.main import main
+from sidecar.config import Settings
+from sidecar.contracts.verdicts import AnswerVerdict, ClaimLabel, ClaimVerdict, Decision, Reason
+from sidecar.kafka.topics import create_topics
+from sidecar.lab.localkafka.broker import LocalKafka
+from tests.kafka.harness import settings_for
+
+pytestmark = pytest.mark.connected
+
+HOSTILE = "beta\x1b[2J\x1b]0;owned\x07\u202egnp.exe\nguardrail: 0 selected"
+START = datetime.now(UTC) - timedelta(hours=1)
+
+
+def verdict(rid: str, decision: Decision, tenant: str | None, *codes: str) -> AnswerVerdict:
+    return AnswerVerdict(
+        request_id=rid,
+        idempotency_key=f"k-{rid}-{decision.value}",
+        tenant=tenant,
+        decision=decision,
+        reasons=[Reason(code=c, message=f"{c}: \x1b[31m") for c in codes],
+        policy="test",
+        confidence=0.5 if "incomplete" not in codes else None,
+        produced_at=datetime.now(UTC),
+        sidecar_version="test",
+    )
+
+
+VERDICTS = [
+    verdict("r-0", Decision.ALLOW, "acme", "profile.default"),
+    verdict("r-1", Decision.CAVEAT, "acme", "profile.default", "claims.unsupported"),
+    verdict("r-2", Decision.BLOCK, "beta", "profile.strict"),
+    verdict("r-3", Decision.BLOCK, "acme", "incomplete"),
+    verdict("r-4", Decision.ALLOW, HOSTILE, "profile.default"),
+    verdict("r-5", Decision.ALLOW, "beta", "profile.default"),
+]
+
+
+async def cli(settings: Settings, *argv: str) -> tuple[int, str, str]:
+    """``guardrail ARGV`` as a user runs it (its own event loop: a thread here)."""
+
+    def run() -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main([*argv, "--bootstrap-servers", settings.kafka.bootstrap_servers])
+        return code, out.getvalue(), err.getvalue()
+
+    return await asyncio.to_thread(run)
+
+
+async def test_verdicts_are_read_filtered_and_escaped(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    await create_topics(settings)
+    t = settings.topics
+    monkeypatch.setenv("GUARDRAIL_TOPICS__VERDICTS", t.verdicts)
+    monkeypatch.setenv("GUARDRAIL_TOPICS__CLAIMS", t.claims)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks="all")
+    await producer.start()
+    base_ms = int(START.timestamp() * 1000)
+    try:
+        for i, v in enumerate(VERDICTS):  # a minute apart: --limit keeps the newest
+            await producer.send_and_wait(
+                t.verdicts, v.model_dump_json().encode(), key=v.request_id.encode(),
+                timestamp_ms=base_ms + i * 60_000,
+            )  # fmt: skip
+        await producer.send_and_wait(t.verdicts, b"\xff\xfe{not utf-8", key=b"r-2")
+        await producer.send_and_wait(t.verdicts, b"{junk", key=b"\x1b[1A\x1b[2Kforged\nline")
+        # r-2's verdict put by hand off its murmur2 partition: --request-id does not read it
+        home = partition_for("r-2", t.partitions)
+        stray = verdict("r-2", Decision.ALLOW, "beta", "profile.default")
+        await producer.send_and_wait(
+            t.verdicts, stray.model_dump_json().encode(), key=b"r-2",
+            partition=(home + 1) % t.partitions,
+        )  # fmt: skip
+        claim = ClaimVerdict(
+            request_id="r-1",
+            idempotency_key="c",
+            claim_index=0,
+            span=(0, 5),
+            text="Paris\x1b[2J",
+            label=ClaimLabel.UNSUPPORTED,
+            score=0.2,
+            produced_at=datetime.now(UTC),
+            verifier_version="test",
+        )
+        await producer.send_and_wait(t.claims, claim.model_dump_json().encode(), key=b"r-1")
+    finally:
+        await producer.stop()
+
+    code, out, err = await cli(settings, "verdicts")
+    lines = out.splitlines()
+    assert code == 0, err
+    assert len(lines) == 9  # 7 verdicts (the stray one too) and 2 unreadable records
+    assert all(line.isprintable() for line in lines)  # no ESC, BEL, bidi or forged line
+    assert "\x1b" not in out and "\u202e" not in out
+    assert err.splitlines()[-1] == (
+        f"{t.verdicts}: 9 selected (allow 4, caveat 1, block 1, incomplete 1, unreadable 2)"
+    )
+    [hostile] = [line for line in lines if "  r-4  " in line]
+    assert "tenant=beta\\x1b[2J\\x1b]0;owned\\x07\\u202egnp.exe\\nguardrail: 0 selected" in hostile
+    [caveat] = [line for line in lines if "  r-1  " in line]
+    assert caveat.endswith(
+        "  r-1  caveat  confidence=0.500  tenant=acme  reasons: profile.default, claims.unsupported"
+    )
+    unreadable = [line for line in lines if "  unreadable  " in line]
+    assert len(unreadable) == 2
+    assert any("key=r-2  at " in u and ": not UTF-8 (byte 0)" in u for u in unreadable)
+    assert any("key=\\x1b[1A\\x1b[2Kforged\\nline  at " in u for u in unreadable)
+
+    # one request: its partition alone (not the stray verdict), its unreadable record too
+    code, out, err = await cli(settings, "verdicts", "--request-id", "r-2")
+    assert code == 0, err
+    assert len(out.splitlines()) == 2
+    assert "  r-2  block  " in out and "not UTF-8" in out
+    assert err.splitlines()[-1] == f"{t.verdicts}: 2 selected (block 1, unreadable 1)"
+
+    code, out, err = await cli(settings, "verdicts", "--tenant", "beta", "--json")
+    docs = [json.loads(line) for line in out.splitlines()]
+    assert sorted(d["request_id"] for d in docs) == ["r-2", "r-2", "r-5"]
+    assert all(d["tenant"] == "beta" for d in docs)
+    assert "\x1b" not in out
+    assert err.splitlines()[-1] == (
+        f"{t.verdicts}: 3 selected (allow 2, block 1); 2 unreadable record(s) left out "
+        "(--tenant, --decision: not readable)"
+    )
+
+    code, out, err = await cli(settings, "verdicts", "--decision", "incomplete", "--json")
+    [doc] = [json.loads(line) for line in out.splitlines()]
+    assert doc == json.loads(VERDICTS[3].model_dump_json())
+    assert err.splitlines()[-1].startswith(f"{t.verdicts}: 1 selected (incomplete 1); 2 ")
+
+    # the newest 2 of those selected (record time: the stray verdict's is now), oldest first
+    code, out, err = await cli(settings, "verdicts", "--decision", "allow", "--limit", "2")
+    assert [line.split()[1] for line in out.splitlines()] == ["r-5", "r-2"]
+    assert err.splitlines()[-1].startswith(
+        f"{t.verdicts}: 4 selected, the newest 2 shown (allow 4); 2 unreadable"
+    )
+
+    later = datetime.now(UTC).isoformat()  # after every record: none to read
+    code, out, err = await cli(settings, "verdicts", "--since", later)
+    assert (code, out) == (0, "")
+    assert err.splitlines()[-1] == f"{t.verdicts}: 0 selected"
+
+    code, out, err = await cli(settings, "verdicts", "--claims", "--request-id", "r-1")
+    assert code == 0, err
+    assert "  r-1  claim #0 unsupported  score=0.200  Paris\\x1b[2J" in out
+    assert (
+        err.splitlines()[-1]
+        == f"{t.verdicts} + {t.claims}: 2 selected (caveat 1, claim unsupported 1)"
+    )
+
+    # the claim verdicts topic missing: exit 2, named, nothing printed
+    monkeypatch.setenv("GUARDRAIL_TOPICS__CLAIMS", f"{t.claims}.nobody")
+    code, out, err = await cli(settings, "verdicts", "--claims")
+    assert (code, out) == (2, "")
+    assert f"topic {t.claims}.nobody (GUARDRAIL_TOPICS__CLAIMS) does not exist" in err
+    assert "guardrail topics create" in err
