@@ -8,7 +8,8 @@ one line on stdout, every field a producer wrote escaped (:func:`~sidecar.lograt
 an ESC sequence or a forged line in a request id shows as its escape), or with
 ``--json`` the verdict document as one JSON line. A record that is not a verdict is
 shown as unreadable with its place, never a crash (``--tenant`` and ``--decision``
-leave it out: the summary counts those). The counts by decision go to stderr
+leave it out: the summary counts those). ``--follow`` then shows new verdicts as they
+come, until Ctrl-C (the summary then, exit 130). The counts by decision go to stderr
 as the last line, so stdout holds only verdicts (``--json``: only JSON lines).
 """
 
@@ -23,7 +24,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import ValidationError
 
@@ -32,6 +33,9 @@ from sidecar.config import Settings
 from sidecar.contracts.verdicts import AnswerVerdict, ClaimVerdict
 from sidecar.exceptions import ConfigError
 from sidecar.lograte import printable
+
+if TYPE_CHECKING:
+    from aiokafka import ConsumerRecord
 
 DECISIONS: Final = ("allow", "caveat", "block", "incomplete")
 _DETAIL_CHARS: Final = 200  # of an unreadable record's error
@@ -52,6 +56,11 @@ def register(sub: Any) -> None:
         "--claims", action="store_true", help="also the claim verdicts (GUARDRAIL_TOPICS__CLAIMS)"
     )
     p.add_argument("--json", action="store_true", help="the verdict documents as JSON lines")
+    p.add_argument(
+        "--follow",
+        action="store_true",
+        help="then keep showing new verdicts as they come, until Ctrl-C",
+    )
     p.add_argument("--bootstrap-servers", help="override GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS")
     add_progress_arg(p, "a progress bar on stderr")
     p.set_defaults(func=run_verdicts)
@@ -226,6 +235,41 @@ def summary(topics: list[str], counts: Counter[str], shown: int, hidden: int = 0
     return line
 
 
+@dataclass
+class Listing:
+    """What ``guardrail verdicts`` read and wrote: the records selected (by kind), those
+    printed, the unreadable ones the flags left out."""
+
+    selection: Selection
+    as_json: bool = False
+    claims_topic: str | None = None  # its records read as claim verdicts
+    newest: Newest | None = None
+    counts: Counter[str] = field(default_factory=Counter)
+    printed: int = 0
+    hidden: int = 0
+
+    def take(self, r: ConsumerRecord[bytes, bytes]) -> Shown | None:
+        """The record read; ``None`` when the flags leave it out."""
+        shown = read_record(
+            r.topic,
+            r.partition,
+            r.offset,
+            timestamp_ms=r.timestamp,
+            key=r.key,
+            value=r.value,
+            claims=r.topic == self.claims_topic,
+        )
+        if not self.selection.wants(shown):
+            self.hidden += self.selection.hides(shown)
+            return None
+        self.counts[shown.kind] += 1
+        return shown
+
+    def show(self, shown: Shown) -> None:
+        sys.stdout.write((render_json if self.as_json else render_line)(shown) + "\n")
+        self.printed += 1
+
+
 def _usage(error: str) -> int:
     sys.stderr.write(f"guardrail verdicts: {error}\n")
     return 2
@@ -251,17 +295,14 @@ def run_verdicts(args: argparse.Namespace) -> int:
     named = [(t.verdicts, "GUARDRAIL_TOPICS__VERDICTS")]
     if args.claims:
         named.append((t.claims, "GUARDRAIL_TOPICS__CLAIMS"))
-    selection = Selection(args.request_id, args.tenant, args.decision)
-    render = render_json if args.json else render_line
-    newest = Newest(args.limit) if args.limit is not None else None
-    counts: Counter[str] = Counter()
-    hidden = 0
-
-    def show(shown: Shown) -> None:
-        sys.stdout.write(render(shown) + "\n")
+    listing = Listing(
+        Selection(args.request_id, args.tenant, args.decision),
+        as_json=args.json,
+        claims_topic=t.claims if args.claims else None,
+        newest=Newest(args.limit) if args.limit is not None else None,
+    )
 
     async def scan() -> None:
-        nonlocal hidden
         scanning = TopicScan(
             settings, named, since, key=args.request_id, client_id="guardrail-verdicts"
         )
@@ -275,31 +316,31 @@ def run_verdicts(args: argparse.Namespace) -> int:
             ) as bar:
                 async for r in topics.records():
                     bar.update(1)
-                    shown = read_record(
-                        r.topic,
-                        r.partition,
-                        r.offset,
-                        timestamp_ms=r.timestamp,
-                        key=r.key,
-                        value=r.value,
-                        claims=r.topic == t.claims and args.claims,
-                    )
-                    if not selection.wants(shown):
-                        hidden += selection.hides(shown)
-                        continue
-                    counts[shown.kind] += 1
-                    if newest is not None:
-                        newest.add(shown)
-                    else:
-                        show(shown)
+                    shown = listing.take(r)
+                    if shown is not None and listing.newest is not None:
+                        listing.newest.add(shown)
+                    elif shown is not None:
+                        listing.show(shown)
+            for shown in listing.newest.oldest_first() if listing.newest else []:
+                listing.show(shown)
+            if not args.follow:
+                return
+            sys.stdout.flush()
+            async for r in topics.follow():
+                shown = listing.take(r)
+                if shown is not None:
+                    listing.show(shown)
+                    sys.stdout.flush()
 
-    asyncio.run(scan())
-    printed = sum(counts.values())
-    if newest is not None:
-        held = newest.oldest_first()
-        printed = len(held)
-        for shown in held:
-            show(shown)
-    sys.stdout.flush()
-    sys.stderr.write(summary([topic for topic, _ in named], counts, printed, hidden) + "\n")
+    def counted() -> None:
+        sys.stdout.flush()
+        said = summary([tp for tp, _ in named], listing.counts, listing.printed, listing.hidden)
+        sys.stderr.write(said + "\n")
+
+    try:
+        asyncio.run(scan())
+    except KeyboardInterrupt:  # how --follow ends: the counts of what was shown, exit 130
+        counted()
+        raise
+    counted()
     return 0

@@ -163,6 +163,24 @@ class TopicScan:
                     f"{', '.join(at)} (the end offsets taken at the start: {', '.join(ends)})"
                 )
 
+    async def follow(self) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
+        """After :meth:`records`: the records written past the end offsets taken at the start,
+        as they come, until cancelled (partitions added meanwhile are not read)."""
+        consumer = self._consumer
+        if consumer is None:
+            raise RuntimeError("TopicScan.follow() outside `async with`")
+        for tp, end in self._end.items():  # records() dropped what it fetched past the end
+            if await consumer.position(tp) > end:
+                consumer.seek(tp, end)
+        while True:
+            try:
+                batch = await consumer.getmany(timeout_ms=_POLL_MS)
+            except KafkaError as exc:
+                raise BrokerError(f"reading {self._what} failed: {exc}") from None
+            for records in batch.values():
+                for r in records:
+                    yield r
+
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:

@@ -14,8 +14,15 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
 from contextlib import redirect_stderr, redirect_stdout
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -30,6 +37,7 @@ from tests.kafka.harness import settings_for
 
 pytestmark = pytest.mark.connected
 
+REPO = Path(__file__).resolve().parents[2]
 HOSTILE = "beta\x1b[2J\x1b]0;owned\x07\u202egnp.exe\nguardrail: 0 selected"
 START = datetime.now(UTC) - timedelta(hours=1)
 
@@ -179,3 +187,46 @@ async def test_verdicts_are_read_filtered_and_escaped(
     assert (code, out) == (2, "")
     assert f"topic {t.claims}.nobody (GUARDRAIL_TOPICS__CLAIMS) does not exist" in err
     assert "guardrail topics create" in err
+
+
+async def test_follow_shows_new_verdicts_until_ctrl_c(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    await create_topics(settings)
+    t = settings.topics
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks="all")
+    await producer.start()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("GUARDRAIL_")},
+        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+        "GUARDRAIL_TOPICS__VERDICTS": t.verdicts,
+    }
+    lines: queue.Queue[str] = queue.Queue()
+    try:
+        old = verdict("r-old", Decision.ALLOW, "acme", "profile.default")
+        await producer.send_and_wait(t.verdicts, old.model_dump_json().encode(), key=b"r-old")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "verdicts", "--follow", "--no-progress"],
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+        def pump() -> None:
+            for line in proc.stdout or ():
+                lines.put(line)
+
+        threading.Thread(target=pump, daemon=True).start()
+        try:
+            first = await asyncio.to_thread(lines.get, timeout=60)
+            assert "  r-old  allow  " in first
+            new = verdict("r-new", Decision.CAVEAT, "acme", "profile.default")
+            await producer.send_and_wait(t.verdicts, new.model_dump_json().encode(), key=b"r-new")
+            second = await asyncio.to_thread(lines.get, timeout=60)
+            assert "  r-new  caveat  " in second
+        finally:
+            proc.send_signal(signal.SIGINT)
+            _, err = await asyncio.to_thread(proc.communicate, timeout=60)
+    finally:
+        await producer.stop()
+    assert proc.returncode == 130, err[-3000:]
+    assert err.splitlines()[-1] == f"{t.verdicts}: 2 selected (allow 1, caveat 1)"
