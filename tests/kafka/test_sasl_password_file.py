@@ -124,13 +124,10 @@ async def test_a_client_made_before_the_first_password_file_reads_its_own_passwo
     await plain.close()
 
 
-async def test_a_user_rotated_with_its_password_reaches_clients_made_before(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Vault's dynamic Kafka credentials, a SCRAM user replaced by a new one: the username
-    and the password change together, in one Secret. The username was a variable read at
-    start, so a new password alone authenticated nobody."""
-    user, password = tmp_path / "username", tmp_path / "password"
+def _user_and_password_files(where: Path) -> tuple[Path, Path, Settings]:
+    """A SCRAM user's name and password in their files (guardrail-v1, ``BEFORE``), and
+    settings that read them (no broker answers at their address)."""
+    user, password = where / "username", where / "password"
     user.write_text("guardrail-v1\n")
     password.write_text(BEFORE + "\n")
     settings = Settings.load(
@@ -142,6 +139,16 @@ async def test_a_user_rotated_with_its_password_reaches_clients_made_before(
             "sasl_password_file": str(password),
         }
     )
+    return user, password, settings
+
+
+async def test_a_user_rotated_with_its_password_reaches_clients_made_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Vault's dynamic Kafka credentials, a SCRAM user replaced by a new one: the username
+    and the password change together, in one Secret. The username was a variable read at
+    start, so a new password alone authenticated nobody."""
+    user, password, settings = _user_and_password_files(tmp_path)
     given: list[tuple[str, str]] = []
 
     async def create_conn(host: str, port: int, **kwargs: Any) -> None:
@@ -182,18 +189,7 @@ async def test_a_connection_opened_during_a_rotation_never_pairs_the_new_user_wi
     connection the event loop opened in between authenticated as the new user with the old
     password (a refused authentication, then aiokafka's retry). Here a connection is opened
     right after each file is taken, and the watch thread waits for it, as a busy loop would."""
-    user, password = tmp_path / "username", tmp_path / "password"
-    user.write_text("guardrail-v1\n")
-    password.write_text(BEFORE + "\n")
-    settings = Settings.load(
-        kafka={
-            "bootstrap_servers": "127.0.0.1:9",
-            "security_protocol": "SASL_PLAINTEXT",
-            "sasl_mechanism": "SCRAM-SHA-512",
-            "sasl_username_file": str(user),
-            "sasl_password_file": str(password),
-        }
-    )
+    user, password, settings = _user_and_password_files(tmp_path)
     given: list[tuple[str, str]] = []
     connected = threading.Event()
 
