@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -282,3 +283,17 @@ async def read_verdicts(
 def incomplete_count(verdicts: list[dict[str, Any]]) -> int:
     """How many verdicts say ``incomplete`` (a join TTL or capacity eviction)."""
     return sum(any(r["code"] == "incomplete" for r in v["reasons"]) for v in verdicts)
+
+
+async def cli(settings: Settings, *argv: str) -> tuple[int, str, str]:
+    """``guardrail ARGV`` against ``settings``' brokers as a user runs it (its own event
+    loop: a thread here): the exit code, stdout and stderr."""
+    from sidecar.cli.main import main
+
+    def run() -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main([*argv, "--bootstrap-servers", settings.kafka.bootstrap_servers])
+        return code, out.getvalue(), err.getvalue()
+
+    return await asyncio.to_thread(run)

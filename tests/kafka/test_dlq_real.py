@@ -12,13 +12,11 @@ each request is decided on its own inputs, and nothing new is dead-lettered.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import subprocess
 import sys
 import time
-from contextlib import redirect_stderr, redirect_stdout
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,14 +26,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import murmur2
 
-from sidecar.cli.main import main
-from sidecar.config import Settings
 from sidecar.dlq.letters import NO_REASON, Tally, read_dead_letter
 from sidecar.kafka.dlq import DlqScan, Redriver
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import (
+    cli,
     end_offsets,
     incomplete_count,
     read_settled,
@@ -48,18 +45,6 @@ pytestmark = pytest.mark.connected
 REPO = Path(__file__).resolve().parents[2]
 
 REQUESTS = [f"big-{i}" for i in range(3)]
-
-
-async def cli(settings: Settings, *argv: str) -> tuple[int, str, str]:
-    """``guardrail ARGV`` as a user runs it (its own event loop: a thread here)."""
-
-    def run() -> tuple[int, str, str]:
-        out, err = io.StringIO(), io.StringIO()
-        with redirect_stdout(out), redirect_stderr(err):
-            code = main([*argv, "--bootstrap-servers", settings.kafka.bootstrap_servers])
-        return code, out.getvalue(), err.getvalue()
-
-    return await asyncio.to_thread(run)
 
 
 async def test_inspect_counts_and_a_redrive_after_the_limits_are_raised_decides_the_requests(

@@ -12,7 +12,6 @@ partition alone), tenant, decision, time and the newest N.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import queue
@@ -20,7 +19,6 @@ import signal
 import subprocess
 import sys
 import threading
-from contextlib import redirect_stderr, redirect_stdout
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,12 +26,10 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from guardrail_client.keys import partition_for
-from sidecar.cli.main import main
-from sidecar.config import Settings
 from sidecar.contracts.verdicts import AnswerVerdict, ClaimLabel, ClaimVerdict, Decision, Reason
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
-from tests.kafka.harness import settings_for
+from tests.kafka.harness import cli, settings_for
 
 pytestmark = pytest.mark.connected
 
@@ -64,18 +60,6 @@ VERDICTS = [
     verdict("r-4", Decision.ALLOW, HOSTILE, "profile.default"),
     verdict("r-5", Decision.ALLOW, "beta", "profile.default"),
 ]
-
-
-async def cli(settings: Settings, *argv: str) -> tuple[int, str, str]:
-    """``guardrail ARGV`` as a user runs it (its own event loop: a thread here)."""
-
-    def run() -> tuple[int, str, str]:
-        out, err = io.StringIO(), io.StringIO()
-        with redirect_stdout(out), redirect_stderr(err):
-            code = main([*argv, "--bootstrap-servers", settings.kafka.bootstrap_servers])
-        return code, out.getvalue(), err.getvalue()
-
-    return await asyncio.to_thread(run)
 
 
 async def test_verdicts_are_read_filtered_and_escaped(
