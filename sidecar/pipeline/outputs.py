@@ -10,6 +10,7 @@ Dead letters are built by :mod:`sidecar.pipeline.deadletters`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Sequence
@@ -177,17 +178,10 @@ def answer_attributes(
     }
 
 
-_MODEL_ATTRIBUTES: dict[str, str] = {}  # model name -> its attribute (a handful: the signals')
-
-
+@functools.lru_cache(maxsize=256)  # names are the sidecar's own (a handful); bounded all the same
 def _model_attribute(name: str) -> str:
     """``guardrail.model.<name>``, formatted once per name (five f-strings a verdict, before)."""
-    attribute = _MODEL_ATTRIBUTES.get(name)
-    if attribute is None:
-        attribute = f"guardrail.model.{name}"
-        if len(_MODEL_ATTRIBUTES) < 256:  # names are the sidecar's own; bounded all the same
-            _MODEL_ATTRIBUTES[name] = attribute
-    return attribute
+    return f"guardrail.model.{name}"
 
 
 def verdict_output(verdict: AnswerVerdict, entry: PendingRequest, end_ns: int) -> Step:
