@@ -78,6 +78,13 @@ sys.exit(main(["run"]))
 """
 
 
+def _thaw(broker: LocalKafka) -> None:
+    """SIGCONT to the broker a test may have frozen (a stopped one is left alone)."""
+    pid = broker.pid()
+    if pid is not None:
+        os.kill(pid, signal.SIGCONT)
+
+
 @pytest.fixture(scope="module")
 def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]:
     """A broker for this module alone: its tests freeze it and kill it."""
@@ -87,9 +94,7 @@ def own_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]
     try:
         yield broker
     finally:
-        pid = broker.pid()
-        if pid is not None:
-            os.kill(pid, signal.SIGCONT)
+        _thaw(broker)
         broker.stop(kill=True)
         shutil.rmtree(instance, ignore_errors=True)
 
@@ -101,9 +106,7 @@ def broker(own_broker: LocalKafka) -> Iterator[LocalKafka]:
     try:
         yield own_broker
     finally:
-        pid = own_broker.pid()
-        if pid is not None:
-            os.kill(pid, signal.SIGCONT)
+        _thaw(own_broker)
 
 
 class Running:
