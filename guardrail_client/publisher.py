@@ -39,6 +39,7 @@ from typing import Any, Self
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from guardrail_client.aio import cancel_and_wait
 from guardrail_client.arguments import checked_options, checked_timeout
 from guardrail_client.events import EventBuilder, HitLike, OutgoingRecord, SidecarLimits
 from guardrail_client.exceptions import (
@@ -219,9 +220,7 @@ class GuardrailPublisher:
                 await self.flush(flush_timeout_s)
             dropped_before = self.stats.dropped  # what the flush's calls dropped is not ours
             if drain is not None and not drain.done():
-                drain.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await drain
+                await cancel_and_wait(drain)  # what it held is counted below
             await producer.stop()
             await asyncio.sleep(0)  # run the callbacks of the deliveries stop() confirmed
         finally:

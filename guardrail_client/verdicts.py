@@ -24,7 +24,6 @@ whether the decision is the sidecar's (``source="sidecar"``) or the fallback.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Coroutine
@@ -35,6 +34,7 @@ from typing import Any, Literal, Self
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
+from guardrail_client.aio import cancel_and_wait
 from guardrail_client.arguments import checked_options, checked_request_id, checked_timeout
 from guardrail_client.exceptions import (
     ClientAlreadyStartedError,
@@ -212,9 +212,7 @@ class VerdictClient:
         self.waiters.close()
         try:
             if self._task is not None:
-                self._task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._task
+                await cancel_and_wait(self._task)  # its own errors are logged where it ends
         finally:  # the consumer is closed and start() possible again, whatever the task ended with
             try:
                 if self._consumer is not None:
@@ -274,9 +272,10 @@ class VerdictClient:
             return self._fallback(request_id, "unavailable", 0.0)
         future = self.waiters.wait_verdict(request_id, tenant)
         try:
-            received = await asyncio.wait_for(
-                asyncio.shield(future), timeout if timeout is not None else self.timeout_s
-            )
+            # not ``asyncio.wait_for``: on 3.11 it drops a cancellation of the caller that
+            # comes as the verdict does
+            async with asyncio.timeout(timeout if timeout is not None else self.timeout_s):
+                received = await asyncio.shield(future)
         except TimeoutError:
             return self._fallback(request_id, "timeout", time.monotonic() - started)
         except ClientStopped:  # stop() while waiting: answered now, not at the timeout
@@ -325,7 +324,8 @@ class VerdictClient:
             while expected is None or len(seen) < expected:
                 left = deadline - time.monotonic()
                 try:
-                    item = await asyncio.wait_for(queue.get(), max(left, 0.0))
+                    async with asyncio.timeout(max(left, 0.0)):
+                        item = await queue.get()
                 except TimeoutError:
                     if expected is None:
                         self._fallback(request_id, "timeout", time.monotonic() - started)

@@ -70,7 +70,8 @@ class HealthServer:
         self._waiting[writer] = None
         try:
             try:
-                line = await asyncio.wait_for(reader.readline(), timeout=REQUEST_LINE_TIMEOUT_S)
+                async with asyncio.timeout(REQUEST_LINE_TIMEOUT_S):
+                    line = await reader.readline()
             finally:
                 self._waiting.pop(writer, None)
             parts = line.decode("latin-1").split()

@@ -534,7 +534,8 @@ async def _reach_kafka(settings: Settings, stop: asyncio.Event) -> dict[str, int
                 raise
             log.warning("%s; trying again in %.0f s (GUARDRAIL_KAFKA__WAIT_AT_START)", exc, delay_s)
         try:
-            await asyncio.wait_for(stop.wait(), timeout=delay_s)
+            async with asyncio.timeout(delay_s):
+                await stop.wait()
         except TimeoutError:
             delay_s = min(delay_s * 2, MAX_START_RETRY_S)
         else:
@@ -589,7 +590,8 @@ async def _every(interval_s: float, stop: asyncio.Event) -> AsyncIterator[None]:
     """Once every ``interval_s`` until ``stop`` is set (at once when it is)."""
     while True:
         try:
-            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+            async with asyncio.timeout(interval_s):
+                await stop.wait()
         except TimeoutError:
             yield
         else:
@@ -719,7 +721,8 @@ async def _start_unless_stopped(
     deadline = time.monotonic() + grace_s
     await asyncio.wait({starting}, timeout=grace_s or None)
     try:
-        await asyncio.wait_for(service.close_unstarted(), max(0.0, deadline - time.monotonic()))
+        async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+            await service.close_unstarted()
     except Exception as exc:  # noqa: BLE001 - exiting anyway: say it, do not hold the exit
         log.warning("closing the Kafka clients of a start cut short: %r", exc)
     return False
@@ -813,7 +816,8 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
         stopping_at = time.monotonic()
         log.info("stopping: finishing in-flight work and committing")
         try:
-            await asyncio.wait_for(service.stop(), timeout=grace_s or None)
+            async with asyncio.timeout(grace_s or None):
+                await service.stop()
         except TimeoutError:
             raise StopTimeoutError(_unfinished_stop(service, grace_s)) from None
     finally:

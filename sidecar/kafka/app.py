@@ -15,7 +15,6 @@ in-memory ones before (what FastStream's ``TestKafkaBroker`` drives).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -30,6 +29,7 @@ from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 
+from guardrail_client.aio import cancel_and_wait
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.kafka.assignor import co_partition_assignor, deployment_of
@@ -442,9 +442,9 @@ class SidecarService:
             self.stop_step = "stopping the ticker"
             for task in (self._ticker, self._drainer, self._watchdog):
                 if task is not None and not task.done():  # one that ended was said fatal
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                    error = await cancel_and_wait(task)
+                    if error is not None:  # it failed as it was cancelled: said, stop goes on
+                        log.error("the %s task ended", task.get_name(), exc_info=error)
             # the steps in flight: confirmed, or left pending for the next owner (bounded, so
             # the commit of what is through and the clients' close fit the grace period)
             self.stop_step = "waiting for the broker to confirm the last verdicts"
@@ -490,7 +490,8 @@ class SidecarService:
         if not step.outputs:
             return
         try:
-            await asyncio.wait_for(self.publisher.emit(step, retry=False), WITHDRAWALS_AT_STOP_S)
+            async with asyncio.timeout(WITHDRAWALS_AT_STOP_S):
+                await self.publisher.emit(step, retry=False)
         except (KafkaError, TimeoutError) as exc:
             log.warning(
                 "stopping: %d certificate withdrawal(s) not published (%r); the replica that "
@@ -528,9 +529,8 @@ class SidecarService:
         found: dict[TP, tuple[int, str]] | None = None
         for attempt in range(1, HANDOVER_TRIES + 1):
             try:
-                found = await asyncio.wait_for(
-                    consumer.committed_metadata(wanted), HANDOVER_TIMEOUT_S
-                )
+                async with asyncio.timeout(HANDOVER_TIMEOUT_S):
+                    found = await consumer.committed_metadata(wanted)
                 break
             except (KafkaError, TimeoutError) as exc:
                 log.warning("reading the committed handovers failed (%r), try %d", exc, attempt)
@@ -638,7 +638,8 @@ class SidecarService:
         the same idempotency keys."""
         wait_s = self.settings.kafka.rebalance_timeout_ms / 2000
         try:
-            await asyncio.wait_for(self._handler_lock.acquire(), wait_s)
+            async with asyncio.timeout(wait_s):
+                await self._handler_lock.acquire()
         except TimeoutError:
             log.warning(
                 "revocation: the batch in the processor is not through after %.0f s (half of "
@@ -885,9 +886,9 @@ class SidecarService:
             await self._ticks(interval)
         finally:
             if not prober.done():  # one that ended was said fatal
-                prober.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await prober
+                error = await cancel_and_wait(prober)
+                if error is not None:
+                    log.error("the %s task ended", prober.get_name(), exc_info=error)
 
     async def _ticks(self, interval: float) -> None:
         while not self._stopping.is_set():

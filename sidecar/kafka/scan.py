@@ -89,7 +89,8 @@ class TopicScan:
         timeout_s = kafka.request_timeout_ms / 1000.0
         try:
             with refusals_said(kafka):
-                await asyncio.wait_for(self._open(consumer), timeout=timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self._open(consumer)
         except (KafkaError, OSError, TimeoutError) as exc:
             await self._stop()
             raise BrokerError(

@@ -297,7 +297,8 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
     refusals = AuthRefusals()
     try:
         with refusals.watching():
-            await asyncio.wait_for(admin.start(), timeout=timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await admin.start()
     except (KafkaError, OSError, TimeoutError) as exc:
         await admin.close()
         refused = refusals.refusal(kafka)
@@ -367,10 +368,10 @@ async def _topic_configs(
     if not names:
         return {}
     try:
-        responses = await asyncio.wait_for(
-            admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in names]),
-            timeout=timeout_s,
-        )
+        async with asyncio.timeout(timeout_s):
+            responses = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, t) for t in names]
+            )
     except (KafkaError, TimeoutError) as exc:
         log.info("cannot read the topics' configuration (%s)", exc)
         return {}
@@ -389,8 +390,10 @@ async def _layout(
 ) -> tuple[set[str], dict[str, int]]:
     """The topic names on the cluster and the input topics' partition counts."""
     try:
-        existing = set(await asyncio.wait_for(admin.list_topics(), timeout=timeout_s))
-        counts = await asyncio.wait_for(_counts_of(admin, settings, existing), timeout=timeout_s)
+        async with asyncio.timeout(timeout_s):
+            existing = set(await admin.list_topics())
+        async with asyncio.timeout(timeout_s):
+            counts = await _counts_of(admin, settings, existing)
     except (KafkaError, TimeoutError) as exc:
         raise BrokerError(
             f"could not read topic metadata from {settings.kafka.bootstrap_servers}: "

@@ -27,6 +27,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
+from guardrail_client.aio import cancel_and_wait
 from sidecar.config import Settings
 from sidecar.contracts.events import CertificateWithdrawal
 from sidecar.exceptions import BrokerError, ConfigError
@@ -80,7 +81,8 @@ class CertificateBoard:
         catch_up = self._new_consumer(fetch_max_wait_ms=10)
         try:
             with refusals_said(self._kafka):
-                positions = await asyncio.wait_for(self.read_to_end(catch_up), timeout=timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    positions = await self.read_to_end(catch_up)
             if len(positions) != 1:  # a key's records must stay on one partition
                 raise ConfigError(
                     f"{self.topic} (GUARDRAIL_TOPICS__CERTIFICATES) has {len(positions)} "
@@ -203,9 +205,9 @@ class CertificateBoard:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            error = await cancel_and_wait(self._task)
+            if error is not None:
+                log.error("the certificate withdrawals' reader ended", exc_info=error)
             self._task = None
         if self._consumer is not None:
             with contextlib.suppress(KafkaError, OSError):
@@ -250,7 +252,8 @@ async def read_withdrawals(settings: Settings) -> dict[str, CertificateWithdrawa
     timeout_s = settings.kafka.request_timeout_ms / 1000.0
     try:
         with refusals_said(settings.kafka):
-            await asyncio.wait_for(board.read_to_end(consumer), timeout=timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await board.read_to_end(consumer)
     except (KafkaError, OSError, TimeoutError) as exc:
         took = f" within {timeout_s:g} s" if isinstance(exc, TimeoutError) else ""
         raise BrokerError(

@@ -13,6 +13,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -262,6 +263,26 @@ async def test_a_consumer_that_fails_wakes_its_callers_logs_and_can_be_restarted
     assert fake_consumers[0].stopped
     await client.start()  # and it can start again
     assert client.running
+    await client.stop()
+
+
+async def test_a_caller_cancelled_as_its_verdict_arrives_is_cancelled(
+    fake_consumers: list[FakeConsumer],
+) -> None:
+    """Python 3.11's ``asyncio.wait_for`` returned the verdict and dropped the caller's
+    cancellation when both came in the same pass of the loop: a web handler cancelled (its
+    client gone, a deadline) went on as if it had not been."""
+    client = VerdictClient(BOOTSTRAP, timeout_s=30.0)
+    await client.start()
+    waiting = asyncio.create_task(client.verdict("r1"))
+    await asyncio.sleep(0.05)
+    [(future, _)] = client.waiters._verdicts["r1"]
+    event = SimpleNamespace(decision="allow")
+    future.set_result(SimpleNamespace(event=event, timestamp_ms=0))  # type: ignore[arg-type]
+    asyncio.get_running_loop().call_soon(waiting.cancel)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(waiting, 2.0)
+    assert waiting.cancelled()
     await client.stop()
 
 

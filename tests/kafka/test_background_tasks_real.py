@@ -8,11 +8,15 @@ and ``/livez`` stayed green.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
 
 import pytest
 
 from sidecar.kafka import app
+from sidecar.kafka.readiness import BrokerProbe
 from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.outputs import Step
 from tests.kafka.harness import real_harness, settings_for, wait_until
@@ -80,3 +84,61 @@ async def test_a_broker_probe_that_raises_makes_the_sidecar_not_live(
         await wait_until(lambda: not h.service.state.live, 30, "liveness to drop")
         fatal = h.service.state.fatal or ""
         assert "sidecar-broker-probe" in fatal and "a bug in the probe" in fatal
+
+
+async def test_a_probe_that_fails_as_it_is_cancelled_is_said_and_stop_completes(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The broker probe raised as the ticker cancelled it at stop: the error went out of the
+    ticker's ``finally`` and out of ``stop()`` (its ``suppress(CancelledError)`` let it
+    through), leaving the final commit and the clients' close undone."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    probing = asyncio.Event()
+
+    async def probe_failing_at_cancel(*_: object) -> None:
+        probing.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise RuntimeError("a bug in the probe's cleanup") from None
+
+    monkeypatch.setattr(BrokerProbe, "run", probe_failing_at_cancel)
+    with caplog.at_level(logging.ERROR, logger="sidecar.kafka.app"):
+        async with real_harness(settings) as h:
+            await wait_until(probing.is_set, 10, "the probe to run")
+        # stop() raised RuntimeError before the commit
+        assert h.service.stop_step not in ("stopping the ticker", None)
+    said = [r for r in caplog.records if r.getMessage() == "the sidecar-broker-probe task ended"]
+    assert len(said) == 1 and "a bug in the probe's cleanup" in str(said[0].exc_info)
+
+
+async def test_stop_under_a_timeout_ends_at_it_while_a_task_ignores_its_cancellation(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``with suppress(CancelledError): await task`` absorbed the cancellation of stop()
+    itself: the grace period around it (``asyncio.timeout``) waited for as long as the
+    task took, past the kubelet's SIGKILL."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    release, probing = asyncio.Event(), asyncio.Event()
+
+    async def stubborn_probe(*_: object) -> None:
+        probing.set()
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):  # as wait_for on 3.11 could
+                await release.wait()
+
+    monkeypatch.setattr(BrokerProbe, "run", stubborn_probe)
+    async with real_harness(settings) as h:
+        await wait_until(probing.is_set, 10, "the probe to run")
+        started = time.monotonic()
+        try:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    await h.service.stop()
+            took = time.monotonic() - started
+        finally:
+            release.set()  # the harness's own stop() then ends
+        assert took < 5.0

@@ -233,3 +233,29 @@ async def test_an_input_topic_is_gone_when_two_metadata_answers_in_a_row_lack_it
     refreshes = consumer.refreshes
     await probe.probe(consumer)  # type: ignore[arg-type]
     assert consumer.refreshes == refreshes + 1  # back: the group reads it now
+
+
+async def test_the_probe_loop_ends_when_cancelled_as_its_metadata_answer_arrives() -> None:
+    """Python 3.11's ``asyncio.wait_for`` returns the result when its awaitable is done by the
+    time the cancellation reaches it, and drops the cancellation: the probe loop went on
+    probing, the ticker that cancels it in its ``finally`` waited for it for good, and a
+    ticker ended by a bug never made the sidecar not live (CI: "timed out after 30s waiting
+    for liveness to drop")."""
+    answer: asyncio.Future[dict[str, int]] = asyncio.get_running_loop().create_future()
+    asked = asyncio.Event()
+
+    class Consumer:
+        async def fetch_partitions(self, topics: Any) -> dict[str, int]:
+            asked.set()
+            return await answer
+
+    probe = BrokerProbe(LoopState(), INPUTS, OUTPUTS)
+    prober = asyncio.create_task(probe.run(Consumer(), asyncio.Event()))  # type: ignore[arg-type]
+    await asked.wait()
+    loop = asyncio.get_running_loop()
+    answer.set_result(dict.fromkeys(INPUTS + OUTPUTS, 3))
+    loop.call_soon(prober.cancel)  # the answer's task completes first, in the same pass
+    done, _ = await asyncio.wait({prober}, timeout=2.0)
+    if not done:
+        prober.cancel()
+    assert done == {prober} and prober.cancelled()

@@ -101,7 +101,8 @@ class PendingSampler:
                     )
                     self.samples.append((time.monotonic(), lag))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), SAMPLE_EVERY_S)
+                    async with asyncio.timeout(SAMPLE_EVERY_S):
+                        await self._stop.wait()
         finally:
             await probe.stop()
             await admin.close()
