@@ -4,12 +4,15 @@
 the one Kafka's default partitioner puts that key on: the partition every producer of
 a request's records writes it to), reads each from its start or from the first record
 at or after ``since`` (``offsets_for_times``) up to the end offsets taken when the scan
-started, so a topic that grows while it is read cannot keep it going. No offsets are
-committed and no sidecar's group is disturbed. It reads committed records only
-(``read_committed``): a record of an aborted transaction was written again by the
-retry that followed. Header names are read leniently and a compressed batch inflates
-within ``GUARDRAIL_KAFKA__MAX_BATCH_INFLATED_BYTES``, as the sidecar's own consumer
-reads. ``guardrail dlq inspect|redrive`` and ``guardrail verdicts`` read through it.
+started, so a topic that grows while it is read cannot keep it going;
+:meth:`TopicScan.follow` then reads on past them, and takes up the partitions added to a
+topic meanwhile (an operator's ``kafka-topics --alter --partitions``) within
+:data:`GROWTH_CHECK_S`, from their start. No offsets are committed and no sidecar's group
+is disturbed. It reads committed records only (``read_committed``): a record of an
+aborted transaction was written again by the retry that followed. Header names are read
+leniently and a compressed batch inflates within ``GUARDRAIL_KAFKA__MAX_BATCH_INFLATED_BYTES``,
+as the sidecar's own consumer reads. ``guardrail dlq inspect|redrive`` and
+``guardrail verdicts`` read through it.
 """
 
 from __future__ import annotations
@@ -31,9 +34,13 @@ from sidecar.kafka.records import install_lenient_header_names
 from sidecar.kafka.security import aiokafka_client_args
 from sidecar.kafka.topics import refusals_said
 
-__all__ = ["TopicScan"]
+__all__ = ["GROWTH_CHECK_S", "TopicScan"]
 
 _POLL_MS: Final = 500
+# how often the scan's consumer refreshes its metadata (aiokafka's default, 5 minutes, is
+# how long a partition added while ``follow()`` ran went unread): one metadata request
+# for the scan's topics each time
+GROWTH_CHECK_S: Final = 5.0
 
 
 class TopicScan:
@@ -60,6 +67,10 @@ class TopicScan:
         self._client_id = client_id
         self._consumer: AIOKafkaConsumer[bytes, bytes] | None = None
         self._end: dict[TopicPartition, int] = {}
+        self._counts: dict[str, int] = {}  # each topic's partitions, as follow() last saw them
+        # every partition's end offset at the start: where follow() reads one it takes up
+        # later from (``key``: the partition a grown topic moves the key to)
+        self._follow_from: dict[TopicPartition, int] = {}
         self.to_read = 0  # records between the start positions and the end offsets
         self.cluster_topics: frozenset[str] = frozenset()  # the cluster's topics at the start
 
@@ -84,6 +95,7 @@ class TopicScan:
             isolation_level="read_committed",
             client_id=self._client_id,
             fetch_max_wait_ms=100,
+            metadata_max_age_ms=int(GROWTH_CHECK_S * 1000),
             max_partition_fetch_bytes=self._settings.topics.max_message_bytes + 65_536,
         )
         timeout_s = kafka.request_timeout_ms / 1000.0
@@ -116,13 +128,15 @@ class TopicScan:
         consumer.subscribe(sorted(wanted))  # no group: every partition is assigned
         while {tp.topic for tp in consumer.assignment()} != wanted:  # noqa: ASYNC110 (no event)
             await asyncio.sleep(0.01)
-        tps = sorted(consumer.assignment())
-        if self._key is not None:  # where every producer of the request's records puts them
-            counts = {t: len(consumer.partitions_for_topic(t) or ()) for t in sorted(wanted)}
-            tps = [TopicPartition(t, partition_for(self._key, n)) for t, n in counts.items()]
-            consumer.unsubscribe()
-            consumer.assign(tps)
-        self._end = await consumer.end_offsets(tps)
+        self._counts = {t: len(consumer.partitions_for_topic(t) or ()) for t in sorted(wanted)}
+        every = [TopicPartition(t, p) for t, n in self._counts.items() for p in range(n)]
+        tps = self._partitions(self._counts)
+        # assigned by hand: subscribed, a metadata refresh that shows a grown topic has
+        # aiokafka assign every partition afresh, the old ones read again from their start
+        consumer.unsubscribe()
+        consumer.assign(tps)
+        self._follow_from = await consumer.end_offsets(every)
+        self._end = {tp: self._follow_from[tp] for tp in tps}
         if self._since is None:
             await consumer.seek_to_beginning(*tps)
         else:
@@ -133,6 +147,13 @@ class TopicScan:
                 consumer.seek(tp, self._end[tp] if at is None else min(at.offset, self._end[tp]))
         for tp in tps:
             self.to_read += max(0, self._end[tp] - await consumer.position(tp))
+
+    def _partitions(self, counts: dict[str, int]) -> list[TopicPartition]:
+        """The partitions to read of topics with these partition counts: every one, or with
+        ``key`` the one where every producer of the request's records puts them."""
+        if self._key is not None:
+            return [TopicPartition(t, partition_for(self._key, n)) for t, n in counts.items()]
+        return [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
 
     async def records(self) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
         """The records up to the end offsets taken at the start, in offset order within
@@ -166,7 +187,10 @@ class TopicScan:
 
     async def follow(self) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
         """After :meth:`records`: the records written past the end offsets taken at the start,
-        as they come, until cancelled (partitions added meanwhile are not read)."""
+        as they come, until cancelled. A partition added to a topic meanwhile is read from its
+        start, within :data:`GROWTH_CHECK_S` of being added (with ``key``: the partition the
+        grown topic puts the key on, read from the end offset it had when the scan started,
+        the old one read on too)."""
         consumer = self._consumer
         if consumer is None:
             raise RuntimeError("TopicScan.follow() outside `async with`")
@@ -181,6 +205,29 @@ class TopicScan:
             for records in batch.values():
                 for r in records:
                     yield r
+            await self._take_up_new_partitions(consumer)
+
+    async def _take_up_new_partitions(self, consumer: AIOKafkaConsumer[bytes, bytes]) -> None:
+        """Read the partitions that the consumer's last metadata refresh shows were added,
+        the others on from where they are."""
+        counts = {t: len(consumer.partitions_for_topic(t) or ()) for t in self._counts}
+        if all(counts[t] <= n for t, n in self._counts.items()):
+            return  # a topic never shrinks: fewer is metadata not known at the moment
+        self._counts = {t: max(n, counts[t]) for t, n in self._counts.items()}
+        held = consumer.assignment()
+        added = [tp for tp in self._partitions(self._counts) if tp not in held]
+        if not added:
+            return
+        at = {tp: await consumer.position(tp) for tp in held}  # the next record to yield
+        consumer.assign(sorted({*held, *added}))  # a fresh assignment: positions are lost
+        for tp, offset in at.items():
+            consumer.seek(tp, offset)
+        for tp in added:
+            if tp in self._follow_from:
+                consumer.seek(tp, self._follow_from[tp])
+        new = [tp for tp in added if tp not in self._follow_from]
+        if new:
+            await consumer.seek_to_beginning(*new)
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None

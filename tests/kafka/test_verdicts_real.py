@@ -12,6 +12,7 @@ partition alone), tenant, decision, time and the newest N.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import queue
@@ -19,13 +20,18 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import IO
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 
 from guardrail_client.keys import partition_for
+from sidecar.config import Settings
 from sidecar.contracts.verdicts import AnswerVerdict, ClaimLabel, ClaimVerdict, Decision, Reason
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.localkafka.broker import LocalKafka
@@ -173,44 +179,151 @@ async def test_verdicts_are_read_filtered_and_escaped(
     assert "guardrail topics create" in err
 
 
+class Following:
+    """``guardrail verdicts --follow ARGS`` in a process of its own, its stdout lines in a
+    queue; ``stop()`` sends it Ctrl-C and returns its stderr (every line it printed is in
+    the queue by then)."""
+
+    def __init__(self, settings: Settings, *args: str) -> None:
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("GUARDRAIL_")},
+            "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
+            "GUARDRAIL_TOPICS__VERDICTS": settings.topics.verdicts,
+        }
+        self.lines: queue.Queue[str] = queue.Queue()
+        self._err: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sidecar", "verdicts", "--follow", "--no-progress", *args],
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self._pumps = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put)),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self._err.append)),
+        ]
+        for pump in self._pumps:
+            pump.start()
+
+    @staticmethod
+    def _pump(stream: IO[str] | None, put: Callable[[str], None]) -> None:
+        for line in stream or ():
+            put(line)
+
+    async def line(self, timeout_s: float = 60) -> str:
+        return await asyncio.to_thread(self.lines.get, timeout=timeout_s)
+
+    async def request_ids(self, n: int, timeout_s: float = 60) -> list[str]:
+        """The request ids of the next ``n`` lines, or of those printed within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        ids: list[str] = []
+        while len(ids) < n and (left := deadline - time.monotonic()) > 0:
+            with contextlib.suppress(queue.Empty):
+                ids.append((await self.line(left)).split()[1])
+        return ids
+
+    async def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        await asyncio.to_thread(self.proc.wait, timeout=60)
+        for pump in self._pumps:
+            await asyncio.to_thread(pump.join, timeout=10)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        return "".join(self._err)
+
+
+async def send(settings: Settings, *verdicts: AnswerVerdict) -> None:
+    """``verdicts`` keyed by request id, by a producer started now (it knows the topic's
+    partitions as they are now)."""
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks="all")
+    await producer.start()
+    try:
+        for v in verdicts:
+            await producer.send_and_wait(
+                settings.topics.verdicts, v.model_dump_json().encode(), key=v.request_id.encode()
+            )
+    finally:
+        await producer.stop()
+
+
 async def test_follow_shows_new_verdicts_until_ctrl_c(
     kafka_broker: LocalKafka, unique_topics: dict[str, str]
 ) -> None:
     settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
     await create_topics(settings)
     t = settings.topics
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers, acks="all")
-    await producer.start()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("GUARDRAIL_")},
-        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": settings.kafka.bootstrap_servers,
-        "GUARDRAIL_TOPICS__VERDICTS": t.verdicts,
-    }
-    lines: queue.Queue[str] = queue.Queue()
+    await send(settings, verdict("r-old", Decision.ALLOW, "acme", "profile.default"))
+    following = Following(settings)
     try:
-        old = verdict("r-old", Decision.ALLOW, "acme", "profile.default")
-        await producer.send_and_wait(t.verdicts, old.model_dump_json().encode(), key=b"r-old")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sidecar", "verdicts", "--follow", "--no-progress"],
-            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-
-        def pump() -> None:
-            for line in proc.stdout or ():
-                lines.put(line)
-
-        threading.Thread(target=pump, daemon=True).start()
-        try:
-            first = await asyncio.to_thread(lines.get, timeout=60)
-            assert "  r-old  allow  " in first
-            new = verdict("r-new", Decision.CAVEAT, "acme", "profile.default")
-            await producer.send_and_wait(t.verdicts, new.model_dump_json().encode(), key=b"r-new")
-            second = await asyncio.to_thread(lines.get, timeout=60)
-            assert "  r-new  caveat  " in second
-        finally:
-            proc.send_signal(signal.SIGINT)
-            _, err = await asyncio.to_thread(proc.communicate, timeout=60)
+        first = await following.line()
+        assert "  r-old  allow  " in first
+        await send(settings, verdict("r-new", Decision.CAVEAT, "acme", "profile.default"))
+        second = await following.line()
+        assert "  r-new  caveat  " in second
     finally:
-        await producer.stop()
-    assert proc.returncode == 130, err[-3000:]
+        err = await following.stop()
+    assert following.proc.returncode == 130, err[-3000:]
     assert err.splitlines()[-1] == f"{t.verdicts}: 2 selected (allow 1, caveat 1)"
+
+
+def keyed_to(partition: int, count: int, prefix: str) -> str:
+    """A request id that the default partitioner puts in ``partition`` of ``count``."""
+    return next(
+        f"{prefix}-{i}" for i in range(10_000) if partition_for(f"{prefix}-{i}", count) == partition
+    )
+
+
+async def test_follow_reads_partitions_added_while_it_follows(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """An operator grows the verdicts topic (``kafka-topics --alter --partitions``) while
+    watching: the verdicts keyed to the new partitions are shown, from their first record,
+    within :data:`~sidecar.kafka.scan.GROWTH_CHECK_S` (the consumer's metadata refresh, 5
+    minutes, before: they were never shown meanwhile), and the old partitions go on where
+    they were (nothing shown twice). ``--request-id`` follows its key to the partition it
+    moves to."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    await create_topics(settings)
+    t = settings.topics
+    n = t.partitions
+    moving = next(  # a request id whose partition changes when the topic grows
+        f"r-moving-{i}"
+        for i in range(10_000)
+        if partition_for(f"r-moving-{i}", n) != partition_for(f"r-moving-{i}", n + 2)
+    )
+    await send(
+        settings,
+        verdict("r-old", Decision.ALLOW, "acme", "profile.default"),
+        verdict(moving, Decision.ALLOW, "acme", "profile.default"),
+    )
+    every, one = Following(settings), Following(settings, "--request-id", moving)
+    try:
+        assert {(await every.line()).split()[1] for _ in range(2)} == {"r-old", moving}
+        assert (await one.line()).split()[1:3] == [moving, "allow"]
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap_servers)
+        await admin.start()
+        try:
+            await admin.create_partitions({t.verdicts: NewPartitions(total_count=n + 2)})
+        finally:
+            await admin.close()
+        grown = time.monotonic()
+        first_new, last_new = keyed_to(n, n + 2, "r-new"), keyed_to(n + 1, n + 2, "r-new")
+        await send(
+            settings,
+            verdict(first_new, Decision.CAVEAT, "acme", "profile.default"),
+            verdict(last_new, Decision.BLOCK, "acme", "profile.default"),
+            verdict(keyed_to(0, n + 2, "r-on-0"), Decision.ALLOW, "acme", "profile.default"),
+            verdict(moving, Decision.BLOCK, "acme", "profile.default"),  # its new partition
+        )
+        shown = sorted(await every.request_ids(4))
+        assert shown == sorted([first_new, last_new, keyed_to(0, n + 2, "r-on-0"), moving])
+        assert await one.request_ids(1) == [moving]
+        took_s = time.monotonic() - grown
+        assert took_s < 60, took_s  # not the consumer's 5-minute metadata refresh
+    finally:
+        err_every, err_one = await every.stop(), await one.stop()
+    assert every.proc.returncode == 130, err_every[-3000:]
+    assert every.lines.empty()  # nothing shown twice
+    assert err_every.splitlines()[-1] == (f"{t.verdicts}: 6 selected (allow 3, caveat 1, block 2)")
+    assert one.proc.returncode == 130, err_one[-3000:]
+    assert err_one.splitlines()[-1] == f"{t.verdicts}: 2 selected (allow 1, block 1)"
