@@ -17,7 +17,9 @@ password): the clients are handed a :class:`RotatingSecret`, and each aiokafka
 client reads the file's current secret when it authenticates a new connection (see
 :func:`_follow_rotations`); open connections stay authenticated as they were. The
 client key's passphrase given as a file (``ssl_key_password_file``) is one of the
-TLS files: read when they are loaded, at start and when any of them changes.
+TLS files: read when they are loaded, at start and when any of them changes. Mounted from
+a Secret of its own, it changes apart from the key: a key that its passphrase file does
+not decrypt yet is waited on (:data:`KEY_PASSWORD_WAIT_S`) before it is said not to load.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,7 @@ from sidecar.exceptions import ConfigError
 from sidecar.secretfile import SecretFile, secret_digest, secret_file, secret_files, unfit_file
 
 __all__ = [
+    "KEY_PASSWORD_WAIT_S",
     "MAX_TLS_FILE_BYTES",
     "TLS_CHECK_INTERVAL_S",
     "RotatingSecret",
@@ -56,6 +61,13 @@ __all__ = [
 TLS_CHECK_INTERVAL_S = 30.0
 """How often the running sidecar hashes its Kafka TLS files (a few KB) for a renewal."""
 
+KEY_PASSWORD_WAIT_S = 120.0
+"""How long :class:`TlsFilesWatch` waits, once the client key changed on disk and the
+passphrase file (``ssl_key_password_file``, unchanged) does not decrypt it, for the
+passphrase to follow before it says the key does not load: the two come from two Secrets,
+and the kubelet updates each mounted Secret at a sync of the pod of its own (every minute
+by default, with jitter), so a rotation shows the new key a sync before its passphrase."""
+
 MAX_TLS_FILE_BYTES = 4 * 1024 * 1024
 """A larger CA bundle, certificate or key is none (a path set wrong): refused unread. A
 system CA bundle is about 200 KiB."""
@@ -68,6 +80,10 @@ _SHARED_LOCK = threading.Lock()
 
 class _EncryptedKeyError(Exception):
     """The client key asks for a passphrase."""
+
+
+class _WrongPassphrase(ConfigError):
+    """The passphrase given does not decrypt the client key."""
 
 
 def _no_password() -> str:
@@ -157,7 +173,7 @@ def _context(kafka: KafkaSettings, passphrase: str | None) -> ssl.SSLContext:
             ) from None
         except (OSError, ssl.SSLError) as exc:
             if passphrase is not None and _is_encrypted(kafka.ssl_keyfile or kafka.ssl_certfile):
-                raise ConfigError(
+                raise _WrongPassphrase(
                     f"{key_names}: {_password_setting(kafka)} does not decrypt the "
                     f"private key ({exc}); it must be the key's passphrase"
                 ) from None
@@ -222,13 +238,25 @@ class TlsFilesWatch:
     context as a start would; :meth:`apply` (on the event loop, where the clients make
     their connections) then loads them into the shared one. Files that changed but do
     not load (a renewal caught half-written, a key that does not match) are said once
-    per change, and the context keeps what it holds.
+    per change, and the context keeps what it holds. A changed key that the passphrase file,
+    unchanged, does not decrypt is said once ``passphrase_wait_s`` passed without the
+    passphrase following (it comes from another Secret, updated apart).
     """
 
-    def __init__(self, kafka: KafkaSettings) -> None:
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        *,
+        passphrase_wait_s: float = KEY_PASSWORD_WAIT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not kafka.security_protocol.endswith("SSL"):
             raise ConfigError("TlsFilesWatch needs an SSL or SASL_SSL security protocol")
         self._kafka = kafka
+        self._passphrase_wait_s = passphrase_wait_s
+        self._clock = clock
+        # waiting for the passphrase of a changed key: until when, and the line to say then
+        self._waiting: tuple[float, str] | None = None
         # what the context was made from, not what the files hold now: a watch started after
         # the clients first reached Kafka took a renewal made meanwhile for the one loaded
         self._context, self._loaded = _shared(kafka)
@@ -245,21 +273,66 @@ class TlsFilesWatch:
         then ready for :meth:`apply` if they load."""
         now = _digests(self._files, self._kafka)
         if now == self._seen:
-            return None
+            return self._waited_out()
         self._seen, self._pending = now, None
         if now == self._loaded:  # back to what the context holds
+            self._waiting = None
             return None
         names = self._differing(now)
         try:
             password = _key_password(self._kafka)
             _context(self._kafka, password)  # loads as a start would, or says which does not
+        except _WrongPassphrase as exc:
+            if self._passphrase_may_follow(now):
+                return self._wait_for_passphrase(self._not_loading(names, exc))
+            self._waiting = None
+            return logging.ERROR, self._not_loading(names, exc)
         except ConfigError as exc:
-            return logging.ERROR, (
-                f"the Kafka TLS files changed on disk ({names}) and do not load: "
-                f"{exc}; new connections keep using the files loaded before"
-            )
+            self._waiting = None
+            return logging.ERROR, self._not_loading(names, exc)
+        self._waiting = None
         self._pending = now, password
         return None
+
+    @staticmethod
+    def _not_loading(names: str, exc: ConfigError) -> str:
+        return (
+            f"the Kafka TLS files changed on disk ({names}) and do not load: "
+            f"{exc}; new connections keep using the files loaded before"
+        )
+
+    def _passphrase_may_follow(self, digests: dict[str, str]) -> bool:
+        """The client key changed and the passphrase file did not: its Secret may not have
+        been updated yet."""
+        secret = self._kafka.ssl_key_password_file
+        key = self._kafka.ssl_keyfile or self._kafka.ssl_certfile
+        return (
+            secret is not None
+            and key is not None
+            and digests[secret] == self._loaded[secret]
+            and digests[key] != self._loaded[key]
+        )
+
+    def _wait_for_passphrase(self, error: str) -> tuple[int, str] | None:
+        """Wait for the passphrase (``error`` said when the wait is over): an INFO line when
+        the wait begins; a key changed again meanwhile does not restart it."""
+        if self._waiting is not None:
+            self._waiting = self._waiting[0], error
+            return self._waited_out()
+        self._waiting = self._clock() + self._passphrase_wait_s, error
+        return logging.INFO, (
+            "the Kafka client key changed on disk and "
+            "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE does not decrypt it yet: waiting up to "
+            f"{self._passphrase_wait_s:.0f} s for the passphrase to follow (its Secret is "
+            "updated apart from the key's); new connections keep using the files loaded before"
+        )
+
+    def _waited_out(self) -> tuple[int, str] | None:
+        """The ERROR line of a key whose passphrase did not follow within the wait, once."""
+        if self._waiting is None or self._clock() < self._waiting[0]:
+            return None
+        error, self._waiting = self._waiting[1], None
+        return logging.ERROR, error
 
     def apply(self) -> tuple[int, str] | None:
         """Load the files :meth:`changed` found ready into the shared context; a log level

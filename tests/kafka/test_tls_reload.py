@@ -26,6 +26,7 @@ from sidecar import runtime
 from sidecar.config import HttpSettings, KafkaSettings, Settings
 from sidecar.exceptions import ConfigError
 from sidecar.kafka.security import (
+    KEY_PASSWORD_WAIT_S,
     MAX_TLS_FILE_BYTES,
     TlsFilesWatch,
     aiokafka_client_args,
@@ -377,3 +378,110 @@ def test_a_tls_file_larger_than_any_pem_bundle_is_refused(certs: Path, tmp_path:
         bundle.truncate(MAX_TLS_FILE_BYTES + 1)
     with pytest.raises(ConfigError, match=r"SSL_CAFILE=.*: the file is larger than 4 MiB"):
         ssl_context(settings(tmp_path))
+
+
+def swap_in(path: Path, data: bytes) -> None:
+    """Write ``path`` whole, then swap it in (the kubelet's atomic update of a Secret)."""
+    tmp = path.parent / f".{path.name}.tmp"
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+@pytest.fixture
+def two_secrets(certs: Path, tmp_path: Path) -> tuple[KafkaSettings, Callable[..., None]]:
+    """The client certificate and its encrypted key mounted from one Secret, the key's
+    passphrase (GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE) from another, "client1" in place;
+    and ``rotate(client, passphrase=..., key=...)``: update the key's Secret (``key``)
+    or the passphrase's (``passphrase``)."""
+    tls, secret = tmp_path / "tls", tmp_path / "key-password"
+    tls.mkdir()
+    secret.mkdir()
+    for client in ("client1", "client2"):
+        _openssl("pkey", "-in", f"{client}.key", "-aes256", "-passout",
+                 f"pass:{client}-Pa55", "-out", f"{client}.two.key", cwd=certs)  # fmt: skip
+
+    def rotate(client: str, *, key: bool = False, passphrase: bool = False) -> None:
+        if key:
+            swap_in(tls / "ca.pem", (certs / "ca.pem").read_bytes())
+            swap_in(tls / "tls.crt", (certs / f"{client}.pem").read_bytes())
+            swap_in(tls / "tls.key", (certs / f"{client}.two.key").read_bytes())
+        if passphrase:
+            swap_in(secret / "password", f"{client}-Pa55\n".encode())
+
+    rotate("client1", key=True, passphrase=True)
+    kafka = KafkaSettings(
+        security_protocol="SSL",
+        ssl_cafile=str(tls / "ca.pem"),
+        ssl_certfile=str(tls / "tls.crt"),
+        ssl_keyfile=str(tls / "tls.key"),
+        ssl_key_password_file=str(secret / "password"),
+    )
+    return kafka, rotate
+
+
+async def test_a_key_and_its_passphrase_from_two_secrets_rotate_without_an_error(
+    certs: Path,
+    two_secrets: tuple[KafkaSettings, Callable[..., None]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The kubelet updates the two Secrets at moments of their own: the watch saw the new
+    key with the old passphrase and logged an ERROR (the key "does not decrypt") at every
+    rotation, although the passphrase followed a moment later. It now waits for it (up to
+    ``KEY_PASSWORD_WAIT_S``), the old credentials in use meanwhile."""
+    kafka, rotate = two_secrets
+    context = shared_ssl_context(kafka)
+    assert context is not None
+    stop = asyncio.Event()
+    with tls_server(certs) as (port, seen), caplog.at_level(logging.INFO, logger="sidecar"):
+        connect(context, port)
+        watching = asyncio.create_task(_watch_tls(TlsFilesWatch(kafka), stop, interval_s=0.05))
+        rotate("client2", key=True)  # the key's Secret first
+        await asyncio.sleep(0.5)  # ten looks meanwhile
+        await asyncio.to_thread(connect, context, port)  # the old pair, still in use
+        rotate("client2", passphrase=True)  # the passphrase's Secret a moment later
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if "reloaded the Kafka TLS files" in caplog.text:
+                break
+        stop.set()
+        await asyncio.wait_for(watching, 5)
+        await asyncio.to_thread(connect, context, port)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert errors == []
+    assert caplog.text.count("reloaded the Kafka TLS files") == 1
+    assert caplog.text.count("waiting up to") == 1  # said once, not at every look
+    assert "Pa55" not in caplog.text
+    assert seen == ["client1", "client1", "client2"]
+
+
+def test_a_passphrase_that_never_follows_its_key_is_an_error_after_the_wait(
+    certs: Path, two_secrets: tuple[KafkaSettings, Callable[..., None]]
+) -> None:
+    """The wait is bounded: a key rotated without its passphrase's Secret (forgotten) is
+    said as an ERROR once ``KEY_PASSWORD_WAIT_S`` passed, and the old pair stays."""
+    kafka, rotate = two_secrets
+    context = shared_ssl_context(kafka)
+    assert context is not None
+    clock = [1000.0]
+    watch = TlsFilesWatch(kafka, clock=lambda: clock[0])
+    rotate("client2", key=True)
+    level, said = watch.changed() or (0, "")
+    assert level == logging.INFO and f"waiting up to {KEY_PASSWORD_WAIT_S:.0f} s" in said
+    assert "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE" in said and "Pa55" not in said
+    assert watch.apply() is None
+    clock[0] += KEY_PASSWORD_WAIT_S - 1
+    assert watch.changed() is None and watch.apply() is None
+    clock[0] += 1
+    level, said = watch.changed() or (0, "")
+    assert level == logging.ERROR and "does not decrypt the private key" in said
+    assert "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE" in said and "Pa55" not in said
+    assert "keep using the files loaded before" in said
+    assert watch.changed() is None and watch.apply() is None  # said once
+    with tls_server(certs) as (port, seen):
+        connect(context, port)  # the old pair
+        rotate("client2", passphrase=True)  # late, but it came: loaded
+        assert watch.changed() is None
+        level, said = watch.apply() or (0, "")
+        assert level == logging.INFO and "reloaded the Kafka TLS files" in said
+        connect(context, port)
+    assert seen == ["client1", "client2"]
