@@ -12,12 +12,22 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Final, Literal, Self
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from sidecar.contracts.common import EventBase, FiniteFloat, LabelName, Name, RequestId
 
@@ -110,6 +120,55 @@ _PLAIN_F16_HIGH_BYTES = bytes(b for b in range(256) if b < 0x7C or b == 0x80)
 _NEGATIVE_ZERO_F16 = 0x8000  # -0.0 as a little-endian uint16: the largest one allowed
 
 
+def _base64_decoder() -> Callable[[str], bytes] | None:
+    """pydantic-core's base64 decoder (Rust), several times faster than the stdlib's
+    binascii (a character at a time) on the 2,160 characters of a 30 x 9 x 3 summary:
+    the validator itself (a TypeAdapter's Python wrapper cost ~0.8 us a call) of JSON
+    text to bytes. ``None`` where this pydantic does not read JSON bytes as base64
+    (``val_json_bytes``): the stdlib decodes every summary then."""
+    adapter = TypeAdapter(bytes, config=ConfigDict(val_json_bytes="base64"))
+    decode: Callable[[str], bytes] = adapter.validator.validate_json
+    try:
+        decodes = decode('"QUJD"') == b"ABC"
+    except ValidationError:
+        return None
+    return decode if decodes else None
+
+
+_BASE64_JSON: Final = _base64_decoder()
+
+
+def b64decode_strict(text: str) -> bytes:
+    """``base64.b64decode(text, validate=True)``: the same bytes, or the same error.
+
+    pydantic-core decodes the text when it can only be read one way: a multiple of
+    four ASCII characters, no ``=`` before the last two, none of ``-`` and ``_`` (its
+    url-safe alphabet, which the stdlib refuses) and no ``\\`` or ``"`` (a JSON
+    escape would spell characters the text does not hold). Everything it accepts
+    then, the stdlib accepts with the same bytes (whole quads of the standard
+    alphabet, padding at the end); anything else, and anything it refuses (a
+    non-canonical last symbol the stdlib reads), is the stdlib's to answer.
+    """
+    n = len(text)
+    if (
+        _BASE64_JSON is not None
+        and n % 4 == 0
+        and text.isascii()
+        and text.find("=", 0, n - 2) < 0
+        and "-" not in text
+        and "_" not in text
+        and "\\" not in text
+        and '"' not in text
+    ):
+        try:
+            decoded = _BASE64_JSON(f'"{text}"')
+        except ValidationError:
+            pass
+        else:
+            return decoded
+    return base64.b64decode(text, validate=True)
+
+
 FLOAT16_MAX: Final = float(np.finfo(np.float16).max)
 """65504: the largest wire value of an attention summary (larger ones are clipped to it)."""
 
@@ -145,7 +204,7 @@ class AttentionSummary(BaseModel):
     def _shape_matches(self) -> Self:
         expected = self.layers * self.heads * self.chunks * 2
         try:
-            raw = base64.b64decode(self.values, validate=True)
+            raw = b64decode_strict(self.values)
         except (binascii.Error, ValueError) as exc:
             raise ValueError(f"values is not valid base64: {exc}") from None
         if len(raw) != expected:
