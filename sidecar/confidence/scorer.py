@@ -31,6 +31,7 @@ from sidecar.confidence.features import (
 )
 from sidecar.confidence.model import ConfidenceModel
 from sidecar.confidence.spec import FeatureValues
+from sidecar.contracts.assembled import assembled, unit_float
 from sidecar.contracts.events import (
     ChunkForecast,
     GenerationFinal,
@@ -172,11 +173,7 @@ class CalibratedConfidenceScorer:
         hits = retrieval.hits
         order = sorted(range(len(candidates)), key=lambda j: -probs[j])
         forecasts = tuple(
-            ChunkForecast(
-                chunk_id=hits[candidates[j]].chunk_id,
-                p_useful=float(probs[j]),
-                retrieval_rank=candidates[j],
-            )
+            chunk_forecast(hits[candidates[j]].chunk_id, float(probs[j]), candidates[j])
             for j in order
         )
         best = forecasts[0].p_useful if forecasts else 0.0
@@ -203,3 +200,24 @@ class CalibratedConfidenceScorer:
             chunk_forecast=forecasts,
             advice=advice,
         )
+
+
+def chunk_forecast(chunk_id: str, p_useful: float, retrieval_rank: int) -> ChunkForecast:
+    """``ChunkForecast(...)``, built without validation when its values already pass.
+
+    A request forecasts each trusted chunk: validating each cost ~2 us of the
+    confidence scorer's time (helper-76). A probability that is not a float in
+    [0, 1] (a NaN from a broken model) or a rank that is not an int >= 0 is validated
+    as before, which raises the same error.
+    """
+    if (
+        unit_float(p_useful)
+        and type(retrieval_rank) is int
+        and retrieval_rank >= 0
+        and type(chunk_id) is str
+    ):
+        return assembled(
+            ChunkForecast,
+            {"chunk_id": chunk_id, "p_useful": p_useful, "retrieval_rank": retrieval_rank},
+        )
+    return ChunkForecast(chunk_id=chunk_id, p_useful=p_useful, retrieval_rank=retrieval_rank)
