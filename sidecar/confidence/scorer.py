@@ -205,8 +205,8 @@ class CalibratedConfidenceScorer:
 def chunk_forecast(chunk_id: str, p_useful: float, retrieval_rank: int) -> ChunkForecast:
     """``ChunkForecast(...)``, built without validation when its values already pass.
 
-    A request forecasts each trusted chunk: validating each cost ~2 us of the
-    confidence scorer's time (helper-76). A probability that is not a float in
+    A request forecasts each trusted chunk: validating each cost ~1 us of the
+    confidence scorer's time. A probability that is not a float in
     [0, 1] (a NaN from a broken model) or a rank that is not an int >= 0 is validated
     as before, which raises the same error.
     """

@@ -23,7 +23,7 @@ from sidecar.conformal.mondrian import GLOBAL_KEY_LABEL
 from sidecar.conformal.registry import ResolvedCalibration
 from sidecar.exceptions import InputError
 
-__all__ = ["Certification", "certify"]
+__all__ = ["Certification", "certify", "trusted_set"]
 
 
 OUT_OF_RANGE_SPANS = 1.0
@@ -94,6 +94,37 @@ def certify(
         reason = None
         alpha = float(cal.alpha)
 
+    trusted, normalised, n_clipped, depth = trusted_set(raw_scores, cal, depth)
+    certifiable = cal.certifiable
+    return Certification(
+        trusted_indices=tuple(trusted),
+        m1=bool(trusted),
+        m2=len(trusted) / depth if depth else 0.0,
+        depth=depth,
+        normalised_scores=tuple(normalised),
+        alpha=alpha,
+        q_hat=cal.q_hat if certifiable else None,
+        threshold=cal.threshold if certifiable else None,
+        certifiable=certifiable,
+        calibration_id=cal_id,
+        calibration_key=used,
+        requested_key=requested,
+        fallback=reason is not None,
+        fallback_reason=reason,
+        n_clipped=n_clipped,
+    )
+
+
+def trusted_set(
+    raw_scores: Sequence[float], cal: ConformalCalibration, depth: int | None = None
+) -> tuple[list[int], list[float], int, int]:
+    """Eq. (4) on one retrieval's raw scores: the positions of the trusted chunks, the
+    normalised scores (clipped to [0, 1]), how many were clipped, and the depth K
+    (``depth``, or the number of scores). Raises as :func:`certify` does.
+
+    The sidecar's certifier reads these without building a :class:`Certification`
+    (its 15 frozen fields and tuples were ~9 us of the ~27 a retrieval cost).
+    """
     n1 = cal.n1
     span = cal.n2 - cal.n1
     threshold = cal.threshold
@@ -120,24 +151,7 @@ def certify(
             "invalid-depth",
             f"depth K={depth} is smaller than the {len(normalised)} scores of the retrieval",
         )
-    certifiable = cal.certifiable
-    return Certification(
-        trusted_indices=tuple(trusted),
-        m1=bool(trusted),
-        m2=len(trusted) / depth if depth else 0.0,
-        depth=depth,
-        normalised_scores=tuple(normalised),
-        alpha=alpha,
-        q_hat=cal.q_hat if certifiable else None,
-        threshold=threshold if certifiable else None,
-        certifiable=certifiable,
-        calibration_id=cal_id,
-        calibration_key=used,
-        requested_key=requested,
-        fallback=reason is not None,
-        fallback_reason=reason,
-        n_clipped=n_clipped,
-    )
+    return trusted, normalised, n_clipped, depth
 
 
 def _normalised(j: int, raw: object, n1: float, n2: float, span: float) -> float:
