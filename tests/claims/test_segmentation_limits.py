@@ -1,25 +1,33 @@
 """Segmentation cannot be stalled: linear work on adversarial text, bounded units and claims.
 
-Timings are never compared with a number of seconds: each case compares the
-best of five runs on 8x the text with the best of five on 1x, taken in turn, in CPU time
-of this process (another process busy on the same cores does not count).
-Linear work gives a ratio near 8, quadratic work near 64; the bound is 16.
-The 1x text is doubled until one run takes at least ``MIN_CPU_S``, so that
-timer resolution and per-call overhead do not decide the ratio.
+The work is counted, never timed, so that load on the machine cannot decide the outcome:
+each case segments 1x and 8x the text once each under :class:`_Meter`, which counts the
+Python lines run in ``sidecar/claims``, the characters handed to its regular expressions
+to read, and the characters the splitter copies into its working buffer (or reads of all
+it was fed). The counts are the same on every run. Each of the three must grow less than
+``MAX_RATIO`` times for 8x the text: linear work gives 8 or a little less (at most 8.0 on
+these texts), quadratic work near 64. Timed instead (best of five runs in CPU time, the
+bound 16), a burst of load on the shared cores read as superlinear work: CI measured 18.0
+on "mr", whose counts grow 7.8 to 8.0 times.
 """
 
 from __future__ import annotations
 
-import gc
 import random
-import time
+import re
+import sys
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sidecar.claims import sentences
 from sidecar.claims.segment import MAX_CLAIMS_PER_ANSWER, ClaimSegmenter, segment_claims
 from sidecar.claims.sentences import MAX_UNIT_CHARS, Sentence, SentenceSplitter, split_sentences
 from sidecar.exceptions import ConfigError, LifecycleError
@@ -42,11 +50,124 @@ ADVERSARIAL: dict[str, Callable[[int], str]] = {
     "list-markers": lambda n: "1. " * (n // 3),
     "clause-chain": lambda n: "Paris is big" + ", and Lyon is old" * (n // 17) + ".",
 }
-BASE_CHARS = 10_000
-MAX_BASE_CHARS = 80_000
-MIN_CPU_S = 0.005  # a floor for measurement precision, not an expected duration
+BASE_CHARS = 5_000
 GROWTH = 8
-MAX_RATIO = 16.0
+MAX_RATIO = 12.0
+CLAIMS_DIR = str(Path(sentences.__file__).parent)
+
+
+@dataclass
+class _Work:
+    """What one segmentation did, counted: the same on every run, whatever the load."""
+
+    lines: int = 0  # Python lines run in sidecar/claims
+    scanned: int = 0  # characters given to the regular expressions to read
+    copied: int = 0  # characters copied into the splitter's buffer, or read of all it was fed
+
+
+def _claims_modules() -> list[ModuleType]:
+    """The modules of ``sidecar/claims`` imported so far (segmentation imports its own)."""
+    return [
+        module
+        for module in list(sys.modules.values())
+        if (getattr(module, "__file__", None) or "").startswith(CLAIMS_DIR)
+    ]
+
+
+class _CountingPattern:
+    """A compiled pattern that counts the characters of the window it reads: to the end
+    of the match it found, or the whole window when it found none (or finds them all)."""
+
+    def __init__(self, pattern: re.Pattern[str], meter: _Meter) -> None:
+        self._pattern = pattern
+        self._meter = meter
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pattern, name)
+
+    def _count(
+        self, string: str, pos: int, endpos: int, found: re.Match[str] | None = None
+    ) -> None:
+        start, end = max(pos, 0), min(endpos, len(string))
+        read = (found.end() if found is not None else end) - start
+        self._meter.work.scanned += max(read, 0) + 1
+
+    def search(self, string: str, pos: int = 0, endpos: int = sys.maxsize) -> re.Match[str] | None:
+        found = self._pattern.search(string, pos, endpos)
+        self._count(string, pos, endpos, found)
+        return found
+
+    def match(self, string: str, pos: int = 0, endpos: int = sys.maxsize) -> re.Match[str] | None:
+        found = self._pattern.match(string, pos, endpos)
+        self._count(string, pos, endpos, found)
+        return found
+
+    def fullmatch(
+        self, string: str, pos: int = 0, endpos: int = sys.maxsize
+    ) -> re.Match[str] | None:
+        found = self._pattern.fullmatch(string, pos, endpos)
+        self._count(string, pos, endpos, found)
+        return found
+
+    def finditer(
+        self, string: str, pos: int = 0, endpos: int = sys.maxsize
+    ) -> Iterator[re.Match[str]]:
+        self._count(string, pos, endpos)
+        return self._pattern.finditer(string, pos, endpos)
+
+    def findall(self, string: str, pos: int = 0, endpos: int = sys.maxsize) -> list[Any]:
+        self._count(string, pos, endpos)
+        return self._pattern.findall(string, pos, endpos)
+
+    def sub(self, repl: str, string: str, count: int = 0) -> str:
+        self._count(string, 0, len(string))
+        return self._pattern.sub(repl, string, count)
+
+
+class _Meter:
+    """Counts the work of segmentation (see the module's docstring) while ``count`` runs."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.work = _Work()
+        for module in _claims_modules():
+            for name, value in list(vars(module).items()):
+                if isinstance(value, re.Pattern):
+                    monkeypatch.setattr(module, name, _CountingPattern(value, self))
+        feed = SentenceSplitter.feed
+
+        def counted_feed(splitter: SentenceSplitter, piece: str) -> list[Sentence]:
+            # ``self._buf += piece``: the buffer is copied whole on every feed
+            self.work.copied += len(splitter._buf) + len(piece)
+            return feed(splitter, piece)
+
+        monkeypatch.setattr(SentenceSplitter, "feed", counted_feed)
+        text = SentenceSplitter.text
+
+        def counted_text(splitter: SentenceSplitter) -> str:
+            # everything fed, joined: a read per delta would be quadratic
+            joined: str = text.__get__(splitter)
+            self.work.copied += len(joined)
+            return joined
+
+        monkeypatch.setattr(SentenceSplitter, "text", property(counted_text))
+
+    def _call(self, frame: FrameType, event: str, arg: object) -> Any:
+        return self._line if frame.f_code.co_filename.startswith(CLAIMS_DIR) else None
+
+    def _line(self, frame: FrameType, event: str, arg: object) -> Any:
+        if event == "line":
+            self.work.lines += 1
+        return self._line
+
+    def count(self, run: Callable[[], object]) -> _Work:
+        self.work = _Work()
+        previous = sys.gettrace()
+        sys.settrace(self._call)
+        try:
+            run()
+        finally:
+            sys.settrace(previous)
+        return self.work
 
 
 def _cuts(text: str, seed: int = 3) -> list[str]:
@@ -77,65 +198,23 @@ def _streamed(text: str) -> Callable[[], object]:
     return run
 
 
-def _best_of(run: Callable[[], object], k: int = 3) -> float:
-    best = float("inf")
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(k):
-            t0 = time.process_time()
-            run()
-            best = min(best, time.process_time() - t0)
-    finally:
-        gc.enable()
-    return best
-
-
-def _best_of_pair(
-    small: Callable[[], object], large: Callable[[], object], k: int = 5
-) -> tuple[float, float]:
-    """The best of ``k`` runs of each, the two run in turn: a burst of load on the shared
-    cores then slows runs of both sizes alike. Measured one size after the other, a burst
-    during the large text's runs alone read as superlinear work (CI: "mr", 12.7 ms for
-    10,000 characters, 227.9 ms for 80,000, ratio 18.0; 7.8 on the same code measured
-    again, quiet)."""
-    best_small = best_large = float("inf")
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(k):
-            t0 = time.process_time()
-            small()
-            best_small = min(best_small, time.process_time() - t0)
-            t0 = time.process_time()
-            large()
-            best_large = min(best_large, time.process_time() - t0)
-    finally:
-        gc.enable()
-    return best_small, best_large
-
-
 @pytest.mark.parametrize("mode", [_whole, _streamed], ids=["whole", "streamed"])
 @pytest.mark.parametrize("name", sorted(ADVERSARIAL))
 def test_work_grows_linearly_with_adversarial_text(
-    name: str, mode: Callable[[str], Callable[[], object]]
+    name: str, mode: Callable[[str], Callable[[], object]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make = ADVERSARIAL[name]
-    n = BASE_CHARS
-    small = make(n)
-    t_small = _best_of(mode(small))
-    while t_small < MIN_CPU_S and n < MAX_BASE_CHARS:
-        n *= 2
-        small = make(n)
-        t_small = _best_of(mode(small))
-    large = make(n * GROWTH)
-    t_small, t_large = _best_of_pair(mode(small), mode(large))
-    ratio = t_large / t_small
-    length_ratio = len(large) / len(small)
-    assert ratio < MAX_RATIO * length_ratio / GROWTH, (
-        f"{name}: {len(small)} chars {t_small * 1e3:.1f} ms, "
-        f"{len(large)} chars {t_large * 1e3:.1f} ms, ratio {ratio:.1f}"
-    )
+    small, large = make(BASE_CHARS), make(BASE_CHARS * GROWTH)
+    meter = _Meter(monkeypatch)
+    w_small = meter.count(mode(small))
+    w_large = meter.count(mode(large))
+    bound = MAX_RATIO * (len(large) / len(small)) / GROWTH
+    for field in fields(_Work):
+        n_small, n_large = getattr(w_small, field.name), getattr(w_large, field.name)
+        assert n_large < bound * max(n_small, 1), (
+            f"{name}: {field.name} {n_small} for {len(small)} chars, "
+            f"{n_large} for {len(large)} chars, ratio {n_large / max(n_small, 1):.1f}"
+        )
 
 
 def test_the_reported_answer_is_cut_into_bounded_units_and_capped_claims() -> None:
