@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import TracebackType
 
+from guardrail_client.aio import cancel_and_wait
 from sidecar.exceptions import ProxyError
 
 READ_BYTES = 64 * 1024
@@ -318,9 +319,9 @@ class ThrottlingProxy:
                     return
                 await self._write(writer, chunk, direction)
         finally:
-            reading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reading
+            error = await cancel_and_wait(reading)  # a cancellation of the pump propagates
+            if error is not None:
+                raise error
 
     async def _hold(self, arrived: float) -> None:
         """Wait until the chunk's latency has passed and the link is not stalled."""
