@@ -262,11 +262,7 @@ def secret_file(path: str, setting: str, used_by: str) -> SecretFile:
     """The process's one :class:`SecretFile` for ``setting`` and ``path`` (read the first
     time: ``ConfigError`` if it holds no secret), which :func:`check_secret_files` keeps
     in step with the file."""
-    key = (setting, path)
-    with _OPEN_LOCK:
-        opened = _OPEN.get(key)
-        if opened is None:
-            opened = _OPEN[key] = SecretFile(path, setting, used_by)
+    [opened] = secret_files([(path, setting, used_by)])
     return opened
 
 
