@@ -243,7 +243,7 @@ def run_redrive(args: argparse.Namespace) -> int:
 
     async def go() -> None:
         async with DlqScan(settings, since) as dlq:
-            plan.existing_topics = dlq.topics  # no send to a topic gone (or auto-created)
+            plan.existing_topics = dlq.cluster_topics  # no send to a topic gone (or auto-created)
             async with redriver if redriver is not None else contextlib.nullcontext():
                 with _bar(args, dlq.to_read, "dlq redrive") as bar:
                     async for letter in dlq.letters():

@@ -48,11 +48,6 @@ class DlqScan(TopicScan):
             settings, [(self.topic, "GUARDRAIL_TOPICS__DLQ")], since, client_id="guardrail-dlq"
         )
 
-    @property
-    def topics(self) -> frozenset[str]:
-        """The cluster's topics when the scan started."""
-        return self.cluster_topics
-
     async def letters(self) -> AsyncIterator[DeadLetter]:
         """The dead letters up to the end offsets taken at the start, in partition order
         within each partition."""

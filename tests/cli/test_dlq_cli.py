@@ -73,7 +73,7 @@ class FakeScan:
 
     def __init__(self, settings: object, since: object = None) -> None:
         self.to_read = 5
-        self.topics = frozenset({"rag.retrieval", "rag.dlq"})
+        self.cluster_topics = frozenset({"rag.retrieval", "rag.dlq"})
 
     async def __aenter__(self) -> FakeScan:
         return self
