@@ -282,14 +282,12 @@ class TlsFilesWatch:
         try:
             password = _key_password(self._kafka)
             _context(self._kafka, password)  # loads as a start would, or says which does not
-        except _WrongPassphrase as exc:
-            if self._passphrase_may_follow(now):
-                return self._wait_for_passphrase(self._not_loading(names, exc))
-            self._waiting = None
-            return logging.ERROR, self._not_loading(names, exc)
         except ConfigError as exc:
+            error = self._not_loading(names, exc)
+            if isinstance(exc, _WrongPassphrase) and self._passphrase_may_follow(now):
+                return self._wait_for_passphrase(error)
             self._waiting = None
-            return logging.ERROR, self._not_loading(names, exc)
+            return logging.ERROR, error
         self._waiting = None
         self._pending = now, password
         return None
