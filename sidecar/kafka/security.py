@@ -18,8 +18,9 @@ client reads the file's current secret when it authenticates a new connection (s
 :func:`_follow_rotations`); open connections stay authenticated as they were. The
 client key's passphrase given as a file (``ssl_key_password_file``) is one of the
 TLS files: read when they are loaded, at start and when any of them changes. Mounted from
-a Secret of its own, it changes apart from the key: a key that its passphrase file does
-not decrypt yet is waited on (:data:`KEY_PASSWORD_WAIT_S`) before it is said not to load.
+a Secret of its own, it changes apart from the key, in either order: a new key that the
+passphrase file does not decrypt yet, or a new passphrase that does not decrypt the key on
+disk yet, is waited on (:data:`KEY_PASSWORD_WAIT_S`) before it is said not to load.
 """
 
 from __future__ import annotations
@@ -62,11 +63,12 @@ TLS_CHECK_INTERVAL_S = 30.0
 """How often the running sidecar hashes its Kafka TLS files (a few KB) for a renewal."""
 
 KEY_PASSWORD_WAIT_S = 120.0
-"""How long :class:`TlsFilesWatch` waits, once the client key changed on disk and the
-passphrase file (``ssl_key_password_file``, unchanged) does not decrypt it, for the
-passphrase to follow before it says the key does not load: the two come from two Secrets,
-and the kubelet updates each mounted Secret at a sync of the pod of its own (every minute
-by default, with jitter), so a rotation shows the new key a sync before its passphrase."""
+"""How long :class:`TlsFilesWatch` waits, once one of the client key and its passphrase
+file (``ssl_key_password_file``) changed on disk and the other did not, and the passphrase
+does not decrypt the key, for the other to follow before it says the key does not load:
+the two come from two Secrets, and the kubelet updates each mounted Secret at a sync of
+the pod of its own (every minute by default, with jitter), so a rotation shows either one
+a sync before the other."""
 
 MAX_TLS_FILE_BYTES = 4 * 1024 * 1024
 """A larger CA bundle, certificate or key is none (a path set wrong): refused unread. A
@@ -239,8 +241,9 @@ class TlsFilesWatch:
     their connections) then loads them into the shared one. Files that changed but do
     not load (a renewal caught half-written, a key that does not match) are said once
     per change, and the context keeps what it holds. A changed key that the passphrase file,
-    unchanged, does not decrypt is said once ``passphrase_wait_s`` passed without the
-    passphrase following (it comes from another Secret, updated apart).
+    unchanged, does not decrypt (or a changed passphrase that does not decrypt the key,
+    unchanged) is said once ``passphrase_wait_s`` passed without the other following (it
+    comes from another Secret, updated apart).
     """
 
     def __init__(
@@ -255,7 +258,8 @@ class TlsFilesWatch:
         self._kafka = kafka
         self._passphrase_wait_s = passphrase_wait_s
         self._clock = clock
-        # waiting for the passphrase of a changed key: until when, and the line to say then
+        # waiting for the passphrase of a changed key (or the key of a changed passphrase):
+        # until when, and the line to say then
         self._waiting: tuple[float, str] | None = None
         # what the context was made from, not what the files hold now: a watch started after
         # the clients first reached Kafka took a renewal made meanwhile for the one loaded
@@ -284,8 +288,9 @@ class TlsFilesWatch:
             _context(self._kafka, password)  # loads as a start would, or says which does not
         except ConfigError as exc:
             error = self._not_loading(names, exc)
-            if isinstance(exc, _WrongPassphrase) and self._passphrase_may_follow(now):
-                return self._wait_for_passphrase(error)
+            awaited = self._may_follow(now) if isinstance(exc, _WrongPassphrase) else None
+            if awaited is not None:
+                return self._wait_for(awaited, error)
             self._waiting = None
             return logging.ERROR, error
         self._waiting = None
@@ -299,31 +304,42 @@ class TlsFilesWatch:
             f"{exc}; new connections keep using the files loaded before"
         )
 
-    def _passphrase_may_follow(self, digests: dict[str, str]) -> bool:
-        """The client key changed and the passphrase file did not: its Secret may not have
-        been updated yet."""
+    def _may_follow(self, digests: dict[str, str]) -> str | None:
+        """What may not have been updated yet: "passphrase" when the client key changed and
+        the passphrase file did not, "key" when the passphrase file changed and the key did
+        not (each from a Secret of its own); None when both changed, or neither."""
         secret = self._kafka.ssl_key_password_file
         key = self._kafka.ssl_keyfile or self._kafka.ssl_certfile
-        return (
-            secret is not None
-            and key is not None
-            and digests[secret] == self._loaded[secret]
-            and digests[key] != self._loaded[key]
-        )
+        if secret is None or key is None:
+            return None
+        new_secret = digests[secret] != self._loaded[secret]
+        new_key = digests[key] != self._loaded[key]
+        if new_key == new_secret:
+            return None
+        return "passphrase" if new_key else "key"
 
-    def _wait_for_passphrase(self, error: str) -> tuple[int, str] | None:
-        """Wait for the passphrase (``error`` said when the wait is over): an INFO line when
-        the wait begins; a key changed again meanwhile does not restart it."""
+    def _wait_for(self, awaited: str, error: str) -> tuple[int, str] | None:
+        """Wait for the ``awaited`` half ("passphrase" or "key"; ``error`` said when the wait
+        is over): an INFO line when the wait begins; a file changed again meanwhile does not
+        restart it."""
         if self._waiting is not None:
             self._waiting = self._waiting[0], error
             return self._waited_out()
         self._waiting = self._clock() + self._passphrase_wait_s, error
-        return logging.INFO, (
-            "the Kafka client key changed on disk and "
-            "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE does not decrypt it yet: waiting up to "
-            f"{self._passphrase_wait_s:.0f} s for the passphrase to follow (its Secret is "
-            "updated apart from the key's); new connections keep using the files loaded before"
-        )
+        wait = f"waiting up to {self._passphrase_wait_s:.0f} s"
+        if awaited == "passphrase":
+            said = (
+                "the Kafka client key changed on disk and GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE "
+                f"does not decrypt it yet: {wait} for the passphrase to follow (its Secret is "
+                "updated apart from the key's)"
+            )
+        else:
+            said = (
+                "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE changed on disk and does not decrypt "
+                f"the client key there yet: {wait} for the key to follow (its Secret is "
+                "updated apart from the passphrase's)"
+            )
+        return logging.INFO, f"{said}; new connections keep using the files loaded before"
 
     def _waited_out(self) -> tuple[int, str] | None:
         """The ERROR line of a key whose passphrase did not follow within the wait, once."""

@@ -284,7 +284,8 @@ def test_a_key_re_encrypted_with_a_new_passphrase_in_its_file_is_loaded(
     )
     context = shared_ssl_context(kafka)
     assert context is not None
-    watch = TlsFilesWatch(kafka)
+    clock = [1000.0]
+    watch = TlsFilesWatch(kafka, clock=lambda: clock[0])
     with tls_server(certs) as (port, seen):
         connect(context, port)
         put_encrypted("client2", "second-Pa55")
@@ -293,7 +294,10 @@ def test_a_key_re_encrypted_with_a_new_passphrase_in_its_file_is_loaded(
         assert level == logging.INFO and "key-password" in said and "Pa55" not in said
         connect(context, port)
         (live / "key-password").write_text("wrong-Pa55\n")
-        level, said = watch.changed() or (0, "")
+        level, said = watch.changed() or (0, "")  # a key may follow it (two Secrets)
+        assert level == logging.INFO and "for the key to follow" in said
+        clock[0] += KEY_PASSWORD_WAIT_S
+        level, said = watch.changed() or (0, "")  # none did: the passphrase is wrong
         assert level == logging.ERROR and "does not decrypt the private key" in said
         assert "GUARDRAIL_KAFKA__SSL_KEY_PASSWORD_FILE" in said and "Pa55" not in said
         connect(context, port)  # the key loaded before stays
@@ -452,6 +456,73 @@ async def test_a_key_and_its_passphrase_from_two_secrets_rotate_without_an_error
     assert caplog.text.count("waiting up to") == 1  # said once, not at every look
     assert "Pa55" not in caplog.text
     assert seen == ["client1", "client1", "client2"]
+
+
+async def test_a_passphrase_rotated_before_its_key_rotates_without_an_error(
+    certs: Path,
+    two_secrets: tuple[KafkaSettings, Callable[..., None]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The other order: the passphrase's Secret updated a sync before the key's. The new
+    passphrase does not decrypt the key still on disk; the watch said an ERROR ("does not
+    decrypt") at every such rotation. It now waits for the key (up to
+    ``KEY_PASSWORD_WAIT_S``), the old credentials in use meanwhile."""
+    kafka, rotate = two_secrets
+    context = shared_ssl_context(kafka)
+    assert context is not None
+    stop = asyncio.Event()
+    with tls_server(certs) as (port, seen), caplog.at_level(logging.INFO, logger="sidecar"):
+        connect(context, port)
+        watching = asyncio.create_task(_watch_tls(TlsFilesWatch(kafka), stop, interval_s=0.05))
+        rotate("client2", passphrase=True)  # the passphrase's Secret first
+        await asyncio.sleep(0.5)  # ten looks meanwhile
+        await asyncio.to_thread(connect, context, port)  # the old pair, still in use
+        rotate("client2", key=True)  # the key's Secret a moment later
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if "reloaded the Kafka TLS files" in caplog.text:
+                break
+        stop.set()
+        await asyncio.wait_for(watching, 5)
+        await asyncio.to_thread(connect, context, port)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert errors == []
+    assert caplog.text.count("reloaded the Kafka TLS files") == 1
+    assert caplog.text.count("for the key to follow") == 1  # said once, not at every look
+    assert "Pa55" not in caplog.text
+    assert seen == ["client1", "client1", "client2"]
+
+
+def test_a_key_that_never_follows_its_passphrase_is_an_error_after_the_wait(
+    certs: Path, two_secrets: tuple[KafkaSettings, Callable[..., None]]
+) -> None:
+    """The wait for the key is bounded as the wait for the passphrase is: a passphrase file
+    changed to one that never decrypts the key is said as an ERROR once
+    ``KEY_PASSWORD_WAIT_S`` passed, once, and the old pair stays."""
+    kafka, rotate = two_secrets
+    context = shared_ssl_context(kafka)
+    assert context is not None
+    clock = [1000.0]
+    watch = TlsFilesWatch(kafka, clock=lambda: clock[0])
+    rotate("client2", passphrase=True)
+    level, said = watch.changed() or (0, "")
+    assert level == logging.INFO and f"waiting up to {KEY_PASSWORD_WAIT_S:.0f} s" in said
+    assert "for the key to follow" in said and "Pa55" not in said
+    clock[0] += KEY_PASSWORD_WAIT_S - 1
+    assert watch.changed() is None and watch.apply() is None
+    clock[0] += 1
+    level, said = watch.changed() or (0, "")
+    assert level == logging.ERROR and "does not decrypt the private key" in said
+    assert "keep using the files loaded before" in said and "Pa55" not in said
+    assert watch.changed() is None and watch.apply() is None  # said once
+    with tls_server(certs) as (port, seen):
+        connect(context, port)  # the old pair
+        rotate("client2", key=True)  # late, but it came: loaded
+        assert watch.changed() is None
+        level, said = watch.apply() or (0, "")
+        assert level == logging.INFO and "reloaded the Kafka TLS files" in said
+        connect(context, port)
+    assert seen == ["client1", "client2"]
 
 
 def test_a_passphrase_that_never_follows_its_key_is_an_error_after_the_wait(
