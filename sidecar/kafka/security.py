@@ -174,7 +174,10 @@ def _context(kafka: KafkaSettings, passphrase: str | None) -> ssl.SSLContext:
                 "KEY.pem)"
             ) from None
         except (OSError, ssl.SSLError) as exc:
-            if passphrase is not None and _is_encrypted(kafka.ssl_keyfile or kafka.ssl_certfile):
+            # a certificate of another key: the key decrypted, and OpenSSL compared them
+            mismatch = getattr(exc, "reason", None) == "KEY_VALUES_MISMATCH"
+            encrypted = _is_encrypted(kafka.ssl_keyfile or kafka.ssl_certfile)
+            if passphrase is not None and encrypted and not mismatch:
                 raise _WrongPassphrase(
                     f"{key_names}: {_password_setting(kafka)} does not decrypt the "
                     f"private key ({exc}); it must be the key's passphrase"

@@ -556,3 +556,29 @@ def test_a_passphrase_that_never_follows_its_key_is_an_error_after_the_wait(
         assert level == logging.INFO and "reloaded the Kafka TLS files" in said
         connect(context, port)
     assert seen == ["client1", "client2"]
+
+
+def test_an_encrypted_key_that_does_not_match_its_certificate_is_said_so(
+    certs: Path, two_secrets: tuple[KafkaSettings, Callable[..., None]]
+) -> None:
+    """A certificate that does not match its encrypted key (renewed for another key, the
+    right passphrase given) was said as a passphrase that "does not decrypt the private
+    key", and the watch waited for a passphrase that was not the fault. It is said as what
+    it is, at once."""
+    kafka, rotate = two_secrets
+    assert kafka.ssl_certfile is not None and kafka.ssl_key_password_file is not None
+    context = shared_ssl_context(kafka)
+    assert context is not None
+    watch = TlsFilesWatch(kafka)
+    swap_in(Path(kafka.ssl_certfile), (certs / "client2.pem").read_bytes())  # client1's key
+    with pytest.raises(ConfigError, match="key values mismatch") as refused:
+        ssl_context(kafka)
+    assert "does not decrypt" not in str(refused.value)
+    assert "must be readable PEM files that match" in str(refused.value)
+    rotate("client1", key=True)  # back to the pair loaded
+    rotate("client2", key=True)  # client2's certificate and key, client1's passphrase
+    swap_in(Path(kafka.ssl_certfile), (certs / "client1.pem").read_bytes())
+    swap_in(Path(kafka.ssl_key_password_file), b"client2-Pa55\n")
+    level, said = watch.changed() or (0, "")  # both halves changed: no wait
+    assert level == logging.ERROR and "key values mismatch" in said, said
+    assert "does not decrypt" not in said and "Pa55" not in said
