@@ -418,9 +418,10 @@ class Publisher:
         try:
             return await asyncio.shield(step)
         except asyncio.CancelledError:
-            if step.cancelled():
+            current = asyncio.current_task()
+            if step.cancelled() and not (current is not None and current.cancelling()):
                 return False
-            raise  # this step itself is being cancelled
+            raise  # this step itself is being cancelled (as well)
         except Exception:  # noqa: BLE001 - the earlier step's own error, logged where it ended
             return False
 

@@ -415,3 +415,30 @@ async def test_the_producer_batches_what_the_setting_says(
         assert port._producer._message_accumulator._batch_size == expected
     finally:
         await port.stop()  # never started: closes what the constructor opened
+
+
+async def test_a_step_cancelled_as_the_step_before_it_is_cancelled_stays_cancelled() -> None:
+    """A step waits for the step before it to finish its inputs; when that one is cancelled
+    (a stop) the wait says "not finished". When the waiting step was itself cancelled in the
+    same pass, that cancellation was taken for the other's and lost: the step returned
+    False as if it had given up, and the stop that cancelled it did not see it end
+    cancelled."""
+    release = asyncio.Event()
+
+    async def before() -> bool:
+        await release.wait()
+        return True
+
+    earlier = asyncio.create_task(before())
+    waiting = asyncio.create_task(Publisher._finished(earlier))
+    await asyncio.sleep(0)  # the wait is on
+    earlier.cancel()
+    waiting.cancel()  # both, in one pass of the loop
+    done, _ = await asyncio.wait({waiting}, timeout=5)
+    assert done == {waiting}
+    assert waiting.cancelled()
+    alone = asyncio.create_task(before())
+    still = asyncio.create_task(Publisher._finished(alone))
+    await asyncio.sleep(0)
+    alone.cancel()  # only the step before: "not finished", not a cancellation
+    assert await still is False
