@@ -42,6 +42,7 @@ __all__ = [
     "SECRET_SETTLE_S",
     "SecretFile",
     "SecretReadings",
+    "capped_bytes",
     "check_secret_files",
     "read_secret_files",
     "secret_digest",
@@ -160,6 +161,13 @@ def _settled(paths: Sequence[str]) -> dict[str, bytes | str]:
                 )
             return out
         before = now
+
+
+def capped_bytes(path: str, limit: int) -> bytes | None:
+    """What ``path`` holds, read as a secret is (a regular file only, never more than
+    ``limit`` bytes); None when it is no such file or cannot be read."""
+    read, _ = _read_bytes(path, limit)
+    return None if isinstance(read, str) else read
 
 
 def secret_digest(path: str, limit: int = MAX_SECRET_BYTES) -> str:

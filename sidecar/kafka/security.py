@@ -9,7 +9,8 @@ the certificate lost the brokers at its next reconnection (a broker's rolling
 restart) after the old certificate expired. A renewed certificate and key, or a
 CA bundle with a new CA, are loaded into the shared context when they change and
 load; new connections use them, open ones keep theirs. A CA dropped from the
-bundle stays trusted until a restart (OpenSSL adds trust anchors, never removes).
+bundle stays trusted until a restart (OpenSSL adds trust anchors, never removes): the
+reload says so at WARNING, naming it.
 
 A SASL password given as a file (``sasl_password_file``) rotates the same way, and
 so does a username given as a file (``sasl_username_file``, a user rotated with its
@@ -26,6 +27,7 @@ disk yet, is waited on (:data:`KEY_PASSWORD_WAIT_S`) before it is said not to lo
 from __future__ import annotations
 
 import logging
+import re
 import ssl
 import threading
 import time
@@ -43,7 +45,14 @@ from faststream.security import (
 
 from sidecar.config import KafkaSettings
 from sidecar.exceptions import ConfigError
-from sidecar.secretfile import SecretFile, secret_digest, secret_file, secret_files, unfit_file
+from sidecar.secretfile import (
+    SecretFile,
+    capped_bytes,
+    secret_digest,
+    secret_file,
+    secret_files,
+    unfit_file,
+)
 
 __all__ = [
     "KEY_PASSWORD_WAIT_S",
@@ -380,9 +389,43 @@ class TlsFilesWatch:
                 f"connections may fail until the next look in {TLS_CHECK_INTERVAL_S:.0f} s"
             )
         self._loaded = ready
-        return logging.INFO, (
-            f"reloaded the Kafka TLS files changed on disk ({names}): new connections use them"
+        said = f"reloaded the Kafka TLS files changed on disk ({names}): new connections use them"
+        kept = _kept_cas(context, kafka.ssl_cafile) if kafka.ssl_cafile else []
+        if not kept:
+            return logging.INFO, said
+        return logging.WARNING, (
+            f"{said}; {len(kept)} CA certificate(s) no longer in GUARDRAIL_KAFKA__SSL_CAFILE "
+            f"({'; '.join(kept)}) stay trusted by this process until it restarts (OpenSSL "
+            "adds trust anchors to a context in use, never removes them): restart the pod "
+            "to stop trusting them"
         )
+
+
+_PEM_CERTIFICATE = re.compile(
+    rb"-----BEGIN CERTIFICATE-----\r?\n.*?-----END CERTIFICATE-----", re.DOTALL
+)
+
+
+def _kept_cas(context: ssl.SSLContext, cafile: str) -> list[str]:
+    """The subjects of the CAs ``context`` trusts that the bundle at ``cafile`` no longer
+    holds (a CA removed from it), as ``key=value`` lists; [] when the file cannot be read."""
+    text = capped_bytes(cafile, MAX_TLS_FILE_BYTES)
+    if text is None:  # rewritten meanwhile: the next look reads it again
+        return []
+    try:
+        held = {ssl.PEM_cert_to_DER_cert(m.group().decode("ascii"))
+                for m in _PEM_CERTIFICATE.finditer(text)}  # fmt: skip
+    except ValueError:  # not ASCII, or not base64: OpenSSL loaded what it could read
+        return []
+    trusted = zip(context.get_ca_certs(binary_form=True), context.get_ca_certs(), strict=True)
+    return [_subject(info) for der, info in trusted if der not in held]
+
+
+def _subject(info: dict[str, Any]) -> str:
+    """``commonName=..., organizationName=...``: a certificate's subject as
+    ``SSLContext.get_ca_certs`` describes it."""
+    rdns = info.get("subject", ())
+    return ", ".join(f"{k}={v}" for rdn in rdns for k, v in rdn) or "(no subject)"
 
 
 class RotatingSecret(str):

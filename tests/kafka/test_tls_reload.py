@@ -183,6 +183,36 @@ def test_a_ca_bundle_with_a_new_ca_is_trusted_after_the_reload(certs: Path, tmp_
     assert seen == ["client1"]
 
 
+def test_a_ca_removed_from_the_bundle_is_said_to_stay_trusted_until_a_restart(
+    certs: Path, tmp_path: Path
+) -> None:
+    """OpenSSL adds trust anchors to a context in use and never removes them: a CA taken
+    out of the bundle (one compromised, or retired) stayed trusted, and the reload said
+    only INFO "reloaded", as if it were not. The reload now says which CAs stay trusted
+    and that a restart ends it, at WARNING; a bundle that only grew stays INFO."""
+    (certs / "both.pem").write_bytes(
+        (certs / "ca.pem").read_bytes() + (certs / "ca2.pem").read_bytes()
+    )
+    put(certs, tmp_path, "client1", ca="both.pem")
+    kafka = settings(tmp_path)
+    context = shared_ssl_context(kafka)
+    assert context is not None
+    watch = TlsFilesWatch(kafka)
+    put(certs, tmp_path, "client2", ca="ca.pem")  # ca2 taken out of the bundle
+    assert watch.changed() is None
+    level, said = watch.apply() or (0, "")
+    assert level == logging.WARNING and "reloaded the Kafka TLS files" in said, said
+    assert "1 CA certificate(s) no longer in GUARDRAIL_KAFKA__SSL_CAFILE (commonName=ca2)" in said
+    assert "until it restarts" in said
+    with tls_server(certs, "server2") as (port, seen):
+        connect(context, port)  # what the line says: ca2 is trusted still
+    assert seen == ["client2"]
+    put(certs, tmp_path, "client1", ca="both.pem")  # ca2 back in: nothing kept out
+    assert watch.changed() is None
+    level, said = watch.apply() or (0, "")
+    assert level == logging.INFO and "CA certificate" not in said, said
+
+
 async def test_the_running_sidecar_looks_at_its_tls_files_now_and_then(
     certs: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
