@@ -122,6 +122,7 @@ class _Window:
     values: deque[bool] = field(default_factory=deque)
     successes: int = 0
     state: MonitorState = MonitorState.WARMING_UP
+    changed: bool = False  # the last observation changed ``state``
 
 
 class ExchangeabilityMonitor:
@@ -147,7 +148,7 @@ class ExchangeabilityMonitor:
         self.min_samples = min_samples
         self.max_keys = max_keys
         self._windows: OrderedDict[str, _Window] = OrderedDict()
-        self._last: dict[str, MonitorStatus] = {}
+        self._last: dict[str, _Window] = {}  # observed keys' windows (dict order)
 
     def observe(self, certification: Certification) -> MonitorStatus:
         """Record one certified retrieval under the key of the calibration that certified it."""
@@ -162,6 +163,13 @@ class ExchangeabilityMonitor:
         self, key: str, m1: bool, alpha: float, *, calibration_id: str = ""
     ) -> MonitorStatus:
         """Record one m1 value for ``key``; a new alpha or calibration id restarts the window."""
+        self.record_m1(key, m1, alpha, calibration_id=calibration_id)
+        return self._status(key, self._windows[key])
+
+    def record_m1(self, key: str, m1: bool, alpha: float, *, calibration_id: str = "") -> None:
+        """:meth:`observe_m1` without its ``MonitorStatus``: the sidecar feeds the monitor
+        once per decided request and reads a status only when a retrieval is certified or
+        the metrics are exported (building one per request was ~3 us of the fast path)."""
         win = self._windows.get(key)
         if win is None or win.alpha != alpha or win.calibration_id != calibration_id:
             target = float(1 - as_alpha(alpha))
@@ -177,53 +185,58 @@ class ExchangeabilityMonitor:
         if len(win.values) > self.window:
             win.successes -= int(win.values.popleft())
         n = len(win.values)
-        interval = wilson_interval(win.successes, n, self.confidence)
         mean = win.successes / n
         if n < self.min_samples:
             state = MonitorState.WARMING_UP
-        elif interval.high < target or (win.state is MonitorState.BROKEN and mean < target):
+        elif wilson_interval(win.successes, n, self.confidence).high < target or (
+            win.state is MonitorState.BROKEN and mean < target
+        ):
             # Hysteresis: once broken, the alarm holds until the rolling mean itself is back
             # at 1 - alpha, so a window hovering at the bound does not flap.
             state = MonitorState.BROKEN
         else:
             state = MonitorState.OK
-        changed = state is not win.state
+        win.changed = state is not win.state
         win.state = state
-        status = MonitorStatus(
+        # the key's window, in the order keys were first observed (``statuses``)
+        self._last[key] = win
+
+    def _status(self, key: str, win: _Window) -> MonitorStatus:
+        """The status of ``key`` after its window's latest observation."""
+        n = len(win.values)
+        return MonitorStatus(
             key=key,
-            calibration_id=calibration_id,
-            state=state,
-            changed=changed,
+            calibration_id=win.calibration_id,
+            state=win.state,
+            changed=win.changed,
             n=n,
-            m1_mean=mean,
-            interval=interval,
-            target=target,
+            m1_mean=win.successes / n,
+            interval=wilson_interval(win.successes, n, self.confidence),
+            target=win.target,
             min_samples=self.min_samples,
             confidence=self.confidence,
         )
-        self._last[key] = status
-        return status
 
     def reading(
         self, key: str, alpha: float, calibration_id: str
     ) -> tuple[MonitorState, float | None]:
         """The state and mean(m1) a new retrieval of ``key`` is judged by, without feeding
         it: warming up with no mean when the key has no window under this calibration."""
-        win = self._windows.get(key)
-        last = self._last.get(key)
-        if win is None or last is None:
+        win = self._last.get(key)
+        if win is None:
             return MonitorState.WARMING_UP, None
         if win.alpha != alpha or win.calibration_id != calibration_id:
             return MonitorState.WARMING_UP, None  # its next observation restarts the window
-        return last.state, last.m1_mean
+        return win.state, win.successes / len(win.values)
 
     def status(self, key: str) -> MonitorStatus | None:
         """The latest status of ``key`` (``None`` before its first observation)."""
-        return self._last.get(key)
+        win = self._last.get(key)
+        return None if win is None else self._status(key, win)
 
     def statuses(self) -> dict[str, MonitorStatus]:
         """Latest status of every key seen."""
-        return dict(self._last)
+        return {key: self._status(key, win) for key, win in self._last.items()}
 
     def reset(self, key: str | None = None) -> None:
         """Forget one key's window (after recalibration) or all of them."""

@@ -84,7 +84,7 @@ class ConformalCertifier:
         if signal.alpha is None or signal.calibration_version is None:
             return
         key = monitor_key(signal.calibration_key, fallback=signal.fallback, tenant=event.tenant)
-        self.monitor.observe_m1(
+        self.monitor.record_m1(
             key, signal.m1, signal.alpha, calibration_id=signal.calibration_version
         )
 
