@@ -49,19 +49,24 @@ def request_items(events: Events, rid: str, index: int) -> list[Item]:
 def as_served(settings: Settings) -> Iterator[None]:
     """Inside it, what is loaded now (models, calibrations, imports) is out of the cyclic
     garbage collector's reach, as ``guardrail run`` puts it (``GUARDRAIL_GC_FREEZE``,
-    ``runtime.freeze_startup_objects``); given back after. Timed without it, every full
+    ``runtime.freeze_startup_objects``), and the young generation is walked as it is there
+    (``GUARDRAIL_GC_YOUNG_THRESHOLD``); given back after. Timed without it, every full
     collection walked the loaded models: the in-process stages and the profile came out
     ~8 % dearer than serving (helper-71: 0.92x frozen / not, the whole processor)."""
-    if not settings.gc_freeze:
-        yield
-        return
-    from sidecar.runtime import freeze_startup_objects  # noqa: PLC0415 - the serving path's
+    from sidecar.runtime import (  # noqa: PLC0415 - the serving path's
+        collect_young_after,
+        freeze_startup_objects,
+    )
 
-    freeze_startup_objects()
+    young = collect_young_after(settings.gc_young_threshold)
+    if settings.gc_freeze:
+        freeze_startup_objects()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if settings.gc_freeze:
+            gc.unfreeze()
+        collect_young_after(young)
 
 
 def _time(fn: Callable[[], Any], n: int) -> dict[str, float]:
