@@ -40,7 +40,11 @@ def score_direction(scores: Sequence[float]) -> int | None:
     telling (fewer than two hits, or all equal). Ties do not break a rise: two chunks at
     the same distance are common (audit: with a tie in 20 % of its lists, a distance
     retriever was never flagged when only strict rises counted)."""
-    if len(scores) < 2 or min(scores) == max(scores):
+    if len(scores) < 2:
+        return None
+    if scores[0] > scores[1]:  # a similarity retriever's list, falling from its first pair:
+        return -1  # two unequal scores, and a pair that does not rise (no min, max or scan)
+    if min(scores) == max(scores):
         return None
     rising = all(a <= b for a, b in itertools.pairwise(scores))
     return 1 if rising else -1
