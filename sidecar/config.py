@@ -792,6 +792,7 @@ class Settings(BaseSettings):
     gc_young_threshold: int = Field(
         default=50_000,
         ge=700,
+        le=1_000_000,  # past it, cyclic garbage of ~1M objects (100s of MB) piles up between walks
         description="tracked objects allocated (net of those freed) before the cyclic "
         "garbage collector walks its youngest generation (CPython's default: 700). A consumed "
         "batch's requests hold ~25 tracked objects a record until their verdicts are out: at "

@@ -122,6 +122,9 @@ def test_the_young_threshold_defaults_above_a_batch_and_refuses_less_than_cpytho
     monkeypatch.setenv("GUARDRAIL_GC_YOUNG_THRESHOLD", "699")
     with pytest.raises(ConfigError, match="greater than or equal to 700"):
         Settings.load()
+    monkeypatch.setenv("GUARDRAIL_GC_YOUNG_THRESHOLD", "1000001")  # the young GC all but off
+    with pytest.raises(ConfigError, match="less than or equal to 1000000"):
+        Settings.load()
 
 
 @pytest.mark.usefixtures("young_threshold")
