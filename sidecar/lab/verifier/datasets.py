@@ -55,12 +55,14 @@ __all__ = [
     "baselines",
     "build_corpus",
     "by_split",
+    "form_sets",
     "length_auroc",
     "length_matched",
     "overlap_auroc",
     "pairs_digest",
     "read_corpus",
     "read_pairs",
+    "source_splits",
     "windowed",
     "write_corpus",
     "write_pairs",
@@ -274,6 +276,44 @@ def _read_source(name: str, path: Path) -> list[Pair]:
     return [*pairs, *altered_copies(pairs, seed=0)]
 
 
+def source_splits(name: str, path: Path, seed: int) -> dict[Split, list[Pair]]:
+    """One grounding source's pairs per split, evidence whole, each split length matched
+    (seed ``seed + k`` for the k-th split of train, val, test), as :func:`build_corpus` reads
+    them before it cuts the evidence to a window."""
+    parts = by_split(_read_source(name, path))
+    return {part: length_matched(pairs, seed + k) for k, (part, pairs) in enumerate(parts.items())}
+
+
+def form_sets(
+    config: CorpusConfig, split: Split, forms: Sequence[str] = FORMS
+) -> dict[str, list[Pair]]:
+    """The pairs of each task form in ``forms`` for ``split``, with their evidence whole.
+
+    The same claims, labels and questions as :func:`build_corpus`'s sets of that form (for
+    ``split="test"`` its held-out sets), before :func:`windowed` cuts the evidence: for
+    scoring the serving path's own evidence windows (``bench/evidence_settings.py``).
+    """
+    unknown = [f for f in forms if f not in FORMS]
+    if unknown:
+        raise ConfigError(f"forms must be among {', '.join(FORMS)}; unknown: {', '.join(unknown)}")
+    files = config.files()
+    out: dict[str, list[Pair]] = {}
+    qa_forms = {
+        "qa": "length-matched-qa",
+        "qa-decl": "length-matched-decl",
+        "sentences": "sentences",
+    }
+    if any(f in qa_forms for f in forms):
+        qa = read_halueval_qa(files["halueval-qa"])
+        nq = read_nq_open(files["nq-open"])
+        sets = build_eval_sets(qa, nq, split=split, seed=config.seed + 2, whole_evidence=True)
+        out.update({f: sets[qa_forms[f]] for f in forms if f in qa_forms})
+    for name, form in SOURCE_FORM.items():
+        if form in forms:
+            out[form] = source_splits(name, files[name], config.seed)[split]
+    return {f: out[f] for f in forms}
+
+
 def build_corpus(config: CorpusConfig) -> Corpus:
     """Every source -> one pair format, split by document / claim, length matched, windowed.
 
@@ -319,10 +359,7 @@ def build_corpus(config: CorpusConfig) -> Corpus:
     }
     counts: dict[str, dict[str, int]] = {}
     for name in ALL_SOURCES[2:]:
-        parts = by_split(_read_source(name, files[name]))
-        matched = {
-            part: length_matched(pairs, seed + k) for k, (part, pairs) in enumerate(parts.items())
-        }
+        matched = source_splits(name, files[name], seed)
         if name in caps and len(matched["train"]) > caps[name]:
             matched["train"] = rng.sample(matched["train"], caps[name])
         counts[name] = {part: len(pairs) for part, pairs in matched.items()}

@@ -129,10 +129,13 @@ class PairBuilder:
         *,
         question_aware: bool = True,
         window_chars: int | None = None,
+        whole_evidence: bool = False,
     ) -> None:
         self.rng = random.Random(seed)  # noqa: S311 - data sampling, not cryptography
         self.question_aware = question_aware
         self.window_chars = window_chars
+        # The evidence uncut (its texts joined): for measuring serving's own window settings.
+        self.whole_evidence = whole_evidence
         by_len: dict[int, list[str]] = defaultdict(list)
         for a in answer_pool:
             by_len[_words(a)].append(a)
@@ -194,9 +197,13 @@ class PairBuilder:
     def pair(
         self, claim: str, texts: Sequence[str], label: int, kind: str, *, source: str, question: str
     ) -> Pair:
-        """A pair whose evidence the production selector picks (with the question if aware)."""
+        """A pair whose evidence the production selector picks (with the question if aware),
+        or the whole of ``texts`` when the builder keeps the evidence whole."""
         asked = question if self.question_aware else ""
-        ev = _evidence(claim, texts, asked, self.window_chars)
+        if self.whole_evidence:
+            ev = " ".join(texts)
+        else:
+            ev = _evidence(claim, texts, asked, self.window_chars)
         return Pair(claim, ev, label, kind, source, question, question)
 
     def sentence_pairs(self, texts: Sequence[str], source: str, group: str) -> list[Pair]:
@@ -348,14 +355,24 @@ def build_eval_sets(
     limit: int | None = None,
     question_aware: bool = True,
     window_chars: int | None = None,
+    whole_evidence: bool = False,
 ) -> dict[str, list[Pair]]:
     """Held-out sets: ``natural`` (raw HaluEval, length artefact kept), two length-matched
-    sets and ``sentences`` (knowledge / passage sentences in, out, swapped)."""
+    sets and ``sentences`` (knowledge / passage sentences in, out, swapped).
+
+    ``whole_evidence``: each pair keeps its knowledge / passage uncut (the same claims and
+    labels), for scoring under the serving path's own evidence windows.
+    """
     qa_all = list(qa)
     nq_all = list(nq)
     answers, ents = _pools(qa_all, nq_all)
     builder = PairBuilder(
-        seed, answers, ents, question_aware=question_aware, window_chars=window_chars
+        seed,
+        answers,
+        ents,
+        question_aware=question_aware,
+        window_chars=window_chars,
+        whole_evidence=whole_evidence,
     )
     rows = [r for r in qa_all if split_of(r.question) == split][:limit]
     nq_rows = [r for r in nq_all if split_of(r.question) == split][:limit]

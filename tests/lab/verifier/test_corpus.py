@@ -3,19 +3,27 @@ evidence windows, and the question-free coverage."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
 
 from sidecar.claims.calibration import coverage
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex, uncovered_terms
-from sidecar.exceptions import InputError
+from sidecar.exceptions import ConfigError, InputError
 from sidecar.lab.verifier.datasets import (
+    ALL_SOURCES,
+    FORMS,
+    SOURCE_FORM,
+    CorpusConfig,
     altered_copies,
     baselines,
+    build_corpus,
     by_split,
+    form_sets,
     length_auroc,
     length_matched,
     read_pairs,
@@ -31,6 +39,7 @@ from sidecar.lab.verifier.sources import (
     read_halueval_summarization,
     read_summedits,
 )
+from tests.claims.conftest import DATA
 
 DOC = (
     "The council approved a new park in 2021. The park lies on the east bank of the river. "
@@ -215,3 +224,100 @@ def test_pairs_round_trip_and_baselines(tmp_path: Path) -> None:
 def test_last_user_turn() -> None:
     assert last_user_turn("[Human]: a [Assistant]: b [Human]: c d ") == "c d"
     assert last_user_turn("no markers") == "no markers"
+
+
+def _tiny_data_dir(root: Path, docs: int = 80) -> Path:
+    """Every corpus source in its own format: ``docs`` documents each, long enough to window."""
+    places = ["Lisbon", "Oslo", "Quito", "Hanoi", "Dakar", "Lima", "Perth", "Turin"]
+
+    def doc(k: int) -> str:
+        place = places[k % len(places)]
+        return " ".join(
+            f"In {1900 + k + j} the {place} council number {k} approved project {j} for "
+            f"{100 * j + k} workers near the river."
+            for j in range(8)
+        )
+
+    halueval = root / "halueval"
+    halueval.mkdir(parents=True)
+    shutil.copyfile(DATA / "halueval_qa_test_slice.jsonl", halueval / "qa_data.json")
+    summaries: list[dict[str, object]] = [
+        {
+            "document": doc(k),
+            "right_summary": f"The council approved project 3 in {1903 + k}.",
+            "hallucinated_summary": f"The council rejected project 3 in {1803 + k}.",
+        }
+        for k in range(docs)
+    ]
+    _jsonl(halueval / "summarization_train.jsonl", summaries)
+    dialogue: list[dict[str, object]] = [
+        {
+            "knowledge": doc(k)[:300],
+            "dialogue_history": f"[Human]: When did council {k} approve project 0?",
+            "right_response": f"It approved it in {1900 + k}.",
+            "hallucinated_response": f"It approved it in {2900 + k}.",
+        }
+        for k in range(docs)
+    ]
+    _jsonl(halueval / "dialogue_train.jsonl", dialogue)
+    nq = root / "nq-open"
+    nq.mkdir()
+    with gzip.open(nq / "nq-open-oracle.dev.jsonl.gz", "wt", encoding="utf-8") as handle:
+        for k in range(docs):
+            row = {
+                "question": f"when did council {k} approve project 2",
+                "answers": [str(1902 + k)],
+                "ctxs": [{"title": f"Council {k}", "text": doc(k)}],
+            }
+            handle.write(json.dumps(row) + "\n")
+    grounding = root / "grounding"
+    edits = grounding / "summedits" / "data"
+    edits.mkdir(parents=True)
+    rows = [
+        {"doc": doc(k), "summary": f"Project 5 was approved in {1905 + k}.", "label": str(j)}
+        for k in range(docs)
+        for j in (0, 1)
+    ]
+    (edits / "summedits_news.json").write_text(json.dumps(rows), encoding="utf-8")
+    facts = grounding / "factcheckgpt" / "subtasks"
+    facts.mkdir(parents=True)
+    stances = ["completely-support", "refute"]
+    _jsonl(
+        facts / "subtask3_claim_evidence_stance.jsonl",
+        [
+            {"claim": f"Council {k} approved project 1.", "evidence": doc(k), "stance": s}
+            for k in range(docs)
+            for s in stances
+        ],
+    )
+    begin = grounding / "begin" / "wow"
+    begin.mkdir(parents=True)
+    header = "model_name\tdata_source\tknowledge\tmessage\tresponse\tbegin_label\n"
+    lines = [
+        f"t5\twow\t{doc(k)}\twhen?\tIt was in {1904 + k + 500 * j}.\t"
+        + ("Fully attributable" if j == 0 else "Not fully attributable")
+        + "\n"
+        for k in range(docs)
+        for j in (0, 1)
+    ]
+    (begin / "begin_dev_wow.tsv").write_text(header + "".join(lines), encoding="utf-8")
+    return root
+
+
+def test_form_sets_are_the_corpus_sets_before_their_evidence_is_windowed(tmp_path: Path) -> None:
+    config = CorpusConfig(_tiny_data_dir(tmp_path / "data"), window_chars=200)
+    corpus = build_corpus(config)
+    test = form_sets(config, "test")
+    assert set(test) == set(FORMS)
+    for form in FORMS:  # the same pairs; only the evidence is whole
+        assert corpus.test[form], form
+        assert windowed(test[form], config.window_chars) == corpus.test[form], form
+    assert any(len(p.evidence) > config.window_chars for p in test["summaries"])
+    lines = (tmp_path / "data" / "halueval" / "summarization_train.jsonl").read_text("utf-8")
+    documents = {json.loads(line)["document"] for line in lines.splitlines()}
+    assert {p.evidence for p in test["summaries"]} <= documents
+    val = form_sets(config, "val", [SOURCE_FORM[s] for s in ALL_SOURCES[2:]])
+    grounding = [p for form in val.values() for p in windowed(form, config.window_chars)]
+    assert grounding and corpus.val[-len(grounding) :] == grounding  # the corpus's val tail
+    with pytest.raises(ConfigError, match="unknown: essays"):
+        form_sets(config, "val", ["qa", "essays"])
