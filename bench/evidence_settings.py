@@ -21,7 +21,10 @@ differences on the same pairs.
 Usage::
 
     taskset -c 1 python bench/evidence_settings.py --split val --n 300 \\
-        --out bench/results/evidence_settings.val.json
+        --out bench/results/evidence_settings/val-300-11-settings.json
+
+(the runs behind docs/methods.md, "Fewer or smaller evidence windows", are in
+``bench/results/evidence_settings/``).
 """
 
 from __future__ import annotations
@@ -283,7 +286,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     parser.add_argument("--no-progress", action="store_true")
-    parser.add_argument("--out", type=Path, default=Path("bench/results/evidence_settings.json"))
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default bench/results/evidence_settings/SPLIT.json"
+    )
     args = parser.parse_args()
 
     split: Split = args.split
@@ -331,8 +336,9 @@ def main() -> None:
         "forms": results,
         "overall": overall,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    path: Path = args.out or Path(f"bench/results/evidence_settings/{split}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(out, indent=2))
 
 
