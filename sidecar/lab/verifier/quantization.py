@@ -31,13 +31,13 @@ from typing import Any, Final
 
 from sidecar.exceptions import ArtifactError, ConfigError
 
-__all__ = ["QUANTIZATION", "int8_weights_fp32_compute"]
+__all__ = ["QUANTIZATION", "import_onnx", "int8_weights_fp32_compute"]
 
 QUANTIZATION: Final = "int8-weights"  # VerifierArtifact.quantization of such a file
 _QUANTIZED: Final = "_quantized"
 
 
-def _import_onnx() -> Any:
+def import_onnx() -> Any:
     try:
         import onnx  # noqa: PLC0415 - the train extra, imported on use
     except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -54,7 +54,7 @@ def int8_weights_fp32_compute(dynamic_int8: Path, out: Path) -> int:
     Weights must be symmetric (zero point 0: ``weight_type=QInt8``). Nodes that
     no output needs any more (the activation quantisers) are dropped.
     """
-    onnx = _import_onnx()
+    onnx = import_onnx()
     from onnx import TensorProto, helper, numpy_helper  # noqa: PLC0415
 
     model = onnx.load(str(dynamic_int8))
