@@ -2,7 +2,9 @@
 
 :func:`write_onnx` writes ``model.onnx`` with ``torch.onnx.export`` and
 ``model.int8.onnx`` with int8 weights whose per-channel scales are computed
-in fp32 (:mod:`sidecar.lab.verifier.quantization`); int8 is shipped only
+in fp32 (:mod:`sidecar.lab.verifier.quantization`), each with its
+self-attention fused into onnxruntime's ``Attention`` kernel
+(:mod:`sidecar.lab.verifier.fusion`); int8 is shipped only
 when its held-out accuracy is no more than ``int8_tolerance`` below fp32
 (AUROC no more than twice that below) on every set (:func:`int8_holds`).
 Being better than fp32 is not a reason to refuse it.
@@ -24,6 +26,7 @@ from sidecar.claims.calibration import Band, Platt, coverage
 from sidecar.claims.verifier import OnnxVerifier, PairEncoder
 from sidecar.exceptions import ArtifactError
 from sidecar.lab.verifier.evaluate import evaluate_pairs
+from sidecar.lab.verifier.fusion import fuse_attention
 from sidecar.lab.verifier.metrics import auroc_or_nan
 from sidecar.lab.verifier.ml import TracerWarning, torch
 from sidecar.lab.verifier.model import CrossEncoder
@@ -40,15 +43,20 @@ class LogitSource(Protocol):
     ) -> np.ndarray[Any, np.dtype[np.float64]]: ...
 
 
-__all__ = ["evaluate_onnx", "int8_holds", "onnx_parity", "score_sets", "write_onnx"]
+__all__ = [
+    "evaluate_onnx",
+    "int8_holds",
+    "onnx_parity",
+    "score_sets",
+    "torch_export",
+    "write_onnx",
+]
 
 HEAD_NODE: Final = "/head/Gemm_MatMul"  # CrossEncoder.head once the quantiser split its Gemm
 
 
-def write_onnx(model: CrossEncoder, base_model_dir: Path, out_dir: Path) -> Path:
-    """``model.onnx``, ``model.int8.onnx`` and the tokenizer into ``out_dir``; the fp32 path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fp32 = out_dir / FP32_FILE
+def torch_export(model: CrossEncoder, base_model_dir: Path, out: Path) -> Path:
+    """``model`` as torch writes it (fp32, attention unfused) to ``out``."""
     arrays = PairEncoder.from_file(base_model_dir / TOKENIZER_FILE, 32).encode(
         [("a claim", "some evidence text")] * 2
     )
@@ -64,13 +72,21 @@ def write_onnx(model: CrossEncoder, base_model_dir: Path, out_dir: Path) -> Path
         torch.onnx.export(
             model,
             (dummy["input_ids"], dummy["attention_mask"], dummy["token_type_ids"]),
-            str(fp32),
+            str(out),
             input_names=INPUTS,
             output_names=["logits"],
             dynamic_axes=axes,
             opset_version=17,
             dynamo=False,
         )
+    return out
+
+
+def write_onnx(model: CrossEncoder, base_model_dir: Path, out_dir: Path) -> Path:
+    """``model.onnx``, ``model.int8.onnx`` and the tokenizer into ``out_dir``; the fp32 path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    unfused = {name: out_dir / f"{Path(name).stem}.unfused.onnx" for name in (FP32_FILE, INT8_FILE)}
+    torch_export(model, base_model_dir, unfused[FP32_FILE])
     from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415
 
     # Per-channel int8 weight scales (per tensor missed the accuracy gate on length-matched
@@ -78,16 +94,21 @@ def write_onnx(model: CrossEncoder, base_model_dir: Path, out_dir: Path) -> Path
     # and on the batch (sidecar.lab.verifier.quantization). The head (1539 weights) stays fp32.
     dynamic = out_dir / "model.dynamic-int8.onnx"
     quantize_dynamic(
-        str(fp32),
+        str(unfused[FP32_FILE]),
         str(dynamic),
         weight_type=QuantType.QInt8,
         per_channel=True,
         nodes_to_exclude=[HEAD_NODE],
     )
-    int8_weights_fp32_compute(dynamic, out_dir / INT8_FILE)
+    int8_weights_fp32_compute(dynamic, unfused[INT8_FILE])
     dynamic.unlink()
+    # Both files, as either may ship: one Attention node per layer (sidecar.lab.verifier.fusion;
+    # the saving is in the model card). A graph it cannot fuse fails the export (ArtifactError).
+    for name, path in unfused.items():
+        fuse_attention(path, out_dir / name)
+        path.unlink()
     shutil.copyfile(base_model_dir / TOKENIZER_FILE, out_dir / TOKENIZER_FILE)
-    return fp32
+    return out_dir / FP32_FILE
 
 
 def int8_holds(

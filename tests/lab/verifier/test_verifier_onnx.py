@@ -285,3 +285,16 @@ def test_the_int8_file_computes_in_fp32_so_a_logit_does_not_depend_on_its_batch(
     np.testing.assert_allclose(one_by_one, batch, rtol=0, atol=1e-5)
     assert np.max(np.abs(batch - trainer.logits(PAIRS))) < 0.1  # int8 weights, close to fp32
     assert load_artifact(out).quantization == "none"  # the fixture's artifact names model.onnx
+
+
+def test_the_export_fuses_the_self_attention_of_both_files(
+    exported: tuple[VerifierTrainer, Path],
+) -> None:
+    """One com.microsoft Attention node per layer (sidecar.lab.verifier.fusion), either may ship."""
+    _, out = exported
+    for name in ("model.onnx", "model.int8.onnx"):
+        model = onnx.load(str(out / name))
+        ops = [n.op_type for n in model.graph.node]
+        assert ops.count("Attention") == 2 and "Softmax" not in ops
+        assert any(o.domain == "com.microsoft" for o in model.opset_import)
+    assert not list(out.glob("*unfused*")) and not list(out.glob("*dynamic*"))
