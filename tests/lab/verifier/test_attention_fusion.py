@@ -29,6 +29,7 @@ from sidecar.lab.verifier.fusion import fuse_attention  # noqa: E402
 from sidecar.lab.verifier.model import CrossEncoder  # noqa: E402
 from sidecar.lab.verifier.quantization import int8_weights_fp32_compute  # noqa: E402
 from sidecar.lab.verifier.settings import minilm_dir  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
 from tests.lab.verifier.conftest import tiny_bert  # noqa: E402
 
 PAIRS = [
@@ -170,3 +171,11 @@ def test_a_fused_file_whose_logits_moved_is_not_kept(
     with pytest.raises(ArtifactError, match=r"moved a logit by .* the fused file was not kept"):
         fuse_attention(unfused["fp32"], out)
     assert not out.exists()
+
+
+def test_the_shipped_verifier_runs_one_attention_node_per_layer(tmp_path: Path) -> None:
+    shipped = REPO / "models" / "verifier" / "model.int8.onnx"
+    ops = _ops(shipped)
+    assert ops["Attention"] == 6 and not ops["Softmax"] and not ops["MatMulInteger"]
+    with pytest.raises(ArtifactError, match="no self-attention"):  # fused once only
+        fuse_attention(shipped, tmp_path / "twice.onnx")
