@@ -16,7 +16,10 @@ whatever the block read (an initializer, or the int8 ``Cast * scale`` products o
 :mod:`sidecar.lab.verifier.quantization`); onnxruntime folds them into one
 matrix when the session starts. The arithmetic is the same up to rounding; the
 function checks that on a padded batch before it returns, and refuses a graph
-with a softmax it cannot account for rather than ship it half fused.
+with a softmax it cannot account for rather than ship it half fused. (One
+input differs by construction: a row whose mask is all zeros gets zeros from
+the export's guard and a plain average from ``Attention``; the verifier never
+sends one, as every pair starts with ``[CLS]``.)
 Measurements are in ``models/verifier/MODEL_CARD.md``. Needs the ``onnx``
 package (train extra); the serving path never imports this module.
 """
