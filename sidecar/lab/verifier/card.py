@@ -252,7 +252,8 @@ Labels a (claim, evidence) pair **supported / uncertain / unsupported**. Serving
   {artifact.supported_from}): the band where validation precision of either decision stays
   below {config.target_precision} (empty when both reach it at one point: every claim is
   decided; `--target-precision` sets it). Shipped file `{artifact.onnx_file}`
-  ({artifact.quantization}), sha256 `{artifact.onnx_sha256}`.
+  ({artifact.quantization}; self-attention fused, one onnxruntime `Attention` node per layer:
+  `sidecar.lab.verifier.fusion`), sha256 `{artifact.onnx_sha256}`.
 - Bands for other target precisions, fitted on the same validation pairs (served instead with
   `GUARDRAIL_SIGNALS__VERIFIER_TARGET_PRECISION`; a wider band asks a configured LLM judge
   about more claims): {bands}.
