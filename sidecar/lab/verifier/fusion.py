@@ -27,7 +27,6 @@ package (train extra); the serving path never imports this module.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -35,7 +34,7 @@ from typing import Any, Final
 import numpy as np
 
 from sidecar.exceptions import ArtifactError
-from sidecar.lab.verifier.quantization import import_onnx
+from sidecar.lab.verifier.quantization import import_onnx, prune_graph
 
 __all__ = ["FUSED_LOGIT_TOLERANCE", "fuse_attention"]
 
@@ -243,22 +242,6 @@ def _fused_nodes(block: _Block, helper: Any) -> list[Any]:
     ]
 
 
-def _prune(graph: Any, nodes: Iterable[Any]) -> None:
-    """Keep the nodes and initializers some graph output still needs (nodes in order)."""
-    needed = {o.name for o in graph.output}
-    kept = []
-    for node in reversed(list(nodes)):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(i for i in node.input if i)
-    kept.reverse()
-    initializers = [i for i in graph.initializer if i.name in needed]
-    del graph.node[:]
-    graph.node.extend(kept)
-    del graph.initializer[:]
-    graph.initializer.extend(initializers)
-
-
 def fuse_attention(unfused: Path, out: Path) -> int:
     """``unfused`` with each self-attention as one ``Attention`` node, to ``out``; blocks fused.
 
@@ -285,7 +268,7 @@ def fuse_attention(unfused: Path, out: Path) -> int:
     for node in graph.node:  # each block in place of its last node: the order stays topological
         block = blocks.get(node.output[0]) if len(node.output) == 1 else None
         nodes.extend(_fused_nodes(block, helper) if block is not None else [node])
-    _prune(graph, nodes)
+    prune_graph(graph, nodes)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.checker.check_model(model)

@@ -26,15 +26,33 @@ the serving path never imports this module.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
 from sidecar.exceptions import ArtifactError, ConfigError
 
-__all__ = ["QUANTIZATION", "import_onnx", "int8_weights_fp32_compute"]
+__all__ = ["QUANTIZATION", "import_onnx", "int8_weights_fp32_compute", "prune_graph"]
 
 QUANTIZATION: Final = "int8-weights"  # VerifierArtifact.quantization of such a file
 _QUANTIZED: Final = "_quantized"
+
+
+def prune_graph(graph: Any, nodes: Iterable[Any]) -> None:
+    """Give ``graph`` the ``nodes`` (in order) and initializers some graph output still
+    needs; the others are dropped."""
+    needed = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(list(nodes)):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(i for i in node.input if i)
+    kept.reverse()
+    initializers = [i for i in graph.initializer if i.name in needed]
+    del graph.node[:]
+    graph.node.extend(kept)
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
 
 
 def import_onnx() -> Any:
@@ -108,18 +126,7 @@ def int8_weights_fp32_compute(dynamic_int8: Path, out: Path) -> int:
         if id(node) not in dropped
         for new in replaced.get(id(node), [node])
     ]
-    needed = {o.name for o in graph.output}
-    kept = []
-    for node in reversed(nodes):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(i for i in node.input if i)
-    kept.reverse()
-    initializers = [i for i in graph.initializer if i.name in needed]
-    del graph.node[:]
-    graph.node.extend(kept)
-    del graph.initializer[:]
-    graph.initializer.extend(initializers)
+    prune_graph(graph, nodes)
     onnx.checker.check_model(model)
     onnx.save(model, str(out))
     return len(replaced)
