@@ -143,8 +143,13 @@ def verdict_attributes(verdict: AnswerVerdict) -> dict[str, AttributeValue]:
         stage=verdict.stage,
         reasons=verdict.reasons,
         policy=verdict.policy,
-        model_versions=verdict.model_versions,
+        models=model_attributes(verdict.model_versions),
     )
+
+
+def model_attributes(model_versions: dict[str, str]) -> dict[str, AttributeValue]:
+    """``guardrail.model.<name>``: each model version as a trace attribute, in order."""
+    return {model_attribute(k): v for k, v in model_versions.items()}
 
 
 def answer_attributes(
@@ -155,9 +160,10 @@ def answer_attributes(
     stage: str,
     reasons: Sequence[Reason],
     policy: str,
-    model_versions: dict[str, str],
+    models: dict[str, AttributeValue],
 ) -> dict[str, AttributeValue]:
-    """:func:`verdict_attributes` from the verdict's values (no model needed)."""
+    """:func:`verdict_attributes` from the verdict's values (no model needed); ``models``:
+    :func:`model_attributes` of its model versions (the processor builds the batch's once)."""
     profile = None
     codes: list[str] = []
     for reason in reasons:
@@ -174,12 +180,12 @@ def answer_attributes(
         "guardrail.profile": "none" if profile is None else profile,
         "guardrail.reasons": codes,
         "guardrail.policy": policy,
-        **{_model_attribute(k): v for k, v in model_versions.items()},
+        **models,
     }
 
 
 @functools.lru_cache(maxsize=256)  # names are the sidecar's own (a handful); bounded all the same
-def _model_attribute(name: str) -> str:
+def model_attribute(name: str) -> str:
     """``guardrail.model.<name>``, formatted once per name (five f-strings a verdict, before)."""
     return f"guardrail.model.{name}"
 

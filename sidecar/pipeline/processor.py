@@ -40,7 +40,7 @@ from sidecar.pipeline import deadletters, outputs
 from sidecar.pipeline.intake import Duplicate, Held, Intake, Labelled, Rejected
 from sidecar.pipeline.join import InputRef, JoinStore, PendingRequest
 from sidecar.pipeline.labels import WaitingLabels
-from sidecar.pipeline.outputs import Step
+from sidecar.pipeline.outputs import AttributeValue, Step
 from sidecar.pipeline.ports import CertificateLedger, ClaimResult, Policy, SignalSuite
 from sidecar.pipeline.progress import Progress
 from sidecar.pipeline.scoring import Scored, Scoring
@@ -50,6 +50,7 @@ log = logging.getLogger("sidecar.pipeline")
 
 BatchItem = tuple[InputKind, bytes | None, bytes | None, InputRef]
 _GENERATION, _RETRIEVAL = InputKind.GENERATION, InputKind.RETRIEVAL  # one global read each
+_GENERATOR_ATTRIBUTE = outputs.model_attribute("generator")
 
 
 @dataclass(slots=True)
@@ -329,10 +330,22 @@ class Processor:
                 step.extend(self._failed(entry, "scoring failed"))
             return step
         signals_ns = self._clock_ns() - started_ns
-        versions = self.signals.versions()  # once per batch: the same models decide it all
+        # once per batch: the same models and policy decide it all (a verdict adds its
+        # generator in front); their trace attributes too (~1.5 us a verdict, per verdict)
+        versions = {**self.signals.versions(), "policy": self._policy.fingerprint}
+        models = outputs.model_attributes(versions)
         for entry, result in zip(entries, scored, strict=True):
             try:
-                step.extend(self._decide(entry, result, now_ms, signals_ns, versions))
+                step.extend(
+                    self._decide(
+                        entry,
+                        result,
+                        now_ms,
+                        signals_ns,
+                        batch_versions=versions,
+                        batch_models=models,
+                    )
+                )
             except Exception as exc:  # this request pays, never its batch
                 log.exception("deciding %s failed", entry.request_id, extra=PER_INPUT)
                 step.extend(self._failed(entry, _describe(exc)))
@@ -344,8 +357,12 @@ class Processor:
         scored: Scored,
         now_ms: float,
         signals_ns: int,
-        signal_versions: dict[str, str],
+        *,
+        batch_versions: dict[str, str],
+        batch_models: dict[str, AttributeValue],
     ) -> Step:
+        """``batch_versions``: the signals' and the policy's versions (``_decide_all``);
+        ``batch_models``: their ``guardrail.model.*`` attributes."""
         retrieval, final = entry.retrieval, entry.final
         if retrieval is None or final is None:  # only complete requests are decided
             raise AssertionError(f"request {entry.request_id} is not complete")
@@ -366,11 +383,9 @@ class Processor:
         entry.stages.append(("policy", t_policy, t_done))
         key = outputs.answer_key(entry)
         policy = self._policy.name
-        versions = {
-            "generator": final.generator_model,
-            **signal_versions,
-            "policy": self._policy.fingerprint,
-        }
+        # {"generator": ..., **signal versions, "policy": ...}: a key of the batch's that is
+        # also "generator" keeps its place in front and its value, as in one literal
+        versions = {"generator": final.generator_model, **batch_versions}
         value = answer_verdict_json(  # the bytes of the AnswerVerdict, without the model
             request_id=entry.request_id,
             idempotency_key=key,
@@ -422,7 +437,7 @@ class Processor:
             stage="final",
             reasons=outcome.reasons,
             policy=policy,
-            model_versions=versions,
+            models={_GENERATOR_ATTRIBUTE: final.generator_model, **batch_models},
         )
         step.extend(
             outputs.answer_output(entry, value, key, attributes=attributes, end_ns=self._clock_ns())
