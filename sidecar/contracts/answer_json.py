@@ -17,7 +17,7 @@ refuses a non-finite confidence or timing with ``ValueError``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -39,11 +39,11 @@ _OPTIONS: Final = orjson.OPT_UTC_Z
 _DATETIME: Final = TypeAdapter(datetime)
 
 
-def _fields(model: object) -> dict[str, Any]:
-    """A nested contract model as orjson writes it: its fields, in order (no datetimes in them)."""
-    if isinstance(model, BaseModel):
-        return model.__dict__
-    raise TypeError(f"cannot write a {type(model).__name__} into a verdict")
+# A nested contract model as orjson writes it: its fields, in order (no datetimes in them).
+# The getter of BaseModel's ``__dict__`` slot, called from C: it refuses any other object
+# with TypeError (orjson: "Type is not JSON serializable"), as an isinstance test did, and a
+# verdict's dozen nested models no longer cost a Python call each (~0.15 us apiece).
+_fields: Final[Callable[[object], dict[str, Any]]] = BaseModel.__dict__["__dict__"].__get__
 
 
 def _timestamp(when: datetime) -> datetime | str:

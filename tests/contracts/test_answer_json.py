@@ -167,3 +167,38 @@ def test_the_fields_are_the_models_fields() -> None:
 def test_values_the_model_would_refuse_are_refused(name: str, value: Any) -> None:
     with pytest.raises(ValueError, match=name):
         _minimal(Decision.BLOCK, **{name: value})
+
+
+class _Lookalike:
+    """Not a contract model, though it has a ``__dict__`` of what looks like fields."""
+
+    def __init__(self) -> None:
+        self.code = "checks-passed"
+        self.message = "every signal passed"
+        self.signal = "policy"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"reasons": [_Lookalike()]},
+        {"chunk_forecast": [_Lookalike()]},
+        {"advice": _Lookalike()},
+        {"reasons": [object()]},
+    ],
+)
+def test_only_contract_models_are_written_nested(extra: dict[str, Any]) -> None:
+    """Nested values are written from a pydantic model's fields only: anything else is
+    refused (as the model would refuse it), never written from its ``__dict__``."""
+    values: dict[str, Any] = {"decision": Decision.ALLOW, "reasons": [], **extra}
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        answer_verdict_json(
+            request_id="r-1",
+            idempotency_key="k",
+            tenant=None,
+            policy="p/1",
+            signals=Signals(),
+            produced_at=datetime(2026, 1, 1, tzinfo=UTC),
+            sidecar_version="0",
+            **values,
+        )
