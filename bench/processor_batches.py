@@ -21,7 +21,6 @@ parts' too, and each timed call adds ~0.3 us), in microseconds per request.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import platform
 import statistics
@@ -36,7 +35,7 @@ from sidecar import runtime
 from sidecar.config import Settings
 from sidecar.lab.bench.e2e import LoadShape, answer_events
 from sidecar.lab.bench.ratios import machine, print_report
-from sidecar.lab.bench.stages import request_items
+from sidecar.lab.bench.stages import as_served, request_items
 from sidecar.pipeline import intake as intake_module
 from sidecar.pipeline import processor as processor_module
 from sidecar.pipeline.processor import BatchItem, Processor
@@ -135,18 +134,13 @@ def stage_costs(count: int) -> dict[str, Any]:
     processor = runtime.build_processor(Settings.load(signals={"claims": False}))
     work = batches(200, count + 1, "stages")
     processor.on_batch(work[0], 0.0)  # warm-up: first ONNX call, caches
-    runtime.freeze_startup_objects()  # as the service does before it consumes
-    young = runtime.collect_young_after(Settings.load().gc_young_threshold)  # and this
     spent: dict[str, int] = defaultdict(int)
-    try:
-        with _timed(_stage_targets(processor), spent):
-            start = time.perf_counter_ns()
-            for items in work[1:]:
-                processor.on_batch(items, 0.0)
-            total = time.perf_counter_ns() - start
-    finally:
-        gc.unfreeze()  # a caller's process collects as it did before
-        runtime.collect_young_after(young)
+    # the garbage collector as the service sets it before it consumes, given back after
+    with as_served(Settings.load()), _timed(_stage_targets(processor), spent):
+        start = time.perf_counter_ns()
+        for items in work[1:]:
+            processor.on_batch(items, 0.0)
+        total = time.perf_counter_ns() - start
     requests = count * BATCH
     return {
         "requests": requests,

@@ -490,12 +490,13 @@ def collect_young_after(objects: int) -> int:
     return young
 
 
-def collect_as_served(settings: Settings) -> None:
+def collect_as_served(settings: Settings) -> int:
     """The garbage collector as ``guardrail run`` serves with it: what is loaded now frozen
-    (``GUARDRAIL_GC_FREEZE``), the young generation walked past ``gc_young_threshold``."""
+    (``GUARDRAIL_GC_FREEZE``), the young generation walked past ``gc_young_threshold``.
+    Returns the young-generation threshold it replaces."""
     if settings.gc_freeze:
         freeze_startup_objects()
-    collect_young_after(settings.gc_young_threshold)
+    return collect_young_after(settings.gc_young_threshold)
 
 
 def freeze_startup_objects() -> int:

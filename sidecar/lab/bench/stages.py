@@ -54,13 +54,11 @@ def as_served(settings: Settings) -> Iterator[None]:
     collection walked the loaded models: the in-process stages and the profile came out
     ~8 % dearer than serving (helper-71: 0.92x frozen / not, the whole processor)."""
     from sidecar.runtime import (  # noqa: PLC0415 - the serving path's
+        collect_as_served,
         collect_young_after,
-        freeze_startup_objects,
     )
 
-    young = collect_young_after(settings.gc_young_threshold)
-    if settings.gc_freeze:
-        freeze_startup_objects()
+    young = collect_as_served(settings)
     try:
         yield
     finally:
