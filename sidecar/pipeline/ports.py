@@ -271,7 +271,9 @@ NOT_CONFIGURED_CLAIMS = ClaimsSignal(status=SignalStatus.NOT_CONFIGURED)
 # --------------------------------------------------------------------------- the policy
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: one is built per verdict, and a frozen dataclass's __init__ (an
+# object.__setattr__ per field) cost ~1.5 us of it. Nothing changes an outcome once built.
+@dataclass(slots=True)
 class PolicyOutcome:
     decision: Decision
     reasons: list[Reason]
