@@ -46,6 +46,7 @@ class Destination(StrEnum):
 
 
 AttributeValue = str | bool | int | float | list[str]
+_VERDICTS = Destination.VERDICTS  # one global read a verdict
 
 
 # TraceRecord and Output are not frozen: one of each is built per output, and a frozen
@@ -215,23 +216,24 @@ def answer_output(
     """:func:`verdict_output` of a verdict already encoded (``answer_verdict_json``)."""
     parent = entry.trace_parent()
     trace = TraceRecord(
-        name="guardrail.request",
-        parent=parent,
-        start_ns=entry.first_seen_ns,
-        end_ns=end_ns,
-        attributes=attributes,
-        stages=tuple(entry.stages),
-        answered_ns=max(0, entry.final_timestamp_ms) * 1_000_000,
-        links=entry.trace_links(parent),
+        "guardrail.request",
+        parent,
+        entry.first_seen_ns,
+        end_ns,
+        attributes,
+        tuple(entry.stages),
+        max(0, entry.final_timestamp_ms) * 1_000_000,
+        # no parent: no input's trace context could be read, so none is linked either
+        entry.trace_links(parent) if parent else (),
     )
     out = Output(
-        destination=Destination.VERDICTS,
-        key=entry.request_id.encode("utf-8"),
-        value=value,
-        headers=[(IDEMPOTENCY_HEADER, idempotency_key.encode("utf-8"))],
-        trace=trace,
+        _VERDICTS,
+        entry.request_id.encode("utf-8"),
+        value,
+        [(IDEMPOTENCY_HEADER, idempotency_key.encode("utf-8"))],
+        trace,
     )
-    return Step(outputs=[out], done=list(entry.refs))
+    return Step([out], list(entry.refs))
 
 
 def incomplete_verdict(

@@ -41,7 +41,14 @@ from sidecar.pipeline.intake import Duplicate, Held, Intake, Labelled, Rejected
 from sidecar.pipeline.join import InputRef, JoinStore, PendingRequest
 from sidecar.pipeline.labels import WaitingLabels
 from sidecar.pipeline.outputs import AttributeValue, Step
-from sidecar.pipeline.ports import CertificateLedger, ClaimResult, Policy, SignalSuite
+from sidecar.pipeline.ports import (
+    CertificateLedger,
+    ClaimResult,
+    CoverageObserver,
+    Policy,
+    RetrievalCertifier,
+    SignalSuite,
+)
 from sidecar.pipeline.progress import Progress
 from sidecar.pipeline.scoring import Scored, Scoring
 from sidecar.pipeline.tally import InputTally, Outcome
@@ -69,6 +76,18 @@ class Counters:
     internal_errors: int = 0
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
     inputs: InputTally = field(default_factory=InputTally)  # by kind and outcome
+
+
+@dataclass(slots=True)
+class _Batch:
+    """What the verdicts of one scored batch share (``Processor._batch``)."""
+
+    versions: dict[str, str]  # the signals' and the policy's versions
+    models: dict[str, AttributeValue]  # their ``guardrail.model.*`` trace attributes
+    policy: str  # the policy's name
+    confidence_status: SignalStatus  # a verdict without a confidence: why
+    certifier: RetrievalCertifier | None
+    coverage: CoverageObserver | None
 
 
 def _wall_clock() -> datetime:
@@ -330,72 +349,68 @@ class Processor:
                 step.extend(self._failed(entry, "scoring failed"))
             return step
         signals_ns = self._clock_ns() - started_ns
-        # once per batch: the same models and policy decide it all (a verdict adds its
-        # generator in front); their trace attributes too (~1.5 us a verdict, per verdict)
-        versions = {**self.signals.versions(), "policy": self._policy.fingerprint}
-        models = outputs.model_attributes(versions)
+        batch = self._batch()
         for entry, result in zip(entries, scored, strict=True):
             try:
-                step.extend(
-                    self._decide(
-                        entry,
-                        result,
-                        now_ms,
-                        signals_ns,
-                        batch_versions=versions,
-                        batch_models=models,
-                    )
-                )
+                step.extend(self._decide(entry, result, now_ms, signals_ns, batch))
             except Exception as exc:  # this request pays, never its batch
                 log.exception("deciding %s failed", entry.request_id, extra=PER_INPUT)
                 step.extend(self._failed(entry, _describe(exc)))
         return step
 
+    def _batch(self) -> _Batch:
+        """What every verdict of a scored batch shares: the same models and policy decide
+        it all (a verdict adds its generator in front), read once a batch, not per verdict."""
+        signals = self.signals
+        versions = {**signals.versions(), "policy": self._policy.fingerprint}
+        return _Batch(
+            versions=versions,
+            models=outputs.model_attributes(versions),
+            policy=self._policy.name,
+            confidence_status=SignalStatus.NOT_CONFIGURED
+            if signals.confidence is None
+            else SignalStatus.UNAVAILABLE,  # served, but failed or not finite for this answer
+            certifier=signals.certifier,
+            coverage=signals.coverage,
+        )
+
     def _decide(
-        self,
-        entry: PendingRequest,
-        scored: Scored,
-        now_ms: float,
-        signals_ns: int,
-        *,
-        batch_versions: dict[str, str],
-        batch_models: dict[str, AttributeValue],
+        self, entry: PendingRequest, scored: Scored, now_ms: float, signals_ns: int, batch: _Batch
     ) -> Step:
-        """``batch_versions``: the signals' and the policy's versions (``_decide_all``);
-        ``batch_models``: their ``guardrail.model.*`` attributes."""
+        """One complete request's verdict (and its last claim verdicts before it)."""
         retrieval, final = entry.retrieval, entry.final
         if retrieval is None or final is None:  # only complete requests are decided
             raise AssertionError(f"request {entry.request_id} is not complete")
-        step = Step(outputs=self._claim_outputs(entry, scored.final_claims, scored.claims_span_ns))
+        claim_outputs = self._claim_outputs(entry, scored.final_claims, scored.claims_span_ns)
         confidence = scored.confidence
+        p_correct = confidence.p_correct if confidence else None
+        signals = scored.signals
         t_policy = self._clock_ns()
         outcome = self._policy.decide(
             retrieval,
             final,
-            scored.signals,
+            signals,
             claims=entry.claims.results if entry.claims is not None else None,
-            confidence=confidence.p_correct if confidence else None,
-            confidence_status=SignalStatus.NOT_CONFIGURED
-            if self.signals.confidence is None
-            else SignalStatus.UNAVAILABLE,  # served, but failed or not finite for this answer
+            confidence=p_correct,
+            confidence_status=batch.confidence_status,
         )
         t_done = self._clock_ns()
         entry.stages.append(("policy", t_policy, t_done))
         key = outputs.answer_key(entry)
-        policy = self._policy.name
-        # {"generator": ..., **signal versions, "policy": ...}: a key of the batch's that is
-        # also "generator" keeps its place in front and its value, as in one literal
-        versions = {"generator": final.generator_model, **batch_versions}
+        policy = batch.policy
+        tenant = retrieval.tenant
+        decision = outcome.decision
+        reasons = outcome.reasons
         value = answer_verdict_json(  # the bytes of the AnswerVerdict, without the model
             request_id=entry.request_id,
             idempotency_key=key,
-            tenant=retrieval.tenant,
-            decision=outcome.decision,
-            reasons=outcome.reasons,
+            tenant=tenant,
+            decision=decision,
+            reasons=reasons,
             escalate=outcome.escalate,
             policy=policy,
-            signals=scored.signals,
-            confidence=confidence.p_correct if confidence else None,
+            signals=signals,
+            confidence=p_correct,
             confidence_features=confidence.features if confidence else None,
             chunk_forecast=confidence.chunk_forecast if confidence else (),
             advice=confidence.advice if confidence else None,
@@ -404,7 +419,9 @@ class Processor:
             certificate=outcome.certificate,
             caveat_text=outcome.caveat_text,
             rewritten_answer=outcome.rewritten_answer,
-            model_versions=versions,
+            # {"generator": ..., **signal versions, "policy": ...}: a key of the batch's that
+            # is also "generator" keeps its place in front and its value, as in one literal
+            model_versions={"generator": final.generator_model, **batch.versions},
             timings_ms={
                 "join_wait": max(0.0, now_ms - entry.first_seen_ms),
                 "signals": signals_ns / 1e6,
@@ -413,35 +430,33 @@ class Processor:
             produced_at=self._wall_clock(),
             sidecar_version=__version__,
         )
-        certifier = self.signals.certifier
-        if certifier is not None:
-            certifier.observe_decided(retrieval, scored.signals.retrieval)
-        coverage = self.signals.coverage
+        if batch.certifier is not None:
+            batch.certifier.observe_decided(retrieval, signals.retrieval)
+        coverage = batch.coverage
         if coverage is not None:
+            store_key = entry.store_key
             coverage.observe_decision(
-                entry.store_key,
-                outcome.decision,
-                scored.signals.retrieval,
-                outcome.certificate,
-                tenant=retrieval.tenant,
+                store_key, decision, signals.retrieval, outcome.certificate, tenant=tenant
             )
-            waited = self.waiting_labels.take(entry.store_key)
+            waited = self.waiting_labels.take(store_key)
             label = entry.early_label or waited
             if label is not None:
-                self._label(label, entry.store_key)
+                self._label(label, store_key)
         self.counters.verdicts += 1
         attributes = outputs.answer_attributes(
             request_id=entry.request_id,
-            tenant=retrieval.tenant,
-            decision=outcome.decision,
+            tenant=tenant,
+            decision=decision,
             stage="final",
-            reasons=outcome.reasons,
+            reasons=reasons,
             policy=policy,
-            models={_GENERATOR_ATTRIBUTE: final.generator_model, **batch_models},
+            models={_GENERATOR_ATTRIBUTE: final.generator_model, **batch.models},
         )
-        step.extend(
-            outputs.answer_output(entry, value, key, attributes=attributes, end_ns=self._clock_ns())
+        step = outputs.answer_output(
+            entry, value, key, attributes=attributes, end_ns=self._clock_ns()
         )
+        if claim_outputs:  # published before the verdict, as they were decided
+            step.outputs[:0] = claim_outputs
         return step
 
     def _failed(self, entry: PendingRequest, detail: str) -> Step:
