@@ -288,10 +288,13 @@ class PolicyEngine:
     ) -> PolicyOutcome:
         texts = self.config.texts
         action: Action = "allow"
-        for found in findings:
-            if SEVERITY[found.action] > SEVERITY[action]:
+        severity = 0  # SEVERITY["allow"]
+        reasons = [_profile_reason(name)]
+        for found in findings:  # one pass: the most severe action, and every reason in order
+            reasons.append(found.reason)
+            if SEVERITY[found.action] > severity:
                 action = found.action
-        reasons = [_profile_reason(name), *(f.reason for f in findings)]
+                severity = SEVERITY[action]
         if len(reasons) == 1:
             reasons.append(_CHECKS_PASSED)
         sig = signals.claims

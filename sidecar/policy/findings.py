@@ -175,16 +175,32 @@ def _thresholds(
     """``<signal>-very-low`` (block) below ``block_below``, ``<signal>-low`` (caveat) below
     ``caveat_below``, nothing otherwise."""
     if p < rules.block_below:
-        return [
-            finding(
-                "block", f"{signal}-very-low", f"{name} = {below(p, rules.block_below)}", signal
-            )
-        ]
+        return [_below_finding("block", signal, name, p, rules.block_below)]
     if p < rules.caveat_below:
-        return [
-            finding("caveat", f"{signal}-low", f"{name} = {below(p, rules.caveat_below)}", signal)
-        ]
+        return [_below_finding("caveat", signal, name, p, rules.caveat_below)]
     return []
+
+
+def _below_finding(
+    action: Action, signal: SignalName, name: str, p: float, threshold: float
+) -> Finding:
+    """``finding(action, "<signal>-very-low" | "<signal>-low", f"{name} = {below(p, threshold)}",
+    signal)``, found by ``p``'s two decimals: ``p`` is a new float on nearly every answer, so
+    ``below``'s cache keyed by it missed (~1.1 us a finding), and two decimals are its text
+    unless they read as not below the threshold (then ``below`` writes more)."""
+    shown = f"{p:.2f}"
+    if float(shown) < threshold:
+        return _two_decimals_below(action, signal, name, shown, threshold)
+    level = "very-low" if action == "block" else "low"
+    return finding(action, f"{signal}-{level}", f"{name} = {below(p, threshold)}", signal)
+
+
+@functools.lru_cache(maxsize=4096)
+def _two_decimals_below(
+    action: Action, signal: SignalName, name: str, shown: str, threshold: float
+) -> Finding:
+    level = "very-low" if action == "block" else "low"
+    return finding(action, f"{signal}-{level}", f"{name} = {shown} < {threshold:g}", signal)
 
 
 def _claims(sig: ClaimsSignal, profile: Profile) -> list[Finding]:
@@ -298,9 +314,8 @@ def evaluate_signals(
 ) -> list[Finding]:
     """All findings for one answer under ``profile`` (retrieval, lookback, claims, confidence);
     ``confidence_status``: why ``confidence`` is ``None`` (not configured, or unavailable)."""
-    return [
-        *_retrieval(signals.retrieval, profile),
-        *_lookback(signals.lookback, profile),
-        *_claims(signals.claims, profile),
-        *_confidence(confidence, profile, confidence_status),
-    ]
+    out = _retrieval(signals.retrieval, profile)  # a new list: the others join it
+    out += _lookback(signals.lookback, profile)
+    out += _claims(signals.claims, profile)
+    out += _confidence(confidence, profile, confidence_status)
+    return out
