@@ -63,6 +63,7 @@ from sidecar.policy.rewrite import remove_unsupported, verified_only
 __all__ = ["PolicyEngine", "PolicySource", "strict_outcome"]
 
 _DECISION = {"allow": Decision.ALLOW, "caveat": Decision.CAVEAT, "block": Decision.BLOCK}
+_OK = SignalStatus.OK  # one global read: a member read through its enum class is ~0.09 us
 # reasons are frozen: the constant ones are built once
 _CHECKS_PASSED = Reason(code="checks-passed", message="every signal passed")
 _ESCALATE = Reason(code="escalate", message="routed for human review")
@@ -298,15 +299,16 @@ class PolicyEngine:
         if len(reasons) == 1:
             reasons.append(_CHECKS_PASSED)
         sig = signals.claims
+        claims_ok = sig.status is _OK
         escalate = (
             profile.escalate_below_reliability is not None
-            and sig.status is SignalStatus.OK
+            and claims_ok
             and sig.reliability is not None
             and sig.reliability < profile.escalate_below_reliability
         ) or (action == "block" and profile.escalate_on_block)
         if escalate:
             reasons.append(_ESCALATE)
-        unsupported = sig.status is SignalStatus.OK and sig.unsupported > 0
+        unsupported = claims_ok and sig.unsupported > 0
         if unsupported and claims is None:
             reasons.append(
                 Reason(
@@ -315,9 +317,9 @@ class PolicyEngine:
                 )
             )
         decision = _DECISION[action]
-        if decision is Decision.ALLOW:
+        if action == "allow":
             return PolicyOutcome(decision, reasons, escalate=escalate)
-        if decision is Decision.CAVEAT:
+        if action == "caveat":
             if unsupported and claims:
                 rewritten = remove_unsupported(final.answer, claims)
                 return PolicyOutcome(
@@ -326,7 +328,7 @@ class PolicyEngine:
             return PolicyOutcome(decision, reasons, texts.caveat_unverified, escalate=escalate)
         usable = (
             claims is not None
-            and sig.status is SignalStatus.OK
+            and claims_ok
             and (
                 sig.evidence_scope == "trusted"
                 or profile.claims.verified_only_from_untrusted_evidence

@@ -51,6 +51,7 @@ from sidecar.policy.config import Action, ConfidenceRules, LookbackRules, Profil
 __all__ = ["Finding", "SignalName", "evaluate_signals", "finding"]
 
 SignalName = Literal["retrieval", "lookback", "claims", "confidence"]
+_OK = SignalStatus.OK  # one global read: a member read through its enum class is ~0.09 us
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +95,7 @@ def _missing(signal: SignalName, status: SignalStatus, action: Action) -> Findin
 
 def _retrieval(sig: RetrievalSignal, profile: Profile) -> list[Finding]:
     rules = profile.retrieval
-    if sig.status is not SignalStatus.OK:
+    if sig.status is not _OK:
         return [_missing("retrieval", sig.status, rules.when_missing)]
     out: list[Finding] = []
     if sig.fallback_reason == SCORES_RISING:
@@ -163,8 +164,8 @@ def _retrieval(sig: RetrievalSignal, profile: Profile) -> list[Finding]:
 
 def _lookback(sig: LookbackSignal, profile: Profile) -> list[Finding]:
     rules = profile.lookback
-    if sig.status is not SignalStatus.OK or sig.p_factual is None:
-        status = SignalStatus.UNAVAILABLE if sig.status is SignalStatus.OK else sig.status
+    if sig.status is not _OK or sig.p_factual is None:
+        status = SignalStatus.UNAVAILABLE if sig.status is _OK else sig.status
         return [_missing("lookback", status, rules.when_missing)]
     return _thresholds(sig.p_factual, rules, "lookback", "p(factual)")
 
@@ -205,7 +206,7 @@ def _two_decimals_below(
 
 def _claims(sig: ClaimsSignal, profile: Profile) -> list[Finding]:
     rules = profile.claims
-    if sig.status is not SignalStatus.OK:
+    if sig.status is not _OK:
         return [_missing("claims", sig.status, rules.when_missing)]
     out: list[Finding] = []
     if sig.evidence_scope == "all-retrieved":
