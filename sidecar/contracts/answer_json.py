@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import orjson
@@ -48,6 +48,8 @@ _fields: Final[Callable[[object], dict[str, Any]]] = BaseModel.__dict__["__dict_
 
 def _timestamp(when: datetime) -> datetime | str:
     """orjson writes whole-minute UTC offsets as pydantic does; others go through pydantic."""
+    if when.tzinfo is UTC:  # the sidecar's own clock: no offset to look at
+        return when
     offset = when.utcoffset()
     if offset is None or (offset.seconds % 60 == 0 and offset.microseconds == 0):
         return when
@@ -85,14 +87,23 @@ def answer_verdict_json(
     The document is written in the model's field order directly (a test holds the
     bytes equal to the model's): no second dict to reorder it, no generator per check.
     """
-    timings = dict(timings_ms) if timings_ms else {}
-    features = dict(confidence_features) if confidence_features else {}
-    for v in timings.values():
-        if not math.isfinite(v):
-            raise ValueError(f"timings_ms must be finite, got {timings}")
-    for f in features.values():
-        if f is not None and not math.isfinite(f):
-            raise ValueError(f"confidence_features must be finite or None, got {features}")
+    # orjson writes dicts only; the processor's are dicts already (no copy)
+    timings = timings_ms if type(timings_ms) is dict else dict(timings_ms or {})
+    features = (
+        confidence_features
+        if type(confidence_features) is dict
+        else dict(confidence_features or {})
+    )
+    # a finite sum has no NaN or infinity in it (either makes the sum so); one that is not
+    # (a NaN, an infinity, or finite values whose sum overflows) is looked into value by value
+    if not math.isfinite(sum(timings.values())):
+        for v in timings.values():
+            if not math.isfinite(v):
+                raise ValueError(f"timings_ms must be finite, got {timings}")
+    if not math.isfinite(sum(filter(None, features.values()))):  # None (and 0.0) left out
+        for f in features.values():
+            if f is not None and not math.isfinite(f):
+                raise ValueError(f"confidence_features must be finite or None, got {features}")
     if confidence is not None and not 0.0 <= confidence <= 1.0:
         raise ValueError(f"confidence must be in [0, 1], got {confidence!r}")
     return orjson.dumps(
