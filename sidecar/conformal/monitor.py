@@ -69,6 +69,10 @@ class MonitorState(StrEnum):
     BROKEN = "exchangeability-broken"
 
 
+# one global read each in record_m1 (a member read through its enum class is ~0.09 us)
+_WARMING_UP, _OK, _BROKEN = MonitorState.WARMING_UP, MonitorState.OK, MonitorState.BROKEN
+
+
 @dataclass(frozen=True, slots=True)
 class MonitorStatus:
     """The rolling mean(m1) of one key, its Wilson interval and the verdict."""
@@ -180,22 +184,24 @@ class ExchangeabilityMonitor:
             old, _ = self._windows.popitem(last=False)
             self._last.pop(old, None)
         target = win.target
-        win.values.append(bool(m1))
-        win.successes += int(bool(m1))
-        if len(win.values) > self.window:
-            win.successes -= int(win.values.popleft())
-        n = len(win.values)
-        mean = win.successes / n
+        values = win.values
+        m1 = bool(m1)
+        values.append(m1)
+        successes = win.successes + m1
+        if len(values) > self.window:
+            successes -= values.popleft()
+        win.successes = successes
+        n = len(values)
         if n < self.min_samples:
-            state = MonitorState.WARMING_UP
-        elif wilson_interval(win.successes, n, self.confidence).high < target or (
-            win.state is MonitorState.BROKEN and mean < target
+            state = _WARMING_UP
+        elif wilson_interval(successes, n, self.confidence).high < target or (
+            win.state is _BROKEN and successes / n < target
         ):
             # Hysteresis: once broken, the alarm holds until the rolling mean itself is back
             # at 1 - alpha, so a window hovering at the bound does not flap.
-            state = MonitorState.BROKEN
+            state = _BROKEN
         else:
-            state = MonitorState.OK
+            state = _OK
         win.changed = state is not win.state
         win.state = state
         # the key's window, in the order keys were first observed (``statuses``)
