@@ -326,7 +326,9 @@ class _RecentPerKey(Generic[V]):
         old = self._key_of.get(name)
         if old is not None and old != key:
             self._by_key[old].pop(name, None)
-        names = self._by_key.setdefault(key, OrderedDict())
+        names = self._by_key.get(key)
+        if names is None:  # not setdefault: it built an OrderedDict on every call
+            names = self._by_key[key] = OrderedDict()
         names[name] = value
         names.move_to_end(name)
         self._key_of[name] = key
