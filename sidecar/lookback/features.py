@@ -43,6 +43,7 @@ __all__ = [
     "pad_chunks",
     "scale_per_sample",
     "select_chunks",
+    "summary_rows",
 ]
 
 SCALING = "per-sample-minmax"
@@ -152,6 +153,87 @@ def feature_rows(
             raise ConfigError(f"{present} chunk columns do not fit a model for K={k}")
         row[:, :, :present] = arr[:, :, :present]
     return scale_per_sample(out.reshape(len(ratios), -1), overwrite=True)
+
+
+def summary_rows(
+    summaries: Sequence[bytes],
+    widths: Sequence[int],
+    keeps: Sequence[Sequence[int] | None],
+    *,
+    layers: int,
+    heads: int,
+    k: int,
+) -> FloatArray:
+    """:func:`feature_rows` of a batch of attention summaries given as their wire bytes.
+
+    ``summaries[i]`` holds ``layers * heads * widths[i]`` little-endian float16 in C
+    order (``AttentionSummary.decoded()``). The summaries of one width are read as one
+    ``uint16`` array, the columns not kept and the padding are zeroed as integers
+    (``+0.0``, the padding's zero) and the batch is widened to float64 in one pass: the
+    matrix :func:`feature_rows` builds row by row, scaled the same way, bit for bit.
+    A keep that is not a prefix of the columns (a reranked retrieval) is gathered alone.
+    """
+    if not summaries:
+        raise ConfigError("summary_rows needs at least one summary")
+    # the bytes and the uint16 matrix are let go before the scaling's temporaries are
+    # made: a batch's matrices are a few hundred KiB each, and a larger peak makes the
+    # allocator give pages back to the OS and fault them in again on every batch
+    wide = _summary_matrix(summaries, widths, keeps, layers=layers, heads=heads, k=k)
+    return scale_per_sample(wide, overwrite=True)
+
+
+def _summary_matrix(
+    summaries: Sequence[bytes],
+    widths: Sequence[int],
+    keeps: Sequence[Sequence[int] | None],
+    *,
+    layers: int,
+    heads: int,
+    k: int,
+) -> npt.NDArray[np.float64]:
+    """:func:`summary_rows` before the scaling: the float64 ``(n, layers * heads * k)``."""
+    n, cells = len(summaries), layers * heads
+    presents: list[int] = []  # per row: how many columns it keeps (then zeros)
+    gathered: dict[int, list[int]] = {}  # row -> its kept columns, when not a prefix
+    by_width: dict[int, list[int]] = {}
+    for i, (width, keep) in enumerate(zip(widths, keeps, strict=True)):
+        columns = list(range(width)) if keep is None else list(keep)
+        present = len(columns)
+        if columns != list(range(present)):
+            select_chunks(np.zeros((1, 1, width), dtype=np.float32), columns)  # raises if bad
+            gathered[i] = columns
+        elif present > width:
+            raise ConfigError(f"{present} chunk columns do not fit a model for K={k}")
+        if present > k:
+            raise ConfigError(f"{present} chunk columns do not fit a model for K={k}")
+        presents.append(present)
+        by_width.setdefault(width, []).append(i)
+    groups = []
+    for width, members in by_width.items():
+        raw = b"".join([summaries[i] for i in members])
+        size = len(members) * cells * width * 2
+        if len(raw) != size:
+            raise ConfigError(
+                f"{len(members)} attention summaries of {layers}x{heads}x{width} float16 "
+                f"take {size} bytes, got {len(raw)}"
+            )
+        groups.append((width, members, np.frombuffer(raw, "<u2").reshape(-1, cells, width)))
+    if len(groups) == 1 and groups[0][0] == k and not gathered:
+        bits = groups[0][2]  # the batch as it came (read only: masked into a new array)
+    else:
+        bits = np.zeros((n, cells, k), dtype=np.uint16)
+        for width, members, given in groups:
+            bits[members, :, : min(width, k)] = given[:, :, :k]
+            for j, i in enumerate(members):
+                if i in gathered:  # its kept columns first, then padding
+                    bits[i] = 0
+                    bits[i, :, : len(gathered[i])] = given[j][:, gathered[i]]
+    # row p of ``ones``: 1 in the first p columns of each (layer, head), 0 after; the
+    # columns not kept and the padding are zeroed as integers (+0.0, the padding's zero)
+    ones = np.tile((np.arange(k) < np.arange(k + 1)[:, None]).astype(np.uint16), cells)
+    masked = np.multiply(bits.reshape(n, cells * k), ones[presents])
+    wide: npt.NDArray[np.float64] = masked.view("<f2").astype(np.float64)  # widened exactly
+    return wide
 
 
 def feature_vector(ratios: npt.ArrayLike, k: int, keep: Sequence[int] | None = None) -> FloatArray:

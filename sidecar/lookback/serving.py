@@ -54,6 +54,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from sidecar.contracts.assembled import assembled, unit_float
 from sidecar.contracts.events import (
     GenerationFinal,
     LookbackSignal,
@@ -68,7 +69,7 @@ from sidecar.lookback.artifact import (
     golden_features,
     load_metadata,
 )
-from sidecar.lookback.features import feature_rows
+from sidecar.lookback.features import feature_rows, summary_rows
 
 __all__ = ["LookbackRequest", "OnnxLookbackScorer", "record_lookback_golden", "resolve_providers"]
 
@@ -148,6 +149,7 @@ class OnnxLookbackScorer:
         if metadata.variant == "fc" and metadata.chunks != 1:
             raise ArtifactError(f"an fc model must have chunks=1, metadata says {metadata.chunks}")
         self.metadata = metadata
+        self._version = metadata.version  # read per scored answer
         self.on_mismatch: OnMismatch = on_mismatch
         self.mismatches = 0  # summaries scored unavailable for a mismatch
         self._mismatches_logged = 0
@@ -355,9 +357,6 @@ class OnnxLookbackScorer:
         )
         return np.clip(np.asarray(probs, dtype=np.float64)[:, 1], 0.0, 1.0)
 
-    def _ok(self, p: float) -> LookbackSignal:
-        return LookbackSignal(status=SignalStatus.OK, p_factual=p, model_version=self.version)
-
     def score(
         self,
         final: GenerationFinal,
@@ -378,27 +377,58 @@ class OnnxLookbackScorer:
         A request that cannot be scored gets ``unavailable`` (or, in dead-letter
         mode, raises its ``InputError`` -- call :meth:`check` on each event first).
         """
-        prepared = [
-            self._prepare(r.final, r.certification, r.chunk_ids, r.hit_ids) for r in requests
-        ]
-        scorable = [p for p in prepared if p.ratios is not None]
-        probs = np.zeros(0)
-        if scorable:
-            rows = feature_rows(
-                [p.ratios for p in scorable if p.ratios is not None],
-                self.metadata.chunks,
-                [p.keep for p in scorable],
-            )
-            probs = self._run(rows)
+        return self._score_all(
+            [(r.final, r.certification, r.chunk_ids, r.hit_ids) for r in requests]
+        )
+
+    def _score_all(
+        self,
+        items: Sequence[
+            tuple[GenerationFinal, RetrievalSignal, Sequence[str] | None, Sequence[str] | None]
+        ],
+    ) -> list[LookbackSignal]:
+        """:meth:`score_many` of ``(final, certification, chunk_ids, hit_ids)`` tuples.
+
+        Each request is checked and its columns chosen in one loop; the scorable
+        summaries' bytes become the batch's feature matrix in a few numpy passes
+        (:func:`summary_rows`), scored by one ONNX call.
+        """
         out: list[LookbackSignal] = []
-        j = 0
-        for p in prepared:
-            if p.ratios is None:
-                assert p.signal is not None  # noqa: S101
-                out.append(p.signal)
-            else:
-                out.append(self._ok(float(probs[j])))
-                j += 1
+        unavailable = self._unavailable()  # frozen: one for every request not scored
+        scorable: list[int] = []  # positions in ``out`` scored below
+        summaries: list[bytes] = []
+        widths: list[int] = []
+        keeps: list[list[int] | None] = []
+        for final, certification, chunk_ids, hit_ids in items:
+            summary = final.attention
+            if summary is not None:
+                error = self.mismatch(final)
+                if error is not None:
+                    if self.on_mismatch == "dead-letter":
+                        raise error
+                    self._note_mismatch(error)
+                    summary = None
+            if summary is not None:
+                try:
+                    keep = self._kept_columns(summary.chunks, certification, chunk_ids, hit_ids)
+                except ValueError:
+                    summary = None
+            if summary is None:
+                out.append(unavailable)
+                continue
+            scorable.append(len(out))
+            out.append(unavailable)  # replaced by its score
+            summaries.append(summary.decoded())
+            widths.append(summary.chunks)
+            keeps.append(keep)
+        if scorable:
+            meta = self.metadata
+            rows = summary_rows(
+                summaries, widths, keeps, layers=meta.layers, heads=meta.heads, k=meta.chunks
+            )
+            version = self._version
+            for slot, p in zip(scorable, self._run(rows).tolist(), strict=True):
+                out[slot] = lookback_ok(p, version)
         return out
 
     def score_batch(
@@ -409,12 +439,9 @@ class OnnxLookbackScorer:
     ) -> list[LookbackSignal]:
         """The processor's micro-batch entry point (``LookbackScorer.score_batch``)."""
         if hit_ids is None:
-            return self.score_many([LookbackRequest(final, cert) for final, cert in items])
-        return self.score_many(
-            [
-                LookbackRequest(final, cert, None, tuple(ids))
-                for (final, cert), ids in zip(items, hit_ids, strict=True)
-            ]
+            return self._score_all([(final, cert, None, None) for final, cert in items])
+        return self._score_all(
+            [(final, cert, None, ids) for (final, cert), ids in zip(items, hit_ids, strict=True)]
         )
 
     def features(
@@ -433,6 +460,18 @@ class OnnxLookbackScorer:
             [prepared.ratios], self.metadata.chunks, [prepared.keep]
         )[0]
         return vector
+
+
+def lookback_ok(p_factual: float, model_version: str) -> LookbackSignal:
+    """``LookbackSignal(status=ok, ...)``, built without validation when ``p_factual`` is a
+    float in [0, 1] (a batch's probabilities are: ``_run`` clips them); anything else (a
+    NaN from a broken model) is validated, which raises as before."""
+    if unit_float(p_factual) and type(model_version) is str:
+        return assembled(
+            LookbackSignal,
+            {"status": SignalStatus.OK, "p_factual": p_factual, "model_version": model_version},
+        )
+    return LookbackSignal(status=SignalStatus.OK, p_factual=p_factual, model_version=model_version)
 
 
 def record_lookback_golden(

@@ -17,6 +17,7 @@ from sidecar.lookback.features import (
     pad_chunks,
     scale_per_sample,
     select_chunks,
+    summary_rows,
 )
 
 RATIO = st.floats(min_value=0.0, max_value=50.0, allow_nan=False, width=32)
@@ -206,6 +207,71 @@ def test_feature_rows_take_float16_summaries_as_their_float32_values() -> None:
     doubles = [h.astype(np.float64) + 1e-9 for h in halves]  # rounded to float32 first
     for row, arr, keep in zip(feature_rows(doubles, 4, keeps), doubles, keeps, strict=True):
         assert row.tobytes() == feature_vector(arr, 4, keep).tobytes()
+
+
+# float16 bit patterns a summary may hold: zeros of both signs, subnormals, the largest
+HALF = st.sampled_from([0.0, -0.0, 6e-8, 6.1e-5, 1.0, 65504.0]) | st.floats(
+    min_value=0.0, max_value=65504.0, allow_nan=False, width=16
+)
+
+
+@st.composite
+def summary_batches(
+    draw: st.DrawFn,
+) -> tuple[list[npt.NDArray[np.float16]], list[list[int] | None], int]:
+    """Summaries of one L x H (one width, or one each), with keeps of every kind."""
+    k = draw(st.integers(1, 4))
+    layers, heads = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    width = draw(st.none() | st.integers(1, k + 1))
+    arrays: list[npt.NDArray[np.float16]] = []
+    keeps: list[list[int] | None] = []
+    for _ in range(draw(st.integers(1, 5))):
+        present = width or draw(st.integers(1, k + 1))
+        arrays.append(draw(hnp.arrays(np.float16, (layers, heads, present), elements=HALF)))
+        keeps.append(
+            draw(
+                (st.none() if present <= k else st.nothing())
+                | st.integers(0, min(present, k)).map(lambda n: list(range(n)))
+                | st.lists(st.integers(0, present - 1), unique=True, max_size=k).map(sorted)
+            )
+        )
+    return arrays, keeps, k
+
+
+@settings(max_examples=300, deadline=None)
+@given(summary_batches())
+def test_summary_rows_are_feature_rows_bit_for_bit(
+    batch: tuple[list[npt.NDArray[np.float16]], list[list[int] | None], int],
+) -> None:
+    """The serving batch's matrix from the summaries' bytes: feature_rows' bytes exactly
+    (-0.0 kept where a kept column has it, +0.0 in the padding and dropped columns)."""
+    arrays, keeps, k = batch
+    layers, heads = arrays[0].shape[:2]
+    got = summary_rows(
+        [a.astype("<f2").tobytes() for a in arrays],
+        [a.shape[2] for a in arrays],
+        keeps,
+        layers=layers,
+        heads=heads,
+        k=k,
+    )
+    assert got.dtype == np.float32
+    assert got.tobytes() == feature_rows(arrays, k, keeps).tobytes()
+
+
+@pytest.mark.parametrize(
+    ("width", "keep"),
+    [(3, None), (2, [0, 1, 2]), (3, [2, 1]), (3, [0, 3]), (3, [-1, 1]), (2, [0, 0])],
+)
+def test_summary_rows_refuse_what_feature_rows_refuses(width: int, keep: list[int] | None) -> None:
+    arr = np.ones((2, 1, width), dtype=np.float16)
+    with pytest.raises(ConfigError) as old:
+        feature_rows([arr], 2, [keep])
+    with pytest.raises(ConfigError) as new:
+        summary_rows([arr.tobytes()], [width], [keep], layers=2, heads=1, k=2)
+    assert str(new.value) == str(old.value)
+    with pytest.raises(ConfigError, match="take 4 bytes, got 6"):
+        summary_rows([b"\x00" * 6], [2], [None], layers=1, heads=1, k=2)
 
 
 class _Subclass(np.ndarray):

@@ -17,6 +17,7 @@ from sidecar.config import Settings
 from sidecar.contracts.events import (
     AttentionSummary,
     GenerationFinal,
+    LookbackSignal,
     RetrievalSignal,
     SignalStatus,
 )
@@ -25,8 +26,8 @@ from sidecar.golden import describe_cpu
 from sidecar.lab.lookback.dataset import load_dataset
 from sidecar.lab.lookback.training import LookbackClassifier, split_by_question
 from sidecar.lookback.artifact import GOLDEN_CASES, GOLDEN_TOLERANCE, golden_features, load_metadata
-from sidecar.lookback.features import feature_vector
-from sidecar.lookback.serving import LookbackRequest, OnnxLookbackScorer
+from sidecar.lookback.features import feature_rows, feature_vector
+from sidecar.lookback.serving import LookbackRequest, OnnxLookbackScorer, lookback_ok
 from sidecar.pipeline.ports import LookbackScorer
 from tests.lookback.conftest import GENERATOR, HEADS, LAYERS, K, synthetic_rows
 
@@ -104,6 +105,85 @@ def test_score_many_equals_score(cw_model: Path) -> None:
         if a.p_factual is not None:
             assert a.p_factual == pytest.approx(b.p_factual, abs=1e-6)
     assert scorer.score_many([]) == []
+
+
+def _score_many_per_request(
+    scorer: OnnxLookbackScorer, requests: list[LookbackRequest]
+) -> list[LookbackSignal]:
+    """The reference: score_many as it was, each request prepared on its own, its rows
+    built by feature_rows, each result validated."""
+    prepared = [scorer._prepare(r.final, r.certification, r.chunk_ids, r.hit_ids) for r in requests]
+    scorable = [p for p in prepared if p.ratios is not None]
+    probs = np.zeros(0)
+    if scorable:
+        ratios = [p.ratios for p in scorable if p.ratios is not None]
+        probs = scorer._run(feature_rows(ratios, K, [p.keep for p in scorable]))
+    out, j = [], 0
+    for p in prepared:
+        if p.signal is not None:
+            out.append(p.signal)
+        else:
+            out.append(
+                LookbackSignal(
+                    status=SignalStatus.OK, p_factual=float(probs[j]), model_version=scorer.version
+                )
+            )
+            j += 1
+    return out
+
+
+def test_score_many_is_the_per_request_path_bit_for_bit(cw_model: Path) -> None:
+    """Varied batches (no summary, a mismatch, short summaries, every kind of trusted set,
+    -0.0 and 65504 in the ratios): the same signals, p_factual equal as floats."""
+    scorer = OnnxLookbackScorer.from_dir(cw_model, on_mismatch="unavailable")
+    rng = np.random.default_rng(11)
+    ids = ("c1", "c2", "c3")
+    certs = [NO_CERT, trusted(), trusted("c1"), trusted("c1", "c2"), trusted("c3", "c1")]
+    certs += [trusted("c2"), trusted("a", "b", "c", "d")]
+    certs.append(RetrievalSignal(status=SignalStatus.UNAVAILABLE))
+    for _ in range(30):
+        requests = []
+        for _ in range(int(rng.integers(1, 12))):
+            width = int(rng.integers(1, K + 1))
+            array = rng.gamma(2.0, 0.5, size=(LAYERS, HEADS, width))
+            array[rng.uniform(size=array.shape) < 0.1] = -0.0
+            array[rng.uniform(size=array.shape) < 0.02] = 65504.0
+            event = final(array)
+            kind = rng.integers(0, 10)
+            if kind == 0:
+                event = GenerationFinal(request_id="r", answer="x", generator_model=GENERATOR)
+            elif kind == 1:
+                event = final(array, generator="other/model")
+            cert = certs[int(rng.integers(0, len(certs)))]
+            how = rng.integers(0, 3)  # the columns by position, by chunk ids, by hit ids
+            chunk_ids = ids[:width] if how == 1 else None
+            hit_ids = ids if how == 2 else None
+            requests.append(LookbackRequest(event, cert, chunk_ids, hit_ids))
+        expected = _score_many_per_request(scorer, requests)
+        got = scorer.score_many(requests)
+        assert got == expected
+        assert [s.p_factual for s in got] == [s.p_factual for s in expected]
+        assert [s.model_fields_set for s in got] == [s.model_fields_set for s in expected]
+        assert [s.model_dump_json() for s in got] == [s.model_dump_json() for s in expected]
+        assert scorer.score_batch(
+            [(r.final, r.certification) for r in requests], hit_ids=[ids] * len(requests)
+        ) == _score_many_per_request(
+            scorer, [LookbackRequest(r.final, r.certification, None, ids) for r in requests]
+        )
+
+
+def test_a_scored_signal_is_built_as_validation_builds_it() -> None:
+    for p in (0.0, 1e-300, 0.5, 1.0):
+        built = lookback_ok(p, "m@1")
+        assert built == LookbackSignal(status=SignalStatus.OK, p_factual=p, model_version="m@1")
+        assert built.model_fields_set == {"status", "p_factual", "model_version"}
+        assert (
+            built.model_dump_json()
+            == LookbackSignal.model_validate_json(built.model_dump_json()).model_dump_json()
+        )
+    for bad in (float("nan"), 1.5, -0.1):
+        with pytest.raises(ValueError, match="p_factual"):
+            lookback_ok(bad, "m@1")
 
 
 def test_trusted_chunks_select_columns_then_pad(cw_model: Path) -> None:
