@@ -26,6 +26,7 @@ parameters (checked on load) and the training metadata. numpy + pydantic only.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -113,11 +114,34 @@ class _Terms:
     intercept: float
     platt: tuple[float, float] | None  # (a, b) of a Platt calibrator, else None
     calibrator: Calibrator
+    # the batch path's (predict_rows): each signal's imputed value; each indicator's columns
+    imputed: FloatArray = field(compare=False)
+    indicator_columns: tuple[tuple[int, ...], ...] = field(compare=False)
     # the indicator values of each pattern of missing signals seen (at most 2 ** signals
     # patterns; a serving process sees a handful): one lookup a row, not a test per group
     indicator_values: dict[tuple[str, ...], tuple[float, ...]] = field(
         default_factory=dict, compare=False
     )
+
+
+_FLOAT_OR_NONE: Final = frozenset((float, type(None)))
+
+
+def _float_matrix(rows: Sequence[Sequence[float | None]], width: int) -> FloatArray | None:
+    """``rows`` as a float64 ``(n, width)`` matrix, NaN for each ``None``; ``None`` unless
+    every value is ``None`` or a finite float (not an int or a bool, which validation
+    converts, a string, which it refuses and numpy would parse, a NaN, an infinity)."""
+    if not _FLOAT_OR_NONE.issuperset(map(type, itertools.chain.from_iterable(rows))):
+        return None
+    try:
+        given = np.array(rows, dtype=np.float64)  # None -> NaN
+    except ValueError:  # rows of different lengths
+        return None
+    if given.shape != (len(rows), width) or np.isinf(given).any():
+        return None
+    if int(np.isnan(given).sum()) != sum(row.count(None) for row in rows):
+        return None  # a NaN value besides the Nones
+    return given
 
 
 class ConfidenceTraining(BaseModel):
@@ -222,6 +246,10 @@ class ConfidenceModel(BaseModel):
             intercept=self.intercept,
             platt=(calibrator.a, calibrator.b) if isinstance(calibrator, PlattCalibrator) else None,
             calibrator=calibrator,
+            imputed=np.asarray(self.imputation_means[:n_signals], dtype=np.float64),
+            indicator_columns=tuple(
+                tuple(signals.index(m) for m in members) for members in self.missing_groups.values()
+            ),
         )
         return self
 
@@ -334,6 +362,32 @@ class ConfidenceModel(BaseModel):
         if not rows:
             return np.empty(0, dtype=np.float64)
         x = np.array(rows, dtype=np.float64)
+        z = (x - terms.mean) / terms.scale
+        return terms.calibrator.predict(z @ terms.coefficients + terms.intercept)
+
+    def predict_rows(
+        self, rows: Sequence[Sequence[float | None]], names: Sequence[str]
+    ) -> FloatArray:
+        """:meth:`predict_many` of rows given as the values of ``names`` (``None``: missing).
+
+        When ``names`` are the spec's signals, in order, numpy builds the matrix in one
+        pass (``None`` read as NaN, then imputed, the indicators set column by column):
+        the matrix of :meth:`predict_many` and its arithmetic, bit for bit. Otherwise, or
+        when a value is not a finite number, each row goes :meth:`predict_many`'s way
+        (which raises its :class:`ConfidenceDataError` for a bad value).
+        """
+        if not rows:
+            return np.empty(0, dtype=np.float64)
+        terms = self._serving()
+        width = len(terms.signals)
+        given = _float_matrix(rows, width) if tuple(names) == self._spec.signals else None
+        if given is None:
+            return self.predict_many([dict(zip(names, row, strict=True)) for row in rows])
+        missing = np.isnan(given)
+        x = np.empty((len(rows), len(self.feature_names)), dtype=np.float64)
+        np.copyto(x[:, :width], np.where(missing, terms.imputed, given))
+        for j, columns in enumerate(terms.indicator_columns, start=width):
+            x[:, j] = missing[:, columns].any(axis=1)
         z = (x - terms.mean) / terms.scale
         return terms.calibrator.predict(z @ terms.coefficients + terms.intercept)
 

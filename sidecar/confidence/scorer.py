@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sidecar.confidence.features import (
+    ANSWER_FEATURES,
+    CHUNK_FEATURES,
     CHUNK_SPEC,
     answer_features,
     attention_shares,
@@ -30,7 +32,6 @@ from sidecar.confidence.features import (
     missing_terms,
 )
 from sidecar.confidence.model import ConfidenceModel
-from sidecar.confidence.spec import FeatureValues
 from sidecar.contracts.assembled import assembled, unit_float
 from sidecar.contracts.events import (
     ChunkForecast,
@@ -123,23 +124,41 @@ class CalibratedConfidenceScorer:
     ) -> list[ConfidenceResult]:
         """The requests decided together: each model makes one numpy pass over all their rows.
 
-        :meth:`score` of each, up to the last bits of the dot products (``predict_many``
+        :meth:`score` of each, up to the last bits of the dot products (``predict_rows``
         sums in numpy's order, ``predict_one`` in the features' order: within 1e-12).
+        Only the forecast chunks' rows are built (the trusted hits, or every hit), as
+        tuples in :data:`CHUNK_FEATURES` order; each model's matrix is numpy's.
         """
         features = [answer_features(r, f, s) for r, f, s in items]
-        p_correct = self.answer.predict_many(features)
-        chunk_rows: list[FeatureValues] = []
-        candidates: list[list[int]] = []
+        p_correct = self.answer.predict_rows(
+            [tuple(values.values()) for values in features], ANSWER_FEATURES
+        ).tolist()
         shares = attention_shares([f for _, f, _ in items], [len(r.hits) for r, _, _ in items])
-        for (retrieval, final, signals), answer_shares in zip(items, shares, strict=True):
-            rows, kept = self._chunk_rows(retrieval, final, signals, answer_shares)
-            chunk_rows.extend(rows[i] for i in kept)
+        chunk_rows: list[tuple[float, float, float, float | None, float | None]] = []
+        candidates: list[list[int]] = []
+        for (retrieval, _, signals), answer_shares in zip(items, shares, strict=True):
+            hits = retrieval.hits
+            if not hits:
+                candidates.append([])
+                continue
+            top = max([h.score for h in hits])
+            cert = signals.retrieval
+            if cert.status is SignalStatus.OK:  # the trusted hits: ``trusted`` is 1.0
+                wanted = set(cert.trusted_chunk_ids)
+                kept = [i for i, h in enumerate(hits) if h.chunk_id in wanted]
+                trusted: float | None = 1.0
+            else:  # certification did not run: every hit, ``trusted`` missing
+                kept = list(range(len(hits)))
+                trusted = None
+            for i in kept:
+                score = hits[i].score
+                chunk_rows.append((score, top - score, 1.0 / (i + 1), trusted, answer_shares[i]))
             candidates.append(kept)
-        probs = self.chunks.predict_many(chunk_rows).tolist()
+        probs = self.chunks.predict_rows(chunk_rows, CHUNK_FEATURES).tolist()
         out: list[ConfidenceResult] = []
         start = 0
         for (retrieval, _, _), values, p, kept in zip(
-            items, features, p_correct.tolist(), candidates, strict=True
+            items, features, p_correct, candidates, strict=True
         ):
             end = start + len(kept)
             out.append(self._result(retrieval, values, p, kept, probs[start:end]))
@@ -171,7 +190,9 @@ class CalibratedConfidenceScorer:
     ) -> ConfidenceResult:
         """Rank the forecast chunks; advise retrieving again below tau."""
         hits = retrieval.hits
-        order = sorted(range(len(candidates)), key=lambda j: -probs[j])
+        order: Sequence[int] = range(len(candidates))  # one chunk or none: no sort
+        if len(candidates) > 1:
+            order = sorted(order, key=lambda j: -probs[j])
         forecasts = tuple(
             chunk_forecast(hits[candidates[j]].chunk_id, float(probs[j]), candidates[j])
             for j in order

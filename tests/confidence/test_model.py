@@ -349,3 +349,46 @@ def test_predict_many_is_predict_bit_for_bit(model: ConfidenceModel, method: str
         variant.predict_many([full_row(), {**full_row(), "bogus": 1.0}])
     with pytest.raises(ConfidenceDataError, match="finite"):
         variant.predict_many([full_row(), {**full_row(), "lookback_p": math.inf}])
+
+
+@pytest.mark.parametrize("method", ["platt", "isotonic"])
+def test_predict_rows_is_predict_many_bit_for_bit(model: ConfidenceModel, method: str) -> None:
+    """A batch's rows as tuples (numpy builds the matrix): predict_many's numbers exactly,
+    for every pattern of missing values, absurd but finite values and a lone row; a value
+    that is not a finite float goes predict_many's way (the same result or error)."""
+    rows, labels = make_rows(200, seed=13)
+    calibrator = fit_calibrator(method, model.raw_scores(rows), labels)  # type: ignore[arg-type]
+    variant = _recalibrated(model, calibrator)
+    rng = np.random.default_rng(14)
+    absurd = [1e300, -1e300, 5e-324, -0.0, 0.0, 1e-12]
+    dicts: list[dict[str, float | None]] = []
+    for row in rows:
+        values: dict[str, float | None] = {name: row.get(name) for name in SIGNALS}
+        for name in SIGNALS:
+            draw = rng.random()
+            if draw < 0.15:
+                values[name] = None
+            elif draw < 0.2:
+                values[name] = float(rng.choice(absurd))
+        dicts.append(values)
+    dicts += [dict.fromkeys(SIGNALS), {**full_row()}]
+    tuples = [tuple(d[name] for name in SIGNALS) for d in dicts]
+    expected = variant.predict_many(dicts)
+    assert variant.predict_rows(tuples, SIGNALS).tobytes() == expected.tobytes()
+    assert variant.predict_rows(tuples[-1:], SIGNALS).tobytes() == expected[-1:].tobytes()
+    assert variant.predict_rows([], SIGNALS).shape == (0,)
+    # other names, or in another order: each row as a dict
+    order = SIGNALS[::-1]
+    flipped = [row[::-1] for row in tuples]
+    assert variant.predict_rows(flipped, order).tobytes() == expected.tobytes()
+    # not finite floats: predict_many's way, its result or its error
+    with_ints = [(*tuples[0][:3], True, 1, *tuples[0][5:]), *tuples[1:]]
+    as_dicts = [dict(zip(SIGNALS, row, strict=True)) for row in with_ints]
+    assert (
+        variant.predict_rows(with_ints, SIGNALS).tolist() == variant.predict_many(as_dicts).tolist()
+    )
+    bad_values: list[object] = [math.nan, math.inf, -math.inf, "0.5"]  # numpy parses "0.5"
+    for bad in bad_values:
+        broken: list[tuple[object, ...]] = [tuples[0], (*tuples[1][:5], bad, *tuples[1][6:])]
+        with pytest.raises(ConfidenceDataError, match="finite"):
+            variant.predict_rows(broken, SIGNALS)  # type: ignore[arg-type]

@@ -5,9 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from sidecar.confidence.features import answer_features, chunk_features, missing_terms
+from sidecar.confidence.features import (
+    answer_features,
+    attention_shares,
+    chunk_features,
+    missing_terms,
+)
 from sidecar.confidence.model import ConfidenceModel
 from sidecar.confidence.scorer import (
     ANSWER_FILE,
@@ -15,7 +21,10 @@ from sidecar.confidence.scorer import (
     CHUNKS_FILE,
     CalibratedConfidenceScorer,
 )
+from sidecar.confidence.spec import FeatureValues
 from sidecar.contracts.events import (
+    AttentionSummary,
+    ClaimsSignal,
     GenerationFinal,
     LookbackSignal,
     RetrievalEvent,
@@ -25,6 +34,7 @@ from sidecar.contracts.events import (
     SignalStatus,
 )
 from sidecar.exceptions import ArtifactError
+from sidecar.pipeline.ports import ConfidenceResult
 from tests.confidence.factories import fit_models, write_model_dir
 
 Models = tuple[ConfidenceModel, ConfidenceModel]
@@ -269,3 +279,135 @@ def test_a_batch_scores_each_request_as_score_does(
         ]
         for a, b in zip(got.chunk_forecast, one.chunk_forecast, strict=True):
             assert a.p_useful == pytest.approx(b.p_useful, rel=0, abs=1e-12)
+
+
+def _score_batch_as_before(
+    scorer: CalibratedConfidenceScorer,
+    items: list[tuple[RetrievalEvent, GenerationFinal, Signals]],
+) -> list[ConfidenceResult]:
+    """The reference: score_batch as it was, every hit's chunk row built as a dict and
+    each model's rows built one by one (``predict_many``)."""
+    features = [answer_features(r, f, s) for r, f, s in items]
+    p_correct = scorer.answer.predict_many(features)
+    chunk_rows: list[FeatureValues] = []
+    candidates: list[list[int]] = []
+    shares = attention_shares([f for _, f, _ in items], [len(r.hits) for r, _, _ in items])
+    for (event, final, signals), answer_shares in zip(items, shares, strict=True):
+        rows, kept = scorer._chunk_rows(event, final, signals, answer_shares)
+        chunk_rows.extend(rows[i] for i in kept)
+        candidates.append(kept)
+    probs = scorer.chunks.predict_many(chunk_rows).tolist()
+    out: list[ConfidenceResult] = []
+    start = 0
+    for (event, _, _), values, p, kept in zip(
+        items, features, p_correct.tolist(), candidates, strict=True
+    ):
+        end = start + len(kept)
+        out.append(scorer._result(event, values, p, kept, probs[start:end]))
+        start = end
+    return out
+
+
+def _random_item(
+    rng: np.random.Generator, i: int
+) -> tuple[RetrievalEvent, GenerationFinal, Signals]:
+    """One request of every kind: 0 to 10 hits (numpy_mean's pairwise sums from 8), scores
+    absurd but finite, each certification, lookback and claims status, attention
+    summaries that fit, do not fit or are missing, logprobs or none."""
+    absurd = [1e300, -1e300, 5e-324, -0.0, 0.0, 0.5, 0.5]
+    n_hits = int(rng.integers(0, 11))
+    scores = [
+        float(rng.choice(absurd)) if rng.random() < 0.2 else float(rng.uniform(-1, 1))
+        for _ in range(n_hits)
+    ]
+    event = RetrievalEvent(
+        request_id=f"r{i}",
+        tenant="acme",
+        collection="wiki",
+        query=QUERY,
+        k=max(1, n_hits),
+        hits=[
+            RetrievalHit(chunk_id=f"c{j}", doc_id=f"d{j}", score=s, text=TEXTS[j % 4])
+            for j, s in enumerate(scores)
+        ],
+    )
+    ids = [f"c{j}" for j in range(n_hits + 2)]  # trusted ids may name no hit
+    kind = rng.integers(0, 4)
+    if kind < 2:
+        picked = sorted(
+            rng.choice(len(ids), size=int(rng.integers(0, len(ids) + 1)), replace=False)
+        )
+        cert = RetrievalSignal(
+            status=SignalStatus.OK,
+            trusted_chunk_ids=[ids[j] for j in rng.permutation(picked)],
+            m1=bool(picked) if kind == 0 else None,
+            m2=float(rng.random()) if kind == 0 else None,
+        )
+    else:
+        status = SignalStatus.NOT_CONFIGURED if kind == 2 else SignalStatus.UNAVAILABLE
+        cert = RetrievalSignal(status=status, trusted_chunk_ids=ids[:1])
+    lookback = (
+        LookbackSignal(
+            status=SignalStatus.OK, p_factual=float(rng.choice([0.0, 1.0, rng.random()]))
+        )
+        if rng.random() < 0.6
+        else LookbackSignal(status=SignalStatus.UNAVAILABLE)
+    )
+    n_claims = int(rng.integers(0, 3))
+    claims = (
+        ClaimsSignal(
+            status=SignalStatus.OK,
+            n=n_claims,
+            supported=n_claims,
+            reliability=float(rng.random()) if n_claims else None,
+            hallucination_rate=0.0 if n_claims else None,
+        )
+        if rng.random() < 0.5
+        else ClaimsSignal(status=SignalStatus.NOT_CONFIGURED)
+    )
+    attention = None
+    if n_hits and rng.random() < 0.7:
+        width = n_hits if rng.random() < 0.8 else n_hits + 1
+        values = rng.uniform(0.0, 2.0, size=(3, 2, width))
+        if rng.random() < 0.1:
+            values[:] = 0.0
+        values[rng.random(values.shape) < 0.1] = -0.0
+        attention = AttentionSummary.from_array(
+            values, variant="fc" if rng.random() < 0.1 else "cw"
+        )
+    final = GenerationFinal(
+        request_id=f"r{i}",
+        answer=" ".join(["word"] * int(rng.integers(0, 40))),
+        generator_model="gen",
+        attention=attention,
+        mean_token_logprob=None if rng.random() < 0.3 else -float(rng.choice([0.0, 1e-300, 3.0])),
+    )
+    return event, final, Signals(retrieval=cert, lookback=lookback, claims=claims)
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.4, 1.0])
+def test_a_batch_is_the_per_row_batch_bit_for_bit(models: Models, tau: float) -> None:
+    """Only the forecast chunks' rows, built as tuples, each model's matrix built by numpy:
+    the old batch's results exactly (p_correct, the features, the forecasts, the advice)
+    on randomized batches of every kind of request, and on a batch of one."""
+    scorer = CalibratedConfidenceScorer(*models, tau=tau)
+    rng = np.random.default_rng(int(tau * 10) + 21)
+    for b in range(25):
+        items = [_random_item(rng, i) for i in range(int(rng.integers(1, 30)))]
+        for batch in (items, items[:1]):
+            got = scorer.score_batch(batch)
+            expected = _score_batch_as_before(scorer, batch)
+            assert got == expected, b
+            for a, e in zip(got, expected, strict=True):
+                assert a.p_correct is not None and e.p_correct is not None
+                assert a.p_correct.hex() == e.p_correct.hex()
+                assert [(k, repr(v)) for k, v in a.features.items()] == [
+                    (k, repr(v)) for k, v in e.features.items()
+                ]
+                assert [f.model_dump_json() for f in a.chunk_forecast] == [
+                    f.model_dump_json() for f in e.chunk_forecast
+                ]
+                assert (a.advice and a.advice.model_dump_json()) == (
+                    e.advice and e.advice.model_dump_json()
+                )
+    assert scorer.score_batch([]) == []
