@@ -114,7 +114,9 @@ class _Terms:
     intercept: float
     platt: tuple[float, float] | None  # (a, b) of a Platt calibrator, else None
     calibrator: Calibrator
-    # the batch path's (predict_rows): each signal's imputed value; each indicator's columns
+    # the batch path's (predict_rows): the signals' names, each one's imputed value, each
+    # indicator's columns
+    signal_names: tuple[str, ...] = field(compare=False)
     imputed: FloatArray = field(compare=False)
     indicator_columns: tuple[tuple[int, ...], ...] = field(compare=False)
     # the indicator values of each pattern of missing signals seen (at most 2 ** signals
@@ -246,6 +248,7 @@ class ConfidenceModel(BaseModel):
             intercept=self.intercept,
             platt=(calibrator.a, calibrator.b) if isinstance(calibrator, PlattCalibrator) else None,
             calibrator=calibrator,
+            signal_names=signals,
             imputed=np.asarray(self.imputation_means[:n_signals], dtype=np.float64),
             indicator_columns=tuple(
                 tuple(signals.index(m) for m in members) for members in self.missing_groups.values()
@@ -380,7 +383,7 @@ class ConfidenceModel(BaseModel):
             return np.empty(0, dtype=np.float64)
         terms = self._serving()
         width = len(terms.signals)
-        given = _float_matrix(rows, width) if tuple(names) == self._spec.signals else None
+        given = _float_matrix(rows, width) if tuple(names) == terms.signal_names else None
         if given is None:
             return self.predict_many([dict(zip(names, row, strict=True)) for row in rows])
         missing = np.isnan(given)

@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sidecar.contracts.assembled import assembled
 from sidecar.contracts.events import (
     ClaimsSignal,
     GenerationFinal,
@@ -200,8 +201,7 @@ class Scoring:
             entry.claim_results.extend(tail)
         span = (t_claims, self._clock_ns())
         entry.stages.append(("verify_claims", *span))
-        signals = Signals(retrieval=certification, lookback=lookback, claims=claims)
-        return signals, tuple(tail), span
+        return _signals(certification, lookback, claims), tuple(tail), span
 
     def _confidences(
         self, entries: Sequence[PendingRequest], signals: Sequence[Signals]
@@ -240,6 +240,18 @@ class Scoring:
         return _checked_confidence(entry, result)
 
 
+def _signals(retrieval: RetrievalSignal, lookback: LookbackSignal, claims: ClaimsSignal) -> Signals:
+    """``Signals(...)``, built without validation when each value is its field's own class
+    (validation keeps such an instance as it is: ``revalidate_instances`` is ``never``)."""
+    if (
+        type(retrieval) is RetrievalSignal
+        and type(lookback) is LookbackSignal
+        and type(claims) is ClaimsSignal
+    ):
+        return assembled(Signals, {"retrieval": retrieval, "lookback": lookback, "claims": claims})
+    return Signals(retrieval=retrieval, lookback=lookback, claims=claims)
+
+
 def _checked_confidence(entry: PendingRequest, result: ConfidenceResult) -> ConfidenceResult | None:
     if not _confidence_is_finite(result):
         log.warning("confidence for %s is not finite; left out", entry.request_id, extra=PER_INPUT)
@@ -257,7 +269,7 @@ def _retrieval(entry: PendingRequest) -> RetrievalEvent:
 def _hit_ids(entry: PendingRequest) -> tuple[str, ...]:
     """The retrieval's chunk ids in hit order: the attention summary's column order."""
     retrieval = entry.retrieval
-    return () if retrieval is None else tuple(h.chunk_id for h in retrieval.hits)
+    return () if retrieval is None else tuple([h.chunk_id for h in retrieval.hits])
 
 
 def _final(entry: PendingRequest) -> GenerationFinal:
