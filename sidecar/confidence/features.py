@@ -91,7 +91,7 @@ def answer_features(
     retrieval: RetrievalEvent, final: GenerationFinal, signals: Signals
 ) -> dict[str, float | None]:
     """The answer-level feature values of one request (``None``: missing)."""
-    scores = sorted((h.score for h in retrieval.hits), reverse=True)
+    scores = sorted([h.score for h in retrieval.hits], reverse=True)
     cert, lookback, claims = signals.retrieval, signals.lookback, signals.claims
     certified = cert.status is SignalStatus.OK and cert.m1 is not None
     claims_ok = claims.status is SignalStatus.OK and claims.n > 0

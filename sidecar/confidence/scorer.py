@@ -194,8 +194,10 @@ class CalibratedConfidenceScorer:
         if len(candidates) > 1:
             order = sorted(order, key=lambda j: -probs[j])
         forecasts = tuple(
-            chunk_forecast(hits[candidates[j]].chunk_id, float(probs[j]), candidates[j])
-            for j in order
+            [
+                chunk_forecast(hits[candidates[j]].chunk_id, float(probs[j]), candidates[j])
+                for j in order
+            ]
         )
         best = forecasts[0].p_useful if forecasts else 0.0
         advice = None
