@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from sidecar.confidence.calibration import (
@@ -114,11 +115,11 @@ class _Terms:
     intercept: float
     platt: tuple[float, float] | None  # (a, b) of a Platt calibrator, else None
     calibrator: Calibrator
-    # the batch path's (predict_rows): the signals' names, each one's imputed value, each
-    # indicator's columns
+    # the batch path's (predict_rows): the signals' names, each one's imputed value, and
+    # which signals each indicator covers (groups[signal, indicator])
     signal_names: tuple[str, ...] = field(compare=False)
     imputed: FloatArray = field(compare=False)
-    indicator_columns: tuple[tuple[int, ...], ...] = field(compare=False)
+    groups: npt.NDArray[np.bool_] = field(compare=False)
     # the indicator values of each pattern of missing signals seen (at most 2 ** signals
     # patterns; a serving process sees a handful): one lookup a row, not a test per group
     indicator_values: dict[tuple[str, ...], tuple[float, ...]] = field(
@@ -250,9 +251,10 @@ class ConfidenceModel(BaseModel):
             calibrator=calibrator,
             signal_names=signals,
             imputed=np.asarray(self.imputation_means[:n_signals], dtype=np.float64),
-            indicator_columns=tuple(
-                tuple(signals.index(m) for m in members) for members in self.missing_groups.values()
-            ),
+            groups=np.array(
+                [[name in members for members in self.missing_groups.values()] for name in signals],
+                dtype=np.bool_,
+            ).reshape(len(signals), len(self.missing_groups)),
         )
         return self
 
@@ -387,10 +389,8 @@ class ConfidenceModel(BaseModel):
         if given is None:
             return self.predict_many([dict(zip(names, row, strict=True)) for row in rows])
         missing = np.isnan(given)
-        x = np.empty((len(rows), len(self.feature_names)), dtype=np.float64)
-        np.copyto(x[:, :width], np.where(missing, terms.imputed, given))
-        for j, columns in enumerate(terms.indicator_columns, start=width):
-            x[:, j] = missing[:, columns].any(axis=1)
+        # an indicator is 1.0 when any signal of its group is missing: a boolean product
+        x = np.concatenate((np.where(missing, terms.imputed, given), missing @ terms.groups), 1)
         z = (x - terms.mean) / terms.scale
         return terms.calibrator.predict(z @ terms.coefficients + terms.intercept)
 

@@ -197,13 +197,14 @@ def _summary_matrix(
     gathered: dict[int, list[int]] = {}  # row -> its kept columns, when not a prefix
     by_width: dict[int, list[int]] = {}
     for i, (width, keep) in enumerate(zip(widths, keeps, strict=True)):
-        columns = list(range(width)) if keep is None else list(keep)
-        present = len(columns)
-        if columns != list(range(present)):
-            select_chunks(np.zeros((1, 1, width), dtype=np.float32), columns)  # raises if bad
-            gathered[i] = columns
-        elif present > width:
-            raise ConfigError(f"{present} chunk columns do not fit a model for K={k}")
+        present = width if keep is None else len(keep)
+        if keep is not None:
+            columns = keep if type(keep) is list else list(keep)
+            if columns != list(range(present)):
+                select_chunks(np.zeros((1, 1, width), dtype=np.float32), columns)  # raises if bad
+                gathered[i] = columns
+            elif present > width:
+                raise ConfigError(f"{present} chunk columns do not fit a model for K={k}")
         if present > k:
             raise ConfigError(f"{present} chunk columns do not fit a model for K={k}")
         presents.append(present)
