@@ -10,6 +10,7 @@ duplicate keys, integers beyond 64 bits, escapes) and random mutations.
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -217,6 +218,37 @@ def test_mutated_events_decode_the_same_on_both_paths(
     # the stdlib writes integers beyond 64 bits as numbers (orjson refuses them)
     raw = json.dumps(event, ensure_ascii=False, separators=(",", ":")).encode()
     assert fast(kind, raw) == checked(kind, raw)
+
+
+def _safe_as_first_written(raw: bytes, max_depth: int) -> bool:
+    """``_fast_path_safe`` as it was first written: a count and a regular expression search."""
+    return (
+        max_depth >= codec.MODEL_DEPTH
+        and (b"\\" not in raw or b"\\u" not in raw)
+        and raw.count(b'"schema_version"') == 1
+        and re.search(rb'"schema_version"\s*:\s*1\s*[,}]', raw) is not None
+    )
+
+
+_PIECES = [b'"schema_version"', b":", b" ", b"1", b"1.0", b"true", b",", b"}", b"{", b"\\"]
+_PIECES += [b"u", b'"', b"x", b'"seq":0', b"\n"]
+
+
+@settings(max_examples=2000, deadline=None, derandomize=True)
+@given(pieces=st.lists(st.sampled_from(_PIECES), max_size=12), depth=st.integers(1, 4))
+def test_the_fast_path_check_answers_as_first_written(pieces: list[bytes], depth: int) -> None:
+    """The byte scans (``find``, ``startswith``) say what the count and the search said;
+    the one input they may refuse besides, which cannot parse as JSON, goes to the
+    checked path (it decides every input the check refuses)."""
+    raw = b"".join(pieces)
+    if b'"schema_version"schema_version"' in raw:  # a key overlapping a copy of itself
+        assert codec._fast_path_safe(raw, depth) <= _safe_as_first_written(raw, depth)
+    else:
+        assert codec._fast_path_safe(raw, depth) == _safe_as_first_written(raw, depth)
+    for version in (b"1", b" 1 ", b"1.0"):  # and the envelope spelt as serialisers write it
+        for end in (b",", b"}", b" }"):
+            event = b'{"schema_version":' + version + end + raw
+            assert codec._fast_path_safe(event, 3) == _safe_as_first_written(event, 3)
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
