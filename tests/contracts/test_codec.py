@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import base64
 import json
+import pickle
 from typing import Any
 
 import numpy as np
@@ -133,6 +134,20 @@ def test_attention_summary_shape_and_values_are_checked(final_event: EventFactor
     assert (
         reason_of(InputKind.GENERATION, dumps(final_event(attention=not_b64))) == "schema-violation"
     )
+
+
+def test_a_summary_keeps_its_decoded_values_without_a_post_init_callback() -> None:
+    """The validator keeps the decoded values in a slot: no private attribute, whose set-up
+    pydantic-core calls back after every validation (~2 us a summary). A summary built
+    without validation, copied or unpickled decodes ``values`` again: the same bytes."""
+    assert AttentionSummary.__pydantic_post_init__ is None
+    ok = AttentionSummary.from_array(np.full((2, 3, 4), 0.5))
+    expected = base64.b64decode(ok.values)
+    assert ok.decoded() == expected and ok.decoded_bytes == 2 * 3 * 4 * 2
+    built = AttentionSummary.model_construct(**ok.model_dump())
+    assert built.decoded_bytes == 0 and built.decoded() == expected
+    for other in (ok.model_copy(), pickle.loads(pickle.dumps(ok))):  # noqa: S301 - our own
+        assert other == ok and other.decoded() == expected
 
 
 @settings(max_examples=300, deadline=None)
