@@ -117,7 +117,8 @@ class PendingRequest:
     retrieval_digest: bytes | None = None
     final: GenerationFinal | None = None
     final_digest: bytes | None = None
-    deltas: dict[int, str | bytes] = field(default_factory=dict)  # digest once appended
+    # text; once appended, a digest (or the text, when it is a piece of ``parts`` itself)
+    deltas: dict[int, str | bytes] = field(default_factory=dict)
     next_seq: int = 0  # deltas 0..next_seq-1 are contiguous and appended to the stream
     parts: list[str] = field(default_factory=list)  # the contiguous stream, piece by piece
     streamed_chars: int = 0
@@ -202,7 +203,8 @@ class PendingRequest:
         return self.key or self.request_id
 
     def same_delta(self, seq: int, text: str) -> bool | None:
-        """``None``: no delta ``seq`` held; else whether ``text`` is identical to it."""
+        """``None``: no delta ``seq`` held; else whether ``text`` is identical to it (the
+        text itself, or the digest of an appended delta that was not a piece by itself)."""
         held = self.deltas.get(seq)
         if held is None:
             return None
@@ -212,19 +214,28 @@ class PendingRequest:
         """Store a delta; returns the newly contiguous text (may be empty).
 
         Once appended to ``streamed`` a delta is kept only as a digest (for
-        duplicate checks): its text is held once, not twice.
+        duplicate checks): its text is held once, not twice. A delta that is the
+        stream's piece by itself (one delta grew it, the in-order case) keeps its
+        text instead: the same object as the piece, no second copy, and no digest
+        to make (~0.5 us a delta).
         """
-        self.deltas[seq] = text
+        deltas = self.deltas
+        deltas[seq] = text
         self.held_chars += len(text)
+        first = self.next_seq
         grown: list[str] = []
-        while self.next_seq in self.deltas:
-            held = self.deltas[self.next_seq]
+        while self.next_seq in deltas:
+            held = deltas[self.next_seq]
             assert isinstance(held, str)  # noqa: S101 - only not-yet-appended deltas are text
             grown.append(held)
             self.held_chars -= len(held)
-            self.deltas[self.next_seq] = _text_digest(held)
             self.next_seq += 1
-        new_text = "".join(grown)
+        if len(grown) == 1:
+            new_text = grown[0]  # the piece itself, held in ``deltas`` and ``parts`` at once
+        else:
+            for appended in range(first, self.next_seq):
+                deltas[appended] = _text_digest(grown[appended - first])
+            new_text = "".join(grown)
         if new_text:  # pieces, not one growing string: appending stays linear
             self.parts.append(new_text)
             self.streamed_chars += len(new_text)
