@@ -113,7 +113,8 @@ def _fast_path_safe(raw: bytes, max_depth: int) -> bool:
 
 def _same_as_checked(event: InputEvent | FeedbackEvent) -> bool:
     """The one field where a valid fast-path value can differ: ``deltas`` has no upper
-    bound, and orjson reads an integer beyond 64 bits as a (rounded) float."""
+    bound, and orjson reads an integer beyond 64 bits as a (rounded) float. (The fast
+    path asks ``type(event) is not GenerationFinal`` first, inline: its models are exact.)"""
     return not (isinstance(event, GenerationFinal) and (event.deltas or 0) > _ORJSON_MAX_INT)
 
 
@@ -161,7 +162,7 @@ def decode_input(
         except ValidationError:
             pass  # the checked path names what is wrong
         else:
-            if _same_as_checked(event):
+            if type(event) is not GenerationFinal or _same_as_checked(event):
                 return event
     return decode_checked(kind, raw, max_depth=max_depth)
 
