@@ -56,6 +56,7 @@ import numpy.typing as npt
 
 from sidecar.contracts.assembled import assembled, unit_float
 from sidecar.contracts.events import (
+    AttentionSummary,
     GenerationFinal,
     LookbackSignal,
     RetrievalSignal,
@@ -335,20 +336,35 @@ class OnnxLookbackScorer:
         chunk_ids: Sequence[str] | None,
         hit_ids: Sequence[str] | None = None,
     ) -> _Prepared:
+        found = self._scorable(final, certification, chunk_ids, hit_ids)
+        if found is None:
+            return _Prepared(None, None, self._unavailable())
+        summary, keep = found
+        return _Prepared(summary.to_float16(), keep, None)  # float32 exactly, in feature_rows
+
+    def _scorable(
+        self,
+        final: GenerationFinal,
+        certification: RetrievalSignal,
+        chunk_ids: Sequence[str] | None,
+        hit_ids: Sequence[str] | None,
+    ) -> tuple[AttentionSummary, list[int] | None] | None:
+        """``final``'s summary and the columns to keep, or ``None`` when it cannot be scored
+        (no summary, a mismatch noted, no columns to keep); a mismatch in dead-letter mode
+        raises its ``InputError``."""
         summary = final.attention
         if summary is None:
-            return _Prepared(None, None, self._unavailable())
+            return None
         error = self.mismatch(final)
         if error is not None:
             if self.on_mismatch == "dead-letter":
                 raise error
             self._note_mismatch(error)
-            return _Prepared(None, None, self._unavailable())
+            return None
         try:
-            keep = self._kept_columns(summary.chunks, certification, chunk_ids, hit_ids)
+            return summary, self._kept_columns(summary.chunks, certification, chunk_ids, hit_ids)
         except ValueError:
-            return _Prepared(None, None, self._unavailable())
-        return _Prepared(summary.to_float16(), keep, None)  # float32 exactly, in feature_rows
+            return None
 
     def _run(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
         (probs,) = self._session.run(
@@ -400,22 +416,11 @@ class OnnxLookbackScorer:
         widths: list[int] = []
         keeps: list[list[int] | None] = []
         for final, certification, chunk_ids, hit_ids in items:
-            summary = final.attention
-            if summary is not None:
-                error = self.mismatch(final)
-                if error is not None:
-                    if self.on_mismatch == "dead-letter":
-                        raise error
-                    self._note_mismatch(error)
-                    summary = None
-            if summary is not None:
-                try:
-                    keep = self._kept_columns(summary.chunks, certification, chunk_ids, hit_ids)
-                except ValueError:
-                    summary = None
-            if summary is None:
+            found = self._scorable(final, certification, chunk_ids, hit_ids)
+            if found is None:
                 out.append(unavailable)
                 continue
+            summary, keep = found
             scorable.append(len(out))
             out.append(unavailable)  # replaced by its score
             summaries.append(summary.decoded())
