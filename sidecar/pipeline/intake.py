@@ -102,6 +102,9 @@ class Labelled:
 Admission = Held | Duplicate | Rejected | Labelled
 
 
+_getsizeof = sys.getsizeof
+
+
 def digest(raw: bytes) -> bytes:
     return hashlib.blake2b(raw, digest_size=16).digest()
 
@@ -120,21 +123,26 @@ def held_bytes(
     raw size alone would not count.
     """
     # the memory of the event's texts (sys.getsizeof: header and 1-4 bytes a character),
-    # and what each kind holds beside them, in one dispatch on its type
+    # and what each kind holds beside them, in one dispatch on its type; plain loops and
+    # comparisons, no generator or ``max``: ~0.4 us less for a retrieval of 4 hits
     extra = HELD_EVENT_OVERHEAD
     if type(event) is GenerationDelta:
-        text = sys.getsizeof(event.text)
+        text = _getsizeof(event.text)
     elif type(event) is RetrievalEvent:
         hits = event.hits
-        text = sys.getsizeof(event.query) + sum(sys.getsizeof(h.text) for h in hits)
+        text = _getsizeof(event.query)
+        for hit in hits:
+            text += _getsizeof(hit.text)
         extra += HELD_HIT_OVERHEAD * len(hits)
     elif type(event) is GenerationFinal:
-        text = sys.getsizeof(event.answer)
-        if event.attention is not None:
-            extra += event.attention.decoded_bytes
+        text = _getsizeof(event.answer)
+        attention = event.attention
+        if attention is not None:
+            extra += attention.decoded_bytes
     else:
         text = 0
-    size = max(len(raw) if raw else 0, text) + extra
+    raw_bytes = len(raw) if raw else 0
+    size = (raw_bytes if raw_bytes > text else text) + extra
     for name, value in headers:
         size += len(name) + len(value)
     return size
@@ -243,11 +251,13 @@ class Intake:
     ) -> Admission:
         self.store.note_record()
         position = (ref.topic, ref.partition, ref.incarnation)
-        reread = ref.offset <= self._read_up_to.get(position, -1)
+        read_up_to = self._read_up_to
+        reread = ref.offset <= read_up_to.get(position, -1)
         if not reread:
-            self._read_up_to[position] = ref.offset
+            read_up_to[position] = ref.offset
         event: RetrievalEvent | GenerationDelta | GenerationFinal | FeedbackEvent | None = None
-        # the common record (no headers, tenancy from the events) calls nothing it need not
+        # the common record (no headers, tenancy from the events, its request open already)
+        # calls nothing it need not: each call left out here is ~0.1 us a record
         try:
             if ref.headers:
                 _check_read(ref)
@@ -267,16 +277,36 @@ class Intake:
             else:
                 self._check_tenant(event, tenant)
                 store_key = self.store_key(request_id, tenant)
-            if reread and self._decided(store_key, now_ms):
-                # read before and its request decided since: the verdict is out (a producer's
-                # re-send is a new record, at a new offset, and stays after-final)
-                self.rereads += 1
-                return Duplicate()
-            self._check_not_decided(event, store_key, now_ms)
+            # one look-up of the open requests: a request open here was not decided (its
+            # events after the first skip the decided memory and a second look-up in ``_open``)
+            entry = self.store.get(store_key)
+            if entry is None:
+                if reread and self._decided(store_key, now_ms):
+                    # read before and its request decided since: the verdict is out (a
+                    # producer's re-send is a new record, at a new offset, and stays
+                    # after-final)
+                    self.rereads += 1
+                    return Duplicate()
+                self._check_not_decided(event, store_key, now_ms)
         except InputError as exc:
             return self._rejected(exc, kind, event, key, ref, now_ms=now_ms)
-        entry, earlier = self._open(store_key, event.request_id, tenant, now_ms)
-        ref = held_ref(ref)
+        earlier = None
+        if entry is None or not entry.refs:  # opened here (or held nothing yet): ``_open``
+            entry, earlier = self._open(store_key, request_id, tenant, now_ms)
+        return self._take(event, raw, ref, entry, earlier)
+
+    def _take(
+        self,
+        event: JoinedEvent,
+        raw: bytes | None,
+        ref: InputRef,
+        entry: PendingRequest,
+        earlier: tuple[str, str, str] | None,
+    ) -> Held | Duplicate | Rejected:
+        """Hold an admitted event in its request's open ``entry`` (``earlier``: ``_open``'s)
+        when it is within the limits, and count what it holds."""
+        if ref.headers:
+            ref = held_ref(ref)
         size = held_bytes(event, raw, ref.headers)
         # a delta counts its text and the headers it keeps against the request's limit;
         # its framing and the fixed overhead count in the store's budget only (at most
@@ -284,7 +314,8 @@ class Intake:
         # token at a time crossed 4 MiB near 16,500 deltas of the 100,000 allowed (audit)
         counted = _delta_bytes(event.text, ref.headers) if type(event) is GenerationDelta else size
         try:
-            self._check_limits(event)
+            if type(event) is not GenerationDelta:  # a delta's limits: ``_hold_delta``
+                self._check_limits(event)
             self._check_request_bytes(entry, counted, size)
             identical = self._hold(entry, event, raw or b"")
         except InputError as exc:
@@ -292,7 +323,8 @@ class Intake:
             return self._refused(exc, event, entry, earlier)
         if identical:
             return Duplicate()
-        self._check_partitions(entry, ref)
+        if ref.partition not in entry.partitions:  # else checked already (its first input)
+            self._check_partitions(entry, ref)
         entry.refs.append(ref)
         if type(event) is GenerationFinal:
             entry.final_headers = ref.headers
@@ -628,10 +660,12 @@ class Intake:
 
     def _hold(self, entry: PendingRequest, event: JoinedEvent, raw: bytes) -> bool:
         """Add the event to its request; True when it was an identical duplicate."""
-        if isinstance(event, RetrievalEvent):
-            return self._hold_retrieval(entry, event, raw)
+        # deltas first, the most of a request's events: a model's ``isinstance`` that fails
+        # goes through pydantic's ABC metaclass (~0.1 us), one that holds does not
         if isinstance(event, GenerationDelta):
             return self._hold_delta(entry, event)
+        if isinstance(event, RetrievalEvent):
+            return self._hold_retrieval(entry, event, raw)
         return self._hold_final(entry, event, raw)
 
     def _hold_retrieval(self, entry: PendingRequest, event: RetrievalEvent, raw: bytes) -> bool:

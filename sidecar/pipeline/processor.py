@@ -171,7 +171,8 @@ class Processor:
         completed: dict[int, PendingRequest] = {}
         progress = self.progress
         retrieval = feedback = 0  # records per kind (generation: the rest), tallied once
-        for kind, raw, key, ref in items:
+        for item in items:
+            kind, raw, key, ref = item
             progress.beat()
             if kind is not _GENERATION:  # most records are deltas: one test each
                 if kind is _RETRIEVAL:
@@ -179,7 +180,7 @@ class Processor:
                 else:
                     feedback += 1
             try:
-                self._admit((kind, raw, key, ref), now_ms, step, completed)
+                self._admit(item, now_ms, step, completed)
             except Exception as exc:  # a bug of ours must cost this message only
                 log.exception(
                     "internal error on %s[%d]@%d",
@@ -206,7 +207,21 @@ class Processor:
             if ref.finished
             else self.intake.admit(kind, raw, key, ref, now_ms)
         )
-        match admission:
+        match admission:  # most records are held: that case is tried first
+            case Held(entry, evicted):
+                for old in evicted:
+                    step.extend(self._incomplete(old, "capacity", now_ms))
+                if entry.complete:
+                    # decided from now on: out of the store, so that nothing later in this
+                    # batch can evict it (an incomplete verdict beside its real one)
+                    self.store.close(entry.store_key, now_ms)
+                    completed.setdefault(id(entry), entry)
+                elif entry.cannot_complete:  # the other half came, and was dead-lettered
+                    step.extend(self._incomplete(entry, "dead-lettered", now_ms))
+                elif self.scoring.signals.claims is not None:  # else nothing streams
+                    step.outputs.extend(self._stream(entry))
+                    for old in self._hold_claims(entry):
+                        step.extend(self._incomplete(old, "capacity", now_ms))
             case Labelled(feedback, tenant):
                 step.extend(self._feedback(feedback, tenant, ref, now_ms))
             case Duplicate():
@@ -220,20 +235,6 @@ class Processor:
                 self.counters.inputs.add(kind, Outcome.DEAD_LETTERED)
                 if request is not None and request.cannot_complete:
                     step.extend(self._incomplete(request, "dead-lettered", now_ms))
-            case Held(entry, evicted):
-                for old in evicted:
-                    step.extend(self._incomplete(old, "capacity", now_ms))
-                if entry.complete:
-                    # decided from now on: out of the store, so that nothing later in this
-                    # batch can evict it (an incomplete verdict beside its real one)
-                    self.store.close(entry.store_key, now_ms)
-                    completed.setdefault(id(entry), entry)
-                elif entry.cannot_complete:  # the other half came, and was dead-lettered
-                    step.extend(self._incomplete(entry, "dead-lettered", now_ms))
-                else:
-                    step.outputs.extend(self._stream(entry))
-                    for old in self._hold_claims(entry):
-                        step.extend(self._incomplete(old, "capacity", now_ms))
 
     def _feedback(
         self, event: FeedbackEvent, tenant: str | None, ref: InputRef, now_ms: float
