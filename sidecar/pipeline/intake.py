@@ -74,7 +74,9 @@ JoinedEvent = RetrievalEvent | GenerationDelta | GenerationFinal
 MAX_REFUSALS_REMEMBERED = 4096
 
 
-@dataclass(frozen=True, slots=True)
+# not frozen: a frozen dataclass's ``__init__`` sets each field through
+# ``object.__setattr__``, 0.34 us a ``Held`` against 0.13 us, and nearly every record is held
+@dataclass(slots=True)
 class Held:
     entry: PendingRequest
     evicted: tuple[PendingRequest, ...] = ()  # made room for this request (count or bytes)
