@@ -27,6 +27,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from guardrail_client.inflate import UNREAD_HEADER
 from guardrail_client.keys import partition_for
@@ -282,14 +283,14 @@ class Intake:
             # one look-up of the open requests: a request open here was not decided (its
             # events after the first skip the decided memory and a second look-up in ``_open``)
             entry = self.store.get(store_key)
-            if entry is None:
-                if reread and self._decided(store_key, now_ms):
+            if entry is None and self.store.was_closed(store_key, now_ms):
+                if reread:
                     # read before and its request decided since: the verdict is out (a
                     # producer's re-send is a new record, at a new offset, and stays
                     # after-final)
                     self.rereads += 1
                     return Duplicate()
-                self._check_not_decided(event, store_key, now_ms)
+                self._after_final(event, store_key, now_ms)
         except InputError as exc:
             return self._rejected(exc, kind, event, key, ref, now_ms=now_ms)
         earlier = None
@@ -647,16 +648,16 @@ class Intake:
     def _decided(self, store_key: str, now_ms: float) -> bool:
         return self.store.get(store_key) is None and self.store.was_closed(store_key, now_ms)
 
-    def _check_not_decided(self, event: JoinedEvent, store_key: str, now_ms: float) -> None:
-        if self._decided(store_key, now_ms):
-            # remembered from now on: a stream that trickles on past the decided memory is
-            # dead-lettered, never opened again for a second verdict
-            self.store.close(store_key, now_ms)
-            raise InputError(
-                "after-final",
-                f"request {event.request_id} was already decided; "
-                f"this {event.event_type} event arrived too late",
-            )
+    def _after_final(self, event: JoinedEvent, store_key: str, now_ms: float) -> NoReturn:
+        """An event of a request decided here (not open, in the decided memory): refused."""
+        # remembered from now on: a stream that trickles on past the decided memory is
+        # dead-lettered, never opened again for a second verdict
+        self.store.close(store_key, now_ms)
+        raise InputError(
+            "after-final",
+            f"request {event.request_id} was already decided; "
+            f"this {event.event_type} event arrived too late",
+        )
 
     # ------------------------------------------------------------------ holding
 
