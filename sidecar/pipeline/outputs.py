@@ -117,8 +117,17 @@ def idempotency_key(request_id: str, *parts: bytes | None) -> str:
 
 
 def answer_key(entry: PendingRequest) -> str:
-    """The idempotency key of a complete request's final verdict."""
-    return idempotency_key(entry.request_id, entry.retrieval_digest, entry.final_digest)
+    """The idempotency key of a complete request's final verdict: ``idempotency_key`` of
+    its id and both digests, hashed as one joined buffer (the same bytes, in one call)."""
+    return hashlib.sha256(
+        b"\x00".join(
+            (
+                entry.request_id.encode("utf-8"),
+                entry.retrieval_digest or b"-",
+                entry.final_digest or b"-",
+            )
+        )
+    ).hexdigest()[:32]
 
 
 def incomplete_key(entry: PendingRequest) -> str:
