@@ -129,25 +129,10 @@ def _retrieval(sig: RetrievalSignal, profile: Profile) -> list[Finding]:
             )
         )
     elif sig.m2 is not None and sig.m2 < rules.min_trusted_fraction:
-        out.append(
-            finding(
-                rules.when_low_trusted_fraction,
-                "retrieval-low-trusted-fraction",
-                f"m2 = {sig.m2:.2f} of the retrieved chunks are trusted, "
-                f"below {rules.min_trusted_fraction:.2f}",
-                "retrieval",
-            )
-        )
+        low = _low_trusted_fraction if sig.m2 > 0.0 else _low_trusted_fraction.__wrapped__
+        out.append(low(rules.when_low_trusted_fraction, sig.m2, rules.min_trusted_fraction))
     if sig.fallback:
-        out.append(
-            finding(
-                "allow",
-                "retrieval-calibration-fallback",
-                "no calibration for this key; the global calibration was used"
-                + (f" ({sig.fallback_reason})" if sig.fallback_reason else ""),
-                "retrieval",
-            )
-        )
+        out.append(_calibration_fallback(sig.fallback_reason))
     if sig.monitor == "exchangeability-broken":
         mean = f"{sig.m1_mean:.3f}" if sig.m1_mean is not None else "?"
         out.append(
@@ -160,6 +145,33 @@ def _retrieval(sig: RetrievalSignal, profile: Profile) -> list[Finding]:
             )
         )
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _low_trusted_fraction(action: Action, m2: float, min_fraction: float) -> Finding:
+    """The ``retrieval-low-trusted-fraction`` finding, cached by its numbers: m2 is a
+    count over the depth (a handful of values), and its message's two formatted floats
+    and the long text hashed by :func:`finding`'s cache were ~1 us a request. Keys equal
+    as numbers write the same text, except ``0.0`` and ``-0.0``: an m2 of zero (no chunk
+    trusted, which the branch before reports) is not cached."""
+    return finding(
+        action,
+        "retrieval-low-trusted-fraction",
+        f"m2 = {m2:.2f} of the retrieved chunks are trusted, below {min_fraction:.2f}",
+        "retrieval",
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _calibration_fallback(reason: str | None) -> Finding:
+    """The ``retrieval-calibration-fallback`` finding per fallback reason (a handful)."""
+    return finding(
+        "allow",
+        "retrieval-calibration-fallback",
+        "no calibration for this key; the global calibration was used"
+        + (f" ({reason})" if reason else ""),
+        "retrieval",
+    )
 
 
 def _lookback(sig: LookbackSignal, profile: Profile) -> list[Finding]:
