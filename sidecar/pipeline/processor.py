@@ -88,6 +88,23 @@ class _Batch:
     confidence_status: SignalStatus  # a verdict without a confidence: why
     certifier: RetrievalCertifier | None
     coverage: CoverageObserver | None
+    # per generator: its verdicts' model versions and model trace attributes (a batch's
+    # answers come from one generator or a few: two dict merges a verdict, before)
+    by_generator: dict[str, tuple[dict[str, str], dict[str, AttributeValue]]] = field(
+        default_factory=dict
+    )
+
+    def generator_models(self, generator: str) -> tuple[dict[str, str], dict[str, AttributeValue]]:
+        """``{"generator": generator, **versions}`` and its trace attributes, read only: a
+        key of the batch's that is also "generator" keeps its place in front and its value,
+        as in one literal."""
+        known = self.by_generator.get(generator)
+        if known is None:
+            known = self.by_generator[generator] = (
+                {"generator": generator, **self.versions},
+                {_GENERATOR_ATTRIBUTE: generator, **self.models},
+            )
+        return known
 
 
 def _wall_clock() -> datetime:
@@ -398,6 +415,7 @@ class Processor:
         t_done = self._clock_ns()
         entry.stages.append(("policy", t_policy, t_done))
         key = outputs.answer_key(entry)
+        model_versions, models = batch.generator_models(final.generator_model)
         policy = batch.policy
         tenant = retrieval.tenant
         decision = outcome.decision
@@ -420,9 +438,7 @@ class Processor:
             certificate=outcome.certificate,
             caveat_text=outcome.caveat_text,
             rewritten_answer=outcome.rewritten_answer,
-            # {"generator": ..., **signal versions, "policy": ...}: a key of the batch's that
-            # is also "generator" keeps its place in front and its value, as in one literal
-            model_versions={"generator": final.generator_model, **batch.versions},
+            model_versions=model_versions,  # {"generator": ..., **signal versions, "policy": ...}
             timings_ms={
                 "join_wait": max(0.0, now_ms - entry.first_seen_ms),
                 "signals": signals_ns / 1e6,
@@ -451,7 +467,7 @@ class Processor:
             stage="final",
             reasons=reasons,
             policy=policy,
-            models={_GENERATOR_ATTRIBUTE: final.generator_model, **batch.models},
+            models=models,
         )
         step = outputs.answer_output(
             entry, value, key, attributes=attributes, end_ns=self._clock_ns()
