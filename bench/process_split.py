@@ -29,7 +29,6 @@ import multiprocessing
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -42,7 +41,8 @@ import orjson
 from sidecar.config import Settings
 from sidecar.lab.bench.e2e import Bench, LoadShape
 from sidecar.lab.bench.ratios import machine
-from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port, lib_for
+from sidecar.lab.bench.suite import on_local_broker
+from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.pipeline.outputs import Step
 from sidecar.pipeline.processor import BatchItem, Processor
 
@@ -200,22 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.mode == "serve":
         return serve()
-    home = default_home()
-    home.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="split-", dir=home) as tmp:
-        workdir = Path(tmp)
-        broker = LocalKafka(
-            workdir / "broker",
-            ensure_jars(lib_for(home)),
-            port=free_port(),
-            controller_port=free_port(),
-            heap_mb=1024,
-        )
-        broker.start()
-        try:
-            report = asyncio.run(_pairs(broker, workdir, args))
-        finally:
-            broker.stop()
+    report = on_local_broker(lambda broker, workdir: _pairs(broker, workdir, args), "split-")
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     if args.out is not None:
         args.out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))

@@ -14,9 +14,10 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
@@ -192,10 +193,17 @@ async def _floors(
     return runs
 
 
-def run_bench(quick: bool = False, out: Path | None = None) -> dict[str, Any]:
+_T = TypeVar("_T")
+
+
+def on_local_broker(
+    run: Callable[[LocalKafka, Path], Coroutine[Any, Any, _T]], prefix: str = "bench-"
+) -> _T:
+    """``run(broker, workdir)`` on a fresh local broker in a temporary folder of the
+    bench's home (1 GiB heap), stopped and removed afterwards."""
     home = default_home()
     home.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="bench-", dir=home) as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=home) as tmp:
         workdir = Path(tmp)
         broker = LocalKafka(
             workdir / "broker",
@@ -206,9 +214,13 @@ def run_bench(quick: bool = False, out: Path | None = None) -> dict[str, Any]:
         )
         broker.start()
         try:
-            report = asyncio.run(_suite(broker, workdir, quick))
+            return asyncio.run(run(broker, workdir))
         finally:
             broker.stop()
+
+
+def run_bench(quick: bool = False, out: Path | None = None) -> dict[str, Any]:
+    report = on_local_broker(lambda broker, workdir: _suite(broker, workdir, quick))
     if out is not None:
         import orjson  # noqa: PLC0415
 
