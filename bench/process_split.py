@@ -38,8 +38,8 @@ from typing import Any
 
 import orjson
 
+from bench.paired_drains import alternate, show
 from sidecar.config import Settings
-from sidecar.lab.bench.e2e import Bench, LoadShape
 from sidecar.lab.bench.ratios import machine
 from sidecar.lab.bench.suite import on_local_broker
 from sidecar.lab.localkafka.broker import LocalKafka
@@ -153,37 +153,33 @@ def serve() -> int:
 
 
 async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
-    runs: dict[str, list[dict[str, Any]]] = {"thread": [], "split": []}
-    for p in range(args.pairs):
-        for name in ("thread", "split") if p % 2 == 0 else ("split", "thread"):
-            stats = workdir / f"child-{p}-{name}.jsonl"
-            env = {_IN_FLIGHT_ENV: str(args.in_flight), _STATS_ENV: str(stats)}
-            argv = ("-m", "sidecar", "run") if name == "thread" else (__file__, "serve")
-            bench = Bench(broker, workdir, env, argv=argv)
-            result = await bench.drain(f"{name}{p}", args.requests, LoadShape())
-            run: dict[str, Any] = {
-                "answers_per_s": result.throughput_answers_per_s,
-                "parent_cpu_us_per_request": round(result.cpu_s * 1e6 / args.requests, 1),
-                "incomplete": result.incomplete,
-            }
-            if stats.exists():
-                last = orjson.loads(stats.read_bytes().splitlines()[-1])
-                requests = last["items"] / 3  # a retrieval, a delta and a final each
-                run["child_cpu_us_per_request"] = round(last["cpu_s"] * 1e6 / requests, 1)
-                run["child_busy_share"] = round(last["wall_s"] / last["since_first_s"], 3)
-                run["items_per_batch"] = round(last["items"] / last["calls"], 1)
-            runs[name].append(run)
-            print(name, run, flush=True)
-    ratios = [
-        s["answers_per_s"] / t["answers_per_s"]
-        for t, s in zip(runs["thread"], runs["split"], strict=True)
-        if t["answers_per_s"] > 0
-    ]
+    stats = workdir / "child.jsonl"
+    env = {_IN_FLIGHT_ENV: str(args.in_flight), _STATS_ENV: str(stats)}
+    thread = (env, ("-m", "sidecar", "run"))
+    split = (env, (__file__, "serve"))
+
+    def child(side: int) -> dict[str, Any]:
+        """The child's totals at the end of a split drain (read, then removed)."""
+        if side == 0 or not stats.exists():
+            return {}
+        last = orjson.loads(stats.read_bytes().splitlines()[-1])
+        stats.unlink()
+        requests = last["items"] / 3  # a retrieval, a delta and a final each
+        return {
+            "child_cpu_us_per_request": round(last["cpu_s"] * 1e6 / requests, 1),
+            "child_busy_share": round(last["wall_s"] / last["since_first_s"], 3),
+            "items_per_batch": round(last["items"] / last["calls"], 1),
+        }
+
+    runs, ratios = await alternate(
+        broker, workdir, (thread, split), args.pairs, args.requests, after=child
+    )
     return {
-        "what": "fast drain, the processor on a thread (the sidecar) vs in a child process",
+        "what": "fast drain, the processor on a thread (the sidecar) vs in a child process; "
+        "cpu_us_per_request: the sidecar's process (split: the parent only)",
         "requests": args.requests,
         "in_flight": args.in_flight,
-        "runs": runs,
+        "runs": {"thread": runs[0], "split": runs[1]},
         "split_vs_thread_median": round(statistics.median(ratios), 3) if ratios else None,
         "split_vs_thread": [round(r, 3) for r in ratios],
         **machine(),
@@ -201,9 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.mode == "serve":
         return serve()
     report = on_local_broker(lambda broker, workdir: _pairs(broker, workdir, args), "split-")
-    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
-    if args.out is not None:
-        args.out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    show(report, args.out)
     return 0
 
 

@@ -1,0 +1,127 @@
+"""Fast-path drains of two configurations, alternated on one broker: the ratio of a change.
+
+Drains of the bench's fast-path load (``guardrail bench``'s ``LoadShape()``) through
+side A and side B, A then B in even pairs and B then A in odd ones, each a fresh
+process on fresh topics of one local broker. A side is the sidecar (or ``--*-argv``:
+another process that serves ``/readyz``, such as the no-op floor) with extra
+environment (``--*-env NAME=VALUE``, repeatable). Sequential drains on a shared
+2-core machine differ by more than most changes; alternated pairs and their per-pair
+ratio (B / A) say more. Writes each drain's rate, CPU per request and ``incomplete``::
+
+    # the processor on the event loop instead of its worker thread
+    PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 6 \\
+        --b-env GUARDRAIL_KAFKA__PROCESSING_THREAD=false
+    # the sidecar against the no-op floor
+    PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 3 \\
+        --b-argv "-m sidecar.lab.bench.floors noop"
+    # two trees (a worktree of the commit before as A)
+    PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 4 --a-env PYTHONPATH=../old
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from sidecar.lab.bench.e2e import Bench, LoadShape
+from sidecar.lab.bench.ratios import machine
+from sidecar.lab.bench.suite import on_local_broker
+from sidecar.lab.localkafka.broker import LocalKafka
+
+SIDECAR = "-m sidecar run"
+
+
+def _env(pairs: Sequence[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--a-env / --b-env take NAME=VALUE, got {pair!r}")
+        env[name] = value
+    return env
+
+
+Side = tuple[dict[str, str], tuple[str, ...]]  # extra environment, argv
+
+
+async def alternate(
+    broker: LocalKafka,
+    workdir: Path,
+    sides: tuple[Side, Side],
+    pairs: int,
+    requests: int,
+    *,
+    after: Callable[[int], dict[str, Any]] | None = None,
+) -> tuple[list[list[dict[str, Any]]], list[float]]:
+    """Drains of side 0 and side 1 alternated ``pairs`` times: each side's runs (``after``:
+    more of a side's run, read once it is drained) and the per-pair rate ratios 1 / 0."""
+    runs: list[list[dict[str, Any]]] = [[], []]
+    for p in range(pairs):
+        for side in (0, 1) if p % 2 == 0 else (1, 0):
+            env, argv = sides[side]
+            result = await Bench(broker, workdir, env, argv=argv).drain(
+                f"s{side}p{p}", requests, LoadShape()
+            )
+            run = {
+                "answers_per_s": result.throughput_answers_per_s,
+                "cpu_us_per_request": round(result.cpu_s * 1e6 / requests, 1),
+                "incomplete": result.incomplete,
+                **(after(side) if after is not None else {}),
+            }
+            runs[side].append(run)
+            print(side, run, flush=True)
+    ratios = [
+        b["answers_per_s"] / a["answers_per_s"]
+        for a, b in zip(runs[0], runs[1], strict=True)
+        if a["answers_per_s"] > 0
+    ]
+    return runs, ratios
+
+
+async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    a = (_env(args.a_env), tuple(shlex.split(args.a_argv)))
+    b = (_env(args.b_env), tuple(shlex.split(args.b_argv)))
+    runs, ratios = await alternate(broker, workdir, (a, b), args.pairs, args.requests)
+    return {
+        "what": "fast-path drains, side B against side A, alternated",
+        "a": {"env": a[0], "argv": list(a[1]), "runs": runs[0]},
+        "b": {"env": b[0], "argv": list(b[1]), "runs": runs[1]},
+        "requests": args.requests,
+        "b_vs_a": [round(r, 3) for r in ratios],
+        "b_vs_a_median": round(statistics.median(ratios), 3) if ratios else None,
+        **machine(),
+    }
+
+
+def show(report: dict[str, Any], out: Path | None) -> None:
+    """Print the report, and write it to ``out`` if given."""
+    text = orjson.dumps(report, option=orjson.OPT_INDENT_2)
+    print(text.decode())
+    if out is not None:
+        out.write_bytes(text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--a-env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--a-argv", default=SIDECAR, help=f"default {SIDECAR!r}")
+    parser.add_argument("--b-argv", default=SIDECAR, help=f"default {SIDECAR!r}")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    report = on_local_broker(lambda broker, workdir: _pairs(broker, workdir, args), "pairs-")
+    show(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
