@@ -17,7 +17,7 @@ The driver alternates drains of the sidecar as it is (``thread``) and ``serve``
 request and, for ``split``, the child's CPU in ``on_batch`` per request (the child
 appends its running totals to a file) and the share of the drain it was busy::
 
-    PYTHONPATH=. .venv/bin/python bench/process_split.py --pairs 3 --requests 20000 \\
+    PYTHONPATH=. .venv/bin/python bench/process_split.py --pairs 4 --requests 20000 \\
         --out bench/results/process_split.json
 """
 
