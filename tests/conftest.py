@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from sidecar.config import Settings
 from sidecar.lab.localkafka.broker import (
@@ -34,6 +35,12 @@ from sidecar.lab.localkafka.broker import (
 from sidecar.lograte import limit_repeats, one_line
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Property tests draw the same examples on every run (fixed seeds: a red CI run is a
+# bug anyone can reproduce, not a draw); ``HYPOTHESIS_PROFILE=explore`` draws new ones.
+hypothesis_settings.register_profile("fixed", derandomize=True, database=None)
+hypothesis_settings.register_profile("explore")
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 
 def kafka_lib() -> Path:

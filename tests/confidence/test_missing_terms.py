@@ -12,16 +12,18 @@ from hypothesis import strategies as st
 
 from sidecar.confidence import features
 from sidecar.confidence.features import missing_terms
+from sidecar.words import fold
 
 _WORDS = re.compile(r"[a-z0-9]+")
 _STOP = {"the", "and", "was", "who", "for"}
 
 
 def split_reference(query: str, texts: list[str], limit: int = 5) -> list[str]:
-    """The definition: content words of the query that are no chunk's word."""
-    seen = {w for t in texts for w in _WORDS.findall(t.lower())}
+    """The definition: content words of the query that are no chunk's word, both read
+    folded ("İ000" folds to "i000", one word; lower-casing alone gives "i\u0307000")."""
+    seen = {w for t in texts for w in _WORDS.findall(fold(t))}
     out: list[str] = []
-    for word in _WORDS.findall(query.lower()):
+    for word in _WORDS.findall(fold(query)):
         if len(word) > 2 and word not in _STOP and word not in seen and word not in out:
             out.append(word)
     return out[:limit]
