@@ -272,7 +272,21 @@ def _add_mixture_arguments(p: argparse.ArgumentParser) -> None:
         "--init-from",
         type=Path,
         default=None,
-        help="start from this checkpoint's network (e.g. a finished run's last step-*.pt)",
+        help="start from this checkpoint's network (e.g. a finished run's last step-*.pt) or "
+        "an exported verifier's ONNX file (e.g. models/verifier/model.int8.onnx)",
+    )
+    mixture.add_argument(
+        "--teacher",
+        type=Path,
+        default=None,
+        help="distil from this exported verifier directory (e.g. models/verifier): its "
+        "logits on the training pairs are soft targets (with --distill-weight)",
+    )
+    mixture.add_argument(
+        "--distill-weight",
+        type=float,
+        default=0.0,
+        help="weight of the teacher's probabilities against the labels, in [0, 1] (0: off)",
     )
     mixture.add_argument(
         "--device",
@@ -381,6 +395,8 @@ def _run_fit_on_corpus(args: argparse.Namespace) -> int:
         head_learning_rate=round(args.learning_rate * 100, 10),
         pairwise_weight=args.pairwise_weight,
         init_from=None if args.init_from is None else args.init_from.expanduser().resolve(),
+        teacher=None if args.teacher is None else args.teacher.expanduser().resolve(),
+        distill_weight=args.distill_weight,
         device=args.device,
         layers=args.layers,
         target_precision=args.target_precision,

@@ -299,6 +299,11 @@ Loss: binary cross-entropy{
         "right/wrong pairs of one group (groups kept whole in a batch)"
         if config.pairwise_weight
         else ""
+    }{
+        f", the targets {training.get('distill_weight')} x the teacher's p(supported) "
+        f"(`{training.get('teacher')}`) + the rest x the label"
+        if training.get("distill_weight")
+        else ""
     }; network initialised from {
         "the base MiniLM"
         if training.get("init_from", "None") == "None"

@@ -48,6 +48,8 @@ def fingerprint(cfg: TrainConfig, total_steps: int) -> dict[str, str]:
         found |= {"pairwise_weight": str(cfg.pairwise_weight), "init_from": str(cfg.init_from)}
     if cfg.layers is not None:
         found |= {"layers": str(cfg.layers)}
+    if cfg.distill_weight:
+        found |= {"teacher": str(cfg.teacher), "distill_weight": str(cfg.distill_weight)}
     return found
 
 

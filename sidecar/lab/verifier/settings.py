@@ -97,8 +97,14 @@ class TrainConfig:
     # e.g. a HaluEval knowledge passage with its right and its hallucinated response) that
     # share a batch, weighted against the cross-entropy; > 0 keeps each group in one batch.
     pairwise_weight: float = 0.0
-    # Start from the network of this checkpoint (a finished run) instead of the base MiniLM.
+    # Start from the network of this checkpoint (a finished run) or exported verifier ONNX
+    # file (sidecar.lab.verifier.recover) instead of the base MiniLM.
     init_from: Path | None = None
+    # Knowledge distillation (sidecar.lab.verifier.distill): an exported verifier directory
+    # whose logits on the training pairs are soft targets, weighted distill_weight against
+    # the labels (0: labels only).
+    teacher: Path | None = None
+    distill_weight: float = 0.0
     # Where the steps run: "cpu" (the default, any machine) or "cuda" (a GPU when one is at
     # hand; checkpoints are written the same way and resume on either).
     device: str = "cpu"
@@ -128,10 +134,24 @@ class TrainConfig:
         if not 0.0 <= self.pairwise_weight <= 10.0:
             raise ConfigError(f"pairwise_weight must be in [0, 10], got {self.pairwise_weight}")
         if self.init_from is not None and not self.init_from.is_file():
-            raise ConfigError(f"init_from {self.init_from} is not a checkpoint file")
+            raise ConfigError(
+                f"init_from {self.init_from} is not a file (a step-*.pt checkpoint or an "
+                "exported verifier's .onnx file)"
+            )
+        self._check_teacher()
         self._check_network()
         if not 0.5 <= self.target_precision < 1.0:
             raise ConfigError(f"target_precision must be in [0.5, 1), got {self.target_precision}")
+
+    def _check_teacher(self) -> None:
+        if not 0.0 <= self.distill_weight <= 1.0:
+            raise ConfigError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
+        if self.distill_weight > 0 and self.teacher is None:
+            raise ConfigError("distill_weight > 0 needs a teacher (an exported verifier directory)")
+        if self.teacher is not None and not (self.teacher / "verifier.json").is_file():
+            raise ConfigError(
+                f"teacher {self.teacher} is not an exported verifier directory (no verifier.json)"
+            )
 
     def _check_network(self) -> None:
         """The network's shape and where it runs."""

@@ -2,7 +2,8 @@
 
 :meth:`VerifierTrainer.fit` trains with binary cross-entropy (plus, with
 ``pairwise_weight``, a ranking term between the right and the wrong pair of
-one group), AdamW and a
+one group; with a ``teacher``, against the label mixed with the teacher's
+probability: :mod:`sidecar.lab.verifier.distill`), AdamW and a
 linear warm-up/decay, the embeddings and the lowest ``freeze_layers`` layers
 frozen to fit a CPU budget, checkpointing under ``work_dir``
 (:mod:`sidecar.lab.verifier.checkpoints`) ->
@@ -44,11 +45,13 @@ from sidecar.hashing import sha256_file
 from sidecar.lab.verifier.calibration import BAND_TARGETS, band_table, fit_platt
 from sidecar.lab.verifier.checkpoints import Checkpoints, TrainingRun, fingerprint, pairs_sha256
 from sidecar.lab.verifier.datasets import length_auroc
+from sidecar.lab.verifier.distill import teacher_logits
 from sidecar.lab.verifier.export import write_onnx
 from sidecar.lab.verifier.metrics import auroc_or_nan
 from sidecar.lab.verifier.ml import BertModel, nn, torch
 from sidecar.lab.verifier.model import CrossEncoder, lowest_layers, state_for
 from sidecar.lab.verifier.quantization import QUANTIZATION
+from sidecar.lab.verifier.recover import state_from_onnx
 from sidecar.lab.verifier.settings import (
     BASE_MODEL,
     FP32_FILE,
@@ -188,6 +191,8 @@ class VerifierTrainer:
     data_sources: list[str] = field(default_factory=list)  # the corpus path names its own
     split_rule: str = ""
     validation: list[dict[str, float]] = field(default_factory=list)
+    # the teacher's p(supported) per training pair (by identity; distill_weight > 0 only)
+    _soft: dict[int, float] = field(default_factory=dict, repr=False)
 
     def _require(self, what: str, ok: bool, before: str) -> None:
         if not ok:
@@ -242,7 +247,10 @@ class VerifierTrainer:
         self.encoder = PairEncoder.from_file(cfg.base_model_dir / TOKENIZER_FILE, cfg.max_length)
         bert = BertModel.from_pretrained(str(cfg.base_model_dir), add_pooling_layer=False)
         model = CrossEncoder(lowest_layers(bert, cfg.layers))
-        if cfg.init_from is not None:
+        if cfg.init_from is not None and cfg.init_from.suffix == ".onnx":
+            model.load_state_dict(state_for(state_from_onnx(cfg.init_from), model))
+            log.info("network from the exported file %s", cfg.init_from)
+        elif cfg.init_from is not None:
             start = Checkpoints(cfg.init_from.parent).load(cfg.init_from)
             model.load_state_dict(state_for(start["model"], model))
             log.info("network from %s (step %s)", cfg.init_from, start.get("step"))
@@ -262,6 +270,11 @@ class VerifierTrainer:
         sha = pairs_sha256(pairs)
         if cfg.question_in_input:
             pairs = _drop_questions(pairs, cfg.question_dropout, cfg.seed)
+        self._soft = {}
+        if cfg.distill_weight > 0 and cfg.teacher is not None:
+            logits = teacher_logits(cfg.teacher, pairs, cache_dir=cfg.work_dir, threads=cfg.threads)
+            soft = 1.0 / (1.0 + np.exp(-logits))
+            self._soft = {id(p): float(s) for p, s in zip(pairs, soft, strict=True)}
         batches = _group_batches if cfg.pairwise_weight > 0 else _batches
         plan = [b for _ in range(cfg.epochs) for b in batches(pairs, cfg.batch_size, rng)]
         if cfg.max_steps is not None:
@@ -302,6 +315,9 @@ class VerifierTrainer:
             )
             logits = run.model(**feed)
             labels = torch.tensor([float(p.label) for p in batch], device=cfg.device)
+            if self._soft:  # the labels mixed with the teacher's probabilities
+                soft = torch.tensor([self._soft[id(p)] for p in batch], device=cfg.device)
+                labels = (1.0 - cfg.distill_weight) * labels + cfg.distill_weight * soft
             loss = loss_fn(logits, labels)
             if cfg.pairwise_weight > 0:
                 loss = loss + cfg.pairwise_weight * pairwise_loss(logits, batch)

@@ -238,6 +238,8 @@ def export_from_checkpoint(
             "shipped": "int8" if ship_int8 else "fp32",
             "command": command,
             "init_from": state["fingerprint"].get("init_from", "None"),
+            "teacher": state["fingerprint"].get("teacher", "None"),
+            "distill_weight": float(state["fingerprint"].get("distill_weight", 0.0)),
             "device": str(state.get("device", "cpu")),
             "config": json.dumps({k: str(v) for k, v in asdict(config).items()}),
         },
