@@ -148,6 +148,11 @@ class TrainConfig:
             raise ConfigError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
         if self.distill_weight > 0 and self.teacher is None:
             raise ConfigError("distill_weight > 0 needs a teacher (an exported verifier directory)")
+        if self.teacher is not None and self.distill_weight == 0:
+            raise ConfigError(
+                f"teacher {self.teacher} is given but distill_weight is 0 (the teacher would be "
+                "ignored): pass a weight in (0, 1], e.g. --distill-weight 0.7"
+            )
         if self.teacher is not None and not (self.teacher / "verifier.json").is_file():
             raise ConfigError(
                 f"teacher {self.teacher} is not an exported verifier directory (no verifier.json)"

@@ -172,6 +172,8 @@ def test_distillation_settings_are_checked_at_construction(
         small_config(tiny_base, tmp_path, distill_weight=0.5)
     with pytest.raises(ConfigError, match=r"distill_weight must be in \[0, 1\]"):
         small_config(tiny_base, tmp_path, teacher=tiny_teacher, distill_weight=1.5)
+    with pytest.raises(ConfigError, match=r"distill_weight is 0 \(the teacher would be ignored"):
+        small_config(tiny_base, tmp_path, teacher=tiny_teacher)
     with pytest.raises(ConfigError, match="not an exported verifier directory"):
         small_config(tiny_base, tmp_path, teacher=tmp_path, distill_weight=0.5)
 
