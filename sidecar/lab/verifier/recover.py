@@ -40,7 +40,7 @@ def state_from_onnx(path: Path) -> dict[str, Any]:
     """A ``CrossEncoder`` state dict (torch tensors) with the weights ``path`` computes with.
 
     Raises ``ArtifactError`` when the file is not an exported verifier of the layout
-    this reads (fused attention, int8 weights with a scale).
+    this reads (fused attention; int8 weights with a scale, or fp32).
     """
     from sidecar.lab.verifier.ml import torch  # noqa: PLC0415 - the train extra
 
@@ -82,7 +82,7 @@ def state_from_onnx(path: Path) -> dict[str, Any]:
     ]
     if not attention or len(matmuls) != 3 * len(attention):
         raise ArtifactError(
-            f"{path}: {len(attention)} fused Attention nodes and {len(matmuls)} int8 MatMuls; "
+            f"{path}: {len(attention)} fused Attention nodes and {len(matmuls)} weight MatMuls; "
             "expected 3 MatMuls per layer (export with fusion)"
         )
     for layer, node in enumerate(attention):
