@@ -10,13 +10,14 @@ and band (as served: ``OnnxVerifier.window_features``). The pairs are the corpus
 that split and form with their evidence uncut (:func:`~sidecar.lab.verifier.datasets.form_sets`),
 a seeded sample of ``--n`` per form.
 
-Per setting and form: AUROC, accuracy at the served threshold (p >= ``supported_from``),
-mean windows per claim, mean tokens per (claim, window) pair, and the measured ms per
-claim (window cutting + the network on each window, one onnxruntime thread; the settings
-run claim by claim in turn, so load drift on a shared machine hits them alike; a window
-that two settings share with one max_length is run once and counted in both). Against the
-reference setting (the first): the paired bootstrap 95% interval of the AUROC and accuracy
-differences on the same pairs.
+Per setting and form: AUROC, accuracy at the served threshold (p >= ``supported_from``)
+and at thresholds from 0.30 to 0.70 (``accuracy_by_threshold``: does one threshold suit
+every form?), mean windows per claim, mean tokens per (claim, window) pair, and the
+measured ms per claim (window cutting + the network on each window, one onnxruntime
+thread; the settings run claim by claim in turn, so load drift on a shared machine hits
+them alike; a window that two settings share with one max_length is run once and counted
+in both). Against the reference setting (the first): the paired bootstrap 95% interval
+of the AUROC and accuracy differences on the same pairs.
 
 Usage::
 
@@ -240,6 +241,17 @@ def evaluate_form(
     return out
 
 
+THRESHOLDS = tuple(round(0.3 + 0.02 * k, 2) for k in range(21))  # 0.30 .. 0.70
+
+
+def accuracy_by_threshold(
+    probs: npt.NDArray[np.float64], labels: npt.NDArray[np.int64]
+) -> dict[str, float]:
+    """Accuracy if "supported" began at each of ``THRESHOLDS`` instead of the served band:
+    whether one threshold serves every task form (one band is served for all of them)."""
+    return {f"{t:.2f}": round(float(((probs >= t) == (labels == 1)).mean()), 4) for t in THRESHOLDS}
+
+
 def summarise(
     items: Sequence[PairItem], scored: dict[str, list[Scored]], band: Band, reference: str
 ) -> dict[str, dict[str, Any]]:
@@ -262,6 +274,7 @@ def summarise(
             "tokens_per_pair": round(sum(s.tokens for s in results) / max(1, pairs), 1),
             "tokens_per_claim": round(sum(s.tokens for s in results) / max(1, len(results)), 1),
             "ms_per_claim": round(float(np.mean([s.ms for s in results])), 2),
+            "accuracy_by_threshold": accuracy_by_threshold(np.array(probs), labels),
         }
         if name != reference:
             row.update(paired_bootstrap(ref, np.array(probs), labels, band.supported_from))

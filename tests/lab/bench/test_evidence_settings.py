@@ -12,6 +12,7 @@ import pytest
 from bench.evidence_settings import (
     Setting,
     SettingScorer,
+    accuracy_by_threshold,
     evaluate_form,
     paired_bootstrap,
     resampled_auroc,
@@ -109,6 +110,16 @@ def test_the_bootstrap_interval_holds_zero_for_equal_scores_and_not_for_a_better
     assert same == {"auroc_diff_ci95": [0.0, 0.0], "accuracy_diff_ci95": [0.0, 0.0]}
     better = paired_bootstrap(noisy, cleaner, labels, 0.5, draws=300)
     assert better["auroc_diff_ci95"][0] > 0.0 and better["accuracy_diff_ci95"][0] > 0.0
+
+
+def test_accuracy_by_threshold_counts_supported_from_each_threshold_on() -> None:
+    probs = np.array([0.31, 0.45, 0.5, 0.69, 0.2])
+    labels = np.array([0, 1, 1, 1, 0])
+    got = accuracy_by_threshold(probs, labels)
+    assert list(got) == [f"{0.3 + 0.02 * k:.2f}" for k in range(21)]
+    # 0.30: 0.31 is called supported (wrong); 0.32 .. 0.44: all right; 0.46: 0.45 missed
+    assert (got["0.30"], got["0.32"], got["0.44"], got["0.46"]) == (0.8, 1.0, 1.0, 0.8)
+    assert got["0.50"] == 0.8 and got["0.52"] == 0.6 and got["0.70"] == 0.4
 
 
 def test_a_setting_reads_chars_windows_tokens() -> None:
