@@ -283,7 +283,7 @@ def summarise(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--model", type=Path, default=Path("models/verifier"))
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/data"))
     parser.add_argument("--split", choices=["val", "test"], default="val")

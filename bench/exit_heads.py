@@ -117,7 +117,7 @@ def main() -> None:
     from sklearn.linear_model import LogisticRegression  # noqa: PLC0415 - the train extra
     from sklearn.metrics import roc_auc_score  # noqa: PLC0415
 
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").partition("\n")[0])
     parser.add_argument("--model-dir", type=Path, default=Path("models/verifier"))
     parser.add_argument("--corpus", type=Path, required=True)
     parser.add_argument("--train", type=int, default=6000, help="training pairs (seeded)")
