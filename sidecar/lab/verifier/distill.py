@@ -45,7 +45,7 @@ def teacher_logits(
     teacher = OnnxVerifier.load(teacher_dir, threads=threads)
     key = hashlib.sha256(
         f"{sha256_file(teacher_dir / teacher.artifact.onnx_file)}:{pairs_sha256(pairs)}:"
-        f"{sha256_questions(pairs)}".encode()
+        f"{_sha256_questions(pairs)}".encode()
     ).hexdigest()[:16]
     path = None if cache_dir is None else cache_dir / f"teacher-{teacher.version}-{key}.npy"
     out = np.full(len(pairs), np.nan)
@@ -75,7 +75,7 @@ def teacher_logits(
     return out
 
 
-def sha256_questions(pairs: Sequence[Pair]) -> str:
+def _sha256_questions(pairs: Sequence[Pair]) -> str:
     """sha256 over the pairs' questions, in order (``pairs_sha256`` leaves them out, and
     the training pairs differ from the corpus in the questions dropped)."""
     h = hashlib.sha256()
