@@ -77,9 +77,15 @@ def probe_model(model: Path, out: Path) -> list[str]:
     return outputs
 
 
+def served_encoder(verifier: OnnxVerifier, model_dir: Path) -> PairEncoder:
+    """The tokenizer and length ``verifier`` encodes its pairs with (read once)."""
+    artifact = verifier.artifact
+    return PairEncoder.from_file(model_dir / artifact.tokenizer_file, artifact.max_length)
+
+
 def features(
     verifier: OnnxVerifier,
-    model_dir: Path,
+    encoder: PairEncoder,
     session: Any,
     outputs: Sequence[str],
     pairs: Sequence[Pair],
@@ -90,8 +96,6 @@ def features(
     names = {i.name for i in session.get_inputs()}
     texts = verifier.inputs([(p.claim, p.evidence) for p in pairs], [p.question for p in pairs])
     rows: list[list[npt.NDArray[np.float32]]] = [[] for _ in outputs]
-    artifact = verifier.artifact
-    encoder = PairEncoder.from_file(model_dir / artifact.tokenizer_file, artifact.max_length)
     feeds = encoder.encode_each(texts)  # as OnnxVerifier.logits encodes them
     for feed in tqdm(feeds, total=len(texts), desc=desc, unit="pair", mininterval=10):
         got = session.run(list(outputs), {k: v for k, v in feed.items() if k in names})
@@ -141,8 +145,9 @@ def main() -> None:
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        tr = features(verifier, args.model_dir, session, outputs, train, desc="train")
-        va = features(verifier, args.model_dir, session, outputs, val, desc="val")
+        encoder = served_encoder(verifier, args.model_dir)
+        tr = features(verifier, encoder, session, outputs, train, desc="train")
+        va = features(verifier, encoder, session, outputs, val, desc="val")
     y_tr = np.array([p.label for p in train])
     y_va = np.array([p.label for p in val])
     final_tr, final_va = tr[0].reshape(-1) > 0, va[0].reshape(-1) > 0

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("onnx", reason="the train extra (onnx) builds the probe")
 
-from bench.exit_heads import FEATURES, exit_threshold, features, probe_model
+from bench.exit_heads import FEATURES, exit_threshold, features, probe_model, served_encoder
 from sidecar.claims.verifier import OnnxVerifier
 from sidecar.lab.verifier.sources import Pair
 from tests.claims.conftest import REPO
@@ -31,7 +31,7 @@ def test_the_probe_keeps_the_logits_and_adds_features_after_every_lower_layer(
         Pair("Paris is the capital of France.", "Paris is France's capital.", 1, "qa", "t", "g"),
         Pair("The moon is made of cheese.", "The moon is made of rock.", 0, "qa", "t", "h"),
     ]
-    got = features(verifier, MODEL, session, outputs, pairs, desc="test")
+    got = features(verifier, served_encoder(verifier, MODEL), session, outputs, pairs, desc="test")
     served = verifier.logits([(p.claim, p.evidence) for p in pairs], ["", ""])
     assert got[0].reshape(-1) == pytest.approx(served, abs=1e-4)
     final = got[1]
