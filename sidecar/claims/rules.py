@@ -13,7 +13,8 @@ What counts as a quantity:
 * numbers with separators, decimals, signs, ranges (``1,000``, ``3.14``,
   ``325-650``), with a scale word (``1.5 million`` = ``1,500,000``) and
   percentages (``1.5%``); digits inside identifiers (``HbA1c``) are not;
-* number words ``one`` .. ``twenty``, tens, ``hundred``, ``dozen``;
+* number words ``one`` .. ``twenty``, tens, ``hundred``, ``dozen`` (``one`` only next to
+  another number: on its own it is mostly a pronoun);
 * month names next to a number, and unambiguous month names on their own
   (``May`` counts only beside a number).
 
@@ -62,6 +63,11 @@ _MONTH: Final = re.compile(
 )
 # Month abbreviations and "May"/"March" are also ordinary words: only next to a number.
 _AMBIGUOUS_MONTHS: Final = frozenset({"may", "mar", "jan", "jun", "jul", "aug", "sep", "oct"})
+# "one" is mostly a pronoun ("that one", "no one", "one of the best"): a quantity only next
+# to another number ("one hundred", "twenty-one"). Audit: on the held-out dialogue pairs, 43
+# of the 98 true responses the rule overrode were capped for "one" alone ("Have you seen
+# that one?").
+_PRONOUNS: Final = frozenset({"one"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +124,14 @@ def extract_quantities(text: str) -> list[Quantity]:
             (m.start(), Quantity(m.group(0).strip(), value, _precision(integer, fraction, scale)))
         )
         number_spans.append((m.start(), m.end()))
-    for m in _NUMBER_WORD.finditer(text):
-        value = float(_WORDS[m.group(1).lower()])
-        found.append((m.start(), Quantity(m.group(0), value, 1.0)))
+    words = list(_NUMBER_WORD.finditer(text))
+    spans = number_spans + [m.span() for m in words]
+    starts, ends = {s for s, _ in spans}, {e for _, e in spans}
+    for m in words:
+        word = m.group(1).lower()
+        if word in _PRONOUNS and not _next_to_number(m.start(), m.end(), starts, ends):
+            continue
+        found.append((m.start(), Quantity(m.group(0), float(_WORDS[word]), 1.0)))
         number_spans.append((m.start(), m.end()))
     starts = {s for s, _ in number_spans}
     ends = {e for _, e in number_spans}

@@ -107,6 +107,27 @@ def test_summarise_fills_the_claims_signal() -> None:
     assert sig.evidence_scope == "trusted"
 
 
+@pytest.mark.parametrize(
+    ("text", "surfaces"),
+    [
+        ("Have you seen that one?", []),
+        ("One of the best films of 1959", ["1959"]),
+        ("No one came on May one", []),  # neither "one" nor the month beside it
+        ("He won one Oscar and two Emmys", ["two"]),
+        ("twenty-one guns, one hundred men", ["twenty", "one", "one", "hundred"]),
+    ],
+)
+def test_one_is_a_quantity_only_next_to_another_number(text: str, surfaces: list[str]) -> None:
+    assert [q.surface for q in extract_quantities(text)] == surfaces
+
+
+def test_a_pronoun_one_does_not_cap_a_claim_the_evidence_states() -> None:
+    evidence = "Veronica Cartwright starred in Invasion of the Body Snatchers."
+    claim = "She also starred in Invasion of the Body Snatchers. Have you seen that one?"
+    assert not check_quantities(claim, evidence).applies
+    assert check_quantities("She starred in two of them.", evidence).contradicted
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     words=st.lists(
