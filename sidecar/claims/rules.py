@@ -107,8 +107,12 @@ def _precision(integer: str, fraction: str | None, scale: float) -> float:
     return scale if scale > 1 else 1.0
 
 
-def extract_quantities(text: str) -> list[Quantity]:
-    """Numbers, number words and months of ``text``, in order of appearance."""
+def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
+    """Numbers, number words and months of ``text``, in order of appearance.
+
+    ``evidence``: every ``one`` counts (a claim's "1 Oscar" matches "one Oscar"; an extra
+    evidence value can only let a claim value match, never cap it).
+    """
     found: list[tuple[int, Quantity]] = []
     number_spans: list[tuple[int, int]] = []
     for m in _NUMBER.finditer(text):
@@ -129,7 +133,11 @@ def extract_quantities(text: str) -> list[Quantity]:
     starts, ends = {s for s, _ in spans}, {e for _, e in spans}
     for m in words:
         word = m.group(1).lower()
-        if word in _PRONOUNS and not _next_to_number(m.start(), m.end(), starts, ends):
+        if (
+            not evidence
+            and word in _PRONOUNS
+            and not _next_to_number(m.start(), m.end(), starts, ends)
+        ):
             continue
         found.append((m.start(), Quantity(m.group(0), float(_WORDS[word]), 1.0)))
         number_spans.append((m.start(), m.end()))
@@ -152,7 +160,7 @@ def _next_to_number(start: int, end: int, starts: set[int], ends: set[int]) -> b
 @functools.lru_cache(maxsize=32)
 def _evidence_quantities(evidence: str) -> tuple[Quantity, ...]:
     """The evidence's quantities, once per evidence text (every claim checks the same)."""
-    return tuple(extract_quantities(evidence))
+    return tuple(extract_quantities(evidence, evidence=True))
 
 
 def _matches(claim: Quantity, evidence: Sequence[Quantity]) -> bool:

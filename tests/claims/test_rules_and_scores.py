@@ -128,6 +128,12 @@ def test_a_pronoun_one_does_not_cap_a_claim_the_evidence_states() -> None:
     assert check_quantities("She starred in two of them.", evidence).contradicted
 
 
+def test_a_claim_figure_matches_the_word_one_in_the_evidence() -> None:
+    assert not check_quantities("He won 1 Oscar.", "He won one Oscar.").contradicted
+    assert check_quantities("He won 2 Oscars.", "He won one Oscar.").contradicted
+    assert [q.surface for q in extract_quantities("that one", evidence=True)] == ["one"]
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     words=st.lists(
