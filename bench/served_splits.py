@@ -34,13 +34,7 @@ __all__ = ["main", "served_report"]
 
 def served_report(verifier: OnnxVerifier, pairs: Sequence[Pair]) -> dict[str, Any]:
     """The served check and the network alone on ``pairs``, at the served threshold."""
-    artifact = verifier.artifact
-    scorer = ClaimScorer(
-        verifier,
-        max_sentences=artifact.evidence_max_sentences,
-        max_chars=artifact.evidence_max_chars,
-        max_windows=artifact.evidence_max_windows,
-    )
+    scorer = ClaimScorer.served(verifier)
     items = [PairItem(p.claim, p.evidence, p.label, p.question) for p in pairs]
     served, network = check_pair_items(scorer, items)
     keys = ("accuracy", "auroc", "precision", "recall")

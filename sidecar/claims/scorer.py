@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 from sidecar.claims.atomic import Claim
 from sidecar.claims.calibration import Band
@@ -24,6 +24,9 @@ from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex, EvidenceSelect
 from sidecar.claims.rules import check_quantities
 from sidecar.contracts.events import ClaimLabel
 from sidecar.pipeline.ports import ClaimResult
+
+if TYPE_CHECKING:  # the ONNX verifier imports onnxruntime; the scorer takes any PairScorer
+    from sidecar.claims.verifier import OnnxVerifier
 
 __all__ = ["RULE_CAP", "ClaimCheck", "ClaimScorer", "PairScorer", "Tier"]
 
@@ -104,6 +107,22 @@ class ClaimScorer:
         self.max_chars = max_chars
         self.best_chunk = best_chunk
         self.max_windows = max_windows
+
+    @classmethod
+    def served(
+        cls, verifier: OnnxVerifier, *, rules: bool = True, best_chunk: bool = False
+    ) -> ClaimScorer:
+        """The scorer the sidecar serves ``verifier`` with: the evidence windows its
+        artifact was exported for (sentences, characters and windows per claim)."""
+        artifact = verifier.artifact
+        return cls(
+            verifier,
+            rules=rules,
+            max_sentences=artifact.evidence_max_sentences,
+            max_chars=artifact.evidence_max_chars,
+            best_chunk=best_chunk,
+            max_windows=artifact.evidence_max_windows,
+        )
 
     def index(self, chunks: Sequence[EvidenceChunk]) -> EvidenceIndex:
         return EvidenceIndex(chunks, max_sentences=self.max_sentences, max_chars=self.max_chars)

@@ -426,15 +426,7 @@ def load_claim_checker(
     from sidecar.claims.scorer import ClaimScorer  # noqa: PLC0415
 
     verifier = OnnxVerifier.load(model_dir, threads=threads, target_precision=target_precision)
-    artifact = verifier.artifact
-    scorer = ClaimScorer(
-        verifier,
-        rules=rules,
-        max_sentences=artifact.evidence_max_sentences,
-        max_chars=artifact.evidence_max_chars,
-        best_chunk=best_chunk,
-        max_windows=artifact.evidence_max_windows,
-    )
+    scorer = ClaimScorer.served(verifier, rules=rules, best_chunk=best_chunk)
     runner = JudgeRunner(judge) if judge is not None else None
     return VerifierClaimChecker(
         scorer,

@@ -469,14 +469,7 @@ def run_eval(args: argparse.Namespace) -> int:
         return _run_eval_pairs(args)
     split = args.split or ("test" if args.format == "halueval-qa" else "all")
     verifier = _served_verifier(args)
-    served = verifier.artifact
-    scorer = ClaimScorer(
-        verifier,
-        best_chunk=args.best_chunk,
-        max_sentences=served.evidence_max_sentences,
-        max_chars=served.evidence_max_chars,
-        max_windows=served.evidence_max_windows,
-    )
+    scorer = ClaimScorer.served(verifier, best_chunk=args.best_chunk)
     items = [
         item
         for group, item in read_items(_existing(args.data, "--data"), args.format, args.limit)
@@ -510,12 +503,7 @@ def _run_eval_pairs(args: argparse.Namespace) -> int:
         raise ConfigError(f"no pairs in {args.data}")
     verifier = _served_verifier(args)
     artifact = verifier.artifact
-    scorer = ClaimScorer(  # as the sidecar serves it (one pair set per claim, rules on)
-        verifier,
-        max_sentences=artifact.evidence_max_sentences,
-        max_chars=artifact.evidence_max_chars,
-        max_windows=artifact.evidence_max_windows,
-    )
+    scorer = ClaimScorer.served(verifier)  # one pair set per claim, rules on
     served, probs = check_pair_items(scorer, items, progress=progress_enabled(args))
     verifier_only = finite_or_none(pair_report(probs, items, verifier.band))
     out = {
