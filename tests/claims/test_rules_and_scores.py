@@ -137,6 +137,38 @@ def test_a_claim_figure_matches_the_word_one_in_the_evidence() -> None:
 @settings(max_examples=300, deadline=None)
 @given(
     words=st.lists(
+        st.sampled_from(["one", "One", "that", "twenty", "1", "May", "x", "hundred", "-"]),
+        max_size=30,
+    ),
+    seps=st.lists(st.sampled_from(["", " ", "  ", "   ", ", "]), min_size=30, max_size=30),
+)
+def test_a_claim_keeps_a_one_only_beside_a_number_and_the_evidence_keeps_every_one(
+    words: list[str], seps: list[str]
+) -> None:
+    """The evidence side reads a superset of the claim side (an extra evidence value can
+    only let a claim value match), and they differ exactly by the lone "one"s."""
+    text = "".join(w + s for w, s in zip(words, seps, strict=False))
+    claim = [(q.surface, q.value, q.month) for q in extract_quantities(text)]
+    evidence = [(q.surface, q.value, q.month) for q in extract_quantities(text, evidence=True)]
+    assert all(claim.count(q) <= evidence.count(q) for q in claim)
+    spans = [m.span() for m in rules._NUMBER.finditer(text)]
+    spans += [m.span() for m in rules._NUMBER_WORD.finditer(text)]
+    lone = sum(
+        1
+        for m in rules._NUMBER_WORD.finditer(text)
+        if m.group(1).lower() == "one"
+        and not any(
+            (s, e) != m.span() and (0 <= m.start() - e <= 2 or 0 <= s - m.end() <= 2)
+            for s, e in spans
+        )
+    )
+    ones = sum(1 for q in claim if q[0].lower() == "one")
+    assert ones == sum(1 for q in evidence if q[0].lower() == "one") - lone
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    words=st.lists(
         st.sampled_from(["May", "march", "Jan", "June", "1", "12", "1999", "two", "x", " ", "-"]),
         max_size=40,
     ),
