@@ -60,7 +60,6 @@ def main() -> None:
     )
     parser.add_argument("--split", choices=("val", "test"), default="test", help="whole only")
     parser.add_argument("--forms", nargs="+", default=None, help="default: every form")
-    parser.add_argument("--window-chars", type=int, default=640, help="corpus setting")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if args.corpus is not None:
@@ -73,8 +72,7 @@ def main() -> None:
         sets = {f: list(test[f]) for f in args.forms or test}
         evidence = f"the corpus's windows ({args.corpus})"
     else:
-        config = CorpusConfig(data_dir=args.data_dir, seed=0, window_chars=args.window_chars)
-        sets = form_sets(config, args.split, args.forms or FORMS)
+        sets = form_sets(CorpusConfig(args.data_dir, seed=0), args.split, args.forms or FORMS)
         evidence = "whole"
     verifier = OnnxVerifier.load(args.model, threads=1)
     out: dict[str, Any] = {
