@@ -13,10 +13,16 @@ What counts as a quantity:
 * numbers with separators, decimals, signs, ranges (``1,000``, ``3.14``,
   ``325-650``), with a scale word (``1.5 million`` = ``1,500,000``) and
   percentages (``1.5%``); digits inside identifiers (``HbA1c``) are not;
+* money's short scales after a currency sign: ``£15.4m`` = ``15.4 million``, ``$64k``,
+  ``$2bn``, ``€3b`` (without the sign ``m`` is as often metres: not read as a scale);
 * number words ``one`` .. ``twenty``, tens, ``hundred``, ``dozen`` (``one`` only next to
   another number: on its own it is mostly a pronoun);
 * month names next to a number, and unambiguous month names on their own
   (``May`` counts only beside a number).
+
+The evidence also reads two years glued into one run of digits (``released
+20092009 was the year``: knowledge-graph facts joined without a space) as both years;
+an extra evidence value can only let a claim value match, never cap a claim.
 
 A claim value matches an evidence value when they are equal up to the claim's
 own precision (``1.5 million`` matches ``1,523,000``; ``1.5%`` matches
@@ -56,6 +62,15 @@ _NUMBER: Final = re.compile(
     r"(?:\s*(thousand|million|billion|trillion|bn|mn|tn)\b)?",
     re.IGNORECASE,
 )
+# After a currency sign only: "£15.4m", "$64k", "$2bn" (the long words and bn/mn/tn are
+# read by _NUMBER with or without a sign). Audit: on the validation summaries, right
+# summaries saying "£200m" / "$2.5m" were capped against "200million" / "2.5 million".
+_CURRENCY_BEFORE: Final = re.compile(r"[$£€¥]\s?$")
+_SHORT_SCALE: Final = re.compile(r"(k|m|b)\b", re.IGNORECASE)
+_SHORT_SCALES: Final = {"k": 1e3, "m": 1e6, "b": 1e9}
+# Two years in one run of digits (1000-2099 each): HaluEval's knowledge strings glue
+# facts ("The Box was released 20092009 was the year that released Zombieland").
+_GLUED_YEARS: Final = re.compile(r"(?<![0-9])((?:1\d|20)\d\d)((?:1\d|20)\d\d)(?![0-9])")
 _NUMBER_WORD: Final = re.compile(r"\b(" + "|".join(_WORDS) + r")\b", re.IGNORECASE)
 _MONTH: Final = re.compile(
     r"\b(January|February|March|April|May|June|July|August|September|October|November|"
@@ -119,15 +134,23 @@ def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
         integer, fraction = m.group(1), m.group(2)
         scale_word = (m.group(3) or "").lower()
         scale = _SCALE.get(scale_word, 1.0)
+        surface, end = m.group(0).strip(), m.end()
+        if not scale_word and _CURRENCY_BEFORE.search(text, max(0, m.start() - 2), m.start()):
+            short = _SHORT_SCALE.match(text, end)
+            if short is not None:
+                scale = _SHORT_SCALES[short.group(1).lower()]
+                surface, end = surface + short.group(1), short.end()
         try:
             base = Decimal(integer.replace(",", "") + (fraction or ""))
         except InvalidOperation:  # pragma: no cover - the pattern only admits digits
             continue
         value = float(base) * scale
-        found.append(
-            (m.start(), Quantity(m.group(0).strip(), value, _precision(integer, fraction, scale)))
-        )
-        number_spans.append((m.start(), m.end()))
+        found.append((m.start(), Quantity(surface, value, _precision(integer, fraction, scale))))
+        number_spans.append((m.start(), end))
+        if evidence and scale == 1.0 and not fraction:
+            glued = _GLUED_YEARS.fullmatch(integer)
+            if glued is not None:
+                found.extend((m.start(), Quantity(y, float(y), 1.0)) for y in glued.groups())
     words = list(_NUMBER_WORD.finditer(text))
     spans = number_spans + [m.span() for m in words]
     starts, ends = {s for s, _ in spans}, {e for _, e in spans}

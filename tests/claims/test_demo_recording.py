@@ -92,8 +92,8 @@ EXPECTED = [
         "req-demo-011",
         "They beat Internazionale 2\u20131 in the Estádio Nacional in Lisbon.",
         true=True,
-        miss=_MISS + "p=0.03 (unsupported): it is read with the claim before it, the planted "
-        "'in 1968'",
+        miss=_MISS + "p=0.03 (unsupported), the network's own miss: 0.035 with the true "
+        "1967 claim as its context, 0.066 as 'Celtic beat ...', 0.33 read without the question",
     ),
     Expected(
         "req-demo-011",

@@ -188,3 +188,39 @@ def test_ambiguous_months_count_exactly_when_a_number_is_within_two_characters(
         if m.group(1).lower() not in rules._AMBIGUOUS_MONTHS or near:
             kept.append(m.group(1))
     assert [q.surface for q in extract_quantities(text) if q.month is not None] == kept
+
+
+@pytest.mark.parametrize(
+    ("claim", "evidence", "contradicted"),
+    [
+        ("It was worth just £15.4m.", "the £15.4million estate", False),
+        ("It was worth just £15.4m.", "the £16.4million estate", True),
+        ("A $2.5m starting price.", "a starting price of $2.5 million", False),
+        ("A $64k salary.", "paid 64,000 dollars a year", False),
+        ("A $64k salary.", "paid 64 dollars a year", True),  # k is a thousand, not nothing
+        ("Chelsea signed a £200m deal.", "a £200million sponsorship deal", False),
+        ("A €3B fund.", "a fund of 3 billion euros", False),
+        ("A 5m drop.", "a 5 million drop", True),  # without a currency sign m may be metres
+        ("A 5m drop.", "a 5m drop", False),
+    ],
+)
+def test_money_short_scales_after_a_currency_sign(
+    claim: str, evidence: str, contradicted: bool
+) -> None:
+    assert check_quantities(claim, evidence).contradicted is contradicted
+
+
+def test_two_years_glued_in_the_evidence_are_both_read() -> None:
+    evidence = "The Box was released 20092009 was the year that released Zombieland."
+    assert not check_quantities("It was released in 2009.", evidence).contradicted
+    assert check_quantities("It was released in 2010.", evidence).contradicted
+    glued = "Messenger was released 20042005 was"
+    assert [q.surface for q in extract_quantities(glued, evidence=True)] == [
+        "20042005", "2004", "2005",
+    ]  # fmt: skip
+    # the claim side reads the run as written; ids and other runs are not split
+    assert [q.surface for q in extract_quantities(glued)] == ["20042005"]
+    assert [q.surface for q in extract_quantities("ref 12345678", evidence=True)] == ["12345678"]
+    assert [q.surface for q in extract_quantities("ref 20092009.5", evidence=True)] == [
+        "20092009.5"
+    ]
