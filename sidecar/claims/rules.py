@@ -15,6 +15,7 @@ What counts as a quantity:
   percentages (``1.5%``); digits inside identifiers (``HbA1c``) are not;
 * money's short scales after a currency sign: ``£15.4m`` = ``15.4 million``, ``$64k``,
   ``$2bn``, ``€3b`` (without the sign ``m`` is as often metres: not read as a scale);
+  a range with one scale gives it to both ends (``5-10 million``, ``$5-10m``);
 * number words ``one`` .. ``twenty``, tens, ``hundred``, ``dozen`` (``one`` only next to
   another number: on its own it is mostly a pronoun);
 * month names next to a number, and unambiguous month names on their own
@@ -68,6 +69,17 @@ _NUMBER: Final = re.compile(
 _CURRENCY_BEFORE: Final = re.compile(r"[$£€¥]\s?$")
 _SHORT_SCALE: Final = re.compile(r"(k|m|b)\b", re.IGNORECASE)
 _SHORT_SCALES: Final = {"k": 1e3, "m": 1e6, "b": 1e9}
+# A range with one scale ("5-10 million", "$5-10m"): its first number takes the scale
+# written after the second; "$5-" before a number makes it money too.
+_NUM: Final = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+_RANGE_WORD_TAIL: Final = re.compile(
+    r"\s?[-\u2013]\s?" + _NUM + r"\s*(thousand|million|billion|trillion|bn|mn|tn)\b",
+    re.IGNORECASE,
+)
+_RANGE_SHORT_TAIL: Final = re.compile(
+    r"\s?[-\u2013]\s?[$£€¥]?\s?" + _NUM + r"(k|m|b)\b", re.IGNORECASE
+)
+_RANGE_HEAD: Final = re.compile(r"[$£€¥]\s?" + _NUM + r"\s?[-\u2013]\s?$")
 # Two years in one run of digits (1000-2099 each): HaluEval's knowledge strings glue
 # facts ("The Box was released 20092009 was the year that released Zombieland").
 _GLUED_YEARS: Final = re.compile(r"(?<![0-9])((?:1\d|20)\d\d)((?:1\d|20)\d\d)(?![0-9])")
@@ -134,23 +146,31 @@ def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
         integer, fraction = m.group(1), m.group(2)
         scale_word = (m.group(3) or "").lower()
         scale = _SCALE.get(scale_word, 1.0)
-        surface, end = m.group(0).strip(), m.end()
-        if not scale_word and _CURRENCY_BEFORE.search(text, max(0, m.start() - 2), m.start()):
-            short = _SHORT_SCALE.match(text, end)
+        surface, start, end = m.group(0).strip(), m.start(), m.end()
+        if not scale_word:
+            money = (
+                _CURRENCY_BEFORE.search(text, max(0, start - 2), start) is not None
+                or _RANGE_HEAD.search(text, max(0, start - 40), start) is not None
+            )
+            short = _SHORT_SCALE.match(text, end) if money else None
             if short is not None:
                 scale = _SHORT_SCALES[short.group(1).lower()]
                 surface, end = surface + short.group(1), short.end()
+            elif (tail := _RANGE_WORD_TAIL.match(text, end)) is not None:
+                scale = _SCALE[tail.group(1).lower()]
+            elif money and (tail := _RANGE_SHORT_TAIL.match(text, end)) is not None:
+                scale = _SHORT_SCALES[tail.group(1).lower()]
         try:
             base = Decimal(integer.replace(",", "") + (fraction or ""))
         except InvalidOperation:  # pragma: no cover - the pattern only admits digits
             continue
         value = float(base) * scale
-        found.append((m.start(), Quantity(surface, value, _precision(integer, fraction, scale))))
-        number_spans.append((m.start(), end))
+        found.append((start, Quantity(surface, value, _precision(integer, fraction, scale))))
+        number_spans.append((start, end))
         if evidence and scale == 1.0 and not fraction:
             glued = _GLUED_YEARS.fullmatch(integer)
             if glued is not None:
-                found.extend((m.start(), Quantity(y, float(y), 1.0)) for y in glued.groups())
+                found.extend((start, Quantity(y, float(y), 1.0)) for y in glued.groups())
     words = list(_NUMBER_WORD.finditer(text))
     spans = number_spans + [m.span() for m in words]
     starts, ends = {s for s, _ in spans}, {e for _, e in spans}

@@ -202,6 +202,12 @@ def test_ambiguous_months_count_exactly_when_a_number_is_within_two_characters(
         ("A €3B fund.", "a fund of 3 billion euros", False),
         ("A 5m drop.", "a 5 million drop", True),  # without a currency sign m may be metres
         ("A 5m drop.", "a 5m drop", False),
+        # a range with one scale gives it to both ends
+        ("Worth $5-10m.", "worth from $5m to $10m", False),
+        ("Worth $5-10m.", "worth from $5 to $10", True),
+        ("5-10 million people", "between 5 million and 10 million people", False),
+        ("325-650mg", "325mg to 650mg", False),  # mg is no scale: the ends stay 325 and 650
+        ("A 5-10m drop.", "a 5 to 10 million drop", True),  # no sign: metres, maybe
     ],
 )
 def test_money_short_scales_after_a_currency_sign(
