@@ -22,8 +22,9 @@ What counts as a quantity:
   (``May`` counts only beside a number).
 
 The evidence also reads two years glued into one run of digits (``released
-20092009 was the year``: knowledge-graph facts joined without a space) as both years;
-an extra evidence value can only let a claim value match, never cap a claim.
+20092009 was the year``: knowledge-graph facts joined without a space) as both years,
+and a number glued to the sentence before it (``in Manhattan.55 Hudson Yards``); an
+extra evidence value can only let a claim value match, never cap a claim.
 
 A claim value matches an evidence value when they are equal up to the claim's
 own precision (``1.5 million`` matches ``1,523,000``; ``1.5%`` matches
@@ -83,6 +84,9 @@ _RANGE_HEAD: Final = re.compile(r"[$£€¥]\s?" + _NUM + r"\s?[-\u2013]\s?$")
 # Two years in one run of digits (1000-2099 each): HaluEval's knowledge strings glue
 # facts ("The Box was released 20092009 was the year that released Zombieland").
 _GLUED_YEARS: Final = re.compile(r"(?<![0-9])((?:1\d|20)\d\d)((?:1\d|20)\d\d)(?![0-9])")
+# A sentence glued to the next one's leading number ("in Manhattan.55 Hudson Yards is ..."):
+# the evidence reads the number (the claim side keeps ".55" as no number of its own).
+_GLUED_SENTENCE: Final = re.compile(r"(?<=[A-Za-z])\.(?=\d)")
 _NUMBER_WORD: Final = re.compile(r"\b(" + "|".join(_WORDS) + r")\b", re.IGNORECASE)
 _MONTH: Final = re.compile(
     r"\b(January|February|March|April|May|June|July|August|September|October|November|"
@@ -140,26 +144,14 @@ def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
     ``evidence``: every ``one`` counts (a claim's "1 Oscar" matches "one Oscar"; an extra
     evidence value can only let a claim value match, never cap it).
     """
+    if evidence:
+        text = _GLUED_SENTENCE.sub(". ", text)
     found: list[tuple[int, Quantity]] = []
     number_spans: list[tuple[int, int]] = []
     for m in _NUMBER.finditer(text):
         integer, fraction = m.group(1), m.group(2)
-        scale_word = (m.group(3) or "").lower()
-        scale = _SCALE.get(scale_word, 1.0)
-        surface, start, end = m.group(0).strip(), m.start(), m.end()
-        if not scale_word:
-            money = (
-                _CURRENCY_BEFORE.search(text, max(0, start - 2), start) is not None
-                or _RANGE_HEAD.search(text, max(0, start - 40), start) is not None
-            )
-            short = _SHORT_SCALE.match(text, end) if money else None
-            if short is not None:
-                scale = _SHORT_SCALES[short.group(1).lower()]
-                surface, end = surface + short.group(1), short.end()
-            elif (tail := _RANGE_WORD_TAIL.match(text, end)) is not None:
-                scale = _SCALE[tail.group(1).lower()]
-            elif money and (tail := _RANGE_SHORT_TAIL.match(text, end)) is not None:
-                scale = _SHORT_SCALES[tail.group(1).lower()]
+        start = m.start()
+        scale, surface, end = _scale(text, m)
         try:
             base = Decimal(integer.replace(",", "") + (fraction or ""))
         except InvalidOperation:  # pragma: no cover - the pattern only admits digits
@@ -192,6 +184,27 @@ def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
             continue
         found.append((m.start(), Quantity(m.group(1), month=_MONTHS[name])))
     return [q for _, q in sorted(found, key=lambda pair: pair[0])]
+
+
+def _scale(text: str, m: re.Match[str]) -> tuple[float, str, int]:
+    """A number's scale, its surface and where it ends: its scale word ("1.5 million"),
+    money's short scale ("£15.4m"), or the scale its range ends with ("5-10 million")."""
+    scale_word = (m.group(3) or "").lower()
+    surface, start, end = m.group(0).strip(), m.start(), m.end()
+    if scale_word:
+        return _SCALE[scale_word], surface, end
+    money = (
+        _CURRENCY_BEFORE.search(text, max(0, start - 2), start) is not None
+        or _RANGE_HEAD.search(text, max(0, start - 40), start) is not None
+    )
+    short = _SHORT_SCALE.match(text, end) if money else None
+    if short is not None:
+        return _SHORT_SCALES[short.group(1).lower()], surface + short.group(1), short.end()
+    if (tail := _RANGE_WORD_TAIL.match(text, end)) is not None:
+        return _SCALE[tail.group(1).lower()], surface, end
+    if money and (tail := _RANGE_SHORT_TAIL.match(text, end)) is not None:
+        return _SHORT_SCALES[tail.group(1).lower()], surface, end
+    return 1.0, surface, end
 
 
 def _next_to_number(start: int, end: int, starts: set[int], ends: set[int]) -> bool:

@@ -227,6 +227,15 @@ def test_two_years_glued_in_the_evidence_are_both_read() -> None:
     # the claim side reads the run as written; ids and other runs are not split
     assert [q.surface for q in extract_quantities(glued)] == ["20042005"]
     assert [q.surface for q in extract_quantities("ref 12345678", evidence=True)] == ["12345678"]
+
+
+def test_a_number_glued_to_the_sentence_before_it_is_read_in_the_evidence() -> None:
+    evidence = "It is in the Financial District of Manhattan.55 Hudson Yards is a skyscraper."
+    assert not check_quantities("55 Hudson Yards", evidence).contradicted
+    assert check_quantities("56 Hudson Yards", evidence).contradicted
+    # a decimal is not split ("3.5" stays 3.5) and an identifier stays none ("v1.2")
+    assert [q.value for q in extract_quantities("it grew 3.5% in v1.2", evidence=True)] == [3.5]
+    assert extract_quantities("Manhattan.55") == []  # the claim side reads only its own
     assert [q.surface for q in extract_quantities("ref 20092009.5", evidence=True)] == [
         "20092009.5"
     ]
