@@ -17,7 +17,8 @@ What counts as a quantity:
   ``$2bn``, ``€3b`` (without the sign ``m`` is as often metres: not read as a scale);
   a range with one scale gives it to both ends (``5-10 million``, ``$5-10m``);
 * number words ``one`` .. ``twenty``, tens, ``hundred``, ``dozen`` (``one`` only next to
-  another number: on its own it is mostly a pronoun);
+  another number: on its own it is mostly a pronoun); words in a row make one number
+  (``twenty-five``, ``two hundred and five``, ``five million``, ``nineteen eighty-four``);
 * month names next to a number, and unambiguous month names on their own
   (``May`` counts only beside a number).
 
@@ -87,6 +88,14 @@ _GLUED_YEARS: Final = re.compile(r"(?<![0-9])((?:1\d|20)\d\d)((?:1\d|20)\d\d)(?!
 # A sentence glued to the next one's leading number ("in Manhattan.55 Hudson Yards is ..."):
 # the evidence reads the number (the claim side keeps ".55" as no number of its own).
 _GLUED_SENTENCE: Final = re.compile(r"(?<=[A-Za-z])\.(?=\d)")
+# Number words in a row make one number ("twenty-five", "two hundred and five", "three
+# thousand", "nineteen eighty-four"): read word by word, "twenty-five years" was capped
+# against "25 years" (20 and 5 missing) and "5 million" against "five million".
+_RUN_SCALES: Final = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "trillion": 1e12}
+_RUN_WORD: Final = re.compile(r"\b(" + "|".join([*_WORDS, *_RUN_SCALES]) + r")\b", re.IGNORECASE)
+_RUN_GAP: Final = re.compile(r"[ \t\u00a0\-\u2010\u2011\u2013]{1,3}")
+_AND_GAP: Final = re.compile(r"[ \t\u00a0]{1,3}and[ \t\u00a0]{1,3}", re.IGNORECASE)
+_AND_AFTER: Final = frozenset({"hundred", *_RUN_SCALES})
 _NUMBER_WORD: Final = re.compile(r"\b(" + "|".join(_WORDS) + r")\b", re.IGNORECASE)
 _MONTH: Final = re.compile(
     r"\b(January|February|March|April|May|June|July|August|September|October|November|"
@@ -163,19 +172,27 @@ def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
             glued = _GLUED_YEARS.fullmatch(integer)
             if glued is not None:
                 found.extend((start, Quantity(y, float(y), 1.0)) for y in glued.groups())
-    words = list(_NUMBER_WORD.finditer(text))
+    words = [m for m in _RUN_WORD.finditer(text) if m.group(1).lower() in _WORDS]
     spans = number_spans + [m.span() for m in words]
     starts, ends = {s for s, _ in spans}, {e for _, e in spans}
-    for m in words:
-        word = m.group(1).lower()
-        if (
-            not evidence
-            and word in _PRONOUNS
-            and not _next_to_number(m.start(), m.end(), starts, ends)
-        ):
+    for run in _word_runs(text):
+        said = _run_value([m.group(1).lower() for m in run])
+        if said is not None and len(run) > 1:
+            last = run[-1].group(1).lower()
+            surface = text[run[0].start() : run[-1].end()]
+            found.append((run[0].start(), Quantity(surface, said, _RUN_SCALES.get(last, 1.0))))
+            number_spans.append((run[0].start(), run[-1].end()))
             continue
-        found.append((m.start(), Quantity(m.group(0), float(_WORDS[word]), 1.0)))
-        number_spans.append((m.start(), m.end()))
+        for m in run:  # one word, or words that make no number together ("five six")
+            word = m.group(1).lower()
+            if word not in _WORDS or (
+                not evidence
+                and word in _PRONOUNS
+                and not _next_to_number(m.start(), m.end(), starts, ends)
+            ):
+                continue
+            found.append((m.start(), Quantity(m.group(0), float(_WORDS[word]), 1.0)))
+            number_spans.append((m.start(), m.end()))
     starts = {s for s, _ in number_spans}
     ends = {e for _, e in number_spans}
     for m in _MONTH.finditer(text):
@@ -184,6 +201,61 @@ def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
             continue
         found.append((m.start(), Quantity(m.group(1), month=_MONTHS[name])))
     return [q for _, q in sorted(found, key=lambda pair: pair[0])]
+
+
+def _word_runs(text: str) -> list[list[re.Match[str]]]:
+    """Number words next to each other ("twenty-five", "two hundred and five", "three
+    thousand"): each run in order; a scale word does not start one ("millions of")."""
+    runs: list[list[re.Match[str]]] = []
+    for m in _RUN_WORD.finditer(text):
+        word = m.group(1).lower()
+        if runs and _joins(text, runs[-1][-1], m):
+            runs[-1].append(m)
+        elif word not in _RUN_SCALES:
+            runs.append([m])
+    return runs
+
+
+def _joins(text: str, prev: re.Match[str], m: re.Match[str]) -> bool:
+    gap = text[prev.end() : m.start()]
+    if _RUN_GAP.fullmatch(gap):
+        return True
+    return prev.group(1).lower() in _AND_AFTER and _AND_GAP.fullmatch(gap) is not None
+
+
+def _run_value(words: Sequence[str]) -> float | None:
+    """The number a run of number words says, or ``None`` when it says none ("five six").
+
+    Cardinals ("two hundred and five" 205, "three thousand" 3,000, "twenty-five") and
+    years said in pairs ("nineteen eighty-four" 1984, "twenty twenty" 2020).
+    """
+    value = _cardinal(words)
+    if value is not None or len(words) > 4:  # a year said in pairs has at most 4 words
+        return value
+    for k in range(1, len(words)):
+        century, rest = _cardinal(words[:k]), _cardinal(words[k:])
+        if century is not None and rest is not None and 10 <= century <= 29 and 10 <= rest <= 99:
+            return century * 100 + rest
+    return None
+
+
+def _cardinal(words: Sequence[str]) -> float | None:
+    total, current = 0.0, 0
+    for word in words:
+        if word in _RUN_SCALES:
+            if current == 0:
+                return None
+            total, current = total + current * _RUN_SCALES[word], 0
+        elif word in ("hundred", "dozen"):
+            if current >= 100:
+                return None
+            current = max(current, 1) * _WORDS[word]
+        else:
+            value, low = _WORDS[word], current % 100
+            if low != 0 and not (low >= 20 and low % 10 == 0 and value < 10):
+                return None
+            current += value
+    return total + current
 
 
 def _scale(text: str, m: re.Match[str]) -> tuple[float, str, int]:

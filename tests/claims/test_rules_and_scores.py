@@ -114,7 +114,8 @@ def test_summarise_fills_the_claims_signal() -> None:
         ("One of the best films of 1959", ["1959"]),
         ("No one came on May one", []),  # neither "one" nor the month beside it
         ("He won one Oscar and two Emmys", ["two"]),
-        ("twenty-one guns, one hundred men", ["twenty", "one", "one", "hundred"]),
+        ("twenty-one guns, one hundred men", ["twenty-one", "one hundred"]),
+        ("one, two", ["one", "two"]),  # "one" beside another number word
     ],
 )
 def test_one_is_a_quantity_only_next_to_another_number(text: str, surfaces: list[str]) -> None:
@@ -146,11 +147,15 @@ def test_a_claim_keeps_a_one_only_beside_a_number_and_the_evidence_keeps_every_o
     words: list[str], seps: list[str]
 ) -> None:
     """The evidence side reads a superset of the claim side (an extra evidence value can
-    only let a claim value match), and they differ exactly by the lone "one"s."""
+    only let a claim value match), and they differ only by lone "one"s (and an ambiguous
+    month beside one); a "one" with no other number within 3 characters is never the
+    claim's."""
     text = "".join(w + s for w, s in zip(words, seps, strict=False))
     claim = [(q.surface, q.value, q.month) for q in extract_quantities(text)]
     evidence = [(q.surface, q.value, q.month) for q in extract_quantities(text, evidence=True)]
     assert all(claim.count(q) <= evidence.count(q) for q in claim)
+    extra = [q for q in set(evidence) if evidence.count(q) > claim.count(q)]
+    assert all(q[0].lower() == "one" or q[2] is not None for q in extra)  # or a month beside it
     spans = [m.span() for m in rules._NUMBER.finditer(text)]
     spans += [m.span() for m in rules._NUMBER_WORD.finditer(text)]
     lone = sum(
@@ -158,12 +163,12 @@ def test_a_claim_keeps_a_one_only_beside_a_number_and_the_evidence_keeps_every_o
         for m in rules._NUMBER_WORD.finditer(text)
         if m.group(1).lower() == "one"
         and not any(
-            (s, e) != m.span() and (0 <= m.start() - e <= 2 or 0 <= s - m.end() <= 2)
+            (s, e) != m.span() and (0 <= m.start() - e <= 3 or 0 <= s - m.end() <= 3)
             for s, e in spans
         )
     )
     ones = sum(1 for q in claim if q[0].lower() == "one")
-    assert ones == sum(1 for q in evidence if q[0].lower() == "one") - lone
+    assert ones <= sum(1 for q in evidence if q[0].lower() == "one") - lone
 
 
 @settings(max_examples=300, deadline=None)
@@ -214,6 +219,46 @@ def test_money_short_scales_after_a_currency_sign(
     claim: str, evidence: str, contradicted: bool
 ) -> None:
     assert check_quantities(claim, evidence).contradicted is contradicted
+
+
+@pytest.mark.parametrize(
+    ("claim", "evidence", "contradicted"),
+    [
+        ("It ran for twenty-five years.", "It ran for 25 years.", False),
+        ("It ran for 25 years.", "It ran for twenty-five years.", False),
+        ("It ran for twenty-six years.", "It ran for 25 years.", True),
+        ("About two hundred people came.", "200 people came", False),
+        ("Three thousand copies.", "3,000 copies", False),
+        ("Five million viewers.", "5 million viewers", False),
+        ("5 million viewers.", "five million viewers", False),
+        ("Six million viewers.", "5 million viewers", True),
+        ("Founded in two thousand and nine.", "founded in 2009", False),
+        ("Orwell wrote Nineteen Eighty-Four.", "his novel 1984", False),
+        ("Two dozen eggs.", "24 eggs", False),
+        ("It takes two or three hours.", "2 to 3 hours", False),  # no run across "or"
+        ("Between two and three hours.", "2 to 3 hours", False),  # "and" only after hundred
+    ],
+)
+def test_number_words_in_a_row_make_one_number(
+    claim: str, evidence: str, contradicted: bool
+) -> None:
+    assert check_quantities(claim, evidence).contradicted is contradicted
+
+
+@pytest.mark.parametrize(
+    ("text", "values"),
+    [
+        ("one hundred and five", [105.0]),
+        ("five hundred thousand", [500_000.0]),
+        ("one million two hundred thousand", [1_200_000.0]),
+        ("twenty twenty-one", [2021.0]),
+        ("five six", [5.0, 6.0]),  # no number together: each word as before
+        ("millions of fans", []),  # a scale word alone is no number
+        ("one one one one one one", [1.0] * 6),  # long runs that are no number: linear
+    ],
+)
+def test_number_word_runs_read_as_written(text: str, values: list[float]) -> None:
+    assert [q.value for q in extract_quantities(text, evidence=True)] == values
 
 
 def test_two_years_glued_in_the_evidence_are_both_read() -> None:
