@@ -22,7 +22,8 @@ What counts as a quantity:
 * month names next to a number, and unambiguous month names on their own
   (``May`` counts only beside a number).
 
-The evidence also reads two years glued into one run of digits (``released
+The evidence also reads ordinal words (``the third season`` holds a claim's ``3rd``),
+two years glued into one run of digits (``released
 20092009 was the year``: knowledge-graph facts joined without a space) as both years,
 and a number glued to the sentence before it (``in Manhattan.55 Hudson Yards``); an
 extra evidence value can only let a claim value match, never cap a claim.
@@ -96,6 +97,21 @@ _RUN_WORD: Final = re.compile(r"\b(" + "|".join([*_WORDS, *_RUN_SCALES]) + r")\b
 _RUN_GAP: Final = re.compile(r"[ \t\u00a0\-\u2010\u2011\u2013]{1,3}")
 _AND_GAP: Final = re.compile(r"[ \t\u00a0]{1,3}and[ \t\u00a0]{1,3}", re.IGNORECASE)
 _AND_AFTER: Final = frozenset({"hundred", *_RUN_SCALES})
+# Ordinal words, read in the evidence only: a claim's "3rd season" (read as 3) was capped
+# against "the third season"; read in claims they would cap every "the first to ...".
+_ORDINALS: Final = {
+    "first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7,
+    "eighth": 8, "ninth": 9, "tenth": 10, "eleventh": 11, "twelfth": 12, "thirteenth": 13,
+    "fourteenth": 14, "fifteenth": 15, "sixteenth": 16, "seventeenth": 17, "eighteenth": 18,
+    "nineteenth": 19, "twentieth": 20, "thirtieth": 30, "fortieth": 40, "fiftieth": 50,
+    "sixtieth": 60, "seventieth": 70, "eightieth": 80, "ninetieth": 90, "hundredth": 100,
+}  # fmt: skip
+_ORDINAL: Final = re.compile(
+    r"\b(?:(twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)[ \-\u2010\u2011])?("
+    + "|".join(_ORDINALS)
+    + r")\b",
+    re.IGNORECASE,
+)
 _NUMBER_WORD: Final = re.compile(r"\b(" + "|".join(_WORDS) + r")\b", re.IGNORECASE)
 _MONTH: Final = re.compile(
     r"\b(January|February|March|April|May|June|July|August|September|October|November|"
@@ -155,23 +171,7 @@ def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
     """
     if evidence:
         text = _GLUED_SENTENCE.sub(". ", text)
-    found: list[tuple[int, Quantity]] = []
-    number_spans: list[tuple[int, int]] = []
-    for m in _NUMBER.finditer(text):
-        integer, fraction = m.group(1), m.group(2)
-        start = m.start()
-        scale, surface, end = _scale(text, m)
-        try:
-            base = Decimal(integer.replace(",", "") + (fraction or ""))
-        except InvalidOperation:  # pragma: no cover - the pattern only admits digits
-            continue
-        value = float(base) * scale
-        found.append((start, Quantity(surface, value, _precision(integer, fraction, scale))))
-        number_spans.append((start, end))
-        if evidence and scale == 1.0 and not fraction:
-            glued = _GLUED_YEARS.fullmatch(integer)
-            if glued is not None:
-                found.extend((start, Quantity(y, float(y), 1.0)) for y in glued.groups())
+    found, number_spans = _digit_quantities(text, evidence=evidence)
     words = [m for m in _RUN_WORD.finditer(text) if m.group(1).lower() in _WORDS]
     spans = number_spans + [m.span() for m in words]
     starts, ends = {s for s, _ in spans}, {e for _, e in spans}
@@ -193,6 +193,12 @@ def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
                 continue
             found.append((m.start(), Quantity(m.group(0), float(_WORDS[word]), 1.0)))
             number_spans.append((m.start(), m.end()))
+    if evidence:
+        for m in _ORDINAL.finditer(text):
+            tens = _WORDS[m.group(1).lower()] if m.group(1) else 0
+            found.append(
+                (m.start(), Quantity(m.group(0), float(tens + _ORDINALS[m.group(2).lower()])))
+            )
     starts = {s for s, _ in number_spans}
     ends = {e for _, e in number_spans}
     for m in _MONTH.finditer(text):
@@ -201,6 +207,30 @@ def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
             continue
         found.append((m.start(), Quantity(m.group(1), month=_MONTHS[name])))
     return [q for _, q in sorted(found, key=lambda pair: pair[0])]
+
+
+def _digit_quantities(
+    text: str, *, evidence: bool
+) -> tuple[list[tuple[int, Quantity]], list[tuple[int, int]]]:
+    """The numbers written in digits (with where each starts), and their spans."""
+    found: list[tuple[int, Quantity]] = []
+    spans: list[tuple[int, int]] = []
+    for m in _NUMBER.finditer(text):
+        integer, fraction = m.group(1), m.group(2)
+        start = m.start()
+        scale, surface, end = _scale(text, m)
+        try:
+            base = Decimal(integer.replace(",", "") + (fraction or ""))
+        except InvalidOperation:  # pragma: no cover - the pattern only admits digits
+            continue
+        value = float(base) * scale
+        found.append((start, Quantity(surface, value, _precision(integer, fraction, scale))))
+        spans.append((start, end))
+        if evidence and scale == 1.0 and not fraction:
+            glued = _GLUED_YEARS.fullmatch(integer)
+            if glued is not None:
+                found.extend((start, Quantity(y, float(y), 1.0)) for y in glued.groups())
+    return found, spans
 
 
 def _word_runs(text: str) -> list[list[re.Match[str]]]:

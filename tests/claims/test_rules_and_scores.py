@@ -261,6 +261,20 @@ def test_number_word_runs_read_as_written(text: str, values: list[float]) -> Non
     assert [q.value for q in extract_quantities(text, evidence=True)] == values
 
 
+@pytest.mark.parametrize(
+    ("claim", "evidence", "contradicted"),
+    [
+        ("Its 3rd season aired in May.", "Its third season aired in May.", False),
+        ("Its 4th season aired in May.", "Its third season aired in May.", True),
+        ("The 21st century.", "The twenty-first century.", False),
+        ("He was the first to do it.", "He pioneered it.", False),  # the claim's "first": none
+    ],
+)
+def test_the_evidence_reads_ordinal_words(claim: str, evidence: str, contradicted: bool) -> None:
+    assert check_quantities(claim, evidence).contradicted is contradicted
+    assert not [q for q in extract_quantities("the first and the third") if q.value]
+
+
 def test_two_years_glued_in_the_evidence_are_both_read() -> None:
     evidence = "The Box was released 20092009 was the year that released Zombieland."
     assert not check_quantities("It was released in 2009.", evidence).contradicted
