@@ -36,6 +36,7 @@ own precision (``1.5 million`` matches ``1,523,000``; ``1.5%`` matches
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -176,7 +177,8 @@ def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
     spans = number_spans + [m.span() for m in words]
     starts, ends = {s for s, _ in spans}, {e for _, e in spans}
     for run in _word_runs(text):
-        said = _run_value([m.group(1).lower() for m in run])
+        gaps = [text[a.end() : b.start()] for a, b in itertools.pairwise(run)]
+        said = _run_value([m.group(1).lower() for m in run], gaps)
         if said is not None and len(run) > 1:
             last = run[-1].group(1).lower()
             surface = text[run[0].start() : run[-1].end()]
@@ -253,16 +255,20 @@ def _joins(text: str, prev: re.Match[str], m: re.Match[str]) -> bool:
     return prev.group(1).lower() in _AND_AFTER and _AND_GAP.fullmatch(gap) is not None
 
 
-def _run_value(words: Sequence[str]) -> float | None:
+def _run_value(words: Sequence[str], gaps: Sequence[str]) -> float | None:
     """The number a run of number words says, or ``None`` when it says none ("five six").
 
     Cardinals ("two hundred and five" 205, "three thousand" 3,000, "twenty-five") and
-    years said in pairs ("nineteen eighty-four" 1984, "twenty twenty" 2020).
+    years said in pairs ("nineteen eighty-four" 1984, "twenty twenty" 2020), the pairs
+    apart by a space ("ten-twelve" is a range, not 1012). ``gaps[i]``: the text between
+    word ``i`` and the next.
     """
     value = _cardinal(words)
     if value is not None or len(words) > 4:  # a year said in pairs has at most 4 words
         return value
     for k in range(1, len(words)):
+        if gaps[k - 1].strip():
+            continue
         century, rest = _cardinal(words[:k]), _cardinal(words[k:])
         if century is not None and rest is not None and 10 <= century <= 29 and 10 <= rest <= 99:
             return century * 100 + rest

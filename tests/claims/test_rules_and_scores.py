@@ -253,6 +253,8 @@ def test_number_words_in_a_row_make_one_number(
         ("one million two hundred thousand", [1_200_000.0]),
         ("twenty twenty-one", [2021.0]),
         ("five six", [5.0, 6.0]),  # no number together: each word as before
+        ("ages ten-twelve", [10.0, 12.0]),  # a range, not the year 1012
+        ("in nineteen twelve", [1912.0]),
         ("millions of fans", []),  # a scale word alone is no number
         ("one one one one one one", [1.0] * 6),  # long runs that are no number: linear
     ],
