@@ -62,28 +62,29 @@ _MONTHS: Final = {
     "september": 9, "sep": 9, "sept": 9, "october": 10, "oct": 10, "november": 11, "nov": 11,
     "december": 12, "dec": 12,
 }  # fmt: skip
+_SCALE_WORDS: Final = "|".join(_SCALE)
+_CURRENCY: Final = "[$£€¥]"
+_NUM: Final = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"  # a number as _NUMBER reads it
 _NUMBER: Final = re.compile(
-    r"(?<![A-Za-z0-9.,])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?"
-    r"(?:\s*(thousand|million|billion|trillion|bn|mn|tn)\b)?",
+    r"(?<![A-Za-z0-9.,])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?" rf"(?:\s*({_SCALE_WORDS})\b)?",
     re.IGNORECASE,
 )
 # After a currency sign only: "£15.4m", "$64k", "$2bn" (the long words and bn/mn/tn are
 # read by _NUMBER with or without a sign). Audit: on the validation summaries, right
 # summaries saying "£200m" / "$2.5m" were capped against "200million" / "2.5 million".
-_CURRENCY_BEFORE: Final = re.compile(r"[$£€¥]\s?$")
+_CURRENCY_BEFORE: Final = re.compile(_CURRENCY + r"\s?$")
 _SHORT_SCALE: Final = re.compile(r"(k|m|b)\b", re.IGNORECASE)
 _SHORT_SCALES: Final = {"k": 1e3, "m": 1e6, "b": 1e9}
 # A range with one scale ("5-10 million", "$5-10m"): its first number takes the scale
 # written after the second; "$5-" before a number makes it money too.
-_NUM: Final = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
 _RANGE_WORD_TAIL: Final = re.compile(
-    r"\s?[-\u2013]\s?" + _NUM + r"\s*(thousand|million|billion|trillion|bn|mn|tn)\b",
+    r"\s?[-\u2013]\s?" + _NUM + rf"\s*({_SCALE_WORDS})\b",
     re.IGNORECASE,
 )
 _RANGE_SHORT_TAIL: Final = re.compile(
-    r"\s?[-\u2013]\s?[$£€¥]?\s?" + _NUM + r"(k|m|b)\b", re.IGNORECASE
+    r"\s?[-\u2013]\s?" + _CURRENCY + r"?\s?" + _NUM + r"(k|m|b)\b", re.IGNORECASE
 )
-_RANGE_HEAD: Final = re.compile(r"[$£€¥]\s?" + _NUM + r"\s?[-\u2013]\s?$")
+_RANGE_HEAD: Final = re.compile(_CURRENCY + r"\s?" + _NUM + r"\s?[-\u2013]\s?$")
 # Two years in one run of digits (1000-2099 each): HaluEval's knowledge strings glue
 # facts ("The Box was released 20092009 was the year that released Zombieland").
 _GLUED_YEARS: Final = re.compile(r"(?<![0-9])((?:1\d|20)\d\d)((?:1\d|20)\d\d)(?![0-9])")
@@ -93,7 +94,7 @@ _GLUED_SENTENCE: Final = re.compile(r"(?<=[A-Za-z])\.(?=\d)")
 # Number words in a row make one number ("twenty-five", "two hundred and five", "three
 # thousand", "nineteen eighty-four"): read word by word, "twenty-five years" was capped
 # against "25 years" (20 and 5 missing) and "5 million" against "five million".
-_RUN_SCALES: Final = {"thousand": 1e3, "million": 1e6, "billion": 1e9, "trillion": 1e12}
+_RUN_SCALES: Final = {w: _SCALE[w] for w in ("thousand", "million", "billion", "trillion")}
 _RUN_WORD: Final = re.compile(r"\b(" + "|".join([*_WORDS, *_RUN_SCALES]) + r")\b", re.IGNORECASE)
 _RUN_GAP: Final = re.compile(r"[ \t\u00a0\-\u2010\u2011\u2013]{1,3}")
 _AND_GAP: Final = re.compile(r"[ \t\u00a0]{1,3}and[ \t\u00a0]{1,3}", re.IGNORECASE)
@@ -108,7 +109,9 @@ _ORDINALS: Final = {
     "sixtieth": 60, "seventieth": 70, "eightieth": 80, "ninetieth": 90, "hundredth": 100,
 }  # fmt: skip
 _ORDINAL: Final = re.compile(
-    r"\b(?:(twenty|thirty|forty|fifty|sixty|seventy|eighty|ninety)[ \-\u2010\u2011])?("
+    r"\b(?:("
+    + "|".join(w for w, v in _WORDS.items() if v >= 20 and v % 10 == 0 and v < 100)
+    + r")[ \-\u2010\u2011])?("
     + "|".join(_ORDINALS)
     + r")\b",
     re.IGNORECASE,
@@ -173,7 +176,7 @@ def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
     if evidence:
         text = _GLUED_SENTENCE.sub(". ", text)
     found, number_spans = _digit_quantities(text, evidence=evidence)
-    words = [m for m in _RUN_WORD.finditer(text) if m.group(1).lower() in _WORDS]
+    words = list(_NUMBER_WORD.finditer(text))
     spans = number_spans + [m.span() for m in words]
     starts, ends = {s for s, _ in spans}, {e for _, e in spans}
     for run in _word_runs(text):
