@@ -3,7 +3,7 @@
 For every form of ``--split`` (the corpus's pairs of that split, their evidence whole
 (:func:`~sidecar.lab.verifier.datasets.form_sets`) or, with ``--corpus``, the corpus's own
 single windows), each pair goes through the served claim check
-(:func:`~sidecar.lab.verifier.evaluate.check_pair_items`: evidence windows, the verifier,
+(:func:`~sidecar.lab.verifier.evaluate.check_pair_checks`: evidence windows, the verifier,
 the rule tier) as ``guardrail eval claims --format pairs`` runs it, and the report gives,
 at the verifier's served threshold, the accuracy and AUROC of the served score and of the
 network alone, and how many claims the rule tier capped. Not a timed test: writes JSON.
@@ -22,11 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sidecar.claims.rules import check_quantities
 from sidecar.claims.scorer import ClaimScorer
 from sidecar.claims.verifier import OnnxVerifier
 from sidecar.lab.verifier.datasets import FORMS, CorpusConfig, form_sets, read_corpus
-from sidecar.lab.verifier.evaluate import PairItem, check_pair_items, pair_report
+from sidecar.lab.verifier.evaluate import PairItem, check_pair_checks, pair_report
 from sidecar.lab.verifier.sources import Pair
 
 __all__ = ["main", "served_report"]
@@ -36,7 +35,8 @@ def served_report(verifier: OnnxVerifier, pairs: Sequence[Pair]) -> dict[str, An
     """The served check and the network alone on ``pairs``, at the served threshold."""
     scorer = ClaimScorer.served(verifier)
     items = [PairItem(p.claim, p.evidence, p.label, p.question) for p in pairs]
-    served, network = check_pair_items(scorer, items)
+    checks = check_pair_checks(scorer, items)
+    served, network = [c.score for c in checks], [c.verifier_p for c in checks]
     keys = ("accuracy", "auroc", "precision", "recall")
     report = pair_report(served, items, verifier.band)
     alone = pair_report(network, items, verifier.band)
@@ -45,9 +45,7 @@ def served_report(verifier: OnnxVerifier, pairs: Sequence[Pair]) -> dict[str, An
         "threshold": verifier.band.supported_from,
         "served": {k: round(float(report[k]), 4) for k in keys},
         "network": {k: round(float(alone[k]), 4) for k in keys},
-        "rule_capped": sum(
-            check_quantities(i.claim.strip(), i.evidence).contradicted for i in items
-        ),
+        "rule_capped": sum(c.tier == "rule" for c in checks),
     }
 
 

@@ -43,7 +43,7 @@ from typing import Any, Final, Literal, Protocol
 from sidecar.claims.atomic import Claim
 from sidecar.claims.calibration import Band
 from sidecar.claims.evidence import EvidenceChunk, EvidenceIndex
-from sidecar.claims.scorer import ClaimScorer
+from sidecar.claims.scorer import ClaimCheck, ClaimScorer
 from sidecar.claims.segment import segment_claims
 from sidecar.contracts.events import ClaimLabel
 from sidecar.exceptions import InputError
@@ -61,6 +61,8 @@ __all__ = [
     "EvalItem",
     "Format",
     "PairItem",
+    "check_pair_checks",
+    "check_pair_items",
     "evaluate_items",
     "evaluate_pairs",
     "held_out",
@@ -306,28 +308,33 @@ def score_pair_items(
     )
 
 
-def check_pair_items(
+def check_pair_checks(
     scorer: ClaimScorer, items: Sequence[PairItem], *, progress: bool = False
-) -> tuple[list[float], list[float]]:
+) -> list[ClaimCheck]:
     """Each pair as the sidecar checks a claim: the claim, whole, against its evidence and
     question through :meth:`ClaimScorer.check` (evidence windows, the verifier, the rule
-    tier). Returns the served scores and the verifier's own probabilities.
+    tier); one check per pair, its ``tier`` saying what decided it.
 
     Audit: ``--format pairs`` scored the verifier alone; the served check also caps claims
     whose quantities the evidence contradicts, and 18 of 41 year-shifted claims differed.
     """
     from tqdm import tqdm  # noqa: PLC0415 - the CLI's progress bar
 
-    served: list[float] = []
-    verifier: list[float] = []
+    checks: list[ClaimCheck] = []
     for item in tqdm(items, desc="pairs", unit="pair", disable=not progress):
         text = item.claim.strip()
         claim = Claim(0, text, (0, len(text)), (0, len(text)))
         index = scorer.index([EvidenceChunk("evidence", item.evidence)])
-        (check,) = scorer.check([claim], index, item.question)
-        served.append(check.score)
-        verifier.append(check.verifier_p)
-    return served, verifier
+        checks.extend(scorer.check([claim], index, item.question))
+    return checks
+
+
+def check_pair_items(
+    scorer: ClaimScorer, items: Sequence[PairItem], *, progress: bool = False
+) -> tuple[list[float], list[float]]:
+    """:func:`check_pair_checks`' served scores and the verifier's own probabilities."""
+    checks = check_pair_checks(scorer, items, progress=progress)
+    return [c.score for c in checks], [c.verifier_p for c in checks]
 
 
 def pair_report(
