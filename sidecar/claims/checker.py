@@ -20,7 +20,9 @@ Per answer (docs/methods.md §Claim verification):
    date or quantity is not in the evidence ``unsupported``;
 5. optionally, claims still ``uncertain`` go to the LLM judge
    (:mod:`sidecar.claims.judge`) off the stream; its answers refine the labels
-   at ``finish`` if they arrive in time;
+   at ``finish`` if they arrive in time; claims it was due to label and did not
+   (its breaker open, its pool saturated, a failed or late call; not those past
+   its per-answer call budget) are counted in ``ClaimsSignal.unjudged``;
 6. ``finish`` returns the remaining claims and the ``ClaimsSignal`` with the
    answer-level scores (:mod:`sidecar.claims.scores`).
 
@@ -140,6 +142,9 @@ class VerifierClaimSession:
         self._judge_labels = judge_labels
         self._budget: JudgeBudget | None = judge.budget() if judge is not None else None
         self._pending: dict[int, tuple[Future[JudgeVerdict], float]] = {}
+        # claims the judge was due to label and did not (breaker open, pool saturated, the
+        # call failed or late), by claim index; the budget's own limit is not among them
+        self._unjudged: set[int] = set()
         self._superseded: tuple[ClaimCheck, ...] = ()
         self._finished = False
 
@@ -201,10 +206,13 @@ class VerifierClaimSession:
             asked = with_context(self.question, check.claim.context)
             selection = self._index.select(check.claim.text, asked)
             evidence = selection.best_chunk or selection.window
+            within_budget = self._budget.remaining > 0
             future = self._judge.submit(check.claim.text, evidence, self._budget)
             if future is not None:
                 deadline = time.monotonic() + self._judge.config.timeout_s
                 self._pending[check.claim.index] = (future, deadline)
+            elif within_budget:  # the judge could not take it: not the budget's choice
+                self._unjudged.add(check.claim.index)
 
     def _apply_judge(self) -> None:
         if self._judge is None:
@@ -213,6 +221,7 @@ class VerifierClaimSession:
         for index, (future, deadline) in self._pending.items():
             verdict = self._judge.collect(future, deadline)
             if verdict is None:
+                self._unjudged.add(index)
                 continue
             k = position[index]
             old = self._checks[k]
@@ -249,6 +258,7 @@ class VerifierClaimSession:
                 "superseded_claims": [c.claim.index for c in self._superseded],
                 "unchecked": segmenter.unchecked + self.over_budget,
                 "unreadable": segmenter.unreadable,
+                "unjudged": sum(c.claim.index in self._unjudged for c in self._checks),
             }
         )
         return tail, signal

@@ -117,7 +117,12 @@ def _policy_profile(
 def _eligible(
     replayed: Sequence[Replayed], profile: Profile | None
 ) -> tuple[list[object], list[float], list[int]]:
-    """(qid, confidence, correct) of the answers a certificate could allow."""
+    """(qid, confidence, correct) of the answers a certificate could allow.
+
+    Not an answer whose claims the LLM judge was due to label and did not
+    (``signals.claims.unjudged``: it failed, was late or paused): a certificate fitted with
+    the judge never applies to such an answer when served, so it is left out of the fit
+    too (and said on stderr)."""
     from sidecar.contracts.events import Signals  # noqa: PLC0415
     from sidecar.policy.config import SEVERITY  # noqa: PLC0415
     from sidecar.policy.findings import evaluate_signals  # noqa: PLC0415
@@ -125,10 +130,14 @@ def _eligible(
     qids: list[object] = []
     conf: list[float] = []
     correct: list[int] = []
+    unjudged = 0
     for r in replayed:
         p = r.verdict.get("confidence")
         if p is None:
             continue  # never allowed under a certificate: not eligible
+        if r.verdict["signals"]["claims"].get("unjudged"):
+            unjudged += 1
+            continue
         if profile is not None:
             findings = evaluate_signals(Signals.model_validate(r.verdict["signals"]), profile, p)
             if any(SEVERITY[f.action] > SEVERITY["allow"] for f in findings):
@@ -136,8 +145,16 @@ def _eligible(
         qids.append(r.row["qid"])
         conf.append(float(p))
         correct.append(int(r.correct))
+    if unjudged:
+        sys.stderr.write(
+            f"left out {unjudged} answer(s) whose claims the LLM judge did not all label "
+            "(failed, late or paused calls): check the judge, and fit again for them\n"
+        )
     if not conf:
-        raise ConfigError("no row is eligible (no confidence, or the profile's rules allow none)")
+        raise ConfigError(
+            "no row is eligible (no confidence, the profile's rules allow none, or the LLM "
+            "judge labelled none)"
+        )
     return qids, conf, correct
 
 

@@ -247,6 +247,15 @@ class ClaimsSignal(BaseModel):
         "(not Latin: Cyrillic, Greek, CJK ...), and lines of fenced code blocks: no claim was "
         "taken from them, none verified (policy reason claims-unreadable).",
     )
+    unjudged: int = Field(
+        default=0,
+        ge=0,
+        description="Claims of the final answer the LLM judge was due to label and did not: "
+        "its breaker open, its pool saturated, the call failed or came too late (they keep "
+        "the verifier's label; claims past its per-answer call budget are not counted). An "
+        "allow certificate fitted with the judge does not apply to such an answer (reason "
+        "certificate-not-applicable). 0 without a judge.",
+    )
 
 
 class Signals(BaseModel):

@@ -26,7 +26,11 @@ While serving, a request of another calibration key than the certificate's is
 not certified (reason ``certificate-key-mismatch``, the profile's ``below``
 action), and a certificate the online re-test found broken
 (:class:`~sidecar.confidence.certify_allow.CertificateTracker`) withdraws the
-allow for its key (reason ``certificate-violated``). Pure logic after loading.
+allow for its key (reason ``certificate-violated``). A certificate fitted with an LLM
+judge's labels does not apply to an answer whose claims the judge was due to label and
+did not (``ClaimsSignal.unjudged``: its breaker open, a failed or late call): the labels,
+hence the confidence, are not those it was fitted on (reason
+``certificate-not-applicable``). Pure logic after loading.
 """
 
 from __future__ import annotations
@@ -97,42 +101,32 @@ class CertifiedAllow:
         return sorted(set(self.certificate.model_versions) & set(SIGNAL_MODELS))
 
     @property
+    def fitted_with_judge(self) -> bool:
+        """Whether the certificate's claim labels came through an LLM judge."""
+        verifier = self.certificate.model_versions.get("verifier") or ""
+        return "judge" in verifier.split("+")
+
+    @property
     def threshold(self) -> float:
         if self.certificate.threshold is None:  # refused at load; keeps mypy honest
             raise ConfigError(f"{self.path} certifies nothing")
         return self.certificate.threshold
 
     def decide(
-        self, retrieval: RetrievalEvent, confidence: float | None, tracker: CertificateTracker
+        self,
+        retrieval: RetrievalEvent,
+        confidence: float | None,
+        tracker: CertificateTracker,
+        *,
+        unjudged: int = 0,
     ) -> Certified:
+        """``unjudged``: the answer's claims the LLM judge was due to label and did not
+        (``ClaimsSignal.unjudged``)."""
         cert = self.certificate
-        key = request_key(retrieval)
         terms = f"risk {cert.risk:g}, delta {cert.delta:g}"
-        if self.inactive is not None:
-            return Certified(
-                self.rules.below,
-                _reason(
-                    "certificate-not-applicable",
-                    f"the certificate of profile {self.profile} does not apply: {self.inactive}",
-                ),
-                in_force=False,
-            )
-        if key != cert.key:
-            return Certified(
-                self.rules.below,
-                _reason(
-                    "certificate-key-mismatch",
-                    f"the certificate of profile {self.profile} is for {cert.key}, this request "
-                    f"is {key}: no certified allow",
-                ),
-                in_force=False,
-            )
-        if tracker.violated(key):
-            return Certified(
-                self.rules.when_violated,
-                _reason("certificate-violated", _violation(tracker, key, cert.risk)),
-                in_force=False,
-            )
+        withheld = self._withheld(request_key(retrieval), tracker, unjudged)
+        if withheld is not None:
+            return withheld
         if confidence is None:
             return Certified(
                 self.rules.below,
@@ -161,6 +155,43 @@ class CertifiedAllow:
                 f">= {1 - cert.delta:g} (n = {cert.n})",
             ),
             in_force=True,
+        )
+
+    def _withheld(self, key: str, tracker: CertificateTracker, unjudged: int) -> Certified | None:
+        """The certificate not in force for this answer, and why; None: it decides."""
+        cert = self.certificate
+        if self.inactive is not None:
+            why = f"does not apply: {self.inactive}"
+        elif key != cert.key:
+            return Certified(
+                self.rules.below,
+                _reason(
+                    "certificate-key-mismatch",
+                    f"the certificate of profile {self.profile} is for {cert.key}, this request "
+                    f"is {key}: no certified allow",
+                ),
+                in_force=False,
+            )
+        elif tracker.violated(key):
+            return Certified(
+                self.rules.when_violated,
+                _reason("certificate-violated", _violation(tracker, key, cert.risk)),
+                in_force=False,
+            )
+        elif unjudged and self.fitted_with_judge:
+            why = (
+                f"was fitted with the LLM judge's labels, and the judge did not label "
+                f"{unjudged} of this answer's claims (its breaker open, its pool saturated, "
+                "the call failed or came too late): no certified allow"
+            )
+        else:
+            return None
+        return Certified(
+            self.rules.below,
+            _reason(
+                "certificate-not-applicable", f"the certificate of profile {self.profile} {why}"
+            ),
+            in_force=False,
         )
 
 

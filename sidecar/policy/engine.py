@@ -244,7 +244,9 @@ class PolicyEngine:
         entry = self.certified.get(name)
         certified = None
         if entry is not None:
-            certified = entry.decide(retrieval, confidence, self.certificates)
+            certified = entry.decide(
+                retrieval, confidence, self.certificates, unjudged=signals.claims.unjudged
+            )
             findings.append(Finding(certified.action, certified.reason))
         elif profile.allow is not None:  # never an uncertified allow under a certified profile
             findings.append(

@@ -717,3 +717,39 @@ def test_the_judges_calls_and_breaker_are_scraped_from_the_sidecar() -> None:
         "guardrail_judge_skipped_total": 1.0,
         "guardrail_judge_breaker_open": 1.0,
     }
+
+
+def _unjudged(runner: JudgeRunner, retrieval: RetrievalFactory, answer: str) -> int:
+    session = VerifierClaimChecker(ClaimScorer(LexicalVerifier()), judge=runner).open(
+        retrieval(EVIDENCE), trusted()
+    )
+    _, signal = session.finish(answer)
+    return signal.unjudged
+
+
+def test_claims_the_judge_was_due_to_label_and_did_not_are_counted(
+    stub: tuple[Stub, str], retrieval: RetrievalFactory
+) -> None:
+    """``ClaimsSignal.unjudged``: an allow certificate fitted with the judge's labels must
+    not apply to an answer whose uncertain claims kept the verifier's label because the
+    judge failed, was late or paused; the per-answer budget's limit is the fit's own."""
+    state, url = stub
+    runner = JudgeRunner(JudgeConfig(endpoint=url, model="stub", max_calls_per_answer=2))
+    assert _unjudged(runner, retrieval, " ".join([UNCERTAIN_CLAIM] * 4)) == 0  # 2 judged
+    assert runner.stats == {"calls": 2, "ok": 2, "failed": 0, "late": 0, "skipped": 2}
+    runner.close()
+
+    state.mode, state.delay_s = "slow", 1.0  # late: collected after its timeout
+    runner = JudgeRunner(JudgeConfig(endpoint=url, model="stub", timeout_s=0.2))
+    assert _unjudged(runner, retrieval, f"{UNCERTAIN_CLAIM} {UNCERTAIN_CLAIM}") == 2
+    runner.close()
+
+    state.mode = "error"  # failed, then the breaker open: the next answer is not sent
+    runner = JudgeRunner(
+        JudgeConfig(endpoint=url, model="stub", failure_threshold=1, cooldown_s=60)
+    )
+    assert _unjudged(runner, retrieval, UNCERTAIN_CLAIM) == 1
+    assert runner.open
+    assert _unjudged(runner, retrieval, UNCERTAIN_CLAIM) == 1
+    assert runner.stats["skipped"] == 1
+    runner.close()

@@ -77,6 +77,24 @@ def test_eligible_answers_are_those_the_profiles_other_rules_allow() -> None:
         _eligible([replayed(4, None)], profile)
 
 
+def test_answers_the_judge_did_not_fully_label_are_left_out_and_said(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Served, a certificate fitted with the judge does not apply to an answer whose claims
+    the judge was due to label and did not (``signals.claims.unjudged``): the fit leaves
+    such answers out too, and says how many."""
+    rows = [replayed(1, 0.8), replayed(2, 0.7), replayed(3, 0.6)]
+    rows[1].verdict["signals"]["claims"] = {"status": "ok", "n": 2, "unjudged": 1}
+    rows[2].verdict["signals"]["claims"] = {"status": "ok", "n": 2, "unjudged": 0}
+    qids, _, _ = _eligible(rows, None)
+    assert qids == [1, 3]
+    assert "left out 1 answer(s) whose claims the LLM judge did not all label" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(ConfigError, match="no row is eligible"):
+        _eligible([rows[1]], None)
+
+
 def test_the_command_is_registered_with_its_options() -> None:
     args = build_parser().parse_args(
         ["calibrate", "policy", "--rows", "r", "--risk", "0.2", "--out", "c.json"]

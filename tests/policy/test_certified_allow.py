@@ -493,6 +493,44 @@ def test_a_certificate_fitted_with_or_without_the_judge_applies_only_so(
     assert as_fitted.decide(retrieval(), FINAL, SIGNALS, confidence=0.9).decision is Decision.ALLOW
 
 
+@pytest.mark.parametrize("fitted", ["v+rules+judge", "v+rules"])
+def test_an_answer_the_judge_did_not_fully_label_is_not_certified(
+    tmp_path: Path, fitted: str
+) -> None:
+    """A certificate fitted on the judge's labels, served with the judge: an answer whose
+    uncertain claims kept the verifier's label because the judge failed, was late or
+    paused (``ClaimsSignal.unjudged``) is not the answer it was fitted on. Its confidence
+    allowed it before."""
+    cert = certificate().model_copy(
+        update={"model_versions": {"lookback": "l", "verifier": fitted, "confidence": MODEL}}
+    )
+    models = {"confidence": MODEL, "signals": "confidence,lookback,verifier", "verifier": "v"}
+    if "judge" in fitted:
+        models["judge"] = "on"
+    policy = engine(tmp_path, cert, models=models)
+    claims = ClaimsSignal(
+        status=SignalStatus.OK,
+        n=10,
+        supported=9,
+        uncertain=1,
+        reliability=0.95,
+        reliability_level="HIGH",
+        hallucination_rate=0.0,
+        evidence_scope="trusted",
+        unjudged=1,
+    )
+    signals = SIGNALS.model_copy(update={"claims": claims})
+    outcome = policy.decide(retrieval(), FINAL, signals, confidence=0.9)
+    if "judge" not in fitted:  # no judge fitted, none served: the count cannot matter
+        assert outcome.decision is Decision.ALLOW
+        return
+    assert outcome.decision is Decision.CAVEAT and outcome.certified_risk is None
+    [reason] = [r for r in outcome.reasons if r.code == "certificate-not-applicable"]
+    assert "did not label 1 of this answer's claims" in reason.message
+    judged = signals.model_copy(update={"claims": claims.model_copy(update={"unjudged": 0})})
+    assert policy.decide(retrieval(), FINAL, judged, confidence=0.9).decision is Decision.ALLOW
+
+
 def test_the_runtime_says_when_it_serves_a_judge() -> None:
     from sidecar.runtime import _served_models
 
