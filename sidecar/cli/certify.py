@@ -148,7 +148,8 @@ def _eligible(
     if unjudged:
         sys.stderr.write(
             f"left out {unjudged} answer(s) whose claims the LLM judge did not all label "
-            "(failed, late or paused calls): check the judge, and fit again for them\n"
+            "(failed, late or paused calls; served, the certificate does not apply to such "
+            "answers either): if the judge failed during this replay, fit again once it answers\n"
         )
     if not conf:
         raise ConfigError(
