@@ -15,7 +15,8 @@ What counts as a quantity:
   percentages (``1.5%``); digits inside identifiers (``HbA1c``) are not;
 * money's short scales after a currency sign: ``£15.4m`` = ``15.4 million``, ``$64k``,
   ``$2bn``, ``€3b`` (without the sign ``m`` is as often metres: not read as a scale);
-  a range with one scale gives it to both ends (``5-10 million``, ``$5-10m``);
+  a range with one scale gives it to both ends (``5-10 million``, ``5 to 10 million``,
+  ``between 5 and 10 million``, ``$5-10m``);
 * number words ``one`` .. ``twenty``, tens, ``hundred``, ``dozen`` (``one`` only next to
   another number: on its own it is mostly a pronoun); words in a row make one number
   (``twenty-five``, ``two hundred and five``, ``five million``, ``nineteen eighty-four``);
@@ -75,15 +76,18 @@ _NUMBER: Final = re.compile(
 _CURRENCY_BEFORE: Final = re.compile(_CURRENCY + r"\s?$")
 _SHORT_SCALE: Final = re.compile(r"(k|m|b)\b", re.IGNORECASE)
 _SHORT_SCALES: Final = {"k": 1e3, "m": 1e6, "b": 1e9}
-# A range with one scale ("5-10 million", "$5-10m"): its first number takes the scale
-# written after the second; "$5-" before a number makes it money too.
-_RANGE_WORD_TAIL: Final = re.compile(
-    r"\s?[-\u2013]\s?" + _NUM + rf"\s*({_SCALE_WORDS})\b",
-    re.IGNORECASE,
-)
-_RANGE_SHORT_TAIL: Final = re.compile(
-    r"\s?[-\u2013]\s?" + _CURRENCY + r"?\s?" + _NUM + r"(k|m|b)\b", re.IGNORECASE
-)
+# A range with one scale ("5-10 million", "5 to 10 million", "between 5 and 10 million",
+# "$5-10m"): its first number takes the scale written after the second; "$5-" before a
+# number makes it money too. The tails: (range, between) x (scale word, money's short scale).
+_RANGE_SEP: Final = r"(?:\s?[-\u2013]\s?|\s+to\s+)"
+_BETWEEN_SEP: Final = r"\s+and\s+"
+_WORD_TAIL: Final = _CURRENCY + "?" + _NUM + rf"\s*({_SCALE_WORDS})\b"
+_SHORT_TAIL: Final = _CURRENCY + r"?\s?" + _NUM + r"(k|m|b)\b"
+_RANGE_WORD_TAIL: Final = re.compile(_RANGE_SEP + _WORD_TAIL, re.IGNORECASE)
+_RANGE_SHORT_TAIL: Final = re.compile(_RANGE_SEP + _SHORT_TAIL, re.IGNORECASE)
+_BETWEEN_WORD_TAIL: Final = re.compile(_BETWEEN_SEP + _WORD_TAIL, re.IGNORECASE)
+_BETWEEN_SHORT_TAIL: Final = re.compile(_BETWEEN_SEP + _SHORT_TAIL, re.IGNORECASE)
+_BETWEEN_HEAD: Final = re.compile(r"\bbetween\s+" + _CURRENCY + r"?$", re.IGNORECASE)
 _RANGE_HEAD: Final = re.compile(_CURRENCY + r"\s?" + _NUM + r"\s?[-\u2013]\s?$")
 # Two years in one run of digits (1000-2099 each): HaluEval's knowledge strings glue
 # facts ("The Box was released 20092009 was the year that released Zombieland").
@@ -311,10 +315,14 @@ def _scale(text: str, m: re.Match[str]) -> tuple[float, str, int]:
     short = _SHORT_SCALE.match(text, end) if money else None
     if short is not None:
         return _SHORT_SCALES[short.group(1).lower()], surface + short.group(1), short.end()
-    if (tail := _RANGE_WORD_TAIL.match(text, end)) is not None:
-        return _SCALE[tail.group(1).lower()], surface, end
-    if money and (tail := _RANGE_SHORT_TAIL.match(text, end)) is not None:
-        return _SHORT_SCALES[tail.group(1).lower()], surface, end
+    tails = [(_RANGE_WORD_TAIL, _RANGE_SHORT_TAIL)]
+    if _BETWEEN_HEAD.search(text, max(0, start - 12), start) is not None:
+        tails.insert(0, (_BETWEEN_WORD_TAIL, _BETWEEN_SHORT_TAIL))
+    for word_tail, short_tail in tails:
+        if (tail := word_tail.match(text, end)) is not None:
+            return _SCALE[tail.group(1).lower()], surface, end
+        if money and (tail := short_tail.match(text, end)) is not None:
+            return _SHORT_SCALES[tail.group(1).lower()], surface, end
     return 1.0, surface, end
 
 

@@ -213,6 +213,13 @@ def test_ambiguous_months_count_exactly_when_a_number_is_within_two_characters(
         ("5-10 million people", "between 5 million and 10 million people", False),
         ("325-650mg", "325mg to 650mg", False),  # mg is no scale: the ends stay 325 and 650
         ("A 5-10m drop.", "a 5 to 10 million drop", True),  # no sign: metres, maybe
+        # ... said with "to", or "between ... and" (both ends were read 5 and 10 million)
+        ("5 to 10 million people", "between 5 million and 10 million people", False),
+        ("Between 5 and 10 million people.", "5 million to 10 million people", False),
+        ("From $5 to $10 billion.", "from $5 billion to $10 billion", False),
+        ("Between £5 and £10m.", "£5m to £10m", False),
+        ("Between 5 and 10 people.", "5 million and 10 million people", True),  # no scale
+        ("He scored 5 and 10 million watched.", "5 goals; 10 million viewers", False),
     ],
 )
 def test_money_short_scales_after_a_currency_sign(
