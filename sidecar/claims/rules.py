@@ -21,7 +21,9 @@ What counts as a quantity:
   another number: on its own it is mostly a pronoun); words in a row make one number
   (``twenty-five``, ``two hundred and five``, ``five million``, ``nineteen eighty-four``);
 * month names next to a number, and unambiguous month names on their own
-  (``May`` counts only beside a number).
+  (``May`` counts only beside a number);
+* a time of day is hours and minutes, written with a colon or a dot (``7:30pm`` and
+  ``7.30pm`` both read 7 and 30).
 
 The evidence also reads ordinal words (``the third season`` holds a claim's ``3rd``),
 two years glued into one run of digits (``released
@@ -89,6 +91,9 @@ _BETWEEN_WORD_TAIL: Final = re.compile(_BETWEEN_SEP + _WORD_TAIL, re.IGNORECASE)
 _BETWEEN_SHORT_TAIL: Final = re.compile(_BETWEEN_SEP + _SHORT_TAIL, re.IGNORECASE)
 _BETWEEN_HEAD: Final = re.compile(r"\bbetween\s+" + _CURRENCY + r"?$", re.IGNORECASE)
 _RANGE_HEAD: Final = re.compile(_CURRENCY + r"\s?" + _NUM + r"\s?[-\u2013]\s?$")
+# A time of day written with a dot ("7.30pm", "10.15 a.m."): hours and minutes, as "7:30pm"
+# reads, not the decimal 7.3 (a claim's "7:30pm" was capped against "7.30pm").
+_CLOCK_AFTER: Final = re.compile(r"\s?(?:[ap]\.?m\b\.?)", re.IGNORECASE)
 # Two years in one run of digits (1000-2099 each): HaluEval's knowledge strings glue
 # facts ("The Box was released 20092009 was the year that released Zombieland").
 _GLUED_YEARS: Final = re.compile(r"(?<![0-9])((?:1\d|20)\d\d)((?:1\d|20)\d\d)(?![0-9])")
@@ -232,9 +237,17 @@ def _digit_quantities(
             base = Decimal(integer.replace(",", "") + (fraction or ""))
         except InvalidOperation:  # pragma: no cover - the pattern only admits digits
             continue
+        spans.append((start, end))
+        clock = _CLOCK_AFTER.match(text, end) if fraction and len(fraction) == 3 else None
+        if clock is not None and scale == 1.0 and int(integer) <= 24 and int(fraction[1:]) < 60:
+            # "7.30pm" is the time "7:30pm" (read as 7 and 30), not 7.3
+            found.append((start, Quantity(integer, float(integer), 1.0)))
+            found.append(
+                (start + len(integer) + 1, Quantity(fraction[1:], float(fraction[1:]), 1.0))
+            )
+            continue
         value = float(base) * scale
         found.append((start, Quantity(surface, value, _precision(integer, fraction, scale))))
-        spans.append((start, end))
         if evidence and scale == 1.0 and not fraction:
             glued = _GLUED_YEARS.fullmatch(integer)
             if glued is not None:

@@ -231,6 +231,23 @@ def test_money_short_scales_after_a_currency_sign(
 @pytest.mark.parametrize(
     ("claim", "evidence", "contradicted"),
     [
+        ("The show starts at 7:30pm.", "It starts at 7.30pm.", False),
+        ("The show starts at 7.30 p.m.", "It starts at 7:30 pm.", False),
+        ("Tiger Woods tees off at 3.30pm.", "Group 15, 3:30pm: Tiger Woods", False),
+        ("The show starts at 7.30pm.", "It starts at 7:45pm.", True),
+        ("The show starts at 7.30pm.", "It starts at 7.3pm.", True),  # 30 minutes, not 0.3
+        ("It fell 7.30 per cent.", "it fell 7.3%", False),  # no clock: a decimal
+    ],
+)
+def test_a_time_with_a_dot_is_hours_and_minutes(
+    claim: str, evidence: str, contradicted: bool
+) -> None:
+    assert check_quantities(claim, evidence).contradicted is contradicted
+
+
+@pytest.mark.parametrize(
+    ("claim", "evidence", "contradicted"),
+    [
         ("It ran for twenty-five years.", "It ran for 25 years.", False),
         ("It ran for 25 years.", "It ran for twenty-five years.", False),
         ("It ran for twenty-six years.", "It ran for 25 years.", True),
