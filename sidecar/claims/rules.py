@@ -25,7 +25,8 @@ What counts as a quantity:
 * a time of day is hours and minutes, written with a colon or a dot (``7:30pm`` and
   ``7.30pm`` both read 7 and 30).
 
-The evidence also reads ordinal words (``the third season`` holds a claim's ``3rd``),
+The evidence also reads ``a thousand`` .. ``a trillion`` (``a million`` holds a claim's
+``1 million``), ordinal words (``the third season`` holds a claim's ``3rd``),
 two years glued into one run of digits (``released
 20092009 was the year``: knowledge-graph facts joined without a space) as both years,
 and a number glued to the sentence before it (``in Manhattan.55 Hudson Yards``); an
@@ -125,6 +126,9 @@ _ORDINAL: Final = re.compile(
     + r")\b",
     re.IGNORECASE,
 )
+# "a million" is one million, read in the evidence only (a claim's "1 million" was capped
+# against it); in claims "a thousand times" is as often a manner of speaking.
+_A_SCALE: Final = re.compile(r"\ba[ \t\u00a0]+(" + "|".join(_RUN_SCALES) + r")\b", re.IGNORECASE)
 _NUMBER_WORD: Final = re.compile(r"\b(" + "|".join(_WORDS) + r")\b", re.IGNORECASE)
 _MONTH: Final = re.compile(
     r"\b(January|February|March|April|May|June|July|August|September|October|November|"
@@ -208,6 +212,9 @@ def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
             found.append((m.start(), Quantity(m.group(0), float(_WORDS[word]), 1.0)))
             number_spans.append((m.start(), m.end()))
     if evidence:
+        for m in _A_SCALE.finditer(text):  # "a million": a scale word starts no run
+            scale = _RUN_SCALES[m.group(1).lower()]
+            found.append((m.start(), Quantity(m.group(0), scale, scale)))
         for m in _ORDINAL.finditer(text):
             tens = _WORDS[m.group(1).lower()] if m.group(1) else 0
             found.append(

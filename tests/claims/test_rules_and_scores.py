@@ -231,6 +231,22 @@ def test_money_short_scales_after_a_currency_sign(
 @pytest.mark.parametrize(
     ("claim", "evidence", "contradicted"),
     [
+        ("It sold 1 million copies.", "it sold a million copies", False),
+        ("It sold one thousand copies.", "it sold a thousand copies", False),
+        ("It sold 2 million copies.", "it sold a million copies", True),
+        ("A millionaire bought it for 1 million.", "a millionaire bought it", True),
+    ],
+)
+def test_the_evidence_reads_a_million_as_one_million(
+    claim: str, evidence: str, contradicted: bool
+) -> None:
+    assert check_quantities(claim, evidence).contradicted is contradicted
+    assert not extract_quantities("a million reasons")  # the claim side reads no number
+
+
+@pytest.mark.parametrize(
+    ("claim", "evidence", "contradicted"),
+    [
         ("The show starts at 7:30pm.", "It starts at 7.30pm.", False),
         ("The show starts at 7.30 p.m.", "It starts at 7:30 pm.", False),
         ("Tiger Woods tees off at 3.30pm.", "Group 15, 3:30pm: Tiger Woods", False),
