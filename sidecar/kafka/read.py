@@ -9,18 +9,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from sidecar.config import Settings
 from sidecar.kafka.security import aiokafka_client_args
+from sidecar.kafka.topics import started_admin
 
 __all__ = ["read_topics"]
 
 
 async def read_topics(settings: Settings, topics: Sequence[str]) -> list[tuple[str, bytes]]:
     """``(topic, value)`` of every record of ``topics`` up to the current end, in offset order."""
-    admin = AIOKafkaAdminClient(**aiokafka_client_args(settings.kafka))
-    await admin.start()
+    admin = await started_admin(settings.kafka)  # bounded, and a refusal said as such
     try:
         existing = set(await admin.list_topics())
         wanted = [t for t in topics if t in existing]

@@ -61,20 +61,7 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
 
 async def create_topics(settings: Settings) -> dict[str, str]:
     """Create the sidecar's topics; returns name -> "created" | "exists"."""
-    admin = AIOKafkaAdminClient(**aiokafka_client_args(settings.kafka))
-    refusals = AuthRefusals()
-    try:
-        with refusals.watching():
-            await admin.start()
-    except KafkaError as exc:
-        await admin.close()
-        refused = refusals.refusal(settings.kafka)
-        if refused is not None:
-            raise refused from None
-        raise BrokerError(
-            f"cannot reach Kafka at {settings.kafka.bootstrap_servers} "
-            f"(GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS; {_protocol_hint(settings.kafka)}): {exc}"
-        ) from exc
+    admin = await started_admin(settings.kafka)
     try:
         specs = topic_specs(settings)
         existing = set(await admin.list_topics())
@@ -283,14 +270,10 @@ def refusals_said(kafka: KafkaSettings) -> Iterator[None]:
         raise
 
 
-async def verify_topics(settings: Settings) -> dict[str, int]:
-    """Refuse to serve on a topic layout the join cannot work with; returns the input counts.
-
-    Every input topic (retrieval, generation, feedback) and output topic
-    (verdicts, claims, dlq, reports, certificates) must exist, and the input topics must have
-    equal partition counts. Waits at most the request timeout for the broker.
-    """
-    kafka = settings.kafka
+async def started_admin(kafka: KafkaSettings) -> AIOKafkaAdminClient:
+    """An admin client connected to the brokers within the request timeout, or the reason
+    it is not: ``BrokerError`` (unreachable), or the ``ConfigError`` of a refusal (TLS or
+    SASL: retrying cannot help). Closed again when the start fails or is cancelled."""
     timeout_s = kafka.request_timeout_ms / 1000.0
     admin = AIOKafkaAdminClient(**aiokafka_client_args(kafka))
     started = time.monotonic()
@@ -318,6 +301,19 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
     except asyncio.CancelledError:  # SIGTERM while connecting: close what was opened
         await admin.close()
         raise
+    return admin
+
+
+async def verify_topics(settings: Settings) -> dict[str, int]:
+    """Refuse to serve on a topic layout the join cannot work with; returns the input counts.
+
+    Every input topic (retrieval, generation, feedback) and output topic
+    (verdicts, claims, dlq, reports, certificates) must exist, and the input topics must have
+    equal partition counts. Waits at most the request timeout for the broker.
+    """
+    kafka = settings.kafka
+    timeout_s = kafka.request_timeout_ms / 1000.0
+    admin = await started_admin(kafka)
     try:
         existing, counts = await _layout(admin, settings, timeout_s)
         read = [t for t in (*input_topics(settings), settings.topics.certificates) if t in existing]

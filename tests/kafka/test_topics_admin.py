@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Coroutine
 from typing import Any, ClassVar
 
 import pytest
@@ -12,7 +13,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from sidecar.config import Settings
+from sidecar.exceptions import BrokerError
 from sidecar.kafka import topics
+from sidecar.kafka.read import read_topics
 from sidecar.lab.localkafka.broker import LocalKafka
 from tests.kafka.harness import settings_for
 
@@ -34,16 +37,45 @@ class HangingAdmin:
         self.closed = True
 
 
-async def test_a_cancelled_start_closes_the_admin_client(monkeypatch: pytest.MonkeyPatch) -> None:
+# every admin client start: the run's check, `guardrail topics create`, and the offline
+# reader of `guardrail train confidence --from-kafka`
+STEPS: dict[str, Callable[[Settings], Coroutine[Any, Any, object]]] = {
+    "verify_topics": topics.verify_topics,
+    "create_topics": topics.create_topics,
+    "read_topics": lambda settings: read_topics(settings, ["rag.verdicts"]),
+}
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+async def test_a_cancelled_start_closes_the_admin_client(
+    monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
     monkeypatch.setattr(topics, "AIOKafkaAdminClient", HangingAdmin)
     HangingAdmin.instances.clear()
-    task = asyncio.create_task(topics.verify_topics(Settings.load()))
+    task = asyncio.create_task(STEPS[step](Settings.load()))
     while not HangingAdmin.instances:
         await asyncio.sleep(0)
     await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    [admin] = HangingAdmin.instances
+    assert admin.closed
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+async def test_a_broker_that_never_answers_is_given_up_on_within_the_request_timeout(
+    monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """``guardrail topics create`` and the offline reader waited on a silent broker for as
+    long as aiokafka's own connection attempts went on; they now wait the request timeout,
+    as ``run`` does."""
+    monkeypatch.setattr(topics, "AIOKafkaAdminClient", HangingAdmin)
+    HangingAdmin.instances.clear()
+    settings = Settings.load(kafka={"request_timeout_ms": 1000})
+    with pytest.raises(BrokerError, match=r"cannot reach Kafka at .* within 1 s") as caught:
+        await asyncio.wait_for(STEPS[step](settings), timeout=10)
+    assert "__REQUEST_TIMEOUT_MS" in str(caught.value)
     [admin] = HangingAdmin.instances
     assert admin.closed
 
