@@ -245,8 +245,7 @@ def _digit_quantities(
         except InvalidOperation:  # pragma: no cover - the pattern only admits digits
             continue
         spans.append((start, end))
-        clock = _CLOCK_AFTER.match(text, end) if fraction and len(fraction) == 3 else None
-        if clock is not None and scale == 1.0 and int(integer) <= 24 and int(fraction[1:]) < 60:
+        if _is_clock(text, m, scale):
             # "7.30pm" is the time "7:30pm" (read as 7 and 30), not 7.3
             found.append((start, Quantity(integer, float(integer), 1.0)))
             found.append(
@@ -260,6 +259,22 @@ def _digit_quantities(
             if glued is not None:
                 found.extend((start, Quantity(y, float(y), 1.0)) for y in glued.groups())
     return found, spans
+
+
+def _is_clock(text: str, m: re.Match[str], scale: float) -> bool:
+    """``m`` (a number read by ``_NUMBER``) is a time of day written with a dot: hours up
+    to 24, two digits of minutes under 60, am / pm after it, no currency sign before."""
+    integer, fraction = m.group(1), m.group(2)
+    return (
+        scale == 1.0
+        and fraction is not None
+        and len(fraction) == 3
+        and integer.isdigit()
+        and int(integer) <= 24
+        and int(fraction[1:]) < 60
+        and _CLOCK_AFTER.match(text, m.end()) is not None
+        and _CURRENCY_BEFORE.search(text, max(0, m.start() - 2), m.start()) is None
+    )
 
 
 def _word_runs(text: str) -> list[list[re.Match[str]]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from sidecar.claims import rules
@@ -259,6 +259,42 @@ def test_a_time_with_a_dot_is_hours_and_minutes(
     claim: str, evidence: str, contradicted: bool
 ) -> None:
     assert check_quantities(claim, evidence).contradicted is contradicted
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(
+        st.sampled_from(
+            ["1", "1,000", "1,000.30", "7.30", "24", ".", ".30", ",", "$", "£", "pm", "a.m.", "am",
+             "-", "to", "and", "between", "a", "million", "m", "k", "third", "twenty", "May"]
+        ),
+        max_size=25,
+    ),
+    seps=st.lists(st.sampled_from(["", " "]), min_size=25, max_size=25),
+)  # fmt: skip
+@example(tokens=["at", "1,000.30", "pm"], seps=[" ", "", ""] + [""] * 22)
+def test_reading_figures_never_raises(tokens: list[str], seps: list[str]) -> None:
+    """Whatever a claim or its evidence holds, the rule reads it (a claim's "1,000.30pm"
+    raised ValueError when the time-of-day reading took its digits for hours)."""
+    text = "".join(t + s for t, s in zip(tokens, seps, strict=False))
+    for evidence in (False, True):
+        for q in extract_quantities(text, evidence=evidence):
+            assert q.value is None or q.value >= 0
+
+
+@pytest.mark.parametrize(
+    ("text", "read"),
+    [
+        ("at 1,000.30pm", [1000.3]),  # no hour: a decimal (int("1,000") raised ValueError)
+        ("costs $7.30 pm", [7.3]),  # money
+        ("at 25.30pm", [25.3]),
+        ("at 7.60pm", [7.6]),
+        ("at 23.59 pm", [23.0, 59.0]),
+    ],
+)
+def test_what_is_no_time_of_day_stays_a_decimal(text: str, read: list[float]) -> None:
+    assert [q.value for q in extract_quantities(text)] == read
+    assert [q.value for q in extract_quantities(text, evidence=True)] == read
 
 
 @pytest.mark.parametrize(
