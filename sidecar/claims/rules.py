@@ -26,7 +26,8 @@ What counts as a quantity:
   ``7.30pm`` both read 7 and 30).
 
 The evidence also reads ``a thousand`` .. ``a trillion`` (``a million`` holds a claim's
-``1 million``), ordinal words (``the third season`` holds a claim's ``3rd``),
+``1 million``), ordinal words (``the third season`` holds a claim's ``3rd``; not the
+unit of time in ``a 30 second ad``, ``per second``, ``a split second``),
 two years glued into one run of digits (``released
 20092009 was the year``: knowledge-graph facts joined without a space) as both years,
 and a number glued to the sentence before it (``in Manhattan.55 Hudson Yards``); an
@@ -129,6 +130,10 @@ _ORDINAL: Final = re.compile(
 # "a million" is one million, read in the evidence only (a claim's "1 million" was capped
 # against it); in claims "a thousand times" is as often a manner of speaking.
 _A_SCALE: Final = re.compile(r"\ba[ \t\u00a0]+(" + "|".join(_RUN_SCALES) + r")\b", re.IGNORECASE)
+# "second" the unit of time, not the ordinal: after a number, "per", "every" or "split"
+_BEFORE_TIME_SECOND: Final = re.compile(
+    r"(?:\d|\b(?:" + "|".join(_WORDS) + r"|per|every|split))[ \t\u00a0\-]+$", re.IGNORECASE
+)
 _NUMBER_WORD: Final = re.compile(r"\b(" + "|".join(_WORDS) + r")\b", re.IGNORECASE)
 _MONTH: Final = re.compile(
     r"\b(January|February|March|April|May|June|July|August|September|October|November|"
@@ -216,6 +221,12 @@ def extract_quantities(text: str, *, evidence: bool = False) -> list[Quantity]:
             scale = _RUN_SCALES[m.group(1).lower()]
             found.append((m.start(), Quantity(m.group(0), scale, scale)))
         for m in _ORDINAL.finditer(text):
+            if (
+                m.group(2).lower() == "second"
+                and m.group(1) is None
+                and _BEFORE_TIME_SECOND.search(text, max(0, m.start() - 16), m.start())
+            ):
+                continue  # "30 second", "per second", "a split second": the unit of time
             tens = _WORDS[m.group(1).lower()] if m.group(1) else 0
             found.append(
                 (m.start(), Quantity(m.group(0), float(tens + _ORDINALS[m.group(2).lower()])))

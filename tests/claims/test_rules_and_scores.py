@@ -346,6 +346,11 @@ def test_number_word_runs_read_as_written(text: str, values: list[float]) -> Non
         ("Its 4th season aired in May.", "Its third season aired in May.", True),
         ("The 21st century.", "The twenty-first century.", False),
         ("He was the first to do it.", "He pioneered it.", False),  # the claim's "first": none
+        ("He scored 2 goals.", "He scored in the second half.", False),
+        ("He scored 2 goals.", "He scored 30 seconds into a 30 second spell.", True),
+        ("He scored 2 goals.", "He scored in a split second.", True),  # time, not 2nd
+        ("He scored 2 goals.", "He ran 9 metres per second.", True),
+        ("On the 22nd day.", "on the twenty-second day", False),
     ],
 )
 def test_the_evidence_reads_ordinal_words(claim: str, evidence: str, contradicted: bool) -> None:
