@@ -206,7 +206,7 @@ class VerifierClaimSession:
             asked = with_context(self.question, check.claim.context)
             selection = self._index.select(check.claim.text, asked)
             evidence = selection.best_chunk or selection.window
-            within_budget = self._budget.remaining > 0
+            within_budget = not self._budget.spent
             future = self._judge.submit(check.claim.text, evidence, self._budget)
             if future is not None:
                 deadline = time.monotonic() + self._judge.config.timeout_s

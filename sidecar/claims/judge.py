@@ -426,6 +426,10 @@ class JudgeBudget:
 
     remaining: int
 
+    @property
+    def spent(self) -> bool:
+        return self.remaining <= 0
+
 
 @dataclass
 class JudgeRunner:
@@ -473,7 +477,7 @@ class JudgeRunner:
             paused = self._tripped and (self.clock() < self._open_until or self._probing)
             # closed: the pool takes no more calls (it raised RuntimeError, out of the claim
             # check of an answer the processor was still deciding at a forced exit)
-            if budget.remaining <= 0 or paused or saturated or self._closed:
+            if budget.spent or paused or saturated or self._closed:
                 self.stats["skipped"] += 1
                 return None
             probe = self._probing = self._tripped  # after the pause, this call is the probe

@@ -303,7 +303,7 @@ def _served_mismatch(entry: CertifiedAllow, models: Mapping[str, str], where: st
                 f"fitted with claim verifier {fitted_as}, the sidecar serves {served_verifier} "
                 "(the confidence depends on its labels)"
             )
-        fitted_judge = "judge" in fitted_verifier.split("+")
+        fitted_judge = entry.fitted_with_judge
         if fitted_judge != ("judge" in models):
             return (
                 f"fitted {'with' if fitted_judge else 'without'} an LLM judge, the sidecar "
