@@ -12,10 +12,15 @@ environment, ``/readyz`` on ``GUARDRAIL_HTTP__PORT``), and answer every
 * ``raw``: aiokafka alone, consume -> produce -> commit, no FastStream, no
   tracking: the floor of ``noop_vs_raw_client`` (what FastStream and the
   project's loop cost per record).
+* ``parse``: the ``noop`` loop whose processor also reads every record's JSON
+  into Python objects (``orjson.loads``, the fastest parser the project has) and
+  takes the request id from the final event's ``request_id``
+  (:class:`ParsingVerdictProcessor`), deciding nothing: ``parse_vs_noop`` bounds
+  what any processor that builds Python objects from its inputs can reach.
 
-Requests are told apart without decoding JSON (the final event's
-``event_type`` bytes, the record key as request id): the floors measure the
-loop, not the parser.
+``noop`` and ``raw`` tell requests apart without decoding JSON (the final event's
+``event_type`` bytes, the record key as request id): they measure the loop, not
+the parser.
 """
 
 from __future__ import annotations
@@ -42,7 +47,13 @@ from sidecar.pipeline.outputs import Destination, Output, Step
 from sidecar.pipeline.processor import BatchItem, Processor
 from sidecar.policy import PlaceholderPolicy
 
-__all__ = ["ConstantVerdictProcessor", "constant_verdict", "is_final", "main"]
+__all__ = [
+    "ConstantVerdictProcessor",
+    "ParsingVerdictProcessor",
+    "constant_verdict",
+    "is_final",
+    "main",
+]
 
 log = logging.getLogger("sidecar.bench.floors")
 
@@ -111,6 +122,48 @@ class ConstantVerdictProcessor(Processor):
                 )
                 self.counters.verdicts += 1
             step.done.append(ref)
+        self.counters.consumed += len(items)
+        self.counters.inputs.batch(retrieval, len(items) - retrieval - feedback, feedback)
+        return step
+
+
+class ParsingVerdictProcessor(ConstantVerdictProcessor):
+    """The constant verdict, after reading every record's JSON into Python objects.
+
+    What a processor that decided nothing would cost if it still parsed its inputs
+    as any Python processor must before it can look at them: one ``orjson.loads``
+    per record, the request id read from the final event. A record that does not
+    parse is finished without a verdict (the floor does not dead-letter).
+    """
+
+    def on_batch(self, items: Sequence[BatchItem], now_ms: float) -> Step:
+        del now_ms
+        step = Step()
+        retrieval = feedback = 0
+        loads, verdicts = orjson.loads, self._template
+        for kind, raw, _key, ref in items:
+            step.done.append(ref)
+            if kind is not _GENERATION:
+                if kind is _RETRIEVAL:
+                    retrieval += 1
+                else:
+                    feedback += 1
+            if raw is None:
+                continue
+            try:
+                event = loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            if (
+                kind is _GENERATION
+                and type(event) is dict
+                and event.get("event_type") == "generation.final"
+            ):
+                request_id = str(event.get("request_id"))
+                value = verdicts.encode(request_id)
+                out = Output(Destination.VERDICTS, request_id.encode(), value, [])
+                step.outputs.append(out)
+                self.counters.verdicts += 1
         self.counters.consumed += len(items)
         self.counters.inputs.batch(retrieval, len(items) - retrieval - feedback, feedback)
         return step
@@ -197,19 +250,20 @@ async def _serve_raw(settings: Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sidecar.lab.bench.floors noop|raw``."""
+    """``python -m sidecar.lab.bench.floors noop|parse|raw``."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args not in (["noop"], ["raw"]):
-        sys.stderr.write("usage: python -m sidecar.lab.bench.floors noop|raw\n")
+    if args not in (["noop"], ["parse"], ["raw"]):
+        sys.stderr.write("usage: python -m sidecar.lab.bench.floors noop|parse|raw\n")
         return 2
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     for noisy in ("aiokafka", "faststream", "kafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     settings = Settings.load()
-    if args == ["noop"]:
-        from sidecar import runtime  # noqa: PLC0415 - the serving loop, only for this floor
+    if args in (["noop"], ["parse"]):
+        from sidecar import runtime  # noqa: PLC0415 - the serving loop, only for these floors
 
-        asyncio.run(runtime.serve(settings, ConstantVerdictProcessor(settings)))
+        kind = ConstantVerdictProcessor if args == ["noop"] else ParsingVerdictProcessor
+        asyncio.run(runtime.serve(settings, kind(settings)))
     else:
         asyncio.run(_serve_raw(settings))
     return 0

@@ -91,9 +91,12 @@ def floors_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
     """Ratios of the sidecar to its floors, and the absolute numbers they come from.
 
     ``runs`` names: ``fast_drain``, ``noop_drain``, ``raw_drain``, ``full_drain``,
-    ``fast_half`` and ``noop_half`` (open loops at half the no-op's drain rate).
+    ``fast_half`` and ``noop_half`` (open loops at half the no-op's drain rate), and
+    optionally ``parse_drain`` (the no-op reading every record's JSON).
     """
     fast, noop, raw = runs["fast_drain"], runs["noop_drain"], runs["raw_drain"]
+    parse = runs.get("parse_drain")
+    parse_rate = None if parse is None else parse.throughput_answers_per_s
     fast_p99 = runs["fast_half"].latency_ms.get("p99")
     noop_p99 = runs["noop_half"].latency_ms.get("p99")
     rate = half_capacity(noop.throughput_answers_per_s)
@@ -108,6 +111,10 @@ def floors_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
             runs["full_drain"].throughput_answers_per_s, fast.throughput_answers_per_s
         ),
         "noop_vs_raw_client": _ratio(noop.throughput_answers_per_s, raw.throughput_answers_per_s),
+        # what any processor that builds Python objects from its inputs can reach at most
+        "parse_vs_noop": _ratio(parse_rate, noop.throughput_answers_per_s),
+        "fast_drain_vs_parse": _ratio(fast.throughput_answers_per_s, parse_rate),
+        "parse_answers_per_s": parse_rate,
         "noop_answers_per_s": noop.throughput_answers_per_s,
         "raw_client_answers_per_s": raw.throughput_answers_per_s,
         "half_capacity_answers_per_s": rate,

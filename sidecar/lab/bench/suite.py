@@ -185,6 +185,9 @@ async def _floors(
     runs["noop_drain"] = await noop.drain("noop", n, LoadShape())
     _log("floor: raw aiokafka loop drain (consume, produce, commit)")
     runs["raw_drain"] = await raw.drain("raw", n, LoadShape())
+    parse = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "parse"))
+    _log("floor: the no-op loop reading every record's JSON (orjson), deciding nothing")
+    runs["parse_drain"] = await parse.drain("parse", n, LoadShape())
     rate = half_capacity(runs["noop_drain"].throughput_answers_per_s)
     _log(f"fast path and no-op open loops at half the no-op's capacity ({rate} answers/s)")
     duration_s = n_open / rate

@@ -12,7 +12,12 @@ from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import AnswerVerdict
 from sidecar.lab.bench.e2e import LoadShape, answer_events
-from sidecar.lab.bench.floors import ConstantVerdictProcessor, constant_verdict, is_final
+from sidecar.lab.bench.floors import (
+    ConstantVerdictProcessor,
+    ParsingVerdictProcessor,
+    constant_verdict,
+    is_final,
+)
 from sidecar.lab.bench.ratios import (
     cpu_model,
     floors_report,
@@ -22,6 +27,7 @@ from sidecar.lab.bench.ratios import (
 )
 from sidecar.lab.bench.stages import request_items
 from sidecar.pipeline.outputs import Destination
+from sidecar.pipeline.processor import BatchItem
 
 
 def test_is_final_tells_the_final_event_from_the_others() -> None:
@@ -81,6 +87,39 @@ def test_constant_verdict_processor_skips_keyless_and_non_generation_records(
     assert processor.on_batch(as_retrieval, 0.0).outputs == []
 
 
+def test_the_parsing_floor_reads_the_request_id_from_the_json_not_the_key(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    processor = ParsingVerdictProcessor(settings_factory())
+    items: list[BatchItem] = []
+    for i in range(3):
+        items += request_items(answer_events(f"p-{i}", LoadShape()), f"p-{i}", i)
+    kind, raw, _, ref = items[-1]
+    items[-1] = (kind, raw, None, ref)  # keyless: the JSON still names the request
+    step = processor.on_batch(items, 0.0)
+    verdicts = [AnswerVerdict.model_validate_json(out.value) for out in step.outputs]
+    assert [v.request_id for v in verdicts] == ["p-0", "p-1", "p-2"]
+    assert [out.key for out in step.outputs] == [b"p-0", b"p-1", b"p-2"]
+    assert step.done == [ref for *_, ref in items]
+    assert processor.counters.consumed == len(items) and processor.counters.verdicts == 3
+
+
+def test_the_parsing_floor_finishes_what_does_not_parse_without_a_verdict(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    processor = ParsingVerdictProcessor(settings_factory())
+    *_, ref = request_items(answer_events("b-1", LoadShape()), "b-1", 0)[-1]
+    bad = [
+        (InputKind.GENERATION, b'{"event_type": "generation.final", ', b"b-1", ref),
+        (InputKind.GENERATION, b"[1, 2]", b"b-1", ref),
+        (InputKind.GENERATION, None, b"b-1", ref),
+        (InputKind.RETRIEVAL, b"\xff\xfe", b"b-1", ref),
+    ]
+    step = processor.on_batch(bad, 0.0)
+    assert step.outputs == [] and step.done == [ref] * 4
+    assert processor.counters.consumed == 4
+
+
 def test_constant_verdict_is_a_valid_verdict_stamped_with_the_request() -> None:
     verdict = AnswerVerdict.model_validate_json(constant_verdict("q-9"))
     assert verdict.request_id == "q-9"
@@ -103,6 +142,7 @@ def _runs(noop_offered: float) -> dict[str, _Run]:
         "fast_drain": _Run(800.0),
         "noop_drain": _Run(1000.0),
         "raw_drain": _Run(2000.0),
+        "parse_drain": _Run(900.0),
         "full_drain": _Run(40.0),
         "fast_half": _Run(500.0, {"p99": 30.0}, offered_answers_per_s=499.0),
         "noop_half": _Run(noop_offered, {"p99": 20.0}, offered_answers_per_s=noop_offered),
@@ -115,6 +155,8 @@ def test_floors_report_divides_the_sidecar_by_its_floors() -> None:
     assert report["p99_at_half_capacity_vs_noop"] == 1.5
     assert report["full_path_vs_fast_path"] == 0.05
     assert report["noop_vs_raw_client"] == 0.5
+    assert report["parse_vs_noop"] == 0.9 and report["fast_drain_vs_parse"] == 0.889
+    assert report["parse_answers_per_s"] == 900.0
     assert report["half_capacity_answers_per_s"] == 500.0
     assert report["p99_ms_at_half_capacity"] == 30.0
     assert report["half_capacity_offered_answers_per_s"] == {"sidecar": 499.0, "noop": 480.0}
