@@ -198,6 +198,24 @@ def test_ambiguous_months_count_exactly_when_a_number_is_within_two_characters(
 @pytest.mark.parametrize(
     ("claim", "evidence", "contradicted"),
     [
+        # the evidence's "May of 2018" is the month (audit: a right summary's "May 1")
+        ("It hits theaters May 1.", "Parts 1 and 2, due in May of 2018.", False),
+        ("It hits theaters May 1.", "Parts 1 and 2, due in June of 2018.", True),
+        ("It hits theaters May 1.", "You may of 2 minds, Part 1.", True),  # the verb
+        ("It hits theaters May 1.", "Part 1, in May of course.", True),  # no number after
+        # a claim's "May of 2018" is not read as the month: only 2018 is checked
+        ("The May of 2018 release.", "It was released in 2018.", False),
+    ],
+)
+def test_the_evidence_reads_a_month_before_of_and_a_number(
+    claim: str, evidence: str, contradicted: bool
+) -> None:
+    assert check_quantities(claim, evidence).contradicted is contradicted
+
+
+@pytest.mark.parametrize(
+    ("claim", "evidence", "contradicted"),
+    [
         ("It was worth just £15.4m.", "the £15.4million estate", False),
         ("It was worth just £15.4m.", "the £16.4million estate", True),
         ("A $2.5m starting price.", "a starting price of $2.5 million", False),
