@@ -36,6 +36,17 @@ from sidecar.lab.chaos.corpus import delta, final, retrieval
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka
 
+# Every open loop starts with this much load at its rate, not measured: the first
+# verdicts after start-up are slower than the steady state (in one run at 500 answers/s
+# the 25 slowest were all among the first 52), and a p99 is a handful of verdicts.
+WARMUP_S = 1.0
+WARMUP_SHARE = 0.2  # at most this share of a short run's own duration
+
+
+def warmup_requests(rate: float, duration_s: float) -> int:
+    """Requests sent before the measured ones: ``WARMUP_S`` of load, or less in a short run."""
+    return int(rate * min(WARMUP_S, WARMUP_SHARE * duration_s))
+
 
 @dataclass
 class LoadShape:
@@ -273,13 +284,19 @@ class Bench:
     async def open_loop(
         self, name: str, rate: float, duration_s: float, shape: LoadShape, partitions: int = 3
     ) -> RunResult:
-        """Produce at a fixed rate while the sidecar runs; latency per verdict (and claim)."""
+        """Produce at a fixed rate while the sidecar runs; latency per verdict (and claim).
+
+        The measured ``rate * duration_s`` requests follow :func:`warmup_requests` of
+        the same load at the same rate, without a break; the warm-up's verdicts are
+        awaited and checked for ``incomplete`` but not timed.
+        """
         settings, env = self._setup(partitions)
         await create_topics(settings)
         sidecar = SidecarProcess(env, self.workdir / f"{name}.log", self.argv)
         await asyncio.to_thread(sidecar.start)
         t = settings.topics
         n = int(rate * duration_s)
+        warm = warmup_requests(rate, duration_s)
         final_sent: dict[str, float] = {}
         sentence_sent: dict[tuple[str, int], float] = {}
         latencies: list[float] = []
@@ -304,21 +321,28 @@ class Bench:
         producer = await self._producer(settings)
         consumers = [
             asyncio.create_task(
-                self._consume(settings, t.verdicts, n, on_verdict, timeout_s=duration_s + 60)
+                self._consume(settings, t.verdicts, warm + n, on_verdict, timeout_s=duration_s + 60)
             )
         ]
         if shape.claims:
             consumers.append(
                 asyncio.create_task(
                     self._consume(
-                        settings, t.claims, n * shape.claims, on_claim, timeout_s=duration_s + 15
+                        settings,
+                        t.claims,
+                        (warm + n) * shape.claims,
+                        on_claim,
+                        timeout_s=duration_s + 15,
                     )
                 )
             )
         await asyncio.sleep(1.0)  # consumers assigned before the load starts
-        load = _encoded_load(name, n, shape)  # before the clock: the generator only sends
-        cpu0 = _proc_cpu_s(sidecar.pid or 0)
-        start = time.monotonic()
+        load = _encoded_load(name, warm + n, shape)  # before the clock: the generator only sends
+        measured = [time.monotonic(), _proc_cpu_s(sidecar.pid or 0)]  # reset at request warm
+
+        def on_measured() -> None:
+            measured[:] = [time.monotonic(), _proc_cpu_s(sidecar.pid or 0)]
+
         try:
             rss, offered = await self._produce_at_rate(
                 producer,
@@ -328,10 +352,13 @@ class Bench:
                 sidecar=sidecar,
                 final_sent=final_sent,
                 sentence_sent=sentence_sent,
+                warmup=warm,
+                on_measured=on_measured,
             )
             await asyncio.gather(*consumers)
         finally:
             await producer.stop()
+        start, cpu0 = measured
         elapsed = (last_verdict[0] or time.monotonic()) - start
         cpu = _proc_cpu_s(sidecar.pid or 0) - cpu0
         await asyncio.to_thread(sidecar.signal, signal.SIGTERM)
@@ -341,6 +368,7 @@ class Bench:
                 "mode": "open-loop",
                 "rate_answers_per_s": rate,
                 "duration_s": duration_s,
+                "warmup_requests": warm,
                 **asdict(shape),
                 "partitions": partitions,
             },
@@ -366,10 +394,15 @@ class Bench:
         sidecar: SidecarProcess,
         final_sent: dict[str, float],
         sentence_sent: dict[tuple[str, int], float],
+        warmup: int = 0,
+        on_measured: Callable[[], None] | None = None,
     ) -> tuple[float, float]:
         """Open loop: request i is due at start + i / rate, whatever the sidecar does.
 
-        Returns the sidecar's peak RSS and the rate the requests went out at.
+        The first ``warmup`` requests are sent but not timed (no entry in
+        ``final_sent`` / ``sentence_sent``); ``on_measured`` is called as the first
+        timed one is due. Returns the sidecar's peak RSS and the rate the requests
+        went out at.
         """
         t = settings.topics
         rss = 0.0
@@ -379,15 +412,19 @@ class Bench:
             delay = start + i / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            timed = i >= warmup
+            if i == warmup and on_measured is not None:
+                on_measured()
             await producer.send(t.retrieval, raw_retrieval, key=key)
             claim = 0
             for sentences, raw_delta in deltas:
                 now = time.monotonic()
-                for _ in range(sentences):
+                for _ in range(sentences if timed else 0):
                     sentence_sent[(rid, claim)] = now
                     claim += 1
                 await producer.send(t.generation, raw_delta, key=key)
-            final_sent[rid] = time.monotonic()
+            if timed:
+                final_sent[rid] = time.monotonic()
             await producer.send(t.generation, raw_final, key=key)
             if i % 50 == 0:
                 rss = max(rss, sidecar.rss_mb() or 0.0)

@@ -11,7 +11,7 @@ import orjson
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import AnswerVerdict
-from sidecar.lab.bench.e2e import LoadShape, answer_events
+from sidecar.lab.bench.e2e import LoadShape, answer_events, warmup_requests
 from sidecar.lab.bench.floors import (
     ConstantVerdictProcessor,
     ParsingVerdictProcessor,
@@ -205,3 +205,9 @@ def test_machine_reads_the_model_and_the_kernel_flags(tmp_path: Path) -> None:
     assert (got["avx2"], got["avx512"], got["vnni"]) == (True, False, False)
     assert cpu_model(tmp_path / "absent") is None
     assert machine(tmp_path / "absent")["cpu_flags"] is None
+
+
+def test_the_warm_up_is_a_second_of_load_or_a_fifth_of_a_short_run() -> None:
+    assert warmup_requests(500.0, 20.0) == 500
+    assert warmup_requests(4946.3, 0.5) == 494
+    assert warmup_requests(2.8, 17.9) == 2
