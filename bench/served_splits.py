@@ -25,7 +25,12 @@ from typing import Any
 from sidecar.claims.scorer import ClaimScorer
 from sidecar.claims.verifier import OnnxVerifier
 from sidecar.lab.verifier.datasets import FORMS, CorpusConfig, form_sets, read_corpus
-from sidecar.lab.verifier.evaluate import PairItem, check_pair_checks, pair_report
+from sidecar.lab.verifier.evaluate import (
+    PairItem,
+    check_pair_checks,
+    pair_report,
+    served_and_network,
+)
 from sidecar.lab.verifier.sources import Pair
 
 __all__ = ["main", "served_report"]
@@ -36,7 +41,7 @@ def served_report(verifier: OnnxVerifier, pairs: Sequence[Pair]) -> dict[str, An
     scorer = ClaimScorer.served(verifier)
     items = [PairItem(p.claim, p.evidence, p.label, p.question) for p in pairs]
     checks = check_pair_checks(scorer, items)
-    served, network = [c.score for c in checks], [c.verifier_p for c in checks]
+    served, network = served_and_network(checks)
     keys = ("accuracy", "auroc", "precision", "recall")
     report = pair_report(served, items, verifier.band)
     alone = pair_report(network, items, verifier.band)

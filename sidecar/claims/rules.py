@@ -291,8 +291,13 @@ def _is_clock(text: str, m: re.Match[str], scale: float) -> bool:
         and int(integer) <= 24
         and int(fraction[1:]) < 60
         and _CLOCK_AFTER.match(text, m.end()) is not None
-        and _CURRENCY_BEFORE.search(text, max(0, m.start() - 2), m.start()) is None
+        and not _after_currency(text, m.start())
     )
+
+
+def _after_currency(text: str, start: int) -> bool:
+    """A currency sign right before ``start`` (a space between allowed): "£15.4", "$ 64"."""
+    return _CURRENCY_BEFORE.search(text, max(0, start - 2), start) is not None
 
 
 def _word_runs(text: str) -> list[list[re.Match[str]]]:
@@ -362,7 +367,7 @@ def _scale(text: str, m: re.Match[str]) -> tuple[float, str, int]:
     if scale_word:
         return _SCALE[scale_word], surface, end
     money = (
-        _CURRENCY_BEFORE.search(text, max(0, start - 2), start) is not None
+        _after_currency(text, start)
         or _RANGE_HEAD.search(text, max(0, start - 40), start) is not None
     )
     short = _SHORT_SCALE.match(text, end) if money else None

@@ -72,6 +72,7 @@ __all__ = [
     "read_pair_items",
     "score_item",
     "score_pair_items",
+    "served_and_network",
 ]
 
 Format = Literal["halueval-qa", "halueval-summarization", "halueval-dialogue"]
@@ -333,7 +334,11 @@ def check_pair_items(
     scorer: ClaimScorer, items: Sequence[PairItem], *, progress: bool = False
 ) -> tuple[list[float], list[float]]:
     """:func:`check_pair_checks`' served scores and the verifier's own probabilities."""
-    checks = check_pair_checks(scorer, items, progress=progress)
+    return served_and_network(check_pair_checks(scorer, items, progress=progress))
+
+
+def served_and_network(checks: Sequence[ClaimCheck]) -> tuple[list[float], list[float]]:
+    """Each check's served score (the rule tier's cap included) and the verifier's own p."""
     return [c.score for c in checks], [c.verifier_p for c in checks]
 
 
