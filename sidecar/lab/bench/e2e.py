@@ -338,7 +338,8 @@ class Bench:
             )
         await asyncio.sleep(1.0)  # consumers assigned before the load starts
         load = _encoded_load(name, warm + n, shape)  # before the clock: the generator only sends
-        measured = [time.monotonic(), _proc_cpu_s(sidecar.pid or 0)]  # reset at request warm
+        # (time, sidecar CPU) as the first timed request is due: the measured part starts
+        measured = [time.monotonic(), _proc_cpu_s(sidecar.pid or 0)]
 
         def on_measured() -> None:
             measured[:] = [time.monotonic(), _proc_cpu_s(sidecar.pid or 0)]
