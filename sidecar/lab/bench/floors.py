@@ -109,22 +109,28 @@ class ConstantVerdictProcessor(Processor):
         del now_ms
         step = Step()
         retrieval = feedback = 0
+        answer = self._answer
         for kind, raw, key, ref in items:
             if kind is not _GENERATION:
                 if kind is _RETRIEVAL:
                     retrieval += 1
                 else:
                     feedback += 1
-            elif key is not None and is_final(raw):
-                request_id = key.decode("utf-8", errors="replace")
-                step.outputs.append(
-                    Output(Destination.VERDICTS, key, self._template.encode(request_id), [])
-                )
+            out = answer(kind, raw, key)
+            if out is not None:
+                step.outputs.append(out)
                 self.counters.verdicts += 1
             step.done.append(ref)
         self.counters.consumed += len(items)
         self.counters.inputs.batch(retrieval, len(items) - retrieval - feedback, feedback)
         return step
+
+    def _answer(self, kind: InputKind, raw: bytes | None, key: bytes | None) -> Output | None:
+        """The verdict for a keyed final event, told by its bytes (no JSON read)."""
+        if kind is not _GENERATION or key is None or not is_final(raw):
+            return None
+        request_id = key.decode("utf-8", errors="replace")
+        return Output(Destination.VERDICTS, key, self._template.encode(request_id), [])
 
 
 class ParsingVerdictProcessor(ConstantVerdictProcessor):
@@ -136,37 +142,23 @@ class ParsingVerdictProcessor(ConstantVerdictProcessor):
     parse is finished without a verdict (the floor does not dead-letter).
     """
 
-    def on_batch(self, items: Sequence[BatchItem], now_ms: float) -> Step:
-        del now_ms
-        step = Step()
-        retrieval = feedback = 0
-        loads, verdicts = orjson.loads, self._template
-        for kind, raw, _key, ref in items:
-            step.done.append(ref)
-            if kind is not _GENERATION:
-                if kind is _RETRIEVAL:
-                    retrieval += 1
-                else:
-                    feedback += 1
-            if raw is None:
-                continue
-            try:
-                event = loads(raw)
-            except orjson.JSONDecodeError:
-                continue
-            if (
-                kind is _GENERATION
-                and type(event) is dict
-                and event.get("event_type") == "generation.final"
-            ):
-                request_id = str(event.get("request_id"))
-                value = verdicts.encode(request_id)
-                out = Output(Destination.VERDICTS, request_id.encode(), value, [])
-                step.outputs.append(out)
-                self.counters.verdicts += 1
-        self.counters.consumed += len(items)
-        self.counters.inputs.batch(retrieval, len(items) - retrieval - feedback, feedback)
-        return step
+    def _answer(self, kind: InputKind, raw: bytes | None, key: bytes | None) -> Output | None:
+        del key  # the request id comes from the JSON, as the sidecar reads it
+        if raw is None:
+            return None
+        try:
+            event = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+        if (
+            kind is not _GENERATION
+            or type(event) is not dict
+            or event.get("event_type") != "generation.final"
+        ):
+            return None
+        request_id = str(event.get("request_id"))
+        value = self._template.encode(request_id)
+        return Output(Destination.VERDICTS, request_id.encode(), value, [])
 
 
 async def raw_loop(settings: Settings, stop: asyncio.Event, assigned: list[bool]) -> int:
