@@ -153,7 +153,7 @@ class Bench:
         argv: Sequence[str] = ("-m", "sidecar", "run"),
     ) -> None:
         """``argv``: the process under test (default the sidecar; the floors run
-        ``-m sidecar.lab.bench.floors noop|raw``)."""
+        ``-m sidecar.lab.bench.floors noop|parse|raw``)."""
         self.broker = broker
         self.workdir = workdir
         self.extra_env = extra_env or {}

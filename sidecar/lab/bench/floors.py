@@ -1,7 +1,7 @@
 """The bench's floors: the sidecar's loop with a constant verdict, and the raw aiokafka loop.
 
 Both run as their own process, like the sidecar (``python -m
-sidecar.lab.bench.floors noop|raw``, configured by the same ``GUARDRAIL_*``
+sidecar.lab.bench.floors noop|parse|raw``, configured by the same ``GUARDRAIL_*``
 environment, ``/readyz`` on ``GUARDRAIL_HTTP__PORT``), and answer every
 ``generation.final`` record with one verdict keyed by its request id:
 
