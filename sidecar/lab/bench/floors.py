@@ -1,6 +1,6 @@
-"""The bench's floors: the sidecar's loop with a constant verdict, and the raw aiokafka loop.
+"""The bench's floors: the sidecar's loop with a constant verdict (JSON read or not), raw aiokafka.
 
-Both run as their own process, like the sidecar (``python -m
+Each runs as its own process, like the sidecar (``python -m
 sidecar.lab.bench.floors noop|parse|raw``, configured by the same ``GUARDRAIL_*``
 environment, ``/readyz`` on ``GUARDRAIL_HTTP__PORT``), and answer every
 ``generation.final`` record with one verdict keyed by its request id:
