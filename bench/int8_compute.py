@@ -43,6 +43,7 @@ import numpy as np
 from bench.verifier_latency import measure
 from sidecar.claims.verifier import METADATA_FILE, OnnxVerifier
 from sidecar.hashing import sha256_file
+from sidecar.lab.bench.ratios import machine
 from sidecar.lab.verifier.datasets import CorpusConfig, form_sets
 from sidecar.lab.verifier.metrics import auroc_or_nan
 from sidecar.lab.verifier.quantization import import_onnx
@@ -183,7 +184,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "model": shipped.version,
         "machine": platform.machine(),
-        "cpu_flags": _cpu_flags(),
+        **machine(),
         "threads": 1,
         "pairs": len(pairs),
         "note": "ratios are paired call by call with the shipped file; absolutes are this "
@@ -242,16 +243,6 @@ def main() -> None:
         v.pop("_logits")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-
-
-def _cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
-    except OSError:
-        return []
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines()
-                  if ln.startswith("flags")), [])  # fmt: skip
-    return sorted(f for f in flags if f.startswith(("avx2", "avx512f", "avx512_vnni", "avx_vnni")))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,7 @@ CPU and on the batch:
   still moved them by up to 0.1; per output channel, on 24 validation pairs under
   an emulated Haswell, 17 stayed within 2e-06 and 7 moved by 3.6e-04 to 0.11 (the
   integer products are exact there; the fp32 around them is not), for 0.435 of the
-  time per pair
-  (``bench/int8_compute.py``, docs/methods.md);
+  time per pair (``bench/int8_compute.py``, docs/methods.md);
 * the activation scale is one per tensor, computed over the whole batch, so a
   pair's logit depends on the other pairs and the padding of its batch (up to
   0.36 on the shipped model).
