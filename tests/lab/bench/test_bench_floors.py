@@ -30,6 +30,14 @@ from sidecar.pipeline.outputs import Destination
 from sidecar.pipeline.processor import BatchItem
 
 
+def _requests(prefix: str, n: int) -> list[BatchItem]:
+    """The batch items of ``n`` fast-path requests ``{prefix}-0`` .. ``{prefix}-{n-1}``."""
+    items: list[BatchItem] = []
+    for i in range(n):
+        items += request_items(answer_events(f"{prefix}-{i}", LoadShape()), f"{prefix}-{i}", i)
+    return items
+
+
 def test_is_final_tells_the_final_event_from_the_others() -> None:
     r, deltas, final = answer_events("f-1", LoadShape())
     assert is_final(orjson.dumps(final))
@@ -41,10 +49,7 @@ def test_constant_verdict_processor_answers_each_final_once_and_finishes_every_i
     settings_factory: Callable[..., Settings],
 ) -> None:
     processor = ConstantVerdictProcessor(settings_factory())
-    items = []
-    for i in range(3):
-        events = answer_events(f"r-{i}", LoadShape())
-        items += request_items(events, f"r-{i}", i)
+    items = _requests("r", 3)
     step = processor.on_batch(items, 0.0)
     assert [out.destination for out in step.outputs] == [Destination.VERDICTS] * 3
     verdicts = [AnswerVerdict.model_validate_json(out.value) for out in step.outputs]
@@ -60,9 +65,7 @@ def test_constant_verdict_processor_counts_consumed_records_as_the_sidecar_does(
     """The floor feeds ``guardrail.consumer.records`` (the processor's input tally), so the
     no-op passthrough pays for the same per-batch counter the sidecar does."""
     processor = ConstantVerdictProcessor(settings_factory())
-    items = []
-    for i in range(2):
-        items += request_items(answer_events(f"c-{i}", LoadShape()), f"c-{i}", i)
+    items = _requests("c", 2)
     feedback_ref = items[0][3]
     items.append((InputKind.FEEDBACK, b"{}", b"c-0", feedback_ref))
     processor.on_batch(items, 0.0)
@@ -79,10 +82,10 @@ def test_constant_verdict_processor_skips_keyless_and_non_generation_records(
     settings_factory: Callable[..., Settings],
 ) -> None:
     processor = ConstantVerdictProcessor(settings_factory())
-    items = request_items(answer_events("k-1", LoadShape()), "k-1", 0)
+    items = _requests("k", 1)
     final_kind, final_raw, _, final_ref = items[-1]
     keyless = [(final_kind, final_raw, None, final_ref)]
-    as_retrieval = [(InputKind.RETRIEVAL, final_raw, b"k-1", final_ref)]
+    as_retrieval = [(InputKind.RETRIEVAL, final_raw, b"k-0", final_ref)]
     assert processor.on_batch(keyless, 0.0).outputs == []
     assert processor.on_batch(as_retrieval, 0.0).outputs == []
 
@@ -91,9 +94,7 @@ def test_the_parsing_floor_reads_the_request_id_from_the_json_not_the_key(
     settings_factory: Callable[..., Settings],
 ) -> None:
     processor = ParsingVerdictProcessor(settings_factory())
-    items: list[BatchItem] = []
-    for i in range(3):
-        items += request_items(answer_events(f"p-{i}", LoadShape()), f"p-{i}", i)
+    items = _requests("p", 3)
     kind, raw, _, ref = items[-1]
     items[-1] = (kind, raw, None, ref)  # keyless: the JSON still names the request
     step = processor.on_batch(items, 0.0)
@@ -108,12 +109,12 @@ def test_the_parsing_floor_finishes_what_does_not_parse_without_a_verdict(
     settings_factory: Callable[..., Settings],
 ) -> None:
     processor = ParsingVerdictProcessor(settings_factory())
-    *_, ref = request_items(answer_events("b-1", LoadShape()), "b-1", 0)[-1]
+    *_, ref = _requests("b", 1)[-1]
     bad = [
-        (InputKind.GENERATION, b'{"event_type": "generation.final", ', b"b-1", ref),
-        (InputKind.GENERATION, b"[1, 2]", b"b-1", ref),
-        (InputKind.GENERATION, None, b"b-1", ref),
-        (InputKind.RETRIEVAL, b"\xff\xfe", b"b-1", ref),
+        (InputKind.GENERATION, b'{"event_type": "generation.final", ', b"b-0", ref),
+        (InputKind.GENERATION, b"[1, 2]", b"b-0", ref),
+        (InputKind.GENERATION, None, b"b-0", ref),
+        (InputKind.RETRIEVAL, b"\xff\xfe", b"b-0", ref),
     ]
     step = processor.on_batch(bad, 0.0)
     assert step.outputs == [] and step.done == [ref] * 4
