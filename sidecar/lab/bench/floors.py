@@ -1,7 +1,8 @@
-"""The bench's floors: the sidecar's loop with a constant verdict (JSON read or not), raw aiokafka.
+"""The bench's floors: the sidecar's loop with a constant verdict (JSON read or not, or a
+dict-level sketch of deciding), and raw aiokafka.
 
 Each runs as its own process, like the sidecar (``python -m
-sidecar.lab.bench.floors noop|parse|raw``, configured by the same ``GUARDRAIL_*``
+sidecar.lab.bench.floors noop|parse|dict|raw``, configured by the same ``GUARDRAIL_*``
 environment, ``/readyz`` on ``GUARDRAIL_HTTP__PORT``), and answer every
 ``generation.final`` record with one verdict keyed by its request id:
 
@@ -17,6 +18,11 @@ environment, ``/readyz`` on ``GUARDRAIL_HTTP__PORT``), and answer every
   takes the request id from the final event's ``request_id``
   (:class:`ParsingVerdictProcessor`), deciding nothing: ``parse_vs_noop`` bounds
   what any processor that builds Python objects from its inputs can reach.
+* ``dict``: the ``noop`` loop whose processor is
+  :class:`~sidecar.lab.bench.dict_floor.DictFloor` (:class:`DictVerdictProcessor`):
+  the inputs read, checked and joined as plain dicts, scored by the served models in
+  one call a batch, and a verdict of the sidecar's shape encoded per request. What a
+  fast path rewritten on plain dicts could reach at best: the floor of such a rewrite.
 
 ``noop`` and ``raw`` tell requests apart without decoding JSON (the final event's
 ``event_type`` bytes, the record key as request id): they measure the loop, not
@@ -43,12 +49,14 @@ from sidecar.health import HealthServer
 from sidecar.kafka.clients import producer_size_args
 from sidecar.kafka.publish import request_size_bytes
 from sidecar.kafka.security import aiokafka_client_args
+from sidecar.lab.bench.dict_floor import DictFloor
 from sidecar.pipeline.outputs import Destination, Output, Step
 from sidecar.pipeline.processor import BatchItem, Processor
 from sidecar.policy import PlaceholderPolicy
 
 __all__ = [
     "ConstantVerdictProcessor",
+    "DictVerdictProcessor",
     "ParsingVerdictProcessor",
     "constant_verdict",
     "is_final",
@@ -161,6 +169,37 @@ class ParsingVerdictProcessor(ConstantVerdictProcessor):
         return Output(Destination.VERDICTS, request_id.encode(), value, [])
 
 
+class DictVerdictProcessor(ConstantVerdictProcessor):
+    """Verdicts from :class:`~sidecar.lab.bench.dict_floor.DictFloor`, the served models'.
+
+    Every input is finished by the step it arrives in, as the other floors' are (the
+    sketch's join holds no offsets back); a record the sketch refuses gets no verdict.
+    """
+
+    def __init__(self, settings: Settings, floor: DictFloor) -> None:
+        super().__init__(settings)
+        self._floor = floor
+
+    def on_batch(self, items: Sequence[BatchItem], now_ms: float) -> Step:
+        del now_ms
+        retrieval = feedback = 0
+        for kind, _raw, _key, _ref in items:
+            if kind is not _GENERATION:
+                if kind is _RETRIEVAL:
+                    retrieval += 1
+                else:
+                    feedback += 1
+        verdicts = self._floor.on_batch(items)
+        step = Step(
+            outputs=[Output(Destination.VERDICTS, key, value, []) for _r, key, value in verdicts],
+            done=[ref for _k, _raw, _key, ref in items],
+        )
+        self.counters.verdicts += len(verdicts)
+        self.counters.consumed += len(items)
+        self.counters.inputs.batch(retrieval, len(items) - retrieval - feedback, feedback)
+        return step
+
+
 async def raw_loop(settings: Settings, stop: asyncio.Event, assigned: list[bool]) -> int:
     """aiokafka only: getmany -> send a verdict per final -> await them -> commit.
 
@@ -242,22 +281,29 @@ async def _serve_raw(settings: Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sidecar.lab.bench.floors noop|parse|raw``."""
+    """``python -m sidecar.lab.bench.floors noop|parse|dict|raw``."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args not in (["noop"], ["parse"], ["raw"]):
-        sys.stderr.write("usage: python -m sidecar.lab.bench.floors noop|parse|raw\n")
+    if args not in (["noop"], ["parse"], ["dict"], ["raw"]):
+        sys.stderr.write("usage: python -m sidecar.lab.bench.floors noop|parse|dict|raw\n")
         return 2
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     for noisy in ("aiokafka", "faststream", "kafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     settings = Settings.load()
-    if args in (["noop"], ["parse"]):
-        from sidecar import runtime  # noqa: PLC0415 - the serving loop, only for these floors
-
-        kind = ConstantVerdictProcessor if args == ["noop"] else ParsingVerdictProcessor
-        asyncio.run(runtime.serve(settings, kind(settings)))
-    else:
+    if args == ["raw"]:
         asyncio.run(_serve_raw(settings))
+        return 0
+    from sidecar import runtime  # noqa: PLC0415 - the serving loop, only for these floors
+
+    processor: Processor
+    if args == ["dict"]:
+        floor = DictFloor(runtime.build_processor(settings))
+        processor = DictVerdictProcessor(settings, floor)
+    elif args == ["parse"]:
+        processor = ParsingVerdictProcessor(settings)
+    else:
+        processor = ConstantVerdictProcessor(settings)
+    asyncio.run(runtime.serve(settings, processor))
     return 0
 
 

@@ -188,6 +188,9 @@ async def _floors(
     parse = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "parse"))
     _log("floor: the no-op loop reading every record's JSON (orjson), deciding nothing")
     runs["parse_drain"] = await parse.drain("parse", n, LoadShape())
+    sketch = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "dict"))
+    _log("floor: the no-op loop deciding on plain dicts (a sketch of a rewrite's fast path)")
+    runs["dict_drain"] = await sketch.drain("dict", n, LoadShape())
     rate = half_capacity(runs["noop_drain"].throughput_answers_per_s)
     _log(f"fast path and no-op open loops at half the no-op's capacity ({rate} answers/s)")
     duration_s = n_open / rate

@@ -8,12 +8,15 @@ from pathlib import Path
 
 import orjson
 
+from sidecar import runtime
 from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import AnswerVerdict
+from sidecar.lab.bench.dict_floor import DictFloor
 from sidecar.lab.bench.e2e import LoadShape, answer_events, warmup_requests
 from sidecar.lab.bench.floors import (
     ConstantVerdictProcessor,
+    DictVerdictProcessor,
     ParsingVerdictProcessor,
     constant_verdict,
     is_final,
@@ -144,6 +147,7 @@ def _runs(noop_offered: float) -> dict[str, _Run]:
         "noop_drain": _Run(1000.0),
         "raw_drain": _Run(2000.0),
         "parse_drain": _Run(900.0),
+        "dict_drain": _Run(600.0),
         "full_drain": _Run(40.0),
         "fast_half": _Run(500.0, {"p99": 30.0}, offered_answers_per_s=499.0),
         "noop_half": _Run(noop_offered, {"p99": 20.0}, offered_answers_per_s=noop_offered),
@@ -158,6 +162,8 @@ def test_floors_report_divides_the_sidecar_by_its_floors() -> None:
     assert report["noop_vs_raw_client"] == 0.5
     assert report["parse_vs_noop"] == 0.9 and report["fast_drain_vs_parse"] == 0.889
     assert report["parse_answers_per_s"] == 900.0
+    assert report["dict_vs_noop"] == 0.6 and report["fast_drain_vs_dict"] == 1.333
+    assert report["dict_answers_per_s"] == 600.0
     assert report["half_capacity_answers_per_s"] == 500.0
     assert report["p99_ms_at_half_capacity"] == 30.0
     assert report["half_capacity_offered_answers_per_s"] == {"sidecar": 499.0, "noop": 480.0}
@@ -212,3 +218,18 @@ def test_the_warm_up_is_a_second_of_load_or_a_fifth_of_a_short_run() -> None:
     assert warmup_requests(500.0, 20.0) == 500
     assert warmup_requests(4946.3, 0.5) == 494
     assert warmup_requests(2.8, 17.9) == 2
+
+
+def test_the_dict_floor_answers_each_request_once_with_a_valid_verdict(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    settings = settings_factory(signals={"claims": False})
+    processor = DictVerdictProcessor(settings, DictFloor(runtime.build_processor(settings)))
+    items = _requests("d", 3)
+    step = processor.on_batch(items, 0.0)
+    verdicts = [AnswerVerdict.model_validate_json(out.value) for out in step.outputs]
+    assert [v.request_id for v in verdicts] == ["d-0", "d-1", "d-2"]
+    assert [out.key for out in step.outputs] == [b"d-0", b"d-1", b"d-2"]
+    assert all(out.destination is Destination.VERDICTS for out in step.outputs)
+    assert step.done == [ref for *_, ref in items]  # every input finished by its step
+    assert processor.counters.consumed == len(items) and processor.counters.verdicts == 3

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.connected
 FLOORS = "sidecar.lab.bench.floors"
 
 
-@pytest.mark.parametrize("floor", ["noop", "parse", "raw"])
+@pytest.mark.parametrize("floor", ["noop", "parse", "dict", "raw"])
 async def test_a_floor_drains_every_request_once(
     kafka_broker: LocalKafka, tmp_path: Path, floor: str
 ) -> None:

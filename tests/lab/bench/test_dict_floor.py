@@ -1,0 +1,103 @@
+"""``bench/dict_floor.py``: the sketch does the work it claims, on the verdict's shape."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from bench import dict_floor
+from sidecar import runtime
+from sidecar.config import Settings
+from sidecar.lab.bench.dict_floor import DictFloor
+from sidecar.pipeline.outputs import Destination
+from sidecar.pipeline.processor import BatchItem, Processor
+
+
+@pytest.fixture(scope="module")
+def processor() -> Processor:
+    return runtime.build_processor(Settings.load(signals={"claims": False}))
+
+
+def _keys(value: Any, prefix: str = "") -> set[str]:
+    """Every key path of a JSON object (lists: their first element's)."""
+    if isinstance(value, list):
+        return _keys(value[0], prefix + "[]") if value else set()
+    if not isinstance(value, dict):
+        return set()
+    out = set()
+    for key, inner in value.items():
+        out.add(prefix + key)
+        out |= _keys(inner, prefix + key + ".")
+    return out
+
+
+def _edited(items: list[BatchItem], kind: str, edit: Any) -> list[BatchItem]:
+    """``items`` with the record of ``event_type`` ``kind`` rewritten by ``edit``."""
+    out: list[BatchItem] = []
+    for item_kind, raw, key, ref in items:
+        event = orjson.loads(raw or b"{}")
+        if event.get("event_type") == kind:
+            edit(event)
+        out.append((item_kind, orjson.dumps(event), key, ref))
+    return out
+
+
+def test_the_sketch_decides_every_request_on_the_verdicts_shape(processor: Processor) -> None:
+    batch = dict_floor.batches(1, "shape")[0]
+    real = [
+        orjson.loads(o.value)
+        for o in processor.on_batch(batch, 0.0).outputs
+        if o.destination is Destination.VERDICTS
+    ]
+    sketch = DictFloor(processor).on_batch(batch)
+    assert len(sketch) == len(real) == dict_floor.BATCH
+    ours = orjson.loads(sketch[0][2])
+    assert ours["request_id"] == real[0]["request_id"]
+    # the same object to encode: every key path of the sidecar's verdict, and no other
+    assert _keys(ours) == _keys(real[0])
+    assert len(ours["reasons"]) == len(real[0]["reasons"])
+
+
+def test_the_sketch_checks_what_it_reads(processor: Processor) -> None:
+    batch = dict_floor.batches(1, "bad")[0][:3]  # one whole request
+
+    def absurd_score(event: dict[str, Any]) -> None:
+        event["hits"][0]["score"] = 1e300
+
+    def nan_attention(event: dict[str, Any]) -> None:
+        att = event["attention"]
+        values = np.frombuffer(base64.b64decode(att["values"]), dtype=np.float16).copy()
+        values[5] = np.nan
+        att["values"] = base64.b64encode(values.tobytes()).decode()
+
+    def unknown_type(event: dict[str, Any]) -> None:
+        event["event_type"] = "generation.other"
+
+    for kind, edit, reason, verdicts in [
+        ("retrieval", absurd_score, "score", 0),
+        ("generation.final", nan_attention, "values", 0),
+        ("generation.delta", unknown_type, "event_type", 1),  # retrieval + final: decided
+    ]:
+        floor = DictFloor(processor)
+        # one bad record costs that record, never its batch
+        assert len(floor.on_batch(_edited(batch, kind, edit))) == verdicts
+        assert floor.refused == {reason: 1}
+    kind, raw, _key, ref = batch[0]
+    floor = DictFloor(processor)
+    assert floor.on_batch([(kind, raw, b"another-id", ref), (kind, b"{not json", None, ref)]) == []
+    assert floor.refused == {"key": 1, "unreadable": 1}
+    # a record seen again (the same bytes) is a duplicate: one verdict, not two
+    floor = DictFloor(processor)
+    assert len(floor.on_batch(batch + batch)) == 1
+    assert floor.refused == {}
+
+
+def test_measure_reports_both_and_their_ratio() -> None:
+    report = dict_floor.measure(1, 1)
+    best = report["best_us"]
+    assert best["processor"] > 0.0 and best["dict_floor"] > 0.0
+    assert report["floor_vs_processor"] == round(best["dict_floor"] / best["processor"], 3)
