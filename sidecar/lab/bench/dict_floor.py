@@ -63,7 +63,7 @@ def _str(event: dict[str, Any], name: str) -> str:
 
 def _hits(event: dict[str, Any]) -> list[tuple[str, float]]:
     hits = event.get("hits")
-    if type(hits) is not list:
+    if type(hits) is not list or not hits:  # the sketch scores answers with evidence only
         raise Bad("hits")
     out = []
     for hit in hits:
@@ -97,6 +97,11 @@ class DictFloor:
 
     def __init__(self, processor: Processor) -> None:
         signals = processor.signals
+        if signals.lookback is None or signals.confidence is None:
+            raise ValueError(
+                "the dict floor scores with the served lookback and confidence models: "
+                "configure both (GUARDRAIL_SIGNALS__LOOKBACK, GUARDRAIL_SIGNALS__CONFIDENCE)"
+            )
         self.lookback: Any = signals.lookback
         self.confidence: Any = signals.confidence
         self.q_hat = 0.586
@@ -181,7 +186,8 @@ class DictFloor:
             top = max(scores)
             m2 = len(keep) / len(scores)
             answer_rows.append(
-                (top, top - sorted(scores)[-2], sum(scores) / len(scores), 1.0, m2, p, None,
+                (top, top - sorted(scores)[-2] if len(scores) > 1 else 0.0,
+                 sum(scores) / len(scores), 1.0, m2, p, None,
                  None, None, math.log1p(len(final[0].split())))
             )  # fmt: skip
             chunk_rows.extend(

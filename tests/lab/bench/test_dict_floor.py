@@ -101,3 +101,25 @@ def test_measure_reports_both_and_their_ratio() -> None:
     best = report["best_us"]
     assert best["processor"] > 0.0 and best["dict_floor"] > 0.0
     assert report["floor_vs_processor"] == round(best["dict_floor"] / best["processor"], 3)
+
+
+def test_one_hit_is_decided_and_no_hit_is_refused(processor: Processor) -> None:
+    batch = dict_floor.batches(1, "hits")[0][:3]
+
+    def one_hit(event: dict[str, Any]) -> None:
+        event["hits"] = event["hits"][:1]
+
+    def no_hit(event: dict[str, Any]) -> None:
+        event["hits"] = []
+
+    floor = DictFloor(processor)
+    assert len(floor.on_batch(_edited(batch, "retrieval", one_hit))) == 1
+    floor = DictFloor(processor)
+    assert floor.on_batch(_edited(batch, "retrieval", no_hit)) == []
+    assert floor.refused == {"hits": 1}
+
+
+def test_the_sketch_refuses_to_start_without_the_models_it_scores_with() -> None:
+    bare = runtime.build_processor(Settings.load(signals={"claims": False, "lookback": False}))
+    with pytest.raises(ValueError, match="lookback and confidence"):
+        DictFloor(bare)
