@@ -19,6 +19,14 @@ appends its running totals to a file) and the share of the drain it was busy::
 
     PYTHONPATH=. .venv/bin/python bench/process_split.py --pairs 4 --requests 20000 \\
         --out bench/results/process_split.json
+
+``--child dict --against noop``: the child runs the dict floor's sketch
+(:mod:`sidecar.lab.bench.dict_floor`) instead of the served processor, and side A is the
+no-op floor: what a fast path rewritten on plain dicts *and* moved off the loop's GIL
+could reach, against the bar's own denominator::
+
+    PYTHONPATH=. .venv/bin/python bench/process_split.py --pairs 4 --child dict \\
+        --against noop --out bench/results/process_split_dict.json
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from sidecar.pipeline.processor import BatchItem, Processor
 
 _IN_FLIGHT_ENV = "BENCH_SPLIT_IN_FLIGHT"
 _STATS_ENV = "BENCH_SPLIT_STATS"
+_CHILD_ENV = "BENCH_SPLIT_CHILD"
 
 
 class _Child:
@@ -63,7 +72,13 @@ class _Child:
 def _child_start(settings: Settings) -> None:
     from sidecar.runtime import build_processor  # noqa: PLC0415
 
-    _Child.processor = build_processor(settings)
+    processor = build_processor(settings)
+    if os.environ.get(_CHILD_ENV) == "dict":  # the dict floor's sketch instead (#22)
+        from sidecar.lab.bench.dict_floor import DictFloor  # noqa: PLC0415
+        from sidecar.lab.bench.floors import DictVerdictProcessor  # noqa: PLC0415
+
+        processor = DictVerdictProcessor(settings, DictFloor(processor))
+    _Child.processor = processor
 
 
 def _child_ready() -> bool:
@@ -154,8 +169,10 @@ def serve() -> int:
 
 async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     stats = workdir / "child.jsonl"
-    env = {_IN_FLIGHT_ENV: str(args.in_flight), _STATS_ENV: str(stats)}
+    env = {_IN_FLIGHT_ENV: str(args.in_flight), _STATS_ENV: str(stats), _CHILD_ENV: args.child}
     thread = (env, ("-m", "sidecar", "run"))
+    if args.against == "noop":
+        thread = (env, ("-m", "sidecar.lab.bench.floors", "noop"))
     split = (env, (__file__, "serve"))
 
     def child(side: int) -> dict[str, Any]:
@@ -175,13 +192,20 @@ async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) ->
         broker, workdir, (thread, split), args.pairs, args.requests, after=child
     )
     return {
-        "what": "fast drain, the processor on a thread (the sidecar) vs in a child process; "
+        "what": (
+            "fast drain, the processor on a thread (the sidecar)"
+            if args.against == "thread"
+            else "fast drain, the no-op floor"
+        )
+        + f" vs the sidecar's loop with on_batch in a child process (child: {args.child}); "
         "cpu_us_per_request: the sidecar's process (split: the parent only)",
+        "child": args.child,
+        "against": args.against,
         "requests": args.requests,
         "in_flight": args.in_flight,
-        "runs": {"thread": runs[0], "split": runs[1]},
-        "split_vs_thread_median": round(statistics.median(ratios), 3) if ratios else None,
-        "split_vs_thread": [round(r, 3) for r in ratios],
+        "runs": {args.against: runs[0], "split": runs[1]},
+        f"split_vs_{args.against}_median": round(statistics.median(ratios), 3) if ratios else None,
+        f"split_vs_{args.against}": [round(r, 3) for r in ratios],
         **machine(),
     }
 
@@ -192,6 +216,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--in-flight", type=int, default=2, choices=[1, 2, 3, 4])
+    parser.add_argument(
+        "--child",
+        choices=["served", "dict"],
+        default="served",
+        help="the child's processor: the served one, or the dict floor's sketch",
+    )
+    parser.add_argument(
+        "--against",
+        choices=["thread", "noop"],
+        default="thread",
+        help="side A: the sidecar as it is, or the no-op floor",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.mode == "serve":
