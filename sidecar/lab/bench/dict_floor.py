@@ -33,7 +33,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -78,16 +78,18 @@ def _hits(event: dict[str, Any]) -> list[tuple[str, float]]:
     return out
 
 
-def _attention(event: dict[str, Any]) -> tuple[bytes, int]:
+def _attention(event: dict[str, Any], shape: tuple[int, int, int]) -> tuple[bytes, int]:
+    """The summary's bytes and chunk count; ``shape``: the served model's (layers, heads,
+    chunks at most)."""
     summary = event.get("attention")
     if type(summary) is not dict:
         raise Bad("attention")
     layers, heads, chunks = summary.get("layers"), summary.get("heads"), summary.get("chunks")
-    if type(layers) is not int or type(heads) is not int or type(chunks) is not int:
+    if type(chunks) is not int or (layers, heads) != shape[:2] or not 0 < chunks <= shape[2]:
         raise Bad("shape")
     raw = binascii.a2b_base64(_str(summary, "values"), strict_mode=True)
     values = np.frombuffer(raw, dtype=np.float16)
-    if values.size != layers * heads * chunks or not np.isfinite(values).all():
+    if values.size != shape[0] * shape[1] * chunks or not np.isfinite(values).all():
         raise Bad("values")
     return raw, chunks
 
@@ -102,8 +104,10 @@ class DictFloor:
                 "the dict floor scores with the served lookback and confidence models: "
                 "configure both (GUARDRAIL_SIGNALS__LOOKBACK, GUARDRAIL_SIGNALS__CONFIDENCE)"
             )
-        self.lookback: Any = signals.lookback
-        self.confidence: Any = signals.confidence
+        self.lookback = cast(Any, signals.lookback)  # the ONNX scorer: its metadata, _run
+        self.confidence = cast(Any, signals.confidence)
+        meta = self.lookback.metadata
+        self.shape: tuple[int, int, int] = (meta.layers, meta.heads, meta.chunks)
         self.q_hat = 0.586
         self.seen: set[bytes] = set()
         self.store: dict[str, list[Any]] = {}
@@ -153,7 +157,7 @@ class DictFloor:
             entry[0] = (_str(event, "tenant"), _hits(event))
         elif kind == _FINAL:
             answer, model = _str(event, "answer"), _str(event, "generator_model")
-            entry[2] = (answer, model, _attention(event))
+            entry[2] = (answer, model, _attention(event, self.shape))
         else:
             raise Bad("event_type")
         return rid, entry
@@ -174,10 +178,19 @@ class DictFloor:
         )
         p_factual = self.lookback._run(rows).tolist()
         # each chunk's share of the attention: its mean over layers and heads, normalised
-        # (one numpy pass over the batch's summaries, all of one shape here)
-        halves = np.frombuffer(b"".join(f[2][0] for _r, (_t, _d, f) in done), dtype="<f2")
-        means = halves.reshape(len(done), meta.layers * meta.heads, -1).mean(axis=1)
-        shares = (means / means.sum(axis=1, keepdims=True)).tolist()
+        # (one numpy pass over the batch's summaries when they have one chunk count)
+        summaries = [f[2] for _r, (_t, _d, f) in done]
+        groups = (
+            [b"".join(raw for raw, _k in summaries)]
+            if len({k for _r, k in summaries}) == 1
+            else [raw for raw, _k in summaries]
+        )
+        shares: list[list[float]] = []
+        for raw in groups:
+            halves = np.frombuffer(raw, dtype="<f2").astype(np.float32)
+            n = halves.size // (meta.layers * meta.heads * summaries[len(shares)][1])
+            means = halves.reshape(n, meta.layers * meta.heads, -1).mean(axis=1)
+            shares += (means / means.sum(axis=1, keepdims=True)).tolist()
         answer_rows, chunk_rows = [], []
         for (_rid, (retrieval, _d, final)), keep, p, share in zip(
             done, trusted, p_factual, shares, strict=True
@@ -191,7 +204,16 @@ class DictFloor:
                  None, None, math.log1p(len(final[0].split())))
             )  # fmt: skip
             chunk_rows.extend(
-                [(scores[i], top - scores[i], 1.0 / (i + 1), 1.0, share[i]) for i in keep]
+                [
+                    (
+                        scores[i],
+                        top - scores[i],
+                        1.0 / (i + 1),
+                        1.0,
+                        share[i] if i < len(share) else None,
+                    )
+                    for i in keep
+                ]  # a chunk the summary lacks: its share missing
             )
         p_correct = self.confidence.answer.predict_rows(answer_rows, _ANSWER).tolist()
         p_useful = self.confidence.chunks.predict_rows(chunk_rows, _CHUNK).tolist()

@@ -123,3 +123,35 @@ def test_the_sketch_refuses_to_start_without_the_models_it_scores_with() -> None
     bare = runtime.build_processor(Settings.load(signals={"claims": False, "lookback": False}))
     with pytest.raises(ValueError, match="lookback and confidence"):
         DictFloor(bare)
+
+
+def test_summaries_of_another_model_are_refused_and_mixed_chunk_counts_decided(
+    processor: Processor,
+) -> None:
+    batch = dict_floor.batches(1, "mixed")[0][:6]  # two whole requests
+
+    def other_model(event: dict[str, Any]) -> None:
+        event["attention"]["layers"] += 1
+
+    floor = DictFloor(processor)
+    assert len(floor.on_batch(_edited(batch[:3], "generation.final", other_model))) == 0
+    assert floor.refused == {"shape": 1}
+
+    def two_chunks(event: dict[str, Any]) -> None:
+        att = event["attention"]
+        values = np.frombuffer(base64.b64decode(att["values"]), dtype=np.float16)
+        att["values"] = base64.b64encode(
+            values[: att["layers"] * att["heads"] * 2].tobytes()
+        ).decode()
+        att["chunks"] = 2
+
+    def all_trusted(event: dict[str, Any]) -> None:  # the third hit has no column now
+        for hit, score in zip(event["hits"], (0.9, 0.8, 0.7), strict=True):
+            hit["score"] = score
+
+    first = _edited(_edited(batch[:3], "generation.final", two_chunks), "retrieval", all_trusted)
+    mixed = first + batch[3:]
+    floor = DictFloor(processor)
+    verdicts = [orjson.loads(value) for _rid, _key, value in floor.on_batch(mixed)]
+    assert len(verdicts) == 2 and floor.refused == {}
+    assert all(0.0 <= f["p_useful"] <= 1.0 for v in verdicts for f in v["chunk_forecast"])
