@@ -182,13 +182,8 @@ class DictVerdictProcessor(ConstantVerdictProcessor):
 
     def on_batch(self, items: Sequence[BatchItem], now_ms: float) -> Step:
         del now_ms
-        retrieval = feedback = 0
-        for kind, _raw, _key, _ref in items:
-            if kind is not _GENERATION:
-                if kind is _RETRIEVAL:
-                    retrieval += 1
-                else:
-                    feedback += 1
+        kinds = [kind for kind, _raw, _key, _ref in items]
+        retrieval, generation = kinds.count(_RETRIEVAL), kinds.count(_GENERATION)
         verdicts = self._floor.on_batch(items)
         step = Step(
             outputs=[Output(Destination.VERDICTS, key, value, []) for _r, key, value in verdicts],
@@ -196,7 +191,7 @@ class DictVerdictProcessor(ConstantVerdictProcessor):
         )
         self.counters.verdicts += len(verdicts)
         self.counters.consumed += len(items)
-        self.counters.inputs.batch(retrieval, len(items) - retrieval - feedback, feedback)
+        self.counters.inputs.batch(retrieval, generation, len(items) - retrieval - generation)
         return step
 
 

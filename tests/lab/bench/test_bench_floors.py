@@ -233,3 +233,9 @@ def test_the_dict_floor_answers_each_request_once_with_a_valid_verdict(
     assert all(out.destination is Destination.VERDICTS for out in step.outputs)
     assert step.done == [ref for *_, ref in items]  # every input finished by its step
     assert processor.counters.consumed == len(items) and processor.counters.verdicts == 3
+    # its input tally is the no-op's for the same records (a feedback record included)
+    noop = ConstantVerdictProcessor(settings)
+    more = [*items, (InputKind.FEEDBACK, b"{}", b"d-0", items[0][3])]
+    processor.on_batch(more[-1:], 0.0)
+    noop.on_batch(more, 0.0)
+    assert processor.counters.inputs.counts() == noop.counters.inputs.counts()
