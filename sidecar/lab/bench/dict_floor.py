@@ -180,15 +180,14 @@ class DictFloor:
         # each chunk's share of the attention: its mean over layers and heads, normalised
         # (one numpy pass over the batch's summaries when they have one chunk count)
         summaries = [f[2] for _r, (_t, _d, f) in done]
-        groups = (
-            [b"".join(raw for raw, _k in summaries)]
+        groups = (  # (the summaries' bytes, how many answers they hold)
+            [(b"".join(raw for raw, _k in summaries), len(summaries))]
             if len({k for _r, k in summaries}) == 1
-            else [raw for raw, _k in summaries]
+            else [(raw, 1) for raw, _k in summaries]
         )
         shares: list[list[float]] = []
-        for raw in groups:
+        for raw, n in groups:
             halves = np.frombuffer(raw, dtype="<f2").astype(np.float32)
-            n = halves.size // (meta.layers * meta.heads * summaries[len(shares)][1])
             means = halves.reshape(n, meta.layers * meta.heads, -1).mean(axis=1)
             shares += (means / means.sum(axis=1, keepdims=True)).tolist()
         answer_rows, chunk_rows = [], []
