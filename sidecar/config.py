@@ -617,6 +617,16 @@ class CoverageSettings(_Section):
         le=1_000_000,
         description="recent requests the bound covers (and labels a certificate's re-test)",
     )
+    max_keys: int = Field(
+        default=64,
+        ge=1,
+        le=10_000,
+        description="calibration keys (a global calibration's tenants each count) whose "
+        "windows are kept; a new key past it drops the least recently fed one's (counted "
+        "in guardrail.coverage.evicted_keys). A full key holds ~0.35 KB per window request "
+        "(~3.5 MB at window 10,000): the bound on this monitor's memory is about "
+        "max_keys x window x 0.35 KB",
+    )
     report_interval_s: float = Field(
         default=60.0,
         ge=1.0,
@@ -799,6 +809,16 @@ class Settings(BaseSettings):
         "700, every batch set off collections that walked and promoted them all (14 us a "
         "request in batches of 50 requests, 26 us in batches of 200, of ~450 us a request); "
         "above a batch's objects, the young generation is walked only when garbage piles up",
+    )
+    heap_trim_interval_s: float = Field(
+        default=60.0,
+        ge=0.0,
+        le=86_400.0,
+        allow_inf_nan=False,
+        description="how often the C allocator's free heap pages are handed back to the "
+        "kernel (glibc malloc_trim; 0: never). Requests and the windows that outlive them "
+        "fragment the heap: a 15-minute hostile soak's RSS rose ~1 MB a minute with the "
+        "Python objects flat; each trim takes ~1 ms (sidecar/heaptrim.py)",
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

@@ -65,6 +65,7 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
                                 gauges    (what waits for the processor; what is paused)
   guardrail.join.partition_mismatch, .misrouted, .byte_evictions, .rereads,
   guardrail.claims.refused, guardrail.feedback.unmatched, .replaced, .early,
+  guardrail.coverage.evicted_keys,
   guardrail.pipeline.internal_errors
                                 counters (cumulative, observed at collection)
   guardrail.retrieval.m1_mean, .m1_wilson_low, .m1_wilson_high, .exchangeability_broken
@@ -197,6 +198,8 @@ COUNT_HELP: Final = {
     "queue was full",
     "join.clock_held_ms": "milliseconds (cumulative) the join's clock was held back while "
     "inputs were behind, so TTLs do not expire requests whose halves are still in Kafka",
+    "coverage.evicted_keys": "coverage keys whose windows were dropped for a newer key past "
+    "coverage.max_keys (a producer inventing tenants under tenancy.source=event)",
     "lookback.mismatches": "attention summaries the lookback model cannot score (another "
     "generator or shape): scored unavailable",
     "kafka.offset_resets": "input records gone before they were read (retention, delete-records)",

@@ -309,6 +309,10 @@ class CoverageTracker:
         win.labelled[covered] -= 1
         win.errors[covered] -= int(error)
 
+    def forget(self, key: str) -> None:
+        """Drop ``key``'s windows (its requests and labels); its probe counts stay."""
+        self._windows.pop(key, None)
+
     def set_probe(self, key: str | None, trials: int, errors: int) -> None:
         """Leakage-probe counts for ``key``, or the default for all keys when ``key`` is None."""
         CoverageCounts(requests=0, covered=0, probe_trials=trials, probe_errors=errors)

@@ -9,6 +9,13 @@ the window), otherwise it is counted as unmatched. Every
 ``coverage.report`` event; the latest values also back the
 ``guardrail.coverage.*`` gauges.
 
+At most ``max_keys`` coverage keys are kept (``GUARDRAIL_COVERAGE__MAX_KEYS``): a key's
+tenant is producer text under ``tenancy.source=event``, and a producer that put a new
+tenant on every request grew the monitor by ~3 KB a request without end (a window, a
+recent-verdicts map and a report per key). A new key past the limit drops the least
+recently fed key's windows and recent verdicts (counted in ``evicted_keys``, said once);
+its later labels count as unmatched, and a key fed again starts a new window.
+
 The leakage delta comes from a probe file (``guardrail probe leakage``) when one
 is configured, else from feedback on uncovered requests.
 
@@ -23,6 +30,7 @@ carries the re-test and the gauges ``guardrail.coverage.certificate_*``.
 
 from __future__ import annotations
 
+import logging
 import math
 import socket
 import threading
@@ -45,9 +53,15 @@ from sidecar.contracts.events import (
     FeedbackEvent,
     RetrievalSignal,
 )
+from sidecar.exceptions import ConfigError
 from sidecar.stats.intervals import ProportionInterval
 
-__all__ = ["UNCERTIFIED_KEY", "CoverageMonitor", "FeedbackOutcome"]
+__all__ = ["MAX_COVERAGE_KEYS", "UNCERTIFIED_KEY", "CoverageMonitor", "FeedbackOutcome"]
+
+log = logging.getLogger(__name__)
+
+MAX_COVERAGE_KEYS = 64
+"""Coverage keys kept by default: a full key holds ~``window`` x 0.35 KB (~3.5 MB at 10,000)."""
 
 
 class FeedbackOutcome(IntEnum):
@@ -99,7 +113,14 @@ class CoverageMonitor:
         confidence: float = 0.95,
         probe: tuple[int, int] | None = None,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        max_keys: int = MAX_COVERAGE_KEYS,
     ) -> None:
+        if isinstance(max_keys, bool) or max_keys < 1:
+            raise ConfigError(f"max_keys must be a positive number of keys, got {max_keys!r}")
+        self.max_keys = max_keys
+        # coverage keys, the least recently fed first: past max_keys the first one leaves
+        self._fed: OrderedDict[str, None] = OrderedDict()
+        self.evicted_keys = 0
         self.tracker = CoverageTracker(window=window, confidence=confidence)
         if probe is not None:
             self.tracker.set_probe(None, *probe)
@@ -159,11 +180,35 @@ class CoverageMonitor:
                 if cert.calibration_key
                 else UNCERTIFIED_KEY
             )
+            self._feed(key)
             seen = self._recent.get(name)
             if seen is None or seen[0] != key:
                 # the same request decided again (a replay, a re-send) is counted once
                 self.tracker.observe_request(key, cert.m1)
             self._recent.add(name, key, cert.m1)
+
+    def _feed(self, key: str) -> None:
+        """``key`` is the most recently fed; past ``max_keys``, the least recent one leaves."""
+        fed = self._fed
+        if key in fed:
+            fed.move_to_end(key)
+            return
+        fed[key] = None
+        while len(fed) > self.max_keys:
+            gone, _ = fed.popitem(last=False)
+            self.tracker.forget(gone)
+            self._recent.forget_key(gone)
+            self._latest.pop(gone, None)
+            self.evicted_keys += 1
+            if self.evicted_keys == 1:
+                log.warning(
+                    "coverage: more than %d calibration keys (GUARDRAIL_COVERAGE__MAX_KEYS): "
+                    "the least recently fed key's window is dropped for each new one (first: "
+                    "%r); a producer that invents tenants (tenancy.source=event) does this. "
+                    "Said once; counted in guardrail.coverage.evicted_keys",
+                    self.max_keys,
+                    gone,
+                )
 
     def observe_feedback(
         self, feedback: FeedbackEvent, request_key: str | None = None
@@ -336,6 +381,13 @@ class _RecentPerKey(Generic[V]):
             gone, _ = names.popitem(last=False)
             if self._key_of.get(gone) == key:
                 del self._key_of[gone]
+
+    def forget_key(self, key: str) -> None:
+        """Drop every name of ``key``."""
+        names = self._by_key.pop(key, None)
+        for name in names or ():
+            if self._key_of.get(name) == key:
+                del self._key_of[name]
 
     def get(self, name: str) -> tuple[str, V] | None:
         key = self._key_of.get(name)

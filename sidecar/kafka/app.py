@@ -330,6 +330,7 @@ class SidecarService:
                 "kafka.commit_holds": self.committer.holds,
                 "join.clock_held_ms": int(self.intake.clock.held_ms),
                 "lookback.mismatches": getattr(processor.signals.lookback, "mismatches", 0),
+                "coverage.evicted_keys": getattr(processor.signals.coverage, "evicted_keys", 0),
                 # the process's watch, once start() installed it
                 "kafka.offset_resets": watch.resets if (watch := offset_resets()) else 0,
             }

@@ -23,6 +23,7 @@ from sidecar.contracts.events import (
     Signals,
     SignalStatus,
 )
+from sidecar.exceptions import ConfigError
 from sidecar.stats.intervals import wilson_interval
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -158,6 +159,53 @@ def test_recent_memory_is_bounded_by_the_window() -> None:
     assert all(m.observe_feedback(feedback(f"r{i}", True)) for i in (1, 2, 3))
     assert not m.observe_feedback(feedback("x6", True))  # the other key keeps its own last 3
     assert m.observe_feedback(feedback("x9", True))
+
+
+def _fallback(m: CoverageMonitor, rid: str, tenant: str, covered: bool = True) -> None:
+    """A request the global calibration stood in for, under ``tenant``."""
+    signal = RetrievalSignal(
+        status=SignalStatus.OK, m1=covered, calibration_key="global", fallback=True
+    )
+    m.observe_decision(rid, Decision.CAVEAT, signal, None, tenant=tenant)
+
+
+def test_a_producer_inventing_tenants_keeps_at_most_max_keys_windows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A new tenant on every request (tenancy.source=event trusts the event's) grew the
+    monitor by a window, a recent-verdicts map and a report per request, without end."""
+    m = CoverageMonitor(window=100, max_keys=3, wall_clock=lambda: NOW)
+    for i in range(50):
+        _fallback(m, f"r{i}", f"t{i}")
+    assert m.tracker.keys() == ["global[t47]", "global[t48]", "global[t49]"]
+    assert m.evicted_keys == 47
+    assert [r.calibration_key for r in m.reports()] == m.tracker.keys()
+    assert set(m.gauge_values()) == set(m.tracker.keys())
+    assert sum("GUARDRAIL_COVERAGE__MAX_KEYS" in r.getMessage() for r in caplog.records) == 1
+    assert not m.observe_feedback(feedback("r10", False))  # its key left: unmatched
+    assert m.observe_feedback(feedback("r49", False))
+    assert m.tracker.counts("global[t49]").errors_covered == 1
+
+
+def test_the_least_recently_fed_key_leaves_first() -> None:
+    m = CoverageMonitor(window=100, max_keys=2, wall_clock=lambda: NOW)
+    _fallback(m, "a1", "acme")
+    _fallback(m, "g1", "globex")
+    _fallback(m, "a2", "acme")  # acme fed again: globex is now the least recent
+    _fallback(m, "i1", "initech")
+    assert m.tracker.keys() == ["global[acme]", "global[initech]"]
+    assert m.tracker.counts("global[acme]").requests == 2  # kept whole
+    assert m.observe_feedback(feedback("a1", True))
+    assert not m.observe_feedback(feedback("g1", True))
+    _fallback(m, "g2", "globex")  # back: a new window, acme (least recent) leaves
+    assert m.tracker.counts("global[globex]").requests == 1
+    assert m.tracker.keys() == ["global[globex]", "global[initech]"]
+    assert m.evicted_keys == 2
+
+
+def test_max_keys_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="max_keys"):
+        CoverageMonitor(max_keys=0)
 
 
 def test_a_repeated_verdict_refreshes_its_place_in_memory() -> None:
