@@ -90,10 +90,41 @@ class Duplicate:
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
+    """A refused record: its error becomes the dead letter's reason.
+
+    The error's traceback (and its causes') is dropped here. It held the frames from the
+    processor's ``on_batch`` down to the raise, and with them the record's bytes and the
+    whole batch's items, in a cycle (this admission, held by ``_admit``'s frame, holds the
+    error): only the cyclic collector freed them, and with the young generation walked
+    every 50,000 objects (``GUARDRAIL_GC_YOUNG_THRESHOLD``) a flood of 1 MB records
+    refused as oversize kept ~2,000 of them (tests/pipeline/test_refused_memory.py).
+    """
+
     error: InputError
     evicted: tuple[PendingRequest, ...] = ()
     # the request of a retrieval or final refused after it was read (``PendingRequest.refuse``)
     request: PendingRequest | None = None
+
+    def __post_init__(self) -> None:
+        drop_tracebacks(self.error)
+
+
+def drop_tracebacks(exc: BaseException) -> None:
+    """Clear the traceback of ``exc`` and of every exception it chains to, and drop a
+    context it suppresses (``raise ... from None``): never shown, and a pydantic
+    ``ValidationError`` there holds a validator's own error, with its traceback, where no
+    chain reaches it."""
+    todo: list[BaseException] = [exc]
+    seen: set[int] = set()
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        if e.__suppress_context__:
+            e.__context__ = None
+        todo.extend(x for x in (e.__cause__, e.__context__) if x is not None)
 
 
 @dataclass(frozen=True, slots=True)
