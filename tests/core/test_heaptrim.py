@@ -60,17 +60,22 @@ def test_released_is_never_negative() -> None:
     assert Trimmed(300, 200, 0.0).released == 100
 
 
-async def test_the_runtime_trims_every_interval_until_stopped() -> None:
-    calls: list[int] = []
-    trim = _recording(calls)
+async def _run_trims(trim: HeapTrim, calls: list[int], until: int) -> None:
+    """``runtime._trim_heap`` every 10 ms until ``calls`` has ``until`` entries (or 2 s)."""
     stop = asyncio.Event()
     task = asyncio.create_task(runtime._trim_heap(trim, stop, 0.01))
     for _ in range(200):
         await asyncio.sleep(0.01)
-        if len(calls) >= 3:
+        if len(calls) >= until:
             break
     stop.set()
     await asyncio.wait_for(task, 1.0)
+
+
+async def test_the_runtime_trims_every_interval_until_stopped() -> None:
+    calls: list[int] = []
+    trim = _recording(calls)
+    await _run_trims(trim, calls, 3)
     assert len(calls) >= 3 and trim.calls == len(calls)
 
 
@@ -81,14 +86,7 @@ async def test_a_failing_trim_never_stops_the_sidecar(caplog: pytest.LogCaptureF
         calls.append(pad)
         raise OSError("no")
 
-    stop = asyncio.Event()
-    task = asyncio.create_task(runtime._trim_heap(HeapTrim(broken), stop, 0.01))
-    for _ in range(200):
-        await asyncio.sleep(0.01)
-        if len(calls) >= 2:
-            break
-    stop.set()
-    await asyncio.wait_for(task, 1.0)
+    await _run_trims(HeapTrim(broken), calls, 2)
     assert len(calls) >= 2
     assert "trimming the heap failed" in caplog.text
 
