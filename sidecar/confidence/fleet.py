@@ -11,10 +11,11 @@ the window), otherwise it is counted as unmatched. Every
 
 At most ``max_keys`` coverage keys are kept (``GUARDRAIL_COVERAGE__MAX_KEYS``): a key's
 tenant is producer text under ``tenancy.source=event``, and a producer that put a new
-tenant on every request grew the monitor by ~3 KB a request without end (a window, a
-recent-verdicts map and a report per key). A new key past the limit drops the least
-recently fed key's windows and recent verdicts (counted in ``evicted_keys``, said once);
-its later labels count as unmatched, and a key fed again starts a new window.
+tenant on every request grew the sidecar by ~2 KB a request without end (a window, a
+recent-verdicts map and a report per key; tests/pipeline/test_invented_tenants.py). A
+new key past the limit drops the least recently fed key's windows and recent verdicts
+(counted in ``evicted_keys``, said once); its later labels count as unmatched, and a key
+fed again starts a new window.
 
 The leakage delta comes from a probe file (``guardrail probe leakage``) when one
 is configured, else from feedback on uncovered requests.

@@ -96,8 +96,9 @@ class Rejected:
     processor's ``on_batch`` down to the raise, and with them the record's bytes and the
     whole batch's items, in a cycle (this admission, held by ``_admit``'s frame, holds the
     error): only the cyclic collector freed them, and with the young generation walked
-    every 50,000 objects (``GUARDRAIL_GC_YOUNG_THRESHOLD``) a flood of 1 MB records
-    refused as oversize kept ~2,000 of them (tests/pipeline/test_refused_memory.py).
+    every 50,000 objects (``GUARDRAIL_GC_YOUNG_THRESHOLD``), ~60 objects a refused record,
+    300 schema-violating retrievals of ~900 KB took a real sidecar from 102 to 892 MB
+    (tests/pipeline/test_refused_memory.py, tests/kafka/test_refused_memory_real.py).
     """
 
     error: InputError
