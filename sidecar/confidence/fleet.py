@@ -119,8 +119,9 @@ class CoverageMonitor:
         if isinstance(max_keys, bool) or max_keys < 1:
             raise ConfigError(f"max_keys must be a positive number of keys, got {max_keys!r}")
         self.max_keys = max_keys
-        # coverage keys, the least recently fed first: past max_keys the first one leaves
-        self._fed: OrderedDict[str, None] = OrderedDict()
+        # coverage key -> the same string, the least recently fed first: past max_keys the
+        # first one leaves; the stored string is the one every request of the key shares
+        self._fed: OrderedDict[str, str] = OrderedDict()
         self.evicted_keys = 0
         self.tracker = CoverageTracker(window=window, confidence=confidence)
         if probe is not None:
@@ -181,20 +182,25 @@ class CoverageMonitor:
                 if cert.calibration_key
                 else UNCERTIFIED_KEY
             )
-            self._feed(key)
+            key = self._feed(key)
             seen = self._recent.get(name)
             if seen is None or seen[0] != key:
                 # the same request decided again (a replay, a re-send) is counted once
                 self.tracker.observe_request(key, cert.m1)
             self._recent.add(name, key, cert.m1)
 
-    def _feed(self, key: str) -> None:
-        """``key`` is the most recently fed; past ``max_keys``, the least recent one leaves."""
+    def _feed(self, key: str) -> str:
+        """``key`` is the most recently fed; past ``max_keys``, the least recent one leaves.
+
+        Returns the key's one string: ``monitor_key`` builds ``global[acme]`` anew for each
+        request, and the recent-verdicts map kept every copy (~60 bytes a request, 0.6 MB a
+        full window)."""
         fed = self._fed
-        if key in fed:
+        known = fed.get(key)
+        if known is not None:
             fed.move_to_end(key)
-            return
-        fed[key] = None
+            return known
+        fed[key] = key
         while len(fed) > self.max_keys:
             gone, _ = fed.popitem(last=False)
             self.tracker.forget(gone)
@@ -210,6 +216,7 @@ class CoverageMonitor:
                     self.max_keys,
                     gone,
                 )
+        return key
 
     def observe_feedback(
         self, feedback: FeedbackEvent, request_key: str | None = None

@@ -203,6 +203,16 @@ def test_the_least_recently_fed_key_leaves_first() -> None:
     assert m.evicted_keys == 2
 
 
+def test_every_request_of_a_key_shares_one_key_string() -> None:
+    """``global[acme]`` is built anew for each request; one copy per request was kept."""
+    m = monitor()
+    for rid in ("a", "b"):
+        _fallback(m, rid, "acme")
+    a, b = m._recent.get("a"), m._recent.get("b")
+    assert a is not None and b is not None
+    assert a[0] == "global[acme]" and a[0] is b[0]
+
+
 def test_max_keys_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="max_keys"):
         CoverageMonitor(max_keys=0)
