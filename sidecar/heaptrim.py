@@ -1,15 +1,18 @@
 """Free heap pages handed back to the kernel now and then (``GUARDRAIL_HEAP_TRIM_INTERVAL_S``).
 
-A long hostile soak (``guardrail chaos --soak``) showed the sidecar's RSS rising about
-1 MB a minute after the sixth minute (112 -> 145 MB in 15 minutes) while the Python
-objects it held stayed flat (``tracemalloc``: 46-49 MB traced from minute 4 to 14). The
-growth was glibc's: objects over 512 bytes (records, verdict bytes, dict tables) come
-from ``malloc``, requests and the windows that outlive them interleave in its heap, and
-the free space between live chunks grew (in-process, 400,000 requests:
-``mallinfo2`` in use 31-36 MB throughout, free 3.4 -> 15.8 MB, RSS 118 -> 139 MB).
-``malloc_trim(0)`` gives the free pages inside the heap back to the kernel
-(``madvise``), not only the top: with it every 20,000 requests the same run held
-121-127 MB from the 60,000th request on, each call 0.3-1.7 ms.
+In a long hostile soak (``guardrail chaos --soak``) the sidecar's RSS rose about 1 MB a
+minute after the sixth minute (112 -> 145 MB in 15 minutes) while the Python objects it
+held stayed flat (``tracemalloc``: 46-49 MB traced from minute 4 to 14): the growth was
+the C allocator's. Objects over 512 bytes (records, verdict bytes, dict tables) come from
+glibc's ``malloc``; requests, the windows that outlive them and (until the fix in
+``pipeline/intake.py``'s ``Rejected``) refused records' batches waiting for the cyclic
+collector interleave in its heap, and the free space between live chunks grew. In-process,
+400,000 requests: ``mallinfo2`` in use 31-36 MB throughout, free 3.4 -> 15.8 MB, RSS
+118 -> 139 MB. ``malloc_trim(0)`` gives the free pages inside the heap back to the kernel
+(``madvise``), not only its top: with it every 20,000 requests the same run held
+121-127 MB from the 60,000th request on, each call 0.3-1.7 ms. In the soak, trimming alone
+only lowered the minutes it ran in (145.1 -> 142.5 MB at the end); the refused-record fix
+took it to 116.7 (``bench/results/soak-15min-hostile-*.json``).
 
 Where the C library has no ``malloc_trim`` (musl, macOS) this does nothing, and says
 so once at DEBUG.
