@@ -31,7 +31,6 @@ from faststream.kafka.annotations import KafkaMessage
 
 from guardrail_client.aio import cancel_and_wait
 from sidecar.config import Settings
-from sidecar.contracts.codec import InputKind
 from sidecar.kafka.assignor import co_partition_assignor, deployment_of
 from sidecar.kafka.clients import (
     TP,
@@ -53,7 +52,7 @@ from sidecar.kafka.intake import (
 from sidecar.kafka.parsing import raw_decoder, tolerant_parser
 from sidecar.kafka.publish import Publisher, request_size_bytes
 from sidecar.kafka.readiness import BrokerProbe, ConsumerWatch, LoopState
-from sidecar.kafka.records import input_headers, install_lenient_header_names
+from sidecar.kafka.records import input_headers, input_kinds, install_lenient_header_names
 from sidecar.kafka.resets import installed as offset_resets
 from sidecar.kafka.resets import watch_offset_resets
 from sidecar.kafka.security import faststream_security
@@ -157,11 +156,7 @@ class SidecarService:
         # broker.start(): a backlog read before then waits in the queue)
         self._publishing = asyncio.Event()
         self._publishing.set()
-        self._kinds = {
-            topics.retrieval: InputKind.RETRIEVAL,
-            topics.generation: InputKind.GENERATION,
-            topics.feedback: InputKind.FEEDBACK,
-        }
+        self._kinds = input_kinds(topics)
         self._topic_of_kind = {kind.value: topic for topic, kind in self._kinds.items()}
         self.handovers: dict[TP, Handover] = {}  # what the last owners finished (skipped)
         self.committer = Committer(self.tracker, self.keys, self.state, self.handovers)

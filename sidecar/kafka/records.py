@@ -23,8 +23,16 @@ from collections.abc import Iterable
 # the lenient reader lives with the client, whose consumer needs it too (and may import no
 # sidecar.kafka module); re-exported here for the sidecar's service start
 from guardrail_client.records import LenientMemoryRecords, install_lenient_header_names
+from sidecar.config import TopicSettings
+from sidecar.contracts.codec import InputKind
 
-__all__ = ["Header", "LenientMemoryRecords", "input_headers", "install_lenient_header_names"]
+__all__ = [
+    "Header",
+    "LenientMemoryRecords",
+    "input_headers",
+    "input_kinds",
+    "install_lenient_header_names",
+]
 
 Header = tuple[str, bytes]
 
@@ -32,3 +40,12 @@ Header = tuple[str, bytes]
 def input_headers(headers: Iterable[tuple[str, bytes | None]] | None) -> tuple[Header, ...]:
     """A consumed record's headers with null values as ``b""``."""
     return tuple((name, b"" if value is None else value) for name, value in headers or ())
+
+
+def input_kinds(topics: TopicSettings) -> dict[str, InputKind]:
+    """Each input topic's name -> the kind of event the pipeline reads from it."""
+    return {
+        topics.retrieval: InputKind.RETRIEVAL,
+        topics.generation: InputKind.GENERATION,
+        topics.feedback: InputKind.FEEDBACK,
+    }

@@ -14,6 +14,7 @@ from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind, decode_input
 from sidecar.contracts.events import CertificateWithdrawal, Decision, RetrievalSignal, SignalStatus
 from sidecar.contracts.schema_export import render, stale_files
+from sidecar.kafka.records import input_kinds
 from sidecar.lab.demo import bundled_sample
 from sidecar.lab.replay import load_file
 from sidecar.pipeline.outputs import report_output, withdrawal_output
@@ -54,11 +55,7 @@ def test_bundled_demo_recording_is_well_formed() -> None:
     settings = Settings.load()
     records = load_file(bundled_sample(), settings)
     valid = 0
-    kinds = {
-        settings.topics.retrieval: InputKind.RETRIEVAL,
-        settings.topics.generation: InputKind.GENERATION,
-        settings.topics.feedback: InputKind.FEEDBACK,
-    }
+    kinds = input_kinds(settings.topics)
     feedback = [r for r in records if r.topic == settings.topics.feedback]
     assert len(feedback) == 4  # the demo's labels go to the feedback topic
     for r in feedback:

@@ -17,8 +17,7 @@ import pytest
 
 from sidecar import runtime
 from sidecar.config import Settings
-from sidecar.contracts.codec import InputKind
-from sidecar.kafka.records import input_headers
+from sidecar.kafka.records import input_headers, input_kinds
 from sidecar.lab.chaos.expectations import HostileRecord, Outcome
 from sidecar.lab.chaos.harness import HOSTILE_LIMITS, TENANT_HEADER, _attention_shape
 from sidecar.lab.chaos.hostile import HostileFactory
@@ -56,11 +55,7 @@ class _Offsets:
         self.next = 0
 
     def items(self, settings: Settings, records: Sequence[HostileRecord]) -> list[BatchItem]:
-        kinds = {
-            settings.topics.retrieval: InputKind.RETRIEVAL,
-            settings.topics.generation: InputKind.GENERATION,
-            settings.topics.feedback: InputKind.FEEDBACK,
-        }
+        kinds = input_kinds(settings.topics)
         out: list[BatchItem] = []
         for h in records:
             r = h.record
