@@ -21,7 +21,6 @@ so once at DEBUG.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import time
@@ -45,11 +44,12 @@ def rss_bytes() -> int | None:
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or ``None`` where the C library has none."""
-    name = ctypes.util.find_library("c")
+    """glibc's ``malloc_trim``, or ``None`` where the C library has none.
+
+    Looked up among the symbols the process has loaded already: ``ctypes.util.find_library``
+    ran ``ldconfig -p`` in a subprocess at every start for the same answer."""
     try:
-        libc = ctypes.CDLL(name) if name else ctypes.CDLL(None)
-        fn = libc.malloc_trim
+        fn = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
     fn.argtypes = [ctypes.c_size_t]
