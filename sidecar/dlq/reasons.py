@@ -29,6 +29,8 @@ REDRIVABLE: Final[dict[str, str]] = {
     "attention-shape": "a lookback model for that summary is served (or "
     "GUARDRAIL_SIGNALS__LOOKBACK_MISMATCH is no longer dead-letter)",
     "internal-error": "the sidecar's bug is fixed",
+    "reroute-refused": "the redrive's own producer may write the input topic (it sends the "
+    "record keyed, to its request's partition)",
 }
 """Reasons a changed sidecar may accept the same bytes for: what must change first."""
 

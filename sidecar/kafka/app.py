@@ -62,7 +62,7 @@ from sidecar.pipeline.backpressure import Backpressure, JoinClock
 from sidecar.pipeline.flow import InputAligner
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.offsets import OffsetTracker
-from sidecar.pipeline.outputs import Destination
+from sidecar.pipeline.outputs import INPUT_DESTINATIONS, Destination
 from sidecar.pipeline.processor import Processor
 from sidecar.pipeline.tally import Outcome
 from sidecar.telemetry import Telemetry
@@ -93,6 +93,24 @@ def make_broker(settings: Settings) -> KafkaBroker:
         log_level=logging.DEBUG,
         graceful_timeout=settings.shutdown_grace_ms / 1000.0,
     )
+
+
+def publish_destinations(settings: Settings) -> dict[Destination, str]:
+    """The topic of each destination the sidecar publishes to: its outputs, and with
+    ``join.reroute`` its input topics (a record off its request's partition is sent on)."""
+    topics = settings.topics
+    destinations = {
+        Destination.VERDICTS: topics.verdicts,
+        Destination.CLAIMS: topics.claims,
+        Destination.DLQ: topics.dlq,
+        Destination.REPORTS: topics.reports,
+        Destination.CERTIFICATES: topics.certificates,
+    }
+    if settings.join.reroute:
+        destinations[Destination.RETRIEVAL] = topics.retrieval
+        destinations[Destination.GENERATION] = topics.generation
+        destinations[Destination.FEEDBACK] = topics.feedback
+    return destinations
 
 
 def _monotonic_ms() -> float:
@@ -168,17 +186,11 @@ class SidecarService:
         self._handovers_read.set()
         self._finished: set[tuple[str, int, int]] = set()  # kept records the handover named
         self.certificates: CertificateBoard | None = None
-        destinations = {
-            Destination.VERDICTS: topics.verdicts,
-            Destination.CLAIMS: topics.claims,
-            Destination.DLQ: topics.dlq,
-            Destination.REPORTS: topics.reports,
-            Destination.CERTIFICATES: topics.certificates,
-        }
+        destinations = publish_destinations(settings)
         self.probe = BrokerProbe(
             self.state,
             (topics.retrieval, topics.generation, topics.feedback),
-            tuple(destinations.values()),
+            tuple(t for d, t in destinations.items() if d not in INPUT_DESTINATIONS),
             on_inputs_gone=self._forget_inputs,
         )
         self.consumer_watch = ConsumerWatch(self.state)
@@ -312,6 +324,7 @@ class SidecarService:
             lambda: {
                 "join.partition_mismatch": processor.intake.partition_mismatches,
                 "join.misrouted": processor.intake.misrouted,
+                "join.rerouted": processor.intake.rerouted,
                 "join.rereads": processor.intake.rereads,
                 "claims.refused": processor.scoring.claims_refused,
                 "join.byte_evictions": store.byte_evictions,
@@ -427,7 +440,8 @@ class SidecarService:
         batch in hand is through. Queued batches and half-requests keep their
         offsets pending, so the committed position stays at or below them:
         whoever owns the partition next re-reads them and completes the join.
-        The sidecar never writes into the LLM service's topics.
+        Nothing is written back into the LLM service's topics to finish later (the only
+        records the sidecar writes there are reroutes: ``join.reroute``).
         """
         consumer = self.clients.consumer
         consumer.pause(consumer.assignment())

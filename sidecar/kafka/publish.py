@@ -64,9 +64,14 @@ from sidecar.exceptions import (
 from sidecar.kafka.clients import ProducerPort
 from sidecar.kafka.readiness import LoopState
 from sidecar.lograte import PER_INPUT
-from sidecar.pipeline.deadletters import fit_dead_letter, record_size, undeliverable_output
+from sidecar.pipeline.deadletters import (
+    fit_dead_letter,
+    record_size,
+    reroute_refused_output,
+    undeliverable_output,
+)
 from sidecar.pipeline.offsets import OffsetTracker
-from sidecar.pipeline.outputs import Destination, Output, Step
+from sidecar.pipeline.outputs import INPUT_DESTINATIONS, Destination, Output, Step
 from sidecar.telemetry import Telemetry
 
 log = logging.getLogger("sidecar.kafka")
@@ -343,6 +348,8 @@ class Publisher:
         return fitted
 
     def _undeliverable(self, out: Output, error: RecordTooLargeError) -> Output:
+        if out.destination in INPUT_DESTINATIONS:  # a rerouted record, with its key and header
+            return self._reroute_refused(out, error)
         self.state.undeliverable_outputs += 1
         topic = self.destinations[out.destination]
         log.error(
@@ -353,6 +360,22 @@ class Publisher:
         )
         reason = InputError("output-too-large", str(error))
         return undeliverable_output(out, topic, reason, failed_at=datetime.now(UTC))
+
+    def _reroute_refused(self, out: Output, error: BrokerError) -> Output:
+        """The dead letter of a rerouted record its topic refuses (authorisation, or its
+        size: the original's, with a key and the header, over the topic's limit)."""
+        self.state.undeliverable_outputs += 1
+        topic = self.destinations[out.destination]
+        log.error("rerouting a record to %s was refused (%s); dead-lettered", topic, error,
+                  extra=PER_INPUT)  # fmt: skip
+        reason = InputError(
+            "reroute-refused",
+            f"{error}: a record off its request's murmur2 partition could not be sent on to "
+            f"it; if refused access, give the sidecar's principal WRITE on {topic}, or set "
+            "GUARDRAIL_JOIN__REROUTE=false (joined where read: with several replicas its "
+            "request may be decided incomplete by two)",
+        )
+        return reroute_refused_output(out, reason, failed_at=datetime.now(UTC))
 
     async def _send_all(self, outputs: list[Output]) -> tuple[list[_Sent], list[_Failed]]:
         """Hand every output to the producer: what was sent, with its confirmation, and
@@ -488,6 +511,11 @@ class Publisher:
                     refused_as_is = True
                     continue
                 error = classify(exc, topic)
+                if error.fatal and out.destination in INPUT_DESTINATIONS:
+                    # a rerouted record its topic refuses us (no WRITE on the inputs): that
+                    # record to the DLQ, not the loop down for a producer's partitioner
+                    out = self._replaced(out, self._fitted(self._reroute_refused(out, error)))
+                    continue
                 if error.dead_letter:
                     try:
                         out = self._replaced(out, self._smaller(out, error))

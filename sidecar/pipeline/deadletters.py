@@ -17,7 +17,7 @@ from sidecar import __version__
 from sidecar.contracts.codec import request_id_hint
 from sidecar.contracts.events import DLQ_HEADER_PREFIX, DeadLetterRecord, dlq_header
 from sidecar.exceptions import InputError, RecordTooLargeError
-from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.join import REROUTED_HEADER, InputRef
 from sidecar.pipeline.outputs import Destination, Header, Output
 
 # kept first when a dead letter's headers are cut (its trace goes on)
@@ -28,6 +28,7 @@ __all__ = [
     "dead_letter_output",
     "fit_dead_letter",
     "record_size",
+    "reroute_refused_output",
     "undeliverable_output",
 ]
 
@@ -69,6 +70,22 @@ def dead_letter_output(
     ]
     headers.extend(record.to_headers())
     return Output(destination=Destination.DLQ, key=key, value=raw or b"", headers=headers)
+
+
+def reroute_refused_output(out: Output, error: InputError, *, failed_at: datetime) -> Output:
+    """A rerouted record (``outputs.rerouted_output``) its topic refused for good, as the dead
+    letter of the record it was made of: its topic, partition and offset (from the
+    ``REROUTED_HEADER`` that was added last), its bytes and headers without that header, so
+    that ``guardrail dlq redrive`` sends it keyed to its request's partition."""
+    headers = out.headers
+    ref = InputRef("?", -1, -1, tuple(headers))
+    if headers and headers[-1][0] == REROUTED_HEADER:
+        topic, _, place = headers[-1][1].decode("utf-8", "replace").partition("/")
+        partition, _, offset = place.partition("/")
+        if partition.lstrip("-").isdigit() and offset.isdigit():
+            ref = InputRef(topic, int(partition), int(offset), tuple(headers[:-1]))
+    error.request_id = error.request_id or (out.key or b"").decode("utf-8", "replace")
+    return dead_letter_output(out.value, out.key, ref, error, failed_at=failed_at)
 
 
 def undeliverable_output(

@@ -6,7 +6,10 @@ raises for bad input:
 * ``Held``      the event is now part of an open request (it may complete it);
 * ``Duplicate`` an identical copy of an event already held: finished, no output;
 * ``Rejected``  the message goes to the dead-letter topic with the error's reason;
-* ``Labelled``  a feedback event (not joined; the processor folds it in).
+* ``Labelled``  a feedback event (not joined; the processor folds it in);
+* ``Rerouted``  a record off the partition its request id hashes to: sent on to that
+  partition of its topic (``join.reroute``), where the replica holding its request's other
+  half reads it.
 
 What an event needs checked on arrival happens here as well: the limits
 (hits, answer length, bytes per request), the retrieval event's certification
@@ -31,6 +34,7 @@ from typing import NoReturn
 
 from guardrail_client.inflate import UNREAD_HEADER
 from guardrail_client.keys import partition_for
+from guardrail_client.records import MAX_RECORD_HEADERS
 from sidecar.config import LimitSettings, TenancySettings
 from sidecar.contracts.codec import InputKind, decode_input, request_id_hint
 from sidecar.contracts.common import NAME_MAX_CHARS, NAME_PATTERN, NAME_RULE
@@ -42,7 +46,13 @@ from sidecar.contracts.events import (
     RetrievalEvent,
 )
 from sidecar.exceptions import InputError
-from sidecar.pipeline.join import MAX_REFUSAL_DETAIL, InputRef, JoinStore, PendingRequest
+from sidecar.pipeline.join import (
+    MAX_REFUSAL_DETAIL,
+    REROUTED_HEADER,
+    InputRef,
+    JoinStore,
+    PendingRequest,
+)
 from sidecar.pipeline.owners import OwnedKeys
 from sidecar.pipeline.ports import NOT_CONFIGURED_RETRIEVAL, SignalSuite
 
@@ -134,7 +144,24 @@ class Labelled:
     tenant: str | None  # the trusted tenant (None: tenancy comes from the events)
 
 
-Admission = Held | Duplicate | Rejected | Labelled
+@dataclass(frozen=True, slots=True)
+class Rerouted:
+    """A record read off its request's murmur2 partition: to be sent, as it came, to that
+    partition (``home``) of its topic, keyed by ``request_id``."""
+
+    request_id: str
+    home: int
+
+
+Admission = Held | Duplicate | Rejected | Labelled | Rerouted
+
+
+def rerouted_from(ref: InputRef) -> bytes | None:
+    """The ``REROUTED_HEADER`` of a record (``None``: not a rerouted copy)."""
+    for name, value in ref.headers:
+        if name == REROUTED_HEADER:
+            return value
+    return None
 
 
 _getsizeof = sys.getsizeof
@@ -256,8 +283,12 @@ class Intake:
         limits: LimitSettings,
         tenancy: TenancySettings,
         clock_ns: Callable[[], int],
+        reroute: bool = False,
     ) -> None:
+        """``reroute``: a record off its request's murmur2 partition is ``Rerouted`` (the
+        service sends it there) instead of joined where it was read."""
         self.store = store
+        self._reroute = reroute
         self._signals = signals
         self._limits = limits
         self._tenancy = tenancy
@@ -268,6 +299,7 @@ class Intake:
         self.partition_mismatches = 0  # requests whose inputs came on two partition numbers
         # requests decided incomplete, and labels, with an input off its murmur2 partition
         self.misrouted = 0
+        self.rerouted = 0  # records sent on to their request's murmur2 partition
         # the highest offset admitted per input partition and life of its topic, kept across
         # revocations: a record at or below it is read a second time (a rebalance or a
         # restart of the consumer resumes from the committed offset, which open requests
@@ -302,8 +334,7 @@ class Intake:
             tenant = None if self._tenant_from_events else self._trusted_tenant(ref)
             if isinstance(event, FeedbackEvent):
                 check_key(key, event.request_id, "the feedback topic")
-                self._off_home(event.request_id, ref)  # its request's replica may be another
-                return Labelled(event, tenant)
+                return self._labelled(event, tenant, ref, reread)
             request_id = event.request_id
             if key is not None and key != request_id.encode("utf-8"):
                 check_key(key, request_id, "input topics")  # raises, naming both
@@ -316,13 +347,23 @@ class Intake:
             # events after the first skip the decided memory and a second look-up in ``_open``)
             entry = self.store.get(store_key)
             if entry is None and self.store.was_closed(store_key, now_ms):
-                if reread:
+                if reread or (ref.headers and rerouted_from(ref) is not None):
                     # read before and its request decided since: the verdict is out (a
                     # producer's re-send is a new record, at a new offset, and stays
-                    # after-final)
+                    # after-final); a rerouted copy of a decided request's record was sent
+                    # again by a replica that restarted before it committed the original
                     self.rereads += 1
                     return Duplicate()
                 self._after_final(event, store_key, now_ms)
+            # the first input of a request here, or one on a partition number its request
+            # holds none on yet: one murmur2 (~3 µs) tells whether it belongs here
+            if (
+                self._reroute
+                and ref.partitions > 1
+                and (entry is None or ref.partition not in entry.partitions)
+                and (home := self._reroute_to(request_id, ref, reread)) is not None
+            ):
+                return Rerouted(request_id, home)
         except InputError as exc:
             return self._rejected(exc, kind, event, key, ref, now_ms=now_ms)
         earlier = None
@@ -563,6 +604,47 @@ class Intake:
                 "guardrail.join.misrouted; warned once.",
                 request_id, ref.topic, ref.partition, home, ref.partitions,
             )  # fmt: skip
+        return home
+
+    def _labelled(
+        self, event: FeedbackEvent, tenant: str | None, ref: InputRef, reread: bool
+    ) -> Labelled | Rerouted:
+        """A label, or where to reroute it: its request's replica may be another."""
+        if self._reroute and ref.partitions > 1:
+            home = self._reroute_to(event.request_id, ref, reread)
+            if home is not None:
+                return Rerouted(event.request_id, home)
+        else:
+            self._off_home(event.request_id, ref)
+        return Labelled(event, tenant)
+
+    def _reroute_to(self, request_id: str, ref: InputRef, reread: bool) -> int | None:
+        """The partition murmur2 puts ``request_id`` on, when ``ref`` is on another and is
+        not a rerouted copy itself (counted in ``rerouted``, unless read before: sent
+        again, the copy is a duplicate there); ``None``: join it here."""
+        home = partition_for(request_id, ref.partitions)
+        if home == ref.partition:
+            return None
+        if ref.headers and (
+            rerouted_from(ref) is not None or len(ref.headers) >= MAX_RECORD_HEADERS
+        ):
+            # rerouted once and still off its partition: the partition count changed in
+            # between, or its producer wrote the header; or the header would be one too
+            # many for the copy to be read (``too-many-headers``). Joined here
+            return None
+        if not reread:
+            self.rerouted += 1
+            if self.rerouted == 1:
+                log.warning(
+                    "an input of request %s arrived on %s[%d], but murmur2 of its request id "
+                    "puts it on partition %d of %d: its producer does not use Kafka's default "
+                    "partitioner on key = request_id (librdkafka's default is "
+                    "consistent_random: set partitioner=murmur2_random). Such records are "
+                    "sent on to their partition (GUARDRAIL_JOIN__REROUTE), a produce and a "
+                    "fetch later than they could be read; counted in guardrail.join.rerouted; "
+                    "warned once.",
+                    request_id, ref.topic, ref.partition, home, ref.partitions,
+                )  # fmt: skip
         return home
 
     def store_key(self, request_id: str, tenant: str | None) -> str:

@@ -43,6 +43,12 @@ if TYPE_CHECKING:
 MAX_REFUSAL_DETAIL = 300  # characters of a refusal's detail an incomplete verdict repeats
 
 
+# Names the record a rerouted copy was made of (``topic/partition/offset``): a record that
+# carries it is joined where it is read, never rerouted again (the partition count changed
+# in between, or a producer wrote the header itself)
+REROUTED_HEADER = "x-guardrail-rerouted-from"
+
+
 @dataclass(frozen=True, slots=True)
 class InputRef:
     """Where an input message came from (enough to commit it and to trace it)."""

@@ -19,7 +19,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from sidecar import __version__
-from sidecar.contracts.codec import encode
+from sidecar.contracts.codec import InputKind, encode
 from sidecar.contracts.events import (
     AnswerVerdict,
     CertificateWithdrawal,
@@ -29,7 +29,7 @@ from sidecar.contracts.events import (
     Reason,
 )
 from sidecar.contracts.reasons import PROFILE_REASON_PREFIX
-from sidecar.pipeline.join import InputRef, PendingRequest
+from sidecar.pipeline.join import REROUTED_HEADER, InputRef, PendingRequest
 from sidecar.pipeline.ports import ClaimResult, PolicyOutcome
 
 IDEMPOTENCY_HEADER = "x-idempotency-key"
@@ -43,6 +43,15 @@ class Destination(StrEnum):
     DLQ = "dlq"
     REPORTS = "reports"
     CERTIFICATES = "certificates"
+    # the input topics, for a record rerouted to its request's partition (``join.reroute``)
+    RETRIEVAL = "retrieval"
+    GENERATION = "generation"
+    FEEDBACK = "feedback"
+
+
+INPUT_DESTINATIONS = frozenset(
+    {Destination.RETRIEVAL, Destination.GENERATION, Destination.FEEDBACK}
+)
 
 
 AttributeValue = str | bool | int | float | list[str]
@@ -437,4 +446,18 @@ def withdrawal_output(withdrawal: CertificateWithdrawal) -> Output:
         key=withdrawal.calibration_key.encode("utf-8"),
         value=encode(withdrawal),
         headers=[],
+    )
+
+
+def rerouted_output(kind: InputKind, raw: bytes | None, request_id: str, ref: InputRef) -> Output:
+    """A record read off its request's murmur2 partition, as it came (bytes and headers),
+    keyed by its request id, for its own topic: the producer's default partitioner
+    (murmur2, as Kafka's) puts it on the partition the request's other half is read from.
+    ``REROUTED_HEADER`` names the record it was made of."""
+    origin = f"{ref.topic}/{ref.partition}/{ref.offset}".encode()
+    return Output(
+        destination=Destination(kind.value),
+        key=request_id.encode("utf-8"),
+        value=raw or b"",
+        headers=[*ref.headers, (REROUTED_HEADER, origin)],
     )

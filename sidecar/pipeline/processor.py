@@ -37,7 +37,7 @@ from sidecar.contracts.events import FeedbackEvent, SignalStatus
 from sidecar.exceptions import InputError
 from sidecar.lograte import PER_INPUT
 from sidecar.pipeline import deadletters, outputs
-from sidecar.pipeline.intake import Duplicate, Held, Intake, Labelled, Rejected
+from sidecar.pipeline.intake import Duplicate, Held, Intake, Labelled, Rejected, Rerouted
 from sidecar.pipeline.join import InputRef, JoinStore, PendingRequest
 from sidecar.pipeline.labels import WaitingLabels
 from sidecar.pipeline.outputs import AttributeValue, Step
@@ -158,6 +158,7 @@ class Processor:
             limits=settings.limits,
             tenancy=settings.tenancy,
             clock_ns=clock_ns,
+            reroute=settings.join.reroute,
         )
 
     @property
@@ -252,6 +253,12 @@ class Processor:
                 self.counters.inputs.add(kind, Outcome.DEAD_LETTERED)
                 if request is not None and request.cannot_complete:
                     step.extend(self._incomplete(request, "dead-lettered", now_ms))
+            case Rerouted(request_id, _home):
+                # finished here once the copy is confirmed; the home partition's replica
+                # joins it (and counts it consumed, accepted or not)
+                step.outputs.append(outputs.rerouted_output(kind, raw, request_id, ref))
+                step.done.append(ref)
+                self.counters.inputs.add(kind, Outcome.REROUTED)
 
     def _feedback(
         self, event: FeedbackEvent, tenant: str | None, ref: InputRef, now_ms: float

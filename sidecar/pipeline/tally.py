@@ -22,6 +22,7 @@ class Outcome(StrEnum):
     ACCEPTED = "accepted"  # admitted: held for its request, or a feedback label taken
     DEAD_LETTERED = "dead-lettered"  # sent to the DLQ with its reason
     DUPLICATE = "duplicate"  # read again (decided, handed over) or an identical re-send
+    REROUTED = "rerouted"  # off its request's murmur2 partition: sent on to it (join.reroute)
 
 
 _KINDS = tuple(InputKind)  # the order of the accepted counts

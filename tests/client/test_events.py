@@ -23,6 +23,7 @@ from guardrail_client import (
     SidecarLimits,
     partition_for,
 )
+from guardrail_client.keys import murmur2 as fast_murmur2
 from sidecar.config import LimitSettings
 from sidecar.contracts.codec import InputKind, decode_input
 from sidecar.pipeline.intake import MAX_DELTAS_PER_REQUEST
@@ -223,6 +224,13 @@ def test_partition_for_matches_the_java_client() -> None:
     assert murmur2(b"21") == -973932308 & 0xFFFFFFFF  # aiokafka returns it unsigned
     assert murmur2(b"foobar") == -790332482 & 0xFFFFFFFF
     assert partition_for("foobar", 7) == (-790332482 & 0x7FFFFFFF) % 7
+    assert fast_murmur2(b"21") == murmur2(b"21") and fast_murmur2(b"foobar") == murmur2(b"foobar")
+
+
+@given(st.binary(max_size=300))
+def test_the_clients_murmur2_is_aiokafkas(data: bytes) -> None:
+    # every length mod 4 (the tail bytes) and the empty key
+    assert fast_murmur2(data) == murmur2(data)
 
 
 def test_values_are_plain_json_objects() -> None:

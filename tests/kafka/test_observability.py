@@ -362,7 +362,7 @@ async def test_consumed_records_are_counted_by_topic_and_outcome(
     zeros = {
         (topic, outcome): 0.0
         for topic in (t.retrieval, t.generation, t.feedback)
-        for outcome in ("accepted", "dead-lettered", "duplicate")
+        for outcome in ("accepted", "dead-lettered", "duplicate", "rerouted")
     }
     # every configured topic and outcome has a series from the start, and no other
     assert _consumed(await asyncio.to_thread(scraped, url)) == zeros

@@ -29,11 +29,13 @@ from aiokafka.errors import (
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from sidecar.contracts.codec import InputKind
 from sidecar.contracts.events import AnswerVerdict, DeadLetterRecord
 from sidecar.exceptions import BrokerAccessError, BrokerError
 from sidecar.exceptions import RecordTooLargeError as OutputTooLarge
 from sidecar.kafka.publish import MAX_PUBLISH_BACKOFF_S, backoff_delay, classify
-from sidecar.pipeline.outputs import Destination, Output
+from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.outputs import Destination, Output, Step, rerouted_output
 from sidecar.telemetry import Telemetry
 from tests.conftest import EventFactory, dumps
 from tests.core.test_telemetry import points
@@ -281,3 +283,58 @@ async def test_an_output_waiting_for_its_confirmation_makes_the_loop_unready(
     await wait_until(lambda: h.service.state.publishing, 10, "readiness back")
     assert h.service.state.unconfirmed_since is None
     assert h.service.tracker.pending_count() == 0
+
+
+async def test_a_rerouted_record_its_topic_refuses_us_is_dead_lettered_and_the_loop_lives(
+    harness: MemoryHarness, final_event: EventFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sidecar without WRITE on the input topics: a record off its request's partition
+    (a producer's partitioner) costs that record, dead-lettered as itself, not liveness."""
+    h = harness
+    t = h.settings.topics
+    off = InputRef(t.generation, 2, 17, (("traceparent", b"x"),), partitions=3)
+    copy = rerouted_output(InputKind.GENERATION, dumps(final_event("req-rr")), "req-rr", off)
+
+    def failure(out: Output) -> BaseException | None:
+        refused: BaseException = TopicAuthorizationFailedError(t.generation)
+        return refused if out.destination is Destination.GENERATION else None
+
+    calls = inject(h, failure)
+    caplog.set_level(logging.ERROR, logger="sidecar.kafka")
+    await h.service.publisher.emit(Step(outputs=[copy]))
+    [dead] = await h.collect(t.dlq, 1)
+    record = DeadLetterRecord.from_headers(dead.headers)
+    assert (record.reason, record.source_topic, record.source_partition, record.source_offset) == (
+        "reroute-refused",
+        t.generation,
+        2,
+        17,
+    )
+    assert "WRITE" in record.detail and "GUARDRAIL_JOIN__REROUTE" in record.detail
+    assert [c.destination for c in calls] == [Destination.GENERATION, Destination.DLQ]
+    assert h.service.state.live and h.service.state.fatal is None
+    assert h.service.state.undeliverable_outputs == 1
+    assert any("rerouting a record" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_rerouted_record_over_its_topics_limit_is_dead_lettered_as_itself(
+    harness: MemoryHarness, final_event: EventFactory
+) -> None:
+    """The copy is the original plus a key and a header: one that no longer fits its topic
+    is the original's dead letter (its partition and offset), not an output's."""
+    h = harness
+    t = h.settings.topics
+    off = InputRef(t.generation, 1, 9, partitions=3)
+    copy = rerouted_output(InputKind.GENERATION, dumps(final_event("req-big")), "req-big", off)
+    h.service.publisher.limits[Destination.GENERATION] = len(copy.value)  # fits no header
+    calls = inject(h, lambda out: None)
+    await h.service.publisher.emit(Step(outputs=[copy]))
+    [dead] = await h.collect(t.dlq, 1)
+    record = DeadLetterRecord.from_headers(dead.headers)
+    assert (record.reason, record.source_partition, record.source_offset) == (
+        "reroute-refused",
+        1,
+        9,
+    )
+    assert [c.destination for c in calls] == [Destination.DLQ]  # never sent as it was
+    assert dead.value == copy.value

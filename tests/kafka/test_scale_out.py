@@ -5,7 +5,9 @@ partitions (P odd or larger than N: where aiokafka's default round-robin
 assignor tears ``retrieval[p]`` and ``generation[p]`` apart). One instance is
 killed (SIGKILL) or stopped (SIGTERM) mid-load; every request must still get a
 verdict, none ``incomplete`` (both halves are in Kafka), repeats only with the
-same idempotency key, and the sidecar never writes into its input topics.
+same idempotency key, and the sidecar never writes into its input topics while
+every producer partitions with murmur2 (with another partitioner, the records off
+their request's partition are rerouted there: tested here too).
 
 The control runs two in-process services with aiokafka's round-robin assignor:
 the split must show (each half evicted on its own member), so the test that
@@ -57,11 +59,13 @@ TTL_MS = 3_000  # a torn request is evicted (``incomplete``) after this
 SESSION_TIMEOUT_MS = 6_000  # the broker's group.min.session.timeout.ms: a killed member's end
 
 
-def _settings(bootstrap: str, topics: dict[str, str], partitions: int) -> Settings:
+def _settings(
+    bootstrap: str, topics: dict[str, str], partitions: int, *, reroute: bool = True
+) -> Settings:
     return Settings.load(
         kafka={"bootstrap_servers": bootstrap, "group_id": topics["group"]},
         topics={**{k: v for k, v in topics.items() if k != "group"}, "partitions": partitions},
-        join={"ttl_ms": TTL_MS, "sweep_interval_ms": 200},
+        join={"ttl_ms": TTL_MS, "sweep_interval_ms": 200, "reroute": reroute},
         http={"enabled": False},
     )
 
@@ -331,22 +335,56 @@ async def test_round_robin_tears_requests_apart_and_the_co_partition_assignor_do
         )
 
 
-def _produce_with_librdkafka_defaults(bootstrap: str, records: list[Record]) -> dict[str, int]:
+def _produce_with_librdkafka_defaults(
+    bootstrap: str, records: list[Record], rate_per_s: float | None = None
+) -> dict[str, int]:
     """Produce as a librdkafka client does out of the box (``consistent_random``: CRC32 of
-    the key); returns the partition each key went to (-1: not delivered)."""
+    the key), at ``rate_per_s`` if given; returns the partition each key went to (-1: not
+    delivered)."""
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
     placed: dict[str, int] = {}
 
     def delivered(err: object, msg: Any) -> None:
         placed[msg.key().decode()] = -1 if err else msg.partition()
 
-    for record in records:
+    start = time.monotonic()
+    for k, record in enumerate(records):
+        if rate_per_s is not None and (wait := start + k / rate_per_s - time.monotonic()) > 0:
+            time.sleep(wait)
+            producer.poll(0)
         producer.produce(record.topic, record.value, record.key, on_delivery=delivered)
     assert producer.flush(30) == 0
     return placed
 
 
-async def test_a_producer_with_another_partitioner_is_named_in_each_torn_requests_verdict(
+async def _split_producers(
+    settings: Settings, ids: list[str]
+) -> tuple[Seen, dict[str, int], set[str], list[Record]]:
+    """Requests whose retrievals come from aiokafka (murmur2) and whose generation events
+    come from librdkafka at its defaults (CRC32), until each has a verdict and a TTL more:
+    what was seen, where each request's generation went, the requests it moved off their
+    murmur2 partition, and the generation records."""
+    t, partitions = settings.topics, settings.topics.partitions
+    records = [r for rid in ids for r in request_records(t, rid)]
+    generation = [r for r in records if r.topic == t.generation]
+    seen = Seen()
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch(settings, seen, stop))
+    await send(settings, [r for r in records if r.topic == t.retrieval])
+    placed = await asyncio.to_thread(
+        _produce_with_librdkafka_defaults, settings.kafka.bootstrap_servers, generation
+    )
+    assert placed.keys() == set(ids) and -1 not in placed.values()
+    moved = {rid for rid, p in placed.items() if p != partition_for(rid, partitions)}
+    assert 0 < len(moved) < len(ids)  # the two partitioners differ
+    await wait_until(lambda: set(seen.count) >= set(ids), 30, "a verdict for every request")
+    await asyncio.sleep(TTL_MS / 1000 + 1.0)  # the other half's verdict, when torn
+    stop.set()
+    await watcher
+    return seen, placed, moved, generation
+
+
+async def test_without_rerouting_another_partitioner_is_named_in_each_torn_requests_verdict(
     kafka_broker: LocalKafka, unique_topics: dict[str, str]
 ) -> None:
     """Retrieval events from aiokafka (murmur2, Kafka's default), generation events from a
@@ -355,30 +393,14 @@ async def test_a_producer_with_another_partitioner_is_named_in_each_torn_request
     assignor may give to two replicas. Neither can decide it on its merits; before, each
     decided it ``incomplete`` saying only which half was missing, and nothing counted or
     logged it (3 replicas x 3 partitions: 21 of 30 requests, 42 verdicts, every counter
-    0). Now the replica holding an input off its murmur2 partition counts it and its
-    verdict names the partitioner."""
+    0). With ``join.reroute`` off, the replica holding an input off its murmur2 partition
+    counts it and its verdict names the partitioner."""
     partitions = 3
-    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions)
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions, reroute=False)
     await create_topics(settings)
-    t = settings.topics
     async with _two_members(settings, co_partition_assignor, 3 * partitions) as services:
         ids = [f"rdk-{i}" for i in range(30)]
-        records = [r for rid in ids for r in request_records(t, rid)]
-        generation = [r for r in records if r.topic == t.generation]
-        seen = Seen()
-        stop = asyncio.Event()
-        watcher = asyncio.create_task(watch(settings, seen, stop))
-        await send(settings, [r for r in records if r.topic == t.retrieval])
-        placed = await asyncio.to_thread(
-            _produce_with_librdkafka_defaults, settings.kafka.bootstrap_servers, generation
-        )
-        assert placed.keys() == set(ids) and -1 not in placed.values()
-        moved = {rid for rid, p in placed.items() if p != partition_for(rid, partitions)}
-        assert 0 < len(moved) < len(ids)  # the two partitioners differ
-        await wait_until(lambda: set(seen.count) >= set(ids), 30, "a verdict for every request")
-        await asyncio.sleep(TTL_MS / 1000 + 1.0)  # the other half's verdict, when torn
-        stop.set()
-        await watcher
+        seen, placed, moved, _ = await _split_producers(settings, ids)
         owner = {tp[1]: i for i, s in enumerate(services) for tp in s.state.assigned}
         torn = {rid for rid in moved if owner[partition_for(rid, partitions)] != owner[placed[rid]]}
         assert torn and seen.incomplete == torn  # two replicas: torn, as before
@@ -393,6 +415,105 @@ async def test_a_producer_with_another_partitioner_is_named_in_each_torn_request
             f"\n{len(ids)} requests, {len(moved)} with generation off its murmur2 partition, "
             f"{len(torn)} torn between the 2 replicas: {sum(seen.count.values())} verdicts"
         )
+
+
+@pytest.mark.parametrize("partitions", [3, 4])
+async def test_records_off_their_partition_are_rerouted_and_every_request_decided_once(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str], partitions: int
+) -> None:
+    """The same producers, with ``join.reroute`` (the default): the replica that reads a
+    generation event off its request's murmur2 partition sends it there, and the replica
+    holding the retrieval joins it. Every request gets one verdict, on its merits."""
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions)
+    await create_topics(settings)
+    t = settings.topics
+    async with _two_members(settings, co_partition_assignor, 3 * partitions) as services:
+        ids = [f"rdk-{i}" for i in range(40)]
+        seen, placed, moved, generation = await _split_producers(settings, ids)
+        owner = {tp[1]: i for i, s in enumerate(services) for tp in s.state.assigned}
+        torn = {rid for rid in moved if owner[partition_for(rid, partitions)] != owner[placed[rid]]}
+        assert torn  # without rerouting these got two incomplete verdicts each
+        assert not seen.incomplete and seen.duplicates == 0
+        per_request = len(generation) // len(ids)  # deltas and the final
+        assert sum(s.processor.intake.rerouted for s in services) == per_request * len(moved)
+        assert sum(s.processor.intake.misrouted for s in services) == 0
+        assert sum(s.processor.intake.partition_mismatches for s in services) == 0
+        ends = await end_offsets(settings.kafka.bootstrap_servers, [t.generation], partitions)
+        assert sum(ends.values()) == len(generation) + per_request * len(moved)  # the copies
+        print(  # the measurement the report quotes (pytest -s)
+            f"\n2 replicas x {partitions} partitions: {len(ids)} requests, {len(moved)} with "
+            f"generation off its murmur2 partition ({len(torn)} across replicas): "
+            f"{sum(seen.count.values())} verdicts, {len(seen.incomplete)} incomplete"
+        )
+
+
+async def test_rerouting_survives_an_instance_killed_mid_load(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    fleet: list[SidecarProcess],
+) -> None:
+    """3 ``guardrail run`` processes over 4 partitions; retrieval from aiokafka, generation
+    from librdkafka at its default partitioner, six seconds of traffic; one replica is
+    SIGKILLed after 2.5 s (its rerouted records not yet committed are read and sent on
+    again by the next owner: the copies are duplicates where they land).
+
+    A request rerouted across replicas has its halves on two of them: while the killed
+    one's partitions wait for its session to time out, the other half waits on a live
+    replica whose join clock runs. Its TTL must outlast that (the defaults: 30 s against
+    a 10 s session); with the TTL at half the session (3 s, 6 s) 20 of 148 such requests
+    were decided ``incomplete`` here, so this test runs at twice the session."""
+    partitions, n = 4, 200
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions)
+    await create_topics(settings)
+    t = settings.topics
+    ttl_ms = 2 * SESSION_TIMEOUT_MS
+    env = {**_env(settings), "GUARDRAIL_JOIN__TTL_MS": str(ttl_ms)}
+    fleet += [SidecarProcess(env, tmp_path / f"sidecar-{i}.log") for i in range(3)]
+    await asyncio.gather(*(asyncio.to_thread(p.start) for p in fleet))
+    await wait_until(lambda: all(p.ready() for p in fleet), 30, "every instance ready")
+    ids = [f"rk-{i}" for i in range(n)]
+    records = interleaved(settings, ids)
+    retrieval = [r for r in records if r.topic == t.retrieval]
+    generation = [r for r in records if r.topic == t.generation]
+    seen = Seen()
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch(settings, seen, stop))
+    sender = asyncio.create_task(send(settings, retrieval, rate_per_s=len(retrieval) / 6.0))
+    librdkafka = asyncio.create_task(
+        asyncio.to_thread(
+            _produce_with_librdkafka_defaults,
+            settings.kafka.bootstrap_servers,
+            generation,
+            len(generation) / 6.0,
+        )
+    )
+    await asyncio.sleep(2.5)
+    code = await asyncio.to_thread(fleet[0].signal, signal.SIGKILL)
+    assert code == -signal.SIGKILL, fleet[0].tail()
+    assert await sender == len(retrieval)
+    placed = await librdkafka
+    moved = {rid for rid, p in placed.items() if p != partition_for(rid, partitions)}
+    assert 0 < len(moved) < n
+    await wait_until(lambda: set(seen.count) >= set(ids), 60, "a verdict for every request")
+    await asyncio.sleep(ttl_ms / 1000 + 2.0)  # a second verdict, if any request were torn
+    stop.set()
+    await watcher
+    assert all(p.ready() for p in fleet[1:]), [p.tail() for p in fleet[1:]]
+    assert set(seen.count) == set(ids)
+    assert not seen.incomplete  # rerouted halves met theirs, across the kill too
+    assert all(len(keys) == 1 for keys in seen.keys.values())  # repeats carry the same key
+    ends = await end_offsets(settings.kafka.bootstrap_servers, [t.generation], partitions)
+    copies = sum(ends.values()) - len(generation)
+    keys = [(r.key or b"").decode() for r in generation]
+    off_home = sum(placed[rid] != partition_for(rid, partitions) for rid in keys)
+    assert copies >= off_home  # each sent on at least once (again, if read again)
+    print(  # the measurement the report quotes (pytest -s)
+        f"\n3 instances x {partitions} partitions, SIGKILL, generation from librdkafka: {n} "
+        f"requests, {len(moved)} off their murmur2 partition, {off_home} records off it, "
+        f"{copies} copies written; {sum(seen.count.values())} verdicts, {seen.duplicates} "
+        f"duplicates (same key), {len(seen.incomplete)} incomplete"
+    )
 
 
 # ---------------------------------------------------------------- start-up refusals
