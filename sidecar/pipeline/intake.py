@@ -622,15 +622,8 @@ class Intake:
         """The partition murmur2 puts ``request_id`` on, when ``ref`` is on another and is
         not a rerouted copy itself (counted in ``rerouted``, unless read before: sent
         again, the copy is a duplicate there); ``None``: join it here."""
-        home = partition_for(request_id, ref.partitions)
-        if home == ref.partition:
-            return None
-        if ref.headers and (
-            rerouted_from(ref) is not None or len(ref.headers) >= MAX_RECORD_HEADERS
-        ):
-            # rerouted once and still off its partition: the partition count changed in
-            # between, or its producer wrote the header; or the header would be one too
-            # many for the copy to be read (``too-many-headers``). Joined here
+        home = _home_elsewhere(request_id, ref)
+        if home is None:
             return None
         if not reread:
             self.rerouted += 1
@@ -747,10 +740,16 @@ class Intake:
         """A record the partition's last owner finished (its handover): a final event's
         request is remembered as decided, as if decided here, so a late or re-sent event of
         it is ``after-final`` (audit: B, skipping what A decided, answered A's re-sent final
-        ``incomplete``, under another idempotency key). Nothing else of it is kept."""
+        ``incomplete``, under another idempotency key). Nothing else of it is kept.
+
+        A final its last owner rerouted (off its request's murmur2 partition) was not
+        decided there: its copy is on its request's partition, and the request is
+        decided where that is read. Remembered as decided here, the request's
+        retrieval, when this replica also reads that partition and had not read it
+        yet, was dead-lettered ``after-final`` and the request never decided."""
         try:
             event = self._decode(kind, raw)
-            if type(event) is GenerationFinal:
+            if type(event) is GenerationFinal and not self._was_rerouted(event.request_id, ref):
                 store_key = self.store_key(event.request_id, self._tenant(ref))
                 if self.store.get(store_key) is None:
                     self.store.close(store_key, now_ms)
@@ -758,6 +757,10 @@ class Intake:
         except InputError:
             pass  # the last owner dead-lettered it already
         return Duplicate()
+
+    def _was_rerouted(self, request_id: str, ref: InputRef) -> bool:
+        """Whether ``admit`` reroutes (rerouted, when read before) the record at ``ref``."""
+        return self._reroute and ref.partitions > 1 and _home_elsewhere(request_id, ref) is not None
 
     def _decided(self, store_key: str, now_ms: float) -> bool:
         return self.store.get(store_key) is None and self.store.was_closed(store_key, now_ms)
@@ -829,6 +832,20 @@ class Intake:
             )
         entry.add_delta(event.seq, event.text)
         return False
+
+
+def _home_elsewhere(request_id: str, ref: InputRef) -> int | None:
+    """The partition murmur2 puts ``request_id`` on (of ``ref.partitions``, at least 1), when
+    the record at ``ref`` is on another and may be rerouted there; ``None``: joined here."""
+    home = partition_for(request_id, ref.partitions)
+    if home == ref.partition:
+        return None
+    if ref.headers and (rerouted_from(ref) is not None or len(ref.headers) >= MAX_RECORD_HEADERS):
+        # rerouted once and still off its partition: the partition count changed in between,
+        # or its producer wrote the header; or the header would be one too many for the
+        # copy to be read (``too-many-headers``). Joined here
+        return None
+    return home
 
 
 def _same(identical: bool, what: str, request_id: str) -> bool:

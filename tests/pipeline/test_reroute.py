@@ -211,3 +211,31 @@ def test_a_record_whose_copy_would_have_one_header_too_many_is_joined_where_read
     fewer = p.on_message(G, dumps(final_event(rid + "y")), None, at("g", 0, 1, *many[1:]), 0.0)
     assert p.intake.rerouted == (partition_for(rid + "y", N) != 0)
     assert len(fewer.outputs) == p.intake.rerouted
+
+
+def test_a_rerouted_final_its_last_owner_finished_does_not_decide_its_request_here(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """A rebalance gives one replica both partitions: the handover says the original final
+    (off its partition) was finished, but it was rerouted, not decided. Remembered as
+    decided, the request's retrieval, read after, was dead-lettered ``after-final`` and
+    its rerouted final taken for a duplicate: no verdict at all."""
+    rid = torn_id()
+    home, crc = partition_for(rid, N), zlib.crc32(rid.encode()) % N
+    p = processor(settings_factory)
+    raw = dumps(final_event(rid))
+    skipped = InputRef("g", crc, 3, finished=True, partitions=N)
+    step = p.on_message(G, raw, rid.encode(), skipped, 0.0)
+    assert step.outputs == [] and step.done == [skipped] and p.intake.handed_over == 0
+    p.on_message(R, dumps(retrieval_event(rid)), rid.encode(), at("r", home, 0), 1.0)
+    header = (REROUTED_HEADER, f"g/{crc}/3".encode())
+    (verdict,) = verdicts(p.on_message(G, raw, rid.encode(), at("g", home, 8, header), 2.0))
+    assert verdict.request_id == rid and verdict.decision != "incomplete"
+    # a final on its own partition that a handover names is still remembered as decided
+    q = processor(settings_factory)
+    ok = "req-home"
+    done = InputRef("g", partition_for(ok, N), 1, finished=True, partitions=N)
+    q.on_message(G, dumps(final_event(ok)), ok.encode(), done, 0.0)
+    assert q.intake.handed_over == 1
