@@ -63,7 +63,8 @@ Metrics (meter ``guardrail.sidecar``; Prometheus names in brackets):
                                           collection from the same checks)
   guardrail.queue.records, .queue.bytes, guardrail.consumer.paused_partitions
                                 gauges    (what waits for the processor; what is paused)
-  guardrail.join.partition_mismatch, .misrouted, .rerouted, .byte_evictions, .rereads,
+  guardrail.join.partition_mismatch, .misrouted, .rerouted, .rerouted_late, .byte_evictions,
+  guardrail.join.rereads,
   guardrail.claims.refused, guardrail.feedback.unmatched, .replaced, .early,
   guardrail.coverage.evicted_keys,
   guardrail.pipeline.internal_errors
@@ -187,6 +188,9 @@ COUNT_HELP: Final = {
     "join.rerouted": "input records read off the partition murmur2 of their request id puts "
     "them on (a producer not using Kafka's default partitioner), sent on to that partition "
     "of their topic so that their request's halves meet on one replica (join.reroute)",
+    "join.rerouted_late": "rerouted copies that came after their request's verdict (sent "
+    "twice: a replica restarted before committing the original) or, deltas, after its final "
+    "(which holds the whole answer): finished, not dead-lettered",
     "join.rereads": "records of already decided requests read again after a rebalance or "
     "restart: finished, not dead-lettered",
     "claims.refused": "answers decided with claims unavailable: their evidence index alone "

@@ -325,6 +325,7 @@ class SidecarService:
                 "join.partition_mismatch": processor.intake.partition_mismatches,
                 "join.misrouted": processor.intake.misrouted,
                 "join.rerouted": processor.intake.rerouted,
+                "join.rerouted_late": processor.intake.rerouted_late,
                 "join.rereads": processor.intake.rereads,
                 "claims.refused": processor.scoring.claims_refused,
                 "join.byte_evictions": store.byte_evictions,

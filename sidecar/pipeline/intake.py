@@ -300,6 +300,8 @@ class Intake:
         # requests decided incomplete, and labels, with an input off its murmur2 partition
         self.misrouted = 0
         self.rerouted = 0  # records sent on to their request's murmur2 partition
+        # rerouted copies that came after their request's verdict, or deltas after its final
+        self.rerouted_late = 0
         # the highest offset admitted per input partition and life of its topic, kept across
         # revocations: a record at or below it is read a second time (a rebalance or a
         # restart of the consumer resumes from the committed offset, which open requests
@@ -346,17 +348,17 @@ class Intake:
             # one look-up of the open requests: a request open here was not decided (its
             # events after the first skip the decided memory and a second look-up in ``_open``)
             entry = self.store.get(store_key)
-            if entry is None and self.store.was_closed(store_key, now_ms):
-                if reread or (ref.headers and rerouted_from(ref) is not None):
-                    # read before and its request decided since: the verdict is out (a
-                    # producer's re-send is a new record, at a new offset, and stays
-                    # after-final); a rerouted copy of a decided request's record was sent
-                    # again by a replica that restarted before it committed the original
-                    self.rereads += 1
-                    return Duplicate()
-                self._after_final(event, store_key, now_ms)
+            decided = entry is None and self.store.was_closed(store_key, now_ms)
+            if decided and reread:
+                # read before and its request decided since: the verdict is out (a
+                # producer's re-send is a new record, at a new offset, and stays after-final)
+                self.rereads += 1
+                return Duplicate()
             # the first input of a request here, or one on a partition number its request
-            # holds none on yet: one murmur2 (~3 µs) tells whether it belongs here
+            # holds none on yet: one murmur2 (~3 µs) tells whether it belongs here. Before the
+            # decided memory: a request's records off its partition are its partition's to
+            # judge, late or not (a replica holding both decided it; rerouted, a late delta
+            # is finished there, not dead-lettered here)
             if (
                 self._reroute
                 and ref.partitions > 1
@@ -364,6 +366,13 @@ class Intake:
                 and (home := self._reroute_to(request_id, ref, reread)) is not None
             ):
                 return Rerouted(request_id, home)
+            if decided:
+                if ref.headers and rerouted_from(ref) is not None:
+                    # a rerouted copy after its request's verdict: sent again by a replica
+                    # that restarted before it committed the original, or overtaken
+                    self.rerouted_late += 1
+                    return Duplicate()
+                self._after_final(event, store_key, now_ms)
         except InputError as exc:
             return self._rejected(exc, kind, event, key, ref, now_ms=now_ms)
         earlier = None
@@ -382,6 +391,11 @@ class Intake:
         """Hold an admitted event in its request's open ``entry`` (``earlier``: ``_open``'s)
         when it is within the limits, and count what it holds."""
         if ref.headers:
+            if type(event) is GenerationDelta and entry.final is not None and rerouted_from(ref):
+                # a rerouted delta overtaken by its request's final (read on its partition
+                # directly: a round-robin producer), which holds the whole answer
+                self.rerouted_late += 1
+                return Duplicate()
             ref = held_ref(ref)
         size = held_bytes(event, raw, ref.headers)
         # a delta counts its text and the headers it keeps against the request's limit;

@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from confluent_kafka import Producer
@@ -444,6 +444,50 @@ async def test_records_off_their_partition_are_rerouted_and_every_request_decide
             f"\n2 replicas x {partitions} partitions: {len(ids)} requests, {len(moved)} with "
             f"generation off its murmur2 partition ({len(torn)} across replicas): "
             f"{sum(seen.count.values())} verdicts, {len(seen.incomplete)} incomplete"
+        )
+
+
+async def test_a_round_robin_producer_spreading_each_answer_is_rerouted_whole(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """segmentio/kafka-go's default: each generation event of a request on the next
+    partition in turn. Every delta and final off its request's partition is rerouted; a
+    delta whose copy comes after its final (read directly) is finished, not dead-lettered."""
+    partitions = 3
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions)
+    await create_topics(settings)
+    t = settings.topics
+    async with _two_members(settings, co_partition_assignor, 3 * partitions) as services:
+        ids = [f"rr-{i}" for i in range(40)]
+        records = [r for rid in ids for r in request_records(t, rid, deltas=4)]
+        generation = [r for r in records if r.topic == t.generation]
+        seen = Seen()
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(watch(settings, seen, stop))
+        await send(settings, [r for r in records if r.topic == t.retrieval])
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
+        await producer.start()
+        try:
+            for k, r in enumerate(generation):
+                await producer.send(r.topic, r.value, key=r.key, partition=k % partitions)
+            await producer.flush()
+        finally:
+            await producer.stop()
+        await wait_until(lambda: set(seen.count) >= set(ids), 30, "a verdict for every request")
+        await asyncio.sleep(TTL_MS / 1000 + 1.0)  # a second verdict, if any request were torn
+        stop.set()
+        await watcher
+        keys = [(r.key or b"").decode() for r in generation]
+        off = sum(k % partitions != partition_for(rid, partitions) for k, rid in enumerate(keys))
+        assert not seen.incomplete and seen.duplicates == 0 and set(seen.count) == set(ids)
+        assert sum(s.processor.intake.rerouted for s in services) == off
+        assert sum(s.processor.counters.dead_letters for s in services) == 0
+        late = sum(s.processor.intake.rerouted_late for s in services)
+        print(  # the measurement the report quotes (pytest -s)
+            f"\nround-robin, 2 replicas x {partitions} partitions: {len(ids)} requests, "
+            f"{off} of {len(generation)} generation records rerouted, {late} of them after "
+            f"their final; {sum(seen.count.values())} verdicts, {len(seen.incomplete)} "
+            "incomplete, 0 dead letters"
         )
 
 

@@ -96,7 +96,8 @@ def test_the_copy_is_joined_on_its_partition_and_never_rerouted_again(
     # the original sent on again by a replica that restarted before committing it: its
     # second copy finds the request decided, a duplicate (not after-final)
     late = p.on_message(G, copy.value, copy.key, at("g", home, 6, *copy.headers), 0.0)
-    assert late.outputs == [] and late.done and p.intake.rereads == 1
+    assert late.outputs == [] and late.done and p.intake.rerouted_late == 1
+    assert p.intake.rereads == 0
     # a copy still off its partition (the partition count changed meanwhile) is joined
     # where it is read: a header never sends a record round in circles
     other = torn_id() + "-x"
@@ -239,3 +240,26 @@ def test_a_rerouted_final_its_last_owner_finished_does_not_decide_its_request_he
     done = InputRef("g", partition_for(ok, N), 1, finished=True, partitions=N)
     q.on_message(G, dumps(final_event(ok)), ok.encode(), done, 0.0)
     assert q.intake.handed_over == 1
+
+
+def test_a_rerouted_delta_overtaken_by_its_final_is_finished_not_dead_lettered(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """A round-robin producer spreads a request's deltas over every partition; the final,
+    read directly on its request's partition, can come before a delta's copy. The final
+    holds the whole answer: the copy is finished (counted), not dead-lettered after-final;
+    a delta written there directly after the final still is."""
+    rid = torn_id()
+    home, crc = partition_for(rid, N), zlib.crc32(rid.encode()) % N
+    p = processor(settings_factory)
+    p.on_message(G, dumps(final_event(rid)), None, at("g", home, 0), 0.0)  # waits for retrieval
+    header = (REROUTED_HEADER, f"g/{crc}/4".encode())
+    copy = p.on_message(G, dumps(delta_event(rid, 0, "x")), None, at("g", home, 1, header), 0.0)
+    assert copy.outputs == [] and copy.done and p.intake.rerouted_late == 1
+    direct = p.on_message(G, dumps(delta_event(rid, 1, "y")), None, at("g", home, 2), 0.0)
+    assert [o.destination for o in direct.outputs] == [Destination.DLQ]
+    (verdict,) = verdicts(p.on_message(R, dumps(retrieval_event(rid)), None, at("r", home, 0), 0.0))
+    assert verdict.request_id == rid and verdict.decision != "incomplete"
