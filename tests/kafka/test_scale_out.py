@@ -491,16 +491,18 @@ async def test_a_round_robin_producer_spreading_each_answer_is_rerouted_whole(
         )
 
 
-async def test_rerouting_survives_an_instance_killed_mid_load(
+async def test_rerouting_survives_an_instance_killed_and_replaced_mid_load(
     kafka_broker: LocalKafka,
     unique_topics: dict[str, str],
     tmp_path: Path,
     fleet: list[SidecarProcess],
 ) -> None:
     """3 ``guardrail run`` processes over 4 partitions; retrieval from aiokafka, generation
-    from librdkafka at its default partitioner, six seconds of traffic; one replica is
+    from librdkafka at its default partitioner, nine seconds of traffic; one replica is
     SIGKILLed after 2.5 s (its rerouted records not yet committed are read and sent on
-    again by the next owner: the copies are duplicates where they land).
+    again by the next owner: the copies are duplicates where they land) and a new one
+    started at once, as its Deployment would: two rebalances while traffic flows, the
+    second with handovers that name rerouted originals.
 
     A request rerouted across replicas has its halves on two of them: while the killed
     one's partitions wait for its session to time out, the other half waits on a live
@@ -523,18 +525,22 @@ async def test_rerouting_survives_an_instance_killed_mid_load(
     seen = Seen()
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch(settings, seen, stop))
-    sender = asyncio.create_task(send(settings, retrieval, rate_per_s=len(retrieval) / 6.0))
+    sender = asyncio.create_task(send(settings, retrieval, rate_per_s=len(retrieval) / 9.0))
     librdkafka = asyncio.create_task(
         asyncio.to_thread(
             _produce_with_librdkafka_defaults,
             settings.kafka.bootstrap_servers,
             generation,
-            len(generation) / 6.0,
+            len(generation) / 9.0,
         )
     )
     await asyncio.sleep(2.5)
     code = await asyncio.to_thread(fleet[0].signal, signal.SIGKILL)
     assert code == -signal.SIGKILL, fleet[0].tail()
+    replacement = SidecarProcess(env, tmp_path / "sidecar-new.log")
+    fleet.append(replacement)
+    await asyncio.to_thread(replacement.start)
+    assert not sender.done()  # it joined while traffic flowed
     assert await sender == len(retrieval)
     placed = await librdkafka
     moved = {rid for rid, p in placed.items() if p != partition_for(rid, partitions)}
@@ -545,7 +551,7 @@ async def test_rerouting_survives_an_instance_killed_mid_load(
     await watcher
     assert all(p.ready() for p in fleet[1:]), [p.tail() for p in fleet[1:]]
     assert set(seen.count) == set(ids)
-    assert not seen.incomplete  # rerouted halves met theirs, across the kill too
+    assert not seen.incomplete  # rerouted halves met theirs, across both rebalances
     assert all(len(keys) == 1 for keys in seen.keys.values())  # repeats carry the same key
     ends = await end_offsets(settings.kafka.bootstrap_servers, [t.generation], partitions)
     copies = sum(ends.values()) - len(generation)
@@ -553,7 +559,8 @@ async def test_rerouting_survives_an_instance_killed_mid_load(
     off_home = sum(placed[rid] != partition_for(rid, partitions) for rid in keys)
     assert copies >= off_home  # each sent on at least once (again, if read again)
     print(  # the measurement the report quotes (pytest -s)
-        f"\n3 instances x {partitions} partitions, SIGKILL, generation from librdkafka: {n} "
+        f"\n3 instances x {partitions} partitions, SIGKILL + a new one, generation from "
+        f"librdkafka: {n} "
         f"requests, {len(moved)} off their murmur2 partition, {off_home} records off it, "
         f"{copies} copies written; {sum(seen.count.values())} verdicts, {seen.duplicates} "
         f"duplicates (same key), {len(seen.incomplete)} incomplete"
