@@ -648,8 +648,10 @@ class Intake:
                     "partitioner on key = request_id (librdkafka's default is "
                     "consistent_random: set partitioner=murmur2_random). Such records are "
                     "sent on to their partition (GUARDRAIL_JOIN__REROUTE), a produce and a "
-                    "fetch later than they could be read; counted in guardrail.join.rerouted; "
-                    "warned once.",
+                    "fetch later than they could be read, and a request whose halves are read "
+                    "by two replicas waits for both (when one dies, until its session times "
+                    "out: keep GUARDRAIL_JOIN__TTL_MS above GUARDRAIL_KAFKA__SESSION_TIMEOUT_MS"
+                    "); counted in guardrail.join.rerouted; warned once.",
                     request_id, ref.topic, ref.partition, home, ref.partitions,
                 )  # fmt: skip
         return home
