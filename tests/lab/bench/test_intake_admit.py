@@ -22,7 +22,7 @@ def test_the_paired_run_holds_every_record_and_prints_both_counts() -> None:
             "20",
             "--partitions",
             "3",
-        ],  # fmt: skip
+        ],
         cwd=REPO,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
         capture_output=True,
