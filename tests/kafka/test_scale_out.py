@@ -452,7 +452,9 @@ async def test_a_round_robin_producer_spreading_each_answer_is_rerouted_whole(
 ) -> None:
     """segmentio/kafka-go's default: each generation event of a request on the next
     partition in turn. Every delta and final off its request's partition is rerouted; a
-    delta whose copy comes after its final (read directly) is finished, not dead-lettered."""
+    delta whose copy comes after its final (read directly) is finished, not dead-lettered.
+    The requests' feedback labels, sent the same way, are each taken by the replica that
+    decided their request."""
     partitions = 3
     settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions)
     await create_topics(settings)
@@ -471,23 +473,41 @@ async def test_a_round_robin_producer_spreading_each_answer_is_rerouted_whole(
             for k, r in enumerate(generation):
                 await producer.send(r.topic, r.value, key=r.key, partition=k % partitions)
             await producer.flush()
+            await wait_until(lambda: set(seen.count) >= set(ids), 30, "a verdict each")
+            for k, rid in enumerate(ids):
+                label = {"schema_version": 1, "event_type": "feedback", "request_id": rid,
+                         "correct": True, "source": "user"}  # fmt: skip
+                value = orjson.dumps(label)
+                await producer.send(t.feedback, value, key=rid.encode(), partition=k % partitions)
+            await producer.flush()
         finally:
             await producer.stop()
-        await wait_until(lambda: set(seen.count) >= set(ids), 30, "a verdict for every request")
         await asyncio.sleep(TTL_MS / 1000 + 1.0)  # a second verdict, if any request were torn
         stop.set()
         await watcher
+        await wait_until(
+            lambda: sum(s.processor.counters.feedback for s in services) == len(ids),
+            30,
+            "every label taken",
+        )
+        owner = {tp[1]: i for i, s in enumerate(services) for tp in s.state.assigned}
+        deciders = Counter(owner[partition_for(rid, partitions)] for rid in ids)
+        assert [s.processor.counters.feedback for s in services] == [deciders[0], deciders[1]]
         keys = [(r.key or b"").decode() for r in generation]
         off = sum(k % partitions != partition_for(rid, partitions) for k, rid in enumerate(keys))
         assert not seen.incomplete and seen.duplicates == 0 and set(seen.count) == set(ids)
-        assert sum(s.processor.intake.rerouted for s in services) == off
+        labels_off = sum(
+            k % partitions != partition_for(rid, partitions) for k, rid in enumerate(ids)
+        )
+        assert sum(s.processor.intake.rerouted for s in services) == off + labels_off
         assert sum(s.processor.counters.dead_letters for s in services) == 0
         late = sum(s.processor.intake.rerouted_late for s in services)
         print(  # the measurement the report quotes (pytest -s)
             f"\nround-robin, 2 replicas x {partitions} partitions: {len(ids)} requests, "
             f"{off} of {len(generation)} generation records rerouted, {late} of them after "
             f"their final; {sum(seen.count.values())} verdicts, {len(seen.incomplete)} "
-            "incomplete, 0 dead letters"
+            f"incomplete, 0 dead letters; {labels_off} of {len(ids)} labels rerouted, each "
+            "taken by its request's replica"
         )
 
 
