@@ -76,8 +76,10 @@ INPUT_PARTITIONING = (
     "`consistent_random` (CRC32): set `partitioner=murmur2_random`; segmentio/kafka-go "
     "defaults to round-robin: set `Balancer: &kafka.Murmur2Balancer{}`; Sarama hashes with "
     "FNV-1a: give `NewCustomHashPartitioner` a murmur2 hasher; KafkaJS 1 needs "
-    "`Partitioners.JavaCompatiblePartitioner`. The sidecar counts a record off its murmur2 "
-    "partition in guardrail.join.misrouted."
+    "`Partitioners.JavaCompatiblePartitioner`. A record off its murmur2 partition is "
+    "rerouted by the sidecar (sent, keyed, to that partition of its topic, with an "
+    "x-guardrail-rerouted-from header; GUARDRAIL_JOIN__REROUTE), a produce and a fetch "
+    "later, and counted in guardrail.join.rerouted."
 )
 
 
