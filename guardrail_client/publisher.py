@@ -78,8 +78,10 @@ def check_partitioner(producer_options: dict[str, Any]) -> None:
     if partitioner is not None and not is_murmur2_partitioner(partitioner):
         warnings.warn(
             f"partitioner {partitioner!r} is not Kafka's murmur2 default: a request's retrieval "
-            "and generation events may land on different partitions and the sidecar can only "
-            "join them within one partition (they would be dead-lettered or time out)",
+            "and generation events may land on different partitions, and the sidecar joins "
+            "them within one: it sends each record off its murmur2 partition on to it (a "
+            "produce and a fetch later; GUARDRAIL_JOIN__REROUTE), or, with rerouting off, "
+            "decides such a request incomplete",
             PartitionerWarning,
             stacklevel=3,
         )
