@@ -16,6 +16,8 @@ ratio (B / A) say more. Writes each drain's rate, CPU per request and ``incomple
         --b-argv "-m sidecar.lab.bench.floors noop"
     # two trees (a worktree of the commit before as A)
     PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 4 --a-env PYTHONPATH=../old
+    # what a producer with another partitioner costs: every generation record rerouted
+    PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 4 --b-off-partition
 """
 
 from __future__ import annotations
@@ -59,16 +61,18 @@ async def alternate(
     requests: int,
     *,
     after: Callable[[int], dict[str, Any]] | None = None,
+    off_partition: tuple[bool, bool] = (False, False),
 ) -> tuple[list[list[dict[str, Any]]], list[float]]:
     """Drains of side 0 and side 1 alternated ``pairs`` times: each side's runs (``after``:
-    more of a side's run, read once it is drained) and the per-pair rate ratios 1 / 0."""
+    more of a side's run, read once it is drained) and the per-pair rate ratios 1 / 0.
+    ``off_partition``: per side, the load's generation records off their murmur2
+    partition (``Bench``)."""
     runs: list[list[dict[str, Any]]] = [[], []]
     for p in range(pairs):
         for side in (0, 1) if p % 2 == 0 else (1, 0):
             env, argv = sides[side]
-            result = await Bench(broker, workdir, env, argv=argv).drain(
-                f"s{side}p{p}", requests, LoadShape()
-            )
+            bench = Bench(broker, workdir, env, argv=argv, off_partition=off_partition[side])
+            result = await bench.drain(f"s{side}p{p}", requests, LoadShape())
             run = {
                 "answers_per_s": result.throughput_answers_per_s,
                 "cpu_us_per_request": round(result.cpu_s * 1e6 / requests, 1),
@@ -88,11 +92,19 @@ async def alternate(
 async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     a = (_env(args.a_env), tuple(shlex.split(args.a_argv)))
     b = (_env(args.b_env), tuple(shlex.split(args.b_argv)))
-    runs, ratios = await alternate(broker, workdir, (a, b), args.pairs, args.requests)
+    off = (False, args.b_off_partition)
+    runs, ratios = await alternate(
+        broker, workdir, (a, b), args.pairs, args.requests, off_partition=off
+    )
     return {
         "what": "fast-path drains, side B against side A, alternated",
         "a": {"env": a[0], "argv": list(a[1]), "runs": runs[0]},
-        "b": {"env": b[0], "argv": list(b[1]), "runs": runs[1]},
+        "b": {
+            "env": b[0],
+            "argv": list(b[1]),
+            **({"generation_off_partition": True} if off[1] else {}),
+            "runs": runs[1],
+        },
         "requests": args.requests,
         "b_vs_a": [round(r, 3) for r in ratios],
         "b_vs_a_median": round(statistics.median(ratios), 3) if ratios else None,
@@ -116,6 +128,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--a-argv", default=SIDECAR, help=f"default {SIDECAR!r}")
     parser.add_argument("--b-argv", default=SIDECAR, help=f"default {SIDECAR!r}")
+    parser.add_argument(
+        "--b-off-partition",
+        action="store_true",
+        help="side B's generation records go to the partition after their request's murmur2 "
+        "one (a producer with another partitioner): the sidecar reroutes every one",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     report = on_local_broker(lambda broker, workdir: _pairs(broker, workdir, args), "pairs-")

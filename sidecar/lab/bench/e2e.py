@@ -29,6 +29,7 @@ import numpy as np
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from guardrail_client.keys import partition_for
 from sidecar.config import TOPIC_ROLES, Settings
 from sidecar.contracts.events import AttentionSummary
 from sidecar.kafka.topics import create_topics
@@ -151,13 +152,18 @@ class Bench:
         workdir: Path,
         extra_env: dict[str, str] | None = None,
         argv: Sequence[str] = ("-m", "sidecar", "run"),
+        *,
+        off_partition: bool = False,
     ) -> None:
         """``argv``: the process under test (default the sidecar; the floors run
-        ``-m sidecar.lab.bench.floors noop|parse|raw``)."""
+        ``-m sidecar.lab.bench.floors noop|parse|raw``). ``off_partition``: a drain's
+        generation records are written to the partition after the one murmur2 puts their
+        request on (a producer with another partitioner): the sidecar reroutes each."""
         self.broker = broker
         self.workdir = workdir
         self.extra_env = extra_env or {}
         self.argv = tuple(argv)
+        self.off_partition = off_partition
 
     def _setup(self, partitions: int) -> tuple[Settings, dict[str, str]]:
         suffix = uuid.uuid4().hex[:8]
@@ -192,9 +198,13 @@ class Bench:
 
     async def _fill(self, settings: Settings, records: list[tuple[str, bytes, bytes]]) -> None:
         producer = await self._producer(settings)
+        generation, n = settings.topics.generation, settings.topics.partitions
         try:
             for topic, value, key in records:
-                await producer.send(topic, value, key=key)
+                partition = None
+                if self.off_partition and topic == generation and n > 1:
+                    partition = (partition_for(key.decode(), n) + 1) % n
+                await producer.send(topic, value, key=key, partition=partition)
             await producer.flush()
         finally:
             await producer.stop()
@@ -270,6 +280,7 @@ class Bench:
                 **asdict(shape),
                 "partitions": partitions,
                 "instances": instances,
+                **({"generation_off_partition": True} if self.off_partition else {}),
                 "filled": "after start" if fill_after_start else "before start",
             },
             requests=n,
