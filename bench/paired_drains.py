@@ -16,8 +16,11 @@ ratio (B / A) say more. Writes each drain's rate, CPU per request and ``incomple
         --b-argv "-m sidecar.lab.bench.floors noop"
     # two trees (a worktree of the commit before as A)
     PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 4 --a-env PYTHONPATH=../old
-    # what a producer with another partitioner costs: every generation record rerouted
+    # what a producer with another partitioner costs: every generation record off its
+    # partition (one process joins it where it is; two reroute what the other one reads)
     PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 4 --b-off-partition
+    PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 2 --instances 2 \\
+        --requests 50000 --b-off-partition
 """
 
 from __future__ import annotations
@@ -62,17 +65,18 @@ async def alternate(
     *,
     after: Callable[[int], dict[str, Any]] | None = None,
     off_partition: tuple[bool, bool] = (False, False),
+    instances: int = 1,
 ) -> tuple[list[list[dict[str, Any]]], list[float]]:
     """Drains of side 0 and side 1 alternated ``pairs`` times: each side's runs (``after``:
     more of a side's run, read once it is drained) and the per-pair rate ratios 1 / 0.
     ``off_partition``: per side, the load's generation records off their murmur2
-    partition (``Bench``)."""
+    partition (``Bench``); ``instances``: processes per drain, in one group."""
     runs: list[list[dict[str, Any]]] = [[], []]
     for p in range(pairs):
         for side in (0, 1) if p % 2 == 0 else (1, 0):
             env, argv = sides[side]
             bench = Bench(broker, workdir, env, argv=argv, off_partition=off_partition[side])
-            result = await bench.drain(f"s{side}p{p}", requests, LoadShape())
+            result = await bench.drain(f"s{side}p{p}", requests, LoadShape(), instances=instances)
             run = {
                 "answers_per_s": result.throughput_answers_per_s,
                 "cpu_us_per_request": round(result.cpu_s * 1e6 / requests, 1),
@@ -94,7 +98,13 @@ async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) ->
     b = (_env(args.b_env), tuple(shlex.split(args.b_argv)))
     off = (False, args.b_off_partition)
     runs, ratios = await alternate(
-        broker, workdir, (a, b), args.pairs, args.requests, off_partition=off
+        broker,
+        workdir,
+        (a, b),
+        args.pairs,
+        args.requests,
+        off_partition=off,
+        instances=args.instances,
     )
     return {
         "what": "fast-path drains, side B against side A, alternated",
@@ -106,6 +116,7 @@ async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) ->
             "runs": runs[1],
         },
         "requests": args.requests,
+        "instances": args.instances,
         "b_vs_a": [round(r, 3) for r in ratios],
         "b_vs_a_median": round(statistics.median(ratios), 3) if ratios else None,
         **machine(),
@@ -134,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="side B's generation records go to the partition after their request's murmur2 "
         "one (a producer with another partitioner): the sidecar reroutes every one",
     )
+    parser.add_argument("--instances", type=int, default=1, help="processes per drain")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     report = on_local_broker(lambda broker, workdir: _pairs(broker, workdir, args), "pairs-")

@@ -450,11 +450,12 @@ class JoinSettings(_Section):
         default=True,
         description="send an input record that is not on the partition murmur2 puts its "
         "request id on (a producer with another partitioner: librdkafka's default, "
-        "round-robin, FNV-1a) to that partition of its topic, with its bytes, key and "
-        "headers and an x-guardrail-rerouted-from header, so that a request's halves meet on "
-        "one replica; needs WRITE on the input topics (refused: the record is dead-lettered "
-        "reroute-refused). false: such a record is joined where it was read, and with several "
-        "replicas its request may be decided incomplete by two of them",
+        "round-robin, FNV-1a), when another replica reads that partition, to it, with its "
+        "bytes, key and headers and an x-guardrail-rerouted-from header, so that a request's "
+        "halves meet on one replica (a partition this replica reads too: joined here); needs "
+        "WRITE on the input topics (refused: the record is dead-lettered reroute-refused). "
+        "false: such a record is joined where it was read, and with several replicas its "
+        "request may be decided incomplete by two of them",
     )
     max_records_behind: int = Field(
         default=500_000,

@@ -186,11 +186,12 @@ COUNT_HELP: Final = {
     "partitioner): its halves may be read by two replicas and each decided incomplete, a "
     "label unmatched",
     "join.rerouted": "input records read off the partition murmur2 of their request id puts "
-    "them on (a producer not using Kafka's default partitioner), sent on to that partition "
-    "of their topic so that their request's halves meet on one replica (join.reroute)",
-    "join.rerouted_late": "rerouted copies that came after their request's verdict (sent "
-    "twice: a replica restarted before committing the original) or, deltas, after its final "
-    "(which holds the whole answer): finished, not dead-lettered",
+    "them on (a producer not using Kafka's default partitioner), where another replica reads "
+    "that partition: sent on to it so that their request's halves meet (join.reroute)",
+    "join.rerouted_late": "records off their request's partition that came after its verdict "
+    "(a rerouted copy sent twice, when a replica restarted before committing the original), "
+    "and deltas after its final when its inputs came on several partitions: finished, not "
+    "dead-lettered",
     "join.rereads": "records of already decided requests read again after a rebalance or "
     "restart: finished, not dead-lettered",
     "claims.refused": "answers decided with claims unavailable: their evidence index alone "

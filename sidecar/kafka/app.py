@@ -518,6 +518,7 @@ class SidecarService:
     async def on_assigned(self, assigned: set[TP]) -> None:
         counts = self.clients.consumer.known_partitions(self.probe.inputs)
         self.probe.check_assignment(assigned, counts, self.settings.kafka.group_id)
+        self._note_assignment()
         self._handovers_read.clear()  # records that come meanwhile wait for it (_handle)
         try:
             await self._take_handovers(assigned)
@@ -525,6 +526,13 @@ class SidecarService:
             self._handovers_read.set()
         if not self._stopping.is_set():  # new partitions come unpaused: pause what is due
             self.intake.apply(self.clients.consumer, assigned)
+
+    def _note_assignment(self) -> None:
+        """Tell intake which partitions this replica reads: a record off its request's
+        partition is joined here when that partition is one of them, rerouted when not."""
+        intake = getattr(self.processor, "intake", None)  # the bench's floors have none
+        if intake is not None:
+            intake.local_partitions = frozenset(self.state.assigned)
 
     async def _take_handovers(self, assigned: set[TP]) -> None:
         """Read what the partitions' last owner finished above its commit (its handover),
@@ -620,6 +628,7 @@ class SidecarService:
             self.handovers.pop(tp, None)
         self._finished = {f for f in self._finished if (f[0], f[1]) not in revoked}
         self.state.assigned -= revoked
+        self._note_assignment()
         self._queue_changed()  # the queue shrank: a backpressure pause may be over
         if dropped or queued:
             log.info(

@@ -263,3 +263,40 @@ def test_a_rerouted_delta_overtaken_by_its_final_is_finished_not_dead_lettered(
     assert [o.destination for o in direct.outputs] == [Destination.DLQ]
     (verdict,) = verdicts(p.on_message(R, dumps(retrieval_event(rid)), None, at("r", home, 0), 0.0))
     assert verdict.request_id == rid and verdict.decision != "incomplete"
+
+
+def test_a_record_whose_partition_this_replica_reads_too_is_joined_here(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    delta_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Sent round, a catch-up's copies land behind their partition's backlog and every
+    request waits for its copy: a drain of 20,000 requests, every generation record off
+    its partition, one replica, decided 10,000 ``incomplete`` (capacity). A replica that
+    reads the request's partition too joins the record where it is (a partition
+    mismatch, as before rerouting); a delta there after the final is finished."""
+    rid = torn_id()
+    home, crc = partition_for(rid, N), zlib.crc32(rid.encode()) % N
+    p = processor(settings_factory)
+    p.intake.local_partitions = frozenset({("g", home), ("g", crc), ("r", home), ("r", crc)})
+    held = p.on_message(G, dumps(final_event(rid)), None, at("g", crc, 0), 0.0)
+    assert held.outputs == [] and p.intake.rerouted == 0 and p.store.get(rid) is not None
+    late = p.on_message(G, dumps(delta_event(rid, 0, "x")), None, at("g", home, 1), 0.0)
+    assert late.outputs == [] and p.intake.rerouted_late == 1  # spread over two partitions
+    (verdict,) = verdicts(p.on_message(R, dumps(retrieval_event(rid)), None, at("r", home, 0), 0.0))
+    assert verdict.decision != "incomplete" and p.intake.partition_mismatches == 1
+    # after the verdict: a record off its partition is finished, one on it dead-lettered
+    off = p.on_message(G, dumps(delta_event(rid, 1, "y")), None, at("g", crc, 2), 0.0)
+    assert off.outputs == [] and p.intake.rerouted_late == 2
+    on = p.on_message(G, dumps(delta_event(rid, 2, "z")), None, at("g", home, 3), 0.0)
+    assert [o.destination for o in on.outputs] == [Destination.DLQ]
+    # a partition another replica reads: rerouted
+    p.intake.local_partitions = frozenset({("g", crc)})
+    other = torn_id() + "-2"
+    while zlib.crc32(other.encode()) % N == partition_for(other, N):
+        other += "x"
+    where = zlib.crc32(other.encode()) % N
+    p.intake.local_partitions = frozenset({("g", where)})
+    sent = p.on_message(G, dumps(final_event(other)), None, at("g", where, 9), 0.0)
+    assert [o.destination for o in sent.outputs] == [Destination.GENERATION]
