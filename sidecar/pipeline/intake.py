@@ -7,9 +7,9 @@ raises for bad input:
 * ``Duplicate`` an identical copy of an event already held: finished, no output;
 * ``Rejected``  the message goes to the dead-letter topic with the error's reason;
 * ``Labelled``  a feedback event (not joined; the processor folds it in);
-* ``Rerouted``  a record off the partition its request id hashes to: sent on to that
-  partition of its topic (``join.reroute``), where the replica holding its request's other
-  half reads it.
+* ``Rerouted``  a record off the partition its request id hashes to, which another replica
+  reads: sent on to that partition of its topic (``join.reroute``), where the replica
+  holding its request's other half reads it (one this replica reads too: joined here).
 
 What an event needs checked on arrival happens here as well: the limits
 (hits, answer length, bytes per request), the retrieval event's certification
@@ -659,9 +659,10 @@ class Intake:
         return Labelled(event, tenant)
 
     def _reroute_to(self, request_id: str, ref: InputRef, reread: bool) -> int | None:
-        """The partition murmur2 puts ``request_id`` on, when ``ref`` is on another and is
-        not a rerouted copy itself (counted in ``rerouted``, unless read before: sent
-        again, the copy is a duplicate there); ``None``: join it here."""
+        """The partition murmur2 puts ``request_id`` on, when ``ref`` is on another that
+        another replica reads and is not a rerouted copy itself (counted in ``rerouted``,
+        unless read before: sent again, the copy is a duplicate there); ``None``: join it
+        here."""
         home = _home_elsewhere(request_id, ref)
         if home is None:
             return None
