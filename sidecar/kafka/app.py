@@ -106,10 +106,9 @@ def publish_destinations(settings: Settings) -> dict[Destination, str]:
         Destination.REPORTS: topics.reports,
         Destination.CERTIFICATES: topics.certificates,
     }
-    if settings.join.reroute:
-        destinations[Destination.RETRIEVAL] = topics.retrieval
-        destinations[Destination.GENERATION] = topics.generation
-        destinations[Destination.FEEDBACK] = topics.feedback
+    if settings.join.reroute:  # an input kind's destination bears its name
+        for topic, kind in input_kinds(topics).items():
+            destinations[Destination(kind.value)] = topic
     return destinations
 
 

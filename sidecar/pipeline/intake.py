@@ -146,22 +146,18 @@ class Labelled:
 
 @dataclass(frozen=True, slots=True)
 class Rerouted:
-    """A record read off its request's murmur2 partition: to be sent, as it came, to that
-    partition (``home``) of its topic, keyed by ``request_id``."""
+    """A record read off its request's murmur2 partition: to be sent, as it came, to its
+    topic keyed by ``request_id`` (the producer's murmur2 puts it on that partition)."""
 
     request_id: str
-    home: int
 
 
 Admission = Held | Duplicate | Rejected | Labelled | Rerouted
 
 
-def rerouted_from(ref: InputRef) -> bytes | None:
-    """The ``REROUTED_HEADER`` of a record (``None``: not a rerouted copy)."""
-    for name, value in ref.headers:
-        if name == REROUTED_HEADER:
-            return value
-    return None
+def is_rerouted_copy(ref: InputRef) -> bool:
+    """Whether the record carries ``REROUTED_HEADER``: a copy the sidecar rerouted."""
+    return any(name == REROUTED_HEADER for name, _ in ref.headers)
 
 
 _getsizeof = sys.getsizeof
@@ -368,9 +364,9 @@ class Intake:
                 self._reroute
                 and ref.partitions > 1
                 and (entry is None or ref.partition not in entry.partitions)
-                and (home := self._reroute_to(request_id, ref, reread)) is not None
+                and self._reroute_to(request_id, ref, reread) is not None
             ):
-                return Rerouted(request_id, home)
+                return Rerouted(request_id)
             if decided:
                 if self._off_partition(request_id, ref):
                     # off its request's partition, after its verdict: a rerouted copy sent
@@ -642,7 +638,7 @@ class Intake:
         partition (on one this replica reads too, or the count is not known)."""
         if not self._reroute:
             return False
-        if ref.headers and rerouted_from(ref) is not None:
+        if ref.headers and is_rerouted_copy(ref):
             return True
         return ref.partitions > 1 and partition_for(request_id, ref.partitions) != ref.partition
 
@@ -653,7 +649,7 @@ class Intake:
         if self._reroute and ref.partitions > 1:
             home = self._reroute_to(event.request_id, ref, reread)
             if home is not None:
-                return Rerouted(event.request_id, home)
+                return Rerouted(event.request_id)
         else:
             self._off_home(event.request_id, ref)
         return Labelled(event, tenant)
@@ -891,7 +887,7 @@ def _home_elsewhere(request_id: str, ref: InputRef) -> int | None:
     home = partition_for(request_id, ref.partitions)
     if home == ref.partition:
         return None
-    if ref.headers and (rerouted_from(ref) is not None or len(ref.headers) >= MAX_RECORD_HEADERS):
+    if ref.headers and (is_rerouted_copy(ref) or len(ref.headers) >= MAX_RECORD_HEADERS):
         # rerouted once and still off its partition: the partition count changed in between,
         # or its producer wrote the header; or the header would be one too many for the
         # copy to be read (``too-many-headers``). Joined here

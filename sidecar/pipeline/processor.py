@@ -253,7 +253,7 @@ class Processor:
                 self.counters.inputs.add(kind, Outcome.DEAD_LETTERED)
                 if request is not None and request.cannot_complete:
                     step.extend(self._incomplete(request, "dead-lettered", now_ms))
-            case Rerouted(request_id, _home):
+            case Rerouted(request_id):
                 # finished here once the copy is confirmed; the home partition's replica
                 # joins it (and counts it consumed, accepted or not)
                 step.outputs.append(outputs.rerouted_output(kind, raw, request_id, ref))
