@@ -21,6 +21,7 @@ from sidecar.exceptions import BrokerError, ConfigError, StopTimeoutError
 from sidecar.health import HealthServer
 from sidecar.heaptrim import HeapTrim
 from sidecar.kafka.app import SidecarService
+from sidecar.kafka.permissions import check_permissions
 from sidecar.kafka.readiness import LoopState
 from sidecar.kafka.security import (
     TLS_CHECK_INTERVAL_S,
@@ -29,7 +30,7 @@ from sidecar.kafka.security import (
     sasl_username,
     ssl_context,
 )
-from sidecar.kafka.topics import format_counts, verify_topics
+from sidecar.kafka.topics import format_counts, started_admin, verify_topics
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import Policy
@@ -810,6 +811,22 @@ def _unfinished_stop(service: SidecarService, grace_s: float) -> str:
     )
 
 
+async def _check_permissions(settings: Settings, processor: Processor) -> None:
+    """End the start (``ConfigError``) when the cluster's ACLs refuse this principal an
+    operation the sidecar needs (``sidecar.kafka.permissions``)."""
+    admin = await started_admin(settings.kafka)
+    try:
+        await check_permissions(
+            settings,
+            admin,
+            claims=processor.signals.claims is not None,
+            reports=processor.signals.coverage is not None,
+            certificates=processor.certificates is not None,
+        )
+    finally:
+        await admin.close()
+
+
 async def serve(settings: Settings, processor: Processor | None = None) -> None:
     """Run until SIGTERM / SIGINT. ``processor``: replaces the one built from the
     settings' signals and policy (the bench's constant-verdict floor); ``None``
@@ -852,6 +869,7 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
             return
         counts, processor = loaded
         log.info("input topics: %s", format_counts(counts))
+        await _check_permissions(settings, processor)
         setup = configure_from_env(
             settings.metrics.prometheus_port, settings.metrics.prometheus_host
         )

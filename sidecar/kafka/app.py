@@ -30,7 +30,7 @@ from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 
 from guardrail_client.aio import cancel_and_wait
-from sidecar.config import Settings
+from sidecar.config import KafkaSettings, Settings
 from sidecar.kafka.assignor import co_partition_assignor, deployment_of
 from sidecar.kafka.clients import (
     TP,
@@ -51,7 +51,7 @@ from sidecar.kafka.intake import (
 )
 from sidecar.kafka.parsing import raw_decoder, tolerant_parser
 from sidecar.kafka.publish import Publisher, request_size_bytes
-from sidecar.kafka.readiness import BrokerProbe, ConsumerWatch, LoopState
+from sidecar.kafka.readiness import BrokerProbe, ConsumerWatch, LoopState, watch_authorisation
 from sidecar.kafka.records import input_headers, input_kinds, install_lenient_header_names
 from sidecar.kafka.resets import installed as offset_resets
 from sidecar.kafka.resets import watch_offset_resets
@@ -248,15 +248,7 @@ class SidecarService:
             # ``reply_to`` header names: a producer could make the sidecar write anywhere
             "no_reply": True,
         }
-        inputs = (topics.retrieval, topics.generation, topics.feedback)
-        if kafka.batch:
-            self.subscriber = self.broker.subscriber(
-                *inputs, batch=True, batch_timeout_ms=kafka.batch_timeout_ms, **common
-            )
-            self.subscriber(self._on_batch)
-        else:  # the baseline: one message per handler call, one confirmed publish at a time
-            self.subscriber = self.broker.subscriber(*inputs, **common)
-            self.subscriber(self._on_message)
+        self.subscriber = self._subscribe(kafka, common)
         self._handler_lock = asyncio.Lock()
         # the processor's CPU-bound work (segmentation, the verifier, lookback batches)
         # runs on one worker thread: the event loop keeps heartbeats and probes going
@@ -390,7 +382,9 @@ class SidecarService:
         )
         watch_offset_resets(self.settings.kafka.auto_offset_reset)  # and say when it resets
         if self.processor.certificates is not None:  # the fleet's withdrawals, before deciding
-            self.certificates = CertificateBoard(self.settings, self.processor.certificates)
+            self.certificates = CertificateBoard(
+                self.settings, self.processor.certificates, on_refused=self.state.fail
+            )
             await self.certificates.start()
         await self.broker.start()
         kafka = self.settings.kafka
@@ -714,6 +708,22 @@ class SidecarService:
         )  # fmt: skip
 
     # ------------------------------------------------------------------ consume
+
+    def _subscribe(self, kafka: KafkaSettings, common: dict[str, Any]) -> Any:
+        """The input topics' subscriber, its handler attached; a fetch the cluster refuses
+        (an ACL removed) makes the loop not live."""
+        topics = self.settings.topics
+        inputs = (topics.retrieval, topics.generation, topics.feedback)
+        if kafka.batch:
+            subscriber = self.broker.subscriber(
+                *inputs, batch=True, batch_timeout_ms=kafka.batch_timeout_ms, **common
+            )
+            subscriber(self._on_batch)
+        else:  # the baseline: one message per handler call, one confirmed publish at a time
+            subscriber = self.broker.subscriber(*inputs, **common)
+            subscriber(self._on_message)
+        watch_authorisation(subscriber, self.state)
+        return subscriber
 
     async def _indexing_parser(
         self, message: Any, original: Callable[[Any], Awaitable[Any]]

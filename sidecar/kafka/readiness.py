@@ -32,6 +32,7 @@ from aiokafka.errors import KafkaError
 from sidecar.exceptions import BrokerAccessError
 from sidecar.kafka.assignor import split_pairs
 from sidecar.kafka.clients import TP, ConsumerPort
+from sidecar.kafka.permissions import AUTHORISATION_ERRORS, authorisation_error
 from sidecar.kafka.topics import format_counts, partition_count_problem
 from sidecar.pipeline.progress import Progress
 
@@ -229,6 +230,27 @@ class ConsumerWatch:
                 f"{CONSUMER_FAILURE_WINDOW_S:.0f}s: {error!r}"
             )
             log.error("FATAL %s; not live until restarted", self.state.consumer_failing)
+
+
+def watch_authorisation(subscriber: Any, state: LoopState) -> None:
+    """Make an authorisation error out of ``subscriber``'s fetches fatal (not live).
+
+    FastStream's consume loop catches every ``KafkaError``, logs ``Kafka error occurred``
+    and fetches again 5 s later: with Read on an input topic or on the group removed
+    while the sidecar ran, it consumed nothing from then on and stayed ready and live
+    (measured against a broker with ACLs). The error now makes the loop not live, with
+    one log line naming it; the restart's start check names every ACL missing.
+    """
+    fetch = subscriber.get_msg
+
+    async def get_msg(consumer: Any) -> Any:
+        try:
+            return await fetch(consumer)
+        except AUTHORISATION_ERRORS as exc:
+            state.fail(authorisation_error(exc) or repr(exc))
+            raise
+
+    subscriber.get_msg = get_msg
 
 
 class BrokerProbe:

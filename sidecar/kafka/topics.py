@@ -21,6 +21,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from sidecar.config import KafkaSettings, Settings
 from sidecar.exceptions import BrokerError, ConfigError
+from sidecar.kafka.permissions import hidden_topics_refusal, topic_operations
 from sidecar.kafka.security import aiokafka_client_args
 
 log = logging.getLogger(__name__)
@@ -318,6 +319,10 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
         existing, counts = await _layout(admin, settings, timeout_s)
         read = [t for t in (*input_topics(settings), settings.topics.certificates) if t in existing]
         configs = await _topic_configs(admin, read, timeout_s)
+        missing = [
+            t for t in (*input_topics(settings), *output_topics(settings)) if t not in existing
+        ]
+        hidden = await _hidden(admin, missing, timeout_s)
     finally:
         await admin.close()
     compressed = {
@@ -344,7 +349,8 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
             ", ".join(sorted(compressed)),
             "/".join(sorted(set(compressed.values()))),
         )
-    missing = [t for t in (*input_topics(settings), *output_topics(settings)) if t not in existing]
+    if hidden:
+        raise hidden_topics_refusal(settings, hidden)
     if missing:
         raise ConfigError(
             f"topic(s) {', '.join(missing)} do not exist on {kafka.bootstrap_servers}; "
@@ -354,6 +360,20 @@ async def verify_topics(settings: Settings) -> dict[str, int]:
     if problem is not None:
         raise ConfigError(problem)
     return counts
+
+
+async def _hidden(admin: AIOKafkaAdminClient, missing: list[str], timeout_s: float) -> list[str]:
+    """Those of ``missing`` (topics the cluster's list lacks) that the broker says this
+    client may not describe: with Kafka ACLs a topic the principal has no ACL on is left
+    out of the list, and was said not to exist."""
+    if not missing:
+        return []
+    try:
+        async with asyncio.timeout(timeout_s):
+            operations = await topic_operations(admin, missing)
+    except (KafkaError, TimeoutError):
+        return []  # said missing, as before
+    return [t for t in missing if operations.get(t) == 0]
 
 
 async def _topic_configs(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
@@ -31,6 +32,7 @@ from guardrail_client.aio import cancel_and_wait
 from sidecar.config import Settings
 from sidecar.contracts.events import CertificateWithdrawal
 from sidecar.exceptions import BrokerError, ConfigError
+from sidecar.kafka.permissions import authorisation_error
 from sidecar.kafka.security import aiokafka_client_args
 from sidecar.kafka.topics import refusals_said
 from sidecar.lograte import PER_INPUT
@@ -47,9 +49,18 @@ class CertificateBoard:
     """``rag.certificates`` into ``ledger``: all of it at :meth:`start`, then as it comes."""
 
     def __init__(
-        self, settings: Settings, ledger: CertificateLedger, *, every_key: bool = False
+        self,
+        settings: Settings,
+        ledger: CertificateLedger,
+        *,
+        every_key: bool = False,
+        on_refused: Callable[[str], None] | None = None,
     ) -> None:
-        """``every_key``: hand every key to ``ledger``, not only those it certifies."""
+        """``every_key``: hand every key to ``ledger``, not only those it certifies.
+        ``on_refused``: told why when the cluster refuses the follower (its ACL removed):
+        the fleet's withdrawals would go unseen, and a withdrawn allow served, for as long
+        as the refusal lasts (the service makes it fatal)."""
+        self._on_refused = on_refused
         self.topic = settings.topics.certificates
         self._kafka = settings.kafka
         self._ledger = ledger
@@ -146,6 +157,8 @@ class CertificateBoard:
                 batch = await consumer.getmany(timeout_ms=1000)
             except KafkaError as exc:
                 log.warning("reading %s failed (%s); retrying", self.topic, exc)
+                if (why := authorisation_error(exc)) is not None and self._on_refused:
+                    self._on_refused(why)
                 await asyncio.sleep(_FOLLOW_BACKOFF_S)
                 continue
             for records in batch.values():

@@ -154,10 +154,14 @@ def test_serve_walks_the_young_generation_at_the_setting_while_it_serves(
     async def counts(settings: Settings) -> dict[str, int]:
         return {settings.topics.retrieval: 1, settings.topics.generation: 1}
 
+    async def allowed(settings: Settings, processor: object) -> None:
+        del settings, processor
+
     monkeypatch.setenv("GUARDRAIL_HTTP__ENABLED", "false")
     monkeypatch.setenv("GUARDRAIL_GC_FREEZE", "false")
     monkeypatch.setenv("GUARDRAIL_GC_YOUNG_THRESHOLD", "23456")
     monkeypatch.setattr(runtime, "verify_topics", counts)
+    monkeypatch.setattr(runtime, "_check_permissions", allowed)  # no broker here
     monkeypatch.setattr(runtime, "SidecarService", Service)
     monkeypatch.setattr(runtime, "configure_from_env", lambda *args: Setup())
     monkeypatch.setattr(Telemetry, "from_setup", staticmethod(lambda *a, **k: None))

@@ -108,9 +108,13 @@ def test_the_claim_checker_is_closed_when_the_sidecar_stops(
     async def counts(settings: Settings) -> dict[str, int]:
         return {settings.topics.retrieval: 1, settings.topics.generation: 1}
 
+    async def allowed(settings: Settings, processor: object) -> None:
+        del settings, processor
+
     monkeypatch.setenv("GUARDRAIL_HTTP__ENABLED", "false")
     monkeypatch.setenv("GUARDRAIL_GC_FREEZE", "false")
     monkeypatch.setattr(runtime, "verify_topics", counts)
+    monkeypatch.setattr(runtime, "_check_permissions", allowed)  # no broker here
     monkeypatch.setattr(runtime, "SidecarService", Service)
     monkeypatch.setattr(runtime, "configure_from_env", lambda *args: Setup())
     monkeypatch.setattr(Telemetry, "from_setup", staticmethod(lambda *a, **k: None))

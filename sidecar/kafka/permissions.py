@@ -1,0 +1,338 @@
+"""The Kafka ACLs the sidecar needs, checked at start against what its principal holds.
+
+On a cluster that authorises (Kafka ACLs), a sidecar missing one permission started, said
+it was ready, and then:
+
+* without Read on an input topic or its group, it consumed nothing, forever: FastStream
+  logs ``Kafka error occurred`` every 5 s and goes on, so the pod stayed ready and live;
+* without Write on the verdict or dead-letter topic, it turned not live at its first
+  publish, and the pod restarted into the same end, each time after taking traffic.
+
+:func:`check_permissions` asks the broker, before the first record is read, which
+operations the principal holds on each topic it will use (Metadata v8's authorised
+operations) and on its group (DescribeGroups v3), and ends the start (exit 2) naming every
+missing ACL with the ``kafka-acls`` lines that grant it. Write on the input topics (the
+sidecar's reroute of a record off its request's partition) is the exception: without
+it the sidecar serves, and such records are dead-lettered ``reroute-refused``, so it is
+a warning. A broker without an authoriser grants every operation; one too old to say
+(before Kafka 2.3) is not checked.
+
+:func:`authorisation_error` tells a consume error that no retry can help (an ACL removed
+while the sidecar runs) from a passing one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    KafkaError,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
+from aiokafka.protocol.api import Request, RequestStruct, Response
+from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
+
+from sidecar.config import Settings
+from sidecar.exceptions import BrokerError, ConfigError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AUTHORISATION_ERRORS",
+    "Need",
+    "authorisation_error",
+    "check_permissions",
+    "hidden_topics_refusal",
+    "missing",
+    "needs",
+    "refusal",
+    "topic_operations",
+]
+
+READ: Final = 3  # Kafka's AclOperation codes: bit n of an authorised-operations field
+WRITE: Final = 4
+_OPERATION_NAMES: Final = {READ: "Read", WRITE: "Write"}
+_OMITTED: Final = -(2**31)  # Integer.MIN_VALUE: the broker did not say
+_TOPIC_AUTHORIZATION_FAILED: Final = 29
+_GROUP_AUTHORIZATION_FAILED: Final = 30
+
+AUTHORISATION_ERRORS: Final = (
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """One ACL the sidecar uses: ``operation`` (``READ`` / ``WRITE``) on a topic or group."""
+
+    resource: str  # "topic" | "group"
+    name: str
+    operation: int
+    why: str
+    essential: bool = True  # False: the sidecar serves without it (a warning)
+
+    def describe(self) -> str:
+        return f"{_OPERATION_NAMES[self.operation]} on {self.resource} {self.name} ({self.why})"
+
+    def grant(self, principal: str, bootstrap_servers: str) -> str:
+        """The kafka-acls command line that grants it."""
+        where = "--topic" if self.resource == "topic" else "--group"
+        return (
+            f"kafka-acls.sh --bootstrap-server {bootstrap_servers} --add --allow-principal "
+            f"{principal} --operation {_OPERATION_NAMES[self.operation]} {where} {self.name}"
+        )
+
+
+def needs(
+    settings: Settings,
+    *,
+    claims: bool,
+    reports: bool,
+    certificates: bool,
+) -> list[Need]:
+    """What the sidecar does on the cluster with ``settings``: ``claims`` (the claim check
+    publishes per-claim verdicts), ``reports`` (the coverage monitor publishes reports),
+    ``certificates`` (the policy certifies allows: the fleet's withdrawals are read and
+    written)."""
+    t = settings.topics
+    out = [Need("group", settings.kafka.group_id, READ, "the consumer group")]
+    inputs = {t.retrieval: "input", t.generation: "input", t.feedback: "input, labels"}
+    out += [Need("topic", name, READ, why) for name, why in inputs.items()]
+    out += [Need("topic", t.verdicts, WRITE, "verdicts"), Need("topic", t.dlq, WRITE, "DLQ")]
+    if claims:
+        out.append(Need("topic", t.claims, WRITE, "claim verdicts"))
+    if reports:
+        out.append(Need("topic", t.reports, WRITE, "coverage reports"))
+    if certificates:
+        out.append(Need("topic", t.certificates, READ, "the fleet's withdrawals"))
+        out.append(Need("topic", t.certificates, WRITE, "withdrawals found here"))
+    if settings.join.reroute:
+        why = "reroute; without it such records are dead-lettered reroute-refused"
+        out += [Need("topic", name, WRITE, why, essential=False) for name in inputs]
+    return out
+
+
+def missing(
+    wanted: Iterable[Need],
+    topics: Mapping[str, int | None],
+    groups: Mapping[str, int | None],
+) -> list[Need]:
+    """The needs not granted. ``topics`` / ``groups``: each resource's authorised-operations
+    bit field; 0 where the principal may not even describe it; ``None`` where the broker
+    did not say (not checked)."""
+    out = []
+    for need in wanted:
+        field = (topics if need.resource == "topic" else groups).get(need.name)
+        if field is not None and not field >> need.operation & 1:
+            out.append(need)
+    return out
+
+
+class _MetadataResponseV8(Response):  # type: ignore[misc]
+    API_KEY = 3
+    API_VERSION = 8
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        (
+            "brokers",
+            Array(
+                ("node_id", Int32),
+                ("host", String("utf-8")),
+                ("port", Int32),
+                ("rack", String("utf-8")),
+            ),
+        ),
+        ("cluster_id", String("utf-8")),
+        ("controller_id", Int32),
+        (
+            "topics",
+            Array(
+                ("error_code", Int16),
+                ("name", String("utf-8")),
+                ("is_internal", Boolean),
+                (
+                    "partitions",
+                    Array(
+                        ("error_code", Int16),
+                        ("partition_index", Int32),
+                        ("leader_id", Int32),
+                        ("leader_epoch", Int32),
+                        ("replica_nodes", Array(Int32)),
+                        ("isr_nodes", Array(Int32)),
+                        ("offline_replicas", Array(Int32)),
+                    ),
+                ),
+                ("topic_authorized_operations", Int32),
+            ),
+        ),
+        ("cluster_authorized_operations", Int32),
+    )
+
+
+class _MetadataV8(RequestStruct):  # type: ignore[misc]
+    API_KEY = 3
+    API_VERSION = 8
+    RESPONSE_TYPE = _MetadataResponseV8
+    SCHEMA = Schema(
+        ("topics", Array(String("utf-8"))),  # one-field structs: names on the wire
+        ("allow_auto_topic_creation", Boolean),
+        ("include_cluster_authorized_operations", Boolean),
+        ("include_topic_authorized_operations", Boolean),
+    )
+
+
+class _AuthorisedMetadata(Request[_MetadataV8]):  # type: ignore[misc]
+    """Metadata of named topics with the principal's authorised operations on each (v8:
+    Kafka 2.3 and later; aiokafka's own requests stop at v5)."""
+
+    API_KEY: ClassVar[int] = 3
+
+    def __init__(self, topics: list[str]) -> None:
+        self._topics = topics
+
+    def build(self, request_struct_class: type[_MetadataV8]) -> _MetadataV8:
+        return request_struct_class(self._topics, False, False, True)
+
+
+async def topic_operations(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int | None]:
+    """Each named topic's authorised-operations bit field for this client: 0 where the
+    broker refuses to describe it (no ACL, or no such topic: the same answer to it),
+    ``None`` where it does not say (a topic it does not know, a broker before 2.3)."""
+    try:
+        response: Any = await admin._send_request(_AuthorisedMetadata(names))
+    except NotImplementedError:  # a broker before 2.3: cannot say
+        return dict.fromkeys(names)
+    out: dict[str, int | None] = dict.fromkeys(names)
+    for row in response.to_object()["topics"]:
+        if row["error_code"] == _TOPIC_AUTHORIZATION_FAILED:
+            out[row["name"]] = 0
+        elif row["error_code"] == 0 and row["topic_authorized_operations"] != _OMITTED:
+            out[row["name"]] = row["topic_authorized_operations"]
+    return out
+
+
+async def _group_operations(admin: AIOKafkaAdminClient, group: str) -> dict[str, int | None]:
+    try:
+        responses: list[Any] = await admin.describe_consumer_groups(
+            [group], include_authorized_operations=True
+        )
+    except GroupAuthorizationFailedError:  # finding its coordinator was refused already
+        return {group: 0}
+    except (NotImplementedError, KafkaError):  # an old broker, a coordinator not ready yet
+        return {group: None}
+    for response in responses:  # whichever version aiokafka chose: by field name
+        for row in response.to_object()["groups"]:
+            error_code, operations = row["error_code"], row.get("authorized_operations")
+            if error_code == _GROUP_AUTHORIZATION_FAILED:
+                return {group: 0}
+            if error_code == 0 and operations not in (None, _OMITTED):
+                return {group: operations}
+    return {group: None}  # a group not known yet (Kafka 4's coordinator): the join says
+
+
+def _principal_hint(settings: Settings) -> str:
+    kafka = settings.kafka
+    if kafka.security_protocol.startswith("SASL") and kafka.sasl_username:
+        return f"User:{kafka.sasl_username}"
+    return "User:<the sidecar's principal>"
+
+
+def refusal(settings: Settings, lacking: list[Need]) -> ConfigError:
+    """The start's error for ``lacking`` (essential needs the cluster refuses)."""
+    principal = _principal_hint(settings)
+    servers = settings.kafka.bootstrap_servers.split(",")[0]
+    return ConfigError(
+        f"the Kafka cluster at {settings.kafka.bootstrap_servers} does not allow this "
+        f"sidecar's principal ({principal}) {len(lacking)} operation(s) it needs: "
+        + "; ".join(n.describe() for n in lacking)
+        + ". Grant them (Kafka ACLs), e.g. "
+        + " && ".join(n.grant(principal, servers) for n in lacking)
+        + "; or point GUARDRAIL_TOPICS__* / GUARDRAIL_KAFKA__GROUP_ID at the topics "
+        "and group it may use"
+    )
+
+
+def hidden_topics_refusal(settings: Settings, hidden: list[str]) -> ConfigError:
+    """The start's error for topics the principal may not even describe (no ACL on them:
+    the cluster's topic list leaves them out, as it does a topic that does not exist)."""
+    wanted = needs(settings, claims=settings.signals.claims, reports=True, certificates=True)
+    lacking = [
+        Need(n.resource, n.name, n.operation, f"{n.why}; not even Describe now")
+        for n in wanted
+        if n.essential and n.name in hidden
+    ]
+    named = {n.name for n in lacking}
+    lacking += [  # claims with the claim check off: its existence is checked, Describe does
+        Need("topic", name, WRITE, "claim verdicts when the check is on; not even Describe now")
+        for name in hidden
+        if name not in named
+    ]
+    return ConfigError(
+        f"{refusal(settings, lacking)} (and create the topics if they do not exist: "
+        "`guardrail topics create`)"
+    )
+
+
+async def check_permissions(
+    settings: Settings,
+    admin: AIOKafkaAdminClient,
+    *,
+    claims: bool,
+    reports: bool,
+    certificates: bool,
+) -> list[Need]:
+    """Raise :class:`ConfigError` naming every essential ACL the principal lacks; log a
+    warning for the others. Returns what is missing (the non-essential ones)."""
+    wanted = needs(settings, claims=claims, reports=reports, certificates=certificates)
+    timeout_s = settings.kafka.request_timeout_ms / 1000.0
+    topic_names = list(dict.fromkeys(n.name for n in wanted if n.resource == "topic"))
+    try:
+        async with asyncio.timeout(timeout_s):
+            topics = await topic_operations(admin, topic_names)
+            groups = await _group_operations(admin, settings.kafka.group_id)
+    except (KafkaError, TimeoutError) as exc:
+        raise BrokerError(
+            f"could not read this client's permissions from {settings.kafka.bootstrap_servers}: "
+            f"{(str(exc).splitlines() or [''])[0] or type(exc).__name__}"
+        ) from None
+    lacking = missing(wanted, topics, groups)
+    principal = _principal_hint(settings)
+    servers = settings.kafka.bootstrap_servers.split(",")[0]
+    fatal = [n for n in lacking if n.essential]
+    if fatal:
+        raise refusal(settings, fatal)
+    optional = [n for n in lacking if not n.essential]
+    if optional:
+        log.warning(
+            "the Kafka cluster does not allow this sidecar's principal (%s) %s: a record "
+            "read off its request's partition while another replica reads that partition is "
+            "dead-lettered reroute-refused instead of sent on. Grant it (%s) or set "
+            "GUARDRAIL_JOIN__REROUTE=false",
+            principal,
+            "; ".join(f"Write on topic {n.name}" for n in optional),
+            " && ".join(n.grant(principal, servers) for n in optional),
+        )
+    return optional
+
+
+def authorisation_error(exc: BaseException) -> str | None:
+    """What a consume error says when no retry can help: the cluster refused this client
+    (an ACL removed while it runs); ``None`` for any other error."""
+    if not isinstance(exc, AUTHORISATION_ERRORS):
+        return None
+    what = ", ".join(str(a) for a in exc.args if a) or "no detail"
+    return (
+        f"the Kafka cluster refuses this consumer ({type(exc).__name__}: {what}): an ACL "
+        "the sidecar needs was removed (a restart names every one missing)"
+    )
