@@ -1,4 +1,5 @@
-"""``guardrail topics create``: explicit topic creation."""
+"""``guardrail topics create``: explicit topic creation; ``guardrail topics acls``: the Kafka
+ACLs the sidecar needs with this configuration, and (``--check``) whether it holds them."""
 
 from __future__ import annotations
 
@@ -21,6 +22,23 @@ def register(sub: Any) -> None:
     create.add_argument("--bootstrap-servers", help="override GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS")
     create.add_argument("--partitions", type=int, help="override GUARDRAIL_TOPICS__PARTITIONS")
     create.set_defaults(func=run_create)
+    acls = cmds.add_parser(
+        "acls",
+        help="the Kafka ACLs the sidecar needs with this configuration, as kafka-acls.sh lines; "
+        "--check asks the cluster which its principal holds (exit 2 when one it needs is not)",
+    )
+    acls.add_argument("--bootstrap-servers", help="override GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS")
+    acls.add_argument(
+        "--principal",
+        help="the principal in the lines (default: User:<GUARDRAIL_KAFKA__SASL_USERNAME>)",
+    )
+    acls.add_argument(
+        "--check",
+        action="store_true",
+        help="connect with the sidecar's credentials and say which are granted",
+    )
+    acls.add_argument("--json", action="store_true", help="one JSON object per ACL")
+    acls.set_defaults(func=run_acls)
 
 
 def run_create(args: argparse.Namespace) -> int:
@@ -35,4 +53,72 @@ def run_create(args: argparse.Namespace) -> int:
     result = asyncio.run(create_topics(settings))
     for name, what in result.items():
         sys.stdout.write(f"{name}: {what}\n")
+    return 0
+
+
+def run_acls(args: argparse.Namespace) -> int:
+    import orjson  # noqa: PLC0415
+
+    from sidecar.kafka.permissions import (  # noqa: PLC0415
+        lacking_needs,
+        needs,
+        principal_hint,
+    )
+    from sidecar.kafka.topics import started_admin  # noqa: PLC0415
+    from sidecar.runtime import build_processor  # noqa: PLC0415
+
+    overrides: dict[str, Any] = {}
+    if args.bootstrap_servers:
+        overrides["kafka"] = {"bootstrap_servers": args.bootstrap_servers}
+    settings = Settings.load(**overrides)
+    processor = build_processor(settings)  # what it will do: the claim check, reports, ...
+    try:
+        wanted = needs(
+            settings,
+            claims=processor.signals.claims is not None,
+            reports=processor.signals.coverage is not None,
+            certificates=processor.certificates is not None,
+        )
+    finally:
+        processor.signals.close()
+    lacking = None
+    if args.check:
+
+        async def ask() -> list[Any]:
+            admin = await started_admin(settings.kafka)
+            try:
+                return await lacking_needs(settings, admin, wanted)
+            finally:
+                await admin.close()
+
+        lacking = asyncio.run(ask())
+    principal = args.principal or principal_hint(settings)
+    servers = settings.kafka.bootstrap_servers.split(",")[0]
+    for need in wanted:
+        granted = None if lacking is None else need not in lacking
+        if args.json:
+            row = {
+                "resource": need.resource,
+                "name": need.name,
+                "operation": need.describe().split(" ", 1)[0],
+                "why": need.why,
+                "essential": need.essential,
+                "command": need.grant(principal, servers),
+                **({} if granted is None else {"granted": granted}),
+            }
+            sys.stdout.write(orjson.dumps(row).decode() + "\n")
+            continue
+        note = need.why if need.essential else f"optional: {need.why}"
+        if granted is None:
+            sys.stdout.write(f"{need.grant(principal, servers)}  # {note}\n")
+        else:
+            state = "granted" if granted else ("MISSING" if need.essential else "missing")
+            sys.stdout.write(f"{state:8} {need.describe()}\n")
+    if lacking is not None and any(n.essential for n in lacking):
+        essential = sum(n.essential for n in lacking)
+        sys.stderr.write(
+            f"guardrail topics acls: {essential} ACL(s) the sidecar needs are not granted to "
+            f"this client's principal ({principal}); the sidecar would not start\n"
+        )
+        return 2
     return 0

@@ -42,24 +42,31 @@ from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
 
 from sidecar.config import Settings
 from sidecar.exceptions import BrokerError, ConfigError
+from sidecar.kafka.security import sasl_username
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "AUTHORISATION_ERRORS",
+    "DESCRIBE",
+    "READ",
+    "WRITE",
     "Need",
     "authorisation_error",
     "check_permissions",
     "hidden_topics_refusal",
+    "lacking_needs",
     "missing",
     "needs",
+    "principal_hint",
     "refusal",
     "topic_operations",
 ]
 
 READ: Final = 3  # Kafka's AclOperation codes: bit n of an authorised-operations field
 WRITE: Final = 4
-_OPERATION_NAMES: Final = {READ: "Read", WRITE: "Write"}
+DESCRIBE: Final = 8  # implied by any other operation on the resource
+_OPERATION_NAMES: Final = {READ: "Read", WRITE: "Write", DESCRIBE: "Describe"}
 _OMITTED: Final = -(2**31)  # Integer.MIN_VALUE: the broker did not say
 _TOPIC_AUTHORIZATION_FAILED: Final = 29
 _GROUP_AUTHORIZATION_FAILED: Final = 30
@@ -120,6 +127,12 @@ def needs(
     if settings.join.reroute:
         why = "reroute; without it such records are dead-lettered reroute-refused"
         out += [Need("topic", name, WRITE, why, essential=False) for name in inputs]
+    used = {n.name for n in out if n.resource == "topic"}
+    out += [  # the start checks that every topic of the layout exists
+        Need("topic", name, DESCRIBE, "checked to exist at start")
+        for name in (t.claims, t.reports, t.certificates)
+        if name not in used
+    ]
     return out
 
 
@@ -241,16 +254,42 @@ async def _group_operations(admin: AIOKafkaAdminClient, group: str) -> dict[str,
     return {group: None}  # a group not known yet (Kafka 4's coordinator): the join says
 
 
-def _principal_hint(settings: Settings) -> str:
+def principal_hint(settings: Settings) -> str:
+    """The principal the cluster most likely knows this client by (its SASL user)."""
     kafka = settings.kafka
-    if kafka.security_protocol.startswith("SASL") and kafka.sasl_username:
-        return f"User:{kafka.sasl_username}"
-    return "User:<the sidecar's principal>"
+    if kafka.security_protocol.startswith("SASL"):
+        try:
+            return f"User:{sasl_username(kafka)}"  # the file's user, when it is given as one
+        except ConfigError:
+            pass
+    return "User:PRINCIPAL"  # mutual TLS: the certificate's, as the cluster maps it
+
+
+async def lacking_needs(
+    settings: Settings, admin: AIOKafkaAdminClient, wanted: list[Need]
+) -> list[Need]:
+    """Those of ``wanted`` the cluster does not grant this client (``BrokerError`` when it
+    does not answer within the request timeout)."""
+    timeout_s = settings.kafka.request_timeout_ms / 1000.0
+    topic_names = list(dict.fromkeys(n.name for n in wanted if n.resource == "topic"))
+    groups_named = list(dict.fromkeys(n.name for n in wanted if n.resource == "group"))
+    groups: dict[str, int | None] = {}
+    try:
+        async with asyncio.timeout(timeout_s):
+            topics = await topic_operations(admin, topic_names)
+            for group in groups_named:
+                groups.update(await _group_operations(admin, group))
+    except (KafkaError, TimeoutError) as exc:
+        raise BrokerError(
+            f"could not read this client's permissions from {settings.kafka.bootstrap_servers}: "
+            f"{(str(exc).splitlines() or [''])[0] or type(exc).__name__}"
+        ) from None
+    return missing(wanted, topics, groups)
 
 
 def refusal(settings: Settings, lacking: list[Need]) -> ConfigError:
     """The start's error for ``lacking`` (essential needs the cluster refuses)."""
-    principal = _principal_hint(settings)
+    principal = principal_hint(settings)
     servers = settings.kafka.bootstrap_servers.split(",")[0]
     return ConfigError(
         f"the Kafka cluster at {settings.kafka.bootstrap_servers} does not allow this "
@@ -272,12 +311,6 @@ def hidden_topics_refusal(settings: Settings, hidden: list[str]) -> ConfigError:
         for n in wanted
         if n.essential and n.name in hidden
     ]
-    named = {n.name for n in lacking}
-    lacking += [  # claims with the claim check off: its existence is checked, Describe does
-        Need("topic", name, WRITE, "claim verdicts when the check is on; not even Describe now")
-        for name in hidden
-        if name not in named
-    ]
     return ConfigError(
         f"{refusal(settings, lacking)} (and create the topics if they do not exist: "
         "`guardrail topics create`)"
@@ -295,19 +328,8 @@ async def check_permissions(
     """Raise :class:`ConfigError` naming every essential ACL the principal lacks; log a
     warning for the others. Returns what is missing (the non-essential ones)."""
     wanted = needs(settings, claims=claims, reports=reports, certificates=certificates)
-    timeout_s = settings.kafka.request_timeout_ms / 1000.0
-    topic_names = list(dict.fromkeys(n.name for n in wanted if n.resource == "topic"))
-    try:
-        async with asyncio.timeout(timeout_s):
-            topics = await topic_operations(admin, topic_names)
-            groups = await _group_operations(admin, settings.kafka.group_id)
-    except (KafkaError, TimeoutError) as exc:
-        raise BrokerError(
-            f"could not read this client's permissions from {settings.kafka.bootstrap_servers}: "
-            f"{(str(exc).splitlines() or [''])[0] or type(exc).__name__}"
-        ) from None
-    lacking = missing(wanted, topics, groups)
-    principal = _principal_hint(settings)
+    lacking = await lacking_needs(settings, admin, wanted)
+    principal = principal_hint(settings)
     servers = settings.kafka.bootstrap_servers.split(",")[0]
     fatal = [n for n in lacking if n.essential]
     if fatal:

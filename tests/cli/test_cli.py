@@ -324,3 +324,25 @@ def test_each_setting_of_a_settings_error_keeps_its_line(
         "  GUARDRAIL_KAFKA__SECURITY_PROTOCOL",
         "  GUARDRAIL_LOG_LEVEL",
     ]
+
+
+def test_topics_acls_prints_a_grant_line_per_acl_for_this_configuration(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GUARDRAIL_TOPICS__DLQ", "team.dlq")
+    monkeypatch.setenv("GUARDRAIL_KAFKA__GROUP_ID", "team-guard")
+    assert main(["topics", "acls", "--principal", "User:rag"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    grant = "kafka-acls.sh --bootstrap-server 127.0.0.1:9092 --add --allow-principal User:rag"
+    assert f"{grant} --operation Read --group team-guard  # the consumer group" in lines
+    assert f"{grant} --operation Write --topic team.dlq  # DLQ" in lines
+    optional = [line for line in lines if "# optional: reroute" in line]
+    assert len(optional) == 3 and all("--operation Write" in line for line in optional)
+    monkeypatch.setenv("GUARDRAIL_JOIN__REROUTE", "false")
+    assert main(["topics", "acls", "--json"]) == 0
+    rows = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert all(row["essential"] for row in rows) and "granted" not in rows[0]
+    assert {(r["operation"], r["name"]) for r in rows if r["resource"] == "group"} == {
+        ("Read", "team-guard")
+    }
+    assert "--allow-principal User:PRINCIPAL" in rows[0]["command"]  # no SASL user to name

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -270,9 +273,9 @@ async def test_a_topic_it_may_not_even_describe_is_not_said_to_be_missing(
     assert sidecar.proc is not None and sidecar.proc.returncode == 2
     log = (tmp_path / "sidecar.log").read_text()
     claims = unique_topics["claims"]
-    said = f"Write on topic {claims} (claim verdicts when the check is on; not even Describe now)"
+    said = f"Describe on topic {claims} (checked to exist at start; not even Describe now)"
     assert said in log, log[-3000:]
-    assert f"--operation Write --topic {claims}" in log and "1 operation(s) it needs" in log
+    assert f"--operation Describe --topic {claims}" in log and "1 operation(s) it needs" in log
     assert "do not exist on" not in log
 
 
@@ -387,3 +390,35 @@ async def test_a_reroute_the_cluster_refuses_is_dead_lettered_and_the_loop_goes_
     finally:
         for s in services:
             await s.stop()
+
+
+@pytest.mark.parametrize("dropped", [None, "dlq:WRITE"])
+async def test_topics_acls_check_says_which_are_granted(
+    acl_broker: LocalKafka, unique_topics: dict[str, str], dropped: str | None
+) -> None:
+    """``guardrail topics acls --check``: what the start checks, asked before deploying."""
+    acls = readme_acls(unique_topics)
+    if dropped is not None:
+        acls = _without(acls, unique_topics, dropped)
+    await _prepare(acl_broker, unique_topics, acls)
+    env = {**os.environ, **sasl_env(acl_broker, unique_topics)}
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "sidecar", "topics", "acls", "--check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    lines = done.stdout.splitlines()
+    dlq = f"Write on topic {unique_topics['dlq']} (DLQ)"
+    if dropped is None:
+        assert done.returncode == 0, done.stderr
+        assert lines and all(line.startswith("granted") for line in lines), lines
+    else:
+        assert done.returncode == 2, done.stderr
+        assert [line for line in lines if not line.startswith("granted")] == [f"MISSING  {dlq}"]
+        assert "1 ACL(s) the sidecar needs are not granted" in done.stderr
+    assert any(f"Read on group {unique_topics['group']}" in line for line in lines)
+    assert PASSWORD not in done.stdout + done.stderr

@@ -17,6 +17,7 @@ from sidecar.config import Settings
 from sidecar.exceptions import ConfigError
 from sidecar.kafka import permissions
 from sidecar.kafka.permissions import (
+    DESCRIBE,
     READ,
     WRITE,
     Need,
@@ -58,13 +59,16 @@ def test_needs_follow_what_the_sidecar_will_do() -> None:
         ("topic", "rag.verdicts", WRITE, True),
         ("topic", "rag.dlq", WRITE, True),
         *(("topic", t, WRITE, False) for t in inputs),  # reroute: a warning only
+        # the start checks that these exist: any ACL on them gives Describe
+        *(("topic", t, DESCRIBE, True) for t in ("rag.claims", "rag.reports", "rag.certificates")),
     }
     every = _names(needs(settings, claims=True, reports=True, certificates=True))
-    assert every - least == {
+    assert every ^ least == {
         ("topic", "rag.claims", WRITE, True),
         ("topic", "rag.reports", WRITE, True),
         ("topic", "rag.certificates", READ, True),
         ("topic", "rag.certificates", WRITE, True),
+        *(("topic", t, DESCRIBE, True) for t in ("rag.claims", "rag.reports", "rag.certificates")),
     }
     no_reroute = _settings(join={"reroute": False})
     assert all(
@@ -141,7 +145,7 @@ async def test_write_on_the_inputs_missing_is_a_warning(
 async def test_an_unknown_principal_is_named_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake(monkeypatch, {"rag.verdicts": 0}, group=ALL)
     tls = Settings.load(kafka={"bootstrap_servers": "k:9093", "security_protocol": "SSL"})
-    with pytest.raises(ConfigError, match=r"principal \(User:<the sidecar's principal>\)"):
+    with pytest.raises(ConfigError, match=r"principal \(User:PRINCIPAL\)"):
         await check_permissions(tls, object(), claims=False, reports=False, certificates=False)
 
 
@@ -149,7 +153,7 @@ def test_a_topic_it_may_not_describe_is_named_with_what_it_needs() -> None:
     said = str(hidden_topics_refusal(_settings(), ["rag.verdicts", "rag.claims"]))
     assert "2 operation(s) it needs" in said
     assert "Write on topic rag.verdicts (verdicts; not even Describe now)" in said
-    assert "Write on topic rag.claims (claim verdicts when the check is on" in said
+    assert "Describe on topic rag.claims (checked to exist at start; not even Describe" in said
     assert "guardrail topics create" in said
 
 
