@@ -218,6 +218,17 @@ class _AuthorisedMetadata(Request[_MetadataV8]):  # type: ignore[misc]
         return request_struct_class(self._topics, False, False, True)
 
 
+def _said(operations: int | None) -> int | None:
+    """A described resource's authorised operations as the broker said them; ``None`` when
+    it did not (omitted), or said something a broker that authorises cannot mean: a field
+    without Describe for a resource it just described (every operation implies Describe).
+    A broker that only speaks Kafka's protocol (a cloud service's endpoint) is then not
+    checked, rather than refused for ACLs it may well hold."""
+    if operations is None or operations == _OMITTED or not operations >> DESCRIBE & 1:
+        return None
+    return operations
+
+
 async def topic_operations(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int | None]:
     """Each named topic's authorised-operations bit field for this client: 0 where the
     broker refuses to describe it (no ACL, or no such topic: the same answer to it),
@@ -230,8 +241,8 @@ async def topic_operations(admin: AIOKafkaAdminClient, names: list[str]) -> dict
     for row in response.to_object()["topics"]:
         if row["error_code"] == _TOPIC_AUTHORIZATION_FAILED:
             out[row["name"]] = 0
-        elif row["error_code"] == 0 and row["topic_authorized_operations"] != _OMITTED:
-            out[row["name"]] = row["topic_authorized_operations"]
+        elif row["error_code"] == 0:
+            out[row["name"]] = _said(row["topic_authorized_operations"])
     return out
 
 
@@ -249,8 +260,8 @@ async def _group_operations(admin: AIOKafkaAdminClient, group: str) -> dict[str,
             error_code, operations = row["error_code"], row.get("authorized_operations")
             if error_code == _GROUP_AUTHORIZATION_FAILED:
                 return {group: 0}
-            if error_code == 0 and operations not in (None, _OMITTED):
-                return {group: operations}
+            if error_code == 0:
+                return {group: _said(operations)}
     return {group: None}  # a group not known yet (Kafka 4's coordinator): the join says
 
 

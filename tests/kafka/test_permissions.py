@@ -187,3 +187,54 @@ async def test_a_refused_fetch_makes_the_loop_not_live_and_others_do_not() -> No
     assert not state.readiness_checks(requires_assignment=False)["publishing"]
     assert "GroupAuthorizationFailedError" in str(state.fatal)
     assert await subscriber.get_msg(None) == "records"
+
+
+class _Answer:
+    def __init__(self, obj: dict[str, Any]) -> None:
+        self.obj = obj
+
+    def to_object(self) -> dict[str, Any]:
+        return self.obj
+
+
+class _Admin:
+    """Answers the authorised-operations requests as a broker (or a Kafka-speaking
+    service) would."""
+
+    def __init__(self, topics: list[tuple[int, str, int]], groups: list[tuple[int, int]]):
+        self.topics = topics
+        self.groups = groups
+
+    async def _send_request(self, request: object) -> _Answer:
+        rows = [
+            {"error_code": e, "name": n, "topic_authorized_operations": ops}
+            for e, n, ops in self.topics
+        ]
+        return _Answer({"topics": rows})
+
+    async def describe_consumer_groups(self, groups: list[str], **_: object) -> list[_Answer]:
+        rows = [{"error_code": e, "authorized_operations": ops} for e, ops in self.groups]
+        return [_Answer({"groups": rows})]
+
+
+async def test_what_the_broker_says_is_read_and_what_it_cannot_mean_is_not_checked() -> None:
+    omitted = -(2**31)
+    admin = _Admin(
+        [
+            (0, "granted", ALL),
+            (29, "refused", omitted),  # TOPIC_AUTHORIZATION_FAILED: may not even describe
+            (0, "omitted", omitted),  # the broker did not say
+            (0, "garbage", 0),  # described, yet no Describe: not a broker that authorises
+            (3, "unknown", omitted),  # no such topic: the topic check says so
+        ],
+        [(0, 1 << READ | 1 << 8)],
+    )
+    got = await permissions.topic_operations(
+        admin,
+        ["granted", "refused", "omitted", "garbage", "unknown"],
+    )
+    assert got == {"granted": ALL, "refused": 0, "omitted": None, "garbage": None, "unknown": None}
+    group = permissions._group_operations
+    assert await group(admin, "g") == {"g": 1 << READ | 1 << 8}
+    for answer, said in (((30, omitted), 0), ((0, omitted), None), ((0, 1 << READ), None)):
+        assert await group(_Admin([], [answer]), "g") == {"g": said}
