@@ -813,8 +813,14 @@ def _unfinished_stop(service: SidecarService, grace_s: float) -> str:
 
 async def _check_permissions(settings: Settings, processor: Processor) -> None:
     """End the start (``ConfigError``) when the cluster's ACLs refuse this principal an
-    operation the sidecar needs (``sidecar.kafka.permissions``)."""
-    admin = await started_admin(settings.kafka)
+    operation the sidecar needs (``sidecar.kafka.permissions``). A cluster that does not
+    answer the question (moments after it answered the topic check) leaves it unchecked,
+    with a warning: a refusal still ends the loop when it comes."""
+    try:
+        admin = await started_admin(settings.kafka)
+    except BrokerError as exc:
+        log.warning("the Kafka ACLs were not checked at start: %s", exc)
+        return
     try:
         await check_permissions(
             settings,
@@ -823,6 +829,8 @@ async def _check_permissions(settings: Settings, processor: Processor) -> None:
             reports=processor.signals.coverage is not None,
             certificates=processor.certificates is not None,
         )
+    except BrokerError as exc:
+        log.warning("the Kafka ACLs were not checked at start: %s", exc)
     finally:
         await admin.close()
 

@@ -14,7 +14,7 @@ from aiokafka.errors import (
 )
 
 from sidecar.config import Settings
-from sidecar.exceptions import ConfigError
+from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka import permissions
 from sidecar.kafka.permissions import (
     DESCRIBE,
@@ -238,3 +238,34 @@ async def test_what_the_broker_says_is_read_and_what_it_cannot_mean_is_not_check
     assert await group(admin, "g") == {"g": 1 << READ | 1 << 8}
     for answer, said in (((30, omitted), 0), ((0, omitted), None), ((0, 1 << READ), None)):
         assert await group(_Admin([], [answer]), "g") == {"g": said}
+
+
+async def test_a_cluster_that_does_not_answer_the_question_leaves_it_unchecked(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Moments after the topic check answered: the start goes on (a refusal still ends the
+    loop when it comes) instead of ending with exit 1 even under ``wait_at_start``."""
+    from sidecar import runtime
+
+    class Closing:
+        async def close(self) -> None:
+            return None
+
+    async def unreachable(kafka: object) -> object:
+        raise BrokerError("cannot reach Kafka at k1:9092")
+
+    async def no_answer(settings: object, admin: object, **_: object) -> list[Need]:
+        raise BrokerError("could not read this client's permissions from k1:9092: timeout")
+
+    async def reached(kafka: object) -> Closing:
+        return Closing()
+
+    processor = runtime.build_processor(_settings())
+    with caplog.at_level(logging.WARNING, logger="sidecar"):
+        monkeypatch.setattr(runtime, "started_admin", unreachable)
+        await runtime._check_permissions(_settings(), processor)
+        monkeypatch.setattr(runtime, "started_admin", reached)
+        monkeypatch.setattr(runtime, "check_permissions", no_answer)
+        await runtime._check_permissions(_settings(), processor)
+    said = [m for m in caplog.messages if m.startswith("the Kafka ACLs were not checked")]
+    assert len(said) == 2 and "cannot reach" in said[0] and "timeout" in said[1]
