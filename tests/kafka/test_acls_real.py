@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -143,6 +144,26 @@ async def _records(bootstrap: str, topic: str, want: int, timeout_s: float = 30.
     return got
 
 
+async def _produce(bootstrap: str, *records: tuple[str, bytes, bytes, int | None]) -> None:
+    """``(topic, value, key, partition)`` each, as the super user (None: the key's)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for topic, value, key, partition in records:
+            await producer.send_and_wait(topic, value, key, partition=partition)
+    finally:
+        await producer.stop()
+
+
+def _request(topics: Any, rid: str, retrieval: EventFactory, final: EventFactory) -> list[Any]:
+    """A request's retrieval and final event, for :func:`_produce`."""
+    key = rid.encode()
+    return [
+        (topics.retrieval, dumps(retrieval(rid)), key, None),
+        (topics.generation, dumps(final(rid)), key, None),
+    ]
+
+
 def _live(process: SidecarProcess) -> int:
     try:
         url = f"http://127.0.0.1:{process.port}/livez"
@@ -164,14 +185,11 @@ async def test_with_the_acls_the_readme_lists_the_sidecar_decides_and_dead_lette
     sidecar = SidecarProcess(sasl_env(acl_broker, unique_topics), tmp_path / "sidecar.log")
     await asyncio.to_thread(sidecar.start, 60)
     try:
-        producer = AIOKafkaProducer(bootstrap_servers=acl_broker.bootstrap_servers)
-        await producer.start()
-        try:
-            await producer.send_and_wait(t.retrieval, dumps(retrieval_event("acl-1")), b"acl-1")
-            await producer.send_and_wait(t.generation, dumps(final_event("acl-1")), b"acl-1")
-            await producer.send_and_wait(t.generation, b"{not json", b"acl-2")
-        finally:
-            await producer.stop()
+        await _produce(
+            acl_broker.bootstrap_servers,
+            *_request(t, "acl-1", retrieval_event, final_event),
+            (t.generation, b"{not json", b"acl-2", None),
+        )
         verdicts = await _records(acl_broker.bootstrap_servers, t.verdicts, 1)
         dead = await _records(acl_broker.bootstrap_servers, t.dlq, 1)
         assert [getattr(v, "key", None) for v in verdicts] == [b"acl-1"]
@@ -241,14 +259,10 @@ async def test_without_write_on_the_inputs_it_serves_and_warns_about_rerouting(
     sidecar = SidecarProcess(sasl_env(acl_broker, unique_topics), tmp_path / "sidecar.log")
     await asyncio.to_thread(sidecar.start, 60)
     try:
-        producer = AIOKafkaProducer(bootstrap_servers=acl_broker.bootstrap_servers)
-        await producer.start()
-        try:
-            t = settings.topics
-            await producer.send_and_wait(t.retrieval, dumps(retrieval_event("w-1")), b"w-1")
-            await producer.send_and_wait(t.generation, dumps(final_event("w-1")), b"w-1")
-        finally:
-            await producer.stop()
+        await _produce(
+            acl_broker.bootstrap_servers,
+            *_request(settings.topics, "w-1", retrieval_event, final_event),
+        )
         assert len(await _records(acl_broker.bootstrap_servers, settings.topics.verdicts, 1)) == 1
     finally:
         assert sidecar.signal(signal.SIGTERM) == 0
@@ -296,14 +310,10 @@ async def test_an_acl_removed_while_it_serves_makes_it_not_live(
     try:
         gone = [a for a in acls if a not in _without(acls, unique_topics, revoked)]
         assert await delete_acls(acl_broker.bootstrap_servers, gone) == 1
-        producer = AIOKafkaProducer(bootstrap_servers=acl_broker.bootstrap_servers)
-        await producer.start()
-        try:
-            t = settings.topics
-            await producer.send_and_wait(t.retrieval, dumps(retrieval_event("r-1")), b"r-1")
-            await producer.send_and_wait(t.generation, dumps(final_event("r-1")), b"r-1")
-        finally:
-            await producer.stop()
+        await _produce(
+            acl_broker.bootstrap_servers,
+            *_request(settings.topics, "r-1", retrieval_event, final_event),
+        )
         deadline = time.monotonic() + 30
         while _live(sidecar) == 200 and time.monotonic() < deadline:
             await asyncio.sleep(0.5)
@@ -361,17 +371,9 @@ async def test_a_reroute_the_cluster_refuses_is_dead_lettered_and_the_loop_goes_
         )
         rid = next(f"off-{i}" for i in range(100) if partition_for(f"off-{i}", 2) == 0)
         t = admin.topics
-        producer = AIOKafkaProducer(bootstrap_servers=acl_broker.bootstrap_servers)
-        await producer.start()
-        try:
-            await producer.send_and_wait(
-                t.retrieval, dumps(retrieval_event(rid)), rid.encode(), partition=0
-            )
-            await producer.send_and_wait(
-                t.generation, dumps(final_event(rid)), rid.encode(), partition=1
-            )
-        finally:
-            await producer.stop()
+        here, there = _request(t, rid, retrieval_event, final_event)
+        # the final on the partition its request does not hash to
+        await _produce(acl_broker.bootstrap_servers, (*here[:3], 0), (*there[:3], 1))
         dead = await _records(acl_broker.bootstrap_servers, t.dlq, 1)
         assert len(dead) == 1
         headers = dict(getattr(dead[0], "headers", ()))
