@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
 from sidecar.exceptions import BrokerError, GuardrailError
 
@@ -28,6 +29,45 @@ def require_topics(topics: Sequence[str], known: Collection[str], servers: str) 
             "(the sidecar never does); create them with: guardrail topics create "
             "--bootstrap-servers H:P"
         )
+
+
+def require_authorised(
+    wanted: Mapping[str, int],
+    known: Collection[str],
+    operations: Mapping[str, int | None],
+    client_options: Mapping[str, Any],
+) -> None:
+    """``ClientBrokerError`` when the cluster's ACLs refuse this client an operation of
+    ``wanted`` (topic -> the operation it needs), naming each and its grant; a topic that
+    is missing, :func:`require_topics`'s error. ``known``: the topics in the cluster's
+    metadata; ``operations``: ``guardrail_client.authorised.topic_operations``."""
+    from guardrail_client.authorised import OPERATION_NAMES  # noqa: PLC0415
+
+    servers = str(client_options["bootstrap_servers"])
+    user = client_options.get("sasl_plain_username")
+    principal = f"User:{user}" if isinstance(user, str) and user else "User:PRINCIPAL"
+    said, lines = [], []
+    for topic, operation in wanted.items():
+        field = operations.get(topic)
+        if field is None or field >> operation & 1:
+            continue  # granted, or the cluster did not say
+        name = OPERATION_NAMES[operation]
+        said.append(f"{name} on topic {topic}" + (" (not even Describe now)" if not field else ""))
+        lines.append(
+            f"kafka-acls.sh --bootstrap-server {servers.split(',', maxsplit=1)[0]} --add "
+            f"--allow-principal {principal} --operation {name} --topic {topic}"
+        )
+    if said:
+        raise ClientBrokerError(
+            f"the Kafka cluster at {servers} does not allow this client's principal "
+            f"({principal}) {'; '.join(said)} (Kafka ACLs). Grant it, e.g. {' && '.join(lines)}"
+            + (
+                "; a topic it may not even describe may also not exist: it cannot tell"
+                if any(x.endswith("(not even Describe now)") for x in said)
+                else ""
+            )
+        )
+    require_topics(list(wanted), known, servers)
 
 
 class InvalidEventError(ClientError):

@@ -41,6 +41,7 @@ from aiokafka.errors import KafkaError
 
 from guardrail_client.aio import cancel_and_wait
 from guardrail_client.arguments import checked_options, checked_timeout
+from guardrail_client.authorised import WRITE, topic_operations
 from guardrail_client.events import EventBuilder, HitLike, OutgoingRecord, SidecarLimits
 from guardrail_client.exceptions import (
     ClientAlreadyStartedError,
@@ -49,7 +50,7 @@ from guardrail_client.exceptions import (
     ClientNotStartedError,
     InvalidArgumentError,
     PartitionerWarning,
-    require_topics,
+    require_authorised,
 )
 from guardrail_client.keys import is_murmur2_partitioner
 from sidecar.contracts.events import (
@@ -185,12 +186,16 @@ class GuardrailPublisher:
     async def _require_topics(self, producer: AIOKafkaProducer) -> None:
         """The topics it writes exist: else every event would wait for them and be dropped
         at ``stop()``, while aiokafka logged ``not found in cluster metadata`` 10 times a
-        second and nothing said why (audit)."""
+        second and nothing said why (audit). And the cluster's ACLs let it write them: else
+        every event failed, one warning each."""
+        topics = (self.builder.retrieval_topic, self.builder.generation_topic)
         metadata = await producer.client.fetch_all_metadata()
-        require_topics(
-            (self.builder.retrieval_topic, self.builder.generation_topic),
+        operations = await topic_operations(producer.client, topics)
+        require_authorised(
+            dict.fromkeys(topics, WRITE),
             metadata.topics(),
-            self._producer_args["bootstrap_servers"],
+            operations,
+            self._producer_args,
         )
 
     async def stop(self, flush_timeout_s: float = 10.0) -> None:
@@ -460,8 +465,7 @@ class GuardrailPublisher:
                     record.topic, record.value, key=record.key, headers=list(record.headers)
                 )
             except KafkaError as exc:
-                self.stats.failed += 1
-                log.warning("could not send %s: %s", record.event.event_type, exc)
+                self._failed(f"could not send a {record.event.event_type} event: {exc}")
             except asyncio.CancelledError:  # stop() while this one waited for the producer
                 self.stats.dropped += 1
                 raise
@@ -474,13 +478,20 @@ class GuardrailPublisher:
             finally:
                 queue.task_done()
 
+    def _failed(self, why: str) -> None:
+        """Count an event Kafka refused; said for the first and every 1,000th (a topic the
+        principal may not write refuses every event: one line each flooded the service's
+        log, 300 lines for 150 requests)."""
+        self.stats.failed += 1
+        if self.stats.failed == 1 or self.stats.failed % 1000 == 0:
+            log.warning("%d event(s) not delivered so far; the last: %s", self.stats.failed, why)
+
     def _delivered(self, future: asyncio.Future[Any]) -> None:
         self._pending.discard(future)
         if future.cancelled():
             self.stats.failed += 1
         elif (exc := future.exception()) is not None:
-            self.stats.failed += 1
-            log.warning("an event was not delivered: %s", exc)
+            self._failed(f"an event was not delivered: {exc}")
         else:
             self.stats.delivered += 1
 

@@ -36,13 +36,14 @@ from aiokafka.errors import KafkaError
 
 from guardrail_client.aio import cancel_and_wait
 from guardrail_client.arguments import checked_options, checked_request_id, checked_timeout
+from guardrail_client.authorised import READ, topic_operations
 from guardrail_client.exceptions import (
     ClientAlreadyStartedError,
     ClientBrokerError,
     ClientNotStartedError,
     InvalidArgumentError,
     VerdictTimeoutError,
-    require_topics,
+    require_authorised,
 )
 from guardrail_client.records import install_lenient_header_names
 from guardrail_client.waiters import (
@@ -182,8 +183,11 @@ class VerdictClient:
         try:
             await consumer.start()
             topics = [t for t in (self.verdicts_topic, self.claims_topic) if t]
-            require_topics(
-                topics, await consumer.topics(), self._consumer_args["bootstrap_servers"]
+            require_authorised(  # the topics exist, and the cluster's ACLs let it read them
+                dict.fromkeys(topics, READ),
+                await consumer.topics(),
+                await topic_operations(consumer._client, topics),
+                self._consumer_args,
             )
             # no group: subscribing assigns every partition (and any added later)
             consumer.subscribe(topics)

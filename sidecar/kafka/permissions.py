@@ -27,7 +27,7 @@ import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import (
@@ -37,9 +37,9 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
 )
-from aiokafka.protocol.api import Request, RequestStruct, Response
-from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
 
+from guardrail_client import authorised
+from guardrail_client.authorised import DESCRIBE, OPERATION_NAMES, READ, WRITE
 from sidecar.config import Settings
 from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka.security import sasl_username
@@ -63,12 +63,7 @@ __all__ = [
     "topic_operations",
 ]
 
-READ: Final = 3  # Kafka's AclOperation codes: bit n of an authorised-operations field
-WRITE: Final = 4
-DESCRIBE: Final = 8  # implied by any other operation on the resource
-_OPERATION_NAMES: Final = {READ: "Read", WRITE: "Write", DESCRIBE: "Describe"}
-_OMITTED: Final = -(2**31)  # Integer.MIN_VALUE: the broker did not say
-_TOPIC_AUTHORIZATION_FAILED: Final = 29
+_OPERATION_NAMES: Final = OPERATION_NAMES
 _GROUP_AUTHORIZATION_FAILED: Final = 30
 
 AUTHORISATION_ERRORS: Final = (
@@ -152,98 +147,10 @@ def missing(
     return out
 
 
-class _MetadataResponseV8(Response):  # type: ignore[misc]
-    API_KEY = 3
-    API_VERSION = 8
-    SCHEMA = Schema(
-        ("throttle_time_ms", Int32),
-        (
-            "brokers",
-            Array(
-                ("node_id", Int32),
-                ("host", String("utf-8")),
-                ("port", Int32),
-                ("rack", String("utf-8")),
-            ),
-        ),
-        ("cluster_id", String("utf-8")),
-        ("controller_id", Int32),
-        (
-            "topics",
-            Array(
-                ("error_code", Int16),
-                ("name", String("utf-8")),
-                ("is_internal", Boolean),
-                (
-                    "partitions",
-                    Array(
-                        ("error_code", Int16),
-                        ("partition_index", Int32),
-                        ("leader_id", Int32),
-                        ("leader_epoch", Int32),
-                        ("replica_nodes", Array(Int32)),
-                        ("isr_nodes", Array(Int32)),
-                        ("offline_replicas", Array(Int32)),
-                    ),
-                ),
-                ("topic_authorized_operations", Int32),
-            ),
-        ),
-        ("cluster_authorized_operations", Int32),
-    )
-
-
-class _MetadataV8(RequestStruct):  # type: ignore[misc]
-    API_KEY = 3
-    API_VERSION = 8
-    RESPONSE_TYPE = _MetadataResponseV8
-    SCHEMA = Schema(
-        ("topics", Array(String("utf-8"))),  # one-field structs: names on the wire
-        ("allow_auto_topic_creation", Boolean),
-        ("include_cluster_authorized_operations", Boolean),
-        ("include_topic_authorized_operations", Boolean),
-    )
-
-
-class _AuthorisedMetadata(Request[_MetadataV8]):  # type: ignore[misc]
-    """Metadata of named topics with the principal's authorised operations on each (v8:
-    Kafka 2.3 and later; aiokafka's own requests stop at v5)."""
-
-    API_KEY: ClassVar[int] = 3
-
-    def __init__(self, topics: list[str]) -> None:
-        self._topics = topics
-
-    def build(self, request_struct_class: type[_MetadataV8]) -> _MetadataV8:
-        return request_struct_class(self._topics, False, False, True)
-
-
-def _said(operations: int | None) -> int | None:
-    """A described resource's authorised operations as the broker said them; ``None`` when
-    it did not (omitted), or said something a broker that authorises cannot mean: a field
-    without Describe for a resource it just described (every operation implies Describe).
-    A broker that only speaks Kafka's protocol (a cloud service's endpoint) is then not
-    checked, rather than refused for ACLs it may well hold."""
-    if operations is None or operations == _OMITTED or not operations >> DESCRIBE & 1:
-        return None
-    return operations
-
-
 async def topic_operations(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int | None]:
-    """Each named topic's authorised-operations bit field for this client: 0 where the
-    broker refuses to describe it (no ACL, or no such topic: the same answer to it),
-    ``None`` where it does not say (a topic it does not know, a broker before 2.3)."""
-    try:
-        response: Any = await admin._send_request(_AuthorisedMetadata(names))
-    except NotImplementedError:  # a broker before 2.3: cannot say
-        return dict.fromkeys(names)
-    out: dict[str, int | None] = dict.fromkeys(names)
-    for row in response.to_object()["topics"]:
-        if row["error_code"] == _TOPIC_AUTHORIZATION_FAILED:
-            out[row["name"]] = 0
-        elif row["error_code"] == 0:
-            out[row["name"]] = _said(row["topic_authorized_operations"])
-    return out
+    """Each named topic's authorised-operations bit field for this client
+    (:func:`guardrail_client.authorised.topic_operations` over the admin's connection)."""
+    return await authorised.topic_operations(admin._client, names)
 
 
 async def _group_operations(admin: AIOKafkaAdminClient, group: str) -> dict[str, int | None]:
@@ -261,7 +168,7 @@ async def _group_operations(admin: AIOKafkaAdminClient, group: str) -> dict[str,
             if error_code == _GROUP_AUTHORIZATION_FAILED:
                 return {group: 0}
             if error_code == 0:
-                return {group: _said(operations)}
+                return {group: authorised.said(operations)}
     return {group: None}  # a group not known yet (Kafka 4's coordinator): the join says
 
 

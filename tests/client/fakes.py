@@ -26,6 +26,27 @@ class _FakeClient:
     async def fetch_all_metadata(self) -> _FakeMetadata:
         return _FakeMetadata(self.topics)
 
+    def get_random_node(self) -> int:
+        return 0
+
+    async def send(self, node_id: int, request: Any) -> _Authorised:
+        """The authorised-operations metadata a broker without ACLs gives."""
+        return _Authorised(self.topics)
+
+
+class _Authorised:
+    def __init__(self, topics: set[str]) -> None:
+        self.topics = topics
+
+    def to_object(self) -> dict[str, Any]:
+        every = sum(1 << op for op in (2, 3, 4, 5, 6, 7, 8, 10, 11))  # a topic's operations
+        return {
+            "topics": [
+                {"error_code": 0, "name": t, "topic_authorized_operations": every}
+                for t in sorted(self.topics)
+            ]
+        }
+
 
 class FakeProducer:
     """``AIOKafkaProducer`` as the publisher uses it; every send is confirmed at once.
@@ -72,6 +93,8 @@ class FakeConsumer:
         self.options = options
         self.stopped = False
         self._topics: list[str] = []
+        self._client = _FakeClient()  # asked for the authorised operations on the topics
+        self._client.topics = {"rag.verdicts", "rag.claims"}
 
     async def start(self) -> None:
         return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import signal
@@ -28,7 +29,10 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from guardrail_client.exceptions import ClientBrokerError
 from guardrail_client.keys import partition_for
+from guardrail_client.publisher import GuardrailPublisher
+from guardrail_client.verdicts import VerdictClient
 from sidecar.config import TOPIC_ROLES, Settings
 from sidecar.exceptions import SidecarNotReadyError
 from sidecar.kafka.app import SidecarService
@@ -52,6 +56,7 @@ pytestmark = pytest.mark.connected
 
 USER, PASSWORD = "guardrail", "acl-Scram-Pa55word"
 PRINCIPAL = f"User:{USER}"
+LLM, LLM_PASSWORD = "llm-service", "llm-Scram-Pa55word"  # the LLM service's own principal
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +70,7 @@ def acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafka]
         port=free_port(),
         controller_port=free_port(),
         sasl_port=free_port(),
-        scram_users={USER: PASSWORD},
+        scram_users={USER: PASSWORD, LLM: LLM_PASSWORD},
         extra_properties=AUTHORIZER_PROPERTIES,
     )
     broker.start()
@@ -424,3 +429,88 @@ async def test_topics_acls_check_says_which_are_granted(
         assert "1 ACL(s) the sidecar needs are not granted" in done.stderr
     assert any(f"Read on group {unique_topics['group']}" in line for line in lines)
     assert PASSWORD not in done.stdout + done.stderr
+
+
+def _llm_options(broker: LocalKafka) -> dict[str, Any]:
+    """The guardrail client's connection, as the LLM service's principal."""
+    return {
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "SCRAM-SHA-256",
+        "sasl_plain_username": LLM,
+        "sasl_plain_password": LLM_PASSWORD,
+    }
+
+
+@pytest.mark.parametrize("generation", ["describe", "none"])
+async def test_the_publisher_refuses_to_start_on_a_topic_it_may_not_write(
+    acl_broker: LocalKafka, unique_topics: dict[str, str], generation: str
+) -> None:
+    """Before, it started, and every event to the topic failed with one warning each."""
+    t = unique_topics
+    acls = [Acl(f"User:{LLM}", Resource.TOPIC, t["retrieval"], Operation.WRITE)]
+    if generation == "describe":
+        acls.append(Acl(f"User:{LLM}", Resource.TOPIC, t["generation"], Operation.DESCRIBE))
+    await _prepare(acl_broker, t, acls)
+    assert acl_broker.sasl_bootstrap_servers is not None
+    publisher = GuardrailPublisher(
+        acl_broker.sasl_bootstrap_servers,
+        generator_model="m",
+        retrieval_topic=t["retrieval"],
+        generation_topic=t["generation"],
+        **_llm_options(acl_broker),
+    )
+    with pytest.raises(ClientBrokerError) as refused:
+        await publisher.start()
+    said = str(refused.value)
+    assert f"principal (User:{LLM}) Write on topic {t['generation']}" in said
+    assert f"--allow-principal User:{LLM} --operation Write --topic {t['generation']}" in said
+    assert t["retrieval"] not in said.replace(t["generation"], "")  # that one is granted
+    assert ("not even Describe" in said) is (generation == "none")
+    assert LLM_PASSWORD not in said
+
+
+async def test_the_verdict_client_refuses_to_start_on_a_topic_it_may_not_read(
+    acl_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    t = unique_topics
+    await _prepare(acl_broker, t, [Acl(f"User:{LLM}", Resource.TOPIC, t["claims"], Operation.READ)])
+    assert acl_broker.sasl_bootstrap_servers is not None
+    client = VerdictClient(
+        acl_broker.sasl_bootstrap_servers,
+        verdicts_topic=t["verdicts"],
+        claims_topic=t["claims"],
+        **_llm_options(acl_broker),
+    )
+    with pytest.raises(ClientBrokerError, match=f"Read on topic {t['verdicts']} \\(not even"):
+        await client.start()
+
+
+async def test_a_write_acl_removed_under_the_publisher_fails_events_without_a_line_each(
+    acl_broker: LocalKafka, unique_topics: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every event to a topic the principal may no longer write fails; it was one warning
+    per event in the LLM service's log (300 lines for 300 requests)."""
+    t = unique_topics
+    acls = [
+        Acl(f"User:{LLM}", Resource.TOPIC, t[role], Operation.WRITE)
+        for role in ("retrieval", "generation")
+    ]
+    await _prepare(acl_broker, t, acls)
+    assert acl_broker.sasl_bootstrap_servers is not None
+    publisher = GuardrailPublisher(
+        acl_broker.sasl_bootstrap_servers,
+        generator_model="m",
+        retrieval_topic=t["retrieval"],
+        generation_topic=t["generation"],
+        **_llm_options(acl_broker),
+    )
+    await publisher.start()
+    await delete_acls(acl_broker.bootstrap_servers, acls[1:])
+    with caplog.at_level(logging.WARNING, logger="guardrail_client"):
+        for i in range(300):
+            await publisher.final(f"gone-{i}", "an answer")
+        await publisher.stop()
+    assert publisher.stats.failed == 300 and publisher.stats.delivered == 0
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("guardrail_client")]
+    assert len(said) == 1, said
+    assert "1 event(s) not delivered so far" in said[0] and "TopicAuthorizationFailed" in said[0]

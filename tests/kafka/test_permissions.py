@@ -205,7 +205,14 @@ class _Admin:
         self.topics = topics
         self.groups = groups
 
-    async def _send_request(self, request: object) -> _Answer:
+    @property
+    def _client(self) -> _Admin:  # aiokafka's admin client sends through its client
+        return self
+
+    def get_random_node(self) -> int:
+        return 1
+
+    async def send(self, node: int, request: object) -> _Answer:
         rows = [
             {"error_code": e, "name": n, "topic_authorized_operations": ops}
             for e, n, ops in self.topics

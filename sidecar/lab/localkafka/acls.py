@@ -9,7 +9,9 @@ release since 2.6), through aiokafka's protocol types. The connection must be a 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, ClassVar
@@ -59,6 +61,9 @@ class Operation(IntEnum):  # Kafka's AclOperation codes
 
 _LITERAL, _ALLOW = 3, 3  # PatternType.LITERAL, AclPermissionType.ALLOW
 _CLUSTER_NAME = "kafka-cluster"
+_APPLY_TIMEOUT_S = 30.0
+_TYPES = frozenset(r.value for r in Resource)
+_OPERATIONS = frozenset(o.value for o in Operation)
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,62 @@ class _DeleteAclsV2(RequestStruct):  # type: ignore[misc]
     )
 
 
+class _DescribeAclsResponseV2(Response):  # type: ignore[misc]
+    API_KEY = 29
+    API_VERSION = 2
+    SCHEMA = Schema(
+        ("throttle_time_ms", Int32),
+        ("error_code", Int16),
+        ("error_message", CompactString("utf-8")),
+        (
+            "resources",
+            CompactArray(
+                ("resource_type", Int8),
+                ("resource_name", CompactString("utf-8")),
+                ("pattern_type", Int8),
+                (
+                    "acls",
+                    CompactArray(
+                        ("principal", CompactString("utf-8")),
+                        ("host", CompactString("utf-8")),
+                        ("operation", Int8),
+                        ("permission_type", Int8),
+                        ("tags", TaggedFields),
+                    ),
+                ),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("tags", TaggedFields),
+    )
+
+
+class _DescribeAclsV2(RequestStruct):  # type: ignore[misc]
+    FLEXIBLE_VERSION: ClassVar[bool] = True
+    API_KEY = 29
+    API_VERSION = 2
+    RESPONSE_TYPE = _DescribeAclsResponseV2
+    SCHEMA = Schema(
+        ("resource_type_filter", Int8),
+        ("resource_name_filter", CompactString("utf-8")),
+        ("pattern_type_filter", Int8),
+        ("principal_filter", CompactString("utf-8")),
+        ("host_filter", CompactString("utf-8")),
+        ("operation", Int8),
+        ("permission_type", Int8),
+        ("tags", TaggedFields),
+    )
+
+
+class _DescribeAcls(Request[_DescribeAclsV2]):  # type: ignore[misc]
+    """Every ACL of every principal (the filters: any)."""
+
+    API_KEY = 29
+
+    def build(self, request_struct_class: type[_DescribeAclsV2]) -> _DescribeAclsV2:
+        return request_struct_class(1, None, 1, None, None, 1, 1, {})
+
+
 class _CreateAcls(Request[_CreateAclsV2]):  # type: ignore[misc]
     API_KEY = 30
 
@@ -215,19 +276,54 @@ def _errors(rows: Iterable[Any]) -> list[str]:
     return [f"error {row[0]}: {row[1]}" for row in rows if row[0] != 0]
 
 
+async def _in_force(bootstrap_servers: str) -> set[Acl]:
+    """The ALLOW ACLs on literal names the broker's authoriser holds now."""
+    response = await _send(bootstrap_servers, _DescribeAcls())
+    found = set()
+    for resource in response.to_object()["resources"]:
+        if resource["pattern_type"] != _LITERAL or resource["resource_type"] not in _TYPES:
+            continue
+        for acl in resource["acls"]:
+            if acl["permission_type"] == _ALLOW and acl["operation"] in _OPERATIONS:
+                found.add(
+                    Acl(
+                        acl["principal"],
+                        Resource(resource["resource_type"]),
+                        resource["resource_name"],
+                        Operation(acl["operation"]),
+                    )
+                )
+    return found
+
+
+async def _until(bootstrap_servers: str, done: Callable[[set[Acl]], bool], what: str) -> None:
+    """CreateAcls / DeleteAcls answer once the controller committed the change; a broker
+    applies it when it replays the metadata log, moments later (a client started at once
+    was refused a topic it had just been granted). Wait until it does."""
+    deadline = time.monotonic() + _APPLY_TIMEOUT_S
+    while not done(await _in_force(bootstrap_servers)):
+        if time.monotonic() > deadline:
+            raise LocalKafkaError(f"the broker did not apply the {what} within {_APPLY_TIMEOUT_S}s")
+        await asyncio.sleep(0.05)
+
+
 async def create_acls(bootstrap_servers: str, acls: Iterable[Acl]) -> None:
-    """Grant ``acls`` (ALLOW, literal names, any host); raises when the broker refuses one."""
-    rows = [acl.row() for acl in acls]
-    if not rows:
+    """Grant ``acls`` (ALLOW, literal names, any host), in force when it returns; raises
+    when the broker refuses one."""
+    wanted = list(acls)
+    if not wanted:
         return
-    response = await _send(bootstrap_servers, _CreateAcls(rows))
+    response = await _send(bootstrap_servers, _CreateAcls([acl.row() for acl in wanted]))
     errors = _errors(response.results)
     if errors:
         raise LocalKafkaError(f"CreateAcls refused: {'; '.join(errors)}")
+    await _until(bootstrap_servers, lambda held: set(wanted) <= held, "ACLs created")
 
 
 async def delete_acls(bootstrap_servers: str, acls: Iterable[Acl]) -> int:
-    """Revoke ``acls`` (each matched exactly); returns how many the broker removed."""
+    """Revoke ``acls`` (each matched exactly), out of force when it returns; returns how
+    many the broker removed."""
+    acls = list(acls)
     rows = [acl.row() for acl in acls]
     if not rows:
         return 0
@@ -235,4 +331,6 @@ async def delete_acls(bootstrap_servers: str, acls: Iterable[Acl]) -> int:
     errors = _errors(response.filter_results)
     if errors:
         raise LocalKafkaError(f"DeleteAcls refused: {'; '.join(errors)}")
+    gone = set(acls)
+    await _until(bootstrap_servers, lambda held: not gone & held, "ACLs deleted")
     return sum(len(result[2]) for result in response.filter_results)
