@@ -14,14 +14,15 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, Final
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from sidecar.config import KafkaSettings, Settings
 from sidecar.exceptions import BrokerError, ConfigError
-from sidecar.kafka.permissions import hidden_topics_refusal, topic_operations
+from sidecar.kafka.permissions import hidden_topics_refusal, principal_hint, topic_operations
 from sidecar.kafka.security import aiokafka_client_args
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ async def create_topics(settings: Settings) -> dict[str, str]:
         missing = [s for s in specs if s.name not in existing]
         if missing:
             try:
-                await admin.create_topics(
+                response = await admin.create_topics(
                     [
                         NewTopic(
                             name=s.name,
@@ -82,12 +83,68 @@ async def create_topics(settings: Settings) -> dict[str, str]:
                     ]
                 )
             except TopicAlreadyExistsError:
-                pass
-            result.update({s.name: "created" for s in missing})
+                response = None
+            result.update(_created(settings, missing, response))
         await _check_copartitioned(admin, settings)
         return result
     finally:
         await admin.close()
+
+
+_TOPIC_ALREADY_EXISTS: Final = 36
+_AUTHORIZATION: Final = (29, 31)  # TOPIC_ / CLUSTER_AUTHORIZATION_FAILED
+_INVALID_REPLICATION_FACTOR: Final = 38
+
+
+def _created(settings: Settings, asked: list[TopicSpec], response: Any) -> dict[str, str]:
+    """Each asked topic -> "created" | "exists", from the broker's answer per topic.
+
+    Every topic was said "created" whatever the answer: a replication factor above the
+    brokers' count, a topic the principal may not create (Kafka ACLs), a configuration a
+    managed cluster's policy refuses: nothing was created, the command said so for all
+    eight and exited 0, and the sidecar then refused to start on missing topics.
+    ``ConfigError`` naming each refusal and the setting or ACL to change.
+    """
+    if response is None:  # the whole request refused: they exist already
+        return {s.name: "exists" for s in asked}
+    out: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    codes: set[int] = set()
+    for row in response.to_object()["topic_errors"]:
+        code, name = row["error_code"], row["topic"]
+        if code == 0:
+            out[name] = "created"
+        elif code == _TOPIC_ALREADY_EXISTS:
+            out[name] = "exists"
+        else:
+            codes.add(code)
+            kind = for_code(code).__name__
+            refused[name] = f"{kind}: {row.get('error_message') or for_code(code).description}"
+    if not refused:
+        return out
+    hint = ""
+    if codes & set(_AUTHORIZATION):
+        hint = (
+            "; the cluster's ACLs do not let this client create topics: run it as a principal "
+            "that may (Create on the cluster, or on each topic), e.g. "
+            f"kafka-acls.sh --bootstrap-server {settings.kafka.bootstrap_servers.split(',')[0]} "
+            f"--add --allow-principal {principal_hint(settings)} --operation Create --cluster"
+        )
+    elif _INVALID_REPLICATION_FACTOR in codes:
+        hint = (
+            f"; GUARDRAIL_TOPICS__REPLICATION_FACTOR={settings.topics.replication_factor} "
+            "must be at most the number of brokers"
+        )
+    done = ", ".join(f"{n} {what}" for n, what in out.items())
+    by_reason: dict[str, list[str]] = {}
+    for name, why in refused.items():
+        by_reason.setdefault(why, []).append(name)
+    raise ConfigError(
+        f"the broker refused to create {len(refused)} topic(s): "
+        + "; ".join(f"{', '.join(names)} ({why})" for why, names in by_reason.items())
+        + hint
+        + (f" ({done})" if done else "")
+    )
 
 
 async def _check_copartitioned(admin: AIOKafkaAdminClient, settings: Settings) -> None:

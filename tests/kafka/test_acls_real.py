@@ -34,7 +34,7 @@ from guardrail_client.keys import partition_for
 from guardrail_client.publisher import GuardrailPublisher
 from guardrail_client.verdicts import VerdictClient
 from sidecar.config import TOPIC_ROLES, Settings
-from sidecar.exceptions import SidecarNotReadyError
+from sidecar.exceptions import ConfigError, SidecarNotReadyError
 from sidecar.kafka.app import SidecarService
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.process import SidecarProcess
@@ -514,3 +514,32 @@ async def test_a_write_acl_removed_under_the_publisher_fails_events_without_a_li
     said = [r.getMessage() for r in caplog.records if r.name.startswith("guardrail_client")]
     assert len(said) == 1, said
     assert "1 event(s) not delivered so far" in said[0] and "TopicAuthorizationFailed" in said[0]
+
+
+async def test_topics_create_without_create_on_the_cluster_says_so(
+    acl_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """Before, it printed "created" for all eight topics, created none and exited 0."""
+    assert acl_broker.sasl_bootstrap_servers is not None
+    as_sidecar = Settings.load(
+        kafka={
+            "bootstrap_servers": acl_broker.sasl_bootstrap_servers,
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_username": USER,
+            "sasl_password": PASSWORD,
+        },
+        topics={n: unique_topics[n] for n in TOPIC_ROLES},
+    )
+    with pytest.raises(ConfigError) as refused:
+        await create_topics(as_sidecar)
+    said = str(refused.value)
+    assert "the broker refused to create 8 topic(s)" in said and "TopicAuthorization" in said
+    assert f"--allow-principal {PRINCIPAL} --operation Create --cluster" in said
+    grant = Acl(PRINCIPAL, Resource.CLUSTER, "kafka-cluster", Operation.CREATE)
+    await create_acls(acl_broker.bootstrap_servers, [grant])
+    try:
+        made = await create_topics(as_sidecar)
+    finally:
+        await delete_acls(acl_broker.bootstrap_servers, [grant])
+    assert set(made.values()) == {"created"} and len(made) == 8

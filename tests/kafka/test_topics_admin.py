@@ -13,7 +13,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from sidecar.config import Settings
-from sidecar.exceptions import BrokerError
+from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka import topics
 from sidecar.kafka.read import read_topics
 from sidecar.lab.localkafka.broker import LocalKafka
@@ -115,3 +115,52 @@ async def test_input_topics_that_accept_compressed_batches_are_named_at_start(
     [warning] = warnings
     assert unique_topics["generation"] in warning.getMessage()
     assert unique_topics["retrieval"] not in warning.getMessage()
+
+
+async def test_topics_the_broker_refuses_to_create_are_not_said_created(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """A replication factor above the brokers' count: every topic was said "created", the
+    command exited 0, and nothing existed (the sidecar then refused to start)."""
+    settings = settings_for(unique_topics, kafka_broker.bootstrap_servers)
+    too_many = settings_for(
+        unique_topics, kafka_broker.bootstrap_servers, topics={"replication_factor": 3}
+    )
+    with pytest.raises(ConfigError) as refused:
+        await topics.create_topics(too_many)
+    said = str(refused.value)
+    assert "the broker refused to create 8 topic(s)" in said
+    assert "InvalidReplicationFactorError" in said
+    assert "GUARDRAIL_TOPICS__REPLICATION_FACTOR=3 must be at most the number of brokers" in said
+    created = await topics.create_topics(settings)  # nothing was made: all created now
+    assert set(created.values()) == {"created"} and len(created) == 8
+    assert set((await topics.create_topics(settings)).values()) == {"exists"}
+
+
+class _Answer:
+    def __init__(self, rows: list[tuple[str, int, str | None]]) -> None:
+        self.rows = rows
+
+    def to_object(self) -> dict[str, Any]:
+        keys = ("topic", "error_code", "error_message")
+        return {"topic_errors": [dict(zip(keys, row, strict=True)) for row in self.rows]}
+
+
+def test_each_topic_is_said_as_the_broker_answered_it() -> None:
+    settings = Settings.load(
+        kafka={"bootstrap_servers": "k:9092", "security_protocol": "PLAINTEXT"}
+    )
+    asked = topics.topic_specs(settings)[:3]
+    a, b, c = (s.name for s in asked)
+    ok = _Answer([(a, 0, None), (b, 36, "exists"), (c, 0, None)])
+    assert topics._created(settings, asked, ok) == {a: "created", b: "exists", c: "created"}
+    assert topics._created(settings, asked, None) == dict.fromkeys((a, b, c), "exists")
+    acl = _Answer(
+        [(a, 0, None), (b, 29, "Authorization failed."), (c, 29, "Authorization failed.")]
+    )
+    with pytest.raises(ConfigError) as refused:
+        topics._created(settings, asked, acl)
+    said = str(refused.value)
+    assert f"refused to create 2 topic(s): {b}, {c} (TopicAuthorizationFailedError" in said
+    assert "--allow-principal User:PRINCIPAL --operation Create --cluster" in said
+    assert said.endswith(f"({a} created)")  # what was made is said too
