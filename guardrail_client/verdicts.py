@@ -377,13 +377,23 @@ class VerdictClient:
     async def _consume_records(self) -> None:
         assert self._consumer is not None  # noqa: S101 - started
         consumer, waiters = self._consumer, self.waiters
+        failing = 0  # fetches failed in a row
         while True:
             try:
                 batch = await consumer.getmany(timeout_ms=200)
             except KafkaError as exc:  # aiokafka retries on its own; log and go on
-                log.warning("verdict consumer: %s", exc)
+                # the first of a run and every 120th (a minute): an error that lasts (Read on
+                # the verdict topic removed) wrote two lines a second into the service's log
+                if failing % 120 == 0:
+                    log.warning(
+                        "verdict consumer: %s (%d fetch(es) failed in a row)", exc, failing + 1
+                    )
+                failing += 1
                 await asyncio.sleep(0.5)
                 continue
+            if failing:
+                log.warning("verdict consumer: reading again after %d failed fetch(es)", failing)
+                failing = 0
             for tp, records in batch.items():
                 offer = (
                     waiters.offer_verdict

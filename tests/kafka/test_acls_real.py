@@ -543,3 +543,35 @@ async def test_topics_create_without_create_on_the_cluster_says_so(
     finally:
         await delete_acls(acl_broker.bootstrap_servers, [grant])
     assert set(made.values()) == {"created"} and len(made) == 8
+
+
+async def test_a_read_acl_removed_under_the_verdict_client_is_said_once_then_its_end(
+    acl_broker: LocalKafka, unique_topics: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every failed fetch wrote a warning, two a second, for as long as the ACL was gone."""
+    t = unique_topics
+    read = Acl(f"User:{LLM}", Resource.TOPIC, t["verdicts"], Operation.READ)
+    await _prepare(acl_broker, t, [read])
+    assert acl_broker.sasl_bootstrap_servers is not None
+    client = VerdictClient(
+        acl_broker.sasl_bootstrap_servers,
+        verdicts_topic=t["verdicts"],
+        claims_topic=None,
+        **_llm_options(acl_broker),
+    )
+    await client.start()
+    try:
+        await _produce(acl_broker.bootstrap_servers, (t["verdicts"], b"{}", b"x", None))
+        await wait_until(lambda: client.records_read == 1, 30, "the first record read")
+        with caplog.at_level(logging.WARNING, logger="guardrail_client"):
+            await delete_acls(acl_broker.bootstrap_servers, [read])
+            await _produce(acl_broker.bootstrap_servers, (t["verdicts"], b"{}", b"y", None))
+            await asyncio.sleep(4.0)  # ~8 failed fetches
+            failing = [m for m in caplog.messages if "fetch(es) failed in a row" in m]
+            assert len(failing) == 1 and "TopicAuthorizationFailed" in failing[0], failing
+            await create_acls(acl_broker.bootstrap_servers, [read])
+            await wait_until(lambda: client.records_read == 2, 30, "read again")
+        again = [m for m in caplog.messages if "reading again after" in m]
+        assert len(again) == 1, caplog.messages
+    finally:
+        await client.stop()
