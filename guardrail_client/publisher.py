@@ -481,7 +481,7 @@ class GuardrailPublisher:
     def _failed(self, why: str) -> None:
         """Count an event Kafka refused; said for the first and every 1,000th (a topic the
         principal may not write refuses every event: one line each flooded the service's
-        log, 300 lines for 150 requests)."""
+        log, 300 lines for 300 requests)."""
         self.stats.failed += 1
         if self.stats.failed == 1 or self.stats.failed % 1000 == 0:
             log.warning("%d event(s) not delivered so far; the last: %s", self.stats.failed, why)

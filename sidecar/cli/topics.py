@@ -60,6 +60,7 @@ def run_acls(args: argparse.Namespace) -> int:
     import orjson  # noqa: PLC0415
 
     from sidecar.kafka.permissions import (  # noqa: PLC0415
+        OPERATION_NAMES,
         lacking_needs,
         needs,
         principal_hint,
@@ -100,7 +101,7 @@ def run_acls(args: argparse.Namespace) -> int:
             row = {
                 "resource": need.resource,
                 "name": need.name,
-                "operation": need.describe().split(" ", 1)[0],
+                "operation": OPERATION_NAMES[need.operation],
                 "why": need.why,
                 "essential": need.essential,
                 "command": need.grant(principal, servers),

@@ -15,7 +15,8 @@ missing ACL with the ``kafka-acls`` lines that grant it. Write on the input topi
 sidecar's reroute of a record off its request's partition) is the exception: without
 it the sidecar serves, and such records are dead-lettered ``reroute-refused``, so it is
 a warning. A broker without an authoriser grants every operation; one too old to say
-(before Kafka 2.3) is not checked.
+(before Kafka 2.3), or whose answer no authoriser gives (``guardrail_client.authorised.said``),
+is not checked: the refusal, if one comes, then ends the loop as it happens.
 
 :func:`authorisation_error` tells a consume error that no retry can help (an ACL removed
 while the sidecar runs) from a passing one.
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "AUTHORISATION_ERRORS",
     "DESCRIBE",
+    "OPERATION_NAMES",
     "READ",
     "WRITE",
     "Need",
@@ -63,7 +65,6 @@ __all__ = [
     "topic_operations",
 ]
 
-_OPERATION_NAMES: Final = OPERATION_NAMES
 _GROUP_AUTHORIZATION_FAILED: Final = 30
 
 AUTHORISATION_ERRORS: Final = (
@@ -76,7 +77,8 @@ AUTHORISATION_ERRORS: Final = (
 
 @dataclass(frozen=True, slots=True)
 class Need:
-    """One ACL the sidecar uses: ``operation`` (``READ`` / ``WRITE``) on a topic or group."""
+    """One ACL the sidecar uses: ``operation`` (``READ`` / ``WRITE`` / ``DESCRIBE``) on a topic
+    or group."""
 
     resource: str  # "topic" | "group"
     name: str
@@ -85,14 +87,14 @@ class Need:
     essential: bool = True  # False: the sidecar serves without it (a warning)
 
     def describe(self) -> str:
-        return f"{_OPERATION_NAMES[self.operation]} on {self.resource} {self.name} ({self.why})"
+        return f"{OPERATION_NAMES[self.operation]} on {self.resource} {self.name} ({self.why})"
 
     def grant(self, principal: str, bootstrap_servers: str) -> str:
         """The kafka-acls command line that grants it."""
         where = "--topic" if self.resource == "topic" else "--group"
         return (
             f"kafka-acls.sh --bootstrap-server {bootstrap_servers} --add --allow-principal "
-            f"{principal} --operation {_OPERATION_NAMES[self.operation]} {where} {self.name}"
+            f"{principal} --operation {OPERATION_NAMES[self.operation]} {where} {self.name}"
         )
 
 
