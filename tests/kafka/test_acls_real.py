@@ -124,6 +124,18 @@ def sasl_env(broker: LocalKafka, topics: dict[str, str]) -> dict[str, str]:
     }
 
 
+def _as_sidecar(broker: LocalKafka, **extra: str) -> dict[str, Any]:
+    """The ``kafka`` settings of the sidecar's principal, on the SASL listener."""
+    return {
+        "bootstrap_servers": broker.sasl_bootstrap_servers,
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "SCRAM-SHA-256",
+        "sasl_username": USER,
+        "sasl_password": PASSWORD,
+        **extra,
+    }
+
+
 async def _prepare(broker: LocalKafka, topics: dict[str, str], acls: list[Acl]) -> Settings:
     """The topics (made by the super user) and ``acls``; the super user's settings."""
     settings = Settings.load(
@@ -355,14 +367,7 @@ async def test_a_reroute_the_cluster_refuses_is_dead_lettered_and_the_loop_goes_
     )
     await create_topics(admin)
     served = Settings.load(
-        kafka={
-            "bootstrap_servers": acl_broker.sasl_bootstrap_servers,
-            "security_protocol": "SASL_PLAINTEXT",
-            "sasl_mechanism": "SCRAM-SHA-256",
-            "sasl_username": USER,
-            "sasl_password": PASSWORD,
-            "group_id": unique_topics["group"],
-        },
+        kafka=_as_sidecar(acl_broker, group_id=unique_topics["group"]),
         topics={**topics, "partitions": 2},
         join={"ttl_ms": 2_000, "sweep_interval_ms": 200},
         http={"enabled": False},
@@ -522,13 +527,7 @@ async def test_topics_create_without_create_on_the_cluster_says_so(
     """Before, it printed "created" for all eight topics, created none and exited 0."""
     assert acl_broker.sasl_bootstrap_servers is not None
     as_sidecar = Settings.load(
-        kafka={
-            "bootstrap_servers": acl_broker.sasl_bootstrap_servers,
-            "security_protocol": "SASL_PLAINTEXT",
-            "sasl_mechanism": "SCRAM-SHA-256",
-            "sasl_username": USER,
-            "sasl_password": PASSWORD,
-        },
+        kafka=_as_sidecar(acl_broker),
         topics={n: unique_topics[n] for n in TOPIC_ROLES},
     )
     with pytest.raises(ConfigError) as refused:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.protocol.api import Request, RequestStruct, Response
@@ -92,6 +92,19 @@ class Acl:
         )
 
 
+# one ACL as CreateAcls v2 sends it, and as DeleteAcls v2 filters on it (same wire layout)
+_ENTRY: Final = (
+    ("resource_type", Int8),
+    ("resource_name", CompactString("utf-8")),
+    ("pattern_type", Int8),
+    ("principal", CompactString("utf-8")),
+    ("host", CompactString("utf-8")),
+    ("operation", Int8),
+    ("permission_type", Int8),
+    ("tags", TaggedFields),
+)
+
+
 class _CreateAclsResponseV2(Response):  # type: ignore[misc]
     API_KEY = 30
     API_VERSION = 2
@@ -114,22 +127,7 @@ class _CreateAclsV2(RequestStruct):  # type: ignore[misc]
     API_KEY = 30
     API_VERSION = 2
     RESPONSE_TYPE = _CreateAclsResponseV2
-    SCHEMA = Schema(
-        (
-            "creations",
-            CompactArray(
-                ("resource_type", Int8),
-                ("resource_name", CompactString("utf-8")),
-                ("resource_pattern_type", Int8),
-                ("principal", CompactString("utf-8")),
-                ("host", CompactString("utf-8")),
-                ("operation", Int8),
-                ("permission_type", Int8),
-                ("tags", TaggedFields),
-            ),
-        ),
-        ("tags", TaggedFields),
-    )
+    SCHEMA = Schema(("creations", CompactArray(*_ENTRY)), ("tags", TaggedFields))
 
 
 _MATCHING = CompactArray(
@@ -169,22 +167,7 @@ class _DeleteAclsV2(RequestStruct):  # type: ignore[misc]
     API_KEY = 31
     API_VERSION = 2
     RESPONSE_TYPE = _DeleteAclsResponseV2
-    SCHEMA = Schema(
-        (
-            "filters",
-            CompactArray(
-                ("resource_type_filter", Int8),
-                ("resource_name_filter", CompactString("utf-8")),
-                ("pattern_type_filter", Int8),
-                ("principal_filter", CompactString("utf-8")),
-                ("host_filter", CompactString("utf-8")),
-                ("operation", Int8),
-                ("permission_type", Int8),
-                ("tags", TaggedFields),
-            ),
-        ),
-        ("tags", TaggedFields),
-    )
+    SCHEMA = Schema(("filters", CompactArray(*_ENTRY)), ("tags", TaggedFields))
 
 
 class _DescribeAclsResponseV2(Response):  # type: ignore[misc]
