@@ -61,6 +61,7 @@ __all__ = [
     "missing",
     "needs",
     "principal_hint",
+    "read_refused",
     "refusal",
     "topic_operations",
 ]
@@ -266,6 +267,21 @@ async def check_permissions(
             " && ".join(n.grant(principal, servers) for n in optional),
         )
     return optional
+
+
+def read_refused(settings: Settings, exc: BaseException) -> str:
+    """For a reader's error message: the Read grant a topic refused to this client needs
+    (``exc`` a ``TopicAuthorizationFailedError`` naming it); "" for any other error."""
+    if not isinstance(exc, TopicAuthorizationFailedError):
+        return ""
+    topics = [str(a) for a in exc.args if isinstance(a, str) and a]
+    if not topics:
+        return ""
+    servers = settings.kafka.bootstrap_servers.split(",")[0]
+    grants = " && ".join(
+        Need("topic", t, READ, "").grant(principal_hint(settings), servers) for t in topics
+    )
+    return f"; the cluster's ACLs do not let this client's principal read it: {grants}"
 
 
 def authorisation_error(exc: BaseException) -> str | None:

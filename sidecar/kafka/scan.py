@@ -30,6 +30,7 @@ from aiokafka.errors import KafkaError
 from guardrail_client.keys import partition_for
 from sidecar.config import Settings
 from sidecar.exceptions import BrokerError, ConfigError
+from sidecar.kafka.permissions import read_refused
 from sidecar.kafka.records import install_lenient_header_names
 from sidecar.kafka.security import aiokafka_client_args
 from sidecar.kafka.topics import refusals_said
@@ -169,7 +170,9 @@ class TopicScan:
             try:
                 batch = await consumer.getmany(*behind, timeout_ms=_POLL_MS)
             except KafkaError as exc:
-                raise BrokerError(f"reading {self._what} failed: {exc}") from None
+                raise BrokerError(
+                    f"reading {self._what} failed: {exc}{read_refused(self._settings, exc)}"
+                ) from None
             stalled_s = 0.0 if batch else stalled_s + _POLL_MS / 1000.0
             for tp, records in batch.items():
                 for r in records:
@@ -201,7 +204,9 @@ class TopicScan:
             try:
                 batch = await consumer.getmany(timeout_ms=_POLL_MS)
             except KafkaError as exc:
-                raise BrokerError(f"reading {self._what} failed: {exc}") from None
+                raise BrokerError(
+                    f"reading {self._what} failed: {exc}{read_refused(self._settings, exc)}"
+                ) from None
             for records in batch.values():
                 for r in records:
                     yield r

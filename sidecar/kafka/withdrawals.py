@@ -32,7 +32,7 @@ from guardrail_client.aio import cancel_and_wait
 from sidecar.config import Settings
 from sidecar.contracts.events import CertificateWithdrawal
 from sidecar.exceptions import BrokerError, ConfigError
-from sidecar.kafka.permissions import authorisation_error
+from sidecar.kafka.permissions import authorisation_error, read_refused
 from sidecar.kafka.security import aiokafka_client_args
 from sidecar.kafka.topics import refusals_said
 from sidecar.lograte import PER_INPUT
@@ -272,7 +272,7 @@ async def read_withdrawals(settings: Settings) -> dict[str, CertificateWithdrawa
         raise BrokerError(
             f"cannot read {settings.topics.certificates} (GUARDRAIL_TOPICS__CERTIFICATES) at "
             f"{settings.kafka.bootstrap_servers}{took} (GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS, "
-            f"__REQUEST_TIMEOUT_MS): {exc or type(exc).__name__}"
+            f"__REQUEST_TIMEOUT_MS): {exc or type(exc).__name__}{read_refused(settings, exc)}"
         ) from None
     finally:
         with contextlib.suppress(KafkaError, OSError):

@@ -578,3 +578,31 @@ async def test_a_read_acl_removed_under_the_verdict_client_is_said_once_then_its
         await wait_until(lambda: client.records_read == 2, 30, "read again")
     finally:
         await client.stop()
+
+
+@pytest.mark.parametrize("command", [["dlq", "inspect"], ["verdicts"], ["certificates", "list"]])
+async def test_a_reader_the_cluster_refuses_names_the_read_grant(
+    acl_broker: LocalKafka, unique_topics: dict[str, str], command: list[str]
+) -> None:
+    """With the sidecar's own ACLs (Write on the DLQ and the verdicts, no Read), reading
+    them back is refused: exit 1, the broker's error and now the grant it needs."""
+    t = unique_topics
+    acls = [a for a in readme_acls(t) if a.name != t["certificates"]]  # Read on none of the 3
+    acls += [Acl(PRINCIPAL, Resource.TOPIC, t["certificates"], Operation.WRITE)]
+    await _prepare(acl_broker, t, acls)
+    topic = {"dlq": t["dlq"], "verdicts": t["verdicts"], "certificates": t["certificates"]}[
+        command[0]
+    ]
+    await _produce(acl_broker.bootstrap_servers, (topic, b"{}", b"k", None))
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "sidecar", *command],
+        env={**os.environ, **sasl_env(acl_broker, t)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "TopicAuthorizationFailedError" in done.stderr
+    assert f"--allow-principal {PRINCIPAL} --operation Read --topic {topic}" in done.stderr
