@@ -17,7 +17,7 @@ from aiokafka.errors import IncompatibleBrokerVersion
 from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
 
-__all__ = ["DESCRIBE", "OPERATION_NAMES", "READ", "WRITE", "said", "topic_operations"]
+__all__ = ["DESCRIBE", "OPERATION_NAMES", "READ", "WRITE", "grant", "said", "topic_operations"]
 
 READ: Final = 3  # Kafka's AclOperation codes: bit n of an authorised-operations field
 WRITE: Final = 4
@@ -90,6 +90,17 @@ class _AuthorisedMetadata(Request[_MetadataV8]):  # type: ignore[misc]
 
     def build(self, request_struct_class: type[_MetadataV8]) -> _MetadataV8:
         return request_struct_class(self._topics, False, False, True)
+
+
+def grant(bootstrap_servers: str, principal: str, operation: str, resource: str) -> str:
+    """The ``kafka-acls.sh`` line that grants ``principal`` ``operation`` (``Read``,
+    ``Create``) on ``resource`` (``--topic T``, ``--group G``, ``--cluster``), against the
+    first of ``bootstrap_servers``."""
+    server = bootstrap_servers.split(",", maxsplit=1)[0]
+    return (
+        f"kafka-acls.sh --bootstrap-server {server} --add --allow-principal {principal} "
+        f"--operation {operation} {resource}"
+    )
 
 
 def said(operations: int | None) -> int | None:

@@ -41,7 +41,7 @@ def require_authorised(
     ``wanted`` (topic -> the operation it needs), naming each and its grant; a topic that
     is missing, :func:`require_topics`'s error. ``known``: the topics in the cluster's
     metadata; ``operations``: ``guardrail_client.authorised.topic_operations``."""
-    from guardrail_client.authorised import OPERATION_NAMES  # noqa: PLC0415
+    from guardrail_client.authorised import OPERATION_NAMES, grant  # noqa: PLC0415
 
     servers = str(client_options["bootstrap_servers"])
     user = client_options.get("sasl_plain_username")
@@ -53,10 +53,7 @@ def require_authorised(
             continue  # granted, or the cluster did not say
         name = OPERATION_NAMES[operation]
         said.append(f"{name} on topic {topic}" + (" (not even Describe now)" if not field else ""))
-        lines.append(
-            f"kafka-acls.sh --bootstrap-server {servers.split(',', maxsplit=1)[0]} --add "
-            f"--allow-principal {principal} --operation {name} --topic {topic}"
-        )
+        lines.append(grant(servers, principal, name, f"--topic {topic}"))
     if said:
         raise ClientBrokerError(
             f"the Kafka cluster at {servers} does not allow this client's principal "

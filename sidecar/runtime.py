@@ -818,21 +818,18 @@ async def _check_permissions(settings: Settings, processor: Processor) -> None:
     with a warning: a refusal still ends the loop when it comes."""
     try:
         admin = await started_admin(settings.kafka)
+        try:
+            await check_permissions(
+                settings,
+                admin,
+                claims=processor.signals.claims is not None,
+                reports=processor.signals.coverage is not None,
+                certificates=processor.certificates is not None,
+            )
+        finally:
+            await admin.close()
     except BrokerError as exc:
         log.warning("the Kafka ACLs were not checked at start: %s", exc)
-        return
-    try:
-        await check_permissions(
-            settings,
-            admin,
-            claims=processor.signals.claims is not None,
-            reports=processor.signals.coverage is not None,
-            certificates=processor.certificates is not None,
-        )
-    except BrokerError as exc:
-        log.warning("the Kafka ACLs were not checked at start: %s", exc)
-    finally:
-        await admin.close()
 
 
 async def serve(settings: Settings, processor: Processor | None = None) -> None:

@@ -94,7 +94,7 @@ def run_acls(args: argparse.Namespace) -> int:
 
         lacking = asyncio.run(ask())
     principal = args.principal or principal_hint(settings)
-    servers = settings.kafka.bootstrap_servers.split(",")[0]
+    servers = settings.kafka.bootstrap_servers
     for need in wanted:
         granted = None if lacking is None else need not in lacking
         if args.json:

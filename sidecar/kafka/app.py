@@ -56,6 +56,7 @@ from sidecar.kafka.records import input_headers, input_kinds, install_lenient_he
 from sidecar.kafka.resets import installed as offset_resets
 from sidecar.kafka.resets import watch_offset_resets
 from sidecar.kafka.security import faststream_security
+from sidecar.kafka.topics import input_topics
 from sidecar.kafka.withdrawals import CertificateBoard
 from sidecar.lograte import PER_INPUT, report_repeats
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
@@ -712,8 +713,7 @@ class SidecarService:
     def _subscribe(self, kafka: KafkaSettings, common: dict[str, Any]) -> Any:
         """The input topics' subscriber, its handler attached; a fetch the cluster refuses
         (an ACL removed) makes the loop not live."""
-        topics = self.settings.topics
-        inputs = (topics.retrieval, topics.generation, topics.feedback)
+        inputs = input_topics(self.settings)
         if kafka.batch:
             subscriber = self.broker.subscriber(
                 *inputs, batch=True, batch_timeout_ms=kafka.batch_timeout_ms, **common

@@ -91,11 +91,10 @@ class Need:
         return f"{OPERATION_NAMES[self.operation]} on {self.resource} {self.name} ({self.why})"
 
     def grant(self, principal: str, bootstrap_servers: str) -> str:
-        """The kafka-acls command line that grants it."""
-        where = "--topic" if self.resource == "topic" else "--group"
-        return (
-            f"kafka-acls.sh --bootstrap-server {bootstrap_servers} --add --allow-principal "
-            f"{principal} --operation {OPERATION_NAMES[self.operation]} {where} {self.name}"
+        """The kafka-acls command line that grants it (against the first server)."""
+        where = f"--{self.resource} {self.name}"  # --topic T, --group G
+        return authorised.grant(
+            bootstrap_servers, principal, OPERATION_NAMES[self.operation], where
         )
 
 
@@ -211,7 +210,7 @@ async def lacking_needs(
 def refusal(settings: Settings, lacking: list[Need]) -> ConfigError:
     """The start's error for ``lacking`` (essential needs the cluster refuses)."""
     principal = principal_hint(settings)
-    servers = settings.kafka.bootstrap_servers.split(",")[0]
+    servers = settings.kafka.bootstrap_servers
     return ConfigError(
         f"the Kafka cluster at {settings.kafka.bootstrap_servers} does not allow this "
         f"sidecar's principal ({principal}) {len(lacking)} operation(s) it needs: "
@@ -251,7 +250,7 @@ async def check_permissions(
     wanted = needs(settings, claims=claims, reports=reports, certificates=certificates)
     lacking = await lacking_needs(settings, admin, wanted)
     principal = principal_hint(settings)
-    servers = settings.kafka.bootstrap_servers.split(",")[0]
+    servers = settings.kafka.bootstrap_servers
     fatal = [n for n in lacking if n.essential]
     if fatal:
         raise refusal(settings, fatal)
@@ -277,7 +276,7 @@ def read_refused(settings: Settings, exc: BaseException) -> str:
     topics = [str(a) for a in exc.args if isinstance(a, str) and a]
     if not topics:
         return ""
-    servers = settings.kafka.bootstrap_servers.split(",")[0]
+    servers = settings.kafka.bootstrap_servers
     grants = " && ".join(
         Need("topic", t, READ, "").grant(principal_hint(settings), servers) for t in topics
     )

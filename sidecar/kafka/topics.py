@@ -20,6 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
+from guardrail_client.authorised import grant
 from sidecar.config import KafkaSettings, Settings
 from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka.permissions import hidden_topics_refusal, principal_hint, topic_operations
@@ -127,8 +128,9 @@ def _created(settings: Settings, asked: list[TopicSpec], response: Any) -> dict[
         hint = (
             "; the cluster's ACLs do not let this client create topics: run it as a principal "
             "that may (Create on the cluster, or on each topic), e.g. "
-            f"kafka-acls.sh --bootstrap-server {settings.kafka.bootstrap_servers.split(',')[0]} "
-            f"--add --allow-principal {principal_hint(settings)} --operation Create --cluster"
+            + grant(
+                settings.kafka.bootstrap_servers, principal_hint(settings), "Create", "--cluster"
+            )
         )
     elif _INVALID_REPLICATION_FACTOR in codes:
         hint = (
