@@ -569,6 +569,14 @@ class SignalSettings(_Section):
     unknown_collection: Literal["fallback-global", "reject"] = "fallback-global"
     monitor_window: int = Field(default=500, ge=10)
     monitor_confidence: float = Field(default=0.99, gt=0.5, lt=1.0)
+    monitor_warm_start: int = Field(
+        default=20_000,
+        ge=0,
+        le=200_000,  # ~1 KB each while read: 200 MB at most
+        description="final verdicts read back at start from the verdicts topic's tail (over "
+        "its partitions) to refill the exchangeability monitor's windows, so that a restart "
+        "does not clear an alarm; needs Read on the verdicts topic (0: windows start empty)",
+    )
     lookback: bool = True
     lookback_model: str = "lookback/smollm2-135m-nq-cw"
     # a summary the lookback model cannot score (another generator or shape, e.g. while a

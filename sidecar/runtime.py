@@ -21,7 +21,7 @@ from sidecar.exceptions import BrokerError, ConfigError, StopTimeoutError
 from sidecar.health import HealthServer
 from sidecar.heaptrim import HeapTrim
 from sidecar.kafka.app import SidecarService
-from sidecar.kafka.permissions import check_permissions
+from sidecar.kafka.permissions import READ, Need, check_permissions
 from sidecar.kafka.readiness import LoopState
 from sidecar.kafka.security import (
     TLS_CHECK_INTERVAL_S,
@@ -811,25 +811,28 @@ def _unfinished_stop(service: SidecarService, grace_s: float) -> str:
     )
 
 
-async def _check_permissions(settings: Settings, processor: Processor) -> None:
+async def _check_permissions(settings: Settings, processor: Processor) -> list[Need]:
     """End the start (``ConfigError``) when the cluster's ACLs refuse this principal an
-    operation the sidecar needs (``sidecar.kafka.permissions``). A cluster that does not
-    answer the question (moments after it answered the topic check) leaves it unchecked,
-    with a warning: a refusal still ends the loop when it comes."""
+    operation the sidecar needs (``sidecar.kafka.permissions``); returns the optional ones
+    refused (warned about). A cluster that does not answer the question (moments after it
+    answered the topic check) leaves it unchecked, with a warning: a refusal still ends
+    the loop when it comes."""
     try:
         admin = await started_admin(settings.kafka)
         try:
-            await check_permissions(
+            return await check_permissions(
                 settings,
                 admin,
                 claims=processor.signals.claims is not None,
                 reports=processor.signals.coverage is not None,
                 certificates=processor.certificates is not None,
+                monitor=processor.signals.certifier is not None,
             )
         finally:
             await admin.close()
     except BrokerError as exc:
         log.warning("the Kafka ACLs were not checked at start: %s", exc)
+        return []
 
 
 async def serve(settings: Settings, processor: Processor | None = None) -> None:
@@ -874,7 +877,7 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
             return
         counts, processor = loaded
         log.info("input topics: %s", format_counts(counts))
-        await _check_permissions(settings, processor)
+        refused = await _check_permissions(settings, processor)
         setup = configure_from_env(
             settings.metrics.prometheus_port, settings.metrics.prometheus_host
         )
@@ -884,6 +887,10 @@ async def serve(settings: Settings, processor: Processor | None = None) -> None:
             telemetry=Telemetry.from_setup(setup, stage_spans=settings.tracing.stage_spans),
             # the real count (review: topics.partitions is what `topics create` would make)
             input_partitions=counts.get(settings.topics.retrieval),
+            # refused: warned about by the check, not tried (aiokafka logs each refusal)
+            warm_start=not any(
+                n.same_acl(Need("topic", settings.topics.verdicts, READ, "")) for n in refused
+            ),
         )
         collect_as_served(settings)
         if stop.is_set():

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sidecar.contracts.events import RetrievalEvent, RetrievalSignal, SignalStatus
-from sidecar.pipeline.ports import MonitorReading
+from sidecar.pipeline.ports import MonitorReading, MonitorSeed
 
 
 @dataclass(frozen=True)
@@ -31,3 +32,6 @@ class ThresholdCertifier:
 
     def monitor_readings(self) -> dict[str, MonitorReading]:
         return {}
+
+    def seed_decided(self, decided: Iterable[tuple[str | None, RetrievalSignal]]) -> MonitorSeed:
+        return MonitorSeed(0, 0)

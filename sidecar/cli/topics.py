@@ -79,6 +79,7 @@ def run_acls(args: argparse.Namespace) -> int:
             claims=processor.signals.claims is not None,
             reports=processor.signals.coverage is not None,
             certificates=processor.certificates is not None,
+            monitor=processor.signals.certifier is not None,
         )
     finally:
         processor.signals.close()
@@ -104,6 +105,7 @@ def run_acls(args: argparse.Namespace) -> int:
                 "operation": OPERATION_NAMES[need.operation],
                 "why": need.why,
                 "essential": need.essential,
+                **({} if need.essential else {"without": need.without}),
                 "command": need.grant(principal, servers),
                 **({} if granted is None else {"granted": granted}),
             }

@@ -207,6 +207,29 @@ class ExchangeabilityMonitor:
         # the key's window, in the order keys were first observed (``statuses``)
         self._last[key] = win
 
+    def resume(self, key: str, *, was_broken: bool) -> MonitorState | None:
+        """Judge the window of ``key`` again as :meth:`record_m1` judged its last
+        observation, with the state before it given: ``was_broken`` (a warm start refilled
+        the window from the fleet's verdicts, and the latest read the alarm on). Without it
+        a restart cleared an alarm whose window sits between the Wilson bound and
+        1 - alpha (held by hysteresis), and could hold one the fleet had cleared. Not an
+        edge (``changed`` is False). ``None`` for a key without a window."""
+        win = self._windows.get(key)
+        if win is None:
+            return None
+        n = len(win.values)
+        if n < self.min_samples:
+            state = _WARMING_UP
+        elif wilson_interval(win.successes, n, self.confidence).high < win.target or (
+            was_broken and win.successes / n < win.target
+        ):
+            state = _BROKEN
+        else:
+            state = _OK
+        win.state = state
+        win.changed = False
+        return state
+
     def _status(self, key: str, win: _Window) -> MonitorStatus:
         """The status of ``key`` after its window's latest observation."""
         n = len(win.values)

@@ -10,16 +10,22 @@ the request is decided (:meth:`ConformalCertifier.observe_decided`), once.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any, Final, get_args
 
 from sidecar.conformal.certify import trusted_set
-from sidecar.conformal.monitor import ExchangeabilityMonitor, MonitorStatus, monitor_key
+from sidecar.conformal.monitor import (
+    ExchangeabilityMonitor,
+    MonitorState,
+    MonitorStatus,
+    monitor_key,
+)
 from sidecar.conformal.order import ScoreOrder
 from sidecar.conformal.registry import CalibrationRegistry
 from sidecar.contracts.assembled import assembled, unit_float
 from sidecar.contracts.events import RetrievalEvent, RetrievalSignal, SignalStatus
 from sidecar.contracts.verdicts import SCORES_RISING
-from sidecar.pipeline.ports import MonitorReading
+from sidecar.pipeline.ports import MonitorReading, MonitorSeed
 
 
 class ConformalCertifier:
@@ -77,19 +83,59 @@ class ConformalCertifier:
 
     def observe_decided(self, event: RetrievalEvent, signal: RetrievalSignal) -> None:
         """Count a decided request's retrieval in its monitor window (once per request)."""
-        if not signal.certifiable or signal.m1 is None or signal.calibration_key is None:
-            return  # not certified (vacuous at this alpha): not fed, as before
-        if signal.fallback_reason == SCORES_RISING:
-            return  # not certified either: its m1 says nothing of the calibration
-        if signal.alpha is None or signal.calibration_version is None:
-            return
-        key = monitor_key(signal.calibration_key, fallback=signal.fallback, tenant=event.tenant)
-        self.monitor.record_m1(
-            key, signal.m1, signal.alpha, calibration_id=signal.calibration_version
-        )
+        counted = _window_of(event.tenant, signal)
+        if counted is not None:
+            key, m1, alpha, calibration_id = counted
+            self.monitor.record_m1(key, m1, alpha, calibration_id=calibration_id)
+
+    def seed_decided(self, decided: Iterable[tuple[str | None, RetrievalSignal]]) -> MonitorSeed:
+        """Refill the monitor's windows from requests decided before this process started:
+        ``(tenant, retrieval signal)`` of the fleet's final verdicts, oldest first
+        (:mod:`sidecar.kafka.warmstart`), counted as :meth:`observe_decided` counted them.
+
+        Each window takes the decisions under its key's latest calibration and alpha (a
+        fleet mid-rollout has both; the live path restarts a window on a new one), its last
+        ``window`` of them, and is judged with the state its latest verdict read
+        (:meth:`ExchangeabilityMonitor.resume`): with at least ``window`` of them, the
+        window and its state are the ones the replica that decided them held.
+        """
+        by_key: dict[str, list[tuple[bool, float, str]]] = {}
+        alarm: dict[str, bool] = {}  # the latest verdict's reading of the key: on?
+        for tenant, signal in decided:
+            counted = _window_of(tenant, signal)
+            if counted is not None:
+                key, m1, alpha, calibration_id = counted
+                by_key.setdefault(key, []).append((m1, alpha, calibration_id))
+                alarm[key] = signal.monitor == MonitorState.BROKEN.value
+        fed = 0
+        broken: list[str] = []
+        for key, entries in by_key.items():
+            _, alpha, calibration_id = entries[-1]
+            same = [m1 for m1, a, c in entries if a == alpha and c == calibration_id]
+            for m1 in same[-self.monitor.window :]:
+                self.monitor.record_m1(key, m1, alpha, calibration_id=calibration_id)
+            fed += min(len(same), self.monitor.window)
+            if self.monitor.resume(key, was_broken=alarm[key]) is MonitorState.BROKEN:
+                broken.append(key)
+        return MonitorSeed(fed=fed, keys=len(by_key), broken=tuple(broken))
 
     def monitor_readings(self) -> dict[str, MonitorReading]:
         return {key: _reading(st) for key, st in self.monitor.statuses().items()}
+
+
+def _window_of(tenant: str | None, signal: RetrievalSignal) -> tuple[str, bool, float, str] | None:
+    """Where a decided request's retrieval counts: ``(window key, m1, alpha, calibration
+    id)``; ``None`` when it is not counted (not certified, vacuous at its alpha, or scores
+    read the wrong way)."""
+    m1, alpha, calibration_id = signal.m1, signal.alpha, signal.calibration_version
+    if not signal.certifiable or m1 is None or signal.calibration_key is None:
+        return None  # not certified (vacuous at this alpha): not fed, as before
+    if signal.fallback_reason == SCORES_RISING:
+        return None  # not certified either: its m1 says nothing of the calibration
+    if alpha is None or calibration_id is None:
+        return None
+    key = monitor_key(signal.calibration_key, fallback=signal.fallback, tenant=tenant)
+    return key, m1, alpha, calibration_id
 
 
 _MONITOR_STATES: Final = frozenset(

@@ -57,6 +57,7 @@ from sidecar.kafka.resets import installed as offset_resets
 from sidecar.kafka.resets import watch_offset_resets
 from sidecar.kafka.security import faststream_security
 from sidecar.kafka.topics import input_topics
+from sidecar.kafka.warmstart import warm_start
 from sidecar.kafka.withdrawals import CertificateBoard
 from sidecar.lograte import PER_INPUT, report_repeats
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
@@ -150,12 +151,17 @@ class SidecarService:
         assignor: type[AbstractPartitionAssignor] | None = None,
         *,
         input_partitions: int | None = None,
+        warm_start: bool = True,
     ) -> None:
         """``assignor``: the group's partition assignment strategy (default: a fresh
         ``CoPartitionAssignor``; tests pass aiokafka's round-robin as the control).
         ``input_partitions``: the input topics' partition count as Kafka gave it at start
-        (default: ``topics.partitions``, the count ``topics create`` uses)."""
+        (default: ``topics.partitions``, the count ``topics create`` uses).
+        ``warm_start``: refill the exchangeability monitor from the verdicts topic at
+        start (``sidecar.kafka.warmstart``; False: the start's ACL check found it refused,
+        and said so)."""
         self.settings = settings
+        self._warm_start = warm_start
         self.processor = processor
         self.telemetry = telemetry or Telemetry()
         self.broker = broker if broker is not None else make_broker(settings)
@@ -387,6 +393,9 @@ class SidecarService:
                 self.settings, self.processor.certificates, on_refused=self.state.fail
             )
             await self.certificates.start()
+        certifier = self.processor.signals.certifier
+        if certifier is not None and self._warm_start:  # the monitor, as the fleet left it
+            await warm_start(self.settings, certifier)
         await self.broker.start()
         kafka = self.settings.kafka
         request_size = request_size_bytes(self.settings.topics.max_message_bytes)

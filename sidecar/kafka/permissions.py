@@ -86,9 +86,18 @@ class Need:
     operation: int
     why: str
     essential: bool = True  # False: the sidecar serves without it (a warning)
+    without: str = ""  # not essential: what it does without it, and how to ask for less
 
     def describe(self) -> str:
         return f"{OPERATION_NAMES[self.operation]} on {self.resource} {self.name} ({self.why})"
+
+    def same_acl(self, other: Need) -> bool:
+        """The same operation on the same resource (whatever it is needed for)."""
+        return (self.resource, self.name, self.operation) == (
+            other.resource,
+            other.name,
+            other.operation,
+        )
 
     def grant(self, principal: str, bootstrap_servers: str) -> str:
         """The kafka-acls command line that grants it (against the first server)."""
@@ -104,11 +113,13 @@ def needs(
     claims: bool,
     reports: bool,
     certificates: bool,
+    monitor: bool = False,
 ) -> list[Need]:
     """What the sidecar does on the cluster with ``settings``: ``claims`` (the claim check
     publishes per-claim verdicts), ``reports`` (the coverage monitor publishes reports),
     ``certificates`` (the policy certifies allows: the fleet's withdrawals are read and
-    written)."""
+    written), ``monitor`` (retrieval certification runs its exchangeability monitor: the
+    verdicts' tail is read back at start, ``GUARDRAIL_SIGNALS__MONITOR_WARM_START``)."""
     t = settings.topics
     out = [Need("group", settings.kafka.group_id, READ, "the consumer group")]
     inputs = {t.retrieval: "input", t.generation: "input", t.feedback: "input, labels"}
@@ -122,8 +133,22 @@ def needs(
         out.append(Need("topic", t.certificates, READ, "the fleet's withdrawals"))
         out.append(Need("topic", t.certificates, WRITE, "withdrawals found here"))
     if settings.join.reroute:
-        why = "reroute; without it such records are dead-lettered reroute-refused"
-        out += [Need("topic", name, WRITE, why, essential=False) for name in inputs]
+        without = (
+            "a record read off its request's partition while another replica reads that "
+            "partition is dead-lettered reroute-refused instead of sent on (or set "
+            "GUARDRAIL_JOIN__REROUTE=false)"
+        )
+        out += [
+            Need("topic", name, WRITE, "reroute", essential=False, without=without)
+            for name in inputs
+        ]
+    if monitor and settings.signals.monitor_warm_start > 0:
+        without = (
+            "the exchangeability monitor's windows start empty, so a restart clears an "
+            "alarm (or set GUARDRAIL_SIGNALS__MONITOR_WARM_START=0)"
+        )
+        why = "the monitor's warm start"
+        out.append(Need("topic", t.verdicts, READ, why, essential=False, without=without))
     used = {n.name for n in out if n.resource == "topic"}
     out += [  # the start checks that every topic of the layout exists
         Need("topic", name, DESCRIBE, "checked to exist at start")
@@ -244,10 +269,14 @@ async def check_permissions(
     claims: bool,
     reports: bool,
     certificates: bool,
+    monitor: bool = False,
 ) -> list[Need]:
     """Raise :class:`ConfigError` naming every essential ACL the principal lacks; log a
-    warning for the others. Returns what is missing (the non-essential ones)."""
-    wanted = needs(settings, claims=claims, reports=reports, certificates=certificates)
+    warning for the others, one per consequence. Returns what is missing (the
+    non-essential ones)."""
+    wanted = needs(
+        settings, claims=claims, reports=reports, certificates=certificates, monitor=monitor
+    )
     lacking = await lacking_needs(settings, admin, wanted)
     principal = principal_hint(settings)
     servers = settings.kafka.bootstrap_servers
@@ -255,15 +284,16 @@ async def check_permissions(
     if fatal:
         raise refusal(settings, fatal)
     optional = [n for n in lacking if not n.essential]
-    if optional:
+    by_consequence: dict[str, list[Need]] = {}
+    for need in optional:
+        by_consequence.setdefault(need.without, []).append(need)
+    for without, group in by_consequence.items():
         log.warning(
-            "the Kafka cluster does not allow this sidecar's principal (%s) %s: a record "
-            "read off its request's partition while another replica reads that partition is "
-            "dead-lettered reroute-refused instead of sent on. Grant it (%s) or set "
-            "GUARDRAIL_JOIN__REROUTE=false",
+            "the Kafka cluster does not allow this sidecar's principal (%s) %s: %s. Grant it (%s)",
             principal,
-            "; ".join(f"Write on topic {n.name}" for n in optional),
-            " && ".join(n.grant(principal, servers) for n in optional),
+            "; ".join(f"{OPERATION_NAMES[n.operation]} on topic {n.name}" for n in group),
+            without,
+            " && ".join(n.grant(principal, servers) for n in group),
         )
     return optional
 

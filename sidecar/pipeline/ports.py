@@ -22,7 +22,7 @@ configured is reported as ``not-configured``, never silently treated as fine.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -67,6 +67,15 @@ class MonitorReading:
     broken: bool
 
 
+@dataclass(frozen=True, slots=True)
+class MonitorSeed:
+    """What a warm start put in the exchangeability monitor (``seed_decided``)."""
+
+    fed: int  # decided retrievals counted into windows
+    keys: int  # windows they went to
+    broken: tuple[str, ...] = ()  # the windows whose alarm is on afterwards
+
+
 class RetrievalCertifier(Protocol):
     @property
     def version(self) -> str: ...
@@ -80,6 +89,12 @@ class RetrievalCertifier(Protocol):
 
     def monitor_readings(self) -> dict[str, MonitorReading]:
         """The exchangeability monitor per calibration key (empty: this certifier has none)."""
+        ...
+
+    def seed_decided(self, decided: Iterable[tuple[str | None, RetrievalSignal]]) -> MonitorSeed:
+        """Count requests decided before this process started (``(tenant, the final
+        verdict's retrieval signal)``, oldest first) in the drift monitor, as
+        ``observe_decided`` counted them then, before the first input is read."""
         ...
 
 

@@ -14,6 +14,7 @@ import pytest
 from sidecar import runtime
 from sidecar.config import Settings
 from sidecar.exceptions import ConfigError
+from sidecar.kafka.permissions import Need
 from sidecar.lab.bench.e2e import LoadShape, answer_events
 from sidecar.lab.bench.stages import request_items
 from sidecar.pipeline.ports import SignalSuite
@@ -154,8 +155,9 @@ def test_serve_walks_the_young_generation_at_the_setting_while_it_serves(
     async def counts(settings: Settings) -> dict[str, int]:
         return {settings.topics.retrieval: 1, settings.topics.generation: 1}
 
-    async def allowed(settings: Settings, processor: object) -> None:
+    async def allowed(settings: Settings, processor: object) -> list[Need]:
         del settings, processor
+        return []
 
     monkeypatch.setenv("GUARDRAIL_HTTP__ENABLED", "false")
     monkeypatch.setenv("GUARDRAIL_GC_FREEZE", "false")

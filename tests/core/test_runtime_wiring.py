@@ -15,6 +15,7 @@ from sidecar import runtime
 from sidecar.confidence.fleet import CoverageMonitor
 from sidecar.config import Settings
 from sidecar.contracts.events import RetrievalEvent, RetrievalSignal
+from sidecar.kafka.permissions import Need
 from sidecar.pipeline.ports import ClaimSession, SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
@@ -108,8 +109,9 @@ def test_the_claim_checker_is_closed_when_the_sidecar_stops(
     async def counts(settings: Settings) -> dict[str, int]:
         return {settings.topics.retrieval: 1, settings.topics.generation: 1}
 
-    async def allowed(settings: Settings, processor: object) -> None:
+    async def allowed(settings: Settings, processor: object) -> list[Need]:
         del settings, processor
+        return []
 
     monkeypatch.setenv("GUARDRAIL_HTTP__ENABLED", "false")
     monkeypatch.setenv("GUARDRAIL_GC_FREEZE", "false")

@@ -94,7 +94,7 @@ def readme_acls(topics: dict[str, str]) -> list[Acl]:
         *topic("retrieval", read, write),
         *topic("generation", read, write),
         *topic("feedback", read, write),
-        *topic("verdicts", write),
+        *topic("verdicts", read, write),
         *topic("claims", write),
         *topic("dlq", write),
         *topic("reports", write),
@@ -289,6 +289,39 @@ async def test_without_write_on_the_inputs_it_serves_and_warns_about_rerouting(
     for role in ("retrieval", "generation", "feedback"):
         assert f"Write on topic {unique_topics[role]}" in warned[0]
     assert "GUARDRAIL_JOIN__REROUTE=false" in warned[0]
+
+
+async def test_without_read_on_the_verdicts_it_serves_with_empty_monitor_windows(
+    acl_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Read on the verdicts topic is for the exchangeability monitor's warm start only: one
+    WARNING names it, the read is not tried (aiokafka would log each refused fetch)."""
+    acls = _without(readme_acls(unique_topics), unique_topics, "verdicts:READ")
+    settings = await _prepare(acl_broker, unique_topics, acls)
+    sidecar = SidecarProcess(sasl_env(acl_broker, unique_topics), tmp_path / "sidecar.log")
+    await asyncio.to_thread(sidecar.start, 60)
+    try:
+        await _produce(
+            acl_broker.bootstrap_servers,
+            *_request(settings.topics, "v-1", retrieval_event, final_event),
+        )
+        assert len(await _records(acl_broker.bootstrap_servers, settings.topics.verdicts, 1)) == 1
+    finally:
+        assert sidecar.signal(signal.SIGTERM) == 0
+    log = (tmp_path / "sidecar.log").read_text()
+    warned = [line for line in log.splitlines() if "does not allow" in line]
+    assert len(warned) == 1 and "WARNING" in warned[0], log[-3000:]
+    verdicts = unique_topics["verdicts"]
+    assert (
+        f"Read on topic {verdicts}: the exchangeability monitor's windows start empty"
+        in (warned[0])
+    )
+    assert f"--operation Read --topic {verdicts}" in warned[0]
+    assert "Not authorized" not in log and "warm start" not in log
 
 
 async def test_a_topic_it_may_not_even_describe_is_not_said_to_be_missing(
@@ -584,10 +617,12 @@ async def test_a_read_acl_removed_under_the_verdict_client_is_said_once_then_its
 async def test_a_reader_the_cluster_refuses_names_the_read_grant(
     acl_broker: LocalKafka, unique_topics: dict[str, str], command: list[str]
 ) -> None:
-    """With the sidecar's own ACLs (Write on the DLQ and the verdicts, no Read), reading
-    them back is refused: exit 1, the broker's error and now the grant it needs."""
+    """With the sidecar's own ACLs less Read on the three (Write on the DLQ and the
+    verdicts), reading them back is refused: exit 1, the broker's error and now the grant
+    it needs."""
     t = unique_topics
-    acls = [a for a in readme_acls(t) if a.name != t["certificates"]]  # Read on none of the 3
+    acls = [a for a in readme_acls(t) if a.name != t["certificates"]]
+    acls = _without(acls, t, "verdicts:READ")  # Read on none of the 3
     acls += [Acl(PRINCIPAL, Resource.TOPIC, t["certificates"], Operation.WRITE)]
     await _prepare(acl_broker, t, acls)
     topic = {"dlq": t["dlq"], "verdicts": t["verdicts"], "certificates": t["certificates"]}[

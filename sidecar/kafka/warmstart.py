@@ -1,0 +1,229 @@
+"""The exchangeability monitor's windows, refilled at start from the fleet's verdicts.
+
+The monitor (docs/methods.md §Retrieval certification) judges a calibration key by the
+rolling mean(m1) of its last ``GUARDRAIL_SIGNALS__MONITOR_WINDOW`` decided retrievals, in
+memory. A restart emptied it: the alarm that caveats every answer of a key whose
+retriever stopped ranking correct chunks into the top K went off with the process and
+stayed off while the new window warmed up (50 requests), or for good while the
+window's mean sat between the Wilson bound and 1 - alpha (the hysteresis band: a fresh
+window needs hundreds of requests to prove what the old one held). A rolling update or
+a crash-looping pod served those answers without the caveat.
+
+Every final verdict carries what the monitor counted: its retrieval signal (m1, alpha,
+calibration, key, the monitor's reading) and its tenant. Before the sidecar reads its
+first input, :func:`warm_start` reads the verdicts topic's tail, the last
+``GUARDRAIL_SIGNALS__MONITOR_WARM_START`` records over its partitions (no group,
+nothing committed, read-committed), and hands the final verdicts, oldest first and one
+per request, to the certifier (``RetrievalCertifier.seed_decided``). Every replica reads
+the whole fleet's tail: a replica's window then starts as the fleet's recent traffic,
+where it had started empty (the alarm is judged per replica; nothing sums the windows).
+
+Bounded: at most the configured number of records and :data:`TIMEOUT_S`; what was read
+by then is used. Never fatal: a cluster that refuses (no Read on the verdicts topic) or
+does not answer leaves the windows empty, with one warning that says why. Records that
+are not final answer verdicts, or whose retrieval signal does not validate, are skipped
+and counted. Whoever can write the verdicts topic can set a starting replica's alarm,
+as they can already tell the LLM service what to show: restrict it (Kafka ACLs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
+from pydantic import ValidationError
+
+from sidecar.config import Settings
+from sidecar.contracts.events import RetrievalSignal
+from sidecar.kafka.permissions import read_refused
+from sidecar.kafka.security import aiokafka_client_args
+from sidecar.pipeline.ports import MonitorSeed, RetrievalCertifier
+
+__all__ = ["TIMEOUT_S", "Decided", "ReadBack", "decided", "read_decided", "warm_start"]
+
+log = logging.getLogger("sidecar.kafka.warmstart")
+
+TIMEOUT_S: Final = 10.0
+"""The longest the read may take; what came by then is used (a start is not held longer)."""
+
+_MAX_ID_CHARS: Final = 1024  # request ids, tenants, keys: a verdict's are far shorter
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """One final verdict's part the monitor counts."""
+
+    timestamp_ms: int
+    partition: int
+    offset: int
+    request_id: str
+    tenant: str | None
+    retrieval: RetrievalSignal
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBack:
+    """What :func:`read_decided` found: one ``Decided`` per request, oldest first."""
+
+    decided: list[Decided]
+    records: int  # records read
+    skipped: int  # records that are not a final answer verdict with a valid retrieval
+    complete: bool  # every partition read to its end (not cut by the time limit)
+    seconds: float
+
+
+def decided(record: ConsumerRecord[bytes, bytes]) -> Decided | None:
+    """The record's final answer verdict as the monitor counts it; ``None`` for anything
+    else (a stream verdict, another event, junk). Keeps only the retrieval signal, without
+    its chunk ids: the read holds up to 200,000 of them (~1 KB each)."""
+    event = _json_object(record.value)
+    if event is None or (event.get("event_type"), event.get("stage")) != (
+        "answer.verdict",
+        "final",
+    ):
+        return None
+    request_id, tenant = event.get("request_id"), event.get("tenant")
+    signals = event.get("signals")
+    retrieval = signals.get("retrieval") if isinstance(signals, dict) else None
+    if (
+        not isinstance(request_id, str)
+        or not _fits(request_id)
+        or not (tenant is None or (isinstance(tenant, str) and _fits(tenant)))
+        or not isinstance(retrieval, dict)
+        or not all(_fits_or_none(retrieval.get(name)) for name in _NAMES)
+    ):
+        return None
+    try:
+        signal = RetrievalSignal.model_validate({**retrieval, "trusted_chunk_ids": []})
+    except ValidationError:
+        return None
+    return Decided(record.timestamp, record.partition, record.offset, request_id, tenant, signal)
+
+
+_NAMES: Final = ("calibration_key", "calibration_version", "fallback_reason")
+
+
+def _json_object(value: bytes | None) -> dict[str, Any] | None:
+    if not value:
+        return None
+    try:
+        found = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _fits(text: str) -> bool:
+    return 0 < len(text) <= _MAX_ID_CHARS
+
+
+def _fits_or_none(value: object) -> bool:
+    return value is None or (isinstance(value, str) and _fits(value))
+
+
+async def read_decided(
+    settings: Settings, records: int, *, timeout_s: float = TIMEOUT_S
+) -> ReadBack:
+    """The last ``records`` records of the verdicts topic (split evenly over its
+    partitions) as final verdicts, one per request (its latest), oldest first.
+
+    ``KafkaError`` / ``OSError`` when the cluster refuses or cannot be reached."""
+    topic = settings.topics.verdicts
+    started = time.monotonic()
+    consumer: AIOKafkaConsumer[bytes, bytes] = AIOKafkaConsumer(
+        **aiokafka_client_args(settings.kafka),
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",  # an aborted verdict was never served
+        client_id="guardrail-warm-start",
+        fetch_max_wait_ms=10,
+    )
+    latest: dict[tuple[str | None, str], Decided] = {}
+    read = skipped = 0
+    complete = False
+    try:
+        async with asyncio.timeout(timeout_s):
+            await consumer.start()
+            if topic not in await consumer.topics():  # else: waits out the time unsaid
+                raise UnknownTopicOrPartitionError(topic)
+            consumer.subscribe([topic])  # no group: every partition
+            while not consumer.assignment():  # noqa: ASYNC110 - aiokafka has no event for it
+                await asyncio.sleep(0.01)
+            remaining = await _tails(consumer, sorted(consumer.assignment()), records)
+            while remaining:
+                batch = await consumer.getmany(*remaining, timeout_ms=500)
+                for tp, got in batch.items():
+                    end = remaining.get(tp, 0)
+                    for found in (decided(r) for r in got if r.offset < end):
+                        read += 1
+                        if found is None:
+                            skipped += 1
+                        else:
+                            latest[(found.tenant, found.request_id)] = found
+                for tp, end in list(remaining.items()):
+                    if await consumer.position(tp) >= end:
+                        del remaining[tp]
+            complete = True
+    except TimeoutError:
+        if not read:
+            raise  # nothing came: the caller says the cluster did not answer
+    finally:
+        with contextlib.suppress(KafkaError, OSError):
+            await consumer.stop()
+    ordered = sorted(latest.values(), key=lambda d: (d.timestamp_ms, d.partition, d.offset))
+    return ReadBack(ordered, read, skipped, complete, time.monotonic() - started)
+
+
+async def _tails(
+    consumer: AIOKafkaConsumer[bytes, bytes], tps: Sequence[TopicPartition], records: int
+) -> dict[TopicPartition, int]:
+    """Seek each of ``tps`` (assigned) to its last ``records / len(tps)`` records; returns
+    the end offset of each partition that has any."""
+    starts = await consumer.beginning_offsets(list(tps))
+    ends = await consumer.end_offsets(list(tps))
+    each = math.ceil(records / len(tps))
+    remaining: dict[TopicPartition, int] = {}
+    for tp in tps:
+        if ends[tp] > starts[tp]:
+            consumer.seek(tp, max(starts[tp], ends[tp] - each))
+            remaining[tp] = ends[tp]
+    return remaining
+
+
+async def warm_start(settings: Settings, certifier: RetrievalCertifier) -> MonitorSeed | None:
+    """Refill ``certifier``'s monitor windows from the verdicts topic's tail (see the
+    module); ``None`` when it was not read (off, refused, unreachable: said once)."""
+    records = settings.signals.monitor_warm_start
+    if records <= 0:
+        return None
+    topic = settings.topics.verdicts
+    try:
+        back = await read_decided(settings, records)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        why = str(exc) or type(exc).__name__
+        log.warning(
+            "the exchangeability monitor's windows start empty: %s (GUARDRAIL_TOPICS__VERDICTS) "
+            "was not read back (%s)%s; a key whose alarm was on is judged afresh "
+            "(GUARDRAIL_SIGNALS__MONITOR_WARM_START=0 skips the read)",
+            topic, why, read_refused(settings, exc),
+        )  # fmt: skip
+        return None
+    seed = certifier.seed_decided((d.tenant, d.retrieval) for d in back.decided)
+    log.info(
+        "exchangeability monitor warm start: %d decided retrieval(s) of %d key(s) from the "
+        "last %d record(s) of %s in %.2f s%s%s%s",
+        seed.fed, seed.keys, back.records, topic, back.seconds,
+        f"; {back.skipped} not a final verdict" if back.skipped else "",
+        "" if back.complete else f"; cut at {TIMEOUT_S:g} s, the rest unread",
+        f"; alarm on: {', '.join(seed.broken)}" if seed.broken else "",
+    )  # fmt: skip
+    return seed

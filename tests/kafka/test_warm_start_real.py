@@ -1,0 +1,239 @@
+"""The exchangeability alarm survives a restart (real broker, ``guardrail run`` processes).
+
+A fleet whose retriever stopped ranking correct chunks into the top K has its alarm on
+(reason ``exchangeability-broken`` on every verdict). A replica killed and replaced while
+traffic flows used to start with empty windows: its first 50 decisions of the key read
+``warming-up``, without the caveat. It now reads the verdicts topic's tail back before it
+consumes (``sidecar.kafka.warmstart``), so every verdict after the restart still carries
+the alarm. Junk on the verdicts topic is skipped; a cluster that cannot be read leaves the
+windows empty and the start goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from sidecar.config import Settings
+from sidecar.contracts.events import RetrievalSignal, SignalStatus
+from sidecar.kafka.topics import create_topics
+from sidecar.kafka.warmstart import read_decided, warm_start
+from sidecar.lab.chaos.process import SidecarProcess
+from sidecar.lab.localkafka.broker import LocalKafka, free_port
+from sidecar.lab.replay import Record, send
+from sidecar.runtime import build_signals
+from tests.conformal.test_monitor_warm_start import KEY
+from tests.conformal.test_signal import _calibrated_hits
+from tests.kafka.harness import wait_until
+from tests.kafka.test_scale_out import _env, _settings, fleet  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.connected
+
+
+def requests(settings: Settings, prefix: str, n: int, *, trusted: bool) -> list[Record]:
+    """``n`` whole requests under the shipped calibration's key, every hit below (or above)
+    the score its calibration trusts."""
+    t = settings.topics
+    out = []
+    for i in range(n):
+        rid = f"{prefix}-{i}"
+        retrieval = {
+            "schema_version": 1,
+            "event_type": "retrieval",
+            "request_id": rid,
+            "tenant": "default",
+            "collection": "nq-open",
+            "retriever": "qdrant-minilm-l6",
+            "query": "who wrote frankenstein",
+            "k": 10,
+            "hits": _calibrated_hits(0.05 if trusted else -0.05),
+        }
+        final = {
+            "schema_version": 1,
+            "event_type": "generation.final",
+            "request_id": rid,
+            "answer": "Mary Shelley.",
+            "generator_model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+        }
+        out.append(Record(t.retrieval, rid.encode(), orjson.dumps(retrieval)))
+        out.append(Record(t.generation, rid.encode(), orjson.dumps(final)))
+    return out
+
+
+class Monitor:
+    """Each request's final verdict's monitor reading, and when it came."""
+
+    def __init__(self) -> None:
+        self.reading: dict[str, str | None] = {}
+        self.at: dict[str, float] = {}
+        self.partition: dict[str, int] = {}
+
+
+async def follow(settings: Settings, seen: Monitor, stop: asyncio.Event) -> None:
+    consumer: AIOKafkaConsumer[bytes, bytes] = AIOKafkaConsumer(
+        settings.topics.verdicts,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                for r in records:
+                    v = orjson.loads(r.value)
+                    if v.get("stage") == "final":
+                        seen.reading[v["request_id"]] = v["signals"]["retrieval"]["monitor"]
+                        seen.at.setdefault(v["request_id"], time.monotonic())
+                        seen.partition[v["request_id"]] = r.partition
+    finally:
+        await consumer.stop()
+
+
+async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    fleet: list[SidecarProcess],  # noqa: F811
+) -> None:
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, 3)
+    await create_topics(settings)
+    env = {**_env(settings), "GUARDRAIL_SIGNALS__LOOKBACK": "false"}
+    fleet += [SidecarProcess(env, tmp_path / f"a-{i}.log") for i in range(2)]
+    await asyncio.gather(*(asyncio.to_thread(p.start) for p in fleet))
+    await wait_until(lambda: all(p.ready() for p in fleet), 30, "both replicas ready")
+    seen = Monitor()
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(follow(settings, seen, stop))
+    try:
+        # the retriever goes bad: no hit is trusted, and both replicas' alarms come on
+        broken = requests(settings, "bad", 300, trusted=False)
+        await send(settings, broken)
+        await wait_until(lambda: len(seen.reading) == 300, 45, "300 verdicts")
+        for partition in range(3):  # each replica judged 50 before its alarm came on
+            last = [m for rid, m in seen.reading.items() if seen.partition[rid] == partition]
+            assert last[-10:] == ["exchangeability-broken"] * 10, (partition, last)
+
+        # one replica is killed and replaced while traffic flows; then more traffic
+        during = requests(settings, "during", 60, trusted=True)
+        sender = asyncio.create_task(send(settings, during, rate_per_s=len(during) / 6.0))
+        await asyncio.sleep(1.0)
+        assert await asyncio.to_thread(fleet[0].signal, signal.SIGKILL) == -signal.SIGKILL
+        replacement = SidecarProcess(env, tmp_path / "b.log")
+        fleet.append(replacement)
+        await asyncio.to_thread(replacement.start)
+        assert await sender == len(during)
+        ids = [f"during-{i}" for i in range(60)]
+        await wait_until(lambda: set(ids) <= set(seen.reading), 60, "60 more verdicts")
+        await send(settings, requests(settings, "after", 60, trusted=True))
+        ids += [f"after-{i}" for i in range(60)]
+        await wait_until(lambda: set(ids) <= set(seen.reading), 60, "60 more verdicts")
+    finally:
+        stop.set()
+        await watcher
+    readings = {rid: seen.reading[rid] for rid in ids}
+    assert set(readings.values()) == {"exchangeability-broken"}, readings
+    log = replacement.tail(100_000)
+    assert "exchangeability monitor warm start:" in log and f"alarm on: {KEY}" in log, log
+    # the replacement's partitions (its last assignment): the "after" requests there are its
+    assigned = [ln for ln in log.splitlines() if "assigned to partitions" in ln][-1]
+    mine = {int(p) for p in re.findall(r"retrieval', partition=(\d+)", assigned)}
+    decided_there = [rid for rid in ids if rid.startswith("after") and seen.partition[rid] in mine]
+    assert decided_there, assigned  # the replacement decided some, every one with the alarm
+    print(  # pytest -s: what the report quotes
+        f"\n{len(decided_there)} of the 60 later requests decided by the replacement "
+        f"(partitions {sorted(mine)}), all 120 exchangeability-broken; "
+        f"{[ln.split(': ', 1)[1] for ln in log.splitlines() if 'warm start:' in ln]}"
+    )
+
+
+async def test_junk_on_the_verdicts_topic_is_skipped_and_an_unreadable_cluster_is_said(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+    settings_factory: Any,
+) -> None:
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, 2)
+    await create_topics(settings)
+    shipped = settings_factory(
+        models={"dir": str(Path(__file__).parents[2] / "models")},
+        signals={"lookback": False},
+    )
+    settings = settings.model_copy(update={"models": shipped.models})
+    verdict = {
+        "event_type": "answer.verdict",
+        "stage": "final",
+        "request_id": "r-1",
+        "tenant": "default",
+        "signals": {
+            "retrieval": RetrievalSignal(
+                status=SignalStatus.OK,
+                trusted_chunk_ids=["c"] * 1000,
+                m1=True,
+                m2=1.0,
+                alpha=0.1,
+                certifiable=True,
+                calibration_version="cal",
+                calibration_key=KEY,
+                monitor="ok",
+            ).model_dump(mode="json")
+        },
+    }
+    junk: list[bytes | None] = [
+        b"{not json",
+        b"\xff\xfe\x00 not utf-8",
+        None,  # a tombstone
+        orjson.dumps([1, 2, 3]),
+        orjson.dumps({**verdict, "stage": "stream"}),
+        orjson.dumps({**verdict, "request_id": "x" * 5000}),
+        orjson.dumps({**verdict, "signals": {"retrieval": {"alpha": 1e308}}}),
+        orjson.dumps({**verdict, "tenant": 7}),
+    ]
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
+    await producer.start()
+    try:
+        for i, value in enumerate(junk):
+            await producer.send_and_wait(settings.topics.verdicts, value, key=b"j%d" % i)
+        for _ in range(3):  # the same request decided three times counts once: its latest
+            await producer.send_and_wait(settings.topics.verdicts, orjson.dumps(verdict))
+        good = {**verdict, "request_id": "r-2"}
+        await producer.send_and_wait(settings.topics.verdicts, orjson.dumps(good))
+    finally:
+        await producer.stop()
+    back = await read_decided(settings, 1000)
+    assert back.complete and back.records == len(junk) + 4
+    assert back.skipped == len(junk)
+    assert [d.request_id for d in back.decided] == ["r-1", "r-2"]
+    assert back.decided[0].retrieval.trusted_chunk_ids == []  # not held
+    # only the tail: one record per partition of the two
+    assert (await read_decided(settings, 2)).records == 2
+
+    certifier = build_signals(settings).certifier
+    assert certifier is not None
+    seed = await warm_start(settings, certifier)
+    assert seed is not None and seed.keys == 1 and seed.fed == 2
+
+    # a cluster that cannot be reached: the windows start empty, said once, no error
+    gone = settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(
+                update={"bootstrap_servers": f"127.0.0.1:{free_port()}"}
+            )
+        }
+    )
+    caplog.set_level(logging.WARNING, logger="sidecar.kafka.warmstart")
+    started = time.monotonic()
+    assert await warm_start(gone, certifier) is None
+    assert time.monotonic() - started < 15
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "sidecar.kafka.warmstart"]
+    assert "windows start empty" in warning and "MONITOR_WARM_START=0" in warning
