@@ -569,7 +569,7 @@ class SignalSettings(_Section):
     unknown_collection: Literal["fallback-global", "reject"] = "fallback-global"
     monitor_window: int = Field(default=500, ge=10)
     monitor_confidence: float = Field(default=0.99, gt=0.5, lt=1.0)
-    monitor_warm_start: int = Field(
+    warm_start: int = Field(
         default=20_000,
         ge=0,
         le=200_000,  # ~1 KB each while read: 200 MB at most

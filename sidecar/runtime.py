@@ -826,7 +826,8 @@ async def _check_permissions(settings: Settings, processor: Processor) -> list[N
                 claims=processor.signals.claims is not None,
                 reports=processor.signals.coverage is not None,
                 certificates=processor.certificates is not None,
-                monitor=processor.signals.certifier is not None,
+                warm_start=processor.signals.certifier is not None
+                or processor.signals.coverage is not None,
             )
         finally:
             await admin.close()

@@ -79,7 +79,8 @@ def run_acls(args: argparse.Namespace) -> int:
             claims=processor.signals.claims is not None,
             reports=processor.signals.coverage is not None,
             certificates=processor.certificates is not None,
-            monitor=processor.signals.certifier is not None,
+            warm_start=processor.signals.certifier is not None
+            or processor.signals.coverage is not None,
         )
     finally:
         processor.signals.close()

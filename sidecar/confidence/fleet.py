@@ -36,7 +36,7 @@ import math
 import socket
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from enum import IntEnum
 from typing import Generic, TypeVar
@@ -55,6 +55,7 @@ from sidecar.contracts.events import (
     RetrievalSignal,
 )
 from sidecar.exceptions import ConfigError
+from sidecar.pipeline.ports import DecidedRequest
 from sidecar.stats.intervals import ProportionInterval
 
 __all__ = ["MAX_COVERAGE_KEYS", "UNCERTIFIED_KEY", "CoverageMonitor", "FeedbackOutcome"]
@@ -130,6 +131,10 @@ class CoverageMonitor:
         self._recent: _RecentPerKey[bool] = _RecentPerKey(window)
         # request key -> certificate key, for final allows taken under a certificate
         self._certified: _RecentPerKey[None] = _RecentPerKey(window)
+        # the same two for requests decided before this process started (the warm start:
+        # remember_decided), looked up by labels only
+        self._earlier: _RecentPerKey[bool] = _RecentPerKey(window)
+        self._earlier_certified: _RecentPerKey[None] = _RecentPerKey(window)
         self.certificates = CertificateTracker(window=window, confidence=confidence)
         self._interval_ms = report_interval_s * 1000.0
         self._next_ms: float | None = None
@@ -189,6 +194,35 @@ class CoverageMonitor:
                 self.tracker.observe_request(key, cert.m1)
             self._recent.add(name, key, cert.m1)
 
+    def remember_decided(self, decided: Iterable[tuple[str, DecidedRequest]]) -> int:
+        """Requests decided before this process started: the fleet's final verdicts, oldest
+        first, each with its request key (:mod:`sidecar.kafka.warmstart`). Remembered for
+        their labels only: a label that came after a restart, or at the replica its
+        request's partition moved to, found no request and was counted unmatched, and a
+        certified allow's label never re-tested its certificate. They are not counted as
+        requests (the replica that decided them did; the fleet sums the windows), and at
+        most ``window`` are kept per key. Returns how many were remembered.
+        """
+        remembered = 0
+        with self._lock:
+            for name, request in decided:
+                certificate, certified = request.certificate, False
+                if certificate is not None and request.decision is Decision.ALLOW:
+                    self._earlier_certified.add(name, certificate, None)
+                    certified = True
+                cert = request.retrieval
+                if cert.m1 is not None:  # certified retrieval: its coverage can be labelled
+                    key = (
+                        monitor_key(
+                            cert.calibration_key, fallback=cert.fallback, tenant=request.tenant
+                        )
+                        if cert.calibration_key
+                        else UNCERTIFIED_KEY
+                    )
+                    self._earlier.add(name, key, cert.m1)
+                remembered += certified or cert.m1 is not None
+        return remembered
+
     def _feed(self, key: str) -> str:
         """``key`` is the most recently fed; past ``max_keys``, the least recent one leaves.
 
@@ -205,6 +239,7 @@ class CoverageMonitor:
             gone, _ = fed.popitem(last=False)
             self.tracker.forget(gone)
             self._recent.forget_key(gone)
+            self._earlier.forget_key(gone)
             self._latest.pop(gone, None)
             self.evicted_keys += 1
             if self.evicted_keys == 1:
@@ -230,7 +265,7 @@ class CoverageMonitor:
             return self._observe_feedback(feedback, request_key or feedback.request_id)
 
     def _observe_feedback(self, feedback: FeedbackEvent, name: str) -> FeedbackOutcome:
-        certified = self._certified.get(name)
+        certified = self._certified.get(name) or self._earlier_certified.get(name)
         certificate = None if certified is None else certified[0]
         cert_replaced = False
         if certificate is not None:
@@ -238,6 +273,8 @@ class CoverageMonitor:
                 certificate, name, wrong=not feedback.correct
             )
         seen = self._recent.get(name)
+        if seen is None and (seen := self._earlier.get(name)) is not None:
+            seen = (self._feed(seen[0]), seen[1])  # its key counts among max_keys from now
         if seen is None:
             if certificate is None:
                 return FeedbackOutcome.UNKNOWN

@@ -393,9 +393,8 @@ class SidecarService:
                 self.settings, self.processor.certificates, on_refused=self.state.fail
             )
             await self.certificates.start()
-        certifier = self.processor.signals.certifier
-        if certifier is not None and self._warm_start:  # the monitor, as the fleet left it
-            await warm_start(self.settings, certifier)
+        if self._warm_start and self.processor.signals.warm_starts:  # as the fleet left them
+            await warm_start(self.settings, self.processor)
         await self.broker.start()
         kafka = self.settings.kafka
         request_size = request_size_bytes(self.settings.topics.max_message_bytes)

@@ -113,13 +113,13 @@ def needs(
     claims: bool,
     reports: bool,
     certificates: bool,
-    monitor: bool = False,
+    warm_start: bool = False,
 ) -> list[Need]:
     """What the sidecar does on the cluster with ``settings``: ``claims`` (the claim check
     publishes per-claim verdicts), ``reports`` (the coverage monitor publishes reports),
     ``certificates`` (the policy certifies allows: the fleet's withdrawals are read and
-    written), ``monitor`` (retrieval certification runs its exchangeability monitor: the
-    verdicts' tail is read back at start, ``GUARDRAIL_SIGNALS__MONITOR_WARM_START``)."""
+    written), ``warm_start`` (the exchangeability or the coverage monitor runs: the
+    verdicts' tail is read back at start, ``GUARDRAIL_SIGNALS__WARM_START``)."""
     t = settings.topics
     out = [Need("group", settings.kafka.group_id, READ, "the consumer group")]
     inputs = {t.retrieval: "input", t.generation: "input", t.feedback: "input, labels"}
@@ -142,12 +142,13 @@ def needs(
             Need("topic", name, WRITE, "reroute", essential=False, without=without)
             for name in inputs
         ]
-    if monitor and settings.signals.monitor_warm_start > 0:
+    if warm_start and settings.signals.warm_start > 0:
         without = (
             "the exchangeability monitor's windows start empty, so a restart clears an "
-            "alarm (or set GUARDRAIL_SIGNALS__MONITOR_WARM_START=0)"
+            "alarm, and labels of requests decided before it go unmatched (or set "
+            "GUARDRAIL_SIGNALS__WARM_START=0)"
         )
-        why = "the monitor's warm start"
+        why = "the warm start"
         out.append(Need("topic", t.verdicts, READ, why, essential=False, without=without))
     used = {n.name for n in out if n.resource == "topic"}
     out += [  # the start checks that every topic of the layout exists
@@ -269,13 +270,13 @@ async def check_permissions(
     claims: bool,
     reports: bool,
     certificates: bool,
-    monitor: bool = False,
+    warm_start: bool = False,
 ) -> list[Need]:
     """Raise :class:`ConfigError` naming every essential ACL the principal lacks; log a
     warning for the others, one per consequence. Returns what is missing (the
     non-essential ones)."""
     wanted = needs(
-        settings, claims=claims, reports=reports, certificates=certificates, monitor=monitor
+        settings, claims=claims, reports=reports, certificates=certificates, warm_start=warm_start
     )
     lacking = await lacking_needs(settings, admin, wanted)
     principal = principal_hint(settings)

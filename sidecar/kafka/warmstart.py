@@ -1,29 +1,36 @@
-"""The exchangeability monitor's windows, refilled at start from the fleet's verdicts.
+"""At start, the requests the fleet decided before: read back from the verdicts topic.
 
-The monitor (docs/methods.md §Retrieval certification) judges a calibration key by the
-rolling mean(m1) of its last ``GUARDRAIL_SIGNALS__MONITOR_WINDOW`` decided retrievals, in
-memory. A restart emptied it: the alarm that caveats every answer of a key whose
-retriever stopped ranking correct chunks into the top K went off with the process and
-stayed off while the new window warmed up (50 requests), or for good while the
-window's mean sat between the Wilson bound and 1 - alpha (the hysteresis band: a fresh
-window needs hundreds of requests to prove what the old one held). A rolling update or
-a crash-looping pod served those answers without the caveat.
+Two things the sidecar keeps in memory were lost with the process:
 
-Every final verdict carries what the monitor counted: its retrieval signal (m1, alpha,
-calibration, key, the monitor's reading) and its tenant. Before the sidecar reads its
-first input, :func:`warm_start` reads the verdicts topic's tail, the last
-``GUARDRAIL_SIGNALS__MONITOR_WARM_START`` records over its partitions (no group,
-nothing committed, read-committed), and hands the final verdicts, oldest first and one
-per request, to the certifier (``RetrievalCertifier.seed_decided``). Every replica reads
-the whole fleet's tail: a replica's window then starts as the fleet's recent traffic,
-where it had started empty (the alarm is judged per replica; nothing sums the windows).
+* The exchangeability monitor (docs/methods.md §Retrieval certification) judges a
+  calibration key by the rolling mean(m1) of its last ``GUARDRAIL_SIGNALS__MONITOR_WINDOW``
+  decided retrievals. A restart emptied it: the alarm that caveats every answer of a key
+  whose retriever stopped ranking correct chunks into the top K went off with the
+  process and stayed off while the new window warmed up (50 requests), or for good while
+  the window's mean sat between the Wilson bound and 1 - alpha (the hysteresis band). A
+  rolling update or a crash-looping pod served those answers without the caveat.
+* The coverage monitor matches a feedback label to the request it labels by the requests
+  this process decided. A label that came after a restart (labels come after their
+  answers), or at the replica its request's partition moved to, matched nothing and was
+  counted unmatched: lost to the coverage bound, and a certified allow's label to its
+  certificate's re-test.
+
+Every final verdict carries what both need: its retrieval signal (m1, alpha, calibration,
+key, the monitor's reading), its tenant, decision, allow certificate and policy. Before
+the sidecar reads its first input, :func:`warm_start` reads the verdicts topic's tail,
+the last ``GUARDRAIL_SIGNALS__WARM_START`` records over its partitions (no group, nothing
+committed, read-committed), and hands the final verdicts, oldest first and one per
+request, to ``Processor.warm_start``: the monitor's windows are refilled and judged with
+the latest verdict's reading; the coverage monitor keeps the requests for their labels
+(not counted as requests: the replica that decided them did). Every replica reads the
+whole fleet's tail.
 
 Bounded: at most the configured number of records and :data:`TIMEOUT_S`; what was read
 by then is used. Never fatal: a cluster that refuses (no Read on the verdicts topic) or
-does not answer leaves the windows empty, with one warning that says why. Records that
-are not final answer verdicts, or whose retrieval signal does not validate, are skipped
-and counted. Whoever can write the verdicts topic can set a starting replica's alarm,
-as they can already tell the LLM service what to show: restrict it (Kafka ACLs).
+does not answer leaves both empty, with one warning that says why. Records that are not
+final answer verdicts, or whose fields do not validate, are skipped and counted. Whoever
+can write the verdicts topic can set a starting replica's alarm or label lookup, as they
+can already tell the LLM service what to show: restrict it (Kafka ACLs).
 """
 
 from __future__ import annotations
@@ -43,10 +50,11 @@ from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 from pydantic import ValidationError
 
 from sidecar.config import Settings
-from sidecar.contracts.events import RetrievalSignal
+from sidecar.contracts.events import Decision, RetrievalSignal
 from sidecar.kafka.permissions import read_refused
 from sidecar.kafka.security import aiokafka_client_args
-from sidecar.pipeline.ports import MonitorSeed, RetrievalCertifier
+from sidecar.pipeline.ports import DecidedRequest, WarmStart
+from sidecar.pipeline.processor import Processor
 
 __all__ = ["TIMEOUT_S", "Decided", "ReadBack", "decided", "read_decided", "warm_start"]
 
@@ -60,14 +68,12 @@ _MAX_ID_CHARS: Final = 1024  # request ids, tenants, keys: a verdict's are far s
 
 @dataclass(frozen=True, slots=True)
 class Decided:
-    """One final verdict's part the monitor counts."""
+    """One final verdict's request, and where it was read."""
 
     timestamp_ms: int
     partition: int
     offset: int
-    request_id: str
-    tenant: str | None
-    retrieval: RetrievalSignal
+    request: DecidedRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +98,18 @@ def decided(record: ConsumerRecord[bytes, bytes]) -> Decided | None:
     ):
         return None
     request_id, tenant = event.get("request_id"), event.get("tenant")
-    signals = event.get("signals")
+    certificate, said = event.get("certificate"), event.get("decision")
+    decision = _DECISIONS.get(said) if isinstance(said, str) else None  # [1] is unhashable
+    signals, versions = event.get("signals"), event.get("model_versions")
     retrieval = signals.get("retrieval") if isinstance(signals, dict) else None
+    policy = versions.get("policy") if isinstance(versions, dict) else None
     if (
         not isinstance(request_id, str)
         or not _fits(request_id)
         or not (tenant is None or (isinstance(tenant, str) and _fits(tenant)))
+        or not (certificate is None or (isinstance(certificate, str) and _fits(certificate)))
+        or not (policy is None or (isinstance(policy, str) and _fits(policy)))
+        or decision is None
         or not isinstance(retrieval, dict)
         or not all(_fits_or_none(retrieval.get(name)) for name in _NAMES)
     ):
@@ -106,10 +118,12 @@ def decided(record: ConsumerRecord[bytes, bytes]) -> Decided | None:
         signal = RetrievalSignal.model_validate({**retrieval, "trusted_chunk_ids": []})
     except ValidationError:
         return None
-    return Decided(record.timestamp, record.partition, record.offset, request_id, tenant, signal)
+    request = DecidedRequest(request_id, tenant, decision, signal, certificate, policy)
+    return Decided(record.timestamp, record.partition, record.offset, request)
 
 
 _NAMES: Final = ("calibration_key", "calibration_version", "fallback_reason")
+_DECISIONS: Final = {d.value: d for d in Decision}
 
 
 def _json_object(value: bytes | None) -> dict[str, Any] | None:
@@ -168,7 +182,7 @@ async def read_decided(
                         if found is None:
                             skipped += 1
                         else:
-                            latest[(found.tenant, found.request_id)] = found
+                            latest[(found.request.tenant, found.request.request_id)] = found
                 for tp, end in list(remaining.items()):
                     if await consumer.position(tp) >= end:
                         del remaining[tp]
@@ -199,10 +213,11 @@ async def _tails(
     return remaining
 
 
-async def warm_start(settings: Settings, certifier: RetrievalCertifier) -> MonitorSeed | None:
-    """Refill ``certifier``'s monitor windows from the verdicts topic's tail (see the
-    module); ``None`` when it was not read (off, refused, unreachable: said once)."""
-    records = settings.signals.monitor_warm_start
+async def warm_start(settings: Settings, processor: Processor) -> WarmStart | None:
+    """Give ``processor`` the requests decided before it started, read back from the
+    verdicts topic's tail (see the module); ``None`` when it was not read (off, refused,
+    unreachable: said once)."""
+    records = settings.signals.warm_start
     if records <= 0:
         return None
     topic = settings.topics.verdicts
@@ -211,19 +226,25 @@ async def warm_start(settings: Settings, certifier: RetrievalCertifier) -> Monit
     except (KafkaError, OSError, TimeoutError) as exc:
         why = str(exc) or type(exc).__name__
         log.warning(
-            "the exchangeability monitor's windows start empty: %s (GUARDRAIL_TOPICS__VERDICTS) "
-            "was not read back (%s)%s; a key whose alarm was on is judged afresh "
-            "(GUARDRAIL_SIGNALS__MONITOR_WARM_START=0 skips the read)",
+            "the warm start did not read %s back (%s)%s: the exchangeability monitor's "
+            "windows start empty (a key whose alarm was on is judged afresh) and labels of "
+            "requests decided before this start go unmatched (GUARDRAIL_TOPICS__VERDICTS; "
+            "GUARDRAIL_SIGNALS__WARM_START=0 skips the read)",
             topic, why, read_refused(settings, exc),
         )  # fmt: skip
         return None
-    seed = certifier.seed_decided((d.tenant, d.retrieval) for d in back.decided)
+    done = processor.warm_start([d.request for d in back.decided])
+    seed = done.monitor
     log.info(
-        "exchangeability monitor warm start: %d decided retrieval(s) of %d key(s) from the "
-        "last %d record(s) of %s in %.2f s%s%s%s",
-        seed.fed, seed.keys, back.records, topic, back.seconds,
-        f"; {back.skipped} not a final verdict" if back.skipped else "",
-        "" if back.complete else f"; cut at {TIMEOUT_S:g} s, the rest unread",
-        f"; alarm on: {', '.join(seed.broken)}" if seed.broken else "",
+        "warm start: the last %d record(s) of %s read in %.2f s%s%s; %s; %d request(s) kept "
+        "for their labels%s",
+        back.records, topic, back.seconds,
+        f" ({back.skipped} not a final verdict)" if back.skipped else "",
+        "" if back.complete else f", cut at {TIMEOUT_S:g} s",
+        "no exchangeability monitor" if seed is None else (
+            f"exchangeability monitor: {seed.fed} decided retrieval(s) of {seed.keys} key(s)"
+        ),
+        done.remembered,
+        f"; alarm on: {', '.join(seed.broken)}" if seed is not None and seed.broken else "",
     )  # fmt: skip
-    return seed
+    return done

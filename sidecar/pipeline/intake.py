@@ -691,6 +691,11 @@ class Intake:
         """Request ids are scoped by the trusted tenant (when there is one)."""
         return request_id if tenant is None else f"{tenant}/{request_id}"
 
+    def decided_key(self, request_id: str, tenant: str | None) -> str:
+        """The store key a request had, from its verdict's ``tenant`` (its retrieval
+        event's): a trusted tenant (header, fixed) is the event's, which must agree."""
+        return self.store_key(request_id, None if self._tenancy.source == "event" else tenant)
+
     def _trusted_tenant(self, ref: InputRef) -> str | None:
         """The tenant a trusted source names for this message; None when events name it."""
         tenancy = self._tenancy

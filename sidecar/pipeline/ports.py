@@ -68,12 +68,33 @@ class MonitorReading:
 
 
 @dataclass(frozen=True, slots=True)
+class DecidedRequest:
+    """A request decided before this process started, as its final verdict tells it (the
+    warm start reads them back: ``sidecar.kafka.warmstart``)."""
+
+    request_id: str
+    tenant: str | None  # the verdict's: its retrieval event's
+    decision: Decision
+    retrieval: RetrievalSignal  # without its chunk ids
+    certificate: str | None  # the allow certificate's key it was decided under, if any
+    policy: str | None  # the fingerprint of the policy that decided (model_versions["policy"])
+
+
+@dataclass(frozen=True, slots=True)
 class MonitorSeed:
     """What a warm start put in the exchangeability monitor (``seed_decided``)."""
 
     fed: int  # decided retrievals counted into windows
     keys: int  # windows they went to
     broken: tuple[str, ...] = ()  # the windows whose alarm is on afterwards
+
+
+@dataclass(frozen=True, slots=True)
+class WarmStart:
+    """What a warm start gave the processor (``Processor.warm_start``)."""
+
+    monitor: MonitorSeed | None  # None: no retrieval certification
+    remembered: int  # requests the coverage monitor keeps for their labels
 
 
 class RetrievalCertifier(Protocol):
@@ -215,6 +236,11 @@ class CoverageObserver(Protocol):
         1 for the request's first label, 2 when it replaced an earlier one."""
         ...
 
+    def remember_decided(self, decided: Iterable[tuple[str, DecidedRequest]]) -> int:
+        """Requests decided before this process started (``(request_key, request)``, oldest
+        first), for their labels only: not counted as requests. Returns how many."""
+        ...
+
     def due_reports(self, now_ms: float) -> list[CoverageReport]:
         """Reports to publish now (one per calibration key), or none before the interval."""
         ...
@@ -256,6 +282,12 @@ class SignalSuite:
     claims: ClaimChecker | None = None
     confidence: ConfidenceScorer | None = None
     coverage: CoverageObserver | None = None
+
+    @property
+    def warm_starts(self) -> bool:
+        """Whether a start gives the signals the fleet's decided requests (a monitor that
+        keeps them: ``Processor.warm_start``)."""
+        return self.certifier is not None or self.coverage is not None
 
     def close(self) -> None:
         """Release what the components hold: an LLM judge's calls in flight are cut off.

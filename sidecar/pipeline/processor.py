@@ -22,6 +22,7 @@ Decisions recorded here (and tested):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import traceback
@@ -45,9 +46,11 @@ from sidecar.pipeline.ports import (
     CertificateLedger,
     ClaimResult,
     CoverageObserver,
+    DecidedRequest,
     Policy,
     RetrievalCertifier,
     SignalSuite,
+    WarmStart,
 )
 from sidecar.pipeline.progress import Progress
 from sidecar.pipeline.scoring import Scored, Scoring
@@ -505,6 +508,30 @@ class Processor:
         return outputs.verdict_output(verdict, entry, self._clock_ns())
 
     # ------------------------------------------------------------------ time
+
+    def warm_start(self, decided: Sequence[DecidedRequest]) -> WarmStart:
+        """Requests decided before this process started, oldest first (the fleet's final
+        verdicts: :mod:`sidecar.kafka.warmstart`), before the first input: the
+        exchangeability monitor's windows are refilled from them, and the coverage monitor
+        keeps them for their labels. A certified allow counts as one only under the policy
+        (and so the certificates) that decides now: another's labels would re-test a
+        certificate that did not allow it."""
+        signals = self.scoring.signals
+        certifier, coverage = signals.certifier, signals.coverage
+        seed = None
+        if certifier is not None:
+            seed = certifier.seed_decided((d.tenant, d.retrieval) for d in decided)
+        remembered = 0
+        if coverage is not None:
+            policy = self._policy.fingerprint
+            remembered = coverage.remember_decided(
+                (
+                    self.intake.decided_key(d.request_id, d.tenant),
+                    d if d.policy == policy else dataclasses.replace(d, certificate=None),
+                )
+                for d in decided
+            )
+        return WarmStart(seed, remembered)
 
     def on_tick(self, now_ms: float, wall_ms: float | None = None) -> Step:
         """Expire half-requests older than the TTL into ``incomplete`` verdicts; due reports.

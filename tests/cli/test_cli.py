@@ -338,10 +338,10 @@ def test_topics_acls_prints_a_grant_line_per_acl_for_this_configuration(
     assert f"{grant} --operation Write --topic team.dlq  # DLQ" in lines
     optional = [line for line in lines if "# optional: reroute" in line]
     assert len(optional) == 3 and all("--operation Write" in line for line in optional)
-    warm = [line for line in lines if "# optional: the monitor's warm start" in line]
+    warm = [line for line in lines if "# optional: the warm start" in line]
     assert len(warm) == 1 and "--operation Read --topic rag.verdicts" in warm[0]
     monkeypatch.setenv("GUARDRAIL_JOIN__REROUTE", "false")
-    monkeypatch.setenv("GUARDRAIL_SIGNALS__MONITOR_WARM_START", "0")
+    monkeypatch.setenv("GUARDRAIL_SIGNALS__WARM_START", "0")
     assert main(["topics", "acls", "--json"]) == 0
     rows = [orjson.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert all(row["essential"] for row in rows) and "granted" not in rows[0]

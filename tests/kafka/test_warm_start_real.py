@@ -16,20 +16,24 @@ import logging
 import re
 import signal
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.config import Settings
-from sidecar.contracts.events import RetrievalSignal, SignalStatus
+from sidecar.contracts.events import Decision, RetrievalSignal, SignalStatus
 from sidecar.kafka.topics import create_topics
 from sidecar.kafka.warmstart import read_decided, warm_start
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka, free_port
 from sidecar.lab.replay import Record, send
+from sidecar.pipeline.processor import Processor
+from sidecar.policy import PlaceholderPolicy
 from sidecar.runtime import build_signals
 from tests.conformal.test_monitor_warm_start import KEY
 from tests.conformal.test_signal import _calibrated_hits
@@ -67,6 +71,42 @@ def requests(settings: Settings, prefix: str, n: int, *, trusted: bool) -> list[
         out.append(Record(t.retrieval, rid.encode(), orjson.dumps(retrieval)))
         out.append(Record(t.generation, rid.encode(), orjson.dumps(final)))
     return out
+
+
+def labels(settings: Settings, ids: list[str]) -> list[Record]:
+    """A wrong-answer label for each request, keyed (so on its request's partition)."""
+    return [
+        Record(
+            settings.topics.feedback,
+            rid.encode(),
+            orjson.dumps(
+                {
+                    "schema_version": 1,
+                    "event_type": "feedback",
+                    "request_id": rid,
+                    "correct": False,
+                    "source": "reviewer",
+                }
+            ),
+        )
+        for rid in ids
+    ]
+
+
+def labelled(url: str) -> float:
+    """The labels of uncovered requests in this replica's coverage window (its scrape)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return -1.0
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "guardrail_coverage_window_labelled_uncovered"
+        and sample.labels.get("calibration_key") == KEY
+    )
 
 
 class Monitor:
@@ -129,7 +169,15 @@ async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
         sender = asyncio.create_task(send(settings, during, rate_per_s=len(during) / 6.0))
         await asyncio.sleep(1.0)
         assert await asyncio.to_thread(fleet[0].signal, signal.SIGKILL) == -signal.SIGKILL
-        replacement = SidecarProcess(env, tmp_path / "b.log")
+        metrics_port = free_port()
+        replacement = SidecarProcess(
+            {
+                **env,
+                "GUARDRAIL_METRICS__PROMETHEUS_HOST": "127.0.0.1",
+                "GUARDRAIL_METRICS__PROMETHEUS_PORT": str(metrics_port),
+            },
+            tmp_path / "b.log",
+        )
         fleet.append(replacement)
         await asyncio.to_thread(replacement.start)
         assert await sender == len(during)
@@ -141,19 +189,27 @@ async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
     finally:
         stop.set()
         await watcher
+    # labels now for the requests decided before the kill (a label comes after its answer)
+    await send(settings, labels(settings, [f"bad-{i}" for i in range(300)]))
     readings = {rid: seen.reading[rid] for rid in ids}
     assert set(readings.values()) == {"exchangeability-broken"}, readings
     log = replacement.tail(100_000)
-    assert "exchangeability monitor warm start:" in log and f"alarm on: {KEY}" in log, log
+    assert "warm start: the last" in log and f"alarm on: {KEY}" in log, log
     # the replacement's partitions (its last assignment): the "after" requests there are its
     assigned = [ln for ln in log.splitlines() if "assigned to partitions" in ln][-1]
     mine = {int(p) for p in re.findall(r"retrieval', partition=(\d+)", assigned)}
     decided_there = [rid for rid in ids if rid.startswith("after") and seen.partition[rid] in mine]
     assert decided_there, assigned  # the replacement decided some, every one with the alarm
+    # every label on its partitions reached its request, though decided before it started
+    theirs = sum(seen.partition[f"bad-{i}"] in mine for i in range(300))
+    assert theirs > 0
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    await wait_until(lambda: labelled(url) == theirs, 30, f"{theirs} labels counted")
     print(  # pytest -s: what the report quotes
         f"\n{len(decided_there)} of the 60 later requests decided by the replacement "
-        f"(partitions {sorted(mine)}), all 120 exchangeability-broken; "
-        f"{[ln.split(': ', 1)[1] for ln in log.splitlines() if 'warm start:' in ln]}"
+        f"(partitions {sorted(mine)}), all 120 exchangeability-broken; {theirs} labels on its "
+        f"partitions for requests decided before it started, all counted; "
+        f"{[ln.split(' INFO ', 1)[1] for ln in log.splitlines() if 'warm start:' in ln]}"
     )
 
 
@@ -175,6 +231,9 @@ async def test_junk_on_the_verdicts_topic_is_skipped_and_an_unreadable_cluster_i
         "stage": "final",
         "request_id": "r-1",
         "tenant": "default",
+        "decision": "allow",
+        "certificate": KEY,
+        "model_versions": {"policy": "default/1@abc"},
         "signals": {
             "retrieval": RetrievalSignal(
                 status=SignalStatus.OK,
@@ -198,6 +257,10 @@ async def test_junk_on_the_verdicts_topic_is_skipped_and_an_unreadable_cluster_i
         orjson.dumps({**verdict, "request_id": "x" * 5000}),
         orjson.dumps({**verdict, "signals": {"retrieval": {"alpha": 1e308}}}),
         orjson.dumps({**verdict, "tenant": 7}),
+        orjson.dumps({**verdict, "decision": [1]}),  # not even hashable
+        orjson.dumps({**verdict, "decision": "maybe"}),
+        orjson.dumps({**verdict, "certificate": {"key": "x"}}),
+        orjson.dumps({**verdict, "model_versions": {"policy": "p" * 2000}}),
     ]
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
     await producer.start()
@@ -213,15 +276,21 @@ async def test_junk_on_the_verdicts_topic_is_skipped_and_an_unreadable_cluster_i
     back = await read_decided(settings, 1000)
     assert back.complete and back.records == len(junk) + 4
     assert back.skipped == len(junk)
-    assert [d.request_id for d in back.decided] == ["r-1", "r-2"]
-    assert back.decided[0].retrieval.trusted_chunk_ids == []  # not held
+    assert [d.request.request_id for d in back.decided] == ["r-1", "r-2"]
+    first = back.decided[0].request
+    assert first.retrieval.trusted_chunk_ids == []  # not held
+    assert (first.decision, first.certificate, first.policy) == (
+        Decision.ALLOW,
+        KEY,
+        "default/1@abc",
+    )
     # only the tail: one record per partition of the two
     assert (await read_decided(settings, 2)).records == 2
 
-    certifier = build_signals(settings).certifier
-    assert certifier is not None
-    seed = await warm_start(settings, certifier)
-    assert seed is not None and seed.keys == 1 and seed.fed == 2
+    processor = Processor(settings, PlaceholderPolicy(), signals=build_signals(settings))
+    done = await warm_start(settings, processor)
+    assert done is not None and done.monitor is not None
+    assert (done.monitor.keys, done.monitor.fed, done.remembered) == (1, 2, 2)
 
     # a cluster that cannot be reached: the windows start empty, said once, no error
     gone = settings.model_copy(
@@ -233,7 +302,8 @@ async def test_junk_on_the_verdicts_topic_is_skipped_and_an_unreadable_cluster_i
     )
     caplog.set_level(logging.WARNING, logger="sidecar.kafka.warmstart")
     started = time.monotonic()
-    assert await warm_start(gone, certifier) is None
+    assert await warm_start(gone, processor) is None
     assert time.monotonic() - started < 15
     [warning] = [r.getMessage() for r in caplog.records if r.name == "sidecar.kafka.warmstart"]
-    assert "windows start empty" in warning and "MONITOR_WARM_START=0" in warning
+    assert "windows start empty" in warning and "labels of requests" in warning
+    assert "GUARDRAIL_SIGNALS__WARM_START=0" in warning
