@@ -57,7 +57,7 @@ from sidecar.kafka.resets import installed as offset_resets
 from sidecar.kafka.resets import watch_offset_resets
 from sidecar.kafka.security import faststream_security
 from sidecar.kafka.topics import input_topics
-from sidecar.kafka.warmstart import warm_start
+from sidecar.kafka.warmstart import recall, warm_start
 from sidecar.kafka.withdrawals import CertificateBoard
 from sidecar.lograte import PER_INPUT, report_repeats
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
@@ -162,6 +162,8 @@ class SidecarService:
         and said so)."""
         self.settings = settings
         self._warm_start = warm_start
+        # the retrieval topic's partitions held since the last assignment
+        self._held_numbers: frozenset[int] = frozenset()
         self.processor = processor
         self.telemetry = telemetry or Telemetry()
         self.broker = broker if broker is not None else make_broker(settings)
@@ -524,10 +526,26 @@ class SidecarService:
         self._handovers_read.clear()  # records that come meanwhile wait for it (_handle)
         try:
             await self._take_handovers(assigned)
+            await self._recall_labels(assigned, counts)
         finally:
             self._handovers_read.set()
         if not self._stopping.is_set():  # new partitions come unpaused: pause what is due
             self.intake.apply(self.clients.consumer, assigned)
+
+    async def _recall_labels(self, assigned: set[TP], counts: dict[str, int]) -> None:
+        """Partitions this replica did not hold before (another one stopped, the group
+        shrank or grew) bring the labels of requests decided there by another replica:
+        read back for them (``warmstart.recall``) before the partitions' records are
+        handled. The first assignment too: its partitions' last owner went on deciding
+        between the start's warm start and the join."""
+        retrieval = self.settings.topics.retrieval
+        numbers = frozenset(p for t, p in assigned if t == retrieval)
+        new, self._held_numbers = numbers - self._held_numbers, numbers
+        count = counts.get(retrieval)
+        if not new or not count or not self._warm_start:
+            return
+        if self.processor.signals.coverage is not None:
+            await recall(self.settings, self.processor, new, count)
 
     def _note_assignment(self) -> None:
         """Tell intake which partitions this replica reads: a record off its request's

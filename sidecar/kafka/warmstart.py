@@ -40,7 +40,6 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -49,6 +48,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
 from pydantic import ValidationError
 
+from guardrail_client.keys import partition_for
 from sidecar.config import Settings
 from sidecar.contracts.events import Decision, RetrievalSignal
 from sidecar.kafka.permissions import read_refused
@@ -56,7 +56,16 @@ from sidecar.kafka.security import aiokafka_client_args
 from sidecar.pipeline.ports import DecidedRequest, WarmStart
 from sidecar.pipeline.processor import Processor
 
-__all__ = ["TIMEOUT_S", "Decided", "ReadBack", "decided", "read_decided", "warm_start"]
+__all__ = [
+    "RECALL_TIMEOUT_S",
+    "TIMEOUT_S",
+    "Decided",
+    "ReadBack",
+    "decided",
+    "read_decided",
+    "recall",
+    "warm_start",
+]
 
 log = logging.getLogger("sidecar.kafka.warmstart")
 
@@ -145,10 +154,19 @@ def _fits_or_none(value: object) -> bool:
 
 
 async def read_decided(
-    settings: Settings, records: int, *, timeout_s: float = TIMEOUT_S
+    settings: Settings,
+    records: int,
+    *,
+    timeout_s: float = TIMEOUT_S,
+    homes: tuple[frozenset[int], int] | None = None,
 ) -> ReadBack:
     """The last ``records`` records of the verdicts topic (split evenly over its
     partitions) as final verdicts, one per request (its latest), oldest first.
+
+    ``homes`` (partition numbers, the input topics' partition count): only requests whose
+    inputs hash to those partitions (murmur2 of the request id, as the producers and the
+    verdicts are keyed); with as many verdict partitions as input partitions, only those
+    verdict partitions are read.
 
     ``KafkaError`` / ``OSError`` when the cluster refuses or cannot be reached."""
     topic = settings.topics.verdicts
@@ -172,7 +190,7 @@ async def read_decided(
             consumer.subscribe([topic])  # no group: every partition
             while not consumer.assignment():  # noqa: ASYNC110 - aiokafka has no event for it
                 await asyncio.sleep(0.01)
-            remaining = await _tails(consumer, sorted(consumer.assignment()), records)
+            remaining = await _tails(consumer, records, homes)
             while remaining:
                 batch = await consumer.getmany(*remaining, timeout_ms=500)
                 for tp, got in batch.items():
@@ -181,7 +199,7 @@ async def read_decided(
                         read += 1
                         if found is None:
                             skipped += 1
-                        else:
+                        elif homes is None or _home(found.request, homes):
                             latest[(found.request.tenant, found.request.request_id)] = found
                 for tp, end in list(remaining.items()):
                     if await consumer.position(tp) >= end:
@@ -197,14 +215,28 @@ async def read_decided(
     return ReadBack(ordered, read, skipped, complete, time.monotonic() - started)
 
 
+def _home(request: DecidedRequest, homes: tuple[frozenset[int], int]) -> bool:
+    partitions, count = homes
+    return partition_for(request.request_id, count) in partitions
+
+
 async def _tails(
-    consumer: AIOKafkaConsumer[bytes, bytes], tps: Sequence[TopicPartition], records: int
+    consumer: AIOKafkaConsumer[bytes, bytes],
+    records: int,
+    homes: tuple[frozenset[int], int] | None,
 ) -> dict[TopicPartition, int]:
-    """Seek each of ``tps`` (assigned) to its last ``records / len(tps)`` records; returns
-    the end offset of each partition that has any."""
+    """Seek each assigned partition to its last ``records / partitions`` records (with
+    ``homes`` and as many partitions as the inputs, only those; the others paused);
+    returns the end offset of each partition to read that has any."""
+    tps = sorted(consumer.assignment())
+    each = math.ceil(records / len(tps))
+    if homes is not None and len(tps) == homes[1]:  # verdicts where their inputs are
+        consumer.pause(*(tp for tp in tps if tp.partition not in homes[0]))
+        tps = [tp for tp in tps if tp.partition in homes[0]]
+    if not tps:
+        return {}
     starts = await consumer.beginning_offsets(list(tps))
     ends = await consumer.end_offsets(list(tps))
-    each = math.ceil(records / len(tps))
     remaining: dict[TopicPartition, int] = {}
     for tp in tps:
         if ends[tp] > starts[tp]:
@@ -248,3 +280,40 @@ async def warm_start(settings: Settings, processor: Processor) -> WarmStart | No
         f"; alarm on: {', '.join(seed.broken)}" if seed is not None and seed.broken else "",
     )  # fmt: skip
     return done
+
+
+RECALL_TIMEOUT_S: Final = 5.0
+"""The longest a rebalance's read may take: records wait for it (as for the handovers)."""
+
+
+async def recall(
+    settings: Settings, processor: Processor, partitions: frozenset[int], input_partitions: int
+) -> int | None:
+    """Partitions this replica was just given (a replica gone, a scale-down) bring the
+    labels of requests another replica decided there, after this one's start: read
+    those requests back from the verdicts topic's tail and give them to the coverage
+    monitor for their labels (``Processor.recall_decided``). Returns how many were kept;
+    ``None`` when not read (said once)."""
+    records = settings.signals.warm_start
+    if records <= 0 or not partitions:
+        return None
+    try:
+        back = await read_decided(
+            settings, records, timeout_s=RECALL_TIMEOUT_S, homes=(partitions, input_partitions)
+        )
+    except (KafkaError, OSError, TimeoutError) as exc:
+        log.warning(
+            "labels of requests decided elsewhere on the partitions %s, now read here, go "
+            "unmatched: %s was not read back (%s)%s",
+            sorted(partitions), settings.topics.verdicts, str(exc) or type(exc).__name__,
+            read_refused(settings, exc),
+        )  # fmt: skip
+        return None
+    kept = processor.recall_decided([d.request for d in back.decided])
+    log.info(
+        "partitions %s now read here: %d request(s) decided there kept for their labels "
+        "(the last %d record(s) of %s read in %.2f s%s)",
+        sorted(partitions), kept, back.records, settings.topics.verdicts, back.seconds,
+        "" if back.complete else f", cut at {RECALL_TIMEOUT_S:g} s",
+    )  # fmt: skip
+    return kept

@@ -516,22 +516,27 @@ class Processor:
         keeps them for their labels. A certified allow counts as one only under the policy
         (and so the certificates) that decides now: another's labels would re-test a
         certificate that did not allow it."""
-        signals = self.scoring.signals
-        certifier, coverage = signals.certifier, signals.coverage
+        certifier = self.scoring.signals.certifier
         seed = None
         if certifier is not None:
             seed = certifier.seed_decided((d.tenant, d.retrieval) for d in decided)
-        remembered = 0
-        if coverage is not None:
-            policy = self._policy.fingerprint
-            remembered = coverage.remember_decided(
-                (
-                    self.intake.decided_key(d.request_id, d.tenant),
-                    d if d.policy == policy else dataclasses.replace(d, certificate=None),
-                )
-                for d in decided
+        return WarmStart(seed, self.recall_decided(decided))
+
+    def recall_decided(self, decided: Sequence[DecidedRequest]) -> int:
+        """:meth:`warm_start`'s coverage half, alone: requests another replica decided on
+        partitions just assigned here, kept for their labels. Thread-safe (the coverage
+        monitor's lock): called between batches, from the rebalance."""
+        coverage = self.scoring.signals.coverage
+        if coverage is None:
+            return 0
+        policy = self._policy.fingerprint
+        return coverage.remember_decided(
+            (
+                self.intake.decided_key(d.request_id, d.tenant),
+                d if d.policy == policy else dataclasses.replace(d, certificate=None),
             )
-        return WarmStart(seed, remembered)
+            for d in decided
+        )
 
     def on_tick(self, now_ms: float, wall_ms: float | None = None) -> Step:
         """Expire half-requests older than the TTL into ``incomplete`` verdicts; due reports.

@@ -25,6 +25,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
+from guardrail_client.keys import partition_for
 from sidecar.config import Settings
 from sidecar.contracts.events import Decision, RetrievalSignal, SignalStatus
 from sidecar.kafka.topics import create_topics
@@ -93,8 +94,20 @@ def labels(settings: Settings, ids: list[str]) -> list[Record]:
     ]
 
 
-def labelled(url: str) -> float:
-    """The labels of uncovered requests in this replica's coverage window (its scrape)."""
+def with_metrics(env: dict[str, str], log: Path) -> SidecarProcess:
+    """A replica with its own Prometheus port (``labelled`` scrapes it)."""
+    port = free_port()
+    env = {
+        **env,
+        "GUARDRAIL_METRICS__PROMETHEUS_HOST": "127.0.0.1",
+        "GUARDRAIL_METRICS__PROMETHEUS_PORT": str(port),
+    }
+    return SidecarProcess(env, log)
+
+
+def labelled(replica: SidecarProcess) -> float:
+    """The labels of uncovered requests in the replica's coverage window (its scrape)."""
+    url = f"http://127.0.0.1:{replica.env['GUARDRAIL_METRICS__PROMETHEUS_PORT']}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
             text = r.read().decode()
@@ -149,7 +162,7 @@ async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
     settings = _settings(kafka_broker.bootstrap_servers, unique_topics, 3)
     await create_topics(settings)
     env = {**_env(settings), "GUARDRAIL_SIGNALS__LOOKBACK": "false"}
-    fleet += [SidecarProcess(env, tmp_path / f"a-{i}.log") for i in range(2)]
+    fleet += [with_metrics(env, tmp_path / f"a-{i}.log") for i in range(2)]
     await asyncio.gather(*(asyncio.to_thread(p.start) for p in fleet))
     await wait_until(lambda: all(p.ready() for p in fleet), 30, "both replicas ready")
     seen = Monitor()
@@ -169,15 +182,7 @@ async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
         sender = asyncio.create_task(send(settings, during, rate_per_s=len(during) / 6.0))
         await asyncio.sleep(1.0)
         assert await asyncio.to_thread(fleet[0].signal, signal.SIGKILL) == -signal.SIGKILL
-        metrics_port = free_port()
-        replacement = SidecarProcess(
-            {
-                **env,
-                "GUARDRAIL_METRICS__PROMETHEUS_HOST": "127.0.0.1",
-                "GUARDRAIL_METRICS__PROMETHEUS_PORT": str(metrics_port),
-            },
-            tmp_path / "b.log",
-        )
+        replacement = with_metrics(env, tmp_path / "b.log")
         fleet.append(replacement)
         await asyncio.to_thread(replacement.start)
         assert await sender == len(during)
@@ -200,17 +205,63 @@ async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
     mine = {int(p) for p in re.findall(r"retrieval', partition=(\d+)", assigned)}
     decided_there = [rid for rid in ids if rid.startswith("after") and seen.partition[rid] in mine]
     assert decided_there, assigned  # the replacement decided some, every one with the alarm
-    # every label on its partitions reached its request, though decided before it started
+    # every label reached its request: on the replacement's partitions, requests decided
+    # before it started (the warm start); on the partitions the survivor took over from the
+    # killed replica, requests that one decided (read back when they were assigned)
     theirs = sum(seen.partition[f"bad-{i}"] in mine for i in range(300))
-    assert theirs > 0
-    url = f"http://127.0.0.1:{metrics_port}/metrics"
-    await wait_until(lambda: labelled(url) == theirs, 30, f"{theirs} labels counted")
+    assert 0 < theirs < 300
+    survivor = fleet[1]
+    await wait_until(
+        lambda: labelled(survivor) + labelled(replacement) == 300, 30, "300 labels counted"
+    )
+    assert labelled(replacement) == theirs
+    recalled = [ln for ln in survivor.tail(100_000).splitlines() if "now read here" in ln]
     print(  # pytest -s: what the report quotes
         f"\n{len(decided_there)} of the 60 later requests decided by the replacement "
         f"(partitions {sorted(mine)}), all 120 exchangeability-broken; {theirs} labels on its "
-        f"partitions for requests decided before it started, all counted; "
+        f"partitions for requests decided before it started, and {300 - theirs} on the "
+        f"survivor's, all counted; survivor: {[ln.split(' INFO ', 1)[1] for ln in recalled]}; "
         f"{[ln.split(' INFO ', 1)[1] for ln in log.splitlines() if 'warm start:' in ln]}"
     )
+
+
+async def test_partitions_a_killed_replica_leaves_bring_their_requests_labels_along(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    fleet: list[SidecarProcess],  # noqa: F811
+) -> None:
+    """No replacement: the survivor takes the killed replica's partitions over, and the
+    labels for requests the killed one decided there (after the survivor had started)
+    come to it. It reads those requests back when it is given the partitions."""
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, 3)
+    await create_topics(settings)
+    env = {**_env(settings), "GUARDRAIL_SIGNALS__LOOKBACK": "false"}
+    fleet += [with_metrics(env, tmp_path / f"r-{i}.log") for i in range(2)]
+    await asyncio.gather(*(asyncio.to_thread(p.start) for p in fleet))
+    await wait_until(lambda: all(p.ready() for p in fleet), 30, "both replicas ready")
+    seen = Monitor()
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(follow(settings, seen, stop))
+    try:
+        await send(settings, requests(settings, "q", 200, trusted=False))
+        await wait_until(lambda: len(seen.reading) == 200, 45, "200 verdicts")
+    finally:
+        stop.set()
+        await watcher
+    killed, survivor = fleet
+    assert await asyncio.to_thread(killed.signal, signal.SIGKILL) == -signal.SIGKILL
+
+    def holds_all() -> bool:
+        lines = [ln for ln in survivor.tail(100_000).splitlines() if "assigned to" in ln]
+        return len(re.findall(r"retrieval', partition=", lines[-1] if lines else "")) == 3
+
+    await wait_until(holds_all, 45, "the survivor to hold every partition")
+    await send(settings, labels(settings, [f"q-{i}" for i in range(200)]))
+    await wait_until(lambda: labelled(survivor) == 200, 30, "200 labels counted")
+    log = survivor.tail(100_000)
+    line = [ln for ln in log.splitlines() if "now read here" in ln][-1]  # the takeover
+    print(f"\n{line.split(' INFO ', 1)[1]}")
 
 
 async def test_junk_on_the_verdicts_topic_is_skipped_and_an_unreadable_cluster_is_said(
@@ -286,6 +337,13 @@ async def test_junk_on_the_verdicts_topic_is_skipped_and_an_unreadable_cluster_i
     )
     # only the tail: one record per partition of the two
     assert (await read_decided(settings, 2)).records == 2
+    # only the requests whose inputs hash to partition 1 of 2 (both verdict partitions
+    # read: their count is not the inputs' 3)
+    home = partition_for("r-1", 3)
+    homed = await read_decided(settings, 1000, homes=(frozenset({home}), 3))
+    assert homed.records == len(junk) + 4
+    want = [r for r in ("r-1", "r-2") if partition_for(r, 3) == home]
+    assert [d.request.request_id for d in homed.decided] == want
 
     processor = Processor(settings, PlaceholderPolicy(), signals=build_signals(settings))
     done = await warm_start(settings, processor)
