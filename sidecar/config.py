@@ -573,9 +573,11 @@ class SignalSettings(_Section):
         default=20_000,
         ge=0,
         le=200_000,  # ~1 KB each while read: 200 MB at most
-        description="final verdicts read back at start from the verdicts topic's tail (over "
-        "its partitions) to refill the exchangeability monitor's windows, so that a restart "
-        "does not clear an alarm; needs Read on the verdicts topic (0: windows start empty)",
+        description="records of the verdicts topic's tail read back at start (over its "
+        "partitions), and on a partition newly assigned (its requests): the exchangeability "
+        "monitor's windows are refilled, so that a restart does not clear an alarm, and the "
+        "coverage monitor keeps the requests for their labels; needs Read on the verdicts "
+        "topic (0: both start empty)",
     )
     lookback: bool = True
     lookback_model: str = "lookback/smollm2-135m-nq-cw"

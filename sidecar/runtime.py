@@ -826,8 +826,7 @@ async def _check_permissions(settings: Settings, processor: Processor) -> list[N
                 claims=processor.signals.claims is not None,
                 reports=processor.signals.coverage is not None,
                 certificates=processor.certificates is not None,
-                warm_start=processor.signals.certifier is not None
-                or processor.signals.coverage is not None,
+                warm_start=processor.signals.warm_starts,
             )
         finally:
             await admin.close()

@@ -79,8 +79,7 @@ def run_acls(args: argparse.Namespace) -> int:
             claims=processor.signals.claims is not None,
             reports=processor.signals.coverage is not None,
             certificates=processor.certificates is not None,
-            warm_start=processor.signals.certifier is not None
-            or processor.signals.coverage is not None,
+            warm_start=processor.signals.warm_starts,
         )
     finally:
         processor.signals.close()

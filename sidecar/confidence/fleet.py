@@ -131,8 +131,8 @@ class CoverageMonitor:
         self._recent: _RecentPerKey[bool] = _RecentPerKey(window)
         # request key -> certificate key, for final allows taken under a certificate
         self._certified: _RecentPerKey[None] = _RecentPerKey(window)
-        # the same two for requests decided before this process started (the warm start:
-        # remember_decided), looked up by labels only
+        # the same two for requests decided before this process started or elsewhere (read
+        # back from the verdicts: remember_decided), looked up by labels only
         self._earlier: _RecentPerKey[bool] = _RecentPerKey(window)
         self._earlier_certified: _RecentPerKey[None] = _RecentPerKey(window)
         self.certificates = CertificateTracker(window=window, confidence=confidence)
@@ -195,8 +195,9 @@ class CoverageMonitor:
             self._recent.add(name, key, cert.m1)
 
     def remember_decided(self, decided: Iterable[tuple[str, DecidedRequest]]) -> int:
-        """Requests decided before this process started: the fleet's final verdicts, oldest
-        first, each with its request key (:mod:`sidecar.kafka.warmstart`). Remembered for
+        """Requests decided before this process started, or by another replica on a
+        partition just assigned here: the fleet's final verdicts, oldest first, each with
+        its request key (:mod:`sidecar.kafka.warmstart`). Remembered for
         their labels only: a label that came after a restart, or at the replica its
         request's partition moved to, found no request and was counted unmatched, and a
         certified allow's label never re-tested its certificate. They are not counted as

@@ -157,9 +157,9 @@ class SidecarService:
         ``CoPartitionAssignor``; tests pass aiokafka's round-robin as the control).
         ``input_partitions``: the input topics' partition count as Kafka gave it at start
         (default: ``topics.partitions``, the count ``topics create`` uses).
-        ``warm_start``: refill the exchangeability monitor from the verdicts topic at
-        start (``sidecar.kafka.warmstart``; False: the start's ACL check found it refused,
-        and said so)."""
+        ``warm_start``: read decided requests back from the verdicts topic, at start and
+        for newly assigned partitions (``sidecar.kafka.warmstart``; False: the start's ACL
+        check found the read refused, and said so)."""
         self.settings = settings
         self._warm_start = warm_start
         # the retrieval topic's partitions held since the last assignment

@@ -91,15 +91,15 @@ class ReadBack:
 
     decided: list[Decided]
     records: int  # records read
-    skipped: int  # records that are not a final answer verdict with a valid retrieval
+    skipped: int  # records that are not a final answer verdict whose fields validate
     complete: bool  # every partition read to its end (not cut by the time limit)
     seconds: float
 
 
 def decided(record: ConsumerRecord[bytes, bytes]) -> Decided | None:
-    """The record's final answer verdict as the monitor counts it; ``None`` for anything
-    else (a stream verdict, another event, junk). Keeps only the retrieval signal, without
-    its chunk ids: the read holds up to 200,000 of them (~1 KB each)."""
+    """The record's final answer verdict as the warm start keeps it; ``None`` for anything
+    else (a stream verdict, another event, junk, a field that does not validate). Keeps
+    the retrieval signal without its chunk ids: a read holds up to 200,000 (~1 KB each)."""
     event = _json_object(record.value)
     if event is None or (event.get("event_type"), event.get("stage")) != (
         "answer.verdict",
@@ -115,9 +115,7 @@ def decided(record: ConsumerRecord[bytes, bytes]) -> Decided | None:
     if (
         not isinstance(request_id, str)
         or not _fits(request_id)
-        or not (tenant is None or (isinstance(tenant, str) and _fits(tenant)))
-        or not (certificate is None or (isinstance(certificate, str) and _fits(certificate)))
-        or not (policy is None or (isinstance(policy, str) and _fits(policy)))
+        or not all(_fits_or_none(text) for text in (tenant, certificate, policy))
         or decision is None
         or not isinstance(retrieval, dict)
         or not all(_fits_or_none(retrieval.get(name)) for name in _NAMES)

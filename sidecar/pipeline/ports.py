@@ -69,8 +69,8 @@ class MonitorReading:
 
 @dataclass(frozen=True, slots=True)
 class DecidedRequest:
-    """A request decided before this process started, as its final verdict tells it (the
-    warm start reads them back: ``sidecar.kafka.warmstart``)."""
+    """A request decided before this process started, or by another replica, as its final
+    verdict tells it (read back from the verdicts topic: ``sidecar.kafka.warmstart``)."""
 
     request_id: str
     tenant: str | None  # the verdict's: its retrieval event's
@@ -237,8 +237,9 @@ class CoverageObserver(Protocol):
         ...
 
     def remember_decided(self, decided: Iterable[tuple[str, DecidedRequest]]) -> int:
-        """Requests decided before this process started (``(request_key, request)``, oldest
-        first), for their labels only: not counted as requests. Returns how many."""
+        """Requests decided before this process started or by another replica
+        (``(request_key, request)``, oldest first), for their labels only: not counted as
+        requests. Returns how many."""
         ...
 
     def due_reports(self, now_ms: float) -> list[CoverageReport]:
