@@ -130,6 +130,10 @@ def asyncapi() -> dict[str, Any]:
         },
         "verdicts": {
             "address": topics.verdicts,
+            "description": "Keyed by request id. Each replica also reads its tail back at "
+            "start, and a partition's requests when it is newly assigned one, without a "
+            "consumer group (the warm start: the exchangeability monitor's windows, and the "
+            "requests feedback labels name).",
             "messages": {
                 "answerVerdict": message("answer.verdict", "allow / caveat / block for one answer")
             },
@@ -204,6 +208,7 @@ def asyncapi() -> dict[str, Any]:
             "consumeCertificates": op("receive", "certificates"),
             "publishClaims": op("send", "claims"),
             "publishVerdicts": op("send", "verdicts"),
+            "consumeVerdicts": op("receive", "verdicts"),
             "publishDeadLetters": op("send", "dlq"),
         },
     }
