@@ -10,6 +10,7 @@ check their topics at start with it, and the sidecar its own (``sidecar.kafka.pe
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from typing import Any, ClassVar, Final
 
@@ -97,9 +98,9 @@ def grant(bootstrap_servers: str, principal: str, operation: str, resource: str)
     ``Create``) on ``resource`` (``--topic T``, ``--group G``, ``--cluster``), against the
     first of ``bootstrap_servers``."""
     server = bootstrap_servers.split(",", maxsplit=1)[0]
-    return (
-        f"kafka-acls.sh --bootstrap-server {server} --add --allow-principal {principal} "
-        f"--operation {operation} {resource}"
+    return (  # a certificate's principal holds spaces and backslashes: quoted for the shell
+        f"kafka-acls.sh --bootstrap-server {server} --add --allow-principal "
+        f"{shlex.quote(principal)} --operation {operation} {resource}"
     )
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -55,6 +56,7 @@ __all__ = [
     "WRITE",
     "Need",
     "authorisation_error",
+    "certificate_principal",
     "check_permissions",
     "hidden_topics_refusal",
     "lacking_needs",
@@ -201,14 +203,70 @@ async def _group_operations(admin: AIOKafkaAdminClient, group: str) -> dict[str,
 
 
 def principal_hint(settings: Settings) -> str:
-    """The principal the cluster most likely knows this client by (its SASL user)."""
+    """The principal the cluster most likely knows this client by: its SASL user, or with
+    mutual TLS its certificate's subject (:func:`certificate_principal`)."""
     kafka = settings.kafka
     if kafka.security_protocol.startswith("SASL"):
         try:
             return f"User:{sasl_username(kafka)}"  # the file's user, when it is given as one
         except ConfigError:
             pass
-    return "User:PRINCIPAL"  # mutual TLS: the certificate's, as the cluster maps it
+    elif kafka.security_protocol == "SSL" and kafka.ssl_certfile:
+        found = certificate_principal(kafka.ssl_certfile)
+        if found is not None:
+            return found
+    return "User:PRINCIPAL"
+
+
+# the attribute names Java's X500Principal writes by keyword (RFC 2253); others as OIDs
+_DN_KEYWORDS: Final = {
+    "commonName": "CN",
+    "countryName": "C",
+    "localityName": "L",
+    "stateOrProvinceName": "ST",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "streetAddress": "STREET",
+    "domainComponent": "DC",
+    "userId": "UID",
+}
+_DN_ESCAPED: Final = frozenset(',+"\\<>;=#')
+
+
+def certificate_principal(certfile: str) -> str | None:
+    """The principal a Kafka cluster gives the client certificate in ``certfile`` by
+    default (``ssl.principal.mapping.rules=DEFAULT``): ``User:`` and the subject as Java's
+    ``X500Principal.getName()`` writes it (RFC 2253: the last RDN first, ``,`` between
+    RDNs, ``+`` inside one, ``,+"\\<>;=#`` escaped with a backslash, and a leading or
+    trailing space). ``None`` when the file does not read as a certificate or the
+    subject holds an attribute Java writes as an OID with a hex value (emailAddress):
+    the caller then names no principal. A cluster with its own mapping rules knows the
+    client by what they make of this."""
+    try:
+        decoded = ssl._ssl._test_decode_cert(certfile)  # type: ignore[attr-defined]
+    except (OSError, ssl.SSLError, ValueError):
+        return None
+    subject = decoded.get("subject") if isinstance(decoded, dict) else None
+    if not subject:
+        return None
+    rdns = []
+    for rdn in reversed(subject):
+        parts = []
+        for name, value in rdn:
+            keyword = _DN_KEYWORDS.get(name)
+            if keyword is None:
+                return None
+            parts.append(f"{keyword}={_dn_value(value)}")
+        rdns.append("+".join(parts))
+    return "User:" + ",".join(rdns)
+
+
+def _dn_value(value: str) -> str:
+    last = len(value) - 1
+    return "".join(
+        f"\\{c}" if c in _DN_ESCAPED or (c == " " and i in (0, last)) else c
+        for i, c in enumerate(value)
+    )
 
 
 async def lacking_needs(
