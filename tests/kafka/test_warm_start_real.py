@@ -1,12 +1,14 @@
-"""The exchangeability alarm survives a restart (real broker, ``guardrail run`` processes).
+"""What the fleet decided survives a restart (real broker, ``guardrail run`` processes).
 
 A fleet whose retriever stopped ranking correct chunks into the top K has its alarm on
 (reason ``exchangeability-broken`` on every verdict). A replica killed and replaced while
 traffic flows used to start with empty windows: its first 50 decisions of the key read
 ``warming-up``, without the caveat. It now reads the verdicts topic's tail back before it
 consumes (``sidecar.kafka.warmstart``), so every verdict after the restart still carries
-the alarm. Junk on the verdicts topic is skipped; a cluster that cannot be read leaves the
-windows empty and the start goes on.
+the alarm. Labels sent afterwards for the requests decided before reach them, on the
+replacement and on a survivor that took the killed replica's partitions over (before,
+they were unmatched). Junk on the verdicts topic is skipped; a cluster that cannot be
+read leaves both empty and the start goes on.
 """
 
 from __future__ import annotations
