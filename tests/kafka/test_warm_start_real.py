@@ -322,6 +322,9 @@ async def test_junk_on_the_verdicts_topic_is_skipped_and_an_unreadable_cluster_i
             await producer.send_and_wait(settings.topics.verdicts, value, key=b"j%d" % i)
         for _ in range(3):  # the same request decided three times counts once: its latest
             await producer.send_and_wait(settings.topics.verdicts, orjson.dumps(verdict))
+        # a later timestamp: records of two partitions with the same millisecond have no
+        # order to read back (the read sorts by timestamp, then partition)
+        await asyncio.sleep(0.02)
         good = {**verdict, "request_id": "r-2"}
         await producer.send_and_wait(settings.topics.verdicts, orjson.dumps(good))
     finally:
