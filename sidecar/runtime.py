@@ -21,7 +21,7 @@ from sidecar.exceptions import BrokerError, ConfigError, StopTimeoutError
 from sidecar.health import HealthServer
 from sidecar.heaptrim import HeapTrim
 from sidecar.kafka.app import SidecarService
-from sidecar.kafka.permissions import READ, Need, check_permissions
+from sidecar.kafka.permissions import READ, Need, check_permissions, uses
 from sidecar.kafka.readiness import LoopState
 from sidecar.kafka.security import (
     TLS_CHECK_INTERVAL_S,
@@ -820,14 +820,7 @@ async def _check_permissions(settings: Settings, processor: Processor) -> list[N
     try:
         admin = await started_admin(settings.kafka)
         try:
-            return await check_permissions(
-                settings,
-                admin,
-                claims=processor.signals.claims is not None,
-                reports=processor.signals.coverage is not None,
-                certificates=processor.certificates is not None,
-                warm_start=processor.signals.warm_starts,
-            )
+            return await check_permissions(settings, admin, **uses(processor))
         finally:
             await admin.close()
     except BrokerError as exc:

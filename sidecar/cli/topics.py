@@ -64,6 +64,7 @@ def run_acls(args: argparse.Namespace) -> int:
         lacking_needs,
         needs,
         principal_hint,
+        uses,
     )
     from sidecar.kafka.topics import started_admin  # noqa: PLC0415
     from sidecar.runtime import build_processor  # noqa: PLC0415
@@ -74,13 +75,7 @@ def run_acls(args: argparse.Namespace) -> int:
     settings = Settings.load(**overrides)
     processor = build_processor(settings)  # what it will do: the claim check, reports, ...
     try:
-        wanted = needs(
-            settings,
-            claims=processor.signals.claims is not None,
-            reports=processor.signals.coverage is not None,
-            certificates=processor.certificates is not None,
-            warm_start=processor.signals.warm_starts,
-        )
+        wanted = needs(settings, **uses(processor))
     finally:
         processor.signals.close()
     lacking = None

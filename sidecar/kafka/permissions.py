@@ -29,7 +29,7 @@ import logging
 import ssl
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypedDict
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import (
@@ -46,6 +46,9 @@ from sidecar.config import Settings
 from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka.security import sasl_username
 
+if TYPE_CHECKING:
+    from sidecar.pipeline.processor import Processor
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -55,6 +58,7 @@ __all__ = [
     "READ",
     "WRITE",
     "Need",
+    "Uses",
     "authorisation_error",
     "certificate_principal",
     "check_permissions",
@@ -66,6 +70,7 @@ __all__ = [
     "read_refused",
     "refusal",
     "topic_operations",
+    "uses",
 ]
 
 _GROUP_AUTHORIZATION_FAILED: Final = 30
@@ -107,6 +112,29 @@ class Need:
         return authorised.grant(
             bootstrap_servers, principal, OPERATION_NAMES[self.operation], where
         )
+
+
+class Uses(TypedDict):
+    """What a processor does on the cluster, as :func:`needs` and :func:`check_permissions`
+    take it."""
+
+    claims: bool
+    reports: bool
+    certificates: bool
+    warm_start: bool
+
+
+def uses(processor: Processor) -> Uses:
+    """What ``processor`` does on the cluster: the claim check publishes per-claim verdicts,
+    the coverage monitor reports, the policy certifies allows, a monitor reads the verdicts
+    back (the start's ACL check and ``guardrail topics acls`` ask the same)."""
+    signals = processor.signals
+    return Uses(
+        claims=signals.claims is not None,
+        reports=signals.coverage is not None,
+        certificates=processor.certificates is not None,
+        warm_start=signals.warm_starts,
+    )
 
 
 def needs(
