@@ -262,6 +262,25 @@ async def test_a_missing_acl_ends_the_start_naming_it_and_how_to_grant_it(
     assert PASSWORD not in log
 
 
+async def _serves_one(
+    acl_broker: LocalKafka,
+    topics: dict[str, str],
+    acls: list[Acl],
+    tmp_path: Path,
+    events: tuple[EventFactory, EventFactory],
+) -> str:
+    """Start the sidecar with ``acls``, have it decide one request, stop it; its log."""
+    settings = await _prepare(acl_broker, topics, acls)
+    sidecar = SidecarProcess(sasl_env(acl_broker, topics), tmp_path / "sidecar.log")
+    await asyncio.to_thread(sidecar.start, 60)
+    try:
+        await _produce(acl_broker.bootstrap_servers, *_request(settings.topics, "one", *events))
+        assert len(await _records(acl_broker.bootstrap_servers, settings.topics.verdicts, 1)) == 1
+    finally:
+        assert sidecar.signal(signal.SIGTERM) == 0
+    return (tmp_path / "sidecar.log").read_text()
+
+
 async def test_without_write_on_the_inputs_it_serves_and_warns_about_rerouting(
     acl_broker: LocalKafka,
     unique_topics: dict[str, str],
@@ -272,18 +291,9 @@ async def test_without_write_on_the_inputs_it_serves_and_warns_about_rerouting(
     acls = readme_acls(unique_topics)
     for role in ("retrieval", "generation", "feedback"):
         acls = _without(acls, unique_topics, f"{role}:WRITE")
-    settings = await _prepare(acl_broker, unique_topics, acls)
-    sidecar = SidecarProcess(sasl_env(acl_broker, unique_topics), tmp_path / "sidecar.log")
-    await asyncio.to_thread(sidecar.start, 60)
-    try:
-        await _produce(
-            acl_broker.bootstrap_servers,
-            *_request(settings.topics, "w-1", retrieval_event, final_event),
-        )
-        assert len(await _records(acl_broker.bootstrap_servers, settings.topics.verdicts, 1)) == 1
-    finally:
-        assert sidecar.signal(signal.SIGTERM) == 0
-    log = (tmp_path / "sidecar.log").read_text()
+    log = await _serves_one(
+        acl_broker, unique_topics, acls, tmp_path, (retrieval_event, final_event)
+    )
     warned = [line for line in log.splitlines() if "dead-lettered reroute-refused" in line]
     assert len(warned) == 1 and "WARNING" in warned[0], log[-3000:]
     for role in ("retrieval", "generation", "feedback"):
@@ -301,18 +311,9 @@ async def test_without_read_on_the_verdicts_it_serves_with_empty_monitor_windows
     """Read on the verdicts topic is for the exchangeability monitor's warm start only: one
     WARNING names it, the read is not tried (aiokafka would log each refused fetch)."""
     acls = _without(readme_acls(unique_topics), unique_topics, "verdicts:READ")
-    settings = await _prepare(acl_broker, unique_topics, acls)
-    sidecar = SidecarProcess(sasl_env(acl_broker, unique_topics), tmp_path / "sidecar.log")
-    await asyncio.to_thread(sidecar.start, 60)
-    try:
-        await _produce(
-            acl_broker.bootstrap_servers,
-            *_request(settings.topics, "v-1", retrieval_event, final_event),
-        )
-        assert len(await _records(acl_broker.bootstrap_servers, settings.topics.verdicts, 1)) == 1
-    finally:
-        assert sidecar.signal(signal.SIGTERM) == 0
-    log = (tmp_path / "sidecar.log").read_text()
+    log = await _serves_one(
+        acl_broker, unique_topics, acls, tmp_path, (retrieval_event, final_event)
+    )
     warned = [line for line in log.splitlines() if "does not allow" in line]
     assert len(warned) == 1 and "WARNING" in warned[0], log[-3000:]
     verdicts = unique_topics["verdicts"]
