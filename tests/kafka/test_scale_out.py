@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import pytest
@@ -132,7 +132,12 @@ class Seen:
         return sum(self.count.values()) - len(self.count)
 
 
-async def watch(settings: Settings, seen: Seen, stop: asyncio.Event) -> None:
+class VerdictSink(Protocol):
+    def add(self, verdict: dict[str, Any], now: float) -> None: ...
+
+
+async def watch(settings: Settings, seen: VerdictSink, stop: asyncio.Event) -> None:
+    """Every verdict on the topic into ``seen`` (its parsed JSON, when it came) until ``stop``."""
     consumer = AIOKafkaConsumer(
         settings.topics.verdicts,
         bootstrap_servers=settings.kafka.bootstrap_servers,

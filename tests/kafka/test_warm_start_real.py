@@ -19,12 +19,14 @@ import re
 import signal
 import time
 import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from guardrail_client.keys import partition_for
@@ -41,7 +43,7 @@ from sidecar.runtime import build_signals
 from tests.conformal.test_monitor_warm_start import KEY
 from tests.conformal.test_signal import _calibrated_hits
 from tests.kafka.harness import wait_until
-from tests.kafka.test_scale_out import _env, _settings, fleet  # noqa: F401 - the fixture
+from tests.kafka.test_scale_out import _env, _settings, fleet, watch  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.connected
 
@@ -124,35 +126,52 @@ def labelled(replica: SidecarProcess) -> float:
     )
 
 
+PARTITIONS = 3
+
+
+def home(request_id: str) -> int:
+    """The partition a request's inputs, verdict and labels are on (keyed by its id)."""
+    return partition_for(request_id, PARTITIONS)
+
+
 class Monitor:
-    """Each request's final verdict's monitor reading, and when it came."""
+    """Each request's final verdict's monitor reading, and when it came (a ``VerdictSink``)."""
 
     def __init__(self) -> None:
         self.reading: dict[str, str | None] = {}
         self.at: dict[str, float] = {}
-        self.partition: dict[str, int] = {}
+
+    def add(self, verdict: dict[str, Any], now: float) -> None:
+        if verdict.get("stage") == "final":
+            rid = verdict["request_id"]
+            self.reading[rid] = verdict["signals"]["retrieval"]["monitor"]
+            self.at.setdefault(rid, now)
 
 
-async def follow(settings: Settings, seen: Monitor, stop: asyncio.Event) -> None:
-    consumer: AIOKafkaConsumer[bytes, bytes] = AIOKafkaConsumer(
-        settings.topics.verdicts,
-        bootstrap_servers=settings.kafka.bootstrap_servers,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
+@asynccontextmanager
+async def two_replicas(
+    broker: LocalKafka,
+    topics: dict[str, str],
+    tmp_path: Path,
+    replicas: list[SidecarProcess],
+) -> AsyncIterator[tuple[Settings, dict[str, str], Monitor]]:
+    """Two ``guardrail run`` replicas (each with its metrics) over 3 partitions, ready, put
+    in ``replicas`` (the test's ``fleet``: killed at its end); yields the settings, the
+    replicas' environment and the final verdicts' monitor readings as they come."""
+    settings = _settings(broker.bootstrap_servers, topics, PARTITIONS)
+    await create_topics(settings)
+    env = {**_env(settings), "GUARDRAIL_SIGNALS__LOOKBACK": "false"}
+    replicas += [with_metrics(env, tmp_path / f"replica-{i}.log") for i in range(2)]
+    await asyncio.gather(*(asyncio.to_thread(p.start) for p in replicas))
+    await wait_until(lambda: all(p.ready() for p in replicas), 30, "both replicas ready")
+    seen = Monitor()
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch(settings, seen, stop))
     try:
-        while not stop.is_set():
-            batch = await consumer.getmany(timeout_ms=200)
-            for records in batch.values():
-                for r in records:
-                    v = orjson.loads(r.value)
-                    if v.get("stage") == "final":
-                        seen.reading[v["request_id"]] = v["signals"]["retrieval"]["monitor"]
-                        seen.at.setdefault(v["request_id"], time.monotonic())
-                        seen.partition[v["request_id"]] = r.partition
+        yield settings, env, seen
     finally:
-        await consumer.stop()
+        stop.set()
+        await watcher
 
 
 async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
@@ -161,22 +180,17 @@ async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
     tmp_path: Path,
     fleet: list[SidecarProcess],  # noqa: F811
 ) -> None:
-    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, 3)
-    await create_topics(settings)
-    env = {**_env(settings), "GUARDRAIL_SIGNALS__LOOKBACK": "false"}
-    fleet += [with_metrics(env, tmp_path / f"a-{i}.log") for i in range(2)]
-    await asyncio.gather(*(asyncio.to_thread(p.start) for p in fleet))
-    await wait_until(lambda: all(p.ready() for p in fleet), 30, "both replicas ready")
-    seen = Monitor()
-    stop = asyncio.Event()
-    watcher = asyncio.create_task(follow(settings, seen, stop))
-    try:
+    async with two_replicas(kafka_broker, unique_topics, tmp_path, fleet) as (
+        settings,
+        env,
+        seen,
+    ):
         # the retriever goes bad: no hit is trusted, and both replicas' alarms come on
         broken = requests(settings, "bad", 300, trusted=False)
         await send(settings, broken)
         await wait_until(lambda: len(seen.reading) == 300, 45, "300 verdicts")
-        for partition in range(3):  # each replica judged 50 before its alarm came on
-            last = [m for rid, m in seen.reading.items() if seen.partition[rid] == partition]
+        for partition in range(PARTITIONS):  # each replica judged 50 before its alarm came on
+            last = [m for rid, m in seen.reading.items() if home(rid) == partition]
             assert last[-10:] == ["exchangeability-broken"] * 10, (partition, last)
 
         # one replica is killed and replaced while traffic flows; then more traffic
@@ -193,9 +207,6 @@ async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
         await send(settings, requests(settings, "after", 60, trusted=True))
         ids += [f"after-{i}" for i in range(60)]
         await wait_until(lambda: set(ids) <= set(seen.reading), 60, "60 more verdicts")
-    finally:
-        stop.set()
-        await watcher
     # labels now for the requests decided before the kill (a label comes after its answer)
     await send(settings, labels(settings, [f"bad-{i}" for i in range(300)]))
     readings = {rid: seen.reading[rid] for rid in ids}
@@ -205,12 +216,12 @@ async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
     # the replacement's partitions (its last assignment): the "after" requests there are its
     assigned = [ln for ln in log.splitlines() if "assigned to partitions" in ln][-1]
     mine = {int(p) for p in re.findall(r"retrieval', partition=(\d+)", assigned)}
-    decided_there = [rid for rid in ids if rid.startswith("after") and seen.partition[rid] in mine]
+    decided_there = [rid for rid in ids if rid.startswith("after") and home(rid) in mine]
     assert decided_there, assigned  # the replacement decided some, every one with the alarm
     # every label reached its request: on the replacement's partitions, requests decided
     # before it started (the warm start); on the partitions the survivor took over from the
     # killed replica, requests that one decided (read back when they were assigned)
-    theirs = sum(seen.partition[f"bad-{i}"] in mine for i in range(300))
+    theirs = sum(home(f"bad-{i}") in mine for i in range(300))
     assert 0 < theirs < 300
     survivor = fleet[1]
     await wait_until(
@@ -236,21 +247,9 @@ async def test_partitions_a_killed_replica_leaves_bring_their_requests_labels_al
     """No replacement: the survivor takes the killed replica's partitions over, and the
     labels for requests the killed one decided there (after the survivor had started)
     come to it. It reads those requests back when it is given the partitions."""
-    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, 3)
-    await create_topics(settings)
-    env = {**_env(settings), "GUARDRAIL_SIGNALS__LOOKBACK": "false"}
-    fleet += [with_metrics(env, tmp_path / f"r-{i}.log") for i in range(2)]
-    await asyncio.gather(*(asyncio.to_thread(p.start) for p in fleet))
-    await wait_until(lambda: all(p.ready() for p in fleet), 30, "both replicas ready")
-    seen = Monitor()
-    stop = asyncio.Event()
-    watcher = asyncio.create_task(follow(settings, seen, stop))
-    try:
+    async with two_replicas(kafka_broker, unique_topics, tmp_path, fleet) as (settings, _, seen):
         await send(settings, requests(settings, "q", 200, trusted=False))
         await wait_until(lambda: len(seen.reading) == 200, 45, "200 verdicts")
-    finally:
-        stop.set()
-        await watcher
     killed, survivor = fleet
     assert await asyncio.to_thread(killed.signal, signal.SIGKILL) == -signal.SIGKILL
 
