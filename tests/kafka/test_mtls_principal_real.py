@@ -31,7 +31,7 @@ from sidecar.kafka.topics import create_topics, started_admin
 from sidecar.lab.localkafka.acls import AUTHORIZER_PROPERTIES, Acl, Operation, Resource, create_acls
 from sidecar.lab.localkafka.broker import LocalKafka, free_port
 from tests.conftest import kafka_lib
-from tests.kafka.test_tls import STORE_PASSWORD, _ca, _keystore, _openssl, _signed
+from tests.kafka.test_tls import _ca, _keystore, _openssl, _signed, broker_tls
 
 pytestmark = pytest.mark.connected
 
@@ -65,12 +65,7 @@ def mtls_acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MtlsBr
 listeners={listeners}
 advertised.listeners=PLAINTEXT://127.0.0.1:{port},MTLS://127.0.0.1:{mtls}
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,MTLS:SSL
-ssl.keystore.type=PKCS12
-ssl.keystore.location={store}
-ssl.keystore.password={STORE_PASSWORD}
-ssl.truststore.type=PEM
-ssl.truststore.location={certs / "ca.pem"}
-listener.name.mtls.ssl.client.auth=required
+{broker_tls(store, certs)}
 """
     broker = LocalKafka(
         instance, kafka_lib(), port=port, controller_port=controller, extra_properties=extra

@@ -67,6 +67,17 @@ def _keystore(d: Path, name: str) -> Path:
     return d / f"{name}.p12"
 
 
+def broker_tls(store: Path, certs: Path) -> str:
+    """The broker's TLS properties: its keystore, the test CA, and client certificates
+    required on the MTLS listener."""
+    return f"""ssl.keystore.type=PKCS12
+ssl.keystore.location={store}
+ssl.keystore.password={STORE_PASSWORD}
+ssl.truststore.type=PEM
+ssl.truststore.location={certs / "ca.pem"}
+listener.name.mtls.ssl.client.auth=required"""
+
+
 @dataclass(frozen=True)
 class TlsBroker:
     broker: LocalKafka
@@ -103,12 +114,7 @@ def tls_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsBroker]:
 listeners={listeners}
 advertised.listeners={advertised}
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,MTLS:SSL,BADHOST:SSL
-ssl.keystore.type=PKCS12
-ssl.keystore.location={broker_store}
-ssl.keystore.password={STORE_PASSWORD}
-ssl.truststore.type=PEM
-ssl.truststore.location={certs / "ca.pem"}
-listener.name.mtls.ssl.client.auth=required
+{broker_tls(broker_store, certs)}
 listener.name.badhost.ssl.keystore.type=PKCS12
 listener.name.badhost.ssl.keystore.location={badhost_store}
 listener.name.badhost.ssl.keystore.password={STORE_PASSWORD}
