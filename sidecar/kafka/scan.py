@@ -12,13 +12,15 @@ is disturbed. It reads committed records only (``read_committed``): a record of 
 aborted transaction was written again by the retry that followed. Header names are read
 leniently and a compressed batch inflates within ``GUARDRAIL_KAFKA__MAX_BATCH_INFLATED_BYTES``,
 as the sidecar's own consumer reads. ``guardrail dlq inspect|redrive`` and
-``guardrail verdicts`` read through it.
+``guardrail verdicts`` read through it, and the sidecar's warm start
+(:mod:`sidecar.kafka.warmstart`: the verdicts' tail).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -50,7 +52,10 @@ class TopicScan:
 
     ``key``: read only the partition of each topic that Kafka's default partitioner
     (murmur2) puts this request id on (the records of other keys there are yielded too:
-    filtering on the key is for the caller)."""
+    filtering on the key is for the caller). ``homes`` (partition numbers, the partition
+    count they are numbers of): of a topic with that many partitions, read only those
+    (of another, every one). ``tail``: read only the last ``tail`` records, split evenly
+    over the partitions read (instead of ``since``)."""
 
     def __init__(
         self,
@@ -59,12 +64,16 @@ class TopicScan:
         since: datetime | None = None,
         *,
         key: str | None = None,
+        homes: tuple[frozenset[int], int] | None = None,
+        tail: int | None = None,
         client_id: str = "guardrail-scan",
     ) -> None:
         self._named = list(topics)  # (topic, the setting that names it)
         self._settings = settings
         self._since = since
         self._key = key
+        self._homes = homes
+        self._tail = tail
         self._client_id = client_id
         self._consumer: AIOKafkaConsumer[bytes, bytes] | None = None
         self._end: dict[TopicPartition, int] = {}
@@ -138,7 +147,12 @@ class TopicScan:
         consumer.assign(tps)
         self._follow_from = await consumer.end_offsets(every)
         self._end = {tp: self._follow_from[tp] for tp in tps}
-        if self._since is None:
+        if self._tail is not None and tps:
+            starts = await consumer.beginning_offsets(tps)
+            each = math.ceil(self._tail / len(tps))
+            for tp in tps:
+                consumer.seek(tp, max(starts[tp], self._end[tp] - each))
+        elif self._since is None:
             await consumer.seek_to_beginning(*tps)
         else:
             ms = int(self._since.timestamp() * 1000)
@@ -154,7 +168,13 @@ class TopicScan:
         ``key`` the one where every producer of the request's records puts them."""
         if self._key is not None:
             return [TopicPartition(t, partition_for(self._key, n)) for t, n in counts.items()]
-        return [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
+        wanted, count = self._homes if self._homes is not None else (frozenset(), -1)
+        return [
+            TopicPartition(t, p)
+            for t, n in counts.items()
+            for p in range(n)
+            if n != count or p in wanted
+        ]
 
     async def records(self) -> AsyncIterator[ConsumerRecord[bytes, bytes]]:
         """The records up to the end offsets taken at the start, in offset order within

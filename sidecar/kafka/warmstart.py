@@ -36,23 +36,22 @@ can already tell the LLM service what to show: restrict it (Kafka ACLs).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError
+from aiokafka import ConsumerRecord
+from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from guardrail_client.keys import partition_for
 from sidecar.config import Settings
 from sidecar.contracts.events import Decision, RetrievalSignal
+from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka.permissions import read_refused
-from sidecar.kafka.security import aiokafka_client_args
+from sidecar.kafka.scan import TopicScan
 from sidecar.pipeline.ports import DecidedRequest, WarmStart
 from sidecar.pipeline.processor import Processor
 
@@ -166,49 +165,32 @@ async def read_decided(
     verdicts are keyed); with as many verdict partitions as input partitions, only those
     verdict partitions are read.
 
-    ``KafkaError`` / ``OSError`` when the cluster refuses or cannot be reached."""
-    topic = settings.topics.verdicts
+    ``BrokerError`` / ``ConfigError`` (:class:`~sidecar.kafka.scan.TopicScan`'s) when the
+    cluster refuses or cannot be reached, ``TimeoutError`` when nothing came in time."""
     started = time.monotonic()
-    consumer: AIOKafkaConsumer[bytes, bytes] = AIOKafkaConsumer(
-        **aiokafka_client_args(settings.kafka),
-        group_id=None,
-        enable_auto_commit=False,
-        isolation_level="read_committed",  # an aborted verdict was never served
-        client_id="guardrail-warm-start",
-        fetch_max_wait_ms=10,
-    )
     latest: dict[tuple[str | None, str], Decided] = {}
     read = skipped = 0
     complete = False
     try:
         async with asyncio.timeout(timeout_s):
-            await consumer.start()
-            if topic not in await consumer.topics():  # else: waits out the time unsaid
-                raise UnknownTopicOrPartitionError(topic)
-            consumer.subscribe([topic])  # no group: every partition
-            while not consumer.assignment():  # noqa: ASYNC110 - aiokafka has no event for it
-                await asyncio.sleep(0.01)
-            remaining = await _tails(consumer, records, homes)
-            while remaining:
-                batch = await consumer.getmany(*remaining, timeout_ms=500)
-                for tp, got in batch.items():
-                    end = remaining.get(tp, 0)
-                    for found in (decided(r) for r in got if r.offset < end):
-                        read += 1
-                        if found is None:
-                            skipped += 1
-                        elif homes is None or _home(found.request, homes):
-                            latest[(found.request.tenant, found.request.request_id)] = found
-                for tp, end in list(remaining.items()):
-                    if await consumer.position(tp) >= end:
-                        del remaining[tp]
+            async with TopicScan(
+                settings,
+                [(settings.topics.verdicts, "GUARDRAIL_TOPICS__VERDICTS")],
+                homes=homes,
+                tail=records,
+                client_id="guardrail-warm-start",
+            ) as scan:
+                async for record in scan.records():
+                    read += 1
+                    found = decided(record)
+                    if found is None:
+                        skipped += 1
+                    elif homes is None or _home(found.request, homes):
+                        latest[(found.request.tenant, found.request.request_id)] = found
             complete = True
     except TimeoutError:
         if not read:
             raise  # nothing came: the caller says the cluster did not answer
-    finally:
-        with contextlib.suppress(KafkaError, OSError):
-            await consumer.stop()
     ordered = sorted(latest.values(), key=lambda d: (d.timestamp_ms, d.partition, d.offset))
     return ReadBack(ordered, read, skipped, complete, time.monotonic() - started)
 
@@ -216,31 +198,6 @@ async def read_decided(
 def _home(request: DecidedRequest, homes: tuple[frozenset[int], int]) -> bool:
     partitions, count = homes
     return partition_for(request.request_id, count) in partitions
-
-
-async def _tails(
-    consumer: AIOKafkaConsumer[bytes, bytes],
-    records: int,
-    homes: tuple[frozenset[int], int] | None,
-) -> dict[TopicPartition, int]:
-    """Seek each assigned partition to its last ``records / partitions`` records (with
-    ``homes`` and as many partitions as the inputs, only those; the others paused);
-    returns the end offset of each partition to read that has any."""
-    tps = sorted(consumer.assignment())
-    each = math.ceil(records / len(tps))
-    if homes is not None and len(tps) == homes[1]:  # verdicts where their inputs are
-        consumer.pause(*(tp for tp in tps if tp.partition not in homes[0]))
-        tps = [tp for tp in tps if tp.partition in homes[0]]
-    if not tps:
-        return {}
-    starts = await consumer.beginning_offsets(list(tps))
-    ends = await consumer.end_offsets(list(tps))
-    remaining: dict[TopicPartition, int] = {}
-    for tp in tps:
-        if ends[tp] > starts[tp]:
-            consumer.seek(tp, max(starts[tp], ends[tp] - each))
-            remaining[tp] = ends[tp]
-    return remaining
 
 
 async def warm_start(settings: Settings, processor: Processor) -> WarmStart | None:
@@ -253,7 +210,7 @@ async def warm_start(settings: Settings, processor: Processor) -> WarmStart | No
     topic = settings.topics.verdicts
     try:
         back = await read_decided(settings, records)
-    except (KafkaError, OSError, TimeoutError) as exc:
+    except (BrokerError, ConfigError, KafkaError, OSError, TimeoutError) as exc:
         why = str(exc) or type(exc).__name__
         log.warning(
             "the warm start did not read %s back (%s)%s: the exchangeability monitor's "
@@ -299,7 +256,7 @@ async def recall(
         back = await read_decided(
             settings, records, timeout_s=RECALL_TIMEOUT_S, homes=(partitions, input_partitions)
         )
-    except (KafkaError, OSError, TimeoutError) as exc:
+    except (BrokerError, ConfigError, KafkaError, OSError, TimeoutError) as exc:
         log.warning(
             "labels of requests decided elsewhere on the partitions %s, now read here, go "
             "unmatched: %s was not read back (%s)%s",
