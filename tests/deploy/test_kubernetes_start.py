@@ -33,10 +33,9 @@ import functools
 import os
 import re
 import shutil
-import stat
 import subprocess
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -466,11 +465,6 @@ def _read_only(path: Path) -> None:
         p.chmod(0o555 if p.is_dir() else 0o444)
 
 
-def _writable(path: Path) -> None:
-    for p in [path, *path.rglob("*")]:
-        p.chmod(p.stat().st_mode | stat.S_IWUSR)
-
-
 @dataclass(frozen=True)
 class PodUser:
     uid: int
@@ -489,16 +483,6 @@ def pod_user(workload: Workload, dockerfile: Dockerfile) -> PodUser:
         return PodUser(uid, gid, ("setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups"))
     # Not root: already a non-root user, and read-only copies stay read-only.
     return PodUser(os.geteuid(), os.getegid(), ())
-
-
-@pytest.fixture
-def pod_root() -> Iterator[Path]:
-    """The pod's filesystem: a directory any uid can traverse (tmp_path is 0700)."""
-    root = Path(tempfile.mkdtemp(prefix="guardrail-pod-"))
-    root.chmod(0o755)
-    yield root
-    _writable(root)
-    shutil.rmtree(root)
 
 
 def _fill_secret(host: Path, secret: Mapping[str, Any]) -> None:

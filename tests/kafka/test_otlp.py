@@ -13,6 +13,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -128,7 +129,14 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(params=["http/protobuf", "grpc"])
 def receiver(request: pytest.FixtureRequest) -> Iterator[Receiver]:
-    got = Receiver(request.param)
+    with serving(request.param) as got:
+        yield got
+
+
+@contextmanager
+def serving(protocol: str) -> Iterator[Receiver]:
+    """An OTLP receiver for ``protocol`` (``grpc`` or ``http/protobuf``) on loopback."""
+    got = Receiver(protocol)
     if got.protocol == "grpc":
         server = grpc.server(ThreadPoolExecutor(max_workers=2))
         service = _TraceService(got.spans)

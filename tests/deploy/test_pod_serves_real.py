@@ -1,0 +1,251 @@
+"""The rendered pod serves, stops on SIGTERM and starts again (real broker, real process).
+
+``test_kubernetes_start.py`` starts every rendering's container with ``run --check``:
+configuration only, it connects to nothing. Here the chart's default Deployment (and
+values-dev's) is started for real, the way that file builds it (the image's ``ENV``, the
+service links, the container's env, the mounts, uid 10001 through ``setpriv``, the
+``/tmp`` emptyDir as working directory and HOME, the models read-only), against the real
+broker: the kubelet's probes on the chart's paths, requests in and verdicts out, a
+SIGTERM that must end it with 0 inside the pod's ``terminationGracePeriodSeconds``, and a
+second start of the same pod that reads the first one's verdicts back (the warm start)
+and matches labels sent afterwards to the requests the first one decided.
+
+What the cluster alone differs in is replaced, and nothing else: the broker's address,
+this test's topic names and group (one broker serves every test), and the two listening
+ports (the pod has its own network namespace; the host does not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar.kafka.topics import create_topics
+from sidecar.lab.localkafka.broker import LocalKafka, free_port
+from sidecar.lab.replay import send
+from tests.deploy.dockerfile import Dockerfile
+from tests.deploy.podpython import pod_python
+from tests.deploy.test_kubernetes_start import (
+    DOCKERFILE,
+    POD_TMP,
+    RENDERINGS,
+    build_filesystem,
+    guardrail_workloads,
+    pod_environment,
+    pod_user,
+)
+from tests.deploy.tools import CHART, HELM_BUILD_TIMEOUT_S, render
+from tests.kafka.harness import read_verdicts, wait_until
+from tests.kafka.test_otlp import serving
+from tests.kafka.test_scale_out import _settings
+from tests.kafka.test_warm_start_real import labels, requests
+
+pytestmark = pytest.mark.connected
+
+PARTITIONS = 3
+TOPICS = ("retrieval", "generation", "claims", "verdicts", "dlq", "feedback", "reports")
+N = 40
+
+
+class Pod:
+    """The container's process, started as the kubelet starts it (argv, env, cwd, uid)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> None:
+        self.argv, self.env, self.cwd, self.log = argv, env, cwd, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,  # the pod's, and nothing of the test's
+                cwd=self.cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+
+    def get(self, path: str, port_var: str = "GUARDRAIL_HTTP__PORT") -> tuple[int, str]:
+        url = f"http://127.0.0.1:{self.env[port_var]}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return int(r.status), r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, ""
+        except OSError:
+            return -1, ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def pods() -> Iterator[list[Pod]]:
+    started: list[Pod] = []
+    yield started
+    for pod in started:
+        pod.kill()
+
+
+def metrics(pod: Pod) -> dict[str, float]:
+    """Each sample name's sum on the pod's Prometheus endpoint (empty: no answer)."""
+    status, text = pod.get("/metrics", "GUARDRAIL_METRICS__PROMETHEUS_PORT")
+    out: dict[str, float] = {}
+    if status == 200:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+def labelled(pod: Pod) -> float:
+    """Labels counted in the pod's coverage windows."""
+    seen = metrics(pod)
+    return sum(seen.get(f"guardrail_coverage_window_labelled_{c}", 0.0) for c in LABELLED)
+
+
+LABELLED = ("covered", "uncovered")
+
+
+@pytest.fixture
+def exits() -> Iterator[ExitStack]:
+    """Context managers the test enters as it needs them, left at its end."""
+    with ExitStack() as stack:
+        yield stack
+
+
+@pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 300)
+@pytest.mark.parametrize("name", ["chart-defaults", "values-dev"])
+async def test_the_rendered_pod_serves_stops_on_sigterm_and_starts_warm(
+    name: str,
+    helm: Path,
+    pod_root: Path,
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    pods: list[Pod],
+    exits: ExitStack,
+) -> None:
+    chart, args = RENDERINGS[name]
+    assert chart == "chart"
+    manifests = render(helm, CHART, *args)
+    dockerfile = Dockerfile.read(DOCKERFILE)
+    (workload,) = [w for w in guardrail_workloads(manifests) if w.name.startswith("Deployment/")]
+    user = pod_user(workload, dockerfile)
+    python = pod_python(user.argv_prefix, pod_root / "image")
+    paths = build_filesystem(pod_root / "pod", workload, manifests, dockerfile, user)
+    env = pod_environment(workload, manifests, dockerfile, paths, python)
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, PARTITIONS)
+    t = settings.topics
+    cluster = {
+        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers,
+        "GUARDRAIL_KAFKA__GROUP_ID": settings.kafka.group_id,
+        **{
+            f"GUARDRAIL_TOPICS__{topic.upper()}": getattr(t, topic)
+            for topic in (*TOPICS, "certificates")
+        },
+        "GUARDRAIL_HTTP__PORT": str(free_port()),
+        "GUARDRAIL_METRICS__PROMETHEUS_PORT": str(free_port()),
+    }
+    collector = None
+    if "OTEL_EXPORTER_OTLP_ENDPOINT" in env:  # values-dev: the cluster's collector
+        collector = exits.enter_context(serving(env["OTEL_EXPORTER_OTLP_PROTOCOL"]))
+        cluster["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.endpoint
+    for variable in cluster:  # each replaces one the chart sets: nothing is added
+        assert variable in env, f"{name} does not set {variable}"
+    env |= cluster
+    assert env["HOME"] == str(paths[POD_TMP])  # the image's HOME: the emptyDir
+    await create_topics(settings)
+    argv = [*user.argv_prefix, *python.argv, "-m", "sidecar", *workload.container["args"]]
+    grace_s = float(workload.pod.get("terminationGracePeriodSeconds", 30))
+    probes = {
+        kind: workload.container[kind]["httpGet"]["path"]
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+
+    async def started(pod: Pod) -> None:
+        pod.start()
+        pods.append(pod)
+
+        def ready() -> bool:
+            assert pod.alive(), f"the pod exited:\n{pod.tail()}"
+            return all(pod.get(path)[0] == 200 for path in probes.values())
+
+        await wait_until(ready, 60, f"{probes} to answer 200")
+
+    async def stopped(pod: Pod) -> float:
+        assert pod.proc is not None
+        t0 = time.monotonic()
+        pod.proc.send_signal(signal.SIGTERM)  # what the kubelet sends first
+        code = await asyncio.to_thread(pod.proc.wait, grace_s + 5)
+        took = time.monotonic() - t0
+        assert code == 0, f"exit {code} after SIGTERM:\n{pod.tail()}"
+        assert took < grace_s, f"{took:.1f} s after SIGTERM (grace {grace_s:g} s)"
+        return took
+
+    logs = pod_root / "logs"
+    logs.mkdir()
+    first = Pod(argv, env, paths[POD_TMP], logs / "first.log")
+    await started(first)
+    assert first.proc is not None and Path(f"/proc/{first.proc.pid}").stat().st_uid == user.uid
+    await send(settings, requests(settings, "before", N, trusted=True))
+    verdicts = await read_verdicts(settings, N, timeout_s=60)
+    finals = {v["request_id"]: v for v in verdicts if v["stage"] == "final"}
+    assert set(finals) == {f"before-{i}" for i in range(N)}
+    assert {v["decision"] for v in finals.values()} <= {"allow", "caveat", "block"}
+    first_stop = await stopped(first)
+
+    second = Pod(argv, env, paths[POD_TMP], logs / "second.log")
+    await started(second)
+    await send(settings, requests(settings, "after", N, trusted=True))
+    await send(settings, labels(settings, [f"before-{i}" for i in range(N)]))
+    verdicts = await read_verdicts(settings, 2 * N, timeout_s=60)
+    assert {v["request_id"] for v in verdicts if v["stage"] == "final"} == set(finals) | {
+        f"after-{i}" for i in range(N)
+    }
+    # every label reached its request, decided by the first start (no label is unmatched)
+    await wait_until(lambda: labelled(second) == N, 30, f"{N} labels counted")
+    unmatched = metrics(second).get("guardrail_feedback_unmatched_total")
+    second_stop = await stopped(second)
+
+    log = second.log.read_text(errors="replace")
+    (warm,) = [ln for ln in log.splitlines() if "warm start: the last" in ln]
+    assert f"the last {N} record(s)" in warm and f"{N} request(s) kept" in warm, warm
+    assert unmatched == 0, log[-6000:]
+    for text in (first.log.read_text(errors="replace"), log):
+        bad = [
+            ln
+            for ln in text.splitlines()
+            if any(w in ln for w in (" ERROR ", " CRITICAL ", "Traceback", "Read-only", "denied"))
+        ]
+        assert not bad, "\n".join(bad[:20])
+    written = sorted(
+        str(p.relative_to(paths[POD_TMP])) for p in paths[POD_TMP].rglob("*") if p.is_file()
+    )
+    # nothing of its own (onnxruntime's usage telemetry wrote a device id, an event
+    # database and a session file here until the package turned it off)
+    assert written == [], written
+    if collector is not None:  # its traces reached the collector the chart names
+        names = {span.name for span in collector.spans}
+        assert f"send {t.verdicts}" in names and f"process {t.retrieval}" in names, names
+    print(  # pytest -s: what the report quotes
+        f"\n{name}: uid {user.uid}; stopped {first_stop:.2f} / {second_stop:.2f} s after "
+        f"SIGTERM (grace {grace_s:g} s); {warm.split(' INFO ', 1)[-1]}"
+    )
