@@ -1,29 +1,34 @@
 """The rendered pod serves, stops on SIGTERM and starts again (real broker, real process).
 
 ``test_kubernetes_start.py`` starts every rendering's container with ``run --check``:
-configuration only, it connects to nothing. Here the chart's default Deployment (and
-values-dev's) is started for real, the way that file builds it (the image's ``ENV``, the
-service links, the container's env, the mounts, uid 10001 through ``setpriv``, the
-``/tmp`` emptyDir as working directory and HOME, the models read-only), against the real
-broker: the kubelet's probes on the chart's paths, requests in and verdicts out, a
-SIGTERM that must end it with 0 inside the pod's ``terminationGracePeriodSeconds``, and a
-second start of the same pod that reads the first one's verdicts back (the warm start)
-and matches labels sent afterwards to the requests the first one decided.
+configuration only, it connects to nothing. Here the Deployment of the chart's defaults,
+values-dev and values-prod is started for real, the way that file builds it (the image's
+``ENV``, the service links, the container's env, the mounts, uid 10001 through
+``setpriv``, the ``/tmp`` emptyDir as working directory and HOME, the models and Secrets
+read-only), against a real broker: the kubelet's probes on the chart's paths, requests in
+and verdicts out, a SIGTERM that must end it with 0 inside the pod's
+``terminationGracePeriodSeconds``, and a second start of the same pod that reads the
+first one's verdicts back (the warm start) and matches labels sent afterwards to the
+requests the first one decided. Nothing is written under the emptyDir.
 
-What the cluster alone differs in is replaced, and nothing else: the broker's address,
-this test's topic names and group (one broker serves every test), and the two listening
-ports (the pod has its own network namespace; the host does not).
+What a cluster supplies is replaced, and nothing else: the broker's address (values-prod:
+a SASL_SSL listener with SCRAM-SHA-512; its CA and credentials go into the files of the
+Secrets the pod mounts), this test's topic names and group (one broker serves many
+tests), the two listening ports (the pod has its own network namespace; the host does
+not) and the OTLP collector's address (a receiver here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import stat
 import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -47,6 +52,9 @@ from tests.deploy.tools import CHART, HELM_BUILD_TIMEOUT_S, render
 from tests.kafka.harness import read_verdicts, wait_until
 from tests.kafka.test_otlp import serving
 from tests.kafka.test_scale_out import _settings
+from tests.kafka.test_tls import PASSWORD as TLS_PASSWORD
+from tests.kafka.test_tls import USER as TLS_USER
+from tests.kafka.test_tls import TlsBroker, tls_broker  # noqa: F401 - fixture
 from tests.kafka.test_warm_start_real import labels, requests
 
 pytestmark = pytest.mark.connected
@@ -132,17 +140,50 @@ def exits() -> Iterator[ExitStack]:
         yield stack
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """What the pod reaches and the test reaches of one broker, and the Secrets' files."""
+
+    bootstrap: str  # the listener the rendering's security protocol speaks
+    plain: str  # a PLAINTEXT listener of the same broker (topics, requests, verdicts)
+    secrets: dict[str, str]  # a variable naming a mounted Secret's file -> its content
+
+
+@pytest.fixture(params=["chart-defaults", "values-dev", "values-prod"])
+def cluster(request: pytest.FixtureRequest) -> tuple[str, Cluster]:
+    """A rendering and a broker for it: PLAINTEXT, or (values-prod) SASL_SSL with
+    SCRAM-SHA-512 and the test CA, the credentials as files of the Secrets it mounts."""
+    name = str(request.param)
+    if name != "values-prod":
+        broker: LocalKafka = request.getfixturevalue("kafka_broker")
+        return name, Cluster(broker.bootstrap_servers, broker.bootstrap_servers, {})
+    tls: TlsBroker = request.getfixturevalue("tls_broker")
+    secrets = {
+        "GUARDRAIL_KAFKA__SSL_CAFILE": (tls.certs / "ca.pem").read_text(),
+        "GUARDRAIL_KAFKA__SASL_USERNAME_FILE": f"{TLS_USER}\n",
+        "GUARDRAIL_KAFKA__SASL_PASSWORD_FILE": f"{TLS_PASSWORD}\n",
+    }
+    return name, Cluster(tls.sasl_ssl, tls.broker.bootstrap_servers, secrets)
+
+
+def fill(path: Path, content: str) -> None:
+    """A mounted Secret's file (read-only, as the kubelet mounts it) given its content."""
+    mode = path.stat().st_mode
+    path.chmod(mode | stat.S_IWUSR)
+    path.write_text(content)
+    path.chmod(mode)
+
+
 @pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 300)
-@pytest.mark.parametrize("name", ["chart-defaults", "values-dev"])
 async def test_the_rendered_pod_serves_stops_on_sigterm_and_starts_warm(
-    name: str,
+    cluster: tuple[str, Cluster],
     helm: Path,
     pod_root: Path,
-    kafka_broker: LocalKafka,
     unique_topics: dict[str, str],
     pods: list[Pod],
     exits: ExitStack,
 ) -> None:
+    name, reach = cluster
     chart, args = RENDERINGS[name]
     assert chart == "chart"
     manifests = render(helm, CHART, *args)
@@ -152,10 +193,10 @@ async def test_the_rendered_pod_serves_stops_on_sigterm_and_starts_warm(
     python = pod_python(user.argv_prefix, pod_root / "image")
     paths = build_filesystem(pod_root / "pod", workload, manifests, dockerfile, user)
     env = pod_environment(workload, manifests, dockerfile, paths, python)
-    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, PARTITIONS)
+    settings = _settings(reach.plain, unique_topics, PARTITIONS)
     t = settings.topics
-    cluster = {
-        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers,
+    replaced = {
+        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": reach.bootstrap,
         "GUARDRAIL_KAFKA__GROUP_ID": settings.kafka.group_id,
         **{
             f"GUARDRAIL_TOPICS__{topic.upper()}": getattr(t, topic)
@@ -167,10 +208,12 @@ async def test_the_rendered_pod_serves_stops_on_sigterm_and_starts_warm(
     collector = None
     if "OTEL_EXPORTER_OTLP_ENDPOINT" in env:  # values-dev: the cluster's collector
         collector = exits.enter_context(serving(env["OTEL_EXPORTER_OTLP_PROTOCOL"]))
-        cluster["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.endpoint
-    for variable in cluster:  # each replaces one the chart sets: nothing is added
+        replaced["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.endpoint
+    for variable in replaced:  # each replaces one the chart sets: nothing is added
         assert variable in env, f"{name} does not set {variable}"
-    env |= cluster
+    env |= replaced
+    for variable, content in reach.secrets.items():
+        fill(Path(env[variable]), content)
     assert env["HOME"] == str(paths[POD_TMP])  # the image's HOME: the emptyDir
     await create_topics(settings)
     argv = [*user.argv_prefix, *python.argv, "-m", "sidecar", *workload.container["args"]]
@@ -242,10 +285,13 @@ async def test_the_rendered_pod_serves_stops_on_sigterm_and_starts_warm(
     # nothing of its own (onnxruntime's usage telemetry wrote a device id, an event
     # database and a session file here until the package turned it off)
     assert written == [], written
-    if collector is not None:  # its traces reached the collector the chart names
-        names = {span.name for span in collector.spans}
-        assert f"send {t.verdicts}" in names and f"process {t.retrieval}" in names, names
+    if collector is not None:  # its telemetry reached the collector the rendering names
+        assert {m.name for _, m in collector.metrics} >= {"guardrail.verdicts"}
+        if env.get("OTEL_TRACES_SAMPLER_ARG", "1") == "1":  # else a sample of the traces
+            names = {span.name for span in collector.spans}
+            assert f"send {t.verdicts}" in names and f"process {t.retrieval}" in names, names
     print(  # pytest -s: what the report quotes
         f"\n{name}: uid {user.uid}; stopped {first_stop:.2f} / {second_stop:.2f} s after "
-        f"SIGTERM (grace {grace_s:g} s); {warm.split(' INFO ', 1)[-1]}"
+        f"SIGTERM (grace {grace_s:g} s); {warm.split(' INFO ', 1)[-1]}; warnings: "
+        f"{[ln.split(' WARNING ', 1)[-1][:160] for ln in log.splitlines() if ' WARNING ' in ln]}"
     )
