@@ -42,6 +42,7 @@ from sidecar.lab.localkafka.acls import (
     AUTHORIZER_PROPERTIES,
     Acl,
     Operation,
+    Pattern,
     Resource,
     create_acls,
     delete_acls,
@@ -642,3 +643,88 @@ async def test_a_reader_the_cluster_refuses_names_the_read_grant(
     assert done.returncode == 1, done.stderr[-2000:]
     assert "TopicAuthorizationFailedError" in done.stderr
     assert f"--allow-principal {PRINCIPAL} --operation Read --topic {topic}" in done.stderr
+
+
+# ------------------------------------------------------------------ prefixed ACLs
+
+
+def prefixed_acls(topics: dict[str, str], principal: str = PRINCIPAL) -> list[Acl]:
+    """What a KafkaUser with ``patternType: prefix`` grants (Strimzi; ``kafka-acls
+    --resource-pattern-type prefixed``): Read and Write on every topic whose name starts
+    with the topics' common prefix, Read on every group starting with the group's."""
+    prefix = topics["retrieval"].rsplit(".", 1)[0] + "."  # t.<suffix>.
+    on = [
+        Acl(principal, Resource.TOPIC, prefix, op, Pattern.PREFIXED)
+        for op in (Operation.READ, Operation.WRITE)
+    ]
+    return [
+        *on,
+        Acl(principal, Resource.GROUP, topics["group"][:-3], Operation.READ, Pattern.PREFIXED),
+    ]
+
+
+async def test_prefixed_acls_are_enough_for_the_sidecar_and_its_warm_start(
+    acl_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """Every grant is a prefix, none names a topic or the group: the start's check asks the
+    broker, which applies the prefixes, so nothing is said to be missing; the second
+    start reads the first one's verdict back."""
+    acls = prefixed_acls(unique_topics)
+    log = await _serves_one(
+        acl_broker, unique_topics, acls, tmp_path, (retrieval_event, final_event)
+    )
+    again = SidecarProcess(sasl_env(acl_broker, unique_topics), tmp_path / "again.log")
+    await asyncio.to_thread(again.start, 60)
+    assert again.signal(signal.SIGTERM) == 0
+    second = (tmp_path / "again.log").read_text()
+    for text in (log, second):
+        assert "does not allow" not in text and "Not authorized" not in text, text[-3000:]
+    assert "warm start: the last 1 record(s)" in second, second[-3000:]
+
+
+async def test_a_topic_outside_the_granted_prefix_is_named_at_start(
+    acl_broker: LocalKafka, unique_topics: dict[str, str], tmp_path: Path
+) -> None:
+    """The same prefixes, with the dead-letter topic named outside them: refused at start,
+    naming that topic alone (a prefix is applied, not taken as "some ACL exists")."""
+    topics = unique_topics | {"dlq": unique_topics["dlq"].replace("t.", "other.", 1)}
+    await _prepare(acl_broker, topics, prefixed_acls(unique_topics))
+    sidecar = SidecarProcess(sasl_env(acl_broker, topics), tmp_path / "sidecar.log")
+    with pytest.raises(SidecarNotReadyError):
+        await asyncio.to_thread(sidecar.start, 45)
+    assert sidecar.proc is not None and sidecar.proc.returncode == 2
+    log = (tmp_path / "sidecar.log").read_text()
+    assert f"--operation Write --topic {topics['dlq']}" in log, log[-3000:]
+    assert "1 operation(s) it needs" in log
+
+
+async def test_the_clients_start_on_prefixed_acls(
+    acl_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """The LLM service's publisher and verdict client, granted by prefix only."""
+    t = unique_topics
+    await _prepare(acl_broker, t, prefixed_acls(t, f"User:{LLM}"))
+    assert acl_broker.sasl_bootstrap_servers is not None
+    publisher = GuardrailPublisher(
+        acl_broker.sasl_bootstrap_servers,
+        generator_model="m",
+        retrieval_topic=t["retrieval"],
+        generation_topic=t["generation"],
+        **_llm_options(acl_broker),
+    )
+    client = VerdictClient(
+        acl_broker.sasl_bootstrap_servers,
+        verdicts_topic=t["verdicts"],
+        claims_topic=t["claims"],
+        **_llm_options(acl_broker),
+    )
+    await publisher.start()
+    try:
+        await client.start()
+        await client.stop()
+    finally:
+        await publisher.stop()

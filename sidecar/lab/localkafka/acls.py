@@ -30,7 +30,15 @@ from aiokafka.protocol.types import (
 
 from sidecar.exceptions import LocalKafkaError
 
-__all__ = ["AUTHORIZER_PROPERTIES", "Acl", "Operation", "Resource", "create_acls", "delete_acls"]
+__all__ = [
+    "AUTHORIZER_PROPERTIES",
+    "Acl",
+    "Operation",
+    "Pattern",
+    "Resource",
+    "create_acls",
+    "delete_acls",
+]
 
 AUTHORIZER_PROPERTIES = """\
 authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
@@ -59,21 +67,29 @@ class Operation(IntEnum):  # Kafka's AclOperation codes
     IDEMPOTENT_WRITE = 12
 
 
-_LITERAL, _ALLOW = 3, 3  # PatternType.LITERAL, AclPermissionType.ALLOW
+class Pattern(IntEnum):  # Kafka's PatternType codes
+    LITERAL = 3  # the resource named exactly
+    PREFIXED = 4  # every resource whose name starts with it (Strimzi's `patternType: prefix`)
+
+
+_ALLOW = 3  # AclPermissionType.ALLOW
 _CLUSTER_NAME = "kafka-cluster"
 _APPLY_TIMEOUT_S = 30.0
 _TYPES = frozenset(r.value for r in Resource)
 _OPERATIONS = frozenset(o.value for o in Operation)
+_PATTERNS = frozenset(p.value for p in Pattern)
 
 
 @dataclass(frozen=True)
 class Acl:
-    """ALLOW ``operation`` on the resource named ``name`` (literal) to ``principal``."""
+    """ALLOW ``operation`` on the resource named ``name`` (or, ``PREFIXED``, on every one
+    whose name starts with ``name``) to ``principal``."""
 
     principal: str  # "User:guardrail"
     resource: Resource
     name: str
     operation: Operation
+    pattern: Pattern = Pattern.LITERAL
 
     def __post_init__(self) -> None:
         if self.resource is Resource.CLUSTER and self.name != _CLUSTER_NAME:
@@ -83,7 +99,7 @@ class Acl:
         return (
             int(self.resource),
             self.name,
-            _LITERAL,
+            int(self.pattern),
             self.principal,
             "*",
             int(self.operation),
@@ -260,11 +276,11 @@ def _errors(rows: Iterable[Any]) -> list[str]:
 
 
 async def _in_force(bootstrap_servers: str) -> set[Acl]:
-    """The ALLOW ACLs on literal names the broker's authoriser holds now."""
+    """The ALLOW ACLs (literal or prefixed) the broker's authoriser holds now."""
     response = await _send(bootstrap_servers, _DescribeAcls())
     found = set()
     for resource in response.to_object()["resources"]:
-        if resource["pattern_type"] != _LITERAL or resource["resource_type"] not in _TYPES:
+        if resource["pattern_type"] not in _PATTERNS or resource["resource_type"] not in _TYPES:
             continue
         for acl in resource["acls"]:
             if acl["permission_type"] == _ALLOW and acl["operation"] in _OPERATIONS:
@@ -274,6 +290,7 @@ async def _in_force(bootstrap_servers: str) -> set[Acl]:
                         Resource(resource["resource_type"]),
                         resource["resource_name"],
                         Operation(acl["operation"]),
+                        Pattern(resource["pattern_type"]),
                     )
                 )
     return found
@@ -291,7 +308,7 @@ async def _until(bootstrap_servers: str, done: Callable[[set[Acl]], bool], what:
 
 
 async def create_acls(bootstrap_servers: str, acls: Iterable[Acl]) -> None:
-    """Grant ``acls`` (ALLOW, literal names, any host), in force when it returns; raises
+    """Grant ``acls`` (ALLOW, any host), in force when it returns; raises
     when the broker refuses one."""
     wanted = list(acls)
     if not wanted:
