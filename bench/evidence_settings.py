@@ -51,6 +51,7 @@ from sidecar.claims.verifier import OnnxVerifier, PairEncoder, first_segment
 from sidecar.lab.verifier.datasets import CorpusConfig, form_sets
 from sidecar.lab.verifier.evaluate import PairItem, pair_report
 from sidecar.lab.verifier.sources import Pair, Split
+from sidecar.onnxrt import onnxruntime
 
 DEFAULT_SETTINGS = (
     "640x3x192",  # served (models/verifier/verifier.json)
@@ -110,7 +111,7 @@ class SettingScorer:
     """The shipped network and calibration, one encoder per max_length (one ONNX session)."""
 
     def __init__(self, verifier: OnnxVerifier, model_dir: Path, threads: int = 1) -> None:
-        import onnxruntime as ort  # noqa: PLC0415 - the adapter's own dependency
+        ort = onnxruntime()
 
         self.verifier = verifier
         self._tokenizer = model_dir / verifier.artifact.tokenizer_file

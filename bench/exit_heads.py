@@ -40,6 +40,7 @@ from tqdm import tqdm
 from sidecar.claims.verifier import OnnxVerifier, PairEncoder
 from sidecar.lab.verifier.datasets import read_corpus
 from sidecar.lab.verifier.sources import Pair
+from sidecar.onnxrt import onnxruntime
 
 LAYER_OUT = "/encoder/encoder/layer.{k}/output/LayerNorm/LayerNormalization_output_0"
 FEATURES = "/Concat_1_output_0"  # what the final head (``/head/Gemm``) reads
@@ -131,7 +132,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/exit_heads.json"))
     args = parser.parse_args()
 
-    import onnxruntime as ort  # noqa: PLC0415
+    ort = onnxruntime()
 
     verifier = OnnxVerifier.load(args.model_dir, threads=1)
     corpus = read_corpus(args.corpus)

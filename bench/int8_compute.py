@@ -48,6 +48,7 @@ from sidecar.lab.verifier.datasets import CorpusConfig, form_sets
 from sidecar.lab.verifier.metrics import auroc_or_nan
 from sidecar.lab.verifier.quantization import import_onnx
 from sidecar.lab.verifier.sources import read_halueval_qa, split_of
+from sidecar.onnxrt import onnxruntime
 
 __all__ = ["VARIANTS", "integer_compute", "main", "sample_pairs"]
 
@@ -68,7 +69,7 @@ def integer_compute(model_dir: Path, out: Path, *, per_channel: bool, reduce_ran
     basic optimisation), then quantised again by ``quantize_dynamic`` with s8 weights. No
     golden outputs (they would not hold); the version says which variant it is.
     """
-    import onnxruntime as ort  # noqa: PLC0415
+    ort = onnxruntime()
     from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415
 
     import_onnx()  # the train extra's onnx, with its message when it is missing

@@ -36,6 +36,7 @@ from sidecar.claims.calibration import Band, Platt, coverage
 from sidecar.exceptions import ArtifactError, ConfigError
 from sidecar.golden import GoldenOutputs, record_golden
 from sidecar.hashing import sha256_file
+from sidecar.onnxrt import onnxruntime
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -218,7 +219,7 @@ class OnnxVerifier:
         ``target_precision``: serve the artifact's band fitted for that precision
         (``ConfigError`` naming the ones it has when there is none).
         """
-        import onnxruntime as ort  # noqa: PLC0415 - the adapter's own dependency
+        ort = onnxruntime()
 
         artifact = load_artifact(model_dir)
         name = onnx_file or artifact.onnx_file
@@ -251,7 +252,7 @@ class OnnxVerifier:
         cls, artifact: VerifierArtifact, onnx_path: Path, tokenizer_path: Path
     ) -> OnnxVerifier:
         """One CPU thread over explicit files (the export's own check of what it wrote)."""
-        import onnxruntime as ort  # noqa: PLC0415 - the adapter's own dependency
+        ort = onnxruntime()
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1

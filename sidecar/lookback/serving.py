@@ -71,6 +71,7 @@ from sidecar.lookback.artifact import (
     load_metadata,
 )
 from sidecar.lookback.features import feature_rows, summary_rows
+from sidecar.onnxrt import onnxruntime
 
 __all__ = ["LookbackRequest", "OnnxLookbackScorer", "record_lookback_golden", "resolve_providers"]
 
@@ -83,7 +84,7 @@ OnMismatch = Literal["dead-letter", "unavailable"]
 
 def resolve_providers(providers: Sequence[str] | Literal["auto"] | None) -> list[str]:
     """Execution providers for onnxruntime: ``None`` -> CPU; ``"auto"`` -> CUDA if present."""
-    import onnxruntime as ort  # noqa: PLC0415 - adapter edge
+    ort = onnxruntime()
 
     available = set(ort.get_available_providers())
     if providers is None:
@@ -139,7 +140,7 @@ class OnnxLookbackScorer:
 
         ``check_golden=False`` skips them (the export computing new ones).
         """
-        import onnxruntime as ort  # noqa: PLC0415 - adapter edge
+        ort = onnxruntime()
 
         if on_mismatch not in ("dead-letter", "unavailable"):
             raise ConfigError(

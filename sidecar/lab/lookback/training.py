@@ -38,6 +38,7 @@ from sidecar.lookback.artifact import (
     save_metadata,
 )
 from sidecar.lookback.features import feature_matrix
+from sidecar.onnxrt import onnxruntime
 from sidecar.stats.metrics import auroc
 
 try:
@@ -160,7 +161,7 @@ def onnx_probabilities(
     onnx_bytes: bytes, features: npt.NDArray[np.float32]
 ) -> npt.NDArray[np.float64]:
     """p(factual) of ``features`` computed by onnxruntime (CPU) from ``onnx_bytes``."""
-    import onnxruntime as ort  # noqa: PLC0415
+    ort = onnxruntime()
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 1

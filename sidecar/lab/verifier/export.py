@@ -33,6 +33,7 @@ from sidecar.lab.verifier.model import CrossEncoder
 from sidecar.lab.verifier.quantization import int8_weights_fp32_compute
 from sidecar.lab.verifier.settings import FP32_FILE, INPUTS, INT8_FILE, TOKENIZER_FILE
 from sidecar.lab.verifier.sources import Pair
+from sidecar.onnxrt import onnxruntime
 
 
 class LogitSource(Protocol):
@@ -87,6 +88,7 @@ def write_onnx(model: CrossEncoder, base_model_dir: Path, out_dir: Path) -> Path
     out_dir.mkdir(parents=True, exist_ok=True)
     unfused = {name: out_dir / f"{Path(name).stem}.unfused.onnx" for name in (FP32_FILE, INT8_FILE)}
     torch_export(model, base_model_dir, unfused[FP32_FILE])
+    onnxruntime()  # its telemetry off before the package's first import
     from onnxruntime.quantization import QuantType, quantize_dynamic  # noqa: PLC0415
 
     # Per-channel int8 weight scales (per tensor missed the accuracy gate on length-matched

@@ -35,6 +35,7 @@ import numpy as np
 
 from sidecar.exceptions import ArtifactError
 from sidecar.lab.verifier.quantization import import_onnx, prune_graph
+from sidecar.onnxrt import onnxruntime
 
 __all__ = ["FUSED_LOGIT_TOLERANCE", "fuse_attention"]
 
@@ -285,7 +286,7 @@ def fuse_attention(unfused: Path, out: Path) -> int:
 
 def _max_logit_difference(a: Path, b: Path, inputs: list[str]) -> float:
     """max |output| difference of two files on a padded batch of random token ids."""
-    import onnxruntime as ort  # noqa: PLC0415 - a base dependency, imported with the onnx file
+    ort = onnxruntime()
 
     rng = np.random.default_rng(0)
     lengths = np.array([40, 17, 3, 40])
