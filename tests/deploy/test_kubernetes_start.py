@@ -47,12 +47,10 @@ from tests.deploy.kubelet import services_env
 from tests.deploy.podpython import PodPython, pod_python
 from tests.deploy.tools import (
     CHART,
-    EXAMPLE,
     HELM_BUILD_TIMEOUT_S,
     NAMESPACE,
     ROOT,
     RUN_TIMEOUT_S,
-    helm_env,
     refusal,
     render,
 )
@@ -80,25 +78,6 @@ KUBERNETES_SERVICE: dict[str, Any] = {
 
 
 # ------------------------------------------------------------------- rendering
-
-
-@pytest.fixture(scope="session")
-def example_chart(helm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """helm/example-llm-service with its dependency built, in a copy (the tree stays clean)."""
-    root = tmp_path_factory.mktemp("charts")
-    shutil.copytree(CHART, root / "charts" / CHART.name)
-    example = root / "helm" / EXAMPLE.name
-    shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns("charts"))
-    built = subprocess.run(
-        [str(helm), "dependency", "build", "--skip-refresh", str(example)],
-        capture_output=True,
-        text=True,
-        env=helm_env(),
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
-    assert built.returncode == 0, built.stderr
-    return example
 
 
 # name -> (chart, helm arguments); "example" is the LLM chart injecting the sidecar.

@@ -2,7 +2,8 @@
 
 ``test_kubernetes_start.py`` starts every rendering's container with ``run --check``:
 configuration only, it connects to nothing. Here the Deployment of the chart's defaults,
-values-dev and values-prod is started for real, the way that file builds it (the image's
+values-dev and values-prod, and the container the example LLM chart injects into its own
+Deployment, are started for real, the way that file builds them (the image's
 ``ENV``, the service links, the container's env, the mounts, uid 10001 through
 ``setpriv``, the ``/tmp`` emptyDir as working directory and HOME, the models and Secrets
 read-only), against a real broker: the kubelet's probes on the chart's paths, requests in
@@ -42,13 +43,13 @@ from tests.deploy.podpython import pod_python
 from tests.deploy.test_kubernetes_start import (
     DOCKERFILE,
     POD_TMP,
-    RENDERINGS,
     build_filesystem,
     guardrail_workloads,
     pod_environment,
     pod_user,
+    rendering,
 )
-from tests.deploy.tools import CHART, HELM_BUILD_TIMEOUT_S, render
+from tests.deploy.tools import HELM_BUILD_TIMEOUT_S
 from tests.kafka.harness import read_verdicts, wait_until
 from tests.kafka.test_otlp import serving
 from tests.kafka.test_scale_out import _settings
@@ -149,7 +150,7 @@ class Cluster:
     secrets: dict[str, str]  # a variable naming a mounted Secret's file -> its content
 
 
-@pytest.fixture(params=["chart-defaults", "values-dev", "values-prod"])
+@pytest.fixture(params=["chart-defaults", "values-dev", "values-prod", "example-llm-service"])
 def cluster(request: pytest.FixtureRequest) -> tuple[str, Cluster]:
     """A rendering and a broker for it: PLAINTEXT, or (values-prod) SASL_SSL with
     SCRAM-SHA-512 and the test CA, the credentials as files of the Secrets it mounts."""
@@ -178,15 +179,14 @@ def fill(path: Path, content: str) -> None:
 async def test_the_rendered_pod_serves_stops_on_sigterm_and_starts_warm(
     cluster: tuple[str, Cluster],
     helm: Path,
+    example_chart: Path,
     pod_root: Path,
     unique_topics: dict[str, str],
     pods: list[Pod],
     exits: ExitStack,
 ) -> None:
     name, reach = cluster
-    chart, args = RENDERINGS[name]
-    assert chart == "chart"
-    manifests = render(helm, CHART, *args)
+    manifests = rendering(name, helm, example_chart)
     dockerfile = Dockerfile.read(DOCKERFILE)
     (workload,) = [w for w in guardrail_workloads(manifests) if w.name.startswith("Deployment/")]
     user = pod_user(workload, dockerfile)
