@@ -35,6 +35,7 @@ from sidecar.kafka.assignor import co_partition_assignor, deployment_of
 from sidecar.kafka.clients import (
     TP,
     AiokafkaConsumerPort,
+    ConsumerPort,
     KafkaClients,
     aiokafka_clients,
     memory_clients,
@@ -57,7 +58,7 @@ from sidecar.kafka.resets import installed as offset_resets
 from sidecar.kafka.resets import watch_offset_resets
 from sidecar.kafka.security import faststream_security
 from sidecar.kafka.topics import input_topics
-from sidecar.kafka.warmstart import recall, warm_start
+from sidecar.kafka.warmstart import ReadMarks, recall, warm_start
 from sidecar.kafka.withdrawals import CertificateBoard
 from sidecar.lograte import PER_INPUT, report_repeats
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
@@ -164,6 +165,9 @@ class SidecarService:
         self._warm_start = warm_start
         # the retrieval topic's partitions held since the last assignment
         self._held_numbers: frozenset[int] = frozenset()
+        # how far the warm start and the recalls read each verdict partition: a recall reads
+        # on from there (the first assignment's, only what the fleet decided since the start)
+        self._verdicts_read: ReadMarks = {}
         self.processor = processor
         self.telemetry = telemetry or Telemetry()
         self.broker = broker if broker is not None else make_broker(settings)
@@ -396,7 +400,7 @@ class SidecarService:
             )
             await self.certificates.start()
         if self._warm_start and self.processor.signals.warm_starts:  # as the fleet left them
-            await warm_start(self.settings, self.processor)
+            await warm_start(self.settings, self.processor, self._verdicts_read)
         await self.broker.start()
         kafka = self.settings.kafka
         request_size = request_size_bytes(self.settings.topics.max_message_bytes)
@@ -519,8 +523,16 @@ class SidecarService:
 
     # ------------------------------------------------------------------ rebalance
 
+    def _group_consumer(self) -> ConsumerPort:
+        """The group's consumer: the first assignment comes while the broker starts, before
+        start() has the clients (whose stand-in knows no partition counts and no commits)."""
+        group = getattr(self.subscriber, "consumer", None)
+        if isinstance(group, AIOKafkaConsumer):
+            return AiokafkaConsumerPort(group)
+        return self.clients.consumer
+
     async def on_assigned(self, assigned: set[TP]) -> None:
-        counts = self.clients.consumer.known_partitions(self.probe.inputs)
+        counts = self._group_consumer().known_partitions(self.probe.inputs)
         self.probe.check_assignment(assigned, counts, self.settings.kafka.group_id)
         self._note_assignment()
         self._handovers_read.clear()  # records that come meanwhile wait for it (_handle)
@@ -545,7 +557,7 @@ class SidecarService:
         if not new or not count or not self._warm_start:
             return
         if self.processor.signals.coverage is not None:
-            await recall(self.settings, self.processor, new, count)
+            await recall(self.settings, self.processor, new, count, self._verdicts_read)
 
     def _note_assignment(self) -> None:
         """Tell intake which partitions this replica reads: a record off its request's
@@ -558,13 +570,7 @@ class SidecarService:
         """Read what the partitions' last owner finished above its commit (its handover),
         so that those records are skipped, not decided a second time or by halves."""
         wanted = {tp for tp in assigned if tp[0] in self.keys.joined}
-        # the first assignment comes while the broker starts, before start() has the clients
-        group = getattr(self.subscriber, "consumer", None)
-        consumer = (
-            AiokafkaConsumerPort(group)
-            if isinstance(group, AIOKafkaConsumer)
-            else self.clients.consumer
-        )
+        consumer = self._group_consumer()
         found: dict[TP, tuple[int, str]] | None = None
         for attempt in range(1, HANDOVER_TRIES + 1):
             try:

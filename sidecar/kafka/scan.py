@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Final, Self
@@ -55,7 +55,9 @@ class TopicScan:
     filtering on the key is for the caller). ``homes`` (partition numbers, the partition
     count they are numbers of): of a topic with that many partitions, read only those
     (of another, every one). ``tail``: read only the last ``tail`` records, split evenly
-    over the partitions read (instead of ``since``)."""
+    over the partitions read (instead of ``since``), and with ``after`` (partition -> offset)
+    none before the offset given for its partition (what an earlier read already saw).
+    :attr:`ends`: each partition's end offset taken at the start, where ``records()`` stops."""
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class TopicScan:
         key: str | None = None,
         homes: tuple[frozenset[int], int] | None = None,
         tail: int | None = None,
+        after: Mapping[TopicPartition, int] | None = None,
         client_id: str = "guardrail-scan",
     ) -> None:
         self._named = list(topics)  # (topic, the setting that names it)
@@ -74,6 +77,7 @@ class TopicScan:
         self._key = key
         self._homes = homes
         self._tail = tail
+        self._after = dict(after or {})
         self._client_id = client_id
         self._consumer: AIOKafkaConsumer[bytes, bytes] | None = None
         self._end: dict[TopicPartition, int] = {}
@@ -83,6 +87,16 @@ class TopicScan:
         self._follow_from: dict[TopicPartition, int] = {}
         self.to_read = 0  # records between the start positions and the end offsets
         self.cluster_topics: frozenset[str] = frozenset()  # the cluster's topics at the start
+
+    @property
+    def ends(self) -> dict[TopicPartition, int]:
+        """Each partition read and its end offset taken at the start."""
+        return dict(self._end)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Each topic's partition count, as the start saw it."""
+        return dict(self._counts)
 
     @property
     def _what(self) -> str:
@@ -151,7 +165,8 @@ class TopicScan:
             starts = await consumer.beginning_offsets(tps)
             each = math.ceil(self._tail / len(tps))
             for tp in tps:
-                consumer.seek(tp, max(starts[tp], self._end[tp] - each))
+                first = max(starts[tp], self._end[tp] - each, self._after.get(tp, 0))
+                consumer.seek(tp, min(first, self._end[tp]))
         elif self._since is None:
             await consumer.seek_to_beginning(*tps)
         else:

@@ -25,6 +25,12 @@ the latest verdict's reading; the coverage monitor keeps the requests for their 
 (not counted as requests: the replica that decided them did). Every replica reads the
 whole fleet's tail.
 
+A partition given to this replica later (and at its first assignment: the partition's
+last owner went on deciding between this start's read and the join) brings the labels of
+requests another replica decided there: :func:`recall` reads that partition's requests
+back, from where this process had read it (:data:`ReadMarks`), so the first assignment
+reads only what the fleet decided since the start.
+
 Bounded: at most the configured number of records and :data:`TIMEOUT_S`; what was read
 by then is used. Never fatal: a cluster that refuses (no Read on the verdicts topic) or
 does not answer leaves both empty, with one warning that says why. Records that are not
@@ -42,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
-from aiokafka import ConsumerRecord
+from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
@@ -60,6 +66,7 @@ __all__ = [
     "TIMEOUT_S",
     "Decided",
     "ReadBack",
+    "ReadMarks",
     "decided",
     "read_decided",
     "recall",
@@ -70,6 +77,9 @@ log = logging.getLogger("sidecar.kafka.warmstart")
 
 TIMEOUT_S: Final = 10.0
 """The longest the read may take; what came by then is used (a start is not held longer)."""
+
+ReadMarks = dict[int, int]
+"""Verdict partition -> the offset this process has read it to (warm start, recalls)."""
 
 _MAX_ID_CHARS: Final = 1024  # request ids, tenants, keys: a verdict's are far shorter
 
@@ -156,6 +166,7 @@ async def read_decided(
     *,
     timeout_s: float = TIMEOUT_S,
     homes: tuple[frozenset[int], int] | None = None,
+    marks: ReadMarks | None = None,
 ) -> ReadBack:
     """The last ``records`` records of the verdicts topic (split evenly over its
     partitions) as final verdicts, one per request (its latest), oldest first.
@@ -165,23 +176,35 @@ async def read_decided(
     verdicts are keyed); with as many verdict partitions as input partitions, only those
     verdict partitions are read.
 
+    ``marks`` (verdict partition -> offset): where this process has read each partition to
+    already; the read starts no earlier, and moves the marks of the partitions whose every
+    request it kept (all of them, or with ``homes`` the home partitions when the counts are
+    equal) to where it got.
+
     ``BrokerError`` / ``ConfigError`` (:class:`~sidecar.kafka.scan.TopicScan`'s) when the
     cluster refuses or cannot be reached, ``TimeoutError`` when nothing came in time."""
     started = time.monotonic()
+    topic = settings.topics.verdicts
     latest: dict[tuple[str | None, str], Decided] = {}
     read = skipped = 0
-    complete = False
+    complete = whole = False
+    ends: dict[int, int] = {}
+    reached: dict[int, int] = {}  # per partition: past the last record read
     try:
         async with asyncio.timeout(timeout_s):
             async with TopicScan(
                 settings,
-                [(settings.topics.verdicts, "GUARDRAIL_TOPICS__VERDICTS")],
+                [(topic, "GUARDRAIL_TOPICS__VERDICTS")],
                 homes=homes,
                 tail=records,
+                after={TopicPartition(topic, p): at for p, at in (marks or {}).items()},
                 client_id="guardrail-warm-start",
             ) as scan:
+                ends = {tp.partition: end for tp, end in scan.ends.items()}
+                whole = homes is None or scan.counts.get(topic) == homes[1]
                 async for record in scan.records():
                     read += 1
+                    reached[record.partition] = record.offset + 1
                     found = decided(record)
                     if found is None:
                         skipped += 1
@@ -191,6 +214,9 @@ async def read_decided(
     except TimeoutError:
         if not read:
             raise  # nothing came: the caller says the cluster did not answer
+    if marks is not None and whole:
+        for partition, at in (ends if complete else reached).items():
+            marks[partition] = max(marks.get(partition, 0), at)
     ordered = sorted(latest.values(), key=lambda d: (d.timestamp_ms, d.partition, d.offset))
     return ReadBack(ordered, read, skipped, complete, time.monotonic() - started)
 
@@ -200,16 +226,18 @@ def _home(request: DecidedRequest, homes: tuple[frozenset[int], int]) -> bool:
     return partition_for(request.request_id, count) in partitions
 
 
-async def warm_start(settings: Settings, processor: Processor) -> WarmStart | None:
+async def warm_start(
+    settings: Settings, processor: Processor, marks: ReadMarks | None = None
+) -> WarmStart | None:
     """Give ``processor`` the requests decided before it started, read back from the
     verdicts topic's tail (see the module); ``None`` when it was not read (off, refused,
-    unreachable: said once)."""
+    unreachable: said once). ``marks``: :func:`read_decided`'s, for the recalls after."""
     records = settings.signals.warm_start
     if records <= 0:
         return None
     topic = settings.topics.verdicts
     try:
-        back = await read_decided(settings, records)
+        back = await read_decided(settings, records, marks=marks)
     except (BrokerError, ConfigError, KafkaError, OSError, TimeoutError) as exc:
         why = str(exc) or type(exc).__name__
         log.warning(
@@ -242,19 +270,28 @@ RECALL_TIMEOUT_S: Final = 5.0
 
 
 async def recall(
-    settings: Settings, processor: Processor, partitions: frozenset[int], input_partitions: int
+    settings: Settings,
+    processor: Processor,
+    partitions: frozenset[int],
+    input_partitions: int,
+    marks: ReadMarks | None = None,
 ) -> int | None:
     """Partitions this replica was just given (a replica gone, a scale-down) bring the
     labels of requests another replica decided there, after this one's start: read
     those requests back from the verdicts topic's tail and give them to the coverage
     monitor for their labels (``Processor.recall_decided``). Returns how many were kept;
-    ``None`` when not read (said once)."""
+    ``None`` when not read (said once). ``marks``: what the warm start and the recalls
+    before read already is not read again (:func:`read_decided`)."""
     records = settings.signals.warm_start
     if records <= 0 or not partitions:
         return None
     try:
         back = await read_decided(
-            settings, records, timeout_s=RECALL_TIMEOUT_S, homes=(partitions, input_partitions)
+            settings,
+            records,
+            timeout_s=RECALL_TIMEOUT_S,
+            homes=(partitions, input_partitions),
+            marks=marks,
         )
     except (BrokerError, ConfigError, KafkaError, OSError, TimeoutError) as exc:
         log.warning(
@@ -267,8 +304,9 @@ async def recall(
     kept = processor.recall_decided([d.request for d in back.decided])
     log.info(
         "partitions %s now read here: %d request(s) decided there kept for their labels "
-        "(the last %d record(s) of %s read in %.2f s%s)",
+        "(%d record(s) of %s read in %.2f s%s%s)",
         sorted(partitions), kept, back.records, settings.topics.verdicts, back.seconds,
+        ", past what this process had read" if marks else "",
         "" if back.complete else f", cut at {RECALL_TIMEOUT_S:g} s",
     )  # fmt: skip
     return kept

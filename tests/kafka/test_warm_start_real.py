@@ -213,6 +213,8 @@ async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
     assert set(readings.values()) == {"exchangeability-broken"}, readings
     log = replacement.tail(100_000)
     assert "warm start: the last" in log and f"alarm on: {KEY}" in log, log
+    # its first assignment read on from the warm start (it did not run before)
+    assert any("now read here" in ln and "past what this process" in ln for ln in log.splitlines())
     # the replacement's partitions (its last assignment): the "after" requests there are its
     assigned = [ln for ln in log.splitlines() if "assigned to partitions" in ln][-1]
     mine = {int(p) for p in re.findall(r"retrieval', partition=(\d+)", assigned)}
@@ -373,3 +375,55 @@ async def test_junk_on_the_verdicts_topic_is_skipped_and_an_unreadable_cluster_i
     ]
     assert "windows start empty" in warning and "labels of requests" in warning
     assert "GUARDRAIL_SIGNALS__WARM_START=0" in warning
+
+
+async def test_a_read_goes_on_from_where_the_reads_before_it_stopped(
+    kafka_broker: LocalKafka, unique_topics: dict[str, str]
+) -> None:
+    """The warm start marks how far it read each verdict partition; a recall (the first
+    assignment's, a rebalance's) reads only what came after. A read that kept only some
+    requests of a partition (homes, partition counts unequal) leaves the marks alone."""
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, PARTITIONS)
+    await create_topics(settings)
+
+    async def verdicts(prefix: str, n: int) -> list[str]:
+        ids = [f"{prefix}-{i}" for i in range(n)]
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
+        await producer.start()
+        try:
+            for rid in ids:
+                value = orjson.dumps(
+                    {
+                        "event_type": "answer.verdict",
+                        "stage": "final",
+                        "request_id": rid,
+                        "tenant": "default",
+                        "decision": "caveat",
+                        "signals": {"retrieval": {"status": "ok", "m1": True, "alpha": 0.1}},
+                    }
+                )
+                await producer.send_and_wait(settings.topics.verdicts, value, key=rid.encode())
+        finally:
+            await producer.stop()
+        return ids
+
+    before = await verdicts("before", 30)
+    marks: dict[int, int] = {}
+    first = await read_decided(settings, 1000, marks=marks)
+    assert sorted(d.request.request_id for d in first.decided) == sorted(before)
+    assert sum(marks.values()) == 30 and set(marks) == set(range(PARTITIONS))
+
+    after = await verdicts("after", 12)
+    target = home("after-0")
+    mine = [rid for rid in after if home(rid) == target]
+    again = await read_decided(settings, 1000, homes=(frozenset({target}), PARTITIONS), marks=marks)
+    assert sorted(d.request.request_id for d in again.decided) == sorted(mine)
+    assert again.records == len(mine)  # nothing the warm start read, read again
+    assert marks[target] == sum(home(r) == target for r in before + after)
+
+    # inputs of another partition count: every verdict partition is read and only the
+    # requests of the home kept, so the marks stay where they were
+    kept = dict(marks)
+    other = await read_decided(settings, 1000, homes=(frozenset({0}), 2), marks=marks)
+    assert marks == kept
+    assert other.records == 12 - len(mine)  # the other partitions' new records only
