@@ -271,6 +271,9 @@ async def test_the_rendered_pod_serves_stops_on_sigterm_and_starts_warm(
     log = second.log.read_text(errors="replace")
     (warm,) = [ln for ln in log.splitlines() if "warm start: the last" in ln]
     assert f"the last {N} record(s)" in warm and f"{N} request(s) kept" in warm, warm
+    # its one assignment read on from there: what was decided between the read and the join
+    (recalled,) = [ln for ln in log.splitlines() if "now read here" in ln]
+    assert "0 record(s)" in recalled and "past what this process had read" in recalled
     assert unmatched == 0, log[-6000:]
     for text in (first.log.read_text(errors="replace"), log):
         bad = [
