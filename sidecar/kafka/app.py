@@ -542,7 +542,7 @@ class SidecarService:
         finally:
             self._handovers_read.set()
         if not self._stopping.is_set():  # new partitions come unpaused: pause what is due
-            self.intake.apply(self.clients.consumer, assigned)
+            self.intake.apply(self._group_consumer(), assigned)
 
     async def _recall_labels(self, assigned: set[TP], counts: dict[str, int]) -> None:
         """Partitions this replica did not hold before (another one stopped, the group
