@@ -213,7 +213,8 @@ async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
     assert set(readings.values()) == {"exchangeability-broken"}, readings
     log = replacement.tail(100_000)
     assert "warm start: the last" in log and f"alarm on: {KEY}" in log, log
-    # its first assignment read on from the warm start (it did not run before)
+    # its assignments read on from where its warm start stopped (the pod test checks the
+    # first one exactly: it did not run before)
     assert any("now read here" in ln and "past what this process" in ln for ln in log.splitlines())
     # the replacement's partitions (its last assignment): the "after" requests there are its
     assigned = [ln for ln in log.splitlines() if "assigned to partitions" in ln][-1]
