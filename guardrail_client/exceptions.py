@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from sidecar.exceptions import BrokerError, GuardrailError
 
@@ -31,6 +31,14 @@ def require_topics(topics: Sequence[str], known: Collection[str], servers: str) 
         )
 
 
+MTLS_PRINCIPAL: Final = (
+    "; PRINCIPAL: with mutual TLS, the subject of the client certificate as the cluster names "
+    "it (without ssl.principal.mapping.rules: RFC 2253, the last RDN first, e.g. "
+    "CN=llm-service,O=Acme; `openssl x509 -noout -subject -nameopt RFC2253 -in CERT` prints "
+    "it in that order), quoted for the shell"
+)
+
+
 def require_authorised(
     wanted: Mapping[str, int],
     known: Collection[str],
@@ -46,6 +54,8 @@ def require_authorised(
     servers = str(client_options["bootstrap_servers"])
     user = client_options.get("sasl_plain_username")
     principal = f"User:{user}" if isinstance(user, str) and user else "User:PRINCIPAL"
+    # mutual TLS: an ssl_context does not say which certificate it holds; say where to look
+    mtls = principal == "User:PRINCIPAL" and client_options.get("security_protocol") == "SSL"
     said, lines = [], []
     for topic, operation in wanted.items():
         field = operations.get(topic)
@@ -58,6 +68,7 @@ def require_authorised(
         raise ClientBrokerError(
             f"the Kafka cluster at {servers} does not allow this client's principal "
             f"({principal}) {'; '.join(said)} (Kafka ACLs). Grant it, e.g. {' && '.join(lines)}"
+            + (MTLS_PRINCIPAL if mtls else "")
             + (
                 "; a topic it may not even describe may also not exist: it cannot tell"
                 if any(x.endswith("(not even Describe now)") for x in said)
