@@ -11,7 +11,6 @@ equals sign, a ``#``), and the cluster then grants every one.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +50,7 @@ def mtls_acl_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MtlsBr
     certs = tmp_path_factory.mktemp("mtls-acl-certs")
     _ca(certs, "ca")
     _signed(certs, "broker", "IP:127.0.0.1,DNS:localhost")
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "client.key", "-out",
-             "client.csr", "-subj", SUBJECT, cwd=certs)  # fmt: skip
-    _openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-             "-CAcreateserial", "-out", "client.pem", "-days", "2", cwd=certs)  # fmt: skip
+    _signed(certs, "client", "DNS:guardrail-client", subject=SUBJECT)
     store = _keystore(certs, "broker")
     instance = tmp_path_factory.mktemp("kafka-mtls-acl")
     port, controller, mtls = free_port(), free_port(), free_port()
@@ -119,13 +115,9 @@ async def test_the_certificates_principal_is_named_and_its_printed_grants_are_en
 
 
 def test_a_subject_java_writes_with_an_oid_names_no_principal(tmp_path: Path) -> None:
-    openssl = shutil.which("openssl")
-    assert openssl is not None
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "k.pem",
-         "-out", "c.pem", "-days", "1", "-subj", "/CN=x/emailAddress=ops@example.com"],
-        cwd=tmp_path, check=True, capture_output=True,
-    )  # fmt: skip
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "k.pem", "-out",
+             "c.pem", "-days", "1", "-subj", "/CN=x/emailAddress=ops@example.com",
+             cwd=tmp_path)  # fmt: skip
     assert certificate_principal(str(tmp_path / "c.pem")) is None
     assert certificate_principal(str(tmp_path / "missing.pem")) is None
     assert certificate_principal(str(tmp_path / "k.pem")) is None  # a key, not a certificate

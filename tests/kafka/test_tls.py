@@ -46,9 +46,10 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run([openssl, *args], cwd=cwd, check=True, capture_output=True)
 
 
-def _signed(d: Path, name: str, san: str, ca: str = "ca") -> None:
+def _signed(d: Path, name: str, san: str, ca: str = "ca", subject: str | None = None) -> None:
+    """``name``.pem / .key signed by ``ca``, subject ``/CN=name`` unless ``subject``."""
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
-             f"{name}.csr", "-subj", f"/CN={name}", cwd=d)  # fmt: skip
+             f"{name}.csr", "-subj", subject or f"/CN={name}", cwd=d)  # fmt: skip
     (d / f"{name}.ext").write_text(f"subjectAltName={san}\nbasicConstraints=CA:FALSE\n")
     _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
              "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext",
