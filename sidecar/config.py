@@ -224,7 +224,15 @@ class KafkaSettings(_Section):
                     "bootstrap_servers must be host[:port][,host[:port]...] with ports in "
                     "[1, 65535]"
                 )
-        return value
+        return ",".join(servers)
+
+    @property
+    def servers(self) -> list[str]:
+        """``bootstrap_servers`` as a list, one ``host[:port]`` each. FastStream takes a
+        string for one server only (it wraps it in a list, which aiokafka does not split on
+        commas): a cluster's list given as one string failed every start with "Unable to
+        bootstrap from [('b-1:9092,b-2:9092,b-3', 9092)]"."""
+        return self.bootstrap_servers.split(",")
 
     @model_validator(mode="before")
     @classmethod

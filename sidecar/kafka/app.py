@@ -84,7 +84,7 @@ def make_broker(settings: Settings) -> KafkaBroker:
     """A FastStream Kafka broker with an idempotent producer and explicit topics."""
     kafka = settings.kafka
     return KafkaBroker(
-        kafka.bootstrap_servers,
+        kafka.servers,
         client_id=kafka.client_id,
         request_timeout_ms=kafka.request_timeout_ms,
         security=faststream_security(kafka),

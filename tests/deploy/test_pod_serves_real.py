@@ -196,8 +196,12 @@ async def test_the_rendered_pod_serves_stops_on_sigterm_and_starts_warm(
     env = pod_environment(workload, manifests, dockerfile, paths, python)
     settings = _settings(reach.plain, unique_topics, PARTITIONS)
     t = settings.topics
+    # as many servers as the chart lists (values-prod: three), the reachable one last and
+    # the others down: a list of several never started before (FastStream took it as one)
+    listed = env["GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS"].split(",")
+    down = [f"127.0.0.1:{free_port()}" for _ in listed[1:]]
     replaced = {
-        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": reach.bootstrap,
+        "GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": ",".join([*down, reach.bootstrap]),
         "GUARDRAIL_KAFKA__GROUP_ID": settings.kafka.group_id,
         **{
             f"GUARDRAIL_TOPICS__{topic.upper()}": getattr(t, topic)

@@ -28,7 +28,7 @@ from sidecar.kafka.app import SidecarService
 from sidecar.kafka.clients import AiokafkaProducerPort
 from sidecar.kafka.intake import Records
 from sidecar.kafka.topics import create_topics
-from sidecar.lab.localkafka.broker import LocalKafka
+from sidecar.lab.localkafka.broker import LocalKafka, free_port
 from sidecar.pipeline.outputs import Output
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import committed, real_harness, settings_for, wait_until
@@ -121,3 +121,25 @@ async def test_stop_leaves_a_step_never_confirmed_uncommitted_within_half_the_gr
     assert h.service.publisher.in_flight == 0  # abandoned, not left running
     offsets = await committed(settings.kafka.bootstrap_servers, settings.kafka.group_id)
     assert sum(offsets.values()) == 0, offsets  # the request is read again by the next owner
+
+
+async def test_a_bootstrap_list_of_several_servers_starts_and_serves(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """A production cluster's bootstrap list, ``b-1:9092,b-2:9092,b-3:9092``, with only one
+    of them answering (the others down or restarting). FastStream took the string as one
+    server (its list of one, which aiokafka does not split on commas) and every start failed
+    with "Unable to bootstrap from [('127.0.0.1:1,127.0.0.1:2,127.0.0.1', 9092)]"."""
+    down = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    servers = ", ".join([*down, kafka_broker.bootstrap_servers])  # spaces, as people write it
+    settings = settings_for(unique_topics, servers)
+    assert settings.kafka.servers == [*down, kafka_broker.bootstrap_servers]
+    ids = [f"req-b{i:02d}" for i in range(4)]
+    await create_topics(settings)
+    await produce(settings, requests(settings, ids, retrieval_event, final_event))
+    async with asyncio.timeout(90), real_harness(settings) as h:
+        verdicts = answered(await h.collect(settings.topics.verdicts, len(ids), timeout_s=30))
+        assert sorted(verdicts) == ids
