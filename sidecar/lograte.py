@@ -237,10 +237,37 @@ REDUNDANT: Final = (
     ("sidecar.kafka", "Auto create topics is disabled. Make sure the topics exist."),
 )
 
+# aiokafka's ERROR for each bootstrap server that does not answer, logged as it goes on to
+# the next one in the list (when none answers, the start fails and says so itself): with a
+# cluster's three servers, one broker restarting made every client started meanwhile log an
+# ERROR while it served; a WARNING, since a server that never answers is worth fixing
+BOOTSTRAP_MISSES: Final = (("aiokafka", 'Unable connect to "%s:%s": %s'),)
+
+# aiokafka's ERRORs for one broker it cannot reach just now, each retried on its own (on
+# another broker once the cluster moved that one's leaderships and coordinators): a rolling
+# restart of a three-node cluster logged 13-23 of them per sidecar while every request was
+# decided (tests/kafka/test_cluster_restarts_real.py). At WARNING when the cause is the
+# connection (the class names and OS errors below); the sidecar says itself, at WARNING,
+# when no broker answers ("broker unreachable ...; not ready until it is back").
+BROKER_AWAY_LINES: Final = (
+    ("aiokafka", "Unable connect to node with id %s: %s"),
+    ("aiokafka.consumer.fetcher", "Failed fetch messages from %s: %s"),
+    ("aiokafka.consumer.fetcher", "Failed fetch offsets from %s: %s"),
+    ("aiokafka.consumer.group_coordinator", "Group Coordinator Request failed: %s"),
+    ("aiokafka.consumer.group_coordinator", "Heartbeat send request failed: %s. Will retry."),
+    (
+        "aiokafka.consumer.group_coordinator",
+        "Error sending %s to node %s [%s] -- marking coordinator dead",
+    ),
+)
+BROKER_AWAY_CAUSES: Final = ("KafkaConnectionError", "NodeNotReadyError", "StaleMetadata", "[Errno")
+
 
 class StartupTransients(logging.Filter):
     """The client's "coordinator not available yet" lines of the first ``grace_s``, at INFO;
-    FastStream's start-up warning about topics the sidecar has checked (dropped)."""
+    FastStream's start-up warning about topics the sidecar has checked (dropped); a
+    bootstrap server that does not answer, and a broker the client cannot reach for the
+    moment, at WARNING (:data:`BOOTSTRAP_MISSES`, :data:`BROKER_AWAY_LINES`)."""
 
     def __init__(
         self, grace_s: float = STARTUP_GRACE_S, clock: Callable[[], float] = time.monotonic
@@ -254,17 +281,31 @@ class StartupTransients(logging.Filter):
             return True
         if (record.name, record.msg) in REDUNDANT:
             return False
+        line = (record.name, record.msg)
+        if line in BOOTSTRAP_MISSES and record.levelno > logging.WARNING:
+            note = "trying the next bootstrap server, if any"
+            _relevel(record, logging.WARNING, f"{record.getMessage()} ({note})")
+            return True
+        if line in BROKER_AWAY_LINES and record.levelno > logging.WARNING:
+            text = record.getMessage()
+            if any(cause in text for cause in BROKER_AWAY_CAUSES):
+                note = "retried: a broker restarting or handing over"
+                _relevel(record, logging.WARNING, f"{text} ({note})")
+                return True
         for name, prefix, errors in STARTUP_TRANSIENTS:
             if record.name != name or not str(record.msg).startswith(prefix):
                 continue
             text = record.getMessage()
             if any(error in text for error in errors) and self._clock() < self._until:
-                record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
-                record.msg = (
-                    f"{text} (retrying: usual while a new cluster starts its group coordinator)"
-                )
-                record.args = None
+                note = "retrying: usual while a new cluster starts its group coordinator"
+                _relevel(record, logging.INFO, f"{text} ({note})")
         return True
+
+
+def _relevel(record: logging.LogRecord, level: int, text: str) -> None:
+    """``record`` at ``level`` with ``text`` as its whole message."""
+    record.levelno, record.levelname = level, logging.getLevelName(level)
+    record.msg, record.args = text, None
 
 
 def calm_startup(handlers: Iterable[logging.Handler], grace_s: float = STARTUP_GRACE_S) -> None:

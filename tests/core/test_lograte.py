@@ -582,6 +582,71 @@ def test_faststreams_topic_warning_is_dropped_as_the_sidecar_checks_its_topics()
     assert calm.filter(_record("faststream", text, level=logging.WARNING))  # not ours to judge
 
 
+def test_a_bootstrap_server_that_does_not_answer_is_a_warning_not_an_error() -> None:
+    """With a cluster's list of servers, one broker down made every client that started
+    meanwhile log aiokafka's ERROR, though it bootstrapped from the next one and served."""
+    calm = StartupTransients(grace_s=60.0, clock=Clock())
+    msg = 'Unable connect to "%s:%s": %s'
+    record = _record("aiokafka", msg, "10.0.0.7", 9093, ConnectionRefusedError(111, "refused"))
+    assert calm.filter(record)
+    assert (record.levelno, record.levelname) == (logging.WARNING, "WARNING")
+    assert record.getMessage() == (
+        'Unable connect to "10.0.0.7:9093": [Errno 111] refused '
+        "(trying the next bootstrap server, if any)"
+    )
+
+
+class _Away(Exception):
+    """Named as aiokafka's errors are: the filter reads the rendered message."""
+
+    def __init__(self, name: str, text: str) -> None:
+        super().__init__(f"{name}: {text}")
+
+
+def test_a_broker_away_for_the_moment_is_a_warning_and_other_failures_stay_errors() -> None:
+    """A rolling restart of a three-node cluster logged 13-23 of aiokafka's ERRORs per
+    sidecar (every one retried, every request decided)."""
+    calm = StartupTransients(grace_s=60.0, clock=Clock())
+    closed = _Away("KafkaConnectionError", "Connection at 127.0.0.1:22802 closed")
+    not_ready = _Away("NodeNotReadyError", "Attempt to send a request to node which is not ready")
+    refused = ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 22802)")
+    coordinator = "aiokafka.consumer.group_coordinator"
+    away = [
+        _record("aiokafka", "Unable connect to node with id %s: %s", 1, refused),
+        _record(
+            "aiokafka", "Unable connect to node with id %s: %s", 1, _Away("StaleMetadata", "x")
+        ),
+        _record("aiokafka.consumer.fetcher", "Failed fetch messages from %s: %s", 1, closed),
+        _record("aiokafka.consumer.fetcher", "Failed fetch offsets from %s: %s", 3, not_ready),
+        _record(coordinator, "Group Coordinator Request failed: %s", not_ready),
+        _record(coordinator, "Heartbeat send request failed: %s. Will retry.", closed),
+        _record(
+            coordinator,
+            "Error sending %s to node %s [%s] -- marking coordinator dead",
+            "OffsetCommitRequest",
+            1,
+            not_ready,
+        ),
+    ]
+    for record in away:
+        text = record.getMessage()
+        assert calm.filter(record)
+        assert (record.levelno, record.levelname) == (logging.WARNING, "WARNING"), text
+        assert record.getMessage() == f"{text} (retried: a broker restarting or handing over)"
+    denied = _Away("TopicAuthorizationFailedError", "rag.verdicts")
+    for other in (
+        _record("aiokafka.consumer.fetcher", "Failed fetch messages from %s: %s", 1, denied),
+        _record(
+            coordinator,
+            "Group Coordinator Request failed: %s",
+            _Away("GroupAuthorizationFailedError", "g"),
+        ),
+        _record("aiokafka.producer.sender", "Failed fetch messages from %s: %s", 1, closed),
+        _record("aiokafka", "Unable to update metadata from %s", [1, 2, 3]),
+    ):
+        assert calm.filter(other) and other.levelno == logging.ERROR, other.getMessage()
+
+
 def test_a_log_line_never_carries_a_credential_of_a_url() -> None:
     """Audit: the OTLP exporter logged its endpoint's query on every failed export:
     ``Max retries exceeded with url: /v1/traces?token=QTOKEN``."""
