@@ -1,4 +1,5 @@
-"""Fetch, format, start, wait for, and stop a single-node KRaft Kafka broker."""
+"""Fetch, format, start, wait for, and stop a KRaft Kafka broker: a single combined node,
+or one node of a cluster (``sidecar.lab.localkafka.cluster``)."""
 
 from __future__ import annotations
 
@@ -180,6 +181,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id (16 random bytes, URL-safe base64 without padding; never starting
+    with ``-``, which the format tool would read as an option)."""
+    cluster_id = "-"
+    while cluster_id.startswith("-"):
+        raw = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii")
+        cluster_id = raw.rstrip("=")
+    return cluster_id
+
+
 def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
@@ -219,6 +230,11 @@ class LocalKafka:
     # PLAINTEXT (clients that must not be slowed, inter-broker) and CONTROLLER are unchanged.
     proxied_port: int | None = None
     proxied_advertised_port: int | None = None
+    # One node of a cluster: its id, the static voter set (``1@127.0.0.1:port,...``) and the
+    # cluster id every node formats with (a lone node: 1, its own voter, a fresh id).
+    node_id: int = 1
+    voters: str | None = None
+    cluster_id: str | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -245,6 +261,12 @@ class LocalKafka:
         and starts on every 3.x that runs KRaft, so the lab uses it throughout 3.x.
         """
         return major_version(self.version) < 4
+
+    @property
+    def _static_quorum(self) -> bool:
+        """A static voter set (``controller.quorum.voters``, formatted without
+        ``--standalone``): on 3.x, and for a node of a cluster."""
+        return self._kafka3 or self.voters is not None
 
     @property
     def _pid_file(self) -> Path:
@@ -283,7 +305,9 @@ class LocalKafka:
         if self._kafka3:
             # 3.7 refuses a controller listener among a broker's advertised listeners (3.9 not)
             advertised = f"PLAINTEXT://127.0.0.1:{self.port}"
-            quorum = f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}"
+        if self._static_quorum:
+            voters = self.voters or f"1@127.0.0.1:{self.controller_port}"
+            quorum = f"controller.quorum.voters={voters}"
         if self.proxied_port is not None:
             listeners += f",PROXIED://127.0.0.1:{self.proxied_port}"
             advertised += f",PROXIED://127.0.0.1:{self.proxied_advertised_port}"
@@ -301,7 +325,7 @@ class LocalKafka:
             )
         props = f"""\
 process.roles=broker,controller
-node.id=1
+node.id={self.node_id}
 {quorum}
 listeners={listeners}
 advertised.listeners={advertised}
@@ -360,16 +384,13 @@ message.max.bytes=16777216
     def _format(self, server: Path) -> None:
         if (self.instance_dir / "data" / "meta.properties").exists():
             return  # formatted before: a restart keeps its data
-        cluster_id = "-"
-        while cluster_id.startswith("-"):
-            raw = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii")
-            cluster_id = raw.rstrip("=")
+        cluster_id = self.cluster_id or new_cluster_id()
         scram: list[str] = []
         for user, password in self.scram_users.items():
             for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
                 scram += ["--add-scram", f"{mechanism}=[name={user},password={password}]"]
-        # 3.x: the static voter set in server.properties is the quorum (never both)
-        standalone = [] if self._kafka3 else ["--standalone"]
+        # a static voter set in server.properties is the quorum (never both)
+        standalone = [] if self._static_quorum else ["--standalone"]
         cmd = self._java(
             "kafka.tools.StorageTool",
             "format",
@@ -430,6 +451,15 @@ message.max.bytes=16777216
 
     def start(self, timeout_s: float = 90.0) -> None:
         """Start the broker (formatting on first use) and wait until it serves."""
+        launched = self.launch()
+        if launched is not None:
+            self.await_ready(launched, timeout_s)
+
+    def launch(self) -> int | None:
+        """Start the broker's process (formatting on first use) without waiting for it: the
+        offset in its log where this start's lines begin, for :meth:`await_ready` (None: it
+        was running already). A cluster's nodes are launched together, since none of them
+        serves before a majority of the voters is up."""
         running = self.pid()
         if running is not None:
             recorded = self._recorded()
@@ -442,7 +472,7 @@ message.max.bytes=16777216
                     "this one in another home (--home or KAFKA_LOCAL_HOME)"
                 )
             if _port_open(self.port):
-                return
+                return None
             raise LocalKafkaError(
                 f"a broker process is running from {self.instance_dir} "
                 f"but port {self.port} is closed"
@@ -487,6 +517,14 @@ message.max.bytes=16777216
             )
         self._proc = proc
         self._pid_file.write_text(str(proc.pid))
+        return before
+
+    def await_ready(self, before: int, timeout_s: float = 90.0) -> None:
+        """Wait until the launched broker serves (its log from ``before`` says it started and
+        its port accepts); stop it and raise when it exits or ``timeout_s`` passes."""
+        proc = self._proc
+        if proc is None:
+            raise LocalKafkaError("await_ready() waits for a broker this object launched")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:

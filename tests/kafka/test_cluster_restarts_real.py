@@ -1,0 +1,204 @@
+"""The sidecar on a three-node Kafka cluster while its nodes restart (real brokers only).
+
+Production Kafka is a cluster: every topic replicated on three nodes, writes needing two
+in-sync replicas, and a node restarted at a time for every upgrade, configuration change
+or host patch (a rolling restart), or lost without warning. Each moves partition
+leaderships, and the group coordinator when its node goes, under the sidecar's consumer,
+its verdict producer, its commits and the LLM service's own producer. Every other test
+runs one broker, whose restart is a full outage; these run a real three-node KRaft cluster
+(``sidecar.lab.localkafka.cluster``) with two sidecar processes in one group over three
+partitions, requests flowing the whole time, while
+
+- each node in turn is stopped (SIGTERM: controlled shutdown) and started again, the next
+  only once every partition is fully replicated again, as an operator's rolling restart
+  does; or
+- the node leading the input topics' partition 0 is killed (SIGKILL) and started again.
+
+Every request must get a verdict, none ``incomplete`` (both halves are in Kafka), repeats
+only with the same idempotency key, nothing dead-lettered, nothing written into an input
+topic, both sidecars up and ready at the end, and no traceback in their logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from sidecar.config import Settings
+from sidecar.kafka.topics import create_topics
+from sidecar.lab.chaos.corpus import request_records
+from sidecar.lab.chaos.process import SidecarProcess
+from sidecar.lab.localkafka.cluster import LocalKafkaCluster
+from tests.conftest import kafka_lib
+from tests.kafka.harness import end_offsets, wait_until
+from tests.kafka.test_scale_out import TTL_MS, Seen, _env, fleet, watch
+
+pytestmark = pytest.mark.connected
+
+__all__ = ["fleet"]  # the fixture, shared with test_scale_out
+
+PARTITIONS = 3
+INSTANCES = 2
+RATE = 20.0  # requests per second, the whole time the nodes restart
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalKafkaCluster]:
+    """Three combined KRaft nodes; fails (never skips) when they cannot start."""
+    root = tmp_path_factory.mktemp("kafka-cluster")
+    nodes = LocalKafkaCluster(root, kafka_lib(), size=3)
+    nodes.start()
+    try:
+        yield nodes
+    finally:
+        nodes.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _settings(bootstrap: str, topics: dict[str, str]) -> Settings:
+    return Settings.load(
+        kafka={"bootstrap_servers": bootstrap, "group_id": topics["group"]},
+        topics={
+            **{k: v for k, v in topics.items() if k != "group"},
+            "partitions": PARTITIONS,
+            "replication_factor": 3,
+        },
+        join={"ttl_ms": TTL_MS, "sweep_interval_ms": 200},
+        http={"enabled": False},
+    )
+
+
+async def _partitions(bootstrap: str, topics: list[str]) -> list[dict[str, Any]]:
+    """Each partition of ``topics``: its leader, replicas and in-sync replicas."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(topics)
+    finally:
+        await admin.close()
+    ok = [t for t in described if not t["error_code"]]
+    return [{"topic": t["topic"], **p} for t in ok for p in t["partitions"]]
+
+
+async def _fully_replicated(bootstrap: str, topics: list[str], timeout_s: float = 90.0) -> None:
+    """Until every partition of ``topics`` has all its replicas in sync (an operator waits
+    for no under-replicated partitions before restarting the next node)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            parts = await _partitions(bootstrap, topics)
+            if {p["topic"] for p in parts} == set(topics) and all(
+                sorted(p["isr"]) == sorted(p["replicas"]) for p in parts
+            ):
+                return
+        except (KafkaError, OSError, TimeoutError):  # the cluster answers again in a moment
+            parts = []
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"partitions still under-replicated after {timeout_s}s: {parts}")
+        await asyncio.sleep(0.5)
+
+
+async def _traffic(settings: Settings, ids: list[str], stop: asyncio.Event) -> int:
+    """Whole requests at :data:`RATE` per second, as an LLM service produces them (one
+    idempotent producer, acks=all, nothing but aiokafka's own retries), until ``stop``; the
+    ids sent are appended to ``ids``. Returns the records sent."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka.bootstrap_servers, acks="all", enable_idempotence=True
+    )
+    await producer.start()
+    sent = 0
+    try:
+        started = time.monotonic()
+        while not stop.is_set():
+            rid = f"cr-{len(ids)}"
+            for record in request_records(settings.topics, rid):
+                await producer.send(record.topic, record.value, key=record.key)
+                sent += 1
+            ids.append(rid)
+            if (wait := started + len(ids) / RATE - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return sent
+
+
+@pytest.mark.parametrize("fault", ["rolling-restart", "leader-killed"])
+async def test_requests_flow_on_while_the_clusters_nodes_restart(
+    cluster: LocalKafkaCluster,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    fleet: list[SidecarProcess],
+    fault: str,
+) -> None:
+    settings = _settings(cluster.bootstrap_servers, unique_topics)
+    t = settings.topics
+    bootstrap = settings.kafka.bootstrap_servers
+    await create_topics(settings)
+    everything = [t.retrieval, t.generation, t.verdicts, t.claims, t.dlq]
+    await _fully_replicated(bootstrap, everything)
+    fleet += [SidecarProcess(_env(settings), tmp_path / f"sidecar-{i}.log") for i in range(2)]
+    await asyncio.gather(*(asyncio.to_thread(p.start) for p in fleet))
+    await wait_until(lambda: all(p.ready() for p in fleet), 30, "every instance ready")
+
+    ids: list[str] = []
+    seen = Seen()
+    done_sending, done_watching = asyncio.Event(), asyncio.Event()
+    watcher = asyncio.create_task(watch(settings, seen, done_watching))
+    sender = asyncio.create_task(_traffic(settings, ids, done_sending))
+    await asyncio.sleep(3.0)  # traffic before the first fault
+    fault_at = time.monotonic()
+    if fault == "rolling-restart":
+        restarted = [1, 2, 3]
+        for node_id in restarted:
+            await asyncio.to_thread(cluster.restart, node_id)
+            await _fully_replicated(bootstrap, everything)
+    else:
+        leader = next(
+            p["leader"] for p in await _partitions(bootstrap, [t.retrieval]) if p["partition"] == 0
+        )
+        restarted = [leader]
+        await asyncio.to_thread(cluster.restart, leader, kill=True)
+        await _fully_replicated(bootstrap, everything)
+    faults_s = time.monotonic() - fault_at
+    await asyncio.sleep(3.0)  # traffic after the last fault
+    done_sending.set()
+    sent = await sender
+    ends = await end_offsets(bootstrap, [t.retrieval, t.generation], PARTITIONS)
+    assert sum(ends.values()) == sent  # the service's producer lost nothing, wrote nothing twice
+
+    await wait_until(lambda: set(seen.count) >= set(ids), 60, "a verdict for every request")
+    await asyncio.sleep(2.0)  # late repeats, if any
+    done_watching.set()
+    await watcher
+
+    logs = [p.log.read_text(errors="replace") for p in fleet]
+    assert all(p.pid is not None and p.ready() for p in fleet), [p.tail() for p in fleet]
+    assert await end_offsets(bootstrap, [t.retrieval, t.generation], PARTITIONS) == ends
+    assert set(seen.count) == set(ids)  # every request decided
+    assert not seen.incomplete, {rid: seen.messages[rid] for rid in sorted(seen.incomplete)[:3]}
+    assert all(len(keys) == 1 for keys in seen.keys.values())  # repeats carry the same key
+    dead = await end_offsets(bootstrap, [t.dlq], 1)
+    assert sum(dead.values()) == 0, dead
+    assert not any("Traceback" in log for log in logs), [log[-3000:] for log in logs]
+    # a routine restart is no error of the sidecar's (aiokafka logged 13-23 per sidecar)
+    lines = [line for log in logs for line in log.splitlines()]
+    assert not [line for line in lines if " ERROR " in line]
+    for p in fleet:  # they stop as a pod's SIGTERM stops them, after all that
+        assert await asyncio.to_thread(p.signal, signal.SIGTERM) == 0, p.tail()
+    print(  # the measurement the closing note quotes (pytest -s)
+        f"\n{fault}: nodes {restarted} in {faults_s:.1f} s; {len(ids)} requests, "
+        f"{sum(seen.count.values())} verdicts, {seen.duplicates} repeats (same key), "
+        f"{len(seen.incomplete)} incomplete; "
+        f"{sum(' WARNING ' in line for line in lines)} WARNING lines in the sidecars' logs"
+    )
