@@ -14,6 +14,10 @@ partitions, requests flowing the whole time, while
   does; or
 - the node leading the input topics' partition 0 is killed (SIGKILL) and started again.
 
+The requests come from the guardrail client, as an LLM service sends them, and each is
+awaited with ``VerdictClient.verdict`` (up to 60 s): every wait must end with the sidecar's
+verdict, not the fallback.
+
 Every request must get a verdict, none ``incomplete`` (both halves are in Kafka), repeats
 only with the same idempotency key, nothing dead-lettered, nothing written into an input
 topic, both sidecars up and ready at the end, and no traceback in their logs.
@@ -30,15 +34,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from bench.verdict_client import HITS
+from guardrail_client import VerdictResult
 from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
-from sidecar.lab.chaos.corpus import request_records
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.cluster import LocalKafkaCluster
+from tests.client.test_client_kafka import ANSWER, QUERY, publisher, verdict_client
 from tests.conftest import kafka_lib
 from tests.kafka.harness import end_offsets, wait_until
 from tests.kafka.test_scale_out import TTL_MS, Seen, _env, fleet, watch
@@ -108,29 +113,30 @@ async def _fully_replicated(bootstrap: str, topics: list[str], timeout_s: float 
         await asyncio.sleep(0.5)
 
 
-async def _traffic(settings: Settings, ids: list[str], stop: asyncio.Event) -> int:
-    """Whole requests at :data:`RATE` per second, as an LLM service produces them (one
-    idempotent producer, acks=all, nothing but aiokafka's own retries), until ``stop``; the
-    ids sent are appended to ``ids``. Returns the records sent."""
-    producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka.bootstrap_servers, acks="all", enable_idempotence=True
-    )
-    await producer.start()
-    sent = 0
-    try:
+async def _traffic(settings: Settings, ids: list[str], stop: asyncio.Event) -> list[VerdictResult]:
+    """Requests at :data:`RATE` per second from an LLM service using the guardrail client
+    (``GuardrailPublisher``, and ``VerdictClient`` awaiting each verdict as the service
+    would, up to 60 s), until ``stop``; the ids sent are appended to ``ids``. Returns what
+    each wait gave."""
+    async with publisher(settings) as pub, verdict_client(settings) as verdicts:
+        waits: list[asyncio.Task[VerdictResult]] = []
         started = time.monotonic()
         while not stop.is_set():
             rid = f"cr-{len(ids)}"
-            for record in request_records(settings.topics, rid):
-                await producer.send(record.topic, record.value, key=record.key)
-                sent += 1
+            verdicts.expect(rid)
+            await pub.retrieval(rid, QUERY, HITS, tenant="acme", collection="wiki")
+            await pub.final(rid, ANSWER)
+            waits.append(asyncio.create_task(verdicts.verdict(rid, timeout=60.0)))
             ids.append(rid)
             if (wait := started + len(ids) / RATE - time.monotonic()) > 0:
                 await asyncio.sleep(wait)
-        await producer.flush()
-    finally:
-        await producer.stop()
-    return sent
+        await pub.flush()
+        return await asyncio.gather(*waits)
+
+
+def _spread(waited: list[VerdictResult]) -> str:
+    s = sorted(w.waited_s for w in waited)
+    return f"median {s[len(s) // 2]:.2f} s, p99 {s[int(len(s) * 0.99)]:.2f} s, max {s[-1]:.2f} s"
 
 
 @pytest.mark.parametrize("fault", ["rolling-restart", "leader-killed"])
@@ -173,9 +179,11 @@ async def test_requests_flow_on_while_the_clusters_nodes_restart(
     faults_s = time.monotonic() - fault_at
     await asyncio.sleep(3.0)  # traffic after the last fault
     done_sending.set()
-    sent = await sender
+    waited = await sender
     ends = await end_offsets(bootstrap, [t.retrieval, t.generation], PARTITIONS)
-    assert sum(ends.values()) == sent  # the service's producer lost nothing, wrote nothing twice
+    assert sum(ends.values()) == 2 * len(ids)  # the client lost nothing, wrote nothing twice
+    late = [w for w in waited if not w.from_sidecar]
+    assert not late, late[:3]  # every wait ended with the sidecar's verdict
 
     await wait_until(lambda: set(seen.count) >= set(ids), 60, "a verdict for every request")
     await asyncio.sleep(2.0)  # late repeats, if any
@@ -199,6 +207,6 @@ async def test_requests_flow_on_while_the_clusters_nodes_restart(
     print(  # the measurement the closing note quotes (pytest -s)
         f"\n{fault}: nodes {restarted} in {faults_s:.1f} s; {len(ids)} requests, "
         f"{sum(seen.count.values())} verdicts, {seen.duplicates} repeats (same key), "
-        f"{len(seen.incomplete)} incomplete; "
+        f"{len(seen.incomplete)} incomplete; the client waited {_spread(waited)}; "
         f"{sum(' WARNING ' in line for line in lines)} WARNING lines in the sidecars' logs"
     )
