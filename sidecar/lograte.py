@@ -261,13 +261,20 @@ BROKER_AWAY_LINES: Final = (
     ),
 )
 BROKER_AWAY_CAUSES: Final = ("KafkaConnectionError", "NodeNotReadyError", "StaleMetadata", "[Errno")
+# no heartbeat answered within the session timeout (its coordinator's node killed, or this
+# process stalled): the member rejoins, and the partitions' next owner decides what was not
+# committed again, with the same idempotency keys. Java's consumer says as much at INFO.
+REJOINS: Final = (
+    ("aiokafka.consumer.group_coordinator", "Heartbeat session expired - marking coordinator dead"),
+)
 
 
 class StartupTransients(logging.Filter):
     """The client's "coordinator not available yet" lines of the first ``grace_s``, at INFO;
     FastStream's start-up warning about topics the sidecar has checked (dropped); a
-    bootstrap server that does not answer, and a broker the client cannot reach for the
-    moment, at WARNING (:data:`BOOTSTRAP_MISSES`, :data:`BROKER_AWAY_LINES`)."""
+    bootstrap server that does not answer, a broker the client cannot reach for the moment
+    and a group session that expired, at WARNING (:data:`BOOTSTRAP_MISSES`,
+    :data:`BROKER_AWAY_LINES`, :data:`REJOINS`)."""
 
     def __init__(
         self, grace_s: float = STARTUP_GRACE_S, clock: Callable[[], float] = time.monotonic
@@ -285,6 +292,9 @@ class StartupTransients(logging.Filter):
         if line in BOOTSTRAP_MISSES and record.levelno > logging.WARNING:
             note = "trying the next bootstrap server, if any"
             _relevel(record, logging.WARNING, f"{record.getMessage()} ({note})")
+            return True
+        if line in REJOINS and record.levelno > logging.WARNING:
+            _relevel(record, logging.WARNING, f"{record.getMessage()} (rejoining the group)")
             return True
         if line in BROKER_AWAY_LINES and record.levelno > logging.WARNING:
             text = record.getMessage()

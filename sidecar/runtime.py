@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 from sidecar.config import Settings
@@ -445,11 +445,37 @@ def unread_settings(settings: Settings) -> list[str]:
     return out
 
 
+# How long a dead Kafka broker's partitions are away: the controller fences it after
+# broker.session.timeout.ms (9 s by default) and elects new leaders (measured: 10-15 s from
+# SIGKILL to fully replicated on a three-node cluster, tests/kafka/test_cluster_restarts_real)
+BROKER_FAILOVER_MS: Final = 10_000
+
+
+def short_join_ttl(settings: Settings) -> str | None:
+    """Why ``join.ttl_ms`` is too short to outwait a partition that is away for a while
+    (None when it is not): a request whose other half is on it is decided ``incomplete``
+    though both halves are in Kafka. ``run`` and ``run --check`` log it as a warning."""
+    ttl, session = settings.join.ttl_ms, settings.kafka.session_timeout_ms
+    if ttl >= max(session, BROKER_FAILOVER_MS):
+        return None
+    return (
+        f"GUARDRAIL_JOIN__TTL_MS={ttl} is shorter than a partition may be away: a replica "
+        f"that died holds its partitions until its group session ends "
+        f"(GUARDRAIL_KAFKA__SESSION_TIMEOUT_MS={session}), a Kafka broker that died until "
+        f"the cluster fences it (broker.session.timeout.ms, 9 s by default); a request whose "
+        f"other half waits there is decided incomplete though both halves are in Kafka. "
+        f"Keep it above {max(session, BROKER_FAILOVER_MS)} (the default is 30000)"
+    )
+
+
 def _preflight(settings: Settings) -> dict[str, str]:
-    """Before anything slow (models, Kafka): warn of unread settings, and check the
-    OTLP environment (``ConfigError`` when the SDK would misread it); what goes out."""
+    """Before anything slow (models, Kafka): warn of unread settings and of a join TTL too
+    short for a failover, and check the OTLP environment (``ConfigError`` when the SDK
+    would misread it); what goes out."""
     for note in unread_settings(settings):
         log.warning("%s", note)
+    if (short := short_join_ttl(settings)) is not None:
+        log.warning("%s", short)
     _read_secret_files(settings)
     return describe_env()
 

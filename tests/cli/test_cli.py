@@ -12,7 +12,7 @@ import pytest
 
 from sidecar.cli.main import main
 from sidecar.config import Settings
-from sidecar.runtime import unread_settings
+from sidecar.runtime import short_join_ttl, unread_settings
 
 
 def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
@@ -221,6 +221,25 @@ def test_a_judge_key_without_a_judge_is_flagged_as_read_by_nothing(
     assert "s3cret" not in note
     monkeypatch.setenv("GUARDRAIL_QDRANT__URL", "http://qdrant:6333")
     assert len(unread_settings(Settings.load())) == 2  # each said
+
+
+def test_a_join_ttl_shorter_than_a_failover_is_warned_of(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At a 3 s TTL, a killed Kafka leader (its partitions away ~10 s) tore requests whose
+    halves were both in Kafka (tests/kafka/test_cluster_restarts_real.py)."""
+    assert short_join_ttl(Settings.load()) is None  # the defaults: 30 s over 10 s
+    monkeypatch.setenv("GUARDRAIL_JOIN__TTL_MS", "3000")
+    note = short_join_ttl(Settings.load())
+    assert note is not None and note.startswith("GUARDRAIL_JOIN__TTL_MS=3000 is shorter")
+    assert "Keep it above 10000" in note
+    monkeypatch.setenv("GUARDRAIL_JOIN__TTL_MS", "20000")
+    monkeypatch.setenv("GUARDRAIL_KAFKA__SESSION_TIMEOUT_MS", "45000")  # the session's longer
+    note = short_join_ttl(Settings.load())
+    assert note is not None and "Keep it above 45000" in note
+    with caplog.at_level("WARNING", logger="sidecar"):
+        assert main(["run", "--check"]) == 0
+    assert "GUARDRAIL_JOIN__TTL_MS=20000 is shorter" in caplog.text
 
 
 def test_run_stops_on_an_otlp_setting_before_touching_kafka(

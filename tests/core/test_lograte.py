@@ -633,6 +633,9 @@ def test_a_broker_away_for_the_moment_is_a_warning_and_other_failures_stay_error
         assert calm.filter(record)
         assert (record.levelno, record.levelname) == (logging.WARNING, "WARNING"), text
         assert record.getMessage() == f"{text} (retried: a broker restarting or handing over)"
+    expired = _record(coordinator, "Heartbeat session expired - marking coordinator dead")
+    assert calm.filter(expired) and expired.levelno == logging.WARNING
+    assert expired.getMessage().endswith("marking coordinator dead (rejoining the group)")
     denied = _Away("TopicAuthorizationFailedError", "rag.verdicts")
     for other in (
         _record("aiokafka.consumer.fetcher", "Failed fetch messages from %s: %s", 1, denied),
