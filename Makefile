@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup kafka-jars demo demo-service test lint typecheck helm-check image image-check clean
+.PHONY: setup kafka-jars qemu-user demo demo-service test lint typecheck helm-check image image-check clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml
 
 kafka-jars: setup
 	$(BIN)/guardrail kafka fetch
+
+# qemu-x86_64 for the golden outputs under an emulated AVX2 CPU (Debian's qemu-user,
+# installed when missing and possible; the test skips, saying why, where it is not)
+qemu-user:
+	bash scripts/qemu-user.sh
 
 demo: setup kafka-jars
 	$(BIN)/guardrail demo
@@ -55,7 +60,7 @@ image:
 image-check: setup kafka-jars
 	bash scripts/image.sh check
 
-test: setup kafka-jars lint typecheck helm-check
+test: setup kafka-jars qemu-user lint typecheck helm-check
 	$(BIN)/pytest --require-connected
 
 clean:
