@@ -18,9 +18,12 @@ The requests come from the guardrail client, as an LLM service sends them, and e
 awaited with ``VerdictClient.verdict`` (up to 60 s): every wait must end with the sidecar's
 verdict, not the fallback.
 
+A sloppy producer beside the service sends a truncated JSON record every half second.
+
 Every request must get a verdict, none ``incomplete`` (both halves are in Kafka), repeats
-only with the same idempotency key, nothing dead-lettered, nothing written into an input
-topic, both sidecars up and ready at the end, and no traceback in their logs.
+only with the same idempotency key, each broken record dead-lettered exactly once and
+nothing else, nothing written into an input topic, both sidecars up and ready at the end,
+and no traceback or ERROR line in their logs.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
@@ -45,7 +49,7 @@ from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.cluster import LocalKafkaCluster
 from tests.client.test_client_kafka import ANSWER, QUERY, publisher, verdict_client
 from tests.conftest import kafka_lib
-from tests.kafka.harness import end_offsets, wait_until
+from tests.kafka.harness import end_offsets, read_settled, wait_until
 from tests.kafka.test_scale_out import Seen, _env, fleet, watch
 
 pytestmark = pytest.mark.connected
@@ -138,6 +142,29 @@ async def _traffic(settings: Settings, ids: list[str], stop: asyncio.Event) -> l
         return await asyncio.gather(*waits)
 
 
+async def _broken(settings: Settings, stop: asyncio.Event) -> list[str]:
+    """A sloppy producer beside the service: a truncated JSON record to the retrieval topic
+    every half second until ``stop`` (idempotent, acks=all); the keys it sent."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka.bootstrap_servers, acks="all", enable_idempotence=True
+    )
+    await producer.start()
+    keys: list[str] = []
+    try:
+        while not stop.is_set():
+            key = f"bad-{len(keys)}"
+            value = (
+                b'{"schema_version": 1, "event_type": "retrieval", "request_id": "' + key.encode()
+            )
+            await producer.send(settings.topics.retrieval, value, key=key.encode())
+            keys.append(key)
+            await asyncio.sleep(0.5)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return keys
+
+
 def _spread(waited: list[VerdictResult]) -> str:
     s = sorted(w.waited_s for w in waited)
     return f"median {s[len(s) // 2]:.2f} s, p99 {s[int(len(s) * 0.99)]:.2f} s, max {s[-1]:.2f} s"
@@ -168,6 +195,7 @@ async def test_requests_flow_on_while_the_clusters_nodes_restart(
     done_sending, done_watching = asyncio.Event(), asyncio.Event()
     watcher = asyncio.create_task(watch(settings, seen, done_watching))
     sender = asyncio.create_task(_traffic(settings, ids, done_sending))
+    breaker = asyncio.create_task(_broken(settings, done_sending))
     await asyncio.sleep(3.0)  # traffic before the first fault
     fault_at = time.monotonic()
     if fault == "rolling-restart":
@@ -185,9 +213,10 @@ async def test_requests_flow_on_while_the_clusters_nodes_restart(
     faults_s = time.monotonic() - fault_at
     await asyncio.sleep(3.0)  # traffic after the last fault
     done_sending.set()
-    waited = await sender
+    waited, broken = await sender, await breaker
     ends = await end_offsets(bootstrap, [t.retrieval, t.generation], PARTITIONS)
-    assert sum(ends.values()) == 2 * len(ids)  # the client lost nothing, wrote nothing twice
+    # the client lost nothing and wrote nothing twice, nor did the sloppy producer
+    assert sum(ends.values()) == 2 * len(ids) + len(broken)
     late = [w for w in waited if not w.from_sidecar]
     assert not late, late[:3]  # every wait ended with the sidecar's verdict
 
@@ -203,8 +232,10 @@ async def test_requests_flow_on_while_the_clusters_nodes_restart(
     torn = sorted(seen.incomplete)
     assert not torn, (len(torn), {rid: seen.messages[rid] for rid in torn[:3]})
     assert all(len(keys) == 1 for keys in seen.keys.values())  # repeats carry the same key
-    dead = await end_offsets(bootstrap, [t.dlq], 1)
-    assert sum(dead.values()) == 0, dead
+    # each broken record dead-lettered once, with its reason, whatever moved meanwhile
+    dead = await read_settled(bootstrap, t.dlq, settle_s=1.0)
+    assert sorted(r.key.decode() for r in dead) == sorted(broken)
+    assert {dict(r.headers).get("x-dlq-reason") for r in dead} == {b"malformed-json"}
     assert not any("Traceback" in log for log in logs), [log[-3000:] for log in logs]
     # a routine restart is no error of the sidecar's (aiokafka logged 13-23 per sidecar)
     lines = [line for log in logs for line in log.splitlines()]
@@ -214,6 +245,7 @@ async def test_requests_flow_on_while_the_clusters_nodes_restart(
     print(  # the measurement the closing note quotes (pytest -s)
         f"\n{fault}: nodes {restarted} in {faults_s:.1f} s; {len(ids)} requests, "
         f"{sum(seen.count.values())} verdicts, {seen.duplicates} repeats (same key), "
-        f"{len(seen.incomplete)} incomplete; the client waited {_spread(waited)}; "
+        f"{len(seen.incomplete)} incomplete, {len(dead)} dead letters of {len(broken)} "
+        f"broken records; the client waited {_spread(waited)}; "
         f"{sum(' WARNING ' in line for line in lines)} WARNING lines in the sidecars' logs"
     )
