@@ -286,9 +286,9 @@ class StartupTransients(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno <= logging.INFO:
             return True
-        if (record.name, record.msg) in REDUNDANT:
-            return False
         line = (record.name, record.msg)
+        if line in REDUNDANT:
+            return False
         if line in BOOTSTRAP_MISSES and record.levelno > logging.WARNING:
             note = "trying the next bootstrap server, if any"
             _relevel(record, logging.WARNING, f"{record.getMessage()} ({note})")

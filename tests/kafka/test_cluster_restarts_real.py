@@ -186,7 +186,7 @@ async def test_requests_flow_on_while_the_clusters_nodes_restart(
     await _fully_replicated(bootstrap, everything)
     env = _env(settings) | {"GUARDRAIL_JOIN__TTL_MS": str(TTL_MS)}
     del env["GUARDRAIL_KAFKA__SESSION_TIMEOUT_MS"]  # the default, 10 s, as deployed
-    fleet += [SidecarProcess(env, tmp_path / f"sidecar-{i}.log") for i in range(2)]
+    fleet += [SidecarProcess(env, tmp_path / f"sidecar-{i}.log") for i in range(INSTANCES)]
     await asyncio.gather(*(asyncio.to_thread(p.start) for p in fleet))
     await wait_until(lambda: all(p.ready() for p in fleet), 30, "every instance ready")
 
