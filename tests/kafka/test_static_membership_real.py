@@ -6,8 +6,9 @@ timeout keeps the pod's partitions without a rebalance. Two sidecar processes sh
 group over three partitions while an LLM service (the guardrail client) sends requests;
 one is stopped (SIGTERM, as the kubelet does) and started again with the same
 environment. With static ids, the other member is never reassigned and the restarted one
-gets the partitions it had; the control, dynamic membership, rebalances twice (the leave,
-the return), so the test that says static membership avoids it can fail. Either way every
+gets the partitions it had; the control, dynamic membership, reassigns the other member
+(once or twice: the leave, the return), so the test that says static membership avoids it
+can fail. Either way every
 request is decided once, none ``incomplete``, and every wait ends with the sidecar's verdict.
 """
 
@@ -67,7 +68,12 @@ async def test_a_member_restarted_within_its_session_keeps_its_partitions_when_s
     fleet += [SidecarProcess(env[i], logs[i]) for i in range(2)]
     await asyncio.gather(*(asyncio.to_thread(p.start) for p in fleet))
     await wait_until(lambda: all(p.ready() for p in fleet), 60, "both pods ready")
-    await wait_until(lambda: all(assignments(log) for log in logs[:2]), 30, "both assigned")
+
+    def settled() -> bool:  # each holds its share: the last assignments split all nine
+        last = [a[-1] if (a := assignments(log)) else set() for log in logs[:2]]
+        return all(last) and not last[0] & last[1] and len(last[0] | last[1]) == 9
+
+    await wait_until(settled, 30, "the group settled, each member with its share")
 
     ids: list[str] = []
     seen = Seen()
@@ -75,6 +81,7 @@ async def test_a_member_restarted_within_its_session_keeps_its_partitions_when_s
     watcher = asyncio.create_task(watch(settings, seen, done_watching))
     sender = asyncio.create_task(_traffic(settings, ids, done_sending))
     await asyncio.sleep(3.0)
+    other_before = len(assignments(logs[1]))  # one, or two when it joined first
     stopping = time.monotonic()
     assert await asyncio.to_thread(fleet[0].signal, signal.SIGTERM) == 0, fleet[0].tail()
     restarted = SidecarProcess(env[0], logs[2])  # the same pod's environment, a new process
@@ -95,13 +102,15 @@ async def test_a_member_restarted_within_its_session_keeps_its_partitions_when_s
     before, other, after = (assignments(log) for log in logs)
     if membership == "static":
         assert back_s < SESSION_MS / 1000
-        assert len(other) == 1, other  # the other member was never reassigned
+        assert len(other) == other_before, other  # the other member was not reassigned
         assert after == [before[-1]]  # the restarted one has its partitions again
         assert seen.duplicates == 0
-    else:  # the control: the leave and the return each rebalance the group
-        assert len(other) >= 3, other
+    else:  # the control: the leave and the return rebalance the group (once, when the
+        # return comes before the other member's next heartbeat; else twice)
+        assert len(other) > other_before, other
     print(  # the measurement the closing note quotes (pytest -s)
-        f"\n{membership}: back in {back_s:.1f} s; the other member assigned {len(other)} "
-        f"time(s); {len(ids)} requests, {seen.duplicates} repeats; the client waited "
+        f"\n{membership}: back in {back_s:.1f} s; the other member assigned "
+        f"{len(other) - other_before} time(s) since; {len(ids)} requests, "
+        f"{seen.duplicates} repeats; the client waited "
         f"{_spread(waited)}"
     )
