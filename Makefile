@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup kafka-jars qemu-user demo demo-service test lint typecheck helm-check image image-check clean
+.PHONY: setup kafka-jars qemu-user native-floor demo demo-service test lint typecheck helm-check image image-check clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,11 @@ kafka-jars: setup
 # installed when missing and possible; the test skips, saying why, where it is not)
 qemu-user:
 	bash scripts/qemu-user.sh
+
+# issue #22's native floor (bench/native_floor, Rust): a bench lever, not part of the sidecar;
+# cargo fetches its crates from crates.io (python -m sidecar.lab.bench.floors native)
+native-floor: setup
+	$(BIN)/python -c "from sidecar.lab.bench.native_floor import build; print(build())"
 
 demo: setup kafka-jars
 	$(BIN)/guardrail demo

@@ -2,7 +2,7 @@
 dict-level sketch of deciding), and raw aiokafka.
 
 Each runs as its own process, like the sidecar (``python -m
-sidecar.lab.bench.floors noop|parse|dict|raw``, configured by the same ``GUARDRAIL_*``
+sidecar.lab.bench.floors noop|parse|dict|native|raw``, configured by the same ``GUARDRAIL_*``
 environment, ``/readyz`` on ``GUARDRAIL_HTTP__PORT``), and answer every
 ``generation.final`` record with one verdict keyed by its request id:
 
@@ -23,6 +23,9 @@ environment, ``/readyz`` on ``GUARDRAIL_HTTP__PORT``), and answer every
   the inputs read, checked and joined as plain dicts, scored by the served models in
   one call a batch, and a verdict of the sidecar's shape encoded per request. What a
   fast path rewritten on plain dicts could reach at best: the floor of such a rewrite.
+* ``native``: the ``dict`` floor's sketch compiled outside the interpreter
+  (:class:`~sidecar.lab.bench.native_floor.NativeFloor`, Rust; ``make native-floor``
+  builds it), served the same way: what deciding in native code could reach at best.
 
 ``noop`` and ``raw`` tell requests apart without decoding JSON (the final event's
 ``event_type`` bytes, the record key as request id): they measure the loop, not
@@ -54,8 +57,9 @@ from sidecar.pipeline.outputs import Destination, Output, Step
 from sidecar.pipeline.processor import BatchItem, Processor
 from sidecar.policy import PlaceholderPolicy
 
-if TYPE_CHECKING:  # the sketch imports the models' code: only the dict floor loads it
+if TYPE_CHECKING:  # the sketches import the models' code: only their floors load them
     from sidecar.lab.bench.dict_floor import DictFloor
+    from sidecar.lab.bench.native_floor import NativeFloor
 
 __all__ = [
     "ConstantVerdictProcessor",
@@ -179,7 +183,7 @@ class DictVerdictProcessor(ConstantVerdictProcessor):
     sketch's join holds no offsets back); a record the sketch refuses gets no verdict.
     """
 
-    def __init__(self, settings: Settings, floor: DictFloor) -> None:
+    def __init__(self, settings: Settings, floor: DictFloor | NativeFloor) -> None:
         super().__init__(settings)
         self._floor = floor
 
@@ -279,10 +283,10 @@ async def _serve_raw(settings: Settings) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m sidecar.lab.bench.floors noop|parse|dict|raw``."""
+    """``python -m sidecar.lab.bench.floors noop|parse|dict|native|raw``."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args not in (["noop"], ["parse"], ["dict"], ["raw"]):
-        sys.stderr.write("usage: python -m sidecar.lab.bench.floors noop|parse|dict|raw\n")
+    if args not in (["noop"], ["parse"], ["dict"], ["native"], ["raw"]):
+        sys.stderr.write("usage: python -m sidecar.lab.bench.floors noop|parse|dict|native|raw\n")
         return 2
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     for noisy in ("aiokafka", "faststream", "kafka"):
@@ -299,6 +303,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         floor = DictFloor(runtime.build_processor(settings))
         processor = DictVerdictProcessor(settings, floor)
+    elif args == ["native"]:
+        from sidecar.lab.bench.native_floor import NativeFloor  # noqa: PLC0415 - its floor only
+
+        native = NativeFloor(runtime.build_processor(settings))
+        processor = DictVerdictProcessor(settings, native)
     elif args == ["parse"]:
         processor = ParsingVerdictProcessor(settings)
     else:

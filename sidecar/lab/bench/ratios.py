@@ -92,14 +92,17 @@ def floors_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
 
     ``runs`` names: ``fast_drain``, ``noop_drain``, ``raw_drain``, ``full_drain``,
     ``fast_half`` and ``noop_half`` (open loops at half the no-op's drain rate), and
-    optionally ``parse_drain`` (the no-op reading every record's JSON) and ``dict_drain``
-    (the no-op loop deciding with :class:`~sidecar.lab.bench.dict_floor.DictFloor`).
+    optionally ``parse_drain`` (the no-op reading every record's JSON), ``dict_drain``
+    (the no-op loop deciding with :class:`~sidecar.lab.bench.dict_floor.DictFloor`) and
+    ``native_drain`` (the same sketch compiled: :mod:`sidecar.lab.bench.native_floor`).
     """
     fast, noop, raw = runs["fast_drain"], runs["noop_drain"], runs["raw_drain"]
     parse = runs.get("parse_drain")
     parse_rate = None if parse is None else parse.throughput_answers_per_s
     dict_run = runs.get("dict_drain")
     dict_rate = None if dict_run is None else dict_run.throughput_answers_per_s
+    native_run = runs.get("native_drain")
+    native_rate = None if native_run is None else native_run.throughput_answers_per_s
     fast_p99 = runs["fast_half"].latency_ms.get("p99")
     noop_p99 = runs["noop_half"].latency_ms.get("p99")
     rate = half_capacity(noop.throughput_answers_per_s)
@@ -122,6 +125,9 @@ def floors_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
         "dict_vs_noop": _ratio(dict_rate, noop.throughput_answers_per_s),
         "fast_drain_vs_dict": _ratio(fast.throughput_answers_per_s, dict_rate),
         "dict_answers_per_s": dict_rate,
+        # the same sketch outside the interpreter: what deciding in native code could reach
+        "native_vs_noop": _ratio(native_rate, noop.throughput_answers_per_s),
+        "native_answers_per_s": native_rate,
         "noop_answers_per_s": noop.throughput_answers_per_s,
         "raw_client_answers_per_s": raw.throughput_answers_per_s,
         "half_capacity_answers_per_s": rate,

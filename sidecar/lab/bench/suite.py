@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
+from sidecar.lab.bench import native_floor
 from sidecar.lab.bench.e2e import Bench, LoadShape, RunResult
 from sidecar.lab.bench.profile import profile_paths
 from sidecar.lab.bench.ratios import floors_report, half_capacity, incomplete_failure, machine
@@ -191,6 +192,13 @@ async def _floors(
     sketch = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "dict"))
     _log("floor: the no-op loop deciding on plain dicts (a sketch of a rewrite's fast path)")
     runs["dict_drain"] = await sketch.drain("dict", n, LoadShape())
+    library = native_floor.library()
+    if library.is_file():
+        compiled = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "native"))
+        _log(f"floor: the same sketch compiled outside the interpreter ({library})")
+        runs["native_drain"] = await compiled.drain("native", n, LoadShape())
+    else:
+        _log(f"floor: no native sketch at {library} (make native-floor): native_vs_noop left out")
     rate = half_capacity(runs["noop_drain"].throughput_answers_per_s)
     _log(f"fast path and no-op open loops at half the no-op's capacity ({rate} answers/s)")
     duration_s = n_open / rate

@@ -148,6 +148,7 @@ def _runs(noop_offered: float) -> dict[str, _Run]:
         "raw_drain": _Run(2000.0),
         "parse_drain": _Run(900.0),
         "dict_drain": _Run(600.0),
+        "native_drain": _Run(750.0),
         "full_drain": _Run(40.0),
         "fast_half": _Run(500.0, {"p99": 30.0}, offered_answers_per_s=499.0),
         "noop_half": _Run(noop_offered, {"p99": 20.0}, offered_answers_per_s=noop_offered),
@@ -164,6 +165,7 @@ def test_floors_report_divides_the_sidecar_by_its_floors() -> None:
     assert report["parse_answers_per_s"] == 900.0
     assert report["dict_vs_noop"] == 0.6 and report["fast_drain_vs_dict"] == 1.333
     assert report["dict_answers_per_s"] == 600.0
+    assert report["native_vs_noop"] == 0.75 and report["native_answers_per_s"] == 750.0
     assert report["half_capacity_answers_per_s"] == 500.0
     assert report["p99_ms_at_half_capacity"] == 30.0
     assert report["half_capacity_offered_answers_per_s"] == {"sidecar": 499.0, "noop": 480.0}
@@ -185,6 +187,7 @@ def test_a_missing_latency_or_zero_floor_gives_no_ratio() -> None:
     report = floors_report(runs)
     assert report["fast_drain_vs_noop"] is None
     assert report["p99_at_half_capacity_vs_noop"] is None
+    assert report["native_vs_noop"] is None  # not built: left out, not zero
     assert half_capacity(0.0) == 1.0
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.lab.bench import native_floor
 from sidecar.lab.bench.e2e import Bench, LoadShape, warmup_requests
 from sidecar.lab.localkafka.broker import LocalKafka
 
@@ -14,16 +15,14 @@ pytestmark = pytest.mark.connected
 FLOORS = "sidecar.lab.bench.floors"
 
 
-@pytest.mark.parametrize("floor", ["noop", "parse", "dict", "raw"])
+@pytest.mark.parametrize("floor", ["noop", "parse", "dict", "native", "raw"])
 async def test_a_floor_drains_every_request_once(
-    kafka_broker: LocalKafka, tmp_path: Path, floor: str
+    kafka_broker: LocalKafka, tmp_path: Path, floor: str, request: pytest.FixtureRequest
 ) -> None:
-    bench = Bench(
-        kafka_broker,
-        tmp_path,
-        {"GUARDRAIL_SIGNALS__CLAIMS": "false"},
-        argv=("-m", FLOORS, floor),
-    )
+    env = {"GUARDRAIL_SIGNALS__CLAIMS": "false"}
+    if floor == "native":  # the dict sketch in Rust, compiled for this session
+        env[native_floor.LIBRARY_ENV] = str(request.getfixturevalue("native_library"))
+    bench = Bench(kafka_broker, tmp_path, env, argv=("-m", FLOORS, floor))
     run = await bench.drain(floor, 60, LoadShape())
     assert run.verdicts == 60
     assert run.incomplete == 0

@@ -14,36 +14,13 @@ from sidecar import runtime
 from sidecar.config import Settings
 from sidecar.lab.bench.dict_floor import DictFloor
 from sidecar.pipeline.outputs import Destination
-from sidecar.pipeline.processor import BatchItem, Processor
+from sidecar.pipeline.processor import Processor
+from tests.lab.bench.sketches import REFUSALS, edited, keys
 
 
 @pytest.fixture(scope="module")
 def processor() -> Processor:
     return runtime.build_processor(Settings.load(signals={"claims": False}))
-
-
-def _keys(value: Any, prefix: str = "") -> set[str]:
-    """Every key path of a JSON object (lists: their first element's)."""
-    if isinstance(value, list):
-        return _keys(value[0], prefix + "[]") if value else set()
-    if not isinstance(value, dict):
-        return set()
-    out = set()
-    for key, inner in value.items():
-        out.add(prefix + key)
-        out |= _keys(inner, prefix + key + ".")
-    return out
-
-
-def _edited(items: list[BatchItem], kind: str, edit: Any) -> list[BatchItem]:
-    """``items`` with the record of ``event_type`` ``kind`` rewritten by ``edit``."""
-    out: list[BatchItem] = []
-    for item_kind, raw, key, ref in items:
-        event = orjson.loads(raw or b"{}")
-        if event.get("event_type") == kind:
-            edit(event)
-        out.append((item_kind, orjson.dumps(event), key, ref))
-    return out
 
 
 def test_the_sketch_decides_every_request_on_the_verdicts_shape(processor: Processor) -> None:
@@ -58,33 +35,16 @@ def test_the_sketch_decides_every_request_on_the_verdicts_shape(processor: Proce
     ours = orjson.loads(sketch[0][2])
     assert ours["request_id"] == real[0]["request_id"]
     # the same object to encode: every key path of the sidecar's verdict, and no other
-    assert _keys(ours) == _keys(real[0])
+    assert keys(ours) == keys(real[0])
     assert len(ours["reasons"]) == len(real[0]["reasons"])
 
 
 def test_the_sketch_checks_what_it_reads(processor: Processor) -> None:
     batch = dict_floor.batches(1, "bad")[0][:3]  # one whole request
-
-    def absurd_score(event: dict[str, Any]) -> None:
-        event["hits"][0]["score"] = 1e300
-
-    def nan_attention(event: dict[str, Any]) -> None:
-        att = event["attention"]
-        values = np.frombuffer(base64.b64decode(att["values"]), dtype=np.float16).copy()
-        values[5] = np.nan
-        att["values"] = base64.b64encode(values.tobytes()).decode()
-
-    def unknown_type(event: dict[str, Any]) -> None:
-        event["event_type"] = "generation.other"
-
-    for kind, edit, reason, verdicts in [
-        ("retrieval", absurd_score, "score", 0),
-        ("generation.final", nan_attention, "values", 0),
-        ("generation.delta", unknown_type, "event_type", 1),  # retrieval + final: decided
-    ]:
+    for kind, edit, reason, verdicts in REFUSALS:
         floor = DictFloor(processor)
         # one bad record costs that record, never its batch
-        assert len(floor.on_batch(_edited(batch, kind, edit))) == verdicts
+        assert len(floor.on_batch(edited(batch, kind, edit))) == verdicts
         assert floor.refused == {reason: 1}
     kind, raw, _key, ref = batch[0]
     floor = DictFloor(processor)
@@ -113,9 +73,9 @@ def test_one_hit_is_decided_and_no_hit_is_refused(processor: Processor) -> None:
         event["hits"] = []
 
     floor = DictFloor(processor)
-    assert len(floor.on_batch(_edited(batch, "retrieval", one_hit))) == 1
+    assert len(floor.on_batch(edited(batch, "retrieval", one_hit))) == 1
     floor = DictFloor(processor)
-    assert floor.on_batch(_edited(batch, "retrieval", no_hit)) == []
+    assert floor.on_batch(edited(batch, "retrieval", no_hit)) == []
     assert floor.refused == {"hits": 1}
 
 
@@ -134,7 +94,7 @@ def test_summaries_of_another_model_are_refused_and_mixed_chunk_counts_decided(
         event["attention"]["layers"] += 1
 
     floor = DictFloor(processor)
-    assert len(floor.on_batch(_edited(batch[:3], "generation.final", other_model))) == 0
+    assert len(floor.on_batch(edited(batch[:3], "generation.final", other_model))) == 0
     assert floor.refused == {"shape": 1}
 
     def two_chunks(event: dict[str, Any]) -> None:
@@ -149,7 +109,7 @@ def test_summaries_of_another_model_are_refused_and_mixed_chunk_counts_decided(
         for hit, score in zip(event["hits"], (0.9, 0.8, 0.7), strict=True):
             hit["score"] = score
 
-    first = _edited(_edited(batch[:3], "generation.final", two_chunks), "retrieval", all_trusted)
+    first = edited(edited(batch[:3], "generation.final", two_chunks), "retrieval", all_trusted)
     mixed = first + batch[3:]
     floor = DictFloor(processor)
     verdicts = [orjson.loads(value) for _rid, _key, value in floor.on_batch(mixed)]
