@@ -269,12 +269,29 @@ REJOINS: Final = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Demotion:
+    """Client lines logged at ERROR for what the client retries: at WARNING, with a note,
+    when the rendered text names one of ``causes`` (any text when there are none)."""
+
+    lines: tuple[tuple[str, str], ...]  # (logger name, message template)
+    note: str
+    causes: tuple[str, ...] = ()
+
+
+DEMOTIONS: Final = (
+    Demotion(BOOTSTRAP_MISSES, "trying the next bootstrap server, if any"),
+    Demotion(REJOINS, "rejoining the group"),
+    Demotion(BROKER_AWAY_LINES, "retried: a broker restarting or handing over", BROKER_AWAY_CAUSES),
+)
+
+
 class StartupTransients(logging.Filter):
     """The client's "coordinator not available yet" lines of the first ``grace_s``, at INFO;
     FastStream's start-up warning about topics the sidecar has checked (dropped); a
     bootstrap server that does not answer, a broker the client cannot reach for the moment
     and a group session that expired, at WARNING (:data:`BOOTSTRAP_MISSES`,
-    :data:`BROKER_AWAY_LINES`, :data:`REJOINS`)."""
+    :data:`BROKER_AWAY_LINES`, :data:`REJOINS`: :data:`DEMOTIONS`)."""
 
     def __init__(
         self, grace_s: float = STARTUP_GRACE_S, clock: Callable[[], float] = time.monotonic
@@ -289,19 +306,14 @@ class StartupTransients(logging.Filter):
         line = (record.name, record.msg)
         if line in REDUNDANT:
             return False
-        if line in BOOTSTRAP_MISSES and record.levelno > logging.WARNING:
-            note = "trying the next bootstrap server, if any"
-            _relevel(record, logging.WARNING, f"{record.getMessage()} ({note})")
-            return True
-        if line in REJOINS and record.levelno > logging.WARNING:
-            _relevel(record, logging.WARNING, f"{record.getMessage()} (rejoining the group)")
-            return True
-        if line in BROKER_AWAY_LINES and record.levelno > logging.WARNING:
-            text = record.getMessage()
-            if any(cause in text for cause in BROKER_AWAY_CAUSES):
-                note = "retried: a broker restarting or handing over"
-                _relevel(record, logging.WARNING, f"{text} ({note})")
-                return True
+        if record.levelno > logging.WARNING:
+            for demotion in DEMOTIONS:
+                if line not in demotion.lines:
+                    continue
+                text = record.getMessage()
+                if not demotion.causes or any(cause in text for cause in demotion.causes):
+                    _relevel(record, logging.WARNING, f"{text} ({demotion.note})")
+                    return True
         for name, prefix, errors in STARTUP_TRANSIENTS:
             if record.name != name or not str(record.msg).startswith(prefix):
                 continue
