@@ -13,6 +13,9 @@ sidecar's serving modules, FastStream, onnxruntime or torch)::
 ``SyncGuardrailPublisher`` and ``SyncVerdictClient`` take the same arguments and make the
 same calls, blocking only the calling thread, for threaded services.
 
+``calm_kafka_logs()`` (opt-in: the client touches no logger unless asked) puts aiokafka's
+ERROR lines for what it retries (a broker restarting, a bootstrap server down) at WARNING.
+
 ``guardrail_client.hf.LookbackRecorder`` (needs torch + transformers, imported
 only from that module) records the attention summary of a Hugging Face model.
 """
@@ -28,6 +31,7 @@ from guardrail_client.exceptions import (
     PartitionerWarning,
     VerdictTimeoutError,
 )
+from guardrail_client.kafka_logs import calm_kafka_logs
 from guardrail_client.keys import partition_for, request_key
 from guardrail_client.publisher import GuardrailPublisher, PublisherStats
 from guardrail_client.sync import SyncGuardrailPublisher
@@ -66,6 +70,7 @@ __all__ = [
     "VerdictClient",
     "VerdictResult",
     "VerdictTimeoutError",
+    "calm_kafka_logs",
     "partition_for",
     "request_key",
     "trace_headers",

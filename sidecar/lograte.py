@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
+from guardrail_client.kafka_logs import demote_retried, relevel
 from sidecar.redact import redact_text
 
 REPEAT_INTERVAL_S = 10.0
@@ -237,61 +238,13 @@ REDUNDANT: Final = (
     ("sidecar.kafka", "Auto create topics is disabled. Make sure the topics exist."),
 )
 
-# aiokafka's ERROR for each bootstrap server that does not answer, logged as it goes on to
-# the next one in the list (when none answers, the start fails and says so itself): with a
-# cluster's three servers, one broker restarting made every client started meanwhile log an
-# ERROR while it served; a WARNING, since a server that never answers is worth fixing
-BOOTSTRAP_MISSES: Final = (("aiokafka", 'Unable connect to "%s:%s": %s'),)
-
-# aiokafka's ERRORs for one broker it cannot reach just now, each retried on its own (on
-# another broker once the cluster moved that one's leaderships and coordinators): a rolling
-# restart of a three-node cluster logged 13-23 of them per sidecar while every request was
-# decided (tests/kafka/test_cluster_restarts_real.py). At WARNING when the cause is the
-# connection (the class names and OS errors below); the sidecar says itself, at WARNING,
-# when no broker answers ("broker unreachable ...; not ready until it is back").
-BROKER_AWAY_LINES: Final = (
-    ("aiokafka", "Unable connect to node with id %s: %s"),
-    ("aiokafka.consumer.fetcher", "Failed fetch messages from %s: %s"),
-    ("aiokafka.consumer.fetcher", "Failed fetch offsets from %s: %s"),
-    ("aiokafka.consumer.group_coordinator", "Group Coordinator Request failed: %s"),
-    ("aiokafka.consumer.group_coordinator", "Heartbeat send request failed: %s. Will retry."),
-    (
-        "aiokafka.consumer.group_coordinator",
-        "Error sending %s to node %s [%s] -- marking coordinator dead",
-    ),
-)
-BROKER_AWAY_CAUSES: Final = ("KafkaConnectionError", "NodeNotReadyError", "StaleMetadata", "[Errno")
-# no heartbeat answered within the session timeout (its coordinator's node killed, or this
-# process stalled): the member rejoins, and the partitions' next owner decides what was not
-# committed again, with the same idempotency keys. Java's consumer says as much at INFO.
-REJOINS: Final = (
-    ("aiokafka.consumer.group_coordinator", "Heartbeat session expired - marking coordinator dead"),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Demotion:
-    """Client lines logged at ERROR for what the client retries: at WARNING, with a note,
-    when the rendered text names one of ``causes`` (any text when there are none)."""
-
-    lines: tuple[tuple[str, str], ...]  # (logger name, message template)
-    note: str
-    causes: tuple[str, ...] = ()
-
-
-DEMOTIONS: Final = (
-    Demotion(BOOTSTRAP_MISSES, "trying the next bootstrap server, if any"),
-    Demotion(REJOINS, "rejoining the group"),
-    Demotion(BROKER_AWAY_LINES, "retried: a broker restarting or handing over", BROKER_AWAY_CAUSES),
-)
-
 
 class StartupTransients(logging.Filter):
     """The client's "coordinator not available yet" lines of the first ``grace_s``, at INFO;
     FastStream's start-up warning about topics the sidecar has checked (dropped); a
     bootstrap server that does not answer, a broker the client cannot reach for the moment
-    and a group session that expired, at WARNING (:data:`BOOTSTRAP_MISSES`,
-    :data:`BROKER_AWAY_LINES`, :data:`REJOINS`: :data:`DEMOTIONS`)."""
+    and a group session that expired, at WARNING
+    (:data:`guardrail_client.kafka_logs.DEMOTIONS`, which the client's opt-in shares)."""
 
     def __init__(
         self, grace_s: float = STARTUP_GRACE_S, clock: Callable[[], float] = time.monotonic
@@ -306,28 +259,16 @@ class StartupTransients(logging.Filter):
         line = (record.name, record.msg)
         if line in REDUNDANT:
             return False
-        if record.levelno > logging.WARNING:
-            for demotion in DEMOTIONS:
-                if line not in demotion.lines:
-                    continue
-                text = record.getMessage()
-                if not demotion.causes or any(cause in text for cause in demotion.causes):
-                    _relevel(record, logging.WARNING, f"{text} ({demotion.note})")
-                    return True
+        if demote_retried(record):
+            return True
         for name, prefix, errors in STARTUP_TRANSIENTS:
             if record.name != name or not str(record.msg).startswith(prefix):
                 continue
             text = record.getMessage()
             if any(error in text for error in errors) and self._clock() < self._until:
                 note = "retrying: usual while a new cluster starts its group coordinator"
-                _relevel(record, logging.INFO, f"{text} ({note})")
+                relevel(record, logging.INFO, f"{text} ({note})")
         return True
-
-
-def _relevel(record: logging.LogRecord, level: int, text: str) -> None:
-    """``record`` at ``level`` with ``text`` as its whole message."""
-    record.levelno, record.levelname = level, logging.getLevelName(level)
-    record.msg, record.args = text, None
 
 
 def calm_startup(handlers: Iterable[logging.Handler], grace_s: float = STARTUP_GRACE_S) -> None:

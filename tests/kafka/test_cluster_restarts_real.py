@@ -32,6 +32,7 @@ import asyncio
 import shutil
 import signal
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,12 +43,14 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from bench.verdict_client import HITS
-from guardrail_client import VerdictResult
+from guardrail_client import VerdictResult, calm_kafka_logs
+from guardrail_client.kafka_logs import DEMOTIONS
 from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.cluster import LocalKafkaCluster
 from tests.client.test_client_kafka import ANSWER, QUERY, publisher, verdict_client
+from tests.client.test_kafka_logs import Keep, service_handlers
 from tests.conftest import kafka_lib
 from tests.kafka.harness import end_offsets, read_settled, wait_until
 from tests.kafka.test_scale_out import Seen, _env, fleet, watch
@@ -170,6 +173,14 @@ def _spread(waited: list[VerdictResult]) -> str:
     return f"median {s[len(s) // 2]:.2f} s, p99 {s[int(len(s) * 0.99)]:.2f} s, max {s[-1]:.2f} s"
 
 
+@pytest.fixture
+def service_logs() -> Iterator[tuple[Keep, Keep]]:
+    """This process is the LLM service: its handlers, and the client's opt-in."""
+    with service_handlers() as handlers:
+        calm_kafka_logs()
+        yield handlers
+
+
 @pytest.mark.parametrize("fault", ["rolling-restart", "leader-killed"])
 async def test_requests_flow_on_while_the_clusters_nodes_restart(
     cluster: LocalKafkaCluster,
@@ -177,6 +188,7 @@ async def test_requests_flow_on_while_the_clusters_nodes_restart(
     tmp_path: Path,
     fleet: list[SidecarProcess],
     fault: str,
+    service_logs: tuple[Keep, Keep],
 ) -> None:
     settings = _settings(cluster.bootstrap_servers, unique_topics)
     t = settings.topics
@@ -240,6 +252,13 @@ async def test_requests_flow_on_while_the_clusters_nodes_restart(
     # a routine restart is no error of the sidecar's (aiokafka logged 13-23 per sidecar)
     lines = [line for log in logs for line in log.splitlines()]
     assert not [line for line in lines if " ERROR " in line]
+    # nor of the service's, which opted in (calm_kafka_logs): its ERROR handler heard nothing
+    # from the Kafka client, which logged the same retried lines as the sidecars' did
+    warned, alerted = service_logs
+    client = [r for r in warned.records if r.name.startswith("aiokafka")]
+    assert not [r.getMessage() for r in alerted.records if r.name.startswith("aiokafka")]
+    notes = tuple(f"({d.note})" for d in DEMOTIONS)
+    demoted = sum(any(note in r.getMessage() for note in notes) for r in client)
     for p in fleet:  # they stop as a pod's SIGTERM stops them, after all that
         assert await asyncio.to_thread(p.signal, signal.SIGTERM) == 0, p.tail()
     print(  # the measurement the closing note quotes (pytest -s)
@@ -247,5 +266,7 @@ async def test_requests_flow_on_while_the_clusters_nodes_restart(
         f"{sum(seen.count.values())} verdicts, {seen.duplicates} repeats (same key), "
         f"{len(seen.incomplete)} incomplete, {len(dead)} dead letters of {len(broken)} "
         f"broken records; the client waited {_spread(waited)}; "
-        f"{sum(' WARNING ' in line for line in lines)} WARNING lines in the sidecars' logs"
+        f"{sum(' WARNING ' in line for line in lines)} WARNING lines in the sidecars' logs, "
+        f"{len(client)} of the Kafka client's in the service's ({demoted} of them ERRORs the "
+        f"opt-in demoted; most logged: {Counter(str(r.msg)[:60] for r in client).most_common(2)})"
     )
