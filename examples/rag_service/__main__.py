@@ -8,6 +8,7 @@ from pathlib import Path
 
 from examples.rag_service.config import ServiceSettings
 from examples.rag_service.server import serve
+from guardrail_client import calm_kafka_logs
 
 DEFAULT_CORPUS = Path("../shared/data/nq-open/nq-open-oracle.dev.jsonl.gz")
 
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from examples.rag_service.smollm2 import SmolLM2Answerer  # noqa: PLC0415 - the ml extra
 
     settings = ServiceSettings()
+    calm_kafka_logs()  # a broker restart: aiokafka's retried errors at WARNING, not ERROR
     answerer = SmolLM2Answerer(
         args.corpus,
         k=settings.k,
