@@ -31,7 +31,6 @@ from guardrail_client.exceptions import (
     PartitionerWarning,
     VerdictTimeoutError,
 )
-from guardrail_client.kafka_logs import calm_kafka_logs
 from guardrail_client.keys import partition_for, request_key
 from guardrail_client.publisher import GuardrailPublisher, PublisherStats
 from guardrail_client.sync import SyncGuardrailPublisher
@@ -44,6 +43,7 @@ from sidecar.contracts.events import (
     Decision,
     RetrievalHit,
 )
+from sidecar.kafka_logs import calm_kafka_logs
 
 __all__ = [
     "AnswerVerdict",

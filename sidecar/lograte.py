@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from guardrail_client.kafka_logs import demote_retried, relevel
+from sidecar.kafka_logs import demote_retried, relevel
 from sidecar.redact import redact_text
 
 REPEAT_INTERVAL_S = 10.0
@@ -244,7 +244,7 @@ class StartupTransients(logging.Filter):
     FastStream's start-up warning about topics the sidecar has checked (dropped); a
     bootstrap server that does not answer, a broker the client cannot reach for the moment
     and a group session that expired, at WARNING
-    (:data:`guardrail_client.kafka_logs.DEMOTIONS`, which the client's opt-in shares)."""
+    (:data:`sidecar.kafka_logs.DEMOTIONS`, which the client's opt-in shares)."""
 
     def __init__(
         self, grace_s: float = STARTUP_GRACE_S, clock: Callable[[], float] = time.monotonic

@@ -15,7 +15,7 @@ import aiokafka.errors as kafka_errors
 import pytest
 
 from guardrail_client import calm_kafka_logs
-from guardrail_client.kafka_logs import RetriedKafkaErrors
+from sidecar.kafka_logs import RetriedKafkaErrors
 
 
 class Keep(logging.Handler):

@@ -44,9 +44,9 @@ from aiokafka.errors import KafkaError
 
 from bench.verdict_client import HITS
 from guardrail_client import VerdictResult, calm_kafka_logs
-from guardrail_client.kafka_logs import DEMOTIONS
 from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
+from sidecar.kafka_logs import DEMOTIONS
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.cluster import LocalKafkaCluster
 from tests.client.test_client_kafka import ANSWER, QUERY, publisher, verdict_client
