@@ -19,6 +19,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -51,7 +52,13 @@ def build(out: Path = LIBRARY) -> Path:
     subprocess.run(
         [found, "build", "--release", "--quiet", "--manifest-path", str(CRATE / "Cargo.toml")],
         check=True,
-        env={**os.environ, "CARGO_TARGET_DIR": str(CRATE / "target")},
+        # pyo3 builds for the interpreter it is told (else the first python3 on PATH,
+        # perhaps another version than the one that will load it)
+        env={
+            **os.environ,
+            "CARGO_TARGET_DIR": str(CRATE / "target"),
+            "PYO3_PYTHON": sys.executable,
+        },
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(CRATE / "target" / "release" / "libnative_floor.so", out)
