@@ -388,6 +388,13 @@ class ConfidenceModel(BaseModel):
         given = _float_matrix(rows, width) if tuple(names) == terms.signal_names else None
         if given is None:
             return self.predict_many([dict(zip(names, row, strict=True)) for row in rows])
+        return self.predict_matrix(given)
+
+    def predict_matrix(self, given: FloatArray) -> FloatArray:
+        """:meth:`predict_rows`' arithmetic on a float64 ``(n, signals)`` matrix already
+        built: the spec's signals in order, NaN where one is missing, every other value
+        finite (the caller's to check, as :meth:`predict_rows` checks its rows)."""
+        terms = self._serving()
         missing = np.isnan(given)
         # an indicator is 1.0 when any signal of its group is missing: a boolean product
         x = np.concatenate((np.where(missing, terms.imputed, given), missing @ terms.groups), 1)

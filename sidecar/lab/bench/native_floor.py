@@ -30,7 +30,7 @@ from sidecar.confidence.features import ANSWER_FEATURES, CHUNK_FEATURES
 from sidecar.exceptions import ConfigError
 from sidecar.pipeline.processor import BatchItem, Processor
 
-__all__ = ["CRATE", "LIBRARY", "NativeFloor", "build", "cargo", "library", "load", "predict_matrix"]
+__all__ = ["CRATE", "LIBRARY", "NativeFloor", "build", "cargo", "library", "load"]
 
 REPO = Path(__file__).resolve().parents[3]
 CRATE = REPO / "bench" / "native_floor"
@@ -85,20 +85,6 @@ def load(path: Path | None = None) -> Any:
     return module
 
 
-def predict_matrix(
-    model: Any, given: np.ndarray[Any, np.dtype[np.float64]]
-) -> np.ndarray[Any, Any]:
-    """A confidence model's ``predict_rows`` on a float64 matrix already built (NaN
-    missing): the same numpy arithmetic from the matrix on."""
-    terms = model._serving()
-    missing = np.isnan(given)
-    x = np.concatenate((np.where(missing, terms.imputed, given), missing @ terms.groups), 1)
-    z = (x - terms.mean) / terms.scale
-    return cast(
-        np.ndarray[Any, Any], terms.calibrator.predict(z @ terms.coefficients + terms.intercept)
-    )
-
-
 class NativeFloor:
     """:class:`~sidecar.lab.bench.dict_floor.DictFloor`'s interface over the compiled sketch."""
 
@@ -132,13 +118,12 @@ class NativeFloor:
         rows = np.frombuffer(sketch.lookback_rows(), dtype=np.float32).reshape(n, self.width)
         p_factual = np.ascontiguousarray(self.lookback._run(rows), dtype=np.float64)
         answers, chunks = sketch.confidence_rows(p_factual.tobytes())
-        p_correct = predict_matrix(
-            self.confidence.answer,
-            np.frombuffer(answers, dtype=np.float64).reshape(n, len(ANSWER_FEATURES)),
+        p_correct = self.confidence.answer.predict_matrix(
+            np.frombuffer(answers, dtype=np.float64).reshape(n, len(ANSWER_FEATURES))
         )
         trusted = np.frombuffer(chunks, dtype=np.float64).reshape(-1, len(CHUNK_FEATURES))
         p_useful = (
-            predict_matrix(self.confidence.chunks, trusted)
+            self.confidence.chunks.predict_matrix(trusted)
             if len(trusted)
             else np.empty(0, dtype=np.float64)
         )
