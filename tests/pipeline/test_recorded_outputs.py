@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import random
 from datetime import UTC, datetime
 from typing import Any
@@ -41,6 +40,7 @@ from sidecar.pipeline.outputs import Step
 from sidecar.pipeline.processor import BatchItem, Processor
 from sidecar.runtime import build_policy, build_signals
 from tests.conftest import REPO
+from tests.jsonclose import same_json
 
 RECORDED = REPO / "tests" / "pipeline" / "data" / "recorded_outputs.json"
 WALL = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
@@ -156,24 +156,6 @@ def run() -> dict[str, Any]:
     return {"steps": steps, "counters": counters}
 
 
-def _same(got: Any, want: Any, where: str = "") -> None:
-    """Equal, floats to 1e-9 relative, dict keys in the same order."""
-    if isinstance(want, float) and isinstance(got, float):
-        assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12), f"{where}: {got} != {want}"
-        return
-    assert type(got) is type(want), f"{where}: {got!r} != {want!r}"
-    if isinstance(want, dict):
-        assert list(got) == list(want), f"{where}: keys {list(got)} != {list(want)}"
-        for k in want:
-            _same(got[k], want[k], f"{where}.{k}")
-    elif isinstance(want, list):
-        assert len(got) == len(want), f"{where}: {len(got)} items != {len(want)}"
-        for n, (g, w) in enumerate(zip(got, want, strict=True)):
-            _same(g, w, f"{where}[{n}]")
-    else:
-        assert got == want, f"{where}: {got!r} != {want!r}"
-
-
 @pytest.fixture(scope="module")
 def outputs() -> dict[str, Any]:
     read: dict[str, Any] = orjson.loads(orjson.dumps(run()))  # as JSON, like the recording
@@ -199,7 +181,7 @@ def test_the_recorded_input_covers_every_kind_of_output(outputs: dict[str, Any])
 
 
 def test_the_outputs_for_the_recorded_input_are_unchanged(outputs: dict[str, Any]) -> None:
-    _same(outputs, orjson.loads(RECORDED.read_bytes()), "outputs")
+    same_json(outputs, orjson.loads(RECORDED.read_bytes()), "outputs")
 
 
 if __name__ == "__main__":  # record again (after an intended change of behaviour)

@@ -4,7 +4,6 @@ Its drain through the real broker: ``test_bench_floors_kafka.py``, with the othe
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from sidecar.lab.bench import native_floor
 from sidecar.lab.bench.dict_floor import DictFloor
 from sidecar.lab.bench.native_floor import NativeFloor
 from sidecar.pipeline.processor import Processor
+from tests.jsonclose import same_json
 from tests.lab.bench.sketches import REFUSALS, edited, keys
 
 
@@ -30,23 +30,6 @@ def processor() -> Processor:
 @pytest.fixture(scope="module")
 def module(native_library: Path) -> Any:
     return native_floor.load(native_library)
-
-
-def _close(a: Any, b: Any, path: str = "") -> None:
-    """Equal JSON values, numbers within 1e-6 relative (the attention shares' sums run in
-    float64 here, float32 in numpy)."""
-    if isinstance(a, float) or isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12), (path, a, b)
-    elif isinstance(a, dict):
-        assert list(a) == list(b), path  # the same keys in the same order
-        for key in a:
-            _close(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _close(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, (path, a, b)
 
 
 def test_the_native_sketch_gives_the_dict_sketchs_verdicts(
@@ -61,7 +44,8 @@ def test_the_native_sketch_gives_the_dict_sketchs_verdicts(
             assert (topic, key) == (topic2, key2)
             mine, reference = orjson.loads(value), orjson.loads(value2)
             assert mine.pop("produced_at")[:4] == reference.pop("produced_at")[:4]
-            _close(mine, reference)
+            # the attention shares' sums run in float64 here, float32 in numpy
+            same_json(mine, reference, key.decode(), rel_tol=1e-6)
             decisions.add(mine["decision"])
     assert fast.refused == {} and fast.sketch.held() == 0
     assert decisions  # every verdict compared above, field by field
