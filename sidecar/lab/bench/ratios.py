@@ -97,12 +97,10 @@ def floors_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
     ``native_drain`` (the same sketch compiled: :mod:`sidecar.lab.bench.native_floor`).
     """
     fast, noop, raw = runs["fast_drain"], runs["noop_drain"], runs["raw_drain"]
-    parse = runs.get("parse_drain")
-    parse_rate = None if parse is None else parse.throughput_answers_per_s
-    dict_run = runs.get("dict_drain")
-    dict_rate = None if dict_run is None else dict_run.throughput_answers_per_s
-    native_run = runs.get("native_drain")
-    native_rate = None if native_run is None else native_run.throughput_answers_per_s
+    parse_rate, dict_rate, native_rate = (
+        None if (run := runs.get(name)) is None else run.throughput_answers_per_s
+        for name in ("parse_drain", "dict_drain", "native_drain")
+    )
     fast_p99 = runs["fast_half"].latency_ms.get("p99")
     noop_p99 = runs["noop_half"].latency_ms.get("p99")
     rate = half_capacity(noop.throughput_answers_per_s)
