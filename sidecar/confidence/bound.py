@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
@@ -227,9 +228,11 @@ def coverage_bound(counts: CoverageCounts, confidence: float = 0.95) -> BoundRep
 
 @dataclass(slots=True)
 class _Window:
-    """One key's recent requests (covered?) and labels (covered?, hallucinated?)."""
+    """One key's recent requests (covered?) per input partition, and its labels (covered?,
+    hallucinated?)."""
 
-    requests: deque[bool] = field(default_factory=deque)
+    requests: dict[int, deque[bool]] = field(default_factory=dict)
+    size: int = 0  # requests over every partition
     labels: OrderedDict[object, tuple[bool, bool]] = field(default_factory=OrderedDict)
     unnamed: int = 0  # ids for labels that name no request
     covered: int = 0
@@ -247,6 +250,15 @@ class CoverageTracker:
     still counts until ``window`` newer labels push it out. Memory is O(window) per
     key. Probe counts are set, not accumulated: per key, or for every key without
     its own (``key=None``). Not thread-safe (one event loop owns it).
+
+    Requests are windowed per input partition (the partition a request's inputs are read
+    on): once :meth:`set_partitions` knows the input topics' partition count ``P``, each
+    partition keeps the last ``ceil(window / P)``, so a replica holding some of them keeps
+    at most ``window`` and the fleet's windows sum to about the last ``window`` requests of
+    the key whatever the replicas. A partition moved to another replica takes its window
+    with it: :meth:`drop_partitions` here, :meth:`refill` there (from the verdicts read
+    back), so a restart or a rebalance neither empties the fleet's counts nor counts a
+    request twice.
     """
 
     def __init__(self, *, window: int = 10_000, confidence: float = 0.95) -> None:
@@ -257,6 +269,8 @@ class CoverageTracker:
         self.confidence = confidence
         self._windows: dict[str, _Window] = {}
         self._probes: dict[str | None, tuple[int, int]] = {}
+        self._per_partition = window  # requests kept per partition (the whole window until
+        # the partition count is known: one partition, as in memory)
 
     def _get(self, key: str) -> _Window:
         win = self._windows.get(key)
@@ -264,13 +278,69 @@ class CoverageTracker:
             win = self._windows[key] = _Window()
         return win
 
-    def observe_request(self, key: str, covered: bool) -> None:
-        """Count one served request of ``key``; the oldest leaves once the window is full."""
+    @property
+    def per_partition(self) -> int:
+        """Requests of a key kept per input partition."""
+        return self._per_partition
+
+    def set_partitions(self, count: int) -> None:
+        """The input topics' partition count: each partition keeps ``ceil(window / count)``
+        requests of a key from now (its oldest leave when that is fewer)."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ConfigError(f"partition count must be a positive integer, got {count!r}")
+        self._per_partition = -(-self.window // count)
+        for win in self._windows.values():
+            for requests in win.requests.values():
+                while len(requests) > self._per_partition:
+                    win.covered -= requests.popleft()
+                    win.size -= 1
+
+    def observe_request(self, key: str, covered: bool, partition: int = 0) -> None:
+        """Count one served request of ``key`` read on ``partition``; the partition's oldest
+        leaves once its window is full."""
         win = self._get(key)
-        win.requests.append(bool(covered))
-        win.covered += int(bool(covered))
-        if len(win.requests) > self.window:
-            win.covered -= int(win.requests.popleft())
+        requests = win.requests.get(partition)
+        if requests is None:
+            requests = win.requests[partition] = deque()
+        covered = bool(covered)
+        requests.append(covered)
+        win.covered += covered
+        win.size += 1
+        if len(requests) > self._per_partition:
+            win.covered -= requests.popleft()
+            win.size -= 1
+
+    def refill(self, key: str, partition: int, covered: Iterable[bool]) -> int:
+        """``partition``'s window of ``key`` is ``covered`` (oldest first; the last
+        :attr:`per_partition` of them), replacing what it held. Returns how many it holds."""
+        kept = deque((bool(c) for c in covered), maxlen=self._per_partition)
+        win = self._get(key)
+        old = win.requests.pop(partition, None)
+        if old is not None:
+            win.covered -= sum(old)
+            win.size -= len(old)
+        if kept:
+            win.requests[partition] = deque(kept)  # without maxlen, as observe_request's
+            win.covered += sum(kept)
+            win.size += len(kept)
+        return len(kept)
+
+    def drop_partitions(self, partitions: Iterable[int]) -> int:
+        """Forget the requests of ``partitions`` (moved to another replica) under every key;
+        their labels stay. Returns how many requests were dropped."""
+        gone = set(partitions)
+        dropped = 0
+        for win in self._windows.values():
+            for partition in gone & win.requests.keys():
+                requests = win.requests.pop(partition)
+                win.covered -= sum(requests)
+                win.size -= len(requests)
+                dropped += len(requests)
+        return dropped
+
+    def partitions(self) -> set[int]:
+        """The partitions some key's window holds requests of."""
+        return {p for win in self._windows.values() for p in win.requests}
 
     def observe_label(
         self,
@@ -323,7 +393,7 @@ class CoverageTracker:
         win = self._windows.get(key, _Window())
         trials, errors = self._probes.get(key, self._probes.get(None, (0, 0)))
         return CoverageCounts(
-            requests=len(win.requests),
+            requests=win.size,
             covered=win.covered,
             labelled_covered=win.labelled[True],
             errors_covered=win.errors[True],

@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from enum import IntEnum
 from typing import Generic, TypeVar
 
+from guardrail_client.keys import murmur2
 from sidecar import __version__
 from sidecar.confidence.bound import BoundReport, CoverageTracker
 from sidecar.confidence.certificate_check import CertificateCheck, CertificateTracker
@@ -55,10 +56,15 @@ from sidecar.contracts.events import (
     RetrievalSignal,
 )
 from sidecar.exceptions import ConfigError
-from sidecar.pipeline.ports import DecidedRequest
+from sidecar.pipeline.ports import DecidedRequest, HeldPartitions
 from sidecar.stats.intervals import ProportionInterval
 
-__all__ = ["MAX_COVERAGE_KEYS", "UNCERTIFIED_KEY", "CoverageMonitor", "FeedbackOutcome"]
+__all__ = [
+    "MAX_COVERAGE_KEYS",
+    "UNCERTIFIED_KEY",
+    "CoverageMonitor",
+    "FeedbackOutcome",
+]
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +138,9 @@ class CoverageMonitor:
         # request key -> certificate key, for final allows taken under a certificate
         self._certified: _RecentPerKey[None] = _RecentPerKey(window)
         # the same two for requests decided before this process started or elsewhere (read
-        # back from the verdicts: remember_decided), looked up by labels only
-        self._earlier: _RecentPerKey[bool] = _RecentPerKey(window)
+        # back from the verdicts: remember_decided), looked up by labels, and counted when
+        # their partition comes here (hold_partitions)
+        self._earlier = _ReadBack(window)
         self._earlier_certified: _RecentPerKey[None] = _RecentPerKey(window)
         self.certificates = CertificateTracker(window=window, confidence=confidence)
         self._interval_ms = report_interval_s * 1000.0
@@ -144,12 +151,16 @@ class CoverageMonitor:
         # the Prometheus exporter reads gauge_values() on its HTTP thread while the
         # event loop counts: without a lock a scrape can read ``covered > requests``
         self._lock = threading.Lock()
+        self._held: frozenset[int] = frozenset()  # the input partitions this replica reads
 
-    def observe_verdict(self, verdict: AnswerVerdict, request_key: str | None = None) -> None:
+    def observe_verdict(
+        self, verdict: AnswerVerdict, request_key: str | None = None, partition: int = 0
+    ) -> None:
         """Count a final verdict as a request of its calibration key (a stream verdict is not).
 
         ``request_key``: the request's key in the join store (scoped by the
-        trusted tenant); feedback must name the same key to label it.
+        trusted tenant); feedback must name the same key to label it. ``partition``: the
+        input partition the request was read on.
         """
         if verdict.stage == "final":
             self.observe_decision(
@@ -158,6 +169,7 @@ class CoverageMonitor:
                 verdict.signals.retrieval,
                 verdict.certificate,
                 tenant=verdict.tenant,
+                partition=partition,
             )
 
     def observe_decision(
@@ -168,6 +180,7 @@ class CoverageMonitor:
         certificate: str | None,
         *,
         tenant: str | None = None,
+        partition: int = 0,
     ) -> None:
         """:meth:`observe_verdict` from a final verdict's values (the serving path's call).
 
@@ -191,18 +204,23 @@ class CoverageMonitor:
             seen = self._recent.get(name)
             if seen is None or seen[0] != key:
                 # the same request decided again (a replay, a re-send) is counted once
-                self.tracker.observe_request(key, cert.m1)
+                self.tracker.observe_request(key, cert.m1, partition)
             self._recent.add(name, key, cert.m1)
 
-    def remember_decided(self, decided: Iterable[tuple[str, DecidedRequest]]) -> int:
+    def remember_decided(
+        self, decided: Iterable[tuple[str, DecidedRequest]], partitions: int | None = None
+    ) -> int:
         """Requests decided before this process started, or by another replica on a
         partition just assigned here: the fleet's final verdicts, oldest first, each with
         its request key (:mod:`sidecar.kafka.warmstart`). Remembered for
         their labels only: a label that came after a restart, or at the replica its
         request's partition moved to, found no request and was counted unmatched, and a
-        certified allow's label never re-tested its certificate. They are not counted as
-        requests (the replica that decided them did; the fleet sums the windows), and at
-        most ``window`` are kept per key. Returns how many were remembered.
+        certified allow's label never re-tested its certificate. They are counted as
+        requests only when their partition comes to this replica (:meth:`hold_partitions`:
+        the replica that decided them dropped that partition's window), and at most
+        ``window`` are kept per key: with ``partitions``, the input topics' partition count,
+        the last ``ceil(window / partitions)`` of each partition, what its window holds.
+        Returns how many were remembered.
         """
         remembered = 0
         with self._lock:
@@ -220,9 +238,37 @@ class CoverageMonitor:
                         if cert.calibration_key
                         else UNCERTIFIED_KEY
                     )
-                    self._earlier.add(name, key, cert.m1)
+                    home = murmur2(request.request_id.encode("utf-8")) & 0x7FFFFFFF
+                    self._earlier.add(name, key, cert.m1, home, partitions)
                 remembered += certified or cert.m1 is not None
         return remembered
+
+    def hold_partitions(self, partitions: frozenset[int], count: int) -> HeldPartitions:
+        """This replica reads ``partitions`` of the input topics' ``count`` now (a
+        rebalance's assignment): the windows of partitions it no longer reads are dropped
+        (their new owner counts them), and each partition it did not read before is
+        refilled from the requests decided there before (:meth:`remember_decided`: the
+        warm start's and the recalls' read of the verdicts), oldest first, so a restarted
+        replica, or one given a partition, reports the fleet's window, not an empty one."""
+        with self._lock:
+            tracker = self.tracker
+            tracker.set_partitions(count)
+            new = partitions - self._held
+            gone = (self._held | tracker.partitions()) - partitions
+            dropped = tracker.drop_partitions(gone)
+            self._held = partitions
+            refilled = 0
+            cap = tracker.per_partition
+            for known, found in self._earlier.of_partitions(new, count).items():
+                key = self._feed(known)
+                for partition, named in found.items():
+                    kept = named[-cap:]
+                    refilled += tracker.refill(key, partition, (c for _, c in kept))
+                    for name, covered in kept:  # counted: decided again, it is not counted twice
+                        self._recent.add(name, key, covered)
+            return HeldPartitions(
+                new=tuple(sorted(new)), gone=tuple(sorted(gone)), refilled=refilled, dropped=dropped
+            )
 
     def _feed(self, key: str) -> str:
         """``key`` is the most recently fed; past ``max_keys``, the least recent one leaves.
@@ -440,3 +486,63 @@ class _RecentPerKey(Generic[V]):
         if key is None:
             return None
         return key, self._by_key[key][name]
+
+
+class _ReadBack:
+    """Requests decided elsewhere or before this start (read back from the verdicts), by
+    name: each with its key, coverage and request id's murmur2 (``home``, its partition of
+    any count). Kept per key and input partition when the count is known (the last
+    ``ceil(window / partitions)`` of each: what the partition's window holds, so a refill
+    has them all; of the whole fleet's last ``window``, a partition has about its share,
+    not always all of it), else per key (the last ``window``)."""
+
+    def __init__(self, window: int) -> None:
+        self._window = window
+        # (key, partition or None) -> name -> (covered, home), oldest first
+        self._buckets: dict[tuple[str, int | None], OrderedDict[str, tuple[bool, int]]] = {}
+        self._where: dict[str, tuple[str, int | None]] = {}  # name -> its bucket
+
+    def add(self, name: str, key: str, covered: bool, home: int, partitions: int | None) -> None:
+        bucket = (key, None if not partitions else home % partitions)
+        old = self._where.get(name)
+        if old is not None and old != bucket:
+            self._buckets[old].pop(name, None)
+        names = self._buckets.get(bucket)
+        if names is None:
+            names = self._buckets[bucket] = OrderedDict()
+        names[name] = (covered, home)
+        names.move_to_end(name)
+        self._where[name] = bucket
+        cap = self._window if not partitions else -(-self._window // partitions)
+        while len(names) > cap:
+            gone, _ = names.popitem(last=False)
+            if self._where.get(gone) == bucket:
+                del self._where[gone]
+
+    def get(self, name: str) -> tuple[str, bool] | None:
+        """The request's key and coverage."""
+        bucket = self._where.get(name)
+        if bucket is None:
+            return None
+        return bucket[0], self._buckets[bucket][name][0]
+
+    def forget_key(self, key: str) -> None:
+        """Drop every request of ``key``."""
+        for bucket in [b for b in self._buckets if b[0] == key]:
+            for name in self._buckets.pop(bucket):
+                if self._where.get(name) == bucket:
+                    del self._where[name]
+
+    def of_partitions(
+        self, partitions: frozenset[int], count: int
+    ) -> dict[str, dict[int, list[tuple[str, bool]]]]:
+        """Key -> partition -> its requests (name, covered), oldest first, of those of
+        ``partitions`` (of ``count``)."""
+        out: dict[str, dict[int, list[tuple[str, bool]]]] = {}
+        for (key, _), names in self._buckets.items():
+            for name, (covered, home) in names.items():
+                partition = home % count
+                if partition in partitions:
+                    found = out.setdefault(key, {})
+                    found.setdefault(partition, []).append((name, covered))
+        return out

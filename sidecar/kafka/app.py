@@ -549,15 +549,25 @@ class SidecarService:
         shrank or grew) bring the labels of requests decided there by another replica:
         read back for them (``warmstart.recall``) before the partitions' records are
         handled. The first assignment too: its partitions' last owner went on deciding
-        between the start's warm start and the join."""
+        between the start's warm start and the join. The coverage windows then move with
+        the partitions: those read elsewhere now are dropped, the new ones refilled from
+        what was read back (``Processor.hold_partitions``)."""
         retrieval = self.settings.topics.retrieval
         numbers = frozenset(p for t, p in assigned if t == retrieval)
         new, self._held_numbers = numbers - self._held_numbers, numbers
         count = counts.get(retrieval)
-        if not new or not count or not self._warm_start:
+        if not count or self.processor.signals.coverage is None:
             return
-        if self.processor.signals.coverage is not None:
+        if new and self._warm_start:
             await recall(self.settings, self.processor, new, count, self._verdicts_read)
+        held = self.processor.hold_partitions(numbers, count)
+        if held is not None and (held.refilled or held.dropped):
+            said = []
+            if held.refilled:
+                said.append(f"{held.refilled} request(s) decided on {list(held.new)} counted")
+            if held.dropped:
+                said.append(f"{held.dropped} of {list(held.gone)} dropped (read elsewhere now)")
+            log.info("coverage windows follow the partitions: %s", "; ".join(said))
 
     def _note_assignment(self) -> None:
         """Tell intake which partitions this replica reads: a record off its request's

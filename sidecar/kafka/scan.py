@@ -87,6 +87,7 @@ class TopicScan:
         self._follow_from: dict[TopicPartition, int] = {}
         self.to_read = 0  # records between the start positions and the end offsets
         self.cluster_topics: frozenset[str] = frozenset()  # the cluster's topics at the start
+        self.cluster_counts: dict[str, int] = {}  # and their partition counts
 
     @property
     def ends(self) -> dict[TopicPartition, int]:
@@ -140,7 +141,12 @@ class TopicScan:
 
     async def _open(self, consumer: AIOKafkaConsumer[bytes, bytes]) -> None:
         await consumer.start()
-        self.cluster_topics = frozenset(await consumer.topics())  # metadata for every topic
+        # what ``topics()`` fetches (metadata for every topic), keeping the partition counts
+        cluster = await consumer._client.fetch_all_metadata()
+        self.cluster_topics = frozenset(cluster.topics())
+        self.cluster_counts = {
+            t: len(cluster.partitions_for_topic(t) or ()) for t in self.cluster_topics
+        }
         for topic, setting in self._named:
             if topic not in self.cluster_topics:
                 raise ConfigError(

@@ -103,6 +103,7 @@ class ReadBack:
     skipped: int  # records that are not a final answer verdict whose fields validate
     complete: bool  # every partition read to its end (not cut by the time limit)
     seconds: float
+    input_partitions: int | None = None  # the retrieval topic's partition count, if known
 
 
 def decided(record: ConsumerRecord[bytes, bytes]) -> Decided | None:
@@ -188,6 +189,7 @@ async def read_decided(
     latest: dict[tuple[str | None, str], Decided] = {}
     read = skipped = 0
     complete = whole = False
+    inputs: int | None = None
     ends: dict[int, int] = {}
     reached: dict[int, int] = {}  # per partition: past the last record read
     try:
@@ -201,6 +203,7 @@ async def read_decided(
                 client_id="guardrail-warm-start",
             ) as scan:
                 ends = {tp.partition: end for tp, end in scan.ends.items()}
+                inputs = scan.cluster_counts.get(settings.topics.retrieval) or None
                 whole = homes is None or scan.counts.get(topic) == homes[1]
                 async for record in scan.records():
                     read += 1
@@ -218,7 +221,7 @@ async def read_decided(
         for partition, at in (ends if complete else reached).items():
             marks[partition] = max(marks.get(partition, 0), at)
     ordered = sorted(latest.values(), key=lambda d: (d.timestamp_ms, d.partition, d.offset))
-    return ReadBack(ordered, read, skipped, complete, time.monotonic() - started)
+    return ReadBack(ordered, read, skipped, complete, time.monotonic() - started, inputs)
 
 
 def _home(request: DecidedRequest, homes: tuple[frozenset[int], int]) -> bool:
@@ -248,7 +251,7 @@ async def warm_start(
             topic, why, read_refused(settings, exc),
         )  # fmt: skip
         return None
-    done = processor.warm_start([d.request for d in back.decided])
+    done = processor.warm_start([d.request for d in back.decided], back.input_partitions)
     seed = done.monitor
     log.info(
         "warm start: the last %d record(s) of %s read in %.2f s%s%s; %s; %d request(s) kept "
@@ -301,7 +304,7 @@ async def recall(
             read_refused(settings, exc),
         )  # fmt: skip
         return None
-    kept = processor.recall_decided([d.request for d in back.decided])
+    kept = processor.recall_decided([d.request for d in back.decided], input_partitions)
     log.info(
         "partitions %s now read here: %d request(s) decided there kept for their labels "
         "(%d record(s) of %s read in %.2f s%s%s)",

@@ -97,6 +97,16 @@ class WarmStart:
     remembered: int  # requests the coverage monitor keeps for their labels
 
 
+@dataclass(frozen=True, slots=True)
+class HeldPartitions:
+    """What a rebalance did to the coverage windows (``CoverageObserver.hold_partitions``)."""
+
+    new: tuple[int, ...]  # input partitions read here from now
+    gone: tuple[int, ...]  # partitions whose windows were dropped (read elsewhere now)
+    refilled: int  # requests decided on the new ones before, counted here now
+    dropped: int  # requests of the gone ones, no longer counted here
+
+
 class RetrievalCertifier(Protocol):
     @property
     def version(self) -> str: ...
@@ -225,10 +235,12 @@ class CoverageObserver(Protocol):
         certificate: str | None,
         *,
         tenant: str | None = None,
+        partition: int = 0,
     ) -> None:
         """Count a final verdict: its decision, its retrieval certification and the allow
         certificate it was taken under (``AnswerVerdict.certificate``); ``tenant``: the
-        request's, whose window a stand-in global calibration counts it in."""
+        request's, whose window a stand-in global calibration counts it in; ``partition``:
+        the input partition it was read on (its window moves with the partition)."""
         ...
 
     def observe_feedback(self, feedback: FeedbackEvent, request_key: str | None = None) -> int:
@@ -236,10 +248,17 @@ class CoverageObserver(Protocol):
         1 for the request's first label, 2 when it replaced an earlier one."""
         ...
 
-    def remember_decided(self, decided: Iterable[tuple[str, DecidedRequest]]) -> int:
+    def remember_decided(
+        self, decided: Iterable[tuple[str, DecidedRequest]], partitions: int | None = None
+    ) -> int:
         """Requests decided before this process started or by another replica
-        (``(request_key, request)``, oldest first), for their labels only: not counted as
-        requests. Returns how many."""
+        (``(request_key, request)``, oldest first), for their labels, and counted as
+        requests once their partition is read here (``hold_partitions``). Returns how many."""
+        ...
+
+    def hold_partitions(self, partitions: frozenset[int], count: int) -> HeldPartitions:
+        """This replica reads ``partitions`` of ``count`` input partitions from now: drop the
+        windows of the others, refill those new here from the remembered requests."""
         ...
 
     def due_reports(self, now_ms: float) -> list[CoverageReport]:

@@ -47,6 +47,7 @@ from sidecar.pipeline.ports import (
     ClaimResult,
     CoverageObserver,
     DecidedRequest,
+    HeldPartitions,
     Policy,
     RetrievalCertifier,
     SignalSuite,
@@ -463,7 +464,12 @@ class Processor:
         if coverage is not None:
             store_key = entry.store_key
             coverage.observe_decision(
-                store_key, decision, signals.retrieval, outcome.certificate, tenant=tenant
+                store_key,
+                decision,
+                signals.retrieval,
+                outcome.certificate,
+                tenant=tenant,
+                partition=next(iter(entry.partitions), 0),
             )
             waited = self.waiting_labels.take(store_key)
             label = entry.early_label or waited
@@ -509,20 +515,25 @@ class Processor:
 
     # ------------------------------------------------------------------ time
 
-    def warm_start(self, decided: Sequence[DecidedRequest]) -> WarmStart:
+    def warm_start(
+        self, decided: Sequence[DecidedRequest], partitions: int | None = None
+    ) -> WarmStart:
         """Requests decided before this process started, oldest first (the fleet's final
         verdicts: :mod:`sidecar.kafka.warmstart`), before the first input: the
         exchangeability monitor's windows are refilled from them, and the coverage monitor
-        keeps them for their labels. A certified allow counts as one only under the policy
-        (and so the certificates) that decides now: another's labels would re-test a
-        certificate that did not allow it."""
+        keeps them for their labels and for the windows of the partitions it will read
+        (``partitions``: the input topics' partition count, if known). A certified allow
+        counts as one only under the policy (and so the certificates) that decides now:
+        another's labels would re-test a certificate that did not allow it."""
         certifier = self.scoring.signals.certifier
         seed = None
         if certifier is not None:
             seed = certifier.seed_decided((d.tenant, d.retrieval) for d in decided)
-        return WarmStart(seed, self.recall_decided(decided))
+        return WarmStart(seed, self.recall_decided(decided, partitions))
 
-    def recall_decided(self, decided: Sequence[DecidedRequest]) -> int:
+    def recall_decided(
+        self, decided: Sequence[DecidedRequest], partitions: int | None = None
+    ) -> int:
         """:meth:`warm_start`'s coverage half, alone: requests another replica decided on
         partitions just assigned here, kept for their labels. Thread-safe (the coverage
         monitor's lock): called between batches, from the rebalance."""
@@ -532,11 +543,22 @@ class Processor:
         policy = self._policy.fingerprint
         return coverage.remember_decided(
             (
-                self.intake.decided_key(d.request_id, d.tenant),
-                d if d.policy == policy else dataclasses.replace(d, certificate=None),
-            )
-            for d in decided
+                (
+                    self.intake.decided_key(d.request_id, d.tenant),
+                    d if d.policy == policy else dataclasses.replace(d, certificate=None),
+                )
+                for d in decided
+            ),
+            partitions,
         )
+
+    def hold_partitions(self, partitions: frozenset[int], count: int) -> HeldPartitions | None:
+        """The input partitions this replica reads now, of ``count``: the coverage windows
+        of those it no longer reads are dropped and those it did not read refilled
+        (:meth:`CoverageMonitor.hold_partitions`); ``None`` without a coverage monitor.
+        Thread-safe (the monitor's lock): called from the rebalance, after the recall."""
+        coverage = self.scoring.signals.coverage
+        return None if coverage is None else coverage.hold_partitions(partitions, count)
 
     def on_tick(self, now_ms: float, wall_ms: float | None = None) -> Step:
         """Expire half-requests older than the TTL into ``incomplete`` verdicts; due reports.

@@ -414,10 +414,10 @@ def test_a_scrape_waits_for_a_count_in_progress() -> None:
     inside, go = threading.Event(), threading.Event()
     count = m.tracker.observe_request
 
-    def slow_count(key: str, covered: bool) -> None:
+    def slow_count(key: str, covered: bool, partition: int = 0) -> None:
         inside.set()
         go.wait(5)
-        count(key, covered)
+        count(key, covered, partition)
 
     m.tracker.observe_request = slow_count  # type: ignore[method-assign]
     counting = threading.Thread(target=m.observe_verdict, args=(verdict("b", True),))

@@ -109,8 +109,9 @@ def with_metrics(env: dict[str, str], log: Path) -> SidecarProcess:
     return SidecarProcess(env, log)
 
 
-def labelled(replica: SidecarProcess) -> float:
-    """The labels of uncovered requests in the replica's coverage window (its scrape)."""
+def window(replica: SidecarProcess, count: str) -> float:
+    """One of the replica's coverage window counts of the key (its scrape), -1 when it
+    does not answer."""
     url = f"http://127.0.0.1:{replica.env['GUARDRAIL_METRICS__PROMETHEUS_PORT']}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
@@ -121,8 +122,22 @@ def labelled(replica: SidecarProcess) -> float:
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "guardrail_coverage_window_labelled_uncovered"
+        if sample.name == f"guardrail_coverage_window_{count}"
         and sample.labels.get("calibration_key") == KEY
+    )
+
+
+def labelled(replica: SidecarProcess) -> float:
+    """The labels of uncovered requests in the replica's coverage window (its scrape)."""
+    return window(replica, "labelled_uncovered")
+
+
+def fleet_window(replicas: list[SidecarProcess]) -> tuple[float, float]:
+    """The replicas' window requests and covered requests of the key, summed (as the
+    fleet's bound sums them)."""
+    return (
+        sum(window(r, "requests") for r in replicas),
+        sum(window(r, "covered") for r in replicas),
     )
 
 
@@ -231,6 +246,15 @@ async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
         lambda: labelled(survivor) + labelled(replacement) == 300, 30, "300 labels counted"
     )
     assert labelled(replacement) == theirs
+    # the coverage windows moved with the partitions: the replicas' counts sum to every
+    # request decided, once (before, the killed replica's went with it and the replacement
+    # counted only what it decided itself)
+    await wait_until(
+        lambda: fleet_window([survivor, replacement]) == (420.0, 120.0),
+        30,
+        "the fleet's windows to hold the 420 requests, 120 of them covered",
+    )
+    assert window(replacement, "requests") > theirs  # refilled, not only its own
     recalled = [ln for ln in survivor.tail(100_000).splitlines() if "now read here" in ln]
     print(  # pytest -s: what the report quotes
         f"\n{len(decided_there)} of the 60 later requests decided by the replacement "
@@ -263,6 +287,8 @@ async def test_partitions_a_killed_replica_leaves_bring_their_requests_labels_al
     await wait_until(holds_all, 45, "the survivor to hold every partition")
     await send(settings, labels(settings, [f"q-{i}" for i in range(200)]))
     await wait_until(lambda: labelled(survivor) == 200, 30, "200 labels counted")
+    # the killed replica's partitions' windows came along (read back at the takeover)
+    assert fleet_window([survivor]) == (200.0, 0.0)
     log = survivor.tail(100_000)
     line = [ln for ln in log.splitlines() if "now read here" in ln][-1]  # the takeover
     print(f"\n{line.split(' INFO ', 1)[1]}")

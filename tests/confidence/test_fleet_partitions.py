@@ -1,0 +1,207 @@
+"""The coverage windows move with the input partitions (restarts and rebalances).
+
+The fleet's bound is computed from the replicas' window counts summed (README,
+*Feedback*). A replica used to count only what it decided itself since it started: a
+restarted one reported an empty window, and the requests its partitions' last owner
+decided were lost to the fleet's sums until traffic refilled them. Each partition now
+keeps its own window (``ceil(window / partitions)`` requests of a key): a replica that
+stops reading a partition drops its window, and the one that reads it next refills it
+from the requests read back from the verdicts topic (``remember_decided``), so the
+fleet's sums are those of one replica that held every partition, whatever moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from guardrail_client.keys import partition_for
+from sidecar.confidence.bound import CoverageTracker
+from sidecar.confidence.fleet import CoverageMonitor
+from sidecar.contracts.events import Decision, RetrievalSignal, SignalStatus
+from sidecar.exceptions import ConfigError
+from sidecar.pipeline.ports import DecidedRequest
+from tests.confidence.test_fleet import feedback, monitor
+
+KEY = "acme/wiki"
+P = 3
+WINDOW = 30  # 10 a partition
+
+
+def test_each_partition_keeps_its_share_of_the_window() -> None:
+    tracker = CoverageTracker(window=10)
+    assert tracker.per_partition == 10  # one partition until the count is known
+    tracker.set_partitions(3)
+    assert tracker.per_partition == 4  # ceil(10 / 3): a replica holding all keeps <= 12
+    for i in range(9):
+        tracker.observe_request(KEY, i % 3 == 0, partition=0)
+    tracker.observe_request(KEY, True, partition=1)
+    counts = tracker.counts(KEY)
+    assert (counts.requests, counts.covered) == (5, 2)  # partition 0's last 4: 5, 6, 7, 8
+    assert tracker.drop_partitions([0, 2]) == 4
+    counts = tracker.counts(KEY)
+    assert (counts.requests, counts.covered) == (1, 1)
+    assert tracker.refill(KEY, 1, [False, True, False, False, True, True]) == 4
+    counts = tracker.counts(KEY)
+    assert (counts.requests, counts.covered) == (4, 2)  # replaced by the last 4 given
+    tracker.set_partitions(5)  # more partitions: each keeps 2, its oldest leave
+    counts = tracker.counts(KEY)
+    assert (counts.requests, counts.covered) == (2, 2)
+    assert tracker.partitions() == {1}
+    with pytest.raises(ConfigError, match="partition count"):
+        tracker.set_partitions(0)
+
+
+def test_labels_are_not_dropped_with_a_partitions_requests() -> None:
+    tracker = CoverageTracker(window=10)
+    tracker.observe_request(KEY, True, partition=2)
+    tracker.observe_label(KEY, covered=True, correct=False, label_id="r")
+    tracker.drop_partitions([2])
+    counts = tracker.counts(KEY)
+    assert (counts.requests, counts.labelled_covered, counts.errors_covered) == (0, 1, 1)
+
+
+def signal(covered: bool) -> RetrievalSignal:
+    return RetrievalSignal(status=SignalStatus.OK, m1=covered, calibration_key=KEY)
+
+
+@dataclass
+class Fleet:
+    """Replicas' monitors, each holding some partitions; every request decided is kept as
+    the verdicts topic keeps it (``topic``), for the reads back."""
+
+    replicas: dict[str, CoverageMonitor] = field(default_factory=dict)
+    holds: dict[str, frozenset[int]] = field(default_factory=dict)
+    warm: dict[str, bool] = field(default_factory=dict)
+    topic: list[DecidedRequest] = field(default_factory=list)
+    covered_by_partition: dict[int, list[bool]] = field(default_factory=dict)
+
+    def start(self, name: str, *, warm: bool = True) -> None:
+        """A replica (re)starts: a fresh monitor, the verdicts' tail read back."""
+        self.replicas[name] = m = monitor(window=WINDOW)
+        self.holds[name] = frozenset()
+        self.warm[name] = warm
+        if warm:
+            m.remember_decided(((d.request_id, d) for d in self.topic), P)
+
+    def stop(self, name: str) -> None:
+        del self.replicas[name], self.holds[name], self.warm[name]
+
+    def assign(self, plan: dict[str, set[int]]) -> None:
+        """A rebalance: every replica gets its partitions; a new one's recall reads the
+        verdicts back first (the whole tail here: a read goes on from its marks)."""
+        for name, partitions in plan.items():
+            new = frozenset(partitions) - self.holds[name]
+            if new and self.warm[name]:
+                self.replicas[name].remember_decided(
+                    (
+                        (d.request_id, d)
+                        for d in self.topic
+                        if partition_for(d.request_id, P) in new
+                    ),
+                    P,
+                )
+            self.replicas[name].hold_partitions(frozenset(partitions), P)
+            self.holds[name] = frozenset(partitions)
+
+    def decide(self, prefix: str, n: int) -> None:
+        for i in range(n):
+            rid = f"{prefix}-{i}"
+            covered = (i * 7) % 3 != 0
+            partition = partition_for(rid, P)
+            (owner,) = [r for r, held in self.holds.items() if partition in held]
+            self.replicas[owner].observe_decision(
+                rid, Decision.ALLOW, signal(covered), None, partition=partition
+            )
+            self.topic.append(
+                DecidedRequest(rid, None, Decision.ALLOW, signal(covered), None, None)
+            )
+            self.covered_by_partition.setdefault(partition, []).append(covered)
+
+    def sums(self) -> tuple[int, int]:
+        counts = [m.tracker.counts(KEY) for m in self.replicas.values()]
+        return sum(c.requests for c in counts), sum(c.covered for c in counts)
+
+    def expected(self) -> tuple[int, int]:
+        """One replica holding every partition: each partition's last ``WINDOW / P``."""
+        last = [c[-(WINDOW // P) :] for c in self.covered_by_partition.values()]
+        return sum(map(len, last)), sum(map(sum, last))
+
+
+def test_the_fleets_sums_survive_a_restart_a_rebalance_and_a_kill() -> None:
+    fleet = Fleet()
+    fleet.start("a")
+    fleet.start("b")
+    fleet.assign({"a": {0, 1}, "b": {2}})
+    fleet.decide("q", 60)  # more than a partition keeps
+    assert fleet.sums() == fleet.expected()
+    before = fleet.replicas["a"].tracker.counts(KEY)
+
+    fleet.stop("a")  # restarted: its windows come back from the verdicts read back
+    fleet.start("a")
+    assert fleet.replicas["a"].tracker.counts(KEY).requests == 0  # before its assignment
+    fleet.assign({"a": {0, 1}, "b": {2}})
+    assert fleet.replicas["a"].tracker.counts(KEY) == before
+    fleet.decide("r", 9)
+    assert fleet.sums() == fleet.expected()
+
+    fleet.assign({"a": {0}, "b": {1, 2}})  # partition 1 moves: counted once, at b
+    assert fleet.sums() == fleet.expected()
+    fleet.decide("s", 12)
+    assert fleet.sums() == fleet.expected()
+
+    fleet.stop("b")  # killed: a takes every partition over
+    fleet.assign({"a": {0, 1, 2}})
+    assert fleet.sums() == fleet.expected()
+    assert fleet.expected()[0] == WINDOW  # every partition full: the fleet's window
+
+
+def test_without_the_read_back_a_restarted_replica_starts_empty() -> None:
+    # the control: what the refill adds is what the verdicts read back hold
+    fleet = Fleet()
+    fleet.start("a")
+    fleet.assign({"a": {0, 1, 2}})
+    fleet.decide("q", 20)
+    fleet.stop("a")
+    fleet.start("a", warm=False)
+    fleet.assign({"a": {0, 1, 2}})
+    assert fleet.sums() == (0, 0) != fleet.expected()
+
+
+def test_a_refilled_request_decided_again_is_not_counted_twice() -> None:
+    fleet = Fleet()
+    fleet.start("a")
+    fleet.assign({"a": {0, 1, 2}})
+    fleet.decide("q", 6)
+    fleet.stop("a")
+    fleet.start("a")
+    fleet.assign({"a": {0, 1, 2}})
+    again = fleet.topic[0]  # its records read again past the last commit, decided again
+    fleet.replicas["a"].observe_decision(
+        again.request_id,
+        Decision.ALLOW,
+        again.retrieval,
+        None,
+        partition=partition_for(again.request_id, P),
+    )
+    assert (
+        fleet.sums()
+        == fleet.expected()
+        == (6, sum(fleet.topic[i].retrieval.m1 or 0 for i in range(6)))
+    )
+
+
+def test_a_label_for_a_refilled_request_counts_with_its_coverage() -> None:
+    fleet = Fleet()
+    fleet.start("a")
+    fleet.assign({"a": {0, 1, 2}})
+    fleet.decide("q", 6)
+    fleet.stop("a")
+    fleet.start("a")
+    fleet.assign({"a": {0, 1, 2}})
+    first = fleet.topic[0]
+    assert fleet.replicas["a"].observe_feedback(feedback(first.request_id, correct=False))
+    counts = fleet.replicas["a"].tracker.counts(KEY)
+    covered = bool(first.retrieval.m1)
+    assert (counts.labelled_covered, counts.labelled_uncovered) == (int(covered), int(not covered))
