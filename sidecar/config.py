@@ -644,9 +644,9 @@ class CoverageSettings(_Section):
         default=10_000,
         ge=10,
         le=1_000_000,
-        description="recent requests of a key the bound covers, over the input partitions "
-        "(each keeps ceil(window / partitions): the fleet's windows sum to about this many), "
-        "the labels a replica's window holds, and the labels a certificate's re-test holds",
+        description="recent requests and labels of a key the bound covers, over the input "
+        "partitions (each keeps ceil(window / partitions) of each: the fleet's windows sum to "
+        "about this many), and the labels a certificate's re-test holds",
     )
     max_keys: int = Field(
         default=64,

@@ -228,12 +228,12 @@ def coverage_bound(counts: CoverageCounts, confidence: float = 0.95) -> BoundRep
 
 @dataclass(slots=True)
 class _Window:
-    """One key's recent requests (covered?) per input partition, and its labels (covered?,
-    hallucinated?)."""
+    """One key's recent requests (covered?) and labels (covered?, hallucinated?) per input
+    partition."""
 
     requests: dict[int, deque[bool]] = field(default_factory=dict)
     size: int = 0  # requests over every partition
-    labels: OrderedDict[object, tuple[bool, bool]] = field(default_factory=OrderedDict)
+    labels: dict[int, OrderedDict[object, tuple[bool, bool]]] = field(default_factory=dict)
     unnamed: int = 0  # ids for labels that name no request
     covered: int = 0
     labelled: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
@@ -251,14 +251,15 @@ class CoverageTracker:
     key. Probe counts are set, not accumulated: per key, or for every key without
     its own (``key=None``). Not thread-safe (one event loop owns it).
 
-    Requests are windowed per input partition (the partition a request's inputs are read
-    on): once :meth:`set_partitions` knows the input topics' partition count ``P``, each
-    partition keeps the last ``ceil(window / P)``, so a replica holding some of them keeps
-    at most ``window`` and the fleet's windows sum to about the last ``window`` requests of
-    the key whatever the replicas. A partition moved to another replica takes its window
-    with it: :meth:`drop_partitions` here, :meth:`refill` there (from the verdicts read
-    back), so a restart or a rebalance neither empties the fleet's counts nor counts a
-    request twice.
+    Both are windowed per input partition (the partition a request's inputs, and its
+    labels, are read on): once :meth:`set_partitions` knows the input topics' partition
+    count ``P``, each partition keeps the last ``ceil(window / P)`` requests and labels, so
+    a replica holding some of them keeps at most ``window`` of each and the fleet's windows
+    sum to about the last ``window`` of the key whatever the replicas. A partition moved to
+    another replica takes its windows with it: :meth:`drop_partitions` here,
+    :meth:`refill` and :meth:`refill_labels` there (from the verdicts and labels read
+    back), so a restart or a rebalance neither empties the fleet's counts nor counts one
+    twice.
     """
 
     def __init__(self, *, window: int = 10_000, confidence: float = 0.95) -> None:
@@ -294,6 +295,9 @@ class CoverageTracker:
                 while len(requests) > self._per_partition:
                     win.covered -= requests.popleft()
                     win.size -= 1
+            for labels in win.labels.values():
+                while len(labels) > self._per_partition:
+                    self._forget(win, labels.popitem(last=False)[1])
 
     def observe_request(self, key: str, covered: bool, partition: int = 0) -> None:
         """Count one served request of ``key`` read on ``partition``; the partition's oldest
@@ -325,22 +329,48 @@ class CoverageTracker:
             win.size += len(kept)
         return len(kept)
 
-    def drop_partitions(self, partitions: Iterable[int]) -> int:
-        """Forget the requests of ``partitions`` (moved to another replica) under every key;
-        their labels stay. Returns how many requests were dropped."""
+    def refill_labels(
+        self, key: str, partition: int, labels: Iterable[tuple[str, bool, bool]]
+    ) -> int:
+        """``partition``'s labels of ``key`` are ``labels`` (``(label_id, covered,
+        error)``, oldest first, the last of an id winning; the last :attr:`per_partition`),
+        replacing what it held. Returns how many it holds."""
+        win = self._get(key)
+        for old in win.labels.pop(partition, {}).values():
+            self._forget(win, old)
+        kept: OrderedDict[object, tuple[bool, bool]] = OrderedDict()
+        for name, covered, error in labels:
+            kept.pop(name, None)
+            kept[name] = (bool(covered), bool(error))
+        while len(kept) > self._per_partition:
+            kept.popitem(last=False)
+        if kept:
+            win.labels[partition] = kept
+            for entry in kept.values():
+                win.labelled[entry[0]] += 1
+                win.errors[entry[0]] += int(entry[1])
+        return len(kept)
+
+    def drop_partitions(self, partitions: Iterable[int]) -> tuple[int, int]:
+        """Forget the requests and labels of ``partitions`` (moved to another replica)
+        under every key. Returns how many requests and labels were dropped."""
         gone = set(partitions)
-        dropped = 0
+        dropped = labels_dropped = 0
         for win in self._windows.values():
             for partition in gone & win.requests.keys():
                 requests = win.requests.pop(partition)
                 win.covered -= sum(requests)
                 win.size -= len(requests)
                 dropped += len(requests)
-        return dropped
+            for partition in gone & win.labels.keys():
+                for old in win.labels.pop(partition).values():
+                    self._forget(win, old)
+                    labels_dropped += 1
+        return dropped, labels_dropped
 
     def partitions(self) -> set[int]:
-        """The partitions some key's window holds requests of."""
-        return {p for win in self._windows.values() for p in win.requests}
+        """The partitions some key's window holds requests or labels of."""
+        return {p for win in self._windows.values() for p in (*win.requests, *win.labels)}
 
     def observe_label(
         self,
@@ -350,8 +380,10 @@ class CoverageTracker:
         abstained: bool = False,
         *,
         label_id: str | None = None,
+        partition: int = 0,
     ) -> bool:
-        """Count one labelled answer; it is an error when wrong and not abstained.
+        """Count one labelled answer read on ``partition``; it is an error when wrong and
+        not abstained.
 
         ``label_id`` (the request id): one label per request — a second label for
         the same id replaces the first (the last wins) and returns True.
@@ -362,14 +394,17 @@ class CoverageTracker:
         if label_id is None:
             win.unnamed += 1
             name = win.unnamed
-        replaced = win.labels.pop(name, None)
+        labels = win.labels.get(partition)
+        if labels is None:
+            labels = win.labels[partition] = OrderedDict()
+        replaced = labels.pop(name, None)
         if replaced is not None:
             self._forget(win, replaced)
-        win.labels[name] = entry
+        labels[name] = entry
         win.labelled[entry[0]] += 1
         win.errors[entry[0]] += int(entry[1])
-        if len(win.labels) > self.window:
-            _, oldest = win.labels.popitem(last=False)
+        if len(labels) > self._per_partition:
+            _, oldest = labels.popitem(last=False)
             self._forget(win, oldest)
         return replaced is not None
 

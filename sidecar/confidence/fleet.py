@@ -243,19 +243,28 @@ class CoverageMonitor:
                 remembered += certified or cert.m1 is not None
         return remembered
 
-    def hold_partitions(self, partitions: frozenset[int], count: int) -> HeldPartitions:
+    def hold_partitions(
+        self,
+        partitions: frozenset[int],
+        count: int,
+        labels: Iterable[tuple[str, bool, int]] = (),
+    ) -> HeldPartitions:
         """This replica reads ``partitions`` of the input topics' ``count`` now (a
         rebalance's assignment): the windows of partitions it no longer reads are dropped
         (their new owner counts them), and each partition it did not read before is
-        refilled from the requests decided there before (:meth:`remember_decided`: the
-        warm start's and the recalls' read of the verdicts), oldest first, so a restarted
-        replica, or one given a partition, reports the fleet's window, not an empty one."""
+        refilled, so a restarted replica, or one given a partition, reports the fleet's
+        window, not an empty one: its requests from those decided there before
+        (:meth:`remember_decided`: the warm start's and the recalls' read of the verdicts),
+        its labels from ``labels`` (``(request key, error, partition)``, oldest first: the
+        feedback topic's tail read back; an error is a wrong answer not abstained), each
+        with the coverage of the request it labels (one not known here is left out,
+        counted in ``labels_unmatched``)."""
         with self._lock:
             tracker = self.tracker
             tracker.set_partitions(count)
             new = partitions - self._held
             gone = (self._held | tracker.partitions()) - partitions
-            dropped = tracker.drop_partitions(gone)
+            dropped, labels_dropped = tracker.drop_partitions(gone)
             self._held = partitions
             refilled = 0
             cap = tracker.per_partition
@@ -266,8 +275,27 @@ class CoverageMonitor:
                     refilled += tracker.refill(key, partition, (c for _, c in kept))
                     for name, covered in kept:  # counted: decided again, it is not counted twice
                         self._recent.add(name, key, covered)
+            read: dict[tuple[str, int], list[tuple[str, bool, bool]]] = {}
+            unmatched = 0
+            for name, error, partition in labels:
+                if partition not in new:
+                    continue
+                seen = self._recent.get(name) or self._earlier.get(name)
+                if seen is None:
+                    unmatched += 1
+                    continue
+                read.setdefault((seen[0], partition), []).append((name, seen[1], error))
+            labelled = 0
+            for (known, partition), entries in read.items():
+                labelled += tracker.refill_labels(self._feed(known), partition, entries)
             return HeldPartitions(
-                new=tuple(sorted(new)), gone=tuple(sorted(gone)), refilled=refilled, dropped=dropped
+                new=tuple(sorted(new)),
+                gone=tuple(sorted(gone)),
+                refilled=refilled,
+                dropped=dropped,
+                labels=labelled,
+                labels_dropped=labels_dropped,
+                labels_unmatched=unmatched,
             )
 
     def _feed(self, key: str) -> str:
@@ -301,17 +329,20 @@ class CoverageMonitor:
         return key
 
     def observe_feedback(
-        self, feedback: FeedbackEvent, request_key: str | None = None
+        self, feedback: FeedbackEvent, request_key: str | None = None, partition: int = 0
     ) -> FeedbackOutcome:
-        """Label a recent request (one label per request, the last wins).
+        """Label a recent request (one label per request, the last wins); ``partition``:
+        the input partition the label was read on (its window moves with the partition).
 
         A certified allow's label also re-tests its certificate (an error is a
         wrong answer, as in the calibration labels).
         """
         with self._lock:
-            return self._observe_feedback(feedback, request_key or feedback.request_id)
+            return self._observe_feedback(feedback, request_key or feedback.request_id, partition)
 
-    def _observe_feedback(self, feedback: FeedbackEvent, name: str) -> FeedbackOutcome:
+    def _observe_feedback(
+        self, feedback: FeedbackEvent, name: str, partition: int
+    ) -> FeedbackOutcome:
         certified = self._certified.get(name) or self._earlier_certified.get(name)
         certificate = None if certified is None else certified[0]
         cert_replaced = False
@@ -333,6 +364,7 @@ class CoverageMonitor:
             correct=feedback.correct,
             abstained=feedback.abstained,
             label_id=name,
+            partition=partition,
         )
         return FeedbackOutcome.REPLACED if replaced else FeedbackOutcome.MATCHED
 
@@ -491,46 +523,58 @@ class _RecentPerKey(Generic[V]):
 class _ReadBack:
     """Requests decided elsewhere or before this start (read back from the verdicts), by
     name: each with its key, coverage and request id's murmur2 (``home``, its partition of
-    any count). Kept per key and input partition when the count is known (the last
-    ``ceil(window / partitions)`` of each: what the partition's window holds, so a refill
-    has them all; of the whole fleet's last ``window``, a partition has about its share,
-    not always all of it), else per key (the last ``window``)."""
+    any count). At most about ``window`` a key (``ceil(window / P) x P`` once the input
+    partition count ``P`` is known), kept per input partition: past it, the partition
+    holding the most loses its oldest, so the fleet's tail read at a start leaves each
+    partition the ``ceil(window / P)`` its window holds, and a partition read back alone
+    (given to this replica) keeps up to the whole ``window`` for its labels."""
 
     def __init__(self, window: int) -> None:
         self._window = window
-        # (key, partition or None) -> name -> (covered, home), oldest first
-        self._buckets: dict[tuple[str, int | None], OrderedDict[str, tuple[bool, int]]] = {}
-        self._where: dict[str, tuple[str, int | None]] = {}  # name -> its bucket
+        # key -> partition (None: the count not known) -> name -> (covered, home)
+        self._by_key: dict[str, dict[int | None, OrderedDict[str, tuple[bool, int]]]] = {}
+        self._where: dict[str, tuple[str, int | None]] = {}  # name -> (key, partition)
+        self._sizes: dict[str, int] = {}  # key -> its requests kept
 
     def add(self, name: str, key: str, covered: bool, home: int, partitions: int | None) -> None:
-        bucket = (key, None if not partitions else home % partitions)
+        partition = None if not partitions else home % partitions
         old = self._where.get(name)
-        if old is not None and old != bucket:
-            self._buckets[old].pop(name, None)
-        names = self._buckets.get(bucket)
+        if old is not None and old != (key, partition):
+            if self._by_key[old[0]][old[1]].pop(name, None) is not None:
+                self._sizes[old[0]] -= 1
+            old = None
+        buckets = self._by_key.get(key)
+        if buckets is None:
+            buckets = self._by_key[key] = {}
+        names = buckets.get(partition)
         if names is None:
-            names = self._buckets[bucket] = OrderedDict()
+            names = buckets[partition] = OrderedDict()
+        if old is None:
+            self._sizes[key] = self._sizes.get(key, 0) + 1
         names[name] = (covered, home)
         names.move_to_end(name)
-        self._where[name] = bucket
-        cap = self._window if not partitions else -(-self._window // partitions)
-        while len(names) > cap:
-            gone, _ = names.popitem(last=False)
-            if self._where.get(gone) == bucket:
+        self._where[name] = (key, partition)
+        cap = self._window if not partitions else -(-self._window // partitions) * partitions
+        while self._sizes[key] > cap:
+            fullest_at, fullest = max(buckets.items(), key=lambda b: len(b[1]))
+            gone, _ = fullest.popitem(last=False)
+            self._sizes[key] -= 1
+            if self._where.get(gone) == (key, fullest_at):
                 del self._where[gone]
 
     def get(self, name: str) -> tuple[str, bool] | None:
         """The request's key and coverage."""
-        bucket = self._where.get(name)
-        if bucket is None:
+        where = self._where.get(name)
+        if where is None:
             return None
-        return bucket[0], self._buckets[bucket][name][0]
+        return where[0], self._by_key[where[0]][where[1]][name][0]
 
     def forget_key(self, key: str) -> None:
         """Drop every request of ``key``."""
-        for bucket in [b for b in self._buckets if b[0] == key]:
-            for name in self._buckets.pop(bucket):
-                if self._where.get(name) == bucket:
+        self._sizes.pop(key, None)
+        for partition, names in self._by_key.pop(key, {}).items():
+            for name in names:
+                if self._where.get(name) == (key, partition):
                     del self._where[name]
 
     def of_partitions(
@@ -539,10 +583,11 @@ class _ReadBack:
         """Key -> partition -> its requests (name, covered), oldest first, of those of
         ``partitions`` (of ``count``)."""
         out: dict[str, dict[int, list[tuple[str, bool]]]] = {}
-        for (key, _), names in self._buckets.items():
-            for name, (covered, home) in names.items():
-                partition = home % count
-                if partition in partitions:
-                    found = out.setdefault(key, {})
-                    found.setdefault(partition, []).append((name, covered))
+        for key, buckets in self._by_key.items():
+            for names in buckets.values():
+                for name, (covered, home) in names.items():
+                    partition = home % count
+                    if partition in partitions:
+                        found = out.setdefault(key, {})
+                        found.setdefault(partition, []).append((name, covered))
         return out

@@ -58,7 +58,7 @@ from sidecar.kafka.resets import installed as offset_resets
 from sidecar.kafka.resets import watch_offset_resets
 from sidecar.kafka.security import faststream_security
 from sidecar.kafka.topics import input_topics
-from sidecar.kafka.warmstart import ReadMarks, recall, warm_start
+from sidecar.kafka.warmstart import ReadMarks, read_labels, recall, warm_start
 from sidecar.kafka.withdrawals import CertificateBoard
 from sidecar.lograte import PER_INPUT, report_repeats
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
@@ -66,6 +66,7 @@ from sidecar.pipeline.flow import InputAligner
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.offsets import OffsetTracker
 from sidecar.pipeline.outputs import INPUT_DESTINATIONS, Destination
+from sidecar.pipeline.ports import HeldPartitions
 from sidecar.pipeline.processor import Processor
 from sidecar.pipeline.tally import Outcome
 from sidecar.telemetry import Telemetry
@@ -558,16 +559,13 @@ class SidecarService:
         count = counts.get(retrieval)
         if not count or self.processor.signals.coverage is None:
             return
+        labels = None
         if new and self._warm_start:
             await recall(self.settings, self.processor, new, count, self._verdicts_read)
-        held = self.processor.hold_partitions(numbers, count)
-        if held is not None and (held.refilled or held.dropped):
-            said = []
-            if held.refilled:
-                said.append(f"{held.refilled} request(s) decided on {list(held.new)} counted")
-            if held.dropped:
-                said.append(f"{held.dropped} of {list(held.gone)} dropped (read elsewhere now)")
-            log.info("coverage windows follow the partitions: %s", "; ".join(said))
+            labels = await read_labels(self.settings, self.processor, new, count)
+        held = self.processor.hold_partitions(numbers, count, labels or ())
+        if held is not None and (said := _windows_moved(held)):
+            log.info("coverage windows follow the partitions: %s", said)
 
     def _note_assignment(self) -> None:
         """Tell intake which partitions this replica reads: a record off its request's
@@ -979,3 +977,20 @@ class SidecarService:
             except Exception:  # a bug: said (one traceback per 10 s), and the next tick retries
                 log.exception("tick failed (will retry)", extra=PER_INPUT)
             report_repeats(logging.getLogger().handlers)  # a flood of client lines that ended
+
+
+def _windows_moved(held: HeldPartitions) -> str:
+    """What an assignment did to the coverage windows, for the log ("" for nothing)."""
+    said = []
+    if held.refilled or held.labels:
+        left = held.labels_unmatched
+        said.append(
+            f"{held.refilled} request(s) and {held.labels} label(s) of {list(held.new)} counted"
+            + (f" ({left} label(s) of requests not known here left out)" if left else "")
+        )
+    if held.dropped or held.labels_dropped:
+        said.append(
+            f"{held.dropped} request(s) and {held.labels_dropped} label(s) of "
+            f"{list(held.gone)} dropped (read elsewhere now)"
+        )
+    return "; ".join(said)

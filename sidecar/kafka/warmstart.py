@@ -57,7 +57,9 @@ from sidecar.config import Settings
 from sidecar.contracts.events import Decision, RetrievalSignal
 from sidecar.exceptions import BrokerError, ConfigError
 from sidecar.kafka.permissions import read_refused
+from sidecar.kafka.records import input_headers
 from sidecar.kafka.scan import TopicScan
+from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.ports import DecidedRequest, WarmStart
 from sidecar.pipeline.processor import Processor
 
@@ -69,6 +71,7 @@ __all__ = [
     "ReadMarks",
     "decided",
     "read_decided",
+    "read_labels",
     "recall",
     "warm_start",
 ]
@@ -313,3 +316,78 @@ async def recall(
         "" if back.complete else f", cut at {RECALL_TIMEOUT_S:g} s",
     )  # fmt: skip
     return kept
+
+
+async def read_labels(
+    settings: Settings,
+    processor: Processor,
+    partitions: frozenset[int],
+    input_partitions: int,
+) -> list[tuple[str, bool, int]] | None:
+    """The labels of the feedback topic's tail on ``partitions`` (of ``input_partitions``),
+    for the coverage windows of partitions just assigned here (``Processor.hold_partitions``):
+    ``(request key, error, partition)``, the last of each request, oldest first; each read
+    as intake takes it when consumed (one it refuses is skipped). The last
+    ``GUARDRAIL_SIGNALS__WARM_START`` records over those partitions, at most
+    :data:`RECALL_TIMEOUT_S`; ``None`` when not read (said once). Labels past the
+    partition's committed offset are consumed again afterwards: the same request's label,
+    it replaces itself (counted in ``guardrail.feedback.replaced``), not counted twice."""
+    records = settings.signals.warm_start
+    if records <= 0 or not partitions:
+        return None
+    topic = settings.topics.feedback
+    started = time.monotonic()
+    latest: dict[str, tuple[str, bool, int]] = {}
+    read = skipped = 0
+    complete = False
+    try:
+        async with asyncio.timeout(RECALL_TIMEOUT_S):
+            async with TopicScan(
+                settings,
+                [(topic, "GUARDRAIL_TOPICS__FEEDBACK")],
+                homes=(partitions, input_partitions),
+                tail=records,
+                client_id="guardrail-label-read",
+            ) as scan:
+                count = scan.counts.get(topic, 0)
+                async for record in scan.records():
+                    read += 1
+                    ref = InputRef(
+                        topic=record.topic,
+                        partition=record.partition,
+                        offset=record.offset,
+                        headers=input_headers(record.headers),
+                        timestamp_ms=record.timestamp,
+                        partitions=count,
+                    )
+                    found = processor.read_back_label(record.value, record.key, ref)
+                    if found is None:
+                        skipped += 1
+                        continue
+                    name, error = found
+                    latest.pop(name, None)  # the last label of a request wins
+                    latest[name] = (name, error, record.partition)
+            complete = True
+    except TimeoutError:
+        if not read:
+            log.warning(
+                "labels on the partitions %s, now read here, were not read back from %s "
+                "within %g s: their coverage window starts empty",
+                sorted(partitions), topic, RECALL_TIMEOUT_S,
+            )  # fmt: skip
+            return None
+    except (BrokerError, ConfigError, KafkaError, OSError) as exc:
+        log.warning(
+            "labels on the partitions %s, now read here, were not read back from %s (%s)%s: "
+            "their coverage window starts empty",
+            sorted(partitions), topic, str(exc) or type(exc).__name__,
+            read_refused(settings, exc),
+        )  # fmt: skip
+        return None
+    log.info(
+        "partitions %s now read here: %d label(s) of %s read back in %.2f s%s%s",
+        sorted(partitions), len(latest), topic, time.monotonic() - started,
+        f" ({skipped} refused, as when consumed)" if skipped else "",
+        "" if complete else f", cut at {RECALL_TIMEOUT_S:g} s",
+    )  # fmt: skip
+    return list(latest.values())

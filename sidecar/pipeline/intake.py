@@ -642,6 +642,29 @@ class Intake:
             return True
         return ref.partitions > 1 and partition_for(request_id, ref.partitions) != ref.partition
 
+    def read_back_label(
+        self, raw: bytes | None, key: bytes | None, ref: InputRef
+    ) -> tuple[str, FeedbackEvent] | None:
+        """A feedback record read back from its topic (a partition's labels, on assignment)
+        as :meth:`admit` would take it: its request's store key and the label; ``None`` for
+        one admit would dead-letter (it was, when first read). Counts nothing."""
+        try:
+            if ref.headers:
+                _check_read(ref)
+            event = decode_input(
+                InputKind.FEEDBACK,
+                raw,
+                max_bytes=self._max_message_bytes,
+                max_depth=self._max_json_depth,
+            )
+            if not isinstance(event, FeedbackEvent):
+                return None
+            check_key(key, event.request_id, "the feedback topic")
+            tenant = None if self._tenant_from_events else self._trusted_tenant(ref)
+        except InputError:
+            return None
+        return self.store_key(event.request_id, tenant), event
+
     def _labelled(
         self, event: FeedbackEvent, tenant: str | None, ref: InputRef, reread: bool
     ) -> Labelled | Rerouted:

@@ -105,6 +105,9 @@ class HeldPartitions:
     gone: tuple[int, ...]  # partitions whose windows were dropped (read elsewhere now)
     refilled: int  # requests decided on the new ones before, counted here now
     dropped: int  # requests of the gone ones, no longer counted here
+    labels: int = 0  # labels read back for the new ones, counted here now
+    labels_dropped: int = 0  # labels of the gone ones, no longer counted here
+    labels_unmatched: int = 0  # labels read back whose request is not known here: left out
 
 
 class RetrievalCertifier(Protocol):
@@ -243,9 +246,12 @@ class CoverageObserver(Protocol):
         the input partition it was read on (its window moves with the partition)."""
         ...
 
-    def observe_feedback(self, feedback: FeedbackEvent, request_key: str | None = None) -> int:
-        """Fold a label in: 0 when its request is unknown here (too old, another instance),
-        1 for the request's first label, 2 when it replaced an earlier one."""
+    def observe_feedback(
+        self, feedback: FeedbackEvent, request_key: str | None = None, partition: int = 0
+    ) -> int:
+        """Fold a label read on ``partition`` in: 0 when its request is unknown here (too
+        old, another instance), 1 for the request's first label, 2 when it replaced an
+        earlier one."""
         ...
 
     def remember_decided(
@@ -256,9 +262,15 @@ class CoverageObserver(Protocol):
         requests once their partition is read here (``hold_partitions``). Returns how many."""
         ...
 
-    def hold_partitions(self, partitions: frozenset[int], count: int) -> HeldPartitions:
+    def hold_partitions(
+        self,
+        partitions: frozenset[int],
+        count: int,
+        labels: Iterable[tuple[str, bool, int]] = (),
+    ) -> HeldPartitions:
         """This replica reads ``partitions`` of ``count`` input partitions from now: drop the
-        windows of the others, refill those new here from the remembered requests."""
+        windows of the others, refill those new here from the remembered requests and
+        ``labels`` (``(request key, error, partition)``, oldest first: read back)."""
         ...
 
     def due_reports(self, now_ms: float) -> list[CoverageReport]:

@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -281,21 +281,26 @@ class Processor:
         if open_entry is not None:
             self.counters.feedback_early += 1
             open_entry.early_label = event
-        elif not self._label(event, request_key, final=False):
+        elif not self._label(event, request_key, ref.partition, final=False):
             self.counters.feedback_early += 1
             self.counters.feedback_unmatched += self.waiting_labels.hold(
                 request_key, event, now_ms, owner=tenant or ""
             )
         return Step(done=[ref])
 
-    def _label(self, event: FeedbackEvent, request_key: str, *, final: bool = True) -> bool:
-        """Fold a label into the coverage bound; whether a decided request took it.
+    def _label(
+        self, event: FeedbackEvent, request_key: str, partition: int, *, final: bool = True
+    ) -> bool:
+        """Fold a label read on ``partition`` into the coverage bound; whether a decided
+        request took it.
 
         ``final``: a label no request took is counted unmatched (else the
         caller keeps it waiting).
         """
         coverage = self.signals.coverage
-        outcome = coverage.observe_feedback(event, request_key) if coverage is not None else 0
+        outcome = (
+            coverage.observe_feedback(event, request_key, partition) if coverage is not None else 0
+        )
         if outcome == 0:
             if final or coverage is None:
                 self.counters.feedback_unmatched += 1
@@ -463,18 +468,19 @@ class Processor:
         coverage = batch.coverage
         if coverage is not None:
             store_key = entry.store_key
+            partition = next(iter(entry.partitions), 0)  # the input partition it was read on
             coverage.observe_decision(
                 store_key,
                 decision,
                 signals.retrieval,
                 outcome.certificate,
                 tenant=tenant,
-                partition=next(iter(entry.partitions), 0),
+                partition=partition,
             )
             waited = self.waiting_labels.take(store_key)
             label = entry.early_label or waited
-            if label is not None:
-                self._label(label, store_key)
+            if label is not None:  # on its request's partition (the labels' are keyed alike)
+                self._label(label, store_key, partition)
         self.counters.verdicts += 1
         attributes = outputs.answer_attributes(
             request_id=entry.request_id,
@@ -552,13 +558,34 @@ class Processor:
             partitions,
         )
 
-    def hold_partitions(self, partitions: frozenset[int], count: int) -> HeldPartitions | None:
+    def hold_partitions(
+        self,
+        partitions: frozenset[int],
+        count: int,
+        labels: Iterable[tuple[str, bool, int]] = (),
+    ) -> HeldPartitions | None:
         """The input partitions this replica reads now, of ``count``: the coverage windows
         of those it no longer reads are dropped and those it did not read refilled
-        (:meth:`CoverageMonitor.hold_partitions`); ``None`` without a coverage monitor.
-        Thread-safe (the monitor's lock): called from the rebalance, after the recall."""
+        (:meth:`CoverageMonitor.hold_partitions`), their labels from ``labels`` (the
+        feedback topic's read back by :meth:`read_back_label`, oldest first); ``None``
+        without a coverage monitor. Thread-safe (the monitor's lock): called from the
+        rebalance, after the recall."""
         coverage = self.scoring.signals.coverage
-        return None if coverage is None else coverage.hold_partitions(partitions, count)
+        if coverage is None:
+            return None
+        return coverage.hold_partitions(partitions, count, labels)
+
+    def read_back_label(
+        self, raw: bytes | None, key: bytes | None, ref: InputRef
+    ) -> tuple[str, bool] | None:
+        """A feedback record read back from its topic, as it was taken when consumed: its
+        request's key and whether it labels an error (wrong, not abstained); ``None`` for
+        one intake refuses (dead-lettered when consumed). Counts nothing."""
+        found = self.intake.read_back_label(raw, key, ref)
+        if found is None:
+            return None
+        name, label = found
+        return name, not label.correct and not label.abstained
 
     def on_tick(self, now_ms: float, wall_ms: float | None = None) -> Step:
         """Expire half-requests older than the TTL into ``incomplete`` verdicts; due reports.

@@ -1,13 +1,14 @@
 """The coverage windows move with the input partitions (restarts and rebalances).
 
 The fleet's bound is computed from the replicas' window counts summed (README,
-*Feedback*). A replica used to count only what it decided itself since it started: a
-restarted one reported an empty window, and the requests its partitions' last owner
-decided were lost to the fleet's sums until traffic refilled them. Each partition now
-keeps its own window (``ceil(window / partitions)`` requests of a key): a replica that
-stops reading a partition drops its window, and the one that reads it next refills it
-from the requests read back from the verdicts topic (``remember_decided``), so the
-fleet's sums are those of one replica that held every partition, whatever moved.
+*Feedback*). A replica used to count only what it decided, and the labels it read, since
+it started: a restarted one reported empty windows, and what its partitions' last owner
+had counted was lost to the fleet's sums until traffic refilled them. Each partition now
+keeps its own windows (``ceil(window / partitions)`` requests and labels of a key): a
+replica that stops reading a partition drops them, and the one that reads it next
+refills them from the requests read back from the verdicts topic (``remember_decided``)
+and the labels read back from the feedback topic (``hold_partitions``' ``labels``), so
+the fleet's sums are those of one replica that held every partition, whatever moved.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def test_each_partition_keeps_its_share_of_the_window() -> None:
     tracker.observe_request(KEY, True, partition=1)
     counts = tracker.counts(KEY)
     assert (counts.requests, counts.covered) == (5, 2)  # partition 0's last 4: 5, 6, 7, 8
-    assert tracker.drop_partitions([0, 2]) == 4
+    assert tracker.drop_partitions([0, 2]) == (4, 0)
     counts = tracker.counts(KEY)
     assert (counts.requests, counts.covered) == (1, 1)
     assert tracker.refill(KEY, 1, [False, True, False, False, True, True]) == 4
@@ -53,13 +54,36 @@ def test_each_partition_keeps_its_share_of_the_window() -> None:
         tracker.set_partitions(0)
 
 
-def test_labels_are_not_dropped_with_a_partitions_requests() -> None:
+def test_labels_are_windowed_per_partition_too() -> None:
     tracker = CoverageTracker(window=10)
-    tracker.observe_request(KEY, True, partition=2)
-    tracker.observe_label(KEY, covered=True, correct=False, label_id="r")
-    tracker.drop_partitions([2])
+    tracker.set_partitions(3)
+    for i in range(6):  # the last 4 of partition 2 stay: r2..r5, errors at r3 and r5
+        tracker.observe_label(KEY, covered=True, correct=i % 2 == 0, label_id=f"r{i}", partition=2)
+    tracker.observe_label(KEY, covered=False, correct=False, label_id="u", partition=1)
     counts = tracker.counts(KEY)
-    assert (counts.requests, counts.labelled_covered, counts.errors_covered) == (0, 1, 1)
+    assert (counts.labelled_covered, counts.errors_covered) == (4, 2)
+    assert (counts.labelled_uncovered, counts.errors_uncovered) == (1, 1)
+    assert tracker.drop_partitions([2]) == (0, 4)
+    counts = tracker.counts(KEY)
+    assert (counts.labelled_covered, counts.labelled_uncovered) == (0, 1)
+    # a refill replaces what the partition held; the last label of an id wins, and the
+    # partition keeps its last 4
+    kept = tracker.refill_labels(
+        KEY,
+        1,
+        [
+            ("a", True, True),
+            ("b", True, False),
+            ("a", True, False),
+            ("c", False, True),
+            ("d", True, False),
+            ("e", True, True),
+        ],
+    )
+    assert kept == 4  # b, a (its second), c, d, e: the oldest (b) leaves
+    counts = tracker.counts(KEY)
+    assert (counts.labelled_covered, counts.errors_covered) == (3, 1)  # a, d, e
+    assert (counts.labelled_uncovered, counts.errors_uncovered) == (1, 1)  # c; u replaced
 
 
 def signal(covered: bool) -> RetrievalSignal:
@@ -76,6 +100,7 @@ class Fleet:
     warm: dict[str, bool] = field(default_factory=dict)
     topic: list[DecidedRequest] = field(default_factory=list)
     covered_by_partition: dict[int, list[bool]] = field(default_factory=dict)
+    feedback: list[tuple[str, bool, int]] = field(default_factory=list)  # (id, error, p)
 
     def start(self, name: str, *, warm: bool = True) -> None:
         """A replica (re)starts: a fresh monitor, the verdicts' tail read back."""
@@ -102,7 +127,8 @@ class Fleet:
                     ),
                     P,
                 )
-            self.replicas[name].hold_partitions(frozenset(partitions), P)
+            labels = [f for f in self.feedback if f[2] in new] if self.warm[name] else []
+            self.replicas[name].hold_partitions(frozenset(partitions), P, labels)
             self.holds[name] = frozenset(partitions)
 
     def decide(self, prefix: str, n: int) -> None:
@@ -119,6 +145,17 @@ class Fleet:
             )
             self.covered_by_partition.setdefault(partition, []).append(covered)
 
+    def label(self, prefix: str, n: int) -> None:
+        """Labels for the first ``n`` requests of ``prefix``, each read by its partition's
+        owner; every third says wrong."""
+        for i in range(n):
+            rid = f"{prefix}-{i}"
+            partition = partition_for(rid, P)
+            (owner,) = [r for r, held in self.holds.items() if partition in held]
+            label = feedback(rid, correct=i % 3 != 0)
+            assert self.replicas[owner].observe_feedback(label, rid, partition)
+            self.feedback.append((rid, i % 3 == 0, partition))
+
     def sums(self) -> tuple[int, int]:
         counts = [m.tracker.counts(KEY) for m in self.replicas.values()]
         return sum(c.requests for c in counts), sum(c.covered for c in counts)
@@ -126,6 +163,24 @@ class Fleet:
     def expected(self) -> tuple[int, int]:
         """One replica holding every partition: each partition's last ``WINDOW / P``."""
         last = [c[-(WINDOW // P) :] for c in self.covered_by_partition.values()]
+        return sum(map(len, last)), sum(map(sum, last))
+
+    def label_sums(self) -> tuple[int, int]:
+        counts = [m.tracker.counts(KEY) for m in self.replicas.values()]
+        return (
+            sum(c.labelled_covered + c.labelled_uncovered for c in counts),
+            sum(c.errors_covered + c.errors_uncovered for c in counts),
+        )
+
+    def expected_labels(self) -> tuple[int, int]:
+        """One replica holding every partition: each partition's last ``WINDOW / P``
+        requests labelled (the last label of each)."""
+        by_partition: dict[int, dict[str, bool]] = {}
+        for rid, error, partition in self.feedback:
+            labels = by_partition.setdefault(partition, {})
+            labels.pop(rid, None)
+            labels[rid] = error
+        last = [list(labels.values())[-(WINDOW // P) :] for labels in by_partition.values()]
         return sum(map(len, last)), sum(map(sum, last))
 
 
@@ -155,6 +210,37 @@ def test_the_fleets_sums_survive_a_restart_a_rebalance_and_a_kill() -> None:
     fleet.assign({"a": {0, 1, 2}})
     assert fleet.sums() == fleet.expected()
     assert fleet.expected()[0] == WINDOW  # every partition full: the fleet's window
+
+
+def test_the_fleets_labels_survive_a_restart_a_rebalance_and_a_kill() -> None:
+    fleet = Fleet()
+    fleet.start("a")
+    fleet.start("b")
+    fleet.assign({"a": {0, 1}, "b": {2}})
+    fleet.decide("q", 30)  # labels find requests among a replica's last WINDOW decided
+    fleet.label("q", 30)  # 16, 8 and 6 a partition: the first keeps its last 10
+    assert fleet.label_sums() == fleet.expected_labels()
+    assert fleet.expected_labels()[0] == 10 + 8 + 6
+    before = fleet.replicas["a"].tracker.counts(KEY)
+
+    fleet.stop("a")
+    fleet.start("a")
+    fleet.assign({"a": {0, 1}, "b": {2}})
+    assert fleet.replicas["a"].tracker.counts(KEY) == before  # requests and labels
+    fleet.assign({"a": {0}, "b": {1, 2}})
+    assert fleet.label_sums() == fleet.expected_labels()
+    fleet.label("q", 6)  # later labels for the same requests: they replace the first
+    assert fleet.label_sums() == fleet.expected_labels()
+    fleet.stop("b")
+    fleet.assign({"a": {0, 1, 2}})
+    assert fleet.label_sums() == fleet.expected_labels()
+
+
+def test_a_label_read_back_for_a_request_not_known_here_is_left_out() -> None:
+    m = monitor(window=WINDOW)
+    held = m.hold_partitions(frozenset({0, 1, 2}), P, [("never-decided", True, 0)])
+    assert (held.labels, held.labels_unmatched) == (0, 1)
+    assert m.tracker.counts(KEY).labelled_covered == 0
 
 
 def test_without_the_read_back_a_restarted_replica_starts_empty() -> None:
@@ -205,3 +291,19 @@ def test_a_label_for_a_refilled_request_counts_with_its_coverage() -> None:
     counts = fleet.replicas["a"].tracker.counts(KEY)
     covered = bool(first.retrieval.m1)
     assert (counts.labelled_covered, counts.labelled_uncovered) == (int(covered), int(not covered))
+
+
+def test_a_partition_read_back_alone_keeps_the_whole_window_for_its_labels() -> None:
+    # a partition given to this replica is read back alone: its requests may keep the
+    # whole window (labels come late), not only the share its request window counts
+    ids = [rid for rid in (f"q-{i}" for i in range(200)) if partition_for(rid, P) == 1][:40]
+    m = monitor(window=WINDOW)
+    m.remember_decided(
+        ((rid, DecidedRequest(rid, None, Decision.ALLOW, signal(True), None, None)) for rid in ids),
+        P,
+    )
+    held = m.hold_partitions(frozenset({1}), P, [(rid, False, 1) for rid in ids])
+    assert held.refilled == WINDOW // P  # the request window: its share
+    assert (held.labels, held.labels_unmatched) == (WINDOW // P, 10)  # the last 30 matched
+    m.hold_partitions(frozenset({1, 2}), P)
+    assert sum(bool(m.observe_feedback(feedback(rid, True), rid, 1)) for rid in ids) == WINDOW

@@ -294,6 +294,53 @@ async def test_partitions_a_killed_replica_leaves_bring_their_requests_labels_al
     print(f"\n{line.split(' INFO ', 1)[1]}")
 
 
+async def test_a_replica_killed_and_replaced_leaves_the_fleets_coverage_windows_whole(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    fleet: list[SidecarProcess],  # noqa: F811
+) -> None:
+    """The coverage windows' counts move with the partitions: a replica killed and
+    replaced took its windows (requests and labels) with it, and the fleet's sums (the
+    bound's inputs) fell to what the survivor held; the replacement now reads its
+    partitions' requests and labels back when it is given them."""
+    async with two_replicas(kafka_broker, unique_topics, tmp_path, fleet) as (
+        settings,
+        env,
+        seen,
+    ):
+        await send(settings, requests(settings, "q", 90, trusted=False))
+        await wait_until(lambda: len(seen.reading) == 90, 45, "90 verdicts")
+        await send(settings, labels(settings, [f"q-{i}" for i in range(90)]))
+        await wait_until(lambda: sum(labelled(r) for r in fleet) == 90, 30, "90 labels counted")
+        assert fleet_window(fleet) == (90.0, 0.0)
+        killed, survivor = fleet
+        assert await asyncio.to_thread(killed.signal, signal.SIGKILL) == -signal.SIGKILL
+        replacement = with_metrics(env, tmp_path / "replacement.log")
+        fleet.append(replacement)
+        await asyncio.to_thread(replacement.start)
+
+        def replaced() -> bool:  # the group settled without the killed replica
+            held = 0
+            for replica in (survivor, replacement):
+                lines = [ln for ln in replica.tail(100_000).splitlines() if "assigned to" in ln]
+                held += len(re.findall(r"retrieval', partition=", lines[-1] if lines else ""))
+            return held == PARTITIONS and window(replacement, "requests") > 0
+
+        await wait_until(replaced, 45, "the replacement to hold partitions")
+        both = [survivor, replacement]
+        await wait_until(
+            lambda: fleet_window(both) == (90.0, 0.0) and sum(map(labelled, both)) == 90,
+            30,
+            "the fleet's windows whole again: 90 requests, 90 labels",
+        )
+    log = replacement.tail(100_000)
+    moved = [ln.split(" INFO ", 1)[1] for ln in log.splitlines() if "windows follow" in ln]
+    assert moved and "label(s) of" in moved[-1], log
+    print(f"\nreplacement: {moved}; its window {window(replacement, 'requests'):g} requests, "
+          f"{labelled(replacement):g} labels")  # fmt: skip
+
+
 async def test_junk_on_the_verdicts_topic_is_skipped_and_an_unreadable_cluster_is_said(
     kafka_broker: LocalKafka,
     unique_topics: dict[str, str],
