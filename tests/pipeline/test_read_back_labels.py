@@ -1,0 +1,76 @@
+"""Labels read back from the feedback topic (a partition's coverage windows, on assignment)
+are read as intake reads them when it consumes them: what intake refuses, and dead-letters
+when consumed, is left out of the refill, one record at a time, and a label names only
+its own tenant's request (``Processor.read_back_label``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+import pytest
+
+from sidecar.config import Settings
+from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.processor import Processor
+from sidecar.policy import PlaceholderPolicy
+from tests.pipeline.test_processor_feedback import feedback_event
+
+REF = InputRef("rag.feedback", 1, 7, partitions=3)
+
+
+def processor(settings_factory: Callable[..., Settings], **overrides: object) -> Processor:
+    return Processor(settings_factory(**overrides), PlaceholderPolicy())
+
+
+def test_a_label_is_read_back_with_its_request_key_and_whether_it_is_an_error(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    p = processor(settings_factory)
+    value = orjson.dumps(feedback_event("req-1"))
+    assert p.read_back_label(value, b"req-1", REF) == ("req-1", True)
+    right = orjson.dumps(feedback_event("req-2", correct=True))
+    assert p.read_back_label(right, b"req-2", REF) == ("req-2", False)
+    abstained = orjson.dumps(feedback_event("req-3", abstained=True))
+    assert p.read_back_label(abstained, None, REF) == ("req-3", False)
+
+
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [
+        (b"{not json", b"req-1"),
+        (b"\xff\xfe\x00 not utf-8", b"req-1"),
+        (orjson.dumps(feedback_event("req-1", correct="yes")), b"req-1"),
+        (orjson.dumps(feedback_event("req-1", schema_version=99)), b"req-1"),
+        (orjson.dumps(feedback_event("req-1")), b"another-request"),
+        (orjson.dumps({**feedback_event("req-1"), "event_type": "retrieval"}), b"req-1"),
+        (orjson.dumps(feedback_event("r" * 5000)), None),
+        (orjson.dumps(feedback_event("req-1")) + b" " * 1_100_000, b"req-1"),  # > 1 MiB
+        (None, b"req-1"),
+    ],
+    ids=[
+        "malformed",
+        "not-utf8",
+        "schema",
+        "version",
+        "key",
+        "event-type",
+        "long-id",
+        "oversize",
+        "tombstone",
+    ],
+)
+def test_what_intake_refuses_is_left_out(
+    settings_factory: Callable[..., Settings], value: bytes | None, key: bytes | None
+) -> None:
+    assert processor(settings_factory).read_back_label(value, key, REF) is None
+
+
+def test_under_header_tenancy_a_label_names_its_own_tenants_request(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    p = processor(settings_factory, tenancy={"source": "header", "header": "x-tenant"})
+    value = orjson.dumps(feedback_event("req-1"))
+    acme = InputRef("rag.feedback", 1, 7, headers=(("x-tenant", b"acme"),), partitions=3)
+    assert p.read_back_label(value, b"req-1", acme) == ("acme/req-1", True)
+    assert p.read_back_label(value, b"req-1", REF) is None  # no tenant header: refused
