@@ -169,11 +169,13 @@ async def two_replicas(
     topics: dict[str, str],
     tmp_path: Path,
     replicas: list[SidecarProcess],
+    partitions: int = PARTITIONS,
 ) -> AsyncIterator[tuple[Settings, dict[str, str], Monitor]]:
-    """Two ``guardrail run`` replicas (each with its metrics) over 3 partitions, ready, put
-    in ``replicas`` (the test's ``fleet``: killed at its end); yields the settings, the
-    replicas' environment and the final verdicts' monitor readings as they come."""
-    settings = _settings(broker.bootstrap_servers, topics, PARTITIONS)
+    """Two ``guardrail run`` replicas (each with its metrics) over 3 partitions (or
+    ``partitions``), ready, put in ``replicas`` (the test's ``fleet``: killed at its end);
+    yields the settings, the replicas' environment and the final verdicts' monitor
+    readings as they come."""
+    settings = _settings(broker.bootstrap_servers, topics, partitions)
     await create_topics(settings)
     env = {**_env(settings), "GUARDRAIL_SIGNALS__LOOKBACK": "false"}
     replicas += [with_metrics(env, tmp_path / f"replica-{i}.log") for i in range(2)]
@@ -294,17 +296,20 @@ async def test_partitions_a_killed_replica_leaves_bring_their_requests_labels_al
     print(f"\n{line.split(' INFO ', 1)[1]}")
 
 
+@pytest.mark.parametrize("partitions", [3, 4])
 async def test_a_replica_killed_and_replaced_leaves_the_fleets_coverage_windows_whole(
     kafka_broker: LocalKafka,
     unique_topics: dict[str, str],
     tmp_path: Path,
     fleet: list[SidecarProcess],  # noqa: F811
+    partitions: int,
 ) -> None:
     """The coverage windows' counts move with the partitions: a replica killed and
     replaced took its windows (requests and labels) with it, and the fleet's sums (the
     bound's inputs) fell to what the survivor held; the replacement now reads its
-    partitions' requests and labels back when it is given them."""
-    async with two_replicas(kafka_broker, unique_topics, tmp_path, fleet) as (
+    partitions' requests and labels back when it is given them (over an odd and an even
+    partition count)."""
+    async with two_replicas(kafka_broker, unique_topics, tmp_path, fleet, partitions) as (
         settings,
         env,
         seen,
@@ -325,7 +330,7 @@ async def test_a_replica_killed_and_replaced_leaves_the_fleets_coverage_windows_
             for replica in (survivor, replacement):
                 lines = [ln for ln in replica.tail(100_000).splitlines() if "assigned to" in ln]
                 held += len(re.findall(r"retrieval', partition=", lines[-1] if lines else ""))
-            return held == PARTITIONS and window(replacement, "requests") > 0
+            return held == partitions and window(replacement, "requests") > 0
 
         await wait_until(replaced, 45, "the replacement to hold partitions")
         both = [survivor, replacement]
