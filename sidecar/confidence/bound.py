@@ -270,8 +270,9 @@ class CoverageTracker:
         self.confidence = confidence
         self._windows: dict[str, _Window] = {}
         self._probes: dict[str | None, tuple[int, int]] = {}
-        self._per_partition = window  # requests kept per partition (the whole window until
-        # the partition count is known: one partition, as in memory)
+        # requests and labels kept per partition: the whole window until the partition count
+        # is known (one partition, as in memory)
+        self._per_partition = window
 
     def _get(self, key: str) -> _Window:
         win = self._windows.get(key)
@@ -281,12 +282,12 @@ class CoverageTracker:
 
     @property
     def per_partition(self) -> int:
-        """Requests of a key kept per input partition."""
+        """Requests, and labels, of a key kept per input partition."""
         return self._per_partition
 
     def set_partitions(self, count: int) -> None:
         """The input topics' partition count: each partition keeps ``ceil(window / count)``
-        requests of a key from now (its oldest leave when that is fewer)."""
+        requests and labels of a key from now (its oldest leave when that is fewer)."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ConfigError(f"partition count must be a positive integer, got {count!r}")
         self._per_partition = -(-self.window // count)

@@ -59,12 +59,7 @@ from sidecar.exceptions import ConfigError
 from sidecar.pipeline.ports import DecidedRequest, HeldPartitions
 from sidecar.stats.intervals import ProportionInterval
 
-__all__ = [
-    "MAX_COVERAGE_KEYS",
-    "UNCERTIFIED_KEY",
-    "CoverageMonitor",
-    "FeedbackOutcome",
-]
+__all__ = ["MAX_COVERAGE_KEYS", "UNCERTIFIED_KEY", "CoverageMonitor", "FeedbackOutcome"]
 
 log = logging.getLogger(__name__)
 
@@ -217,9 +212,10 @@ class CoverageMonitor:
         request's partition moved to, found no request and was counted unmatched, and a
         certified allow's label never re-tested its certificate. They are counted as
         requests only when their partition comes to this replica (:meth:`hold_partitions`:
-        the replica that decided them dropped that partition's window), and at most
-        ``window`` are kept per key: with ``partitions``, the input topics' partition count,
-        the last ``ceil(window / partitions)`` of each partition, what its window holds.
+        the replica that decided them dropped that partition's window), and about
+        ``window`` are kept per key, by input partition when ``partitions`` (the input
+        topics' partition count) is known: the partition holding the most loses its
+        oldest first, so each keeps at least what its window holds (:class:`_ReadBack`).
         Returns how many were remembered.
         """
         remembered = 0

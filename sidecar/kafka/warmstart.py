@@ -364,9 +364,8 @@ async def read_labels(
                     if found is None:
                         skipped += 1
                         continue
-                    name, error = found
-                    latest.pop(name, None)  # the last label of a request wins
-                    latest[name] = (name, error, record.partition)
+                    latest.pop(found[0], None)  # the last label of a request wins
+                    latest[found[0]] = found
             complete = True
     except TimeoutError:
         if not read:

@@ -642,6 +642,14 @@ class Intake:
             return True
         return ref.partitions > 1 and partition_for(request_id, ref.partitions) != ref.partition
 
+    @staticmethod
+    def label_partition(request_id: str, ref: InputRef) -> int:
+        """The partition whose coverage windows a label read at ``ref`` counts in: its
+        request's (murmur2 of its id, as the client keys labels), so a label and its
+        rerouted copy, read back together, are one label; where it was read when the
+        partition count is not known."""
+        return partition_for(request_id, ref.partitions) if ref.partitions > 1 else ref.partition
+
     def read_back_label(
         self, raw: bytes | None, key: bytes | None, ref: InputRef
     ) -> tuple[str, FeedbackEvent] | None:

@@ -281,7 +281,9 @@ class Processor:
         if open_entry is not None:
             self.counters.feedback_early += 1
             open_entry.early_label = event
-        elif not self._label(event, request_key, ref.partition, final=False):
+        elif not self._label(
+            event, request_key, self.intake.label_partition(event.request_id, ref), final=False
+        ):
             self.counters.feedback_early += 1
             self.counters.feedback_unmatched += self.waiting_labels.hold(
                 request_key, event, now_ms, owner=tenant or ""
@@ -577,15 +579,17 @@ class Processor:
 
     def read_back_label(
         self, raw: bytes | None, key: bytes | None, ref: InputRef
-    ) -> tuple[str, bool] | None:
+    ) -> tuple[str, bool, int] | None:
         """A feedback record read back from its topic, as it was taken when consumed: its
-        request's key and whether it labels an error (wrong, not abstained); ``None`` for
-        one intake refuses (dead-lettered when consumed). Counts nothing."""
+        request's key, whether it labels an error (wrong, not abstained) and the partition
+        whose window it counts in; ``None`` for one intake refuses (dead-lettered when
+        consumed). Counts nothing."""
         found = self.intake.read_back_label(raw, key, ref)
         if found is None:
             return None
         name, label = found
-        return name, not label.correct and not label.abstained
+        error = not label.correct and not label.abstained
+        return name, error, self.intake.label_partition(label.request_id, ref)
 
     def on_tick(self, now_ms: float, wall_ms: float | None = None) -> Step:
         """Expire half-requests older than the TTL into ``incomplete`` verdicts; due reports.

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import orjson
 import pytest
 
+from guardrail_client.keys import partition_for
 from sidecar.config import Settings
 from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.processor import Processor
@@ -28,11 +29,16 @@ def test_a_label_is_read_back_with_its_request_key_and_whether_it_is_an_error(
 ) -> None:
     p = processor(settings_factory)
     value = orjson.dumps(feedback_event("req-1"))
-    assert p.read_back_label(value, b"req-1", REF) == ("req-1", True)
+    home = {rid: partition_for(rid, 3) for rid in ("req-1", "req-2", "req-3")}
+    assert p.read_back_label(value, b"req-1", REF) == ("req-1", True, home["req-1"])
     right = orjson.dumps(feedback_event("req-2", correct=True))
-    assert p.read_back_label(right, b"req-2", REF) == ("req-2", False)
+    assert p.read_back_label(right, b"req-2", REF) == ("req-2", False, home["req-2"])
     abstained = orjson.dumps(feedback_event("req-3", abstained=True))
-    assert p.read_back_label(abstained, None, REF) == ("req-3", False)
+    assert p.read_back_label(abstained, None, REF) == ("req-3", False, home["req-3"])
+    # the partition its request's id hashes to, wherever it was read (a rerouted copy
+    # and its original are one label); where it was read when the count is not known
+    unknown = InputRef("rag.feedback", 2, 7)
+    assert p.read_back_label(value, b"req-1", unknown) == ("req-1", True, 2)
 
 
 @pytest.mark.parametrize(
@@ -72,5 +78,9 @@ def test_under_header_tenancy_a_label_names_its_own_tenants_request(
     p = processor(settings_factory, tenancy={"source": "header", "header": "x-tenant"})
     value = orjson.dumps(feedback_event("req-1"))
     acme = InputRef("rag.feedback", 1, 7, headers=(("x-tenant", b"acme"),), partitions=3)
-    assert p.read_back_label(value, b"req-1", acme) == ("acme/req-1", True)
+    assert p.read_back_label(value, b"req-1", acme) == (
+        "acme/req-1",
+        True,
+        partition_for("req-1", 3),
+    )
     assert p.read_back_label(value, b"req-1", REF) is None  # no tenant header: refused
