@@ -311,3 +311,26 @@ def log_lines() -> Iterator[LogLines]:
     finally:
         root.handlers = saved
         root.setLevel(level)
+
+
+# loggers whose levels ``guardrail``'s ``main`` sets (sidecar/cli/main.py)
+_CLI_LOGGERS = ("aiokafka", "faststream", "kafka", "opentelemetry.baggage")
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """Each test leaves the root logger's handlers' filters, and the Kafka clients' logger
+    levels, as it found them. An in-process ``guardrail`` call (``sidecar.cli.main.main``)
+    puts its filters on every root handler, pytest's session-long capture handlers among
+    them, and left them there: a later test's aiokafka ERROR reached its handlers
+    rewritten to WARNING (the client's log tests read it so in CI)."""
+    root = logging.getLogger()
+    filters = {handler: handler.filters[:] for handler in root.handlers}
+    levels = {name: logging.getLogger(name).level for name in _CLI_LOGGERS}
+    try:
+        yield
+    finally:
+        for handler, kept in filters.items():
+            handler.filters[:] = kept
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
