@@ -33,7 +33,7 @@ from guardrail_client.keys import partition_for
 from sidecar.config import Settings
 from sidecar.contracts.events import Decision, RetrievalSignal, SignalStatus
 from sidecar.kafka.topics import create_topics
-from sidecar.kafka.warmstart import read_decided, warm_start
+from sidecar.kafka.warmstart import read_decided, read_labels, warm_start
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka, free_port
 from sidecar.lab.replay import Record, send
@@ -454,6 +454,58 @@ async def test_junk_on_the_verdicts_topic_is_skipped_and_an_unreadable_cluster_i
     ]
     assert "windows start empty" in warning and "labels of requests" in warning
     assert "GUARDRAIL_SIGNALS__WARM_START=0" in warning
+
+
+async def test_labels_read_back_skip_what_intake_refuses_and_an_unreadable_cluster_is_said(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, PARTITIONS)
+    await create_topics(settings)
+    good = labels(settings, ["a", "b"])
+    right = orjson.dumps({**orjson.loads(good[0].value), "correct": True})
+    junk: list[tuple[bytes | None, bytes | None]] = [
+        (b"{not json", b"a"),
+        (b"\xff\xfe\x00 not utf-8", b"a"),
+        (None, b"a"),  # a tombstone
+        (orjson.dumps({**orjson.loads(good[0].value), "correct": "yes"}), b"a"),
+        (good[1].value, b"another-request"),  # keyed for another request
+    ]
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap_servers)
+    await producer.start()
+    try:
+        for value, key in junk:
+            await producer.send_and_wait(settings.topics.feedback, value, key=key)
+        for record in good:
+            await producer.send_and_wait(settings.topics.feedback, record.value, key=record.key)
+        await producer.send_and_wait(settings.topics.feedback, right, key=b"a")  # the last wins
+    finally:
+        await producer.stop()
+    processor = Processor(settings, PlaceholderPolicy())
+    every = frozenset(range(PARTITIONS))
+    read = await read_labels(settings, processor, every, PARTITIONS)
+    assert sorted(read or []) == [("a", False, home("a")), ("b", True, home("b"))]
+    only = frozenset({home("a")})
+    assert await read_labels(settings, processor, only, PARTITIONS) == [("a", False, home("a"))]
+
+    gone = settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(
+                update={"bootstrap_servers": f"127.0.0.1:{free_port()}"}
+            )
+        }
+    )
+    caplog.set_level(logging.WARNING, logger="sidecar.kafka.warmstart")
+    started = time.monotonic()
+    assert await read_labels(gone, processor, every, PARTITIONS) is None
+    assert time.monotonic() - started < 15
+    [warning] = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "sidecar.kafka.warmstart" and r.levelno >= logging.WARNING
+    ]
+    assert "were not read back" in warning and "coverage window starts empty" in warning
 
 
 async def test_a_read_goes_on_from_where_the_reads_before_it_stopped(
