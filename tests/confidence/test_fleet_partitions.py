@@ -255,14 +255,20 @@ def test_without_the_read_back_a_restarted_replica_starts_empty() -> None:
     assert fleet.sums() == (0, 0) != fleet.expected()
 
 
-def test_a_refilled_request_decided_again_is_not_counted_twice() -> None:
+def restarted_after(decided: int) -> Fleet:
+    """One replica holding every partition, restarted after deciding ``decided``."""
     fleet = Fleet()
     fleet.start("a")
     fleet.assign({"a": {0, 1, 2}})
-    fleet.decide("q", 6)
+    fleet.decide("q", decided)
     fleet.stop("a")
     fleet.start("a")
     fleet.assign({"a": {0, 1, 2}})
+    return fleet
+
+
+def test_a_refilled_request_decided_again_is_not_counted_twice() -> None:
+    fleet = restarted_after(6)
     again = fleet.topic[0]  # its records read again past the last commit, decided again
     fleet.replicas["a"].observe_decision(
         again.request_id,
@@ -279,13 +285,7 @@ def test_a_refilled_request_decided_again_is_not_counted_twice() -> None:
 
 
 def test_a_label_for_a_refilled_request_counts_with_its_coverage() -> None:
-    fleet = Fleet()
-    fleet.start("a")
-    fleet.assign({"a": {0, 1, 2}})
-    fleet.decide("q", 6)
-    fleet.stop("a")
-    fleet.start("a")
-    fleet.assign({"a": {0, 1, 2}})
+    fleet = restarted_after(6)
     first = fleet.topic[0]
     assert fleet.replicas["a"].observe_feedback(feedback(first.request_id, correct=False))
     counts = fleet.replicas["a"].tracker.counts(KEY)

@@ -19,7 +19,7 @@ import re
 import signal
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -346,6 +346,28 @@ async def test_a_replica_killed_and_replaced_leaves_the_fleets_coverage_windows_
           f"{labelled(replacement):g} labels")  # fmt: skip
 
 
+def unreachable(settings: Settings) -> Settings:
+    """``settings`` with a bootstrap server nothing listens on."""
+    kafka = settings.kafka.model_copy(update={"bootstrap_servers": f"127.0.0.1:{free_port()}"})
+    return settings.model_copy(update={"kafka": kafka})
+
+
+async def said_once(caplog: pytest.LogCaptureFixture, read: Awaitable[object]) -> str:
+    """``read`` against a cluster that cannot be reached gives up in time, returns
+    ``None`` and says why in one WARNING of the warm start's logger: its text."""
+    caplog.set_level(logging.WARNING, logger="sidecar.kafka.warmstart")
+    caplog.clear()
+    started = time.monotonic()
+    assert await read is None
+    assert time.monotonic() - started < 15
+    [warning] = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "sidecar.kafka.warmstart" and r.levelno >= logging.WARNING
+    ]
+    return warning
+
+
 async def test_junk_on_the_verdicts_topic_is_skipped_and_an_unreadable_cluster_is_said(
     kafka_broker: LocalKafka,
     unique_topics: dict[str, str],
@@ -436,22 +458,7 @@ async def test_junk_on_the_verdicts_topic_is_skipped_and_an_unreadable_cluster_i
     assert (done.monitor.keys, done.monitor.fed, done.remembered) == (1, 2, 2)
 
     # a cluster that cannot be reached: the windows start empty, said once, no error
-    gone = settings.model_copy(
-        update={
-            "kafka": settings.kafka.model_copy(
-                update={"bootstrap_servers": f"127.0.0.1:{free_port()}"}
-            )
-        }
-    )
-    caplog.set_level(logging.WARNING, logger="sidecar.kafka.warmstart")
-    started = time.monotonic()
-    assert await warm_start(gone, processor) is None
-    assert time.monotonic() - started < 15
-    [warning] = [
-        r.getMessage()
-        for r in caplog.records
-        if r.name == "sidecar.kafka.warmstart" and r.levelno >= logging.WARNING
-    ]
+    warning = await said_once(caplog, warm_start(unreachable(settings), processor))
     assert "windows start empty" in warning and "labels of requests" in warning
     assert "GUARDRAIL_SIGNALS__WARM_START=0" in warning
 
@@ -489,22 +496,9 @@ async def test_labels_read_back_skip_what_intake_refuses_and_an_unreadable_clust
     only = frozenset({home("a")})
     assert await read_labels(settings, processor, only, PARTITIONS) == [("a", False, home("a"))]
 
-    gone = settings.model_copy(
-        update={
-            "kafka": settings.kafka.model_copy(
-                update={"bootstrap_servers": f"127.0.0.1:{free_port()}"}
-            )
-        }
+    warning = await said_once(
+        caplog, read_labels(unreachable(settings), processor, every, PARTITIONS)
     )
-    caplog.set_level(logging.WARNING, logger="sidecar.kafka.warmstart")
-    started = time.monotonic()
-    assert await read_labels(gone, processor, every, PARTITIONS) is None
-    assert time.monotonic() - started < 15
-    [warning] = [
-        r.getMessage()
-        for r in caplog.records
-        if r.name == "sidecar.kafka.warmstart" and r.levelno >= logging.WARNING
-    ]
     assert "were not read back" in warning and "coverage window starts empty" in warning
 
 
