@@ -560,9 +560,11 @@ class SidecarService:
         if not count or self.processor.signals.coverage is None:
             return
         labels = None
-        if new and self._warm_start:
-            await recall(self.settings, self.processor, new, count, self._verdicts_read)
-            labels = await read_labels(self.settings, self.processor, new, count)
+        if new and self._warm_start:  # the two reads side by side: records wait for both
+            _, labels = await asyncio.gather(
+                recall(self.settings, self.processor, new, count, self._verdicts_read),
+                read_labels(self.settings, self.processor, new, count),
+            )
         held = self.processor.hold_partitions(numbers, count, labels or ())
         if held is not None and (said := _windows_moved(held)):
             log.info("coverage windows follow the partitions: %s", said)

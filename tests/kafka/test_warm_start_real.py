@@ -19,6 +19,7 @@ import re
 import signal
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -155,11 +156,13 @@ class Monitor:
     def __init__(self) -> None:
         self.reading: dict[str, str | None] = {}
         self.at: dict[str, float] = {}
+        self.said: dict[str, tuple[str, list[dict[str, Any]]]] = {}  # decision, reasons
 
     def add(self, verdict: dict[str, Any], now: float) -> None:
         if verdict.get("stage") == "final":
             rid = verdict["request_id"]
             self.reading[rid] = verdict["signals"]["retrieval"]["monitor"]
+            self.said[rid] = (verdict["decision"], verdict["reasons"])
             self.at.setdefault(rid, now)
 
 
@@ -204,11 +207,19 @@ async def test_a_replica_killed_and_replaced_mid_traffic_keeps_the_fleets_alarm(
     ):
         # the retriever goes bad: no hit is trusted, and both replicas' alarms come on
         broken = requests(settings, "bad", 300, trusted=False)
-        await send(settings, broken)
+        # paced: a replica reads each retrieval by the alarm as its last consumed batch left
+        # it, so 96 requests of a partition in one batch (sent while the first assignment
+        # read back) all read warming-up
+        await send(settings, broken, rate_per_s=150)
         await wait_until(lambda: len(seen.reading) == 300, 45, "300 verdicts")
         for partition in range(PARTITIONS):  # each replica judged 50 before its alarm came on
             last = [m for rid, m in seen.reading.items() if home(rid) == partition]
-            assert last[-10:] == ["exchangeability-broken"] * 10, (partition, last)
+            said = Counter(
+                (seen.said[rid][0], *sorted(r["code"] for r in seen.said[rid][1]))
+                for rid in seen.reading
+                if home(rid) == partition
+            )
+            assert last[-10:] == ["exchangeability-broken"] * 10, (partition, Counter(last), said)
 
         # one replica is killed and replaced while traffic flows; then more traffic
         during = requests(settings, "during", 60, trusted=True)
