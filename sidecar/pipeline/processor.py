@@ -293,8 +293,8 @@ class Processor:
     def _label(
         self, event: FeedbackEvent, request_key: str, partition: int, *, final: bool = True
     ) -> bool:
-        """Fold a label read on ``partition`` into the coverage bound; whether a decided
-        request took it.
+        """Fold a label into the coverage bound, in ``partition``'s window (its request's);
+        whether a decided request took it.
 
         ``final``: a label no request took is counted unmatched (else the
         caller keeps it waiting).
