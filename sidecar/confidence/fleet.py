@@ -56,7 +56,7 @@ from sidecar.contracts.events import (
     RetrievalSignal,
 )
 from sidecar.exceptions import ConfigError
-from sidecar.pipeline.ports import DecidedRequest, HeldPartitions
+from sidecar.pipeline.ports import DecidedRequest, HeldPartitions, ReadLabel
 from sidecar.stats.intervals import ProportionInterval
 
 __all__ = ["MAX_COVERAGE_KEYS", "UNCERTIFIED_KEY", "CoverageMonitor", "FeedbackOutcome"]
@@ -243,7 +243,7 @@ class CoverageMonitor:
         self,
         partitions: frozenset[int],
         count: int,
-        labels: Iterable[tuple[str, bool, int]] = (),
+        labels: Iterable[ReadLabel] = (),
     ) -> HeldPartitions:
         """This replica reads ``partitions`` of the input topics' ``count`` now (a
         rebalance's assignment): the windows of partitions it no longer reads are dropped
@@ -251,10 +251,11 @@ class CoverageMonitor:
         refilled, so a restarted replica, or one given a partition, reports the fleet's
         window, not an empty one: its requests from those decided there before
         (:meth:`remember_decided`: the warm start's and the recalls' read of the verdicts),
-        its labels from ``labels`` (``(request key, error, partition)``, oldest first: the
-        feedback topic's tail read back; an error is a wrong answer not abstained), each
-        with the coverage of the request it labels (one not known here is left out,
-        counted in ``labels_unmatched``)."""
+        its labels from ``labels`` (oldest first: the feedback topic's tail read back),
+        each with the coverage of the request it labels (one not known here is left out,
+        counted in ``labels_unmatched``). A label of a certified allow also goes to its
+        certificate's re-test (one label a request: a label it holds is replaced), so a
+        restarted replica re-tests on its partitions' labels, not on none."""
         with self._lock:
             tracker = self.tracker
             tracker.set_partitions(count)
@@ -273,13 +274,18 @@ class CoverageMonitor:
                         self._recent.add(name, key, covered)
             read: dict[tuple[str, int], list[tuple[str, bool, bool]]] = {}
             unmatched = 0
-            for name, error, partition in labels:
+            for label in labels:
+                name, partition = label.request_key, label.partition
                 if partition not in new:
                     continue
+                certified = self._certified.get(name) or self._earlier_certified.get(name)
+                if certified is not None:
+                    self.certificates.observe_label(certified[0], name, wrong=not label.correct)
                 seen = self._recent.get(name) or self._earlier.get(name)
                 if seen is None:
-                    unmatched += 1
+                    unmatched += certified is None
                     continue
+                error = not label.correct and not label.abstained
                 read.setdefault((seen[0], partition), []).append((name, seen[1], error))
             labelled = 0
             for (known, partition), entries in read.items():

@@ -60,7 +60,7 @@ from sidecar.kafka.permissions import read_refused
 from sidecar.kafka.records import input_headers
 from sidecar.kafka.scan import TopicScan
 from sidecar.pipeline.join import InputRef
-from sidecar.pipeline.ports import DecidedRequest, WarmStart
+from sidecar.pipeline.ports import DecidedRequest, ReadLabel, WarmStart
 from sidecar.pipeline.processor import Processor
 
 __all__ = [
@@ -323,11 +323,11 @@ async def read_labels(
     processor: Processor,
     partitions: frozenset[int],
     input_partitions: int,
-) -> list[tuple[str, bool, int]] | None:
+) -> list[ReadLabel] | None:
     """The labels of the feedback topic's tail on ``partitions`` (of ``input_partitions``),
     for the coverage windows of partitions just assigned here (``Processor.hold_partitions``):
-    ``(request key, error, partition)``, the last of each request, oldest first; each read
-    as intake takes it when consumed (one it refuses is skipped). The last
+    the last of each request, oldest first; each read as intake takes it when consumed
+    (one it refuses is skipped). The last
     ``GUARDRAIL_SIGNALS__WARM_START`` records over those partitions, at most
     :data:`RECALL_TIMEOUT_S`; ``None`` when not read (said once). Labels past the
     partition's committed offset are consumed again afterwards: the same request's label,
@@ -337,7 +337,7 @@ async def read_labels(
         return None
     topic = settings.topics.feedback
     started = time.monotonic()
-    latest: dict[str, tuple[str, bool, int]] = {}
+    latest: dict[str, ReadLabel] = {}
     read = skipped = 0
     complete = False
     try:
@@ -364,8 +364,8 @@ async def read_labels(
                     if found is None:
                         skipped += 1
                         continue
-                    latest.pop(found[0], None)  # the last label of a request wins
-                    latest[found[0]] = found
+                    latest.pop(found.request_key, None)  # the last label of a request wins
+                    latest[found.request_key] = found
             complete = True
     except TimeoutError:
         if not read:

@@ -98,6 +98,16 @@ class WarmStart:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadLabel:
+    """A label read back from the feedback topic for a partition's windows."""
+
+    request_key: str  # its request's key in the join store (scoped by the trusted tenant)
+    correct: bool
+    abstained: bool
+    partition: int  # whose windows it counts in: its request's
+
+
+@dataclass(frozen=True, slots=True)
 class HeldPartitions:
     """What a rebalance did to the coverage windows (``CoverageObserver.hold_partitions``)."""
 
@@ -266,11 +276,11 @@ class CoverageObserver(Protocol):
         self,
         partitions: frozenset[int],
         count: int,
-        labels: Iterable[tuple[str, bool, int]] = (),
+        labels: Iterable[ReadLabel] = (),
     ) -> HeldPartitions:
         """This replica reads ``partitions`` of ``count`` input partitions from now: drop the
         windows of the others, refill those new here from the remembered requests and
-        ``labels`` (``(request key, error, partition)``, oldest first: read back)."""
+        ``labels`` (oldest first: read back)."""
         ...
 
     def due_reports(self, now_ms: float) -> list[CoverageReport]:

@@ -49,6 +49,7 @@ from sidecar.pipeline.ports import (
     DecidedRequest,
     HeldPartitions,
     Policy,
+    ReadLabel,
     RetrievalCertifier,
     SignalSuite,
     WarmStart,
@@ -564,7 +565,7 @@ class Processor:
         self,
         partitions: frozenset[int],
         count: int,
-        labels: Iterable[tuple[str, bool, int]] = (),
+        labels: Iterable[ReadLabel] = (),
     ) -> HeldPartitions | None:
         """The input partitions this replica reads now, of ``count``: the coverage windows
         of those it no longer reads are dropped and those it did not read refilled
@@ -579,17 +580,16 @@ class Processor:
 
     def read_back_label(
         self, raw: bytes | None, key: bytes | None, ref: InputRef
-    ) -> tuple[str, bool, int] | None:
-        """A feedback record read back from its topic, as it was taken when consumed: its
-        request's key, whether it labels an error (wrong, not abstained) and the partition
-        whose window it counts in; ``None`` for one intake refuses (dead-lettered when
-        consumed). Counts nothing."""
+    ) -> ReadLabel | None:
+        """A feedback record read back from its topic, as it was taken when consumed, with
+        its request's key and the partition whose windows it counts in; ``None`` for one
+        intake refuses (dead-lettered when consumed). Counts nothing."""
         found = self.intake.read_back_label(raw, key, ref)
         if found is None:
             return None
         name, label = found
-        error = not label.correct and not label.abstained
-        return name, error, self.intake.label_partition(label.request_id, ref)
+        partition = self.intake.label_partition(label.request_id, ref)
+        return ReadLabel(name, label.correct, label.abstained, partition)
 
     def on_tick(self, now_ms: float, wall_ms: float | None = None) -> Step:
         """Expire half-requests older than the TTL into ``incomplete`` verdicts; due reports.

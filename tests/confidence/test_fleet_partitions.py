@@ -22,7 +22,7 @@ from sidecar.confidence.bound import CoverageTracker
 from sidecar.confidence.fleet import CoverageMonitor
 from sidecar.contracts.events import Decision, RetrievalSignal, SignalStatus
 from sidecar.exceptions import ConfigError
-from sidecar.pipeline.ports import DecidedRequest
+from sidecar.pipeline.ports import DecidedRequest, ReadLabel
 from tests.confidence.test_fleet import feedback, monitor
 
 KEY = "acme/wiki"
@@ -100,7 +100,7 @@ class Fleet:
     warm: dict[str, bool] = field(default_factory=dict)
     topic: list[DecidedRequest] = field(default_factory=list)
     covered_by_partition: dict[int, list[bool]] = field(default_factory=dict)
-    feedback: list[tuple[str, bool, int]] = field(default_factory=list)  # (id, error, p)
+    feedback: list[ReadLabel] = field(default_factory=list)  # as the feedback topic has it
 
     def start(self, name: str, *, warm: bool = True) -> None:
         """A replica (re)starts: a fresh monitor, the verdicts' tail read back."""
@@ -127,7 +127,7 @@ class Fleet:
                     ),
                     P,
                 )
-            labels = [f for f in self.feedback if f[2] in new] if self.warm[name] else []
+            labels = [f for f in self.feedback if f.partition in new] if self.warm[name] else []
             self.replicas[name].hold_partitions(frozenset(partitions), P, labels)
             self.holds[name] = frozenset(partitions)
 
@@ -154,7 +154,7 @@ class Fleet:
             (owner,) = [r for r, held in self.holds.items() if partition in held]
             label = feedback(rid, correct=i % 3 != 0)
             assert self.replicas[owner].observe_feedback(label, rid, partition)
-            self.feedback.append((rid, i % 3 == 0, partition))
+            self.feedback.append(ReadLabel(rid, i % 3 != 0, False, partition))
 
     def sums(self) -> tuple[int, int]:
         counts = [m.tracker.counts(KEY) for m in self.replicas.values()]
@@ -176,10 +176,10 @@ class Fleet:
         """One replica holding every partition: each partition's last ``WINDOW / P``
         requests labelled (the last label of each)."""
         by_partition: dict[int, dict[str, bool]] = {}
-        for rid, error, partition in self.feedback:
-            labels = by_partition.setdefault(partition, {})
-            labels.pop(rid, None)
-            labels[rid] = error
+        for label in self.feedback:
+            labels = by_partition.setdefault(label.partition, {})
+            labels.pop(label.request_key, None)
+            labels[label.request_key] = not label.correct
         last = [list(labels.values())[-(WINDOW // P) :] for labels in by_partition.values()]
         return sum(map(len, last)), sum(map(sum, last))
 
@@ -238,7 +238,7 @@ def test_the_fleets_labels_survive_a_restart_a_rebalance_and_a_kill() -> None:
 
 def test_a_label_read_back_for_a_request_not_known_here_is_left_out() -> None:
     m = monitor(window=WINDOW)
-    held = m.hold_partitions(frozenset({0, 1, 2}), P, [("never-decided", True, 0)])
+    held = m.hold_partitions(frozenset({0, 1, 2}), P, [ReadLabel("never-decided", False, False, 0)])
     assert (held.labels, held.labels_unmatched) == (0, 1)
     assert m.tracker.counts(KEY).labelled_covered == 0
 
@@ -302,8 +302,39 @@ def test_a_partition_read_back_alone_keeps_the_whole_window_for_its_labels() -> 
         ((rid, DecidedRequest(rid, None, Decision.ALLOW, signal(True), None, None)) for rid in ids),
         P,
     )
-    held = m.hold_partitions(frozenset({1}), P, [(rid, False, 1) for rid in ids])
+    held = m.hold_partitions(frozenset({1}), P, [ReadLabel(rid, True, False, 1) for rid in ids])
     assert held.refilled == WINDOW // P  # the request window: its share
     assert (held.labels, held.labels_unmatched) == (WINDOW // P, 10)  # the last 30 matched
     m.hold_partitions(frozenset({1, 2}), P)
     assert sum(bool(m.observe_feedback(feedback(rid, True), rid, 1)) for rid in ids) == WINDOW
+
+
+def test_a_restarted_replica_re_tests_its_certificates_on_the_labels_read_back() -> None:
+    # the certificate's re-test window was the replica's memory alone: a restart started
+    # it empty, and a certificate near its risk needed as many new labels again to fail
+    cert = "acme/wiki/r"
+    ids = [f"q-{i}" for i in range(12)]
+    allowed = [DecidedRequest(rid, None, Decision.ALLOW, signal(True), cert, None) for rid in ids]
+    topic = [ReadLabel(rid, i % 4 != 0, False, partition_for(rid, P)) for i, rid in enumerate(ids)]
+    before = monitor(window=WINDOW)
+    before.certificates.register(cert, 0.2, 0.1)
+    before.hold_partitions(frozenset({0, 1, 2}), P)
+    for d, label in zip(allowed, topic, strict=True):
+        before.observe_decision(
+            d.request_id, Decision.ALLOW, d.retrieval, cert, partition=label.partition
+        )
+        before.observe_feedback(
+            feedback(d.request_id, label.correct), d.request_id, label.partition
+        )
+    wanted = before.certificates.check(cert)
+    assert (wanted.labelled, wanted.errors) == (12, 3)
+
+    for read_back in (topic, []):  # the control: nothing read back, nothing re-tested
+        after = monitor(window=WINDOW)
+        after.certificates.register(cert, 0.2, 0.1)
+        after.remember_decided(((d.request_id, d) for d in allowed), P)
+        held = after.hold_partitions(frozenset({0, 1, 2}), P, read_back)
+        check = after.certificates.check(cert)
+        labelled = (check.labelled, check.errors)
+        assert labelled == ((12, 3) if read_back else (0, 0))
+        assert held.labels_unmatched == 0

@@ -38,6 +38,7 @@ from sidecar.kafka.warmstart import read_decided, read_labels, warm_start
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka, free_port
 from sidecar.lab.replay import Record, send
+from sidecar.pipeline.ports import ReadLabel
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from sidecar.runtime import build_signals
@@ -503,9 +504,10 @@ async def test_labels_read_back_skip_what_intake_refuses_and_an_unreadable_clust
     processor = Processor(settings, PlaceholderPolicy())
     every = frozenset(range(PARTITIONS))
     read = await read_labels(settings, processor, every, PARTITIONS)
-    assert sorted(read or []) == [("a", False, home("a")), ("b", True, home("b"))]
+    a, b = ReadLabel("a", True, False, home("a")), ReadLabel("b", False, False, home("b"))
+    assert sorted(read or [], key=lambda label: label.request_key) == [a, b]
     only = frozenset({home("a")})
-    assert await read_labels(settings, processor, only, PARTITIONS) == [("a", False, home("a"))]
+    assert await read_labels(settings, processor, only, PARTITIONS) == [a]
 
     warning = await said_once(
         caplog, read_labels(unreachable(settings), processor, every, PARTITIONS)

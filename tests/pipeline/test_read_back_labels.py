@@ -13,6 +13,7 @@ import pytest
 from guardrail_client.keys import partition_for
 from sidecar.config import Settings
 from sidecar.pipeline.join import InputRef
+from sidecar.pipeline.ports import ReadLabel
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from tests.pipeline.test_processor_feedback import feedback_event
@@ -30,15 +31,17 @@ def test_a_label_is_read_back_with_its_request_key_and_whether_it_is_an_error(
     p = processor(settings_factory)
     value = orjson.dumps(feedback_event("req-1"))
     home = {rid: partition_for(rid, 3) for rid in ("req-1", "req-2", "req-3")}
-    assert p.read_back_label(value, b"req-1", REF) == ("req-1", True, home["req-1"])
+    assert p.read_back_label(value, b"req-1", REF) == ReadLabel(
+        "req-1", False, False, home["req-1"]
+    )
     right = orjson.dumps(feedback_event("req-2", correct=True))
-    assert p.read_back_label(right, b"req-2", REF) == ("req-2", False, home["req-2"])
+    assert p.read_back_label(right, b"req-2", REF) == ReadLabel("req-2", True, False, home["req-2"])
     abstained = orjson.dumps(feedback_event("req-3", abstained=True))
-    assert p.read_back_label(abstained, None, REF) == ("req-3", False, home["req-3"])
+    assert p.read_back_label(abstained, None, REF) == ReadLabel("req-3", False, True, home["req-3"])
     # the partition its request's id hashes to, wherever it was read (a rerouted copy
     # and its original are one label); where it was read when the count is not known
     unknown = InputRef("rag.feedback", 2, 7)
-    assert p.read_back_label(value, b"req-1", unknown) == ("req-1", True, 2)
+    assert p.read_back_label(value, b"req-1", unknown) == ReadLabel("req-1", False, False, 2)
 
 
 @pytest.mark.parametrize(
@@ -78,9 +81,7 @@ def test_under_header_tenancy_a_label_names_its_own_tenants_request(
     p = processor(settings_factory, tenancy={"source": "header", "header": "x-tenant"})
     value = orjson.dumps(feedback_event("req-1"))
     acme = InputRef("rag.feedback", 1, 7, headers=(("x-tenant", b"acme"),), partitions=3)
-    assert p.read_back_label(value, b"req-1", acme) == (
-        "acme/req-1",
-        True,
-        partition_for("req-1", 3),
+    assert p.read_back_label(value, b"req-1", acme) == ReadLabel(
+        "acme/req-1", False, False, partition_for("req-1", 3)
     )
     assert p.read_back_label(value, b"req-1", REF) is None  # no tenant header: refused
