@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -233,6 +234,45 @@ def _protocol_hint(kafka: KafkaSettings) -> str:
     )
 
 
+class _ConnWatch:
+    """The one DEBUG watch on ``aiokafka.conn`` that every :class:`AuthRefusals` inside
+    ``watching()`` shares: its lines below the level the log shows go to the watchers
+    only. Each watch used to save the logger's level, set DEBUG and put the saved level
+    back: two overlapping ones (the verdicts' and the labels' reads on an assignment, side
+    by side) left it at DEBUG for good, and every fetch's request and response went to the
+    log (CI: the lines a test looked for pushed out of a replica's log tail)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watchers: list[AuthRefusals] = []
+        self._own_level = logging.NOTSET
+        self._shown_from = logging.WARNING
+
+    def _seen_then_shown(self, record: logging.LogRecord) -> bool:
+        if record.levelno < self._shown_from:
+            for watcher in list(self._watchers):
+                watcher.emit(record)  # the handlers on "aiokafka" will not see it
+            return False
+        return True
+
+    def add(self, watcher: AuthRefusals) -> None:
+        conn = logging.getLogger(_CONN_LOGGER)
+        with self._lock:
+            if not self._watchers:
+                self._own_level, self._shown_from = conn.level, conn.getEffectiveLevel()
+                conn.setLevel(min(self._shown_from, logging.DEBUG))
+                conn.addFilter(self._seen_then_shown)
+            self._watchers.append(watcher)
+
+    def remove(self, watcher: AuthRefusals) -> None:
+        conn = logging.getLogger(_CONN_LOGGER)
+        with self._lock:
+            self._watchers.remove(watcher)
+            if not self._watchers:
+                conn.removeFilter(self._seen_then_shown)
+                conn.setLevel(self._own_level)
+
+
 class AuthRefusals(logging.Handler):
     """Collects aiokafka's log lines that say the broker refused the client's authentication
     (SASL, or its TLS certificate) or the client refused the broker's certificate: the
@@ -264,26 +304,17 @@ class AuthRefusals(logging.Handler):
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:
+        """Collect while inside: the lines at the "aiokafka" logger's levels by a handler
+        there, and those below them on ``aiokafka.conn`` (the TLS alert of a refused
+        client certificate comes at DEBUG) through :data:`_CONN_WATCH`, without passing
+        on what the log would not have shown."""
         logger = logging.getLogger("aiokafka")
         logger.addHandler(self)
-        # the TLS alert of a refused client certificate comes at DEBUG: read it while
-        # starting, without passing on what the log would not have shown
-        conn = logging.getLogger(_CONN_LOGGER)
-        own_level, shown_from = conn.level, conn.getEffectiveLevel()
-
-        def seen_then_shown(record: logging.LogRecord) -> bool:
-            if record.levelno < shown_from:
-                self.emit(record)  # the handler on "aiokafka" will not see it
-                return False
-            return True
-
-        conn.setLevel(min(shown_from, logging.DEBUG))
-        conn.addFilter(seen_then_shown)
+        _CONN_WATCH.add(self)
         try:
             yield
         finally:
-            conn.removeFilter(seen_then_shown)
-            conn.setLevel(own_level)
+            _CONN_WATCH.remove(self)
             logger.removeHandler(self)
 
     def refusal(self, kafka: KafkaSettings) -> ConfigError | None:
@@ -311,6 +342,9 @@ class AuthRefusals(logging.Handler):
                 f"__SSL_KEYFILE={kafka.ssl_keyfile or '(unset)'}"
             )
         return None
+
+
+_CONN_WATCH: Final = _ConnWatch()
 
 
 @contextlib.contextmanager

@@ -277,7 +277,7 @@ async def test_the_rendered_pod_serves_stops_on_sigterm_and_starts_warm(
     (warm,) = [ln for ln in log.splitlines() if "warm start: the last" in ln]
     assert f"the last {N} record(s)" in warm and f"{N} request(s) kept" in warm, warm
     # its one assignment read on from there: what was decided between the read and the join
-    (recalled,) = [ln for ln in log.splitlines() if "now read here" in ln]
+    (recalled,) = [ln for ln in log.splitlines() if "now read here" in ln and "decided" in ln]
     read_again = re.search(r"\((\d+) record\(s\) of ", recalled)
     assert read_again is not None and read_again[1] == "0", recalled
     assert "past what this process had read" in recalled
