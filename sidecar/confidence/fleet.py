@@ -278,12 +278,11 @@ class CoverageMonitor:
                 name, partition = label.request_key, label.partition
                 if partition not in new:
                     continue
-                certified = self._certified.get(name) or self._earlier_certified.get(name)
-                if certified is not None:
-                    self.certificates.observe_label(certified[0], name, wrong=not label.correct)
-                seen = self._recent.get(name) or self._earlier.get(name)
+                certificate, seen = self._request_of(name)
+                if certificate is not None:
+                    self.certificates.observe_label(certificate, name, wrong=not label.correct)
                 if seen is None:
-                    unmatched += certified is None
+                    unmatched += certificate is None
                     continue
                 error = not label.correct and not label.abstained
                 read.setdefault((seen[0], partition), []).append((name, seen[1], error))
@@ -299,6 +298,17 @@ class CoverageMonitor:
                 labels_dropped=labels_dropped,
                 labels_unmatched=unmatched,
             )
+
+    def _request_of(self, name: str) -> tuple[str | None, tuple[str, bool] | None]:
+        """What is known here of the request ``name``: the certificate it was allowed under
+        (``None``: not a certified allow), and its coverage key and whether it was covered
+        (``None``: not known). One known only from the verdicts read back counts its key among
+        ``max_keys`` from now."""
+        certified = self._certified.get(name) or self._earlier_certified.get(name)
+        seen = self._recent.get(name)
+        if seen is None and (seen := self._earlier.get(name)) is not None:
+            seen = (self._feed(seen[0]), seen[1])
+        return (None if certified is None else certified[0]), seen
 
     def _feed(self, key: str) -> str:
         """``key`` is the most recently fed; past ``max_keys``, the least recent one leaves.
@@ -345,16 +355,12 @@ class CoverageMonitor:
     def _observe_feedback(
         self, feedback: FeedbackEvent, name: str, partition: int
     ) -> FeedbackOutcome:
-        certified = self._certified.get(name) or self._earlier_certified.get(name)
-        certificate = None if certified is None else certified[0]
+        certificate, seen = self._request_of(name)
         cert_replaced = False
         if certificate is not None:
             cert_replaced = self.certificates.observe_label(
                 certificate, name, wrong=not feedback.correct
             )
-        seen = self._recent.get(name)
-        if seen is None and (seen := self._earlier.get(name)) is not None:
-            seen = (self._feed(seen[0]), seen[1])  # its key counts among max_keys from now
         if seen is None:
             if certificate is None:
                 return FeedbackOutcome.UNKNOWN

@@ -539,20 +539,22 @@ class SidecarService:
         self._handovers_read.clear()  # records that come meanwhile wait for it (_handle)
         try:
             await self._take_handovers(assigned)
-            await self._recall_labels(assigned, counts)
+            await self._move_coverage(assigned, counts)
         finally:
             self._handovers_read.set()
         if not self._stopping.is_set():  # new partitions come unpaused: pause what is due
             self.intake.apply(self._group_consumer(), assigned)
 
-    async def _recall_labels(self, assigned: set[TP], counts: dict[str, int]) -> None:
-        """Partitions this replica did not hold before (another one stopped, the group
-        shrank or grew) bring the labels of requests decided there by another replica:
-        read back for them (``warmstart.recall``) before the partitions' records are
-        handled. The first assignment too: its partitions' last owner went on deciding
-        between the start's warm start and the join. The coverage windows then move with
-        the partitions: those read elsewhere now are dropped, the new ones refilled from
-        what was read back (``Processor.hold_partitions``)."""
+    async def _move_coverage(self, assigned: set[TP], counts: dict[str, int]) -> None:
+        """The coverage windows move with the partitions. Partitions this replica did not
+        hold before (another one stopped, the group shrank or grew) bring the requests
+        decided there by another replica (``warmstart.recall``: their verdicts, kept for
+        their labels) and those requests' labels (``warmstart.read_labels``: the feedback
+        topic's tail), both read back before the partitions' records are handled; the first
+        assignment too (its partitions' last owner went on deciding between the start's
+        warm start and the join). Then the windows of partitions read elsewhere now are
+        dropped and the new ones refilled from what was read back
+        (``Processor.hold_partitions``)."""
         retrieval = self.settings.topics.retrieval
         numbers = frozenset(p for t, p in assigned if t == retrieval)
         new, self._held_numbers = numbers - self._held_numbers, numbers
