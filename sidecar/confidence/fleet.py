@@ -137,6 +137,11 @@ class CoverageMonitor:
         # their partition comes here (hold_partitions)
         self._earlier = _ReadBack(window)
         self._earlier_certified: _RecentPerKey[None] = _RecentPerKey(window)
+        # request key -> (correct, abstained) of the labels an assignment read back, until
+        # consumed again (those past their partition's committed offset are): the same
+        # label again is no replacement. The last ``window`` of them
+        self._read_back_labels: OrderedDict[str, tuple[bool, bool]] = OrderedDict()
+        self._read_back_cap = window
         self.certificates = CertificateTracker(window=window, confidence=confidence)
         self._interval_ms = report_interval_s * 1000.0
         self._next_ms: float | None = None
@@ -281,8 +286,11 @@ class CoverageMonitor:
                 certificate, seen = self._request_of(name)
                 if certificate is not None:
                     self.certificates.observe_label(certificate, name, wrong=not label.correct)
+                if seen is None and certificate is None:
+                    unmatched += 1
+                    continue
+                self._remember_read_back(name, label)
                 if seen is None:
-                    unmatched += certificate is None
                     continue
                 error = not label.correct and not label.abstained
                 read.setdefault((seen[0], partition), []).append((name, seen[1], error))
@@ -298,6 +306,13 @@ class CoverageMonitor:
                 labels_dropped=labels_dropped,
                 labels_unmatched=unmatched,
             )
+
+    def _remember_read_back(self, name: str, label: ReadLabel) -> None:
+        marks = self._read_back_labels
+        marks.pop(name, None)
+        marks[name] = (label.correct, label.abstained)
+        if len(marks) > self._read_back_cap:
+            marks.popitem(last=False)
 
     def _request_of(self, name: str) -> tuple[str | None, tuple[str, bool] | None]:
         """What is known here of the request ``name``: the certificate it was allowed under
@@ -356,6 +371,9 @@ class CoverageMonitor:
         self, feedback: FeedbackEvent, name: str, partition: int
     ) -> FeedbackOutcome:
         certificate, seen = self._request_of(name)
+        # a label read back at an assignment, consumed again (it was past its partition's
+        # committed offset): it replaces itself, and is not counted as a replacement
+        again = self._read_back_labels.pop(name, None) == (feedback.correct, feedback.abstained)
         cert_replaced = False
         if certificate is not None:
             cert_replaced = self.certificates.observe_label(
@@ -364,7 +382,9 @@ class CoverageMonitor:
         if seen is None:
             if certificate is None:
                 return FeedbackOutcome.UNKNOWN
-            return FeedbackOutcome.REPLACED if cert_replaced else FeedbackOutcome.MATCHED
+            return (
+                FeedbackOutcome.REPLACED if cert_replaced and not again else FeedbackOutcome.MATCHED
+            )
         key, covered = seen
         replaced = self.tracker.observe_label(
             key,
@@ -374,7 +394,7 @@ class CoverageMonitor:
             label_id=name,
             partition=partition,
         )
-        return FeedbackOutcome.REPLACED if replaced else FeedbackOutcome.MATCHED
+        return FeedbackOutcome.REPLACED if replaced and not again else FeedbackOutcome.MATCHED
 
     def due_reports(self, now_ms: float) -> list[CoverageReport]:
         """One report per key once every interval (the first interval starts at the first call)."""

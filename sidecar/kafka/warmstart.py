@@ -331,7 +331,7 @@ async def read_labels(
     ``GUARDRAIL_SIGNALS__WARM_START`` records over those partitions, at most
     :data:`RECALL_TIMEOUT_S`; ``None`` when not read (said once). Labels past the
     partition's committed offset are consumed again afterwards: the same request's label,
-    it replaces itself (counted in ``guardrail.feedback.replaced``), not counted twice."""
+    it replaces itself, counted neither twice nor in ``guardrail.feedback.replaced``."""
     records = settings.signals.warm_start
     if records <= 0 or not partitions:
         return None

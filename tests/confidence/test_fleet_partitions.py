@@ -19,7 +19,7 @@ import pytest
 
 from guardrail_client.keys import partition_for
 from sidecar.confidence.bound import CoverageTracker
-from sidecar.confidence.fleet import CoverageMonitor
+from sidecar.confidence.fleet import CoverageMonitor, FeedbackOutcome
 from sidecar.contracts.events import Decision, RetrievalSignal, SignalStatus
 from sidecar.exceptions import ConfigError
 from sidecar.pipeline.ports import DecidedRequest, ReadLabel
@@ -338,3 +338,47 @@ def test_a_restarted_replica_re_tests_its_certificates_on_the_labels_read_back()
         labelled = (check.labelled, check.errors)
         assert labelled == ((12, 3) if read_back else (0, 0))
         assert held.labels_unmatched == 0
+
+
+def test_a_label_read_back_and_consumed_again_is_not_counted_as_replaced() -> None:
+    # labels past their partition's committed offset are read back at the assignment and
+    # consumed again after it: the same record twice, not a producer's second label
+    ids = [f"q-{i}" for i in range(8)]
+    cert = "acme/wiki/r"
+    decided = [
+        DecidedRequest(rid, None, Decision.ALLOW, signal(True), cert if i < 4 else None, None)
+        for i, rid in enumerate(ids)
+    ]
+    topic = [ReadLabel(rid, i % 2 == 0, False, partition_for(rid, P)) for i, rid in enumerate(ids)]
+    m = monitor(window=WINDOW)
+    m.certificates.register(cert, 0.2, 0.1)
+    m.remember_decided(((d.request_id, d) for d in decided), P)
+    held = m.hold_partitions(frozenset({0, 1, 2}), P, topic)
+    assert held.labels == len(ids)
+    counts = m.tracker.counts(KEY)
+    before = (counts.labelled_covered, counts.labelled_uncovered, counts.errors_covered)
+    check = m.certificates.check(cert)
+    assert (check.labelled, check.errors) == (4, 2)
+
+    def again(label: ReadLabel, correct: bool) -> FeedbackOutcome:
+        return m.observe_feedback(
+            feedback(label.request_key, correct), label.request_key, label.partition
+        )
+
+    # consumed again: matched, and the windows hold what they held
+    assert [again(label, label.correct) for label in topic] == [FeedbackOutcome.MATCHED] * 8
+    counts = m.tracker.counts(KEY)
+    assert (counts.labelled_covered, counts.labelled_uncovered, counts.errors_covered) == before
+    check = m.certificates.check(cert)
+    assert (check.labelled, check.errors) == (4, 2)
+    # a producer's second label of the same request is a replacement, as before the
+    # assignment; so is a different label where one was read back
+    assert again(topic[0], topic[0].correct) is FeedbackOutcome.REPLACED
+    assert again(topic[5], not topic[5].correct) is FeedbackOutcome.REPLACED
+    fresh = monitor(window=WINDOW)
+    fresh.remember_decided(((d.request_id, d) for d in decided), P)
+    fresh.hold_partitions(frozenset({0, 1, 2}), P, topic)
+    assert (
+        fresh.observe_feedback(feedback(ids[1], not topic[1].correct), ids[1], topic[1].partition)
+        is FeedbackOutcome.REPLACED
+    )

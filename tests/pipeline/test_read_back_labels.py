@@ -11,14 +11,19 @@ import orjson
 import pytest
 
 from guardrail_client.keys import partition_for
+from sidecar.confidence.fleet import CoverageMonitor
 from sidecar.config import Settings
+from sidecar.contracts.codec import InputKind
+from sidecar.contracts.events import Decision
 from sidecar.pipeline.join import InputRef
-from sidecar.pipeline.ports import ReadLabel
+from sidecar.pipeline.ports import DecidedRequest, ReadLabel
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
-from tests.pipeline.test_processor_feedback import feedback_event
+from tests.confidence.test_fleet_partitions import signal
+from tests.pipeline.test_processor_feedback import KEY, feedback_event, make_feed
 
 REF = InputRef("rag.feedback", 1, 7, partitions=3)
+F = InputKind.FEEDBACK
 
 
 def processor(settings_factory: Callable[..., Settings], **overrides: object) -> Processor:
@@ -85,3 +90,37 @@ def test_under_header_tenancy_a_label_names_its_own_tenants_request(
         "acme/req-1", False, False, partition_for("req-1", 3)
     )
     assert p.read_back_label(value, b"req-1", REF) is None  # no tenant header: refused
+
+
+def test_a_label_read_back_then_consumed_again_is_not_a_replacement(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    # a restarted replica reads its partitions' labels back, then consumes those past the
+    # committed offset again: the same records, not a producer's second labels
+    ids = [f"req-{i}" for i in range(6)]
+    monitor = CoverageMonitor(window=100)
+    feed = make_feed(settings_factory, coverage=monitor)
+    p = feed.processor
+    p.warm_start(
+        [
+            DecidedRequest(rid, None, Decision.ALLOW, signal(i % 2 == 0), None, None)
+            for i, rid in enumerate(ids)
+        ]
+    )
+    values = [orjson.dumps(feedback_event(rid, correct=i < 3)) for i, rid in enumerate(ids)]
+    read = [
+        p.read_back_label(value, rid.encode(), InputRef("rag.feedback", 0, offset))
+        for offset, (rid, value) in enumerate(zip(ids, values, strict=True))
+    ]
+    assert p.hold_partitions(frozenset({0}), 1, [label for label in read if label]) is not None
+    counts = monitor.tracker.counts(KEY)
+    held = (counts.labelled_covered, counts.labelled_uncovered, counts.errors_covered)
+    assert held == (3, 3, 1)
+    for rid, value in zip(ids, values, strict=True):
+        feed(F, value, key=rid.encode())
+    c = p.counters
+    assert (c.feedback, c.feedback_replaced, c.feedback_unmatched) == (6, 0, 0)
+    counts = monitor.tracker.counts(KEY)
+    assert (counts.labelled_covered, counts.labelled_uncovered, counts.errors_covered) == held
+    feed(F, orjson.dumps(feedback_event(ids[0], correct=False)), key=ids[0].encode())
+    assert c.feedback_replaced == 1  # a second label of a request still is one
