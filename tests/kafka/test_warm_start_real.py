@@ -174,17 +174,18 @@ async def two_replicas(
     tmp_path: Path,
     replicas: list[SidecarProcess],
     partitions: int = PARTITIONS,
+    count: int = 2,
 ) -> AsyncIterator[tuple[Settings, dict[str, str], Monitor]]:
-    """Two ``guardrail run`` replicas (each with its metrics) over 3 partitions (or
-    ``partitions``), ready, put in ``replicas`` (the test's ``fleet``: killed at its end);
-    yields the settings, the replicas' environment and the final verdicts' monitor
-    readings as they come."""
+    """Two ``guardrail run`` replicas (or ``count``; each with its metrics) over 3
+    partitions (or ``partitions``), ready, put in ``replicas`` (the test's ``fleet``: killed
+    at its end); yields the settings, the replicas' environment and the final verdicts'
+    monitor readings as they come."""
     settings = _settings(broker.bootstrap_servers, topics, partitions)
     await create_topics(settings)
     env = {**_env(settings), "GUARDRAIL_SIGNALS__LOOKBACK": "false"}
-    replicas += [with_metrics(env, tmp_path / f"replica-{i}.log") for i in range(2)]
+    replicas += [with_metrics(env, tmp_path / f"replica-{i}.log") for i in range(count)]
     await asyncio.gather(*(asyncio.to_thread(p.start) for p in replicas))
-    await wait_until(lambda: all(p.ready() for p in replicas), 30, "both replicas ready")
+    await wait_until(lambda: all(p.ready() for p in replicas), 30, "the replicas ready")
     seen = Monitor()
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch(settings, seen, stop))
@@ -565,3 +566,82 @@ async def test_a_read_goes_on_from_where_the_reads_before_it_stopped(
     other = await read_decided(settings, 1000, homes=(frozenset({0}), 2), marks=marks)
     assert marks == kept
     assert other.records == 12 - len(mine)  # the other partitions' new records only
+
+
+def holds(replicas: list[SidecarProcess]) -> int:
+    """The retrieval partitions the replicas' last assignments name, together."""
+    held = 0
+    for replica in replicas:
+        lines = [ln for ln in replica.tail(200_000).splitlines() if "assigned to" in ln]
+        held += len(re.findall(r"retrieval', partition=", lines[-1] if lines else ""))
+    return held
+
+
+@pytest.mark.parametrize("partitions", [5, 4])
+async def test_the_fleets_windows_stay_whole_through_repeated_kills_and_restarts(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    fleet: list[SidecarProcess],  # noqa: F811
+    partitions: int,
+) -> None:
+    """Three replicas over 5 (and 4) partitions while requests and then their labels flow;
+    one is SIGKILLed and replaced, another stopped (SIGTERM) and replaced, and a third
+    SIGKILLed and replaced while the labels come: every assignment moves windows, some
+    more than once. When the group settles, the live replicas' windows sum to every
+    request once and every label once (the windows' caps are far above these counts)."""
+    n = 200
+    async with two_replicas(kafka_broker, unique_topics, tmp_path, fleet, partitions, count=3) as (
+        settings,
+        env,
+        seen,
+    ):
+        live = list(fleet)
+
+        async def replace(index: int, sig: signal.Signals) -> None:
+            old = live.pop(index)
+            stopped = 0 if sig == signal.SIGTERM else -sig  # a stop is a clean exit
+            assert await asyncio.to_thread(old.signal, sig) == stopped, old.tail()
+            new = with_metrics(env, tmp_path / f"replacement-{len(fleet)}.log")
+            fleet.append(new)
+            live.append(new)
+            await asyncio.to_thread(new.start)
+
+        ids = [f"c-{i}" for i in range(n)]
+        sender = asyncio.create_task(
+            send(settings, requests(settings, "c", n, trusted=False), rate_per_s=n / 8.0)
+        )
+        await asyncio.sleep(2.0)
+        await replace(0, signal.SIGKILL)
+        await asyncio.sleep(2.0)
+        await replace(0, signal.SIGTERM)
+        assert await sender == 2 * n
+        await wait_until(lambda: set(ids) <= set(seen.reading), 60, f"{n} verdicts")
+        sender = asyncio.create_task(send(settings, labels(settings, ids), rate_per_s=n / 6.0))
+        await asyncio.sleep(2.0)
+        await replace(1, signal.SIGKILL)
+        assert await sender == n
+
+        def whole() -> bool:
+            return (
+                holds(live) == partitions
+                and fleet_window(live) == (float(n), 0.0)
+                and sum(map(labelled, live)) == n
+            )
+
+        try:
+            await wait_until(whole, 60, f"the fleet's windows whole: {n} requests, {n} labels")
+        finally:
+            said = [
+                (
+                    window(r, "requests"),
+                    labelled(r),
+                    [
+                        ln.split(" INFO ", 1)[1]
+                        for ln in r.tail(200_000).splitlines()
+                        if "windows follow" in ln
+                    ],
+                )
+                for r in live
+            ]
+            print(f"\n{partitions} partitions, live replicas (requests, labels, moves): {said}")
