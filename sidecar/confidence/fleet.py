@@ -258,9 +258,10 @@ class CoverageMonitor:
         (:meth:`remember_decided`: the warm start's and the recalls' read of the verdicts),
         its labels from ``labels`` (oldest first: the feedback topic's tail read back),
         each with the coverage of the request it labels (one not known here is left out,
-        counted in ``labels_unmatched``). A label of a certified allow also goes to its
-        certificate's re-test (one label a request: a label it holds is replaced), so a
-        restarted replica re-tests on its partitions' labels, not on none."""
+        counted in ``labels_unmatched`` and returned in ``unknown``: its request may not be
+        decided yet, ``Processor.wait_for_requests``). A label of a certified allow also
+        goes to its certificate's re-test (one label a request: a label it holds is
+        replaced), so a restarted replica re-tests on its partitions' labels, not on none."""
         with self._lock:
             tracker = self.tracker
             tracker.set_partitions(count)
@@ -278,7 +279,7 @@ class CoverageMonitor:
                     for name, covered in kept:  # counted: decided again, it is not counted twice
                         self._recent.add(name, key, covered)
             read: dict[tuple[str, int], list[tuple[str, bool, bool]]] = {}
-            unmatched = 0
+            unknown: list[ReadLabel] = []
             for label in labels:
                 name, partition = label.request_key, label.partition
                 if partition not in new:
@@ -287,7 +288,7 @@ class CoverageMonitor:
                 if certificate is not None:
                     self.certificates.observe_label(certificate, name, wrong=not label.correct)
                 if seen is None and certificate is None:
-                    unmatched += 1
+                    unknown.append(label)
                     continue
                 self._remember_read_back(name, label)
                 if seen is None:
@@ -304,7 +305,8 @@ class CoverageMonitor:
                 dropped=dropped,
                 labels=labelled,
                 labels_dropped=labels_dropped,
-                labels_unmatched=unmatched,
+                labels_unmatched=len(unknown),
+                unknown=tuple(unknown),
             )
 
     def _remember_read_back(self, name: str, label: ReadLabel) -> None:

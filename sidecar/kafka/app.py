@@ -568,7 +568,15 @@ class SidecarService:
                 read_labels(self.settings, self.processor, new, count),
             )
         held = self.processor.hold_partitions(numbers, count, labels or ())
-        if held is not None and (said := _windows_moved(held)):
+        if held is None:
+            return
+        waiting = 0
+        if held.unknown:  # the waiting labels are the processor's: on its thread
+            now = self.intake.clock.read(_monotonic_ms())
+            waiting = await self._in_worker(
+                self.processor.wait_for_requests, held.unknown, now, time.time() * 1000.0
+            )
+        if said := _windows_moved(held, waiting):
             log.info("coverage windows follow the partitions: %s", said)
 
     def _note_assignment(self) -> None:
@@ -983,13 +991,15 @@ class SidecarService:
             report_repeats(logging.getLogger().handlers)  # a flood of client lines that ended
 
 
-def _windows_moved(held: HeldPartitions) -> str:
-    """What an assignment did to the coverage windows, for the log ("" for nothing)."""
+def _windows_moved(held: HeldPartitions, waiting: int = 0) -> str:
+    """What an assignment did to the coverage windows, for the log ("" for nothing);
+    ``waiting``: labels read back that wait for their requests."""
     said = []
-    if held.refilled or held.labels:
-        left = held.labels_unmatched
+    if held.refilled or held.labels or held.labels_unmatched:
+        left = held.labels_unmatched - waiting
         said.append(
             f"{held.refilled} request(s) and {held.labels} label(s) of {list(held.new)} counted"
+            + (f", {waiting} label(s) wait for their requests" if waiting else "")
             + (f" ({left} label(s) of requests not known here left out)" if left else "")
         )
     if held.dropped or held.labels_dropped:

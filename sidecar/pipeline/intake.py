@@ -652,10 +652,11 @@ class Intake:
 
     def read_back_label(
         self, raw: bytes | None, key: bytes | None, ref: InputRef
-    ) -> tuple[str, FeedbackEvent] | None:
+    ) -> tuple[str, FeedbackEvent, str] | None:
         """A feedback record read back from its topic (a partition's labels, on assignment)
-        as :meth:`admit` would take it: its request's store key and the label; ``None`` for
-        one admit would dead-letter (it was, when first read). Counts nothing."""
+        as :meth:`admit` would take it: its request's store key, the label and its trusted
+        tenant ("" when events name it); ``None`` for one admit would dead-letter (it was,
+        when first read). Counts nothing."""
         try:
             if ref.headers:
                 _check_read(ref)
@@ -671,7 +672,7 @@ class Intake:
             tenant = None if self._tenant_from_events else self._trusted_tenant(ref)
         except InputError:
             return None
-        return self.store_key(event.request_id, tenant), event
+        return self.store_key(event.request_id, tenant), event, tenant or ""
 
     def _labelled(
         self, event: FeedbackEvent, tenant: str | None, ref: InputRef, reread: bool

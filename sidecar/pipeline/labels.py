@@ -8,6 +8,11 @@ read before any of its events waits here, bounded in count and age, and is
 applied when its request is decided. One that its request never claims (the
 request was decided before this instance started, went to another instance,
 or never came) is counted unmatched when it leaves, never kept for ever.
+
+A label read back at an assignment (its partition came here) for a request not decided
+here yet may have been waiting where it was read: it waits here too
+(:meth:`WaitingLabels.hold_read_back`), in the room consumed labels leave, and is not
+counted when it leaves unclaimed (it was consumed, and counted, where it was read).
 """
 
 from __future__ import annotations
@@ -40,8 +45,8 @@ class WaitingLabels:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self.max_age_ms = max_age_ms
         self.max_entries = max_entries
-        # key -> (label, since, owner), oldest first
-        self._held: OrderedDict[str, tuple[FeedbackEvent, float, str]] = OrderedDict()
+        # key -> (label, since, owner, consumed here), oldest first
+        self._held: OrderedDict[str, tuple[FeedbackEvent, float, str, bool]] = OrderedDict()
         self._owners = OwnedKeys()
 
     def __len__(self) -> int:
@@ -49,16 +54,25 @@ class WaitingLabels:
 
     def hold(self, key: str, label: FeedbackEvent, now_ms: float, owner: str = "") -> int:
         """Keep ``label`` for ``key`` (a later one replaces it), held by ``owner`` (the
-        trusted tenant); returns how many left for room."""
+        trusted tenant); returns how many consumed here left for room."""
         self._remove(key)
-        self._held[key] = (label, now_ms, owner)
+        self._held[key] = (label, now_ms, owner, True)
         self._owners.add(owner, key)
         dropped = 0
         while len(self._held) > self.max_entries:
             richest = next(self._owners.largest())
-            self._remove(next(self._owners.keys_of(richest)))
-            dropped += 1
+            gone = self._remove(next(self._owners.keys_of(richest)))
+            dropped += gone is not None and gone[3]
         return dropped
+
+    def hold_read_back(self, key: str, label: FeedbackEvent, now_ms: float, owner: str) -> bool:
+        """Keep a label read back for ``key`` (not consumed here) where there is room and
+        none waits for ``key``; whether it was kept."""
+        if key in self._held or len(self._held) >= self.max_entries:
+            return False
+        self._held[key] = (label, now_ms, owner, False)
+        self._owners.add(owner, key)
+        return True
 
     def take(self, key: str) -> FeedbackEvent | None:
         """The label waiting for ``key``, if any (it stops waiting)."""
@@ -66,17 +80,17 @@ class WaitingLabels:
         return None if held is None else held[0]
 
     def expire(self, now_ms: float) -> int:
-        """Drop the labels older than ``max_age_ms``; returns how many."""
+        """Drop the labels older than ``max_age_ms``; returns how many consumed here."""
         dropped = 0
         while self._held:
-            key, (_, since, _) = next(iter(self._held.items()))
+            key, (_, since, _, consumed) = next(iter(self._held.items()))
             if now_ms - since < self.max_age_ms:
                 break
             self._remove(key)
-            dropped += 1
+            dropped += consumed
         return dropped
 
-    def _remove(self, key: str) -> tuple[FeedbackEvent, float, str] | None:
+    def _remove(self, key: str) -> tuple[FeedbackEvent, float, str, bool] | None:
         held = self._held.pop(key, None)
         if held is not None:
             self._owners.remove(held[2], key)

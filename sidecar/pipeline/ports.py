@@ -105,6 +105,11 @@ class ReadLabel:
     correct: bool
     abstained: bool
     partition: int  # whose windows it counts in: its request's
+    # the label as read, its trusted tenant ("" when events name it) and its record's
+    # timestamp: a label of a request not decided here yet waits for it (wait_for_requests)
+    event: FeedbackEvent | None = field(default=None, compare=False)
+    owner: str = field(default="", compare=False)
+    timestamp_ms: int = field(default=-1, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +123,9 @@ class HeldPartitions:
     labels: int = 0  # labels read back for the new ones, counted here now
     labels_dropped: int = 0  # labels of the gone ones, no longer counted here
     labels_unmatched: int = 0  # labels read back whose request is not known here: left out
+    # ... those labels, oldest first: their requests may not be decided yet (the feedback
+    # topic ran ahead of the inputs), and the label waited for one where it was read
+    unknown: tuple[ReadLabel, ...] = ()
 
 
 class RetrievalCertifier(Protocol):

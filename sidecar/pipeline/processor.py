@@ -587,9 +587,29 @@ class Processor:
         found = self.intake.read_back_label(raw, key, ref)
         if found is None:
             return None
-        name, label = found
+        name, label, owner = found
         partition = self.intake.label_partition(label.request_id, ref)
-        return ReadLabel(name, label.correct, label.abstained, partition)
+        return ReadLabel(
+            name, label.correct, label.abstained, partition, label, owner, ref.timestamp_ms
+        )
+
+    def wait_for_requests(self, labels: Sequence[ReadLabel], now_ms: float, wall_ms: float) -> int:
+        """Labels read back for partitions just assigned whose requests are not known here
+        (:attr:`HeldPartitions.unknown`, oldest first): those read within the decided memory
+        (``join.decided_memory_ms``) may have been waiting for their request where they
+        were read (the feedback topic ran ahead of the inputs), and wait for it here, the
+        newest first, in the room consumed labels leave. Returns how many wait. Called on
+        the processor's thread."""
+        memory = self.waiting_labels.max_age_ms  # join.decided_memory_ms
+        waiting = 0
+        for label in reversed(labels):
+            age = wall_ms - label.timestamp_ms
+            if label.event is None or label.timestamp_ms < 0 or not 0 <= age < memory:
+                continue
+            waiting += self.waiting_labels.hold_read_back(
+                label.request_key, label.event, now_ms, label.owner
+            )
+        return waiting
 
     def on_tick(self, now_ms: float, wall_ms: float | None = None) -> Step:
         """Expire half-requests older than the TTL into ``incomplete`` verdicts; due reports.

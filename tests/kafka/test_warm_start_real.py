@@ -645,3 +645,76 @@ async def test_the_fleets_windows_stay_whole_through_repeated_kills_and_restarts
                 for r in live
             ]
             print(f"\n{partitions} partitions, live replicas (requests, labels, moves): {said}")
+
+
+def count(replica: SidecarProcess, name: str) -> float:
+    """One of the replica's ``guardrail.<name>`` counters (its scrape), -1 when it does not
+    answer."""
+    url = f"http://127.0.0.1:{replica.env['GUARDRAIL_METRICS__PROMETHEUS_PORT']}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return -1.0
+    wanted = f"guardrail_{name.replace('.', '_')}"
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name in (wanted, f"{wanted}_total")
+    )
+
+
+async def test_labels_waiting_for_their_requests_move_with_their_partitions(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    tmp_path: Path,
+    fleet: list[SidecarProcess],  # noqa: F811
+) -> None:
+    """Catching up, the feedback topic runs ahead of the inputs: one replica reads 60 labels
+    before any event of their requests, and keeps them waiting. A second replica joins
+    (the lag scaled the fleet out) and takes partitions over; the requests come after.
+    Every label reaches its request: the new owner read its partitions' labels back and
+    keeps those of requests not decided yet waiting for them (before, they were left out,
+    and the old owner, which no longer reads those requests, waited in vain)."""
+    settings = _settings(kafka_broker.bootstrap_servers, unique_topics, PARTITIONS)
+    await create_topics(settings)
+    env = {**_env(settings), "GUARDRAIL_SIGNALS__LOOKBACK": "false"}
+    first = with_metrics(env, tmp_path / "first.log")
+    fleet.append(first)
+    await asyncio.to_thread(first.start)
+    await wait_until(first.ready, 30, "the first replica ready")
+    ids = [f"w-{i}" for i in range(60)]
+    await send(settings, labels(settings, ids))
+    await wait_until(lambda: count(first, "feedback.early") == 60, 30, "60 labels waiting")
+    second = with_metrics(env, tmp_path / "second.log")
+    fleet.append(second)
+    await asyncio.to_thread(second.start)
+    both = [first, second]
+    await wait_until(
+        lambda: (
+            holds(both) == PARTITIONS
+            and holds([second]) > 0
+            and "windows follow" in second.tail(200_000)
+        ),  # said after the reads back
+        45,
+        "the partitions shared",
+    )
+    log = second.tail(200_000)
+    moved = [ln.split(" INFO ", 1)[1] for ln in log.splitlines() if "windows follow" in ln]
+    assigned = [ln for ln in log.splitlines() if "assigned to partitions" in ln][-1]
+    mine = {int(p) for p in re.findall(r"retrieval', partition=(\d+)", assigned)}
+    theirs = sum(home(rid) in mine for rid in ids)
+    assert moved and f"{theirs} label(s) wait for their requests" in moved[-1], (theirs, moved)
+    seen = Monitor()
+    stop = asyncio.Event()
+    watcher = asyncio.create_task(watch(settings, seen, stop))
+    try:
+        await send(settings, requests(settings, "w", 60, trusted=False))
+        await wait_until(lambda: set(ids) <= set(seen.reading), 45, "60 verdicts")
+    finally:
+        stop.set()
+        await watcher
+    await wait_until(lambda: sum(map(labelled, both)) == 60, 30, "60 labels counted")
+    assert labelled(second) == theirs > 0
+    assert count(second, "feedback.unmatched") == 0

@@ -20,7 +20,8 @@ from sidecar.pipeline.ports import DecidedRequest, ReadLabel
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from tests.confidence.test_fleet_partitions import signal
-from tests.pipeline.test_processor_feedback import KEY, feedback_event, make_feed
+from tests.conftest import EventFactory
+from tests.pipeline.test_processor_feedback import KEY, decide, feedback_event, make_feed
 
 REF = InputRef("rag.feedback", 1, 7, partitions=3)
 F = InputKind.FEEDBACK
@@ -124,3 +125,70 @@ def test_a_label_read_back_then_consumed_again_is_not_a_replacement(
     assert (counts.labelled_covered, counts.labelled_uncovered, counts.errors_covered) == held
     feed(F, orjson.dumps(feedback_event(ids[0], correct=False)), key=ids[0].encode())
     assert c.feedback_replaced == 1  # a second label of a request still is one
+
+
+def test_a_label_waiting_for_its_request_moves_with_its_partition(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    # catching up, the feedback topic runs ahead of the inputs: a label waits for its
+    # request on the replica that read it. The partition moves (the lag scaled the fleet
+    # out): its new owner reads the label back before the request is decided anywhere,
+    # and keeps it waiting for it, as the old owner did
+    wall = 1_700_000_000_000
+    old = make_feed(settings_factory, coverage=CoverageMonitor())
+    value = orjson.dumps(feedback_event("req-a", correct=False))
+    old(F, value, key=b"req-a")
+    assert len(old.processor.waiting_labels) == 1
+
+    monitor = CoverageMonitor()
+    new = make_feed(settings_factory, coverage=monitor)
+    p = new.processor
+    stale = orjson.dumps(feedback_event("req-z", correct=False))  # past the decided memory
+    memory = p.waiting_labels.max_age_ms
+    read = [
+        p.read_back_label(
+            stale, b"req-z", InputRef("rag.feedback", 0, 0, timestamp_ms=wall - int(memory))
+        ),
+        p.read_back_label(value, b"req-a", InputRef("rag.feedback", 0, 1, timestamp_ms=wall - 5)),
+    ]
+    held = p.hold_partitions(frozenset({0}), 1, [label for label in read if label])
+    assert held is not None and held.labels_unmatched == 2
+    assert p.wait_for_requests(held.unknown, 0.0, wall) == 1  # req-z's would have left
+    assert len(p.waiting_labels) == 1
+    decide(new, retrieval_event, final_event, "req-a", now_ms=5_000.0)
+    counts = monitor.tracker.counts(KEY)
+    assert (counts.labelled_covered, counts.errors_covered) == (1, 1)
+    c = p.counters
+    assert (c.feedback, c.feedback_unmatched) == (0, 0)  # consumed by the old owner, not here
+
+
+def test_a_label_read_back_waits_without_taking_a_consumed_ones_room_and_leaves_uncounted(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    wall = 1_700_000_000_000
+    feed = make_feed(settings_factory, coverage=CoverageMonitor())
+    p = feed.processor
+    p.waiting_labels.max_entries = 2
+    feed(F, orjson.dumps(feedback_event("req-live")), key=b"req-live")
+    read = [
+        p.read_back_label(
+            orjson.dumps(feedback_event(f"req-{i}")),
+            f"req-{i}".encode(),
+            InputRef("rag.feedback", 0, i, timestamp_ms=wall - 100 + i),
+        )
+        for i in range(3)
+    ]
+    held = p.hold_partitions(frozenset({0}), 1, [label for label in read if label])
+    assert held is not None
+    assert p.wait_for_requests(held.unknown, 0.0, wall) == 1  # the newest, in the room left
+    assert p.waiting_labels.take("req-live") is not None  # the consumed one stays
+    assert p.waiting_labels.take("req-2") is not None
+    feed(F, orjson.dumps(feedback_event("req-live")), key=b"req-live")
+    p.wait_for_requests(held.unknown, 0.0, wall)
+    assert len(p.waiting_labels) == 2
+    memory = p.waiting_labels.max_age_ms
+    feed.processor.on_tick(memory + 1.0)  # both leave: only the consumed one is unmatched
+    assert len(p.waiting_labels) == 0
+    assert p.counters.feedback_unmatched == 1
