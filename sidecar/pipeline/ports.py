@@ -105,9 +105,10 @@ class ReadLabel:
     correct: bool
     abstained: bool
     partition: int  # whose windows it counts in: its request's
-    # the label as read, its trusted tenant ("" when events name it) and its record's
-    # timestamp: a label of a request not decided here yet waits for it (wait_for_requests)
-    event: FeedbackEvent | None = field(default=None, compare=False)
+    # its request's id, its trusted tenant ("" when events name it) and its record's
+    # timestamp: a label of a request not decided here yet waits for it (wait_for_requests;
+    # not the event itself: 20,000 labels read back held 26 MB with theirs, 3.6 without)
+    request_id: str = field(default="", compare=False)
     owner: str = field(default="", compare=False)
     timestamp_ms: int = field(default=-1, compare=False)
 

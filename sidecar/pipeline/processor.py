@@ -63,6 +63,9 @@ log = logging.getLogger("sidecar.pipeline")
 BatchItem = tuple[InputKind, bytes | None, bytes | None, InputRef]
 _GENERATION, _RETRIEVAL = InputKind.GENERATION, InputKind.RETRIEVAL  # one global read each
 _GENERATOR_ATTRIBUTE = outputs.model_attribute("generator")
+# the source a label read back waits with (its own is not kept: only correct and abstained
+# are read of a label)
+READ_BACK_SOURCE = "read-back"
 
 
 @dataclass(slots=True)
@@ -590,7 +593,13 @@ class Processor:
         name, label, owner = found
         partition = self.intake.label_partition(label.request_id, ref)
         return ReadLabel(
-            name, label.correct, label.abstained, partition, label, owner, ref.timestamp_ms
+            name,
+            label.correct,
+            label.abstained,
+            partition,
+            label.request_id,
+            owner,
+            ref.timestamp_ms,
         )
 
     def wait_for_requests(self, labels: Sequence[ReadLabel], now_ms: float, wall_ms: float) -> int:
@@ -604,10 +613,16 @@ class Processor:
         waiting = 0
         for label in reversed(labels):
             age = wall_ms - label.timestamp_ms
-            if label.event is None or label.timestamp_ms < 0 or not 0 <= age < memory:
+            if not label.request_id or label.timestamp_ms < 0 or not 0 <= age < memory:
                 continue
+            event = FeedbackEvent.model_construct(  # read as intake reads it: valid
+                request_id=label.request_id,
+                correct=label.correct,
+                abstained=label.abstained,
+                source=READ_BACK_SOURCE,
+            )
             waiting += self.waiting_labels.hold_read_back(
-                label.request_key, label.event, now_ms, label.owner
+                label.request_key, event, now_ms, label.owner
             )
         return waiting
 
