@@ -571,10 +571,10 @@ class SidecarService:
         if held is None:
             return
         waiting = 0
-        if held.unknown:  # the waiting labels are the processor's: on its thread
+        if held.unknown or held.gone:  # the waiting labels are the processor's: its thread
             now = self.intake.clock.read(_monotonic_ms())
             waiting = await self._in_worker(
-                self.processor.wait_for_requests, held.unknown, now, time.time() * 1000.0
+                self.processor.move_waiting_labels, held, count, now, time.time() * 1000.0
             )
         if said := _windows_moved(held, waiting):
             log.info("coverage windows follow the partitions: %s", said)

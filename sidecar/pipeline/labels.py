@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Final
 
+from guardrail_client.keys import partition_for
 from sidecar.contracts.events import FeedbackEvent
 from sidecar.pipeline.owners import OwnedKeys
 
@@ -73,6 +74,19 @@ class WaitingLabels:
         self._held[key] = (label, now_ms, owner, False)
         self._owners.add(owner, key)
         return True
+
+    def drop_homes(self, partitions: set[int], count: int) -> int:
+        """Forget the labels whose request murmur2 puts on ``partitions`` (of ``count``):
+        revoked, they are their new owner's to keep waiting (it reads them back), not
+        counted unmatched here. Returns how many."""
+        gone = [
+            key
+            for key, (label, *_) in self._held.items()
+            if partition_for(label.request_id, count) in partitions
+        ]
+        for key in gone:
+            self._remove(key)
+        return len(gone)
 
     def take(self, key: str) -> FeedbackEvent | None:
         """The label waiting for ``key``, if any (it stops waiting)."""

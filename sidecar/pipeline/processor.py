@@ -602,6 +602,19 @@ class Processor:
             ref.timestamp_ms,
         )
 
+    def move_waiting_labels(
+        self, held: HeldPartitions, count: int, now_ms: float, wall_ms: float
+    ) -> int:
+        """The labels waiting for their requests follow the partitions (an assignment's
+        :meth:`hold_partitions` said which moved): those whose request murmur2 puts on a
+        partition read elsewhere now leave, not counted unmatched (the new owner reads them
+        back and keeps them waiting; here they would wait in vain), and those read back
+        whose request is not known here wait for it (:meth:`wait_for_requests`). Returns
+        how many of those wait. Called on the processor's thread."""
+        if held.gone and count > 1 and len(self.waiting_labels):
+            self.waiting_labels.drop_homes(set(held.gone), count)
+        return self.wait_for_requests(held.unknown, now_ms, wall_ms)
+
     def wait_for_requests(self, labels: Sequence[ReadLabel], now_ms: float, wall_ms: float) -> int:
         """Labels read back for partitions just assigned whose requests are not known here
         (:attr:`HeldPartitions.unknown`, oldest first): those read within the decided memory

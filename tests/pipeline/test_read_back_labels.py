@@ -155,7 +155,7 @@ def test_a_label_waiting_for_its_request_moves_with_its_partition(
     ]
     held = p.hold_partitions(frozenset({0}), 1, [label for label in read if label])
     assert held is not None and held.labels_unmatched == 2
-    assert p.wait_for_requests(held.unknown, 0.0, wall) == 1  # req-z's would have left
+    assert p.move_waiting_labels(held, 1, 0.0, wall) == 1  # req-z's would have left
     assert len(p.waiting_labels) == 1
     decide(new, retrieval_event, final_event, "req-a", now_ms=5_000.0)
     counts = monitor.tracker.counts(KEY)
@@ -192,3 +192,28 @@ def test_a_label_read_back_waits_without_taking_a_consumed_ones_room_and_leaves_
     feed.processor.on_tick(memory + 1.0)  # both leave: only the consumed one is unmatched
     assert len(p.waiting_labels) == 0
     assert p.counters.feedback_unmatched == 1
+
+
+def test_labels_waiting_for_requests_of_partitions_gone_elsewhere_leave_uncounted(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    # the old owner's side of the move: the waiting labels of partitions read elsewhere now
+    # are the new owner's (it reads them back); kept here, they waited in vain and left as
+    # unmatched. A rebalance revokes every partition first (eager): only the assignment
+    # after it says which went elsewhere
+    feed = make_feed(settings_factory, coverage=CoverageMonitor())
+    p = feed.processor
+    ids = [f"req-{i}" for i in range(12)]
+    assert p.hold_partitions(frozenset({0, 1, 2}), 3) is not None
+    for rid in ids:
+        feed(F, orjson.dumps(feedback_event(rid)), key=rid.encode())
+    assert len(p.waiting_labels) == 12
+    gone = [rid for rid in ids if partition_for(rid, 3) == 1]
+    assert 0 < len(gone) < 12
+    held = p.hold_partitions(frozenset({0, 2}), 3)
+    assert held is not None and held.gone == (1,)
+    assert p.move_waiting_labels(held, 3, 0.0, 0.0) == 0
+    assert len(p.waiting_labels) == 12 - len(gone)
+    assert all(p.waiting_labels.take(rid) is None for rid in gone)
+    p.on_tick(p.waiting_labels.max_age_ms + 1.0)
+    assert p.counters.feedback_unmatched == 12 - len(gone)  # only the ones kept here
