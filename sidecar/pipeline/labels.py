@@ -77,8 +77,8 @@ class WaitingLabels:
 
     def drop_homes(self, partitions: set[int], count: int) -> int:
         """Forget the labels whose request murmur2 puts on ``partitions`` (of ``count``):
-        revoked, they are their new owner's to keep waiting (it reads them back), not
-        counted unmatched here. Returns how many."""
+        read elsewhere now, they are their new owner's to keep waiting (it reads them
+        back), not counted unmatched here. Returns how many."""
         gone = [
             key
             for key, (label, *_) in self._held.items()

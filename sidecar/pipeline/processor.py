@@ -618,15 +618,16 @@ class Processor:
     def wait_for_requests(self, labels: Sequence[ReadLabel], now_ms: float, wall_ms: float) -> int:
         """Labels read back for partitions just assigned whose requests are not known here
         (:attr:`HeldPartitions.unknown`, oldest first): those read within the decided memory
-        (``join.decided_memory_ms``) may have been waiting for their request where they
-        were read (the feedback topic ran ahead of the inputs), and wait for it here, the
-        newest first, in the room consumed labels leave. Returns how many wait. Called on
-        the processor's thread."""
+        (``join.decided_memory_ms``; a timestamp ahead of this clock counts as recent: the
+        producer's clock) may have been waiting for their request where they were read
+        (the feedback topic ran ahead of the inputs), and wait for it here, the newest
+        first, in the room consumed labels leave. Returns how many wait. Called on the
+        processor's thread."""
         memory = self.waiting_labels.max_age_ms  # join.decided_memory_ms
         waiting = 0
         for label in reversed(labels):
-            age = wall_ms - label.timestamp_ms
-            if not label.request_id or label.timestamp_ms < 0 or not 0 <= age < memory:
+            stamp = label.timestamp_ms
+            if not label.request_id or stamp < 0 or stamp <= wall_ms - memory:
                 continue
             event = FeedbackEvent.model_construct(  # read as intake reads it: valid
                 request_id=label.request_id,

@@ -217,3 +217,24 @@ def test_labels_waiting_for_requests_of_partitions_gone_elsewhere_leave_uncounte
     assert all(p.waiting_labels.take(rid) is None for rid in gone)
     p.on_tick(p.waiting_labels.max_age_ms + 1.0)
     assert p.counters.feedback_unmatched == 12 - len(gone)  # only the ones kept here
+
+
+def test_a_label_stamped_ahead_of_this_clock_counts_as_recent(
+    settings_factory: Callable[..., Settings],
+) -> None:
+    wall = 1_700_000_000_000
+    feed = make_feed(settings_factory, coverage=CoverageMonitor())
+    p = feed.processor
+    stamps = {"req-ahead": wall + 3_000, "req-none": -1, "req-old": wall - 10**9}
+    read = [
+        p.read_back_label(
+            orjson.dumps(feedback_event(rid)),
+            rid.encode(),
+            InputRef("rag.feedback", 0, i, timestamp_ms=ts),
+        )
+        for i, (rid, ts) in enumerate(stamps.items())
+    ]
+    held = p.hold_partitions(frozenset({0}), 1, [label for label in read if label])
+    assert held is not None
+    assert p.move_waiting_labels(held, 1, 0.0, wall) == 1  # the producer's clock runs ahead
+    assert p.waiting_labels.take("req-ahead") is not None
