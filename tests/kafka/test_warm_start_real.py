@@ -20,7 +20,7 @@ import signal
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from guardrail_client.keys import partition_for
 from sidecar.config import Settings
@@ -111,9 +112,9 @@ def with_metrics(env: dict[str, str], log: Path) -> SidecarProcess:
     return SidecarProcess(env, log)
 
 
-def window(replica: SidecarProcess, count: str) -> float:
-    """One of the replica's coverage window counts of the key (its scrape), -1 when it
-    does not answer."""
+def scraped(replica: SidecarProcess, wanted: Callable[[Sample], bool]) -> float:
+    """The sum of the replica's ``wanted`` samples (its scrape), -1 when it does not
+    answer."""
     url = f"http://127.0.0.1:{replica.env['GUARDRAIL_METRICS__PROMETHEUS_PORT']}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
@@ -124,8 +125,19 @@ def window(replica: SidecarProcess, count: str) -> float:
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == f"guardrail_coverage_window_{count}"
-        and sample.labels.get("calibration_key") == KEY
+        if wanted(sample)
+    )
+
+
+def window(replica: SidecarProcess, count: str) -> float:
+    """One of the replica's coverage window counts of the key (its scrape), -1 when it
+    does not answer."""
+    return scraped(
+        replica,
+        lambda sample: (
+            sample.name == f"guardrail_coverage_window_{count}"
+            and sample.labels.get("calibration_key") == KEY
+        ),
     )
 
 
@@ -339,11 +351,9 @@ async def test_a_replica_killed_and_replaced_leaves_the_fleets_coverage_windows_
         await asyncio.to_thread(replacement.start)
 
         def replaced() -> bool:  # the group settled without the killed replica
-            held = 0
-            for replica in (survivor, replacement):
-                lines = [ln for ln in replica.tail(100_000).splitlines() if "assigned to" in ln]
-                held += len(re.findall(r"retrieval', partition=", lines[-1] if lines else ""))
-            return held == partitions and window(replacement, "requests") > 0
+            return (
+                holds([survivor, replacement]) == partitions and window(replacement, "requests") > 0
+            )
 
         await wait_until(replaced, 45, "the replacement to hold partitions")
         both = [survivor, replacement]
@@ -650,19 +660,8 @@ async def test_the_fleets_windows_stay_whole_through_repeated_kills_and_restarts
 def count(replica: SidecarProcess, name: str) -> float:
     """One of the replica's ``guardrail.<name>`` counters (its scrape), -1 when it does not
     answer."""
-    url = f"http://127.0.0.1:{replica.env['GUARDRAIL_METRICS__PROMETHEUS_PORT']}/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            text = r.read().decode()
-    except OSError:
-        return -1.0
-    wanted = f"guardrail_{name.replace('.', '_')}"
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name in (wanted, f"{wanted}_total")
-    )
+    metric = f"guardrail_{name.replace('.', '_')}"
+    return scraped(replica, lambda sample: sample.name in (metric, f"{metric}_total"))
 
 
 async def test_labels_waiting_for_their_requests_move_with_their_partitions(
