@@ -570,14 +570,20 @@ class SidecarService:
         held = self.processor.hold_partitions(numbers, count, labels or ())
         if held is None:
             return
-        waiting = 0
-        if held.unknown or held.gone:  # the waiting labels are the processor's: its thread
-            now = self.intake.clock.read(_monotonic_ms())
-            waiting = await self._in_worker(
-                self.processor.move_waiting_labels, held, count, now, time.time() * 1000.0
-            )
-        if said := _windows_moved(held, waiting):
-            log.info("coverage windows follow the partitions: %s", said)
+        if not (held.unknown or held.gone):
+            _say_windows_moved(held)
+            return
+        # the waiting labels are the processor's: on its thread, after the batch in hand
+        # (which may outlast a rebalance: not waited for here) and before any batch with
+        # these partitions' records (they wait for this assignment's end to be queued)
+        now, wall = self.intake.clock.read(_monotonic_ms()), time.time() * 1000.0
+        self._after_batch_in_hand(self._move_waiting_labels, held, count, now, wall)
+
+    def _move_waiting_labels(
+        self, held: HeldPartitions, count: int, now_ms: float, wall_ms: float
+    ) -> None:
+        """``Processor.move_waiting_labels``, then the assignment's line (the worker's)."""
+        _say_windows_moved(held, self.processor.move_waiting_labels(held, count, now_ms, wall_ms))
 
     def _note_assignment(self) -> None:
         """Tell intake which partitions this replica reads: a record off its request's
@@ -989,6 +995,11 @@ class SidecarService:
             except Exception:  # a bug: said (one traceback per 10 s), and the next tick retries
                 log.exception("tick failed (will retry)", extra=PER_INPUT)
             report_repeats(logging.getLogger().handlers)  # a flood of client lines that ended
+
+
+def _say_windows_moved(held: HeldPartitions, waiting: int = 0) -> None:
+    if said := _windows_moved(held, waiting):
+        log.info("coverage windows follow the partitions: %s", said)
 
 
 def _windows_moved(held: HeldPartitions, waiting: int = 0) -> str:
