@@ -238,3 +238,29 @@ def test_a_label_stamped_ahead_of_this_clock_counts_as_recent(
     assert held is not None
     assert p.move_waiting_labels(held, 1, 0.0, wall) == 1  # the producer's clock runs ahead
     assert p.waiting_labels.take("req-ahead") is not None
+
+
+def test_a_waiting_label_read_back_then_consumed_live_counts_once(
+    settings_factory: Callable[..., Settings],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    # the old owner had not committed the label yet: the new owner reads it back and
+    # consumes it again; it waits once, and labels its request once
+    wall = 1_700_000_000_000
+    monitor = CoverageMonitor()
+    feed = make_feed(settings_factory, coverage=monitor)
+    p = feed.processor
+    value = orjson.dumps(feedback_event("req-a", correct=False))
+    label = p.read_back_label(value, b"req-a", InputRef("rag.feedback", 0, 0, timestamp_ms=wall))
+    assert label is not None
+    held = p.hold_partitions(frozenset({0}), 1, [label])
+    assert held is not None and p.move_waiting_labels(held, 1, 0.0, wall) == 1
+    feed(F, value, key=b"req-a")
+    assert len(p.waiting_labels) == 1
+    decide(feed, retrieval_event, final_event, "req-a", now_ms=5_000.0)
+    counts = monitor.tracker.counts(KEY)
+    assert (counts.labelled_covered, counts.errors_covered) == (1, 1)
+    c = p.counters
+    assert (c.feedback, c.feedback_replaced, c.feedback_unmatched) == (1, 0, 0)
+    assert len(p.waiting_labels) == 0
