@@ -567,13 +567,16 @@ async def test_rerouting_survives_an_instance_killed_and_replaced_mid_load(
     seen = Seen()
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch(settings, seen, stop))
-    sender = asyncio.create_task(send(settings, retrieval, rate_per_s=len(retrieval) / 9.0))
+    # 12 s of traffic: the replacement is ready only once the killed member's session ends
+    # (6 s; at 9 s of traffic, 6.1 s of the 6.5 left after the kill, and a loaded CI
+    # machine's start outlasted it)
+    sender = asyncio.create_task(send(settings, retrieval, rate_per_s=len(retrieval) / 12.0))
     librdkafka = asyncio.create_task(
         asyncio.to_thread(
             _produce_with_librdkafka_defaults,
             settings.kafka.bootstrap_servers,
             generation,
-            len(generation) / 9.0,
+            len(generation) / 12.0,
         )
     )
     await asyncio.sleep(2.5)
