@@ -21,6 +21,10 @@ ratio (B / A) say more. Writes each drain's rate, CPU per request and ``incomple
     PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 4 --b-off-partition
     PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 2 --instances 2 \\
         --requests 50000 --b-off-partition
+    # answers streamed in 20 pieces (20 generation.delta records each, as a service that
+    # publishes every few tokens writes them) instead of the bench's one
+    PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 4 --requests 4000 \\
+        --deltas 20 --b-argv "-m sidecar.lab.bench.floors noop"
 """
 
 from __future__ import annotations
@@ -66,17 +70,20 @@ async def alternate(
     after: Callable[[int], dict[str, Any]] | None = None,
     off_partition: tuple[bool, bool] = (False, False),
     instances: int = 1,
+    shape: LoadShape | None = None,
 ) -> tuple[list[list[dict[str, Any]]], list[float]]:
     """Drains of side 0 and side 1 alternated ``pairs`` times: each side's runs (``after``:
     more of a side's run, read once it is drained) and the per-pair rate ratios 1 / 0.
     ``off_partition``: per side, the load's generation records off their murmur2
-    partition (``Bench``); ``instances``: processes per drain, in one group."""
+    partition (``Bench``); ``instances``: processes per drain, in one group; ``shape``:
+    each answer's events (the bench's ``LoadShape()`` when not given)."""
+    shape = LoadShape() if shape is None else shape
     runs: list[list[dict[str, Any]]] = [[], []]
     for p in range(pairs):
         for side in (0, 1) if p % 2 == 0 else (1, 0):
             env, argv = sides[side]
             bench = Bench(broker, workdir, env, argv=argv, off_partition=off_partition[side])
-            result = await bench.drain(f"s{side}p{p}", requests, LoadShape(), instances=instances)
+            result = await bench.drain(f"s{side}p{p}", requests, shape, instances=instances)
             run = {
                 "answers_per_s": result.throughput_answers_per_s,
                 "cpu_us_per_request": round(result.cpu_s * 1e6 / requests, 1),
@@ -105,6 +112,7 @@ async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) ->
         args.requests,
         off_partition=off,
         instances=args.instances,
+        shape=streamed(args.deltas),
     )
     return {
         "what": "fast-path drains, side B against side A, alternated",
@@ -116,11 +124,20 @@ async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) ->
             "runs": runs[1],
         },
         "requests": args.requests,
+        "deltas_per_answer": args.deltas,
         "instances": args.instances,
         "b_vs_a": [round(r, 3) for r in ratios],
         "b_vs_a_median": round(statistics.median(ratios), 3) if ratios else None,
         **machine(),
     }
+
+
+def streamed(deltas: int) -> LoadShape:
+    """The bench's answer in ``deltas`` generation.delta records (one sentence each): its
+    one short sentence when ``deltas`` is 1."""
+    if deltas < 1:
+        raise SystemExit(f"--deltas takes a positive number of records, got {deltas}")
+    return LoadShape() if deltas == 1 else LoadShape(deltas=deltas, claims=deltas)
 
 
 def show(report: dict[str, Any], out: Path | None) -> None:
@@ -146,6 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "one (a producer with another partitioner): the sidecar reroutes every one",
     )
     parser.add_argument("--instances", type=int, default=1, help="processes per drain")
+    parser.add_argument(
+        "--deltas",
+        type=int,
+        default=1,
+        help="generation.delta records per answer, a sentence each (default 1: the bench's load)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     report = on_local_broker(lambda broker, workdir: _pairs(broker, workdir, args), "pairs-")
