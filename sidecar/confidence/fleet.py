@@ -258,7 +258,7 @@ class CoverageMonitor:
         (:meth:`remember_decided`: the warm start's and the recalls' read of the verdicts),
         its labels from ``labels`` (oldest first: the feedback topic's tail read back),
         each with the coverage of the request it labels (one not known here is left out,
-        counted in ``labels_unmatched`` and returned in ``unknown``: its request may not be
+        returned in ``unknown``, counted in ``labels_unmatched``: its request may not be
         decided yet, ``Processor.wait_for_requests``). A label of a certified allow also
         goes to its certificate's re-test (one label a request: a label it holds is
         replaced), so a restarted replica re-tests on its partitions' labels, not on none."""
@@ -305,7 +305,6 @@ class CoverageMonitor:
                 dropped=dropped,
                 labels=labelled,
                 labels_dropped=labels_dropped,
-                labels_unmatched=len(unknown),
                 unknown=tuple(unknown),
             )
 

@@ -123,11 +123,16 @@ class HeldPartitions:
     dropped: int  # requests of the gone ones, no longer counted here
     labels: int = 0  # labels read back for the new ones, counted here now
     labels_dropped: int = 0  # labels of the gone ones, no longer counted here
-    labels_unmatched: int = 0  # labels read back whose request is not known here: not counted
-    # ... those labels, oldest first: their requests may not be decided yet (the feedback
-    # topic ran ahead of the inputs), and a label waited for one where it was read; the
-    # recent ones wait here too (Processor.move_waiting_labels), the others are left out
+    # labels read back whose request is not known here, not counted, oldest first: their
+    # requests may not be decided yet (the feedback topic ran ahead of the inputs), and a
+    # label waited for one where it was read; the recent ones wait here too
+    # (Processor.move_waiting_labels), the others are left out
     unknown: tuple[ReadLabel, ...] = ()
+
+    @property
+    def labels_unmatched(self) -> int:
+        """How many labels read back found no request here (``unknown``)."""
+        return len(self.unknown)
 
 
 class RetrievalCertifier(Protocol):
