@@ -93,7 +93,9 @@ def _paced(settings: Settings, ids: list[str]) -> list[Record]:
 
 
 @pytest.mark.parametrize(
-    ("partitions", "sig"), [(3, signal.SIGKILL), (4, signal.SIGTERM)], ids=["3-kill", "4-term"]
+    ("partitions", "sig", "backlog"),
+    [(3, signal.SIGKILL, False), (4, signal.SIGTERM, False), (3, signal.SIGKILL, True)],
+    ids=["3-kill", "4-term", "3-kill-backlog"],
 )
 async def test_a_replica_lost_mid_verification_and_replaced_loses_no_claim(
     kafka_broker: LocalKafka,
@@ -102,7 +104,10 @@ async def test_a_replica_lost_mid_verification_and_replaced_loses_no_claim(
     fleet: list[SidecarProcess],  # noqa: F811 - the fixture
     partitions: int,
     sig: signal.Signals,
+    backlog: bool,
 ) -> None:
+    """``backlog``: every record sent at once, so the replicas verify a queue of answers
+    (fetching paused behind it) when one goes; else paced over ~10 s."""
     settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions)
     await create_topics(settings)
     t = settings.topics
@@ -121,12 +126,16 @@ async def test_a_replica_lost_mid_verification_and_replaced_loses_no_claim(
     out = Outputs()
     stop = asyncio.Event()
     watcher = asyncio.create_task(_watch(settings, out, stop))
-    sender = asyncio.create_task(send(settings, records, rate_per_s=len(records) / 10.0))
+    rate = None if backlog else len(records) / 10.0
+    sender = asyncio.create_task(send(settings, records, rate_per_s=rate))
     try:
         # killed while it verifies: claim verdicts are going out and answers are still open
         await wait_until(lambda: out.claim_records >= 10, 90, "claim verdicts flowing")
-        assert not sender.done(), "the traffic ended before the kill: send it slower"
-        before = out.claim_records
+        before, decided_before = out.claim_records, len(out.finals)
+        if backlog:
+            assert decided_before < n, "every answer was decided before the kill"
+        else:
+            assert not sender.done(), "the traffic ended before the kill: send it slower"
         code = await asyncio.to_thread(fleet[0].signal, sig)
         assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL), fleet[0].tail()
         replacement = SidecarProcess(env, tmp_path / "sidecar-replacement.log")
@@ -179,5 +188,6 @@ async def test_a_replica_lost_mid_verification_and_replaced_loses_no_claim(
         f"\n2 replicas x {partitions} partitions, claims on, {sig.name} + replacement: {n} "
         f"requests, final verdicts by copies {dict(repeats)}, {out.claim_records} claim "
         f"verdicts for {len(out.claims)} claims ({repeated} given twice or more, each "
-        f"identical); {before} claim verdicts out before the kill"
+        f"identical); {before} claim verdicts and {decided_before} final ones out before "
+        f"the {'backlog' if backlog else 'paced traffic'}'s {sig.name}"
     )
