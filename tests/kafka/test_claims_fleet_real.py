@@ -22,9 +22,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
 
 from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
@@ -33,7 +31,7 @@ from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka
 from sidecar.lab.replay import Record, send
 from tests.kafka.harness import end_offsets, read_settled, wait_until
-from tests.kafka.test_scale_out import _env, _settings, fleet  # noqa: F401 - fleet: a fixture
+from tests.kafka.test_scale_out import _env, _settings, fleet, watch  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.connected
 
@@ -51,33 +49,12 @@ class Outputs:
         self.claims: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
         self.claim_records = 0
 
-    def add(self, topic: str, value: dict[str, Any], verdicts: str) -> None:
-        if topic == verdicts:
-            if value.get("stage", "final") == "final":
-                self.finals[value["request_id"]].append(value)
-        else:
-            self.claims[(value["request_id"], value["claim_index"])].append(value)
+    def add(self, verdict: dict[str, Any], now: float) -> None:
+        if verdict["event_type"] == "claim.verdict":
+            self.claims[(verdict["request_id"], verdict["claim_index"])].append(verdict)
             self.claim_records += 1
-
-
-async def _watch(settings: Settings, out: Outputs, stop: asyncio.Event) -> None:
-    t = settings.topics
-    consumer = AIOKafkaConsumer(
-        t.verdicts,
-        t.claims,
-        bootstrap_servers=settings.kafka.bootstrap_servers,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await consumer.start()
-    try:
-        while not stop.is_set():
-            batch = await consumer.getmany(timeout_ms=100)
-            for tp, records in batch.items():
-                for r in records:
-                    out.add(tp.topic, orjson.loads(r.value), t.verdicts)
-    finally:
-        await consumer.stop()
+        elif verdict["stage"] == "final":
+            self.finals[verdict["request_id"]].append(verdict)
 
 
 def _paced(settings: Settings, ids: list[str]) -> list[Record]:
@@ -125,7 +102,7 @@ async def test_a_replica_lost_mid_verification_and_replaced_loses_no_claim(
     records = _paced(settings, ids)
     out = Outputs()
     stop = asyncio.Event()
-    watcher = asyncio.create_task(_watch(settings, out, stop))
+    watcher = asyncio.create_task(watch(settings, out, stop, claims=True))
     rate = None if backlog else len(records) / 10.0
     sender = asyncio.create_task(send(settings, records, rate_per_s=rate))
     try:

@@ -136,10 +136,14 @@ class VerdictSink(Protocol):
     def add(self, verdict: dict[str, Any], now: float) -> None: ...
 
 
-async def watch(settings: Settings, seen: VerdictSink, stop: asyncio.Event) -> None:
-    """Every verdict on the topic into ``seen`` (its parsed JSON, when it came) until ``stop``."""
+async def watch(
+    settings: Settings, seen: VerdictSink, stop: asyncio.Event, *, claims: bool = False
+) -> None:
+    """Every verdict on the topic into ``seen`` (its parsed JSON, when it came) until ``stop``;
+    ``claims``: the claim verdicts' topic's too (told apart by ``event_type``)."""
     consumer = AIOKafkaConsumer(
         settings.topics.verdicts,
+        *((settings.topics.claims,) if claims else ()),
         bootstrap_servers=settings.kafka.bootstrap_servers,
         auto_offset_reset="earliest",
         enable_auto_commit=False,
