@@ -11,7 +11,8 @@ killed replica's uncommitted work, carry the same idempotency key), none ``incom
 nothing dead-lettered, and a claim verdict for each of its claims; a claim verdicted
 twice, once by the replica that died and once by the one that took its partition, must
 say the same (label, score, key): the verifier's fp32 arithmetic gives every replica the
-same logits.
+same logits. The LLM service, iterating each request's claims with the client's
+``VerdictClient.claims`` from before it sent the request, sees each claim exactly once.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from guardrail_client import VerdictClient
 from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.corpus import request_records
@@ -103,6 +105,17 @@ async def test_a_replica_lost_mid_verification_and_replaced_loses_no_claim(
     out = Outputs()
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch(settings, out, stop, claims=True))
+    # the LLM service's side: each request's claims iterated from before it is sent, as a
+    # service that streams them to its user does (the client drops repeats by their key)
+    service = VerdictClient(
+        settings.kafka.bootstrap_servers, verdicts_topic=t.verdicts, claims_topic=t.claims
+    )
+    await service.start()
+
+    async def streamed_to_user(rid: str) -> list[int]:
+        return [c.claim_index async for c in service.claims(rid, timeout=240)]
+
+    users = {rid: asyncio.create_task(streamed_to_user(rid)) for rid in ids}
     rate = None if backlog else len(records) / 10.0
     sender = asyncio.create_task(send(settings, records, rate_per_s=rate))
     try:
@@ -126,9 +139,13 @@ async def test_a_replica_lost_mid_verification_and_replaced_loses_no_claim(
             "a claim verdict for every claim",
         )
         await asyncio.sleep(2.0)  # late repeats, if any
+        shown = {rid: await asyncio.wait_for(task, 60) for rid, task in users.items()}
     finally:
         stop.set()
         await watcher
+        for task in users.values():
+            task.cancel()
+        await service.stop()
 
     survivors = fleet[1:]
     assert all(p.ready() for p in survivors), [p.tail() for p in survivors]
@@ -150,6 +167,8 @@ async def test_a_replica_lost_mid_verification_and_replaced_loses_no_claim(
         assert {v["signals"]["claims"]["n"] for v in verdicts} == {CLAIMS_PER_ANSWER}, verdicts
     for rid in ids:
         assert {c for (r, c) in out.claims if r == rid} == set(range(CLAIMS_PER_ANSWER)), rid
+        # the service's user saw each claim once, repeats or not
+        assert sorted(shown[rid]) == list(range(CLAIMS_PER_ANSWER)), (rid, shown[rid])
     repeated = 0
     for claims in out.claims.values():
         if len(claims) > 1:
