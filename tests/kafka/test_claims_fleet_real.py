@@ -6,13 +6,13 @@ answers stream in as deltas, a claim a delta, so claim verdicts go out while ans
 still open. Once claim verdicts are flowing one replica is killed (SIGKILL: no hand-over,
 its inputs uncommitted) or stopped (SIGTERM: it stops within its grace, its open
 requests left to the next owner) and a fresh one is started, as Kubernetes restarts a
-pod; traffic goes on throughout. Every request must get one final answer verdict (repeats, from the
-killed replica's uncommitted work, carry the same idempotency key), none ``incomplete``,
-nothing dead-lettered, and a claim verdict for each of its claims; a claim verdicted
-twice, once by the replica that died and once by the one that took its partition, must
-say the same (label, score, key): the verifier's fp32 arithmetic gives every replica the
-same logits. The LLM service, iterating each request's claims with the client's
-``VerdictClient.claims`` from before it sent the request, sees each claim exactly once.
+pod; traffic goes on throughout. Every request must get one final answer verdict
+(repeats, from the killed replica's uncommitted work, carry the same idempotency key),
+none ``incomplete``, nothing dead-lettered, and a claim verdict for each of its claims;
+a claim verdicted twice, once by the replica that went and once by the one that took its
+partition, must say the same (label, score, key): the verifier's fp32 arithmetic gives
+every replica the same logits. The LLM service, iterating each request's claims with the
+client's ``VerdictClient.claims`` from before it sent the request, sees each claim once.
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ async def test_a_replica_lost_mid_verification_and_replaced_loses_no_claim(
     sig: signal.Signals,
     backlog: bool,
 ) -> None:
-    """``backlog``: every record sent at once, so the replicas verify a queue of answers
-    (fetching paused behind it) when one goes; else paced over ~10 s."""
+    """``backlog``: every record sent at once, so the replicas have a queue of answers to
+    verify when one goes; else paced over ~10 s."""
     settings = _settings(kafka_broker.bootstrap_servers, unique_topics, partitions)
     await create_topics(settings)
     t = settings.topics
