@@ -26,14 +26,18 @@ from typing import Any
 import pytest
 
 from guardrail_client import VerdictClient
-from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
-from sidecar.lab.chaos.corpus import request_records
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka
-from sidecar.lab.replay import Record, send
+from sidecar.lab.replay import send
 from tests.kafka.harness import end_offsets, read_settled, wait_until
-from tests.kafka.test_scale_out import _env, _settings, fleet, watch  # noqa: F401 - a fixture
+from tests.kafka.test_scale_out import (  # noqa: F401 - fleet: a fixture
+    _env,
+    _settings,
+    fleet,
+    interleaved,
+    watch,
+)
 
 pytestmark = pytest.mark.connected
 
@@ -57,18 +61,6 @@ class Outputs:
             self.claim_records += 1
         elif verdict["stage"] == "final":
             self.finals[verdict["request_id"]].append(verdict)
-
-
-def _paced(settings: Settings, ids: list[str]) -> list[Record]:
-    """Request i's retrieval, then its deltas and final interleaved with the next
-    requests' (two requests ahead): several answers stream at once, as a busy service's."""
-    per = [request_records(settings.topics, rid, deltas=CLAIMS_PER_ANSWER) for rid in ids]
-    timed = [
-        (i + 2.0 * j / (len(records) - 1), i, j, record)
-        for i, records in enumerate(per)
-        for j, record in enumerate(records)
-    ]
-    return [record for *_, record in sorted(timed, key=lambda x: x[:3])]
 
 
 @pytest.mark.parametrize(
@@ -101,7 +93,8 @@ async def test_a_replica_lost_mid_verification_and_replaced_loses_no_claim(
 
     n = 45
     ids = [f"cf-{i}" for i in range(n)]
-    records = _paced(settings, ids)
+    # each answer over the 2 steps after its retrieval: several stream at once
+    records = interleaved(settings, ids, spread=(2.0, 2.0), deltas=CLAIMS_PER_ANSWER)
     out = Outputs()
     stop = asyncio.Event()
     watcher = asyncio.create_task(watch(settings, out, stop, claims=True))

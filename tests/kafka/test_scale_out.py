@@ -89,16 +89,20 @@ def _env(settings: Settings) -> dict[str, str]:
 
 
 def interleaved(
-    settings: Settings, ids: list[str], seed: int = 14, spread: tuple[float, float] = (1.0, 12.0)
+    settings: Settings,
+    ids: list[str],
+    seed: int = 14,
+    spread: tuple[float, float] = (1.0, 12.0),
+    deltas: int = 2,
 ) -> list[Record]:
     """Whole requests, several open at once and of different lengths, as a busy LLM service
-    writes them: request i's retrieval at step i, its deltas and final spread over the next
-    1 to 12 steps (``spread``): a long answer started early finishes after short ones started
-    later."""
+    writes them: request i's retrieval at step i, its ``deltas`` deltas and final spread over
+    the next 1 to 12 steps (``spread``): a long answer started early finishes after short
+    ones started later."""
     rng = random.Random(seed)
     timed: list[tuple[float, int, Record]] = []
     for i, rid in enumerate(ids):
-        records = request_records(settings.topics, rid)
+        records = request_records(settings.topics, rid, deltas=deltas)
         length = rng.uniform(*spread)
         steps = len(records) - 1
         for j, record in enumerate(records):
