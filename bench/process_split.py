@@ -4,7 +4,7 @@ The sidecar runs ``Processor.on_batch`` on a worker thread of its one process, s
 the event loop (fetch, track, publish, commit) and the processor share one GIL and
 a drain costs their sum. This asks what a child process for the processor (its own
 GIL, the machine's other core) would buy, without changing the sidecar: ``serve``
-runs the sidecar with ``SidecarService._process`` patched to send each batch's
+runs the sidecar with ``SidecarService._work_on`` patched to send each batch's
 items to a one-process pool (spawned; it builds the served processor from the same
 settings) and to publish the returned steps in their order, with up to
 ``--in-flight`` batches at the child at once (1: the loop waits for each, as the
@@ -106,19 +106,6 @@ def _child_on_batch(items: list[BatchItem], now_ms: float) -> Step:
     return step
 
 
-class _Capture(Processor):
-    """Takes the items ``SidecarService._process`` builds, instead of deciding them."""
-
-    def __init__(self) -> None:  # no settings, no signals: it decides nothing
-        self.items: list[BatchItem] = []
-        self.now_ms: float | None = None
-
-    def on_batch(self, items: Sequence[BatchItem], now_ms: float) -> Step:
-        self.items.extend(items)
-        self.now_ms = now_ms
-        return Step()
-
-
 def serve() -> int:
     """The sidecar, its ``on_batch`` calls in a child process (see the module's text)."""
     from sidecar.cli.main import main  # noqa: PLC0415
@@ -127,7 +114,6 @@ def serve() -> int:
     in_flight = int(os.environ.get(_IN_FLIGHT_ENV, "2"))
     pools: dict[int, ProcessPoolExecutor] = {}
     sent: deque[asyncio.Future[None]] = deque()
-    unsplit = app.SidecarService._process
 
     def pool(service: app.SidecarService) -> ProcessPoolExecutor:
         if id(service) not in pools:
@@ -142,18 +128,17 @@ def serve() -> int:
         return pools[id(service)]
 
     async def split(service: app.SidecarService, records: tuple[Any, ...]) -> None:
-        capture = _Capture()
-        real, service.processor = service.processor, capture
-        try:
-            await unsplit(service, records)  # builds the items as it does; submits an empty step
-        finally:
-            service.processor = real
-        if capture.now_ms is None:
+        async with service._handler_lock:  # the items as the sidecar builds them
+            if service._stopping.is_set():
+                return
+            items = service._items(records)
+            now_ms = service.intake.clock.read(app._monotonic_ms())
+        if not items:
             return  # no record of ours in the batch
         while len(sent) >= in_flight:
             await sent.popleft()
         loop = asyncio.get_running_loop()
-        result = loop.run_in_executor(pool(service), _child_on_batch, capture.items, capture.now_ms)
+        result = loop.run_in_executor(pool(service), _child_on_batch, items, now_ms)
         before = sent[-1] if sent else None
 
         async def publish() -> None:
@@ -163,7 +148,7 @@ def serve() -> int:
 
         sent.append(asyncio.ensure_future(publish()))
 
-    app.SidecarService._process = split  # type: ignore[method-assign,assignment]
+    app.SidecarService._work_on = split  # type: ignore[method-assign,assignment]
     return main(["run"])
 
 

@@ -94,12 +94,13 @@ class KafkaSettings(_Section):
         ge=1_000,
         le=_INT32_MAX,
         description="how long the group waits for a member to rejoin when it rebalances. A "
-        "member rejoins once the batch in its processor is through (a batch with claims on "
-        "takes seconds to minutes), so that its verdicts are committed, not decided again "
-        "by the next owner. aiokafka's default, session_timeout_ms, dropped a member busy "
-        "longer than that from every rebalance: two replicas over a backlog of 15 s batches "
-        "took the partitions from each other for good and decided nothing (Java's consumer "
-        "uses max.poll.interval.ms, 300000). At least session_timeout_ms (unset, it follows a "
+        "member rejoins once the part of a batch in its processor is through (part_budget_ms; "
+        "one record's claims can still take seconds on a throttled CPU), so that its "
+        "verdicts are committed, not decided again by the next owner. aiokafka's default, "
+        "session_timeout_ms, dropped a member busy longer than that from every rebalance: two "
+        "replicas over a backlog of 15 s batches took the partitions from each other for good "
+        "and decided nothing (Java's consumer uses max.poll.interval.ms, 300000). At least "
+        "session_timeout_ms (unset, it follows a "
         "longer session_timeout_ms)",
     )
     max_poll_records: int = Field(default=500, ge=1)
@@ -136,6 +137,18 @@ class KafkaSettings(_Section):
         "one confirmed publish at a time, the benchmark's baseline)",
     )
     batch_timeout_ms: int = Field(default=5, ge=0, le=10_000)
+    part_budget_ms: int = Field(
+        default=100,
+        ge=0,
+        le=600_000,
+        description="processor time a consumed batch is worked on before what it has decided "
+        "is published and the rest of the batch waits for the next part (with claims on, an "
+        "answer's verdict also goes out as soon as it is decided). Bounds how long a verdict "
+        "waits for the rest of its batch, how long a stop or a rebalance waits for the "
+        "processor, and what the next owner of a killed replica's partitions decides again "
+        "(a batch of a backlog with claims on is ~100 answers, ~30 s of verification). 0: a "
+        "batch is one part",
+    )
     processing_thread: bool = Field(
         default=True,
         description="run the processor (segmentation, verifier, lookback) on a worker thread "

@@ -15,6 +15,7 @@ in-memory ones before (what FastStream's ``TestKafkaBroker`` drives).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -67,7 +68,7 @@ from sidecar.pipeline.join import InputRef
 from sidecar.pipeline.offsets import OffsetTracker
 from sidecar.pipeline.outputs import INPUT_DESTINATIONS, Destination
 from sidecar.pipeline.ports import HeldPartitions
-from sidecar.pipeline.processor import Processor
+from sidecar.pipeline.processor import BatchItem, Processor
 from sidecar.pipeline.tally import Outcome
 from sidecar.telemetry import Telemetry
 
@@ -444,10 +445,11 @@ class SidecarService:
             log.error("the %s task ended", task.get_name(), exc_info=exc)
 
     async def stop(self) -> None:
-        """Graceful stop: pause intake, finish the batch in hand, commit the low watermark.
+        """Graceful stop: pause intake, finish the part in hand, commit the low watermark.
 
         Complete requests have had their verdicts published by the time the
-        batch in hand is through. Queued batches and half-requests keep their
+        part of the batch in hand is through (``_work_on``); the rest of that batch,
+        queued batches and half-requests keep their
         offsets pending, so the committed position stays at or below them:
         whoever owns the partition next re-reads them and completes the join.
         Nothing is written back into the LLM service's topics to finish later (the only
@@ -652,11 +654,12 @@ class SidecarService:
         return tuple(kept)
 
     async def on_revoked(self, revoked: set[TP]) -> None:
-        # nothing more of theirs goes to the processor; the batch it has in hand goes through
-        # to its publish first, then the steps in flight finish their inputs once confirmed
-        # (milliseconds): waited for, bounded, so the commit below covers their verdicts and
-        # the new owner does not decide them again (audit: committed before the batch in hand
-        # was through, whose requests the new owner then decided a second time, 8 of 30)
+        # nothing more of theirs goes to the processor (nor the rest of the batch in hand);
+        # the part it has in hand goes through to its publish first, then the steps in flight
+        # finish their inputs once confirmed (milliseconds): waited for, bounded, so the
+        # commit below covers their verdicts and the new owner does not decide them again
+        # (audit: committed before the batch in hand was through, whose requests the new
+        # owner then decided a second time, 8 of 30)
         queued = self._drop_queued(revoked)
         in_hand = await self._batch_in_hand_through()
         try:
@@ -700,14 +703,16 @@ class SidecarService:
         return self.queue.drop(revoked)
 
     async def _batch_in_hand_through(self) -> bool:
-        """Take the handler lock once the batch in the processor is published (True), or
-        give up after half the time the group waits for this member to rejoin (False).
+        """Take the handler lock once the part of a batch in the processor is published
+        (True), or give up after half the time the group waits for this member to rejoin
+        (False).
 
-        A batch can outlast any rebalance timeout (500 answers of 64 claim pairs on a
-        throttled CPU): waiting for it past that dropped the member from the group, and two
-        replicas took the partitions from each other for good (audit). Left out, its
-        requests on the revoked partitions may be decided again by their new owner, under
-        the same idempotency keys."""
+        A part is ``GUARDRAIL_KAFKA__PART_BUDGET_MS`` of work and then the record at which
+        it ran out, whose claims can take long on a throttled CPU; before parts, a batch
+        (500 answers of 64 claim pairs) could outlast any rebalance timeout: waiting for it
+        past that dropped the member from the group, and two replicas took the partitions
+        from each other for good (audit). Left out, its requests on the revoked partitions
+        may be decided again by their new owner, under the same idempotency keys."""
         wait_s = self.settings.kafka.rebalance_timeout_ms / 2000
         try:
             async with asyncio.timeout(wait_s):
@@ -853,23 +858,58 @@ class SidecarService:
             records = await self.queue.get()
             self._queue_changed()
             self._revoked_in_hand = set()
-            async with self._handler_lock:
-                revoked, self._revoked_in_hand = self._revoked_in_hand, None
-                if self._stopping.is_set():
-                    return
-                if revoked:  # a revocation came first: left to the new owner, as if queued
-                    records = tuple(r for r in records if (r.topic, r.partition) not in revoked)
-                    if not records:
-                        continue
-                try:
-                    with self.telemetry.consuming(records, self.settings.kafka.group_id):
-                        await self._process(records)
-                except Exception:  # as a handler's error was: logged, its inputs left pending
-                    log.exception("processing a batch of %d records failed", len(records))
+            try:
+                await self._work_on(records)
+            except Exception:  # as a handler's error was: logged, its inputs left pending
+                log.exception("processing a batch of %d records failed", len(records))
+            finally:
+                self._revoked_in_hand = None
 
-    async def _process(self, records: Records) -> None:
-        """One consumed batch, inside its CONSUMER span (``_drain`` holds the lock)."""
-        items = []
+    async def _work_on(self, records: Records) -> None:
+        """One consumed batch, in parts (``GUARDRAIL_KAFKA__PART_BUDGET_MS`` of processor
+        work each), each part's outputs handed to the publisher before the next part.
+
+        Each part holds the handler lock, so a stop or a revocation waiting for the
+        processor takes it between two parts, not after the whole batch (with claims on,
+        a backlog's batch is ~100 answers of verification: ~30 s): after a stop the rest
+        of the batch stays pending for the next owner, after a revocation the rest loses
+        the revoked partitions' records (as queued batches do), whose new owner reads
+        them. The batch's CONSUMER span covers all its parts.
+        """
+        budget_ns = self.settings.kafka.part_budget_ms * 1_000_000 or None
+        items: list[BatchItem] | None = None
+        start = 0
+        with contextlib.ExitStack() as span:
+            while items is None or start < len(items):
+                async with self._handler_lock:
+                    revoked, self._revoked_in_hand = self._revoked_in_hand, set()
+                    if self._stopping.is_set():
+                        return
+                    if items is None:
+                        if revoked:  # a revocation came first: left to the new owner
+                            records = tuple(
+                                r for r in records if (r.topic, r.partition) not in revoked
+                            )
+                        if not records:
+                            return
+                        span.enter_context(
+                            self.telemetry.consuming(records, self.settings.kafka.group_id)
+                        )
+                        items = self._items(records)
+                    elif revoked:  # between two parts: the rest is the new owner's
+                        items = [item for item in items[start:] if item[3].tp not in revoked]
+                        start = 0
+                    if start >= len(items):
+                        return
+                    now = self.intake.clock.read(_monotonic_ms())
+                    step, start = await self._in_worker(
+                        self.processor.on_part, items, start, now, budget_ns
+                    )
+                    await self.publisher.submit(step)
+
+    def _items(self, records: Records) -> list[BatchItem]:
+        """The processor's view of consumed records (ours only: another topic's are done)."""
+        items: list[BatchItem] = []
         # the partition count each record's topic has now: intake checks it is where its
         # request id hashes to (a producer with another partitioner tears requests apart)
         counts = self.clients.consumer.known_partitions(self._kinds)
@@ -892,9 +932,7 @@ class SidecarService:
                 self.tracker.done(ref.tp, ref.offset)
                 continue
             items.append((kind, record.value, record.key, ref))
-        now = self.intake.clock.read(_monotonic_ms())
-        step = await self._in_worker(self.processor.on_batch, items, now)
-        await self.publisher.submit(step)
+        return items
 
     async def align(self) -> None:
         """Measure lag, then pause / resume input partitions (alignment, backpressure)."""

@@ -192,12 +192,38 @@ class Processor:
 
     def on_batch(self, items: Sequence[BatchItem], now_ms: float) -> Step:
         """A consumed batch; the requests it completes are scored together, in order."""
+        step, _ = self.on_part(items, 0, now_ms, None)
+        return step
+
+    def on_part(
+        self, items: Sequence[BatchItem], start: int, now_ms: float, budget_ns: int | None
+    ) -> tuple[Step, int]:
+        """``items[start:]`` until ``budget_ns`` of work is spent: the step, and where the
+        next part starts (``len(items)``: the batch is through).
+
+        A part ends after the record at which the budget ran out, or, with the claim
+        check on, after a record that completed a request: its claims not verified yet
+        (all of them, when its retrieval came after its answer) are verified as it is
+        decided, at the part's end, and its verdict should not wait for more of the
+        batch. ``None``: the whole rest, one part. The adapter publishes each
+        part's step before the next is worked on, so a batch with claims on streams its
+        verdicts instead of holding them all to its end (``bench/batch_parts.py``: a
+        backlog of 100 claim-path answers had its first verdict after 16-33 s, often all
+        100 at once; in parts, after 1.9-3.4 s).
+        """
         step = Step()
         # by identity, in completion order (PendingRequest's dataclass == compares every field)
         completed: dict[int, PendingRequest] = {}
         progress = self.progress
         retrieval = feedback = 0  # records per kind (generation: the rest), tallied once
-        for item in items:
+        clock_ns = self._clock_ns
+        deadline = None if budget_ns is None else clock_ns() + budget_ns
+        claims_on = self.scoring.signals.claims is not None
+        end = len(items)
+        index = start
+        while index < end:
+            item = items[index]
+            index += 1
             kind, raw, key, ref = item
             progress.beat()
             if kind is not _GENERATION:  # most records are deltas: one test each
@@ -218,11 +244,13 @@ class Processor:
                 error = InputError("internal-error", _describe(exc))
                 step.extend(self.dead_letter(raw, key, ref, error))
                 self.counters.inputs.add(kind, Outcome.DEAD_LETTERED)
-        self.counters.consumed += len(items)
-        self.counters.inputs.batch(retrieval, len(items) - retrieval - feedback, feedback)
+            if deadline is not None and ((claims_on and completed) or clock_ns() >= deadline):
+                break
+        self.counters.consumed += index - start
+        self.counters.inputs.batch(retrieval, index - start - retrieval - feedback, feedback)
         if completed:
             step.extend(self._decide_all(list(completed.values()), now_ms))
-        return step
+        return step, index
 
     def _admit(
         self, item: BatchItem, now_ms: float, step: Step, completed: dict[int, PendingRequest]

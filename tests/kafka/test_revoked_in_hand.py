@@ -30,19 +30,21 @@ async def test_a_batch_taken_from_the_queue_before_a_revocation_is_left_to_the_n
     t = service.settings.topics
     processor = service.processor
     deciding, release = threading.Event(), threading.Event()
-    on_batch = processor.on_batch
+    on_part = processor.on_part
 
-    def held_on_batch(items: Sequence[BatchItem], now_ms: float) -> Step:
-        if any(b'"req-a"' in (value or b"") for _, value, _, _ in items):
+    def held_on_part(
+        items: Sequence[BatchItem], start: int, now_ms: float, budget_ns: int | None
+    ) -> tuple[Step, int]:
+        if any(b'"req-a"' in (value or b"") for _, value, _, _ in items[start:]):
             deciding.set()
             release.wait(5)
-        return on_batch(items, now_ms)
+        return on_part(items, start, now_ms, budget_ns)
 
     async def no_commit(only: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
         del only
         return {}
 
-    processor.on_batch = held_on_batch  # type: ignore[method-assign]
+    processor.on_part = held_on_part  # type: ignore[method-assign]
     service.commit = no_commit  # type: ignore[method-assign]
     revoked = {(t.retrieval, 0), (t.generation, 0)}
     async with TestKafkaBroker(service.broker):

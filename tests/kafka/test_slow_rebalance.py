@@ -51,11 +51,13 @@ class SlowProcessor(Processor):
         super().__init__(settings, PlaceholderPolicy())
         self.batch_started = threading.Event()
 
-    def on_batch(self, items: Sequence[BatchItem], now_ms: float) -> Step:
-        if items:
+    def on_part(
+        self, items: Sequence[BatchItem], start: int, now_ms: float, budget_ns: int | None
+    ) -> tuple[Step, int]:
+        if items and start == 0:  # one record's work that no part budget can split
             self.batch_started.set()
             time.sleep(BATCH_S)  # on the worker thread, as the verifier's work is
-        return super().on_batch(items, now_ms)
+        return super().on_part(items, start, now_ms, budget_ns)
 
 
 async def test_a_replica_joining_during_a_batch_longer_than_the_session_timeout(

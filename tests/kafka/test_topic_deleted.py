@@ -75,14 +75,16 @@ async def test_a_batch_being_decided_when_its_topic_is_deleted_finishes_nothing_
     retrieval = (t.retrieval, 0)
     processor = service.processor
     deciding, release = threading.Event(), threading.Event()
-    on_batch = processor.on_batch
+    on_part = processor.on_part
 
-    def held_on_batch(items: Sequence[BatchItem], now_ms: float) -> Step:
+    def held_on_part(
+        items: Sequence[BatchItem], start: int, now_ms: float, budget_ns: int | None
+    ) -> tuple[Step, int]:
         deciding.set()
         release.wait(5)
-        return on_batch(items, now_ms)
+        return on_part(items, start, now_ms, budget_ns)
 
-    processor.on_batch = held_on_batch  # type: ignore[method-assign]
+    processor.on_part = held_on_part  # type: ignore[method-assign]
     async with TestKafkaBroker(service.broker):
         old = _read(t.retrieval, 0, retrieval_event("req-old"))
         await service._handle(old + _read(t.generation, 0, final_event("req-old")))

@@ -29,16 +29,16 @@ from tests.kafka.harness import read_verdicts, settings_for
 
 pytestmark = pytest.mark.connected
 
-# the sidecar's own CLI, with Processor.on_batch held while the hang file exists
+# the sidecar's own CLI, with Processor.on_part held while the hang file exists
 HANGING_RUN = """
 import os, sys, time
 import sidecar.pipeline.processor as processor
-served = processor.Processor.on_batch
-def on_batch(self, items, now_ms):
+served = processor.Processor.on_part
+def on_part(self, items, start, now_ms, budget_ns):
     while os.path.exists(os.environ["TEST_HANG_FILE"]):
         time.sleep(0.05)
-    return served(self, items, now_ms)
-processor.Processor.on_batch = on_batch
+    return served(self, items, start, now_ms, budget_ns)
+processor.Processor.on_part = on_part
 from sidecar.cli.main import main
 sys.exit(main(["run"]))
 """

@@ -140,6 +140,13 @@ class ConstantVerdictProcessor(Processor):
         self.counters.inputs.batch(retrieval, len(items) - retrieval - feedback, feedback)
         return step
 
+    def on_part(
+        self, items: Sequence[BatchItem], start: int, now_ms: float, budget_ns: int | None
+    ) -> tuple[Step, int]:
+        """The rest of the batch in one part (``on_batch``): a floor's batch is quick."""
+        del budget_ns
+        return self.on_batch(items if start == 0 else items[start:], now_ms), len(items)
+
     def _answer(self, kind: InputKind, raw: bytes | None, key: bytes | None) -> Output | None:
         """The verdict for a keyed final event, told by its bytes (no JSON read)."""
         if kind is not _GENERATION or key is None or not is_final(raw):
