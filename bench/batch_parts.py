@@ -81,6 +81,7 @@ async def _run(
     claims: list[float] = []
     first: float | None = None
     decided: set[str] = set()
+    incomplete = 0
     stop_s: float | None = None
     exit_code: int | None = None
     try:
@@ -100,6 +101,7 @@ async def _run(
                         continue
                     answers.append(waited)
                     decided.add(obj["request_id"])
+                    incomplete += any(r["code"] == "incomplete" for r in obj["reasons"])
                     first = now if first is None else first
             if args.mode == "stop" and first is not None and now - first >= args.stop_after:
                 t0 = time.monotonic()
@@ -114,6 +116,7 @@ async def _run(
     out: dict[str, Any] = {
         "budget_ms": int(budget_ms),
         "answers_decided": len(decided),
+        "incomplete": incomplete,
         "first_verdict_s": None if first is None else round(first - started, 2),
         "answer_waited_ms": percentiles(answers),
         "claim_waited_ms": percentiles(claims),

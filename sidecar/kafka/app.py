@@ -874,12 +874,14 @@ class SidecarService:
         a backlog's batch is ~100 answers of verification: ~30 s): after a stop the rest
         of the batch stays pending for the next owner, after a revocation the rest loses
         the revoked partitions' records (as queued batches do), whose new owner reads
-        them. The batch's CONSUMER span covers all its parts.
+        them. The batch's CONSUMER span covers all its parts; the join clock stands
+        still while some of its records wait for a later part (``_left_in_hand``).
         """
         budget_ns = self.settings.kafka.part_budget_ms * 1_000_000 or None
         items: list[BatchItem] | None = None
         start = 0
         with contextlib.ExitStack() as span:
+            span.callback(self._left_in_hand, 0)
             while items is None or start < len(items):
                 async with self._handler_lock:
                     revoked, self._revoked_in_hand = self._revoked_in_hand, set()
@@ -906,6 +908,15 @@ class SidecarService:
                         self.processor.on_part, items, start, now, budget_ns
                     )
                     await self.publisher.submit(step)
+                    self._left_in_hand(len(items) - start)
+
+    def _left_in_hand(self, records: int) -> None:
+        """The batch in hand has ``records`` its parts have not reached: while it has any,
+        the join clock stands still, as for queued records (the join TTL is not charged
+        for the processor's work on the parts before them)."""
+        if records != self.intake.in_hand:
+            self.intake.in_hand = records
+            self._queue_changed()
 
     def _items(self, records: Records) -> list[BatchItem]:
         """The processor's view of consumed records (ours only: another topic's are done)."""

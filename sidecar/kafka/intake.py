@@ -145,6 +145,10 @@ class IntakeControl:
         self.clock = clock
         self.paused: set[TP] = set()  # what this service has paused on the consumer
         self.lag: dict[TP, int] = {}  # as last measured
+        # records of the batch in hand that its parts have not reached yet: read and not
+        # worked on, as queued ones are (a part's join time is not charged for the ones
+        # before it: 50 of 60 requests of a backlog came out incomplete at a 1 s TTL)
+        self.in_hand = 0
 
     def on_queue(
         self,
@@ -203,4 +207,9 @@ class IntakeControl:
             self.aligner.forget(revoked)
 
     def _behind(self, queued: int) -> bool:
-        return queued > 0 or self.backpressure.paused or any(v > 0 for v in self.lag.values())
+        return (
+            queued > 0
+            or self.in_hand > 0
+            or self.backpressure.paused
+            or any(v > 0 for v in self.lag.values())
+        )

@@ -34,10 +34,11 @@ pytestmark = pytest.mark.connected
 CLAIM_S = 0.05
 
 
-def _settings(broker: LocalKafka, topics: dict[str, str], partitions: int) -> Settings:
+def _settings(broker: LocalKafka, topics: dict[str, str], partitions: int, **join: int) -> Settings:
     return Settings.load(
         kafka={"bootstrap_servers": broker.bootstrap_servers, "group_id": topics["group"]},
         topics={**{k: v for k, v in topics.items() if k != "group"}, "partitions": partitions},
+        join=join,
         http={"enabled": False},
     )
 
@@ -87,3 +88,34 @@ async def test_a_stop_during_a_backlog_batch_leaves_its_rest_to_the_next_owner_d
     assert not repeated, f"decided twice across a graceful stop: {repeated}"
     assert incomplete_count(verdicts) == 0
     assert second.processor.counters.verdicts == REQUESTS - decided_first
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+async def test_the_join_ttl_is_not_charged_for_the_parts_before_a_request_s_other_half(
+    kafka_broker: LocalKafka,
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    partitions: int,
+) -> None:
+    """Every retrieval of the backlog is written before the answers, so a poll holds the
+    retrievals and then the answers, each answer a part (its claims, 90 ms); a join TTL of
+    1 s against ~5 s of parts between a request's halves. Audit: the ticks between parts
+    swept the retrievals the parts had not reached the answers of yet: 50 of 60 requests
+    ``incomplete`` (a whole batch read its join time once). The records a batch has left
+    for later parts now hold the join clock, as queued records do."""
+    monkeypatch.setattr(test_backpressure, "CLAIM_S", 0.03)
+    settings = _settings(kafka_broker, unique_topics, partitions, ttl_ms=1000, sweep_interval_ms=50)
+    await create_topics(settings)
+    await _burst(settings, retrieval_event, final_event)
+    service = _service(settings)
+    await service.start()
+    try:
+        verdicts = await read_verdicts(settings, REQUESTS, timeout_s=90, linger_s=0.5)
+    finally:
+        await service.stop()
+    assert {v["request_id"] for v in verdicts} == {f"req-{i}" for i in range(REQUESTS)}
+    assert incomplete_count(verdicts) == 0, f"{incomplete_count(verdicts)} of {REQUESTS}"
+    assert service.intake.clock.held_ms > 1_000  # held across parts, not luck
+    assert service.intake.in_hand == 0
