@@ -208,8 +208,8 @@ class Processor:
         batch. ``None``: the whole rest, one part. The adapter publishes each
         part's step before the next is worked on, so a batch with claims on streams its
         verdicts instead of holding them all to its end (``bench/batch_parts.py``: a
-        backlog of 100 claim-path answers had its first verdict after 16-33 s, often all
-        100 at once; in parts, after 1.9-3.4 s).
+        backlog of 100 claim-path answers had its first verdict after 11-33 s, often all
+        100 at once; in parts, after 1.6-3.4 s).
         """
         step = Step()
         # by identity, in completion order (PendingRequest's dataclass == compares every field)

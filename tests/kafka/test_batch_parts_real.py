@@ -2,7 +2,7 @@
 verdicts are out and committed; the rest of the batch is the next owner's, decided once.
 
 Before: with claims on, a sidecar started on a backlog verified a whole poll (100 answers
-of the bench's claim shape: 16-19 s with the shipped verifier, ``bench/batch_parts.py``)
+of the bench's claim shape: 11-19 s with the shipped verifier, ``bench/batch_parts.py``)
 before any of its verdicts went out, and a stop (a rolling update's SIGTERM) waited for
 the whole batch: past the kubelet's grace it was killed, and the next owner decided the
 batch again. Here a
