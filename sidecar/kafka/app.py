@@ -871,7 +871,8 @@ class SidecarService:
 
         Each part holds the handler lock, so a stop or a revocation waiting for the
         processor takes it between two parts, not after the whole batch (with claims on,
-        a backlog's batch is ~100 answers of verification: ~30 s): after a stop the rest
+        a backlog's poll of 100 answers took 11-19 s to verify, ``bench/batch_parts.py``):
+        after a stop the rest
         of the batch stays pending for the next owner, after a revocation the rest loses
         the revoked partitions' records (as queued batches do), whose new owner reads
         them. The batch's CONSUMER span covers all its parts; the join clock stands

@@ -205,8 +205,8 @@ class Processor:
         check on, after a record that completed a request: its claims not verified yet
         (all of them, when its retrieval came after its answer) are verified as it is
         decided, at the part's end, and its verdict should not wait for more of the
-        batch. ``None``: the whole rest, one part. The adapter publishes each
-        part's step before the next is worked on, so a batch with claims on streams its
+        batch. ``None``: the whole rest, one part. The adapter hands each part's
+        step to the producer before the next is worked on, so a batch with claims on streams its
         verdicts instead of holding them all to its end (``bench/batch_parts.py``: a
         backlog of 100 claim-path answers had its first verdict after 11-33 s, often all
         100 at once; in parts, after 1.6-3.4 s).
