@@ -20,6 +20,7 @@ from sidecar.pipeline.processor import BatchItem, Processor
 from sidecar.policy import PlaceholderPolicy
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import settings_for, wait_until
+from tests.kafka.test_revoked_in_hand import no_commit
 
 
 def _record(topic: str, partition: int, event: dict[str, object]) -> ConsumerRecord[bytes, bytes]:
@@ -58,16 +59,11 @@ async def test_a_revocation_between_two_parts_leaves_the_rest_of_the_batch_to_th
         items: Sequence[BatchItem], start: int, now_ms: float, budget_ns: int | None
     ) -> tuple[Step, int]:
         parts.append(start)
-        if b'"generation.final"' in (items[start][1] or b"") and b'"req-a"' in (
-            items[start][1] or b""
-        ):
+        value = items[start][1] or b""
+        if b'"generation.final"' in value and b'"req-a"' in value:  # req-a's final
             deciding.set()
             release.wait(5)
         return on_part(items, start, now_ms, budget_ns)
-
-    async def no_commit(only: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
-        del only
-        return {}
 
     processor._admit = slow_admit  # type: ignore[method-assign, assignment]
     processor.on_part = held_on_part  # type: ignore[method-assign]

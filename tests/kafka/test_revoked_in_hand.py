@@ -23,6 +23,12 @@ from tests.kafka.harness import wait_until
 from tests.kafka.test_topic_deleted import _read, _service
 
 
+async def no_commit(only: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
+    """``SidecarService.commit`` that commits nothing (a test's offsets stay pending)."""
+    del only
+    return {}
+
+
 async def test_a_batch_taken_from_the_queue_before_a_revocation_is_left_to_the_new_owner(
     unique_topics: dict[str, str], retrieval_event: EventFactory, final_event: EventFactory
 ) -> None:
@@ -39,10 +45,6 @@ async def test_a_batch_taken_from_the_queue_before_a_revocation_is_left_to_the_n
             deciding.set()
             release.wait(5)
         return on_part(items, start, now_ms, budget_ns)
-
-    async def no_commit(only: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
-        del only
-        return {}
 
     processor.on_part = held_on_part  # type: ignore[method-assign]
     service.commit = no_commit  # type: ignore[method-assign]
