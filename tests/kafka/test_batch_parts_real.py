@@ -5,9 +5,9 @@ Before: with claims on, a sidecar started on a backlog verified a whole poll (10
 of the bench's claim shape: 11-19 s with the shipped verifier, ``bench/batch_parts.py``)
 before any of its verdicts went out, and a stop (a rolling update's SIGTERM) waited for
 the whole batch: past the kubelet's grace it was killed, and the next owner decided the
-batch again. Here a
-claim check of 50 ms a claim (0.15 s a request, 6 s for the backlog) and a stop as soon
-as the first verdicts are out, over one and two partitions.
+batch again. Here a claim check of 50 ms a claim (0.15 s a request, 9 s for the
+backlog of 60) and a stop as soon as the first verdicts are out, over one and two
+partitions.
 """
 
 from __future__ import annotations
