@@ -29,6 +29,8 @@ def register(sub: Any) -> None:
 
 HEADLINE = (
     "fast_drain_vs_noop",
+    "fast_drain_vs_noop_pairs",
+    "fast_drain_vs_noop_single",
     "p99_at_half_capacity_vs_noop",
     "full_path_vs_fast_path",
     "noop_vs_raw_client",

@@ -9,6 +9,7 @@ the runs' results, tested without Kafka.
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -16,15 +17,20 @@ from typing import Any, Protocol
 from sidecar.golden import CPUINFO, cpu_features
 
 __all__ = [
+    "PAIRS",
     "RATE_HELD",
     "cpu_model",
     "floors_report",
     "incomplete_failure",
     "machine",
+    "paired_report",
     "print_report",
 ]
 
 RATE_HELD = 0.9  # an open loop held its rate if it sent at least this share of it
+# alternated drains of the sidecar and the no-op, ``paired_fast_{i}`` / ``paired_noop_{i}``:
+# the first drains of a run differed by up to 1.7x between runs minutes apart
+PAIRS = 3
 
 
 class _Run(Protocol):
@@ -45,6 +51,9 @@ class _Run(Protocol):
 
     @property
     def offered_answers_per_s(self) -> float | None: ...
+
+    @property
+    def cpu_s(self) -> float: ...
 
 
 def cpu_model(cpuinfo: Path = CPUINFO) -> str | None:
@@ -94,13 +103,17 @@ def floors_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
     ``fast_half`` and ``noop_half`` (open loops at half the no-op's drain rate), and
     optionally ``parse_drain`` (the no-op reading every record's JSON), ``dict_drain``
     (the no-op loop deciding with :class:`~sidecar.lab.bench.dict_floor.DictFloor`) and
-    ``native_drain`` (the same sketch compiled: :mod:`sidecar.lab.bench.native_floor`).
+    ``native_drain`` (the same sketch compiled: :mod:`sidecar.lab.bench.native_floor`),
+    and the alternated pairs of :func:`paired_report`, whose median, where there are
+    any, is ``fast_drain_vs_noop`` (``fast_drain_vs_noop_single``: the first drains').
     """
     fast, noop, raw = runs["fast_drain"], runs["noop_drain"], runs["raw_drain"]
     parse_rate, dict_rate, native_rate = (
         None if (run := runs.get(name)) is None else run.throughput_answers_per_s
         for name in ("parse_drain", "dict_drain", "native_drain")
     )
+    single = _ratio(fast.throughput_answers_per_s, noop.throughput_answers_per_s)
+    paired = paired_report(runs)
     fast_p99 = runs["fast_half"].latency_ms.get("p99")
     noop_p99 = runs["noop_half"].latency_ms.get("p99")
     rate = half_capacity(noop.throughput_answers_per_s)
@@ -109,7 +122,13 @@ def floors_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
         "noop": runs["noop_half"].offered_answers_per_s,
     }
     return {
-        "fast_drain_vs_noop": _ratio(fast.throughput_answers_per_s, noop.throughput_answers_per_s),
+        # the median of the alternated pairs' ratios where the run has pairs, else the
+        # first drains' (the sidecar's on a broker just started, the no-op's minutes later)
+        "fast_drain_vs_noop": single
+        if paired["fast_drain_vs_noop_paired"] is None
+        else paired["fast_drain_vs_noop_paired"],
+        "fast_drain_vs_noop_single": single,
+        **paired,
         "p99_at_half_capacity_vs_noop": _ratio(fast_p99, noop_p99),
         "full_path_vs_fast_path": _ratio(
             runs["full_drain"].throughput_answers_per_s, fast.throughput_answers_per_s
@@ -137,6 +156,38 @@ def floors_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
         ),
         "p99_ms_at_half_capacity": fast_p99,
         "noop_p99_ms_at_half_capacity": noop_p99,
+    }
+
+
+def paired_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
+    """The sidecar against the no-op in alternated drains of the same load.
+
+    Pair ``i`` is ``paired_fast_{i}`` and ``paired_noop_{i}`` (drained one after the
+    other, the order alternating from pair to pair). Each pair's ratio compares two
+    drains seconds apart, so the machine's drift (the no-op's rate moved from
+    7,595 to 12,539 answers/s between two runs minutes apart) mostly cancels; the
+    median of the pairs is the run's ``fast_drain_vs_noop``. CPU per request is each
+    process's own (user + system) over the requests it drained.
+    """
+    ratios: list[float] = []
+    cpu: dict[str, list[float]] = {"sidecar": [], "noop": []}
+    rates: dict[str, list[float]] = {"sidecar": [], "noop": []}
+    i = 0
+    while (f := runs.get(f"paired_fast_{i}")) is not None and (
+        n := runs.get(f"paired_noop_{i}")
+    ) is not None:
+        i += 1
+        for side, run in (("sidecar", f), ("noop", n)):
+            rates[side].append(run.throughput_answers_per_s)
+            cpu[side].append(round(run.cpu_s * 1e6 / max(1, run.requests), 1))
+        ratio = _ratio(f.throughput_answers_per_s, n.throughput_answers_per_s)
+        if ratio is not None:
+            ratios.append(ratio)
+    return {
+        "fast_drain_vs_noop_paired": round(statistics.median(ratios), 3) if ratios else None,
+        "fast_drain_vs_noop_pairs": ratios,
+        "paired_answers_per_s": rates,
+        "paired_cpu_us_per_request": cpu,
     }
 
 

@@ -24,7 +24,13 @@ from sidecar.kafka.topics import create_topics
 from sidecar.lab.bench import native_floor
 from sidecar.lab.bench.e2e import Bench, LoadShape, RunResult
 from sidecar.lab.bench.profile import profile_paths
-from sidecar.lab.bench.ratios import floors_report, half_capacity, incomplete_failure, machine
+from sidecar.lab.bench.ratios import (
+    PAIRS,
+    floors_report,
+    half_capacity,
+    incomplete_failure,
+    machine,
+)
 from sidecar.lab.bench.stages import run_claim_stages, run_stages
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka, default_home, ensure_jars, free_port, lib_for
@@ -77,6 +83,7 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     # the floors drain 4x the requests: at 4-5x the fast path's rate, 5,000 took them
     # 0.2-0.4 s and their rate moved by +-20 % between runs
     runs.update(await _floors(broker, workdir, fast, int(80000 * scale), int(10000 * scale)))
+    runs.update(await _pairs(broker, workdir, fast, int(80000 * scale)))
     full = Bench(broker, workdir, {"GUARDRAIL_SIGNALS__CLAIMS": "true"})
     claims_shape = LoadShape(k=5, deltas=5, claims=5, attention=None)
     _log("full path drain (5 claims per answer, K=5)")
@@ -204,6 +211,23 @@ async def _floors(
     duration_s = n_open / rate
     runs["fast_half"] = await fast.open_loop("ohalf", rate, duration_s, LoadShape())
     runs["noop_half"] = await noop.open_loop("nhalf", rate, duration_s, LoadShape())
+    return runs
+
+
+async def _pairs(
+    broker: LocalKafka, workdir: Path, fast: Bench, n: int, pairs: int = PAIRS
+) -> dict[str, RunResult]:
+    """``pairs`` drains of ``n`` requests each through the sidecar and through the no-op,
+    alternated (no-op first in even pairs, the sidecar first in odd ones), after the
+    runs above warmed the broker: ``fast_drain_vs_noop`` is the median of their ratios
+    (``ratios.paired_report``)."""
+    noop = Bench(broker, workdir, fast.extra_env, argv=("-m", "sidecar.lab.bench.floors", "noop"))
+    runs: dict[str, RunResult] = {}
+    for i in range(pairs):
+        order = (("noop", noop), ("fast", fast)) if i % 2 == 0 else (("fast", fast), ("noop", noop))
+        for side, bench in order:
+            _log(f"alternated drains, pair {i + 1} of {pairs}: {side}")
+            runs[f"paired_{side}_{i}"] = await bench.drain(f"p{side}{i}", n, LoadShape())
     return runs
 
 

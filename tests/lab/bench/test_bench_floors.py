@@ -138,6 +138,7 @@ class _Run:
     requests: int = 10
     verdicts: int = 10
     offered_answers_per_s: float | None = None
+    cpu_s: float = 0.0
 
 
 def _runs(noop_offered: float) -> dict[str, _Run]:
@@ -170,6 +171,30 @@ def test_floors_report_divides_the_sidecar_by_its_floors() -> None:
     assert report["p99_ms_at_half_capacity"] == 30.0
     assert report["half_capacity_offered_answers_per_s"] == {"sidecar": 499.0, "noop": 480.0}
     assert report["half_capacity_rate_held"] is True
+
+
+def test_alternated_pairs_give_the_drain_ratio_their_median() -> None:
+    runs = _runs(noop_offered=480.0)  # the first drains: 800 / 1,000
+    for i, (fast, noop) in enumerate([(300.0, 1000.0), (330.0, 600.0), (250.0, 1000.0)]):
+        runs[f"paired_fast_{i}"] = _Run(fast, requests=2000, cpu_s=0.6)
+        runs[f"paired_noop_{i}"] = _Run(noop, requests=2000, cpu_s=0.2)
+    runs["paired_fast_3"] = _Run(900.0)  # its no-op drain missing: not a pair
+    report = floors_report(runs)
+    assert report["fast_drain_vs_noop_pairs"] == [0.3, 0.55, 0.25]
+    assert report["fast_drain_vs_noop"] == report["fast_drain_vs_noop_paired"] == 0.3
+    assert report["fast_drain_vs_noop_single"] == 0.8
+    assert report["paired_answers_per_s"] == {
+        "sidecar": [300.0, 330.0, 250.0],
+        "noop": [1000.0, 600.0, 1000.0],
+    }
+    assert report["paired_cpu_us_per_request"] == {
+        "sidecar": [300.0] * 3,
+        "noop": [100.0] * 3,
+    }
+    # without pairs the first drains' ratio stands, and says it has no pairs
+    alone = floors_report(_runs(noop_offered=480.0))
+    assert alone["fast_drain_vs_noop"] == alone["fast_drain_vs_noop_single"] == 0.8
+    assert alone["fast_drain_vs_noop_paired"] is None and alone["fast_drain_vs_noop_pairs"] == []
 
 
 def test_a_load_generator_behind_its_rate_marks_the_half_capacity_point_not_held() -> None:
