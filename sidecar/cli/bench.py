@@ -32,6 +32,7 @@ HEADLINE = (
     "fast_drain_vs_noop_pairs",
     "fast_drain_vs_noop_single",
     "p99_at_half_capacity_vs_noop",
+    "p99_at_half_sidecar_capacity_vs_noop",
     "full_path_vs_fast_path",
     "noop_vs_raw_client",
     "parse_vs_noop",

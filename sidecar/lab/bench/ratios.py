@@ -25,6 +25,7 @@ __all__ = [
     "machine",
     "paired_report",
     "print_report",
+    "sidecar_half_report",
 ]
 
 RATE_HELD = 0.9  # an open loop held its rate if it sent at least this share of it
@@ -54,6 +55,9 @@ class _Run(Protocol):
 
     @property
     def cpu_s(self) -> float: ...
+
+    @property
+    def config(self) -> dict[str, Any]: ...
 
 
 def cpu_model(cpuinfo: Path = CPUINFO) -> str | None:
@@ -129,6 +133,7 @@ def floors_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
         else paired["fast_drain_vs_noop_paired"],
         "fast_drain_vs_noop_single": single,
         **paired,
+        **sidecar_half_report(runs),
         "p99_at_half_capacity_vs_noop": _ratio(fast_p99, noop_p99),
         "full_path_vs_fast_path": _ratio(
             runs["full_drain"].throughput_answers_per_s, fast.throughput_answers_per_s
@@ -188,6 +193,32 @@ def paired_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
         "fast_drain_vs_noop_pairs": ratios,
         "paired_answers_per_s": rates,
         "paired_cpu_us_per_request": cpu,
+    }
+
+
+def sidecar_half_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
+    """The sidecar's p99 against the no-op's where neither queues: both open loops
+    (``fast_sidecar_half``, ``noop_sidecar_half``) at half the sidecar's drain rate.
+
+    ``p99_at_half_capacity_vs_noop`` offers half the *no-op's* rate, which a sidecar
+    draining under half the no-op's rate cannot serve: its p99 there is a queue's. This
+    point is the latency the sidecar adds to its loop's at a rate it serves (``None``
+    where the run has no such loops).
+    """
+    fast, noop = runs.get("fast_sidecar_half"), runs.get("noop_sidecar_half")
+    if fast is None or noop is None:
+        return {"p99_at_half_sidecar_capacity_vs_noop": None}
+    fast_p99, noop_p99 = fast.latency_ms.get("p99"), noop.latency_ms.get("p99")
+    offered = {"sidecar": fast.offered_answers_per_s, "noop": noop.offered_answers_per_s}
+    rate = float(fast.config.get("rate_answers_per_s", 0.0))
+    return {
+        "p99_at_half_sidecar_capacity_vs_noop": _ratio(fast_p99, noop_p99),
+        "p99_ms_at_half_sidecar_capacity": fast_p99,
+        "noop_p99_ms_at_half_sidecar_capacity": noop_p99,
+        "half_sidecar_capacity_answers_per_s": rate,
+        "half_sidecar_capacity_offered_answers_per_s": offered,
+        "half_sidecar_capacity_rate_held": rate > 0
+        and all(o is not None and o >= RATE_HELD * rate for o in offered.values()),
     }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -83,7 +84,7 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     # the floors drain 4x the requests: at 4-5x the fast path's rate, 5,000 took them
     # 0.2-0.4 s and their rate moved by +-20 % between runs
     runs.update(await _floors(broker, workdir, fast, int(80000 * scale), int(10000 * scale)))
-    runs.update(await _pairs(broker, workdir, fast, int(80000 * scale)))
+    runs.update(await _pairs(broker, workdir, fast, int(80000 * scale), int(10000 * scale)))
     full = Bench(broker, workdir, {"GUARDRAIL_SIGNALS__CLAIMS": "true"})
     claims_shape = LoadShape(k=5, deltas=5, claims=5, attention=None)
     _log("full path drain (5 claims per answer, K=5)")
@@ -215,12 +216,14 @@ async def _floors(
 
 
 async def _pairs(
-    broker: LocalKafka, workdir: Path, fast: Bench, n: int, pairs: int = PAIRS
+    broker: LocalKafka, workdir: Path, fast: Bench, n: int, n_open: int, *, pairs: int = PAIRS
 ) -> dict[str, RunResult]:
     """``pairs`` drains of ``n`` requests each through the sidecar and through the no-op,
     alternated (no-op first in even pairs, the sidecar first in odd ones), after the
     runs above warmed the broker: ``fast_drain_vs_noop`` is the median of their ratios
-    (``ratios.paired_report``)."""
+    (``ratios.paired_report``). Then both open loops at half the sidecar's drain rate
+    (the pairs' median), ``n_open`` requests each: the latency the sidecar adds to the
+    loop's where it does not queue (``ratios.sidecar_half_report``)."""
     noop = Bench(broker, workdir, fast.extra_env, argv=("-m", "sidecar.lab.bench.floors", "noop"))
     runs: dict[str, RunResult] = {}
     for i in range(pairs):
@@ -228,6 +231,11 @@ async def _pairs(
         for side, bench in order:
             _log(f"alternated drains, pair {i + 1} of {pairs}: {side}")
             runs[f"paired_{side}_{i}"] = await bench.drain(f"p{side}{i}", n, LoadShape())
+    rates = [runs[f"paired_fast_{i}"].throughput_answers_per_s for i in range(pairs)]
+    rate = half_capacity(statistics.median(rates))
+    _log(f"fast path and no-op open loops at half the sidecar's capacity ({rate} answers/s)")
+    runs["fast_sidecar_half"] = await fast.open_loop("oshalf", rate, n_open / rate, LoadShape())
+    runs["noop_sidecar_half"] = await noop.open_loop("nshalf", rate, n_open / rate, LoadShape())
     return runs
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -139,6 +140,7 @@ class _Run:
     verdicts: int = 10
     offered_answers_per_s: float | None = None
     cpu_s: float = 0.0
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 def _runs(noop_offered: float) -> dict[str, _Run]:
@@ -195,6 +197,28 @@ def test_alternated_pairs_give_the_drain_ratio_their_median() -> None:
     alone = floors_report(_runs(noop_offered=480.0))
     assert alone["fast_drain_vs_noop"] == alone["fast_drain_vs_noop_single"] == 0.8
     assert alone["fast_drain_vs_noop_paired"] is None and alone["fast_drain_vs_noop_pairs"] == []
+
+
+def test_the_latency_point_at_half_the_sidecars_own_rate() -> None:
+    runs = _runs(noop_offered=480.0)
+    assert floors_report(runs)["p99_at_half_sidecar_capacity_vs_noop"] is None  # not run
+    asked = {"rate_answers_per_s": 150.0}
+    runs["fast_sidecar_half"] = _Run(
+        150.0, {"p99": 24.0}, offered_answers_per_s=149.0, config=asked
+    )
+    runs["noop_sidecar_half"] = _Run(
+        150.0, {"p99": 16.0}, offered_answers_per_s=150.0, config=asked
+    )
+    report = floors_report(runs)
+    assert report["p99_at_half_sidecar_capacity_vs_noop"] == 1.5
+    assert report["p99_ms_at_half_sidecar_capacity"] == 24.0
+    assert report["noop_p99_ms_at_half_sidecar_capacity"] == 16.0
+    assert report["half_sidecar_capacity_answers_per_s"] == 150.0
+    assert report["half_sidecar_capacity_rate_held"] is True
+    runs["noop_sidecar_half"] = _Run(
+        120.0, {"p99": 16.0}, offered_answers_per_s=120.0, config=asked
+    )
+    assert floors_report(runs)["half_sidecar_capacity_rate_held"] is False  # 0.8 of the rate
 
 
 def test_a_load_generator_behind_its_rate_marks_the_half_capacity_point_not_held() -> None:
