@@ -25,6 +25,14 @@ ratio (B / A) say more. Writes each drain's rate, CPU per request and ``incomple
     # publishes every few tokens writes them) instead of the bench's one
     PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 4 --requests 4000 \\
         --deltas 20 --b-argv "-m sidecar.lab.bench.floors noop"
+
+``--rate R``: open loops instead of drains, ``--requests`` requests offered at R answers/s
+(after the bench's warm-up), and the per-pair ratios of their latency (B / A, p50 and
+p99) instead of rates::
+
+    # the processor on the event loop, at about half the sidecar's drain rate
+    PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 6 --requests 2500 \\
+        --rate 1100 --b-env GUARDRAIL_KAFKA__PROCESSING_THREAD=false
 """
 
 from __future__ import annotations
@@ -71,33 +79,58 @@ async def alternate(
     off_partition: tuple[bool, bool] = (False, False),
     instances: int = 1,
     shape: LoadShape | None = None,
+    rate: float | None = None,
 ) -> tuple[list[list[dict[str, Any]]], list[float]]:
     """Drains of side 0 and side 1 alternated ``pairs`` times: each side's runs (``after``:
     more of a side's run, read once it is drained) and the per-pair rate ratios 1 / 0.
     ``off_partition``: per side, the load's generation records off their murmur2
     partition (``Bench``); ``instances``: processes per drain, in one group; ``shape``:
-    each answer's events (the bench's ``LoadShape()`` when not given)."""
+    each answer's events (the bench's ``LoadShape()`` when not given); ``rate``: open
+    loops of ``requests`` at that rate instead of drains (one process), the ratios then
+    of their p50 latency."""
     shape = LoadShape() if shape is None else shape
     runs: list[list[dict[str, Any]]] = [[], []]
     for p in range(pairs):
         for side in (0, 1) if p % 2 == 0 else (1, 0):
             env, argv = sides[side]
             bench = Bench(broker, workdir, env, argv=argv, off_partition=off_partition[side])
-            result = await bench.drain(f"s{side}p{p}", requests, shape, instances=instances)
+            if rate is None:
+                result = await bench.drain(f"s{side}p{p}", requests, shape, instances=instances)
+            else:
+                result = await bench.open_loop(f"s{side}p{p}", rate, requests / rate, shape)
             run = {
                 "answers_per_s": result.throughput_answers_per_s,
                 "cpu_us_per_request": round(result.cpu_s * 1e6 / requests, 1),
                 "incomplete": result.incomplete,
+                **(
+                    {}
+                    if rate is None
+                    else {
+                        "latency_ms": result.latency_ms,
+                        "offered_answers_per_s": result.offered_answers_per_s,
+                    }
+                ),
                 **(after(side) if after is not None else {}),
             }
             runs[side].append(run)
             print(side, run, flush=True)
+    if rate is not None:
+        return runs, _latency_ratios(runs, "p50")
     ratios = [
         b["answers_per_s"] / a["answers_per_s"]
         for a, b in zip(runs[0], runs[1], strict=True)
         if a["answers_per_s"] > 0
     ]
     return runs, ratios
+
+
+def _latency_ratios(runs: list[list[dict[str, Any]]], key: str) -> list[float]:
+    """Per pair, side 1's ``key`` latency over side 0's (open loops)."""
+    return [
+        b["latency_ms"][key] / a["latency_ms"][key]
+        for a, b in zip(runs[0], runs[1], strict=True)
+        if a["latency_ms"].get(key) and key in b["latency_ms"]
+    ]
 
 
 async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -113,9 +146,22 @@ async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) ->
         off_partition=off,
         instances=args.instances,
         shape=streamed(args.deltas),
+        rate=args.rate,
+    )
+    q = [] if args.rate is None else _latency_ratios(runs, "p99")
+    p99 = (
+        {}
+        if args.rate is None
+        else {
+            "offered_answers_per_s": args.rate,
+            "b_vs_a_p99": [round(r, 3) for r in q],
+            "b_vs_a_p99_median": round(statistics.median(q), 3) if q else None,
+        }
     )
     return {
-        "what": "fast-path drains, side B against side A, alternated",
+        "what": "fast-path drains, side B against side A, alternated"
+        if args.rate is None
+        else "fast-path open loops, side B against side A, alternated: B / A of p50 latency",
         "a": {"env": a[0], "argv": list(a[1]), "runs": runs[0]},
         "b": {
             "env": b[0],
@@ -128,6 +174,7 @@ async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) ->
         "instances": args.instances,
         "b_vs_a": [round(r, 3) for r in ratios],
         "b_vs_a_median": round(statistics.median(ratios), 3) if ratios else None,
+        **p99,
         **machine(),
     }
 
@@ -168,6 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=1,
         help="generation.delta records per answer, a sentence each (default 1: the bench's load)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="open loops at this many answers/s instead of drains (the ratios: p50 and p99)",
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
