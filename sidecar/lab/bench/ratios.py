@@ -156,9 +156,7 @@ def floors_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
         # the load generator shares the cores: the point means "half capacity" only if
         # it held that rate for both (else both p99s include its own lag, not comparable)
         "half_capacity_offered_answers_per_s": offered,
-        "half_capacity_rate_held": all(
-            o is not None and o >= RATE_HELD * rate for o in offered.values()
-        ),
+        "half_capacity_rate_held": _rate_held(offered, rate),
         "p99_ms_at_half_capacity": fast_p99,
         "noop_p99_ms_at_half_capacity": noop_p99,
     }
@@ -217,9 +215,13 @@ def sidecar_half_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
         "noop_p99_ms_at_half_sidecar_capacity": noop_p99,
         "half_sidecar_capacity_answers_per_s": rate,
         "half_sidecar_capacity_offered_answers_per_s": offered,
-        "half_sidecar_capacity_rate_held": rate > 0
-        and all(o is not None and o >= RATE_HELD * rate for o in offered.values()),
+        "half_sidecar_capacity_rate_held": _rate_held(offered, rate),
     }
+
+
+def _rate_held(offered: Mapping[str, float | None], rate: float) -> bool:
+    """Every open loop sent at least ``RATE_HELD`` of the ``rate`` asked (a positive one)."""
+    return rate > 0 and all(o is not None and o >= RATE_HELD * rate for o in offered.values())
 
 
 def half_capacity(noop_answers_per_s: float) -> float:
