@@ -148,16 +148,14 @@ async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) ->
         shape=streamed(args.deltas),
         rate=args.rate,
     )
-    q = [] if args.rate is None else _latency_ratios(runs, "p99")
-    p99 = (
-        {}
-        if args.rate is None
-        else {
+    p99: dict[str, Any] = {}
+    if args.rate is not None:
+        q = _latency_ratios(runs, "p99")
+        p99 = {
             "offered_answers_per_s": args.rate,
             "b_vs_a_p99": [round(r, 3) for r in q],
             "b_vs_a_p99_median": round(statistics.median(q), 3) if q else None,
         }
-    )
     return {
         "what": "fast-path drains, side B against side A, alternated"
         if args.rate is None
