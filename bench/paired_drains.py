@@ -33,6 +33,13 @@ p99) instead of rates::
     # the processor on the event loop, at about half the sidecar's drain rate
     PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 6 --requests 2500 \\
         --rate 1100 --b-env GUARDRAIL_KAFKA__PROCESSING_THREAD=false
+
+``--placement split``: both sides' processes on the first half of the CPUs, the broker and
+this load generator on the rest (``sidecar/lab/bench/placement.py``)::
+
+    # the sidecar against the no-op at 1,300 answers/s, each on a core of its own
+    PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 4 --requests 4000 \\
+        --rate 1300 --a-argv "-m sidecar.lab.bench.floors noop" --placement split
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from typing import Any
 import orjson
 
 from sidecar.lab.bench.e2e import Bench, LoadShape
+from sidecar.lab.bench.placement import PLACEMENTS, Placement
 from sidecar.lab.bench.ratios import machine
 from sidecar.lab.bench.suite import on_local_broker
 from sidecar.lab.localkafka.broker import LocalKafka
@@ -80,6 +88,7 @@ async def alternate(
     instances: int = 1,
     shape: LoadShape | None = None,
     rate: float | None = None,
+    cpus: frozenset[int] | None = None,
 ) -> tuple[list[list[dict[str, Any]]], list[float]]:
     """Drains of side 0 and side 1 alternated ``pairs`` times: each side's runs (``after``:
     more of a side's run, read once it is drained) and the per-pair rate ratios 1 / 0.
@@ -87,13 +96,15 @@ async def alternate(
     partition (``Bench``); ``instances``: processes per drain, in one group; ``shape``:
     each answer's events (the bench's ``LoadShape()`` when not given); ``rate``: open
     loops of ``requests`` at that rate instead of drains (one process), the ratios then
-    of their p50 latency."""
+    of their p50 latency; ``cpus``: where both sides' processes run (``Placement``)."""
     shape = LoadShape() if shape is None else shape
     runs: list[list[dict[str, Any]]] = [[], []]
     for p in range(pairs):
         for side in (0, 1) if p % 2 == 0 else (1, 0):
             env, argv = sides[side]
-            bench = Bench(broker, workdir, env, argv=argv, off_partition=off_partition[side])
+            bench = Bench(
+                broker, workdir, env, argv=argv, off_partition=off_partition[side], cpus=cpus
+            )
             if rate is None:
                 result = await bench.drain(f"s{side}p{p}", requests, shape, instances=instances)
             else:
@@ -133,7 +144,9 @@ def _latency_ratios(runs: list[list[dict[str, Any]]], key: str) -> list[float]:
     ]
 
 
-async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+async def _pairs(
+    broker: LocalKafka, workdir: Path, args: argparse.Namespace, placement: Placement
+) -> dict[str, Any]:
     a = (_env(args.a_env), tuple(shlex.split(args.a_argv)))
     b = (_env(args.b_env), tuple(shlex.split(args.b_argv)))
     off = (False, args.b_off_partition)
@@ -147,6 +160,7 @@ async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) ->
         instances=args.instances,
         shape=streamed(args.deltas),
         rate=args.rate,
+        cpus=placement.under_test,
     )
     p99: dict[str, Any] = {}
     if args.rate is not None:
@@ -174,6 +188,7 @@ async def _pairs(broker: LocalKafka, workdir: Path, args: argparse.Namespace) ->
         "b_vs_a_median": round(statistics.median(ratios), 3) if ratios else None,
         **p99,
         **machine(),
+        **placement.report(),
     }
 
 
@@ -220,9 +235,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="open loops at this many answers/s instead of drains (the ratios: p50 and p99)",
     )
+    parser.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default="shared",
+        help="split: both sides' processes on the first half of the CPUs, the broker and the "
+        "load generator on the rest (default shared: all on every CPU)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    report = on_local_broker(lambda broker, workdir: _pairs(broker, workdir, args), "pairs-")
+    placement = Placement.of(args.placement)
+    report = on_local_broker(
+        lambda broker, workdir: _pairs(broker, workdir, args, placement), "pairs-", placement
+    )
     show(report, args.out)
     return 0
 

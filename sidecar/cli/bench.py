@@ -1,4 +1,5 @@
-"""``guardrail bench [--quick] [--json] [--out FILE] [--profile-only]``: benchmarks.
+"""``guardrail bench [--quick] [--json] [--out FILE] [--placement shared|split]
+[--profile-only]``: benchmarks.
 
 The whole bench runs through a real broker; ``--profile-only`` runs just the
 in-process profile of whole requests (fast path, claim path), no broker.
@@ -19,6 +20,14 @@ def register(sub: Any) -> None:
     p.add_argument("--quick", action="store_true", help="a quarter of the full sizes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", type=Path, default=None, help="default bench/results/latest.json")
+    p.add_argument(
+        "--placement",
+        choices=("shared", "split"),  # placement.PLACEMENTS (lab code: not imported here)
+        default="shared",
+        help="shared: the broker, the load generator and the process under test on every CPU; "
+        "split: the process under test (sidecar, floors) on the first half of the CPUs, the "
+        "broker and the load generator on the rest",
+    )
     p.add_argument(
         "--profile-only",
         action="store_true",
@@ -55,17 +64,20 @@ HEADLINE = (
     "serving_imports_torch",
     "cpu_model",
     "cpu_flags",
+    "placement",
     "incomplete",
 )
 
 
 def run(args: argparse.Namespace) -> int:
+    from sidecar.lab.bench.placement import Placement  # noqa: PLC0415
     from sidecar.lab.bench.suite import run_bench  # noqa: PLC0415
 
     if args.profile_only:
         return _profile(args.out or Path("bench/results/profile.json"), quick=args.quick)
     args.out = args.out or Path("bench/results/latest.json")
-    report = run_bench(quick=args.quick, out=args.out)
+    placement = Placement.of(args.placement)  # a machine with one CPU: said before any run
+    report = run_bench(quick=args.quick, out=args.out, placement=placement)
     if args.json:
         sys.stdout.write(orjson.dumps(report).decode() + "\n")
     else:

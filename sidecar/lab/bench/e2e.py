@@ -154,16 +154,19 @@ class Bench:
         argv: Sequence[str] = ("-m", "sidecar", "run"),
         *,
         off_partition: bool = False,
+        cpus: frozenset[int] | None = None,
     ) -> None:
         """``argv``: the process under test (default the sidecar; the floors run
         ``-m sidecar.lab.bench.floors noop|parse|raw``). ``off_partition``: a drain's
         generation records are written to the partition after the one murmur2 puts their
-        request on (a producer with another partitioner): the sidecar reroutes each."""
+        request on (a producer with another partitioner): the sidecar reroutes each.
+        ``cpus``: the CPUs the process under test runs on (``placement.Placement``)."""
         self.broker = broker
         self.workdir = workdir
         self.extra_env = extra_env or {}
         self.argv = tuple(argv)
         self.off_partition = off_partition
+        self.cpus = cpus
 
     def _setup(self, partitions: int) -> tuple[Settings, dict[str, str]]:
         suffix = uuid.uuid4().hex[:8]
@@ -241,7 +244,7 @@ class Bench:
         if not fill_after_start:
             await self._fill(settings, records)
         sidecars = [
-            SidecarProcess(env, self.workdir / f"{name}-{j}.log", self.argv)
+            SidecarProcess(env, self.workdir / f"{name}-{j}.log", self.argv, cpus=self.cpus)
             for j in range(instances)
         ]
         await asyncio.gather(*(asyncio.to_thread(s.start) for s in sidecars))
@@ -303,7 +306,7 @@ class Bench:
         """
         settings, env = self._setup(partitions)
         await create_topics(settings)
-        sidecar = SidecarProcess(env, self.workdir / f"{name}.log", self.argv)
+        sidecar = SidecarProcess(env, self.workdir / f"{name}.log", self.argv, cpus=self.cpus)
         await asyncio.to_thread(sidecar.start)
         t = settings.topics
         n = int(rate * duration_s)

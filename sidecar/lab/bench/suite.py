@@ -24,6 +24,7 @@ from sidecar.config import Settings
 from sidecar.kafka.topics import create_topics
 from sidecar.lab.bench import native_floor
 from sidecar.lab.bench.e2e import Bench, LoadShape, RunResult
+from sidecar.lab.bench.placement import Placement
 from sidecar.lab.bench.profile import profile_paths
 from sidecar.lab.bench.ratios import (
     PAIRS,
@@ -42,20 +43,28 @@ def _log(msg: str) -> None:
     sys.stderr.flush()
 
 
-async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, Any]:
+async def _suite(
+    broker: LocalKafka, workdir: Path, quick: bool, placement: Placement
+) -> dict[str, Any]:
     from sidecar import runtime  # noqa: PLC0415
 
     scale = 0.25 if quick else 1.0
     runs: dict[str, RunResult] = {}
-    fast = Bench(broker, workdir, {"GUARDRAIL_SIGNALS__CLAIMS": "false"})
-    baseline = Bench(broker, workdir, {**fast.extra_env, "GUARDRAIL_KAFKA__BATCH": "false"})
+    cpus = placement.under_test  # every process under test runs there
+    fast = Bench(broker, workdir, {"GUARDRAIL_SIGNALS__CLAIMS": "false"}, cpus=cpus)
+    baseline = Bench(
+        broker, workdir, {**fast.extra_env, "GUARDRAIL_KAFKA__BATCH": "false"}, cpus=cpus
+    )
 
     _log("fast path drain (batched, pipelined)")
     runs["fast_drain"] = await fast.drain("fast", int(20000 * scale), LoadShape())
     # as the Helm chart starts it: Prometheus metrics on (stage durations served from
     # a plain histogram, not the SDK's per-record path)
     charted = Bench(
-        broker, workdir, {**fast.extra_env, "GUARDRAIL_METRICS__PROMETHEUS_PORT": str(free_port())}
+        broker,
+        workdir,
+        {**fast.extra_env, "GUARDRAIL_METRICS__PROMETHEUS_PORT": str(free_port())},
+        cpus=cpus,
     )
     _log("fast path drain with Prometheus metrics on (the chart's default)")
     runs["fast_prometheus_drain"] = await charted.drain("fastp", int(20000 * scale), LoadShape())
@@ -73,9 +82,8 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
         ("fast_traced_attributes_drain", "false"),
     ):
         _log(f"fast path drain tracing every verdict (stage spans: {stage_spans})")
-        traced = Bench(
-            broker, workdir, {**traced_env, "GUARDRAIL_TRACING__STAGE_SPANS": stage_spans}
-        )
+        env = {**traced_env, "GUARDRAIL_TRACING__STAGE_SPANS": stage_spans}
+        traced = Bench(broker, workdir, env, cpus=cpus)
         runs[name] = await traced.drain(name, int(20000 * scale), LoadShape())
     _log("baseline drain (one message, one confirmed publish at a time)")
     runs["baseline_drain"] = await baseline.drain("base", int(4000 * scale), LoadShape())
@@ -85,7 +93,7 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     # 0.2-0.4 s and their rate moved by +-20 % between runs
     runs.update(await _floors(broker, workdir, fast, int(80000 * scale), int(10000 * scale)))
     runs.update(await _pairs(broker, workdir, fast, int(80000 * scale), int(10000 * scale)))
-    full = Bench(broker, workdir, {"GUARDRAIL_SIGNALS__CLAIMS": "true"})
+    full = Bench(broker, workdir, {"GUARDRAIL_SIGNALS__CLAIMS": "true"}, cpus=cpus)
     claims_shape = LoadShape(k=5, deltas=5, claims=5, attention=None)
     _log("full path drain (5 claims per answer, K=5)")
     runs["full_drain"] = await full.drain("full", int(2000 * scale), claims_shape)
@@ -113,6 +121,7 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
         p = SidecarProcess(
             {"GUARDRAIL_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap_servers},
             workdir / f"start-{i}.log",
+            cpus=cpus,
         )
         t0 = time.monotonic()
         await asyncio.to_thread(p.start)
@@ -127,6 +136,7 @@ async def _suite(broker: LocalKafka, workdir: Path, quick: bool) -> dict[str, An
     return {
         **floors_report(runs),
         **machine(),
+        **placement.report(),
         "incomplete": {name: run.incomplete for name, run in runs.items()},
         "failure": incomplete_failure(runs),
         "throughput_answers_per_s": runs["fast_drain"].throughput_answers_per_s,
@@ -187,22 +197,24 @@ async def _floors(
     loops at half the no-op's drain rate (so the point means the same on any
     machine), ``n_open`` requests each (the same work on a fast or slow CPU)."""
     floors = "sidecar.lab.bench.floors"
-    noop = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "noop"))
-    raw = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "raw"))
+    noop = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "noop"), cpus=fast.cpus)
+    raw = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "raw"), cpus=fast.cpus)
     runs: dict[str, RunResult] = {}
     _log("floor: no-op passthrough drain (the sidecar's loop, a constant verdict)")
     runs["noop_drain"] = await noop.drain("noop", n, LoadShape())
     _log("floor: raw aiokafka loop drain (consume, produce, commit)")
     runs["raw_drain"] = await raw.drain("raw", n, LoadShape())
-    parse = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "parse"))
+    parse = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "parse"), cpus=fast.cpus)
     _log("floor: the no-op loop reading every record's JSON (orjson), deciding nothing")
     runs["parse_drain"] = await parse.drain("parse", n, LoadShape())
-    sketch = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "dict"))
+    sketch = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "dict"), cpus=fast.cpus)
     _log("floor: the no-op loop deciding on plain dicts (a sketch of a rewrite's fast path)")
     runs["dict_drain"] = await sketch.drain("dict", n, LoadShape())
     library = native_floor.library()
     if library.is_file():
-        compiled = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "native"))
+        compiled = Bench(
+            broker, workdir, fast.extra_env, argv=("-m", floors, "native"), cpus=fast.cpus
+        )
         _log(f"floor: the same sketch compiled outside the interpreter ({library})")
         runs["native_drain"] = await compiled.drain("native", n, LoadShape())
     else:
@@ -224,7 +236,13 @@ async def _pairs(
     (``ratios.paired_report``). Then both open loops at half the sidecar's drain rate
     (the pairs' median), ``n_open`` requests each: the latency the sidecar adds to the
     loop's where it does not queue (``ratios.sidecar_half_report``)."""
-    noop = Bench(broker, workdir, fast.extra_env, argv=("-m", "sidecar.lab.bench.floors", "noop"))
+    noop = Bench(
+        broker,
+        workdir,
+        fast.extra_env,
+        argv=("-m", "sidecar.lab.bench.floors", "noop"),
+        cpus=fast.cpus,
+    )
     runs: dict[str, RunResult] = {}
     for i in range(pairs):
         order = (("noop", noop), ("fast", fast)) if i % 2 == 0 else (("fast", fast), ("noop", noop))
@@ -243,10 +261,24 @@ _T = TypeVar("_T")
 
 
 def on_local_broker(
-    run: Callable[[LocalKafka, Path], Coroutine[Any, Any, _T]], prefix: str = "bench-"
+    run: Callable[[LocalKafka, Path], Coroutine[Any, Any, _T]],
+    prefix: str = "bench-",
+    placement: Placement | None = None,
 ) -> _T:
     """``run(broker, workdir)`` on a fresh local broker in a temporary folder of the
-    bench's home (1 GiB heap), stopped and removed afterwards."""
+    bench's home (1 GiB heap), stopped and removed afterwards. ``placement``: this process
+    and the broker run on its ``rest`` CPUs meanwhile (the processes under test are
+    started on its ``under_test`` ones by whoever starts them)."""
+    placement = placement or Placement()
+    before = os.sched_getaffinity(0)
+    placement.enter()
+    try:
+        return _on_local_broker(run, prefix)
+    finally:
+        placement.leave(before)
+
+
+def _on_local_broker(run: Callable[[LocalKafka, Path], Coroutine[Any, Any, _T]], prefix: str) -> _T:
     home = default_home()
     home.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=prefix, dir=home) as tmp:
@@ -265,8 +297,13 @@ def on_local_broker(
             broker.stop()
 
 
-def run_bench(quick: bool = False, out: Path | None = None) -> dict[str, Any]:
-    report = on_local_broker(lambda broker, workdir: _suite(broker, workdir, quick))
+def run_bench(
+    quick: bool = False, out: Path | None = None, placement: Placement | None = None
+) -> dict[str, Any]:
+    placement = placement or Placement()
+    report = on_local_broker(
+        lambda broker, workdir: _suite(broker, workdir, quick, placement), placement=placement
+    )
     if out is not None:
         import orjson  # noqa: PLC0415
 

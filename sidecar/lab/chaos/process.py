@@ -18,11 +18,18 @@ class SidecarProcess:
     """``python -m sidecar run`` with its own environment, log file and health port."""
 
     def __init__(
-        self, env: dict[str, str], log: Path, argv: Sequence[str] = ("-m", "sidecar", "run")
+        self,
+        env: dict[str, str],
+        log: Path,
+        argv: Sequence[str] = ("-m", "sidecar", "run"),
+        *,
+        cpus: frozenset[int] | None = None,
     ) -> None:
         """``argv``: what the interpreter runs (default ``-m sidecar run``; the bench's
-        floors run ``-m sidecar.lab.bench.floors``); it must serve ``/readyz``."""
+        floors run ``-m sidecar.lab.bench.floors``); it must serve ``/readyz``.
+        ``cpus``: the CPUs it runs on (default: this process's)."""
         self.argv = tuple(argv)
+        self.cpus = cpus
         self.port = free_port()
         self.env = {
             **os.environ,
@@ -46,6 +53,8 @@ class SidecarProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
+        if self.cpus is not None:  # at once: threads it starts later inherit the mask
+            os.sched_setaffinity(self.proc.pid, self.cpus)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
