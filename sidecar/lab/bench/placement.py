@@ -6,7 +6,8 @@ did. On a 2-core machine they then take turns on both cores, and what one of the
 costs the others shows up in the latency of all of them. ``split`` gives the process
 under test the first half of the CPUs and the broker and the load generator the rest,
 as in a pod whose broker and producers run elsewhere: the sidecar and each floor are
-measured on the same CPUs of their own.
+measured on the same CPUs of their own. What the bench measures in its own process (the
+stages, the profiles) then runs on the rest.
 """
 
 from __future__ import annotations
