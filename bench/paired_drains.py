@@ -54,6 +54,7 @@ from typing import Any
 
 import orjson
 
+from sidecar.exceptions import ConfigError
 from sidecar.lab.bench.e2e import Bench, LoadShape
 from sidecar.lab.bench.placement import PLACEMENTS, Placement
 from sidecar.lab.bench.ratios import machine
@@ -244,7 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
-    placement = Placement.of(args.placement)
+    try:
+        placement = Placement.of(args.placement)
+    except ConfigError as exc:  # one CPU: said as the script's other refusals are
+        raise SystemExit(f"--placement: {exc}") from None
     report = on_local_broker(
         lambda broker, workdir: _pairs(broker, workdir, args, placement), "pairs-", placement
     )

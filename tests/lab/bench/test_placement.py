@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import paired_drains
 from sidecar.cli.main import main
 from sidecar.exceptions import ConfigError
 from sidecar.lab.bench import suite
@@ -127,3 +128,15 @@ def test_bench_split_on_one_cpu_stops_before_any_run_and_says_why(
     assert main(["bench", "--quick", "--placement", "split"]) == 2
     err = capsys.readouterr().err
     assert "configuration error: the split placement needs at least 2 CPUs" in err
+
+
+def test_paired_drains_split_on_one_cpu_stops_before_any_run_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_broker(*args: object, **kwargs: object) -> dict[str, object]:
+        raise AssertionError("a broker started")
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(paired_drains, "on_local_broker", no_broker)
+    with pytest.raises(SystemExit, match="--placement: the split placement needs at least 2"):
+        paired_drains.main(["--placement", "split", "--pairs", "1"])
