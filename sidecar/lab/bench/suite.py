@@ -91,8 +91,8 @@ async def _suite(
     runs["fast_500"] = await fast.open_loop("o500", 500, 20 * scale, LoadShape())
     # the floors drain 4x the requests: at 4-5x the fast path's rate, 5,000 took them
     # 0.2-0.4 s and their rate moved by +-20 % between runs
-    runs.update(await _floors(broker, workdir, fast, int(80000 * scale), int(10000 * scale)))
-    runs.update(await _pairs(broker, workdir, fast, int(80000 * scale), int(10000 * scale)))
+    runs.update(await _floors(fast, int(80000 * scale), int(10000 * scale)))
+    runs.update(await _pairs(fast, int(80000 * scale), int(10000 * scale)))
     full = Bench(broker, workdir, {"GUARDRAIL_SIGNALS__CLAIMS": "true"}, cpus=cpus)
     claims_shape = LoadShape(k=5, deltas=5, claims=5, attention=None)
     _log("full path drain (5 claims per answer, K=5)")
@@ -190,31 +190,32 @@ def _drain_ratio(runs: dict[str, RunResult], num: str, den: str) -> float:
     )
 
 
-async def _floors(
-    broker: LocalKafka, workdir: Path, fast: Bench, n: int, n_open: int
-) -> dict[str, RunResult]:
+def _floor(fast: Bench, kind: str) -> Bench:
+    """The ``kind`` floor (``python -m sidecar.lab.bench.floors kind``) on the fast path's
+    broker, environment and CPUs."""
+    argv = ("-m", "sidecar.lab.bench.floors", kind)
+    return Bench(fast.broker, fast.workdir, fast.extra_env, argv=argv, cpus=fast.cpus)
+
+
+async def _floors(fast: Bench, n: int, n_open: int) -> dict[str, RunResult]:
     """The floors on the fast path's load: drains of ``n`` requests, then both open
     loops at half the no-op's drain rate (so the point means the same on any
     machine), ``n_open`` requests each (the same work on a fast or slow CPU)."""
-    floors = "sidecar.lab.bench.floors"
-    noop = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "noop"), cpus=fast.cpus)
-    raw = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "raw"), cpus=fast.cpus)
+    noop, raw = _floor(fast, "noop"), _floor(fast, "raw")
     runs: dict[str, RunResult] = {}
     _log("floor: no-op passthrough drain (the sidecar's loop, a constant verdict)")
     runs["noop_drain"] = await noop.drain("noop", n, LoadShape())
     _log("floor: raw aiokafka loop drain (consume, produce, commit)")
     runs["raw_drain"] = await raw.drain("raw", n, LoadShape())
-    parse = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "parse"), cpus=fast.cpus)
+    parse = _floor(fast, "parse")
     _log("floor: the no-op loop reading every record's JSON (orjson), deciding nothing")
     runs["parse_drain"] = await parse.drain("parse", n, LoadShape())
-    sketch = Bench(broker, workdir, fast.extra_env, argv=("-m", floors, "dict"), cpus=fast.cpus)
+    sketch = _floor(fast, "dict")
     _log("floor: the no-op loop deciding on plain dicts (a sketch of a rewrite's fast path)")
     runs["dict_drain"] = await sketch.drain("dict", n, LoadShape())
     library = native_floor.library()
     if library.is_file():
-        compiled = Bench(
-            broker, workdir, fast.extra_env, argv=("-m", floors, "native"), cpus=fast.cpus
-        )
+        compiled = _floor(fast, "native")
         _log(f"floor: the same sketch compiled outside the interpreter ({library})")
         runs["native_drain"] = await compiled.drain("native", n, LoadShape())
     else:
@@ -227,22 +228,14 @@ async def _floors(
     return runs
 
 
-async def _pairs(
-    broker: LocalKafka, workdir: Path, fast: Bench, n: int, n_open: int, *, pairs: int = PAIRS
-) -> dict[str, RunResult]:
+async def _pairs(fast: Bench, n: int, n_open: int, *, pairs: int = PAIRS) -> dict[str, RunResult]:
     """``pairs`` drains of ``n`` requests each through the sidecar and through the no-op,
     alternated (no-op first in even pairs, the sidecar first in odd ones), after the
     runs above warmed the broker: ``fast_drain_vs_noop`` is the median of their ratios
     (``ratios.paired_report``). Then both open loops at half the sidecar's drain rate
     (the pairs' median), ``n_open`` requests each: the latency the sidecar adds to the
     loop's where it does not queue (``ratios.sidecar_half_report``)."""
-    noop = Bench(
-        broker,
-        workdir,
-        fast.extra_env,
-        argv=("-m", "sidecar.lab.bench.floors", "noop"),
-        cpus=fast.cpus,
-    )
+    noop = _floor(fast, "noop")
     runs: dict[str, RunResult] = {}
     for i in range(pairs):
         order = (("noop", noop), ("fast", fast)) if i % 2 == 0 else (("fast", fast), ("noop", noop))
