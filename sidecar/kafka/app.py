@@ -28,7 +28,6 @@ from aiokafka.coordinator.assignors.abstract import AbstractPartitionAssignor
 from aiokafka.errors import KafkaError
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
-from faststream.kafka.annotations import KafkaMessage
 
 from guardrail_client.aio import cancel_and_wait
 from sidecar.config import KafkaSettings, Settings
@@ -796,11 +795,11 @@ class SidecarService:
             self.keys.note(record.topic, record.partition, record.offset, record.key)
         return await tolerant_parser(message, original)
 
-    async def _on_message(self, body: Any, msg: KafkaMessage) -> None:
-        await self._handle((msg.raw_message,))
+    async def _on_message(self, record: Any) -> None:
+        await self._handle((record,))  # ``raw_decoder``: the consumer's record itself
 
-    async def _on_batch(self, body: Any, msg: KafkaMessage) -> None:
-        await self._handle(tuple(msg.raw_message))
+    async def _on_batch(self, records: Any) -> None:
+        await self._handle(tuple(records))  # ``raw_decoder``: the poll's records
 
     async def _handle(self, records: Records) -> None:
         """Both subscriptions take this one path: track, queue, pause if the queue is full.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -108,3 +109,30 @@ async def test_the_event_loop_keeps_running_while_a_request_is_scored(
         assert ticks >= 5, ticks
     else:  # the control: the loop was held for the whole scoring
         assert ticks == 0, ticks
+
+
+async def test_a_poll_is_handed_over_on_the_loop_without_a_thread_of_its_own(
+    unique_topics: dict[str, str],
+    retrieval_event: EventFactory,
+    final_event: EventFactory,
+) -> None:
+    """The subscriber's handler takes the records as its body: no thread runs for a poll.
+
+    A handler that also asked for the message (``msg: KafkaMessage``) had FastStream's
+    dependency injection resolve it with a synchronous call that fast-depends runs in
+    anyio's worker threads, a thread round trip for every poll. With the processor on the
+    loop (no worker thread of ours), consuming starts no thread at all."""
+    settings = settings_for(unique_topics, kafka={"processing_thread": False})
+    processor = Processor(settings, PlaceholderPolicy())
+    service = SidecarService(settings, processor)
+    t = settings.topics
+    async with TestKafkaBroker(service.broker) as broker:
+        before = {thread.ident for thread in threading.enumerate()}
+        for i in range(3):
+            rid = f"req-{i}"
+            await broker.publish(dumps(retrieval_event(rid)), topic=t.retrieval, key=rid.encode())
+            await broker.publish(dumps(final_event(rid)), topic=t.generation, key=rid.encode())
+        await wait_until(lambda: processor.counters.verdicts == 3, 10, "the verdicts")
+        started = [th.name for th in threading.enumerate() if th.ident not in before]
+    assert processor.counters.verdicts == 3
+    assert started == [], started
