@@ -13,7 +13,8 @@ stages, the profiles) then runs on the rest.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,16 +49,20 @@ class Placement:
         half = len(usable) // 2
         return cls(name, frozenset(usable[:half]), frozenset(usable[half:]))
 
-    def enter(self) -> None:
-        """Run this process (every thread it has now; threads and children it starts
-        inherit) on ``rest``: before the broker starts."""
-        if self.rest is not None:
-            _pin_process(self.rest)
-
-    def leave(self, cpus: Iterable[int]) -> None:
-        """This process back on ``cpus`` (what it had before :meth:`enter`)."""
-        if self.rest is not None:
-            _pin_process(frozenset(cpus))
+    @contextmanager
+    def applied(self) -> Iterator[None]:
+        """Inside it, this process (every thread it has now; threads and children it
+        starts inherit) runs on ``rest``: enter before the broker starts. On the way out,
+        every thread of it is back on the CPUs the calling thread had before."""
+        if self.rest is None:
+            yield
+            return
+        before = frozenset(os.sched_getaffinity(0))
+        _pin_process(self.rest)
+        try:
+            yield
+        finally:
+            _pin_process(before)
 
     def report(self) -> dict[str, object]:
         return {

@@ -262,13 +262,8 @@ def on_local_broker(
     bench's home (1 GiB heap), stopped and removed afterwards. ``placement``: this process
     and the broker run on its ``rest`` CPUs meanwhile (the processes under test are
     started on its ``under_test`` ones by whoever starts them)."""
-    placement = placement or Placement()
-    before = os.sched_getaffinity(0)
-    placement.enter()
-    try:
+    with (placement or Placement()).applied():
         return _on_local_broker(run, prefix)
-    finally:
-        placement.leave(before)
 
 
 def _on_local_broker(run: Callable[[LocalKafka, Path], Coroutine[Any, Any, _T]], prefix: str) -> _T:

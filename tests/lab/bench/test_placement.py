@@ -57,7 +57,7 @@ def test_an_unknown_placement_is_refused_with_the_known_ones() -> None:
         Placement.of("spread")
 
 
-def test_enter_moves_every_thread_of_this_process_and_leave_moves_them_back() -> None:
+def test_applied_moves_every_thread_of_this_process_and_back() -> None:
     before = os.sched_getaffinity(0)
     one = min(before)
     started, stop = threading.Event(), threading.Event()
@@ -73,11 +73,11 @@ def test_enter_moves_every_thread_of_this_process_and_leave_moves_them_back() ->
     started.wait(10)
     placement = Placement("split", frozenset(before), frozenset({one}))
     try:
-        placement.enter()
-        assert os.sched_getaffinity(0) == {one}
-        assert os.sched_getaffinity(native[0]) == {one}  # started before enter()
+        with placement.applied():
+            assert os.sched_getaffinity(0) == {one}
+            assert os.sched_getaffinity(native[0]) == {one}  # started before it applied
+        assert os.sched_getaffinity(native[0]) == before  # both moved back
     finally:
-        placement.leave(before)
         stop.set()
         thread.join()
     assert os.sched_getaffinity(0) == before
