@@ -40,6 +40,14 @@ this load generator on the rest (``sidecar/lab/bench/placement.py``)::
     # the sidecar against the no-op at 1,300 answers/s, each on a core of its own
     PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 4 --requests 4000 \\
         --rate 1300 --a-argv "-m sidecar.lab.bench.floors noop" --placement split
+
+``--processor-cpu``: each drain also says how much of its process's CPU a request went
+to the processor (every call the service hands it, timed on the thread that runs it, by
+``bench/probes/sitecustomize.py``) and how much to the rest, the loop::
+
+    # where the sidecar's CPU goes against the no-op's, each on a core of its own
+    PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 3 --requests 40000 \\
+        --a-argv "-m sidecar.lab.bench.floors noop" --placement split --processor-cpu
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ from sidecar.lab.bench.suite import on_local_broker
 from sidecar.lab.localkafka.broker import LocalKafka
 
 SIDECAR = "-m sidecar run"
+PROBES = Path(__file__).resolve().parent / "probes"  # the processor's CPU, ``--processor-cpu``
 
 
 def _env(pairs: Sequence[str]) -> dict[str, str]:
@@ -151,6 +160,16 @@ async def _pairs(
     a = (_env(args.a_env), tuple(shlex.split(args.a_argv)))
     b = (_env(args.b_env), tuple(shlex.split(args.b_argv)))
     off = (False, args.b_off_partition)
+    after = None
+    if args.processor_cpu:
+        folder = workdir / "probe"
+        folder.mkdir()
+        a, b = (probed(a[0], folder), a[1]), (probed(b[0], folder), b[1])
+
+        def after(side: int) -> dict[str, Any]:
+            del side
+            return processor_cpu(folder, args.requests)
+
     runs, ratios = await alternate(
         broker,
         workdir,
@@ -162,7 +181,9 @@ async def _pairs(
         shape=streamed(args.deltas),
         rate=args.rate,
         cpus=placement.under_test,
+        after=after,
     )
+    with_rest(runs)
     p99: dict[str, Any] = {}
     if args.rate is not None:
         q = _latency_ratios(runs, "p99")
@@ -191,6 +212,39 @@ async def _pairs(
         **machine(),
         **placement.report(),
     }
+
+
+def probed(env: dict[str, str], folder: Path) -> dict[str, str]:
+    """``env`` with ``bench/probes`` ahead on ``PYTHONPATH`` (and this checkout, from which
+    the process imports the sidecar, after any folder ``env`` names) and the folder the
+    probe writes to."""
+    paths = [str(PROBES), *filter(None, [env.get("PYTHONPATH")]), str(PROBES.parents[1])]
+    return {**env, "PYTHONPATH": ":".join(paths), "BENCH_PROBE_DIR": str(folder)}
+
+
+def processor_cpu(folder: Path, requests: int) -> dict[str, Any]:
+    """What the probe wrote for the drain just stopped (one file; read and removed):
+    the processor's CPU a request and its calls. ``{}`` when it wrote none."""
+    written = sorted(folder.glob("processor-cpu.*.json"))
+    if not written:
+        return {}
+    spent = [orjson.loads(path.read_bytes()) for path in written]
+    for path in written:
+        path.unlink()
+    return {
+        "processor_cpu_us_per_request": round(
+            sum(s["processor_cpu_s"] for s in spent) * 1e6 / requests, 1
+        ),
+        "processor_calls": sum(s["calls"] for s in spent),
+    }
+
+
+def with_rest(runs: list[list[dict[str, Any]]]) -> None:
+    """Each run that has its processor's CPU gets the rest of its CPU a request too."""
+    for run in (run for side in runs for run in side):
+        if "processor_cpu_us_per_request" in run:
+            rest = run["cpu_us_per_request"] - run["processor_cpu_us_per_request"]
+            run["rest_cpu_us_per_request"] = round(rest, 1)
 
 
 def streamed(deltas: int) -> LoadShape:
@@ -242,6 +296,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="shared",
         help="split: both sides' processes on the first half of the CPUs, the broker and the "
         "load generator on the rest (default shared: all on every CPU)",
+    )
+    parser.add_argument(
+        "--processor-cpu",
+        action="store_true",
+        help="each run also says its processor's CPU a request and the rest's "
+        "(bench/probes/sitecustomize.py)",
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
