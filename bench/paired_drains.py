@@ -223,8 +223,8 @@ def probed(env: dict[str, str], folder: Path) -> dict[str, str]:
 
 
 def processor_cpu(folder: Path, requests: int) -> dict[str, Any]:
-    """What the probe wrote for the drain just stopped (one file; read and removed):
-    the processor's CPU a request and its calls. ``{}`` when it wrote none."""
+    """What the probe wrote for the drain just stopped (a file per process, summed; read
+    and removed): the processor's CPU a request and its calls. ``{}`` when none wrote."""
     written = sorted(folder.glob("processor-cpu.*.json"))
     if not written:
         return {}
