@@ -41,13 +41,14 @@ this load generator on the rest (``sidecar/lab/bench/placement.py``)::
     PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 4 --requests 4000 \\
         --rate 1300 --a-argv "-m sidecar.lab.bench.floors noop" --placement split
 
-``--processor-cpu``: each drain also says how much of its process's CPU a request went
-to the processor (every call the service hands it, timed on the thread that runs it, by
-``bench/probes/sitecustomize.py``) and how much to the rest, the loop::
+Every drain also says how much of its process's CPU a request went to the processor
+(``processor_cpu_us_per_request``: its thread's, which the service names
+``gr-processor`` for the system, ``sidecar/osthreads.py``, read from ``/proc``) and how
+much to the rest, the loop (``rest_cpu_us_per_request``)::
 
     # where the sidecar's CPU goes against the no-op's, each on a core of its own
     PYTHONPATH=. .venv/bin/python bench/paired_drains.py --pairs 3 --requests 40000 \\
-        --a-argv "-m sidecar.lab.bench.floors noop" --placement split --processor-cpu
+        --a-argv "-m sidecar.lab.bench.floors noop" --placement split
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ from sidecar.lab.bench.suite import on_local_broker
 from sidecar.lab.localkafka.broker import LocalKafka
 
 SIDECAR = "-m sidecar run"
-PROBES = Path(__file__).resolve().parent / "probes"  # the processor's CPU, ``--processor-cpu``
 
 
 def _env(pairs: Sequence[str]) -> dict[str, str]:
@@ -122,6 +122,15 @@ async def alternate(
             run = {
                 "answers_per_s": result.throughput_answers_per_s,
                 "cpu_us_per_request": round(result.cpu_s * 1e6 / requests, 1),
+                **(
+                    {}
+                    if result.processor_cpu_s is None
+                    else {
+                        "processor_cpu_us_per_request": round(
+                            result.processor_cpu_s * 1e6 / requests, 1
+                        )
+                    }
+                ),
                 "incomplete": result.incomplete,
                 **(
                     {}
@@ -160,16 +169,6 @@ async def _pairs(
     a = (_env(args.a_env), tuple(shlex.split(args.a_argv)))
     b = (_env(args.b_env), tuple(shlex.split(args.b_argv)))
     off = (False, args.b_off_partition)
-    after = None
-    if args.processor_cpu:
-        folder = workdir / "probe"
-        folder.mkdir()
-        a, b = (probed(a[0], folder), a[1]), (probed(b[0], folder), b[1])
-
-        def after(side: int) -> dict[str, Any]:
-            del side
-            return processor_cpu(folder, args.requests)
-
     runs, ratios = await alternate(
         broker,
         workdir,
@@ -181,7 +180,6 @@ async def _pairs(
         shape=streamed(args.deltas),
         rate=args.rate,
         cpus=placement.under_test,
-        after=after,
     )
     with_rest(runs)
     p99: dict[str, Any] = {}
@@ -211,31 +209,6 @@ async def _pairs(
         **p99,
         **machine(),
         **placement.report(),
-    }
-
-
-def probed(env: dict[str, str], folder: Path) -> dict[str, str]:
-    """``env`` with ``bench/probes`` ahead on ``PYTHONPATH`` (and this checkout, from which
-    the process imports the sidecar, after any folder ``env`` names) and the folder the
-    probe writes to."""
-    paths = [str(PROBES), *filter(None, [env.get("PYTHONPATH")]), str(PROBES.parents[1])]
-    return {**env, "PYTHONPATH": ":".join(paths), "BENCH_PROBE_DIR": str(folder)}
-
-
-def processor_cpu(folder: Path, requests: int) -> dict[str, Any]:
-    """What the probe wrote for the drain just stopped (a file per process, summed; read
-    and removed): the processor's CPU a request and its calls. ``{}`` when none wrote."""
-    written = sorted(folder.glob("processor-cpu.*.json"))
-    if not written:
-        return {}
-    spent = [orjson.loads(path.read_bytes()) for path in written]
-    for path in written:
-        path.unlink()
-    return {
-        "processor_cpu_us_per_request": round(
-            sum(s["processor_cpu_s"] for s in spent) * 1e6 / requests, 1
-        ),
-        "processor_calls": sum(s["calls"] for s in spent),
     }
 
 
@@ -296,12 +269,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="shared",
         help="split: both sides' processes on the first half of the CPUs, the broker and the "
         "load generator on the rest (default shared: all on every CPU)",
-    )
-    parser.add_argument(
-        "--processor-cpu",
-        action="store_true",
-        help="each run also says its processor's CPU a request and the rest's "
-        "(bench/probes/sitecustomize.py)",
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)

@@ -576,6 +576,22 @@ class Telemetry:
             "dead-lettered, duplicate: read again or re-sent identical)",
         )
 
+    def observe_processor_cpu(self, seconds: Callable[[], float]) -> None:
+        """The processor thread's CPU seconds (cumulative), as
+        ``guardrail.processor.cpu_time``: against the process's own CPU, the share of it
+        that goes to deciding rather than to the Kafka loop around it."""
+
+        def read(_options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(seconds())]
+
+        self.meter.create_observable_counter(
+            "guardrail.processor.cpu_time",
+            [read],
+            unit="s",
+            description="CPU seconds spent by the processor's thread (deciding, and the claim "
+            "verifier on it); the process's CPU less this is the Kafka loop's",
+        )
+
     def observe_gauges(self, gauges: Callable[[], dict[str, int]]) -> None:
         """Current levels kept by the loop, as observable gauges ``guardrail.<name>``
         (each with its :data:`GAUGE_HELP` text)."""

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -61,6 +62,7 @@ from sidecar.kafka.topics import input_topics
 from sidecar.kafka.warmstart import ReadMarks, read_labels, recall, warm_start
 from sidecar.kafka.withdrawals import CertificateBoard
 from sidecar.lograte import PER_INPUT, report_repeats
+from sidecar.osthreads import PROCESSOR_THREAD, name_this_thread
 from sidecar.pipeline.backpressure import Backpressure, JoinClock
 from sidecar.pipeline.flow import InputAligner
 from sidecar.pipeline.join import InputRef
@@ -266,11 +268,18 @@ class SidecarService:
         self._handler_lock = asyncio.Lock()
         # the processor's CPU-bound work (segmentation, the verifier, lookback batches)
         # runs on one worker thread: the event loop keeps heartbeats and probes going
+        # (named PROCESSOR_THREAD for the system: its CPU is the deciding's, ``osthreads``)
         self._worker = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="guardrail-processor")
+            ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix="guardrail-processor",
+                initializer=self._worker_started,
+            )
             if kafka.processing_thread
             else None
         )
+        self._worker_clock: int | None = None  # the worker thread's CPU clock, once it runs
+        self._worker_cpu_s = 0.0  # its last reading
         self._ticker: asyncio.Task[None] | None = None
         self._drainer: asyncio.Task[None] | None = None
         # partitions revoked while the drainer holds a batch it took from the queue and
@@ -357,6 +366,7 @@ class SidecarService:
             }
         )
         self.telemetry.observe_consumed(self.consumed)
+        self.telemetry.observe_processor_cpu(self.processor_cpu_s)
         # what /readyz and /livez answer, read at collection (nothing per request)
         requires_assignment = self.settings.http.ready_requires_assignment
         self.telemetry.observe_gauges(
@@ -962,6 +972,28 @@ class SidecarService:
             _monotonic_ms(),
             queued_bytes=queue.bytes,
         )
+
+    def _worker_started(self) -> None:
+        """On the worker thread, before its first call: its name for the system, and the
+        clock of its CPU (``processor_cpu_s``)."""
+        name_this_thread(PROCESSOR_THREAD)
+        clock_of = getattr(time, "pthread_getcpuclockid", None)  # not on every system
+        if clock_of is not None:
+            self._worker_clock = clock_of(threading.get_ident())
+
+    def processor_cpu_s(self) -> float:
+        """The CPU seconds (user and system) the processor's worker thread has spent:
+        deciding, and the claim verifier's calls on it (``guardrail.processor.cpu_time``;
+        the process's own CPU less this is the loop's; with
+        ``GUARDRAIL_SIGNALS__VERIFIER_THREADS`` above 1, onnxruntime's other threads are
+        the loop's share). 0 until its first call, and without a worker thread
+        (``GUARDRAIL_KAFKA__PROCESSING_THREAD=false``) or a thread clock."""
+        if self._worker_clock is not None:
+            try:
+                self._worker_cpu_s = time.clock_gettime(self._worker_clock)
+            except OSError:  # the thread has ended (stopped): its last reading stands
+                self._worker_clock = None
+        return self._worker_cpu_s
 
     async def _in_worker(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run a processor call on the worker thread (one at a time, in order); while it is

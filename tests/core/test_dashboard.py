@@ -76,6 +76,7 @@ def exposed_sample_names() -> set[str]:
     )
     telemetry.observe_consumed(lambda: {("rag.generation", "accepted"): 1})
     telemetry.observe_gauges(lambda: {"ready": 1, "live": 1})
+    telemetry.observe_processor_cpu(lambda: 1.5)
     telemetry.observe_monitor(lambda: {"k": (0.9, 0.8, 0.95, False)})
     telemetry.observe_coverage(coverage_gauges)
     text = generate_latest(registry).decode()
@@ -113,6 +114,7 @@ def test_the_dashboard_shows_what_an_operator_needs() -> None:
         "guardrail_consumer_records_total",  # intake by topic, the share dead-lettered
         "guardrail_ready",
         "guardrail_coverage_window_requests",  # the fleet bound, from summed counts
+        "guardrail_processor_cpu_time_seconds_total",  # deciding's CPU against the loop's
     ):
         assert needed in exprs, needed
     # a ratio, interval or bound of one replica cannot be combined with another's

@@ -270,7 +270,11 @@ async def test_the_rendered_pod_serves_stops_on_sigterm_and_starts_warm(
     }
     # every label reached its request, decided by the first start (no label is unmatched)
     await wait_until(lambda: labelled(second) == N, 30, f"{N} labels counted")
-    unmatched = metrics(second).get("guardrail_feedback_unmatched_total")
+    seen = metrics(second)
+    unmatched = seen.get("guardrail_feedback_unmatched_total")
+    # what deciding cost, read from its thread's clock (gr-processor): within the process's
+    deciding = seen.get("guardrail_processor_cpu_time_seconds_total", 0.0)
+    assert 0 < deciding <= seen.get("process_cpu_seconds_total", 0.0), seen
     second_stop = await stopped(second)
 
     log = second.log.read_text(errors="replace")

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from faststream.kafka import TestKafkaBroker
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.contracts.events import GenerationFinal, LookbackSignal, RetrievalSignal, SignalStatus
 from sidecar.kafka.app import SidecarService
+from sidecar.osthreads import PROCESSOR_THREAD
 from sidecar.pipeline.ports import SignalSuite
 from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
+from sidecar.telemetry import Telemetry
 from tests.conftest import EventFactory, dumps
 from tests.kafka.harness import settings_for, wait_until
 
@@ -136,3 +144,63 @@ async def test_a_poll_is_handed_over_on_the_loop_without_a_thread_of_its_own(
         started = [th.name for th in threading.enumerate() if th.ident not in before]
     assert processor.counters.verdicts == 3
     assert started == [], started
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and prctl")
+async def test_the_processor_thread_is_named_for_the_system(unique_topics: dict[str, str]) -> None:
+    """``top -H`` and the bench tell the deciding's CPU from the loop's by this name."""
+    settings = settings_for(unique_topics)
+    service = SidecarService(settings, Processor(settings, PlaceholderPolicy()))
+
+    def own_comm() -> str:
+        return Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip()
+
+    try:
+        assert await service._in_worker(own_comm) == PROCESSOR_THREAD
+        assert own_comm() != PROCESSOR_THREAD  # the loop's thread keeps its own
+    finally:
+        assert service._worker is not None
+        service._worker.shutdown()
+
+
+def _spin(seconds: float) -> None:
+    start = time.thread_time()
+    while time.thread_time() - start < seconds:
+        sum(range(1000))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's CPU clock")
+async def test_the_processor_threads_cpu_is_a_counter_the_loops_is_not(
+    unique_topics: dict[str, str],
+) -> None:
+    """``guardrail.processor.cpu_time``: the worker thread's CPU, read from its clock at
+    collection; what the loop's thread spends is not in it."""
+    registry = CollectorRegistry(auto_describe=True)
+    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
+    settings = settings_for(unique_topics)
+    telemetry = Telemetry(meter=provider.get_meter("guardrail.sidecar"))
+    service = SidecarService(
+        settings, Processor(settings, PlaceholderPolicy()), telemetry=telemetry
+    )
+
+    def scraped() -> float:
+        [value] = [
+            s.value
+            for f in text_string_to_metric_families(generate_latest(registry).decode())
+            for s in f.samples
+            if s.name == "guardrail_processor_cpu_time_seconds_total"
+        ]
+        return float(value)
+
+    try:
+        assert scraped() == service.processor_cpu_s() == 0.0  # no call yet: no thread
+        await service._in_worker(_spin, 0.3)
+        first = scraped()
+        assert 0.3 <= first <= 0.6  # the call's 0.3 s, and the thread's start
+        _spin(0.3)  # the loop's thread
+        await service._in_worker(_spin, 0.1)
+        assert 0.1 <= scraped() - first <= 0.25
+    finally:
+        assert service._worker is not None
+        service._worker.shutdown()
+        provider.shutdown()

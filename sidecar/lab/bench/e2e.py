@@ -36,6 +36,7 @@ from sidecar.kafka.topics import create_topics
 from sidecar.lab.chaos.corpus import delta, final, retrieval
 from sidecar.lab.chaos.process import SidecarProcess
 from sidecar.lab.localkafka.broker import LocalKafka
+from sidecar.osthreads import PROCESSOR_THREAD
 
 # Every open loop starts with this much load at its rate, not measured: the first
 # verdicts after start-up are slower than the steady state (in one run at 500 answers/s
@@ -75,6 +76,9 @@ class RunResult:
     claim_latency_ms: dict[str, float] = field(default_factory=dict)
     rss_mb: float = 0.0
     cpu_s: float = 0.0
+    # of ``cpu_s``, the processor thread's (``sidecar.osthreads``); None: a process
+    # without one (the processor on the event loop, or the raw client floor)
+    processor_cpu_s: float | None = None
     max_lag: int = 0
     incomplete: int = 0  # verdicts for requests evicted by the join TTL (not fully processed)
     # open loop: the rate the load generator held (requests over the time to send them
@@ -143,6 +147,39 @@ def _proc_cpu_s(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / ticks
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def _thread_cpu_s(pid: int, name: str) -> float | None:
+    """The CPU (user + system) of process ``pid``'s threads the kernel names ``name``
+    (``sidecar.osthreads``), summed; ``None`` when it has none now."""
+    found = None
+    ticks = os.sysconf("SC_CLK_TCK")
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            comm, _, rest = (task / "stat").read_text().partition(" (")[2].rpartition(")")
+            fields = rest.split()
+            spent = (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+        if comm == name:
+            found = (found or 0.0) + spent
+    return found
+
+
+def _processor_cpu_s(before: dict[int, float]) -> float | None:
+    """The processor threads' CPU since ``before`` (per process, as read at the start),
+    summed; ``None`` when a process has no processor thread."""
+    spent = 0.0
+    for pid, start in before.items():
+        now = _thread_cpu_s(pid, PROCESSOR_THREAD)
+        if now is None:
+            return None
+        spent += now - start
+    return spent
 
 
 class Bench:
@@ -249,6 +286,8 @@ class Bench:
         ]
         await asyncio.gather(*(asyncio.to_thread(s.start) for s in sidecars))
         cpu0 = {s.pid: _proc_cpu_s(s.pid) for s in sidecars if s.pid}
+        # the processor's own thread (``sidecar.osthreads``), started on its first call
+        processor0 = {pid: _thread_cpu_s(pid, PROCESSOR_THREAD) or 0.0 for pid in cpu0}
         if fill_after_start:
             await self._fill(settings, records)
         del records
@@ -272,6 +311,7 @@ class Bench:
         await self._consume(settings, t.verdicts, n, on_verdict, timeout_s=120.0)
         sampler.cancel()
         cpu = sum(_proc_cpu_s(pid) - c0 for pid, c0 in cpu0.items())
+        processor = _processor_cpu_s(processor0)
         for s in sidecars:
             await asyncio.to_thread(s.signal, signal.SIGTERM)
         times.sort()
@@ -292,6 +332,7 @@ class Bench:
             throughput_answers_per_s=round((len(times) - 1) / seconds, 1) if seconds > 0 else 0.0,
             rss_mb=round(rss, 1),
             cpu_s=round(cpu, 2),
+            processor_cpu_s=None if processor is None else round(processor, 2),
             incomplete=incomplete,
         )
 

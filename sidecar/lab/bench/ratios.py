@@ -57,6 +57,9 @@ class _Run(Protocol):
     def cpu_s(self) -> float: ...
 
     @property
+    def processor_cpu_s(self) -> float | None: ...
+
+    @property
     def config(self) -> dict[str, Any]: ...
 
 
@@ -170,11 +173,19 @@ def paired_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
     drains seconds apart, so the machine's drift (the no-op's rate moved from
     7,595 to 12,539 answers/s between two runs minutes apart) mostly cancels; the
     median of the pairs is the run's ``fast_drain_vs_noop``. CPU per request is each
-    process's own (user + system) over the requests it drained.
+    process's own (user + system) over the requests it drained, split into its
+    processor thread's (``sidecar.osthreads``: the deciding) and the rest's (the loop:
+    consuming, publishing, committing, telemetry). ``noop_vs_sidecar_loop_cpu``, the
+    median over the pairs of the no-op's CPU a request over the sidecar's loop's alone,
+    is the ``fast_drain_vs_noop`` a processor that cost nothing would leave where the
+    sidecar's drain is bound by its CPU: what the loop itself allows.
     """
     ratios: list[float] = []
     cpu: dict[str, list[float]] = {"sidecar": [], "noop": []}
+    processor: dict[str, list[float]] = {"sidecar": [], "noop": []}
+    loop: dict[str, list[float]] = {"sidecar": [], "noop": []}
     rates: dict[str, list[float]] = {"sidecar": [], "noop": []}
+    loop_ratios: list[float] = []
     i = 0
     while (f := runs.get(f"paired_fast_{i}")) is not None and (
         n := runs.get(f"paired_noop_{i}")
@@ -182,15 +193,29 @@ def paired_report(runs: Mapping[str, _Run]) -> dict[str, Any]:
         i += 1
         for side, run in (("sidecar", f), ("noop", n)):
             rates[side].append(run.throughput_answers_per_s)
-            cpu[side].append(round(run.cpu_s * 1e6 / max(1, run.requests), 1))
+            per_request = 1e6 / max(1, run.requests)
+            cpu[side].append(round(run.cpu_s * per_request, 1))
+            if run.processor_cpu_s is not None:
+                processor[side].append(round(run.processor_cpu_s * per_request, 1))
+                loop[side].append(round((run.cpu_s - run.processor_cpu_s) * per_request, 1))
         ratio = _ratio(f.throughput_answers_per_s, n.throughput_answers_per_s)
         if ratio is not None:
             ratios.append(ratio)
+        if f.processor_cpu_s is not None and (
+            loop_ratio := _ratio(n.cpu_s, f.cpu_s - f.processor_cpu_s)
+        ):
+            loop_ratios.append(loop_ratio)
     return {
         "fast_drain_vs_noop_paired": round(statistics.median(ratios), 3) if ratios else None,
         "fast_drain_vs_noop_pairs": ratios,
         "paired_answers_per_s": rates,
         "paired_cpu_us_per_request": cpu,
+        "paired_processor_cpu_us_per_request": processor,
+        "paired_loop_cpu_us_per_request": loop,
+        "noop_vs_sidecar_loop_cpu": round(statistics.median(loop_ratios), 3)
+        if loop_ratios
+        else None,
+        "noop_vs_sidecar_loop_cpu_pairs": loop_ratios,
     }
 
 

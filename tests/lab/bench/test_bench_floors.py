@@ -141,6 +141,7 @@ class _Run:
     offered_answers_per_s: float | None = None
     cpu_s: float = 0.0
     config: dict[str, Any] = field(default_factory=dict)
+    processor_cpu_s: float | None = None
 
 
 def _runs(noop_offered: float) -> dict[str, _Run]:
@@ -193,10 +194,37 @@ def test_alternated_pairs_give_the_drain_ratio_their_median() -> None:
         "sidecar": [300.0] * 3,
         "noop": [100.0] * 3,
     }
+    # no processor thread in these runs: CPU not split
+    assert report["paired_processor_cpu_us_per_request"] == {"sidecar": [], "noop": []}
+    assert report["noop_vs_sidecar_loop_cpu"] is None
     # without pairs the first drains' ratio stands, and says it has no pairs
     alone = floors_report(_runs(noop_offered=480.0))
     assert alone["fast_drain_vs_noop"] == alone["fast_drain_vs_noop_single"] == 0.8
     assert alone["fast_drain_vs_noop_paired"] is None and alone["fast_drain_vs_noop_pairs"] == []
+
+
+def test_the_pairs_split_each_process_cpu_into_its_processor_and_its_loop() -> None:
+    runs = _runs(noop_offered=480.0)
+    # 2,000 requests a drain: the sidecar's 0.6 s = processor 0.4 + loop 0.2 (100 us a
+    # request), the no-op's 0.16 s (80 us: 0.8 of the sidecar's loop alone)
+    for i, (processor, noop) in enumerate([(0.4, 0.16), (0.44, 0.1), (0.36, 0.2)]):
+        runs[f"paired_fast_{i}"] = _Run(300.0, requests=2000, cpu_s=0.6, processor_cpu_s=processor)
+        runs[f"paired_noop_{i}"] = _Run(1000.0, requests=2000, cpu_s=noop, processor_cpu_s=0.01)
+    report = floors_report(runs)
+    assert report["paired_processor_cpu_us_per_request"] == {
+        "sidecar": [200.0, 220.0, 180.0],
+        "noop": [5.0, 5.0, 5.0],
+    }
+    assert report["paired_loop_cpu_us_per_request"] == {
+        "sidecar": [100.0, 80.0, 120.0],
+        "noop": [75.0, 45.0, 95.0],
+    }
+    # per pair: 80 / 100, 50 / 80, 100 / 120
+    assert report["noop_vs_sidecar_loop_cpu_pairs"] == [0.8, 0.625, 0.833]
+    assert report["noop_vs_sidecar_loop_cpu"] == 0.8
+    # a sidecar without its processor thread (processing on the loop): its pair not split
+    runs["paired_fast_1"] = _Run(300.0, requests=2000, cpu_s=0.6)
+    assert floors_report(runs)["noop_vs_sidecar_loop_cpu_pairs"] == [0.8, 0.833]
 
 
 def test_the_latency_point_at_half_the_sidecars_own_rate() -> None:
