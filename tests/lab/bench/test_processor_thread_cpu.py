@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -47,9 +48,18 @@ def test_a_named_thread_cpu_is_read_from_outside_it() -> None:
     assert SPIN_S - 0.02 <= spent <= SPIN_S + 0.05
     assert process >= 2 * SPIN_S - 0.02
     assert _thread_cpu_s(os.getpid(), "gr-none-such") is None
-    # this process has no processor thread: its CPU is not split
-    assert _processor_cpu_s({os.getpid(): 0.0}) is None
     assert _thread_cpu_s(2**22 + 7, "gr-bench-spin") is None  # no such process
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_process_without_a_processor_thread_is_not_split() -> None:
+    # (not this one: the tests before may have left services' processor threads here)
+    other = subprocess.Popen(["sleep", "30"])  # a process with no thread of ours
+    try:
+        assert _processor_cpu_s({other.pid: 0.0}) is None
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_each_run_with_its_processor_cpu_gets_the_rest() -> None:
