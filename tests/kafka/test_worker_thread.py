@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from faststream.kafka import TestKafkaBroker
@@ -25,6 +24,7 @@ from sidecar.pipeline.processor import Processor
 from sidecar.policy import PlaceholderPolicy
 from sidecar.telemetry import Telemetry
 from tests.conftest import EventFactory, dumps
+from tests.core.test_osthreads import own_comm
 from tests.kafka.harness import settings_for, wait_until
 
 BUSY_S = 0.6
@@ -151,10 +151,6 @@ async def test_the_processor_thread_is_named_for_the_system(unique_topics: dict[
     """``top -H`` and the bench tell the deciding's CPU from the loop's by this name."""
     settings = settings_for(unique_topics)
     service = SidecarService(settings, Processor(settings, PlaceholderPolicy()))
-
-    def own_comm() -> str:
-        return Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip()
-
     try:
         assert await service._in_worker(own_comm) == PROCESSOR_THREAD
         assert own_comm() != PROCESSOR_THREAD  # the loop's thread keeps its own

@@ -140,11 +140,17 @@ def _encoded_load(name: str, n: int, shape: LoadShape) -> list[_Encoded]:
     return load
 
 
+def _stat_cpu_s(stat: Path) -> tuple[str, float]:
+    """A ``/proc`` ``stat`` file's name (``comm``) and CPU seconds (user + system); raises
+    ``OSError``, ``IndexError`` or ``ValueError`` for one gone or unreadable."""
+    comm, _, rest = stat.read_text().partition(" (")[2].rpartition(")")
+    fields = rest.split()
+    return comm, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _proc_cpu_s(pid: int) -> float:
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = os.sysconf("SC_CLK_TCK")
-        return (int(fields[11]) + int(fields[12])) / ticks
+        return _stat_cpu_s(Path(f"/proc/{pid}/stat"))[1]
     except (OSError, IndexError, ValueError):
         return 0.0
 
@@ -153,16 +159,13 @@ def _thread_cpu_s(pid: int, name: str) -> float | None:
     """The CPU (user + system) of process ``pid``'s threads the kernel names ``name``
     (``sidecar.osthreads``), summed; ``None`` when it has none now."""
     found = None
-    ticks = os.sysconf("SC_CLK_TCK")
     try:
         tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return None
     for task in tasks:
         try:
-            comm, _, rest = (task / "stat").read_text().partition(" (")[2].rpartition(")")
-            fields = rest.split()
-            spent = (int(fields[11]) + int(fields[12])) / ticks
+            comm, spent = _stat_cpu_s(task / "stat")
         except (OSError, IndexError, ValueError):
             continue  # a thread that ended meanwhile
         if comm == name:
