@@ -8,6 +8,7 @@ silently disappear.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import io
 import logging
@@ -317,13 +318,14 @@ def log_lines() -> Iterator[LogLines]:
 _CLI_LOGGERS = ("aiokafka", "faststream", "kafka", "opentelemetry.baggage")
 
 
-@pytest.fixture(autouse=True)
-def _logging_as_it_was() -> Iterator[None]:
-    """Each test leaves the root logger's handlers' filters, and the Kafka clients' logger
-    levels, as it found them. An in-process ``guardrail`` call (``sidecar.cli.main.main``)
-    puts its filters on every root handler, pytest's session-long capture handlers among
-    them, and left them there: a later test's aiokafka ERROR reached its handlers
-    rewritten to WARNING (the client's log tests read it so in CI)."""
+@contextlib.contextmanager
+def logging_as_it_was() -> Iterator[None]:
+    """Inside it, the root logger's handlers' filters and the Kafka clients' logger levels
+    may change; on the way out they are as they were. An in-process ``guardrail`` call
+    (``sidecar.cli.main.main``) puts its filters on every root handler, pytest's
+    session-long capture handlers among them, and left them there: a later test's aiokafka
+    ERROR reached its handlers rewritten to WARNING (the client's log tests read it so in
+    CI). A module-scoped fixture that calls ``main`` wraps the call in it."""
     root = logging.getLogger()
     filters = {handler: handler.filters[:] for handler in root.handlers}
     levels = {name: logging.getLogger(name).level for name in _CLI_LOGGERS}
@@ -334,3 +336,10 @@ def _logging_as_it_was() -> Iterator[None]:
             handler.filters[:] = kept
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """Each test leaves logging as it found it (:func:`logging_as_it_was`)."""
+    with logging_as_it_was():
+        yield

@@ -25,6 +25,7 @@ from sidecar.lab.retrieval.corpus import load_questions
 from sidecar.lab.retrieval.embedder import MINILM_MODEL_ID, MiniLMEmbedder
 from sidecar.lab.retrieval.split import select_split
 from sidecar.lab.retrieval.workflow import load_corpus, open_index, retrieve
+from tests.conftest import logging_as_it_was
 from tests.lab.retrieval.conftest import NQ_DEV
 
 
@@ -59,7 +60,8 @@ def calibrated(nq_slice: Slice) -> dict[str, object]:
     import io
 
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    # module-scoped: outside each test's own restoring of logging (tests/conftest.py)
+    with contextlib.redirect_stdout(out), logging_as_it_was():
         code = main(
             ["calibrate", "retrieval", *_common(nq_slice), "--alpha", "0.1", "--k", "10",
              "--chunk-words", "64", "--collection", "nq-slice", "--out", str(nq_slice.artifact)]
