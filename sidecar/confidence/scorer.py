@@ -124,8 +124,9 @@ class CalibratedConfidenceScorer:
     ) -> list[ConfidenceResult]:
         """The requests decided together: each model makes one numpy pass over all their rows.
 
-        :meth:`score` of each, up to the last bits of the dot products (``predict_rows``
-        sums in numpy's order, ``predict_one`` in the features' order: within 1e-12).
+        :meth:`score` of each, bit for bit: each request's numbers are the same whatever
+        other requests share its batch (``row_scores``; ``predict_one`` computes as
+        ``predict_rows`` does).
         Only the forecast chunks' rows are built (the trusted hits, or every hit), as
         tuples in :data:`CHUNK_FEATURES` order; each model's matrix is numpy's.
         """

@@ -368,11 +368,20 @@ class OnnxLookbackScorer:
             return None
 
     def _run(self, features: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
-        (probs,) = self._session.run(
-            [self.metadata.onnx_output],
-            {self.metadata.onnx_input: np.ascontiguousarray(features, dtype=np.float32)},
-        )
-        return np.clip(np.asarray(probs, dtype=np.float64)[:, 1], 0.0, 1.0)
+        """p(factual) per row: one ONNX call, a lone row run twice over.
+
+        onnxruntime takes another kernel for a one-row matrix than for taller ones, whose
+        rows agree with each other wherever they sit: a row scored alone came out up to
+        6e-8 away from the same row in a batch, so an answer's score hung on how its
+        consumed batch was cut (``tests/lookback/test_batch_cuts.py``).
+        """
+        rows = np.ascontiguousarray(features, dtype=np.float32)
+        lone = rows.shape[0] == 1
+        if lone:
+            rows = np.concatenate((rows, rows))
+        (probs,) = self._session.run([self.metadata.onnx_output], {self.metadata.onnx_input: rows})
+        p = np.clip(np.asarray(probs, dtype=np.float64)[:, 1], 0.0, 1.0)
+        return p[:1] if lone else p
 
     def score(
         self,

@@ -260,7 +260,7 @@ def test_from_dir_refuses_a_tampered_model(tmp_path: Path, models: Models) -> No
 def test_a_batch_scores_each_request_as_score_does(
     scorer: CalibratedConfidenceScorer,
 ) -> None:
-    """score_batch (one numpy pass per model) = score of each, up to the dot products' last bits."""
+    """score_batch (one numpy pass per model) = score of each, bit for bit."""
     lookback_only = Signals(lookback=LookbackSignal(status=SignalStatus.OK, p_factual=0.2))
     items = [
         (retrieval(), FINAL, certified("c0", "c2")),
@@ -273,12 +273,12 @@ def test_a_batch_scores_each_request_as_score_does(
     for (event, final, signals), got in zip(items, batch, strict=True):
         one = scorer.score(event, final, signals)
         assert got.features == one.features and got.advice == one.advice
-        assert got.p_correct == pytest.approx(one.p_correct, rel=0, abs=1e-12)
+        assert got.p_correct == one.p_correct
         assert [(f.chunk_id, f.retrieval_rank) for f in got.chunk_forecast] == [
             (f.chunk_id, f.retrieval_rank) for f in one.chunk_forecast
         ]
         for a, b in zip(got.chunk_forecast, one.chunk_forecast, strict=True):
-            assert a.p_useful == pytest.approx(b.p_useful, rel=0, abs=1e-12)
+            assert a.p_useful == b.p_useful
 
 
 def _score_batch_as_before(

@@ -102,8 +102,7 @@ def test_score_many_equals_score(cw_model: Path) -> None:
     assert [s.status for s in batch] == [SignalStatus.OK] * 9 + [SignalStatus.UNAVAILABLE]
     for a, b in zip(batch, single, strict=True):
         assert a.status == b.status
-        if a.p_factual is not None:
-            assert a.p_factual == pytest.approx(b.p_factual, abs=1e-6)
+        assert a.p_factual == b.p_factual  # bit for bit (tests/lookback/test_batch_cuts.py)
     assert scorer.score_many([]) == []
 
 
