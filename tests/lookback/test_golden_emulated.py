@@ -25,34 +25,25 @@ from tests.claims.conftest import REPO
 MODELS = [REPO / "models" / "lookback" / n for n in ("smollm2-135m-nq-cw", "smollm2-135m-nq-fc")]
 
 
-def _qemu() -> str:
+def _under_haswell(*argv: str) -> subprocess.CompletedProcess[str]:
+    """``python argv...`` under ``qemu-x86_64 -cpu Haswell``, in the repository."""
     qemu = shutil.which("qemu-x86_64")
     if qemu is None or platform.machine() != "x86_64":
         pytest.skip("needs an x86_64 host with qemu-user: apt-get install -y qemu-user")
-    return qemu
-
-
-@pytest.mark.slow
-def test_golden_outputs_hold_under_an_emulated_avx2_cpu() -> None:
-    qemu = _qemu()
-    done = subprocess.run(
-        [
-            qemu,
-            "-cpu",
-            "Haswell",
-            sys.executable,
-            "-m",
-            "sidecar",
-            "golden",
-            "check",
-            *map(str, MODELS),
-        ],
+    return subprocess.run(
+        [qemu, "-cpu", "Haswell", sys.executable, *argv],
         capture_output=True,
         text=True,
         timeout=600,
         check=False,
+        cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
+
+
+@pytest.mark.slow
+def test_golden_outputs_hold_under_an_emulated_avx2_cpu() -> None:
+    done = _under_haswell("-m", "sidecar", "golden", "check", *map(str, MODELS))
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert [m["version"].split("@")[0] for m in report["models"]] == [p.name for p in MODELS]
@@ -64,17 +55,7 @@ def test_golden_outputs_hold_under_an_emulated_avx2_cpu() -> None:
 def test_scores_do_not_hang_on_the_batch_cut_under_an_emulated_avx2_cpu() -> None:
     """tests/lookback/test_batch_cuts.py and tests/confidence/test_batch_cuts.py (the
     shipped models, every cut bit for bit) under ``-cpu Haswell``."""
-    qemu = _qemu()
     files = [REPO / "tests" / d / "test_batch_cuts.py" for d in ("lookback", "confidence")]
-    done = subprocess.run(
-        [qemu, "-cpu", "Haswell", sys.executable, "-m", "pytest", "-q",
-         "-p", "no:cacheprovider", *map(str, files)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    done = _under_haswell("-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, files))
     assert done.returncode == 0, done.stdout[-3000:]
     assert " passed" in done.stdout and "failed" not in done.stdout
