@@ -31,9 +31,7 @@ from sidecar.contracts.codec import InputKind
 from sidecar.lab.bench import floors
 from sidecar.lab.bench.e2e import LoadShape, answer_events
 from sidecar.pipeline.join import InputRef
-from sidecar.pipeline.outputs import Destination, Output
-
-HEADER = "x-idempotency-key"
+from sidecar.pipeline.outputs import IDEMPOTENCY_HEADER, Destination, Output
 
 
 def sidecar_verdict(settings: Settings) -> tuple[dict[str, Any], int]:
@@ -76,7 +74,7 @@ class SizedNoop(floors.ConstantVerdictProcessor):
         if out is None or key is None:
             return out
         digest = hashlib.blake2b(key, digest_size=16).hexdigest().encode()
-        return Output(out.destination, out.key, out.value, [(HEADER, digest)])
+        return Output(out.destination, out.key, out.value, [(IDEMPOTENCY_HEADER, digest)])
 
 
 def main() -> int:

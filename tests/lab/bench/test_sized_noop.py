@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import orjson
 
-from bench.sized_noop import HEADER, SizedNoop, sidecar_verdict
+from bench.sized_noop import SizedNoop, sidecar_verdict
 from sidecar.config import Settings
 from sidecar.contracts.events import AnswerVerdict
 from sidecar.lab.bench.floors import constant_verdict
-from sidecar.pipeline.outputs import Destination
+from sidecar.pipeline.outputs import IDEMPOTENCY_HEADER, Destination
 from tests.lab.bench.test_bench_floors import _requests
 
 
@@ -28,5 +28,7 @@ def test_each_final_gets_the_template_stamped_with_its_request_and_a_key_header(
     assert [v.request_id for v in verdicts] == ["s-0", "s-1", "s-2"]
     assert {v.decision for v in verdicts} == {AnswerVerdict.model_validate(fields).decision}
     headers = [out.headers for out in step.outputs]
-    assert all(len(h) == 1 and h[0][0] == HEADER and len(h[0][1]) == 32 for h in headers)
+    assert all(
+        len(h) == 1 and h[0][0] == IDEMPOTENCY_HEADER and len(h[0][1]) == 32 for h in headers
+    )
     assert len({h[0][1] for h in headers}) == 3
