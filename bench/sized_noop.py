@@ -20,7 +20,6 @@ import asyncio
 import hashlib
 import logging
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -30,7 +29,7 @@ from sidecar.config import Settings
 from sidecar.contracts.codec import InputKind
 from sidecar.lab.bench import floors
 from sidecar.lab.bench.e2e import LoadShape, answer_events
-from sidecar.pipeline.join import InputRef
+from sidecar.lab.bench.stages import request_items
 from sidecar.pipeline.outputs import IDEMPOTENCY_HEADER, Destination, Output
 
 
@@ -39,35 +38,13 @@ def sidecar_verdict(settings: Settings) -> tuple[dict[str, Any], int]:
     (the served models, the settings of the drain), and its size in bytes."""
     processor = runtime.build_processor(settings)
     rid = "bench-sized-0"
-    retrieval, deltas, final = answer_events(rid, LoadShape())
-    key = rid.encode()
-    records = [(InputKind.RETRIEVAL, retrieval, "rag.retrieval")]
-    records += [(InputKind.GENERATION, d, "rag.generation") for d in deltas]
-    records.append((InputKind.GENERATION, final, "rag.generation"))
-    items = [
-        (kind, orjson.dumps(event), key, InputRef(topic, 0, offset))
-        for offset, (kind, event, topic) in enumerate(records)
-    ]
-    step = processor.on_batch(items, 1000.0)
+    step = processor.on_batch(request_items(answer_events(rid, LoadShape()), rid, 0), 1000.0)
     (verdict,) = [o.value for o in step.outputs if o.destination is Destination.VERDICTS]
     return orjson.loads(verdict), len(verdict)
 
 
-class _SizedTemplate:
-    def __init__(self, fields: dict[str, Any]) -> None:
-        self._fields = fields
-
-    def encode(self, request_id: str) -> bytes:
-        produced_at = datetime.now(UTC).isoformat()
-        return orjson.dumps({**self._fields, "request_id": request_id, "produced_at": produced_at})
-
-
 class SizedNoop(floors.ConstantVerdictProcessor):
     """The no-op with the sidecar's verdict as its template and a key header."""
-
-    def __init__(self, settings: Settings, fields: dict[str, Any]) -> None:
-        super().__init__(settings)
-        self._template = _SizedTemplate(fields)  # type: ignore[assignment]
 
     def _answer(self, kind: InputKind, raw: bytes | None, key: bytes | None) -> Output | None:
         out = super()._answer(kind, raw, key)

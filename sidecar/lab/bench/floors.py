@@ -40,7 +40,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -83,9 +83,13 @@ def is_final(raw: bytes | None) -> bool:
 
 
 class _VerdictTemplate:
-    """One verdict, built and validated once; stamped with a request id and a time."""
+    """One verdict, built and validated once; stamped with a request id and a time.
+    ``fields``: another verdict's JSON fields instead of the floors' constant one."""
 
-    def __init__(self) -> None:
+    def __init__(self, fields: dict[str, Any] | None = None) -> None:
+        if fields is not None:
+            self._fields = fields
+            return
         verdict = AnswerVerdict(
             request_id="template",
             idempotency_key="bench-noop",
@@ -114,9 +118,11 @@ class ConstantVerdictProcessor(Processor):
     so commits move exactly as the sidecar's do once a request is decided.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, verdict: dict[str, Any] | None = None) -> None:
+        """``verdict``: the JSON fields of the verdict to stamp (default: the floors'
+        constant one; ``bench/sized_noop.py`` gives the sidecar's own)."""
         super().__init__(settings, PlaceholderPolicy())
-        self._template = _VerdictTemplate()
+        self._template = _VerdictTemplate(verdict)
 
     def on_batch(self, items: Sequence[BatchItem], now_ms: float) -> Step:
         """Every record is accepted and counted as the sidecar counts it, once per batch
