@@ -13,36 +13,30 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sidecar.contracts.events import (
-    AttentionSummary,
-    GenerationFinal,
-    RetrievalSignal,
-    SignalStatus,
-)
 from sidecar.lookback.artifact import load_metadata
 from sidecar.lookback.serving import LookbackRequest, OnnxLookbackScorer
+from tests.lookback.test_serving import NO_CERT, final
 
 SHIPPED = sorted(
     p.parent for p in (Path(__file__).parents[2] / "models" / "lookback").glob("*/metadata.json")
 )
-NO_CERT = RetrievalSignal(status=SignalStatus.NOT_CONFIGURED)
 ANSWERS = 67  # odd, and past the row blocks of the matrix kernels
 
 
 def _requests(model_dir: Path, n: int) -> list[LookbackRequest]:
     meta, _ = load_metadata(model_dir)
     rng = np.random.default_rng(20261207)
-    out = []
-    for i in range(n):
-        ratios = rng.random((meta.layers, meta.heads, meta.chunks)).astype(np.float32)
-        final = GenerationFinal(
-            request_id=f"r-{i}",
-            answer="an answer",
-            generator_model=meta.generator_model,
-            attention=AttentionSummary.from_array(ratios, variant=meta.variant),
+    return [
+        LookbackRequest(
+            final(
+                rng.random((meta.layers, meta.heads, meta.chunks)).astype(np.float32),
+                variant=meta.variant,
+                generator=meta.generator_model,
+            ),
+            NO_CERT,
         )
-        out.append(LookbackRequest(final, NO_CERT))
-    return out
+        for _ in range(n)
+    ]
 
 
 def test_the_shipped_models_are_found() -> None:
